@@ -1,0 +1,48 @@
+# Hearth: `make serve` starts the platform on the demo model, `make test` runs the suite.
+# Both create .venv and install everything they need on a fresh machine.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+UNAME := $(shell uname -s)
+OPENBLAS := /usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 /usr/lib/aarch64-linux-gnu/openblas-pthread/libblas.so.3
+HOST ?= 127.0.0.1
+PORT ?= 8080
+
+.PHONY: serve test lint blas deps bench clean
+
+deps: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+ifeq ($(UNAME),Linux)
+	# CPU torch first: xgrammar imports torch, and a plain resolve pulls a multi-GB CUDA build.
+	$(BIN)/pip install -q torch==2.13.0
+endif
+	$(BIN)/pip install -q -e '.[test]'
+	touch $@
+
+# MLX's Linux CPU wheel links the slow reference BLAS; `hearth` preloads OpenBLAS when present.
+blas:
+ifeq ($(UNAME),Linux)
+	@if ls $(OPENBLAS) >/dev/null 2>&1; then echo "OpenBLAS present"; \
+	elif [ "$$(id -u)" = 0 ]; then apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q libopenblas0-pthread; \
+	elif command -v sudo >/dev/null; then sudo apt-get update -q && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -q libopenblas0-pthread; \
+	else echo "warning: cannot install libopenblas0-pthread (not root); Hearth will run on the reference BLAS, slowly"; fi
+endif
+
+serve: deps blas
+	$(BIN)/hearth make-demo-model
+	$(BIN)/hearth serve --host $(HOST) --port $(PORT)
+
+test: deps blas
+	HF_HUB_OFFLINE=1 $(BIN)/pytest -q tests
+
+lint: deps
+	$(BIN)/ruff check .
+
+bench: deps blas
+	$(BIN)/python bench/decode.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache

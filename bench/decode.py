@@ -1,0 +1,188 @@
+#!/usr/bin/env python
+"""Single-stream decode speed and time to first token, side by side:
+raw mlx-lm `stream_generate`, `mlx_lm.server`, and `hearth serve`, on one
+~100M-parameter random float32 llama, with and without OpenBLAS preloaded.
+
+    .venv/bin/python bench/decode.py [--tokens 128] [--runs 3] [--record]
+
+Every measurement runs in its own process (LD_PRELOAD only takes at start).
+EOS is suppressed with logit_bias so every run decodes exactly --tokens.
+`--record` appends the table, the command and the commit to bench/RESULTS.md.
+"""
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from config.cli import find_openblas  # noqa: E402
+
+PROMPT = [{"role": "user", "content": "Tell me a long story about a quiet house by the river."}]
+
+
+def build_model(out: Path) -> int:
+    """A random llama of about 100M parameters (float32) with a small BPE."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_lm.models.llama import Model, ModelArgs
+
+    from inference.demo import corpus
+    from inference.demo.build import _corpus_text
+    from inference.demo.files import IM_END, llama_config, train_tokenizer, write_model_dir
+
+    tok = train_tokenizer(_corpus_text(corpus.conversations(0, 2000)), 512)
+    config = llama_config(tok.get_vocab_size(), 1024, 8, 16, 2816, 4096, tok.token_to_id(IM_END))
+    mx.random.seed(0)
+    model = Model(ModelArgs.from_dict(config))
+    weights = dict(tree_flatten(model.parameters()))
+    write_model_dir(out, weights, config, tok, {"eos_token_id": config["eos_token_id"]})
+    return sum(v.size for v in weights.values())
+
+
+RAW = r"""
+import json, sys, time
+import mlx.core as mx
+from mlx_lm import load, stream_generate
+from mlx_lm.sample_utils import make_logits_processors
+path, tokens, runs, prompt = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), json.loads(sys.argv[4])
+model, tok = load(path)
+ids = tok.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
+ids = tok.encode(ids, add_special_tokens=False)
+procs = make_logits_processors({e: -1e9 for e in tok.eos_token_ids})
+out = []
+for run in range(runs + 1):
+    start = time.perf_counter(); first = last = None; n = 0
+    for r in stream_generate(model, tok, ids, max_tokens=tokens, logits_processors=procs):
+        last = time.perf_counter(); first = first or last; n += 1
+    if run:  # the first run warms up
+        out.append({"ttft": first - start, "tps": (n - 1) / (last - first), "tokens": n})
+print(json.dumps(out))
+"""
+
+
+def measure_raw(path: Path, env: dict, tokens: int, runs: int) -> list[dict]:
+    done = subprocess.run([sys.executable, "-c", RAW, str(path), str(tokens), str(runs), json.dumps(PROMPT)],
+                          env=env, capture_output=True, text=True, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def stream_once(port: int, tokens: int, eos: list[int]) -> dict:
+    body = {"model": "bench", "messages": PROMPT, "max_tokens": tokens, "stream": True, "temperature": 0,
+            "logit_bias": {str(e): -100 for e in eos}}
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    start = time.perf_counter()
+    conn.request("POST", "/v1/chat/completions", json.dumps(body), {"content-type": "application/json"})
+    resp = conn.getresponse()
+    assert resp.status == 200, resp.read()
+    stamps = []
+    while line := resp.readline():
+        line = line.strip()
+        if not line.startswith(b"data:") or line == b"data: [DONE]":
+            continue
+        chunk = json.loads(line[5:])
+        choice = (chunk.get("choices") or [{}])[0]
+        if (choice.get("delta") or {}).get("content"):
+            stamps.append(time.perf_counter())
+    conn.close()
+    return {"ttft": stamps[0] - start, "tps": (len(stamps) - 1) / (stamps[-1] - stamps[0]), "tokens": len(stamps)}
+
+
+def wait_up(port: int, proc: subprocess.Popen, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}")
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+            conn.request("GET", "/v1/models")
+            if conn.getresponse().status == 200:
+                return
+        except OSError:
+            time.sleep(0.3)
+    raise RuntimeError("server did not come up")
+
+
+def measure_server(cmd: list[str], port: int, env: dict, tokens: int, runs: int, eos: list[int]) -> list[dict]:
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
+    try:
+        wait_up(port, proc)
+        stream_once(port, tokens, eos)  # warm-up
+        return [stream_once(port, tokens, eos) for _ in range(runs)]
+    finally:
+        proc.terminate()
+        proc.wait(60)
+
+
+def summarize(rows: list[dict]) -> dict:
+    return {"tps": statistics.median(r["tps"] for r in rows), "ttft_ms": 1000 * statistics.median(r["ttft"] for r in rows)}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--port", type=int, default=18431)
+    parser.add_argument("--record", action="store_true")
+    args = parser.parse_args()
+
+    work = Path(tempfile.mkdtemp(prefix="hearth-bench-"))
+    model = work / "bench-llama-100m"
+    params = build_model(model)
+    eos = [json.loads((model / "config.json").read_text())["eos_token_id"]]
+    print(f"model: {params / 1e6:.0f}M parameters, float32, at {model}", flush=True)
+
+    base = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "_HEARTH_REEXEC")}
+    base.update(HF_HUB_OFFLINE="1", HEARTH_HOME=str(work / "home"), HF_HOME=str(work / "hf"))
+    lib = find_openblas()
+    blas_modes = [("OpenBLAS", dict(base, LD_PRELOAD=lib, _HEARTH_REEXEC="1"))] if lib else []
+    blas_modes.append(("reference", dict(base, HEARTH_BLAS="reference")))
+
+    results = []
+    for blas, env in blas_modes:
+        raw = summarize(measure_raw(model, env, args.tokens, args.runs))
+        mlx_server = summarize(measure_server(
+            [sys.executable, "-m", "mlx_lm.server", "--model", str(model), "--port", str(args.port)],
+            args.port, env, args.tokens, args.runs, eos))
+        hearth = summarize(measure_server(
+            [sys.executable, "-m", "config.cli", "serve", str(model), "--port", str(args.port + 1)],
+            args.port + 1, env, args.tokens, args.runs, eos))
+        for name, r in (("raw mlx-lm stream_generate", raw), ("mlx_lm.server", mlx_server), ("hearth serve", hearth)):
+            results.append((blas, name, r, r["tps"] / raw["tps"]))
+            print(f"{blas:10} {name:28} {r['tps']:7.1f} tok/s  TTFT {r['ttft_ms']:7.1f} ms  "
+                  f"{r['tps'] / raw['tps']:.2f}x raw", flush=True)
+
+    if args.record:
+        record(args, params, results)
+    return 0
+
+
+def record(args, params: int, results: list) -> None:
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                            text=True).stdout.strip() or "uncommitted"
+    dirty = subprocess.run(["git", "status", "--porcelain", "--", "inference", "config"], cwd=ROOT,
+                           capture_output=True, text=True).stdout.strip()
+    lines = [
+        f"\n## {time.strftime('%Y-%m-%d')} · commit {commit}{' (+ local changes)' if dirty else ''}\n",
+        f"`python bench/decode.py --tokens {args.tokens} --runs {args.runs} --record` on "
+        f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}; "
+        f"random llama {params / 1e6:.0f}M params float32, {args.tokens} tokens, median of {args.runs}.\n",
+        "| BLAS | runner | decode tok/s | TTFT ms | vs raw |", "| --- | --- | ---: | ---: | ---: |",
+    ]
+    lines += [f"| {b} | {n} | {r['tps']:.1f} | {r['ttft_ms']:.0f} | {x:.2f}x |" for b, n, r, x in results]
+    with open(ROOT / "bench" / "RESULTS.md", "a") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,54 @@
+"""The two ninja APIs and how each renders errors.
+
+`/v1` speaks the client protocols (OpenAI shape here); `/api` serves the
+dashboard. Typed errors map to their status; anything unexpected is a 500
+with the message only and the stack in the log.
+"""
+from __future__ import annotations
+
+import logging
+
+from django.http import JsonResponse
+from ninja import NinjaAPI
+from ninja.errors import HttpError
+from ninja.errors import ValidationError as NinjaValidationError
+
+from inference.api import router as openai_router
+from inference.engine.errors import EngineError
+from inference.protocols.errors import RequestError, openai_error
+
+log = logging.getLogger("hearth.api")
+
+v1 = NinjaAPI(title="Hearth client protocols", version="1", urls_namespace="v1", docs_url="/docs")
+v1.add_router("", openai_router)
+
+
+@v1.exception_handler(RequestError)
+def _request_error(request, exc: RequestError):
+    return JsonResponse(openai_error(exc.message, exc.type, exc.param, exc.code), status=exc.status)
+
+
+@v1.exception_handler(EngineError)
+def _engine_error(request, exc: EngineError):
+    if exc.status >= 500:
+        log.error("%s on %s: %s", type(exc).__name__, request.path, exc)
+    return JsonResponse(openai_error(str(exc), exc.type, None, exc.code), status=exc.status)
+
+
+@v1.exception_handler(NinjaValidationError)
+def _validation_error(request, exc: NinjaValidationError):
+    first = exc.errors[0] if exc.errors else {}
+    param = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
+    return JsonResponse(openai_error(f"{param or 'request'}: {first.get('msg', 'invalid')}", param=param),
+                        status=400)
+
+
+@v1.exception_handler(HttpError)
+def _http_error(request, exc: HttpError):
+    return JsonResponse(openai_error(str(exc)), status=exc.status_code)
+
+
+@v1.exception_handler(Exception)
+def _unexpected(request, exc: Exception):
+    log.exception("unhandled error on %s", request.path)
+    return JsonResponse(openai_error(str(exc) or type(exc).__name__, "server_error"), status=500)

@@ -1,0 +1,42 @@
+"""Keep every error answer JSON, in the OpenAI shape, even the ones ninja
+produces before a view runs (405 on a known path).
+
+Async-capable on purpose: one sync-only middleware makes Django run the
+whole chain through a single worker thread, which would queue every request
+behind a long non-streaming generation.
+"""
+from __future__ import annotations
+
+import json
+
+from asgiref.sync import iscoroutinefunction, markcoroutinefunction
+
+
+class JsonErrorMiddleware:
+    sync_capable = True
+    async_capable = True
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+        self.is_async = iscoroutinefunction(get_response)
+        if self.is_async:
+            markcoroutinefunction(self)
+
+    def __call__(self, request):
+        if self.is_async:
+            return self._acall(request)
+        return self._rewrite(request, self.get_response(request))
+
+    async def _acall(self, request):
+        return self._rewrite(request, await self.get_response(request))
+
+    @staticmethod
+    def _rewrite(request, response):
+        if response.status_code == 405 and not response.get("Content-Type", "").startswith("application/json"):
+            allowed = response.get("Allow", "")
+            message = f"method {request.method} not allowed on {request.path}"
+            body = {"error": {"message": message + (f" (allowed: {allowed})" if allowed else ""),
+                              "type": "invalid_request_error", "param": None, "code": "method_not_allowed"}}
+            response.content = json.dumps(body).encode()
+            response["Content-Type"] = "application/json"
+        return response

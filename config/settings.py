@@ -1,0 +1,119 @@
+"""Django settings for Hearth. Everything tunable comes from the environment."""
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+
+from config.env import env_bool, env_path, env_str
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+HEARTH_HOME = env_path("HEARTH_HOME", Path("~/.hearth"))
+HEARTH_HOME.mkdir(parents=True, exist_ok=True)
+
+
+def _secret_key() -> str:
+    # A per-install key kept under HEARTH_HOME, so sessions survive restarts
+    # without anyone having to configure one.
+    configured = env_str("HEARTH_SECRET_KEY", "")
+    if configured:
+        return configured
+    path = HEARTH_HOME / "secret_key"
+    if not path.exists():
+        path.write_text(secrets.token_urlsafe(50))
+        path.chmod(0o600)
+    return path.read_text().strip()
+
+
+SECRET_KEY = _secret_key()
+DEBUG = env_bool("HEARTH_DEBUG", False)
+ALLOWED_HOSTS = ["*"]
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "channels",
+    "inference",
+    "jobs",
+    "hub",
+    "memory",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "config.middleware.JsonErrorMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+
+ROOT_URLCONF = "config.urls"
+APPEND_SLASH = False
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+
+ASGI_APPLICATION = "config.asgi.application"
+CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+DATABASES = {
+    "default": {
+        "ENGINE": "django.db.backends.sqlite3",
+        "NAME": HEARTH_HOME / "hearth.sqlite3",
+        "OPTIONS": {
+            # WAL lets the server, the job worker and the admin read while one writes.
+            "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+            "transaction_mode": "IMMEDIATE",
+            "timeout": 20,
+        },
+    }
+}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+# Static files (the admin's, later the dashboard's) are served by Django's
+# ASGI static handler in config/asgi.py: WhiteNoise's middleware is sync-only
+# and would push every async view through one worker thread.
+STATIC_ROOT = HEARTH_HOME / "static"
+
+# Requests carry whole conversations; the default 2.5 MB cap is too small.
+DATA_UPLOAD_MAX_MEMORY_SIZE = 64 * 1024 * 1024
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env_str("HEARTH_LOG_LEVEL", "INFO")},
+    "loggers": {
+        "django.server": {"level": "WARNING"},
+        "daphne": {"level": "WARNING"},
+    },
+}

@@ -1,0 +1,15 @@
+from django.contrib import admin
+from django.urls import path
+
+from config import views
+from config.api import v1
+
+urlpatterns = [
+    path("v1/", v1.urls),
+    path("v1", views.api_index),
+    path("health", views.health),
+    path("stats", views.stats),
+    path("admin/", admin.site.urls),
+]
+
+handler404 = "config.views.not_found"

@@ -1,0 +1,1 @@
+"""The local model library over the Hugging Face cache."""

@@ -1,0 +1,98 @@
+"""The `/v1` client-protocol routes. Thin: read, adapt, call the engine, render."""
+from __future__ import annotations
+
+import logging
+
+from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from ninja import Router
+
+from hub.registry import servable_models
+from inference import __version__
+from inference.engine.loader import LoadedModel
+from inference.protocols import openai, params
+from inference.protocols.errors import openai_error
+from inference.runtime import runtime
+
+log = logging.getLogger("hearth.api")
+router = Router(tags=["openai"])
+
+ENDPOINTS = ["POST /v1/chat/completions", "POST /v1/completions", "GET /v1/models",
+             "GET /v1/models/{id}", "GET /health", "GET /stats"]
+
+
+async def _generate(request: HttpRequest, kind: str) -> HttpResponse:
+    engine = runtime.require_engine()
+    model = engine.loaded
+    body = params.parse_json_body(request.body)
+    build = openai.chat_request if kind == "chat" else openai.completion_request
+    gen = build(body, model, runtime.defaults)
+    submission = engine.submit(gen)
+    reply = openai.Reply(kind, model.model_id)
+    if body.get("stream"):
+        return StreamingHttpResponse(openai.stream(reply, submission.events()),
+                                     content_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    text, final = await openai.collect(submission.events())
+    if final.error is not None:
+        return JsonResponse(openai_error(final.error, "server_error"), status=500)
+    return JsonResponse(reply.complete(text, final.finish_reason, final.usage))
+
+
+@router.post("/chat/completions")
+async def chat_completions(request: HttpRequest):
+    return await _generate(request, "chat")
+
+
+@router.post("/completions")
+async def completions(request: HttpRequest):
+    return await _generate(request, "completion")
+
+
+def _served_row(model: LoadedModel) -> dict:
+    return {
+        "id": model.model_id, "object": "model", "created": runtime.started_at, "owned_by": "hearth",
+        "context_window": model.context_window, "reasoning": False, "vision": False, "audio": False,
+        "batch_mode": "serial", "tools": False, "structured_output": False, "embeddings": False,
+        "adapters": False, "training": False,
+        "capabilities": {
+            "chat_completions": bool(getattr(model.tokenizer, "chat_template", None)),
+            "text_completions": True, "anthropic_messages": False, "responses": False,
+            "streaming": True, "tools": False, "structured_output": False, "logprobs": False,
+            "embeddings": False, "vision": False, "audio": False, "adapters": False, "training": False,
+        },
+        "gen_defaults": params.gen_defaults(runtime.defaults, model.generation_config),
+        "dtype": model.dtype,
+    }
+
+
+def _model_rows() -> list[dict]:
+    rows = []
+    if runtime.engine is not None and runtime.engine.loaded is not None:
+        rows.append(_served_row(runtime.engine.loaded))
+    served = {r["id"] for r in rows}
+    for entry in servable_models():
+        if entry.repo_id not in served:
+            rows.append({"id": entry.repo_id, "object": "model", "created": runtime.started_at,
+                         "owned_by": entry.repo_id.split("/")[0], "vision": False, "tier": "generic"})
+    return rows
+
+
+@router.get("/")
+def index(request: HttpRequest):
+    return api_index()
+
+
+@router.get("/models")
+def list_models(request: HttpRequest):
+    return {"object": "list", "data": _model_rows()}
+
+
+@router.get("/models/{path:model_id}")
+def get_model(request: HttpRequest, model_id: str):
+    return {"object": "list", "data": [r for r in _model_rows() if r["id"] == model_id]}
+
+
+def api_index() -> dict:
+    """GET /v1 (and /v1/): what this server is and which routes it answers."""
+    model = runtime.engine.loaded.model_id if runtime.engine and runtime.engine.loaded else None
+    return {"name": "hearth", "version": __version__, "model": model, "endpoints": ENDPOINTS}

@@ -1,0 +1,116 @@
+"""Write a model directory the way Hugging Face publishes one, and place it in
+the local HF cache so the registry and `mlx_lm.load` see it like a download.
+
+Shared by the demo-model builder and the test fixtures (which build a tiny
+random model the same way, minus the training).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+IM_START, IM_END, PAD = "<|im_start|>", "<|im_end|>", "<|endoftext|>"
+SPECIAL_TOKENS = [PAD, IM_START, IM_END]
+
+# ChatML. Content arrives as a string: the protocol adapters flatten parts.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+def train_tokenizer(texts: list[str], vocab_size: int) -> Tokenizer:
+    """A byte-level BPE tokenizer (GPT-2 style) learned from `texts`."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer=trainer)
+    return tok
+
+
+def llama_config(vocab_size: int, hidden: int, layers: int, heads: int, intermediate: int,
+                 context: int, eos_id: int) -> dict:
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": hidden,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": heads,
+        "intermediate_size": intermediate,
+        "vocab_size": vocab_size,
+        "max_position_embeddings": context,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0,
+        "tie_word_embeddings": True,
+        "eos_token_id": eos_id,
+        "torch_dtype": "float32",
+    }
+
+
+def write_tokenizer(out: Path, tok: Tokenizer, context: int, chat_template: str = CHAT_TEMPLATE) -> None:
+    tok.save(str(out / "tokenizer.json"))
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": None,
+        "eos_token": IM_END,
+        "pad_token": PAD,
+        "unk_token": None,
+        "model_max_length": context,
+        "clean_up_tokenization_spaces": False,
+        "chat_template": chat_template,
+    }
+    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
+    (out / "special_tokens_map.json").write_text(json.dumps({"eos_token": IM_END, "pad_token": PAD}))
+
+
+def write_model_dir(out: Path, weights: dict, config: dict, tok: Tokenizer,
+                    generation_config: dict | None = None, chat_template: str = CHAT_TEMPLATE) -> None:
+    """Write config, tokenizer and float32 safetensors weights into `out`."""
+    import mlx.core as mx
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    write_tokenizer(out, tok, config["max_position_embeddings"], chat_template)
+    if generation_config is not None:
+        (out / "generation_config.json").write_text(json.dumps(generation_config, indent=2))
+    mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
+
+
+def publish_to_cache(src: Path, repo_id: str, cache_dir: Path) -> Path:
+    """Copy a model directory into the HF cache layout (blobs, a snapshot of
+    symlinks, refs/main) and return the snapshot path. The revision is the
+    hash of the content, so the same build lands in the same snapshot."""
+    files = sorted(p for p in src.iterdir() if p.is_file())
+    digests = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in files}
+    revision = hashlib.sha1(json.dumps(digests, sort_keys=True).encode()).hexdigest()
+    repo_dir = cache_dir / ("models--" + repo_id.replace("/", "--"))
+    snapshot = repo_dir / "snapshots" / revision
+    (repo_dir / "blobs").mkdir(parents=True, exist_ok=True)
+    staging = snapshot.with_name(revision + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    for p in files:
+        blob = repo_dir / "blobs" / digests[p.name]
+        if not blob.exists():
+            shutil.copyfile(p, blob.with_suffix(".incomplete"))
+            os.replace(blob.with_suffix(".incomplete"), blob)
+        (staging / p.name).symlink_to(os.path.relpath(blob, snapshot))
+    shutil.rmtree(snapshot, ignore_errors=True)
+    os.replace(staging, snapshot)
+    (repo_dir / "refs").mkdir(exist_ok=True)
+    (repo_dir / "refs" / "main").write_text(revision)
+    return snapshot

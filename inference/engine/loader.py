@@ -1,0 +1,126 @@
+"""Find a model on this machine and load it for serving.
+
+A model reference is a local directory or a repo id already in the local
+Hugging Face cache. Nothing here downloads: an unknown reference is a
+`ModelNotFound` that names it.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from inference.engine.errors import ModelLoadError, ModelNotFound
+
+log = logging.getLogger("hearth.engine")
+
+
+@dataclass
+class LoadedModel:
+    model_id: str
+    path: Path
+    model: object
+    tokenizer: object
+    config: dict
+    generation_config: dict
+    dtype: str
+
+    @property
+    def vocab_size(self) -> int:
+        value = self.config.get("vocab_size") or self.config.get("text_config", {}).get("vocab_size")
+        return int(value) if value else len(self.tokenizer.get_vocab())
+
+    @property
+    def context_window(self) -> int | None:
+        for key in ("max_position_embeddings", "max_sequence_length", "n_positions", "seq_length"):
+            value = self.config.get(key) or self.config.get("text_config", {}).get(key)
+            if isinstance(value, int) and value > 0:
+                return value
+        return None
+
+
+def resolve(ref: str) -> tuple[str, Path]:
+    """(model id, directory) for a local path or a cached repo id."""
+    path = Path(ref).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelNotFound(f"model directory {path} has no config.json")
+        return path.resolve().name, path.resolve()
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    found = None
+    if ref.count("/") == 1 and not ref.startswith((".", "/", "~")):
+        found = try_to_load_from_cache(ref, "config.json")
+    if not isinstance(found, str):
+        raise ModelNotFound(
+            f"model '{ref}' is neither a directory nor a repo in the local Hugging Face cache "
+            f"({constants.HF_HUB_CACHE}); Hearth never downloads at load time")
+    return ref, Path(found).parent
+
+
+def _float32_bytes(model) -> int:
+    """Bytes the model's weights take once dequantized and upcast to float32."""
+    import mlx.nn as nn
+    from mlx.utils import tree_flatten
+
+    total = 0
+    for _, module in model.named_modules():
+        if isinstance(module, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
+            rows, packed = module.weight.shape[-2:]
+            total += rows * packed * 32 // module.bits * (module.weight.size // (rows * packed))
+            total += module.bias.size if "bias" in module else 0
+        elif not module.children():
+            total += sum(v.size for _, v in tree_flatten(module.parameters()))
+    return total * 4
+
+
+def _memory_budget() -> int:
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * 0.75)
+    except (ValueError, OSError):
+        return 0
+
+
+def _upcast_for_cpu(model, keep_dtype: bool) -> str:
+    """On the CPU, bf16 and quantized matmuls have no BLAS path and run
+    several times slower than float32: dequantize and upcast when it fits."""
+    import mlx.core as mx
+    import mlx.nn as nn
+    from mlx.utils import tree_flatten
+    from mlx_lm.utils import dequantize_model
+
+    def stored() -> str:
+        dtypes = {str(v.dtype) for _, v in tree_flatten(model.parameters())}
+        return ",".join(sorted(d.removeprefix("mlx.core.") for d in dtypes))
+
+    if keep_dtype or mx.default_device() != mx.cpu or sys.platform == "darwin":
+        return stored()
+    need, budget = _float32_bytes(model), _memory_budget()
+    if budget and need > budget:
+        log.warning("float32 copy needs %.1f GiB, over the %.1f GiB budget: keeping stored dtype",
+                    need / 2**30, budget / 2**30)
+        return stored()
+    if any(isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding)) for _, m in model.named_modules()):
+        dequantize_model(model)
+    model.set_dtype(mx.float32)
+    mx.eval(model.parameters())
+    return stored()
+
+
+def load(ref: str, keep_dtype: bool = False) -> LoadedModel:
+    """Load a model and tokenizer. Must run on the engine thread."""
+    from mlx_lm import load as mlx_load
+
+    model_id, path = resolve(ref)
+    try:
+        model, tokenizer, config = mlx_load(str(path), return_config=True)
+    except Exception as exc:  # mlx-lm raises ValueError, FileNotFoundError, KeyError...
+        raise ModelLoadError(f"could not load model '{ref}': {exc}") from exc
+    dtype = _upcast_for_cpu(model, keep_dtype)
+    gen_path = path / "generation_config.json"
+    generation = json.loads(gen_path.read_text()) if gen_path.is_file() else {}
+    log.info("loaded %s from %s (weights %s)", model_id, path, dtype)
+    return LoadedModel(model_id, path, model, tokenizer, config, generation, dtype)

@@ -1,0 +1,137 @@
+"""`hearth serve [MODEL]`: load one model and serve it with daphne.
+
+On SIGINT/SIGTERM the server stops listening, answers 503 to new requests
+on open connections, lets running ones finish (up to --drain-seconds),
+aborts what is left and exits 0. A second signal stops at once.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from django.core.management import call_command
+from django.core.management.base import BaseCommand, CommandError
+from huggingface_hub import constants
+
+from config.cli import blas_in_use
+from inference.demo.build import DEMO_REPO, Recipe, cached_snapshot
+from inference.engine.engine import Engine
+from inference.engine.errors import EngineError
+from inference.runtime import ServerDefaults, runtime
+
+log = logging.getLogger("hearth.serve")
+
+
+def _non_negative(kind):
+    def parse(text):
+        value = kind(text)
+        if value < 0:
+            raise argparse.ArgumentTypeError(f"must be at least 0, got {text}")
+        return value
+    return parse
+
+
+def _unit(text):
+    value = float(text)
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 1, got {text}")
+    return value
+
+
+class Command(BaseCommand):
+    help = "Serve one model over the OpenAI protocol (default: the embedded demo model)."
+
+    def add_arguments(self, parser):
+        parser.add_argument("model", nargs="?", default=None,
+                            help=f"a local model directory or a repo id in the HF cache (default {DEMO_REPO})")
+        parser.add_argument("--host", default="127.0.0.1")
+        parser.add_argument("--port", type=int, default=8080)
+        parser.add_argument("--max-tokens", type=_non_negative(int), default=None,
+                            help="default cap on generated tokens when a request sets none")
+        parser.add_argument("--temperature", type=_non_negative(float), default=None)
+        parser.add_argument("--top-p", type=_unit, default=None)
+        parser.add_argument("--top-k", type=_non_negative(int), default=None)
+        parser.add_argument("--keep-dtype", action="store_true",
+                            help="serve the stored dtype instead of upcasting to float32 on the CPU")
+        parser.add_argument("--drain-seconds", type=_non_negative(float), default=30.0,
+                            help="on shutdown, how long running requests may take to finish")
+
+    def handle(self, *args, **opts):
+        log.info("BLAS: %s", blas_in_use())
+        call_command("migrate", interactive=False, verbosity=0)
+        model_ref = opts["model"] or self._demo_model()
+        engine = Engine(model_ref, keep_dtype=opts["keep_dtype"])
+        try:
+            loaded = engine.start()
+        except EngineError as exc:
+            raise CommandError(str(exc)) from None
+        runtime.engine = engine
+        runtime.defaults = ServerDefaults(opts["max_tokens"] or None, opts["temperature"],
+                                          opts["top_p"], opts["top_k"])
+        runtime.started_at = int(time.time())
+        log.info("model %s ready (%s, context %s)", loaded.model_id, loaded.dtype, loaded.context_window)
+        _run_daphne(engine, opts["host"], opts["port"], opts["drain_seconds"])
+        log.info("stopped")
+
+    def _demo_model(self) -> str:
+        if cached_snapshot(Path(constants.HF_HUB_CACHE), Recipe()) is None:
+            log.info("building the demo model first (about 3 minutes, once)")
+            done = subprocess.run([sys.executable, "-m", "config.cli", "make-demo-model"])
+            if done.returncode != 0:
+                raise CommandError("building the demo model failed; see the output above")
+        return DEMO_REPO
+
+
+def _run_daphne(engine: Engine, host: str, port: int, drain_seconds: float) -> None:
+    from daphne.endpoints import build_endpoint_description_strings
+    from daphne.server import Server
+    from twisted.internet import reactor
+
+    from config.asgi import application
+
+    ports = []
+
+    class HearthServer(Server):
+        def listen_success(self, port_obj):
+            ports.append(port_obj)
+            address = port_obj.getHost()
+            shown = f"[{address.host}]" if ":" in address.host else address.host
+            log.info("Hearth serving %s at http://%s:%s", engine.loaded.model_id, shown, address.port)
+
+    server = HearthServer(application, endpoints=build_endpoint_description_strings(host=host, port=port),
+                          signal_handlers=False, application_close_timeout=5)
+    deadline = [0.0]
+
+    def finish():
+        engine.close(drain_seconds=0)
+        server.stop()
+
+    def poll():
+        if (not engine.busy and runtime.inflight == 0) or time.monotonic() > deadline[0]:
+            finish()
+        else:
+            reactor.callLater(0.05, poll)
+
+    def drain():
+        if runtime.draining:  # second signal: stop now
+            finish()
+            return
+        log.info("shutting down: finishing %d running request(s), at most %.0fs",
+                 runtime.inflight, drain_seconds)
+        runtime.draining = True
+        deadline[0] = time.monotonic() + drain_seconds
+        for p in ports:
+            p.stopListening()
+        poll()
+
+    def on_signal(signum, frame):
+        reactor.callFromThread(drain)
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    server.run()

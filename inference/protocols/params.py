@@ -1,0 +1,142 @@
+"""Reading and checking the request fields that chat and text completions
+share. Each check names the field it rejects; values the body omits fall
+back to the server's flags, then the model's generation_config.json."""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from inference.engine.types import SamplingParams
+from inference.protocols.errors import RequestError
+from inference.runtime import ServerDefaults
+
+MAX_STOP_SEQUENCES = 4
+
+
+def parse_json_body(raw: bytes) -> dict:
+    try:
+        body = json.loads(raw or b"")
+    except (ValueError, UnicodeDecodeError):
+        raise RequestError("invalid JSON body") from None
+    if not isinstance(body, dict):
+        raise RequestError("invalid JSON body: expected an object")
+    return body
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def number(body: dict, name: str, lo: float | None = None, hi: float | None = None) -> float | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if not _is_number(value):
+        raise RequestError(f"{name} must be a number", name)
+    if (lo is not None and value < lo) or (hi is not None and value > hi):
+        bounds = f"between {lo} and {hi}" if hi is not None else f"at least {lo}"
+        raise RequestError(f"{name} must be {bounds}, got {value}", name)
+    return float(value)
+
+
+def integer(body: dict, name: str, lo: int | None = None) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise RequestError(f"{name} must be an integer", name)
+    if lo is not None and value < lo:
+        raise RequestError(f"{name} must be at least {lo}, got {value}", name)
+    return value
+
+
+def boolean(body: dict, name: str, default: bool = False) -> bool:
+    value = body.get(name, default)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise RequestError(f"{name} must be a boolean", name)
+    return value
+
+
+def max_tokens(body: dict, defaults: ServerDefaults) -> int | None:
+    """`max_completion_tokens` wins over `max_tokens`; unset falls back to
+    the server's --max-tokens, then to no cap."""
+    explicit = integer(body, "max_completion_tokens", 1)
+    if explicit is None:
+        explicit = integer(body, "max_tokens", 1)
+    return explicit if explicit is not None else defaults.max_tokens
+
+
+def stop_sequences(body: dict) -> list[str]:
+    value = body.get("stop")
+    if value is None:
+        return []
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
+        raise RequestError("stop must be a string or a list of strings", "stop")
+    if len(value) > MAX_STOP_SEQUENCES:
+        raise RequestError(f"stop takes at most {MAX_STOP_SEQUENCES} sequences", "stop")
+    return [s for s in value if s]
+
+
+def logit_bias(body: dict, vocab_size: int) -> dict[int, float] | None:
+    value = body.get("logit_bias")
+    if value is None:
+        return None
+    try:
+        if not isinstance(value, dict):
+            raise TypeError
+        bias = {int(k): float(v) for k, v in value.items()}
+    except (TypeError, ValueError):
+        raise RequestError("logit_bias must be a dict of int to float", "logit_bias") from None
+    outside = [k for k in bias if not 0 <= k < vocab_size]
+    if outside:
+        raise RequestError(f"logit_bias token id {outside[0]} is outside the vocabulary (0..{vocab_size - 1})",
+                           "logit_bias")
+    return bias
+
+
+def _model_default(generation_config: dict, name: str):
+    if name == "temperature" and generation_config.get("do_sample") is False:
+        return 0.0
+    value = generation_config.get(name)
+    return value if _is_number(value) else None
+
+
+def gen_defaults(defaults: ServerDefaults, generation_config: dict) -> dict:
+    """Sampling defaults as served: the server's flags over the model's own."""
+    out = {}
+    for name in ("temperature", "top_p", "top_k"):
+        flag = getattr(defaults, name)
+        out[name] = flag if flag is not None else _model_default(generation_config, name)
+    return out
+
+
+def sampling(body: dict, defaults: ServerDefaults, generation_config: dict) -> SamplingParams:
+    base = gen_defaults(defaults, generation_config)
+
+    def pick(value, name, fallback):
+        if value is not None:
+            return value
+        return base.get(name) if base.get(name) is not None else fallback
+
+    temperature = number(body, "temperature", 0.0, 2.0)
+    top_p = number(body, "top_p", 0.0, 1.0)
+    top_k = integer(body, "top_k", 0)
+    min_p = number(body, "min_p", 0.0, 1.0)
+    seed = integer(body, "seed")
+    return SamplingParams(
+        temperature=float(pick(temperature, "temperature", 0.0)),
+        top_p=float(pick(top_p, "top_p", 0.0)),
+        top_k=int(pick(top_k, "top_k", 0)),
+        min_p=min_p or 0.0,
+        seed=seed,
+    )
+
+
+def single_choice(body: dict) -> None:
+    n = integer(body, "n", 1)
+    if n not in (None, 1):
+        raise RequestError("n must be 1: Hearth returns one choice per request", "n")

@@ -1,0 +1,45 @@
+"""The process-wide serving state: the engine and the server's defaults.
+
+`hearth serve` fills it before daphne starts; views read it. Without a
+running engine (a management command, the admin) generation routes answer
+503 in their protocol's shape.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from inference.engine.engine import Engine
+from inference.engine.errors import EngineError
+
+
+class EngineUnavailable(EngineError):
+    status = 503
+    type = "engine_unavailable"
+    code = "no_model_loaded"
+
+
+@dataclass(frozen=True)
+class ServerDefaults:
+    """Operator overrides from `hearth serve` flags; None means unset."""
+
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+
+
+class _Runtime:
+    engine: Engine | None = None
+    defaults: ServerDefaults = ServerDefaults()
+    started_at: int = int(time.time())
+    draining: bool = False
+    inflight: int = 0  # HTTP requests still being answered
+
+    def require_engine(self) -> Engine:
+        if self.engine is None or self.engine.loaded is None:
+            raise EngineUnavailable("no model is loaded in this process; start it with `hearth serve`")
+        return self.engine
+
+
+runtime = _Runtime()

@@ -1,0 +1,1 @@
+"""Fine-tune, quantize and dataset jobs on the Huey queue (see the jobs issue)."""

@@ -1,0 +1,1 @@
+"""Memory vaults and chat sessions (see the memory issue)."""

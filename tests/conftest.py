@@ -1,0 +1,55 @@
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+
+# Every test, and every server it starts, works in throwaway homes.
+_SESSION_DIR = Path(tempfile.mkdtemp(prefix="hearth-tests-"))
+os.environ["HEARTH_HOME"] = str(_SESSION_DIR / "hearth")
+os.environ["HF_HOME"] = str(_SESSION_DIR / "hf")
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ.pop("HF_HUB_CACHE", None)
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+
+from tests.helpers import TINY_REPO, ServerProcess, build_tiny_model, server_env  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def homes() -> tuple[Path, Path]:
+    return Path(os.environ["HF_HOME"]), Path(os.environ["HEARTH_HOME"])
+
+
+@pytest.fixture(scope="session")
+def tiny_model(homes) -> str:
+    hf_home, _ = homes
+    build_tiny_model(hf_home / "hub")
+    return TINY_REPO
+
+
+@pytest.fixture(scope="session")
+def server(homes, tiny_model, tmp_path_factory):
+    """One real `hearth serve` on the tiny random model for the whole session."""
+    env = server_env(*homes)
+    proc = ServerProcess(env, tiny_model, log_path=tmp_path_factory.mktemp("logs") / "server.log")
+    try:
+        yield proc.wait_ready()
+    finally:
+        code = proc.stop()
+        assert code == 0, f"server exited {code} on SIGTERM:\n{proc.output()}"
+
+
+@pytest.fixture(scope="session")
+def base_url(server) -> str:
+    return server.url
+
+
+@pytest.fixture(scope="session")
+def eos_id(tiny_model, homes) -> int:
+    import json
+
+    from huggingface_hub import try_to_load_from_cache
+
+    return json.loads(Path(try_to_load_from_cache(tiny_model, "config.json")).read_text())["eos_token_id"]

@@ -1,0 +1,117 @@
+"""Building tiny models and running real `hearth serve` processes for tests."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+HEARTH = [sys.executable, "-m", "config.cli"]
+TINY_REPO = "hearth-test/tiny-random"
+
+# Renders a chat_template_kwargs value into the prompt, so a test can see it arrive.
+TEMPLATE_PROBE = "{% if probe is defined %}{{ probe }}{% endif %}"
+
+TINY_CORPUS = [
+    "Hello there! How are you today? I am fine, thank you.",
+    "The quick brown fox jumps over the lazy dog. 0123456789",
+    "List: 1. apple 2. banana 3. cherry. JSON: {\"name\": \"Ana\", \"age\": 31}",
+    "héllo wörld — ünïcode ✓ 日本語 emoji 🙂",
+]
+
+
+def build_tiny_model(cache_dir: Path, repo_id: str = TINY_REPO, dtype: str = "float32",
+                     quantize: bool = False) -> Path:
+    """A random 2-layer llama with a byte-level BPE tokenizer and a chat
+    template, published into `cache_dir` like a download."""
+    import tempfile
+
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_lm.models.llama import Model, ModelArgs
+
+    from inference.demo.files import (
+        CHAT_TEMPLATE,
+        IM_END,
+        llama_config,
+        publish_to_cache,
+        train_tokenizer,
+        write_model_dir,
+    )
+
+    tok = train_tokenizer(TINY_CORPUS * 4, vocab_size=320)
+    config = llama_config(tok.get_vocab_size(), 64, 2, 4, 128, 2048, tok.token_to_id(IM_END))
+    mx.random.seed(7)
+    model = Model(ModelArgs.from_dict(config))
+    if quantize:
+        import mlx.nn as nn
+
+        nn.quantize(model, group_size=32, bits=4)
+        config["quantization"] = {"group_size": 32, "bits": 4}
+    weights = {k: v.astype(getattr(mx, dtype)) if v.dtype in (mx.float32,) else v
+               for k, v in tree_flatten(model.parameters())}
+    config["torch_dtype"] = dtype
+    with tempfile.TemporaryDirectory() as work:
+        generation = {"eos_token_id": config["eos_token_id"], "temperature": 0.0, "top_k": 5}
+        write_model_dir(Path(work), weights, config, tok, generation, CHAT_TEMPLATE + TEMPLATE_PROBE)
+        return publish_to_cache(Path(work), repo_id, cache_dir)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    """`hearth serve` as a child process on a free loopback port."""
+
+    def __init__(self, env: dict, *args: str, log_path: Path):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path
+        self._log = open(log_path, "wb")
+        self.proc = subprocess.Popen([*HEARTH, "serve", *args, "--port", str(self.port)], cwd=ROOT,
+                                     env=env, stdout=self._log, stderr=subprocess.STDOUT)
+
+    def wait_ready(self, timeout: float = 120) -> "ServerProcess":
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited early:\n{self.output()}")
+            try:
+                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"server not ready after {timeout}s:\n{self.output()}")
+
+    def output(self) -> str:
+        self._log.flush()
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self, timeout: float = 30) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+        return self.proc.returncode
+
+
+def server_env(hf_home: Path, hearth_home: Path) -> dict:
+    env = dict(os.environ)
+    env.update(HF_HOME=str(hf_home), HEARTH_HOME=str(hearth_home), HF_HUB_OFFLINE="1",
+               PYTHONUNBUFFERED="1")
+    env.pop("HF_HUB_CACHE", None)
+    return env

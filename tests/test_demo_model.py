@@ -1,0 +1,91 @@
+"""The embedded demo model: built by `hearth make-demo-model`, served by
+`hearth serve` with no model argument, and its replies fit the question."""
+import json
+import subprocess
+import time
+
+import openai
+import pytest
+
+from inference.demo import corpus
+from inference.demo.build import Recipe, _corpus_text
+from inference.demo.files import train_tokenizer
+from tests.helpers import HEARTH, ROOT, ServerProcess, server_env
+
+
+def test_corpus_and_tokenizer_are_deterministic_for_a_seed():
+    a, b = corpus.conversations(3, 200), corpus.conversations(3, 200)
+    assert a == b and a != corpus.conversations(4, 200)
+    t1, t2 = train_tokenizer(_corpus_text(a), 300), train_tokenizer(_corpus_text(b), 300)
+    assert t1.get_vocab() == t2.get_vocab()
+
+
+@pytest.fixture(scope="module")
+def demo_homes(tmp_path_factory):
+    root = tmp_path_factory.mktemp("demo")
+    return root / "hf", root / "hearth"
+
+
+@pytest.fixture(scope="module")
+def demo_build(demo_homes):
+    env = server_env(*demo_homes)
+    done = subprocess.run([*HEARTH, "make-demo-model"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=900)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+def test_build_uses_openblas_shows_progress_and_caches(demo_build, demo_homes):
+    assert "BLAS: OpenBLAS" in demo_build
+    steps = Recipe().steps
+    assert f"step {steps}/{steps}" in demo_build and "hearth/demo-chat built" in demo_build
+    started = time.monotonic()
+    again = subprocess.run([*HEARTH, "make-demo-model"], cwd=ROOT, env=server_env(*demo_homes),
+                           capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0 and "already built" in again.stdout
+    assert time.monotonic() - started < 60
+
+
+@pytest.fixture(scope="module")
+def demo_server(demo_build, demo_homes, tmp_path_factory):
+    proc = ServerProcess(server_env(*demo_homes), log_path=tmp_path_factory.mktemp("demo-log") / "s.log")
+    try:
+        yield proc.wait_ready()
+    finally:
+        assert proc.stop() == 0
+
+
+def _ask(server, question: str) -> tuple[str, str]:
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
+    r = client.chat.completions.create(model="hearth/demo-chat", temperature=0, max_tokens=60,
+                                       messages=[{"role": "user", "content": question}])
+    return r.choices[0].message.content, r.choices[0].finish_reason
+
+
+def test_serve_without_argument_serves_the_demo(demo_server):
+    models = openai.OpenAI(base_url=demo_server.url + "/v1", api_key="x").models.list()
+    assert models.data[0].id == "hearth/demo-chat"
+
+
+def test_greeting_is_answered_with_a_greeting(demo_server):
+    text, finish = _ask(demo_server, "Hello!")
+    assert finish == "stop"  # the model ends its turn by itself (EOS)
+    assert any(word in text for word in ("Hello", "Hi")), text
+
+
+def test_list_request_gets_a_numbered_list(demo_server):
+    text, _ = _ask(demo_server, "List three colors.")
+    lines = text.splitlines()
+    assert lines[0].startswith("1. ") and lines[1].startswith("2. "), text
+
+
+def test_json_request_gets_a_json_object(demo_server):
+    text, finish = _ask(demo_server, "Give me a JSON object for a person named Ana who is 31.")
+    assert finish == "stop"
+    obj = json.loads(text)
+    assert isinstance(obj, dict) and "name" in obj, text
+
+
+def test_fact_question_gets_a_sentence(demo_server):
+    text, finish = _ask(demo_server, "What color is the sky?")
+    assert finish == "stop" and text.endswith(".") and text[0].isupper(), text

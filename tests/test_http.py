@@ -1,0 +1,155 @@
+"""Raw HTTP: SSE framing byte by byte, discovery routes, and every error shape."""
+import json
+
+import httpx
+import pytest
+
+CHAT = {"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 6}
+
+
+def sse_events(raw: bytes) -> list[bytes]:
+    assert raw.endswith(b"\n\n"), raw[-40:]
+    events = raw[:-2].split(b"\n\n")
+    for e in events:
+        assert e.startswith(b"data: ") and b"\n" not in e, e
+    return [e[len(b"data: "):] for e in events]
+
+
+def test_chat_sse_framing(base_url):
+    with httpx.stream("POST", base_url + "/v1/chat/completions", json={**CHAT, "stream": True}) as r:
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("text/event-stream")
+        raw = b"".join(r.iter_raw())
+    data = sse_events(raw)
+    assert data[-1] == b"[DONE]"
+    chunks = [json.loads(d) for d in data[:-1]]
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert {c["id"] for c in chunks} == {chunks[0]["id"]}
+    assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+    middle = chunks[1:-1]
+    assert middle and all(set(c["choices"][0]["delta"]) == {"content"} for c in middle)
+    last = chunks[-1]
+    assert last["choices"][0]["finish_reason"] == "length" and last["choices"][0]["delta"] == {}
+    assert last["usage"]["completion_tokens"] == 6
+    assert "usage" not in chunks[-2]
+
+
+def test_completion_sse_framing(base_url):
+    body = {"prompt": "The", "max_tokens": 4, "stream": True}
+    raw = httpx.post(base_url + "/v1/completions", json=body).content
+    data = sse_events(raw)
+    assert data[-1] == b"[DONE]"
+    chunks = [json.loads(d) for d in data[:-1]]
+    assert all(c["object"] == "text_completion" for c in chunks)
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+    assert chunks[-1]["usage"]["total_tokens"] == chunks[-1]["usage"]["prompt_tokens"] + 4
+
+
+def test_health_is_byte_exact(base_url):
+    r = httpx.get(base_url + "/health")
+    assert r.status_code == 200 and r.json() == {"status": "ok"}
+
+
+def test_models_lists_served_model_first(base_url, tiny_model):
+    data = httpx.get(base_url + "/v1/models").json()
+    assert data["object"] == "list"
+    served = data["data"][0]
+    assert served["id"] == tiny_model and served["object"] == "model" and served["owned_by"] == "hearth"
+    assert served["context_window"] == 2048
+    assert served["gen_defaults"] == {"temperature": 0.0, "top_p": None, "top_k": 5}
+    assert served["capabilities"]["chat_completions"] is True
+    one = httpx.get(f"{base_url}/v1/models/{tiny_model}").json()
+    assert [m["id"] for m in one["data"]] == [tiny_model]
+    assert httpx.get(base_url + "/v1/models/nobody/nothing").json() == {"object": "list", "data": []}
+
+
+def test_api_index(base_url, tiny_model):
+    for path in ("/v1", "/v1/"):
+        body = httpx.get(base_url + path).json()
+        assert body["name"] == "hearth" and body["model"] == tiny_model
+        assert "POST /v1/chat/completions" in body["endpoints"]
+
+
+def test_unmatched_paths_are_json_404(base_url):
+    for path in ("/nope", "/v1/nope", "/v1/chat"):
+        r = httpx.get(base_url + path)
+        assert r.status_code == 404 and r.json() == {"error": {"message": "not found"}}
+
+
+def test_wrong_method_is_json(base_url):
+    r = httpx.get(base_url + "/v1/chat/completions")
+    assert r.status_code == 405
+    assert "not allowed" in r.json()["error"]["message"]
+
+
+def _error(base_url, path, content):
+    r = httpx.post(base_url + path, content=content if isinstance(content, bytes) else json.dumps(content),
+                   headers={"content-type": "application/json"})
+    body = r.json()
+    assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}, body
+    return r.status_code, body["error"]
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+@pytest.mark.parametrize("raw", [b"{not json", b"", b"[1, 2]", b"\xff\xfe"])
+def test_invalid_json_body(base_url, path, raw):
+    status, err = _error(base_url, path, raw)
+    assert status == 400 and err["message"].startswith("invalid JSON body")
+
+
+@pytest.mark.parametrize("body", [{}, {"messages": []}, {"messages": None}, {"messages": "hi"}])
+def test_messages_required(base_url, body):
+    assert _error(base_url, "/v1/chat/completions", body) == (
+        400, {"message": "messages required", "type": "invalid_request_error", "param": "messages", "code": None})
+
+
+@pytest.mark.parametrize("body,message", [
+    ({}, "prompt required"),
+    ({"prompt": ""}, "prompt must not be empty"),
+    ({"prompt": [1, 2, 3]}, "prompt must be a string (token arrays are not accepted)"),
+    ({"prompt": 42}, "prompt must be a string (token arrays are not accepted)"),
+])
+def test_completion_prompt_errors(base_url, body, message):
+    status, err = _error(base_url, "/v1/completions", body)
+    assert (status, err["message"], err["param"]) == (400, message, "prompt")
+
+
+BAD_FIELDS = [
+    ("temperature", -0.1), ("temperature", 2.5), ("temperature", "hot"), ("top_p", 1.5), ("top_p", -1),
+    ("top_k", -1), ("top_k", 1.5), ("min_p", 2), ("max_tokens", 0), ("max_tokens", -5), ("max_tokens", "ten"),
+    ("max_completion_tokens", 0), ("seed", "abc"), ("seed", 1.5), ("stream", "yes"), ("n", 2),
+    ("stop", 5), ("stop", ["a", "b", "c", "d", "e"]), ("stop", [1]), ("logit_bias", {"x": 1}),
+    ("logit_bias", {"1": "high"}), ("logit_bias", [1, 2]), ("chat_template_kwargs", "x"),
+]
+
+
+@pytest.mark.parametrize("field,value", BAD_FIELDS)
+def test_out_of_range_fields_name_the_field(base_url, field, value):
+    status, err = _error(base_url, "/v1/chat/completions", {**CHAT, field: value})
+    assert status == 400 and err["param"] == field and field in err["message"], err
+
+
+@pytest.mark.parametrize("field,value", [f for f in BAD_FIELDS if f[0] != "chat_template_kwargs"])
+def test_completion_fields_checked_too(base_url, field, value):
+    status, err = _error(base_url, "/v1/completions", {"prompt": "a", field: value})
+    assert status == 400 and err["param"] == field
+
+
+def test_logit_bias_message_is_mlx_lm_exact(base_url):
+    _, err = _error(base_url, "/v1/chat/completions", {**CHAT, "logit_bias": {"x": 1}})
+    assert err["message"] == "logit_bias must be a dict of int to float"
+
+
+def test_logit_bias_token_outside_vocab(base_url):
+    status, err = _error(base_url, "/v1/chat/completions", {**CHAT, "logit_bias": {"99999999": 1}})
+    assert status == 400 and err["param"] == "logit_bias" and "99999999" in err["message"]
+
+
+def test_bad_message_shapes(base_url):
+    status, err = _error(base_url, "/v1/chat/completions", {"messages": [{"role": "wizard", "content": "x"}]})
+    assert status == 400 and err["param"] == "messages[0].role"
+    status, err = _error(base_url, "/v1/chat/completions", {"messages": [{"role": "user", "content": 5}]})
+    assert status == 400 and err["param"] == "messages[0]"
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    status, err = _error(base_url, "/v1/chat/completions", {"messages": [{"role": "user", "content": [image]}]})
+    assert status == 400 and err["message"] == "model has no vision sidecar"

@@ -1,0 +1,82 @@
+"""`hearth serve` as a process: start-up errors, disconnects, graceful stop."""
+import subprocess
+import threading
+import time
+
+import httpx
+
+from tests.helpers import HEARTH, ROOT, ServerProcess, server_env
+
+LONG = {"prompt": "Hello", "max_tokens": 100000, "stream": True}
+
+
+def _stats(base_url):
+    return httpx.get(base_url + "/stats").json()["engine"]
+
+
+def test_unknown_model_is_a_clear_error_not_a_download(homes):
+    started = time.monotonic()
+    done = subprocess.run([*HEARTH, "serve", "nobody/no-such-model", "--port", "1"], cwd=ROOT,
+                          env=server_env(*homes), capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    assert "nobody/no-such-model" in done.stderr and "never downloads" in done.stderr
+    assert time.monotonic() - started < 60
+
+
+def test_missing_directory_is_a_clear_error(homes, tmp_path):
+    done = subprocess.run([*HEARTH, "serve", str(tmp_path), "--port", "1"], cwd=ROOT,
+                          env=server_env(*homes), capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and "has no config.json" in done.stderr
+
+
+def test_bad_flag_values_are_refused(homes):
+    done = subprocess.run([*HEARTH, "serve", "--top-p", "3"], cwd=ROOT, env=server_env(*homes),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and "--top-p" in done.stderr
+
+
+def test_client_disconnect_stops_generation(base_url, eos_id):
+    body = {**LONG, "logit_bias": {str(eos_id): -100}}
+    with httpx.stream("POST", base_url + "/v1/completions", json=body, timeout=30) as r:
+        lines = r.iter_lines()
+        for _ in range(10):
+            next(lines)
+        assert _stats(base_url)["active"] == 1
+    # The connection is closed here; the engine must go idle within a second.
+    deadline = time.monotonic() + 1.0
+    while _stats(base_url)["active"] and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert _stats(base_url)["active"] == 0
+    before = _stats(base_url)["generated_tokens_total"]
+    time.sleep(0.3)
+    assert _stats(base_url)["generated_tokens_total"] == before
+
+
+def test_sigterm_finishes_running_requests_then_exits_zero(homes, tiny_model, tmp_path, eos_id):
+    proc = ServerProcess(server_env(*homes), tiny_model, "--drain-seconds", "60",
+                         log_path=tmp_path / "serve.log").wait_ready()
+    result = {}
+
+    def stream():
+        body = {"prompt": "Hi", "max_tokens": 300, "stream": True, "logit_bias": {str(eos_id): -100}}
+        result["raw"] = httpx.post(proc.url + "/v1/completions", json=body, timeout=60).text
+
+    worker = threading.Thread(target=stream)
+    worker.start()
+    deadline = time.monotonic() + 10
+    while not httpx.get(proc.url + "/stats").json()["engine"]["active"] and time.monotonic() < deadline:
+        time.sleep(0.02)
+    code = proc.stop(timeout=60)
+    worker.join(10)
+    assert code == 0, proc.output()
+    assert result["raw"].endswith("data: [DONE]\n\n")
+    assert '"completion_tokens": 300' in result["raw"]
+    assert "shutting down" in proc.output()
+
+
+def test_sigterm_while_idle_exits_promptly(homes, tiny_model, tmp_path):
+    proc = ServerProcess(server_env(*homes), tiny_model, log_path=tmp_path / "serve.log").wait_ready()
+    started = time.monotonic()
+    assert proc.stop(timeout=20) == 0
+    assert time.monotonic() - started < 10
+    assert "Hearth serving hearth-test/tiny-random at http://127.0.0.1:" in proc.output()
