@@ -125,7 +125,8 @@ def measure_server(cmd: list[str], port: int, env: dict, tokens: int, runs: int,
 
 
 def summarize(rows: list[dict]) -> dict:
-    return {"tps": statistics.median(r["tps"] for r in rows), "ttft_ms": 1000 * statistics.median(r["ttft"] for r in rows)}
+    return {"tps": statistics.median(r["tps"] for r in rows),
+            "ttft_ms": 1000 * statistics.median(r["ttft"] for r in rows)}
 
 
 def main() -> int:

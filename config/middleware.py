@@ -7,9 +7,8 @@ behind a long non-streaming generation.
 """
 from __future__ import annotations
 
-import json
-
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
+from django.http import JsonResponse
 
 
 class JsonErrorMiddleware:
@@ -37,6 +36,5 @@ class JsonErrorMiddleware:
             message = f"method {request.method} not allowed on {request.path}"
             body = {"error": {"message": message + (f" (allowed: {allowed})" if allowed else ""),
                               "type": "invalid_request_error", "param": None, "code": "method_not_allowed"}}
-            response.content = json.dumps(body).encode()
-            response["Content-Type"] = "application/json"
+            return JsonResponse(body, status=405, headers={"Allow": allowed})
         return response

@@ -94,7 +94,8 @@ class ServerProcess:
         raise RuntimeError(f"server not ready after {timeout}s:\n{self.output()}")
 
     def output(self) -> str:
-        self._log.flush()
+        if not self._log.closed:
+            self._log.flush()
         return self.log_path.read_text(errors="replace")
 
     def stop(self, timeout: float = 30) -> int:

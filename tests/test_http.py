@@ -153,3 +153,21 @@ def test_bad_message_shapes(base_url):
     image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
     status, err = _error(base_url, "/v1/chat/completions", {"messages": [{"role": "user", "content": [image]}]})
     assert status == 400 and err["message"] == "model has no vision sidecar"
+
+
+def test_admin_login_page_and_its_static_files(base_url):
+    page = httpx.get(base_url + "/admin/login/")
+    assert page.status_code == 200 and "Django administration" in page.text
+    css = httpx.get(base_url + "/static/admin/css/base.css")
+    assert css.status_code == 200 and "text/css" in css.headers["content-type"]
+
+
+def test_database_is_sqlite_in_wal_mode(server, homes):
+    import sqlite3
+
+    db = homes[1] / "hearth.sqlite3"
+    assert db.exists()
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    assert "auth_user" in tables  # serve applied the migrations

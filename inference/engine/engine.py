@@ -199,21 +199,20 @@ class Engine:
                 finish = "stop"
                 break
             detok.add_token(token)
-            text = stops.feed(detok.last_segment)
+            job.emit(GenerationEvent(text=stops.feed(detok.last_segment), token_ids=(token,)))
             if stops.stopped:
-                job.emit(GenerationEvent(text=text, token_ids=(token,)))
                 finish = "stop"
                 break
-            job.emit(GenerationEvent(text=text, token_ids=(token,)))
         if started and count > 1:
             self.stats.last_decode_tps = (count - 1) / (time.perf_counter() - started)
         if job.aborted.is_set():
             return
-        tail = ""
-        if not stops.stopped:
-            detok.finalize()
-            tail = stops.feed(detok.last_segment)
-            tail += "" if stops.stopped else stops.flush()
+        detok.finalize()
+        tail = stops.feed(detok.last_segment)  # nothing once a stop string matched
+        if stops.stopped:
+            finish = "stop"
+        else:
+            tail += stops.flush()
         usage = Usage(len(req.prompt_tokens), count)
         job.emit(GenerationEvent(text=tail, finish_reason=finish, usage=usage))
 

@@ -16,6 +16,8 @@ class StopMatcher:
         self.stopped = False
 
     def feed(self, text: str) -> str:
+        if self.stopped:
+            return ""
         if not self.stops:
             return text
         self.pending += text

@@ -6,11 +6,12 @@ class RequestError(Exception):
     """A bad request: 400 unless said otherwise, naming the field at fault."""
 
     def __init__(self, message: str, param: str | None = None, status: int = 400,
-                 type: str = "invalid_request_error", code: str | None = None):
+                 kind: str = "invalid_request_error", code: str | None = None):
         super().__init__(message)
-        self.message, self.param, self.status, self.type, self.code = message, param, status, type, code
+        self.message, self.param, self.status, self.type, self.code = message, param, status, kind, code
 
 
-def openai_error(message: str, type: str = "invalid_request_error", param: str | None = None,
+def openai_error(message: str, kind: str = "invalid_request_error", param: str | None = None,
                  code: str | None = None) -> dict:
-    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+    """The OpenAI error body: {"error": {"message", "type", "param", "code"}}."""
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
