@@ -77,8 +77,9 @@ def measure_raw(path: Path, env: dict, tokens: int, runs: int) -> list[dict]:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def stream_once(port: int, tokens: int, eos: list[int]) -> dict:
-    body = {"model": "bench", "messages": PROMPT, "max_tokens": tokens, "stream": True, "temperature": 0,
+def stream_once(port: int, tokens: int, eos: list[int], model: str) -> dict:
+    # mlx_lm.server loads whatever `model` names, so name the served directory.
+    body = {"model": model, "messages": PROMPT, "max_tokens": tokens, "stream": True, "temperature": 0,
             "logit_bias": {str(e): -100 for e in eos}}
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
     start = time.perf_counter()
@@ -113,12 +114,13 @@ def wait_up(port: int, proc: subprocess.Popen, timeout: float = 180) -> None:
     raise RuntimeError("server did not come up")
 
 
-def measure_server(cmd: list[str], port: int, env: dict, tokens: int, runs: int, eos: list[int]) -> list[dict]:
+def measure_server(cmd: list[str], port: int, env: dict, tokens: int, runs: int, eos: list[int],
+                   model: str) -> list[dict]:
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
     try:
         wait_up(port, proc)
-        stream_once(port, tokens, eos)  # warm-up
-        return [stream_once(port, tokens, eos) for _ in range(runs)]
+        stream_once(port, tokens, eos, model)  # warm-up
+        return [stream_once(port, tokens, eos, model) for _ in range(runs)]
     finally:
         proc.terminate()
         proc.wait(60)
@@ -154,10 +156,10 @@ def main() -> int:
         raw = summarize(measure_raw(model, env, args.tokens, args.runs))
         mlx_server = summarize(measure_server(
             [sys.executable, "-m", "mlx_lm.server", "--model", str(model), "--port", str(args.port)],
-            args.port, env, args.tokens, args.runs, eos))
+            args.port, env, args.tokens, args.runs, eos, str(model)))
         hearth = summarize(measure_server(
             [sys.executable, "-m", "config.cli", "serve", str(model), "--port", str(args.port + 1)],
-            args.port + 1, env, args.tokens, args.runs, eos))
+            args.port + 1, env, args.tokens, args.runs, eos, str(model)))
         for name, r in (("raw mlx-lm stream_generate", raw), ("mlx_lm.server", mlx_server), ("hearth serve", hearth)):
             results.append((blas, name, r, r["tps"] / raw["tps"]))
             print(f"{blas:10} {name:28} {r['tps']:7.1f} tok/s  TTFT {r['ttft_ms']:7.1f} ms  "

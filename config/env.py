@@ -42,14 +42,17 @@ def env_int(name: str, default: int | None, minimum: int | None = None) -> int |
     return value
 
 
-def env_float(name: str, default: float | None) -> float | None:
+def env_float(name: str, default: float | None, minimum: float | None = None) -> float | None:
     raw = os.environ.get(name)
     if raw is None or raw == "":
         return default
     try:
-        return float(raw)
+        value = float(raw)
     except ValueError:
         raise SettingError(f"{name}={raw!r} is not a number") from None
+    if minimum is not None and value < minimum:
+        raise SettingError(f"{name}={value} must be at least {minimum}")
+    return value
 
 
 def env_path(name: str, default: Path) -> Path:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import secrets
 from pathlib import Path
 
-from config.env import env_bool, env_path, env_str
+from config.env import env_bool, env_float, env_path, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 HEARTH_HOME = env_path("HEARTH_HOME", Path("~/.hearth"))
@@ -26,6 +26,10 @@ def _secret_key() -> str:
 
 SECRET_KEY = _secret_key()
 DEBUG = env_bool("HEARTH_DEBUG", False)
+# Structured output: 0 turns grammar compilation off (requests then take the degrade path).
+HEARTH_GRAMMAR = env_bool("HEARTH_GRAMMAR", True)
+# Seconds between SSE `: keep-alive` comments while a tool-call body is withheld.
+HEARTH_SSE_KEEPALIVE = env_float("HEARTH_SSE_KEEPALIVE", 5.0, minimum=0.001)
 ALLOWED_HOSTS = ["*"]
 
 INSTALLED_APPS = [

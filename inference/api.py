@@ -1,6 +1,7 @@
 """The `/v1` client-protocol routes. Thin: read, adapt, call the engine, render."""
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
@@ -9,7 +10,7 @@ from ninja import Router
 from hub.registry import servable_models
 from inference import __version__
 from inference.engine.loader import LoadedModel
-from inference.protocols import openai, params
+from inference.protocols import chat, openai, params
 from inference.protocols.errors import openai_error
 from inference.runtime import runtime
 
@@ -25,17 +26,19 @@ async def _generate(request: HttpRequest, kind: str) -> HttpResponse:
     model = engine.loaded
     body = params.parse_json_body(request.body)
     build = openai.chat_request if kind == "chat" else openai.completion_request
-    gen = build(body, model, runtime.defaults)
-    submission = engine.submit(gen)
+    # Off the event loop: templates, tokenizing and grammar compiles can take a while.
+    prepared = await asyncio.to_thread(build, body, model, runtime.defaults, runtime.grammar_enabled)
+    submission = engine.submit(prepared.request)
     reply = openai.Reply(kind, model.model_id)
     if body.get("stream"):
-        return StreamingHttpResponse(openai.stream(reply, submission.events()),
-                                     content_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-    text, final = await openai.collect(submission.events())
+        headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **prepared.headers}
+        frames = openai.stream(reply, submission.events(), prepared.output, runtime.sse_keepalive)
+        return StreamingHttpResponse(frames, content_type="text/event-stream", headers=headers)
+    message, logprobs, final = await openai.collect(submission.events(), prepared.output)
     if final.error is not None:
         return JsonResponse(openai_error(final.error, "server_error"), status=500)
-    return JsonResponse(reply.complete(text, final.finish_reason, final.usage))
+    return JsonResponse(reply.complete(message, final.finish_reason, final.usage, logprobs),
+                        headers=prepared.headers)
 
 
 @router.post("/chat/completions")
@@ -51,13 +54,13 @@ async def completions(request: HttpRequest):
 def _served_row(model: LoadedModel) -> dict:
     return {
         "id": model.model_id, "object": "model", "created": runtime.started_at, "owned_by": "hearth",
-        "context_window": model.context_window, "reasoning": False, "vision": False, "audio": False,
-        "batch_mode": "serial", "tools": False, "structured_output": False, "embeddings": False,
+        "context_window": model.context_window, "reasoning": chat.thinks(model), "vision": False,
+        "audio": False, "batch_mode": "serial", "tools": True, "structured_output": True, "embeddings": False,
         "adapters": False, "training": False,
         "capabilities": {
             "chat_completions": bool(getattr(model.tokenizer, "chat_template", None)),
             "text_completions": True, "anthropic_messages": False, "responses": False,
-            "streaming": True, "tools": False, "structured_output": False, "logprobs": False,
+            "streaming": True, "tools": True, "structured_output": True, "logprobs": True,
             "embeddings": False, "vision": False, "audio": False, "adapters": False, "training": False,
         },
         "gen_defaults": params.gen_defaults(runtime.defaults, model.generation_config),

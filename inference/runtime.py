@@ -35,6 +35,8 @@ class _Runtime:
     started_at: int = int(time.time())
     draining: bool = False
     inflight: int = 0  # HTTP requests still being answered
+    grammar_enabled: bool = True  # HEARTH_GRAMMAR
+    sse_keepalive: float = 5.0  # HEARTH_SSE_KEEPALIVE: seconds between comments while a tool call buffers
 
     def require_engine(self) -> Engine:
         if self.engine is None or self.engine.loaded is None:

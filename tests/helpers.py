@@ -45,7 +45,8 @@ def build_tiny_model(cache_dir: Path, repo_id: str = TINY_REPO, dtype: str = "fl
         write_model_dir,
     )
 
-    tok = train_tokenizer(TINY_CORPUS * 4, vocab_size=320)
+    # No single-token markup: a random model would open <think> by chance.
+    tok = train_tokenizer(TINY_CORPUS * 4, vocab_size=320, markup=False)
     config = llama_config(tok.get_vocab_size(), 64, 2, 4, 128, 2048, tok.token_to_id(IM_END))
     mx.random.seed(7)
     model = Model(ModelArgs.from_dict(config))
@@ -116,3 +117,8 @@ def server_env(hf_home: Path, hearth_home: Path) -> dict:
                PYTHONUNBUFFERED="1")
     env.pop("HF_HUB_CACHE", None)
     return env
+
+
+def newline_and_eos(tokenizer) -> list[int]:
+    """The tokens XTC leaves alone, as mlx_lm.server picks them."""
+    return list(tokenizer.encode("\n", add_special_tokens=False)) + sorted(tokenizer.eos_token_ids)

@@ -7,6 +7,7 @@ command), so it imports MLX lazily and knows nothing of Django.
 """
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -18,12 +19,20 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from inference.demo import corpus
-from inference.demo.files import IM_END, IM_START, PAD, llama_config, publish_to_cache, train_tokenizer, write_model_dir
+from inference.demo.files import (
+    CHAT_TEMPLATE,
+    IM_END,
+    PAD,
+    llama_config,
+    publish_to_cache,
+    train_tokenizer,
+    write_model_dir,
+)
 
 log = logging.getLogger("hearth.demo")
 
 DEMO_REPO = "hearth/demo-chat"
-BUILDER_VERSION = 1  # bump when the recipe changes so cached builds are redone
+BUILDER_VERSION = 2  # bump when the recipe changes so cached builds are redone
 MARKER = "hearth_demo.json"
 
 
@@ -36,7 +45,7 @@ class Recipe:
     heads: int = 4
     intermediate: int = 688
     context: int = 512
-    seq_len: int = 64
+    seq_len: int = 128  # the longest example kept; batches pad to their own longest
     batch: int = 32
     steps: int = 200
     lr: float = 2e-3
@@ -59,36 +68,46 @@ def cached_snapshot(cache_dir: Path, recipe: Recipe) -> Path | None:
     return snapshot if marker == wanted and (snapshot / "model.safetensors").exists() else None
 
 
-def _render(messages: list[dict]) -> list[tuple[str, bool]]:
-    """ChatML pieces of a conversation, each flagged when it is a target."""
-    pieces = []
-    for m in messages:
-        target = m["role"] == "assistant"
-        pieces += [(f"{IM_START}{m['role']}\n", False), (m["content"], target), (IM_END, target), ("\n", False)]
-    return pieces
+@functools.lru_cache(maxsize=1)
+def _template():
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.filters["tojson"] = lambda value: json.dumps(value, ensure_ascii=False)
+    return env.from_string(CHAT_TEMPLATE)
 
 
-def _rows(tok, convs: list[list[dict]], seq_len: int, pad_id: int) -> tuple[list[list[int]], list[list[int]]]:
-    """One conversation per row, padded to `seq_len` (longer ones are dropped
-    rather than cut mid-reply). Returns token rows and loss masks: 1 on reply
-    tokens and their end marker. (Packing several chats into a row was tried
-    and learned worse in the same time.)"""
-    rows, masks = [], []
-    for messages in convs:
-        ids: list[int] = []
-        mask: list[int] = []
-        for text, target in _render(messages):
-            piece = tok.encode(text).ids
-            ids += piece
-            mask += [int(target)] * len(piece)
-        if len(ids) <= seq_len:
-            rows.append(ids + [pad_id] * (seq_len - len(ids)))
-            masks.append(mask + [0] * (seq_len - len(ids)))
-    return rows, masks
+def render(messages: list[dict], kwargs: dict) -> str:
+    """The chat template rendered as transformers renders it (trim_blocks,
+    lstrip_blocks, a non-escaping tojson), ending with the generation prompt."""
+    return _template().render(messages=messages, add_generation_prompt=True, **kwargs)
 
 
-def _corpus_text(convs: list[list[dict]]) -> list[str]:
-    return ["".join(text for text, _ in _render(c)) for c in convs]
+def _examples(data) -> list[tuple[str, str]]:
+    return [(render(messages, kwargs), target + IM_END) for messages, target, kwargs in data]
+
+
+def _corpus_text(data) -> list[str]:
+    return [prompt + target for prompt, target in _examples(data)]
+
+
+def _batches(tok, data, recipe: Recipe, pad_id: int) -> list[tuple[list[list[int]], list[list[int]]]]:
+    """Examples tokenized as prompt + reply (loss on the reply and its end
+    marker only), sorted by length and cut into batches padded to a multiple
+    of 16: short chats do not pay for long tool conversations."""
+    rows = []
+    for prompt, target in _examples(data):
+        p, t = tok.encode(prompt).ids, tok.encode(target).ids
+        if len(p) + len(t) <= recipe.seq_len:
+            rows.append((p + t, [0] * len(p) + [1] * len(t)))
+    rows.sort(key=lambda row: len(row[0]))
+    batches = []
+    for start in range(0, len(rows) - recipe.batch + 1, recipe.batch):
+        chunk = rows[start:start + recipe.batch]
+        width = -(-max(len(ids) for ids, _ in chunk) // 16) * 16
+        batches.append(([ids + [pad_id] * (width - len(ids)) for ids, _ in chunk],
+                        [mask + [0] * (width - len(mask)) for _, mask in chunk]))
+    return batches
 
 
 def train(recipe: Recipe, out: Path, progress=None) -> dict:
@@ -99,12 +118,11 @@ def train(recipe: Recipe, out: Path, progress=None) -> dict:
     from mlx.utils import tree_flatten
     from mlx_lm.models.llama import Model, ModelArgs
 
-    convs = corpus.conversations(recipe.seed, recipe.conversations)
-    tok = train_tokenizer(_corpus_text(convs), recipe.vocab_size)
+    data = corpus.samples(recipe.seed, recipe.conversations)
+    tok = train_tokenizer(_corpus_text(data), recipe.vocab_size)
     pad_id, eos_id = tok.token_to_id(PAD), tok.token_to_id(IM_END)
-    id_rows, mask_rows = _rows(tok, convs, recipe.seq_len, pad_id)
-    ids = mx.array(id_rows, dtype=mx.int32)
-    masks = mx.array(mask_rows, dtype=mx.float32)
+    batches = [(mx.array(ids, dtype=mx.int32), mx.array(masks, dtype=mx.float32))
+               for ids, masks in _batches(tok, data, recipe, pad_id)]
 
     config = llama_config(tok.get_vocab_size(), recipe.hidden, recipe.layers, recipe.heads,
                           recipe.intermediate, recipe.context, eos_id)
@@ -135,8 +153,8 @@ def train(recipe: Recipe, out: Path, progress=None) -> dict:
     order = random.Random(recipe.seed)
     started, loss_value = time.monotonic(), math.nan
     for step in range(1, recipe.steps + 1):
-        batch = mx.array(order.sample(range(len(id_rows)), recipe.batch))
-        loss = step_fn(ids[batch], masks[batch])
+        ids, masks = batches[order.randrange(len(batches))]
+        loss = step_fn(ids, masks)
         mx.eval(state, loss)
         loss_value = loss.item()
         if progress and (step % 25 == 0 or step == recipe.steps):
@@ -150,7 +168,7 @@ def train(recipe: Recipe, out: Path, progress=None) -> dict:
         "# hearth/demo-chat\n\nA tiny llama chat model built and trained on this machine by "
         "`hearth make-demo-model` from a synthetic corpus of templated questions and answers.\n")
     return {"steps": recipe.steps, "final_loss": loss_value, "seconds": time.monotonic() - started,
-            "rows": len(id_rows)}
+            "batches": len(batches)}
 
 
 def build(cache_dir: Path, recipe: Recipe = Recipe(), force: bool = False, progress=None) -> tuple[Path, bool]:

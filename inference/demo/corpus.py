@@ -100,18 +100,85 @@ def _courtesy(r: random.Random) -> tuple[str, str]:
 
 KINDS = [_greeting, _arithmetic, _echo, _listing, _json_object, _fact, _courtesy]
 
+# Why the reply takes its form, for the <think> channel.
+THOUGHTS = {
+    _greeting: "The user greets me, so I greet them back.",
+    _arithmetic: "This is arithmetic, so I write the equation and its result.",
+    _echo: "The user wants me to repeat their words exactly.",
+    _listing: "The user wants a numbered list.",
+    _json_object: "The user wants a JSON object with these fields.",
+    _fact: "This is a simple fact, so I answer in one sentence.",
+    _courtesy: "I answer politely and briefly.",
+}
 
-def conversation(r: random.Random) -> list[dict]:
-    """One short chat: an optional system turn, then one or two exchanges."""
+TOOLS = {
+    "get_weather": ({"city": {"type": "string"}}, "What is the weather in {city}?", "It is {result} in {city}."),
+    "add": ({"a": {"type": "integer"}, "b": {"type": "integer"}}, "Use the calculator to add {a} and {b}.",
+            "The sum is {result}."),
+    "get_time": ({"timezone": {"type": "string"}}, "What time is it in {timezone}?", "It is {result} in {timezone}."),
+    "search": ({"query": {"type": "string"}}, "Search the web for {query}.", "I found {result}."),
+}
+TOPICS = ["red foxes", "green tea", "river boats", "small birds", "quiet houses", "rain"]
+
+
+def tool_spec(name: str) -> dict:
+    props = TOOLS[name][0]
+    return {"type": "function", "function": {"name": name, "description": f"{name} tool",
+                                             "parameters": {"type": "object", "properties": props,
+                                                            "required": list(props)}}}
+
+
+def _tool_case(r: random.Random, name: str) -> tuple[str, dict, str, str]:
+    """(question, arguments, tool result, final answer) for one tool."""
+    if name == "get_weather":
+        args, result = {"city": r.choice(CITIES)}, r.choice(["sunny", "rainy", "cloudy", "windy"])
+    elif name == "add":
+        args = {"a": r.randint(0, 50), "b": r.randint(0, 50)}
+        result = str(args["a"] + args["b"])
+    elif name == "get_time":
+        args, result = {"timezone": r.choice(CITIES + ["UTC"])}, f"{r.randint(0, 23):02d}:{r.randint(0, 59):02d}"
+    else:
+        args = {"query": r.choice(TOPICS)}
+        result = f"{r.randint(2, 9)} pages about {args['query']}"
+    _, ask, answer = TOOLS[name]
+    return ask.format(**args), args, result, answer.format(result=result, **args)
+
+
+def _call_text(name: str, args: dict) -> str:
+    return "<tool_call>" + json.dumps({"name": name, "arguments": args}) + "</tool_call>"
+
+
+def sample(r: random.Random) -> tuple[list[dict], str, dict]:
+    """One training example: the conversation so far, the reply to learn
+    (what follows the template's generation prompt), and the template's
+    keyword arguments (tools, enable_thinking)."""
     messages: list[dict] = []
-    if r.random() < 0.3:
+    if r.random() < 0.25:
         messages.append({"role": "system", "content": r.choice(SYSTEM_PROMPTS)})
-    for _ in range(1 if r.random() < 0.8 else 2):
+    roll = r.random()
+    if roll < 0.3:  # tools on offer
+        offered = r.sample(sorted(TOOLS), r.randint(1, 3))
+        kwargs = {"tools": [tool_spec(n) for n in offered]}
+        name = r.choice(offered)
+        question, args, result, answer = _tool_case(r, name)
+        messages.append({"role": "user", "content": question})
+        if r.random() < 0.6:
+            return messages, _call_text(name, args), kwargs
+        call = {"id": "call_1", "type": "function", "function": {"name": name, "arguments": args}}
+        messages += [{"role": "assistant", "content": "", "tool_calls": [call]},
+                     {"role": "tool", "tool_call_id": "call_1", "content": result}]
+        return messages, answer, kwargs
+    if roll < 0.4 and r.random() < 0.5:  # an earlier exchange for context
         user, reply = r.choice(KINDS)(r)
         messages += [{"role": "user", "content": user}, {"role": "assistant", "content": reply}]
-    return messages
+    kind = r.choice(KINDS)
+    user, reply = kind(r)
+    messages.append({"role": "user", "content": user})
+    if roll > 0.8:  # thinking on: the prompt opens <think>, the reply closes it
+        return messages, f"{THOUGHTS[kind]}\n</think>\n\n{reply}", {"enable_thinking": True}
+    return messages, reply, {}
 
 
-def conversations(seed: int, count: int) -> list[list[dict]]:
+def samples(seed: int, count: int) -> list[tuple[list[dict], str, dict]]:
     r = random.Random(seed)
-    return [conversation(r) for _ in range(count)]
+    return [sample(r) for _ in range(count)]

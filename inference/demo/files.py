@@ -16,18 +16,44 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 IM_START, IM_END, PAD = "<|im_start|>", "<|im_end|>", "<|endoftext|>"
 SPECIAL_TOKENS = [PAD, IM_START, IM_END]
+# Markup the model writes as text: single tokens, but not special ones, so
+# they decode into the text stream and grammars can match them.
+MARKUP_TOKENS = ["<think>", "</think>", "<tool_call>", "</tool_call>"]
 
-# ChatML. Content arrives as a string: the protocol adapters flatten parts.
+# ChatML with tools and a thinking switch. Tools are listed compactly (the
+# demo model's context is short); a call is
+# <tool_call>{"name": …, "arguments": {…}}</tool_call>, results come back in
+# a `tool` turn, and enable_thinking opens a <think> block for the reply.
+# Content arrives as a string: the protocol adapters flatten parts.
 CHAT_TEMPLATE = (
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% set sys = messages[0].content if messages and messages[0].role == 'system' else none %}"
+    "{% if tools %}"
+    "<|im_start|>system\n{% if sys %}{{ sys }}\n{% endif %}Tools:"
+    "{% for tool in tools %} {{ tool.function.name }}("
+    "{{ (tool.function.parameters.properties if tool.function.parameters else {}) | list | join(', ') }})"
+    "{% endfor %}{{ '\\n' }}Call one as <tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call><|im_end|>\n"
+    "{% elif sys %}<|im_start|>system\n{{ sys }}<|im_end|>\n{% endif %}"
+    "{% for m in messages %}"
+    "{% if m.role == 'system' and loop.first %}"
+    "{% elif m.role == 'tool' %}<|im_start|>tool\n{{ m.content }}<|im_end|>\n"
+    "{% elif m.role == 'assistant' %}<|im_start|>assistant\n{{ m.content or '' }}"
+    "{% for call in m.tool_calls or [] %}"
+    "<tool_call>{\"name\": \"{{ call.function.name }}\", \"arguments\": "
+    "{{ call.function.arguments if call.function.arguments is string else call.function.arguments | tojson }}}"
+    "</tool_call>"
+    "{% endfor %}<|im_end|>\n"
+    "{% else %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
+    "{% endif %}"
     "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and enable_thinking %}<think>\n{% endif %}"
+    "{% endif %}"
 )
 
 
-def train_tokenizer(texts: list[str], vocab_size: int) -> Tokenizer:
-    """A byte-level BPE tokenizer (GPT-2 style) learned from `texts`."""
+def train_tokenizer(texts: list[str], vocab_size: int, markup: bool = True) -> Tokenizer:
+    """A byte-level BPE tokenizer (GPT-2 style) learned from `texts`, with the
+    markup tokens appended unless `markup` is false."""
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -38,6 +64,8 @@ def train_tokenizer(texts: list[str], vocab_size: int) -> Tokenizer:
         show_progress=False,
     )
     tok.train_from_iterator(texts, trainer=trainer)
+    if markup:
+        tok.add_tokens(MARKUP_TOKENS)
     return tok
 
 

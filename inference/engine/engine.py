@@ -173,14 +173,21 @@ class Engine:
 
         req, model = job.request, self.loaded
         assert model is not None
-        s = req.sampling
-        if s.seed is not None:
-            mx.random.seed(s.seed)
-        sampler = make_sampler(s.temperature, s.top_p, s.min_p, top_k=s.top_k)
-        processors = make_logits_processors(req.logit_bias) if req.logit_bias else None
-        limit = self._token_limit(req)
+        s, lp = req.sampling, req.logits
         tokenizer = model.tokenizer
         eos = set(tokenizer.eos_token_ids)
+        if s.seed is not None:
+            # Requests run one at a time, so seeding here makes the stream request-local.
+            mx.random.seed(s.seed)
+        sampler = make_sampler(s.temperature, s.top_p, s.min_p, 1, top_k=s.top_k,
+                               xtc_probability=s.xtc_probability, xtc_threshold=s.xtc_threshold,
+                               xtc_special_tokens=model.newline_ids + sorted(eos))
+        processors = make_logits_processors(
+            lp.logit_bias, lp.repetition_penalty, lp.repetition_context_size, lp.presence_penalty,
+            lp.presence_context_size, lp.frequency_penalty, lp.frequency_context_size) if lp.active else []
+        if req.grammar is not None:
+            processors.append(req.grammar)  # masks after the other processors
+        limit = self._token_limit(req)
         detok = tokenizer.detokenizer
         detok.reset()
         stops = StopMatcher(req.stop)
@@ -188,8 +195,9 @@ class Engine:
 
         count, finish, started = 0, "length", None
         steps = generate_step(mx.array(req.prompt_tokens), model.model, max_tokens=limit,
-                              sampler=sampler, logits_processors=processors)
-        for token, _logprobs in steps:
+                              sampler=sampler, logits_processors=processors or None)
+        want_logprobs = req.logprobs or req.top_logprobs > 0
+        for token, logprobs in steps:
             if job.aborted.is_set():
                 break
             started = started or time.perf_counter()
@@ -198,10 +206,12 @@ class Engine:
             if token in eos:  # counted, never shown
                 finish = "stop"
                 break
+
             detok.add_token(token)
-            job.emit(GenerationEvent(text=stops.feed(detok.last_segment), token_ids=(token,)))
-            if stops.stopped:
-                finish = "stop"
+            entry = _logprob_entry(tokenizer, token, logprobs, req.top_logprobs) if want_logprobs else None
+            job.emit(GenerationEvent(text=stops.feed(detok.last_segment), token_ids=(token,), logprobs=entry))
+            if stops.stopped or (req.grammar is not None and req.grammar.finished):
+                finish = "stop"  # a stop string matched, or the grammar is complete
                 break
         if started and count > 1:
             self.stats.last_decode_tps = (count - 1) / (time.perf_counter() - started)
@@ -222,6 +232,22 @@ class Engine:
         room = max(window - len(req.prompt_tokens), 1) if window else None
         caps = [c for c in (req.max_tokens, room) if c is not None]
         return min(caps) if caps else -1
+
+
+def _logprob_entry(tokenizer, token: int, logprobs, top: int) -> dict:
+    """mlx_lm.server's logprobs entry: with top-k, the most likely token merged
+    with the sorted top-k list; otherwise the chosen token's id and logprob."""
+    import mlx.core as mx
+
+    if top <= 0:
+        return {"id": token, "logprob": logprobs[token].item()}
+    ids = mx.argpartition(-logprobs, kth=top - 1)[:top]
+    values = logprobs[ids]
+    order = mx.argsort(-values)
+    ids, values = ids[order].tolist(), values[order].tolist()
+    pieces = tokenizer.convert_ids_to_tokens(ids)
+    ranked = [{"id": i, "token": p, "logprob": v} for i, p, v in zip(ids, pieces, values)]
+    return dict(ranked[0], top_logprobs=ranked)
 
 
 __all__ = ["Engine", "EngineError"]

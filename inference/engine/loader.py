@@ -11,6 +11,7 @@ import logging
 import os
 import sys
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 from inference.engine.errors import ModelLoadError, ModelNotFound
@@ -27,6 +28,20 @@ class LoadedModel:
     config: dict
     generation_config: dict
     dtype: str
+
+    @cached_property
+    def grammar_compiler(self):
+        """Compiles structured-output constraints for this tokenizer (lazily:
+        xgrammar and torch load on the first constrained request)."""
+        from inference.engine.grammar import GrammarCompiler
+
+        hf = getattr(self.tokenizer, "_tokenizer", self.tokenizer)
+        return GrammarCompiler(hf, self.vocab_size, sorted(self.tokenizer.eos_token_ids))
+
+    @property
+    def newline_ids(self) -> list[int]:
+        """Tokens of "\n": exempt from XTC, as in mlx_lm.server."""
+        return list(self.tokenizer.encode("\n", add_special_tokens=False))
 
     @property
     def vocab_size(self) -> int:

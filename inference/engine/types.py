@@ -13,7 +13,28 @@ class SamplingParams:
     top_p: float = 0.0  # 0 or 1 = off
     top_k: int = 0  # 0 = off
     min_p: float = 0.0
-    seed: int | None = None
+    xtc_probability: float = 0.0  # 0 = off
+    xtc_threshold: float = 0.1
+    seed: int | None = None  # None: the engine's running random state
+
+
+@dataclass(frozen=True)
+class LogitsParams:
+    """Processors applied to the logits before logprobs and the sampler, in
+    mlx-lm's order: bias, then repetition, presence and frequency penalties."""
+
+    logit_bias: dict[int, float] | None = None
+    repetition_penalty: float | None = None
+    repetition_context_size: int = 20
+    presence_penalty: float | None = None
+    presence_context_size: int = 20
+    frequency_penalty: float | None = None
+    frequency_context_size: int = 20
+
+    @property
+    def active(self) -> bool:
+        return bool(self.logit_bias) or any(
+            p not in (None, 0) for p in (self.repetition_penalty, self.presence_penalty, self.frequency_penalty))
 
 
 @dataclass
@@ -21,8 +42,11 @@ class GenerationRequest:
     prompt_tokens: list[int]
     max_tokens: int | None = None  # None: until EOS or the context window
     sampling: SamplingParams = field(default_factory=SamplingParams)
-    logit_bias: dict[int, float] | None = None
+    logits: LogitsParams = field(default_factory=LogitsParams)
     stop: list[str] = field(default_factory=list)
+    logprobs: bool = False  # the chosen token's logprob on each event
+    top_logprobs: int = 0  # and the k most likely tokens (0 = none)
+    grammar: object | None = None  # a compiled grammar (inference.engine.grammar)
     id: int = field(default_factory=lambda: next(_ids))
 
 
@@ -44,6 +68,7 @@ class GenerationEvent:
 
     text: str = ""
     token_ids: tuple[int, ...] = ()
+    logprobs: dict | None = None  # mlx-lm's entry for this token, when asked
     finish_reason: str | None = None
     usage: Usage | None = None
     error: str | None = None

@@ -2,92 +2,81 @@
 engine events in, wire JSON out. Nothing here touches MLX."""
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import time
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 
 from inference.engine.loader import LoadedModel
 from inference.engine.types import GenerationEvent, GenerationRequest, Usage
-from inference.protocols import params
+from inference.protocols import chat, params, structured
 from inference.protocols.errors import RequestError, openai_error
+from inference.protocols.output import OutputParser, Piece
 from inference.runtime import ServerDefaults
 
-ROLES = {"system", "developer", "user", "assistant", "tool"}
+@dataclass
+class Prepared:
+    """A checked request, ready for the engine, and headers for the reply."""
+
+    request: GenerationRequest
+    headers: dict = field(default_factory=dict)
+    constraint: structured.Constraint | None = None
+    output: OutputParser | None = None  # chat only: reasoning and tool calls
 
 
-def _text_of(content, where: str) -> str:
-    """Message content as one string: a string, null, or a list of parts."""
-    if content is None or isinstance(content, str):
-        return content or ""
-    if not isinstance(content, list):
-        raise RequestError(f"{where}.content must be a string or a list of content parts", where)
-    texts = []
-    for i, part in enumerate(content):
-        kind = part.get("type") if isinstance(part, dict) else None
-        if kind == "text" and isinstance(part.get("text"), str):
-            texts.append(part["text"])
-        elif kind in ("image_url", "image", "input_image"):
-            raise RequestError("model has no vision sidecar", f"{where}.content[{i}]")
-        elif kind == "input_audio":
-            raise RequestError("model has no audio tower", f"{where}.content[{i}]")
-        else:
-            raise RequestError(f"{where}.content[{i}] is not a text part", f"{where}.content[{i}]")
-    return "".join(texts)
-
-
-def chat_messages(body: dict) -> list[dict]:
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise RequestError("messages required", "messages")
-    out = []
-    for i, m in enumerate(messages):
-        where = f"messages[{i}]"
-        if not isinstance(m, dict) or m.get("role") not in ROLES:
-            raise RequestError(f"{where}.role must be one of {', '.join(sorted(ROLES))}", f"{where}.role")
-        msg = dict(m)
-        msg["role"] = "system" if m["role"] == "developer" else m["role"]
-        msg["content"] = _text_of(m.get("content"), where)
-        out.append(msg)
-    return out
-
-
-def chat_prompt(model: LoadedModel, messages: list[dict], template_kwargs: dict) -> list[int]:
-    tokenizer = model.tokenizer
-    if not getattr(tokenizer, "chat_template", None):
-        raise RequestError("prompt build failed: this model has no chat template; use /v1/completions")
-    try:
-        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
-                                             **template_kwargs)
-        return tokenizer.encode(text, add_special_tokens=False)
-    except Exception as exc:  # jinja errors, raise_exception() in templates
-        raise RequestError(f"prompt build failed: {exc}") from None
+def _constrain(prepared: Prepared, body: dict, model: LoadedModel, grammar_enabled: bool) -> None:
+    constraint = structured.resolve(body, model.grammar_compiler, grammar_enabled)
+    prepared.constraint = constraint
+    if constraint is None:
+        return
+    if constraint.compiled is not None:
+        prepared.request.grammar = model.grammar_compiler.state(constraint.compiled)
+    else:
+        prepared.headers["Warning"] = constraint.warning
 
 
 def _common(body: dict, model: LoadedModel, defaults: ServerDefaults) -> GenerationRequest:
     """Every field but the prompt, checked before the (costlier) prompt build."""
     params.single_choice(body)
     params.boolean(body, "stream")
+    want_logprobs, top_logprobs = params.logprobs(body)
     return GenerationRequest(
         prompt_tokens=[],
         max_tokens=params.max_tokens(body, defaults),
         sampling=params.sampling(body, defaults, model.generation_config),
-        logit_bias=params.logit_bias(body, model.vocab_size),
+        logits=params.logits_params(body, model.vocab_size),
         stop=params.stop_sequences(body),
+        logprobs=want_logprobs,
+        top_logprobs=top_logprobs,
     )
 
 
-def chat_request(body: dict, model: LoadedModel, defaults: ServerDefaults) -> GenerationRequest:
-    messages = chat_messages(body)
-    kwargs = body.get("chat_template_kwargs") or {}
-    if not isinstance(kwargs, dict):
-        raise RequestError("chat_template_kwargs must be an object", "chat_template_kwargs")
-    request = _common(body, model, defaults)
-    request.prompt_tokens = chat_prompt(model, messages, kwargs)
-    return request
+def chat_request(body: dict, model: LoadedModel, defaults: ServerDefaults, grammar_enabled: bool) -> Prepared:
+    messages = chat.normalize_messages(body.get("messages"))
+    kwargs = chat.template_kwargs(body)
+    tools = chat.tools_for(body)
+    prepared = Prepared(_common(body, model, defaults))
+    _constrain(prepared, body, model, grammar_enabled)
+    if prepared.constraint is not None and prepared.constraint.compiled is None:
+        messages = _with_instruction(messages, prepared.constraint.instruction())
+    prepared.request.prompt_tokens, in_reasoning = chat.build_prompt(model, messages, tools, kwargs)
+    prepared.output = OutputParser(in_reasoning=in_reasoning, reasoning=chat.thinks(model), tools=tools)
+    return prepared
 
 
-def completion_request(body: dict, model: LoadedModel, defaults: ServerDefaults) -> GenerationRequest:
+def _with_instruction(messages: list[dict], instruction: str) -> list[dict]:
+    """Add an instruction to the system turn (templates often want one, first)."""
+    if messages and messages[0]["role"] == "system":
+        first = dict(messages[0], content=messages[0]["content"] + "\n\n" + instruction)
+        return [first, *messages[1:]]
+    return [{"role": "system", "content": instruction}, *messages]
+
+
+def completion_request(body: dict, model: LoadedModel, defaults: ServerDefaults,
+                       grammar_enabled: bool) -> Prepared:
     prompt = body.get("prompt")
     if prompt is None:
         raise RequestError("prompt required", "prompt")
@@ -95,9 +84,10 @@ def completion_request(body: dict, model: LoadedModel, defaults: ServerDefaults)
         raise RequestError("prompt must be a string (token arrays are not accepted)", "prompt")
     if not prompt:
         raise RequestError("prompt must not be empty", "prompt")
-    request = _common(body, model, defaults)
-    request.prompt_tokens = model.tokenizer.encode(prompt)
-    return request
+    prepared = Prepared(_common(body, model, defaults))
+    _constrain(prepared, body, model, grammar_enabled)  # no template: the header is the only notice
+    prepared.request.prompt_tokens = model.tokenizer.encode(prompt)
+    return prepared
 
 
 def usage_json(usage: Usage) -> dict:
@@ -108,6 +98,26 @@ def usage_json(usage: Usage) -> dict:
         "prompt_tokens_details": {"cached_tokens": 0},
         "lane": "serial",
     }
+
+
+@dataclass
+class Message:
+    """A finished chat turn, split into its channels."""
+
+    content: str = ""
+    reasoning: str = ""
+    tool_calls: list = field(default_factory=list)
+
+    def add(self, pieces: list[Piece]) -> None:
+        for piece in pieces:
+            if piece.kind == "reasoning":
+                self.reasoning += piece.text
+            else:
+                self.content += piece.text
+
+
+def finish_reason(finish: str, calls: list) -> str:
+    return "tool_calls" if calls and finish == "stop" else finish
 
 
 class Reply:
@@ -122,26 +132,31 @@ class Reply:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model_id,
                 "choices": [choice]}
 
-    def complete(self, text: str, finish: str, usage: Usage) -> dict:
+    def complete(self, message: Message, finish: str, usage: Usage, logprobs: list[dict] | None = None) -> dict:
+        block = {"content": logprobs} if logprobs else None
         if self.kind == "chat":
-            choice = {"index": 0, "message": {"role": "assistant", "content": text},
-                      "logprobs": None, "finish_reason": finish}
+            body: dict = {"role": "assistant",
+                          "content": None if message.tool_calls and not message.content.strip() else message.content}
+            if message.reasoning:
+                body["reasoning"] = message.reasoning
+            if message.tool_calls:
+                body["tool_calls"] = [c.wire() for c in message.tool_calls]
+            choice = {"index": 0, "message": body, "logprobs": block,
+                      "finish_reason": finish_reason(finish, message.tool_calls)}
             out = self._envelope("chat.completion", choice)
         else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+            choice = {"index": 0, "text": message.content, "logprobs": block, "finish_reason": finish}
             out = self._envelope("text_completion", choice)
         out["usage"] = usage_json(usage)
         return out
 
-    def chunk(self, text: str | None = None, finish: str | None = None, role: bool = False) -> dict:
+    def chunk(self, delta: dict | None = None, finish: str | None = None) -> dict:
         if self.kind == "chat":
-            delta: dict = {"role": "assistant", "content": ""} if role else {}
-            if text:
-                delta["content"] = text
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            choice = {"index": 0, "delta": delta or {}, "logprobs": None, "finish_reason": finish}
             return self._envelope("chat.completion.chunk", choice)
-        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
-        return self._envelope("text_completion", choice)
+        text = (delta or {}).get("content", "")
+        return self._envelope("text_completion", {"index": 0, "text": text, "logprobs": None,
+                                                  "finish_reason": finish})
 
 
 def sse(obj: dict | str) -> bytes:
@@ -149,30 +164,85 @@ def sse(obj: dict | str) -> bytes:
     return f"data: {data}\n\n".encode()
 
 
-async def collect(events: AsyncIterator[GenerationEvent]) -> tuple[str, GenerationEvent]:
-    """Drain a generation; returns the whole text and the final event."""
-    parts = []
+KEEP_ALIVE = b": keep-alive\n\n"
+
+
+async def collect(events: AsyncIterator[GenerationEvent],
+                  output: OutputParser | None) -> tuple[Message, list[dict], GenerationEvent]:
+    """Drain a generation: the message split into channels, the logprobs
+    entries (when asked) and the final event."""
+    parts, entries = [], []
     async for event in events:
         parts.append(event.text)
+        if event.logprobs is not None:
+            entries.append(event.logprobs)
         if event.error is not None or event.finish_reason is not None:
-            return "".join(parts), event
+            message = Message()
+            if output is None:
+                message.content = "".join(parts)
+            else:
+                message.add(output.feed("".join(parts)) + output.finish())
+                message.tool_calls = output.calls
+            return message, entries, event
     raise RuntimeError("generation ended without a final event")
 
 
-async def stream(reply: Reply, events: AsyncIterator[GenerationEvent]) -> AsyncIterator[bytes]:
-    """SSE frames: the role first (chat), text deltas, a final chunk with the
-    finish reason and usage, then [DONE]. A failure mid-stream is sent as an
-    error frame and the stream closes."""
+def _deltas(pieces: list[Piece]) -> list[dict]:
+    return [{"reasoning" if p.kind == "reasoning" else "content": p.text} for p in pieces if p.text]
+
+
+async def _with_keepalive(events: AsyncIterator[GenerationEvent], output: OutputParser | None,
+                          interval: float) -> AsyncIterator[GenerationEvent | None]:
+    """Events, with None whenever `interval` passes while a tool call buffers."""
+    pending = asyncio.ensure_future(events.__anext__())
+    try:
+        while True:
+            if output is not None and output.buffering:
+                done, _ = await asyncio.wait({pending}, timeout=interval)
+                if not done:
+                    yield None
+                    continue
+            try:
+                event = await pending
+            except StopAsyncIteration:
+                return
+            yield event
+            pending = asyncio.ensure_future(events.__anext__())
+    finally:
+        pending.cancel()
+        with contextlib.suppress(BaseException):  # its own cancellation, or the stream's end
+            await pending
+        await events.aclose()
+
+
+async def stream(reply: Reply, events: AsyncIterator[GenerationEvent], output: OutputParser | None = None,
+                 keepalive: float = 5.0) -> AsyncIterator[bytes]:
+    """SSE frames: the role first (chat), reasoning and content deltas, tool
+    calls once their markup closes, a final chunk with the finish reason and
+    usage, then [DONE]. A failure mid-stream is sent as an error frame and
+    the stream closes. While a tool call buffers, `: keep-alive` comments
+    keep client idle timers from firing."""
     if reply.kind == "chat":
-        yield sse(reply.chunk(role=True))
-    async for event in events:
+        yield sse(reply.chunk({"role": "assistant", "content": ""}))
+    sent_calls = 0
+    async for event in _with_keepalive(events, output, keepalive):
+        if event is None:
+            yield KEEP_ALIVE
+            continue
         if event.error is not None:
             yield sse(openai_error(event.error, "server_error"))
             return
-        if event.text:
-            yield sse(reply.chunk(event.text))
+        pieces = ([Piece("content", event.text)] if output is None else output.feed(event.text))
+        if event.finish_reason is not None and output is not None:
+            pieces += output.finish()
+        for delta in _deltas(pieces):
+            yield sse(reply.chunk(delta))
+        if output is not None and len(output.calls) > sent_calls:
+            calls = [dict(c.wire(), index=i) for i, c in enumerate(output.calls) if i >= sent_calls]
+            sent_calls = len(output.calls)
+            yield sse(reply.chunk({"tool_calls": calls}))
         if event.finish_reason is not None:
-            final = reply.chunk(finish=event.finish_reason)
+            final = reply.chunk(finish=finish_reason(event.finish_reason, output.calls if output else []))
             final["usage"] = usage_json(event.usage)
             yield sse(final)
             yield sse("[DONE]")

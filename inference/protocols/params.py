@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from inference.engine.types import SamplingParams
+from inference.engine.types import LogitsParams, SamplingParams
 from inference.protocols.errors import RequestError
 from inference.runtime import ServerDefaults
 
@@ -126,14 +126,56 @@ def sampling(body: dict, defaults: ServerDefaults, generation_config: dict) -> S
     top_p = number(body, "top_p", 0.0, 1.0)
     top_k = integer(body, "top_k", 0)
     min_p = number(body, "min_p", 0.0, 1.0)
+    xtc_probability = number(body, "xtc_probability", 0.0, 1.0)
+    xtc_threshold = number(body, "xtc_threshold", 0.0, 1.0)
     seed = integer(body, "seed")
     return SamplingParams(
         temperature=float(pick(temperature, "temperature", 0.0)),
         top_p=float(pick(top_p, "top_p", 0.0)),
         top_k=int(pick(top_k, "top_k", 0)),
         min_p=min_p or 0.0,
+        xtc_probability=xtc_probability or 0.0,
+        xtc_threshold=0.1 if xtc_threshold is None else xtc_threshold,
         seed=seed,
     )
+
+
+def logits_params(body: dict, vocab_size: int) -> LogitsParams:
+    def window(name: str) -> int:
+        value = integer(body, name, 0)
+        return 20 if value is None else value
+
+    return LogitsParams(
+        logit_bias=logit_bias(body, vocab_size),
+        repetition_penalty=number(body, "repetition_penalty", 0.0),
+        repetition_context_size=window("repetition_context_size"),
+        presence_penalty=number(body, "presence_penalty"),
+        presence_context_size=window("presence_context_size"),
+        frequency_penalty=number(body, "frequency_penalty"),
+        frequency_context_size=window("frequency_context_size"),
+    )
+
+
+MAX_TOP_LOGPROBS = 11  # mlx-lm's cap, not OpenAI's 20
+
+
+def logprobs(body: dict) -> tuple[bool, int]:
+    """(logprobs, top_logprobs) with mlx_lm.server's exact validation."""
+    want = body.get("logprobs", False)
+    if want is None:
+        want = False
+    if not isinstance(want, bool):
+        raise RequestError("logprobs must be of type bool", "logprobs")
+    top = body.get("top_logprobs", -1)
+    if top is None:
+        top = -1
+    if not isinstance(top, int) or isinstance(top, bool):
+        raise RequestError("top_logprobs must be of type int", "top_logprobs")
+    if top != -1 and top < 0:
+        raise RequestError("top_logprobs must be at least 0", "top_logprobs")
+    if top > MAX_TOP_LOGPROBS:
+        raise RequestError(f"top_logprobs must be at most {MAX_TOP_LOGPROBS}", "top_logprobs")
+    return want, max(top, 0)
 
 
 def single_choice(body: dict) -> None:

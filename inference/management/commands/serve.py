@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 from huggingface_hub import constants
@@ -74,6 +75,8 @@ class Command(BaseCommand):
         runtime.defaults = ServerDefaults(opts["max_tokens"] or None, opts["temperature"],
                                           opts["top_p"], opts["top_k"])
         runtime.started_at = int(time.time())
+        runtime.grammar_enabled = settings.HEARTH_GRAMMAR
+        runtime.sse_keepalive = settings.HEARTH_SSE_KEEPALIVE
         log.info("model %s ready (%s, context %s)", loaded.model_id, loaded.dtype, loaded.context_window)
         _run_daphne(engine, opts["host"], opts["port"], opts["drain_seconds"])
         log.info("stopped")

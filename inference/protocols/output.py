@@ -1,0 +1,117 @@
+"""Split generated text, as it streams, into reasoning, content and tool calls.
+
+Protocol adapters feed text deltas in and render what comes out, so every
+protocol shares one reading of the model's output. Text that might be the
+start of a tag is held back until the next delta decides; tool-call markup
+is withheld whole and turned into `ToolCall`s when it closes (or, failing
+to parse, released as content: nothing visible is ever lost).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from inference.protocols.toolcalls import ToolCall, parse_block
+
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+TOOL_TAGS = {"<tool_call>": "</tool_call>", "<function=": "</function>"}
+
+
+@dataclass
+class Piece:
+    kind: str  # "content" or "reasoning"
+    text: str
+
+
+@dataclass
+class OutputParser:
+    in_reasoning: bool = False  # the prompt left a <think> block open
+    reasoning: bool = False  # parse <think> blocks at all
+    tools: list[dict] | None = None  # parse tool calls when set
+    calls: list[ToolCall] = field(default_factory=list)
+    _held: str = ""
+    _tool_open: str | None = None  # the start tag of the markup being withheld
+    _after_think: bool = False
+
+    @property
+    def buffering(self) -> bool:
+        """Withholding a tool call (adapters send keep-alives meanwhile)."""
+        return self._tool_open is not None
+
+    def _tags(self) -> list[str]:
+        if self._tool_open is not None:
+            return [TOOL_TAGS[self._tool_open]]
+        if self.in_reasoning:
+            return [THINK_CLOSE]
+        tags = [THINK_OPEN] if self.reasoning else []
+        return tags + (list(TOOL_TAGS) if self.tools else [])
+
+    def feed(self, text: str) -> list[Piece]:
+        self._held += text
+        out: list[Piece] = []
+        while True:
+            tags = self._tags()
+            hits = [(self._held.find(t), t) for t in tags if t in self._held]
+            if not hits:
+                break
+            at, tag = min(hits)
+            before, self._held = self._held[:at], self._held[at + len(tag):]
+            if self._tool_open is not None:  # the end tag: what came before is the call
+                self._close_tool(out, before, closed=True)
+            else:
+                self._emit(out, before)
+                self._switch(tag)
+        keep = _partial_suffix(self._held, self._tags())
+        if self._tool_open is None:
+            self._emit(out, self._held[: len(self._held) - keep])
+            self._held = self._held[len(self._held) - keep:]
+        return out
+
+    def finish(self) -> list[Piece]:
+        """Flush at the end of generation; an unclosed tool call is parsed as
+        it stands (the repair closes truncated JSON)."""
+        out: list[Piece] = []
+        if self._tool_open is not None:
+            self._close_tool(out, self._held, closed=False)
+        else:
+            self._emit(out, self._held)
+        self._held = ""
+        return out
+
+    def _emit(self, out: list[Piece], text: str) -> None:
+        if self._after_think:  # the blank line after </think> is framing, not content
+            text = text.lstrip("\n")
+            self._after_think = not text
+        if not text:
+            return
+        kind = "reasoning" if self.in_reasoning else "content"
+        if out and out[-1].kind == kind:
+            out[-1].text += text
+        else:
+            out.append(Piece(kind, text))
+
+    def _switch(self, tag: str) -> None:
+        if tag == THINK_OPEN:
+            self.in_reasoning = True
+        elif tag == THINK_CLOSE:
+            self.in_reasoning = False
+            self._after_think = True
+        else:
+            self._tool_open = tag
+
+    def _close_tool(self, out: list[Piece], body: str, closed: bool) -> None:
+        start = self._tool_open
+        self._tool_open = None
+        markup_body = body if start == "<tool_call>" else start + body + ("</function>" if closed else "")
+        calls = parse_block(markup_body, self.tools)
+        if calls:
+            self.calls.extend(calls)
+        else:  # unreadable: show it as the model wrote it
+            self._emit(out, start + body + (TOOL_TAGS[start] if closed else ""))
+
+
+def _partial_suffix(text: str, tags: list[str]) -> int:
+    """Length of the longest suffix of `text` that begins one of `tags`."""
+    for size in range(min(len(text), max((len(t) for t in tags), default=1) - 1), 0, -1):
+        if any(t.startswith(text[-size:]) for t in tags):
+            return size
+    return 0

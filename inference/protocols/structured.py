@@ -1,0 +1,118 @@
+"""Structured output fields (OpenAI, vLLM and oMLX spellings) resolved into
+one grammar spec, compiled, or degraded to an instruction plus a Warning
+header when it cannot be enforced. A constraint is never silently dropped."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from inference.engine.grammar import GrammarCompileError, GrammarSpec
+from inference.protocols.errors import RequestError
+
+RESPONSE_FORMATS = ("text", "json_object", "json_schema")
+
+
+@dataclass
+class Constraint:
+    spec: GrammarSpec
+    compiled: object | None = None  # None: not enforced, see `warning`
+    warning: str | None = None
+
+    def instruction(self) -> str:
+        """The system instruction that stands in for an unenforced grammar."""
+        s = self.spec
+        if s.kind == "json":
+            return "Respond only with a valid JSON value, and nothing else."
+        if s.kind == "json_schema":
+            return f"Respond only with JSON that matches this JSON schema, and nothing else:\n{s.source}"
+        if s.kind == "ebnf":
+            return f"Respond only with text that matches this grammar, and nothing else:\n{s.source}"
+        if s.kind == "regex":
+            return f"Respond only with text that matches this regular expression, and nothing else: {s.source}"
+        return "Respond with exactly one of these, and nothing else: " + ", ".join(json.loads(s.source))
+
+
+def _schema_text(schema, param: str) -> str:
+    if isinstance(schema, str):
+        try:
+            schema = json.loads(schema)
+        except ValueError:
+            raise RequestError(f"{param} must be a JSON schema object", param) from None
+    if not isinstance(schema, dict):
+        raise RequestError(f"{param} must be a JSON schema object", param)
+    return json.dumps(schema, sort_keys=True)
+
+
+def _response_format(value) -> GrammarSpec | None:
+    if not isinstance(value, dict) or value.get("type") not in RESPONSE_FORMATS:
+        raise RequestError(f"response_format.type must be one of {', '.join(RESPONSE_FORMATS)}",
+                           "response_format")
+    if value["type"] == "text":
+        return None
+    if value["type"] == "json_object":
+        return GrammarSpec("json")
+    spec = value.get("json_schema")
+    if not isinstance(spec, dict) or "schema" not in spec:
+        raise RequestError("response_format.json_schema.schema required", "response_format")
+    any_ws = spec.get("any_whitespace", True)
+    strict = spec.get("strict", True)
+    return GrammarSpec("json_schema", _schema_text(spec["schema"], "response_format.json_schema.schema"),
+                       any_whitespace=any_ws is not False, strict=strict is not False)
+
+
+def _structured_outputs(value) -> GrammarSpec:
+    # vLLM's object form ({"json": …, "regex": …, "choice": …, "grammar": …}) or a bare schema.
+    if isinstance(value, dict):
+        if "grammar" in value:
+            return GrammarSpec("ebnf", str(value["grammar"]))
+        if "json" in value:
+            return GrammarSpec("json_schema", _schema_text(value["json"], "structured_outputs.json"))
+        if "regex" in value:
+            return GrammarSpec("regex", str(value["regex"]))
+        if "choice" in value:
+            return _choice(value["choice"], "structured_outputs.choice")
+    return GrammarSpec("json_schema", _schema_text(value, "structured_outputs"))
+
+
+def _choice(value, param: str) -> GrammarSpec:
+    if not isinstance(value, list) or not value or not all(isinstance(c, str) for c in value):
+        raise RequestError(f"{param} must be a non-empty list of strings", param)
+    return GrammarSpec("choice", json.dumps(value))
+
+
+def _text(value, param: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise RequestError(f"{param} must be a non-empty string", param)
+    return value
+
+
+def requested(body: dict) -> GrammarSpec | None:
+    """The constraint a body asks for, by precedence: guided_grammar, then
+    response_format (json_schema, json_object), structured_outputs,
+    guided_regex, guided_choice."""
+    if body.get("guided_grammar") is not None:
+        return GrammarSpec("ebnf", _text(body["guided_grammar"], "guided_grammar"))
+    if body.get("response_format") is not None:
+        spec = _response_format(body["response_format"])
+        if spec is not None:
+            return spec
+    if body.get("structured_outputs") is not None:
+        return _structured_outputs(body["structured_outputs"])
+    if body.get("guided_regex") is not None:
+        return GrammarSpec("regex", _text(body["guided_regex"], "guided_regex"))
+    if body.get("guided_choice") is not None:
+        return _choice(body["guided_choice"], "guided_choice")
+    return None
+
+
+def resolve(body: dict, compiler, enabled: bool) -> Constraint | None:
+    """Compile the requested constraint, or mark it unenforced with a reason."""
+    spec = requested(body)
+    if spec is None:
+        return None
+    if not enabled:
+        return Constraint(spec, warning="grammar not enforced: grammar compilation disabled by HEARTH_GRAMMAR=0")
+    try:
+        return Constraint(spec, compiled=compiler.compile(spec))
+    except GrammarCompileError as exc:
+        return Constraint(spec, warning=f"grammar not enforced: {exc}")
