@@ -246,7 +246,7 @@ def _logprob_entry(tokenizer, token: int, logprobs, top: int) -> dict:
     order = mx.argsort(-values)
     ids, values = ids[order].tolist(), values[order].tolist()
     pieces = tokenizer.convert_ids_to_tokens(ids)
-    ranked = [{"id": i, "token": p, "logprob": v} for i, p, v in zip(ids, pieces, values)]
+    ranked = [{"id": i, "token": p, "logprob": v} for i, p, v in zip(ids, pieces, values, strict=True)]
     return dict(ranked[0], top_logprobs=ranked)
 
 

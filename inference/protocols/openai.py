@@ -17,6 +17,7 @@ from inference.protocols.errors import RequestError, openai_error
 from inference.protocols.output import OutputParser, Piece
 from inference.runtime import ServerDefaults
 
+
 @dataclass
 class Prepared:
     """A checked request, ready for the engine, and headers for the reply."""
