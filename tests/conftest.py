@@ -32,7 +32,7 @@ def tiny_model(homes) -> str:
 @pytest.fixture(scope="session")
 def server(homes, tiny_model, tmp_path_factory):
     """One real `hearth serve` on the tiny random model for the whole session."""
-    env = server_env(*homes)
+    env = dict(server_env(*homes), HEARTH_SSE_KEEPALIVE="0.001")  # keep-alives show up in tests
     proc = ServerProcess(env, tiny_model, log_path=tmp_path_factory.mktemp("logs") / "server.log")
     try:
         yield proc.wait_ready()

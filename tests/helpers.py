@@ -15,8 +15,11 @@ ROOT = Path(__file__).resolve().parent.parent
 HEARTH = [sys.executable, "-m", "config.cli"]
 TINY_REPO = "hearth-test/tiny-random"
 
-# Renders a chat_template_kwargs value into the prompt, so a test can see it arrive.
-TEMPLATE_PROBE = "{% if probe is defined %}{{ probe }}{% endif %}"
+# Renders a chat_template_kwargs value, and any reasoning_content in the
+# history, into the prompt, so a test can see them arrive.
+TEMPLATE_PROBE = ("{% if probe is defined %}{{ probe }}{% endif %}"
+                  "{% for m in messages %}{% if m.reasoning_content %}{{ m.reasoning_content }}{% endif %}"
+                  "{% endfor %}")
 
 TINY_CORPUS = [
     "Hello there! How are you today? I am fine, thank you.",

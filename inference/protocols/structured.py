@@ -40,7 +40,7 @@ def _schema_text(schema, param: str) -> str:
             raise RequestError(f"{param} must be a JSON schema object", param) from None
     if not isinstance(schema, dict):
         raise RequestError(f"{param} must be a JSON schema object", param)
-    return json.dumps(schema, sort_keys=True)
+    return json.dumps(schema)  # key order kept: it is the order the output follows
 
 
 def _response_format(value) -> GrammarSpec | None:

@@ -1,0 +1,159 @@
+"""Tool calls and the reasoning channel end to end. The random model is
+steered with a grammar into exact tool-call markup, so the parser, the
+wire shapes and the round trip are all exercised for real."""
+import json
+
+import httpx
+import openai
+import pytest
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather for a city",
+                                            "parameters": {"type": "object", "properties": {
+                                                "city": {"type": "string"}, "days": {"type": "integer"}},
+                                                "required": ["city"]}}}
+CALL = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}</tool_call>'
+
+
+def forced(text: str) -> str:
+    return "root ::= " + json.dumps(text)
+
+
+@pytest.fixture(scope="module")
+def client(base_url):
+    return openai.OpenAI(base_url=base_url + "/v1", api_key="x", max_retries=0)
+
+
+def ask(client, grammar, **fields):
+    return client.chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "Weather in Paris?"}], tools=[WEATHER],
+        max_tokens=120, extra_body={"guided_grammar": grammar, **fields.pop("extra_body", {})}, **fields)
+
+
+def test_tool_call_comes_back_as_tool_calls(client):
+    r = ask(client, forced(CALL))
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert choice.message.content is None
+    (call,) = choice.message.tool_calls
+    assert call.type == "function" and call.id.startswith("call_")
+    assert call.function.name == "get_weather"
+    assert json.loads(call.function.arguments) == {"city": "Paris", "days": 2}
+
+
+def test_content_before_the_call_is_kept(client):
+    r = ask(client, forced("Checking. " + CALL))
+    assert r.choices[0].message.content == "Checking. "
+    assert r.choices[0].message.tool_calls[0].function.name == "get_weather"
+
+
+def test_qwen_markup_and_schema_typed_arguments(client):
+    markup = ("<tool_call><function=get_weather><parameter=city>\n007\n</parameter>"
+              "<parameter=days>\n3\n</parameter></function></tool_call>")
+    call = ask(client, forced(markup)).choices[0].message.tool_calls[0]
+    assert json.loads(call.function.arguments) == {"city": "007", "days": 3}  # strings stay strings
+
+
+def test_tool_choice_none_turns_parsing_off(client):
+    r = ask(client, forced(CALL), tool_choice="none")
+    assert r.choices[0].message.tool_calls is None and r.choices[0].message.content == CALL
+    assert r.choices[0].finish_reason == "stop"
+
+
+def test_streamed_tool_call_delta_and_keepalives(base_url):
+    body = {"messages": [{"role": "user", "content": "Weather?"}], "tools": [WEATHER], "stream": True,
+            "max_tokens": 120, "guided_grammar": forced("Sure. " + CALL)}
+    raw = httpx.post(base_url + "/v1/chat/completions", json=body, timeout=60).text
+    frames = [f for f in raw.split("\n\n") if f]
+    assert ": keep-alive" in frames  # the server under test sends them every millisecond of buffering
+    chunks = [json.loads(f[6:]) for f in frames if f.startswith("data: {")]
+    deltas = [c["choices"][0]["delta"] for c in chunks]
+    assert "".join(d.get("content") or "" for d in deltas) == "Sure. "
+    calls = [d["tool_calls"] for d in deltas if "tool_calls" in d]
+    assert len(calls) == 1 and calls[0][0]["index"] == 0
+    assert calls[0][0]["function"] == {"name": "get_weather", "arguments": '{"city": "Paris", "days": 2}'}
+    assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+    assert all("<tool_call>" not in (d.get("content") or "") for d in deltas)
+
+
+def test_sdk_stream_accumulates_the_call(client):
+    stream = ask(client, forced(CALL), stream=True)
+    chunks = list(stream)
+    calls = [tc for c in chunks for tc in (c.choices[0].delta.tool_calls or [])]
+    assert calls[0].function.name == "get_weather"
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+
+def test_round_trip_with_tool_results(client):
+    first = ask(client, forced(CALL))
+    call = first.choices[0].message.tool_calls[0]
+    messages = [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+        {"role": "tool", "tool_call_id": call.id, "content": "sunny, 21 C"},
+    ]
+    second = client.chat.completions.create(model="m", messages=messages, tools=[WEATHER], max_tokens=5)
+    assert second.choices[0].finish_reason in ("stop", "length")
+    assert second.usage.prompt_tokens > first.usage.prompt_tokens  # the call and its result were rendered
+    streamed = list(client.chat.completions.create(model="m", messages=messages, tools=[WEATHER],
+                                                   max_tokens=5, stream=True))
+    assert streamed[-1].choices[0].finish_reason in ("stop", "length")
+
+
+@pytest.mark.parametrize("fields,param", [
+    ({"tools": "get_weather"}, "tools"),
+    ({"tools": [{"type": "function"}]}, "tools[0]"),
+    ({"tool_choice": "sometimes"}, "tool_choice"),
+    ({"reasoning_effort": "extreme"}, "reasoning_effort"),
+])
+def test_bad_tool_and_reasoning_fields(base_url, fields, param):
+    body = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 1, **fields}
+    r = httpx.post(base_url + "/v1/chat/completions", json=body)
+    assert r.status_code == 400 and r.json()["error"]["param"] == param
+
+
+def test_reasoning_effort_message_is_exact(base_url):
+    body = {"messages": [{"role": "user", "content": "x"}], "reasoning_effort": "extreme"}
+    message = httpx.post(base_url + "/v1/chat/completions", json=body).json()["error"]["message"]
+    assert message == "reasoning_effort must be one of 'none', 'minimal', 'low', 'medium', 'high', 'xhigh'"
+
+
+def test_thinking_routes_text_to_reasoning(client):
+    thought = forced("Paris is in France.</think>\n\nIt is sunny.")
+    r = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Weather?"}],
+                                       max_tokens=60, extra_body={"guided_grammar": thought,
+                                                                  "chat_template_kwargs": {"enable_thinking": True}})
+    message = r.choices[0].message
+    assert message.reasoning == "Paris is in France." and message.content == "It is sunny."
+
+
+def test_streamed_reasoning_deltas(base_url):
+    body = {"messages": [{"role": "user", "content": "Hi"}], "stream": True, "max_tokens": 60,
+            "reasoning_effort": "high", "guided_grammar": forced("Greet back.</think>\n\nHello!")}
+    raw = httpx.post(base_url + "/v1/chat/completions", json=body).text
+    deltas = [json.loads(f[6:])["choices"][0]["delta"] for f in raw.split("\n\n") if f.startswith("data: {")]
+    assert "".join(d.get("reasoning", "") for d in deltas) == "Greet back."
+    assert "".join(d.get("content", "") for d in deltas) == "Hello!"
+
+
+def test_reasoning_effort_none_and_explicit_switch_win(client):
+    def prompt_tokens(**extra):
+        return client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Hi"}],
+                                              max_tokens=1, extra_body=extra).usage.prompt_tokens
+
+    off = prompt_tokens(reasoning_effort="none")
+    on = prompt_tokens(reasoning_effort="low")
+    assert on > off  # the template opened <think> for "low"
+    assert prompt_tokens(reasoning_effort="low", chat_template_kwargs={"enable_thinking": False}) == off
+
+
+def test_reasoning_alias_in_history_reaches_the_template(client):
+    # The tiny model's template renders reasoning_content (see TEMPLATE_PROBE).
+    def tokens(assistant):
+        messages = [{"role": "user", "content": "Hi"}, assistant, {"role": "user", "content": "Again"}]
+        return client.chat.completions.create(model="m", messages=messages, max_tokens=1).usage.prompt_tokens
+
+    plain = tokens({"role": "assistant", "content": "Hello"})
+    aliased = tokens({"role": "assistant", "content": "Hello", "reasoning": "a long chain of thought"})
+    explicit = tokens({"role": "assistant", "content": "Hello", "reasoning": "a long chain of thought",
+                       "reasoning_content": ""})
+    assert aliased > plain and explicit == plain
