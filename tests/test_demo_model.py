@@ -87,5 +87,37 @@ def test_json_request_gets_a_json_object(demo_server):
 
 
 def test_fact_question_gets_a_sentence(demo_server):
-    text, finish = _ask(demo_server, "What color is the sky?")
+    text, finish = _ask(demo_server, "What do bees make?")
     assert finish == "stop" and text.endswith(".") and text[0].isupper(), text
+
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+ADD = {"type": "function", "function": {"name": "add", "parameters": {
+    "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}}}
+
+
+def test_offered_tools_get_a_tool_call(demo_server):
+    client = openai.OpenAI(base_url=demo_server.url + "/v1", api_key="x", max_retries=0)
+    r = client.chat.completions.create(model="m", temperature=0, max_tokens=60, tools=[WEATHER, ADD],
+                                       messages=[{"role": "user", "content": "What is the weather in Paris?"}])
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls", choice.message
+    call = choice.message.tool_calls[0]
+    assert call.function.name in ("get_weather", "add")
+    assert isinstance(json.loads(call.function.arguments), dict)
+
+
+def test_thinking_on_opens_a_reasoning_channel(demo_server):
+    client = openai.OpenAI(base_url=demo_server.url + "/v1", api_key="x", max_retries=0)
+
+    def ask(**extra):
+        r = client.chat.completions.create(model="m", temperature=0, max_tokens=80, extra_body=extra,
+                                           messages=[{"role": "user", "content": "Hello!"}])
+        return r.choices[0].message
+
+    thinking = ask(reasoning_effort="high")
+    assert thinking.reasoning and thinking.content, thinking
+    assert "think>" not in thinking.content and "think>" not in thinking.reasoning
+    direct = ask()  # thinking is off unless asked for
+    assert direct.content and not getattr(direct, "reasoning", None), direct

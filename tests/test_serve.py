@@ -80,3 +80,24 @@ def test_sigterm_while_idle_exits_promptly(homes, tiny_model, tmp_path):
     assert proc.stop(timeout=20) == 0
     assert time.monotonic() - started < 10
     assert "Hearth serving hearth-test/tiny-random at http://127.0.0.1:" in proc.output()
+
+
+def test_grammar_switched_off_degrades_every_constraint(homes, tiny_model, tmp_path):
+    env = dict(server_env(*homes), HEARTH_GRAMMAR="0")
+    proc = ServerProcess(env, tiny_model, log_path=tmp_path / "serve.log").wait_ready()
+    try:
+        body = {"messages": [{"role": "user", "content": "Yes or no?"}], "max_tokens": 2}
+        plain = httpx.post(proc.url + "/v1/chat/completions", json=body).json()
+        r = httpx.post(proc.url + "/v1/chat/completions", json={**body, "guided_choice": ["yes", "no"]})
+        assert r.status_code == 200
+        assert r.headers["warning"] == "grammar not enforced: grammar compilation disabled by HEARTH_GRAMMAR=0"
+        assert r.json()["usage"]["prompt_tokens"] > plain["usage"]["prompt_tokens"]
+    finally:
+        assert proc.stop() == 0
+
+
+def test_malformed_setting_stops_start_up(homes, tiny_model):
+    env = dict(server_env(*homes), HEARTH_GRAMMAR="maybe")
+    done = subprocess.run([*HEARTH, "serve", tiny_model, "--port", "1"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and "HEARTH_GRAMMAR" in done.stderr

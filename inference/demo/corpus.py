@@ -1,9 +1,11 @@
 """Synthetic chat data for the demo model, generated from templates.
 
-Each conversation pairs a user turn with a reply whose *form* fits it: a
+Each example pairs a conversation with a reply whose *form* fits it: a
 greeting answers a greeting, a list request gets a numbered list, a JSON
-request gets a JSON object, arithmetic gets an equation. The model learns
-these forms from its own training; nothing at serve time picks replies.
+request gets a JSON object, arithmetic gets an equation, a question that an
+offered tool answers gets a `<tool_call>`, and a tool result gets a sentence
+that uses it. The model learns these forms from its own training; nothing at
+serve time picks replies.
 """
 from __future__ import annotations
 
@@ -20,8 +22,6 @@ CATEGORIES = {
     "planets": ["Mercury", "Venus", "Earth", "Mars", "Jupiter", "Saturn", "Uranus", "Neptune"],
 }
 COUNT_WORDS = {2: "two", 3: "three", 4: "four", 5: "five"}
-WORDS = ["the", "blue", "cat", "sleeps", "on", "a", "warm", "mat", "green", "tree", "grows", "near",
-         "river", "small", "bird", "sings", "every", "morning", "quiet", "house", "light", "rain"]
 FACTS = [
     ("What color is the sky?", "The sky is blue."),
     ("What color is grass?", "Grass is green."),
@@ -58,12 +58,6 @@ def _arithmetic(r: random.Random) -> tuple[str, str]:
     return ask.format(a=a, op=op, b=b), f"{a} {op} {b} = {value}."
 
 
-def _echo(r: random.Random) -> tuple[str, str]:
-    phrase = " ".join(r.choice(WORDS) for _ in range(r.randint(2, 5)))
-    ask = r.choice(["Repeat after me: {p}", "Say: {p}", "Echo this: {p}", "Please repeat: {p}"])
-    return ask.format(p=phrase), phrase
-
-
 def _listing(r: random.Random) -> tuple[str, str]:
     name, items = r.choice(list(CATEGORIES.items()))
     n = 3 if r.random() < 0.7 else r.choice(list(COUNT_WORDS))  # "three" is what people ask for
@@ -98,17 +92,18 @@ def _courtesy(r: random.Random) -> tuple[str, str]:
     ])
 
 
-KINDS = [_greeting, _arithmetic, _echo, _listing, _json_object, _fact, _courtesy]
+# (No echo requests: a model this small cannot learn to copy, and its
+# failed copies taught it to babble.)
+KINDS = [_greeting, _arithmetic, _listing, _json_object, _fact, _courtesy]
 
 # Why the reply takes its form, for the <think> channel.
 THOUGHTS = {
-    _greeting: "The user greets me, so I greet them back.",
-    _arithmetic: "This is arithmetic, so I write the equation and its result.",
-    _echo: "The user wants me to repeat their words exactly.",
-    _listing: "The user wants a numbered list.",
-    _json_object: "The user wants a JSON object with these fields.",
-    _fact: "This is a simple fact, so I answer in one sentence.",
-    _courtesy: "I answer politely and briefly.",
+    _greeting: "A greeting: greet back.",
+    _arithmetic: "Arithmetic: write the sum.",
+    _listing: "A numbered list.",
+    _json_object: "A JSON object.",
+    _fact: "A fact: one sentence.",
+    _courtesy: "Be polite.",
 }
 
 TOOLS = {
@@ -162,7 +157,7 @@ def sample(r: random.Random) -> tuple[list[dict], str, dict]:
         name = r.choice(offered)
         question, args, result, answer = _tool_case(r, name)
         messages.append({"role": "user", "content": question})
-        if r.random() < 0.6:
+        if r.random() < 0.7:
             return messages, _call_text(name, args), kwargs
         call = {"id": "call_1", "type": "function", "function": {"name": name, "arguments": args}}
         messages += [{"role": "assistant", "content": "", "tool_calls": [call]},
@@ -174,7 +169,7 @@ def sample(r: random.Random) -> tuple[list[dict], str, dict]:
     kind = r.choice(KINDS)
     user, reply = kind(r)
     messages.append({"role": "user", "content": user})
-    if roll > 0.8:  # thinking on: the prompt opens <think>, the reply closes it
+    if roll > 0.85:  # thinking on: the prompt opens <think>, the reply closes it
         return messages, f"{THOUGHTS[kind]}\n</think>\n\n{reply}", {"enable_thinking": True}
     return messages, reply, {}
 

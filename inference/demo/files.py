@@ -20,10 +20,12 @@ SPECIAL_TOKENS = [PAD, IM_START, IM_END]
 # they decode into the text stream and grammars can match them.
 MARKUP_TOKENS = ["<think>", "</think>", "<tool_call>", "</tool_call>"]
 
-# ChatML with tools and a thinking switch. Tools are listed compactly (the
-# demo model's context is short); a call is
-# <tool_call>{"name": …, "arguments": {…}}</tool_call>, results come back in
-# a `tool` turn, and enable_thinking opens a <think> block for the reply.
+# ChatML with tools and a thinking switch. Tools are listed compactly, as
+# `name(param, …)` (the demo model trains on short rows); the model learns
+# to call one as <tool_call>{"name": …, "arguments": {…}}</tool_call>,
+# results come back in a `tool` turn. With enable_thinking the reply opens
+# in a <think> block; without it the prompt carries an empty one (as Qwen3
+# does), which tells the model plainly to answer at once.
 # Content arrives as a string: the protocol adapters flatten parts.
 CHAT_TEMPLATE = (
     "{% set sys = messages[0].content if messages and messages[0].role == 'system' else none %}"
@@ -31,7 +33,7 @@ CHAT_TEMPLATE = (
     "<|im_start|>system\n{% if sys %}{{ sys }}\n{% endif %}Tools:"
     "{% for tool in tools %} {{ tool.function.name }}("
     "{{ (tool.function.parameters.properties if tool.function.parameters else {}) | list | join(', ') }})"
-    "{% endfor %}{{ '\\n' }}Call one as <tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call><|im_end|>\n"
+    "{% endfor %}<|im_end|>\n"
     "{% elif sys %}<|im_start|>system\n{{ sys }}<|im_end|>\n{% endif %}"
     "{% for m in messages %}"
     "{% if m.role == 'system' and loop.first %}"
@@ -46,7 +48,7 @@ CHAT_TEMPLATE = (
     "{% endif %}"
     "{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n"
-    "{% if enable_thinking is defined and enable_thinking %}<think>\n{% endif %}"
+    "{% if enable_thinking is defined and enable_thinking %}<think>\n{% else %}<think>\n\n</think>\n\n{% endif %}"
     "{% endif %}"
 )
 

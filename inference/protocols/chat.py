@@ -2,6 +2,7 @@
 templates, tools, the thinking switch, and the rendered prompt."""
 from __future__ import annotations
 
+import functools
 import json
 
 from inference.engine.loader import LoadedModel
@@ -111,14 +112,21 @@ def template_kwargs(body: dict) -> dict:
 
 def thinks(model: LoadedModel) -> bool:
     """Whether the model has a <think> channel worth parsing."""
-    template = getattr(model.tokenizer, "chat_template", None) or ""
-    return THINK_OPEN in template or THINK_OPEN in model.tokenizer.get_vocab()
+    return _thinks(model.tokenizer)
+
+
+@functools.cache
+def _thinks(tokenizer) -> bool:  # once per loaded tokenizer: get_vocab() builds a dict
+    template = getattr(tokenizer, "chat_template", None) or ""
+    return THINK_OPEN in template or THINK_OPEN in tokenizer.get_vocab()
 
 
 def build_prompt(model: LoadedModel, messages: list[dict], tools: list[dict] | None,
                  kwargs: dict) -> tuple[list[int], bool]:
     """Prompt tokens, and whether generation starts inside an open <think>."""
-    tokenizer = model.tokenizer
+    # The Hugging Face tokenizer itself: mlx-lm's wrapper sets enable_thinking
+    # for every tokenizer with think tokens, overriding the template's default.
+    tokenizer = getattr(model.tokenizer, "_tokenizer", model.tokenizer)
     if not getattr(tokenizer, "chat_template", None):
         raise RequestError("prompt build failed: this model has no chat template; use /v1/completions")
     try:

@@ -83,7 +83,7 @@ class Command(BaseCommand):
 
     def _demo_model(self) -> str:
         if cached_snapshot(Path(constants.HF_HUB_CACHE), Recipe()) is None:
-            log.info("building the demo model first (about 3 minutes, once)")
+            log.info("building the demo model first (about 4 minutes, once)")
             done = subprocess.run([sys.executable, "-m", "config.cli", "make-demo-model"])
             if done.returncode != 0:
                 raise CommandError("building the demo model failed; see the output above")
