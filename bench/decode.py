@@ -41,7 +41,7 @@ def build_model(out: Path) -> int:
     from inference.demo.build import _corpus_text
     from inference.demo.files import IM_END, llama_config, train_tokenizer, write_model_dir
 
-    tok = train_tokenizer(_corpus_text(corpus.conversations(0, 2000)), 512)
+    tok = train_tokenizer(_corpus_text(corpus.samples(0, 2000)), 512)
     config = llama_config(tok.get_vocab_size(), 1024, 8, 16, 2816, 4096, tok.token_to_id(IM_END))
     mx.random.seed(0)
     model = Model(ModelArgs.from_dict(config))

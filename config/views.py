@@ -20,7 +20,7 @@ def stats(request: HttpRequest) -> JsonResponse:
         body["model"] = engine.loaded.model_id
         body["uptime_s"] = int(time.time()) - runtime.started_at
         body["engine"] = {
-            "active": s.requests_active, "queued": s.requests_queued, "requests_total": s.requests_total,
+            "active": s.requests_active, "queued": engine.queued, "requests_total": s.requests_total,
             "prompt_tokens_total": s.prompt_tokens_total, "generated_tokens_total": s.generated_tokens_total,
             "last_decode_tokens_per_s": round(s.last_decode_tps, 2), "dtype": engine.loaded.dtype,
         }

@@ -14,8 +14,8 @@ from tests.helpers import HEARTH, ROOT, ServerProcess, server_env
 
 
 def test_corpus_and_tokenizer_are_deterministic_for_a_seed():
-    a, b = corpus.conversations(3, 200), corpus.conversations(3, 200)
-    assert a == b and a != corpus.conversations(4, 200)
+    a, b = corpus.samples(3, 200), corpus.samples(3, 200)
+    assert a == b and a != corpus.samples(4, 200)
     t1, t2 = train_tokenizer(_corpus_text(a), 300), train_tokenizer(_corpus_text(b), 300)
     assert t1.get_vocab() == t2.get_vocab()
 

@@ -60,8 +60,12 @@ def test_tool_choice_none_turns_parsing_off(client):
 
 
 def test_streamed_tool_call_delta_and_keepalives(base_url):
+    # A long call: buffering lasts well past the 1 ms keep-alive interval of the
+    # test server, even if the reader lags behind the engine for a while.
+    city = "Llanfair" * 25
+    long_call = CALL.replace("Paris", city)
     body = {"messages": [{"role": "user", "content": "Weather?"}], "tools": [WEATHER], "stream": True,
-            "max_tokens": 120, "guided_grammar": forced("Sure. " + CALL)}
+            "max_tokens": 400, "guided_grammar": forced("Sure. " + long_call)}
     raw = httpx.post(base_url + "/v1/chat/completions", json=body, timeout=60).text
     frames = [f for f in raw.split("\n\n") if f]
     assert ": keep-alive" in frames  # the server under test sends them every millisecond of buffering
@@ -70,7 +74,7 @@ def test_streamed_tool_call_delta_and_keepalives(base_url):
     assert "".join(d.get("content") or "" for d in deltas) == "Sure. "
     calls = [d["tool_calls"] for d in deltas if "tool_calls" in d]
     assert len(calls) == 1 and calls[0][0]["index"] == 0
-    assert calls[0][0]["function"] == {"name": "get_weather", "arguments": '{"city": "Paris", "days": 2}'}
+    assert calls[0][0]["function"] == {"name": "get_weather", "arguments": json.dumps({"city": city, "days": 2})}
     assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
     assert all("<tool_call>" not in (d.get("content") or "") for d in deltas)
 

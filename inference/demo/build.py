@@ -50,7 +50,7 @@ class Recipe:
     steps: int = 200
     lr: float = 2e-3
     warmup: int = 20
-    conversations: int = 12000
+    examples: int = 12000
 
 
 def cached_snapshot(cache_dir: Path, recipe: Recipe) -> Path | None:
@@ -119,7 +119,7 @@ def train(recipe: Recipe, out: Path, progress=None) -> dict:
     from mlx.utils import tree_flatten
     from mlx_lm.models.llama import Model, ModelArgs
 
-    data = corpus.samples(recipe.seed, recipe.conversations)
+    data = corpus.samples(recipe.seed, recipe.examples)
     tok = train_tokenizer(_corpus_text(data), recipe.vocab_size)
     pad_id, eos_id = tok.token_to_id(PAD), tok.token_to_id(IM_END)
     batches = [(mx.array(ids, dtype=mx.int32), mx.array(masks, dtype=mx.float32))

@@ -43,7 +43,6 @@ class _Job:
 class EngineStats:
     requests_total: int = 0
     requests_active: int = 0
-    requests_queued: int = 0
     prompt_tokens_total: int = 0
     generated_tokens_total: int = 0
     last_decode_tps: float = 0.0
@@ -115,17 +114,22 @@ class Engine:
         the caller can still answer with an HTTP error."""
         if self._closed:
             raise EngineClosed("server is shutting down")
-        if self.stats.requests_queued >= MAX_QUEUED:
+        if self.queued >= MAX_QUEUED:
             raise QueueFull(f"generation queue is full ({MAX_QUEUED} requests waiting)")
         job = _Job(request, asyncio.get_running_loop(), asyncio.Queue())
-        self.stats.requests_queued += 1
         self.stats.requests_total += 1
         self._jobs.put(job)
         return Submission(job)
 
     @property
+    def queued(self) -> int:
+        """Requests waiting for the engine thread. Read from the queue itself:
+        a counter shared by two threads would drift."""
+        return self._jobs.qsize()
+
+    @property
     def busy(self) -> bool:
-        return bool(self.stats.requests_active or self.stats.requests_queued)
+        return bool(self.stats.requests_active or self.queued)
 
     # -- engine thread ---------------------------------------------------
     def _run(self) -> None:
@@ -137,7 +141,6 @@ class Engine:
             return
         self._ready.set()
         while (job := self._jobs.get()) is not None:
-            self.stats.requests_queued -= 1
             if not job.aborted.is_set():
                 self.stats.requests_active += 1
                 self._active = job
@@ -163,7 +166,7 @@ class Engine:
                 job.aborted.set()
                 job.emit(GenerationEvent(error="server is shutting down"))
                 pending.append(job)
-        for job in pending:  # keep the queued count honest for the thread
+        for job in pending:  # the thread still takes them off, and skips them
             self._jobs.put(job)
 
     def _generate(self, job: _Job) -> None:
