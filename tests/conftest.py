@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -15,6 +16,11 @@ os.environ.pop("HF_HUB_CACHE", None)
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
 from tests.helpers import TINY_REPO, ServerProcess, build_tiny_model, server_env  # noqa: E402
+
+
+def pytest_sessionfinish(session, exitstatus):
+    # Servers and models live under one temporary folder; nothing outlives the run.
+    shutil.rmtree(_SESSION_DIR, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
