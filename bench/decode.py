@@ -41,7 +41,9 @@ def build_model(out: Path) -> int:
     from inference.demo.build import _corpus_text
     from inference.demo.files import IM_END, llama_config, train_tokenizer, write_model_dir
 
-    tok = train_tokenizer(_corpus_text(corpus.samples(0, 2000)), 512)
+    # No markup tokens: mlx-lm would see <think> in the vocabulary and render every
+    # prompt with thinking on, so the runners would not decode the same prompt.
+    tok = train_tokenizer(_corpus_text(corpus.samples(0, 2000)), 512, markup=False)
     config = llama_config(tok.get_vocab_size(), 1024, 8, 16, 2816, 4096, tok.token_to_id(IM_END))
     mx.random.seed(0)
     model = Model(ModelArgs.from_dict(config))
@@ -93,7 +95,8 @@ def stream_once(port: int, tokens: int, eos: list[int], model: str) -> dict:
             continue
         chunk = json.loads(line[5:])
         choice = (chunk.get("choices") or [{}])[0]
-        if (choice.get("delta") or {}).get("content"):
+        delta = choice.get("delta") or {}
+        if delta.get("content") or delta.get("reasoning") or delta.get("reasoning_content"):
             stamps.append(time.perf_counter())
     conn.close()
     return {"ttft": stamps[0] - start, "tps": (len(stamps) - 1) / (stamps[-1] - stamps[0]), "tokens": len(stamps)}
