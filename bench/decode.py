@@ -145,7 +145,10 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="hearth-bench-"))
     model = work / "bench-llama-100m"
     params = build_model(model)
-    eos = [json.loads((model / "config.json").read_text())["eos_token_id"]]
+    # Every special token is suppressed, so each runner decodes --tokens of plain text
+    # (mlx_lm.server also ends a reply on tokens other than the configured EOS).
+    special = json.loads((model / "tokenizer.json").read_text())["added_tokens"]
+    eos = [t["id"] for t in special if t.get("special")]
     print(f"model: {params / 1e6:.0f}M parameters, float32, at {model}", flush=True)
 
     base = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "_HEARTH_REEXEC")}
