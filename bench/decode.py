@@ -145,10 +145,15 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="hearth-bench-"))
     model = work / "bench-llama-100m"
     params = build_model(model)
-    # Every special token is suppressed, so each runner decodes --tokens of plain text
-    # (mlx_lm.server also ends a reply on tokens other than the configured EOS).
+    # Special tokens and lone partial UTF-8 bytes are suppressed, so each runner
+    # decodes --tokens of plain, printable text that streams token by token (a
+    # random model otherwise emits byte soup that servers rightly hold back).
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(model / "tokenizer.json"))
     special = json.loads((model / "tokenizer.json").read_text())["added_tokens"]
     eos = [t["id"] for t in special if t.get("special")]
+    eos += [i for i in range(tok.get_vocab_size()) if "\ufffd" in tok.decode([i])]
     print(f"model: {params / 1e6:.0f}M parameters, float32, at {model}", flush=True)
 
     base = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "_HEARTH_REEXEC")}
