@@ -6,7 +6,8 @@ raw mlx-lm `stream_generate`, `mlx_lm.server`, and `hearth serve`, on one
     .venv/bin/python bench/decode.py [--tokens 128] [--runs 3] [--record]
 
 Every measurement runs in its own process (LD_PRELOAD only takes at start).
-EOS is suppressed with logit_bias so every run decodes exactly --tokens.
+Special tokens and lone partial-UTF-8 byte tokens are suppressed with one logit_bias,
+the same for every runner, so each run decodes exactly --tokens of printable text.
 `--record` appends the table, the command and the commit to bench/RESULTS.md.
 """
 from __future__ import annotations
@@ -58,10 +59,11 @@ import mlx.core as mx
 from mlx_lm import load, stream_generate
 from mlx_lm.sample_utils import make_logits_processors
 path, tokens, runs, prompt = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), json.loads(sys.argv[4])
+suppress = json.loads(sys.argv[5])
 model, tok = load(path)
 ids = tok.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
 ids = tok.encode(ids, add_special_tokens=False)
-procs = make_logits_processors({e: -1e9 for e in tok.eos_token_ids})
+procs = make_logits_processors({e: -100.0 for e in suppress})  # the servers get the same bias
 out = []
 for run in range(runs + 1):
     start = time.perf_counter(); first = last = None; n = 0
@@ -73,8 +75,9 @@ print(json.dumps(out))
 """
 
 
-def measure_raw(path: Path, env: dict, tokens: int, runs: int) -> list[dict]:
-    done = subprocess.run([sys.executable, "-c", RAW, str(path), str(tokens), str(runs), json.dumps(PROMPT)],
+def measure_raw(path: Path, env: dict, tokens: int, runs: int, suppress: list[int]) -> list[dict]:
+    done = subprocess.run([sys.executable, "-c", RAW, str(path), str(tokens), str(runs), json.dumps(PROMPT),
+                           json.dumps(suppress)],
                           env=env, capture_output=True, text=True, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -164,7 +167,7 @@ def main() -> int:
 
     results = []
     for blas, env in blas_modes:
-        raw = summarize(measure_raw(model, env, args.tokens, args.runs))
+        raw = summarize(measure_raw(model, env, args.tokens, args.runs, eos))
         mlx_server = summarize(measure_server(
             [sys.executable, "-m", "mlx_lm.server", "--model", str(model), "--port", str(args.port)],
             args.port, env, args.tokens, args.runs, eos, str(model)))
