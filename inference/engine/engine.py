@@ -187,7 +187,7 @@ class Engine:
                                xtc_special_tokens=model.newline_ids + sorted(eos))
         processors = make_logits_processors(
             lp.logit_bias, lp.repetition_penalty, lp.repetition_context_size, lp.presence_penalty,
-            lp.presence_context_size, lp.frequency_penalty, lp.frequency_context_size) if lp.active else []
+            lp.presence_context_size, lp.frequency_penalty, lp.frequency_context_size)  # [] when none is set
         if req.grammar is not None:
             processors.append(req.grammar)  # masks after the other processors
         limit = self._token_limit(req)

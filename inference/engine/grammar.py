@@ -26,10 +26,6 @@ class GrammarSpec:
     any_whitespace: bool = True
     strict: bool = True
 
-    def describe(self) -> str:
-        return {"json": "any JSON value", "json_schema": "JSON matching the schema",
-                "ebnf": "the grammar", "regex": "the regex", "choice": "one of the choices"}[self.kind]
-
 
 class GrammarCompiler:
     """Compiles specs for one tokenizer; thread-safe, with an LRU of results."""

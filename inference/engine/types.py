@@ -31,11 +31,6 @@ class LogitsParams:
     frequency_penalty: float | None = None
     frequency_context_size: int = 20
 
-    @property
-    def active(self) -> bool:
-        return bool(self.logit_bias) or any(
-            p not in (None, 0) for p in (self.repetition_penalty, self.presence_penalty, self.frequency_penalty))
-
 
 @dataclass
 class GenerationRequest:
