@@ -1,5 +1,6 @@
-"""Keep every error answer JSON, in the OpenAI shape, even the ones ninja
-produces before a view runs (405 on a known path).
+"""Middleware: every error answer stays JSON, in the OpenAI shape, even the
+ones ninja produces before a view runs (405 on a known path); every answer
+is counted for /metrics by route and status.
 
 Async-capable on purpose: one sync-only middleware makes Django run the
 whole chain through a single worker thread, which would queue every request
@@ -11,7 +12,9 @@ from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.http import JsonResponse
 
 
-class JsonErrorMiddleware:
+class _ResponseHook:
+    """Plumbing for a middleware that only looks at (request, response)."""
+
     sync_capable = True
     async_capable = True
 
@@ -31,10 +34,26 @@ class JsonErrorMiddleware:
 
     @staticmethod
     def _rewrite(request, response):
+        raise NotImplementedError
+
+
+class JsonErrorMiddleware(_ResponseHook):
+    @staticmethod
+    def _rewrite(request, response):
         if response.status_code == 405 and not response.get("Content-Type", "").startswith("application/json"):
             allowed = response.get("Allow", "")
             message = f"method {request.method} not allowed on {request.path}"
             body = {"error": {"message": message + (f" (allowed: {allowed})" if allowed else ""),
                               "type": "invalid_request_error", "param": None, "code": "method_not_allowed"}}
             return JsonResponse(body, status=405, headers={"Allow": allowed})
+        return response
+
+
+class RequestMetricsMiddleware(_ResponseHook):
+    @staticmethod
+    def _rewrite(request, response):
+        from inference.telemetry import count_request
+
+        match = getattr(request, "resolver_match", None)
+        count_request(match.route if match is not None else "unmatched", request.method, response.status_code)
         return response

@@ -9,6 +9,9 @@ urlpatterns = [
     path("v1", views.api_index),
     path("health", views.health),
     path("stats", views.stats),
+    path("metrics", views.metrics),
+    path("admin/cache/session/close", views.cache_session_close),
+    path("admin/cache/flush", views.cache_flush),
     path("admin/", admin.site.urls),
 ]
 

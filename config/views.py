@@ -1,31 +1,69 @@
-"""Routes outside the ninja APIs: health, stats and the JSON 404."""
+"""Routes outside the ninja APIs: health, stats, metrics, the prompt-cache
+admin routes and the JSON 404."""
 from __future__ import annotations
 
-import time
+import asyncio
+import json
 
-from django.http import HttpRequest, JsonResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.views.decorators.csrf import csrf_exempt
+from django.views.decorators.http import require_GET, require_POST
 
 from inference.runtime import runtime
+from inference.telemetry import render_metrics, stats_body
+
+FLUSH_TIMEOUT_S = 120.0
 
 
 def health(request: HttpRequest) -> JsonResponse:
     return JsonResponse({"status": "ok"})
 
 
+@require_GET
 def stats(request: HttpRequest) -> JsonResponse:
+    return JsonResponse(stats_body())
+
+
+@require_GET
+def metrics(request: HttpRequest) -> HttpResponse:
+    body, content_type = render_metrics()
+    return HttpResponse(body, content_type=content_type)
+
+
+def _json_object(request: HttpRequest) -> dict | JsonResponse:
+    try:
+        body = json.loads(request.body or b"{}")
+    except (ValueError, UnicodeDecodeError):
+        body = None
+    if not isinstance(body, dict):
+        return JsonResponse({"error": {"message": "invalid JSON body: expected an object",
+                                       "type": "invalid_request_error"}}, status=400)
+    return body
+
+
+@csrf_exempt
+@require_POST
+def cache_session_close(request: HttpRequest) -> JsonResponse:
+    body = _json_object(request)
+    if isinstance(body, JsonResponse):
+        return body
+    session = body.get("session_id")
+    if not isinstance(session, str) or not session:
+        return JsonResponse({"closed": False})
+    if runtime.engine is not None:
+        runtime.engine.close_session(session)
+    return JsonResponse({"closed": True})
+
+
+@csrf_exempt
+@require_POST
+async def cache_flush(request: HttpRequest) -> JsonResponse:
     engine = runtime.engine
-    body: dict = {"model": None, "uptime_s": None, "engine": None}
-    if engine is not None and engine.loaded is not None:
-        s = engine.stats
-        body["model"] = engine.loaded.model_id
-        body["uptime_s"] = int(time.time()) - runtime.started_at
-        body["engine"] = {
-            "active": s.requests_active, "queued": engine.queued, "requests_total": s.requests_total,
-            "prompt_tokens_total": s.prompt_tokens_total, "generated_tokens_total": s.generated_tokens_total,
-            "last_decode_tokens_per_s": round(s.last_decode_tps, 2), "dtype": engine.loaded.dtype,
-        }
-    body["draining"] = runtime.draining
-    return JsonResponse(body)
+    if engine is None or engine.loaded is None:
+        return JsonResponse({"error": {"message": "no model is loaded in this process",
+                                       "type": "engine_unavailable"}}, status=503)
+    durable, body = await asyncio.to_thread(engine.flush_cache, FLUSH_TIMEOUT_S)
+    return JsonResponse(body, status=200 if durable else 503)
 
 
 def not_found(request: HttpRequest, exception=None) -> JsonResponse:

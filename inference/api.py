@@ -18,7 +18,8 @@ log = logging.getLogger("hearth.api")
 router = Router(tags=["openai"])
 
 ENDPOINTS = ["POST /v1/chat/completions", "POST /v1/completions", "GET /v1/models",
-             "GET /v1/models/{id}", "GET /health", "GET /stats"]
+             "GET /v1/models/{id}", "GET /health", "GET /stats", "GET /metrics",
+             "POST /admin/cache/session/close", "POST /admin/cache/flush"]
 
 
 async def _generate(request: HttpRequest, kind: str) -> HttpResponse:
@@ -27,7 +28,9 @@ async def _generate(request: HttpRequest, kind: str) -> HttpResponse:
     body = params.parse_json_body(request.body)
     build = openai.chat_request if kind == "chat" else openai.completion_request
     # Off the event loop: templates, tokenizing and grammar compiles can take a while.
+    session = params.session_key(body, request.headers)
     prepared = await asyncio.to_thread(build, body, model, runtime.defaults, runtime.grammar_enabled)
+    prepared.request.session = session
     submission = engine.submit(prepared.request)
     reply = openai.Reply(kind, model.model_id)
     if body.get("stream"):
@@ -55,7 +58,8 @@ def _served_row(model: LoadedModel) -> dict:
     return {
         "id": model.model_id, "object": "model", "created": runtime.started_at, "owned_by": "hearth",
         "context_window": model.context_window, "reasoning": chat.thinks(model), "vision": False,
-        "audio": False, "batch_mode": "serial", "tools": True, "structured_output": True, "embeddings": False,
+        "audio": False, "batch_mode": runtime.engine.mode if runtime.engine else "off",
+        "tools": True, "structured_output": True, "embeddings": False,
         "adapters": False, "training": False,
         "capabilities": {
             "chat_completions": bool(getattr(model.tokenizer, "chat_template", None)),

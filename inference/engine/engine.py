@@ -2,48 +2,64 @@
 
 Callers on the asyncio loop submit a `GenerationRequest` and iterate its
 `GenerationEvent`s; events cross back with `loop.call_soon_threadsafe`.
-Requests run one at a time, in arrival order; an aborted request (a client
-that went away) stops within one decode step.
+
+Admission: at most `capacity` rows run at once (the `--batch` size on the
+batched lane, one on the serial lane); up to `MAX_QUEUED` more wait, in
+arrival order; beyond that `submit` raises `QueueFull` at once. With an
+operator context cap (`max_context`, or one derived from `memory_budget`) a
+prompt that leaves no room to generate is refused with `ContextOverBudget`,
+and a prompt that fits has its token limit capped to the room left.
+
+Each admitted request first takes the longest prefix it shares with an
+earlier one from the prompt cache; whatever it leaves in its KV cache when
+it ends goes back there. An aborted request (a client that went away) stops
+within one decode step and leaves the other rows untouched.
 """
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
 
-from inference.engine import loader
-from inference.engine.errors import EngineClosed, EngineError, QueueFull
-from inference.engine.textstream import StopMatcher
-from inference.engine.types import GenerationEvent, GenerationRequest, Usage
+from inference.engine import loader, metrics
+from inference.engine.errors import ContextOverBudget, EngineClosed, EngineError, QueueFull
+from inference.engine.prompt_cache import PromptCache
+from inference.engine.rows import Job, Row
+from inference.engine.types import GenerationEvent, GenerationRequest
 
 log = logging.getLogger("hearth.engine")
 
 MAX_QUEUED = 64
+TRANSIENT_RESERVE = 256 << 20  # activations and scratch a budget keeps free besides weights and KV
 
 
-@dataclass
-class _Job:
-    request: GenerationRequest
-    loop: asyncio.AbstractEventLoop
-    events: asyncio.Queue
-    aborted: threading.Event = field(default_factory=threading.Event)
-
-    def emit(self, event: GenerationEvent) -> None:
-        try:
-            self.loop.call_soon_threadsafe(self.events.put_nowait, event)
-        except RuntimeError:  # the loop is gone; nobody is listening
-            self.aborted.set()
+@dataclass(frozen=True)
+class EngineConfig:
+    batch: int = 8  # rows decoding together; 1 = the serial lane
+    prefill_chunk: int = 256  # prompt tokens prefilled per step while other rows decode
+    max_context: int | None = None  # operator cap on prompt + generation tokens
+    memory_budget: int | None = None  # operator cap on weights + KV bytes
+    prompt_cache_bytes: int = 1 << 30  # 0 turns the prompt cache off
+    ssd_cache: str | None = None  # directory of the SSD tier
+    ssd_cache_bytes: int = 16 << 30
+    ssd_queue_bytes: int = 1 << 30  # write-behind bound; beyond it a snapshot waits for a flush
+    kv_quant: int | None = None  # 4 or 8: quantized KV cache (serial lane)
+    keep_dtype: bool = False
 
 
 @dataclass
 class EngineStats:
     requests_total: int = 0
-    requests_active: int = 0
+    submitted_rows: int = 0
     prompt_tokens_total: int = 0
+    cached_tokens_total: int = 0
     generated_tokens_total: int = 0
     last_decode_tps: float = 0.0
 
@@ -51,7 +67,7 @@ class EngineStats:
 class Submission:
     """A queued request: iterate `events()`; `abort()` stops it within a step."""
 
-    def __init__(self, job: _Job):
+    def __init__(self, job: Job):
         self._job = job
 
     async def events(self) -> AsyncIterator[GenerationEvent]:
@@ -68,19 +84,32 @@ class Submission:
         self._job.aborted.set()
 
 
+class _Call:
+    def __init__(self, fn: Callable):
+        self.fn, self.done, self.result, self.error = fn, threading.Event(), None, None
+
+
 class Engine:
-    def __init__(self, model_ref: str, keep_dtype: bool = False):
+    def __init__(self, model_ref: str, config: EngineConfig | None = None, keep_dtype: bool = False):
         self.model_ref = model_ref
-        self.keep_dtype = keep_dtype
+        self.config = config or EngineConfig(keep_dtype=keep_dtype)
         self.loaded: loader.LoadedModel | None = None
         self.stats = EngineStats()
-        self._jobs: queue.Queue[_Job | None] = queue.Queue()
+        self.cache: PromptCache | None = None
+        self.ssd = None
+        self.lane = None
+        self.mode = "off"  # "off" | "serial" | "batch", as /stats reports it
+        self.serial_reason: str | None = None
+        self.enforced_context: int | None = None
+        self._inbox: queue.Queue = queue.Queue()
+        self._waiting: deque[Job] = deque()  # engine thread only
+        self._waiting_n = 0
+        self._count_lock = threading.Lock()
         self._closed = False
         self._idle = threading.Condition()
         self._thread = threading.Thread(target=self._run, name="hearth-engine", daemon=True)
         self._ready = threading.Event()
         self._load_error: BaseException | None = None
-        self._active: _Job | None = None
 
     # -- lifecycle -------------------------------------------------------
     def start(self) -> loader.LoadedModel:
@@ -94,163 +123,288 @@ class Engine:
 
     def close(self, drain_seconds: float = 30.0) -> None:
         """Refuse new work, let running and queued requests finish for up to
-        `drain_seconds`, abort what is left, and stop the thread."""
+        `drain_seconds`, fail what is left, and stop the thread."""
         self._closed = True
         deadline = time.monotonic() + drain_seconds
         with self._idle:
             while self.busy and time.monotonic() < deadline:
                 self._idle.wait(0.05)
-        self._abort_all()
-        active = self._active
-        if active is not None:
-            active.aborted.set()
-            active.emit(GenerationEvent(error="server is shutting down"))
-        self._jobs.put(None)
-        self._thread.join(timeout=5)
+        self._inbox.put(None)
+        self._thread.join(timeout=10)
 
     # -- asyncio side ----------------------------------------------------
-    def submit(self, request: GenerationRequest) -> "Submission":
-        """Queue `request`; raises `EngineClosed` or `QueueFull` at once, so
-        the caller can still answer with an HTTP error."""
+    def submit(self, request: GenerationRequest) -> Submission:
+        """Queue `request`; raises `EngineClosed`, `QueueFull` or
+        `ContextOverBudget` at once, so the caller can still answer with an
+        HTTP error."""
         if self._closed:
             raise EngineClosed("server is shutting down")
-        if self.queued >= MAX_QUEUED:
-            raise QueueFull(f"generation queue is full ({MAX_QUEUED} requests waiting)")
-        job = _Job(request, asyncio.get_running_loop(), asyncio.Queue())
+        n = len(request.prompt_tokens)
+        if self.enforced_context is not None and n >= self.enforced_context:
+            raise ContextOverBudget(
+                f"the prompt has {n} tokens and the configured context limit is {self.enforced_context} "
+                "tokens, which leaves no room to generate; shorten the prompt or raise --max-context "
+                "/ --memory-budget")
+        with self._count_lock:
+            if self._waiting_n >= MAX_QUEUED:
+                raise QueueFull(f"generation queue is full ({MAX_QUEUED} requests waiting); retry later")
+            self._waiting_n += 1
+        job = Job(request, asyncio.get_running_loop(), asyncio.Queue())
         self.stats.requests_total += 1
-        self._jobs.put(job)
+        self._inbox.put(job)
         return Submission(job)
+
+    def call(self, fn: Callable, timeout: float = 60.0):
+        """Run `fn()` on the engine thread between decode steps (inline once
+        the thread has stopped) and return its result."""
+        if not self._thread.is_alive():
+            return fn()
+        call = _Call(fn)
+        self._inbox.put(call)
+        if not call.done.wait(timeout):
+            raise EngineError("the engine did not answer in time")
+        if call.error is not None:
+            raise call.error
+        return call.result
 
     @property
     def queued(self) -> int:
-        """Requests waiting for the engine thread. Read from the queue itself:
-        a counter shared by two threads would drift."""
-        return self._jobs.qsize()
+        """Requests admitted to the queue but not yet running."""
+        return self._waiting_n
+
+    @property
+    def active_rows(self) -> int:
+        return self.lane.active if self.lane is not None else 0
+
+    @property
+    def pending_rows(self) -> int:
+        return self.queued + (self.lane.prefilling if self.lane is not None else 0)
+
+    @property
+    def capacity(self) -> int:
+        return self.lane.capacity if self.lane is not None else 1
+
+    @property
+    def kv_bytes(self) -> int:
+        """Projected KV bytes of the running rows at their token limits."""
+        if self.lane is None:
+            return 0
+        window = self.loaded.context_window or 1 << 30
+        per_token = self.loaded.kv_bytes_per_token
+        return sum(min(len(r.req.prompt_tokens) + r.limit, window) * per_token for r in self.lane.all_rows())
 
     @property
     def busy(self) -> bool:
-        return bool(self.stats.requests_active or self.queued)
+        return bool(self.active_rows or self.queued)
 
     # -- engine thread ---------------------------------------------------
     def _run(self) -> None:
         try:
-            self.loaded = loader.load(self.model_ref, keep_dtype=self.keep_dtype)
+            self.loaded = loader.load(self.model_ref, keep_dtype=self.config.keep_dtype)
+            self._setup()
         except BaseException as exc:  # reported to start(), which re-raises
             self._load_error = exc
             self._ready.set()
             return
         self._ready.set()
-        while (job := self._jobs.get()) is not None:
-            if not job.aborted.is_set():
-                self.stats.requests_active += 1
-                self._active = job
-                try:
-                    self._generate(job)
-                except Exception as exc:
-                    log.exception("generation %s failed", job.request.id)
-                    job.emit(GenerationEvent(error=str(exc) or type(exc).__name__))
-                finally:
-                    self._active = None
-                    self.stats.requests_active -= 1
+        while self._take_inbox(block=not (self.active_rows or self._waiting)):
+            self._admit()
+            if self.active_rows:
+                self._step()
             with self._idle:
                 self._idle.notify_all()
+        self._shutdown()
 
-    def _abort_all(self) -> None:
-        pending = []
+    def _setup(self) -> None:
+        from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
+
+        from inference.engine.lanes import BatchLane, SerialLane
+
+        cfg, model = self.config, self.loaded
+        sample = make_prompt_cache(model.model)
+        if cfg.batch <= 1:
+            self.mode = "off"
+        elif cfg.kv_quant:
+            self.mode, self.serial_reason = "serial", "quantized KV caches cannot be merged into a batch"
+        elif not all(hasattr(c, "merge") for c in sample):
+            self.mode, self.serial_reason = "serial", "this model's cache type cannot be batched"
+        else:
+            self.mode = "batch"
+        if self.mode == "batch":
+            self.lane = BatchLane(model, cfg.batch, cfg.prefill_chunk)
+        else:
+            self.lane = SerialLane(model, cfg.kv_quant, self._kv_group())
+        if cfg.ssd_cache:
+            from inference.engine.ssd_cache import SSDCache
+
+            self.ssd = SSDCache(Path(cfg.ssd_cache), self._namespace(), cfg.ssd_cache_bytes, cfg.ssd_queue_bytes)
+        self.cache = PromptCache(cfg.prompt_cache_bytes, self.ssd, trimmable=can_trim_prompt_cache(sample))
+        self.enforced_context = self._enforced_context()
+        log.info("engine: lane %s (batch %d%s), prompt cache %d MiB%s", self.lane.name, cfg.batch,
+                 f"; serial because {self.serial_reason}" if self.serial_reason else "",
+                 cfg.prompt_cache_bytes >> 20, f", ssd tier {self.ssd.dir}" if self.ssd else "")
+
+    def _kv_group(self) -> int:
+        """The quantization group for KV rows: MLX quantizes in groups of 32,
+        64 or 128 along the head dimension, which must divide it."""
+        if not self.config.kv_quant:
+            return 64
+        head_dim = self.loaded.head_dim
+        for group in (64, 32):
+            if head_dim and head_dim % group == 0:
+                return group
+        raise EngineError(f"--kv-quant needs a head dimension divisible by 32; this model's is {head_dim}")
+
+    def _namespace(self) -> str:
+        """SSD entries are only valid for the same weights, dtype and KV format."""
+        m = self.loaded
+        ident = f"{m.path}|{m.dtype}|kv{self.config.kv_quant or 0}"
+        return hashlib.sha1(ident.encode()).hexdigest()[:16]
+
+    def _enforced_context(self) -> int | None:
+        caps = []
+        if self.config.max_context:
+            caps.append(self.config.max_context)
+        if self.config.memory_budget is not None:
+            per_token = self.loaded.kv_bytes_per_token or 1
+            room = self.config.memory_budget - self.loaded.weights_bytes - TRANSIENT_RESERVE
+            caps.append(max(room // per_token, 0))
+        return min(caps) if caps else None
+
+    def _take_inbox(self, block: bool) -> bool:
+        """Move submitted work into the engine; False once asked to stop."""
+        try:
+            item = self._inbox.get() if block else self._inbox.get_nowait()
+        except queue.Empty:
+            return True
         while True:
+            if item is None:
+                return False
+            if isinstance(item, _Call):
+                try:
+                    item.result = item.fn()
+                except Exception as exc:
+                    item.error = exc
+                item.done.set()
+            else:
+                self._waiting.append(item)
             try:
-                job = self._jobs.get_nowait()
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                return True
+
+    def _admit(self) -> None:
+        while self._waiting and self.lane.active < self.lane.capacity:
+            job = self._waiting.popleft()
+            with self._count_lock:
+                self._waiting_n -= 1
+            if job.aborted.is_set():
+                continue
+            req = job.request
+            cache, cached = self.cache.lookup(req.prompt_tokens, req.session)
+            row = Row(job, self.loaded, self._limit(req), cached, self.lane.name)
+            self.stats.submitted_rows += 1
+            self.stats.prompt_tokens_total += len(req.prompt_tokens)
+            self.stats.cached_tokens_total += cached
+            metrics.PROMPT_TOKENS.inc(len(req.prompt_tokens))
+            metrics.CACHED_TOKENS.inc(cached)
+            try:
+                self.lane.add(row, cache, cached)
+            except Exception as exc:
+                log.exception("could not start request %s", req.id)
+                row.fail(str(exc) or type(exc).__name__)
+
+    def _step(self) -> None:
+        try:
+            published = self.lane.step()
+        except Exception as exc:
+            log.exception("decode step failed; failing the rows it held")
+            self.lane.fail_all(str(exc) or type(exc).__name__)
+            self._reset_lane()
+            return
+        for tokens, cache, row in published:
+            self.stats.generated_tokens_total += row.count
+            if row.decode_tps:
+                self.stats.last_decode_tps = row.decode_tps
+            if cache is None:
+                continue
+            try:
+                self.cache.publish(tokens, cache, row.req.session)
+            except Exception:
+                log.exception("prompt cache: could not keep the cache of request %s", row.req.id)
+
+    def _reset_lane(self) -> None:
+        from inference.engine.lanes import BatchLane, SerialLane
+
+        if isinstance(self.lane, BatchLane):
+            self.lane = BatchLane(self.loaded, self.config.batch, self.config.prefill_chunk)
+        else:
+            self.lane = SerialLane(self.loaded, self.config.kv_quant, self._kv_group())
+
+    def _limit(self, req: GenerationRequest) -> int:
+        """The request's cap, bounded by the context window and the operator cap."""
+        n = len(req.prompt_tokens)
+        caps = [req.max_tokens] if req.max_tokens is not None else []
+        window = self.loaded.context_window
+        if window:
+            caps.append(max(window - n, 1))
+        if self.enforced_context is not None:
+            caps.append(max(self.enforced_context - n, 1))
+        return min(caps) if caps else 1 << 30
+
+    def _shutdown(self) -> None:
+        message = "server is shutting down"
+        self.lane.fail_all(message)
+        while self._waiting:
+            self._waiting.popleft().emit(GenerationEvent(error=message))
+        while True:  # work that arrived after the stop marker
+            try:
+                item = self._inbox.get_nowait()
             except queue.Empty:
                 break
-            if job is not None:
-                job.aborted.set()
-                job.emit(GenerationEvent(error="server is shutting down"))
-                pending.append(job)
-        for job in pending:  # the thread still takes them off, and skips them
-            self._jobs.put(job)
+            if isinstance(item, Job):
+                item.emit(GenerationEvent(error=message))
+            elif isinstance(item, _Call):
+                item.error = EngineClosed(message)
+                item.done.set()
+        with self._count_lock:
+            self._waiting_n = 0
+        with self._idle:
+            self._idle.notify_all()
 
-    def _generate(self, job: _Job) -> None:
-        import mlx.core as mx
-        from mlx_lm.generate import generate_step
-        from mlx_lm.sample_utils import make_logits_processors, make_sampler
+    # -- cache administration ---------------------------------------------
+    def close_session(self, session: str) -> None:
+        if self.cache is not None:
+            self.cache.close_session(session)
 
-        req, model = job.request, self.loaded
-        assert model is not None
-        s, lp = req.sampling, req.logits
-        tokenizer = model.tokenizer
-        eos = set(tokenizer.eos_token_ids)
-        if s.seed is not None:
-            # Requests run one at a time, so seeding here makes the stream request-local.
-            mx.random.seed(s.seed)
-        sampler = make_sampler(s.temperature, s.top_p, s.min_p, 1, top_k=s.top_k,
-                               xtc_probability=s.xtc_probability, xtc_threshold=s.xtc_threshold,
-                               xtc_special_tokens=model.newline_ids + sorted(eos))
-        processors = make_logits_processors(
-            lp.logit_bias, lp.repetition_penalty, lp.repetition_context_size, lp.presence_penalty,
-            lp.presence_context_size, lp.frequency_penalty, lp.frequency_context_size)  # [] when none is set
-        if req.grammar is not None:
-            processors.append(req.grammar)  # masks after the other processors
-        limit = self._token_limit(req)
-        detok = tokenizer.detokenizer
-        detok.reset()
-        stops = StopMatcher(req.stop)
-        self.stats.prompt_tokens_total += len(req.prompt_tokens)
+    def flush_cache(self, timeout: float = 120.0) -> tuple[bool, dict]:
+        """Write every RAM entry not yet on the SSD tier and wait for the
+        writes; (durable, counters) as POST /admin/cache/flush reports them."""
+        started = time.perf_counter()
+        if self.ssd is None:
+            return True, {"durable": True, "flushedSnapshots": 0, "missingSnapshots": 0, "pendingSnapshots": 0,
+                          "pendingSpills": 0, "pendingSpillBytes": 0, "droppedSpills": 0, "failedSpills": 0,
+                          "elapsedMs": 0, "entries": 0, "longest_durable_prefix_tokens": 0}
+        failed_before = self.ssd.stats()["failed_spills"]
 
-        count, finish, started = 0, "length", None
-        steps = generate_step(mx.array(req.prompt_tokens), model.model, max_tokens=limit,
-                              sampler=sampler, logits_processors=processors or None)
-        want_logprobs = req.logprobs or req.top_logprobs > 0
-        for token, logprobs in steps:
-            if job.aborted.is_set():
-                break
-            started = started or time.perf_counter()
-            count += 1
-            self.stats.generated_tokens_total += 1
-            if token in eos:  # counted, never shown
-                finish = "stop"
-                break
+        def enqueue() -> int:
+            pending = self.cache.pending_durability()
+            for entry in pending:
+                self.ssd.submit(entry, force=True)
+            return len(pending)
 
-            detok.add_token(token)
-            entry = _logprob_entry(tokenizer, token, logprobs, req.top_logprobs) if want_logprobs else None
-            job.emit(GenerationEvent(text=stops.feed(detok.last_segment), token_ids=(token,), logprobs=entry))
-            if stops.stopped or (req.grammar is not None and req.grammar.finished):
-                finish = "stop"  # a stop string matched, or the grammar is complete
-                break
-        if started and count > 1:
-            self.stats.last_decode_tps = (count - 1) / (time.perf_counter() - started)
-        if job.aborted.is_set():
-            return
-        detok.finalize()
-        tail = stops.feed(detok.last_segment)  # nothing once a stop string matched
-        if stops.stopped:
-            finish = "stop"
-        else:
-            tail += stops.flush()
-        usage = Usage(len(req.prompt_tokens), count)
-        job.emit(GenerationEvent(text=tail, finish_reason=finish, usage=usage))
-
-    def _token_limit(self, req: GenerationRequest) -> int:
-        """The request's cap, bounded by the room left in the context window."""
-        window = self.loaded.context_window if self.loaded else None
-        room = max(window - len(req.prompt_tokens), 1) if window else None
-        caps = [c for c in (req.max_tokens, room) if c is not None]
-        return min(caps) if caps else -1
+        flushed = self.call(enqueue, timeout)
+        self.ssd.wait_idle(max(timeout - (time.perf_counter() - started), 0))
+        s = self.ssd.stats()
+        failed = s["failed_spills"] - failed_before
+        durable = s["pending_snapshots"] == 0 and failed == 0 and s["missing_snapshots"] == 0
+        return durable, {
+            "durable": durable, "flushedSnapshots": flushed, "missingSnapshots": s["missing_snapshots"],
+            "pendingSnapshots": s["pending_snapshots"], "pendingSpills": s["pending_spills"],
+            "pendingSpillBytes": s["pending_spill_bytes"], "droppedSpills": s["dropped_spills"],
+            "failedSpills": failed, "elapsedMs": round((time.perf_counter() - started) * 1000),
+            "entries": s["entries"], "longest_durable_prefix_tokens": s["longest_durable_prefix_tokens"],
+        }
 
 
-def _logprob_entry(tokenizer, token: int, logprobs, top: int) -> dict:
-    """mlx_lm.server's logprobs entry: with top-k, the most likely token merged
-    with the sorted top-k list; otherwise the chosen token's id and logprob."""
-    import mlx.core as mx
-
-    if top <= 0:
-        return {"id": token, "logprob": logprobs[token].item()}
-    ids = mx.argpartition(-logprobs, kth=top - 1)[:top]
-    values = logprobs[ids]
-    order = mx.argsort(-values)
-    ids, values = ids[order].tolist(), values[order].tolist()
-    pieces = tokenizer.convert_ids_to_tokens(ids)
-    ranked = [{"id": i, "token": p, "logprob": v} for i, p, v in zip(ids, pieces, values, strict=True)]
-    return dict(ranked[0], top_logprobs=ranked)
-
-
-__all__ = ["Engine", "EngineError"]
+__all__ = ["Engine", "EngineConfig", "EngineError"]

@@ -29,3 +29,11 @@ class EngineClosed(EngineError):
     status = 503
     type = "engine_unavailable"
     code = "shutting_down"
+
+
+class ContextOverBudget(EngineError):
+    """The prompt alone fills the operator's context or memory cap."""
+
+    status = 400
+    type = "memory_admission"
+    code = "context_over_budget"

@@ -48,6 +48,36 @@ class LoadedModel:
         value = self.config.get("vocab_size") or self.config.get("text_config", {}).get("vocab_size")
         return int(value) if value else len(self.tokenizer.get_vocab())
 
+    @cached_property
+    def weights_bytes(self) -> int:
+        from mlx.utils import tree_flatten
+
+        return sum(v.nbytes for _, v in tree_flatten(self.model.parameters()))
+
+    @property
+    def _text_config(self) -> dict:
+        return {**self.config.get("text_config", {}), **self.config}
+
+    @property
+    def head_dim(self) -> int | None:
+        cfg = self._text_config
+        heads = cfg.get("num_attention_heads") or cfg.get("n_head")
+        hidden = cfg.get("hidden_size") or cfg.get("n_embd")
+        value = cfg.get("head_dim") or (hidden // heads if hidden and heads else None)
+        return int(value) if value else None
+
+    @cached_property
+    def kv_bytes_per_token(self) -> int:
+        """Bytes one token of context takes in the KV cache (keys and values,
+        every layer), from the config; 0 when the config does not say."""
+        cfg = self._text_config
+        layers = cfg.get("num_hidden_layers") or cfg.get("n_layer") or cfg.get("num_layers")
+        kv_heads = cfg.get("num_key_value_heads") or cfg.get("num_attention_heads") or cfg.get("n_head")
+        if not (layers and kv_heads and self.head_dim):
+            return 0
+        itemsize = 4 if "float32" in self.dtype else 2
+        return 2 * int(layers) * int(kv_heads) * self.head_dim * itemsize
+
     @property
     def context_window(self) -> int | None:
         for key in ("max_position_embeddings", "max_sequence_length", "n_positions", "seq_length"):
@@ -92,7 +122,7 @@ def _float32_bytes(model) -> int:
     return total * 4
 
 
-def _memory_budget() -> int:
+def memory_budget() -> int:
     try:
         return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * 0.75)
     except (ValueError, OSError):
@@ -113,7 +143,7 @@ def _upcast_for_cpu(model, keep_dtype: bool) -> str:
 
     if keep_dtype or mx.default_device() != mx.cpu or sys.platform == "darwin":
         return stored()
-    need, budget = _float32_bytes(model), _memory_budget()
+    need, budget = _float32_bytes(model), memory_budget()
     if budget and need > budget:
         log.warning("float32 copy needs %.1f GiB, over the %.1f GiB budget: keeping stored dtype",
                     need / 2**30, budget / 2**30)

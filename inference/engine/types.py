@@ -42,6 +42,7 @@ class GenerationRequest:
     logprobs: bool = False  # the chosen token's logprob on each event
     top_logprobs: int = 0  # and the k most likely tokens (0 = none)
     grammar: object | None = None  # a compiled grammar (inference.engine.grammar)
+    session: str | None = None  # prompt-cache session affinity key
     id: int = field(default_factory=lambda: next(_ids))
 
 
@@ -49,6 +50,8 @@ class GenerationRequest:
 class Usage:
     prompt_tokens: int
     completion_tokens: int
+    cached_tokens: int = 0  # prompt tokens served from the prompt cache
+    lane: str = "serial"  # "serial" | "batched": the lane that ran the request
 
     @property
     def total_tokens(self) -> int:

@@ -96,8 +96,8 @@ def usage_json(usage: Usage) -> dict:
         "prompt_tokens": usage.prompt_tokens,
         "completion_tokens": usage.completion_tokens,
         "total_tokens": usage.total_tokens,
-        "prompt_tokens_details": {"cached_tokens": 0},
-        "lane": "serial",
+        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
+        "lane": usage.lane,
     }
 
 

@@ -182,3 +182,24 @@ def single_choice(body: dict) -> None:
     n = integer(body, "n", 1)
     if n not in (None, 1):
         raise RequestError("n must be 1: Hearth returns one choice per request", "n")
+
+
+MAX_SESSION_KEY = 256
+
+
+def session_key(body: dict, headers) -> str | None:
+    """The prompt-cache session a request belongs to: body `session_id`,
+    then body `prompt_cache_key`, then the `x-session-affinity` header, then
+    a `session_id` header. A label only steers cache lookup; it grants nothing."""
+    for name in ("session_id", "prompt_cache_key"):
+        value = body.get(name)
+        if value is None:
+            continue
+        if not isinstance(value, str) or not value or len(value) > MAX_SESSION_KEY:
+            raise RequestError(f"{name} must be a non-empty string of at most {MAX_SESSION_KEY} characters", name)
+        return value
+    for name in ("x-session-affinity", "session-id"):  # "session-id" also finds a `session_id` header
+        value = headers.get(name)
+        if value:
+            return value[:MAX_SESSION_KEY]
+    return None

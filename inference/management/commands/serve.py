@@ -2,7 +2,8 @@
 
 On SIGINT/SIGTERM the server stops listening, answers 503 to new requests
 on open connections, lets running ones finish (up to --drain-seconds),
-aborts what is left and exits 0. A second signal stops at once.
+aborts what is left, writes pending prompt-cache snapshots to the SSD tier
+(up to --flush-seconds) and exits 0. A second signal stops at once.
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from huggingface_hub import constants
 
 from config.cli import blas_in_use
 from inference.demo.build import DEMO_REPO, Recipe, cached_snapshot
-from inference.engine.engine import Engine
+from inference.engine.engine import Engine, EngineConfig
 from inference.engine.errors import EngineError
 from inference.runtime import ServerDefaults, runtime
 
@@ -35,6 +36,28 @@ def _non_negative(kind):
             raise argparse.ArgumentTypeError(f"must be at least 0, got {text}")
         return value
     return parse
+
+
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mb": 1 << 20,
+          "mib": 1 << 20, "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30, "t": 1 << 40, "tb": 1 << 40, "tib": 1 << 40}
+
+
+def _bytes(text):
+    """A byte count: `1073741824`, `512MiB`, `2G`, `1.5GB` (powers of 1024)."""
+    import re
+
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
+    unit = match.group(2).lower() if match else None
+    if not match or unit not in _UNITS:
+        raise argparse.ArgumentTypeError(f"expected a size such as 512MiB or 2GiB, got {text!r}")
+    return int(float(match.group(1)) * _UNITS[unit])
+
+
+def _positive(text):
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {text}")
+    return value
 
 
 def _unit(text):
@@ -61,12 +84,36 @@ class Command(BaseCommand):
                             help="serve the stored dtype instead of upcasting to float32 on the CPU")
         parser.add_argument("--drain-seconds", type=_non_negative(float), default=30.0,
                             help="on shutdown, how long running requests may take to finish")
+        parser.add_argument("--flush-seconds", type=_non_negative(float), default=120.0,
+                            help="on shutdown, how long pending SSD cache snapshots may take to write")
+        group = parser.add_argument_group("throughput and memory")
+        group.add_argument("--batch", type=_positive, default=8,
+                           help="rows decoded together by continuous batching (1 = one request at a time)")
+        group.add_argument("--prefill-chunk", type=_positive, default=256,
+                           help="prompt tokens prefilled per step while other rows decode")
+        group.add_argument("--max-context", type=_positive, default=None,
+                           help="cap on prompt + generated tokens per request; a prompt that fills it is refused")
+        group.add_argument("--memory-budget", type=_bytes, default=None,
+                           help="bytes for weights + one request's KV cache; sets the context cap from the model")
+        group.add_argument("--prompt-cache-bytes", type=_bytes, default=1 << 30,
+                           help="RAM for reusable prompt KV caches (0 turns the cache off; default 1GiB)")
+        group.add_argument("--ssd-cache", default=None, metavar="DIR",
+                           help="also keep prompt caches in DIR, found again after a restart")
+        group.add_argument("--ssd-cache-bytes", type=_bytes, default=16 << 30,
+                           help="disk cap of the SSD tier (oldest entries go first; default 16GiB)")
+        group.add_argument("--kv-quant", type=int, choices=(4, 8), default=None,
+                           help="quantize the KV cache to 4 or 8 bits (runs on the serial lane)")
 
     def handle(self, *args, **opts):
         log.info("BLAS: %s", blas_in_use())
         call_command("migrate", interactive=False, verbosity=0)
         model_ref = opts["model"] or self._demo_model()
-        engine = Engine(model_ref, keep_dtype=opts["keep_dtype"])
+        config = EngineConfig(
+            batch=opts["batch"], prefill_chunk=opts["prefill_chunk"], max_context=opts["max_context"],
+            memory_budget=opts["memory_budget"], prompt_cache_bytes=opts["prompt_cache_bytes"],
+            ssd_cache=opts["ssd_cache"], ssd_cache_bytes=opts["ssd_cache_bytes"], kv_quant=opts["kv_quant"],
+            keep_dtype=opts["keep_dtype"])
+        engine = Engine(model_ref, config)
         try:
             loaded = engine.start()
         except EngineError as exc:
@@ -78,7 +125,7 @@ class Command(BaseCommand):
         runtime.grammar_enabled = settings.HEARTH_GRAMMAR
         runtime.sse_keepalive = settings.HEARTH_SSE_KEEPALIVE
         log.info("model %s ready (%s, context %s)", loaded.model_id, loaded.dtype, loaded.context_window)
-        _run_daphne(engine, opts["host"], opts["port"], opts["drain_seconds"])
+        _run_daphne(engine, opts["host"], opts["port"], opts["drain_seconds"], opts["flush_seconds"])
         log.info("stopped")
 
     def _demo_model(self) -> str:
@@ -90,7 +137,7 @@ class Command(BaseCommand):
         return DEMO_REPO
 
 
-def _run_daphne(engine: Engine, host: str, port: int, drain_seconds: float) -> None:
+def _run_daphne(engine: Engine, host: str, port: int, drain_seconds: float, flush_seconds: float) -> None:
     from daphne.endpoints import build_endpoint_description_strings
     from daphne.server import Server
     from twisted.internet import reactor
@@ -110,8 +157,14 @@ def _run_daphne(engine: Engine, host: str, port: int, drain_seconds: float) -> N
                           signal_handlers=False, application_close_timeout=5)
     deadline = [0.0]
 
-    def finish():
+    def finish(flush: bool = True):
         engine.close(drain_seconds=0)
+        if engine.ssd is not None and flush:
+            durable, report = engine.flush_cache(flush_seconds)
+            log.info("ssd cache flush: %s", report)
+            if not durable:
+                log.warning("ssd cache: some snapshots were not written before shutdown")
+            engine.ssd.close()
         server.stop()
 
     def poll():
@@ -122,7 +175,7 @@ def _run_daphne(engine: Engine, host: str, port: int, drain_seconds: float) -> N
 
     def drain():
         if runtime.draining:  # second signal: stop now
-            finish()
+            finish(flush=False)
             return
         log.info("shutting down: finishing %d running request(s), at most %.0fs",
                  runtime.inflight, drain_seconds)

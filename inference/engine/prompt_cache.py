@@ -1,0 +1,236 @@
+"""The prompt cache: KV caches of finished requests, reused by the next
+request that starts with the same tokens.
+
+A RAM LRU bounded in bytes holds entries keyed by their token sequence.
+A lookup finds the entry sharing the longest prefix with the new prompt
+(a session's latest entry first, when the request names a session), copies
+its cache and trims it to the shared prefix, so only the rest of the prompt
+is prefilled. With an SSD tier every entry is also written to disk behind
+the engine's back and found again after a restart.
+
+Everything here runs on the engine thread, except `stats()` and
+`close_session()`, which take the lock.
+"""
+from __future__ import annotations
+
+import copy
+import hashlib
+import logging
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import numpy as np
+
+log = logging.getLogger("hearth.cache")
+
+
+def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
+    n = min(len(a), len(b))
+    if n == 0:
+        return 0
+    differ = np.flatnonzero(a[:n] != b[:n])
+    return int(differ[0]) if len(differ) else n
+
+
+def tokens_key(tokens: np.ndarray) -> str:
+    return hashlib.sha1(tokens.astype(np.int32).tobytes()).hexdigest()
+
+
+def compact(cache: list) -> list:
+    """Drop the spare capacity KV buffers grow by, so bytes are honest."""
+    from mlx.utils import tree_map
+
+    for c in cache:
+        keys = getattr(c, "keys", None)
+        offset = getattr(c, "offset", None)
+        if keys is None or not isinstance(offset, int):
+            continue
+        first = keys[0] if isinstance(keys, (tuple, list)) else keys
+        if first.shape[-2] > offset:
+            c.keys, c.values = tree_map(lambda x, n=offset: x[..., :n, :], (c.keys, c.values))
+    return cache
+
+
+@dataclass
+class Entry:
+    key: str
+    tokens: np.ndarray
+    cache: list
+    nbytes: int
+    durable: bool = False  # a complete copy is on the SSD tier
+    created: float = field(default_factory=time.time)
+
+
+@dataclass
+class Counters:
+    hits: int = 0
+    misses: int = 0
+    session_hits: int = 0
+    session_misses: int = 0
+    prefix_scans: int = 0
+    evictions: int = 0
+
+
+class PromptCache:
+    def __init__(self, max_bytes: int, ssd=None, trimmable: bool = True):
+        self.max_bytes = max_bytes
+        self.ssd = ssd  # an SSDCache, or None
+        self.trimmable = trimmable
+        self.entries: OrderedDict[str, Entry] = OrderedDict()  # least recently used first
+        self.bytes = 0
+        self.sessions: dict[str, str] = {}  # session id -> entry key
+        self.counters = Counters()
+        self._lock = threading.Lock()
+
+    # -- lookup ----------------------------------------------------------
+    def lookup(self, prompt: list[int], session: str | None = None) -> tuple[list | None, int]:
+        """A private cache holding the longest reusable prefix of `prompt`
+        and its length, or (None, 0). At least one prompt token is always
+        left to prefill: generation starts from the model's last logits."""
+        tokens = np.asarray(prompt, dtype=np.int32)
+        limit = len(tokens) - 1
+        if limit <= 0 or self.max_bytes <= 0:
+            return None, 0
+        best, length = self._session_entry(session, tokens, limit)
+        if best is None:
+            with self._lock:
+                self.counters.prefix_scans += 1
+            best, length = self._scan(tokens, limit)
+        if best is None or length == 0:
+            with self._lock:
+                self.counters.misses += 1
+            return None, 0
+        cache = copy.deepcopy(best.cache)
+        extra = len(best.tokens) - length
+        if extra:
+            if not self.trimmable:
+                with self._lock:
+                    self.counters.misses += 1
+                return None, 0
+            for c in cache:
+                c.trim(extra)
+        with self._lock:
+            self.entries.move_to_end(best.key)
+            self.counters.hits += 1
+        return cache, length
+
+    def _session_entry(self, session: str | None, tokens: np.ndarray, limit: int):
+        if session is None:
+            return None, 0
+        entry = self.entries.get(self.sessions.get(session, ""))
+        if entry is not None:
+            want = min(len(entry.tokens), limit)
+            if common_prefix(entry.tokens, tokens) >= want:
+                with self._lock:
+                    self.counters.session_hits += 1
+                return entry, want
+        with self._lock:
+            self.counters.session_misses += 1
+        return None, 0
+
+    def _scan(self, tokens: np.ndarray, limit: int) -> tuple[Entry | None, int]:
+        best, length = None, 0
+        for entry in self.entries.values():
+            n = min(common_prefix(entry.tokens, tokens), limit)
+            if n > length or (n == length and best is not None and len(entry.tokens) < len(best.tokens)):
+                best, length = entry, n
+        if not self.trimmable and best is not None and length < len(best.tokens):
+            best, length = None, 0
+        if self.ssd is not None:
+            key, n = self.ssd.find(tokens, limit)
+            if key is not None and n > length and key not in self.entries:
+                restored = self._restore(key)
+                if restored is not None:
+                    best, length = restored, n
+        return best, length
+
+    def _restore(self, key: str) -> Entry | None:
+        loaded = self.ssd.load(key)
+        if loaded is None:
+            return None
+        tokens, cache = loaded
+        entry = Entry(key, tokens, cache, sum(c.nbytes for c in cache), durable=True)
+        self._insert(entry)
+        return entry if key in self.entries else None
+
+    # -- publish ---------------------------------------------------------
+    def publish(self, tokens: list[int], cache: list, session: str | None = None) -> None:
+        """Keep `cache`, which holds exactly `tokens`, for later requests."""
+        import mlx.core as mx
+
+        if self.max_bytes <= 0 or not tokens or not cache:
+            return
+        arr = np.asarray(tokens, dtype=np.int32)
+        key = tokens_key(arr)
+        if key in self.entries:
+            with self._lock:
+                self.entries.move_to_end(key)
+                if session:
+                    self.sessions[session] = key
+            return
+        cache = compact(cache)
+        mx.eval([c.state for c in cache])
+        entry = Entry(key, arr, cache, sum(c.nbytes for c in cache))
+        # An entry whose tokens the new one extends is covered by it.
+        covered = [e for e in self.entries.values()
+                   if len(e.tokens) <= len(arr) and common_prefix(e.tokens, arr) == len(e.tokens)]
+        for old in covered:
+            self._drop(old)
+        self._insert(entry)
+        if key in self.entries:
+            with self._lock:
+                gone = {e.key for e in covered}
+                for name, held in self.sessions.items():
+                    if held in gone:
+                        self.sessions[name] = key
+                if session:
+                    self.sessions[session] = key
+        if self.ssd is not None and key in self.entries:
+            self.ssd.submit(entry)
+
+    def _insert(self, entry: Entry) -> None:
+        if entry.nbytes > self.max_bytes:
+            log.info("prompt cache: entry of %d bytes exceeds --prompt-cache-bytes", entry.nbytes)
+            return
+        with self._lock:
+            self.entries[entry.key] = entry
+            self.bytes += entry.nbytes
+        while self.bytes > self.max_bytes:
+            self._drop(self._victim(), evicted=True)
+
+    def _victim(self) -> Entry:
+        """The least recently used entry no session points at, else the least
+        recently used one."""
+        held = set(self.sessions.values())
+        for entry in self.entries.values():
+            if entry.key not in held:
+                return entry
+        return next(iter(self.entries.values()))
+
+    def _drop(self, entry: Entry, evicted: bool = False) -> None:
+        with self._lock:
+            self.entries.pop(entry.key, None)
+            self.bytes -= entry.nbytes
+            if evicted:
+                self.counters.evictions += 1
+        if evicted and self.ssd is not None:
+            self.ssd.note_demotion(entry.durable, entry.key)
+
+    # -- sessions and flush ------------------------------------------------
+    def close_session(self, session: str) -> None:
+        with self._lock:
+            self.sessions.pop(session, None)
+
+    def pending_durability(self) -> list[Entry]:
+        """RAM entries without a complete copy on the SSD tier."""
+        return [e for e in self.entries.values() if not e.durable]
+
+    def stats(self) -> dict:
+        with self._lock:
+            c = self.counters
+            return {"entries": len(self.entries), "bytes": self.bytes, "max_bytes": self.max_bytes,
+                    "hits": c.hits, "misses": c.misses, "session_hits": c.session_hits,
+                    "session_misses": c.session_misses, "prefix_scans": c.prefix_scans,
+                    "evictions": c.evictions, "sessions": len(self.sessions)}

@@ -1,0 +1,105 @@
+"""One admitted request while it generates, on whichever lane runs it.
+
+A `Row` turns sampled tokens into events: EOS is counted but never shown,
+text is detokenized and held back while it could still become a stop
+string, logprobs are attached when asked for, and the row says when it is
+done (EOS, a stop string, a finished grammar or its token limit).
+"""
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from dataclasses import dataclass, field
+
+from inference.engine import metrics
+from inference.engine.sampling import logprob_entry
+from inference.engine.textstream import StopMatcher
+from inference.engine.types import GenerationEvent, GenerationRequest, Usage
+
+
+@dataclass
+class Job:
+    request: GenerationRequest
+    loop: asyncio.AbstractEventLoop
+    events: asyncio.Queue
+    aborted: threading.Event = field(default_factory=threading.Event)
+    submitted: float = field(default_factory=time.perf_counter)
+
+    def emit(self, event: GenerationEvent) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+        except RuntimeError:  # the loop is gone; nobody is listening
+            self.aborted.set()
+
+
+class Row:
+    def __init__(self, job: Job, model, limit: int, cached: int, lane: str):
+        self.job = job
+        self.req = job.request
+        self.tokenizer = model.tokenizer
+        self.eos = set(model.tokenizer.eos_token_ids)
+        self.detok = model.tokenizer.detokenizer  # a fresh copy per access
+        self.detok.reset()
+        self.stops = StopMatcher(self.req.stop)
+        self.limit = limit
+        self.cached = cached
+        self.lane = lane
+        self.count = 0
+        self.finish: str | None = None
+        self.first_at: float | None = None
+        self.last_at: float | None = None
+        self.want_logprobs = self.req.logprobs or self.req.top_logprobs > 0
+
+    @property
+    def aborted(self) -> bool:
+        return self.job.aborted.is_set()
+
+    def feed(self, token: int, logprobs) -> bool:
+        """Take one sampled token; True once the row is finished."""
+        now = time.perf_counter()
+        if self.first_at is None:
+            self.first_at = now
+            metrics.TTFT.observe(now - self.job.submitted)
+        else:
+            metrics.ITL.observe(now - self.last_at)
+        self.last_at = now
+        self.count += 1
+        metrics.GENERATED_TOKENS.inc()
+        if token in self.eos:  # counted, never shown
+            self.finish = "stop"
+            return True
+        self.detok.add_token(token)
+        entry = logprob_entry(self.tokenizer, token, logprobs, self.req.top_logprobs) if self.want_logprobs else None
+        self.job.emit(GenerationEvent(text=self.stops.feed(self.detok.last_segment), token_ids=(token,),
+                                      logprobs=entry))
+        grammar = self.req.grammar
+        if self.stops.stopped or (grammar is not None and grammar.finished):
+            self.finish = "stop"  # a stop string matched, or the grammar is complete
+        elif self.count >= self.limit:
+            self.finish = "length"
+        return self.finish is not None
+
+    def close(self) -> None:
+        """Send the last event: the held-back tail, finish reason and usage."""
+        finish = self.finish or "length"
+        metrics.GENERATIONS.labels(self.lane, finish).inc()
+        if self.aborted:
+            return
+        self.detok.finalize()
+        tail = self.stops.feed(self.detok.last_segment)  # nothing once a stop string matched
+        if self.stops.stopped:
+            finish = "stop"
+        else:
+            tail += self.stops.flush()
+        usage = Usage(len(self.req.prompt_tokens), self.count, self.cached, self.lane)
+        self.job.emit(GenerationEvent(text=tail, finish_reason=finish, usage=usage))
+
+    def fail(self, message: str) -> None:
+        self.job.emit(GenerationEvent(error=message))
+
+    @property
+    def decode_tps(self) -> float:
+        if self.first_at is None or self.last_at is None or self.count < 2 or self.last_at <= self.first_at:
+            return 0.0
+        return (self.count - 1) / (self.last_at - self.first_at)

@@ -1,0 +1,95 @@
+"""Per-request samplers, logits processors and logprob entries.
+
+Each request gets its own sampler so that rows of one batch can differ in
+temperature, top-p/top-k/min-p and XTC. A request with a `seed` draws from
+its own key (split once per token), so its output does not depend on the
+other rows in the batch or on the order requests arrived in.
+"""
+from __future__ import annotations
+
+from inference.engine.types import GenerationRequest
+
+
+def make_sampler(req: GenerationRequest, special_ids: list[int]):
+    """mlx-lm's sampler chain for this request; keyed when it has a seed."""
+    from mlx_lm.sample_utils import make_sampler as mlx_sampler
+
+    s = req.sampling
+    if s.seed is None or s.temperature == 0:
+        return mlx_sampler(s.temperature, s.top_p, s.min_p, 1, top_k=s.top_k,
+                           xtc_probability=s.xtc_probability, xtc_threshold=s.xtc_threshold,
+                           xtc_special_tokens=special_ids)
+    return _SeededSampler(req, special_ids)
+
+
+class _SeededSampler:
+    """The same chain as `mlx_lm.sample_utils.make_sampler`, drawing every
+    random number from a key owned by the request."""
+
+    def __init__(self, req: GenerationRequest, special_ids: list[int]):
+        import mlx.core as mx
+
+        self.s = req.sampling
+        self.special = special_ids
+        self.key = mx.random.key(self.s.seed)
+
+    def _next_key(self):
+        import mlx.core as mx
+
+        self.key, sub = mx.random.split(self.key)
+        return sub
+
+    def __call__(self, logprobs):
+        import mlx.core as mx
+        from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p
+
+        s = self.s
+        if 0 < s.top_p < 1.0:
+            logprobs = apply_top_p(logprobs, s.top_p)
+        if s.min_p != 0.0:
+            logprobs = apply_min_p(logprobs, s.min_p, 1)
+        if s.xtc_probability > 0.0:
+            logprobs = self._xtc(logprobs)
+        if s.top_k > 0:
+            logprobs = apply_top_k(logprobs, s.top_k)
+        return mx.random.categorical(logprobs * (1.0 / s.temperature), key=self._next_key())
+
+    def _xtc(self, logits):
+        import mlx.core as mx
+
+        probs = mx.softmax(logits, -1)
+        mask = probs > mx.where(probs > self.s.xtc_threshold, probs, mx.inf).min(axis=-1, keepdims=True)
+        if self.special:
+            mask[..., self.special] = False
+        skip = mx.random.uniform(0, 1, key=self._next_key()) > self.s.xtc_probability
+        return mx.where(skip, logits, mx.where(mask, -mx.inf, logits))
+
+
+def make_processors(req: GenerationRequest) -> list:
+    """Bias and penalties in mlx-lm's order, then the grammar mask last."""
+    from mlx_lm.sample_utils import make_logits_processors
+
+    lp = req.logits
+    processors = make_logits_processors(
+        lp.logit_bias, lp.repetition_penalty, lp.repetition_context_size, lp.presence_penalty,
+        lp.presence_context_size, lp.frequency_penalty, lp.frequency_context_size)  # [] when none is set
+    if req.grammar is not None:
+        processors.append(req.grammar)
+    return processors
+
+
+def logprob_entry(tokenizer, token: int, logprobs, top: int) -> dict:
+    """mlx_lm.server's logprobs entry: with top-k, the most likely token merged
+    with the sorted top-k list; otherwise the chosen token's id and logprob."""
+    import mlx.core as mx
+
+    logprobs = logprobs.reshape(-1)
+    if top <= 0:
+        return {"id": token, "logprob": logprobs[token].item()}
+    ids = mx.argpartition(-logprobs, kth=top - 1)[:top]
+    values = logprobs[ids]
+    order = mx.argsort(-values)
+    ids, values = ids[order].tolist(), values[order].tolist()
+    pieces = tokenizer.convert_ids_to_tokens(ids)
+    ranked = [{"id": i, "token": p, "logprob": v} for i, p, v in zip(ids, pieces, values, strict=True)]
+    return dict(ranked[0], top_logprobs=ranked)

@@ -1,0 +1,114 @@
+"""What `/stats` and `/metrics` report: the engine's live state, its prompt
+cache and SSD tier, admission limits and HTTP traffic."""
+from __future__ import annotations
+
+from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from inference.engine import loader
+from inference.engine.engine import MAX_QUEUED, TRANSIENT_RESERVE, Engine
+from inference.engine.metrics import REGISTRY
+from inference.runtime import runtime
+
+HTTP_REQUESTS = Counter("hearth_http_requests", "HTTP answers by route, method and status",
+                        ["route", "method", "status"], registry=REGISTRY)
+
+
+def count_request(route: str, method: str, status: int) -> None:
+    HTTP_REQUESTS.labels(route or "/", method, str(status)).inc()
+
+
+# -- /stats --------------------------------------------------------------
+def stats_body() -> dict:
+    engine = runtime.engine
+    body: dict = {"server": {"owner": "serve", "model": None, "started_at": runtime.started_at,
+                             "draining": runtime.draining}}
+    if engine is None or engine.loaded is None:
+        return body
+    model = engine.loaded
+    body["server"]["model"] = model.model_id
+    body["prompt_cache"] = engine.cache.stats()
+    body["kv_quant"] = _kv_quant(engine)
+    if engine.ssd is not None:
+        body["ssd_cache"] = engine.ssd.stats()
+    body["admission"] = _admission(engine)
+    body["batch"] = _batch(engine)
+    s = engine.stats
+    body["engine"] = {
+        "active": engine.active_rows, "queued": engine.queued, "requests_total": s.requests_total,
+        "prompt_tokens_total": s.prompt_tokens_total, "cached_tokens_total": s.cached_tokens_total,
+        "generated_tokens_total": s.generated_tokens_total,
+        "last_decode_tokens_per_s": round(s.last_decode_tps, 2), "dtype": model.dtype,
+    }
+    return body
+
+
+def _kv_quant(engine: Engine) -> dict:
+    model, bits = engine.loaded, engine.config.kv_quant
+    layers = int(model.config.get("num_hidden_layers") or model.config.get("text_config", {})
+                 .get("num_hidden_layers") or 0)
+    if bits:
+        name = f"kv{bits}"
+        mode = f"uniform-kv{bits}"
+    else:
+        name = mode = "bf16" if "bfloat16" in model.dtype else model.dtype
+    return {"mode": mode, "layers": {name: layers}, "attention": {"global": layers, "sliding_window": 0},
+            "recurrent_layers": 0, "group_size": engine.lane.kv_group if bits else None}
+
+
+def _admission(engine: Engine) -> dict:
+    model = engine.loaded
+    usable = loader.memory_budget()
+    per_token = model.kv_bytes_per_token
+    safe = max((usable - model.weights_bytes - TRANSIENT_RESERVE) // per_token, 0) if per_token and usable else 0
+    if model.context_window:
+        safe = min(safe, model.context_window)
+    return {"max_safe_context": safe, "enforced_context_tokens": engine.enforced_context,
+            "memory_budget_bytes": engine.config.memory_budget, "usable_bytes": usable,
+            "weights_bytes": model.weights_bytes, "kv_bytes_per_token": per_token,
+            "max_queued": MAX_QUEUED, "queued": engine.queued}
+
+
+def _batch(engine: Engine) -> dict:
+    return {
+        "configured": engine.config.batch, "mode": engine.mode, "batched": engine.mode == "batch",
+        "serial_reason": engine.serial_reason, "active_rows": engine.active_rows,
+        "pending_rows": engine.pending_rows, "submitted_rows": engine.stats.submitted_rows,
+        "kv_bytes": engine.kv_bytes, "kv_budget_bytes": None, "prefill_chunk": engine.config.prefill_chunk,
+    }
+
+
+# -- /metrics --------------------------------------------------------------
+class _EngineCollector:
+    """Gauges and counters read from the engine at scrape time, so they
+    agree with /stats."""
+
+    def collect(self):
+        engine = runtime.engine
+        if engine is None or engine.loaded is None:
+            return
+        yield GaugeMetricFamily("hearth_queue_depth", "Requests waiting for a row", value=engine.queued)
+        yield GaugeMetricFamily("hearth_active_rows", "Rows decoding or prefilling", value=engine.active_rows)
+        yield GaugeMetricFamily("hearth_batch_capacity", "Rows that may run at once", value=engine.capacity)
+        cache = engine.cache.stats()
+        for name in ("hits", "misses", "session_hits", "session_misses", "evictions"):
+            yield CounterMetricFamily(f"hearth_prompt_cache_{name}", f"Prompt cache {name.replace('_', ' ')}",
+                                      value=cache[name])
+        yield GaugeMetricFamily("hearth_prompt_cache_bytes", "Bytes held by the RAM prompt cache",
+                                value=cache["bytes"])
+        yield GaugeMetricFamily("hearth_prompt_cache_entries", "Entries in the RAM prompt cache",
+                                value=cache["entries"])
+        if engine.ssd is not None:
+            ssd = engine.ssd.stats()
+            yield GaugeMetricFamily("hearth_ssd_cache_bytes", "Bytes on the SSD tier", value=ssd["bytes"])
+            yield GaugeMetricFamily("hearth_ssd_cache_pending_snapshots", "Snapshots waiting to be written",
+                                    value=ssd["pending_snapshots"])
+            yield CounterMetricFamily("hearth_ssd_cache_restores", "Entries restored from the SSD tier",
+                                      value=ssd["restores"])
+
+
+REGISTRY.register(_EngineCollector())
+
+
+def render_metrics() -> tuple[bytes, str]:
+    return generate_latest(REGISTRY), CONTENT_TYPE_LATEST
