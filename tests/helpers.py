@@ -30,7 +30,7 @@ TINY_CORPUS = [
 
 
 def build_tiny_model(cache_dir: Path, repo_id: str = TINY_REPO, dtype: str = "float32",
-                     quantize: bool = False) -> Path:
+                     quantize: bool = False, heads: int = 4) -> Path:
     """A random 2-layer llama with a byte-level BPE tokenizer and a chat
     template, published into `cache_dir` like a download."""
     import tempfile
@@ -50,7 +50,7 @@ def build_tiny_model(cache_dir: Path, repo_id: str = TINY_REPO, dtype: str = "fl
 
     # No single-token markup: a random model would open <think> by chance.
     tok = train_tokenizer(TINY_CORPUS * 4, vocab_size=320, markup=False)
-    config = llama_config(tok.get_vocab_size(), 64, 2, 4, 128, 2048, tok.token_to_id(IM_END))
+    config = llama_config(tok.get_vocab_size(), 64, 2, heads, 128, 2048, tok.token_to_id(IM_END))
     mx.random.seed(7)
     model = Model(ModelArgs.from_dict(config))
     if quantize:

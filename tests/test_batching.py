@@ -1,0 +1,235 @@
+"""Continuous batching in the engine, in-process on the tiny model: every
+row of a batch gets exactly what it would get alone, rows join and leave a
+running batch, long prompts are prefilled in chunks, admission is bounded."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from inference.engine.engine import MAX_QUEUED, Engine, EngineConfig
+from inference.engine.errors import ContextOverBudget, QueueFull
+from inference.engine.grammar import GrammarSpec
+from inference.engine.types import GenerationRequest, LogitsParams, SamplingParams
+
+
+@pytest.fixture(scope="module")
+def engines(tiny_model):
+    made = {}
+
+    def get(**kw) -> Engine:
+        key = tuple(sorted(kw.items()))
+        if key not in made:
+            made[key] = Engine(tiny_model, EngineConfig(**kw))
+            made[key].start()
+        return made[key]
+
+    yield get
+    for engine in made.values():
+        engine.close(drain_seconds=1)
+
+
+def _prompt(seed: int, length: int) -> list[int]:
+    return [(seed * 31 + i * 7) % 250 + 3 for i in range(length)]
+
+
+def _requests(engine: Engine, eos: int) -> list[GenerationRequest]:
+    """Rows that differ in every per-row feature the batch must keep apart."""
+    grammar = engine.loaded.grammar_compiler
+    compiled = grammar.compile(GrammarSpec("regex", "[a-z]{3,12}!"))
+    no_eos = {eos: -100.0}
+    return [
+        GenerationRequest(_prompt(1, 5), max_tokens=30, logits=LogitsParams(logit_bias=no_eos)),
+        GenerationRequest(_prompt(2, 300), max_tokens=12),
+        GenerationRequest(_prompt(3, 40), max_tokens=25, logprobs=True, top_logprobs=3),
+        GenerationRequest(_prompt(4, 17), max_tokens=40, logits=LogitsParams(repetition_penalty=1.3,
+                                                                             logit_bias=no_eos)),
+        GenerationRequest(_prompt(5, 60), max_tokens=20, stop=["e", "a"]),
+        GenerationRequest(_prompt(6, 9), max_tokens=30, grammar=grammar.state(compiled)),
+        GenerationRequest(_prompt(7, 120), max_tokens=16,
+                          sampling=SamplingParams(temperature=0.9, top_p=0.9, seed=11)),
+        GenerationRequest(_prompt(8, 33), max_tokens=18, logits=LogitsParams(presence_penalty=0.5,
+                                                                             frequency_penalty=0.3)),
+    ]
+
+
+async def _run(engine: Engine, request: GenerationRequest, abort_after: int | None = None):
+    tokens, text, logprobs, final = [], "", [], None
+    async for event in engine.submit(request).events():
+        assert event.error is None, event.error
+        tokens += event.token_ids
+        text += event.text
+        if event.logprobs is not None:
+            logprobs.append(event.logprobs)
+        if event.finish_reason is not None:
+            final = event
+        if abort_after is not None and len(tokens) >= abort_after:
+            break  # leaving the iterator aborts the row, as a dropped client does
+    return {"tokens": tokens, "text": text, "logprobs": logprobs,
+            "finish": final.finish_reason if final else None, "usage": final.usage if final else None}
+
+
+def _alone(engine_factory, eos, **kw):
+    serial = engine_factory(batch=1, prompt_cache_bytes=0, **kw)
+    out = []
+    for req in _requests(serial, eos):
+        out.append(asyncio.run(_run(serial, req)))
+    return out
+
+
+def _same(batched: dict, alone: dict) -> None:
+    assert batched["tokens"] == alone["tokens"]
+    assert batched["text"] == alone["text"]
+    assert batched["finish"] == alone["finish"]
+    assert len(batched["logprobs"]) == len(alone["logprobs"])
+    for a, b in zip(batched["logprobs"], alone["logprobs"], strict=True):
+        assert a["id"] == b["id"]
+        assert a["logprob"] == pytest.approx(b["logprob"], abs=1e-4)
+        assert [t["id"] for t in a.get("top_logprobs", [])] == [t["id"] for t in b.get("top_logprobs", [])]
+
+
+def test_every_batched_row_equals_the_request_served_alone(engines, eos_id):
+    alone = _alone(engines, eos_id)
+    batched_engine = engines(batch=8, prompt_cache_bytes=0)
+    assert batched_engine.mode == "batch"
+
+    async def together():
+        return await asyncio.gather(*[_run(batched_engine, r) for r in _requests(batched_engine, eos_id)])
+
+    batched = asyncio.run(together())
+    for b, a in zip(batched, alone, strict=True):
+        _same(b, a)
+        assert b["usage"].lane == "batched" and a["usage"].lane == "serial"
+    # the grammar row stopped on its own, with text the regex accepts
+    assert alone[5]["finish"] == "stop" and alone[5]["text"].endswith("!")
+
+
+def test_a_row_that_leaves_does_not_change_the_others(engines, eos_id):
+    alone = _alone(engines, eos_id)
+    engine = engines(batch=8, prompt_cache_bytes=0)
+
+    async def together():
+        reqs = _requests(engine, eos_id)
+        runs = [_run(engine, r, abort_after=3 if i == 0 else None) for i, r in enumerate(reqs)]
+        return await asyncio.gather(*runs)
+
+    out = asyncio.run(together())
+    assert len(out[0]["tokens"]) == 3 and out[0]["finish"] is None
+    for b, a in zip(out[1:], alone[1:], strict=True):
+        _same(b, a)
+    assert engine.active_rows == 0
+
+
+def test_new_rows_join_a_running_batch_and_long_prompts_prefill_in_chunks(engines, eos_id):
+    engine = engines(batch=4, prefill_chunk=32, prompt_cache_bytes=0)
+    order: list[tuple[str, int]] = []
+
+    async def follow(name, request):
+        async for event in engine.submit(request).events():
+            if event.token_ids:
+                order.append((name, len(order)))
+
+    async def scenario():
+        long_run = asyncio.create_task(follow("a", GenerationRequest(
+            _prompt(1, 8), max_tokens=300, logits=LogitsParams(logit_bias={eos_id: -100.0}))))
+        while not any(name == "a" for name, _ in order):
+            await asyncio.sleep(0.001)
+        await follow("b", GenerationRequest(_prompt(2, 640), max_tokens=5))
+        await long_run
+
+    asyncio.run(scenario())
+    names = [name for name, _ in order]
+    first_b, last_a = names.index("b"), len(names) - 1 - names[::-1].index("a")
+    assert first_b < last_a, "the second request waited for the first to finish"
+    # While b's 640-token prompt was prefilled (20 chunks of 32), a kept decoding.
+    a_during_prefill = names[:first_b].count("a") - names[:1].count("a")
+    assert a_during_prefill >= 15
+
+
+def test_seeded_sampling_does_not_depend_on_the_batch(engines, eos_id):
+    req = lambda: GenerationRequest(_prompt(9, 25), max_tokens=24,  # noqa: E731
+                                    sampling=SamplingParams(temperature=1.0, top_k=50, seed=1234))
+    serial = engines(batch=1, prompt_cache_bytes=0)
+    batched = engines(batch=8, prompt_cache_bytes=0)
+    alone = asyncio.run(_run(serial, req()))
+
+    async def crowd():
+        noise = [_run(batched, GenerationRequest(_prompt(i, 30), max_tokens=20,
+                                                 sampling=SamplingParams(temperature=1.0))) for i in range(5)]
+        return await asyncio.gather(_run(batched, req()), *noise)
+
+    assert asyncio.run(crowd())[0]["tokens"] == alone["tokens"]
+
+
+def test_queue_admits_64_waiting_then_refuses(engines, eos_id):
+    engine = engines(batch=1, prompt_cache_bytes=0)
+
+    async def scenario():
+        hold = engine.submit(GenerationRequest(_prompt(1, 4), max_tokens=2000,
+                                               logits=LogitsParams(logit_bias={eos_id: -100.0})))
+        events = hold.events()
+        await events.__anext__()  # running: the one row is taken
+        waiting = [engine.submit(GenerationRequest(_prompt(2, 4), max_tokens=1)) for _ in range(MAX_QUEUED)]
+        assert engine.queued == MAX_QUEUED
+        with pytest.raises(QueueFull) as refused:
+            engine.submit(GenerationRequest(_prompt(3, 4), max_tokens=1))
+        hold.abort()
+        for sub in waiting:
+            sub.abort()
+        await events.aclose()
+        return refused.value
+
+    error = asyncio.run(scenario())
+    assert (error.status, error.type, error.code) == (429, "resource_admission", "queue_full")
+
+
+def test_context_cap_refuses_a_prompt_without_room_and_caps_one_that_fits(engines, eos_id):
+    engine = engines(batch=2, max_context=64, prompt_cache_bytes=0)
+
+    async def scenario():
+        with pytest.raises(ContextOverBudget) as refused:
+            engine.submit(GenerationRequest(_prompt(1, 64), max_tokens=5))
+        fits = await _run(engine, GenerationRequest(_prompt(1, 50), max_tokens=1000,
+                                                    logits=LogitsParams(logit_bias={eos_id: -100.0})))
+        return refused.value, fits
+
+    error, fits = asyncio.run(scenario())
+    assert (error.status, error.type, error.code) == (400, "memory_admission", "context_over_budget")
+    assert fits["finish"] == "length" and len(fits["tokens"]) == 14
+
+
+def test_memory_budget_derives_the_context_cap(engines):
+    model_bytes_probe = engines(batch=1, prompt_cache_bytes=0)
+    loaded = model_bytes_probe.loaded
+    budget = loaded.weights_bytes + (256 << 20) + 100 * loaded.kv_bytes_per_token
+    engine = engines(batch=1, memory_budget=budget, prompt_cache_bytes=0)
+    assert engine.enforced_context == 100
+
+
+def test_quantized_kv_runs_on_the_serial_lane_and_reuses_its_cache(homes):
+    from tests.helpers import build_tiny_model
+
+    build_tiny_model(homes[0] / "hub", repo_id="hearth-test/tiny-kvq", heads=2)  # head_dim 32: quantizable
+    engine = Engine("hearth-test/tiny-kvq", EngineConfig(batch=8, kv_quant=8))
+    engine.start()
+    try:
+        assert engine.mode == "serial" and "quantized" in engine.serial_reason
+        prompt = _prompt(4, 200)
+        first = asyncio.run(_run(engine, GenerationRequest(prompt, max_tokens=10)))
+        again = asyncio.run(_run(engine, GenerationRequest(prompt, max_tokens=10)))
+        assert first["usage"].lane == "serial" and first["usage"].cached_tokens == 0
+        assert again["usage"].cached_tokens == len(prompt) - 1
+        assert again["tokens"] == first["tokens"]
+        from mlx_lm.models.cache import QuantizedKVCache
+
+        entry = next(iter(engine.cache.entries.values()))
+        assert all(isinstance(c, QuantizedKVCache) for c in entry.cache)
+    finally:
+        engine.close(drain_seconds=1)
+
+
+def test_kv_quant_refuses_a_head_dim_it_cannot_group(tiny_model):
+    from inference.engine.errors import EngineError
+
+    with pytest.raises(EngineError, match="head dimension divisible by 32"):
+        Engine(tiny_model, EngineConfig(kv_quant=4)).start()
