@@ -43,6 +43,7 @@ lint: deps
 
 bench: deps blas
 	$(BIN)/python bench/decode.py
+	$(BIN)/python bench/throughput.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -8,7 +8,7 @@ float32 llama, both on OpenBLAS (when present), in one run.
 Legs, per server:
   load      streaming clients at concurrency 1, 8 and 32: aggregate tokens/s,
             median and p95 time to first token, errors
-  prefix    a ~1,000-token prompt cold, then the same prefix with new endings
+  prefix    a --prefix-tokens prompt (1,000) cold, then the same prefix with new endings
   chat      a 10-turn conversation replayed with the full history each turn
   flood     64 streaming clients at once, then 100 (beyond Hearth's queue)
 Hearth also runs the prefix and chat legs with its prompt cache off.
@@ -44,8 +44,8 @@ WORDS = ("the river house quiet keeper light tower stone window garden morning e
 
 
 class Client:
-    def __init__(self, port: int, model: str, suppress: list[int], tokens: int):
-        self.port, self.model, self.tokens = port, model, tokens
+    def __init__(self, port: int, model: str, suppress: list[int], tokens: int, prefix_words: int):
+        self.port, self.model, self.tokens, self.prefix_words = port, model, tokens, prefix_words
         self.bias = {str(t): -100 for t in suppress}
 
     def chat(self, messages: list[dict], tokens: int | None = None) -> dict:
@@ -83,6 +83,7 @@ class Client:
             return {"status": "dropped", "error": "stream ended without [DONE]"}
         tokens_out = (usage or {}).get("completion_tokens") or count
         return {"status": 200, "ttft": ttft, "total": time.perf_counter() - start, "tokens": tokens_out,
+                "prompt_tokens": (usage or {}).get("prompt_tokens"),
                 "text": "".join(text), "cached": ((usage or {}).get("prompt_tokens_details") or {})
                 .get("cached_tokens")}
 
@@ -125,13 +126,13 @@ def leg_load(client: Client, concurrency: int, n: int) -> dict:
 
 
 def leg_prefix(client: Client, seed: int) -> dict:
-    prefix = text_of(700, seed)  # about 1,000 tokens with the bench tokenizer
+    prefix = text_of(client.prefix_words, seed)
     cold = client.chat([{"role": "user", "content": prefix + " Question one?"}], 4)
     warm = [client.chat([{"role": "user", "content": prefix + f" Question {w}?"}], 4)
             for w in ("two", "three", "four")]
     warm_ms = statistics.median(r["ttft"] * 1000 for r in warm)
     return {"cold_ms": cold["ttft"] * 1000, "warm_ms": warm_ms, "ratio": warm_ms / (cold["ttft"] * 1000),
-            "cached": warm[-1].get("cached")}
+            "cached": warm[-1].get("cached"), "prompt_tokens": cold.get("prompt_tokens")}
 
 
 def leg_chat(client: Client, seed: int, turns: int = 10) -> dict:
@@ -168,8 +169,8 @@ def run_server(name, cmd, port, env, client: Client, legs: list[str], seed: int)
         if "prefix" in legs:
             out["prefix"] = leg_prefix(client, seed)
             p = out["prefix"]
-            print(f"{name:28} prefix cold {p['cold_ms']:.0f} ms, warm {p['warm_ms']:.0f} ms ({p['ratio']:.2f}x)",
-                  flush=True)
+            print(f"{name:28} prefix ({p['prompt_tokens']} prompt tokens) cold {p['cold_ms']:.0f} ms, "
+                  f"warm {p['warm_ms']:.0f} ms ({p['ratio']:.2f}x)", flush=True)
         if "chat" in legs:
             out["chat"] = leg_chat(client, seed + 100)
             c = out["chat"]
@@ -189,8 +190,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--port", type=int, default=18531)
+    parser.add_argument("--prefix-tokens", type=int, default=1000, help="length of the shared prefix leg")
+    parser.add_argument("--legs", default="load,prefix,chat,flood", help="comma-separated legs to run")
     parser.add_argument("--record", action="store_true")
     args = parser.parse_args()
+    wanted = set(args.legs.split(","))
 
     work = Path(tempfile.mkdtemp(prefix="hearth-bench-"))
     model = work / "bench-llama-100m"
@@ -202,6 +206,9 @@ def main() -> int:
     suppress = [t["id"] for t in special if t.get("special")]
     suppress += [i for i in range(tok.get_vocab_size()) if "\ufffd" in tok.decode([i])]
     print(f"model: {params / 1e6:.0f}M parameters, float32, at {model}", flush=True)
+    prefix_words = 10
+    while len(tok.encode(text_of(prefix_words, 0)).ids) < args.prefix_tokens:
+        prefix_words += 10
 
     base = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "_HEARTH_REEXEC")}
     base.update(HF_HUB_OFFLINE="1", HEARTH_HOME=str(work / "home"), HF_HOME=str(work / "hf"))
@@ -218,8 +225,11 @@ def main() -> int:
     ]
     results = {}
     for i, (name, cmd, legs) in enumerate(runs):
+        legs = [leg for leg in legs if leg in wanted]
+        if not legs:
+            continue
         port = args.port + i
-        client = Client(port, str(model), suppress, args.tokens)
+        client = Client(port, str(model), suppress, args.tokens, prefix_words)
         results[name] = run_server(name, cmd + ["--port", str(port)], port, env, client, legs, seed=i * 1000)
     if args.record:
         record(args, params, blas, results)
@@ -233,7 +243,8 @@ def record(args, params: int, blas: str, results: dict) -> None:
                            capture_output=True, text=True).stdout.strip()
     lines = [
         f"\n## {time.strftime('%Y-%m-%d')} · throughput · commit {commit}{' (+ local changes)' if dirty else ''}\n",
-        f"`python bench/throughput.py --tokens {args.tokens} --record` on {platform.machine()}, "
+        f"`python bench/throughput.py --tokens {args.tokens} --prefix-tokens {args.prefix_tokens} "
+        f"--legs {args.legs} --record` on {platform.machine()}, "
         f"{os.cpu_count()} cores; random llama {params / 1e6:.0f}M params float32, {blas} for every server.\n",
         "| server | concurrency | agg tok/s | TTFT med ms | TTFT p95 ms | errors |",
         "| --- | ---: | ---: | ---: | ---: | ---: |",
@@ -242,13 +253,19 @@ def record(args, params: int, blas: str, results: dict) -> None:
         for row in r.get("load", []):
             lines.append(f"| {name} | {row['c']} | {row['agg_tok_s']:.1f} | {row['ttft_med_ms']:.0f} | "
                          f"{row['ttft_p95_ms']:.0f} | {row['errors']} |")
-    lines += ["", "| server | 1k-token prefix cold ms | warm ms | warm/cold | 10-turn chat TTFT med ms | "
-              "turn 10 TTFT ms | chat wall s |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    lines += ["", "| server | prefix tokens | prefix cold TTFT ms | warm ms | warm/cold |",
+              "| --- | ---: | ---: | ---: | ---: |"]
     for name, r in results.items():
         if "prefix" in r:
-            p, c = r["prefix"], r["chat"]
-            lines.append(f"| {name} | {p['cold_ms']:.0f} | {p['warm_ms']:.0f} | {p['ratio']:.2f}x | "
-                         f"{c['ttft_med_ms']:.0f} | {c['ttft_last_ms']:.0f} | {c['wall_s']:.1f} |")
+            p = r["prefix"]
+            lines.append(f"| {name} | {p['prompt_tokens']} | {p['cold_ms']:.0f} | {p['warm_ms']:.0f} | "
+                         f"{p['ratio']:.2f}x |")
+    lines += ["", "| server | 10-turn chat TTFT med ms | turn 10 TTFT ms | chat wall s |",
+              "| --- | ---: | ---: | ---: |"]
+    for name, r in results.items():
+        if "chat" in r:
+            c = r["chat"]
+            lines.append(f"| {name} | {c['ttft_med_ms']:.0f} | {c['ttft_last_ms']:.0f} | {c['wall_s']:.1f} |")
     lines += ["", "| server | clients at once | answers |", "| --- | ---: | --- |"]
     for name, r in results.items():
         for f in r.get("flood", []):

@@ -17,13 +17,14 @@ import copy
 import hashlib
 import logging
 import threading
-import time
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
 log = logging.getLogger("hearth.cache")
+
+MAX_SESSIONS = 4096
 
 
 def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
@@ -60,7 +61,6 @@ class Entry:
     cache: list
     nbytes: int
     durable: bool = False  # a complete copy is on the SSD tier
-    created: float = field(default_factory=time.time)
 
 
 @dataclass
@@ -80,7 +80,7 @@ class PromptCache:
         self.trimmable = trimmable
         self.entries: OrderedDict[str, Entry] = OrderedDict()  # least recently used first
         self.bytes = 0
-        self.sessions: dict[str, str] = {}  # session id -> entry key
+        self.sessions: OrderedDict[str, str] = OrderedDict()  # session id -> entry key, oldest first
         self.counters = Counters()
         self._lock = threading.Lock()
 
@@ -168,7 +168,7 @@ class PromptCache:
             with self._lock:
                 self.entries.move_to_end(key)
                 if session:
-                    self.sessions[session] = key
+                    self._bind(session, key)
             return
         cache = compact(cache)
         mx.eval([c.state for c in cache])
@@ -186,7 +186,7 @@ class PromptCache:
                     if held in gone:
                         self.sessions[name] = key
                 if session:
-                    self.sessions[session] = key
+                    self._bind(session, key)
         if self.ssd is not None and key in self.entries:
             self.ssd.submit(entry)
 
@@ -219,6 +219,14 @@ class PromptCache:
             self.ssd.note_demotion(entry.durable, entry.key)
 
     # -- sessions and flush ------------------------------------------------
+    def _bind(self, session: str, key: str) -> None:
+        """Point `session` at `key` (lock held); the oldest sessions are
+        forgotten beyond MAX_SESSIONS, like a close would."""
+        self.sessions[session] = key
+        self.sessions.move_to_end(session)
+        while len(self.sessions) > MAX_SESSIONS:
+            self.sessions.popitem(last=False)
+
     def close_session(self, session: str) -> None:
         with self._lock:
             self.sessions.pop(session, None)

@@ -17,6 +17,7 @@ import os
 import queue
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -88,6 +89,7 @@ class SSDCache:
         self._queue: queue.Queue[_Snapshot | None] = queue.Queue()
         self._pending: dict[str, int] = {}  # key -> bytes, queued or being written
         self._dropped: set[str] = set()
+        self._written = weakref.WeakValueDictionary()  # key -> the RAM entry it was written from
         self.restores = self.spills = self.demotions = self.dropped_spills = 0
         self.failed_spills = self.missing = 0
         self.restore_ms_last = 0.0
@@ -210,10 +212,12 @@ class SSDCache:
                 self.index[snap.key] = np.asarray(json.loads(snap.metadata["tokens"]), dtype=np.int32)
                 self.sizes[snap.key] = len(data)
                 self.spills += 1
-                self._pending.pop(snap.key, None)
                 snap.entry.durable = True
-                self._idle.notify_all()
+                self._written[snap.key] = snap.entry
             self._enforce_cap()
+            with self._lock:  # only now is the write settled, cap included
+                self._pending.pop(snap.key, None)
+                self._idle.notify_all()
 
     def _enforce_cap(self) -> None:
         with self._lock:
@@ -228,6 +232,9 @@ class SSDCache:
             with self._lock:
                 total -= self.sizes.pop(key, 0)
                 self.index.pop(key, None)
+                entry = self._written.pop(key, None)
+                if entry is not None:
+                    entry.durable = False  # still in RAM, no longer on disk
 
     def wait_idle(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout

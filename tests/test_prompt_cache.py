@@ -1,0 +1,163 @@
+"""The prompt cache and its SSD tier on small real KV caches: longest-prefix
+reuse, the byte cap, session preference, superseded entries, atomic files
+that survive a restart, and files that went bad."""
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from mlx_lm.models.cache import KVCache
+
+from inference.engine.prompt_cache import PromptCache, common_prefix
+from inference.engine.ssd_cache import SSDCache
+
+LAYERS, HEADS, DIM = 2, 2, 4
+BYTES_PER_TOKEN = LAYERS * 2 * HEADS * DIM * 4
+
+
+def kv(tokens: list[int]) -> list:
+    """A cache whose every key/value row is its token id, so reuse is checkable."""
+    cache = []
+    for layer in range(LAYERS):
+        c = KVCache()
+        rows = mx.broadcast_to(mx.array(tokens, dtype=mx.float32)[None, None, :, None] + layer,
+                               (1, HEADS, len(tokens), DIM))
+        c.update_and_fetch(rows, rows * 2)
+        cache.append(c)
+    return cache
+
+
+def ids_in(cache: list) -> list[int]:
+    c = cache[0]
+    return c.keys[0, 0, : c.offset, 0].astype(mx.int32).tolist()
+
+
+def test_common_prefix():
+    a = np.array([1, 2, 3, 4], dtype=np.int32)
+    assert common_prefix(a, np.array([1, 2, 9], dtype=np.int32)) == 2
+    assert common_prefix(a, a[:2]) == 2
+    assert common_prefix(a, np.array([], dtype=np.int32)) == 0
+
+
+def test_longest_prefix_reuse_is_trimmed_and_private():
+    cache = PromptCache(1 << 20)
+    cache.publish([1, 2, 3, 4, 5], kv([1, 2, 3, 4, 5]))
+    cache.publish([7, 8, 9], kv([7, 8, 9]))
+    got, n = cache.lookup([1, 2, 3, 9, 9])
+    assert n == 3 and ids_in(got) == [1, 2, 3]
+    got[0].trim(3)  # the copy is the caller's: the stored entry is untouched
+    again, n = cache.lookup([1, 2, 3, 4, 5, 6])
+    assert n == 5 and ids_in(again) == [1, 2, 3, 4, 5]
+    same, n = cache.lookup([1, 2, 3, 4, 5])
+    assert n == 4, "one prompt token is always left to prefill"
+    assert cache.lookup([5, 5])[1] == 0
+    s = cache.stats()
+    assert (s["hits"], s["misses"], s["prefix_scans"]) == (3, 1, 4)
+
+
+def test_an_entry_the_next_one_extends_is_replaced():
+    cache = PromptCache(1 << 20)
+    cache.publish([1, 2, 3], kv([1, 2, 3]))
+    cache.publish([1, 2, 3, 4, 5], kv([1, 2, 3, 4, 5]))
+    assert cache.stats()["entries"] == 1
+    assert cache.bytes == 5 * BYTES_PER_TOKEN
+
+
+def test_byte_cap_evicts_least_recent_but_session_entries_last():
+    cache = PromptCache(3 * 4 * BYTES_PER_TOKEN)  # room for three 4-token entries
+    cache.publish([1, 1, 1, 1], kv([1, 1, 1, 1]), session="kept")
+    cache.publish([2, 2, 2, 2], kv([2, 2, 2, 2]))
+    cache.publish([3, 3, 3, 3], kv([3, 3, 3, 3]))
+    cache.lookup([2, 2, 2, 2, 0])  # 2 is now the most recent
+    cache.publish([4, 4, 4, 4], kv([4, 4, 4, 4]))
+    kept = {int(e.tokens[0]) for e in cache.entries.values()}
+    assert kept == {1, 2, 4}, "3 was the least recent entry no session held"
+    assert cache.bytes <= cache.max_bytes and cache.stats()["evictions"] == 1
+
+
+def test_session_hit_miss_and_close():
+    cache = PromptCache(1 << 20)
+    cache.lookup([1, 2, 3], session="s")  # nothing yet: a session miss, then a scan
+    cache.publish([1, 2, 3, 4], kv([1, 2, 3, 4]), session="s")
+    got, n = cache.lookup([1, 2, 3, 4, 5, 6], session="s")
+    assert n == 4
+    s = cache.stats()
+    assert (s["session_hits"], s["session_misses"], s["prefix_scans"]) == (1, 1, 1)
+    cache.lookup([9, 9, 9], session="s")  # an edited history: miss, ordinary search
+    cache.close_session("s")
+    cache.lookup([1, 2, 3, 4, 5], session="s")
+    s = cache.stats()
+    assert (s["session_hits"], s["session_misses"], s["prefix_scans"]) == (1, 3, 3)
+
+
+def test_ssd_tier_round_trip_and_restart(tmp_path):
+    ssd = SSDCache(tmp_path, "ns", max_bytes=1 << 30, queue_bytes=1 << 30)
+    cache = PromptCache(1 << 20, ssd)
+    cache.publish([5, 6, 7, 8], kv([5, 6, 7, 8]))
+    assert ssd.wait_idle(10)
+    entry = next(iter(cache.entries.values()))
+    assert entry.durable and ssd.stats()["spills"] == 1
+    assert not list((tmp_path / "ns").glob("*.tmp"))
+    ssd.close()
+
+    (tmp_path / "ns" / "leftover.safetensors.tmp").write_bytes(b"half a write")
+    (tmp_path / "ns" / "broken.safetensors").write_bytes(b"not safetensors")
+    restarted = SSDCache(tmp_path, "ns", max_bytes=1 << 30, queue_bytes=1 << 30)
+    assert restarted.stats()["entries"] == 1, "the broken file is skipped, not used"
+    assert not (tmp_path / "ns" / "leftover.safetensors.tmp").exists()
+    assert (tmp_path / "ns" / "broken.safetensors").exists(), "nothing stored is deleted for being unreadable"
+    fresh = PromptCache(1 << 20, restarted)
+    got, n = fresh.lookup([5, 6, 7, 8, 9])
+    assert n == 4 and ids_in(got) == [5, 6, 7, 8]
+    assert mx.array_equal(got[1].values[..., :4, :], kv([5, 6, 7, 8])[1].values[..., :4, :])
+    assert restarted.stats()["restores"] == 1 and fresh.stats()["entries"] == 1
+    restarted.close()
+
+
+def test_ssd_queue_bound_drops_then_flush_writes(tmp_path):
+    ssd = SSDCache(tmp_path, "ns", max_bytes=1 << 30, queue_bytes=0)  # every background write is refused
+    cache = PromptCache(1 << 20, ssd)
+    cache.publish([1, 2, 3], kv([1, 2, 3]))
+    assert ssd.stats()["dropped_spills"] == 1 and ssd.stats()["entries"] == 0
+    pending = cache.pending_durability()
+    assert len(pending) == 1
+    for entry in pending:
+        assert ssd.submit(entry, force=True)  # what a flush does
+    assert ssd.wait_idle(10) and ssd.stats()["entries"] == 1 and pending[0].durable
+    ssd.close()
+
+
+def test_ssd_size_cap_removes_the_least_recently_used(tmp_path):
+    import os
+
+    ssd = SSDCache(tmp_path, "ns", max_bytes=1 << 30, queue_bytes=1 << 30)
+    cache = PromptCache(1 << 20, ssd)
+    cache.publish([1, 1, 1, 1], kv([1, 1, 1, 1]))
+    assert ssd.wait_idle(10)
+    first = next(iter(cache.entries))
+    size = ssd.stats()["bytes"]
+    os.utime(tmp_path / "ns" / f"{first}.safetensors", (1, 1))  # long unused
+    ssd.max_bytes = 2 * size
+    cache.publish([2, 2, 2, 2], kv([2, 2, 2, 2]))
+    cache.publish([3, 3, 3, 3], kv([3, 3, 3, 3]))
+    assert ssd.wait_idle(10)
+    assert ssd.stats()["entries"] == 2 and ssd.stats()["bytes"] <= ssd.max_bytes
+    assert not (tmp_path / "ns" / f"{first}.safetensors").exists()
+    assert [e.durable for e in cache.entries.values()] == [False, True, True]
+    ssd.close()
+
+
+@pytest.mark.parametrize("dtype", [mx.float16, mx.bfloat16])
+def test_ssd_keeps_half_precision(tmp_path, dtype):
+    ssd = SSDCache(tmp_path, "ns", max_bytes=1 << 30, queue_bytes=1 << 30)
+    cache = PromptCache(1 << 20, ssd)
+    half = kv([3, 4, 5])
+    for c in half:
+        c.keys, c.values = c.keys.astype(dtype), c.values.astype(dtype)
+    cache.publish([3, 4, 5], half)
+    assert ssd.wait_idle(10)
+    key = next(iter(cache.entries))
+    tokens, restored = ssd.load(key)
+    assert tokens.tolist() == [3, 4, 5] and restored[0].keys.dtype == dtype
+    assert mx.array_equal(restored[0].keys, half[0].keys[..., :3, :])
+    ssd.close()
