@@ -18,7 +18,8 @@ log = logging.getLogger("hearth.api")
 router = Router(tags=["openai"])
 
 ENDPOINTS = ["POST /v1/chat/completions", "POST /v1/completions", "GET /v1/models",
-             "GET /v1/models/{id}", "GET /health", "GET /stats", "GET /metrics",
+             "GET /v1/models/{id}", "POST /v1/messages",
+             "POST /v1/messages/count_tokens", "GET /health", "GET /stats", "GET /metrics",
              "POST /admin/cache/session/close", "POST /admin/cache/flush"]
 
 
@@ -63,7 +64,7 @@ def _served_row(model: LoadedModel) -> dict:
         "adapters": False, "training": False,
         "capabilities": {
             "chat_completions": bool(getattr(model.tokenizer, "chat_template", None)),
-            "text_completions": True, "anthropic_messages": False, "responses": False,
+            "text_completions": True, "anthropic_messages": True, "responses": False,
             "streaming": True, "tools": True, "structured_output": True, "logprobs": True,
             "embeddings": False, "vision": False, "audio": False, "adapters": False, "training": False,
         },

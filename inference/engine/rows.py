@@ -93,7 +93,7 @@ class Row:
         else:
             tail += self.stops.flush()
         usage = Usage(len(self.req.prompt_tokens), self.count, self.cached, self.lane)
-        self.job.emit(GenerationEvent(text=tail, finish_reason=finish, usage=usage))
+        self.job.emit(GenerationEvent(text=tail, finish_reason=finish, usage=usage, stop_sequence=self.stops.matched))
 
     def fail(self, message: str) -> None:
         self.job.emit(GenerationEvent(error=message))

@@ -14,6 +14,7 @@ class StopMatcher:
         self.stops = [s for s in stops if s]
         self.pending = ""
         self.stopped = False
+        self.matched: str | None = None  # the stop string that ended the text
 
     def feed(self, text: str) -> str:
         if self.stopped:
@@ -21,9 +22,9 @@ class StopMatcher:
         if not self.stops:
             return text
         self.pending += text
-        hits = [i for i in (self.pending.find(s) for s in self.stops) if i >= 0]
+        hits = [(i, s) for s in self.stops if (i := self.pending.find(s)) >= 0]
         if hits:
-            cut = min(hits)
+            cut, self.matched = min(hits, key=lambda h: h[0])
             out, self.pending, self.stopped = self.pending[:cut], "", True
             return out
         keep = self._held_suffix()

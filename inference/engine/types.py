@@ -69,4 +69,5 @@ class GenerationEvent:
     logprobs: dict | None = None  # mlx-lm's entry for this token, when asked
     finish_reason: str | None = None
     usage: Usage | None = None
+    stop_sequence: str | None = None  # on the last event: the stop string that ended the text
     error: str | None = None

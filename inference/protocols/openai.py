@@ -192,13 +192,14 @@ def _deltas(pieces: list[Piece]) -> list[dict]:
     return [{"reasoning" if p.kind == "reasoning" else "content": p.text} for p in pieces if p.text]
 
 
-async def _with_keepalive(events: AsyncIterator[GenerationEvent], output: OutputParser | None,
-                          interval: float) -> AsyncIterator[GenerationEvent | None]:
-    """Events, with None whenever `interval` passes while a tool call buffers."""
+async def with_keepalive(events: AsyncIterator[GenerationEvent], output: OutputParser | None,
+                         interval: float, always: bool = False) -> AsyncIterator[GenerationEvent | None]:
+    """Events, with None whenever `interval` passes while a tool call buffers
+    (or, with `always`, whenever it passes without an event)."""
     pending = asyncio.ensure_future(events.__anext__())
     try:
         while True:
-            if output is not None and output.buffering:
+            if always or (output is not None and output.buffering):
                 done, _ = await asyncio.wait({pending}, timeout=interval)
                 if not done:
                     yield None
@@ -226,7 +227,7 @@ async def stream(reply: Reply, events: AsyncIterator[GenerationEvent], output: O
     if reply.kind == "chat":
         yield sse(reply.chunk({"role": "assistant", "content": ""}))
     sent_calls = 0
-    async for event in _with_keepalive(events, output, keepalive):
+    async for event in with_keepalive(events, output, keepalive):
         if event is None:
             yield KEEP_ALIVE
             continue

@@ -1,0 +1,323 @@
+"""Anthropic Messages: the request becomes a chat turn on the shared path
+(same template, tools, grammar, sampler and cache as chat completions); the
+engine's events, split by the shared OutputParser, become Anthropic content
+blocks and stream events. Nothing here reads OpenAI wire output."""
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import AsyncIterator
+
+from inference.engine.types import GenerationEvent, Usage
+from inference.protocols.errors import RequestError
+from inference.protocols.openai import Message, with_keepalive
+from inference.protocols.output import OutputParser, Piece
+
+AUDIO_BLOCKS = {"input_audio", "audio", "audio_url"}
+EXTRAS = ("min_p", "xtc_probability", "xtc_threshold", "repetition_penalty", "repetition_context_size",
+          "presence_penalty", "presence_context_size", "frequency_penalty", "frequency_context_size", "seed",
+          "session_id", "prompt_cache_key", "response_format", "structured_outputs", "guided_grammar",
+          "guided_regex", "guided_choice", "chat_template_kwargs")
+# Chat-side field names a validation error may carry, and the Messages field the client sent.
+PARAM_NAMES = {"stop": "stop_sequences", "tool_choice": "tool_choice", "messages": "messages"}
+
+
+def error_body(message: str, kind: str = "invalid_request_error") -> dict:
+    return {"type": "error", "error": {"type": kind, "message": message}}
+
+
+def error_type(status: int) -> str:
+    return {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+            413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error"}.get(
+        status, "api_error" if status >= 500 else "invalid_request_error")
+
+
+# -- request ---------------------------------------------------------------
+def _text_blocks(value, where: str) -> str:
+    if isinstance(value, str):
+        return value
+    if not isinstance(value, list):
+        raise RequestError(f"{where} must be a string or a list of text blocks", where)
+    texts = []
+    for i, block in enumerate(value):
+        if not isinstance(block, dict) or block.get("type") != "text" or not isinstance(block.get("text"), str):
+            raise RequestError(f"{where}[{i}] must be a text block", f"{where}[{i}]")
+        texts.append(block["text"])
+    return "\n\n".join(texts)
+
+
+def _refuse_media(block: dict, where: str) -> None:
+    kind = block.get("type")
+    if kind == "image":
+        raise RequestError("model has no vision sidecar: image blocks need a vision model", where)
+    if kind in AUDIO_BLOCKS:
+        raise RequestError("the Messages protocol has no audio input; send audio to /v1/chat/completions "
+                           "as an input_audio part", where)
+
+
+def _tool_result_text(block: dict, where: str) -> str:
+    content = block.get("content")
+    if content is None or isinstance(content, str):
+        return content or ""
+    if not isinstance(content, list):
+        raise RequestError(f"{where}.content must be a string or a list of blocks", where)
+    texts = []
+    for i, part in enumerate(content):
+        if not isinstance(part, dict):
+            raise RequestError(f"{where}.content[{i}] must be a block", f"{where}.content[{i}]")
+        _refuse_media(part, f"{where}.content[{i}]")
+        if part.get("type") != "text" or not isinstance(part.get("text"), str):
+            raise RequestError(f"{where}.content[{i}] must be a text or image block", f"{where}.content[{i}]")
+        texts.append(part["text"])
+    return "\n".join(texts)
+
+
+def _messages(raw) -> list[dict]:
+    if not isinstance(raw, list) or not raw:
+        raise RequestError("messages required", "messages")
+    out: list[dict] = []
+    for i, m in enumerate(raw):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict) or m.get("role") not in ("user", "assistant"):
+            raise RequestError(f"{where}.role must be 'user' or 'assistant'", f"{where}.role")
+        role, content = m["role"], m.get("content")
+        if isinstance(content, str):
+            out.append({"role": role, "content": content})
+            continue
+        if not isinstance(content, list):
+            raise RequestError(f"{where}.content must be a string or a list of content blocks", where)
+        text, calls = [], []
+        for j, block in enumerate(content):
+            at = f"{where}.content[{j}]"
+            if not isinstance(block, dict):
+                raise RequestError(f"{at} must be a content block", at)
+            kind = block.get("type")
+            _refuse_media(block, at)
+            if kind == "text" and isinstance(block.get("text"), str):
+                text.append(block["text"])
+            elif kind in ("thinking", "redacted_thinking"):
+                continue  # earlier turns' thinking is not replayed
+            elif kind == "tool_use" and role == "assistant":
+                if not isinstance(block.get("name"), str) or not isinstance(block.get("input", {}), dict):
+                    raise RequestError(f"{at} needs a name and an input object", at)
+                calls.append({"id": str(block.get("id") or "toolu_" + uuid.uuid4().hex[:24]), "type": "function",
+                              "function": {"name": block["name"],
+                                           "arguments": json.dumps(block.get("input", {}), ensure_ascii=False)}})
+            elif kind == "tool_result" and role == "user":
+                if text:  # keep the order the client wrote
+                    out.append({"role": "user", "content": "".join(text)})
+                    text = []
+                out.append({"role": "tool", "tool_call_id": str(block.get("tool_use_id") or ""),
+                            "content": ("Error: " if block.get("is_error") else "") + _tool_result_text(block, at)})
+            else:
+                raise RequestError(f"{at}: unsupported content block type {kind!r} in a {role} message", at)
+        if role == "assistant":
+            if text or calls:
+                msg: dict = {"role": "assistant", "content": "".join(text)}
+                if calls:
+                    msg["tool_calls"] = calls
+                out.append(msg)
+        elif text:
+            out.append({"role": "user", "content": "".join(text)})
+    return out
+
+
+def _tools(raw) -> list[dict] | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, list):
+        raise RequestError("tools must be a list", "tools")
+    tools = []
+    for tool in raw:  # server tools (web_search, …) have no input_schema: dropped
+        if isinstance(tool, dict) and isinstance(tool.get("name"), str) and isinstance(tool.get("input_schema"), dict):
+            tools.append({"type": "function", "function": {"name": tool["name"],
+                                                           "description": tool.get("description", ""),
+                                                           "parameters": tool["input_schema"]}})
+    return tools or None
+
+
+def _tool_choice(raw):
+    if raw is None:
+        return None
+    kind = raw.get("type") if isinstance(raw, dict) else None
+    if kind == "auto":
+        return "auto"
+    if kind == "any":
+        return "required"
+    if kind == "none":
+        return "none"
+    if kind == "tool" and isinstance(raw.get("name"), str):
+        return {"type": "function", "function": {"name": raw["name"]}}
+    raise RequestError("tool_choice must be {\"type\": \"auto\" | \"any\" | \"none\"} or "
+                       "{\"type\": \"tool\", \"name\": …}", "tool_choice")
+
+
+def to_chat_body(body: dict) -> dict:
+    """The Messages request as the chat turn the shared path builds."""
+    if "logit_bias" in body:
+        raise RequestError("logit_bias is not part of the Messages protocol; use /v1/chat/completions",
+                           "logit_bias")
+    messages = _messages(body.get("messages"))
+    if body.get("system") is not None:
+        messages.insert(0, {"role": "system", "content": _text_blocks(body["system"], "system")})
+    stops = body.get("stop_sequences")
+    if stops is not None and (not isinstance(stops, list) or not all(isinstance(s, str) for s in stops)):
+        raise RequestError("stop_sequences must be a list of strings", "stop_sequences")
+    chat: dict = {"messages": messages, "stream": body.get("stream", False)}
+    for name in ("max_tokens", "temperature", "top_p", "top_k"):
+        if body.get(name) is not None:
+            chat[name] = body[name]
+    if stops:
+        chat["stop"] = stops
+    tools = _tools(body.get("tools"))
+    if tools:
+        chat["tools"] = tools
+        choice = _tool_choice(body.get("tool_choice"))
+        if choice is not None:
+            chat["tool_choice"] = choice
+    for name in EXTRAS:
+        if name in body:
+            chat[name] = body[name]
+    thinking = body.get("thinking")
+    if isinstance(thinking, dict) and thinking.get("type") in ("enabled", "disabled", "adaptive"):
+        kwargs = chat.get("chat_template_kwargs")
+        chat["chat_template_kwargs"] = {**(kwargs if isinstance(kwargs, dict) else {}),
+                                        "enable_thinking": thinking["type"] != "disabled"}
+    return chat
+
+
+def count_body(body: dict) -> dict:
+    """count_tokens takes a Messages request without max_tokens."""
+    return to_chat_body({k: v for k, v in body.items() if k not in ("stream", "max_tokens")})
+
+
+# -- response --------------------------------------------------------------
+def stop_reason(event: GenerationEvent, calls: list) -> str:
+    if calls and event.finish_reason == "stop":
+        return "tool_use"
+    if event.finish_reason == "length":
+        return "max_tokens"
+    return "stop_sequence" if event.stop_sequence else "end_turn"
+
+
+def usage_json(usage: Usage) -> dict:
+    out = {"input_tokens": usage.prompt_tokens, "output_tokens": usage.completion_tokens}
+    if usage.cached_tokens:
+        out["cache_read_input_tokens"] = usage.cached_tokens
+    return out
+
+
+def _tool_block(call) -> dict:
+    try:
+        args = json.loads(call.arguments or "{}")
+    except ValueError:
+        args = {}
+    return {"type": "tool_use", "id": call.id.replace("call_", "toolu_", 1), "name": call.name,
+            "input": args if isinstance(args, dict) else {"value": args}}
+
+
+class Reply:
+    def __init__(self, model_id: str, input_tokens: int):
+        self.id = "msg_" + uuid.uuid4().hex[:24]
+        self.model_id, self.input_tokens = model_id, input_tokens
+
+    def complete(self, message: Message, event: GenerationEvent) -> dict:
+        content: list[dict] = []
+        if message.reasoning:
+            content.append({"type": "thinking", "thinking": message.reasoning, "signature": ""})
+        if message.content or not (message.tool_calls or message.reasoning):
+            content.append({"type": "text", "text": message.content})
+        content += [_tool_block(c) for c in message.tool_calls]
+        return {"id": self.id, "type": "message", "role": "assistant", "model": self.model_id, "content": content,
+                "stop_reason": stop_reason(event, message.tool_calls), "stop_sequence": event.stop_sequence,
+                "usage": usage_json(event.usage)}
+
+    def start(self) -> dict:
+        return {"type": "message_start", "message": {
+            "id": self.id, "type": "message", "role": "assistant", "model": self.model_id, "content": [],
+            "stop_reason": None, "stop_sequence": None,
+            "usage": {"input_tokens": self.input_tokens, "output_tokens": 0}}}
+
+
+def frame(event: dict) -> bytes:
+    return f"event: {event['type']}\ndata: {json.dumps(event, ensure_ascii=False)}\n\n".encode()
+
+
+PING = frame({"type": "ping"})
+
+
+class _Blocks:
+    """Opens and closes content blocks as the stream moves between channels."""
+
+    def __init__(self):
+        self.index, self.open = -1, None
+
+    def close(self) -> list[bytes]:
+        if self.open is None:
+            return []
+        self.open = None
+        return [frame({"type": "content_block_stop", "index": self.index})]
+
+    def text(self, piece: Piece) -> list[bytes]:
+        kind = "thinking" if piece.kind == "reasoning" else "text"
+        out = []
+        if self.open != kind:
+            out += self.close()
+            self.index += 1
+            self.open = kind
+            block = {"type": "thinking", "thinking": "", "signature": ""} if kind == "thinking" else \
+                {"type": "text", "text": ""}
+            out.append(frame({"type": "content_block_start", "index": self.index, "content_block": block}))
+        delta = {"type": "thinking_delta", "thinking": piece.text} if kind == "thinking" else \
+            {"type": "text_delta", "text": piece.text}
+        out.append(frame({"type": "content_block_delta", "index": self.index, "delta": delta}))
+        return out
+
+    def tool(self, call) -> list[bytes]:
+        out = self.close()
+        self.index += 1
+        block = _tool_block(call)
+        out.append(frame({"type": "content_block_start", "index": self.index,
+                          "content_block": {**block, "input": {}}}))
+        out.append(frame({"type": "content_block_delta", "index": self.index,
+                          "delta": {"type": "input_json_delta", "partial_json": json.dumps(block["input"])}}))
+        out.append(frame({"type": "content_block_stop", "index": self.index}))
+        return out
+
+
+async def stream(reply: Reply, events: AsyncIterator[GenerationEvent], output: OutputParser,
+                 keepalive: float) -> AsyncIterator[bytes]:
+    """Anthropic's event grammar: message_start, content blocks (text,
+    thinking, tool_use) with their deltas, message_delta with the stop
+    reason and usage, message_stop; `ping` while nothing else is sent; a
+    failure is an `error` event."""
+    yield frame(reply.start())
+    yield PING
+    blocks, sent_calls = _Blocks(), 0
+    async for event in with_keepalive(events, output, keepalive, always=True):
+        if event is None:
+            yield PING
+            continue
+        if event.error is not None:
+            yield frame(error_body(event.error, "api_error"))
+            return
+        pieces = output.feed(event.text)
+        if event.finish_reason is not None:
+            pieces += output.finish()
+        for piece in pieces:
+            if piece.text:
+                for chunk in blocks.text(piece):
+                    yield chunk
+        for call in output.calls[sent_calls:]:
+            for chunk in blocks.tool(call):
+                yield chunk
+        sent_calls = len(output.calls)
+        if event.finish_reason is not None:
+            for chunk in blocks.close():
+                yield chunk
+            yield frame({"type": "message_delta",
+                         "delta": {"stop_reason": stop_reason(event, output.calls),
+                                   "stop_sequence": event.stop_sequence},
+                         "usage": usage_json(event.usage)})
+            yield frame({"type": "message_stop"})
+            return

@@ -1,0 +1,152 @@
+"""The Anthropic Messages surface through the official `anthropic` SDK: create,
+stream with the SDK's accumulator, tool use round trips, thinking blocks,
+stop sequences, count_tokens, the prompt cache and errors in Anthropic's
+shape. The random model is steered with a grammar where a test needs an
+exact reply."""
+from __future__ import annotations
+
+import json
+
+import anthropic
+import httpx
+import pytest
+
+WEATHER = {"name": "get_weather", "description": "Weather for a city",
+           "input_schema": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+                            "required": ["city"]}}
+CALL = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}</tool_call>'
+ASK = [{"role": "user", "content": "Weather in Paris?"}]
+
+
+def forced(text: str) -> dict:
+    return {"guided_grammar": "root ::= " + json.dumps(text)}
+
+
+@pytest.fixture(scope="module")
+def client(base_url):
+    return anthropic.Anthropic(base_url=base_url, api_key="unused", max_retries=0)
+
+
+def test_create_returns_a_message(client):
+    msg = client.messages.create(model="m", max_tokens=40, system="Be brief.", messages=ASK,
+                                 extra_body=forced("Sunny and mild."))
+    assert msg.id.startswith("msg_") and msg.type == "message" and msg.role == "assistant"
+    assert [b.type for b in msg.content] == ["text"] and msg.content[0].text == "Sunny and mild."
+    assert msg.stop_reason == "end_turn" and msg.stop_sequence is None
+    assert msg.usage.input_tokens > 0 and msg.usage.output_tokens > 0
+
+
+def test_max_tokens_and_stop_sequences(client):
+    short = client.messages.create(model="m", max_tokens=3, messages=ASK)
+    assert short.stop_reason == "max_tokens" and short.usage.output_tokens == 3
+    stopped = client.messages.create(model="m", max_tokens=40, messages=ASK, stop_sequences=["world"],
+                                     extra_body=forced("Hello world, bye."))
+    assert stopped.stop_reason == "stop_sequence" and stopped.stop_sequence == "world"
+    assert stopped.content[0].text == "Hello "
+
+
+def test_stream_accumulates_the_final_message(client):
+    with client.messages.stream(model="m", max_tokens=40, messages=ASK,
+                                extra_body=forced("Sunny, then rain.")) as stream:
+        texts = list(stream.text_stream)
+        final = stream.get_final_message()
+    assert "".join(texts) == "Sunny, then rain." == final.content[0].text
+    assert final.stop_reason == "end_turn" and final.usage.output_tokens > 0
+
+
+def test_raw_event_grammar(base_url):
+    body = {"model": "m", "max_tokens": 200, "messages": ASK, "stream": True, "tools": [WEATHER],
+            **forced("Checking. " + CALL)}
+    with httpx.stream("POST", base_url + "/v1/messages", json=body, timeout=60) as r:
+        assert r.headers["content-type"].startswith("text/event-stream")
+        events = [json.loads(line[5:]) for line in r.iter_lines() if line.startswith("data:")]
+    kinds = [e["type"] for e in events]
+    assert kinds[0] == "message_start" and kinds[-2:] == ["message_delta", "message_stop"]
+    assert "ping" in kinds
+    starts = [e for e in events if e["type"] == "content_block_start"]
+    assert [s["content_block"]["type"] for s in starts] == ["text", "tool_use"]
+    assert [s["index"] for s in starts] == [0, 1]
+    assert kinds.count("content_block_stop") == 2
+    deltas = [e["delta"] for e in events if e["type"] == "content_block_delta"]
+    assert "".join(d["text"] for d in deltas if d["type"] == "text_delta") == "Checking. "
+    args = "".join(d["partial_json"] for d in deltas if d["type"] == "input_json_delta")
+    assert json.loads(args) == {"city": "Paris", "days": 2}
+    assert events[-2]["delta"]["stop_reason"] == "tool_use" and events[-2]["usage"]["output_tokens"] > 0
+
+
+def test_tool_use_round_trip(client):
+    first = client.messages.create(model="m", max_tokens=120, messages=ASK, tools=[WEATHER],
+                                   extra_body=forced(CALL))
+    assert first.stop_reason == "tool_use"
+    (use,) = [b for b in first.content if b.type == "tool_use"]
+    assert use.name == "get_weather" and use.input == {"city": "Paris", "days": 2} and use.id.startswith("toolu_")
+    history = ASK + [{"role": "assistant", "content": first.content},
+                     {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id,
+                                                   "content": [{"type": "text", "text": "18C, clear"}]},
+                                                  {"type": "text", "text": "Thanks!"}]}]
+    second = client.messages.create(model="m", max_tokens=20, messages=history, tools=[WEATHER],
+                                    extra_body=forced("It is 18C."))
+    assert second.content[0].text == "It is 18C." and second.stop_reason == "end_turn"
+    assert second.usage.input_tokens > first.usage.input_tokens
+
+
+def test_streamed_tool_use_through_the_sdk(client):
+    with client.messages.stream(model="m", max_tokens=120, messages=ASK, tools=[WEATHER],
+                                tool_choice={"type": "any"}, extra_body=forced(CALL)) as stream:
+        final = stream.get_final_message()
+    (use,) = final.content
+    assert use.type == "tool_use" and use.input == {"city": "Paris", "days": 2}
+    assert final.stop_reason == "tool_use"
+
+
+def test_thinking_blocks_and_dropped_on_reingest(client):
+    msg = client.messages.create(model="m", max_tokens=60, messages=[{"role": "user", "content": "Hi"}],
+                                 thinking={"type": "enabled", "budget_tokens": 1024},
+                                 extra_body=forced("Greet back.</think>\n\nHello!"))
+    assert [b.type for b in msg.content] == ["thinking", "text"]
+    assert msg.content[0].thinking == "Greet back." and msg.content[1].text == "Hello!"
+    again = client.messages.create(model="m", max_tokens=5, messages=[
+        {"role": "user", "content": "Hi"}, {"role": "assistant", "content": msg.content},
+        {"role": "user", "content": "Again"}])
+    assert again.type == "message"
+
+
+def test_count_tokens_matches_usage(client):
+    counted = client.messages.count_tokens(model="m", system="Be brief.", messages=ASK, tools=[WEATHER])
+    msg = client.messages.create(model="m", max_tokens=2, system="Be brief.", messages=ASK, tools=[WEATHER])
+    assert counted.input_tokens == msg.usage.input_tokens > 0
+
+
+def test_cache_read_tokens_on_a_repeated_prefix(client):
+    messages = [{"role": "user", "content": "A long shared question. " * 30}]
+    client.messages.create(model="m", max_tokens=2, messages=messages)
+    again = client.messages.create(model="m", max_tokens=2, messages=messages)
+    assert again.usage.cache_read_input_tokens == again.usage.input_tokens - 1
+
+
+@pytest.mark.parametrize("body, needle", [
+    ({"messages": []}, "messages required"),
+    ({"messages": [{"role": "user", "content": [{"type": "image", "source": {
+        "type": "base64", "media_type": "image/png", "data": "AAAA"}}]}]}, "vision"),
+    ({"messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {}}]}]},
+     "/v1/chat/completions"),
+    ({"messages": ASK, "logit_bias": {"1": 5}}, "logit_bias"),
+    ({"messages": ASK, "stop_sequences": "x"}, "stop_sequences"),
+    ({"messages": [{"role": "system", "content": "x"}]}, "role"),
+    ({"messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": [
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}}]}]}]}, "vision"),
+])
+def test_errors_in_anthropic_shape(base_url, body, needle):
+    r = httpx.post(base_url + "/v1/messages", json={"model": "m", "max_tokens": 5, **body})
+    assert r.status_code == 400
+    err = r.json()
+    assert err["type"] == "error" and err["error"]["type"] == "invalid_request_error"
+    assert needle in err["error"]["message"]
+
+
+def test_sdk_raises_typed_errors(client):
+    with pytest.raises(anthropic.BadRequestError) as bad:
+        client.messages.create(model="m", max_tokens=5, messages=[])
+    assert bad.value.body["error"]["type"] == "invalid_request_error"
+    r = httpx.post(str(client.base_url).rstrip("/") + "/v1/messages", content=b"{nope")
+    assert r.status_code == 400 and r.json()["error"]["message"] == "invalid JSON body"
