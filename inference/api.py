@@ -19,7 +19,8 @@ router = Router(tags=["openai"])
 
 ENDPOINTS = ["POST /v1/chat/completions", "POST /v1/completions", "GET /v1/models",
              "GET /v1/models/{id}", "POST /v1/messages",
-             "POST /v1/messages/count_tokens", "GET /health", "GET /stats", "GET /metrics",
+             "POST /v1/messages/count_tokens", "POST /v1/responses", "GET /v1/responses/{id}",
+             "DELETE /v1/responses/{id}", "GET /health", "GET /stats", "GET /metrics",
              "POST /admin/cache/session/close", "POST /admin/cache/flush"]
 
 
@@ -64,7 +65,7 @@ def _served_row(model: LoadedModel) -> dict:
         "adapters": False, "training": False,
         "capabilities": {
             "chat_completions": bool(getattr(model.tokenizer, "chat_template", None)),
-            "text_completions": True, "anthropic_messages": True, "responses": False,
+            "text_completions": True, "anthropic_messages": True, "responses": True,
             "streaming": True, "tools": True, "structured_output": True, "logprobs": True,
             "embeddings": False, "vision": False, "audio": False, "adapters": False, "training": False,
         },

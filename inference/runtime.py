@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from inference.engine.engine import Engine
 from inference.engine.errors import EngineError
+from inference.protocols.response_store import ResponseStore
 
 
 class EngineUnavailable(EngineError):
@@ -37,6 +38,7 @@ class _Runtime:
     inflight: int = 0  # HTTP requests still being answered
     grammar_enabled: bool = True  # HEARTH_GRAMMAR
     sse_keepalive: float = 5.0  # HEARTH_SSE_KEEPALIVE: seconds between comments while a tool call buffers
+    responses: ResponseStore = ResponseStore()  # stored Responses turns (`hearth serve --response-ttl`)
 
     def require_engine(self) -> Engine:
         if self.engine is None or self.engine.loaded is None:

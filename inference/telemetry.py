@@ -22,7 +22,7 @@ def count_request(route: str, method: str, status: int) -> None:
 def stats_body() -> dict:
     engine = runtime.engine
     body: dict = {"server": {"owner": "serve", "model": None, "started_at": runtime.started_at,
-                             "draining": runtime.draining}}
+                             "draining": runtime.draining}, "response_store": runtime.responses.stats()}
     if engine is None or engine.loaded is None:
         return body
     model = engine.loaded

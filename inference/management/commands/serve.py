@@ -24,6 +24,7 @@ from config.cli import blas_in_use
 from inference.demo.build import DEMO_REPO, Recipe, cached_snapshot
 from inference.engine.engine import Engine, EngineConfig
 from inference.engine.errors import EngineError
+from inference.protocols.response_store import ResponseStore
 from inference.runtime import ServerDefaults, runtime
 
 log = logging.getLogger("hearth.serve")
@@ -86,6 +87,8 @@ class Command(BaseCommand):
                             help="on shutdown, how long running requests may take to finish")
         parser.add_argument("--flush-seconds", type=_non_negative(float), default=120.0,
                             help="on shutdown, how long pending SSD cache snapshots may take to write")
+        parser.add_argument("--response-ttl", type=_non_negative(float), default=3600.0,
+                            help="seconds a stored Responses turn stays available to previous_response_id")
         group = parser.add_argument_group("throughput and memory")
         group.add_argument("--batch", type=_positive, default=8,
                            help="rows decoded together by continuous batching (1 = one request at a time)")
@@ -124,6 +127,7 @@ class Command(BaseCommand):
         runtime.started_at = int(time.time())
         runtime.grammar_enabled = settings.HEARTH_GRAMMAR
         runtime.sse_keepalive = settings.HEARTH_SSE_KEEPALIVE
+        runtime.responses = ResponseStore(ttl_s=opts["response_ttl"])
         log.info("model %s ready (%s, context %s)", loaded.model_id, loaded.dtype, loaded.context_window)
         _run_daphne(engine, opts["host"], opts["port"], opts["drain_seconds"], opts["flush_seconds"])
         log.info("stopped")

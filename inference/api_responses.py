@@ -1,0 +1,66 @@
+"""`/v1/responses`: the OpenAI Responses surface, with stored turns for
+`previous_response_id`. Thin: translate, build on the shared chat path,
+submit, render. Errors use the OpenAI shape (the /v1 handlers)."""
+from __future__ import annotations
+
+import asyncio
+
+from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from ninja import Router
+
+from inference.protocols import openai, params, responses
+from inference.protocols.errors import RequestError, openai_error
+from inference.runtime import runtime
+
+router = Router(tags=["responses"])
+
+
+def _not_found(response_id: str) -> JsonResponse:
+    return JsonResponse(openai_error(f"Response with id '{response_id}' not found (unknown or expired)",
+                                     code="response_not_found"), status=404)
+
+
+@router.post("/responses")
+async def create(request: HttpRequest) -> HttpResponse:
+    engine = runtime.require_engine()
+    body = params.parse_json_body(request.body)
+    store = body.get("store", True)
+    if not isinstance(store, bool):
+        raise RequestError("store must be a boolean", "store")
+    turn = responses.Turn(body, runtime.responses)
+    chat_body = turn.chat_body(body)
+    session = params.session_key(chat_body, request.headers)
+    # Off the event loop: templates, tokenizing and grammar compiles can take a while.
+    prepared = await asyncio.to_thread(openai.chat_request, chat_body, engine.loaded, runtime.defaults,
+                                       runtime.grammar_enabled)
+    prepared.request.session = session
+    submission = engine.submit(prepared.request)
+    reply = responses.Reply(engine.loaded.model_id, body, turn, engine.loaded.tokenizer)
+
+    def keep(message, response: dict) -> None:
+        if store:
+            runtime.responses.put(response, turn.messages, responses.chat_output(message), turn.instructions)
+
+    if body.get("stream"):
+        headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **prepared.headers}
+        frames = responses.stream(reply, submission.events(), prepared.output, runtime.sse_keepalive, keep)
+        return StreamingHttpResponse(frames, content_type="text/event-stream", headers=headers)
+    message, _, final = await openai.collect(submission.events(), prepared.output)
+    if final.error is not None:
+        return JsonResponse(openai_error(final.error, "server_error"), status=500)
+    response = reply.complete(message, final)
+    keep(message, response)
+    return JsonResponse(response, headers=prepared.headers)
+
+
+@router.get("/responses/{response_id}")
+def retrieve(request: HttpRequest, response_id: str) -> HttpResponse:
+    stored = runtime.responses.get(response_id)
+    return JsonResponse(stored.response) if stored is not None else _not_found(response_id)
+
+
+@router.delete("/responses/{response_id}")
+def delete(request: HttpRequest, response_id: str) -> HttpResponse:
+    if not runtime.responses.delete(response_id):
+        return _not_found(response_id)
+    return JsonResponse({"id": response_id, "object": "response", "deleted": True})

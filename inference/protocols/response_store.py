@@ -1,0 +1,70 @@
+"""Stored Responses, for `previous_response_id` and `GET/DELETE
+/v1/responses/{id}`: per process, a time-to-live and a byte-capped LRU."""
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+
+
+@dataclass
+class Stored:
+    response: dict  # the response object as the client saw it
+    messages: list[dict]  # the chat turn it answered: instructions, history and new input
+    output: list[dict]  # the reply as chat messages (assistant text and tool calls)
+    instructions: str | None
+    nbytes: int
+    expires: float
+
+
+class ResponseStore:
+    def __init__(self, ttl_s: float = 3600.0, max_bytes: int = 32 << 20, clock=time.monotonic):
+        self.ttl_s, self.max_bytes, self.clock = ttl_s, max_bytes, clock
+        self._items: OrderedDict[str, Stored] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def put(self, response: dict, messages: list[dict], output: list[dict], instructions: str | None) -> None:
+        size = len(json.dumps([response, messages, output, instructions], ensure_ascii=False).encode())
+        if size > self.max_bytes:
+            return
+        with self._lock:
+            self._drop(response["id"])
+            self._items[response["id"]] = Stored(response, messages, output, instructions, size,
+                                                 self.clock() + self.ttl_s)
+            self._bytes += size
+            while self._bytes > self.max_bytes:
+                self._drop(next(iter(self._items)))
+
+    def get(self, response_id: str) -> Stored | None:
+        with self._lock:
+            self._expire()
+            item = self._items.get(response_id)
+            if item is not None:
+                self._items.move_to_end(response_id)
+            return item
+
+    def delete(self, response_id: str) -> bool:
+        with self._lock:
+            self._expire()
+            return self._drop(response_id)
+
+    def _drop(self, response_id: str) -> bool:
+        item = self._items.pop(response_id, None)
+        if item is None:
+            return False
+        self._bytes -= item.nbytes
+        return True
+
+    def _expire(self) -> None:
+        now = self.clock()
+        for key in [k for k, v in self._items.items() if v.expires <= now]:
+            self._drop(key)
+
+    def stats(self) -> dict:
+        with self._lock:
+            self._expire()
+            return {"entries": len(self._items), "bytes": self._bytes, "max_bytes": self.max_bytes,
+                    "ttl_ms": int(self.ttl_s * 1000)}

@@ -1,0 +1,364 @@
+"""OpenAI Responses: input items (with a stored conversation spliced back
+in for `previous_response_id`) become a chat turn on the shared path; the
+engine's events, split by the shared OutputParser, become output items and
+the Responses stream event chain."""
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+from inference.engine.types import GenerationEvent
+from inference.protocols.errors import RequestError
+from inference.protocols.openai import Message, with_keepalive
+from inference.protocols.output import OutputParser
+from inference.protocols.response_store import ResponseStore
+
+EXTRAS = ("min_p", "xtc_probability", "xtc_threshold", "logit_bias", "repetition_penalty", "repetition_context_size",
+          "presence_penalty", "presence_context_size", "frequency_penalty", "frequency_context_size", "seed",
+          "session_id", "prompt_cache_key", "chat_template_kwargs", "guided_grammar", "guided_regex",
+          "guided_choice", "stop")
+
+
+def _new_id(prefix: str) -> str:
+    return prefix + uuid.uuid4().hex[:24]
+
+
+# -- request ---------------------------------------------------------------
+def _content_text(content, where: str) -> str:
+    if content is None or isinstance(content, str):
+        return content or ""
+    if not isinstance(content, list):
+        raise RequestError(f"{where}.content must be a string or a list of content parts", where)
+    texts = []
+    for i, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind in ("input_text", "output_text", "text") and isinstance(part.get("text"), str):
+            texts.append(part["text"])
+        elif kind in ("input_image", "image_url"):
+            raise RequestError("model has no vision sidecar", f"{where}.content[{i}]")
+        elif kind in ("input_audio", "input_file"):
+            raise RequestError(f"{kind} parts are not supported by this model", f"{where}.content[{i}]")
+        else:
+            raise RequestError(f"{where}.content[{i}] is not a text part", f"{where}.content[{i}]")
+    return "".join(texts)
+
+
+def _items(raw) -> tuple[list[dict], list[str]]:
+    """Chat messages from `input`, and the system/developer texts found in it."""
+    if isinstance(raw, str):
+        if not raw:
+            raise RequestError("input must not be empty", "input")
+        return [{"role": "user", "content": raw}], []
+    if not isinstance(raw, list) or not raw:
+        raise RequestError("input required: a string or a list of items", "input")
+    out: list[dict] = []
+    system: list[str] = []
+    for i, item in enumerate(raw):
+        where = f"input[{i}]"
+        if not isinstance(item, dict):
+            raise RequestError(f"{where} must be an object", where)
+        kind = item.get("type", "message")
+        if kind == "message":
+            role = item.get("role")
+            if role not in ("user", "assistant", "system", "developer"):
+                raise RequestError(f"{where}.role must be user, assistant, system or developer", f"{where}.role")
+            text = _content_text(item.get("content"), where)
+            if role in ("system", "developer"):
+                system.append(text)
+            else:
+                out.append({"role": role, "content": text})
+        elif kind == "function_call":
+            if not isinstance(item.get("name"), str):
+                raise RequestError(f"{where}.name required", f"{where}.name")
+            call = {"id": str(item.get("call_id") or item.get("id") or _new_id("call_")), "type": "function",
+                    "function": {"name": item["name"], "arguments": item.get("arguments") or "{}"}}
+            if out and out[-1]["role"] == "assistant" and "tool_calls" in out[-1]:
+                out[-1]["tool_calls"].append(call)
+            elif out and out[-1]["role"] == "assistant":
+                out[-1]["tool_calls"] = [call]
+            else:
+                out.append({"role": "assistant", "content": "", "tool_calls": [call]})
+        elif kind == "function_call_output":
+            output = item.get("output")
+            text = output if isinstance(output, str) else _content_text(output, where) if isinstance(output, list) \
+                else json.dumps(output)
+            out.append({"role": "tool", "tool_call_id": str(item.get("call_id") or ""), "content": text})
+        elif kind == "reasoning":
+            continue  # earlier reasoning is not replayed
+        else:
+            raise RequestError(f"{where}: unsupported input item type {kind!r}", f"{where}.type")
+    return out, system
+
+
+def _tools(raw) -> list[dict] | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, list):
+        raise RequestError("tools must be a list", "tools")
+    tools = []
+    for i, tool in enumerate(raw):
+        if not isinstance(tool, dict) or tool.get("type") != "function":
+            continue  # built-in tools (web_search, file_search, mcp, computer_use) are dropped
+        if not isinstance(tool.get("name"), str) or not tool["name"]:
+            raise RequestError(f"tools[{i}].name required", f"tools[{i}].name")
+        tools.append({"type": "function", "function": {"name": tool["name"],
+                                                       "description": tool.get("description") or "",
+                                                       "parameters": tool.get("parameters") or {}}})
+    return tools or None
+
+
+def _tool_choice(raw):
+    if raw is None or raw in ("auto", "none", "required"):
+        return raw
+    if isinstance(raw, dict) and raw.get("type") == "function" and isinstance(raw.get("name"), str):
+        return {"type": "function", "function": {"name": raw["name"]}}
+    if isinstance(raw, dict):
+        return "auto"  # a built-in tool choice: its tools were dropped
+    raise RequestError("tool_choice must be 'auto', 'none', 'required' or {\"type\": \"function\", \"name\": …}",
+                       "tool_choice")
+
+
+def _text_format(text) -> dict | None:
+    if text is None:
+        return None
+    fmt = text.get("format") if isinstance(text, dict) else None
+    if fmt is None or (isinstance(fmt, dict) and fmt.get("type") == "text"):
+        return None
+    if not isinstance(fmt, dict):
+        raise RequestError("text.format must be an object", "text.format")
+    if fmt.get("type") == "json_object":
+        return {"type": "json_object"}
+    if fmt.get("type") == "json_schema":
+        return {"type": "json_schema", "json_schema": {"name": fmt.get("name", "response"),
+                                                       "schema": fmt.get("schema"), "strict": fmt.get("strict")}}
+    raise RequestError("text.format.type must be text, json_object or json_schema", "text.format.type")
+
+
+class Turn:
+    """The chat turn a Responses request stands for."""
+
+    def __init__(self, body: dict, store: ResponseStore):
+        previous_id = body.get("previous_response_id")
+        self.previous = None
+        if previous_id is not None:
+            if not isinstance(previous_id, str):
+                raise RequestError("previous_response_id must be a string", "previous_response_id")
+            self.previous = store.get(previous_id)
+            if self.previous is None:
+                raise RequestError(f"Response with id '{previous_id}' not found (unknown or expired)",
+                                   "previous_response_id", status=404, code="response_not_found")
+        new, system = _items(body.get("input"))
+        instructions = body.get("instructions")
+        if instructions is not None and not isinstance(instructions, str):
+            raise RequestError("instructions must be a string", "instructions")
+        if instructions is None and self.previous is not None:
+            instructions = self.previous.instructions  # carried forward when omitted
+        self.instructions = instructions
+        history = []
+        if self.previous is not None:
+            history = [m for m in self.previous.messages if m["role"] != "system"] + self.previous.output
+        texts = [t for t in [instructions, *system] if t]
+        self.messages = ([{"role": "system", "content": "\n\n".join(texts)}] if texts else []) + history + new
+
+    def chat_body(self, body: dict) -> dict:
+        chat: dict = {"messages": self.messages, "stream": body.get("stream", False)}
+        limit = body.get("max_output_tokens", body.get("max_tokens"))
+        if limit is not None:
+            chat["max_tokens"] = limit
+        for name in ("temperature", "top_p", "top_k", *EXTRAS):
+            if body.get(name) is not None:
+                chat[name] = body[name]
+        tools = _tools(body.get("tools"))
+        if tools:
+            chat["tools"] = tools
+            choice = _tool_choice(body.get("tool_choice"))
+            if choice is not None:
+                chat["tool_choice"] = choice
+        fmt = _text_format(body.get("text"))
+        if fmt is not None:
+            chat["response_format"] = fmt
+        effort = (body.get("reasoning") or {}).get("effort") if isinstance(body.get("reasoning"), dict) else None
+        if effort is not None:
+            chat["reasoning_effort"] = effort
+        return chat
+
+
+# -- response --------------------------------------------------------------
+class Reply:
+    def __init__(self, model_id: str, body: dict, turn: Turn, tokenizer):
+        self.id = _new_id("resp_")
+        self.created = int(time.time())
+        self.model_id, self.body, self.turn, self.tokenizer = model_id, body, turn, tokenizer
+        self.reasoning_id, self.message_id = _new_id("rs_"), _new_id("msg_")
+
+    def envelope(self, status: str, output: list[dict], usage: dict | None = None,
+                 incomplete: str | None = None) -> dict:
+        b = self.body
+        return {
+            "id": self.id, "object": "response", "created_at": self.created, "status": status,
+            "model": self.model_id, "output": output, "usage": usage, "error": None,
+            "incomplete_details": {"reason": incomplete} if incomplete else None,
+            "instructions": self.turn.instructions, "previous_response_id": b.get("previous_response_id"),
+            "max_output_tokens": b.get("max_output_tokens"), "temperature": b.get("temperature"),
+            "top_p": b.get("top_p"), "tools": b.get("tools") or [], "tool_choice": b.get("tool_choice") or "auto",
+            "parallel_tool_calls": b.get("parallel_tool_calls", True), "text": b.get("text") or {"format": {
+                "type": "text"}}, "metadata": b.get("metadata") or {}, "store": b.get("store", True),
+        }
+
+    def reasoning_item(self, text: str) -> dict:
+        return {"type": "reasoning", "id": self.reasoning_id, "status": "completed",
+                "summary": [{"type": "summary_text", "text": text}]}
+
+    def message_item(self, text: str, status: str = "completed") -> dict:
+        return {"type": "message", "id": self.message_id, "role": "assistant", "status": status,
+                "content": [{"type": "output_text", "text": text, "annotations": []}] if status == "completed" else []}
+
+    @staticmethod
+    def call_item(call, status: str = "completed") -> dict:
+        return {"type": "function_call", "id": "fc_" + call.id.removeprefix("call_"), "call_id": call.id,
+                "name": call.name, "arguments": call.arguments if status == "completed" else "", "status": status}
+
+    def output(self, message: Message) -> list[dict]:
+        items = [self.reasoning_item(message.reasoning)] if message.reasoning else []
+        if message.content or not message.tool_calls:
+            items.append(self.message_item(message.content))
+        return items + [self.call_item(c) for c in message.tool_calls]
+
+    def usage(self, event: GenerationEvent, reasoning: str) -> dict:
+        u = event.usage
+        thought = len(self.tokenizer.encode(reasoning)) if reasoning else 0
+        return {"input_tokens": u.prompt_tokens, "input_tokens_details": {"cached_tokens": u.cached_tokens},
+                "output_tokens": u.completion_tokens,
+                "output_tokens_details": {"reasoning_tokens": min(thought, u.completion_tokens)},
+                "total_tokens": u.total_tokens, "lane": u.lane}
+
+    def complete(self, message: Message, event: GenerationEvent) -> dict:
+        incomplete = "max_output_tokens" if event.finish_reason == "length" and not message.tool_calls else None
+        return self.envelope("incomplete" if incomplete else "completed", self.output(message),
+                             self.usage(event, message.reasoning), incomplete)
+
+
+def chat_output(message: Message) -> list[dict]:
+    """The reply as chat messages, for the next turn of a stored conversation."""
+    if not (message.content or message.tool_calls):
+        return [{"role": "assistant", "content": ""}]
+    msg: dict = {"role": "assistant", "content": message.content}
+    if message.tool_calls:
+        msg["tool_calls"] = [c.wire() for c in message.tool_calls]
+    return [msg]
+
+
+class _Events:
+    def __init__(self):
+        self.seq = 0
+
+    def __call__(self, kind: str, **fields) -> bytes:
+        event = {"type": kind, "sequence_number": self.seq, **fields}
+        self.seq += 1
+        return f"event: {kind}\ndata: {json.dumps(event, ensure_ascii=False)}\n\n".encode()
+
+
+async def stream(reply: Reply, events: AsyncIterator[GenerationEvent], output: OutputParser, keepalive: float,
+                 on_done) -> AsyncIterator[bytes]:
+    """The Responses event chain: created, in_progress, then per output item
+    added → (content part, text deltas | argument deltas) → done, and
+    completed (or incomplete). `on_done(message, response)` stores the turn."""
+    emit = _Events()
+    yield emit("response.created", response=reply.envelope("in_progress", []))
+    yield emit("response.in_progress", response=reply.envelope("in_progress", []))
+    items: list[dict] = []
+    message = Message()
+    open_kind = None  # "reasoning" | "content" while an item is open
+    sent_calls = 0
+
+    def close():
+        nonlocal open_kind
+        frames = []
+        index = len(items)
+        if open_kind == "reasoning":
+            part = {"type": "summary_text", "text": message.reasoning}
+            frames.append(emit("response.reasoning_summary_text.done", item_id=reply.reasoning_id,
+                               output_index=index, summary_index=0, text=message.reasoning))
+            frames.append(emit("response.reasoning_summary_part.done", item_id=reply.reasoning_id,
+                               output_index=index, summary_index=0, part=part))
+            items.append(reply.reasoning_item(message.reasoning))
+        elif open_kind == "content":
+            part = {"type": "output_text", "text": message.content, "annotations": []}
+            frames.append(emit("response.output_text.done", item_id=reply.message_id, output_index=index,
+                               content_index=0, text=message.content))
+            frames.append(emit("response.content_part.done", item_id=reply.message_id, output_index=index,
+                               content_index=0, part=part))
+            items.append(reply.message_item(message.content))
+        if open_kind is not None:
+            frames.append(emit("response.output_item.done", output_index=index, item=items[-1]))
+        open_kind = None
+        return frames
+
+    def open_item(kind):
+        nonlocal open_kind
+        index = len(items)
+        open_kind = kind
+        if kind == "reasoning":
+            item = {"type": "reasoning", "id": reply.reasoning_id, "summary": []}
+            return [emit("response.output_item.added", output_index=index, item=item),
+                    emit("response.reasoning_summary_part.added", item_id=reply.reasoning_id, output_index=index,
+                         summary_index=0, part={"type": "summary_text", "text": ""})]
+        return [emit("response.output_item.added", output_index=index, item=reply.message_item("", "in_progress")),
+                emit("response.content_part.added", item_id=reply.message_id, output_index=index, content_index=0,
+                     part={"type": "output_text", "text": "", "annotations": []})]
+
+    async for event in with_keepalive(events, output, keepalive):
+        if event is None:
+            yield b": keep-alive\n\n"
+            continue
+        if event.error is not None:
+            yield emit("error", code="server_error", message=event.error, param=None)
+            return
+        pieces = output.feed(event.text)
+        if event.finish_reason is not None:
+            pieces += output.finish()
+        for piece in pieces:
+            if not piece.text:
+                continue
+            if open_kind != piece.kind:
+                for f in close():
+                    yield f
+                for f in open_item(piece.kind):
+                    yield f
+            index = len(items)
+            if piece.kind == "reasoning":
+                message.reasoning += piece.text
+                yield emit("response.reasoning_summary_text.delta", item_id=reply.reasoning_id, output_index=index,
+                           summary_index=0, delta=piece.text)
+            else:
+                message.content += piece.text
+                yield emit("response.output_text.delta", item_id=reply.message_id, output_index=index,
+                           content_index=0, delta=piece.text)
+        for call in output.calls[sent_calls:]:
+            for f in close():
+                yield f
+            index = len(items)
+            item = reply.call_item(call)
+            yield emit("response.output_item.added", output_index=index, item=reply.call_item(call, "in_progress"))
+            yield emit("response.function_call_arguments.delta", item_id=item["id"], output_index=index,
+                       delta=call.arguments)
+            yield emit("response.function_call_arguments.done", item_id=item["id"], output_index=index,
+                       arguments=call.arguments)
+            items.append(item)
+            yield emit("response.output_item.done", output_index=index, item=item)
+        sent_calls = len(output.calls)
+        message.tool_calls = list(output.calls)
+        if event.finish_reason is not None:
+            if not items and open_kind is None:  # an empty reply is still one message
+                for f in open_item("content"):
+                    yield f
+            for f in close():
+                yield f
+            final = reply.complete(message, event)
+            final["output"] = items
+            on_done(message, final)
+            kind = "response.completed" if final["status"] == "completed" else "response.incomplete"
+            yield emit(kind, response=final)
+            return
