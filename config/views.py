@@ -9,6 +9,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_POST
 
+from inference.engine.errors import EngineError
 from inference.runtime import runtime
 from inference.telemetry import render_metrics, stats_body
 
@@ -37,7 +38,7 @@ def _json_object(request: HttpRequest) -> dict | JsonResponse:
         body = None
     if not isinstance(body, dict):
         return JsonResponse({"error": {"message": "invalid JSON body: expected an object",
-                                       "type": "invalid_request_error"}}, status=400)
+                                       "type": "invalid_request_error", "param": None, "code": None}}, status=400)
     return body
 
 
@@ -61,8 +62,13 @@ async def cache_flush(request: HttpRequest) -> JsonResponse:
     engine = runtime.engine
     if engine is None or engine.loaded is None:
         return JsonResponse({"error": {"message": "no model is loaded in this process",
-                                       "type": "engine_unavailable"}}, status=503)
-    durable, body = await asyncio.to_thread(engine.flush_cache, FLUSH_TIMEOUT_S)
+                                       "type": "engine_unavailable", "param": None, "code": "no_model_loaded"}},
+                            status=503)
+    try:
+        durable, body = await asyncio.to_thread(engine.flush_cache, FLUSH_TIMEOUT_S)
+    except EngineError as exc:  # the engine stopped or did not answer in time
+        return JsonResponse({"error": {"message": str(exc), "type": exc.type, "param": None, "code": exc.code}},
+                            status=exc.status if exc.status >= 500 else 503)
     return JsonResponse(body, status=200 if durable else 503)
 
 

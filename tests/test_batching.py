@@ -134,15 +134,17 @@ def test_new_rows_join_a_running_batch_and_long_prompts_prefill_in_chunks(engine
             _prompt(1, 8), max_tokens=300, logits=LogitsParams(logit_bias={eos_id: -100.0}))))
         while not any(name == "a" for name, _ in order):
             await asyncio.sleep(0.001)
+        submitted_at.append(len(order))
         await follow("b", GenerationRequest(_prompt(2, 640), max_tokens=5))
         await long_run
 
+    submitted_at: list[int] = []
     asyncio.run(scenario())
     names = [name for name, _ in order]
     first_b, last_a = names.index("b"), len(names) - 1 - names[::-1].index("a")
     assert first_b < last_a, "the second request waited for the first to finish"
     # While b's 640-token prompt was prefilled (20 chunks of 32), a kept decoding.
-    a_during_prefill = names[:first_b].count("a") - names[:1].count("a")
+    a_during_prefill = names[submitted_at[0]:first_b].count("a")
     assert a_during_prefill >= 15
 
 
@@ -233,3 +235,48 @@ def test_kv_quant_refuses_a_head_dim_it_cannot_group(tiny_model):
 
     with pytest.raises(EngineError, match="head dimension divisible by 32"):
         Engine(tiny_model, EngineConfig(kv_quant=4)).start()
+
+
+def test_waiting_clients_that_leave_free_their_queue_places(engines, eos_id):
+    engine = engines(batch=1, prompt_cache_bytes=0)
+
+    async def scenario():
+        hold = engine.submit(GenerationRequest(_prompt(1, 4), max_tokens=2000,
+                                               logits=LogitsParams(logit_bias={eos_id: -100.0})))
+        events = hold.events()
+        await events.__anext__()
+        gone = [engine.submit(GenerationRequest(_prompt(2, 4), max_tokens=1)) for _ in range(MAX_QUEUED)]
+        for sub in gone:
+            sub.abort()  # their clients disconnected while waiting
+        for _ in range(200):
+            if engine.queued == 0:
+                break
+            await asyncio.sleep(0.01)
+        queued_after = engine.queued
+        late = engine.submit(GenerationRequest(_prompt(3, 4), max_tokens=1))  # no 429: the places are free
+        hold.abort()
+        await events.aclose()
+        async for _ in late.events():
+            pass
+        return queued_after
+
+    assert asyncio.run(scenario()) == 0
+
+
+def test_flush_reports_entries_the_disk_cap_undid(tiny_model, tmp_path):
+    engine = Engine(tiny_model, EngineConfig(batch=2, ssd_cache=str(tmp_path), ssd_cache_bytes=1))
+    engine.start()
+    try:
+        asyncio.run(_run(engine, GenerationRequest(_prompt(5, 40), max_tokens=3)))
+        durable, report = engine.flush_cache(30)
+        assert not durable and report["notDurableEntries"] == 1 and report["entries"] == 0
+    finally:
+        engine.close(drain_seconds=1)
+    engine = Engine(tiny_model, EngineConfig(batch=2, ssd_cache=str(tmp_path)))
+    engine.start()
+    try:
+        asyncio.run(_run(engine, GenerationRequest(_prompt(5, 40), max_tokens=3)))
+        durable, report = engine.flush_cache(30)
+        assert durable and report["notDurableEntries"] == 0 and report["entries"] == 1
+    finally:
+        engine.close(drain_seconds=1)

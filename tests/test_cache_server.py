@@ -31,7 +31,8 @@ def test_multi_turn_chat_reuses_the_shared_prefix(base_url, tiny_model):
     history = [{"role": "system", "content": "You answer briefly. " + LONG_TEXT},
                {"role": "user", "content": "Hello there!"}]
     first = client.chat.completions.create(model=tiny_model, messages=history, max_tokens=8)
-    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    # Other tests share at most the template's opening tokens with this system prompt.
+    assert first.usage.prompt_tokens_details.cached_tokens < 16
     assert first.usage.model_extra["lane"] == "batched"
     history += [{"role": "assistant", "content": first.choices[0].message.content},
                 {"role": "user", "content": "And the fox?"}]
@@ -86,7 +87,8 @@ def test_session_affinity_in_body_and_headers(base_url, tiny_model):
     assert bad_key.value.body["param"] == "session_id"
 
 
-def test_stats_blocks(base_url):
+def test_stats_blocks(base_url, tiny_model):
+    _client(base_url).completions.create(model=tiny_model, prompt="Count me", max_tokens=2)
     body = _stats(base_url)
     assert body["server"]["owner"] == "serve" and body["server"]["model"]
     assert body["batch"]["configured"] == 8 and body["batch"]["mode"] == "batch" and body["batch"]["batched"]

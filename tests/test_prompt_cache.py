@@ -100,11 +100,16 @@ def test_ssd_tier_round_trip_and_restart(tmp_path):
     assert not list((tmp_path / "ns").glob("*.tmp"))
     ssd.close()
 
+    import os
+
     (tmp_path / "ns" / "leftover.safetensors.tmp").write_bytes(b"half a write")
+    os.utime(tmp_path / "ns" / "leftover.safetensors.tmp", (1, 1))  # a crash long ago
+    (tmp_path / "ns" / "inflight.safetensors.tmp").write_bytes(b"another writer, now")
     (tmp_path / "ns" / "broken.safetensors").write_bytes(b"not safetensors")
     restarted = SSDCache(tmp_path, "ns", max_bytes=1 << 30, queue_bytes=1 << 30)
     assert restarted.stats()["entries"] == 1, "the broken file is skipped, not used"
     assert not (tmp_path / "ns" / "leftover.safetensors.tmp").exists()
+    assert (tmp_path / "ns" / "inflight.safetensors.tmp").exists()
     assert (tmp_path / "ns" / "broken.safetensors").exists(), "nothing stored is deleted for being unreadable"
     fresh = PromptCache(1 << 20, restarted)
     got, n = fresh.lookup([5, 6, 7, 8, 9])

@@ -13,7 +13,9 @@ and a prompt that fits has its token limit capped to the room left.
 Each admitted request first takes the longest prefix it shares with an
 earlier one from the prompt cache; whatever it leaves in its KV cache when
 it ends goes back there. An aborted request (a client that went away) stops
-within one decode step and leaves the other rows untouched.
+within one decode step (on the serial lane, once a prefill in progress
+ends) and leaves the other rows untouched; one still waiting gives up its
+queue place at once.
 """
 from __future__ import annotations
 
@@ -110,6 +112,7 @@ class Engine:
         self._thread = threading.Thread(target=self._run, name="hearth-engine", daemon=True)
         self._ready = threading.Event()
         self._load_error: BaseException | None = None
+        self._missing_seen = 0  # SSD snapshots lost before the previous flush
 
     # -- lifecycle -------------------------------------------------------
     def start(self) -> loader.LoadedModel:
@@ -146,6 +149,8 @@ class Engine:
                 "tokens, which leaves no room to generate; shorten the prompt or raise --max-context "
                 "/ --memory-budget")
         with self._count_lock:
+            if self._closed:
+                raise EngineClosed("server is shutting down")
             if self._waiting_n >= MAX_QUEUED:
                 raise QueueFull(f"generation queue is full ({MAX_QUEUED} requests waiting); retry later")
             self._waiting_n += 1
@@ -207,13 +212,20 @@ class Engine:
             self._ready.set()
             return
         self._ready.set()
-        while self._take_inbox(block=not (self.active_rows or self._waiting)):
-            self._admit()
-            if self.active_rows:
-                self._step()
-            with self._idle:
-                self._idle.notify_all()
-        self._shutdown()
+        try:
+            while self._take_inbox(block=not (self.active_rows or self._waiting)):
+                self._sweep()
+                self._admit()
+                if self.active_rows:
+                    self._step()
+                with self._idle:
+                    self._idle.notify_all()
+        except BaseException:
+            log.exception("engine thread failed; refusing new work")
+            raise
+        finally:
+            self._closed = True  # whatever stopped the loop, nothing is left waiting for an answer
+            self._shutdown()
 
     def _setup(self) -> None:
         from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
@@ -293,6 +305,14 @@ class Engine:
             except queue.Empty:
                 return True
 
+    def _sweep(self) -> None:
+        """Forget waiting requests whose clients left, so they do not hold queue places."""
+        if any(job.aborted.is_set() for job in self._waiting):
+            kept = deque(job for job in self._waiting if not job.aborted.is_set())
+            with self._count_lock:
+                self._waiting_n -= len(self._waiting) - len(kept)
+            self._waiting = kept
+
     def _admit(self) -> None:
         while self._waiting and self.lane.active < self.lane.capacity:
             job = self._waiting.popleft()
@@ -301,7 +321,11 @@ class Engine:
             if job.aborted.is_set():
                 continue
             req = job.request
-            cache, cached = self.cache.lookup(req.prompt_tokens, req.session)
+            try:
+                cache, cached = self.cache.lookup(req.prompt_tokens, req.session)
+            except Exception:
+                log.exception("prompt cache lookup failed; prefilling request %s in full", req.id)
+                cache, cached = None, 0
             row = Row(job, self.loaded, self._limit(req), cached, self.lane.name)
             self.stats.submitted_rows += 1
             self.stats.prompt_tokens_total += len(req.prompt_tokens)
@@ -395,14 +419,19 @@ class Engine:
 
         flushed = self.call(enqueue, timeout)
         self.ssd.wait_idle(max(timeout - (time.perf_counter() - started), 0))
+        # Judged on the entries themselves: a write the size cap undid is not durable.
+        not_durable = self.call(lambda: len(self.cache.pending_durability()), timeout)
         s = self.ssd.stats()
         failed = s["failed_spills"] - failed_before
-        durable = s["pending_snapshots"] == 0 and failed == 0 and s["missing_snapshots"] == 0
+        missing = s["missing_snapshots"] - self._missing_seen  # lost since the last flush
+        self._missing_seen = s["missing_snapshots"]
+        durable = s["pending_snapshots"] == 0 and failed == 0 and missing == 0 and not_durable == 0
         return durable, {
-            "durable": durable, "flushedSnapshots": flushed, "missingSnapshots": s["missing_snapshots"],
+            "durable": durable, "flushedSnapshots": flushed, "missingSnapshots": missing,
             "pendingSnapshots": s["pending_snapshots"], "pendingSpills": s["pending_spills"],
             "pendingSpillBytes": s["pending_spill_bytes"], "droppedSpills": s["dropped_spills"],
-            "failedSpills": failed, "elapsedMs": round((time.perf_counter() - started) * 1000),
+            "failedSpills": failed, "notDurableEntries": not_durable,
+            "elapsedMs": round((time.perf_counter() - started) * 1000),
             "entries": s["entries"], "longest_durable_prefix_tokens": s["longest_durable_prefix_tokens"],
         }
 

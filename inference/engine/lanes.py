@@ -53,7 +53,7 @@ class BatchLane:
     @property
     def prefilling(self) -> int:
         decoding = set(self.gen._generation_batch.uids)
-        return sum(1 for uid in self.rows if uid not in decoding)
+        return sum(1 for uid in list(self.rows) if uid not in decoding)  # read from other threads too
 
     def add(self, row: Row, cache: list | None, cached: int) -> None:
         prompt = row.req.prompt_tokens

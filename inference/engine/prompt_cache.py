@@ -105,7 +105,8 @@ class PromptCache:
         cache = copy.deepcopy(best.cache)
         extra = len(best.tokens) - length
         if extra:
-            if not self.trimmable:
+            # Checked per entry: a rotating (sliding-window) cache stops being trimmable once it wraps.
+            if not self.trimmable or not all(c.is_trimmable() for c in cache):
                 with self._lock:
                     self.counters.misses += 1
                 return None, 0
@@ -152,6 +153,7 @@ class PromptCache:
             return None
         tokens, cache = loaded
         entry = Entry(key, tokens, cache, sum(c.nbytes for c in cache), durable=True)
+        self.ssd.note_written(entry)
         self._insert(entry)
         return entry if key in self.entries else None
 
@@ -174,8 +176,9 @@ class PromptCache:
         mx.eval([c.state for c in cache])
         entry = Entry(key, arr, cache, sum(c.nbytes for c in cache))
         # An entry whose tokens the new one extends is covered by it.
-        covered = [e for e in self.entries.values()
-                   if len(e.tokens) <= len(arr) and common_prefix(e.tokens, arr) == len(e.tokens)]
+        covered = [] if entry.nbytes > self.max_bytes else [
+            e for e in self.entries.values()
+            if len(e.tokens) <= len(arr) and common_prefix(e.tokens, arr) == len(e.tokens)]
         for old in covered:
             self._drop(old)
         self._insert(entry)

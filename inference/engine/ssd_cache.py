@@ -28,6 +28,7 @@ from inference.engine.prompt_cache import common_prefix
 log = logging.getLogger("hearth.cache")
 
 SUFFIX = ".safetensors"
+STALE_TMP_S = 600
 
 
 @dataclass
@@ -102,7 +103,11 @@ class SSDCache:
         from safetensors import safe_open
 
         for tmp in self.dir.glob("*.tmp"):
-            tmp.unlink(missing_ok=True)  # a write a crash interrupted; the rename never happened
+            try:  # a write a crash interrupted (the rename never happened); a fresh one may be another writer's
+                if time.time() - tmp.stat().st_mtime > STALE_TMP_S:
+                    tmp.unlink(missing_ok=True)
+            except OSError:
+                continue
         for path in sorted(self.dir.glob("*" + SUFFIX)):
             try:
                 with safe_open(str(path), framework="numpy") as f:
@@ -144,7 +149,10 @@ class SSDCache:
                 self.index.pop(key, None)
                 self.sizes.pop(key, None)
             return None
-        os.utime(path)  # recently used: the size cap removes the oldest first
+        try:
+            os.utime(path)  # recently used: the size cap removes the oldest first
+        except OSError:
+            pass  # the size cap removed it meanwhile; the arrays are already in memory
         with self._lock:
             self.restores += 1
             self.restore_ms_last = round((time.perf_counter() - started) * 1000, 1)
@@ -157,6 +165,7 @@ class SSDCache:
         with self._lock:
             if entry.key in self.index:
                 entry.durable = True  # already on disk: no second write
+                self._written[entry.key] = entry
                 return True
             if entry.key in self._pending:
                 return True
@@ -173,6 +182,11 @@ class SSDCache:
         self._queue.put(_Snapshot(entry.key, entry, arrays, meta, nbytes))
         return True
 
+    def note_written(self, entry) -> None:
+        """`entry` (restored from disk) is backed by its file."""
+        with self._lock:
+            self._written[entry.key] = entry
+
     def note_demotion(self, durable: bool, key: str | None = None) -> None:
         """A RAM entry was evicted; it lives on if it reached the disk."""
         with self._lock:
@@ -186,45 +200,55 @@ class SSDCache:
         from safetensors.numpy import save
 
         while (snap := self._queue.get()) is not None:
-            path = self.dir / (snap.key + SUFFIX)
-            tmp = path.with_name(path.name + ".tmp")
             try:
-                data = save(snap.arrays, metadata=snap.metadata)
-                with open(tmp, "wb") as f:
-                    f.write(data)
-                    f.flush()
-                    os.fsync(f.fileno())
-                os.replace(tmp, path)
-                dir_fd = os.open(self.dir, os.O_RDONLY)
-                try:
-                    os.fsync(dir_fd)  # the rename itself survives a power cut
-                finally:
-                    os.close(dir_fd)
-            except Exception as exc:
-                log.error("ssd cache: writing %s failed: %s", path.name, exc)
-                tmp.unlink(missing_ok=True)
+                self._write(snap, save)
+            except Exception:  # never let the writer die: pending counts would never clear
+                log.exception("ssd cache: writer failed on %s", snap.key)
                 with self._lock:
                     self.failed_spills += 1
                     self._pending.pop(snap.key, None)
                     self._idle.notify_all()
-                continue
+
+    def _write(self, snap: _Snapshot, save) -> None:
+        path = self.dir / (snap.key + SUFFIX)
+        tmp = path.with_name(path.name + ".tmp")
+        try:
+            data = save(snap.arrays, metadata=snap.metadata)
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+            dir_fd = os.open(self.dir, os.O_RDONLY)
+            try:
+                os.fsync(dir_fd)  # the rename itself survives a power cut
+            finally:
+                os.close(dir_fd)
+        except Exception as exc:
+            log.error("ssd cache: writing %s failed: %s", path.name, exc)
+            tmp.unlink(missing_ok=True)
             with self._lock:
-                self.index[snap.key] = np.asarray(json.loads(snap.metadata["tokens"]), dtype=np.int32)
-                self.sizes[snap.key] = len(data)
-                self.spills += 1
-                snap.entry.durable = True
-                self._written[snap.key] = snap.entry
-            self._enforce_cap()
-            with self._lock:  # only now is the write settled, cap included
+                self.failed_spills += 1
                 self._pending.pop(snap.key, None)
                 self._idle.notify_all()
+            return
+        with self._lock:
+            self.index[snap.key] = np.asarray(json.loads(snap.metadata["tokens"]), dtype=np.int32)
+            self.sizes[snap.key] = len(data)
+            self.spills += 1
+            snap.entry.durable = True
+            self._written[snap.key] = snap.entry
+        self._enforce_cap()
+        with self._lock:  # only now is the write settled, cap included
+            self._pending.pop(snap.key, None)
+            self._idle.notify_all()
 
     def _enforce_cap(self) -> None:
         with self._lock:
             total = sum(self.sizes.values())
             if total <= self.max_bytes:
                 return
-            by_age = sorted(self.sizes, key=lambda k: (self.dir / (k + SUFFIX)).stat().st_mtime)
+            by_age = sorted(self.sizes, key=self._mtime)
         for key in by_age:
             if total <= self.max_bytes:
                 break
@@ -235,6 +259,12 @@ class SSDCache:
                 entry = self._written.pop(key, None)
                 if entry is not None:
                     entry.durable = False  # still in RAM, no longer on disk
+
+    def _mtime(self, key: str) -> float:
+        try:
+            return (self.dir / (key + SUFFIX)).stat().st_mtime
+        except OSError:
+            return 0.0  # gone already: first in line
 
     def wait_idle(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout

@@ -162,14 +162,19 @@ def _run_daphne(engine: Engine, host: str, port: int, drain_seconds: float, flus
     deadline = [0.0]
 
     def finish(flush: bool = True):
-        engine.close(drain_seconds=0)
-        if engine.ssd is not None and flush:
-            durable, report = engine.flush_cache(flush_seconds)
-            log.info("ssd cache flush: %s", report)
-            if not durable:
-                log.warning("ssd cache: some snapshots were not written before shutdown")
-            engine.ssd.close()
-        server.stop()
+        try:
+            engine.close(drain_seconds=0)
+            if engine.ssd is not None and flush:
+                durable, report = engine.flush_cache(flush_seconds)
+                log.info("ssd cache flush: %s", report)
+                if not durable:
+                    log.warning("ssd cache: some snapshots were not written before shutdown")
+        except Exception:
+            log.exception("shutdown: the engine did not stop cleanly")
+        finally:
+            if engine.ssd is not None:
+                engine.ssd.close()
+            server.stop()
 
     def poll():
         if (not engine.busy and runtime.inflight == 0) or time.monotonic() > deadline[0]:
