@@ -15,6 +15,7 @@ from ninja.errors import ValidationError as NinjaValidationError
 
 from inference.api import router as openai_router
 from inference.api_anthropic import router as anthropic_router
+from inference.api_embeddings import router as embeddings_router
 from inference.api_responses import router as responses_router
 from inference.engine.errors import EngineError
 from inference.protocols.errors import RequestError, openai_error
@@ -25,6 +26,7 @@ v1 = NinjaAPI(title="Hearth client protocols", version="1", urls_namespace="v1",
 v1.add_router("", openai_router)
 v1.add_router("", anthropic_router)
 v1.add_router("", responses_router)
+v1.add_router("", embeddings_router)
 
 
 @v1.exception_handler(RequestError)

@@ -20,7 +20,7 @@ router = Router(tags=["openai"])
 ENDPOINTS = ["POST /v1/chat/completions", "POST /v1/completions", "GET /v1/models",
              "GET /v1/models/{id}", "POST /v1/messages",
              "POST /v1/messages/count_tokens", "POST /v1/responses", "GET /v1/responses/{id}",
-             "DELETE /v1/responses/{id}", "GET /health", "GET /stats", "GET /metrics",
+             "DELETE /v1/responses/{id}", "POST /v1/embeddings", "GET /health", "GET /stats", "GET /metrics",
              "POST /admin/cache/session/close", "POST /admin/cache/flush"]
 
 
@@ -61,13 +61,14 @@ def _served_row(model: LoadedModel) -> dict:
         "id": model.model_id, "object": "model", "created": runtime.started_at, "owned_by": "hearth",
         "context_window": model.context_window, "reasoning": chat.thinks(model), "vision": False,
         "audio": False, "batch_mode": runtime.engine.mode if runtime.engine else "off",
-        "tools": True, "structured_output": True, "embeddings": False,
+        "tools": True, "structured_output": True, "embeddings": runtime.embeddings_enabled,
         "adapters": False, "training": False,
         "capabilities": {
             "chat_completions": bool(getattr(model.tokenizer, "chat_template", None)),
             "text_completions": True, "anthropic_messages": True, "responses": True,
             "streaming": True, "tools": True, "structured_output": True, "logprobs": True,
-            "embeddings": False, "vision": False, "audio": False, "adapters": False, "training": False,
+            "embeddings": runtime.embeddings_enabled, "vision": False, "audio": False, "adapters": False,
+            "training": False,
         },
         "gen_defaults": params.gen_defaults(runtime.defaults, model.generation_config),
         "dtype": model.dtype,

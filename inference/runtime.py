@@ -38,6 +38,7 @@ class _Runtime:
     inflight: int = 0  # HTTP requests still being answered
     grammar_enabled: bool = True  # HEARTH_GRAMMAR
     sse_keepalive: float = 5.0  # HEARTH_SSE_KEEPALIVE: seconds between comments while a tool call buffers
+    embeddings_enabled: bool = False  # the served model answers /v1/embeddings
     responses: ResponseStore = ResponseStore()  # stored Responses turns (`hearth serve --response-ttl`)
 
     def require_engine(self) -> Engine:

@@ -55,6 +55,13 @@ class LoadedModel:
         return sum(v.nbytes for _, v in tree_flatten(self.model.parameters()))
 
     @property
+    def is_embedding_model(self) -> bool:
+        """The name or config says so (Qwen3-Embedding and the like)."""
+        names = [self.model_id, self.path.name, *self.config.get("architectures", []),
+                 str(self.config.get("model_type", ""))]
+        return any("embed" in n.lower() for n in names) or bool(self.config.get("is_embedding_model"))
+
+    @property
     def _text_config(self) -> dict:
         return {**self.config.get("text_config", {}), **self.config}
 

@@ -87,6 +87,8 @@ class Command(BaseCommand):
                             help="on shutdown, how long running requests may take to finish")
         parser.add_argument("--flush-seconds", type=_non_negative(float), default=120.0,
                             help="on shutdown, how long pending SSD cache snapshots may take to write")
+        parser.add_argument("--embeddings", action="store_true",
+                            help="answer /v1/embeddings with this model (on by default for embedding models)")
         parser.add_argument("--response-ttl", type=_non_negative(float), default=3600.0,
                             help="seconds a stored Responses turn stays available to previous_response_id")
         group = parser.add_argument_group("throughput and memory")
@@ -128,6 +130,7 @@ class Command(BaseCommand):
         runtime.grammar_enabled = settings.HEARTH_GRAMMAR
         runtime.sse_keepalive = settings.HEARTH_SSE_KEEPALIVE
         runtime.responses = ResponseStore(ttl_s=opts["response_ttl"])
+        runtime.embeddings_enabled = opts["embeddings"] or loaded.is_embedding_model
         log.info("model %s ready (%s, context %s)", loaded.model_id, loaded.dtype, loaded.context_window)
         _run_daphne(engine, opts["host"], opts["port"], opts["drain_seconds"], opts["flush_seconds"])
         log.info("stopped")

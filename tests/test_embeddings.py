@@ -1,0 +1,71 @@
+"""/v1/embeddings through the openai SDK: unit vectors equal to a direct
+forward of the same model, float and base64 encodings, the instruction
+format, and clear refusals."""
+from __future__ import annotations
+
+import base64
+
+import httpx
+import mlx.core as mx
+import numpy as np
+import openai
+import pytest
+
+from tests.helpers import ServerProcess, server_env
+
+
+@pytest.fixture(scope="module")
+def embed_server(homes, tiny_model, tmp_path_factory):
+    proc = ServerProcess(server_env(*homes), tiny_model, "--embeddings",
+                         log_path=tmp_path_factory.mktemp("logs") / "embed.log")
+    try:
+        yield proc.wait_ready()
+    finally:
+        assert proc.stop() == 0, proc.output()
+
+
+def direct(tiny_model, text: str) -> np.ndarray:
+    from mlx_lm import load
+
+    model, tokenizer = load(tiny_model)
+    hidden = model.model(mx.array([tokenizer.encode(text)]))[0, -1].astype(mx.float32)
+    return np.array(hidden / mx.linalg.norm(hidden))
+
+
+def test_vectors_match_a_direct_forward(embed_server, tiny_model):
+    client = openai.OpenAI(base_url=embed_server.url + "/v1", api_key="x", max_retries=0)
+    texts = ["the cat sat on the mat", "a kitten by the window, and a much longer sentence than the first"]
+    for fmt in ("float", "base64"):
+        r = client.embeddings.create(model="m", input=texts, encoding_format=fmt)
+        assert [d.index for d in r.data] == [0, 1] and r.usage.prompt_tokens == r.usage.total_tokens > 0
+        for d, text in zip(r.data, texts, strict=True):
+            raw = d.embedding
+            v = np.frombuffer(base64.b64decode(raw), dtype="<f4") if fmt == "base64" else np.array(raw, np.float32)
+            assert abs(np.linalg.norm(v) - 1) < 1e-5
+            np.testing.assert_allclose(v, direct(tiny_model, text), atol=1e-5)
+    default = client.embeddings.create(model="m", input="the cat sat on the mat")  # the SDK asks for base64
+    np.testing.assert_allclose(default.data[0].embedding, direct(tiny_model, "the cat sat on the mat"), atol=1e-5)
+
+
+def test_instruction_format(embed_server, tiny_model):
+    r = httpx.post(embed_server.url + "/v1/embeddings",
+                   json={"input": "cats", "instruction": "Find pets"}).json()
+    np.testing.assert_allclose(r["data"][0]["embedding"], direct(tiny_model, "Instruct: Find pets\nQuery:cats"),
+                               atol=1e-5)
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"input": [1, 2, 3]}, "input[0]"), ({"input": []}, "input"), ({"input": {"a": 1}}, "input"),
+    ({"input": [""]}, "input[0]"), ({"input": "x", "encoding_format": "int8"}, "encoding_format"),
+    ({"input": "x", "dimensions": 8}, "dimensions"),
+])
+def test_bad_input(embed_server, body, param):
+    r = httpx.post(embed_server.url + "/v1/embeddings", json=body)
+    assert r.status_code == 400 and r.json()["error"]["param"] == param
+
+
+def test_refused_on_a_chat_model(base_url):
+    r = httpx.post(base_url + "/v1/embeddings", json={"input": "hello"})
+    assert r.status_code == 400
+    err = r.json()["error"]
+    assert err["type"] == "invalid_request_error" and "not an embedding model" in err["message"]
