@@ -150,3 +150,14 @@ def test_sdk_raises_typed_errors(client):
     assert bad.value.body["error"]["type"] == "invalid_request_error"
     r = httpx.post(str(client.base_url).rstrip("/") + "/v1/messages", content=b"{nope")
     assert r.status_code == 400 and r.json()["error"]["message"] == "invalid JSON body"
+
+
+def test_unknown_adapter_on_every_surface(base_url):
+    chat = httpx.post(base_url + "/v1/chat/completions", json={"messages": ASK, "adapter": "mine"})
+    assert chat.status_code == 400 and chat.json()["error"]["param"] == "adapter"
+    msg = httpx.post(base_url + "/v1/messages", json={"messages": ASK, "max_tokens": 3, "adapter": "mine"})
+    assert msg.status_code == 400 and "unknown adapter" in msg.json()["error"]["message"]
+    resp = httpx.post(base_url + "/v1/responses", json={"input": "hi", "adapter": "mine"})
+    assert resp.status_code == 400 and resp.json()["error"]["param"] == "adapter"
+    ok = httpx.post(base_url + "/v1/messages", json={"messages": ASK, "max_tokens": 2, "adapter": None})
+    assert ok.status_code == 200

@@ -17,7 +17,7 @@ AUDIO_BLOCKS = {"input_audio", "audio", "audio_url"}
 EXTRAS = ("min_p", "xtc_probability", "xtc_threshold", "repetition_penalty", "repetition_context_size",
           "presence_penalty", "presence_context_size", "frequency_penalty", "frequency_context_size", "seed",
           "session_id", "prompt_cache_key", "response_format", "structured_outputs", "guided_grammar",
-          "guided_regex", "guided_choice", "chat_template_kwargs")
+          "guided_regex", "guided_choice", "chat_template_kwargs", "adapter")
 # Chat-side field names a validation error may carry, and the Messages field the client sent.
 PARAM_NAMES = {"stop": "stop_sequences", "tool_choice": "tool_choice", "messages": "messages"}
 

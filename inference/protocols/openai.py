@@ -43,6 +43,7 @@ def _common(body: dict, model: LoadedModel, defaults: ServerDefaults) -> Generat
     """Every field but the prompt, checked before the (costlier) prompt build."""
     params.single_choice(body)
     params.boolean(body, "stream")
+    params.adapter(body)
     want_logprobs, top_logprobs = params.logprobs(body)
     return GenerationRequest(
         prompt_tokens=[],

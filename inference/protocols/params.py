@@ -203,3 +203,14 @@ def session_key(body: dict, headers) -> str | None:
         if value:
             return value[:MAX_SESSION_KEY]
     return None
+
+
+def adapter(body: dict) -> None:
+    """The `adapter` extra names a mounted LoRA adapter; none can be mounted
+    yet, so any name is unknown (the base model is `null` or "base")."""
+    value = body.get("adapter")
+    if value in (None, "", "base"):
+        return
+    if not isinstance(value, str):
+        raise RequestError("adapter must be a string naming a mounted adapter", "adapter")
+    raise RequestError(f"unknown adapter id '{value}': no adapters are mounted", "adapter")
