@@ -157,3 +157,13 @@ def test_stored_turns_expire(homes, tiny_model, tmp_path):
             client.responses.create(model="m", input="x", previous_response_id=r.id, max_output_tokens=3)
     finally:
         assert server.stop() == 0, server.output()
+
+
+def test_sdk_stream_with_a_tool_call(client):
+    with client.responses.stream(model="m", input="Weather in Paris?", tools=[WEATHER], max_output_tokens=200,
+                                 extra_body=forced(CALL)) as stream:
+        args = [e.delta for e in stream if e.type == "response.function_call_arguments.delta"]
+        final = stream.get_final_response()
+    (call,) = final.output
+    assert call.type == "function_call" and call.name == "get_weather"
+    assert json.loads("".join(args)) == json.loads(call.arguments) == {"city": "Paris"}
