@@ -19,6 +19,7 @@ from inference.api_embeddings import router as embeddings_router
 from inference.api_responses import router as responses_router
 from inference.engine.errors import EngineError
 from inference.protocols.errors import RequestError, openai_error
+from jobs.api import router as jobs_router
 
 log = logging.getLogger("hearth.api")
 
@@ -27,6 +28,21 @@ v1.add_router("", openai_router)
 v1.add_router("", anthropic_router)
 v1.add_router("", responses_router)
 v1.add_router("", embeddings_router)
+
+api = NinjaAPI(title="Hearth dashboard API", version="1", urls_namespace="api", docs_url="/docs")
+api.add_router("", jobs_router)
+
+
+@api.exception_handler(Exception)
+def _api_unexpected(request, exc: Exception):
+    if isinstance(exc, HttpError):
+        return JsonResponse({"ok": False, "error": str(exc)}, status=exc.status_code)
+    if isinstance(exc, NinjaValidationError):
+        first = exc.errors[0] if exc.errors else {}
+        where = ".".join(str(p) for p in first.get("loc", ())[1:]) or "request"
+        return JsonResponse({"ok": False, "error": f"{where}: {first.get('msg', 'invalid')}"}, status=400)
+    log.exception("unhandled error on %s", request.path)
+    return JsonResponse({"ok": False, "error": str(exc) or type(exc).__name__}, status=500)
 
 
 @v1.exception_handler(RequestError)

@@ -41,6 +41,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "channels",
+    "huey.contrib.djhuey",
     "inference",
     "jobs",
     "hub",
@@ -122,3 +123,18 @@ LOGGING = {
         "daphne": {"level": "WARNING"},
     },
 }
+
+# The job queue: SQLite in its own file (the worker and the server both open
+# it), or Redis when HEARTH_REDIS_URL is set. Tasks always run in a worker
+# process; `immediate` would run them inside the request.
+HEARTH_REDIS_URL = env_str("HEARTH_REDIS_URL", "")
+HEARTH_JOB_STAGE_DELAY = env_float("HEARTH_JOB_STAGE_DELAY", 0.0, minimum=0.0)  # debugging: pause after each stage
+HUEY = {
+    "name": "hearth-jobs",
+    "immediate": False,
+    "consumer": {"workers": 2, "worker_type": "thread", "periodic": False, "check_worker_health": True},
+}
+if HEARTH_REDIS_URL:
+    HUEY.update({"huey_class": "huey.RedisHuey", "url": HEARTH_REDIS_URL})
+else:
+    HUEY.update({"huey_class": "huey.SqliteHuey", "filename": str(HEARTH_HOME / "jobs-queue.sqlite3")})

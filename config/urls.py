@@ -2,11 +2,12 @@ from django.contrib import admin
 from django.urls import path
 
 from config import views
-from config.api import v1
+from config.api import api, v1
 
 urlpatterns = [
     path("v1/", v1.urls),
     path("v1", views.api_index),
+    path("api/", api.urls),
     path("health", views.health),
     path("stats", views.stats),
     path("metrics", views.metrics),

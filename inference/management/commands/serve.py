@@ -87,6 +87,8 @@ class Command(BaseCommand):
                             help="on shutdown, how long running requests may take to finish")
         parser.add_argument("--flush-seconds", type=_non_negative(float), default=120.0,
                             help="on shutdown, how long pending SSD cache snapshots may take to write")
+        parser.add_argument("--no-worker", action="store_true",
+                            help="do not start a job worker beside the server (run `hearth worker` yourself)")
         parser.add_argument("--embeddings", action="store_true",
                             help="answer /v1/embeddings with this model (on by default for embedding models)")
         parser.add_argument("--response-ttl", type=_non_negative(float), default=3600.0,
@@ -132,7 +134,19 @@ class Command(BaseCommand):
         runtime.responses = ResponseStore(ttl_s=opts["response_ttl"])
         runtime.embeddings_enabled = opts["embeddings"] or loaded.is_embedding_model
         log.info("model %s ready (%s, context %s)", loaded.model_id, loaded.dtype, loaded.context_window)
-        _run_daphne(engine, opts["host"], opts["port"], opts["drain_seconds"], opts["flush_seconds"])
+        supervisor = None
+        if not opts["no_worker"]:
+            from jobs.runner import mark_zombies
+            from jobs.supervisor import WorkerSupervisor
+
+            mark_zombies()
+            supervisor = WorkerSupervisor()
+            supervisor.start()
+        try:
+            _run_daphne(engine, opts["host"], opts["port"], opts["drain_seconds"], opts["flush_seconds"])
+        finally:
+            if supervisor is not None:
+                supervisor.stop()
         log.info("stopped")
 
     def _demo_model(self) -> str:

@@ -1,0 +1,11 @@
+from django.contrib import admin
+
+from jobs.models import Job
+
+
+@admin.register(Job)
+class JobAdmin(admin.ModelAdmin):
+    list_display = ("id", "kind", "status", "progress", "created_at", "ended_at")
+    list_filter = ("kind", "status")
+    search_fields = ("id", "message", "error")
+    readonly_fields = ("id", "created_at", "started_at", "ended_at", "log_path", "worker_pid", "child_pid")

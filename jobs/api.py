@@ -1,0 +1,143 @@
+"""`/api/jobs`, `/api/quantize`: submit, list, read, follow and cancel jobs."""
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+
+from asgiref.sync import sync_to_async
+from django.http import HttpRequest, JsonResponse, StreamingHttpResponse
+from ninja import Router
+
+from jobs import service
+from jobs.events import EventLog
+from jobs.kinds import quantize
+from jobs.models import Job
+
+router = Router(tags=["jobs"])
+STREAM_POLL_S = 0.3
+KEEPALIVE_S = 10.0
+KINDS = {k for k, _ in Job.KINDS}
+
+
+def _fail(message: str, status: int = 400) -> JsonResponse:
+    return JsonResponse({"ok": False, "error": message}, status=status)
+
+
+def _body(request: HttpRequest) -> dict | JsonResponse:
+    try:
+        body = json.loads(request.body or b"{}")
+    except (ValueError, UnicodeDecodeError):
+        return _fail("invalid JSON body")
+    return body if isinstance(body, dict) else _fail("invalid JSON body: expected an object")
+
+
+@router.get("/jobs")
+def list_jobs(request: HttpRequest, limit: int = 50, kind: str | None = None):
+    if kind is not None and kind not in KINDS:
+        return _fail(f"kind must be one of {', '.join(sorted(KINDS))}")
+    rows = Job.objects.all()
+    if kind:
+        rows = rows.filter(kind=kind)
+    return {"ok": True, "jobs": [j.row() for j in rows[: max(1, min(limit, 500))]]}
+
+
+@router.get("/jobs/{job_id}")
+def get_job(request: HttpRequest, job_id: str):
+    job = Job.objects.filter(id=job_id).first()
+    return {"ok": True, "job": job.row()} if job else _fail("job not found", 404)
+
+
+@router.post("/jobs/{job_id}/cancel")
+def cancel_job(request: HttpRequest, job_id: str):
+    job = Job.objects.filter(id=job_id).first()
+    if job is None:
+        return _fail("job not found", 404)
+    if not service.cancel(job):
+        return _fail(f"job is already {job.status}", 409)
+    return {"ok": True, "job": Job.objects.get(id=job_id).row()}
+
+
+def _frame(event: dict) -> bytes:
+    return f"data: {json.dumps(event, ensure_ascii=False)}\n\n".encode()
+
+
+async def _follow(job_id: str):
+    yield b"retry: 1500\n\n"
+    job = await sync_to_async(Job.objects.filter(id=job_id).first)()
+    if job is None:
+        yield _frame({"type": "failed", "error": "job not found"})
+        yield b"event: end\ndata: {}\n\n"
+        return
+    log, offset, quiet = EventLog(job.log_path), 0, 0.0
+    while True:
+        status = await sync_to_async(lambda: Job.objects.filter(id=job_id).values_list("status", flat=True)
+                                     .first())()
+        events, offset = await asyncio.to_thread(log.read, offset)
+        for event in events:
+            yield _frame(event)
+        quiet = 0.0 if events else quiet + STREAM_POLL_S
+        if quiet >= KEEPALIVE_S:  # a queued or quiet job: keep proxies and clients from timing out
+            quiet = 0.0
+            yield b": keep-alive\n\n"
+        if status in Job.TERMINAL or status is None:
+            events, offset = await asyncio.to_thread(log.read, offset)  # what was written as it ended
+            for event in events:
+                yield _frame(event)
+            yield b"event: end\ndata: {}\n\n"
+            return
+        await asyncio.sleep(STREAM_POLL_S)
+
+
+@router.get("/jobs/{job_id}/stream")
+async def stream_job(request: HttpRequest, job_id: str):
+    return StreamingHttpResponse(_follow(job_id), content_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+@router.post("/quantize/inspect")
+def quantize_inspect(request: HttpRequest):
+    from inference.engine.errors import ModelNotFound
+    from inference.engine.loader import resolve
+
+    body = _body(request)
+    if isinstance(body, JsonResponse):
+        return body
+    model_id = body.get("model_id")
+    if not isinstance(model_id, str) or not model_id:
+        return _fail("model_id required")
+    try:
+        _, path = resolve(model_id)
+    except ModelNotFound as exc:
+        return {"ok": False, "model_id": model_id, "error": str(exc)}
+    config = json.loads((path / "config.json").read_text())
+    size = sum(p.stat().st_size for p in path.iterdir() if p.is_file())
+
+    from mlx_lm.utils import MODEL_REMAPPING  # noqa: F401  (mlx-lm present)
+
+    arch = config.get("model_type")
+    support = bool(arch) and importlib.util.find_spec(f"mlx_lm.models.{arch}") is not None
+    out = {"ok": True, "model_id": model_id, "arch": arch, "support": support, "size_gb": round(size / 1e9, 3),
+           "quantized": bool(config.get("quantization"))}
+    return out
+
+
+@router.post("/quantize/submit")
+def quantize_submit(request: HttpRequest):
+    from inference.engine.errors import ModelNotFound
+    from inference.engine.loader import resolve
+
+    body = _body(request)
+    if isinstance(body, JsonResponse):
+        return body
+    model_id = body.get("model_id")
+    if not isinstance(model_id, str) or not model_id:
+        return _fail("model_id required")
+    try:
+        quantize.check(body)
+        _, path = resolve(model_id)
+    except (ValueError, ModelNotFound) as exc:
+        return _fail(str(exc))
+    job = service.submit("quantize", body)
+    repo = quantize.output_repo(model_id, path, body.get("bits", 4))
+    return {"ok": True, "job_id": job.id, "output_repo": repo}

@@ -1,0 +1,48 @@
+"""The child process of a job: `python -m jobs.child KIND LOG CONFIG_JSON`.
+
+All MLX work of a job happens here, so a crash or an out-of-memory kill
+takes down this process only; the worker sees the exit and records why.
+The child dies with its worker (PR_SET_PDEATHSIG on Linux)."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+
+from jobs.events import EventLog
+
+
+def _die_with_parent() -> None:
+    if sys.platform.startswith("linux"):
+        import ctypes
+        import signal
+
+        try:
+            ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        except OSError:
+            pass
+
+
+def main(argv: list[str]) -> int:
+    kind, log_path, config_json = argv
+    _die_with_parent()
+    log = EventLog(log_path)
+    config = json.loads(config_json)
+    delay = float(os.environ.get("HEARTH_JOB_STAGE_DELAY") or 0)
+    try:
+        if kind == "quantize":
+            from jobs.kinds import quantize as runner
+        else:
+            raise ValueError(f"unknown job kind {kind!r}")
+        output_dir, summary = runner.run(config, log, delay)
+    except Exception as exc:
+        traceback.print_exc()
+        log.emit("failed", error=f"{type(exc).__name__}: {exc}")
+        return 1
+    log.emit("done", output_dir=output_dir, summary=summary)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

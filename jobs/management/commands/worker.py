@@ -1,0 +1,48 @@
+"""`hearth worker`: one job-queue consumer. Marks jobs whose worker died as
+zombie, then runs Huey's consumer until SIGINT/SIGTERM."""
+from __future__ import annotations
+
+import logging
+
+from django.core.management import call_command
+from django.core.management.base import BaseCommand
+
+log = logging.getLogger("hearth.jobs")
+
+
+class Command(BaseCommand):
+    help = "Run a job worker (fine-tune, quantize, dataset jobs)."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--workers", type=int, default=2, help="jobs that may run at once")
+
+    def handle(self, *args, **opts):
+        from django.utils.module_loading import autodiscover_modules
+        from huey.contrib.djhuey import HUEY
+
+        from jobs.runner import mark_zombies
+
+        autodiscover_modules("tasks")  # register every app's tasks with this consumer
+
+        call_command("migrate", interactive=False, verbosity=0)
+        zombies = mark_zombies()
+        if zombies:
+            log.warning("marked %d orphaned running job(s) as zombie", zombies)
+        self._requeue_lost(HUEY)
+        consumer = HUEY.create_consumer(workers=opts["workers"], worker_type="thread", periodic=False,
+                                        check_worker_health=True)
+        log.info("job worker ready (%d slots, queue %s)", opts["workers"], type(HUEY).__name__)
+        consumer.run()
+
+    @staticmethod
+    def _requeue_lost(huey) -> None:
+        """Queued rows whose queue entry is gone (a consumer that failed to
+        read it, a wiped queue file) are queued again."""
+        from jobs.models import Job
+        from jobs.tasks import run_job
+
+        waiting = {task.args[0] for task in huey.pending() if task.name.endswith("run_job") and task.args}
+        for job in Job.objects.filter(status="queued"):
+            if job.id not in waiting:
+                log.warning("job %s had lost its queue entry; queueing it again", job.id)
+                run_job(job.id)

@@ -1,0 +1,50 @@
+"""A job is a database row plus an NDJSON event log on disk."""
+from __future__ import annotations
+
+import uuid
+
+from django.db import models
+
+
+def _job_id() -> str:
+    return uuid.uuid4().hex[:16]
+
+
+class Job(models.Model):
+    KINDS = [("quantize", "quantize"), ("finetune", "finetune"), ("dataset", "dataset")]
+    STATUSES = [(s, s) for s in ("queued", "running", "done", "failed", "cancelled", "zombie")]
+    TERMINAL = ("done", "failed", "cancelled", "zombie")
+
+    id = models.CharField(primary_key=True, max_length=32, default=_job_id, editable=False)
+    kind = models.CharField(max_length=16, choices=KINDS)
+    status = models.CharField(max_length=16, choices=STATUSES, default="queued", db_index=True)
+    config_json = models.TextField(default="{}")
+    progress = models.FloatField(default=0.0)
+    message = models.TextField(null=True, blank=True)
+    log_path = models.CharField(max_length=1024)
+    output_path = models.CharField(max_length=1024, null=True, blank=True)
+    error = models.TextField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+    worker_pid = models.IntegerField(null=True, blank=True)  # the worker process running it
+    child_pid = models.IntegerField(null=True, blank=True)  # the child doing the MLX work
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.id} ({self.status})"
+
+    @property
+    def terminal(self) -> bool:
+        return self.status in self.TERMINAL
+
+    def row(self) -> dict:
+        def iso(value):
+            return value.isoformat() if value else None
+
+        return {"id": self.id, "kind": self.kind, "status": self.status, "config_json": self.config_json,
+                "progress": self.progress, "message": self.message, "log_path": self.log_path,
+                "output_path": self.output_path, "error": self.error, "created_at": iso(self.created_at),
+                "started_at": iso(self.started_at), "ended_at": iso(self.ended_at)}

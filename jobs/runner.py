@@ -1,0 +1,137 @@
+"""The worker side of a job: start the child, follow its event log into the
+row (progress, message), honour a cancel, and record how it ended."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from django.utils import timezone
+
+from jobs.events import EventLog
+from jobs.models import Job
+
+log = logging.getLogger("hearth.jobs")
+POLL_S = 0.25
+
+
+def pid_alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie child of ours counts as gone
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+def mark_zombies() -> int:
+    """Running jobs whose worker is gone can never finish: mark them."""
+    count = 0
+    for job in Job.objects.filter(status="running"):
+        if not pid_alive(job.worker_pid):
+            job.status, job.ended_at = "zombie", timezone.now()
+            job.error = job.error or f"its worker (pid {job.worker_pid}) stopped while it ran"
+            job.save(update_fields=["status", "ended_at", "error"])
+            EventLog(job.log_path).emit("failed", error=job.error)
+            count += 1
+    return count
+
+
+def _apply(job: Job, events: list[dict], state: dict) -> None:
+    for e in events:
+        kind = e.get("type")
+        if kind == "stage":
+            job.progress = float(e.get("progress", job.progress))
+            job.message = e.get("message") or e.get("stage")
+        elif kind == "metric" and e.get("total_steps"):
+            job.progress = min(float(e["step"]) / float(e["total_steps"]), 0.99)
+        elif kind == "done":
+            state["done"] = e
+        elif kind == "failed":
+            state["failed"] = e
+
+
+def run(job_id: str) -> None:
+    started = timezone.now()
+    if not Job.objects.filter(id=job_id, status="queued").update(status="running", started_at=started,
+                                                                  worker_pid=os.getpid()):
+        return  # cancelled (or gone) while it waited
+    job = Job.objects.get(id=job_id)
+    events = EventLog(job.log_path)
+    events.emit("started")
+    stderr_path = Path(job.log_path).with_suffix(".stderr")
+    with open(stderr_path, "wb") as stderr:
+        child = subprocess.Popen([sys.executable, "-m", "jobs.child", job.kind, job.log_path, job.config_json],
+                                 stdout=stderr, stderr=subprocess.STDOUT, start_new_session=True)
+    Job.objects.filter(id=job.id).update(child_pid=child.pid)
+    state: dict = {}
+    offset, cancelled = 0, False
+    while True:
+        code = child.poll()
+        new, offset = events.read(offset)
+        _apply(job, new, state)
+        if new:
+            Job.objects.filter(id=job.id).update(progress=job.progress, message=job.message)
+        if code is not None:
+            break
+        if not cancelled and Job.objects.filter(id=job.id, status="cancelled").exists():
+            cancelled = True
+            _stop(child)
+        time.sleep(POLL_S)
+    _finish(job, code, state, cancelled, events, stderr_path)
+
+
+def _stop(child: subprocess.Popen) -> None:
+    try:
+        os.killpg(child.pid, signal.SIGTERM)
+        child.wait(5)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        try:
+            os.killpg(child.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _tail(path: Path, lines: int = 6) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").strip().splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def _finish(job: Job, code: int, state: dict, cancelled: bool, events: EventLog, stderr_path: Path) -> None:
+    job.refresh_from_db()
+    job.ended_at = timezone.now()
+    if cancelled or job.status == "cancelled":
+        job.status, job.error = "cancelled", "cancelled by request"
+        events.emit("failed", error=job.error)
+    elif code == 0 and "done" in state:
+        done = state["done"]
+        job.status, job.progress, job.output_path = "done", 1.0, done.get("output_dir")
+        job.message = json.dumps(done.get("summary", {}))
+    else:
+        if "failed" in state:
+            job.error = state["failed"].get("error")
+        elif code < 0:
+            job.error = f"the job's process was killed by signal {-code}"
+            if -code == signal.SIGKILL:
+                job.error += " (out of memory, or killed from outside)"
+        else:
+            job.error = f"the job's process exited with code {code}: {_tail(stderr_path)}"
+        job.status = "failed"
+        if "failed" not in state:
+            events.emit("failed", error=job.error)
+    job.save()
+    log.info("job %s %s%s", job.id, job.status, f": {job.error}" if job.error else "")

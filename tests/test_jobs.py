@@ -1,0 +1,155 @@
+"""Jobs end to end on the real stack: `hearth serve` with its supervised
+worker process, a quantize job followed over SSE whose output loads and
+serves, and jobs whose child is killed, that are cancelled, or whose worker
+dies mid-run."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import httpx
+import openai
+import pytest
+
+from tests.helpers import ServerProcess, server_env
+
+
+def follow(url: str, job_id: str, timeout: float = 120) -> tuple[list[str], list[dict]]:
+    lines, events = [], []
+    with httpx.stream("GET", f"{url}/api/jobs/{job_id}/stream", timeout=timeout) as r:
+        assert r.headers["content-type"].startswith("text/event-stream")
+        for line in r.iter_lines():
+            if not line:
+                continue
+            lines.append(line)
+            if line.startswith("data:") and lines[-2:-1] != ["event: end"]:
+                events.append(json.loads(line[5:]))
+    return lines, events
+
+
+def wait_status(url: str, job_id: str, statuses: tuple, timeout: float = 60) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        job = httpx.get(f"{url}/api/jobs/{job_id}").json()["job"]
+        if job["status"] in statuses:
+            return job
+        time.sleep(0.2)
+    raise AssertionError(f"job {job_id} never reached {statuses}: {job}")
+
+
+def pids_matching(text: str) -> list[int]:
+    out = subprocess.run(["pgrep", "-f", text], capture_output=True, text=True).stdout.split()
+    return [int(p) for p in out if int(p) != os.getpid()]
+
+
+def test_quantize_job_streams_to_done_and_its_output_serves(base_url, tiny_model, homes, tmp_path):
+    inspect = httpx.post(base_url + "/api/quantize/inspect", json={"model_id": tiny_model}).json()
+    assert inspect["ok"] and inspect["arch"] == "llama" and inspect["support"] and not inspect["quantized"]
+    submitted = httpx.post(base_url + "/api/quantize/submit",
+                           json={"model_id": tiny_model, "bits": 4, "group_size": 32}).json()
+    assert submitted["ok"] and submitted["output_repo"] == tiny_model + "-hearth-4bit"
+    lines, events = follow(base_url, submitted["job_id"])
+    assert lines[0] == "retry: 1500" and lines[-2:] == ["event: end", "data: {}"]
+    kinds = [e["type"] for e in events]
+    assert kinds[0] == "started" and kinds[-1] == "done" and "stage" in kinds
+    job = httpx.get(f"{base_url}/api/jobs/{submitted['job_id']}").json()["job"]
+    assert job["status"] == "done" and job["progress"] == 1.0 and job["ended_at"]
+    assert job["output_path"] == events[-1]["output_dir"]
+    listed = httpx.get(base_url + "/api/jobs?kind=quantize&limit=5").json()
+    assert listed["ok"] and listed["jobs"][0]["id"] == submitted["job_id"]
+
+    served = ServerProcess(server_env(*homes), submitted["output_repo"], "--no-worker",
+                           log_path=tmp_path / "quantized.log").wait_ready()
+    try:
+        client = openai.OpenAI(base_url=served.url + "/v1", api_key="x", max_retries=0)
+        reply = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Hi"}], max_tokens=4)
+        assert reply.usage.completion_tokens >= 1
+        config = json.loads(open(os.path.join(job["output_path"], "config.json")).read())
+        assert config["quantization"]["bits"] == 4 and config["quantization"]["group_size"] == 32
+    finally:
+        assert served.stop() == 0, served.output()
+
+
+@pytest.mark.parametrize("body, needle", [
+    ({}, "model_id required"), ({"model_id": "nobody/nothing"}, "neither a directory"),
+    ({"model_id": "x/y", "bits": 7}, "bits must be"), ({"model_id": "x/y", "group_size": 48}, "group_size"),
+    ({"model_id": "x/y", "target_bpw": 3.5}, "target_bpw"),
+])
+def test_quantize_submit_refusals(base_url, body, needle):
+    r = httpx.post(base_url + "/api/quantize/submit", json=body)
+    assert r.status_code == 400 and not r.json()["ok"] and needle in r.json()["error"]
+
+
+def test_job_routes_errors(base_url):
+    missing = httpx.get(base_url + "/api/jobs/nope")
+    assert missing.status_code == 404 and missing.json() == {"ok": False, "error": "job not found"}
+    lines, events = follow(base_url, "nope")
+    assert events == [{"type": "failed", "error": "job not found"}] and lines[-2:] == ["event: end", "data: {}"]
+    assert httpx.get(base_url + "/api/jobs?kind=bake").status_code == 400
+    assert httpx.post(base_url + "/api/jobs/nope/cancel").status_code == 404
+
+
+@pytest.fixture(scope="module")
+def slow_server(homes, tiny_model, tmp_path_factory):
+    """A server whose jobs pause 3 s after each stage, in a home of its own."""
+    home = tmp_path_factory.mktemp("slow-home")
+    env = dict(server_env(homes[0], home), HEARTH_JOB_STAGE_DELAY="3")
+    proc = ServerProcess(env, tiny_model, log_path=tmp_path_factory.mktemp("logs") / "slow.log")
+    try:
+        yield proc.wait_ready()
+    finally:
+        assert proc.stop() == 0, proc.output()
+
+
+def _submit_slow(server, tiny_model) -> str:
+    r = httpx.post(server.url + "/api/quantize/submit", json={"model_id": tiny_model, "bits": 8, "group_size": 64})
+    job_id = r.json()["job_id"]
+    wait_status(server.url, job_id, ("running",))
+    deadline = time.monotonic() + 30
+    while not pids_matching(f"jobs.child quantize .*{job_id}"):
+        assert time.monotonic() < deadline, "the job's child never started"
+        time.sleep(0.1)
+    return job_id
+
+
+def test_a_killed_child_fails_the_job_with_a_reason(slow_server, tiny_model):
+    job_id = _submit_slow(slow_server, tiny_model)
+    for pid in pids_matching(f"jobs.child quantize .*{job_id}"):
+        os.kill(pid, signal.SIGKILL)
+    job = wait_status(slow_server.url, job_id, ("failed", "done"))
+    assert job["status"] == "failed" and "killed by signal 9" in job["error"]
+    _, events = follow(slow_server.url, job_id)
+    assert events[-1]["type"] == "failed" and "signal 9" in events[-1]["error"]
+
+
+def test_cancel_kills_the_child(slow_server, tiny_model):
+    job_id = _submit_slow(slow_server, tiny_model)
+    r = httpx.post(f"{slow_server.url}/api/jobs/{job_id}/cancel")
+    assert r.status_code == 200 and r.json()["job"]["status"] == "cancelled"
+    deadline = time.monotonic() + 30
+    while not (job := httpx.get(f"{slow_server.url}/api/jobs/{job_id}").json()["job"])["ended_at"]:
+        assert time.monotonic() < deadline, "the worker never finished the cancel"
+        time.sleep(0.2)
+    assert job["status"] == "cancelled" and job["error"] == "cancelled by request"
+    deadline = time.monotonic() + 15
+    while pids_matching(f"jobs.child quantize .*{job_id}"):
+        assert time.monotonic() < deadline, "the child outlived its cancel"
+        time.sleep(0.1)
+    assert httpx.post(f"{slow_server.url}/api/jobs/{job_id}/cancel").status_code == 409
+
+
+def test_a_worker_that_dies_leaves_a_zombie_and_is_restarted(slow_server, tiny_model):
+    job_id = _submit_slow(slow_server, tiny_model)
+    workers = [p for p in pids_matching("config.cli worker") if str(slow_server.proc.pid) in
+               open(f"/proc/{p}/stat").read().split(")")[-1].split()[1:2]]
+    assert len(workers) == 1
+    os.kill(workers[0], signal.SIGKILL)  # the child dies with it
+    job = wait_status(slow_server.url, job_id, ("zombie",), timeout=60)  # the restarted worker finds it
+    assert str(workers[0]) in job["error"]
+    # the new worker runs jobs again
+    r = httpx.post(slow_server.url + "/api/quantize/submit", json={"model_id": tiny_model, "bits": 8,
+                                                                   "group_size": 64})
+    assert wait_status(slow_server.url, r.json()["job_id"], ("done", "failed"), timeout=90)["status"] == "done"
