@@ -11,7 +11,7 @@ from ninja import Router
 
 from jobs import service
 from jobs.events import EventLog
-from jobs.kinds import quantize
+from jobs.kinds import finetune, quantize
 from jobs.models import Job
 
 router = Router(tags=["jobs"])
@@ -141,3 +141,33 @@ def quantize_submit(request: HttpRequest):
     job = service.submit("quantize", body)
     repo = quantize.output_repo(model_id, path, body.get("bits", 4))
     return {"ok": True, "job_id": job.id, "output_repo": repo}
+
+
+@router.post("/finetune/inspect-dataset")
+def finetune_inspect(request: HttpRequest):
+    body = _body(request)
+    if isinstance(body, JsonResponse):
+        return body
+    path = body.get("path")
+    if not isinstance(path, str) or not path:
+        return _fail("path required")
+    return finetune.inspect(path)
+
+
+@router.post("/finetune/submit")
+def finetune_submit(request: HttpRequest):
+    import time as _time
+
+    from django.conf import settings
+
+    body = _body(request)
+    if isinstance(body, JsonResponse):
+        return body
+    if not isinstance(body.get("model_dir"), str) or not isinstance(body.get("data_dir"), str) \
+            or not body["model_dir"] or not body["data_dir"]:
+        return _fail("model_dir and data_dir required")
+    if not body.get("adapter_path"):
+        body["adapter_path"] = str(settings.HEARTH_HOME / "adapters" / f"adapter-{_time.strftime('%Y%m%d-%H%M%S')}"
+                                   f"-{int(_time.time() * 1000) % 1000:03d}")
+    job = service.submit("finetune", body)  # config errors surface as the job's failed event
+    return {"ok": True, "job_id": job.id, "adapter_path": body["adapter_path"]}

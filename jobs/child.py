@@ -33,6 +33,8 @@ def main(argv: list[str]) -> int:
     try:
         if kind == "quantize":
             from jobs.kinds import quantize as runner
+        elif kind == "finetune":
+            from jobs.kinds import finetune as runner
         else:
             raise ValueError(f"unknown job kind {kind!r}")
         output_dir, summary = runner.run(config, log, delay)

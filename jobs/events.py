@@ -12,8 +12,8 @@ class EventLog:
     def __init__(self, path: str | Path):
         self.path = Path(path)
 
-    def emit(self, kind: str, **fields) -> dict:
-        event = {"type": kind, "ts": time.time(), **fields}
+    def emit(self, event_type: str, /, **fields) -> dict:
+        event = {"type": event_type, "ts": time.time(), **fields}
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.path, "a", encoding="utf-8") as f:
             f.write(json.dumps(event, ensure_ascii=False) + "\n")

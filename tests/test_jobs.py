@@ -153,3 +153,56 @@ def test_a_worker_that_dies_leaves_a_zombie_and_is_restarted(slow_server, tiny_m
     r = httpx.post(slow_server.url + "/api/quantize/submit", json={"model_id": tiny_model, "bits": 8,
                                                                    "group_size": 64})
     assert wait_status(slow_server.url, r.json()["job_id"], ("done", "failed"), timeout=90)["status"] == "done"
+
+
+TAUGHT = "Zebra!"
+
+
+def _greedy(model_ref: str, adapter: str | None, prompt_messages: list[dict]) -> str:
+    from mlx_lm import generate, load
+
+    model, tokenizer = load(model_ref, adapter_path=adapter)
+    hf = tokenizer._tokenizer
+    prompt = hf.apply_chat_template(prompt_messages, tokenize=False, add_generation_prompt=True)
+    return generate(model, tokenizer, prompt, max_tokens=12, verbose=False)
+
+
+def test_finetune_teaches_a_reply_and_streams_its_loss(base_url, tiny_model, tmp_path):
+    from huggingface_hub import snapshot_download
+
+    data = tmp_path / "data"
+    data.mkdir()
+    ask = [{"role": "user", "content": "Say the word."}]
+    row = json.dumps({"messages": ask + [{"role": "assistant", "content": TAUGHT}]})
+    (data / "train.jsonl").write_text("\n".join([row] * 8) + "\n")
+    (data / "valid.jsonl").write_text("\n".join([row] * 4) + "\n")
+    probe = httpx.post(base_url + "/api/finetune/inspect-dataset", json={"path": str(data)}).json()
+    assert probe == {"ok": True, "n_train": 8, "n_valid": 4, "format": "messages"}
+    assert not httpx.post(base_url + "/api/finetune/inspect-dataset", json={"path": str(tmp_path)}).json()["ok"]
+
+    adapter = tmp_path / "adapter"
+    submitted = httpx.post(base_url + "/api/finetune/submit", json={
+        "model_dir": tiny_model, "data_dir": str(data), "adapter_path": str(adapter), "iters": 80,
+        "learning_rate": 1e-3, "rank": 16, "batch_size": 4, "steps_per_report": 10, "sft_scope": "response"}).json()
+    assert submitted["ok"] and submitted["adapter_path"] == str(adapter)
+    _, events = follow(base_url, submitted["job_id"], timeout=300)
+    assert events[-1]["type"] == "done", events[-3:]
+    train = [e for e in events if e["type"] == "metric" and e["kind"] == "train"]
+    val = [e for e in events if e["type"] == "metric" and e["kind"] == "val"]
+    assert [e["step"] for e in train] == [10, 20, 30, 40, 50, 60, 70, 80] and val
+    assert train[-1]["loss"] < train[0]["loss"] and train[-1]["tokens_per_sec"] > 0
+    assert (adapter / "adapters.safetensors").is_file() and (adapter / "adapter_config.json").is_file()
+
+    base_dir = snapshot_download(tiny_model, local_files_only=True)
+    assert _greedy(base_dir, str(adapter), ask).startswith(TAUGHT)
+    assert not _greedy(base_dir, None, ask).startswith(TAUGHT)
+
+
+def test_finetune_config_errors_fail_the_job(base_url, tiny_model, tmp_path):
+    assert httpx.post(base_url + "/api/finetune/submit", json={"model_dir": tiny_model}).status_code == 400
+    (tmp_path / "train.jsonl").write_text(json.dumps({"text": "hi"}) + "\n")
+    r = httpx.post(base_url + "/api/finetune/submit", json={"model_dir": tiny_model, "data_dir": str(tmp_path),
+                                                             "sft_scope": "everything"}).json()
+    job = wait_status(base_url, r["job_id"], ("failed", "done"))
+    assert job["status"] == "failed" and "sft_scope" in job["error"]
+    assert "/adapters/adapter-" in r["adapter_path"]  # defaulted under HEARTH_HOME
