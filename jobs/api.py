@@ -171,3 +171,53 @@ def finetune_submit(request: HttpRequest):
                                    f"-{int(_time.time() * 1000) % 1000:03d}")
     job = service.submit("finetune", body)  # config errors surface as the job's failed event
     return {"ok": True, "job_id": job.id, "adapter_path": body["adapter_path"]}
+
+
+@router.post("/quantize/resolve-folder")
+def quantize_resolve_folder(request: HttpRequest):
+    return _resolve_folder(request)
+
+
+@router.post("/model/resolve-folder")
+def model_resolve_folder(request: HttpRequest):
+    return _resolve_folder(request)
+
+
+def _resolve_folder(request: HttpRequest):
+    from pathlib import Path
+
+    from huggingface_hub import constants
+
+    from jobs.folders import resolve_folder
+
+    body = _body(request)
+    if isinstance(body, JsonResponse):
+        return body
+    return resolve_folder(Path(constants.HF_HUB_CACHE), body.get("folder_name"), body.get("rel_path"))
+
+
+@router.post("/finetune/export")
+def finetune_export(request: HttpRequest):
+    import time as _time
+    from pathlib import Path
+
+    from django.conf import settings
+
+    body = _body(request)
+    if isinstance(body, JsonResponse):
+        return body
+    base, adapter = body.get("base_model"), body.get("adapter_path")
+    if not isinstance(base, str) or not base or not isinstance(adapter, str) or not adapter:
+        return _fail("base_model and adapter_path required")
+    adapter_dir = Path(adapter).expanduser()
+    if not (adapter_dir / "adapters.safetensors").is_file():
+        return _fail(f"{adapter_dir} holds no adapters.safetensors")
+    stamp = _time.strftime("%Y%m%d-%H%M%S") + f"-{int(_time.time() * 1000) % 1000:03d}"
+    out = settings.HEARTH_HOME / "exports" / f"export-{stamp}"
+    out.mkdir(parents=True)
+    manifest = {"version": 1, "base_model": base, "adapter_path": str(adapter_dir),
+                "created_at": _time.strftime("%Y-%m-%dT%H:%M:%SZ", _time.gmtime())}
+    if isinstance(body.get("method"), str):
+        manifest["method"] = body["method"]
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    return {"ok": True, "export_path": str(out), "manifest": manifest}

@@ -206,3 +206,31 @@ def test_finetune_config_errors_fail_the_job(base_url, tiny_model, tmp_path):
     job = wait_status(base_url, r["job_id"], ("failed", "done"))
     assert job["status"] == "failed" and "sft_scope" in job["error"]
     assert "/adapters/adapter-" in r["adapter_path"]  # defaulted under HEARTH_HOME
+
+
+def test_resolve_folder_finds_models_the_browser_names(base_url, tiny_model):
+    from huggingface_hub import snapshot_download
+
+    snapshot = snapshot_download(tiny_model, local_files_only=True)
+    repo_dir = "models--" + tiny_model.replace("/", "--")
+    for route in ("/api/quantize/resolve-folder", "/api/model/resolve-folder"):
+        for body in ({"folder_name": repo_dir}, {"folder_name": os.path.basename(snapshot)},
+                     {"rel_path": f"{repo_dir}/snapshots/{os.path.basename(snapshot)}"}, {"rel_path": snapshot}):
+            r = httpx.post(base_url + route, json=body).json()
+            assert r["ok"] and os.path.realpath(r["path"]) == os.path.realpath(snapshot), body
+            assert r["model_type"] == "llama"
+            assert r["repo_id"] == tiny_model
+    missing = httpx.post(base_url + "/api/model/resolve-folder", json={"folder_name": "models--no--where"})
+    assert missing.status_code == 200 and missing.json() == {
+        "ok": False, "error": "Couldn't locate this folder on disk — paste the path instead."}
+
+
+def test_export_writes_a_manifest(base_url, tmp_path):
+    assert httpx.post(base_url + "/api/finetune/export", json={"base_model": "x"}).status_code == 400
+    assert httpx.post(base_url + "/api/finetune/export",
+                      json={"base_model": "x", "adapter_path": str(tmp_path)}).status_code == 400
+    (tmp_path / "adapters.safetensors").write_bytes(b"")
+    r = httpx.post(base_url + "/api/finetune/export",
+                   json={"base_model": "hearth/demo-chat", "adapter_path": str(tmp_path), "method": "sft"}).json()
+    assert r["ok"] and r["manifest"]["version"] == 1 and r["manifest"]["method"] == "sft"
+    assert json.loads(open(os.path.join(r["export_path"], "manifest.json")).read()) == r["manifest"]

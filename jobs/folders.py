@@ -1,0 +1,65 @@
+"""Turning a folder a browser picked (it only knows the folder's name) into
+a servable model path in the local Hugging Face cache."""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+NOT_FOUND = "Couldn't locate this folder on disk — paste the path instead."
+_HASH = re.compile(r"^[0-9a-f]{40}$")
+
+
+def _answer(path: Path, repo_id: str | None) -> dict:
+    out: dict = {"ok": True, "path": str(path)}
+    if repo_id:
+        out["repo_id"] = repo_id
+    try:
+        model_type = json.loads((path / "config.json").read_text()).get("model_type")
+    except (OSError, ValueError):
+        model_type = None
+    if model_type:
+        out["model_type"] = model_type
+    return out
+
+
+def _repo_snapshot(repo_dir: Path) -> Path | None:
+    ref = repo_dir / "refs" / "main"
+    if ref.is_file():
+        snap = repo_dir / "snapshots" / ref.read_text().strip()
+        if (snap / "config.json").is_file():
+            return snap
+    snaps = sorted((p for p in (repo_dir / "snapshots").glob("*") if (p / "config.json").is_file()),
+                   key=lambda p: p.stat().st_mtime, reverse=True)
+    return snaps[0] if snaps else None
+
+
+def _repo_id(repo_dir_name: str) -> str | None:
+    if not repo_dir_name.startswith("models--"):
+        return None
+    return repo_dir_name.removeprefix("models--").replace("--", "/", 1)
+
+
+def resolve_folder(hub_cache: Path, folder_name: str | None, rel_path: str | None) -> dict:
+    for raw in (rel_path, folder_name):
+        if not raw or not isinstance(raw, str) or "\x00" in raw:
+            continue
+        candidate = Path(raw).expanduser()
+        if not candidate.is_absolute():
+            candidate = hub_cache / raw
+        try:
+            candidate = candidate.resolve()
+        except OSError:
+            continue
+        if candidate.name.startswith("models--") and candidate.is_dir():
+            snap = _repo_snapshot(candidate)
+            if snap is not None:
+                return _answer(snap, _repo_id(candidate.name))
+        if (candidate / "config.json").is_file():
+            repo_dir = candidate.parent.parent if candidate.parent.name == "snapshots" else None
+            return _answer(candidate, _repo_id(repo_dir.name) if repo_dir else None)
+    if folder_name and _HASH.match(folder_name):  # a snapshot picked by its hash
+        for snap in hub_cache.glob(f"models--*/snapshots/{folder_name}"):
+            if (snap / "config.json").is_file():
+                return _answer(snap, _repo_id(snap.parent.parent.name))
+    return {"ok": False, "error": NOT_FOUND}
