@@ -166,6 +166,8 @@ def finetune_submit(request: HttpRequest):
     if not isinstance(body.get("model_dir"), str) or not isinstance(body.get("data_dir"), str) \
             or not body["model_dir"] or not body["data_dir"]:
         return _fail("model_dir and data_dir required")
+    if body.get("adapter_path") is not None and not isinstance(body["adapter_path"], str):
+        return _fail("adapter_path must be a string")
     if not body.get("adapter_path"):
         body["adapter_path"] = str(settings.HEARTH_HOME / "adapters" / f"adapter-{_time.strftime('%Y%m%d-%H%M%S')}"
                                    f"-{int(_time.time() * 1000) % 1000:03d}")

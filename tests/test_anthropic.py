@@ -133,6 +133,7 @@ def test_cache_read_tokens_on_a_repeated_prefix(client):
     ({"messages": ASK, "logit_bias": {"1": 5}}, "logit_bias"),
     ({"messages": ASK, "stop_sequences": "x"}, "stop_sequences"),
     ({"messages": [{"role": "system", "content": "x"}]}, "role"),
+    ({"messages": ASK, "thinking": "yes"}, "thinking"),
     ({"messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": [
         {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}}]}]}]}, "vision"),
 ])

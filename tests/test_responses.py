@@ -139,6 +139,9 @@ def test_reasoning_item(client):
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input[0].content[0]"),
     ({"input": "x", "text": {"format": {"type": "yaml"}}}, "text.format.type"),
     ({"input": "x", "store": "yes"}, "store"),
+    ({"input": "x", "text": "json"}, "text"),
+    ({"input": "x", "reasoning": "high"}, "reasoning"),
+    ({"input": "x", "tool_choice": 5}, "tool_choice"),
 ])
 def test_bad_requests(base_url, body, param):
     r = httpx.post(base_url + "/v1/responses", json={"model": "m", **body})

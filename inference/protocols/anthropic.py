@@ -179,7 +179,10 @@ def to_chat_body(body: dict) -> dict:
         if name in body:
             chat[name] = body[name]
     thinking = body.get("thinking")
-    if isinstance(thinking, dict) and thinking.get("type") in ("enabled", "disabled", "adaptive"):
+    if thinking is not None and not (isinstance(thinking, dict) and thinking.get("type") in
+                                     ("enabled", "disabled", "adaptive")):
+        raise RequestError("thinking must be {\"type\": \"enabled\" | \"disabled\" | \"adaptive\", …}", "thinking")
+    if thinking is not None:
         kwargs = chat.get("chat_template_kwargs")
         chat["chat_template_kwargs"] = {**(kwargs if isinstance(kwargs, dict) else {}),
                                         "enable_thinking": thinking["type"] != "disabled"}

@@ -123,7 +123,9 @@ def _tool_choice(raw):
 def _text_format(text) -> dict | None:
     if text is None:
         return None
-    fmt = text.get("format") if isinstance(text, dict) else None
+    if not isinstance(text, dict):
+        raise RequestError("text must be an object, e.g. {\"format\": {\"type\": \"json_schema\", …}}", "text")
+    fmt = text.get("format")
     if fmt is None or (isinstance(fmt, dict) and fmt.get("type") == "text"):
         return None
     if not isinstance(fmt, dict):
@@ -171,15 +173,18 @@ class Turn:
             if body.get(name) is not None:
                 chat[name] = body[name]
         tools = _tools(body.get("tools"))
+        choice = _tool_choice(body.get("tool_choice"))
         if tools:
             chat["tools"] = tools
-            choice = _tool_choice(body.get("tool_choice"))
             if choice is not None:
                 chat["tool_choice"] = choice
         fmt = _text_format(body.get("text"))
         if fmt is not None:
             chat["response_format"] = fmt
-        effort = (body.get("reasoning") or {}).get("effort") if isinstance(body.get("reasoning"), dict) else None
+        reasoning = body.get("reasoning")
+        if reasoning is not None and not isinstance(reasoning, dict):
+            raise RequestError("reasoning must be an object, e.g. {\"effort\": \"low\"}", "reasoning")
+        effort = (reasoning or {}).get("effort")
         if effort is not None:
             chat["reasoning_effort"] = effort
         return chat
