@@ -39,7 +39,8 @@ async def create(request: HttpRequest) -> HttpResponse:
 
     def keep(message, response: dict) -> None:
         if store:
-            runtime.responses.put(response, turn.messages, responses.chat_output(message), turn.instructions)
+            runtime.responses.put(response, turn.messages, responses.chat_output(message), turn.instructions,
+                                  turn.system)
 
     if body.get("stream"):
         headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **prepared.headers}

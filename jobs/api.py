@@ -71,8 +71,9 @@ async def _follow(job_id: str):
         return
     log, offset, quiet = EventLog(job.log_path), 0, 0.0
     while True:
-        status = await sync_to_async(lambda: Job.objects.filter(id=job_id).values_list("status", flat=True)
-                                     .first())()
+        # Ended means the worker recorded the end (a cancel sets the status first, then the worker finishes).
+        status, ended = await sync_to_async(lambda: Job.objects.filter(id=job_id).values_list(
+            "status", "ended_at").first() or (None, None))()
         events, offset = await asyncio.to_thread(log.read, offset)
         for event in events:
             yield _frame(event)
@@ -80,7 +81,7 @@ async def _follow(job_id: str):
         if quiet >= KEEPALIVE_S:  # a queued or quiet job: keep proxies and clients from timing out
             quiet = 0.0
             yield b": keep-alive\n\n"
-        if status in Job.TERMINAL or status is None:
+        if status is None or (status in Job.TERMINAL and ended is not None):
             events, offset = await asyncio.to_thread(log.read, offset)  # what was written as it ended
             for event in events:
                 yield _frame(event)
@@ -110,13 +111,17 @@ def quantize_inspect(request: HttpRequest):
         _, path = resolve(model_id)
     except ModelNotFound as exc:
         return {"ok": False, "model_id": model_id, "error": str(exc)}
-    config = json.loads((path / "config.json").read_text())
-    size = sum(p.stat().st_size for p in path.iterdir() if p.is_file())
-
-    from mlx_lm.utils import MODEL_REMAPPING  # noqa: F401  (mlx-lm present)
-
+    try:
+        config = json.loads((path / "config.json").read_text())
+        size = sum(p.stat().st_size for p in path.iterdir() if p.is_file())
+    except (OSError, ValueError) as exc:
+        return {"ok": False, "model_id": model_id, "error": f"unreadable model: {exc}"}
     arch = config.get("model_type")
-    support = bool(arch) and importlib.util.find_spec(f"mlx_lm.models.{arch}") is not None
+    support = False
+    if isinstance(arch, str) and arch.replace("_", "").isalnum():
+        from mlx_lm.utils import MODEL_REMAPPING
+
+        support = importlib.util.find_spec(f"mlx_lm.models.{MODEL_REMAPPING.get(arch, arch)}") is not None
     out = {"ok": True, "model_id": model_id, "arch": arch, "support": support, "size_gb": round(size / 1e9, 3),
            "quantized": bool(config.get("quantization"))}
     return out
@@ -214,8 +219,9 @@ def finetune_export(request: HttpRequest):
     adapter_dir = Path(adapter).expanduser()
     if not (adapter_dir / "adapters.safetensors").is_file():
         return _fail(f"{adapter_dir} holds no adapters.safetensors")
-    stamp = _time.strftime("%Y%m%d-%H%M%S") + f"-{int(_time.time() * 1000) % 1000:03d}"
-    out = settings.HEARTH_HOME / "exports" / f"export-{stamp}"
+    import uuid
+
+    out = settings.HEARTH_HOME / "exports" / f"export-{_time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
     out.mkdir(parents=True)
     manifest = {"version": 1, "base_model": base, "adapter_path": str(adapter_dir),
                 "created_at": _time.strftime("%Y-%m-%dT%H:%M:%SZ", _time.gmtime())}

@@ -72,24 +72,33 @@ def run(job_id: str) -> None:
     events = EventLog(job.log_path)
     events.emit("started")
     stderr_path = Path(job.log_path).with_suffix(".stderr")
-    with open(stderr_path, "wb") as stderr:
-        child = subprocess.Popen([sys.executable, "-m", "jobs.child", job.kind, job.log_path, job.config_json],
-                                 stdout=stderr, stderr=subprocess.STDOUT, start_new_session=True)
-    Job.objects.filter(id=job.id).update(child_pid=child.pid)
-    state: dict = {}
-    offset, cancelled = 0, False
-    while True:
-        code = child.poll()
-        new, offset = events.read(offset)
-        _apply(job, new, state)
-        if new:
-            Job.objects.filter(id=job.id).update(progress=job.progress, message=job.message)
-        if code is not None:
-            break
-        if not cancelled and Job.objects.filter(id=job.id, status="cancelled").exists():
-            cancelled = True
+    child, state, code, cancelled = None, {}, None, False
+    try:
+        with open(stderr_path, "wb") as stderr:
+            child = subprocess.Popen([sys.executable, "-m", "jobs.child", job.kind, job.log_path, job.config_json],
+                                     stdout=stderr, stderr=subprocess.STDOUT, start_new_session=True)
+        Job.objects.filter(id=job.id).update(child_pid=child.pid)
+        offset = 0
+        while True:
+            code = child.poll()
+            new, offset = events.read(offset)
+            _apply(job, new, state)
+            if new:
+                Job.objects.filter(id=job.id).update(progress=job.progress, message=job.message)
+            if code is not None:
+                break
+            if not cancelled and Job.objects.filter(id=job.id, status="cancelled").exists():
+                cancelled = True
+                _stop(child)
+            time.sleep(POLL_S)
+    except Exception as exc:  # the worker itself failed: stop the child, record why
+        log.exception("supervising job %s failed", job.id)
+        if child is not None and child.poll() is None:
             _stop(child)
-        time.sleep(POLL_S)
+        state.pop("done", None)
+        state["failed"] = {"error": f"the worker failed while running the job: {type(exc).__name__}: {exc}"}
+        events.emit("failed", error=state["failed"]["error"])
+        code, cancelled = -1, False
     _finish(job, code, state, cancelled, events, stderr_path)
 
 
@@ -114,13 +123,13 @@ def _tail(path: Path, lines: int = 6) -> str:
 def _finish(job: Job, code: int, state: dict, cancelled: bool, events: EventLog, stderr_path: Path) -> None:
     job.refresh_from_db()
     job.ended_at = timezone.now()
-    if cancelled or job.status == "cancelled":
-        job.status, job.error = "cancelled", "cancelled by request"
-        events.emit("failed", error=job.error)
-    elif code == 0 and "done" in state:
+    if code == 0 and "done" in state:  # finished before a cancel could stop it: the output stands
         done = state["done"]
         job.status, job.progress, job.output_path = "done", 1.0, done.get("output_dir")
-        job.message = json.dumps(done.get("summary", {}))
+        job.message, job.error = json.dumps(done.get("summary", {})), None
+    elif cancelled or job.status == "cancelled":
+        job.status, job.error = "cancelled", "cancelled by request"
+        events.emit("failed", error=job.error)
     else:
         if "failed" in state:
             job.error = state["failed"].get("error")

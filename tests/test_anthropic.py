@@ -87,7 +87,10 @@ def test_tool_use_round_trip(client):
     second = client.messages.create(model="m", max_tokens=20, messages=history, tools=[WEATHER],
                                     extra_body=forced("It is 18C."))
     assert second.content[0].text == "It is 18C." and second.stop_reason == "end_turn"
-    assert second.usage.input_tokens > first.usage.input_tokens
+    def prompt(u):
+        return u.input_tokens + (u.cache_read_input_tokens or 0)
+
+    assert prompt(second.usage) > prompt(first.usage)
 
 
 def test_streamed_tool_use_through_the_sdk(client):
@@ -114,14 +117,16 @@ def test_thinking_blocks_and_dropped_on_reingest(client):
 def test_count_tokens_matches_usage(client):
     counted = client.messages.count_tokens(model="m", system="Be brief.", messages=ASK, tools=[WEATHER])
     msg = client.messages.create(model="m", max_tokens=2, system="Be brief.", messages=ASK, tools=[WEATHER])
-    assert counted.input_tokens == msg.usage.input_tokens > 0
+    assert counted.input_tokens == msg.usage.input_tokens + (msg.usage.cache_read_input_tokens or 0) > 0
 
 
 def test_cache_read_tokens_on_a_repeated_prefix(client):
     messages = [{"role": "user", "content": "A long shared question. " * 30}]
     client.messages.create(model="m", max_tokens=2, messages=messages)
+    first = client.messages.count_tokens(model="m", messages=messages).input_tokens
     again = client.messages.create(model="m", max_tokens=2, messages=messages)
-    assert again.usage.cache_read_input_tokens == again.usage.input_tokens - 1
+    assert again.usage.cache_read_input_tokens == first - 1  # all but the token left to prefill
+    assert again.usage.input_tokens + again.usage.cache_read_input_tokens == first
 
 
 @pytest.mark.parametrize("body, needle", [
@@ -134,6 +139,7 @@ def test_cache_read_tokens_on_a_repeated_prefix(client):
     ({"messages": ASK, "stop_sequences": "x"}, "stop_sequences"),
     ({"messages": [{"role": "system", "content": "x"}]}, "role"),
     ({"messages": ASK, "thinking": "yes"}, "thinking"),
+    ({"messages": [{"role": "user", "content": [{"type": ["text"], "text": "hi"}]}]}, "type must be a string"),
     ({"messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": [
         {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}}]}]}]}, "vision"),
 ])

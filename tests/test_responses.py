@@ -170,3 +170,26 @@ def test_sdk_stream_with_a_tool_call(client):
     (call,) = final.output
     assert call.type == "function_call" and call.name == "get_weather"
     assert json.loads("".join(args)) == json.loads(call.arguments) == {"city": "Paris"}
+
+
+def test_system_items_carry_into_continuations(client):
+    first = client.responses.create(model="m", max_output_tokens=4, input=[
+        {"role": "developer", "content": "Answer in French. " * 10}, {"role": "user", "content": "Bonjour?"}])
+    second = client.responses.create(model="m", previous_response_id=first.id, input="Encore?", max_output_tokens=4)
+    # the developer text still opens the prompt, so the first turn's prompt comes from the cache
+    assert second.usage.input_tokens_details.cached_tokens >= first.usage.input_tokens - 32  # template tail differs
+
+
+def test_text_after_a_tool_call_streams_as_its_own_item(base_url):
+    body = {"model": "m", "input": "Weather?", "stream": True, "tools": [WEATHER], "max_output_tokens": 200,
+            **forced("A. " + CALL + " B.")}
+    with httpx.stream("POST", base_url + "/v1/responses", json=body, timeout=60) as r:
+        events = [json.loads(line[5:]) for line in r.iter_lines() if line.startswith("data:")]
+    final = events[-1]["response"]
+    kinds = [i["type"] for i in final["output"]]
+    assert kinds == ["message", "function_call", "message"]
+    first, last = final["output"][0], final["output"][2]
+    assert first["id"] != last["id"]
+    assert first["content"][0]["text"] == "A. " and last["content"][0]["text"] == " B."
+    done = [e["text"] for e in events if e["type"] == "response.output_text.done"]
+    assert done == ["A. ", " B."]

@@ -48,6 +48,8 @@ def _text_blocks(value, where: str) -> str:
 
 def _refuse_media(block: dict, where: str) -> None:
     kind = block.get("type")
+    if not isinstance(kind, str):
+        raise RequestError(f"{where}.type must be a string", where)
     if kind == "image":
         raise RequestError("model has no vision sidecar: image blocks need a vision model", where)
     if kind in AUDIO_BLOCKS:
@@ -204,7 +206,8 @@ def stop_reason(event: GenerationEvent, calls: list) -> str:
 
 
 def usage_json(usage: Usage) -> dict:
-    out = {"input_tokens": usage.prompt_tokens, "output_tokens": usage.completion_tokens}
+    """Anthropic counts cache reads apart: input_tokens + cache_read_input_tokens is the prompt."""
+    out = {"input_tokens": usage.prompt_tokens - usage.cached_tokens, "output_tokens": usage.completion_tokens}
     if usage.cached_tokens:
         out["cache_read_input_tokens"] = usage.cached_tokens
     return out

@@ -15,6 +15,7 @@ class Stored:
     messages: list[dict]  # the chat turn it answered: instructions, history and new input
     output: list[dict]  # the reply as chat messages (assistant text and tool calls)
     instructions: str | None
+    system: list[str]  # system/developer input items of this and earlier turns
     nbytes: int
     expires: float
 
@@ -26,13 +27,14 @@ class ResponseStore:
         self._bytes = 0
         self._lock = threading.Lock()
 
-    def put(self, response: dict, messages: list[dict], output: list[dict], instructions: str | None) -> None:
-        size = len(json.dumps([response, messages, output, instructions], ensure_ascii=False).encode())
+    def put(self, response: dict, messages: list[dict], output: list[dict], instructions: str | None,
+            system: list[str] | None = None) -> None:
+        size = len(json.dumps([response, messages, output, instructions, system], ensure_ascii=False).encode())
         if size > self.max_bytes:
             return
         with self._lock:
             self._drop(response["id"])
-            self._items[response["id"]] = Stored(response, messages, output, instructions, size,
+            self._items[response["id"]] = Stored(response, messages, output, instructions, system or [], size,
                                                  self.clock() + self.ttl_s)
             self._bytes += size
             while self._bytes > self.max_bytes:

@@ -159,8 +159,10 @@ class Turn:
             instructions = self.previous.instructions  # carried forward when omitted
         self.instructions = instructions
         history = []
-        if self.previous is not None:
+        if self.previous is not None:  # earlier system/developer items stay; the system turn is rebuilt
             history = [m for m in self.previous.messages if m["role"] != "system"] + self.previous.output
+            system = [*self.previous.system, *system]
+        self.system = system
         texts = [t for t in [instructions, *system] if t]
         self.messages = ([{"role": "system", "content": "\n\n".join(texts)}] if texts else []) + history + new
 
@@ -196,6 +198,9 @@ class Reply:
         self.id = _new_id("resp_")
         self.created = int(time.time())
         self.model_id, self.body, self.turn, self.tokenizer = model_id, body, turn, tokenizer
+        self.new_item_ids()
+
+    def new_item_ids(self) -> None:
         self.reasoning_id, self.message_id = _new_id("rs_"), _new_id("msg_")
 
     def envelope(self, status: str, output: list[dict], usage: dict | None = None,
@@ -274,8 +279,9 @@ async def stream(reply: Reply, events: AsyncIterator[GenerationEvent], output: O
     yield emit("response.created", response=reply.envelope("in_progress", []))
     yield emit("response.in_progress", response=reply.envelope("in_progress", []))
     items: list[dict] = []
-    message = Message()
+    message = Message()  # the whole reply, for the stored turn
     open_kind = None  # "reasoning" | "content" while an item is open
+    item_text = ""  # the open item's text
     sent_calls = 0
 
     def close():
@@ -283,28 +289,29 @@ async def stream(reply: Reply, events: AsyncIterator[GenerationEvent], output: O
         frames = []
         index = len(items)
         if open_kind == "reasoning":
-            part = {"type": "summary_text", "text": message.reasoning}
+            part = {"type": "summary_text", "text": item_text}
             frames.append(emit("response.reasoning_summary_text.done", item_id=reply.reasoning_id,
-                               output_index=index, summary_index=0, text=message.reasoning))
+                               output_index=index, summary_index=0, text=item_text))
             frames.append(emit("response.reasoning_summary_part.done", item_id=reply.reasoning_id,
                                output_index=index, summary_index=0, part=part))
-            items.append(reply.reasoning_item(message.reasoning))
+            items.append(reply.reasoning_item(item_text))
         elif open_kind == "content":
-            part = {"type": "output_text", "text": message.content, "annotations": []}
+            part = {"type": "output_text", "text": item_text, "annotations": []}
             frames.append(emit("response.output_text.done", item_id=reply.message_id, output_index=index,
-                               content_index=0, text=message.content))
+                               content_index=0, text=item_text))
             frames.append(emit("response.content_part.done", item_id=reply.message_id, output_index=index,
                                content_index=0, part=part))
-            items.append(reply.message_item(message.content))
+            items.append(reply.message_item(item_text))
         if open_kind is not None:
             frames.append(emit("response.output_item.done", output_index=index, item=items[-1]))
         open_kind = None
         return frames
 
     def open_item(kind):
-        nonlocal open_kind
+        nonlocal open_kind, item_text
         index = len(items)
-        open_kind = kind
+        open_kind, item_text = kind, ""
+        reply.new_item_ids()  # every item its own id
         if kind == "reasoning":
             item = {"type": "reasoning", "id": reply.reasoning_id, "summary": []}
             return [emit("response.output_item.added", output_index=index, item=item),
@@ -333,6 +340,7 @@ async def stream(reply: Reply, events: AsyncIterator[GenerationEvent], output: O
                 for f in open_item(piece.kind):
                     yield f
             index = len(items)
+            item_text += piece.text
             if piece.kind == "reasoning":
                 message.reasoning += piece.text
                 yield emit("response.reasoning_summary_text.delta", item_id=reply.reasoning_id, output_index=index,
