@@ -32,6 +32,16 @@ def _body(request: HttpRequest) -> dict | JsonResponse:
     return body if isinstance(body, dict) else _fail("invalid JSON body: expected an object")
 
 
+def _model_body(request: HttpRequest) -> dict | JsonResponse:
+    """A JSON object with a `model_id` string, or the 400 that says what is wrong."""
+    body = _body(request)
+    if isinstance(body, JsonResponse):
+        return body
+    if not isinstance(body.get("model_id"), str) or not body["model_id"]:
+        return _fail("model_id required")
+    return body
+
+
 @router.get("/jobs")
 def list_jobs(request: HttpRequest, limit: int = 50, kind: str | None = None):
     if kind is not None and kind not in KINDS:
@@ -101,12 +111,10 @@ def quantize_inspect(request: HttpRequest):
     from inference.engine.errors import ModelNotFound
     from inference.engine.loader import resolve
 
-    body = _body(request)
+    body = _model_body(request)
     if isinstance(body, JsonResponse):
         return body
-    model_id = body.get("model_id")
-    if not isinstance(model_id, str) or not model_id:
-        return _fail("model_id required")
+    model_id = body["model_id"]
     try:
         _, path = resolve(model_id)
     except ModelNotFound as exc:
@@ -132,12 +140,10 @@ def quantize_submit(request: HttpRequest):
     from inference.engine.errors import ModelNotFound
     from inference.engine.loader import resolve
 
-    body = _body(request)
+    body = _model_body(request)
     if isinstance(body, JsonResponse):
         return body
-    model_id = body.get("model_id")
-    if not isinstance(model_id, str) or not model_id:
-        return _fail("model_id required")
+    model_id = body["model_id"]
     try:
         quantize.check(body)
         _, path = resolve(model_id)

@@ -14,7 +14,7 @@ REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 TOOL_CHOICES = ("none", "auto", "required")
 
 
-def _text_of(content, where: str) -> str:
+def text_of(content, where: str) -> str:
     """Message content as one string: a string, null, or a list of parts."""
     if content is None or isinstance(content, str):
         return content or ""
@@ -63,7 +63,7 @@ def normalize_messages(messages) -> list[dict]:
             raise RequestError(f"{where}.role must be one of {', '.join(sorted(ROLES))}", f"{where}.role")
         msg = dict(m)
         msg["role"] = "system" if m["role"] == "developer" else m["role"]
-        msg["content"] = _text_of(m.get("content"), where)
+        msg["content"] = text_of(m.get("content"), where)
         if m["role"] == "assistant":
             # `reasoning` is an alias; an explicit reasoning_content wins, even empty.
             if "reasoning_content" not in m and isinstance(m.get("reasoning"), str):

@@ -10,6 +10,7 @@ import uuid
 from collections.abc import AsyncIterator
 
 from inference.engine.types import GenerationEvent
+from inference.protocols import chat
 from inference.protocols.errors import RequestError
 from inference.protocols.openai import Message, with_keepalive
 from inference.protocols.output import OutputParser
@@ -26,25 +27,6 @@ def _new_id(prefix: str) -> str:
 
 
 # -- request ---------------------------------------------------------------
-def _content_text(content, where: str) -> str:
-    if content is None or isinstance(content, str):
-        return content or ""
-    if not isinstance(content, list):
-        raise RequestError(f"{where}.content must be a string or a list of content parts", where)
-    texts = []
-    for i, part in enumerate(content):
-        kind = part.get("type") if isinstance(part, dict) else None
-        if kind in ("input_text", "output_text", "text") and isinstance(part.get("text"), str):
-            texts.append(part["text"])
-        elif kind in ("input_image", "image_url"):
-            raise RequestError("model has no vision sidecar", f"{where}.content[{i}]")
-        elif kind in ("input_audio", "input_file"):
-            raise RequestError(f"{kind} parts are not supported by this model", f"{where}.content[{i}]")
-        else:
-            raise RequestError(f"{where}.content[{i}] is not a text part", f"{where}.content[{i}]")
-    return "".join(texts)
-
-
 def _items(raw) -> tuple[list[dict], list[str]]:
     """Chat messages from `input`, and the system/developer texts found in it."""
     if isinstance(raw, str):
@@ -64,7 +46,7 @@ def _items(raw) -> tuple[list[dict], list[str]]:
             role = item.get("role")
             if role not in ("user", "assistant", "system", "developer"):
                 raise RequestError(f"{where}.role must be user, assistant, system or developer", f"{where}.role")
-            text = _content_text(item.get("content"), where)
+            text = chat.text_of(item.get("content"), where)
             if role in ("system", "developer"):
                 system.append(text)
             else:
@@ -82,7 +64,7 @@ def _items(raw) -> tuple[list[dict], list[str]]:
                 out.append({"role": "assistant", "content": "", "tool_calls": [call]})
         elif kind == "function_call_output":
             output = item.get("output")
-            text = output if isinstance(output, str) else _content_text(output, where) if isinstance(output, list) \
+            text = output if isinstance(output, str) else chat.text_of(output, where) if isinstance(output, list) \
                 else json.dumps(output)
             out.append({"role": "tool", "tool_call_id": str(item.get("call_id") or ""), "content": text})
         elif kind == "reasoning":
