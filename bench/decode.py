@@ -53,6 +53,18 @@ def build_model(out: Path) -> int:
     return sum(v.size for v in weights.values())
 
 
+def suppressed_ids(model: Path) -> list[int]:
+    """Special tokens and lone partial UTF-8 bytes: suppressed, so each runner
+    decodes plain, printable text that streams token by token (a random model
+    otherwise emits byte soup that servers rightly hold back)."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(model / "tokenizer.json"))
+    special = json.loads((model / "tokenizer.json").read_text())["added_tokens"]
+    ids = [t["id"] for t in special if t.get("special")]
+    return ids + [i for i in range(tok.get_vocab_size()) if "\ufffd" in tok.decode([i])]
+
+
 RAW = r"""
 import json, sys, time
 import mlx.core as mx
@@ -148,15 +160,7 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="hearth-bench-"))
     model = work / "bench-llama-100m"
     params = build_model(model)
-    # Special tokens and lone partial UTF-8 bytes are suppressed, so each runner
-    # decodes --tokens of plain, printable text that streams token by token (a
-    # random model otherwise emits byte soup that servers rightly hold back).
-    from tokenizers import Tokenizer
-
-    tok = Tokenizer.from_file(str(model / "tokenizer.json"))
-    special = json.loads((model / "tokenizer.json").read_text())["added_tokens"]
-    eos = [t["id"] for t in special if t.get("special")]
-    eos += [i for i in range(tok.get_vocab_size()) if "\ufffd" in tok.decode([i])]
+    eos = suppressed_ids(model)
     print(f"model: {params / 1e6:.0f}M parameters, float32, at {model}", flush=True)
 
     base = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "_HEARTH_REEXEC")}

@@ -36,7 +36,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.decode import build_model, wait_up  # noqa: E402
+from bench.decode import build_model, suppressed_ids, wait_up  # noqa: E402
 from config.cli import find_openblas  # noqa: E402
 
 WORDS = ("the river house quiet keeper light tower stone window garden morning evening bread tea letter "
@@ -202,9 +202,7 @@ def main() -> int:
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(str(model / "tokenizer.json"))
-    special = json.loads((model / "tokenizer.json").read_text())["added_tokens"]
-    suppress = [t["id"] for t in special if t.get("special")]
-    suppress += [i for i in range(tok.get_vocab_size()) if "\ufffd" in tok.decode([i])]
+    suppress = suppressed_ids(model)
     print(f"model: {params / 1e6:.0f}M parameters, float32, at {model}", flush=True)
     prefix_words = 10
     while len(tok.encode(text_of(prefix_words, 0)).ids) < args.prefix_tokens:
