@@ -14,6 +14,7 @@ from ninja.errors import HttpError
 from ninja.errors import ValidationError as NinjaValidationError
 
 from inference.api import router as openai_router
+from inference.api_adapters import router as adapters_router
 from inference.api_anthropic import router as anthropic_router
 from inference.api_embeddings import router as embeddings_router
 from inference.api_responses import router as responses_router
@@ -28,6 +29,7 @@ v1.add_router("", openai_router)
 v1.add_router("", anthropic_router)
 v1.add_router("", responses_router)
 v1.add_router("", embeddings_router)
+v1.add_router("", adapters_router)
 
 api = NinjaAPI(title="Hearth dashboard API", version="1", urls_namespace="api", docs_url="/docs")
 api.add_router("", jobs_router)
@@ -54,7 +56,7 @@ def _request_error(request, exc: RequestError):
 def _engine_error(request, exc: EngineError):
     if exc.status >= 500:
         log.error("%s on %s: %s", type(exc).__name__, request.path, exc)
-    return JsonResponse(openai_error(str(exc), exc.type, None, exc.code), status=exc.status)
+    return JsonResponse(openai_error(str(exc), exc.type, exc.param, exc.code), status=exc.status)
 
 
 @v1.exception_handler(NinjaValidationError)

@@ -30,5 +30,6 @@ async def create(request: HttpRequest):
     for i, t in enumerate(tokens):
         if window and len(t) > window:
             raise RequestError(f"input[{i}] has {len(t)} tokens, over the model's context of {window}", "input")
-    vectors = await asyncio.to_thread(engine.call, lambda: embed(model.model, tokens), 300.0)
+    vectors = await asyncio.to_thread(engine.call, lambda: model.adapters.base_only(lambda: embed(model.model, tokens)),
+                                      300.0)
     return JsonResponse(embeddings.reply(vectors, model.model_id, sum(len(t) for t in tokens), fmt))

@@ -33,6 +33,10 @@ def stats_body() -> dict:
         body["ssd_cache"] = engine.ssd.stats()
     body["admission"] = _admission(engine)
     body["batch"] = _batch(engine)
+    adapters = model.adapters
+    body["adapters"] = {"mounted": sorted(adapters.ids()), "default": "+".join(adapters.default) or None,
+                        "running": "+".join(a.id for a in adapters.active) if engine.active_rows else None,
+                        "ram_bytes": sum(a["ram_bytes"] for a in adapters.describe())}
     s = engine.stats
     body["engine"] = {
         "active": engine.active_rows, "queued": engine.queued, "requests_total": s.requests_total,

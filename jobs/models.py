@@ -48,3 +48,24 @@ class Job(models.Model):
                 "progress": self.progress, "message": self.message, "log_path": self.log_path,
                 "output_path": self.output_path, "error": self.error, "created_at": iso(self.created_at),
                 "started_at": iso(self.started_at), "ended_at": iso(self.ended_at)}
+
+
+class Adapter(models.Model):
+    """A LoRA adapter on disk: written by a fine-tune job, or mounted by path."""
+
+    name = models.CharField(max_length=128, db_index=True)  # the id it mounts under by default
+    path = models.CharField(max_length=1024, unique=True)
+    base_model = models.CharField(max_length=1024, null=True, blank=True)
+    rank = models.IntegerField(null=True, blank=True)
+    scale = models.FloatField(null=True, blank=True)
+    method = models.CharField(max_length=16, null=True, blank=True)  # sft, dpo, orpo, merge
+    size_bytes = models.BigIntegerField(default=0)
+    job = models.ForeignKey(Job, null=True, blank=True, on_delete=models.SET_NULL, related_name="adapters")
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_mounted_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.path})"

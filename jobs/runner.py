@@ -143,4 +143,11 @@ def _finish(job: Job, code: int, state: dict, cancelled: bool, events: EventLog,
         if "failed" not in state:
             events.emit("failed", error=job.error)
     job.save()
+    if job.status == "done" and job.kind == "finetune" and job.output_path:
+        try:
+            from jobs.adapters import register
+
+            register(job.output_path, job=job)
+        except Exception:
+            log.exception("job %s: could not record its adapter", job.id)
     log.info("job %s %s%s", job.id, job.status, f": {job.error}" if job.error else "")

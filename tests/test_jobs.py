@@ -158,18 +158,14 @@ def test_a_worker_that_dies_leaves_a_zombie_and_is_restarted(slow_server, tiny_m
 TAUGHT = "Zebra!"
 
 
-def _greedy(model_ref: str, adapter: str | None, prompt_messages: list[dict]) -> str:
-    from mlx_lm import generate, load
-
-    model, tokenizer = load(model_ref, adapter_path=adapter)
-    hf = tokenizer._tokenizer
-    prompt = hf.apply_chat_template(prompt_messages, tokenize=False, add_generation_prompt=True)
-    return generate(model, tokenizer, prompt, max_tokens=12, verbose=False)
+def _served_reply(url: str, messages: list[dict], **extra) -> str:
+    r = httpx.post(url + "/v1/chat/completions", json={"messages": messages, "max_tokens": 12, "temperature": 0,
+                                                       **extra}, timeout=60)
+    assert r.status_code == 200, r.text
+    return r.json()["choices"][0]["message"]["content"] or ""
 
 
 def test_finetune_teaches_a_reply_and_streams_its_loss(base_url, tiny_model, tmp_path):
-    from huggingface_hub import snapshot_download
-
     data = tmp_path / "data"
     data.mkdir()
     ask = [{"role": "user", "content": "Say the word."}]
@@ -193,9 +189,16 @@ def test_finetune_teaches_a_reply_and_streams_its_loss(base_url, tiny_model, tmp
     assert train[-1]["loss"] < train[0]["loss"] and train[-1]["tokens_per_sec"] > 0
     assert (adapter / "adapters.safetensors").is_file() and (adapter / "adapter_config.json").is_file()
 
-    base_dir = snapshot_download(tiny_model, local_files_only=True)
-    assert _greedy(base_dir, str(adapter), ask).startswith(TAUGHT)
-    assert not _greedy(base_dir, None, ask).startswith(TAUGHT)
+    # Mounted into the running server without a restart, it answers with the taught reply.
+    listed = {a["path"]: a for a in httpx.get(base_url + "/v1/adapters/available").json()["adapters"]}
+    assert listed[str(adapter.resolve())]["compatible"] and not listed[str(adapter.resolve())]["mounted"]
+    mounted = httpx.post(base_url + "/v1/adapters", json={"id": "zebra", "path": str(adapter)}).json()
+    assert mounted["rank"] == 16 and mounted["mounted_layers"] > 0
+    try:
+        assert _served_reply(base_url, ask, adapter="zebra").startswith(TAUGHT)
+        assert not _served_reply(base_url, ask).startswith(TAUGHT)
+    finally:
+        httpx.delete(base_url + "/v1/adapters/zebra")
 
 
 def test_finetune_config_errors_fail_the_job(base_url, tiny_model, tmp_path):

@@ -16,6 +16,12 @@ it ends goes back there. An aborted request (a client that went away) stops
 within one decode step (on the serial lane, once a prefill in progress
 ends) and leaves the other rows untouched; one still waiting gives up its
 queue place at once.
+
+Rows that run together share one adapter set (`adapters.AdapterManager`):
+the set is resolved when a request is admitted, a request asking for a
+different set waits until the running group has finished (and holds back
+those behind it, so nobody starves), and its prompt-cache lookups stay in
+its own namespace.
 """
 from __future__ import annotations
 
@@ -31,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from inference.engine import loader, metrics
+from inference.engine.adapters import AdapterError, AdapterManager
 from inference.engine.errors import ContextOverBudget, EngineClosed, EngineError, QueueFull
 from inference.engine.prompt_cache import PromptCache
 from inference.engine.rows import Job, Row
@@ -100,6 +107,8 @@ class Engine:
         self.cache: PromptCache | None = None
         self.ssd = None
         self.lane = None
+        self.adapters: AdapterManager | None = None
+        self._group: tuple = ()  # the adapters of the running rows
         self.mode = "off"  # "off" | "serial" | "batch", as /stats reports it
         self.serial_reason: str | None = None
         self.enforced_context: int | None = None
@@ -251,6 +260,7 @@ class Engine:
 
             self.ssd = SSDCache(Path(cfg.ssd_cache), self._namespace(), cfg.ssd_cache_bytes, cfg.ssd_queue_bytes)
         self.cache = PromptCache(cfg.prompt_cache_bytes, self.ssd, trimmable=can_trim_prompt_cache(sample))
+        self.adapters = model.adapters
         self.enforced_context = self._enforced_context()
         log.info("engine: lane %s (batch %d%s), prompt cache %d MiB%s", self.lane.name, cfg.batch,
                  f"; serial because {self.serial_reason}" if self.serial_reason else "",
@@ -315,18 +325,34 @@ class Engine:
 
     def _admit(self) -> None:
         while self._waiting and self.lane.active < self.lane.capacity:
-            job = self._waiting.popleft()
+            job = self._waiting[0]
+            req = job.request
+            group = None
+            if not job.aborted.is_set():
+                try:
+                    group = self.adapters.resolve(req.adapters)
+                except AdapterError as exc:  # unmounted while it waited
+                    job.emit(GenerationEvent(error=str(exc)))
+                    job.aborted.set()
+                else:
+                    if self.lane.active and group != self._group:
+                        return  # runs once the current group has finished
+            self._waiting.popleft()
             with self._count_lock:
                 self._waiting_n -= 1
             if job.aborted.is_set():
                 continue
-            req = job.request
+            if not self.lane.active and group != self._group:
+                self._group = group
+                self.adapters.activate(group)
+            ns = self.adapters.namespace(group)
             try:
-                cache, cached = self.cache.lookup(req.prompt_tokens, req.session)
+                cache, cached = self.cache.lookup(req.prompt_tokens, req.session, ns)
             except Exception:
                 log.exception("prompt cache lookup failed; prefilling request %s in full", req.id)
                 cache, cached = None, 0
             row = Row(job, self.loaded, self._limit(req), cached, self.lane.name)
+            row.ns = ns
             self.stats.submitted_rows += 1
             self.stats.prompt_tokens_total += len(req.prompt_tokens)
             self.stats.cached_tokens_total += cached
@@ -353,7 +379,7 @@ class Engine:
             if cache is None:
                 continue
             try:
-                self.cache.publish(tokens, cache, row.req.session)
+                self.cache.publish(tokens, cache, row.req.session, row.ns)
             except Exception:
                 log.exception("prompt cache: could not keep the cache of request %s", row.req.id)
 
@@ -395,6 +421,25 @@ class Engine:
             self._waiting_n = 0
         with self._idle:
             self._idle.notify_all()
+
+    # -- adapters ----------------------------------------------------------
+    def mount_adapter(self, adapter_id: str, path: str, make_default: bool = False, timeout: float = 120.0) -> dict:
+        """Mount (or replace) a LoRA adapter between forward passes."""
+        def mount():
+            old = self.adapters.mounted.get(adapter_id)
+            result = self.adapters.mount(adapter_id, path, make_default)
+            if old is not None:
+                self.cache.forget_adapter(self.adapters.namespace((old,)))
+            return result
+        return self.call(mount, timeout)
+
+    def unmount_adapter(self, adapter_id: str) -> dict:
+        def unmount():
+            old = self.adapters.mounted.get(adapter_id)
+            result = self.adapters.unmount(adapter_id)  # raises AdapterNotMounted
+            self.cache.forget_adapter(self.adapters.namespace((old,)))
+            return result
+        return self.call(unmount)
 
     # -- cache administration ---------------------------------------------
     def close_session(self, session: str) -> None:

@@ -7,6 +7,7 @@ class EngineError(Exception):
     status = 500
     type = "server_error"
     code: str | None = None
+    param: str | None = None  # the request field at fault, when there is one
 
 
 class ModelNotFound(EngineError):

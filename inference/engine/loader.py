@@ -38,6 +38,14 @@ class LoadedModel:
         hf = getattr(self.tokenizer, "_tokenizer", self.tokenizer)
         return GrammarCompiler(hf, self.vocab_size, sorted(self.tokenizer.eos_token_ids))
 
+    @cached_property
+    def adapters(self):
+        """The LoRA adapters mounted into this model (engine thread only
+        mounts them; see inference.engine.adapters)."""
+        from inference.engine.adapters import AdapterManager
+
+        return AdapterManager(self.model)
+
     @property
     def newline_ids(self) -> list[int]:
         """Tokens of "\n": exempt from XTC, as in mlx_lm.server."""

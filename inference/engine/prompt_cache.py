@@ -1,12 +1,14 @@
 """The prompt cache: KV caches of finished requests, reused by the next
 request that starts with the same tokens.
 
-A RAM LRU bounded in bytes holds entries keyed by their token sequence.
+A RAM LRU bounded in bytes holds entries keyed by their token sequence
+and namespace (the adapter set that computed them; "" for the base model).
 A lookup finds the entry sharing the longest prefix with the new prompt
 (a session's latest entry first, when the request names a session), copies
 its cache and trims it to the shared prefix, so only the rest of the prompt
-is prefilled. With an SSD tier every entry is also written to disk behind
-the engine's back and found again after a restart.
+is prefilled. With an SSD tier every base-model entry is also written to disk
+behind the engine's back and found again after a restart (adapter entries
+stay in RAM: an adapter's identity does not outlive its mount).
 
 Everything here runs on the engine thread, except `stats()` and
 `close_session()`, which take the lock.
@@ -35,8 +37,11 @@ def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
     return int(differ[0]) if len(differ) else n
 
 
-def tokens_key(tokens: np.ndarray) -> str:
-    return hashlib.sha1(tokens.astype(np.int32).tobytes()).hexdigest()
+def tokens_key(tokens: np.ndarray, ns: str = "") -> str:
+    digest = hashlib.sha1(tokens.astype(np.int32).tobytes())
+    if ns:
+        digest.update(b"\0" + ns.encode())
+    return digest.hexdigest()
 
 
 def compact(cache: list) -> list:
@@ -61,6 +66,7 @@ class Entry:
     cache: list
     nbytes: int
     durable: bool = False  # a complete copy is on the SSD tier
+    ns: str = ""  # the adapter set that computed it
 
 
 @dataclass
@@ -85,19 +91,20 @@ class PromptCache:
         self._lock = threading.Lock()
 
     # -- lookup ----------------------------------------------------------
-    def lookup(self, prompt: list[int], session: str | None = None) -> tuple[list | None, int]:
+    def lookup(self, prompt: list[int], session: str | None = None, ns: str = "") -> tuple[list | None, int]:
         """A private cache holding the longest reusable prefix of `prompt`
-        and its length, or (None, 0). At least one prompt token is always
-        left to prefill: generation starts from the model's last logits."""
+        computed under the same adapter set `ns`, and its length, or (None,
+        0). At least one prompt token is always left to prefill: generation
+        starts from the model's last logits."""
         tokens = np.asarray(prompt, dtype=np.int32)
         limit = len(tokens) - 1
         if limit <= 0 or self.max_bytes <= 0:
             return None, 0
-        best, length = self._session_entry(session, tokens, limit)
+        best, length = self._session_entry(session, tokens, limit, ns)
         if best is None:
             with self._lock:
                 self.counters.prefix_scans += 1
-            best, length = self._scan(tokens, limit)
+            best, length = self._scan(tokens, limit, ns)
         if best is None or length == 0:
             with self._lock:
                 self.counters.misses += 1
@@ -117,11 +124,11 @@ class PromptCache:
             self.counters.hits += 1
         return cache, length
 
-    def _session_entry(self, session: str | None, tokens: np.ndarray, limit: int):
+    def _session_entry(self, session: str | None, tokens: np.ndarray, limit: int, ns: str):
         if session is None:
             return None, 0
         entry = self.entries.get(self.sessions.get(session, ""))
-        if entry is not None:
+        if entry is not None and entry.ns == ns:
             want = min(len(entry.tokens), limit)
             if common_prefix(entry.tokens, tokens) >= want:
                 with self._lock:
@@ -131,15 +138,17 @@ class PromptCache:
             self.counters.session_misses += 1
         return None, 0
 
-    def _scan(self, tokens: np.ndarray, limit: int) -> tuple[Entry | None, int]:
+    def _scan(self, tokens: np.ndarray, limit: int, ns: str) -> tuple[Entry | None, int]:
         best, length = None, 0
         for entry in self.entries.values():
+            if entry.ns != ns:
+                continue
             n = min(common_prefix(entry.tokens, tokens), limit)
             if n > length or (n == length and best is not None and len(entry.tokens) < len(best.tokens)):
                 best, length = entry, n
         if not self.trimmable and best is not None and length < len(best.tokens):
             best, length = None, 0
-        if self.ssd is not None:
+        if self.ssd is not None and not ns:
             key, n = self.ssd.find(tokens, limit)
             if key is not None and n > length and key not in self.entries:
                 restored = self._restore(key)
@@ -158,14 +167,15 @@ class PromptCache:
         return entry if key in self.entries else None
 
     # -- publish ---------------------------------------------------------
-    def publish(self, tokens: list[int], cache: list, session: str | None = None) -> None:
-        """Keep `cache`, which holds exactly `tokens`, for later requests."""
+    def publish(self, tokens: list[int], cache: list, session: str | None = None, ns: str = "") -> None:
+        """Keep `cache`, which holds exactly `tokens` as adapter set `ns`
+        computed them, for later requests."""
         import mlx.core as mx
 
         if self.max_bytes <= 0 or not tokens or not cache:
             return
         arr = np.asarray(tokens, dtype=np.int32)
-        key = tokens_key(arr)
+        key = tokens_key(arr, ns)
         if key in self.entries:
             with self._lock:
                 self.entries.move_to_end(key)
@@ -174,11 +184,11 @@ class PromptCache:
             return
         cache = compact(cache)
         mx.eval([c.state for c in cache])
-        entry = Entry(key, arr, cache, sum(c.nbytes for c in cache))
+        entry = Entry(key, arr, cache, sum(c.nbytes for c in cache), ns=ns)
         # An entry whose tokens the new one extends is covered by it.
         covered = [] if entry.nbytes > self.max_bytes else [
             e for e in self.entries.values()
-            if len(e.tokens) <= len(arr) and common_prefix(e.tokens, arr) == len(e.tokens)]
+            if e.ns == ns and len(e.tokens) <= len(arr) and common_prefix(e.tokens, arr) == len(e.tokens)]
         for old in covered:
             self._drop(old)
         self._insert(entry)
@@ -190,7 +200,7 @@ class PromptCache:
                         self.sessions[name] = key
                 if session:
                     self._bind(session, key)
-        if self.ssd is not None and key in self.entries:
+        if self.ssd is not None and key in self.entries and not ns:
             self.ssd.submit(entry)
 
     def _insert(self, entry: Entry) -> None:
@@ -230,13 +240,21 @@ class PromptCache:
         while len(self.sessions) > MAX_SESSIONS:
             self.sessions.popitem(last=False)
 
+    def forget_adapter(self, part: str) -> int:
+        """Drop the entries an adapter mount ("id@generation") computed:
+        nothing can use them once it is unmounted or replaced."""
+        dead = [e for e in self.entries.values() if e.ns and part in e.ns.split("+")]
+        for entry in dead:
+            self._drop(entry)
+        return len(dead)
+
     def close_session(self, session: str) -> None:
         with self._lock:
             self.sessions.pop(session, None)
 
     def pending_durability(self) -> list[Entry]:
-        """RAM entries without a complete copy on the SSD tier."""
-        return [e for e in self.entries.values() if not e.durable]
+        """Base-model RAM entries without a complete copy on the SSD tier."""
+        return [e for e in self.entries.values() if not e.durable and not e.ns]
 
     def stats(self) -> dict:
         with self._lock:

@@ -45,6 +45,7 @@ class Row:
         self.limit = limit
         self.cached = cached
         self.lane = lane
+        self.ns = ""  # the prompt-cache namespace of its adapter set
         self.count = 0
         self.finish: str | None = None
         self.first_at: float | None = None

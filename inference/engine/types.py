@@ -43,6 +43,7 @@ class GenerationRequest:
     top_logprobs: int = 0  # and the k most likely tokens (0 = none)
     grammar: object | None = None  # a compiled grammar (inference.engine.grammar)
     session: str | None = None  # prompt-cache session affinity key
+    adapters: tuple[str, ...] | None = None  # mounted LoRA ids, () for the base; None: the server default
     id: int = field(default_factory=lambda: next(_ids))
 
 

@@ -43,7 +43,7 @@ def _common(body: dict, model: LoadedModel, defaults: ServerDefaults) -> Generat
     """Every field but the prompt, checked before the (costlier) prompt build."""
     params.single_choice(body)
     params.boolean(body, "stream")
-    params.adapter(body)
+    adapters = params.adapter(body, model.adapters)
     want_logprobs, top_logprobs = params.logprobs(body)
     return GenerationRequest(
         prompt_tokens=[],
@@ -53,6 +53,7 @@ def _common(body: dict, model: LoadedModel, defaults: ServerDefaults) -> Generat
         stop=params.stop_sequences(body),
         logprobs=want_logprobs,
         top_logprobs=top_logprobs,
+        adapters=adapters,
     )
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from inference.engine.adapters import AdapterError, parse_spec
 from inference.engine.types import LogitsParams, SamplingParams
 from inference.protocols.errors import RequestError
 from inference.runtime import ServerDefaults
@@ -205,12 +206,13 @@ def session_key(body: dict, headers) -> str | None:
     return None
 
 
-def adapter(body: dict) -> None:
-    """The `adapter` extra names a mounted LoRA adapter; none can be mounted
-    yet, so any name is unknown (the base model is `null` or "base")."""
-    value = body.get("adapter")
-    if value in (None, "", "base"):
-        return
-    if not isinstance(value, str):
-        raise RequestError("adapter must be a string naming a mounted adapter", "adapter")
-    raise RequestError(f"unknown adapter id '{value}': no adapters are mounted", "adapter")
+def adapter(body: dict, mounted) -> tuple[str, ...] | None:
+    """The `adapter` extra: None (absent: the server's default adapter),
+    () for the base model ("none"), or mounted adapter ids ("a+b" stacks
+    them). `mounted` is the model's AdapterManager."""
+    try:
+        spec = parse_spec(body.get("adapter"))
+        mounted.check(spec)
+    except AdapterError as exc:
+        raise RequestError(str(exc), "adapter") from None
+    return spec

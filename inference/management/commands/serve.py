@@ -87,6 +87,9 @@ class Command(BaseCommand):
                             help="on shutdown, how long running requests may take to finish")
         parser.add_argument("--flush-seconds", type=_non_negative(float), default=120.0,
                             help="on shutdown, how long pending SSD cache snapshots may take to write")
+        parser.add_argument("--adapter", "--adapter-path", dest="adapter", default=None, metavar="DIR",
+                            help="mount this LoRA adapter at start (id: the folder name) and use it for requests "
+                                 "that send no `adapter` field")
         parser.add_argument("--no-worker", action="store_true",
                             help="do not start a job worker beside the server (run `hearth worker` yourself)")
         parser.add_argument("--embeddings", action="store_true",
@@ -125,6 +128,8 @@ class Command(BaseCommand):
             loaded = engine.start()
         except EngineError as exc:
             raise CommandError(str(exc)) from None
+        if opts["adapter"]:
+            self._mount_default(engine, opts["adapter"])
         runtime.engine = engine
         runtime.defaults = ServerDefaults(opts["max_tokens"] or None, opts["temperature"],
                                           opts["top_p"], opts["top_k"])
@@ -148,6 +153,20 @@ class Command(BaseCommand):
             if supervisor is not None:
                 supervisor.stop()
         log.info("stopped")
+
+    def _mount_default(self, engine: Engine, folder: str) -> None:
+        from jobs.adapters import register
+
+        path = Path(folder).expanduser()
+        adapter_id = path.resolve().name
+        try:
+            result = engine.mount_adapter(adapter_id, str(path), make_default=True)
+        except EngineError as exc:
+            engine.close(drain_seconds=0)
+            raise CommandError(f"--adapter {folder}: {exc}") from None
+        register(path, name=adapter_id, mounted=True)
+        log.info("adapter %s mounted as the default (%d layers, rank %s)", adapter_id, result["mounted_layers"],
+                 result["rank"])
 
     def _demo_model(self) -> str:
         if cached_snapshot(Path(constants.HF_HUB_CACHE), Recipe()) is None:

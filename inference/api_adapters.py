@@ -1,0 +1,57 @@
+"""LoRA hot-swap: `/v1/adapters` lists, mounts and unmounts adapters in the
+running model. Mounting happens on the engine thread between forward
+passes; requests pick adapters with their `adapter` field."""
+from __future__ import annotations
+
+import asyncio
+
+from asgiref.sync import sync_to_async
+from django.http import HttpRequest, JsonResponse
+from ninja import Router
+
+from inference.protocols import params
+from inference.protocols.errors import RequestError
+from inference.runtime import runtime
+
+router = Router(tags=["adapters"])
+MOUNT_TIMEOUT_S = 120.0
+
+
+@router.get("/adapters")
+def mounted(request: HttpRequest):
+    engine = runtime.require_engine()
+    rows = engine.loaded.adapters.describe()
+    keys = ("id", "path", "rank", "scale", "size_bytes", "mounted_layers", "ram_bytes")
+    default = engine.loaded.adapters.default
+    return {"adapters": [{k: row[k] for k in keys} for row in rows], "default": "+".join(default) or None}
+
+
+@router.get("/adapters/available")
+def available(request: HttpRequest):
+    from jobs.adapters import available as scan
+
+    engine = runtime.require_engine()
+    model = engine.loaded
+    return {"adapters": scan(model.adapters.describe(), [model.model_id, model.path])}
+
+
+@router.post("/adapters")
+async def mount(request: HttpRequest):
+    from jobs.adapters import register
+
+    engine = runtime.require_engine()
+    body = params.parse_json_body(request.body)
+    adapter_id, path = body.get("id"), body.get("path")
+    if not isinstance(adapter_id, str) or not adapter_id or not isinstance(path, str) or not path:
+        raise RequestError("id and path required", "id" if not isinstance(adapter_id, str) or not adapter_id
+                           else "path")
+    result = await asyncio.to_thread(engine.mount_adapter, adapter_id, path, False, MOUNT_TIMEOUT_S)
+    mounted_path = next(a["path"] for a in engine.loaded.adapters.describe() if a["id"] == adapter_id)
+    await sync_to_async(register)(mounted_path, name=adapter_id, mounted=True)
+    return result
+
+
+@router.delete("/adapters/{adapter_id}")
+async def unmount(request: HttpRequest, adapter_id: str):
+    engine = runtime.require_engine()
+    return JsonResponse(await asyncio.to_thread(engine.unmount_adapter, adapter_id))

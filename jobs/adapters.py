@@ -1,0 +1,86 @@
+"""Adapters on disk and in the database: registering one, and finding every
+adapter a user could mount (under HEARTH_HOME/adapters, plus any folder a
+row remembers)."""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from django.conf import settings
+from django.utils import timezone
+
+from jobs.models import Adapter
+
+
+def adapters_root() -> Path:
+    return settings.HEARTH_HOME / "adapters"
+
+
+def bare_name(ref) -> str | None:
+    """A model reference reduced to its bare repo name, lower-cased:
+    "org/name", a hub cache path (models--org--name/...) or a folder."""
+    if not ref:
+        return None
+    text = str(ref).rstrip("/")
+    hub = re.search(r"models--[^/]+?--([^/]+)", text)
+    return (hub.group(1) if hub else text.split("/")[-1]).lower()
+
+
+def _config(path: Path) -> dict:
+    try:
+        return json.loads((path / "adapter_config.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def describe(path: Path) -> dict:
+    config = _config(path)
+    lora = config.get("lora_parameters") or {}
+    weights = path / "adapters.safetensors"
+    return {"path": str(path), "rank": lora.get("rank"), "scale": lora.get("scale"),
+            "base_model": config.get("base_model") or config.get("model"), "method": config.get("method"),
+            "size_bytes": weights.stat().st_size if weights.is_file() else 0}
+
+
+def register(path: str | Path, name: str | None = None, job=None, mounted: bool = False) -> Adapter:
+    """Create or refresh the row of the adapter in `path`."""
+    folder = Path(path).expanduser().resolve()
+    info = describe(folder)
+    fields = {k: info[k] for k in ("base_model", "rank", "scale", "method", "size_bytes")}
+    if name:
+        fields["name"] = name
+    if job is not None:
+        fields["job"] = job
+    if mounted:
+        fields["last_mounted_at"] = timezone.now()
+    row, created = Adapter.objects.get_or_create(path=str(folder), defaults={"name": name or folder.name, **fields})
+    if not created:
+        Adapter.objects.filter(pk=row.pk).update(**fields)
+        row.refresh_from_db()
+    return row
+
+
+def available(mounted: list[dict], served_refs: list) -> list[dict]:
+    """Every adapter folder found, with `mounted` and `compatible` (its
+    recorded base is the served model by bare name, or it recorded none)."""
+    folders: dict[str, str] = {}  # resolved path -> id
+    root = adapters_root()
+    if root.is_dir():
+        for weights in sorted(root.glob("*/adapters.safetensors")) + sorted(root.glob("*/*/adapters.safetensors")):
+            folders.setdefault(str(weights.parent.resolve()), weights.parent.name)
+    for row in Adapter.objects.all():
+        if (Path(row.path) / "adapters.safetensors").is_file():
+            folders.setdefault(row.path, row.name)
+    by_path = {m["path"]: m["id"] for m in mounted}
+    for path, adapter_id in by_path.items():
+        folders[path] = adapter_id
+    served = {bare_name(ref) for ref in served_refs if ref}
+    out = []
+    for path, adapter_id in folders.items():
+        info = describe(Path(path))
+        base = bare_name(info["base_model"])
+        out.append({"id": adapter_id, "path": path, "rank": info["rank"], "scale": info["scale"],
+                    "base_model": info["base_model"], "mounted": path in by_path,
+                    "compatible": base is None or base in served})
+    return out

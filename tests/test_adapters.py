@@ -1,0 +1,188 @@
+"""LoRA hot-swap on a real server: `--adapter` as the default, mounting and
+unmounting over /v1/adapters, per-request `adapter` ("none", "a+b")
+checked token for token against mlx-lm loading the same adapter, shape
+checks that mount nothing, prompt-cache namespaces and mixed-adapter
+batches."""
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.helpers import ServerProcess, server_env
+
+PROMPT = "the cat sat on the"
+
+
+def _write_adapter(folder: Path, tensors: dict, scale: float, base_model: str | None, layers: int = 2) -> Path:
+    import mlx.core as mx
+
+    folder.mkdir(parents=True, exist_ok=True)
+    mx.save_safetensors(str(folder / "adapters.safetensors"), tensors)
+    rank = next(v.shape[1] for k, v in tensors.items() if k.endswith("lora_a"))
+    config = {"fine_tune_type": "lora", "num_layers": layers, "lora_parameters": {"rank": rank, "scale": scale, "dropout": 0.0}}
+    if base_model:
+        config["base_model"] = base_model
+    (folder / "adapter_config.json").write_text(json.dumps(config))
+    return folder
+
+
+def _random_adapter(snapshot: str, layers: int, seed: int) -> dict:
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_lm import load
+    from mlx_lm.tuner.utils import linear_to_lora_layers
+
+    model, _ = load(snapshot)
+    model.freeze()
+    linear_to_lora_layers(model, layers, {"rank": 4, "scale": 1.0, "dropout": 0.0})
+    mx.random.seed(seed)
+    return {k: mx.random.normal(v.shape) * 0.3 for k, v in tree_flatten(model.trainable_parameters())}
+
+
+def _stacked(first: dict, second: dict, scales: tuple[float, float]) -> dict:
+    """One adapter equal to two stacked: concatenate along the rank (zeros
+    where a source has no such layer), scales folded into b."""
+    import mlx.core as mx
+
+    out = {}
+    for key in sorted({k.rsplit(".", 1)[0] for k in (*first, *second)}):
+        a_parts, b_parts = [], []
+        for src, other, s in ((first, second, scales[0]), (second, first, scales[1])):
+            if key + ".lora_a" in src:
+                a_parts.append(src[key + ".lora_a"])
+                b_parts.append(src[key + ".lora_b"] * s)
+            else:
+                a, b = other[key + ".lora_a"], other[key + ".lora_b"]
+                a_parts.append(mx.zeros(a.shape))
+                b_parts.append(mx.zeros(b.shape))
+        out[key + ".lora_a"] = mx.concatenate(a_parts, axis=1)
+        out[key + ".lora_b"] = mx.concatenate(b_parts, axis=0)
+    return out
+
+
+@pytest.fixture(scope="module")
+def adapters(tiny_model, tmp_path_factory) -> dict:
+    from huggingface_hub import snapshot_download
+
+    snapshot = snapshot_download(tiny_model, local_files_only=True)
+    root = tmp_path_factory.mktemp("adapters")
+    a, b = _random_adapter(snapshot, 2, 1), _random_adapter(snapshot, 1, 2)
+    return {"snapshot": snapshot,
+            "a": _write_adapter(root / "alpha", a, 1.5, snapshot),
+            "b": _write_adapter(root / "beta", b, 0.5, None, layers=1),
+            "ab": _write_adapter(root / "alpha-beta", _stacked(a, b, (1.5, 0.5)), 1.0, None),
+            "foreign": _write_adapter(root / "foreign", a, 1.0, "someone/other-model"),
+            "bad": _write_adapter(root / "bad", {**a, sorted(a)[-1]: a[sorted(a)[-1]][:, :7]}, 1.0, None)}
+
+
+@pytest.fixture(scope="module")
+def served(homes, tiny_model, adapters, tmp_path_factory):
+    log = tmp_path_factory.mktemp("logs") / "adapters.log"
+    proc = ServerProcess(server_env(*homes), tiny_model, "--adapter", str(adapters["a"]), "--no-worker",
+                         log_path=log)
+    try:
+        yield proc.wait_ready()
+    finally:
+        assert proc.stop() == 0, proc.output()
+
+
+def _reference(snapshot: str, adapter: Path | None) -> str:
+    from mlx_lm import generate, load
+
+    model, tokenizer = load(snapshot, adapter_path=str(adapter) if adapter else None)
+    return generate(model, tokenizer, PROMPT, max_tokens=10, verbose=False)
+
+
+def _complete(url: str, **extra) -> dict:
+    r = httpx.post(url + "/v1/completions", json={"prompt": PROMPT, "max_tokens": 10, "temperature": 0, **extra},
+                   timeout=60)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_requests_pick_adapters_and_match_mlx_lm(served, adapters):
+    snapshot = adapters["snapshot"]
+    base, alpha, both = (_reference(snapshot, p) for p in (None, adapters["a"], adapters["ab"]))
+    assert len({base, alpha, both}) == 3, "the test adapters must change the greedy reply"
+
+    listed = httpx.get(served.url + "/v1/adapters").json()
+    assert [a["id"] for a in listed["adapters"]] == ["alpha"] and listed["default"] == "alpha"
+    assert listed["adapters"][0]["mounted_layers"] == 14 and listed["adapters"][0]["ram_bytes"] > 0
+
+    assert _complete(served.url)["choices"][0]["text"] == alpha  # --adapter is the default
+    assert _complete(served.url, adapter="none")["choices"][0]["text"] == base
+    mounted = httpx.post(served.url + "/v1/adapters", json={"id": "beta", "path": str(adapters["b"])}).json()
+    assert mounted == {"id": "beta", "mounted_layers": 7, "rank": 4, "scale": 0.5, "ram_bytes": mounted["ram_bytes"]}
+    assert _complete(served.url, adapter="alpha+beta")["choices"][0]["text"] == both
+    assert _complete(served.url, adapter="alpha,beta")["choices"][0]["text"] == both
+    assert _complete(served.url, adapter="alpha")["choices"][0]["text"] == alpha
+
+    chat = httpx.post(served.url + "/v1/chat/completions", json={
+        "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "adapter": "beta"}).json()
+    assert chat["choices"][0]["message"]["role"] == "assistant"
+    msg = httpx.post(served.url + "/v1/messages", json={
+        "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "adapter": "alpha+beta"})
+    assert msg.status_code == 200 and msg.json()["type"] == "message"
+    resp = httpx.post(served.url + "/v1/responses", json={"input": "hi", "max_output_tokens": 4, "adapter": "none"})
+    assert resp.status_code == 200 and resp.json()["object"] == "response"
+
+
+def test_mount_refusals_mount_nothing(served, adapters):
+    before = httpx.get(served.url + "/v1/adapters").json()["adapters"]
+    for body, needle in [({"id": "x"}, "id and path required"), ({"path": str(adapters["b"])}, "id and path"),
+                         ({"id": "bad", "path": str(adapters["bad"])}, "do not fit"),
+                         ({"id": "gone", "path": "/no/such/folder"}, "holds no adapters.safetensors"),
+                         ({"id": "none", "path": str(adapters["b"])}, "adapter id must")]:
+        r = httpx.post(served.url + "/v1/adapters", json=body)
+        assert r.status_code == 400 and needle in r.json()["error"]["message"], (body, r.text)
+    assert httpx.get(served.url + "/v1/adapters").json()["adapters"] == before
+    assert httpx.delete(served.url + "/v1/adapters/nobody").json() == {
+        "error": {"message": "adapter nobody not mounted", "type": "invalid_request_error",
+                  "param": "adapter", "code": "adapter_not_mounted"}}
+    unknown = httpx.post(served.url + "/v1/completions", json={"prompt": "x", "adapter": "alpha+ghost"})
+    assert unknown.status_code == 400 and "ghost" in unknown.json()["error"]["message"]
+    assert httpx.post(served.url + "/v1/completions", json={"prompt": "x", "adapter": 3}).status_code == 400
+
+
+def test_available_lists_folders_with_compatibility(served, adapters, homes):
+    _, hearth_home = homes
+    on_disk = hearth_home / "adapters" / "from-a-job"
+    on_disk.mkdir(parents=True, exist_ok=True)
+    for name in ("adapters.safetensors", "adapter_config.json"):
+        (on_disk / name).write_bytes((adapters["a"] / name).read_bytes())
+    httpx.post(served.url + "/v1/adapters", json={"id": "foreign", "path": str(adapters["foreign"])})
+    rows = {a["id"]: a for a in httpx.get(served.url + "/v1/adapters/available").json()["adapters"]}
+    assert rows["alpha"]["mounted"] and rows["alpha"]["compatible"]
+    assert rows["from-a-job"]["compatible"] and not rows["from-a-job"]["mounted"]
+    assert rows["foreign"]["mounted"] and not rows["foreign"]["compatible"]
+    assert rows["foreign"]["base_model"] == "someone/other-model"
+    httpx.delete(served.url + "/v1/adapters/foreign")
+
+
+def test_cache_namespaces_and_mixed_batches(served, adapters):
+    prompt = "one two three four five six seven eight nine ten " * 3
+    first = _complete(served.url, prompt=prompt, adapter="none", max_tokens=2)
+    again = _complete(served.url, prompt=prompt, adapter="none", max_tokens=2)
+    other = _complete(served.url, prompt=prompt, adapter="alpha", max_tokens=2)
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+    assert other["usage"]["prompt_tokens_details"]["cached_tokens"] == 0  # base KV is not alpha's
+    assert first["choices"][0]["text"] == again["choices"][0]["text"]
+
+    specs = ["none", "alpha", "beta", "alpha+beta"] * 3
+    solo = {spec: _complete(served.url, adapter=spec)["choices"][0]["text"] for spec in set(specs)}
+    with ThreadPoolExecutor(len(specs)) as pool:
+        mixed = list(pool.map(lambda s: _complete(served.url, adapter=s)["choices"][0]["text"], specs))
+    assert mixed == [solo[s] for s in specs]
+
+    # Replacing an adapter under the same id never reuses KV computed with the old weights.
+    httpx.post(served.url + "/v1/adapters", json={"id": "beta", "path": str(adapters["a"])}).raise_for_status()
+    assert _complete(served.url, adapter="beta")["choices"][0]["text"] == solo["alpha"]
+    removed = httpx.delete(served.url + "/v1/adapters/beta").json()
+    assert removed == {"id": "beta", "removed_layers": 14}
+    assert httpx.post(served.url + "/v1/completions", json={"prompt": "x", "adapter": "beta"}).status_code == 400
+    stats = httpx.get(served.url + "/stats").json()["adapters"]
+    assert stats["mounted"] == ["alpha"] and stats["default"] == "alpha"
