@@ -237,3 +237,54 @@ def test_export_writes_a_manifest(base_url, tmp_path):
                    json={"base_model": "hearth/demo-chat", "adapter_path": str(tmp_path), "method": "sft"}).json()
     assert r["ok"] and r["manifest"]["version"] == 1 and r["manifest"]["method"] == "sft"
     assert json.loads(open(os.path.join(r["export_path"], "manifest.json")).read()) == r["manifest"]
+
+
+def _reply_logprob(model, hf, prompt: str, reply: str) -> float:
+    import mlx.core as mx
+    import mlx.nn as nn
+
+    asked = [{"role": "user", "content": prompt}]
+    head = hf.apply_chat_template(asked, tokenize=False, add_generation_prompt=True)
+    full = hf.apply_chat_template(asked + [{"role": "assistant", "content": reply}], tokenize=False)
+    start = len(hf.encode(head, add_special_tokens=False))
+    ids = hf.encode(head, add_special_tokens=False) + hf.encode(full[full.rfind(reply):], add_special_tokens=False)
+    x = mx.array([ids])
+    logits = model(x[:, :-1]).astype(mx.float32)
+    scores = -nn.losses.cross_entropy(logits, x[:, 1:])[0, start - 1:]
+    return float(scores.sum())
+
+
+@pytest.mark.parametrize("method", ["dpo", "orpo"])
+def test_preference_training_raises_the_chosen_reply(base_url, tiny_model, tmp_path, method):
+    from huggingface_hub import snapshot_download
+    from mlx_lm import load
+
+    pair = {"prompt": "Is it sunny?", "chosen": "Yes, bright sun.", "rejected": "No rain today."}
+    (tmp_path / "train.jsonl").write_text("\n".join([json.dumps(pair)] * 4) + "\n")
+    probe = httpx.post(base_url + "/api/finetune/inspect-dataset", json={"path": str(tmp_path)}).json()
+    assert probe["format"] == "dpo" and probe["n_train"] == 4
+    adapter = tmp_path / "adapter"
+    submitted = httpx.post(base_url + "/api/finetune/submit", json={
+        "model_dir": tiny_model, "data_dir": str(tmp_path), "adapter_path": str(adapter), "method": method,
+        "iters": 20, "learning_rate": 1e-3, "rank": 8, "batch_size": 2, "steps_per_report": 5}).json()
+    _, events = follow(base_url, submitted["job_id"], timeout=300)
+    assert events[-1]["type"] == "done", events[-3:]
+    train = [e for e in events if e["type"] == "metric" and e["kind"] == "train"]
+    assert [e["step"] for e in train] == [5, 10, 15, 20] and "chosen_reward" in train[-1]
+
+    snapshot = snapshot_download(tiny_model, local_files_only=True)
+    margins = []
+    for path in (None, str(adapter)):
+        model, wrapper = load(snapshot, adapter_path=path)
+        hf = wrapper._tokenizer
+        margins.append(_reply_logprob(model, hf, pair["prompt"], pair["chosen"])
+                       - _reply_logprob(model, hf, pair["prompt"], pair["rejected"]))
+    assert margins[1] > margins[0] + 1.0, margins
+
+
+def test_preference_methods_need_preference_rows(base_url, tiny_model, tmp_path):
+    (tmp_path / "train.jsonl").write_text(json.dumps({"text": "hi"}) + "\n")
+    r = httpx.post(base_url + "/api/finetune/submit", json={"model_dir": tiny_model, "data_dir": str(tmp_path),
+                                                             "method": "dpo"}).json()
+    job = wait_status(base_url, r["job_id"], ("failed", "done"))
+    assert job["status"] == "failed" and "prompt/chosen/rejected" in job["error"]

@@ -1,9 +1,11 @@
-"""LoRA fine-tuning (SFT) with mlx-lm's tuner, reporting loss as it trains.
+"""LoRA fine-tuning with mlx-lm's tuner (SFT) or mlx-lm-lora's trainers
+(DPO, ORPO), reporting loss as it trains.
 
 Data: `train.jsonl` (and optionally `valid.jsonl`) in `data_dir`, one
-example per line as `{"messages": [...]}`, `{"prompt", "completion"}` or
-`{"text"}`. Chat examples are rendered with the Hugging Face tokenizer's
-own template, exactly as serving renders them."""
+example per line. SFT takes `{"messages": [...]}`, `{"prompt",
+"completion"}` or `{"text"}`; DPO and ORPO take `{"prompt", "chosen",
+"rejected"}` (optionally `system`). Chat examples are rendered with the
+Hugging Face tokenizer's own template, exactly as serving renders them."""
 from __future__ import annotations
 
 import json
@@ -14,7 +16,15 @@ from jobs.events import EventLog
 
 DEFAULTS = {"method": "sft", "rank": 16, "scale": 20.0, "lora_dropout": 0.0, "num_layers": 0, "iters": 300,
             "learning_rate": 2e-4, "max_seq_length": 2048, "batch_size": 1, "grad_accumulation_steps": 1,
-            "seed": 0, "steps_per_report": 1, "steps_per_eval": 0, "sft_scope": "full", "save_every": 100}
+            "seed": 0, "steps_per_report": 1, "steps_per_eval": 0, "sft_scope": "full", "save_every": 100,
+            "save_checkpoints": True, "weight_decay": 0.0, "grad_checkpoint": False,
+            "target_modules": None, "val_max_examples": 0, "warm_start_adapter": None,
+            "dpo_beta": 0.1, "dpo_warmup_iters": 0, "dpo_lr_schedule": "constant",
+            "orpo_lambda": 0.1, "orpo_warmup_iters": 0, "orpo_lr_schedule": "constant"}
+# Reference knobs this trainer does not act on; a job that sets one says so in its log.
+UNSUPPORTED = ("grad_clip_norm", "rank_scaling", "rs_lora", "lora_plus_ratio", "mlp_split", "segment_size", "orpo_chunk_size",
+               "orpo_fused_ce", "orpo_flash_ce", "orpo_prefix_shared")
+METHODS = ("sft", "dpo", "orpo")
 FORMATS = {"messages": "messages", "prompt": "prompt-completion", "text": "text", "chosen": "dpo"}
 
 
@@ -59,14 +69,45 @@ def inspect(data_dir: str) -> dict:
 
 def settings(config: dict) -> dict:
     cfg = {**DEFAULTS, **{k: v for k, v in config.items() if v is not None}}
-    if cfg["method"] != "sft":
-        raise ValueError(f"method {cfg['method']!r} is not available yet; use 'sft'")
+    if cfg["method"] not in METHODS:
+        raise ValueError(f"method must be one of {', '.join(METHODS)}, not {cfg['method']!r}")
     if cfg["sft_scope"] not in ("full", "response"):
         raise ValueError("sft_scope must be 'full' or 'response'")
-    for name in ("rank", "iters", "batch_size", "max_seq_length", "steps_per_report", "grad_accumulation_steps"):
-        if not isinstance(cfg[name], int) or cfg[name] < 1:
+    for name in ("rank", "iters", "batch_size", "max_seq_length", "steps_per_report", "grad_accumulation_steps",
+                 "save_every"):
+        if not isinstance(cfg[name], int) or isinstance(cfg[name], bool) or cfg[name] < 1:
             raise ValueError(f"{name} must be a positive integer")
+    for name in ("num_layers", "steps_per_eval", "val_max_examples", "seed", "dpo_warmup_iters", "orpo_warmup_iters"):
+        if not isinstance(cfg[name], int) or isinstance(cfg[name], bool) or cfg[name] < 0:
+            raise ValueError(f"{name} must be a non-negative integer")
+    for name in ("learning_rate", "scale", "lora_dropout", "weight_decay", "dpo_beta",
+                 "orpo_lambda"):
+        if not isinstance(cfg[name], (int, float)) or isinstance(cfg[name], bool) or cfg[name] < 0:
+            raise ValueError(f"{name} must be a non-negative number")
+    for name in ("dpo_lr_schedule", "orpo_lr_schedule"):
+        if cfg[name] not in ("constant", "cosine"):
+            raise ValueError(f"{name} must be 'constant' or 'cosine'")
+    modules = cfg["target_modules"]
+    if modules is not None and (not isinstance(modules, list) or not all(isinstance(m, str) and m for m in modules)):
+        raise ValueError("target_modules must be a list of layer names, e.g. [\"self_attn.q_proj\"]")
+    if cfg["warm_start_adapter"] is not None and not isinstance(cfg["warm_start_adapter"], str):
+        raise ValueError("warm_start_adapter must be a path")
     return cfg
+
+
+def learning_rate(cfg: dict):
+    """The optimizer's learning rate: a number, or a warmup + cosine schedule."""
+    import mlx.optimizers as optim
+
+    lr, method = float(cfg["learning_rate"]), cfg["method"]
+    warmup = cfg.get(f"{method}_warmup_iters", 0)
+    shape = cfg.get(f"{method}_lr_schedule", "constant")
+    if not warmup and shape == "constant":
+        return lr
+    main = optim.cosine_decay(lr, max(cfg["iters"] - warmup, 1)) if shape == "cosine" else (lambda step: lr)
+    if not warmup:
+        return main
+    return optim.join_schedules([optim.linear_schedule(0.0, lr, warmup), main], [warmup])
 
 
 class ServingChatDataset:
@@ -106,28 +147,32 @@ class _Reporter:
     def __init__(self, log: EventLog, total: int):
         self.log, self.total = log, total
 
+    EXTRA = ("chosen_reward", "rejected_reward", "accuracies", "margins")  # DPO / ORPO
+
     def on_train_loss_report(self, info: dict) -> None:
+        extra = {k: float(info[f"train_{k}"]) for k in self.EXTRA if f"train_{k}" in info}
         self.log.emit("metric", kind="train", step=info["iteration"], total_steps=self.total,
                       loss=float(info["train_loss"]), learning_rate=float(info["learning_rate"]),
                       tokens_per_sec=float(info["tokens_per_second"]),
-                      trained_tokens=int(info.get("trained_tokens", 0)))
+                      trained_tokens=int(info.get("trained_tokens", 0)), **extra)
 
     def on_val_loss_report(self, info: dict) -> None:
+        extra = {k: float(info[f"val_{k}"]) for k in self.EXTRA if f"val_{k}" in info}
         self.log.emit("metric", kind="val", step=info["iteration"], total_steps=self.total,
-                      loss=float(info["val_loss"]))
+                      loss=float(info["val_loss"]), **extra)
 
 
 def run(config: dict, log: EventLog, stage_delay: float = 0.0) -> tuple[str, dict]:
     import mlx.core as mx
-    import mlx.optimizers as optim
     from mlx_lm import load
-    from mlx_lm.tuner.datasets import CacheDataset, create_dataset
-    from mlx_lm.tuner.trainer import TrainingArgs, train
     from mlx_lm.tuner.utils import linear_to_lora_layers
 
     from inference.engine.loader import resolve
 
     cfg = settings(config)
+    ignored = [k for k in UNSUPPORTED if config.get(k) not in (None, False, 0, 1, "")]
+    if ignored:
+        log.emit("log", line=f"not supported by this trainer, ignored: {', '.join(ignored)}")
     adapter_path = Path(cfg["adapter_path"]).expanduser()
     _, model_dir = resolve(cfg["model_dir"])
     log.emit("stage", stage="load", progress=0.02, message=f"loading {model_dir.name}")
@@ -139,47 +184,87 @@ def run(config: dict, log: EventLog, stage_delay: float = 0.0) -> tuple[str, dic
     train_rows = read_jsonl(root / "train.jsonl")
     valid_rows = read_jsonl(root / "valid.jsonl") if (root / "valid.jsonl").is_file() else []
     fmt = data_format(train_rows)
-    if fmt in ("unknown", "dpo"):
+    method = cfg["method"]
+    if method == "sft" and fmt in ("unknown", "dpo"):
         raise ValueError(f"train.jsonl is {fmt} data; SFT needs messages, prompt/completion or text rows")
+    if method != "sft" and fmt != "dpo":
+        raise ValueError(f"train.jsonl is {fmt} data; {method.upper()} needs prompt/chosen/rejected rows")
     if len(train_rows) < cfg["batch_size"]:
         raise ValueError(f"train.jsonl has {len(train_rows)} rows, fewer than batch_size {cfg['batch_size']}")
-
-    class DataConfig:
-        mask_prompt = cfg["sft_scope"] == "response"
-
+    if cfg["val_max_examples"]:
+        valid_rows = valid_rows[:cfg["val_max_examples"]]
     if valid_rows and len(valid_rows) < cfg["batch_size"]:
         log.emit("log", line=f"valid.jsonl has {len(valid_rows)} rows, fewer than batch_size "
                              f"{cfg['batch_size']}: validation is skipped")
         valid_rows = []
-    def dataset(rows):
-        if fmt == "messages":
-            return CacheDataset(ServingChatDataset(rows, hf_tokenizer, DataConfig.mask_prompt))
-        return CacheDataset(create_dataset(rows, hf_tokenizer, DataConfig))
-
-    train_set = dataset(train_rows)
-    valid_set = dataset(valid_rows) if valid_rows else None
 
     mx.random.seed(cfg["seed"])
     model.freeze()
     layers = cfg["num_layers"] or len(model.layers)
     lora = {"rank": cfg["rank"], "scale": float(cfg["scale"]), "dropout": float(cfg["lora_dropout"])}
+    if cfg["target_modules"]:
+        lora["keys"] = cfg["target_modules"]
     linear_to_lora_layers(model, layers, lora)
+    if cfg["warm_start_adapter"]:
+        start = Path(cfg["warm_start_adapter"]).expanduser()
+        weights = start / "adapters.safetensors" if start.is_dir() else start
+        model.load_weights(str(weights), strict=False)
+        log.emit("log", line=f"warm start from {weights}")
     adapter_path.mkdir(parents=True, exist_ok=True)
     (adapter_path / "adapter_config.json").write_text(json.dumps({
         "fine_tune_type": "lora", "num_layers": layers, "lora_parameters": lora, "base_model": str(model_dir),
-        "method": "sft", "sft_scope": cfg["sft_scope"], "iters": cfg["iters"], "format": fmt,
+        "method": method, "sft_scope": cfg["sft_scope"], "iters": cfg["iters"], "format": fmt,
         "created_at": time.time()}, indent=2))
-    log.emit("stage", stage="train", progress=0.08, message=f"training {cfg['iters']} steps, rank {cfg['rank']}")
+    log.emit("stage", stage="train", progress=0.08,
+             message=f"training {cfg['iters']} steps ({method}), rank {cfg['rank']}")
     if stage_delay:
         time.sleep(stage_delay)
 
-    eval_every = cfg["steps_per_eval"] or cfg["iters"]
-    args = TrainingArgs(batch_size=cfg["batch_size"], iters=cfg["iters"], val_batches=-1,
-                        steps_per_report=cfg["steps_per_report"], steps_per_eval=eval_every,
-                        steps_per_save=cfg["save_every"], adapter_file=str(adapter_path / "adapters.safetensors"),
-                        max_seq_length=cfg["max_seq_length"], grad_accumulation_steps=cfg["grad_accumulation_steps"])
     reporter = _Reporter(log, cfg["iters"])
-    train(model=model, optimizer=optim.Adam(learning_rate=float(cfg["learning_rate"])), train_dataset=train_set,
-          val_dataset=valid_set, args=args, training_callback=reporter)
-    return str(adapter_path), {"method": "sft", "format": fmt, "iters": cfg["iters"], "n_train": len(train_rows),
+    if method == "sft":
+        _train_sft(model, hf_tokenizer, cfg, fmt, train_rows, valid_rows, adapter_path, reporter)
+    else:
+        from jobs.kinds import preference
+
+        preference.train(model, str(model_dir), hf_tokenizer, cfg, train_rows, valid_rows, adapter_path, reporter,
+                         ServingChatDataset)
+    return str(adapter_path), {"method": method, "format": fmt, "iters": cfg["iters"], "n_train": len(train_rows),
                                "n_valid": len(valid_rows), "rank": cfg["rank"], "base_model": str(model_dir)}
+
+
+def training_args(cls, cfg: dict, adapter_path: Path, **extra):
+    """mlx-lm's (or mlx-lm-lora's) TrainingArgs from the job config."""
+    names = {f.name for f in __import__("dataclasses").fields(cls)}
+    accum = "grad_accumulation_steps" if "grad_accumulation_steps" in names else "gradient_accumulation_steps"
+    save_every = cfg["save_every"] if cfg["save_checkpoints"] else cfg["iters"] + 1
+    return cls(batch_size=cfg["batch_size"], iters=cfg["iters"], val_batches=-1,
+               steps_per_report=cfg["steps_per_report"], steps_per_eval=cfg["steps_per_eval"] or cfg["iters"],
+               steps_per_save=save_every, adapter_file=str(adapter_path / "adapters.safetensors"),
+               max_seq_length=cfg["max_seq_length"], grad_checkpoint=bool(cfg["grad_checkpoint"]),
+               **{accum: cfg["grad_accumulation_steps"]}, **extra)
+
+
+def optimizer(cfg: dict):
+    import mlx.optimizers as optim
+
+    lr = learning_rate(cfg)
+    if cfg["weight_decay"]:
+        return optim.AdamW(learning_rate=lr, weight_decay=float(cfg["weight_decay"]))
+    return optim.Adam(learning_rate=lr)
+
+
+def _train_sft(model, hf_tokenizer, cfg, fmt, train_rows, valid_rows, adapter_path, reporter) -> None:
+    from mlx_lm.tuner.datasets import CacheDataset, create_dataset
+    from mlx_lm.tuner.trainer import TrainingArgs, train
+
+    class DataConfig:
+        mask_prompt = cfg["sft_scope"] == "response"
+
+    def dataset(rows):
+        if fmt == "messages":
+            return CacheDataset(ServingChatDataset(rows, hf_tokenizer, DataConfig.mask_prompt))
+        return CacheDataset(create_dataset(rows, hf_tokenizer, DataConfig))
+
+    args = training_args(TrainingArgs, cfg, adapter_path)
+    train(model=model, optimizer=optimizer(cfg), train_dataset=dataset(train_rows),
+          val_dataset=dataset(valid_rows) if valid_rows else None, args=args, training_callback=reporter)
