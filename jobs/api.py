@@ -11,6 +11,7 @@ from ninja import Router
 
 from jobs import service
 from jobs.events import EventLog
+from jobs.folders import stamped
 from jobs.kinds import finetune, quantize
 from jobs.models import Job
 
@@ -167,8 +168,6 @@ def finetune_inspect(request: HttpRequest):
 
 @router.post("/finetune/submit")
 def finetune_submit(request: HttpRequest):
-    import time as _time
-
     from django.conf import settings
 
     body = _body(request)
@@ -180,10 +179,34 @@ def finetune_submit(request: HttpRequest):
     if body.get("adapter_path") is not None and not isinstance(body["adapter_path"], str):
         return _fail("adapter_path must be a string")
     if not body.get("adapter_path"):
-        body["adapter_path"] = str(settings.HEARTH_HOME / "adapters" / f"adapter-{_time.strftime('%Y%m%d-%H%M%S')}"
-                                   f"-{int(_time.time() * 1000) % 1000:03d}")
+        body["adapter_path"] = str(stamped(settings.HEARTH_HOME / "adapters", "adapter"))
     job = service.submit("finetune", body)  # config errors surface as the job's failed event
     return {"ok": True, "job_id": job.id, "adapter_path": body["adapter_path"]}
+
+
+@router.post("/finetune/merge")
+def finetune_merge(request: HttpRequest):
+    from django.conf import settings
+
+    from jobs.adapters import register
+    from jobs.merge import merge
+
+    body = _body(request)
+    if isinstance(body, JsonResponse):
+        return body
+    first, second, scales = body.get("adapter_a"), body.get("adapter_b"), body.get("scales")
+    if not isinstance(first, str) or not first or not isinstance(second, str) or not second:
+        return _fail("adapter_a and adapter_b required")
+    if scales is not None and (not isinstance(scales, list) or len(scales) != 2 or not all(
+            isinstance(x, (int, float)) and not isinstance(x, bool) for x in scales)):
+        return _fail("scales must be a list of two numbers")
+    out = stamped(settings.HEARTH_HOME / "adapters", "merged")
+    try:
+        stats = merge(first, second, out, [float(x) for x in scales] if scales else None)
+    except (ValueError, OSError) as exc:
+        return _fail(f"merge failed: {exc}")
+    register(out)
+    return {"ok": True, "merged_path": str(out), "stats": stats}
 
 
 @router.post("/quantize/resolve-folder")
@@ -225,9 +248,7 @@ def finetune_export(request: HttpRequest):
     adapter_dir = Path(adapter).expanduser()
     if not (adapter_dir / "adapters.safetensors").is_file():
         return _fail(f"{adapter_dir} holds no adapters.safetensors")
-    import uuid
-
-    out = settings.HEARTH_HOME / "exports" / f"export-{_time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+    out = stamped(settings.HEARTH_HOME / "exports", "export")
     out.mkdir(parents=True)
     manifest = {"version": 1, "base_model": base, "adapter_path": str(adapter_dir),
                 "created_at": _time.strftime("%Y-%m-%dT%H:%M:%SZ", _time.gmtime())}

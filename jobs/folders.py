@@ -63,3 +63,11 @@ def resolve_folder(hub_cache: Path, folder_name: str | None, rel_path: str | Non
             if (snap / "config.json").is_file():
                 return _answer(snap, _repo_id(snap.parent.parent.name))
     return {"ok": False, "error": NOT_FOUND}
+
+
+def stamped(root: Path, prefix: str) -> Path:
+    """A new, unused folder name under `root`: `<prefix>-<UTC time>-<random>`."""
+    import time
+    import uuid
+
+    return root / f"{prefix}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{uuid.uuid4().hex[:6]}"

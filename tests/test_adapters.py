@@ -186,3 +186,23 @@ def test_cache_namespaces_and_mixed_batches(served, adapters):
     assert httpx.post(served.url + "/v1/completions", json={"prompt": "x", "adapter": "beta"}).status_code == 400
     stats = httpx.get(served.url + "/stats").json()["adapters"]
     assert stats["mounted"] == ["alpha"] and stats["default"] == "alpha"
+
+
+def test_merge_folds_two_adapters_into_their_stack(served, adapters):
+    httpx.post(served.url + "/v1/adapters", json={"id": "beta2", "path": str(adapters["b"])}).raise_for_status()
+    stacked = _complete(served.url, adapter="alpha+beta2")["choices"][0]["text"]
+    r = httpx.post(served.url + "/api/finetune/merge",
+                   json={"adapter_a": str(adapters["a"]), "adapter_b": str(adapters["b"])}).json()
+    assert r["ok"] and r["stats"]["scales"] == [1.5, 0.5]  # each adapter's own scale by default
+    assert r["stats"]["layersMerged"] == 7 and r["stats"]["layersOnlyInOne"] == 7
+    assert r["stats"]["totalKeysOut"] == 28
+    httpx.post(served.url + "/v1/adapters", json={"id": "merged", "path": r["merged_path"]}).raise_for_status()
+    assert _complete(served.url, adapter="merged")["choices"][0]["text"] == stacked
+    assert _reference(adapters["snapshot"], Path(r["merged_path"])) == stacked  # mlx-lm loads it too
+    for body, needle in [({"adapter_a": str(adapters["a"])}, "adapter_a and adapter_b required"),
+                         ({"adapter_a": str(adapters["a"]), "adapter_b": "/nowhere"}, "holds no adapters"),
+                         ({"adapter_a": str(adapters["a"]), "adapter_b": str(adapters["b"]), "scales": [1]}, "two")]:
+        bad = httpx.post(served.url + "/api/finetune/merge", json=body)
+        assert bad.status_code == 400 and needle in bad.json()["error"] and not bad.json()["ok"]
+    for name in ("merged", "beta2"):
+        httpx.delete(f"{served.url}/v1/adapters/{name}").raise_for_status()
