@@ -40,6 +40,7 @@ class _Runtime:
     sse_keepalive: float = 5.0  # HEARTH_SSE_KEEPALIVE: seconds between comments while a tool call buffers
     embeddings_enabled: bool = False  # the served model answers /v1/embeddings
     responses: ResponseStore = ResponseStore()  # stored Responses turns (`hearth serve --response-ttl`)
+    local_url: str | None = None  # how this process reaches its own HTTP API (jobs that call the model use it)
 
     def require_engine(self) -> Engine:
         if self.engine is None or self.engine.loaded is None:

@@ -12,6 +12,8 @@ from ninja import Router
 from jobs import service
 from jobs.events import EventLog
 from jobs.folders import stamped
+from jobs.http import fail as _fail
+from jobs.http import json_body as _body
 from jobs.kinds import finetune, quantize
 from jobs.models import Job
 
@@ -19,18 +21,6 @@ router = Router(tags=["jobs"])
 STREAM_POLL_S = 0.3
 KEEPALIVE_S = 10.0
 KINDS = {k for k, _ in Job.KINDS}
-
-
-def _fail(message: str, status: int = 400) -> JsonResponse:
-    return JsonResponse({"ok": False, "error": message}, status=status)
-
-
-def _body(request: HttpRequest) -> dict | JsonResponse:
-    try:
-        body = json.loads(request.body or b"{}")
-    except (ValueError, UnicodeDecodeError):
-        return _fail("invalid JSON body")
-    return body if isinstance(body, dict) else _fail("invalid JSON body: expected an object")
 
 
 def _model_body(request: HttpRequest) -> dict | JsonResponse:

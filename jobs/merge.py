@@ -50,11 +50,11 @@ def _layers(tensors: dict, folder: Path) -> dict[str, tuple[np.ndarray, np.ndarr
 def merge(first: str, second: str, out: Path, scales: list | None = None) -> dict:
     sources = [Path(first).expanduser(), Path(second).expanduser()]
     loaded = [_load(folder) for folder in sources]
-    layers = [_layers(tensors, folder) for (tensors, _), folder in zip(loaded, sources)]
+    layers = [_layers(tensors, folder) for (tensors, _), folder in zip(loaded, sources, strict=True)]
     if scales is None:
         scales = [float((cfg.get("lora_parameters") or {}).get("scale", 20.0)) for _, cfg in loaded]
     ranks = []
-    for src, folder in zip(layers, sources):
+    for src, folder in zip(layers, sources, strict=True):
         found = {a.shape[1] for a, _ in src.values()}
         if len(found) != 1:
             raise ValueError(f"{folder.name} has layers of different ranks: {sorted(found)}")
@@ -67,7 +67,7 @@ def merge(first: str, second: str, out: Path, scales: list | None = None) -> dic
         if any(a.shape[0] != in_dims or b.shape[1] != out_dims for a, b in present):
             raise ValueError(f"{module}: the two adapters disagree on the layer's shape (different base models?)")
         a_parts, b_parts = [], []
-        for pair, rank, scale in zip(pairs, ranks, scales):
+        for pair, rank, scale in zip(pairs, ranks, scales, strict=True):
             if pair is None:
                 a_parts.append(np.zeros((in_dims, rank), np.float32))
                 b_parts.append(np.zeros((rank, out_dims), np.float32))

@@ -23,7 +23,8 @@ def _write_adapter(folder: Path, tensors: dict, scale: float, base_model: str | 
     folder.mkdir(parents=True, exist_ok=True)
     mx.save_safetensors(str(folder / "adapters.safetensors"), tensors)
     rank = next(v.shape[1] for k, v in tensors.items() if k.endswith("lora_a"))
-    config = {"fine_tune_type": "lora", "num_layers": layers, "lora_parameters": {"rank": rank, "scale": scale, "dropout": 0.0}}
+    config = {"fine_tune_type": "lora", "num_layers": layers,
+              "lora_parameters": {"rank": rank, "scale": scale, "dropout": 0.0}}
     if base_model:
         config["base_model"] = base_model
     (folder / "adapter_config.json").write_text(json.dumps(config))

@@ -288,3 +288,67 @@ def test_preference_methods_need_preference_rows(base_url, tiny_model, tmp_path)
                                                              "method": "dpo"}).json()
     job = wait_status(base_url, r["job_id"], ("failed", "done"))
     assert job["status"] == "failed" and "prompt/chosen/rejected" in job["error"]
+
+
+def test_dataset_templates_describe_their_fields(base_url):
+    templates = httpx.get(base_url + "/api/dataset/templates").json()["templates"]
+    assert {t["id"] for t in templates} >= {"qa-from-text", "table-to-messages", "dpo-pairs"}
+    for t in templates:
+        assert set(t) == {"id", "label", "description", "output_format", "needs_llm", "fields"}
+        assert t["output_format"] in ("messages", "prompt_completion", "dpo", "text")
+        for field in t["fields"]:
+            assert field["type"] in ("text", "textarea", "number") and field["name"] and field["label"]
+    assert any(t["needs_llm"] for t in templates)
+    unknown = httpx.post(base_url + "/api/dataset/submit", json={"template_id": "nope", "inputs": {}})
+    assert unknown.status_code == 400 and "unknown template" in unknown.json()["error"]
+    missing = httpx.post(base_url + "/api/dataset/submit", json={"template_id": "qa-from-text", "inputs": {}})
+    assert missing.status_code == 400 and "text is required" in missing.json()["error"]
+
+
+def _built(base_url: str, body: dict) -> tuple[dict, list[dict]]:
+    r = httpx.post(base_url + "/api/dataset/submit", json=body).json()
+    assert r["ok"] and "/datasets/dataset-" in r["output_dir"]
+    _, events = follow(base_url, r["job_id"], timeout=300)
+    assert events[-1]["type"] == "done", [e for e in events if e["type"] in ("log", "failed")]
+    return r, events
+
+
+def test_dataset_converter_writes_a_trainable_folder(base_url, tmp_path):
+    csv_text = "question,answer\n" + "".join(f"What is {i}+{i}?,{2 * i}\n" for i in range(10)) + "Blank row,\n"
+    r, events = _built(base_url, {"template_id": "table-to-messages",
+                                  "inputs": {"data": csv_text, "system": "Be brief.", "valid_fraction": 0.2}})
+    assert events[-1]["summary"] == {"template": "table-to-messages", "format": "messages", "n_train": 8,
+                                     "n_valid": 2, "skipped": 1}
+    probe = httpx.post(base_url + "/api/finetune/inspect-dataset", json={"path": r["output_dir"]}).json()
+    assert probe == {"ok": True, "n_train": 8, "n_valid": 2, "format": "messages"}
+    first = json.loads(open(os.path.join(r["output_dir"], "train.jsonl")).readline())
+    assert [m["role"] for m in first["messages"]] == ["system", "user", "assistant"]
+    path = tmp_path / "rows.jsonl"
+    path.write_text(json.dumps({"instruction": "Say hi", "output": "hi"}) + "\n")
+    r, events = _built(base_url, {"template_id": "table-to-messages", "inputs": {"path": str(path)}})
+    assert events[-1]["summary"]["n_train"] == 1
+    bad = httpx.post(base_url + "/api/dataset/submit", json={"template_id": "table-to-messages",
+                                                              "inputs": {"data": "a,b\n1,2\n"}}).json()
+    job = wait_status(base_url, bad["job_id"], ("failed", "done"))
+    assert job["status"] == "failed" and "no prompt column" in job["error"]
+
+
+def test_dataset_llm_templates_ask_the_served_model(base_url):
+    text = "\n\n".join(f"Paragraph {i}. The river Ost flows north past the town of Vell." for i in range(3))
+    r, events = _built(base_url, {"template_id": "qa-from-text",
+                                  "inputs": {"text": text, "pairs_per_passage": 1, "valid_fraction": 0}})
+    summary = events[-1]["summary"]
+    assert summary["n_train"] >= 1 and summary["format"] == "messages"
+    rows = [json.loads(line) for line in open(os.path.join(r["output_dir"], "train.jsonl"))]
+    assert all([m["role"] for m in row["messages"]] == ["user", "assistant"] for row in rows)
+
+    pairs = "\n".join(json.dumps(row) for row in [
+        {"prompt": "Greet me", "chosen": "Hello there!", "rejected": "Go away."},
+        {"prompt": "Thank me", "chosen": "You are welcome."}])
+    r, events = _built(base_url, {"template_id": "dpo-pairs", "inputs": {"data": pairs, "model_rejects": 1,
+                                                                          "valid_fraction": 0}})
+    rows = [json.loads(line) for line in open(os.path.join(r["output_dir"], "train.jsonl"))]
+    assert len(rows) + events[-1]["summary"]["skipped"] == 2
+    assert all(set(row) == {"prompt", "chosen", "rejected"} for row in rows)
+    probe = httpx.post(base_url + "/api/finetune/inspect-dataset", json={"path": r["output_dir"]}).json()
+    assert probe["format"] == "dpo"

@@ -22,8 +22,8 @@ DEFAULTS = {"method": "sft", "rank": 16, "scale": 20.0, "lora_dropout": 0.0, "nu
             "dpo_beta": 0.1, "dpo_warmup_iters": 0, "dpo_lr_schedule": "constant",
             "orpo_lambda": 0.1, "orpo_warmup_iters": 0, "orpo_lr_schedule": "constant"}
 # Reference knobs this trainer does not act on; a job that sets one says so in its log.
-UNSUPPORTED = ("grad_clip_norm", "rank_scaling", "rs_lora", "lora_plus_ratio", "mlp_split", "segment_size", "orpo_chunk_size",
-               "orpo_fused_ce", "orpo_flash_ce", "orpo_prefix_shared")
+UNSUPPORTED = ("grad_clip_norm", "rank_scaling", "rs_lora", "lora_plus_ratio", "mlp_split", "segment_size",
+               "orpo_chunk_size", "orpo_fused_ce", "orpo_flash_ce", "orpo_prefix_shared")
 METHODS = ("sft", "dpo", "orpo")
 FORMATS = {"messages": "messages", "prompt": "prompt-completion", "text": "text", "chosen": "dpo"}
 

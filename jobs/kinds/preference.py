@@ -23,7 +23,8 @@ class PreferencePairs:
                     raise ValueError(f"preference row {n}: {key} must be a non-empty string")
             asked = ([{"role": "system", "content": row["system"]}] if isinstance(row.get("system"), str) else []) \
                 + [{"role": "user", "content": row["prompt"]}]
-            chosen, chosen_prompt = render.process({"messages": asked + [{"role": "assistant", "content": row["chosen"]}]})
+            chosen, chosen_prompt = render.process(
+                {"messages": asked + [{"role": "assistant", "content": row["chosen"]}]})
             rejected, rejected_prompt = render.process(
                 {"messages": asked + [{"role": "assistant", "content": row["rejected"]}]})
             self.items.append({"chosen": chosen, "rejected": rejected, "chosen_prompt_length": chosen_prompt,

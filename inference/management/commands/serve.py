@@ -191,6 +191,8 @@ def _run_daphne(engine: Engine, host: str, port: int, drain_seconds: float, flus
             ports.append(port_obj)
             address = port_obj.getHost()
             shown = f"[{address.host}]" if ":" in address.host else address.host
+            own = "127.0.0.1" if address.host in ("0.0.0.0", "::") else shown
+            runtime.local_url = runtime.local_url or f"http://{own}:{address.port}"
             log.info("Hearth serving %s at http://%s:%s", engine.loaded.model_id, shown, address.port)
 
     server = HearthServer(application, endpoints=build_endpoint_description_strings(host=host, port=port),

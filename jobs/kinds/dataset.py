@@ -1,0 +1,261 @@
+"""The dataset builder: templates that turn what a user has (pasted text, a
+CSV or JSONL file) into a fine-tune dataset folder (`train.jsonl`, and
+`valid.jsonl` when a validation share is asked for) under
+HEARTH_HOME/datasets.
+
+LLM-backed templates ask the served model through this server's own
+`/v1/chat/completions` (so through its engine, batched with everyone
+else), with a JSON schema on the grammar path so even a small model
+answers in a shape that parses."""
+from __future__ import annotations
+
+import json
+import random
+import re
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from jobs.events import EventLog
+from jobs.kinds import tabular
+
+_DATA = {"name": "data", "type": "textarea", "label": "Rows (CSV with a header, or JSONL)",
+         "hint": "or leave empty and give a file path below"}
+_PATH = {"name": "path", "type": "text", "label": "File path", "hint": "a .csv or .jsonl file on this machine"}
+_VALID = {"name": "valid_fraction", "type": "number", "label": "Validation share", "default": 0.1,
+          "hint": "0 to 0.5 of the rows go to valid.jsonl"}
+
+TEMPLATES = [
+    {"id": "qa-from-text", "label": "Questions and answers from a text",
+     "description": "Paste notes or an article; the served model writes question/answer pairs about each "
+                    "passage, as chat examples.",
+     "output_format": "messages", "needs_llm": True,
+     "fields": [{"name": "text", "type": "textarea", "label": "Source text", "required": True},
+                {"name": "pairs_per_passage", "type": "number", "label": "Pairs per passage", "default": 2},
+                {"name": "passage_chars", "type": "number", "label": "Passage length (characters)",
+                 "default": 1200},
+                {"name": "system", "type": "text", "label": "System prompt for the examples",
+                 "hint": "optional; added to every example"},
+                _VALID]},
+    {"id": "table-to-messages", "label": "CSV / JSONL to chat examples",
+     "description": "Convert rows with a prompt column and a response column into chat examples.",
+     "output_format": "messages", "needs_llm": False,
+     "fields": [_DATA, _PATH,
+                {"name": "format", "type": "text", "label": "Format", "default": "auto", "hint": "auto, csv or jsonl"},
+                {"name": "prompt_column", "type": "text", "label": "Prompt column",
+                 "hint": "default: prompt, question, instruction or input"},
+                {"name": "response_column", "type": "text", "label": "Response column",
+                 "hint": "default: response, answer, completion or output"},
+                {"name": "system", "type": "text", "label": "System prompt", "hint": "optional"},
+                _VALID]},
+    {"id": "dpo-pairs", "label": "Preference pairs (DPO / ORPO)",
+     "description": "Rows with a prompt, a chosen and a rejected reply become prompt/chosen/rejected pairs. "
+                    "Rows without a rejected reply can take the served model's own answer as the rejected one.",
+     "output_format": "dpo", "needs_llm": False,
+     "fields": [_DATA, _PATH,
+                {"name": "format", "type": "text", "label": "Format", "default": "auto", "hint": "auto, csv or jsonl"},
+                {"name": "prompt_column", "type": "text", "label": "Prompt column", "hint": "default: prompt"},
+                {"name": "chosen_column", "type": "text", "label": "Chosen column", "hint": "default: chosen"},
+                {"name": "rejected_column", "type": "text", "label": "Rejected column", "hint": "default: rejected"},
+                {"name": "model_rejects", "type": "number", "label": "Fill missing rejected replies from the model",
+                 "default": 0, "hint": "1 = ask the served model, 0 = skip such rows"},
+                _VALID]},
+]
+BY_ID = {t["id"]: t for t in TEMPLATES}
+QUESTION_CHARS, ANSWER_CHARS = 200, 600
+
+
+def check_inputs(template: dict, inputs: dict) -> None:
+    """Required fields present and numbers numeric, before a job is queued."""
+    for field in template["fields"]:
+        value = inputs.get(field["name"])
+        if field.get("required") and (not isinstance(value, str) or not value.strip()):
+            raise ValueError(f"{field['name']} is required")
+        if value is not None and field["type"] == "number":
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ValueError(f"{field['name']} must be a number")
+        if value is not None and field["type"] in ("text", "textarea") and not isinstance(value, str):
+            raise ValueError(f"{field['name']} must be a string")
+
+
+def _number(inputs: dict, name: str, default: float, low: float, high: float) -> float:
+    value = inputs.get(name, default)
+    value = default if value is None else value
+    if not low <= value <= high:
+        raise ValueError(f"{name} must be between {low} and {high}")
+    return value
+
+
+class _Model:
+    """The served model over this server's own OpenAI route."""
+
+    def __init__(self, api_url: str | None, model_name: str | None):
+        if not api_url:
+            raise ValueError("this template needs the served model; start the job from a running `hearth serve`")
+        self.url, self.model = api_url.rstrip("/") + "/v1/chat/completions", model_name
+
+    def ask(self, messages: list[dict], schema: dict | None = None, max_tokens: int = 512) -> str:
+        body = {"messages": messages, "max_tokens": max_tokens, "temperature": 0.7, "seed": 0}
+        if self.model:
+            body["model"] = self.model
+        if schema is not None:
+            body["response_format"] = {"type": "json_schema", "json_schema": {
+                "name": "reply", "schema": schema, "strict": True, "any_whitespace": False}}
+        request = urllib.request.Request(self.url, json.dumps(body).encode(),
+                                         {"content-type": "application/json"})
+        for attempt in range(3):
+            try:
+                with urllib.request.urlopen(request, timeout=600) as r:
+                    return json.loads(r.read())["choices"][0]["message"]["content"] or ""
+            except urllib.error.HTTPError as exc:
+                if exc.code != 429 or attempt == 2:
+                    detail = exc.read().decode(errors="replace")[:300]
+                    raise RuntimeError(f"the served model answered {exc.code}: {detail}") from None
+                time.sleep(2 ** attempt)
+            except urllib.error.URLError as exc:
+                raise RuntimeError(f"could not reach the served model at {self.url}: {exc.reason}") from None
+        raise RuntimeError("unreachable")
+
+
+def _text(limit: int) -> dict:
+    """A string schema: starts with a visible character, at most `limit` long."""
+    return {"type": "string", "pattern": f"^\\S[\\s\\S]{{0,{limit - 1}}}$"}
+
+
+def _passages(text: str, size: int) -> list[str]:
+    """Paragraph-aligned chunks of about `size` characters."""
+    out, current = [], ""
+    for para in [p.strip() for p in re.split(r"\n\s*\n", text) if p.strip()]:
+        if current and len(current) + len(para) > size:
+            out.append(current)
+            current = ""
+        current = f"{current}\n\n{para}" if current else para
+        while len(current) > size * 2:
+            out.append(current[:size])
+            current = current[size:]
+    if current:
+        out.append(current)
+    return out
+
+
+def _qa_from_text(inputs: dict, model: _Model, log: EventLog) -> tuple[list[dict], int]:
+    per = int(_number(inputs, "pairs_per_passage", 2, 1, 20))
+    passages = _passages(inputs["text"], int(_number(inputs, "passage_chars", 1200, 200, 20000)))
+    schema = {"type": "object", "required": ["pairs"], "properties": {"pairs": {
+        "type": "array", "minItems": 1, "maxItems": per, "items": {
+            "type": "object", "required": ["question", "answer"],
+            "properties": {"question": _text(QUESTION_CHARS), "answer": _text(ANSWER_CHARS)}}}}}
+    system = inputs.get("system") or None
+    rows, skipped = [], 0
+    for n, passage in enumerate(passages, 1):
+        ask = [{"role": "system", "content": "You write study questions. Answer only from the passage."},
+               {"role": "user", "content": f"Passage:\n{passage}\n\nWrite {per} question and answer pairs "
+                                           "about this passage as JSON."}]
+        # A token is at least one character, so this always fits the longest reply the schema allows.
+        reply = model.ask(ask, schema, max_tokens=per * (QUESTION_CHARS + ANSWER_CHARS + 40) + 40)
+        try:
+            pairs = json.loads(reply)["pairs"]
+        except (ValueError, KeyError, TypeError):
+            skipped += 1
+            log.emit("log", line=f"passage {n}: the model's answer did not parse, skipped: {reply[:200]!r}")
+            continue
+        for pair in pairs:
+            messages = ([{"role": "system", "content": system}] if system else []) + [
+                {"role": "user", "content": pair["question"].strip()},
+                {"role": "assistant", "content": pair["answer"].strip()}]
+            if all(m["content"] for m in messages):
+                rows.append({"messages": messages})
+            else:
+                skipped += 1
+                log.emit("log", line=f"passage {n}: an empty question or answer, skipped: {reply[:200]!r}")
+        log.emit("stage", stage="generate", progress=round(0.1 + 0.8 * n / len(passages), 3),
+                 message=f"passage {n}/{len(passages)}: {len(rows)} examples")
+    return rows, skipped
+
+
+def _table_to_messages(inputs: dict, log: EventLog) -> tuple[list[dict], int]:
+    rows = tabular.parse(tabular.source_text(inputs), inputs.get("format") or "auto")
+    if not rows:
+        raise ValueError("no rows found")
+    prompt = tabular.column(rows, inputs.get("prompt_column"), ("prompt", "question", "instruction", "input"),
+                            "prompt")
+    response = tabular.column(rows, inputs.get("response_column"),
+                              ("response", "answer", "completion", "output"), "response")
+    system = inputs.get("system") or None
+    out, skipped = [], 0
+    for row in rows:
+        asked, said = str(row.get(prompt) or "").strip(), str(row.get(response) or "").strip()
+        if not asked or not said:
+            skipped += 1
+            continue
+        out.append({"messages": ([{"role": "system", "content": system}] if system else [])
+                    + [{"role": "user", "content": asked}, {"role": "assistant", "content": said}]})
+    return out, skipped
+
+
+def _dpo_pairs(inputs: dict, model: _Model | None, log: EventLog) -> tuple[list[dict], int]:
+    rows = tabular.parse(tabular.source_text(inputs), inputs.get("format") or "auto")
+    if not rows:
+        raise ValueError("no rows found")
+    prompt = tabular.column(rows, inputs.get("prompt_column"), ("prompt", "question", "instruction"), "prompt")
+    chosen = tabular.column(rows, inputs.get("chosen_column"), ("chosen",), "chosen")
+    names = list(rows[0])
+    rejected = inputs.get("rejected_column") or ("rejected" if "rejected" in names else None)
+    if rejected and rejected not in names:
+        raise ValueError(f"no column {rejected!r} for the rejected reply (columns: {', '.join(names)})")
+    fill = bool(_number(inputs, "model_rejects", 0, 0, 1))
+    out, skipped = [], 0
+    for n, row in enumerate(rows, 1):
+        p, c = str(row.get(prompt) or "").strip(), str(row.get(chosen) or "").strip()
+        r = str(row.get(rejected) or "").strip() if rejected else ""
+        if p and c and not r and fill:
+            if model is None:
+                raise ValueError("model_rejects needs the served model; start the job from a running server")
+            r = model.ask([{"role": "user", "content": p}], max_tokens=256).strip()
+            log.emit("stage", stage="generate", progress=round(0.1 + 0.8 * n / len(rows), 3),
+                     message=f"row {n}/{len(rows)}: asked the model for a rejected reply")
+        if not p or not c or not r or r == c:
+            skipped += 1
+            continue
+        out.append({"prompt": p, "chosen": c, "rejected": r})
+    return out, skipped
+
+
+def run(config: dict, log: EventLog, stage_delay: float = 0.0) -> tuple[str, dict]:
+    template = BY_ID.get(config.get("template_id"))
+    if template is None:
+        raise ValueError(f"unknown template {config.get('template_id')!r}")
+    inputs = config.get("inputs") or {}
+    check_inputs(template, inputs)
+    out = Path(config["output_dir"])
+    share = _number(inputs, "valid_fraction", 0.1, 0, 0.5)
+    log.emit("stage", stage="read", progress=0.05, message=f"building {template['label']}")
+    if stage_delay:
+        time.sleep(stage_delay)
+    needs_model = template["needs_llm"] or (template["id"] == "dpo-pairs" and inputs.get("model_rejects"))
+    model = _Model(config.get("api_url"), config.get("model_name")) if needs_model else None
+    if template["id"] == "qa-from-text":
+        rows, skipped = _qa_from_text(inputs, model, log)
+    elif template["id"] == "table-to-messages":
+        rows, skipped = _table_to_messages(inputs, log)
+    else:
+        rows, skipped = _dpo_pairs(inputs, model, log)
+    if not rows:
+        raise ValueError(f"no usable examples ({skipped} skipped)")
+    random.Random(0).shuffle(rows)
+    n_valid = int(len(rows) * share) if len(rows) > 1 else 0
+    valid, train = rows[:n_valid], rows[n_valid:]
+    log.emit("stage", stage="write", progress=0.95, message=f"writing {len(train)} train / {len(valid)} valid rows")
+    out.mkdir(parents=True, exist_ok=True)
+    _write(out / "train.jsonl", train)
+    if valid:
+        _write(out / "valid.jsonl", valid)
+    return str(out), {"template": template["id"], "format": template["output_format"], "n_train": len(train),
+                      "n_valid": len(valid), "skipped": skipped}
+
+
+def _write(path: Path, rows: list[dict]) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows), encoding="utf-8")
+    tmp.rename(path)
