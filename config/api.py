@@ -22,6 +22,7 @@ from inference.engine.errors import EngineError
 from inference.protocols.errors import RequestError, openai_error
 from jobs.api import router as jobs_router
 from jobs.api_dataset import router as dataset_router
+from jobs.api_push import router as push_router
 
 log = logging.getLogger("hearth.api")
 
@@ -35,6 +36,7 @@ v1.add_router("", adapters_router)
 api = NinjaAPI(title="Hearth dashboard API", version="1", urls_namespace="api", docs_url="/docs")
 api.add_router("", jobs_router)
 api.add_router("", dataset_router)
+api.add_router("", push_router)
 
 
 @api.exception_handler(Exception)

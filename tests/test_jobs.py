@@ -352,3 +352,30 @@ def test_dataset_llm_templates_ask_the_served_model(base_url):
     assert all(set(row) == {"prompt", "chosen", "rejected"} for row in rows)
     probe = httpx.post(base_url + "/api/finetune/inspect-dataset", json={"path": r["output_dir"]}).json()
     assert probe["format"] == "dpo"
+
+
+def test_hf_token_is_kept_private_and_push_explains_failures(base_url, homes, tmp_path):
+    _, hearth_home = homes
+    assert httpx.get(base_url + "/api/settings/hf-token").json() == {"ok": True, "hasToken": False}
+    push = {"repo_id": "me/thing", "source_path": str(tmp_path)}
+    r = httpx.post(base_url + "/api/finetune/push", json=push)
+    assert r.status_code == 400 and "no Hugging Face token saved" in r.json()["error"]
+    assert httpx.post(base_url + "/api/settings/hf-token", json={"token": " "}).json() == {
+        "ok": False, "error": "token required"}
+    assert httpx.post(base_url + "/api/settings/hf-token", json={"token": "hf_secret123"}).json() == {"ok": True}
+    saved = hearth_home / "hf.json"
+    assert oct(saved.stat().st_mode & 0o777) == "0o600" and "hf_secret123" in saved.read_text()
+    status = httpx.get(base_url + "/api/settings/hf-token")
+    assert status.json() == {"ok": True, "hasToken": True} and "hf_secret" not in status.text
+    try:
+        for route, body, needle in [
+                ("finetune", {"source_path": str(tmp_path)}, "repo_id required"),
+                ("finetune", {"repo_id": "me/thing"}, "source_path or job_id required"),
+                ("quantize", {"repo_id": "me/thing", "job_id": "nope"}, "no quantize job nope"),
+                ("dataset", {"repo_id": "me/thing", "source_path": str(tmp_path / "missing")}, "not a directory"),
+                ("dataset", push, "HF_HUB_OFFLINE")]:
+            r = httpx.post(f"{base_url}/api/{route}/push", json=body)
+            assert r.status_code == 400 and needle in r.json()["error"], (route, body, r.text)
+    finally:
+        assert httpx.delete(base_url + "/api/settings/hf-token").json() == {"ok": True, "removed": True}
+    assert not saved.exists()
