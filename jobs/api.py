@@ -141,7 +141,7 @@ def quantize_submit(request: HttpRequest):
     except (ValueError, ModelNotFound) as exc:
         return _fail(str(exc))
     job = service.submit("quantize", body)
-    repo = quantize.output_repo(model_id, path, body.get("bits", 4))
+    repo = quantize.output_repo(model_id, path, body.get("bits", 4), body.get("target_bpw"))
     return {"ok": True, "job_id": job.id, "output_repo": repo}
 
 

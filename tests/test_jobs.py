@@ -73,10 +73,30 @@ def test_quantize_job_streams_to_done_and_its_output_serves(base_url, tiny_model
         assert served.stop() == 0, served.output()
 
 
+def test_quantize_to_a_bits_per_weight_target_mixes_widths(base_url, tiny_model):
+    from huggingface_hub import snapshot_download
+    from mlx_lm import generate, load
+    from mlx_lm.utils import compute_bits_per_weight
+
+    body = {"model_id": tiny_model, "target_bpw": 7, "candidate_bits": [4, 8], "group_size": 32}
+    submitted = httpx.post(base_url + "/api/quantize/submit", json=body).json()
+    assert submitted["output_repo"] == tiny_model + "-hearth-mixed-7bpw"
+    _, events = follow(base_url, submitted["job_id"])
+    assert events[-1]["type"] == "done", events[-3:]
+    summary = events[-1]["summary"]
+    assert summary["target_bpw"] == 7 and set(summary["layers_by_bits"]) == {"4", "8"}
+    model, tokenizer = load(snapshot_download(submitted["output_repo"], local_files_only=True))
+    achieved = compute_bits_per_weight(model)
+    assert 6.0 < achieved <= 7.0 and abs(achieved - summary["planned_bpw"]) < 0.05, (achieved, summary)
+    assert generate(model, tokenizer, "hello", max_tokens=4, verbose=False) is not None
+
+
 @pytest.mark.parametrize("body, needle", [
     ({}, "model_id required"), ({"model_id": "nobody/nothing"}, "neither a directory"),
     ({"model_id": "x/y", "bits": 7}, "bits must be"), ({"model_id": "x/y", "group_size": 48}, "group_size"),
-    ({"model_id": "x/y", "target_bpw": 3.5}, "target_bpw"),
+    ({"model_id": "x/y", "target_bpw": 0.5}, "target_bpw must be"),
+    ({"model_id": "x/y", "target_bpw": 3, "candidate_bits": [4, 7]}, "candidate_bits"),
+    ({"model_id": "x/y", "rotate_weights": True}, "rotate_weights"),
 ])
 def test_quantize_submit_refusals(base_url, body, needle):
     r = httpx.post(base_url + "/api/quantize/submit", json=body)
