@@ -57,3 +57,45 @@ class RequestMetricsMiddleware(_ResponseHook):
         match = getattr(request, "resolver_match", None)
         count_request(match.route if match is not None else "unmatched", request.method, response.status_code)
         return response
+
+
+class CrossOriginGuardMiddleware:
+    """Refuse state-changing requests that a web page on another origin
+    makes to this server (a browser always sends `Origin` on those): without
+    it, any site the user visits could mount adapters, save a Hub token or
+    push a folder. SDK clients send no `Origin` and are not affected; the
+    dashboard is same-origin."""
+
+    sync_capable = True
+    async_capable = True
+    GUARDED = ("/api/", "/v1/", "/admin/cache/")
+    SAFE = ("GET", "HEAD", "OPTIONS")
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+        self.is_async = iscoroutinefunction(get_response)
+        if self.is_async:
+            markcoroutinefunction(self)
+
+    def __call__(self, request):
+        refused = self._refuse(request)
+        if self.is_async:
+            return self._acall(request, refused)
+        return refused if refused is not None else self.get_response(request)
+
+    async def _acall(self, request, refused):
+        return refused if refused is not None else await self.get_response(request)
+
+    def _refuse(self, request):
+        origin = request.headers.get("Origin")
+        if origin is None or request.method in self.SAFE or not request.path.startswith(self.GUARDED):
+            return None
+        from urllib.parse import urlsplit
+
+        if origin != "null" and urlsplit(origin).netloc == request.get_host():
+            return None
+        message = f"cross-origin {request.method} from {origin} refused"
+        if request.path.startswith("/api/"):
+            return JsonResponse({"ok": False, "error": message}, status=403)
+        return JsonResponse({"error": {"message": message, "type": "permission_error", "param": None,
+                                       "code": "cross_origin"}}, status=403)

@@ -41,7 +41,8 @@ async def _generate(request: HttpRequest, kind: str) -> HttpResponse:
         return StreamingHttpResponse(frames, content_type="text/event-stream", headers=headers)
     message, logprobs, final = await openai.collect(submission.events(), prepared.output)
     if final.error is not None:
-        return JsonResponse(openai_error(final.error, "server_error"), status=500)
+        kind = "server_error" if final.error_status >= 500 else "invalid_request_error"
+        return JsonResponse(openai_error(final.error, kind, final.error_param), status=final.error_status)
     return JsonResponse(reply.complete(message, final.finish_reason, final.usage, logprobs),
                         headers=prepared.headers)
 

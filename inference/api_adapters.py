@@ -9,6 +9,7 @@ from asgiref.sync import sync_to_async
 from django.http import HttpRequest, JsonResponse
 from ninja import Router
 
+from inference.engine.errors import EngineTimeout
 from inference.protocols import params
 from inference.protocols.errors import RequestError
 from inference.runtime import runtime
@@ -45,9 +46,12 @@ async def mount(request: HttpRequest):
     if not isinstance(adapter_id, str) or not adapter_id or not isinstance(path, str) or not path:
         raise RequestError("id and path required", "id" if not isinstance(adapter_id, str) or not adapter_id
                            else "path")
-    result = await asyncio.to_thread(engine.mount_adapter, adapter_id, path, False, MOUNT_TIMEOUT_S)
-    mounted_path = next(a["path"] for a in engine.loaded.adapters.describe() if a["id"] == adapter_id)
-    await sync_to_async(register)(mounted_path, name=adapter_id, mounted=True)
+    try:
+        result = await asyncio.to_thread(engine.mount_adapter, adapter_id, path, False, MOUNT_TIMEOUT_S)
+    except EngineTimeout:
+        raise EngineTimeout(f"the engine is busy and has not mounted {adapter_id} within {MOUNT_TIMEOUT_S:.0f} s; "
+                            "it will mount once the engine gets to it (see GET /v1/adapters)") from None
+    await sync_to_async(register)(result.pop("path"), name=adapter_id, mounted=True)
     return result
 
 

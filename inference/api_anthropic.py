@@ -64,7 +64,7 @@ async def _messages(request: HttpRequest) -> HttpResponse:
         return StreamingHttpResponse(frames, content_type="text/event-stream", headers=headers)
     message, _, final = await openai.collect(submission.events(), prepared.output)
     if final.error is not None:
-        return _error(500, final.error)
+        return _error(final.error_status, final.error)
     return JsonResponse(reply.complete(message, final), headers=prepared.headers)
 
 

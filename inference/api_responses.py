@@ -48,7 +48,8 @@ async def create(request: HttpRequest) -> HttpResponse:
         return StreamingHttpResponse(frames, content_type="text/event-stream", headers=headers)
     message, _, final = await openai.collect(submission.events(), prepared.output)
     if final.error is not None:
-        return JsonResponse(openai_error(final.error, "server_error"), status=500)
+        kind = "server_error" if final.error_status >= 500 else "invalid_request_error"
+        return JsonResponse(openai_error(final.error, kind, final.error_param), status=final.error_status)
     response = reply.complete(message, final)
     keep(message, response)
     return JsonResponse(response, headers=prepared.headers)

@@ -67,6 +67,8 @@ def _push(request: HttpRequest, kind: str, repo_type: str):
         return fail("upload failed: HF_HUB_OFFLINE is set, so nothing can reach the Hub")
     except (HfHubHTTPError, OSError, ValueError) as exc:
         return fail(f"upload failed: {exc}")
+    except Exception as exc:  # network errors come from the HTTP client, not huggingface_hub
+        return fail(f"upload failed: {type(exc).__name__}: {exc}")
     return {"ok": True, "url": url}
 
 

@@ -56,5 +56,5 @@ def push(folder: Path, repo_id: str, repo_type: str, private: bool) -> str:
     url = api.create_repo(repo_id, repo_type=repo_type, private=private, exist_ok=True)
     api.upload_folder(repo_id=repo_id, repo_type=repo_type, folder_path=str(folder),
                       commit_message=f"Upload from Hearth ({folder.name})",
-                      ignore_patterns=["*.tmp", ".DS_Store", "*_adapters.safetensors"])
+                      ignore_patterns=["*.tmp", ".DS_Store", "*_adapters.safetensors", "hf.json", "**/hf.json"])
     return str(url)

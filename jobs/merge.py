@@ -86,10 +86,12 @@ def _write(out: Path, merged: dict, loaded: list, rank: int, sources: list[Path]
     from safetensors.numpy import save_file
 
     configs = [cfg for _, cfg in loaded]
-    keys = sorted({k for cfg in configs for k in (cfg.get("lora_parameters") or {}).get("keys") or []})
+    # The modules the merged tensors target, as mlx-lm's loader names them within a layer.
+    keys = sorted({m.group(1) for k in merged for m in [re.search(r"layers\.\d+\.(.+)\.lora_[ab]$", k)] if m})
     lora = {"rank": rank, "scale": 1.0, "dropout": 0.0, **({"keys": keys} if keys else {})}
     bases = {cfg.get("base_model") for cfg in configs if cfg.get("base_model")}
-    layers = max(int(cfg.get("num_layers") or 0) for cfg in configs) or \
+    spans = [int(cfg.get("num_layers") or 0) for cfg in configs]
+    layers = -1 if -1 in spans else max(spans) or \
         len({m.group(1) for k in merged for m in [re.search(r"layers\.(\d+)\.", k)] if m})
     out.mkdir(parents=True, exist_ok=False)
     tmp = out / "adapters.safetensors.tmp"

@@ -220,6 +220,24 @@ def test_finetune_teaches_a_reply_and_streams_its_loss(base_url, tiny_model, tmp
     finally:
         httpx.delete(base_url + "/v1/adapters/zebra")
 
+    # A warm start continues from that adapter, taking its rank and scale (the job asks for others).
+    resumed = tmp_path / "resumed"
+    submitted = httpx.post(base_url + "/api/finetune/submit", json={
+        "model_dir": tiny_model, "data_dir": str(data), "adapter_path": str(resumed), "iters": 2, "rank": 4,
+        "learning_rate": 1e-6, "batch_size": 4, "warm_start_adapter": str(adapter)}).json()
+    _, events = follow(base_url, submitted["job_id"], timeout=300)
+    assert events[-1]["type"] == "done" and events[-1]["summary"]["rank"] == 16, events[-3:]
+    assert any("warm start" in e.get("line", "") for e in events)
+    httpx.post(base_url + "/v1/adapters", json={"id": "resumed", "path": str(resumed)}).raise_for_status()
+    try:
+        assert _served_reply(base_url, ask, adapter="resumed").startswith(TAUGHT)
+    finally:
+        httpx.delete(base_url + "/v1/adapters/resumed")
+    bad = httpx.post(base_url + "/api/finetune/submit", json={
+        "model_dir": tiny_model, "data_dir": str(data), "warm_start_adapter": str(tmp_path)}).json()
+    job = wait_status(base_url, bad["job_id"], ("failed", "done"))
+    assert job["status"] == "failed" and "warm_start_adapter" in job["error"]
+
 
 def test_finetune_config_errors_fail_the_job(base_url, tiny_model, tmp_path):
     assert httpx.post(base_url + "/api/finetune/submit", json={"model_dir": tiny_model}).status_code == 400
@@ -382,7 +400,13 @@ def test_hf_token_is_kept_private_and_push_explains_failures(base_url, homes, tm
     assert r.status_code == 400 and "no Hugging Face token saved" in r.json()["error"]
     assert httpx.post(base_url + "/api/settings/hf-token", json={"token": " "}).json() == {
         "ok": False, "error": "token required"}
-    assert httpx.post(base_url + "/api/settings/hf-token", json={"token": "hf_secret123"}).json() == {"ok": True}
+    evil = httpx.post(base_url + "/api/settings/hf-token", json={"token": "hf_evil"},
+                      headers={"Origin": "http://evil.example"})
+    assert evil.status_code == 403 and "cross-origin" in evil.json()["error"]
+    mount = httpx.post(base_url + "/v1/adapters", json={"id": "x", "path": "/tmp"}, headers={"Origin": "null"})
+    assert mount.status_code == 403 and mount.json()["error"]["code"] == "cross_origin"
+    assert httpx.post(base_url + "/api/settings/hf-token", json={"token": "hf_secret123"},
+                      headers={"Origin": base_url}).json() == {"ok": True}  # the dashboard's own origin
     saved = hearth_home / "hf.json"
     assert oct(saved.stat().st_mode & 0o777) == "0o600" and "hf_secret123" in saved.read_text()
     status = httpx.get(base_url + "/api/settings/hf-token")

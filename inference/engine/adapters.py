@@ -62,12 +62,26 @@ def parse_spec(value) -> tuple[str, ...] | None:
 
 def read_config(path: Path) -> dict:
     """adapter_config.json, or {} when the folder has none."""
+    file = path / "adapter_config.json"
     try:
-        return json.loads((path / "adapter_config.json").read_text())
+        config = json.loads(file.read_text())
     except FileNotFoundError:
         return {}
     except (OSError, ValueError) as exc:
-        raise AdapterError(f"{path / 'adapter_config.json'} cannot be read: {exc}") from None
+        raise AdapterError(f"{file} cannot be read: {exc}") from None
+    if not isinstance(config, dict):
+        raise AdapterError(f"{file} is not a JSON object")
+    return config
+
+
+def _lora_numbers(config: dict, file: Path, fallback_rank: int) -> tuple[int, float]:
+    params = config.get("lora_parameters") or {}
+    try:
+        rank = int(params.get("rank") or fallback_rank)
+        scale = float(params.get("scale", 20.0))
+    except (TypeError, ValueError, AttributeError):
+        raise AdapterError(f"{file}: lora_parameters.rank and .scale must be numbers") from None
+    return rank, scale
 
 
 @dataclass(eq=False)  # compared by identity: a remount is a different adapter
@@ -172,6 +186,10 @@ class AdapterManager:
         """The prompt-cache namespace of an adapter set ("" for the base)."""
         return "+".join(f"{a.id}@{a.generation}" for a in group)
 
+    def current(self, group: tuple[Adapter, ...]) -> bool:
+        """Whether every adapter of `group` is still the one mounted under its id."""
+        return all(self.mounted.get(a.id) is a for a in group)
+
     def activate(self, group: tuple[Adapter, ...]) -> None:
         self.active = group
         self._prune()
@@ -195,9 +213,7 @@ class AdapterManager:
         except Exception as exc:
             raise AdapterError(f"{weights} cannot be read: {exc}") from None
         layers = self._validate(tensors, root)
-        params = config.get("lora_parameters") or {}
-        rank = int(params.get("rank") or next(iter(layers.values()))[0].shape[1])
-        scale = float(params.get("scale", 20.0))
+        rank, scale = _lora_numbers(config, root / "adapter_config.json", next(iter(layers.values()))[0].shape[1])
         mx.eval([list(pair) for pair in layers.values()])
         self._generation += 1
         adapter = Adapter(adapter_id, str(root.resolve()), rank, scale, config.get("base_model") or config.get("model"),
@@ -212,7 +228,7 @@ class AdapterManager:
         if old is not None:
             self._prune()
         return {"id": adapter_id, "mounted_layers": len(layers), "rank": rank, "scale": scale,
-                "ram_bytes": adapter.ram_bytes}
+                "ram_bytes": adapter.ram_bytes, "path": adapter.path}
 
     def unmount(self, adapter_id: str) -> dict:
         with self._lock:

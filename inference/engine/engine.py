@@ -38,7 +38,7 @@ from pathlib import Path
 
 from inference.engine import loader, metrics
 from inference.engine.adapters import AdapterError, AdapterManager
-from inference.engine.errors import ContextOverBudget, EngineClosed, EngineError, QueueFull
+from inference.engine.errors import ContextOverBudget, EngineClosed, EngineError, EngineTimeout, QueueFull
 from inference.engine.prompt_cache import PromptCache
 from inference.engine.rows import Job, Row
 from inference.engine.types import GenerationEvent, GenerationRequest
@@ -176,7 +176,7 @@ class Engine:
         call = _Call(fn)
         self._inbox.put(call)
         if not call.done.wait(timeout):
-            raise EngineError("the engine did not answer in time")
+            raise EngineTimeout("the engine did not answer in time")
         if call.error is not None:
             raise call.error
         return call.result
@@ -332,7 +332,7 @@ class Engine:
                 try:
                     group = self.adapters.resolve(req.adapters)
                 except AdapterError as exc:  # unmounted while it waited
-                    job.emit(GenerationEvent(error=str(exc)))
+                    job.emit(GenerationEvent(error=str(exc), error_status=exc.status, error_param=exc.param))
                     job.aborted.set()
                 else:
                     if self.lane.active and group != self._group:
@@ -352,7 +352,7 @@ class Engine:
                 log.exception("prompt cache lookup failed; prefilling request %s in full", req.id)
                 cache, cached = None, 0
             row = Row(job, self.loaded, self._limit(req), cached, self.lane.name)
-            row.ns = ns
+            row.ns, row.adapters = ns, group
             self.stats.submitted_rows += 1
             self.stats.prompt_tokens_total += len(req.prompt_tokens)
             self.stats.cached_tokens_total += cached
@@ -376,8 +376,8 @@ class Engine:
             self.stats.generated_tokens_total += row.count
             if row.decode_tps:
                 self.stats.last_decode_tps = row.decode_tps
-            if cache is None:
-                continue
+            if cache is None or not self.adapters.current(row.adapters):
+                continue  # nothing, or KV from adapter weights that are gone
             try:
                 self.cache.publish(tokens, cache, row.req.session, row.ns)
             except Exception:
@@ -427,7 +427,7 @@ class Engine:
         """Mount (or replace) a LoRA adapter between forward passes."""
         def mount():
             old = self.adapters.mounted.get(adapter_id)
-            result = self.adapters.mount(adapter_id, path, make_default)
+            result = self.adapters.mount(adapter_id, path, make_default)  # includes the resolved path
             if old is not None:
                 self.cache.forget_adapter(self.adapters.namespace((old,)))
             return result

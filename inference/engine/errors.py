@@ -10,6 +10,14 @@ class EngineError(Exception):
     param: str | None = None  # the request field at fault, when there is one
 
 
+class EngineTimeout(EngineError):
+    """The engine thread did not get to a call in time (it may still run it)."""
+
+    status = 503
+    type = "engine_unavailable"
+    code = "engine_busy"
+
+
 class ModelNotFound(EngineError):
     status = 404
     type = "invalid_request_error"

@@ -46,6 +46,7 @@ class Row:
         self.cached = cached
         self.lane = lane
         self.ns = ""  # the prompt-cache namespace of its adapter set
+        self.adapters: tuple = ()  # that adapter set
         self.count = 0
         self.finish: str | None = None
         self.first_at: float | None = None

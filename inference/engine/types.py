@@ -72,3 +72,5 @@ class GenerationEvent:
     usage: Usage | None = None
     stop_sequence: str | None = None  # on the last event: the stop string that ended the text
     error: str | None = None
+    error_status: int = 500  # the HTTP status a non-streamed answer gives the error
+    error_param: str | None = None  # the request field at fault, when there is one

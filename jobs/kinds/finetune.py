@@ -100,11 +100,14 @@ def learning_rate(cfg: dict):
     import mlx.optimizers as optim
 
     lr, method = float(cfg["learning_rate"]), cfg["method"]
-    warmup = cfg.get(f"{method}_warmup_iters", 0)
     shape = cfg.get(f"{method}_lr_schedule", "constant")
+    # The optimizer steps once per `grad_accumulation_steps` iterations; schedules count its steps.
+    accum = cfg["grad_accumulation_steps"]
+    warmup = -(-cfg.get(f"{method}_warmup_iters", 0) // accum)
+    updates = -(-cfg["iters"] // accum)
     if not warmup and shape == "constant":
         return lr
-    main = optim.cosine_decay(lr, max(cfg["iters"] - warmup, 1)) if shape == "cosine" else (lambda step: lr)
+    main = optim.cosine_decay(lr, max(updates - warmup, 1)) if shape == "cosine" else (lambda step: lr)
     if not warmup:
         return main
     return optim.join_schedules([optim.linear_schedule(0.0, lr, warmup), main], [warmup])
@@ -204,12 +207,13 @@ def run(config: dict, log: EventLog, stage_delay: float = 0.0) -> tuple[str, dic
     lora = {"rank": cfg["rank"], "scale": float(cfg["scale"]), "dropout": float(cfg["lora_dropout"])}
     if cfg["target_modules"]:
         lora["keys"] = cfg["target_modules"]
+    start = _warm_start(cfg, lora, log)
+    if start is not None:
+        layers = start[1] or layers
     linear_to_lora_layers(model, layers, lora)
-    if cfg["warm_start_adapter"]:
-        start = Path(cfg["warm_start_adapter"]).expanduser()
-        weights = start / "adapters.safetensors" if start.is_dir() else start
-        model.load_weights(str(weights), strict=False)
-        log.emit("log", line=f"warm start from {weights}")
+    if start is not None:
+        _load_warm_start(model, start[0])
+        log.emit("log", line=f"warm start from {start[0]}")
     adapter_path.mkdir(parents=True, exist_ok=True)
     (adapter_path / "adapter_config.json").write_text(json.dumps({
         "fine_tune_type": "lora", "num_layers": layers, "lora_parameters": lora, "base_model": str(model_dir),
@@ -229,7 +233,47 @@ def run(config: dict, log: EventLog, stage_delay: float = 0.0) -> tuple[str, dic
         preference.train(model, str(model_dir), hf_tokenizer, cfg, train_rows, valid_rows, adapter_path, reporter,
                          ServingChatDataset)
     return str(adapter_path), {"method": method, "format": fmt, "iters": cfg["iters"], "n_train": len(train_rows),
-                               "n_valid": len(valid_rows), "rank": cfg["rank"], "base_model": str(model_dir)}
+                               "n_valid": len(valid_rows), "rank": lora["rank"], "base_model": str(model_dir)}
+
+
+def _warm_start(cfg: dict, lora: dict, log: EventLog) -> tuple[Path, int] | None:
+    """The adapter to continue from and its layer count; its rank, scale
+    and target modules replace the job's, so its weights fit."""
+    if not cfg["warm_start_adapter"]:
+        return None
+    start = Path(cfg["warm_start_adapter"]).expanduser()
+    weights = start / "adapters.safetensors" if start.is_dir() else start
+    if not weights.is_file():
+        raise ValueError(f"warm_start_adapter: {weights} not found")
+    try:
+        config = json.loads((weights.parent / "adapter_config.json").read_text())
+        params = config["lora_parameters"]
+        lora.update(rank=int(params["rank"]), scale=float(params["scale"]))
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"warm_start_adapter: {weights.parent} has no usable adapter_config.json ({exc})") from None
+    if params.get("keys"):
+        lora["keys"] = params["keys"]
+    if (lora["rank"], lora["scale"]) != (cfg["rank"], float(cfg["scale"])):
+        log.emit("log", line=f"warm start: using the adapter's rank {lora['rank']} and scale {lora['scale']}")
+    return weights, int(config.get("num_layers") or 0)
+
+
+def _load_warm_start(model, weights: Path) -> None:
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+
+    wanted = dict(tree_flatten(model.trainable_parameters()))
+    found = mx.load(str(weights))
+    missing, extra = set(wanted) - set(found), set(found) - set(wanted)
+    if missing or extra:
+        name = sorted(missing or extra)[0]
+        raise ValueError(f"warm_start_adapter does not fit this model: {len(missing)} LoRA weights missing, "
+                         f"{len(extra)} unexpected (e.g. {name})")
+    for key, value in found.items():
+        if value.shape != wanted[key].shape:
+            raise ValueError(f"warm_start_adapter: {key} is {tuple(value.shape)}, the model needs "
+                             f"{tuple(wanted[key].shape)}")
+    model.load_weights(list(found.items()), strict=False)
 
 
 def training_args(cls, cfg: dict, adapter_path: Path, **extra):

@@ -26,11 +26,14 @@ class Plan:
     raised: set[str]
     bpw: float
     histogram: dict[int, int]
+    fixed: dict  # path -> what the model's own predicate insists on (False, or its params)
 
     def predicate(self, group: int):
         def choose(path: str, module):
             if not hasattr(module, "to_quantized") or module.weight.shape[-1] % group != 0:
                 return False
+            if path in self.fixed:
+                return self.fixed[path]
             bits = self.high if path in self.raised else self.low
             return {"bits": bits, "group_size": group, "mode": "affine"}
         return choose
@@ -55,12 +58,27 @@ def plan(model, target_bpw: float, candidates: list[int], group: int, dtype: str
 
     float_bits = DTYPE_BITS.get(dtype, 16)
     overhead = 2 * float_bits / group  # a scale and a bias per group, in the float dtype
+    own = getattr(model, "quant_predicate", None)  # e.g. MoE routers kept at 8 bits, or not quantized
     quantizable: dict[str, int] = {}
+    fixed: dict = {}
+    fixed_bits = 0.0
     for path, module in tree_flatten(model.leaf_modules(), is_leaf=nn.Module.is_module):
-        if hasattr(module, "to_quantized") and module.weight.shape[-1] % group == 0:
+        if not hasattr(module, "to_quantized") or module.weight.shape[-1] % group != 0:
+            continue
+        rule = own(path, module) if own is not None else True
+        if rule is False:
+            fixed[path] = False
+        elif isinstance(rule, dict):
+            fixed[path] = rule
+            size = rule.get("group_size", group)
+            fixed_bits += module.weight.size * (rule.get("bits", 8) + 2 * float_bits / size)
+        else:
             quantizable[path] = module.weight.size
     total = sum(v.size for _, v in tree_flatten(model.parameters()))
-    other_bits = (total - sum(quantizable.values())) * float_bits
+    kept_params = total - sum(quantizable.values()) - sum(
+        m.weight.size for p, m in tree_flatten(model.leaf_modules(), is_leaf=nn.Module.is_module)
+        if isinstance(fixed.get(p), dict))
+    other_bits = kept_params * float_bits + fixed_bits
     if not quantizable:
         raise ValueError("this model has no layers that can be quantized at this group size")
 
@@ -89,4 +107,7 @@ def plan(model, target_bpw: float, candidates: list[int], group: int, dtype: str
     histogram: dict[int, int] = {}
     for bits in bits_of.values():
         histogram[bits] = histogram.get(bits, 0) + 1
-    return Plan(low, high, raised, round(bpw(bits_of), 4), histogram)
+    for rule in fixed.values():
+        if isinstance(rule, dict):
+            histogram[rule.get("bits", 8)] = histogram.get(rule.get("bits", 8), 0) + 1
+    return Plan(low, high, raised, round(bpw(bits_of), 4), histogram, fixed)

@@ -83,7 +83,7 @@ def run(config: dict, log: EventLog, stage_delay: float = 0.0) -> tuple[str, dic
         log.emit("log", line=f"plan: {plan.histogram} layers by bits, {plan.bpw} bits per weight")
     with tempfile.TemporaryDirectory(prefix="hearth-quantize-") as work:
         out = Path(work) / "model"
-        what = f"a mix of {bits} and {plan.high} bits" if target is not None else f"{bits} bits"
+        what = f"a mix of {bits} and {plan.high} bits" if target is not None and plan.high else f"{bits} bits"
         stage("quantize", 0.2, f"quantizing to {what}, group size {group}")
         convert(str(src), mlx_path=str(out), quantize=True, q_bits=bits, q_group_size=group, **extra)
         log.emit("log", line=f"converted {src} -> {out}")
