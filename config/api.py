@@ -13,6 +13,7 @@ from ninja import NinjaAPI
 from ninja.errors import HttpError
 from ninja.errors import ValidationError as NinjaValidationError
 
+from hub.api import router as hub_router
 from inference.api import router as openai_router
 from inference.api_adapters import router as adapters_router
 from inference.api_anthropic import router as anthropic_router
@@ -37,6 +38,7 @@ api = NinjaAPI(title="Hearth dashboard API", version="1", urls_namespace="api", 
 api.add_router("", jobs_router)
 api.add_router("", dataset_router)
 api.add_router("", push_router)
+api.add_router("", hub_router)
 
 
 @api.exception_handler(Exception)

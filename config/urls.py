@@ -3,6 +3,7 @@ from django.urls import path
 
 from config import views
 from config.api import api, v1
+from hub import views as hub_views
 
 urlpatterns = [
     path("v1/", v1.urls),
@@ -11,6 +12,9 @@ urlpatterns = [
     path("health", views.health),
     path("stats", views.stats),
     path("metrics", views.metrics),
+    path("library", hub_views.library_view),
+    path("fit", hub_views.fit_view),
+    path("downloads", hub_views.downloads_view),
     path("admin/cache/session/close", views.cache_session_close),
     path("admin/cache/flush", views.cache_flush),
     path("admin/", admin.site.urls),

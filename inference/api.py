@@ -84,7 +84,8 @@ def _model_rows() -> list[dict]:
     for entry in servable_models():
         if entry.repo_id not in served:
             rows.append({"id": entry.repo_id, "object": "model", "created": runtime.started_at,
-                         "owned_by": entry.repo_id.split("/")[0], "vision": False, "tier": "generic"})
+                         "owned_by": entry.repo_id.split("/")[0], "vision": entry.vision,
+                         "tier": entry.support_tier})
     return rows
 
 

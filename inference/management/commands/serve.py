@@ -139,6 +139,9 @@ class Command(BaseCommand):
         runtime.responses = ResponseStore(ttl_s=opts["response_ttl"])
         runtime.embeddings_enabled = opts["embeddings"] or loaded.is_embedding_model
         log.info("model %s ready (%s, context %s)", loaded.model_id, loaded.dtype, loaded.context_window)
+        from hub.downloads import resume_interrupted
+
+        resume_interrupted()  # downloads whose process died continue from their partial files
         supervisor = None
         if not opts["no_worker"]:
             from jobs.runner import mark_zombies

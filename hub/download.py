@@ -1,0 +1,193 @@
+"""Downloading a model repo into the HF cache, resumably.
+
+The cache layout is the one `huggingface_hub` writes (blobs named by their
+hash, a snapshot per commit of relative symlinks, `refs/<branch>`), so the
+library, `mlx_lm.load` and `huggingface_hub` all see the result as a normal
+download. Unlike `hf_hub_download`, a partial file keeps a stable name
+(`blobs/<hash>.incomplete`), so a download killed mid-file continues from
+where it stopped, with an HTTP range request, after a restart. Every file is
+checked against its size and hash before it becomes a blob.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+import urllib.error
+import urllib.request
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import quote
+
+CHUNK = 1 << 20
+RATE_WINDOW_S = 5.0
+
+
+@dataclass
+class RemoteFile:
+    path: str
+    size: int
+    etag: str  # the blob name: the LFS sha256, or the git blob id
+    lfs: bool
+
+
+@dataclass
+class Progress:
+    """What a download reports while it runs."""
+
+    files_total: int = 0
+    files_done: int = 0
+    total_bytes: int = 0
+    received_bytes: int = 0
+    current_file: str | None = None
+    bytes_per_sec: float = 0.0
+    _samples: deque = field(default_factory=deque)
+
+    def add(self, n: int) -> None:
+        self.received_bytes += n
+        now = time.monotonic()
+        self._samples.append((now, self.received_bytes))
+        while len(self._samples) > 2 and now - self._samples[0][0] > RATE_WINDOW_S:
+            self._samples.popleft()
+        first_t, first_b = self._samples[0]
+        self.bytes_per_sec = (self.received_bytes - first_b) / (now - first_t) if now > first_t else 0.0
+
+
+def repo_dir(cache: Path, repo_id: str) -> Path:
+    return cache / ("models--" + repo_id.replace("/", "--"))
+
+
+def listing(repo_id: str, revision: str, token: str | None) -> tuple[str, list[RemoteFile]]:
+    """(commit, files) of a revision, from the hub's API."""
+    from huggingface_hub import HfApi
+
+    info = HfApi(token=token).model_info(repo_id, revision=revision, files_metadata=True)
+    files = []
+    for sibling in info.siblings or []:
+        lfs = sibling.lfs
+        etag = lfs.sha256 if lfs is not None else sibling.blob_id
+        size = lfs.size if lfs is not None else sibling.size
+        if not etag or size is None:
+            raise ValueError(f"the hub listed {sibling.rfilename} without a hash or size")
+        files.append(RemoteFile(sibling.rfilename, int(size), etag, lfs is not None))
+    if not info.sha:
+        raise ValueError(f"the hub gave no commit for {repo_id}@{revision}")
+    return info.sha, files
+
+
+def _verify(path: Path, remote: RemoteFile) -> None:
+    size = path.stat().st_size
+    if size != remote.size:
+        raise ValueError(f"{remote.path}: got {size} bytes, expected {remote.size}")
+    if remote.lfs:
+        digest = hashlib.sha256()
+    else:  # git's blob id: sha1 over a header and the content
+        digest = hashlib.sha1(f"blob {size}\0".encode())
+    with open(path, "rb") as f:
+        while block := f.read(CHUNK):
+            digest.update(block)
+    if digest.hexdigest() != remote.etag:
+        raise ValueError(f"{remote.path}: content hash {digest.hexdigest()} does not match {remote.etag}")
+
+
+def _fetch(url: str, part: Path, remote: RemoteFile, token: str | None, progress: Progress,
+           stop: Callable[[], bool]) -> None:
+    have = part.stat().st_size if part.exists() else 0
+    if have > remote.size:
+        part.unlink()
+        have = 0
+    progress.add(have)  # what an earlier run already fetched
+    if have == remote.size:
+        return
+    headers = {"User-Agent": "hearth"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    if have:
+        headers["Range"] = f"bytes={have}-"
+    try:
+        response = urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=60)
+    except urllib.error.HTTPError as exc:
+        if exc.code == 416 and have:  # the range is past the end: start over
+            part.unlink()
+            progress.add(-have)
+            return _fetch(url, part, remote, token, progress, stop)
+        raise RuntimeError(f"{remote.path}: the hub answered {exc.code} {exc.reason}") from None
+    with response:
+        if have and response.status != 206:  # no range support: start over
+            progress.add(-have)
+            have = 0
+        with open(part, "ab" if have else "wb") as f:
+            while block := response.read1(CHUNK):
+                f.write(block)
+                progress.add(len(block))
+                if stop():
+                    raise InterruptedError("download stopped")
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def _link(snapshot: Path, remote: RemoteFile) -> None:
+    target = snapshot / remote.path
+    target.parent.mkdir(parents=True, exist_ok=True)
+    depth = len(Path(remote.path).parts) - 1
+    relative = Path(*([".."] * (depth + 2)), "blobs", remote.etag)
+    if target.is_symlink() and os.readlink(target) == str(relative):
+        return
+    if target.is_symlink() or target.exists():
+        target.unlink()
+    target.symlink_to(relative)
+
+
+def download(repo_id: str, revision: str, cache: Path, token: str | None, progress: Progress,
+             report: Callable[[Progress], None], stop: Callable[[], bool] = lambda: False) -> tuple[str, Path]:
+    """Fetch every file of `repo_id`@`revision` into `cache`; (commit, snapshot)."""
+    from huggingface_hub import constants
+
+    commit, files = listing(repo_id, revision, token)
+    root = repo_dir(cache, repo_id)
+    (root / "blobs").mkdir(parents=True, exist_ok=True)
+    snapshot = root / "snapshots" / commit
+    snapshot.mkdir(parents=True, exist_ok=True)
+    progress.files_total, progress.total_bytes = len(files), sum(f.size for f in files)
+    report(progress)
+    for remote in files:
+        progress.current_file = remote.path
+        report(progress)
+        blob = root / "blobs" / remote.etag
+        if blob.exists() and blob.stat().st_size == remote.size:
+            progress.add(remote.size)
+        else:
+            part = root / "blobs" / f"{remote.etag}.incomplete"
+            url = f"{constants.ENDPOINT}/{repo_id}/resolve/{commit}/{quote(remote.path)}"
+            _fetch(url, part, remote, token, _Reporting(progress, report), stop)
+            _verify(part, remote)
+            os.replace(part, blob)
+        _link(snapshot, remote)
+        progress.files_done += 1
+        report(progress)
+    if revision != commit:
+        (root / "refs").mkdir(exist_ok=True)
+        ref = root / "refs" / revision
+        ref.parent.mkdir(parents=True, exist_ok=True)
+        tmp = ref.with_name(ref.name + ".tmp")
+        tmp.write_text(commit)
+        tmp.replace(ref)
+    progress.current_file = None
+    report(progress)
+    return commit, snapshot
+
+
+class _Reporting:
+    """A Progress that also reports (at most every 0.25 s) while bytes arrive."""
+
+    def __init__(self, progress: Progress, report: Callable[[Progress], None]):
+        self.progress, self.report, self.last = progress, report, 0.0
+
+    def add(self, n: int) -> None:
+        self.progress.add(n)
+        now = time.monotonic()
+        if now - self.last >= 0.25:
+            self.last = now
+            self.report(self.progress)

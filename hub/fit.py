@@ -1,0 +1,177 @@
+"""Will a model fit this machine, and how fast should it decode?
+
+Decoding one token reads every weight once (and the KV cache so far), so
+its speed is bounded by how fast weights stream through matrix-vector
+products: predicted tokens/s = decode bandwidth / (resident weight bytes +
+KV bytes at the context). Two rates are measured once per machine and BLAS
+and cached in HEARTH_HOME/machine.json: the memory bandwidth of a large
+copy, and the *decode bandwidth*: MLX running a chain of float32
+matrix-vector products over ~280 MB of weights (in a child process, with
+the same BLAS the server runs), which is what decoding does. On a 2-core
+x86 machine the second is well under the first (OpenBLAS GEMV through MLX
+reaches ~7 GB/s where a copy reaches ~18), and it is the one that predicts
+decode speed. On a Linux CPU the loader dequantizes and upcasts to float32
+when that fits, so the resident size here is what it will really be.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+import time
+from dataclasses import dataclass
+
+TRANSIENT_RESERVE = 256 << 20  # activations and scratch beside weights and KV (as the engine keeps)
+TYPICAL_CONTEXT = 8192
+SKU_CONTEXT = 32768
+# (name, RAM GB, memory bandwidth GB/s): common Apple machines, for the capability matrix.
+SKUS = [("M1 8 GB", 8, 68), ("M2 16 GB", 16, 100), ("M3 Pro 18 GB", 18, 150), ("M4 Pro 24 GB", 24, 273),
+        ("M2 Max 32 GB", 32, 400), ("M3 Max 64 GB", 64, 400), ("M2 Ultra 128 GB", 128, 800),
+        ("M3 Ultra 192 GB", 192, 819)]
+
+
+@dataclass(frozen=True)
+class Machine:
+    chip: str
+    ram_bytes: int
+    usable_bytes: int
+    cores: int
+    bandwidth_gbs: float  # a large memory copy
+    decode_bandwidth_gbs: float  # weights streamed through MLX matrix-vector products
+
+    def row(self) -> dict:
+        return {"chip": self.chip, "ram_bytes": self.ram_bytes, "usable_bytes": self.usable_bytes,
+                "cores": self.cores, "bandwidth_gbs": round(self.bandwidth_gbs, 2),
+                "decode_bandwidth_gbs": round(self.decode_bandwidth_gbs, 2)}
+
+
+_PROBE = """
+import time, mlx.core as mx
+ws = [mx.random.normal((2816, 1024)) for _ in range(24)]
+mx.eval(ws)
+x = mx.random.normal((1, 1024))
+def run():
+    y = x
+    for w in ws:
+        y = (y @ w.T)[:, :1024]
+    mx.eval(y)
+run()
+best = float("inf")
+for _ in range(5):
+    t = time.perf_counter(); run(); best = min(best, time.perf_counter() - t)
+print(sum(w.nbytes for w in ws) / best / 1e9)
+"""
+
+
+def measure_decode_bandwidth() -> float | None:
+    """GB/s of weights through MLX matrix-vector products, in a child process."""
+    import subprocess
+
+    try:
+        done = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, timeout=180)
+        return float(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else None
+    except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):
+        return None
+
+
+def _ram_bytes() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return 0
+
+
+def _chip() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def measure_bandwidth(megabytes: int = 256, rounds: int = 5) -> float:
+    """GB/s of a large copy (read + write), best of `rounds`."""
+    import numpy as np
+
+    src = np.ones(megabytes << 17, dtype=np.float64)  # megabytes MiB
+    dst = np.empty_like(src)
+    best = float("inf")
+    for _ in range(rounds):
+        started = time.perf_counter()
+        np.copyto(dst, src)
+        best = min(best, time.perf_counter() - started)
+    return 2 * src.nbytes / best / 1e9
+
+
+def machine(cache_path) -> Machine:
+    """This machine, with its bandwidth measured once and then read back."""
+    ram = _ram_bytes()
+    key = {"ram_bytes": ram, "cores": os.cpu_count() or 1, "chip": _chip(),
+           "blas": os.environ.get("LD_PRELOAD", "")}
+    try:
+        cached = json.loads(cache_path.read_text())
+        if all(cached.get(k) == v for k, v in key.items()) and cached.get("decode_bandwidth_gbs", 0) > 0:
+            return Machine(key["chip"], ram, int(ram * 0.75), key["cores"], cached["bandwidth_gbs"],
+                           cached["decode_bandwidth_gbs"])
+    except (OSError, ValueError):
+        pass
+    bandwidth = measure_bandwidth()
+    decode = measure_decode_bandwidth() or bandwidth / 2
+    try:
+        cache_path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({**key, "bandwidth_gbs": bandwidth, "decode_bandwidth_gbs": decode,
+                                   "measured_at": time.time()}))
+        tmp.replace(cache_path)
+    except OSError:
+        pass
+    return Machine(key["chip"], ram, int(ram * 0.75), key["cores"], bandwidth, decode)
+
+
+def kv_bytes_per_token(config: dict, itemsize: int) -> int:
+    cfg = {**(config.get("text_config") or {}), **config}
+    layers = cfg.get("num_hidden_layers") or cfg.get("n_layer") or cfg.get("num_layers")
+    heads = cfg.get("num_attention_heads") or cfg.get("n_head")
+    kv_heads = cfg.get("num_key_value_heads") or heads
+    hidden = cfg.get("hidden_size") or cfg.get("n_embd")
+    head_dim = cfg.get("head_dim") or (hidden // heads if hidden and heads else None)
+    if not (layers and kv_heads and head_dim):
+        return 0
+    return 2 * int(layers) * int(kv_heads) * int(head_dim) * itemsize
+
+
+def resident_bytes(weights_bytes: int, params: int, usable: int, this_machine: bool = True) -> tuple[int, int]:
+    """(weight bytes once loaded, KV item size) on this machine or an Apple one."""
+    if this_machine and sys.platform.startswith("linux") and params and params * 4 <= usable:
+        return params * 4, 4  # the CPU loader upcasts to float32
+    return weights_bytes, 2
+
+
+def assess(weights: int, kv_per_token: int, usable: int, bandwidth_gbs: float, context_window: int | None,
+           context: int = TYPICAL_CONTEXT) -> dict:
+    """fits, max_safe_context and the predicted decode rate at `context`."""
+    room = usable - weights - TRANSIENT_RESERVE
+    max_context = room // kv_per_token if kv_per_token and room > 0 else (0 if room <= 0 else context)
+    if context_window:
+        max_context = min(max_context, context_window)
+    used = min(context, max_context) if max_context else 0
+    kv = used * kv_per_token
+    tps = bandwidth_gbs * 1e9 / (weights + kv) if weights and room > 0 else 0.0
+    return {"fits": room > 0 and max_context > 0, "weights_bytes": weights, "kv_bytes": kv,
+            "transient_bytes": TRANSIENT_RESERVE, "total_bytes": weights + kv + TRANSIENT_RESERVE,
+            "usable_bytes": usable, "max_safe_context": int(max_context), "predicted_decode_tps": round(tps, 2)}
+
+
+def sku_matrix(weights_bytes: int, config: dict, context_window: int | None) -> list[dict]:
+    rows = []
+    kv = kv_bytes_per_token(config, 2)
+    for name, ram_gb, bandwidth in SKUS:
+        usable = int(ram_gb * 1e9 * 0.75)
+        report = assess(weights_bytes, kv, usable, bandwidth, context_window, SKU_CONTEXT)
+        rows.append({"sku": name, "ram_gb": ram_gb, "fits": report["fits"], "max_context": report["max_safe_context"],
+                     "decode_tps": report["predicted_decode_tps"]})
+    return rows

@@ -1,0 +1,116 @@
+"""Reclaiming disk in the HF cache from superseded revisions.
+
+A snapshot no `refs/*` names is superseded and can go, unless it holds a
+file the kept revisions lack (then it is skipped: deleting it would lose
+that file). A blob no surviving snapshot links to is dead. A repo no ref
+names at all keeps its newest snapshot. Partial downloads
+(`*.incomplete`) are never touched. `plan()` only reads; `execute()`
+recomputes the plan and deletes exactly what it lists.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass
+class RepoPlan:
+    repo_id: str
+    root: Path
+    prune: list[Path] = field(default_factory=list)
+    skipped: list[Path] = field(default_factory=list)
+    dead_blobs: list[Path] = field(default_factory=list)
+
+    @property
+    def reclaim_bytes(self) -> int:
+        return sum(b.stat().st_size for b in self.dead_blobs if b.exists())
+
+    def row(self) -> dict:
+        return {"repo_id": self.repo_id, "prune_snapshots": len(self.prune), "skipped_snapshots": len(self.skipped),
+                "dead_blobs": len(self.dead_blobs), "reclaim_bytes": self.reclaim_bytes}
+
+
+def _links(snapshot: Path) -> dict[str, str]:
+    """File path in the snapshot -> blob name it links to (or a content marker)."""
+    out = {}
+    for path in snapshot.rglob("*"):
+        if path.is_symlink():
+            out[str(path.relative_to(snapshot))] = Path(os.readlink(path)).name
+        elif path.is_file():
+            out[str(path.relative_to(snapshot))] = f"file:{path}"
+    return out
+
+
+def _repo_id(folder: Path) -> str | None:
+    kind, _, rest = folder.name.partition("--")
+    if kind not in ("models", "datasets", "spaces") or not rest:
+        return None
+    return rest.replace("--", "/", 1)
+
+
+def plan_repo(root: Path) -> RepoPlan | None:
+    repo_id = _repo_id(root)
+    snapshots_dir = root / "snapshots"
+    if repo_id is None or not snapshots_dir.is_dir():
+        return None
+    snapshots = {s.name: s for s in snapshots_dir.iterdir() if s.is_dir()}
+    referenced = set()
+    refs = root / "refs"
+    if refs.is_dir():
+        for ref in refs.rglob("*"):
+            if ref.is_file():
+                referenced.add(ref.read_text().strip())
+    kept = {name for name in snapshots if name in referenced}
+    if not kept and snapshots:  # nothing names a revision: keep the newest
+        kept = {max(snapshots, key=lambda n: snapshots[n].stat().st_mtime)}
+    plan = RepoPlan(repo_id, root)
+    kept_files = {}
+    for name in kept:
+        kept_files.update(_links(snapshots[name]))
+    for name, snapshot in sorted(snapshots.items()):
+        if name in kept:
+            continue
+        files = _links(snapshot)
+        if set(files) - set(kept_files):
+            plan.skipped.append(snapshot)  # holds files the kept revision lacks
+        else:
+            plan.prune.append(snapshot)
+    surviving = set()
+    for snapshot in snapshots.values():
+        if snapshot not in plan.prune:
+            surviving.update(_links(snapshot).values())
+    blobs = root / "blobs"
+    if blobs.is_dir():
+        plan.dead_blobs = sorted(b for b in blobs.iterdir()
+                                 if b.is_file() and not b.name.endswith(".incomplete") and b.name not in surviving)
+    return plan
+
+
+def plan(cache: Path, busy: set[str] = frozenset()) -> list[RepoPlan]:
+    """Repos with something to reclaim or skip; repos in `busy` (being
+    downloaded) are left out."""
+    if not cache.is_dir():
+        return []
+    out = []
+    for root in sorted(cache.iterdir()):
+        if not root.is_dir():
+            continue
+        repo = plan_repo(root)
+        if repo is not None and repo.repo_id not in busy and (repo.prune or repo.skipped or repo.dead_blobs):
+            out.append(repo)
+    return out
+
+
+def execute(cache: Path, busy: set[str] = frozenset()) -> dict:
+    snapshots = blobs = reclaimed = 0
+    for repo in plan(cache, busy):
+        reclaimed += repo.reclaim_bytes
+        for snapshot in repo.prune:
+            shutil.rmtree(snapshot)
+            snapshots += 1
+        for blob in repo.dead_blobs:
+            blob.unlink(missing_ok=True)
+            blobs += 1
+    return {"ok": True, "snapshots": snapshots, "blobs": blobs, "reclaimed_bytes": reclaimed}

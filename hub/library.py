@@ -1,0 +1,68 @@
+"""The library as the routes show it: registry rows with a fit verdict for
+this machine, cached for 30 s. The cache also turns over as soon as a
+download or a quantize job finishes, in this process or another."""
+from __future__ import annotations
+
+import threading
+import time
+
+from django.conf import settings
+
+from hub import fit, registry
+
+CACHE_S = 30.0
+_lock = threading.Lock()
+_cached: dict = {"at": 0.0, "stamp": None, "models": None}
+
+
+def this_machine() -> fit.Machine:
+    return fit.machine(settings.HEARTH_HOME / "machine.json")
+
+
+def _stamp() -> tuple:
+    """Changes whenever something that adds models to the cache finishes."""
+    from django.db.models import Max
+
+    from hub.models import Download
+    from jobs.models import Job
+
+    done = Download.objects.filter(state="done").aggregate(m=Max("finished_at"))["m"]
+    quantized = Job.objects.filter(kind="quantize", status="done").aggregate(m=Max("ended_at"))["m"]
+    return done, quantized
+
+
+def assessment(model: registry.LocalModel, machine: fit.Machine) -> dict | None:
+    if not model.config:
+        return None
+    weights, itemsize = fit.resident_bytes(model.weights_bytes, model.params, machine.usable_bytes)
+    context_window = _context_window(model.config)
+    report = fit.assess(weights, fit.kv_bytes_per_token(model.config, itemsize), machine.usable_bytes,
+                        machine.decode_bandwidth_gbs, context_window)
+    return {k: report[k] for k in ("fits", "max_safe_context", "predicted_decode_tps")}
+
+
+def _context_window(config: dict) -> int | None:
+    for key in ("max_position_embeddings", "max_sequence_length", "n_positions", "seq_length"):
+        value = config.get(key) or (config.get("text_config") or {}).get(key)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def models(refresh: bool = False) -> list[tuple[registry.LocalModel, dict | None]]:
+    stamp = _stamp()
+    with _lock:
+        fresh = _cached["models"] is not None and time.monotonic() - _cached["at"] < CACHE_S \
+            and _cached["stamp"] == stamp
+        if fresh and not refresh:
+            return _cached["models"]
+    machine = this_machine()
+    rows = [(m, assessment(m, machine)) for m in registry.scan()]
+    with _lock:
+        _cached.update(at=time.monotonic(), stamp=stamp, models=rows)
+    return rows
+
+
+def invalidate() -> None:
+    with _lock:
+        _cached["models"] = None

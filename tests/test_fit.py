@@ -1,0 +1,43 @@
+"""/fit's decode prediction against a measured decode rate of the served
+model. Decoding one token reads every weight once, so a model large enough
+to be bandwidth-bound (the 103M-parameter float32 llama of bench/decode.py,
+about 410 MB) should decode within 3x of bandwidth / weight bytes. The
+tiny test models are overhead-bound and are not used for this check."""
+from __future__ import annotations
+
+import sys
+
+import httpx
+import pytest
+
+from tests.helpers import ROOT, ServerProcess, server_env
+
+
+@pytest.fixture(scope="module")
+def big_server(homes, tmp_path_factory):
+    sys.path.insert(0, str(ROOT / "bench"))
+    from decode import build_model
+
+    folder = tmp_path_factory.mktemp("big") / "llama-103m"
+    build_model(folder)
+    proc = ServerProcess(server_env(*homes), str(folder), "--no-worker", "--batch", "1",
+                         log_path=tmp_path_factory.mktemp("logs") / "big.log")
+    try:
+        yield proc.wait_ready(timeout=240)
+    finally:
+        proc.stop()
+
+
+def test_predicted_decode_rate_is_within_3x_of_the_measured_one(big_server):
+    url = big_server.url
+    before = httpx.get(url + "/fit").json()
+    assert before["measured_decode_tps"] is None
+    assert before["report"]["predicted_decode_tps"] > 0 and before["typical_decode_tps"] > 0
+    measured = httpx.post(url + "/api/fit/measure", json={"tokens": 24}, timeout=300).json()
+    assert measured["ok"] and measured["tokens"] == 24, measured
+    predicted = measured["predicted_decode_tps"]  # at the context it measured
+    print(f"fit: predicted {predicted} tok/s, measured {measured['decode_tps']} tok/s", before["machine"])
+    assert predicted / 3 <= measured["decode_tps"] <= predicted * 3, (predicted, measured)
+    after = httpx.get(url + "/fit").json()
+    assert after["measured_decode_tps"] == measured["decode_tps"] and after["measured_at"] > 0
+    assert httpx.post(url + "/api/fit/measure", json={"tokens": 2}).status_code == 400

@@ -1,0 +1,243 @@
+"""The model library and hub against a local hub double (`HF_ENDPOINT` on
+loopback): registry rows and fit verdicts, downloads watched in flight,
+killed and resumed from their partial files, duplicate refusals, search
+(and search with the hub gone), GC on a cache whose revisions share blobs,
+and a push that arrives at the double."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.helpers import HEARTH, ROOT, TINY_REPO, ServerProcess, build_tiny_model, server_env
+from tests.hub_double import HubDouble, Repo
+
+
+@pytest.fixture(scope="module")
+def tiny_files(tiny_model) -> dict[str, bytes]:
+    from huggingface_hub import snapshot_download
+
+    snapshot = Path(snapshot_download(tiny_model, local_files_only=True))
+    return {str(p.relative_to(snapshot)): p.read_bytes() for p in snapshot.rglob("*") if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def double(tiny_files):
+    hub = HubDouble(bytes_per_sec=120_000)
+    hub.add(Repo("mlx-community/tiny-a", tiny_files))
+    hub.add(Repo("mlx-community/tiny-b", {**tiny_files, "README.md": b"second copy\n"}))
+    hub.add(Repo("someone/torch-model", {"config.json": b"{}"}, tags=("pytorch",)))
+    hub.start()
+    yield hub
+    hub.stop()
+
+
+@pytest.fixture(scope="module")
+def homes_hub(tmp_path_factory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("hubhomes")
+    build_tiny_model(root / "hf" / "hub")
+    return root / "hf", root / "hearth"
+
+
+def _env(homes_hub, double) -> dict:
+    return dict(server_env(*homes_hub), HF_ENDPOINT=double.url, HF_HUB_OFFLINE="0")
+
+
+@pytest.fixture(scope="module")
+def hub_server(homes_hub, double, tmp_path_factory):
+    proc = ServerProcess(_env(homes_hub, double), TINY_REPO, "--no-worker",
+                         log_path=tmp_path_factory.mktemp("logs") / "hub.log")
+    try:
+        yield proc.wait_ready()
+    finally:
+        proc.stop()
+
+
+def _downloads(url: str) -> dict:
+    return {d["repo_id"]: d for d in httpx.get(url + "/downloads").json()["downloads"]}
+
+
+def _wait(url: str, repo: str, state: str = "done", timeout: float = 60) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        row = _downloads(url).get(repo)
+        if row and row["state"] in (state, "error"):
+            return row
+        time.sleep(0.1)
+    raise AssertionError(f"{repo} never reached {state}: {_downloads(url).get(repo)}")
+
+
+def test_library_lists_the_cache_with_fit_verdicts(hub_server):
+    models = {m["repo_id"]: m for m in httpx.get(hub_server.url + "/library").json()["models"]}
+    tiny = models[TINY_REPO]
+    assert tiny["model_type"] == "llama" and tiny["supported"] and tiny["support_tier"] == "targeted"
+    assert tiny["serving"] and tiny["quant_bits"] is None and not tiny["vision"] and not tiny["audio"]
+    assert tiny["size_bytes"] > 0 and tiny["assessment"]["fits"] and tiny["assessment"]["predicted_decode_tps"] > 0
+    local = httpx.get(hub_server.url + "/api/hub/local").json()
+    assert local["ok"] and {"quant_group_size", "assessment"} <= set(local["models"][0])
+    fit = httpx.get(hub_server.url + "/fit").json()
+    assert fit["machine"]["bandwidth_gbs"] > 0 and fit["machine"]["cores"] >= 1
+    assert fit["report"]["fits"] and fit["report"]["max_safe_context"] > 0
+    assert fit["sku_matrix_ctx"] == 32768 and len(fit["sku_matrix"]) >= 5
+    assert fit["typical_context_tokens"] <= 8192 and fit["measured_decode_tps"] is None
+
+
+def test_download_shows_progress_refuses_duplicates_and_lands_in_the_library(hub_server, double):
+    url = hub_server.url
+    assert httpx.post(url + "/api/hub/download", json={"repo": "mlx-community/tiny-a"}).json() == {
+        "ok": True, "repo": "mlx-community/tiny-a", "started": True}
+    again = httpx.post(url + "/api/hub/download", json={"repo": "mlx-community/tiny-a"})
+    assert again.status_code == 409 and "already in progress" in again.json()["error"]
+    seen = []
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        row = _downloads(url)["mlx-community/tiny-a"]
+        if row["state"] == "active" and 0 < row["received_bytes"] < row["total_bytes"]:
+            seen.append(row)
+        if row["state"] != "active":
+            break
+        time.sleep(0.05)
+    assert len(seen) >= 3, "progress was never observed in flight"
+    assert seen[-1]["received_bytes"] > seen[0]["received_bytes"] and seen[-1]["bytes_per_sec"] > 0
+    assert seen[-1]["current_file"] == "model.safetensors" and seen[-1]["files_total"] == len(double.repos[
+        "mlx-community/tiny-a"].files)
+    done = _wait(url, "mlx-community/tiny-a")
+    assert done["state"] == "done" and done["received_bytes"] == done["total_bytes"] and done["finished_at"]
+    assert done["files_done"] == done["files_total"]
+    library = {m["repo_id"] for m in httpx.get(url + "/library").json()["models"]}  # no refresh needed
+    assert "mlx-community/tiny-a" in library
+    ids = [m["id"] for m in httpx.get(url + "/v1/models").json()["data"]]
+    assert ids[0] == TINY_REPO and "mlx-community/tiny-a" in ids
+
+    httpx.post(url + "/api/hub/download", json={"repo": "nobody/nothing"})
+    failed = _wait(url, "nobody/nothing")
+    assert failed["state"] == "error" and "no such repository" in failed["error"]
+    for body in ({}, {"repo": "no-slash"}, {"repo": "a/b", "revision": "../x"}):
+        assert httpx.post(url + "/api/hub/download", json=body).status_code == 400
+
+
+def test_a_killed_download_resumes_from_its_partial_file(homes_hub, double, tiny_files, tmp_path):
+    env = _env(homes_hub, double)
+    first = ServerProcess(env, TINY_REPO, "--no-worker", log_path=tmp_path / "first.log").wait_ready()
+    httpx.post(first.url + "/api/hub/download", json={"repo": "mlx-community/tiny-b"}).raise_for_status()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        row = _downloads(first.url)["mlx-community/tiny-b"]
+        if row["current_file"] == "model.safetensors" and row["received_bytes"] > row["total_bytes"] // 3:
+            break
+        time.sleep(0.05)
+    first.proc.send_signal(signal.SIGKILL)
+    first.stop()
+    blobs = homes_hub[0] / "hub" / "models--mlx-community--tiny-b" / "blobs"
+    partial = [p for p in blobs.iterdir() if p.name.endswith(".incomplete")]
+    assert len(partial) == 1 and 0 < partial[0].stat().st_size < len(tiny_files["model.safetensors"])
+    kept = partial[0].stat().st_size
+
+    second = ServerProcess(env, TINY_REPO, "--no-worker", log_path=tmp_path / "second.log").wait_ready()
+    try:
+        done = _wait(second.url, "mlx-community/tiny-b")
+        assert done["state"] == "done", done
+    finally:
+        second.stop()
+    ranges = [r for m, p, r in double.requests if p.endswith("tiny-b/resolve/" + double.repos[
+        "mlx-community/tiny-b"].sha + "/model.safetensors") and r]
+    assert ranges and int(ranges[-1][6:].split("-")[0]) >= kept - 16 * 1024  # continued, not restarted
+    snapshot = next((homes_hub[0] / "hub" / "models--mlx-community--tiny-b" / "snapshots").iterdir())
+    for name, data in tiny_files.items():
+        assert hashlib.sha256((snapshot / name).read_bytes()).digest() == hashlib.sha256(data).digest(), name
+    assert not [p for p in blobs.iterdir() if p.name.endswith(".incomplete")]
+
+
+def test_download_command_shows_a_progress_bar(homes_hub, double, tiny_files):
+    double.add(Repo("mlx-community/tiny-c", {**tiny_files, "README.md": b"third\n"}))
+    done = subprocess.run([*HEARTH, "download", "mlx-community/tiny-c"], cwd=ROOT, env=_env(homes_hub, double),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    count = len(tiny_files) + 1
+    assert "100.0%" in done.stderr and f"files {count}/{count}" in done.stderr
+    assert "mlx-community/tiny-c@" in done.stdout
+
+
+def _snapshot_files(root: Path) -> dict[str, dict[str, bytes]]:
+    return {s.name: {str(p.relative_to(s)): p.read_bytes() for p in s.rglob("*") if p.is_file()}
+            for s in (root / "snapshots").iterdir()}
+
+
+def test_gc_deletes_only_what_no_kept_revision_needs(hub_server, double, tiny_files, homes_hub):
+    url, repo_id = hub_server.url, "mlx-community/tiny-gc"
+    root = homes_hub[0] / "hub" / "models--mlx-community--tiny-gc"
+    config = json.loads(tiny_files["config.json"])
+    versions = [
+        {**tiny_files, "config.json": json.dumps({**config, "note": "v1"}).encode()},
+        {**tiny_files, "config.json": json.dumps({**config, "note": "v3"}).encode(), "extra.txt": b"only here"},
+        {**tiny_files, "config.json": json.dumps({**config, "note": "v2"}).encode()},
+    ]
+    shas = []
+    for files in versions:  # the last one downloaded is what refs/main names
+        shas.append(double.add(Repo(repo_id, files)).sha)
+        httpx.post(url + "/api/hub/download", json={"repo": repo_id}).raise_for_status()
+        assert _wait(url, repo_id)["state"] == "done"
+        time.sleep(0.05)
+    assert (root / "refs" / "main").read_text() == shas[2]
+    before = _snapshot_files(root)
+
+    plan = httpx.get(url + "/api/gc/plan").json()
+    rows = {r["repo_id"]: r for r in plan["superseded"]}
+    assert rows[repo_id] == {"repo_id": repo_id, "prune_snapshots": 1, "skipped_snapshots": 1, "dead_blobs": 1,
+                             "reclaim_bytes": len(versions[0]["config.json"])}
+    assert plan["reclaim_bytes"] >= rows[repo_id]["reclaim_bytes"]
+    assert _snapshot_files(root) == before  # the plan deleted nothing
+    refused = httpx.post(url + "/api/gc/execute", json={})
+    assert refused.status_code == 400 and not refused.json()["ok"]
+    result = httpx.post(url + "/api/gc/execute", json={"yes": True}).json()
+    assert result["ok"] and result["snapshots"] >= 1 and result["blobs"] >= 1
+    after = _snapshot_files(root)
+    assert set(after) == {shas[1], shas[2]}
+    for sha in (shas[1], shas[2]):  # every byte a kept or skipped revision needs is still there
+        assert after[sha] == before[sha]
+    assert httpx.get(url + "/api/gc/plan").json()["superseded"] == [
+        {"repo_id": repo_id, "prune_snapshots": 0, "skipped_snapshots": 1, "dead_blobs": 0, "reclaim_bytes": 0}]
+    cli = subprocess.run([*HEARTH, "gc"], cwd=ROOT, env=_env(homes_hub, double), capture_output=True, text=True,
+                         timeout=60)
+    assert cli.returncode == 0 and "1 kept" in cli.stdout and "--yes" in cli.stdout
+
+
+def test_push_arrives_at_the_hub(hub_server, double, tmp_path):
+    url = hub_server.url
+    folder = tmp_path / "adapter"
+    folder.mkdir()
+    (folder / "adapters.safetensors").write_bytes(os.urandom(5000))
+    (folder / "adapter_config.json").write_text('{"fine_tune_type": "lora"}')
+    (folder / "hf.json").write_text('{"token": "never uploaded"}')
+    httpx.post(url + "/api/settings/hf-token", json={"token": "hf_test"}).raise_for_status()
+    pushed = httpx.post(url + "/api/finetune/push", json={"repo_id": "me/my-adapter", "source_path": str(folder)})
+    assert pushed.status_code == 200 and pushed.json()["ok"], pushed.text
+    assert pushed.json()["url"].endswith("/me/my-adapter")
+    arrived = double.uploads["me/my-adapter"]
+    assert arrived == {"adapters.safetensors": (folder / "adapters.safetensors").read_bytes(),
+                       "adapter_config.json": (folder / "adapter_config.json").read_bytes()}
+    data = httpx.post(url + "/api/dataset/push", json={"repo_id": "me/my-data", "source_path": str(folder)}).json()
+    assert data["ok"] and "/datasets/me/my-data" in data["url"]
+
+
+def test_search_filters_to_mlx_and_survives_the_hub_going_away(hub_server, double):
+    url = hub_server.url
+    found = httpx.get(url + "/api/hub/search", params={"q": "tiny"}).json()
+    assert found["ok"] and not found["offline"]
+    ids = {r["id"] for r in found["results"]}
+    assert "mlx-community/tiny-a" in ids and all(r["size_estimate"] is None for r in found["results"])
+    assert not {r["id"] for r in httpx.get(url + "/api/hub/search", params={"q": "torch"}).json()["results"]}
+    assert httpx.get(url + "/api/hub/search").status_code == 400
+    assert httpx.post(url + "/api/hub/serve", json={"model": "mlx-community/tiny-a"}).json() == {
+        "ok": False, "restart_required": True, "command": "hearth serve mlx-community/tiny-a"}
+    double.stop()
+    gone = httpx.get(url + "/api/hub/search", params={"q": "tiny"})
+    assert gone.status_code == 200
+    assert gone.json()["ok"] and gone.json()["offline"] and gone.json()["results"] == [] and gone.json()["error"]
