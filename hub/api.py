@@ -93,9 +93,17 @@ def _busy() -> set[str]:
             if downloads.running(d.repo_id) is not None}
 
 
+def _in_use() -> frozenset:
+    """The snapshot this process serves: never pruned, even when superseded."""
+    from inference.runtime import runtime
+
+    loaded = runtime.engine.loaded if runtime.engine is not None else None
+    return frozenset({loaded.path.resolve()}) if loaded is not None else frozenset()
+
+
 @router.get("/gc/plan")
 def gc_plan(request: HttpRequest):
-    repos = gc.plan(_cache(), _busy())
+    repos = gc.plan(_cache(), _busy(), _in_use())
     rows = [r.row() for r in repos]
     return {"ok": True, "superseded": rows, "reclaim_bytes": sum(r["reclaim_bytes"] for r in rows)}
 
@@ -107,7 +115,7 @@ def gc_execute(request: HttpRequest):
         return body
     if body.get("yes") is not True:
         return fail('refusing to delete without {"yes": true}')
-    result = gc.execute(_cache(), _busy())
+    result = gc.execute(_cache(), _busy(), _in_use())
     library.invalidate()
     return result
 

@@ -161,7 +161,8 @@ def assess(weights: int, kv_per_token: int, usable: int, bandwidth_gbs: float, c
     used = min(context, max_context) if max_context else 0
     kv = used * kv_per_token
     tps = bandwidth_gbs * 1e9 / (weights + kv) if weights and room > 0 else 0.0
-    return {"fits": room > 0 and max_context > 0, "weights_bytes": weights, "kv_bytes": kv,
+    return {"fits": room > 0 and max_context > 0, "weights_bytes": weights, "kv_bytes_per_token": kv_per_token,
+            "kv_bytes": kv,
             "transient_bytes": TRANSIENT_RESERVE, "total_bytes": weights + kv + TRANSIENT_RESERVE,
             "usable_bytes": usable, "max_safe_context": int(max_context), "predicted_decode_tps": round(tps, 2)}
 

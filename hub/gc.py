@@ -50,7 +50,7 @@ def _repo_id(folder: Path) -> str | None:
     return rest.replace("--", "/", 1)
 
 
-def plan_repo(root: Path) -> RepoPlan | None:
+def plan_repo(root: Path, in_use: frozenset = frozenset()) -> RepoPlan | None:
     repo_id = _repo_id(root)
     snapshots_dir = root / "snapshots"
     if repo_id is None or not snapshots_dir.is_dir():
@@ -62,7 +62,7 @@ def plan_repo(root: Path) -> RepoPlan | None:
         for ref in refs.rglob("*"):
             if ref.is_file():
                 referenced.add(ref.read_text().strip())
-    kept = {name for name in snapshots if name in referenced}
+    kept = {name for name in snapshots if name in referenced or snapshots[name].resolve() in in_use}
     if not kept and snapshots:  # nothing names a revision: keep the newest
         kept = {max(snapshots, key=lambda n: snapshots[n].stat().st_mtime)}
     plan = RepoPlan(repo_id, root)
@@ -88,24 +88,24 @@ def plan_repo(root: Path) -> RepoPlan | None:
     return plan
 
 
-def plan(cache: Path, busy: set[str] = frozenset()) -> list[RepoPlan]:
+def plan(cache: Path, busy: set[str] = frozenset(), in_use: frozenset = frozenset()) -> list[RepoPlan]:
     """Repos with something to reclaim or skip; repos in `busy` (being
-    downloaded) are left out."""
+    downloaded) are left out, and snapshots in `in_use` (being served) kept."""
     if not cache.is_dir():
         return []
     out = []
     for root in sorted(cache.iterdir()):
         if not root.is_dir():
             continue
-        repo = plan_repo(root)
+        repo = plan_repo(root, in_use)
         if repo is not None and repo.repo_id not in busy and (repo.prune or repo.skipped or repo.dead_blobs):
             out.append(repo)
     return out
 
 
-def execute(cache: Path, busy: set[str] = frozenset()) -> dict:
+def execute(cache: Path, busy: set[str] = frozenset(), in_use: frozenset = frozenset()) -> dict:
     snapshots = blobs = reclaimed = 0
-    for repo in plan(cache, busy):
+    for repo in plan(cache, busy, in_use):
         reclaimed += repo.reclaim_bytes
         for snapshot in repo.prune:
             shutil.rmtree(snapshot)

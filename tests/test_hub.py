@@ -241,3 +241,25 @@ def test_search_filters_to_mlx_and_survives_the_hub_going_away(hub_server, doubl
     gone = httpx.get(url + "/api/hub/search", params={"q": "tiny"})
     assert gone.status_code == 200
     assert gone.json()["ok"] and gone.json()["offline"] and gone.json()["results"] == [] and gone.json()["error"]
+
+
+def test_gc_keeps_a_served_snapshot_and_repos_no_ref_names(tmp_path):
+    from hub import gc
+
+    root = tmp_path / "models--org--m"
+    for sha, blob in (("old", "b1"), ("new", "b2")):
+        (root / "snapshots" / sha).mkdir(parents=True)
+        (root / "blobs").mkdir(exist_ok=True)
+        (root / "blobs" / blob).write_bytes(b"x" * 10)
+        (root / "snapshots" / sha / "config.json").symlink_to(f"../../blobs/{blob}")
+    (root / "blobs" / "b3.incomplete").write_bytes(b"partial")
+    (root / "refs").mkdir()
+    (root / "refs" / "main").write_text("new")
+    [repo] = gc.plan(tmp_path)
+    assert [p.name for p in repo.prune] == ["old"] and [b.name for b in repo.dead_blobs] == ["b1"]
+    assert gc.plan(tmp_path, in_use=frozenset({(root / "snapshots" / "old").resolve()})) == []
+    assert gc.plan(tmp_path, busy={"org/m"}) == []
+    (root / "refs" / "main").unlink()  # nothing names a revision: the newest is kept
+    [repo] = gc.plan(tmp_path)
+    assert len(repo.prune) == 1 and len(repo.dead_blobs) == 1
+    assert gc.execute(tmp_path)["blobs"] == 1 and (root / "blobs" / "b3.incomplete").exists()
