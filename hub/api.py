@@ -15,6 +15,7 @@ from django.http import HttpRequest, JsonResponse
 from ninja import Router
 
 from hub import downloads, fit, gc, library
+from hub.download import check_revision
 from jobs.http import fail, json_body
 
 router = Router(tags=["hub"])
@@ -66,7 +67,9 @@ def start_download(request: HttpRequest):
     repo, revision = body.get("repo"), body.get("revision", "main")
     if not isinstance(repo, str) or not REPO_ID.match(repo):
         return fail("repo required, as org/name")
-    if not isinstance(revision, str) or not re.match(r"^[A-Za-z0-9._/-]{1,128}$", revision) or ".." in revision:
+    try:
+        check_revision(revision if isinstance(revision, str) else "")
+    except ValueError:
         return fail("revision must be a branch, tag or commit")
     try:
         downloads.start(repo, revision)
@@ -93,17 +96,9 @@ def _busy() -> set[str]:
             if downloads.running(d.repo_id) is not None}
 
 
-def _in_use() -> frozenset:
-    """The snapshot this process serves: never pruned, even when superseded."""
-    from inference.runtime import runtime
-
-    loaded = runtime.engine.loaded if runtime.engine is not None else None
-    return frozenset({loaded.path.resolve()}) if loaded is not None else frozenset()
-
-
 @router.get("/gc/plan")
 def gc_plan(request: HttpRequest):
-    repos = gc.plan(_cache(), _busy(), _in_use())
+    repos = gc.plan(_cache(), _busy())
     rows = [r.row() for r in repos]
     return {"ok": True, "superseded": rows, "reclaim_bytes": sum(r["reclaim_bytes"] for r in rows)}
 
@@ -115,7 +110,7 @@ def gc_execute(request: HttpRequest):
         return body
     if body.get("yes") is not True:
         return fail('refusing to delete without {"yes": true}')
-    result = gc.execute(_cache(), _busy(), _in_use())
+    result = gc.execute(_cache(), _busy())
     library.invalidate()
     return result
 

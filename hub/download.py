@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import time
 import urllib.error
 import urllib.request
@@ -23,6 +24,8 @@ from urllib.parse import quote
 
 CHUNK = 1 << 20
 RATE_WINDOW_S = 5.0
+HEX = re.compile(r"^[0-9a-f]{40,64}$")
+REVISION = re.compile(r"^[A-Za-z0-9._-][A-Za-z0-9._/-]{0,127}$")
 
 
 @dataclass
@@ -72,9 +75,43 @@ def listing(repo_id: str, revision: str, token: str | None) -> tuple[str, list[R
         if not etag or size is None:
             raise ValueError(f"the hub listed {sibling.rfilename} without a hash or size")
         files.append(RemoteFile(sibling.rfilename, int(size), etag, lfs is not None))
-    if not info.sha:
-        raise ValueError(f"the hub gave no commit for {repo_id}@{revision}")
+    if not info.sha or not HEX.match(info.sha):
+        raise ValueError(f"the hub gave no usable commit for {repo_id}@{revision}")
+    for f in files:  # names from the network become paths: nothing may leave the repo folder
+        parts = Path(f.path).parts
+        if not HEX.match(f.etag) or not parts or f.path.startswith("/") or ".." in parts:
+            raise ValueError(f"the hub listed an unsafe file entry: {f.path!r} ({f.etag!r})")
     return info.sha, files
+
+
+def check_revision(revision: str) -> None:
+    if not REVISION.match(revision) or ".." in revision.split("/"):
+        raise ValueError(f"revision {revision!r} is not a branch, tag or commit name")
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        return None  # followed by hand, so credentials never travel to another host
+
+
+_opener = urllib.request.build_opener(_NoRedirect)
+
+
+def _open(url: str, headers: dict, hops: int = 5):
+    """GET `url`, following redirects; `Authorization` only goes to the first host."""
+    from urllib.parse import urljoin, urlsplit
+
+    first_host = urlsplit(url).netloc
+    for _ in range(hops):
+        sent = {k: v for k, v in headers.items() if k != "Authorization" or urlsplit(url).netloc == first_host}
+        try:
+            return _opener.open(urllib.request.Request(url, headers=sent), timeout=60)
+        except urllib.error.HTTPError as exc:
+            if exc.code in (301, 302, 303, 307, 308) and exc.headers.get("Location"):
+                url = urljoin(url, exc.headers["Location"])
+                continue
+            raise
+    raise RuntimeError("too many redirects")
 
 
 def _verify(path: Path, remote: RemoteFile) -> None:
@@ -100,6 +137,7 @@ def _fetch(url: str, part: Path, remote: RemoteFile, token: str | None, progress
         have = 0
     progress.add(have)  # what an earlier run already fetched
     if have == remote.size:
+        part.touch()  # an empty file has nothing to fetch
         return
     headers = {"User-Agent": "hearth"}
     if token:
@@ -107,7 +145,7 @@ def _fetch(url: str, part: Path, remote: RemoteFile, token: str | None, progress
     if have:
         headers["Range"] = f"bytes={have}-"
     try:
-        response = urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=60)
+        response = _open(url, headers)
     except urllib.error.HTTPError as exc:
         if exc.code == 416 and have:  # the range is past the end: start over
             part.unlink()
@@ -143,10 +181,18 @@ def _link(snapshot: Path, remote: RemoteFile) -> None:
 def download(repo_id: str, revision: str, cache: Path, token: str | None, progress: Progress,
              report: Callable[[Progress], None], stop: Callable[[], bool] = lambda: False) -> tuple[str, Path]:
     """Fetch every file of `repo_id`@`revision` into `cache`; (commit, snapshot)."""
+    check_revision(revision)
+    root = repo_dir(cache, repo_id)
+    from hub.locks import repo_lock
+
+    with repo_lock(root):  # GC leaves the repo alone while this runs
+        return _download(repo_id, revision, root, token, progress, report, stop)
+
+
+def _download(repo_id, revision, root, token, progress, report, stop) -> tuple[str, Path]:
     from huggingface_hub import constants
 
     commit, files = listing(repo_id, revision, token)
-    root = repo_dir(cache, repo_id)
     (root / "blobs").mkdir(parents=True, exist_ok=True)
     snapshot = root / "snapshots" / commit
     snapshot.mkdir(parents=True, exist_ok=True)
@@ -162,7 +208,11 @@ def download(repo_id: str, revision: str, cache: Path, token: str | None, progre
             part = root / "blobs" / f"{remote.etag}.incomplete"
             url = f"{constants.ENDPOINT}/{repo_id}/resolve/{commit}/{quote(remote.path)}"
             _fetch(url, part, remote, token, _Reporting(progress, report), stop)
-            _verify(part, remote)
+            try:
+                _verify(part, remote)
+            except ValueError:
+                part.unlink(missing_ok=True)  # a bad copy is not worth resuming
+                raise
             os.replace(part, blob)
         _link(snapshot, remote)
         progress.files_done += 1

@@ -29,7 +29,7 @@ class DuplicateDownload(Exception):
 
 
 def _alive(pid: int | None) -> bool:
-    from jobs.runner import pid_alive
+    from jobs.procs import pid_alive
 
     return pid_alive(pid)
 
@@ -70,6 +70,9 @@ def run(row: Download, report_extra=None, stop=lambda: False) -> Download:
     try:
         commit, _ = download(row.repo_id, row.revision, Path(constants.HF_HUB_CACHE), saved_token(), progress,
                              report, stop)
+    except KeyboardInterrupt:
+        _fail(row, "interrupted; downloading it again continues from the partial files")
+        raise
     except Exception as exc:
         log.warning("download of %s failed: %s", row.repo_id, exc)
         _fail(row, _explain(exc))
@@ -126,7 +129,10 @@ def resume_interrupted() -> int:
     for row in Download.objects.filter(state__in=("queued", "active")):
         if _alive(row.owner_pid) and row.owner_pid != os.getpid():
             continue
-        Download.objects.filter(pk=row.pk).update(owner_pid=os.getpid(), error=None)
+        claimed = Download.objects.filter(pk=row.pk, state__in=("queued", "active"), owner_pid=row.owner_pid) \
+            .update(owner_pid=os.getpid(), error=None)
+        if not claimed:  # another process took it (or ended it) meanwhile
+            continue
         row.refresh_from_db()
         log.info("resuming the download of %s", row.repo_id)
         _spawn(row)

@@ -32,6 +32,10 @@ class RepoPlan:
                 "dead_blobs": len(self.dead_blobs), "reclaim_bytes": self.reclaim_bytes}
 
 
+def _has_real_files(snapshot: Path) -> bool:
+    return any(p.is_file() and not p.is_symlink() for p in snapshot.rglob("*"))
+
+
 def _links(snapshot: Path) -> dict[str, str]:
     """File path in the snapshot -> blob name it links to (or a content marker)."""
     out = {}
@@ -62,9 +66,10 @@ def plan_repo(root: Path, in_use: frozenset = frozenset()) -> RepoPlan | None:
         for ref in refs.rglob("*"):
             if ref.is_file():
                 referenced.add(ref.read_text().strip())
-    kept = {name for name in snapshots if name in referenced or snapshots[name].resolve() in in_use}
+    kept = {name for name in snapshots if name in referenced}
     if not kept and snapshots:  # nothing names a revision: keep the newest
         kept = {max(snapshots, key=lambda n: snapshots[n].stat().st_mtime)}
+    kept |= {name for name in snapshots if snapshots[name].resolve() in in_use}  # being served
     plan = RepoPlan(repo_id, root)
     kept_files = {}
     for name in kept:
@@ -73,8 +78,8 @@ def plan_repo(root: Path, in_use: frozenset = frozenset()) -> RepoPlan | None:
         if name in kept:
             continue
         files = _links(snapshot)
-        if set(files) - set(kept_files):
-            plan.skipped.append(snapshot)  # holds files the kept revision lacks
+        if set(files) - set(kept_files) or _has_real_files(snapshot):
+            plan.skipped.append(snapshot)  # holds files the kept revision lacks, or files of its own
         else:
             plan.prune.append(snapshot)
     surviving = set()
@@ -88,29 +93,47 @@ def plan_repo(root: Path, in_use: frozenset = frozenset()) -> RepoPlan | None:
     return plan
 
 
-def plan(cache: Path, busy: set[str] = frozenset(), in_use: frozenset = frozenset()) -> list[RepoPlan]:
-    """Repos with something to reclaim or skip; repos in `busy` (being
-    downloaded) are left out, and snapshots in `in_use` (being served) kept."""
-    if not cache.is_dir():
-        return []
+def _roots(cache: Path) -> list[Path]:
+    return sorted(r for r in cache.iterdir() if r.is_dir()) if cache.is_dir() else []
+
+
+def _worth(repo: RepoPlan | None, busy: set[str]) -> bool:
+    return repo is not None and repo.repo_id not in busy and bool(repo.prune or repo.skipped or repo.dead_blobs)
+
+
+def plan(cache: Path, busy: set[str] = frozenset(), in_use: frozenset | None = None) -> list[RepoPlan]:
+    """Repos with something to reclaim or skip. Repos being downloaded (in
+    `busy`, or locked by a download in any process) are left out; snapshots
+    being served (`in_use`, by default every live server's) are kept."""
+    from hub.locks import is_locked, served_snapshots
+
+    in_use = served_snapshots() if in_use is None else in_use
     out = []
-    for root in sorted(cache.iterdir()):
-        if not root.is_dir():
+    for root in _roots(cache):
+        if is_locked(root):
             continue
         repo = plan_repo(root, in_use)
-        if repo is not None and repo.repo_id not in busy and (repo.prune or repo.skipped or repo.dead_blobs):
+        if _worth(repo, busy):
             out.append(repo)
     return out
 
 
-def execute(cache: Path, busy: set[str] = frozenset(), in_use: frozenset = frozenset()) -> dict:
+def execute(cache: Path, busy: set[str] = frozenset(), in_use: frozenset | None = None) -> dict:
+    """Recompute the plan repo by repo under the repo's lock, and delete it."""
+    from hub.locks import repo_lock, served_snapshots
+
+    in_use = served_snapshots() if in_use is None else in_use
     snapshots = blobs = reclaimed = 0
-    for repo in plan(cache, busy, in_use):
-        reclaimed += repo.reclaim_bytes
-        for snapshot in repo.prune:
-            shutil.rmtree(snapshot)
-            snapshots += 1
-        for blob in repo.dead_blobs:
-            blob.unlink(missing_ok=True)
-            blobs += 1
+    for root in _roots(cache):
+        with repo_lock(root, blocking=False) as held:
+            repo = plan_repo(root, in_use) if held else None
+            if not _worth(repo, busy):
+                continue
+            reclaimed += repo.reclaim_bytes
+            for snapshot in repo.prune:
+                shutil.rmtree(snapshot)
+                snapshots += 1
+            for blob in repo.dead_blobs:
+                blob.unlink(missing_ok=True)
+                blobs += 1
     return {"ok": True, "snapshots": snapshots, "blobs": blobs, "reclaimed_bytes": reclaimed}

@@ -15,8 +15,12 @@ _lock = threading.Lock()
 _cached: dict = {"at": 0.0, "stamp": None, "models": None}
 
 
+_probe_lock = threading.Lock()
+
+
 def this_machine() -> fit.Machine:
-    return fit.machine(settings.HEARTH_HOME / "machine.json")
+    with _probe_lock:  # the first call measures; the others wait for it
+        return fit.machine(settings.HEARTH_HOME / "machine.json")
 
 
 def _stamp() -> tuple:

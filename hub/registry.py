@@ -15,6 +15,8 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
+from hub.locks import is_locked
+
 log = logging.getLogger("hearth.hub")
 
 SAFETENSORS_BITS = {"F64": 64, "F32": 32, "F16": 16, "BF16": 16, "I64": 64, "I32": 32, "U32": 32, "I16": 16,
@@ -124,6 +126,8 @@ def scan() -> list[LocalModel]:
     for repo in sorted(info.repos, key=lambda r: r.repo_id):
         if repo.repo_type != "model" or not repo.revisions:
             continue
+        if not any(r.refs for r in repo.revisions) and is_locked(repo.repo_path):
+            continue  # its first download is still running
         main = [r for r in repo.revisions if "main" in r.refs]
         revision = main[0] if main else max(repo.revisions, key=lambda r: r.last_modified)
         if not (revision.snapshot_path / "config.json").is_file():

@@ -15,25 +15,10 @@ from django.utils import timezone
 
 from jobs.events import EventLog
 from jobs.models import Job
+from jobs.procs import pid_alive
 
 log = logging.getLogger("hearth.jobs")
 POLL_S = 0.25
-
-
-def pid_alive(pid: int | None) -> bool:
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie child of ours counts as gone
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return True
 
 
 def mark_zombies() -> int:

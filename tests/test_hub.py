@@ -75,7 +75,8 @@ def _wait(url: str, repo: str, state: str = "done", timeout: float = 60) -> dict
 
 
 def test_library_lists_the_cache_with_fit_verdicts(hub_server):
-    models = {m["repo_id"]: m for m in httpx.get(hub_server.url + "/library").json()["models"]}
+    first = httpx.get(hub_server.url + "/library", timeout=120)  # may wait for the one-time bandwidth probe
+    models = {m["repo_id"]: m for m in first.json()["models"]}
     tiny = models[TINY_REPO]
     assert tiny["model_type"] == "llama" and tiny["supported"] and tiny["support_tier"] == "targeted"
     assert tiny["serving"] and tiny["quant_bits"] is None and not tiny["vision"] and not tiny["audio"]
@@ -156,11 +157,11 @@ def test_a_killed_download_resumes_from_its_partial_file(homes_hub, double, tiny
 
 
 def test_download_command_shows_a_progress_bar(homes_hub, double, tiny_files):
-    double.add(Repo("mlx-community/tiny-c", {**tiny_files, "README.md": b"third\n"}))
+    double.add(Repo("mlx-community/tiny-c", {**tiny_files, "README.md": b"third\n", "empty.txt": b""}))
     done = subprocess.run([*HEARTH, "download", "mlx-community/tiny-c"], cwd=ROOT, env=_env(homes_hub, double),
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    count = len(tiny_files) + 1
+    count = len(tiny_files) + 2
     assert "100.0%" in done.stderr and f"files {count}/{count}" in done.stderr
     assert "mlx-community/tiny-c@" in done.stdout
 
@@ -263,3 +264,12 @@ def test_gc_keeps_a_served_snapshot_and_repos_no_ref_names(tmp_path):
     [repo] = gc.plan(tmp_path)
     assert len(repo.prune) == 1 and len(repo.dead_blobs) == 1
     assert gc.execute(tmp_path)["blobs"] == 1 and (root / "blobs" / "b3.incomplete").exists()
+    (root / "refs" / "main").write_text("new")
+    (root / "snapshots" / "stray").mkdir()
+    (root / "snapshots" / "stray" / "config.json").write_text("a real file, not a link")
+    [repo] = gc.plan(tmp_path)
+    assert [p.name for p in repo.skipped] == ["stray"] and not repo.prune  # never deleted
+    from hub.locks import repo_lock
+
+    with repo_lock(root):  # a download holds the repo: GC neither plans nor touches it
+        assert gc.plan(tmp_path) == [] and gc.execute(tmp_path)["snapshots"] == 0

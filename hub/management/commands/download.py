@@ -26,8 +26,13 @@ class Command(BaseCommand):
 
     def handle(self, *args, **opts):
         from hub import downloads
+        from hub.download import check_revision
 
         call_command("migrate", interactive=False, verbosity=0)
+        try:
+            check_revision(opts["revision"])
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
         try:
             row = downloads.create(opts["repo"], opts["revision"])
         except downloads.DuplicateDownload as exc:

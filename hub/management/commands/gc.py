@@ -23,7 +23,7 @@ class Command(BaseCommand):
         call_command("migrate", interactive=False, verbosity=0)
         cache = Path(constants.HF_HUB_CACHE)
         busy = _busy()
-        repos = gc.plan(cache, busy)
+        repos = gc.plan(cache, busy)  # keeps what any live server has loaded
         if not repos:
             self.stdout.write("nothing to reclaim")
             return

@@ -140,6 +140,10 @@ class Command(BaseCommand):
         runtime.embeddings_enabled = opts["embeddings"] or loaded.is_embedding_model
         log.info("model %s ready (%s, context %s)", loaded.model_id, loaded.dtype, loaded.context_window)
         from hub.downloads import resume_interrupted
+        from hub.locks import record_serving
+
+        marker = record_serving(loaded.path)  # GC in any process keeps this snapshot
+        _measure_machine_soon()
 
         resume_interrupted()  # downloads whose process died continue from their partial files
         supervisor = None
@@ -153,6 +157,7 @@ class Command(BaseCommand):
         try:
             _run_daphne(engine, opts["host"], opts["port"], opts["drain_seconds"], opts["flush_seconds"])
         finally:
+            marker.unlink(missing_ok=True)
             if supervisor is not None:
                 supervisor.stop()
         log.info("stopped")
@@ -178,6 +183,21 @@ class Command(BaseCommand):
             if done.returncode != 0:
                 raise CommandError("building the demo model failed; see the output above")
         return DEMO_REPO
+
+
+def _measure_machine_soon() -> None:
+    """Measure this machine's bandwidths (once; cached) off the request path."""
+    import threading
+
+    from hub.library import this_machine
+
+    def measure():
+        try:
+            this_machine()
+        except Exception:
+            log.exception("measuring this machine failed; /fit will try again")
+
+    threading.Thread(target=measure, name="measure-machine", daemon=True).start()
 
 
 def _run_daphne(engine: Engine, host: str, port: int, drain_seconds: float, flush_seconds: float) -> None:
