@@ -13,6 +13,7 @@ from ninja import NinjaAPI
 from ninja.errors import HttpError
 from ninja.errors import ValidationError as NinjaValidationError
 
+from chat.api import router as sessions_router
 from hub.api import router as hub_router
 from inference.api import router as openai_router
 from inference.api_adapters import router as adapters_router
@@ -39,6 +40,7 @@ api.add_router("", jobs_router)
 api.add_router("", dataset_router)
 api.add_router("", push_router)
 api.add_router("", hub_router)
+api.add_router("", sessions_router)
 
 
 @api.exception_handler(Exception)

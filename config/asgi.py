@@ -1,5 +1,5 @@
-"""ASGI entry point: Django for HTTP (Channels' router is the seam where the
-chat WebSocket joins), wrapped so a draining server refuses new requests."""
+"""ASGI entry point: Django for HTTP, wrapped so a draining server refuses
+new requests, and the dashboard chat's WebSocket at /ws/chat."""
 import os
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
@@ -27,4 +27,12 @@ async def _http(scope, receive, send):
         runtime.inflight -= 1
 
 
-application = ProtocolTypeRouter({"http": _http})
+from channels.routing import URLRouter  # noqa: E402
+from django.urls import path  # noqa: E402
+
+from chat.consumer import ChatConsumer  # noqa: E402
+
+application = ProtocolTypeRouter({
+    "http": _http,
+    "websocket": URLRouter([path("ws/chat", ChatConsumer.as_asgi())]),
+})

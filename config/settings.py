@@ -45,6 +45,7 @@ INSTALLED_APPS = [
     "inference",
     "jobs",
     "hub",
+    "chat",
     "memory",
 ]
 

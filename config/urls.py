@@ -1,6 +1,7 @@
 from django.contrib import admin
 from django.urls import path
 
+from chat.views import ws_chat_upgrade_required
 from config import views
 from config.api import api, v1
 from hub import views as hub_views
@@ -15,6 +16,7 @@ urlpatterns = [
     path("library", hub_views.library_view),
     path("fit", hub_views.fit_view),
     path("downloads", hub_views.downloads_view),
+    path("ws/chat", ws_chat_upgrade_required),
     path("admin/cache/session/close", views.cache_session_close),
     path("admin/cache/flush", views.cache_flush),
     path("admin/", admin.site.urls),

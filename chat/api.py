@@ -1,0 +1,69 @@
+"""`/api/sessions/search` and `/api/sessions/export`."""
+from __future__ import annotations
+
+import json
+
+from django.http import HttpRequest, HttpResponse
+from ninja import Router
+
+from chat.models import ChatEntry, ChatSession
+from jobs.http import fail
+
+router = Router(tags=["sessions"])
+MAX_MATCHES, PER_SESSION, CONTEXT = 50, 10, 60
+
+
+def _snippet(text: str, start: int, end: int) -> dict:
+    """About CONTEXT characters either side, plain text, with the match's
+    [start, end) offsets inside the snippet."""
+    left, right = max(start - CONTEXT, 0), min(end + CONTEXT, len(text))
+    prefix, suffix = ("…" if left else ""), ("…" if right < len(text) else "")
+    snippet = prefix + text[left:right] + suffix
+    return {"snippet": snippet, "ranges": [[start - left + len(prefix), end - left + len(prefix)]]}
+
+
+@router.get("/sessions/search")
+def search(request: HttpRequest):
+    query = (request.GET.get("q") or "").strip()
+    if not query:
+        return fail("q is required")
+    needle = query.casefold()
+    results, total = {}, 0
+    entries = ChatEntry.objects.filter(content__icontains=query).select_related("session").order_by(
+        "-session__updated_at", "created_at")
+    for entry in entries.iterator():
+        if total >= MAX_MATCHES:
+            break
+        row = results.setdefault(entry.session_id, {"sessionPath": entry.session_id,
+                                                    "sessionTitle": entry.session.title, "matches": []})
+        if len(row["matches"]) >= PER_SESSION:
+            continue
+        at = entry.content.casefold().find(needle)
+        if at < 0:  # icontains matched beyond casefold's reach (e.g. special casing)
+            continue
+        row["matches"].append({**_snippet(entry.content, at, at + len(query)), "role": entry.role,
+                               "entryId": entry.id})
+        total += 1
+    return {"ok": True, "results": [r for r in results.values() if r["matches"]]}
+
+
+@router.get("/sessions/export")
+def export(request: HttpRequest):
+    key = request.GET.get("path") or request.GET.get("id")
+    if not key:
+        return fail("path required")
+    session = ChatSession.objects.filter(id=key).first()
+    if session is None:
+        return fail(f"no session {key}", 404)
+    entries = [{"type": "session", "id": session.id, "title": session.title, "systemPrompt": session.system_prompt,
+                "createdAt": session.created_at.isoformat(), "leaf": session.leaf_id}]
+    for e in session.entries.order_by("created_at"):
+        entries.append({"type": "message", "id": e.id, "parentId": e.parent_id, "createdAt": e.created_at.isoformat(),
+                        "message": {"role": e.role, "content": e.content, "reasoning": e.reasoning or None},
+                        "meta": json.loads(e.meta_json or "{}")})
+    if request.GET.get("format") == "jsonl":
+        response = HttpResponse("".join(json.dumps(x, ensure_ascii=False) + "\n" for x in entries),
+                                content_type="application/x-ndjson")
+        response["Content-Disposition"] = f'attachment; filename="{session.id}.jsonl"'
+        return response
+    return {"ok": True, "path": session.id, "entries": entries}

@@ -1,0 +1,324 @@
+"""`/ws/chat`: the dashboard's chat, driving the engine directly.
+
+Frames are JSON objects with a `type`. A turn runs as a task of its own so
+the socket keeps reading (an `abort`, or the socket closing, stops it
+within a decode step). Every request is built by the same code as
+`/v1/chat/completions` (validation, template, adapters, sampling), so the
+dashboard can do nothing a client could not."""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from urllib.parse import urlsplit
+
+from asgiref.sync import sync_to_async
+from channels.generic.websocket import AsyncJsonWebsocketConsumer
+
+from chat import store
+from chat.models import ChatEntry, ChatSession
+
+log = logging.getLogger("hearth.chat")
+SAMPLING = ("temperature", "top_p", "top_k", "min_p", "xtc_probability", "xtc_threshold", "repetition_penalty",
+            "repetition_context_size", "presence_penalty", "frequency_penalty", "seed")
+MAX_TEXT = 200_000
+
+
+class ChatConsumer(AsyncJsonWebsocketConsumer):
+    async def connect(self):
+        headers = dict(self.scope.get("headers") or [])
+        origin = headers.get(b"origin", b"").decode()
+        host = headers.get(b"host", b"").decode()
+        if origin and urlsplit(origin).netloc != host:  # another site's page may not drive the chat
+            await self.close(code=4403)
+            return
+        self.session: ChatSession | None = None
+        self.turn: asyncio.Task | None = None
+        self.next_sampling: dict = {}
+        await self.accept()
+        await self.send_json(self._ready())
+        await self._send_sessions()
+
+    async def disconnect(self, code):
+        await self._abort()
+
+    # -- frames ------------------------------------------------------------
+    async def receive_json(self, content, **kwargs):
+        kind = content.get("type") if isinstance(content, dict) else None
+        handler = getattr(self, f"on_{kind}", None) if isinstance(kind, str) and kind.isidentifier() else None
+        if handler is None:
+            await self._error(f"unknown frame type {kind!r}")
+            return
+        try:
+            await handler(content)
+        except _FrameError as exc:
+            await self._error(str(exc))
+        except Exception as exc:  # a bug must not kill the socket silently
+            log.exception("chat frame %s failed", kind)
+            await self._error(f"{type(exc).__name__}: {exc}")
+
+    async def decode_json(self, text_data):
+        try:
+            return json.loads(text_data)
+        except ValueError:
+            return {"type": None}
+
+    async def on_prompt(self, frame):
+        text = _text(frame, "text")
+        if frame.get("images"):
+            raise _FrameError("this model takes no images")
+        await self._require_idle()
+        session = await self._session()
+        leaf = await sync_to_async(lambda: session.leaf)()
+        entry = await sync_to_async(store.add)(session, leaf, "user", text)
+        await self._start_turn(entry)
+
+    async def on_abort(self, frame):
+        await self._abort()
+
+    async def on_set_thinking(self, frame):
+        enabled = frame.get("enabled")
+        if not isinstance(enabled, bool):
+            raise _FrameError("set_thinking needs enabled: true or false")
+        session = await self._session()
+        session.thinking = enabled
+        await sync_to_async(session.save)(update_fields=["thinking", "updated_at"])
+
+    async def on_set_sampling(self, frame):
+        scope = frame.get("scope", "session")
+        if scope not in ("session", "next_turn"):
+            raise _FrameError("scope must be session or next_turn")
+        values = {k: frame[k] for k in SAMPLING if k in frame}
+        for key, value in values.items():
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+                raise _FrameError(f"{key} must be a number or null")
+        if scope == "next_turn":
+            self.next_sampling.update(values)
+            return
+        session = await self._session()
+        current = json.loads(session.sampling_json or "{}")
+        current.update(values)
+        session.sampling_json = json.dumps({k: v for k, v in current.items() if v is not None})
+        await sync_to_async(session.save)(update_fields=["sampling_json", "updated_at"])
+
+    async def on_set_system_prompt(self, frame):
+        text = frame.get("text")
+        if text is not None and not isinstance(text, str):
+            raise _FrameError("text must be a string or null")
+        session = await self._session()
+        session.system_prompt = text or None
+        await sync_to_async(session.save)(update_fields=["system_prompt", "updated_at"])
+
+    async def on_set_adapter(self, frame):
+        adapter = frame.get("id")
+        if adapter is not None and not isinstance(adapter, str):
+            raise _FrameError("id must be an adapter id or null")
+        session = await self._session()
+        session.adapter = adapter or None
+        await sync_to_async(session.save)(update_fields=["adapter", "updated_at"])
+
+    async def on_new_session(self, frame):
+        await self._require_idle()
+        self.session = await sync_to_async(store.create)()
+        await self.send_json({"type": "history", "items": [], "sessionId": self.session.id})
+        await self._send_sessions()
+
+    async def on_list_sessions(self, frame):
+        await self._send_sessions()
+
+    async def on_open_session(self, frame):
+        await self._require_idle()
+        self.session = await self._find(frame)
+        await self._send_history()
+        await self._send_sessions()
+
+    async def on_fork_session(self, frame):
+        await self._require_idle()
+        source = await self._find(frame)
+        self.session = await sync_to_async(store.fork)(source)
+        await self._send_history()
+        await self._send_sessions()
+
+    async def on_delete_session(self, frame):
+        target = await self._find(frame)
+        if self.session is not None and self.session.id == target.id:
+            await self._abort()
+            self.session = None
+            await self.send_json({"type": "history", "items": [], "sessionId": None})
+        await sync_to_async(target.delete)()
+        await self._send_sessions()
+
+    async def on_regenerate(self, frame):
+        await self._require_idle()
+        session = await self._session()
+        last_user = await sync_to_async(self._last_user)(session)
+        await self._start_turn(last_user)
+
+    async def on_edit_resend(self, frame):
+        text = _text(frame, "text")
+        await self._require_idle()
+        session = await self._session()
+        last_user = await sync_to_async(self._last_user)(session)
+        parent = await sync_to_async(lambda: last_user.parent)()
+        entry = await sync_to_async(store.add)(session, parent, "user", text)
+        await self._start_turn(entry)
+
+    async def on_switch_sibling(self, frame):
+        entry_id = frame.get("entryId")
+        if not isinstance(entry_id, str):
+            raise _FrameError("switch_sibling needs entryId")
+        await self._require_idle()
+        session = await self._session()
+        try:
+            entry = await sync_to_async(store.switch)(session, entry_id)
+        except ChatEntry.DoesNotExist:
+            raise _FrameError(f"no entry {entry_id} in this session") from None
+        await self._send_history()
+        await self.send_json({"type": "siblings", **await sync_to_async(store.siblings)(entry)})
+
+    # -- turns -------------------------------------------------------------
+    async def _start_turn(self, user_entry: ChatEntry) -> None:
+        self.turn = asyncio.create_task(self._run_turn(user_entry))
+
+    async def _run_turn(self, user_entry: ChatEntry) -> None:
+        from chat.turns import prepare
+        from inference.runtime import runtime
+
+        session = self.session
+        started = time.perf_counter()
+        await self.send_json({"type": "turn_start", "userEntryId": user_entry.id})
+        text, reasoning, first, final = "", "", None, None
+        try:
+            engine = runtime.require_engine()
+            messages = await sync_to_async(self._messages)(session, user_entry)
+            prepared = await sync_to_async(prepare)(session, messages, self.next_sampling, engine.loaded)
+            self.next_sampling = {}
+            async for event in engine.submit(prepared.request).events():
+                if event.error is not None:
+                    raise _FrameError(event.error)
+                if event.token_ids and first is None:
+                    first = time.perf_counter()
+                for piece in prepared.output.feed(event.text) if event.text else []:
+                    text, reasoning = await self._piece(piece, text, reasoning)
+                if event.finish_reason is not None:
+                    final = event
+            for piece in prepared.output.finish():
+                text, reasoning = await self._piece(piece, text, reasoning)
+        except asyncio.CancelledError:
+            final = None
+        except Exception as exc:  # RequestError, EngineError, a failed turn
+            final = None
+            await self._error(getattr(exc, "message", None) or str(exc))
+        meta = _meta(final, started, first)
+        if text or reasoning:  # what was shown is kept, an aborted turn included
+            meta["aborted"] = final is None
+            entry = await sync_to_async(store.add)(session, user_entry, "assistant", text, reasoning, meta)
+            await self.send_json({"type": "siblings", **await sync_to_async(store.siblings)(entry)})
+        await self.send_json({"type": "turn_end", "lane": meta.get("lane"), **meta})
+        if final is not None and final.usage is not None:
+            window = runtime.engine.loaded.context_window if runtime.engine else None
+            used = final.usage.total_tokens
+            await self.send_json({"type": "context", "tokens": used, "contextWindow": window,
+                                  "percent": round(100 * used / window, 1) if window else None})
+        await self._send_sessions()
+
+    async def _piece(self, piece, text: str, reasoning: str) -> tuple[str, str]:
+        if piece.kind == "reasoning":
+            await self.send_json({"type": "thinking_delta", "delta": piece.text})
+            return text, reasoning + piece.text
+        await self.send_json({"type": "text_delta", "delta": piece.text})
+        return text + piece.text, reasoning
+
+    @staticmethod
+    def _messages(session: ChatSession, user_entry: ChatEntry) -> list[dict]:
+        out = [{"role": "system", "content": session.system_prompt}] if session.system_prompt else []
+        return out + [{"role": e.role, "content": e.content} for e in store.path(session, user_entry)]
+
+    @staticmethod
+    def _last_user(session: ChatSession) -> ChatEntry:
+        for entry in reversed(store.path(session)):
+            if entry.role == "user":
+                return entry
+        raise _FrameError("nothing to regenerate yet")
+
+    async def _abort(self) -> None:
+        """Stop the running turn: cancelling it leaves the event stream, which
+        stops the row in the engine; what was shown is still kept."""
+        if self.turn is not None and not self.turn.done():
+            self.turn.cancel()
+            try:
+                await self.turn
+            except asyncio.CancelledError:
+                pass
+
+    async def _require_idle(self) -> None:
+        if self.turn is not None and not self.turn.done():
+            raise _FrameError("a turn is running; abort it first")
+
+    # -- helpers -----------------------------------------------------------
+    async def _session(self) -> ChatSession:
+        if self.session is None:
+            self.session = await sync_to_async(store.create)()
+        return self.session
+
+    async def _find(self, frame) -> ChatSession:
+        key = frame.get("path") or frame.get("id")
+        if not isinstance(key, str) or not key:
+            raise _FrameError("path required")
+        found = await sync_to_async(ChatSession.objects.filter(id=key).first)()
+        if found is None:
+            raise _FrameError(f"no session {key}")
+        return found
+
+    async def _send_history(self) -> None:
+        items = await sync_to_async(store.history)(self.session)
+        await self.send_json({"type": "history", "items": items, "sessionId": self.session.id})
+
+    async def _send_sessions(self) -> None:
+        items = await sync_to_async(store.sessions)()
+        await self.send_json({"type": "sessions", "items": items,
+                              "activePath": self.session.id if self.session else None})
+
+    async def _error(self, message: str) -> None:
+        await self.send_json({"type": "error", "message": message})
+
+    @staticmethod
+    def _ready() -> dict:
+        from inference.protocols import chat as chat_protocol
+        from inference.protocols import params
+        from inference.runtime import runtime
+
+        engine = runtime.engine
+        model = engine.loaded if engine is not None else None
+        return {"type": "ready", "model": model.model_id if model else None, "vision": False, "audio": False,
+                "thinking": chat_protocol.thinks(model) if model else False, "transcription": False,
+                "genDefaults": params.gen_defaults(runtime.defaults, model.generation_config) if model else None,
+                "contextWindow": model.context_window if model else None}
+
+
+class _FrameError(Exception):
+    pass
+
+
+def _text(frame: dict, key: str) -> str:
+    value = frame.get(key)
+    if not isinstance(value, str) or not value.strip():
+        raise _FrameError(f"{key} required")
+    if len(value) > MAX_TEXT:
+        raise _FrameError(f"{key} is over {MAX_TEXT} characters")
+    return value
+
+
+def _meta(final, started: float, first: float | None) -> dict:
+    meta: dict = {}
+    if first is not None:
+        meta["ttft_ms"] = round((first - started) * 1000)
+    if final is not None and final.usage is not None:
+        u = final.usage
+        elapsed = time.perf_counter() - (first or started)
+        meta.update(lane=u.lane, prompt_tokens=u.prompt_tokens, completion_tokens=u.completion_tokens,
+                    cached_tokens=u.cached_tokens, finish_reason=final.finish_reason,
+                    tokens_per_s=round((u.completion_tokens - 1) / elapsed, 2) if elapsed > 0 and
+                    u.completion_tokens > 1 else None)
+    return meta

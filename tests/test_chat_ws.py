@@ -1,0 +1,194 @@
+"""The /ws/chat frame protocol with Channels' WebsocketCommunicator against
+the real engine on the tiny model: a turn, abort, regenerate and edit as
+sibling branches, switching siblings, fork, session listing and deletion,
+and the session search/export routes over what the turns stored."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from channels.testing import WebsocketCommunicator
+
+
+@pytest.fixture(scope="module")
+def django_ready():
+    """Django in this process, on the session's real SQLite database."""
+    import django
+    from django.core.management import call_command
+
+    django.setup()
+    call_command("migrate", interactive=False, verbosity=0)
+
+
+@pytest.fixture(scope="module")
+def client(django_ready):
+    from django.test import Client
+
+    return Client()
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model, django_ready):
+    from inference.engine.engine import Engine
+    from inference.runtime import runtime
+
+    e = Engine(tiny_model)
+    e.start()
+    runtime.engine = e
+    yield e
+    runtime.engine = None
+    e.close(drain_seconds=0)
+
+
+def _app():
+    from config.asgi import application
+
+    return application
+
+
+async def _connect(headers=None) -> WebsocketCommunicator:
+    ws = WebsocketCommunicator(_app(), "/ws/chat", headers=headers or [(b"host", b"testserver")])
+    connected, _ = await ws.connect()
+    assert connected
+    ready = await ws.receive_json_from(timeout=10)
+    assert ready["type"] == "ready" and ready["model"] and "genDefaults" in ready
+    assert (await ws.receive_json_from())["type"] == "sessions"
+    return ws
+
+
+async def _turn(ws, frame: dict) -> list[dict]:
+    """Send a frame and collect frames up to and including the sessions list after turn_end."""
+    await ws.send_json_to(frame)
+    frames = []
+    while True:
+        f = await ws.receive_json_from(timeout=60)
+        frames.append(f)
+        if f["type"] == "sessions" and any(x["type"] == "turn_end" for x in frames):
+            return frames
+
+
+def test_a_turn_streams_and_is_stored(engine):
+    async def run():
+        ws = await _connect()
+        await ws.send_json_to({"type": "set_sampling", "temperature": 0, "scope": "session"})
+        frames = await _turn(ws, {"type": "prompt", "text": "hello there"})
+        kinds = [f["type"] for f in frames]
+        assert kinds[0] == "turn_start" and "text_delta" in kinds and "turn_end" in kinds and "context" in kinds
+        end = next(f for f in frames if f["type"] == "turn_end")
+        assert end["lane"] in ("batched", "serial") and end["completion_tokens"] > 0
+        context = next(f for f in frames if f["type"] == "context")
+        assert context["tokens"] > 0 and context["contextWindow"]
+        sessions = frames[-1]
+        assert sessions["activePath"] and sessions["items"][0]["title"] == "hello there"
+        text = "".join(f["delta"] for f in frames if f["type"] == "text_delta")
+        await ws.send_json_to({"type": "open_session", "path": sessions["activePath"]})
+        history = await ws.receive_json_from(timeout=10)
+        assert [i["role"] for i in history["items"]] == ["user", "assistant"]
+        assert history["items"][1]["content"] == text and history["items"][1]["meta"]["lane"] == end["lane"]
+        await ws.disconnect()
+
+    asyncio.run(run())
+
+
+def test_regenerate_edit_and_switch_make_sibling_branches(engine):
+    async def run():
+        ws = await _connect()
+        await _turn(ws, {"type": "prompt", "text": "first question"})
+        frames = await _turn(ws, {"type": "regenerate"})
+        siblings = next(f for f in frames if f["type"] == "siblings")
+        assert siblings["count"] == 2 and siblings["index"] == 1
+        first_answer = siblings["siblingIds"][0]
+        frames = await _turn(ws, {"type": "edit_resend", "text": "a better question"})
+        await ws.send_json_to({"type": "open_session", "path": frames[-1]["activePath"]})
+        history = (await ws.receive_json_from(timeout=10))["items"]
+        assert history[0]["content"] == "a better question" and history[0]["siblingCount"] == 2
+        await ws.receive_json_from()  # sessions
+        await ws.send_json_to({"type": "switch_sibling", "entryId": history[0]["id"]})
+        assert (await ws.receive_json_from())["type"] == "history"
+        assert (await ws.receive_json_from())["index"] == 1
+        await ws.send_json_to({"type": "switch_sibling", "entryId": first_answer})
+        history = (await ws.receive_json_from(timeout=10))["items"]
+        assert history[0]["content"] == "first question" and history[1]["id"] == first_answer
+        assert (await ws.receive_json_from())["index"] == 0
+        await ws.send_json_to({"type": "switch_sibling", "entryId": "nope"})
+        assert (await ws.receive_json_from())["type"] == "error"
+        await ws.disconnect()
+
+    asyncio.run(run())
+
+
+def test_abort_keeps_what_was_shown_and_frees_the_engine(engine):
+    async def run():
+        ws = await _connect()
+        await ws.send_json_to({"type": "set_sampling", "scope": "next_turn", "temperature": 1.0})
+        await ws.send_json_to({"type": "prompt", "text": "tell me a long story " * 5})
+        assert (await ws.receive_json_from(timeout=10))["type"] == "turn_start"
+        while (await ws.receive_json_from(timeout=30))["type"] != "text_delta":
+            pass
+        await ws.send_json_to({"type": "abort"})
+        frames = []
+        while not frames or frames[-1]["type"] != "turn_end":
+            frames.append(await ws.receive_json_from(timeout=30))
+        assert frames[-1]["aborted"] is True
+        for _ in range(50):
+            if engine.active_rows == 0:
+                break
+            await asyncio.sleep(0.05)
+        assert engine.active_rows == 0
+        await ws.disconnect()
+
+    asyncio.run(run())
+
+
+def test_sessions_fork_delete_and_refusals(engine):
+    async def run():
+        ws = await _connect()
+        frames = await _turn(ws, {"type": "prompt", "text": "zebra crossing facts"})
+        original = frames[-1]["activePath"]
+        await ws.send_json_to({"type": "fork_session", "path": original})
+        history = await ws.receive_json_from(timeout=10)
+        assert history["sessionId"] != original and [i["role"] for i in history["items"]] == ["user", "assistant"]
+        listed = await ws.receive_json_from()
+        assert {original, history["sessionId"]} <= {s["path"] for s in listed["items"]}
+        await ws.send_json_to({"type": "delete_session", "path": history["sessionId"]})
+        assert (await ws.receive_json_from())["items"] == []  # the open session went away
+        listed = await ws.receive_json_from()
+        assert history["sessionId"] not in {s["path"] for s in listed["items"]}
+        for bad in ({"type": "open_session", "path": "missing"}, {"type": "prompt", "text": ""},
+                    {"type": "set_sampling", "temperature": "hot"}, {"type": "what"}, {"type": "regenerate"}):
+            await ws.send_json_to(bad)
+            assert (await ws.receive_json_from())["type"] == "error", bad
+        await ws.send_to(text_data="not json")
+        assert (await ws.receive_json_from())["type"] == "error"
+        await ws.disconnect()
+
+        foreign = WebsocketCommunicator(_app(), "/ws/chat",
+                                        headers=[(b"host", b"testserver"), (b"origin", b"http://evil.example")])
+        connected, _ = await foreign.connect()
+        assert not connected
+
+    asyncio.run(run())
+
+
+def test_search_and_export_read_the_stored_sessions(engine, client):
+    async def run():
+        ws = await _connect()
+        await _turn(ws, {"type": "prompt", "text": "Tell me about Rosemary and thyme in a stew"})
+        await ws.disconnect()
+
+    asyncio.run(run())
+    found = client.get("/api/sessions/search", {"q": "rosemary"}).json()
+    assert found["ok"] and found["results"]
+    match = found["results"][0]["matches"][0]
+    start, end = match["ranges"][0]
+    assert match["snippet"][start:end].lower() == "rosemary" and match["role"] == "user"
+    assert client.get("/api/sessions/search").status_code == 400
+    path = found["results"][0]["sessionPath"]
+    exported = client.get("/api/sessions/export", {"path": path}).json()
+    assert exported["ok"] and exported["entries"][0]["type"] == "session"
+    assert [e["message"]["role"] for e in exported["entries"][1:]] == ["user", "assistant"]
+    jsonl = client.get("/api/sessions/export", {"path": path, "format": "jsonl"})
+    assert jsonl["content-type"] == "application/x-ndjson" and len(jsonl.content.splitlines()) == 3
+    assert client.get("/api/sessions/export", {"path": "nope"}).status_code == 404
+    assert client.get("/api/sessions/export").status_code == 400
+    assert client.get("/ws/chat").status_code == 426
