@@ -8,7 +8,7 @@ OPENBLAS := /usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 /usr/lib/aar
 HOST ?= 127.0.0.1
 PORT ?= 8080
 
-.PHONY: serve test lint blas deps bench clean
+.PHONY: serve test lint blas browser deps bench clean
 
 deps: $(VENV)/.installed
 
@@ -31,11 +31,20 @@ ifeq ($(UNAME),Linux)
 	else echo "warning: cannot install libopenblas0-pthread (not root); Hearth will run on the reference BLAS, slowly"; fi
 endif
 
+# The dashboard tests drive Debian's Chromium through Playwright.
+browser:
+ifeq ($(UNAME),Linux)
+	@if command -v chromium >/dev/null; then echo "Chromium present"; \
+	elif [ "$$(id -u)" = 0 ]; then apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; \
+	elif command -v sudo >/dev/null; then sudo apt-get update -q && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; \
+	else echo "error: chromium is needed for the dashboard tests; install it (apt-get install chromium)"; exit 1; fi
+endif
+
 serve: deps blas
 	$(BIN)/hearth make-demo-model
 	$(BIN)/hearth serve --host $(HOST) --port $(PORT)
 
-test: deps blas
+test: deps blas browser
 	HF_HUB_OFFLINE=1 $(BIN)/pytest -q tests
 
 lint: deps

@@ -67,3 +67,43 @@ def export(request: HttpRequest):
         response["Content-Disposition"] = f'attachment; filename="{session.id}.jsonl"'
         return response
     return {"ok": True, "path": session.id, "entries": entries}
+
+
+def _approvals_path():
+    from django.conf import settings
+
+    return settings.HEARTH_HOME / "tool-approvals.json"
+
+
+def always_allowed() -> list[str]:
+    try:
+        names = json.loads(_approvals_path().read_text()).get("alwaysAllow", [])
+    except (OSError, ValueError, AttributeError):
+        return []
+    return sorted({n for n in names if isinstance(n, str)})
+
+
+def save_allowed(names: list[str]) -> None:
+    path = _approvals_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"alwaysAllow": sorted(set(names))}))
+    tmp.replace(path)
+
+
+@router.get("/settings/tool-approvals")
+def approvals(request: HttpRequest):
+    return {"ok": True, "alwaysAllow": always_allowed()}
+
+
+@router.delete("/settings/tool-approvals")
+def forget_approval(request: HttpRequest):
+    try:
+        body = json.loads(request.body or b"{}")
+    except ValueError:
+        return fail("invalid JSON body")
+    tool = body.get("tool") if isinstance(body, dict) else None
+    if not isinstance(tool, str) or not tool:
+        return fail("tool required")
+    save_allowed([n for n in always_allowed() if n != tool])
+    return {"ok": True, "alwaysAllow": always_allowed()}

@@ -156,11 +156,18 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         await self._start_turn(last_user)
 
     async def on_edit_resend(self, frame):
+        """Ask again with new text: the last question, or the one `entryId` names."""
         text = _text(frame, "text")
         await self._require_idle()
         session = await self._session()
-        last_user = await sync_to_async(self._last_user)(session)
-        parent = await sync_to_async(lambda: last_user.parent)()
+        entry_id = frame.get("entryId")
+        if entry_id is not None:
+            edited = await sync_to_async(session.entries.filter(id=entry_id, role="user").first)()
+            if edited is None:
+                raise _FrameError(f"no question {entry_id} in this session")
+        else:
+            edited = await sync_to_async(self._last_user)(session)
+        parent = await sync_to_async(lambda: edited.parent)()
         entry = await sync_to_async(store.add)(session, parent, "user", text)
         await self._start_turn(entry)
 
@@ -187,7 +194,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
 
         session = self.session
         started = time.perf_counter()
-        await self.send_json({"type": "turn_start", "userEntryId": user_entry.id})
+        await self.send_json({"type": "turn_start", "userEntryId": user_entry.id, "sessionId": session.id})
         text, reasoning, first, final = "", "", None, None
         try:
             engine = runtime.require_engine()
@@ -215,7 +222,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             meta["aborted"] = final is None
             entry = await sync_to_async(store.add)(session, user_entry, "assistant", text, reasoning, meta)
             await self.send_json({"type": "siblings", **await sync_to_async(store.siblings)(entry)})
-        await self.send_json({"type": "turn_end", "lane": meta.get("lane"), **meta})
+        await self.send_json({"type": "turn_end", "lane": meta.get("lane"), "sessionId": session.id, **meta})
         if final is not None and final.usage is not None:
             window = runtime.engine.loaded.context_window if runtime.engine else None
             used = final.usage.total_tokens

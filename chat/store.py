@@ -32,7 +32,7 @@ def entry_row(e: ChatEntry) -> dict:
                     .order_by("created_at").values_list("id", flat=True))
     return {"id": e.id, "parentId": e.parent_id, "role": e.role, "content": e.content, "reasoning": e.reasoning,
             "meta": json.loads(e.meta_json or "{}"), "siblingIndex": siblings.index(e.id),
-            "siblingCount": len(siblings), "createdAt": e.created_at.isoformat()}
+            "siblingCount": len(siblings), "siblingIds": siblings, "createdAt": e.created_at.isoformat()}
 
 
 def sessions() -> list[dict]:

@@ -2,7 +2,7 @@ from django.contrib import admin
 from django.urls import path
 
 from chat.views import ws_chat_upgrade_required
-from config import views
+from config import frontend, views
 from config.api import api, v1
 from hub import views as hub_views
 
@@ -20,6 +20,11 @@ urlpatterns = [
     path("admin/cache/session/close", views.cache_session_close),
     path("admin/cache/flush", views.cache_flush),
     path("admin/", admin.site.urls),
+    path("", frontend.shell),
+    path("assets/<path:name>", frontend.asset),
+    path("manifest.webmanifest", frontend.manifest),
+    path("sw.js", frontend.service_worker),
+    *[path(page, frontend.legacy, {"page": page}) for page in ("status", "chat", "quantize", "finetune", "dataset")],
 ]
 
 handler404 = "config.views.not_found"

@@ -107,8 +107,8 @@ def test_download_shows_progress_refuses_duplicates_and_lands_in_the_library(hub
         time.sleep(0.05)
     assert len(seen) >= 3, "progress was never observed in flight"
     assert seen[-1]["received_bytes"] > seen[0]["received_bytes"] and seen[-1]["bytes_per_sec"] > 0
-    assert seen[-1]["current_file"] == "model.safetensors" and seen[-1]["files_total"] == len(double.repos[
-        "mlx-community/tiny-a"].files)
+    assert "model.safetensors" in {row["current_file"] for row in seen}  # the big file was seen arriving
+    assert seen[-1]["files_total"] == len(double.repos["mlx-community/tiny-a"].files)
     done = _wait(url, "mlx-community/tiny-a")
     assert done["state"] == "done" and done["received_bytes"] == done["total_bytes"] and done["finished_at"]
     assert done["files_done"] == done["files_total"]

@@ -1,0 +1,219 @@
+// Chat over /ws/chat: sessions, streaming replies, thinking, branches.
+import { api, h, toast } from "./util.js";
+import { markdown } from "./md.js";
+
+export function chatPage(main) {
+  const state = { ws: null, ready: null, active: null, streaming: null, closed: false, items: [], retry: 0 };
+  const sessionsList = h("ul", { class: "sessions", "aria-label": "Chat sessions" });
+  const hits = h("div", { class: "hits", "aria-live": "polite" });
+  const search = h("input", { type: "search", placeholder: "Search chats", "aria-label": "Search chats" });
+  const messages = h("div", { class: "messages", "aria-live": "polite", "aria-label": "Conversation" });
+  const input = h("textarea", { rows: 2, placeholder: "Message the model (Enter sends, Shift+Enter adds a line)",
+    "aria-label": "Message" });
+  const send = h("button", { class: "primary", type: "submit" }, "Send");
+  const stop = h("button", { type: "button", hidden: true, onclick: () => frame({ type: "abort" }) }, "Stop");
+  const modelName = h("span", { class: "muted small" }, "connecting…");
+  const ctx = h("span", { class: "ctx small muted", "aria-label": "Context used" });
+  const thinking = h("input", { type: "checkbox", id: "think", onchange: () => frame({ type: "set_thinking",
+    enabled: thinking.checked }) });
+  const thinkLabel = h("label", { for: "think", class: "row", style: "margin:0;font-weight:400", hidden: true },
+    thinking, "Thinking");
+  const adapter = h("select", { "aria-label": "Adapter", onchange: () => frame({ type: "set_adapter",
+    id: adapter.value || null }) }, h("option", { value: "" }, "server default"), h("option", { value: "none" }, "base model"));
+  const temp = h("input", { type: "number", step: "0.1", min: "0", max: "2", placeholder: "temp", style: "width:5.5em",
+    "aria-label": "Temperature", onchange: () => frame({ type: "set_sampling", scope: "session",
+      temperature: temp.value === "" ? null : Number(temp.value) }) });
+  const system = h("button", { type: "button", onclick: () => {
+    const text = prompt("System prompt for this chat (empty clears it):", state.system || "");
+    if (text === null) return;
+    state.system = text; frame({ type: "set_system_prompt", text: text || null });
+  } }, "System prompt");
+  const sessionsToggle = h("button", { type: "button", class: "small sessions-toggle", onclick: () =>
+    root.classList.toggle("show-sessions") }, "Chats");
+  const form = h("form", { onsubmit: (e) => { e.preventDefault(); submit(); } }, input, stop, send);
+  const root = h("div", { class: "chat" },
+    h("aside", { class: "sidebar", "aria-label": "Sessions" },
+      h("button", { class: "primary", type: "button", style: "width:100%", onclick: () => frame({ type: "new_session" }) },
+        "New chat"), search, hits, sessionsList),
+    h("section", { class: "convo" }, messages,
+      h("div", { class: "composer" },
+        h("div", { class: "chatbar" }, sessionsToggle, modelName, thinkLabel, adapter, temp, system, ctx), form)));
+  main.append(root);
+
+  input.addEventListener("keydown", (e) => {
+    if (e.key === "Enter" && !e.shiftKey && !e.isComposing) { e.preventDefault(); submit(); }
+  });
+  input.addEventListener("input", () => { input.style.height = "auto"; input.style.height = `${input.scrollHeight}px`; });
+  let searchTimer;
+  search.addEventListener("input", () => { clearTimeout(searchTimer); searchTimer = setTimeout(runSearch, 250); });
+  api("/v1/adapters").then((r) => {
+    for (const a of r.adapters) adapter.append(h("option", { value: a.id }, a.id));
+  }).catch(() => {});
+
+  function frame(obj) {
+    if (state.ws?.readyState === WebSocket.OPEN) state.ws.send(JSON.stringify(obj));
+    else toast("Not connected yet");
+  }
+
+  function submit() {
+    const text = input.value.trim();
+    if (!text || state.streaming) return;
+    state.items.push({ role: "user", content: text, siblingCount: 1 });
+    render();
+    frame({ type: "prompt", text });
+    input.value = ""; input.style.height = "auto";
+  }
+
+  function connect() {
+    const ws = new WebSocket(`${location.protocol === "https:" ? "wss" : "ws"}://${location.host}/ws/chat`);
+    state.ws = ws;
+    ws.onmessage = (e) => onFrame(JSON.parse(e.data));
+    ws.onopen = () => { state.retry = 0; };
+    ws.onclose = () => {
+      if (state.closed) return;
+      modelName.textContent = "disconnected; reconnecting…";
+      setTimeout(connect, Math.min(500 * 2 ** state.retry++, 8000));
+    };
+  }
+
+  function onFrame(f) {
+    switch (f.type) {
+      case "ready":
+        state.ready = f;
+        modelName.textContent = f.model || "no model";
+        thinkLabel.hidden = !f.thinking;
+        if (state.active) frame({ type: "open_session", path: state.active });
+        break;
+      case "sessions": renderSessions(f.items, f.activePath); break;
+      case "history": state.items = f.items; state.active = f.sessionId; render(); break;
+      case "turn_start":
+        state.active = f.sessionId;
+        state.streaming = { text: "", thinking: "", el: null };
+        setBusy(true); render(); break;
+      case "text_delta": if (state.streaming) { state.streaming.text += f.delta; paintStream(); } break;
+      case "thinking_delta": if (state.streaming) { state.streaming.thinking += f.delta; paintStream(); } break;
+      case "turn_end":
+        state.streaming = null; setBusy(false);
+        state.active = f.sessionId || state.active;
+        if (state.active) frame({ type: "open_session", path: state.active });  // the stored turn, with ids
+        break;
+      case "context":
+        ctx.textContent = f.contextWindow ? `${f.tokens} / ${f.contextWindow} tokens (${f.percent}%)` : `${f.tokens} tokens`;
+        break;
+      case "error": toast(f.message); if (!state.streaming) setBusy(false); break;
+      default: break;
+    }
+  }
+
+  function setBusy(on) { send.hidden = on; stop.hidden = !on; input.disabled = false; }
+
+  function renderSessions(items, activePath) {
+    if (activePath) state.active = activePath;
+    sessionsList.replaceChildren(...items.map((s) => h("li", {}, h("button", {
+      type: "button", class: s.path === state.active ? "active" : "", title: s.title,
+      "aria-current": s.path === state.active ? "true" : null,
+      onclick: () => { frame({ type: "open_session", path: s.path }); root.classList.remove("show-sessions"); },
+    }, s.title))));
+  }
+
+  async function runSearch() {
+    const q = search.value.trim();
+    if (!q) { hits.replaceChildren(); return; }
+    try {
+      const r = await api(`/api/sessions/search?q=${encodeURIComponent(q)}`);
+      hits.replaceChildren(...r.results.flatMap((res) => res.matches.slice(0, 3).map((m) => {
+        const [a, b] = m.ranges[0];
+        return h("button", { type: "button", onclick: () => frame({ type: "open_session", path: res.sessionPath }) },
+          h("div", { class: "small" }, h("strong", {}, res.sessionTitle)),
+          h("span", { class: "muted" }, m.snippet.slice(0, a)), h("mark", {}, m.snippet.slice(a, b)),
+          h("span", { class: "muted" }, m.snippet.slice(b)));
+      })));
+      if (!r.results.length) hits.replaceChildren(h("p", { class: "muted small" }, "No matches"));
+    } catch (e) { toast(e.message); }
+  }
+
+  function perf(meta) {
+    if (!meta || meta.ttft_ms === undefined) return null;
+    const parts = [`TTFT ${meta.ttft_ms} ms`];
+    if (meta.tokens_per_s) parts.push(`${meta.tokens_per_s} tok/s`);
+    if (meta.lane) parts.push(meta.lane);
+    if (meta.cached_tokens) parts.push(`${meta.cached_tokens} cached`);
+    if (meta.aborted) parts.push("stopped");
+    return h("span", { class: "perf" }, parts.join(" · "));
+  }
+
+  function siblingNav(item) {
+    if (!item.siblingCount || item.siblingCount < 2 || !item.siblingIds) return null;
+    const go = (d) => frame({ type: "switch_sibling", entryId: item.siblingIds[item.siblingIndex + d] });
+    return h("span", { class: "row small" },
+      h("button", { type: "button", "aria-label": "Previous version", disabled: item.siblingIndex === 0,
+        onclick: () => go(-1) }, "‹"),
+      `${item.siblingIndex + 1}/${item.siblingCount}`,
+      h("button", { type: "button", "aria-label": "Next version", disabled: item.siblingIndex >= item.siblingCount - 1,
+        onclick: () => go(1) }, "›"));
+  }
+
+  function message(item, isLast) {
+    const body = item.role === "user" ? h("div", { class: "body" }, item.content) : h("div", { class: "body" },
+      item.reasoning ? h("details", { class: "thinking" }, h("summary", {}, "Thinking"), markdown(item.reasoning)) : null,
+      markdown(item.content));
+    const tools = h("div", { class: "tools" });
+    if (item.role === "assistant") {
+      tools.append(h("button", { type: "button", onclick: () => navigator.clipboard?.writeText(item.content)
+        .then(() => toast("Copied")) }, "Copy"));
+      if (isLast) tools.append(h("button", { type: "button", onclick: () => frame({ type: "regenerate" }) }, "Regenerate"));
+    } else if (item.id) {
+      tools.append(h("button", { type: "button", onclick: () => editInPlace(item, body) }, "Edit"));
+    }
+    return h("article", { class: `msg ${item.role}` },
+      h("div", { class: "who" }, item.role === "user" ? "You" : (state.ready?.model || "Model"), siblingNav(item),
+        perf(item.meta)), body, tools);
+  }
+
+  function editInPlace(item, body) {
+    const area = h("textarea", { rows: 3, style: "width:100%", "aria-label": "Edit message" });
+    area.value = item.content;
+    body.replaceChildren(area, h("div", { class: "row" },
+      h("button", { class: "primary", type: "button", onclick: () => {
+        if (area.value.trim()) frame({ type: "edit_resend", text: area.value, entryId: item.id });
+      } }, "Send edit"), h("button", { type: "button", onclick: render }, "Cancel")));
+    area.focus();
+  }
+
+  function render() {
+    const last = state.items.length - 1;
+    messages.replaceChildren(...state.items.map((item, i) => message(item, i === last && !state.streaming)));
+    if (!state.items.length && !state.streaming) {
+      messages.append(h("div", { class: "msg muted" }, h("h1", {}, "Start a conversation"),
+        h("p", {}, "Replies stream as they are written; sessions are kept and searchable on the left.")));
+    }
+    if (state.streaming) {
+      state.streaming.el = h("article", { class: "msg assistant" }, h("div", { class: "who" }, "Model · writing…"),
+        h("div", { class: "body" }));
+      messages.append(state.streaming.el);
+      paintStream();
+    }
+    messages.scrollTop = messages.scrollHeight;
+  }
+
+  let painting = false;
+  function paintStream() {
+    if (painting) return;
+    painting = true;
+    requestAnimationFrame(() => {
+      painting = false;
+      const s = state.streaming;
+      if (!s?.el) return;
+      const body = s.el.querySelector(".body");
+      body.replaceChildren(
+        s.thinking ? h("details", { class: "thinking", open: true }, h("summary", {}, "Thinking"), markdown(s.thinking)) : "",
+        markdown(s.text));
+      messages.scrollTop = messages.scrollHeight;
+    });
+  }
+
+  connect();
+  render();
+  input.focus();
+  return () => { state.closed = true; state.ws?.close(); };
+}

@@ -1,0 +1,62 @@
+// The router: hash routes, one page module each; theme and menu.
+import { chatPage } from "./chat.js";
+import { statusPage } from "./status.js";
+import { modelsPage } from "./models.js";
+import { jobsPage } from "./jobs.js";
+import { adaptersPage } from "./adapters.js";
+import { settingsPage } from "./settings.js";
+import { wizardPage } from "./wizards.js";
+
+const PAGES = {
+  chat: chatPage, status: statusPage, models: modelsPage, jobs: jobsPage, adapters: adaptersPage,
+  settings: settingsPage, finetune: (m) => wizardPage(m, "finetune"), quantize: (m) => wizardPage(m, "quantize"),
+  dataset: (m) => wizardPage(m, "dataset"),
+};
+let cleanup = null;
+
+function route() {
+  const [name, ...rest] = (location.hash.replace(/^#\/?/, "") || "chat").split("/");
+  const page = PAGES[name] ? name : "chat";
+  if (typeof cleanup === "function") cleanup();
+  const main = document.getElementById("main");
+  main.replaceChildren();
+  cleanup = PAGES[page](main, rest);
+  for (const a of document.querySelectorAll(".top nav a")) {
+    const on = a.getAttribute("href") === `#/${page}`;
+    a.classList.toggle("active", on);
+    if (on) a.setAttribute("aria-current", "page"); else a.removeAttribute("aria-current");
+  }
+  document.querySelector(".top nav").classList.remove("open");
+  document.title = `Hearth · ${page[0].toUpperCase()}${page.slice(1)}`;
+}
+
+function theme() {
+  const saved = localStorage.getItem("hearth-theme");
+  if (saved) document.documentElement.dataset.theme = saved;
+  const sync = () => {
+    const t = document.documentElement.dataset.theme;
+    const dark = t ? t === "dark" : matchMedia("(prefers-color-scheme: dark)").matches;
+    document.getElementById("hljs-light").media = dark ? "not all" : "all";
+    document.getElementById("hljs-dark").media = dark ? "all" : "not all";
+  };
+  sync();
+  document.querySelector(".theme").addEventListener("click", () => {
+    const dark = document.documentElement.dataset.theme
+      ? document.documentElement.dataset.theme === "dark" : matchMedia("(prefers-color-scheme: dark)").matches;
+    document.documentElement.dataset.theme = dark ? "light" : "dark";
+    localStorage.setItem("hearth-theme", document.documentElement.dataset.theme);
+    sync();
+  });
+}
+
+document.querySelector(".menu").addEventListener("click", (e) => {
+  const nav = document.querySelector(".top nav");
+  nav.classList.toggle("open");
+  e.currentTarget.setAttribute("aria-expanded", nav.classList.contains("open"));
+});
+addEventListener("hashchange", route);
+theme();
+route();
+if ("serviceWorker" in navigator && (location.protocol === "https:" || ["localhost", "127.0.0.1"].includes(location.hostname))) {
+  navigator.serviceWorker.register("/sw.js").catch(() => {});
+}

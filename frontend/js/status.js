@@ -1,0 +1,49 @@
+// Live engine state (/stats) and this machine's fit for the model (/fit).
+import { api, bytes, every, h } from "./util.js";
+
+function kv(pairs) {
+  return h("dl", { class: "kv" }, ...pairs.flatMap(([k, v]) => [h("dt", {}, k), h("dd", {}, v ?? "–")]));
+}
+
+export function statusPage(main) {
+  const live = h("div", { class: "grid" });
+  const fit = h("div");
+  main.append(h("div", { class: "page" }, h("h1", {}, "Status"), live, h("h2", {}, "This machine"), fit));
+  const stopLive = every(1500, async () => {
+    const s = await api("/stats");
+    const e = s.engine || {}, b = s.batch || {}, pc = s.prompt_cache || {}, ad = s.admission || {};
+    live.replaceChildren(
+      h("div", { class: "card" }, h("h2", { style: "margin-top:0" }, "Model"), kv([["served", s.server?.model],
+        ["dtype", e.dtype], ["lane", b.mode || b.lane], ["adapters", (s.adapters?.mounted || []).join(", ") || "none"]])),
+      h("div", { class: "card" }, h("h2", { style: "margin-top:0" }, "Rows"), kv([["decoding", e.active],
+        ["waiting", e.queued], ["requests", e.requests_total], ["last decode", `${e.last_decode_tokens_per_s} tok/s`]])),
+      h("div", { class: "card" }, h("h2", { style: "margin-top:0" }, "Prompt cache"), kv([["entries", pc.entries],
+        ["size", bytes(pc.bytes)], ["hits / misses", `${pc.hits} / ${pc.misses}`],
+        ["cached tokens", e.cached_tokens_total]])),
+      h("div", { class: "card" }, h("h2", { style: "margin-top:0" }, "Admission"), kv([
+        ["context limit", ad.max_safe_context ?? ad.enforced_context ?? "model window"],
+        ["KV per token", bytes(ad.kv_bytes_per_token)], ["usable memory", bytes(ad.usable_bytes)],
+        ["queue limit", ad.max_queued]])));
+  });
+  const loadFit = () => api("/fit").then((f) => {
+    const r = f.report;
+    fit.replaceChildren(h("div", { class: "grid" },
+      h("div", { class: "card" }, h("h2", { style: "margin-top:0" }, "Hardware"), kv([["chip", f.machine.chip], ["RAM", bytes(f.machine.ram_bytes)],
+        ["usable", bytes(f.machine.usable_bytes)], ["cores", f.machine.cores],
+        ["memory bandwidth", `${f.machine.bandwidth_gbs} GB/s`], ["decode bandwidth", `${f.machine.decode_bandwidth_gbs} GB/s`]])),
+      h("div", { class: "card" }, h("h2", { style: "margin-top:0" }, `Fit of ${f.model}`), kv([["fits", r.fits ? "yes" : "no"], ["weights", bytes(r.weights_bytes)],
+        ["KV per token", bytes(r.kv_bytes_per_token)], ["max safe context", r.max_safe_context],
+        ["predicted decode", `${r.predicted_decode_tps} tok/s`],
+        ["measured decode", f.measured_decode_tps ? `${f.measured_decode_tps} tok/s` : "not measured"]]),
+        h("button", { type: "button", onclick: async (e) => { e.target.disabled = true;
+          try { await api("/api/fit/measure", { json: { tokens: 64 } }); await loadFit(); }
+          catch (err) { e.target.disabled = false; fit.append(h("p", { class: "error" }, err.message)); } } },
+          "Measure decode speed"))),
+      h("h2", {}, `Other machines at ${f.sku_matrix_ctx} tokens`),
+      h("div", { class: "table-wrap" }, h("table", {}, h("thead", {}, h("tr", {}, h("th", {}, "machine"), h("th", {}, "fits"),
+        h("th", {}, "max context"), h("th", {}, "decode"))), h("tbody", {}, ...f.sku_matrix.map((s) => h("tr", {},
+        h("td", {}, s.sku), h("td", {}, s.fits ? "yes" : "no"), h("td", {}, s.max_context), h("td", {}, `${s.decode_tps} tok/s`)))))));
+  }).catch((e) => fit.replaceChildren(h("p", { class: "error" }, e.message)));
+  loadFit();
+  return stopLive;
+}

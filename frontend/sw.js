@@ -1,0 +1,19 @@
+// Caches the app shell only, for installability and a fast first paint.
+// Everything dynamic (/api, /v1, /ws, /library, /downloads, ...) always goes to the network.
+const CACHE = "hearth-shell-v1";
+const SHELL = ["/", "/assets/app.css", "/assets/js/main.js", "/assets/vendor/marked.js", "/assets/vendor/hljs.js",
+  "/assets/vendor/hljs-light.css", "/assets/vendor/hljs-dark.css", "/assets/icon.svg"];
+
+self.addEventListener("install", (e) => e.waitUntil(caches.open(CACHE).then((c) => c.addAll(SHELL))));
+self.addEventListener("activate", (e) => e.waitUntil(
+  caches.keys().then((keys) => Promise.all(keys.filter((k) => k !== CACHE).map((k) => caches.delete(k))))));
+self.addEventListener("fetch", (e) => {
+  const url = new URL(e.request.url);
+  if (e.request.method !== "GET" || url.origin !== location.origin || !SHELL.includes(url.pathname)) return;
+  // Network first, so a new version shows at once; the cache answers when the server is away.
+  e.respondWith(fetch(e.request).then((r) => {
+    const copy = r.clone();
+    caches.open(CACHE).then((c) => c.put(e.request, copy));
+    return r;
+  }).catch(() => caches.match(e.request)));
+});

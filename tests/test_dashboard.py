@@ -1,0 +1,132 @@
+"""The dashboard in a real headless Chromium (Debian's, driven by
+Playwright): chat with a streamed reply, the session found again after a
+reload, switching sessions, a fine-tune started from the wizard and
+followed to done, and a screenshot of every page at phone and desktop
+widths in tests/artifacts/screenshots (look at them)."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import httpx
+import pytest
+
+ARTIFACTS = Path(__file__).parent / "artifacts" / "screenshots"
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+PAGES = ("chat", "status", "models", "jobs", "finetune", "quantize", "dataset", "adapters", "settings")
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser):
+    context = browser.new_context(viewport={"width": 1280, "height": 800})
+    page = context.new_page()
+    errors = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    yield page
+    context.close()
+    assert not errors, errors
+
+
+def _send(page, text: str) -> None:
+    page.fill("textarea[aria-label=Message]", text)
+    page.keyboard.press("Enter")
+    page.wait_for_selector("article.msg.assistant .perf", timeout=120_000)  # the stored turn is shown
+
+
+def test_chat_streams_a_reply_and_sessions_survive_a_reload(page, base_url):
+    page.goto(base_url + "/#/chat")
+    page.wait_for_selector("text=hearth-test/tiny-random")
+    page.fill("textarea[aria-label=Message]", "Tell me about lighthouses")
+    page.keyboard.press("Enter")
+    page.wait_for_selector("text=Model · writing…", timeout=30_000)  # streaming shows before the turn ends
+    page.wait_for_selector(".msg.assistant .perf", timeout=120_000)  # the stored turn with its perf strip
+    assert "TTFT" in page.inner_text(".msg.assistant .perf")
+    page.reload()
+    page.click(".sessions button:has-text('Tell me about lighthouses')")
+    page.wait_for_selector(".msg.user:has-text('Tell me about lighthouses')")
+    assert page.locator(".msg.assistant").count() == 1
+
+    page.click("text=New chat")
+    page.wait_for_selector("text=Start a conversation")
+    _send(page, "A second conversation about otters")
+    page.wait_for_selector(".sessions button:has-text('A second conversation')")
+    page.click(".sessions button:has-text('Tell me about lighthouses')")
+    page.wait_for_selector(".msg.user:has-text('Tell me about lighthouses')")
+    assert page.locator(".msg.user:has-text('otters')").count() == 0
+    page.fill("input[aria-label='Search chats']", "otters")
+    page.wait_for_selector(".hits mark:has-text('otters')")
+
+
+def test_finetune_wizard_starts_a_job_that_reaches_done(page, base_url, tiny_model, tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    row = {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}]}
+    (data / "train.jsonl").write_text("\n".join(json.dumps(row) for _ in range(4)) + "\n")
+    page.goto(base_url + "/#/finetune")
+    page.wait_for_function("document.querySelector('#main input').value.length > 0")
+    page.click("text=Next")
+    page.fill("#main input", "/no/such/folder")
+    page.click("text=Next")
+    page.wait_for_selector("[role=alert]:has-text('not found')")  # validated before going on
+    page.fill("#main input", str(data))
+    page.click("text=Next")
+    page.wait_for_selector("text=4 training rows")
+    page.fill("label:has-text('Iterations') + input", "4")
+    page.fill("label:has-text('Report loss every') + input", "2")
+    page.click("text=Next")
+    page.click("text=Start job")
+    page.wait_for_url("**/#/jobs/*")
+    page.wait_for_selector("h1 .badge:has-text('done')", timeout=180_000)
+    page.wait_for_selector("text=train step 4")
+    job_id = page.url.rsplit("/", 1)[-1]
+    assert httpx.get(f"{base_url}/api/jobs/{job_id}").json()["job"]["status"] == "done"
+
+
+@pytest.mark.parametrize("width,height,name", [(375, 740, "phone"), (1280, 800, "desktop")])
+def test_every_page_renders_at_phone_and_desktop_widths(browser, base_url, width, height, name):
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    context = browser.new_context(viewport={"width": width, "height": height})
+    page = context.new_page()
+    errors = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    for route in PAGES:
+        page.goto(f"{base_url}/#/{route}")
+        page.wait_for_selector("#main h1, #main .chat", timeout=15_000)
+        page.wait_for_timeout(400)
+        overflow = page.evaluate("document.documentElement.scrollWidth - document.documentElement.clientWidth")
+        assert overflow <= 1, f"{route} scrolls sideways at {width}px"
+        page.screenshot(path=str(ARTIFACTS / f"{name}-{route}.png"), full_page=True)
+    page.emulate_media(color_scheme="dark")
+    page.goto(f"{base_url}/#/chat")
+    page.wait_for_selector(".chat")
+    page.screenshot(path=str(ARTIFACTS / f"{name}-chat-dark.png"))
+    context.close()
+    assert not errors, errors
+
+
+def test_shell_files_and_legacy_paths(base_url):
+    shell = httpx.get(base_url + "/")
+    assert shell.status_code == 200 and "/assets/js/main.js" in shell.text
+    js = httpx.get(base_url + "/assets/js/main.js")
+    assert js.headers["content-type"].startswith("text/javascript") and "max-age=3600" in js.headers["cache-control"]
+    assert httpx.get(base_url + "/sw.js").headers["cache-control"] == "no-store"
+    manifest = httpx.get(base_url + "/manifest.webmanifest")
+    assert manifest.json()["start_url"] == "/"
+    assert manifest.headers["content-type"].startswith("application/manifest+json")
+    for page in ("status", "chat", "quantize", "finetune", "dataset"):
+        r = httpx.get(f"{base_url}/{page}")
+        assert r.status_code == 302 and r.headers["location"] == f"/#/{page}"
+    assert httpx.get(base_url + "/assets/../config/settings.py").status_code == 404
+    assert httpx.get(base_url + "/assets/nope.js").status_code == 404
