@@ -24,27 +24,30 @@ def _snippet(text: str, start: int, end: int) -> dict:
 
 @router.get("/sessions/search")
 def search(request: HttpRequest):
+    import re
+
     query = (request.GET.get("q") or "").strip()
     if not query:
         return fail("q is required")
-    needle = query.casefold()
+    pattern = re.compile(re.escape(query), re.IGNORECASE)
+    entries = ChatEntry.objects.select_related("session").order_by("-session__updated_at", "created_at")
+    if query.isascii():  # SQLite's LIKE folds ASCII case only; other queries are matched here in Python
+        entries = entries.filter(content__icontains=query)
     results, total = {}, 0
-    entries = ChatEntry.objects.filter(content__icontains=query).select_related("session").order_by(
-        "-session__updated_at", "created_at")
     for entry in entries.iterator():
         if total >= MAX_MATCHES:
             break
+        found = pattern.search(entry.content)
+        if found is None:
+            continue
         row = results.setdefault(entry.session_id, {"sessionPath": entry.session_id,
                                                     "sessionTitle": entry.session.title, "matches": []})
         if len(row["matches"]) >= PER_SESSION:
             continue
-        at = entry.content.casefold().find(needle)
-        if at < 0:  # icontains matched beyond casefold's reach (e.g. special casing)
-            continue
-        row["matches"].append({**_snippet(entry.content, at, at + len(query)), "role": entry.role,
+        row["matches"].append({**_snippet(entry.content, found.start(), found.end()), "role": entry.role,
                                "entryId": entry.id})
         total += 1
-    return {"ok": True, "results": [r for r in results.values() if r["matches"]]}
+    return {"ok": True, "results": list(results.values())}
 
 
 @router.get("/sessions/export")

@@ -30,7 +30,10 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         headers = dict(self.scope.get("headers") or [])
         origin = headers.get(b"origin", b"").decode()
         host = headers.get(b"host", b"").decode()
-        if origin and urlsplit(origin).netloc != host:  # another site's page may not drive the chat
+        from config.middleware import host_allowed
+
+        # Another site's page may not drive the chat, nor one reaching us through a rebound DNS name.
+        if (origin and urlsplit(origin).netloc != host) or not host_allowed(host):
             await self.close(code=4403)
             return
         self.session: ChatSession | None = None
@@ -70,8 +73,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             raise _FrameError("this model takes no images")
         await self._require_idle()
         session = await self._session()
-        leaf = await sync_to_async(lambda: session.leaf)()
-        entry = await sync_to_async(store.add)(session, leaf, "user", text)
+        entry = await sync_to_async(store.ask)(session, text)
         await self._start_turn(entry)
 
     async def on_abort(self, frame):
@@ -218,17 +220,23 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             final = None
             await self._error(getattr(exc, "message", None) or str(exc))
         meta = _meta(final, started, first)
-        if text or reasoning:  # what was shown is kept, an aborted turn included
-            meta["aborted"] = final is None
-            entry = await sync_to_async(store.add)(session, user_entry, "assistant", text, reasoning, meta)
-            await self.send_json({"type": "siblings", **await sync_to_async(store.siblings)(entry)})
-        await self.send_json({"type": "turn_end", "lane": meta.get("lane"), "sessionId": session.id, **meta})
-        if final is not None and final.usage is not None:
-            window = runtime.engine.loaded.context_window if runtime.engine else None
-            used = final.usage.total_tokens
-            await self.send_json({"type": "context", "tokens": used, "contextWindow": window,
-                                  "percent": round(100 * used / window, 1) if window else None})
-        await self._send_sessions()
+        try:
+            if text or reasoning:  # what was shown is kept, an aborted turn included
+                meta["aborted"] = final is None
+                entry = await sync_to_async(store.add)(session, user_entry, "assistant", text, reasoning, meta)
+                await self.send_json({"type": "siblings", **await sync_to_async(store.siblings)(entry)})
+            if final is not None and final.usage is not None:
+                window = runtime.engine.loaded.context_window if runtime.engine else None
+                used = final.usage.total_tokens
+                await self.send_json({"type": "context", "tokens": used, "contextWindow": window,
+                                      "percent": round(100 * used / window, 1) if window else None})
+            await self._send_sessions()
+        except Exception as exc:  # e.g. the session was deleted from another tab meanwhile
+            log.warning("chat turn could not be stored: %s", exc)
+            await self._error(f"the reply could not be stored: {exc}")
+        finally:
+            # Last, so a client that reacts to it (opening the session) finds the turn over.
+            await self.send_json({"type": "turn_end", "lane": meta.get("lane"), "sessionId": session.id, **meta})
 
     async def _piece(self, piece, text: str, reasoning: str) -> tuple[str, str]:
         if piece.kind == "reasoning":
@@ -265,6 +273,11 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
 
     # -- helpers -----------------------------------------------------------
     async def _session(self) -> ChatSession:
+        """The open session as stored now (another tab may have changed it)."""
+        if self.session is not None:
+            self.session = await sync_to_async(ChatSession.objects.filter(id=self.session.id).first)()
+            if self.session is None:
+                raise _FrameError("this chat was deleted (in another tab?); start a new one")
         if self.session is None:
             self.session = await sync_to_async(store.create)()
         return self.session
@@ -280,7 +293,8 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
 
     async def _send_history(self) -> None:
         items = await sync_to_async(store.history)(self.session)
-        await self.send_json({"type": "history", "items": items, "sessionId": self.session.id})
+        await self.send_json({"type": "history", "items": items, "sessionId": self.session.id,
+                              "settings": store.settings(self.session)})
 
     async def _send_sessions(self) -> None:
         items = await sync_to_async(store.sessions)()

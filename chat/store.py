@@ -50,10 +50,27 @@ def add(session: ChatSession, parent: ChatEntry | None, role: str, content: str,
         entry = ChatEntry.objects.create(session=session, parent=parent, role=role, content=content,
                                          reasoning=reasoning, meta_json=json.dumps(meta or {}))
         session.leaf = entry
+        fields = ["leaf", "updated_at"]
         if role == "user" and parent is None and session.title == "New chat":
             session.title = " ".join(content.split())[:TITLE_CHARS] or "New chat"
-        session.save()
+            fields.append("title")
+        session.save(update_fields=fields)  # never overwrite settings another tab just changed
     return entry
+
+
+def ask(session: ChatSession, text: str) -> ChatEntry:
+    """A new question after the leaf on show. A question left unanswered (its
+    turn failed or was stopped at once) is not followed by another question:
+    the new one becomes its sibling, so roles keep alternating."""
+    leaf = session.leaf
+    if leaf is not None and leaf.role == "user" and not leaf.children.exists():
+        return add(session, leaf.parent, "user", text)
+    return add(session, leaf, "user", text)
+
+
+def settings(session: ChatSession) -> dict:
+    return {"thinking": session.thinking, "systemPrompt": session.system_prompt, "adapter": session.adapter,
+            "sampling": json.loads(session.sampling_json or "{}")}
 
 
 def deepest(entry: ChatEntry) -> ChatEntry:

@@ -16,18 +16,30 @@ TYPES = {".js": "text/javascript", ".css": "text/css", ".svg": "image/svg+xml", 
 ASSET_CACHE = "public, max-age=3600"
 
 
-def _file(path: Path, cache: str) -> FileResponse:
+def _file(path: Path, cache: str, request: HttpRequest | None = None):
+    """The file, or a 304 when the browser's copy is current (our own modules
+    are revalidated on every load so an upgrade never mixes versions)."""
+    from django.http import HttpResponseNotModified
+    from django.utils.http import http_date
+    from django.views.static import was_modified_since
+
+    mtime = path.stat().st_mtime
+    if request is not None and not was_modified_since(request.headers.get("If-Modified-Since"), mtime):
+        response = HttpResponseNotModified()
+        response["Cache-Control"] = cache
+        return response
     kind = TYPES.get(path.suffix) or mimetypes.guess_type(path.name)[0] or "application/octet-stream"
     response = FileResponse(open(path, "rb"), content_type=f"{kind}; charset=utf-8" if "text" in kind or
                             kind.endswith(("json", "javascript")) else kind)
     response["Cache-Control"] = cache
+    response["Last-Modified"] = http_date(mtime)
     response["X-Content-Type-Options"] = "nosniff"
     return response
 
 
 @require_safe
 def shell(request: HttpRequest) -> FileResponse:
-    return _file(ROOT / "app.html", "no-cache")
+    return _file(ROOT / "app.html", "no-cache", request)
 
 
 @require_safe
@@ -35,7 +47,8 @@ def asset(request: HttpRequest, name: str) -> FileResponse:
     path = (ROOT / name).resolve()
     if ROOT not in path.parents or path.suffix not in TYPES or not path.is_file():
         raise Http404(name)
-    return _file(path, ASSET_CACHE)
+    vendored = (ROOT / "vendor") in path.parents or path.suffix == ".svg"
+    return _file(path, ASSET_CACHE if vendored else "no-cache", request)
 
 
 @require_safe

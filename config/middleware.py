@@ -59,12 +59,30 @@ class RequestMetricsMiddleware(_ResponseHook):
         return response
 
 
+def host_allowed(host: str) -> bool:
+    """Whether a request's Host names this server: loopback names and the
+    address `hearth serve` bound, or anything when it bound every interface
+    (then set HEARTH_ALLOWED_HOSTS to restrict it). Refusing other names
+    stops a DNS-rebinding page, whose Origin and Host agree, from reaching
+    the API through the user's browser."""
+    from urllib.parse import urlsplit
+
+    from inference.runtime import runtime
+
+    allowed = runtime.allowed_hosts
+    if allowed is None:
+        return True
+    name = urlsplit(f"//{host}").hostname or ""
+    return name in allowed
+
+
 class CrossOriginGuardMiddleware:
-    """Refuse state-changing requests that a web page on another origin
-    makes to this server (a browser always sends `Origin` on those): without
-    it, any site the user visits could mount adapters, save a Hub token or
-    push a folder. SDK clients send no `Origin` and are not affected; the
-    dashboard is same-origin."""
+    """Refuse requests for a Host name that is not this server's (DNS
+    rebinding), and state-changing requests that a web page on another
+    origin makes (a browser always sends `Origin` on those): without it, any
+    site the user visits could mount adapters, save a Hub token or push a
+    folder. SDK clients send no `Origin` and are not affected; the dashboard
+    is same-origin."""
 
     sync_capable = True
     async_capable = True
@@ -88,14 +106,18 @@ class CrossOriginGuardMiddleware:
 
     def _refuse(self, request):
         origin = request.headers.get("Origin")
-        if origin is None or request.method in self.SAFE or not request.path.startswith(self.GUARDED):
+        host = request.headers.get("Host", "")
+        if not host_allowed(host):  # every request: a rebound page could otherwise read chats and settings
+            message = f"requests for host {host!r} are refused (not this server's name)"
+        elif request.method in self.SAFE or not request.path.startswith(self.GUARDED) or origin is None:
             return None
-        from urllib.parse import urlsplit
+        else:
+            from urllib.parse import urlsplit
 
-        if origin != "null" and urlsplit(origin).netloc == request.get_host():
-            return None
-        message = f"cross-origin {request.method} from {origin} refused"
-        if request.path.startswith("/api/"):
+            if origin != "null" and urlsplit(origin).netloc == host:
+                return None
+            message = f"cross-origin {request.method} from {origin} refused"
+        if not request.path.startswith(("/v1/", "/admin/cache/")):
             return JsonResponse({"ok": False, "error": message}, status=403)
         return JsonResponse({"error": {"message": message, "type": "permission_error", "param": None,
                                        "code": "cross_origin"}}, status=403)

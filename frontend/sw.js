@@ -12,8 +12,10 @@ self.addEventListener("fetch", (e) => {
   if (e.request.method !== "GET" || url.origin !== location.origin || !SHELL.includes(url.pathname)) return;
   // Network first, so a new version shows at once; the cache answers when the server is away.
   e.respondWith(fetch(e.request).then((r) => {
-    const copy = r.clone();
-    caches.open(CACHE).then((c) => c.put(e.request, copy));
+    if (r.ok) {
+      const copy = r.clone();
+      caches.open(CACHE).then((c) => c.put(e.request, copy));
+    }
     return r;
   }).catch(() => caches.match(e.request)));
 });

@@ -41,6 +41,7 @@ class _Runtime:
     embeddings_enabled: bool = False  # the served model answers /v1/embeddings
     responses: ResponseStore = ResponseStore()  # stored Responses turns (`hearth serve --response-ttl`)
     local_url: str | None = None  # how this process reaches its own HTTP API (jobs that call the model use it)
+    allowed_hosts: frozenset | None = None  # Host names a state-changing request may use; None: any
 
     def require_engine(self) -> Engine:
         if self.engine is None or self.engine.loaded is None:

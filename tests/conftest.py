@@ -59,3 +59,15 @@ def eos_id(tiny_model, homes) -> int:
     from huggingface_hub import try_to_load_from_cache
 
     return json.loads(Path(try_to_load_from_cache(tiny_model, "config.json")).read_text())["eos_token_id"]
+
+
+@pytest.fixture(scope="session")
+def browser():
+    """Debian's Chromium, headless, driven by Playwright (`make test` installs it)."""
+    from playwright.sync_api import sync_playwright
+
+    executable = shutil.which("chromium") or "/usr/bin/chromium"
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=executable, args=["--no-sandbox", "--disable-gpu"])
+        yield b
+        b.close()

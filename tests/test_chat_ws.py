@@ -57,14 +57,18 @@ async def _connect(headers=None) -> WebsocketCommunicator:
 
 
 async def _turn(ws, frame: dict) -> list[dict]:
-    """Send a frame and collect frames up to and including the sessions list after turn_end."""
+    """Send a frame and collect frames up to turn_end, which comes last."""
     await ws.send_json_to(frame)
     frames = []
     while True:
         f = await ws.receive_json_from(timeout=60)
         frames.append(f)
-        if f["type"] == "sessions" and any(x["type"] == "turn_end" for x in frames):
+        if f["type"] == "turn_end":
             return frames
+
+
+def _active(frames: list[dict]) -> str:
+    return [f for f in frames if f["type"] == "sessions"][-1]["activePath"]
 
 
 def test_a_turn_streams_and_is_stored(engine):
@@ -78,8 +82,9 @@ def test_a_turn_streams_and_is_stored(engine):
         assert end["lane"] in ("batched", "serial") and end["completion_tokens"] > 0
         context = next(f for f in frames if f["type"] == "context")
         assert context["tokens"] > 0 and context["contextWindow"]
-        sessions = frames[-1]
-        assert sessions["activePath"] and sessions["items"][0]["title"] == "hello there"
+        sessions = [f for f in frames if f["type"] == "sessions"][-1]
+        assert frames[-1]["type"] == "turn_end" and sessions["activePath"]
+        assert sessions["items"][0]["title"] == "hello there"
         text = "".join(f["delta"] for f in frames if f["type"] == "text_delta")
         await ws.send_json_to({"type": "open_session", "path": sessions["activePath"]})
         history = await ws.receive_json_from(timeout=10)
@@ -99,7 +104,7 @@ def test_regenerate_edit_and_switch_make_sibling_branches(engine):
         assert siblings["count"] == 2 and siblings["index"] == 1
         first_answer = siblings["siblingIds"][0]
         frames = await _turn(ws, {"type": "edit_resend", "text": "a better question"})
-        await ws.send_json_to({"type": "open_session", "path": frames[-1]["activePath"]})
+        await ws.send_json_to({"type": "open_session", "path": _active(frames)})
         history = (await ws.receive_json_from(timeout=10))["items"]
         assert history[0]["content"] == "a better question" and history[0]["siblingCount"] == 2
         await ws.receive_json_from()  # sessions
@@ -144,7 +149,7 @@ def test_sessions_fork_delete_and_refusals(engine):
     async def run():
         ws = await _connect()
         frames = await _turn(ws, {"type": "prompt", "text": "zebra crossing facts"})
-        original = frames[-1]["activePath"]
+        original = _active(frames)
         await ws.send_json_to({"type": "fork_session", "path": original})
         history = await ws.receive_json_from(timeout=10)
         assert history["sessionId"] != original and [i["role"] for i in history["items"]] == ["user", "assistant"]
@@ -160,6 +165,22 @@ def test_sessions_fork_delete_and_refusals(engine):
             assert (await ws.receive_json_from())["type"] == "error", bad
         await ws.send_to(text_data="not json")
         assert (await ws.receive_json_from())["type"] == "error"
+
+        # A question whose turn failed is not followed by another question: the next one is its sibling.
+        await ws.send_json_to({"type": "new_session"})
+        await ws.receive_json_from(timeout=10)
+        await ws.receive_json_from()
+        await ws.send_json_to({"type": "set_adapter", "id": "ghost"})
+        frames = await _turn(ws, {"type": "prompt", "text": "first try"})
+        assert any(f["type"] == "error" and "ghost" in f["message"] for f in frames)
+        await ws.send_json_to({"type": "set_adapter", "id": None})
+        frames = await _turn(ws, {"type": "prompt", "text": "second try"})
+        await ws.send_json_to({"type": "open_session", "path": _active(frames)})
+        history = await ws.receive_json_from(timeout=10)
+        assert [i["role"] for i in history["items"]] == ["user", "assistant"]
+        assert history["items"][0]["content"] == "second try" and history["items"][0]["siblingCount"] == 2
+        assert history["settings"]["adapter"] is None and history["settings"]["thinking"] is False
+        await ws.receive_json_from()
         await ws.disconnect()
 
         foreign = WebsocketCommunicator(_app(), "/ws/chat",
@@ -174,6 +195,7 @@ def test_search_and_export_read_the_stored_sessions(engine, client):
     async def run():
         ws = await _connect()
         await _turn(ws, {"type": "prompt", "text": "Tell me about Rosemary and thyme in a stew"})
+        await _turn(ws, {"type": "prompt", "text": "So viel ÄRGER im Büro"})
         await ws.disconnect()
 
     asyncio.run(run())
@@ -183,12 +205,15 @@ def test_search_and_export_read_the_stored_sessions(engine, client):
     start, end = match["ranges"][0]
     assert match["snippet"][start:end].lower() == "rosemary" and match["role"] == "user"
     assert client.get("/api/sessions/search").status_code == 400
+    umlaut = client.get("/api/sessions/search", {"q": "ärger"}).json()["results"][0]["matches"][0]
+    start, end = umlaut["ranges"][0]
+    assert umlaut["snippet"][start:end] == "ÄRGER"  # case folded beyond ASCII, offsets on the original
     path = found["results"][0]["sessionPath"]
     exported = client.get("/api/sessions/export", {"path": path}).json()
     assert exported["ok"] and exported["entries"][0]["type"] == "session"
-    assert [e["message"]["role"] for e in exported["entries"][1:]] == ["user", "assistant"]
+    assert [e["message"]["role"] for e in exported["entries"][1:]] == ["user", "assistant"] * 2
     jsonl = client.get("/api/sessions/export", {"path": path, "format": "jsonl"})
-    assert jsonl["content-type"] == "application/x-ndjson" and len(jsonl.content.splitlines()) == 3
+    assert jsonl["content-type"] == "application/x-ndjson" and len(jsonl.content.splitlines()) == 5
     assert client.get("/api/sessions/export", {"path": "nope"}).status_code == 404
     assert client.get("/api/sessions/export").status_code == 400
     assert client.get("/ws/chat").status_code == 426

@@ -6,25 +6,13 @@ widths in tests/artifacts/screenshots (look at them)."""
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import httpx
 import pytest
 
 ARTIFACTS = Path(__file__).parent / "artifacts" / "screenshots"
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 PAGES = ("chat", "status", "models", "jobs", "finetune", "quantize", "dataset", "adapters", "settings")
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
-        yield b
-        b.close()
 
 
 @pytest.fixture
@@ -116,11 +104,34 @@ def test_every_page_renders_at_phone_and_desktop_widths(browser, base_url, width
     assert not errors, errors
 
 
+def test_markdown_never_runs_html_from_a_reply(page, base_url):
+    page.goto(base_url + "/#/status")
+    page.wait_for_selector("#main h1")
+    found = page.evaluate("""async () => {
+        const { markdown } = await import("/assets/js/md.js");
+        window.pwned = 0;
+        const evil = ['<code>x <img src=x onerror="window.pwned=1">', '<script>window.pwned=2</script>',
+                      '[link](javascript:window.pwned=3)', '<b onclick="window.pwned=4">bold</b> **real bold**',
+                      '```html\\n<img src=x onerror="window.pwned=5">\\n```'];
+        const box = document.createElement("div");
+        for (const text of evil) box.append(markdown(text));
+        document.body.append(box);
+        await new Promise((r) => setTimeout(r, 300));
+        return { pwned: window.pwned, imgs: box.querySelectorAll("img, script, [onclick], [onerror]").length,
+                 hrefs: [...box.querySelectorAll("a")].map((a) => a.getAttribute("href")),
+                 strong: box.querySelectorAll("strong").length };
+    }""")
+    assert found == {"pwned": 0, "imgs": 0, "hrefs": ["#"], "strong": 1}, found
+
+
 def test_shell_files_and_legacy_paths(base_url):
     shell = httpx.get(base_url + "/")
     assert shell.status_code == 200 and "/assets/js/main.js" in shell.text
     js = httpx.get(base_url + "/assets/js/main.js")
-    assert js.headers["content-type"].startswith("text/javascript") and "max-age=3600" in js.headers["cache-control"]
+    assert js.headers["content-type"].startswith("text/javascript") and js.headers["cache-control"] == "no-cache"
+    again = httpx.get(base_url + "/assets/js/main.js", headers={"If-Modified-Since": js.headers["last-modified"]})
+    assert again.status_code == 304  # revalidated, not refetched
+    assert "max-age=3600" in httpx.get(base_url + "/assets/vendor/marked.js").headers["cache-control"]
     assert httpx.get(base_url + "/sw.js").headers["cache-control"] == "no-store"
     manifest = httpx.get(base_url + "/manifest.webmanifest")
     assert manifest.json()["start_url"] == "/"

@@ -228,6 +228,25 @@ def test_push_arrives_at_the_hub(hub_server, double, tmp_path):
     assert data["ok"] and "/datasets/me/my-data" in data["url"]
 
 
+def test_the_models_page_shows_a_download_moving(hub_server, double, tiny_files, browser):
+    double.add(Repo("mlx-community/tiny-ui", {**tiny_files, "README.md": b"shown in the browser\n"}))
+    page = browser.new_page(viewport={"width": 1280, "height": 800})
+    page.goto(hub_server.url + "/#/models")
+    page.fill("input[aria-label='Search models']", "tiny-ui")
+    page.click("button:has-text('Search')")
+    page.click("tr:has-text('mlx-community/tiny-ui') button:has-text('Download')")
+    progress = page.locator("[aria-label='mlx-community/tiny-ui download']")
+    progress.wait_for(timeout=15_000)
+    seen = []
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and (not seen or seen[-1] < 100):
+        seen.append(int(progress.get_attribute("aria-valuenow")))
+        page.wait_for_timeout(250)
+    assert seen[-1] == 100 and any(0 < v < 100 for v in seen), seen  # it moved while we watched
+    page.wait_for_selector("td:has-text('mlx-community/tiny-ui')", timeout=15_000)  # and joined the library
+    page.close()
+
+
 def test_search_filters_to_mlx_and_survives_the_hub_going_away(hub_server, double):
     url = hub_server.url
     found = httpx.get(url + "/api/hub/search", params={"q": "tiny"}).json()

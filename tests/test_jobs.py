@@ -423,3 +423,14 @@ def test_hf_token_is_kept_private_and_push_explains_failures(base_url, homes, tm
     finally:
         assert httpx.delete(base_url + "/api/settings/hf-token").json() == {"ok": True, "removed": True}
     assert not saved.exists()
+
+
+def test_requests_for_another_host_name_are_refused(base_url):
+    """A DNS-rebinding page gets Origin and Host to agree on its own name; the name itself is refused."""
+    rebound = httpx.post(base_url + "/api/settings/hf-token", json={"token": "hf_x"},
+                         headers={"Host": "attacker.example", "Origin": "http://attacker.example"})
+    assert rebound.status_code == 403 and "host" in rebound.json()["error"]
+    assert httpx.get(base_url + "/api/settings/hf-token").json()["hasToken"] is False
+    read = httpx.get(base_url + "/api/sessions/search?q=a", headers={"Host": "attacker.example"})
+    assert read.status_code == 403  # reads too: a rebound page must not see chats
+    assert httpx.get(base_url + "/health", headers={"Host": "localhost"}).status_code == 200

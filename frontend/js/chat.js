@@ -65,27 +65,39 @@ export function chatPage(main) {
   }
 
   function connect() {
+    if (state.closed) return;
     const ws = new WebSocket(`${location.protocol === "https:" ? "wss" : "ws"}://${location.host}/ws/chat`);
     state.ws = ws;
     ws.onmessage = (e) => onFrame(JSON.parse(e.data));
     ws.onopen = () => { state.retry = 0; };
-    ws.onclose = () => {
+    ws.onclose = (e) => {
+      state.streaming = null; setBusy(false);  // a turn cut off by the drop is over
       if (state.closed) return;
+      if (e.code === 4403) { modelName.textContent = "refused: open the dashboard from the server's own address"; return; }
       modelName.textContent = "disconnected; reconnecting…";
-      setTimeout(connect, Math.min(500 * 2 ** state.retry++, 8000));
+      state.timer = setTimeout(connect, Math.min(500 * 2 ** state.retry++, 8000));
     };
+  }
+
+  function applySettings(s) {
+    if (!s) return;
+    thinking.checked = !!s.thinking;
+    adapter.value = s.adapter || "";
+    temp.value = s.sampling?.temperature ?? "";
+    state.system = s.systemPrompt || "";
   }
 
   function onFrame(f) {
     switch (f.type) {
       case "ready":
-        state.ready = f;
+        state.ready = f; state.streaming = null; setBusy(false);
         modelName.textContent = f.model || "no model";
         thinkLabel.hidden = !f.thinking;
         if (state.active) frame({ type: "open_session", path: state.active });
         break;
       case "sessions": renderSessions(f.items, f.activePath); break;
-      case "history": state.items = f.items; state.active = f.sessionId; render(); break;
+      case "history":
+        state.items = f.items; state.active = f.sessionId; applySettings(f.settings); render(); break;
       case "turn_start":
         state.active = f.sessionId;
         state.streaming = { text: "", thinking: "", el: null };
@@ -215,5 +227,5 @@ export function chatPage(main) {
   connect();
   render();
   input.focus();
-  return () => { state.closed = true; state.ws?.close(); };
+  return () => { state.closed = true; clearTimeout(state.timer); state.ws?.close(); };
 }

@@ -11,6 +11,8 @@ function setup() {
   if (ready || !window.marked) return;
   window.marked.use({
     gfm: true, breaks: true,
+    // marked passes text after an inline HTML tag through unescaped; escape every text token.
+    walkTokens(token) { if (token.type === "text") token.escaped = false; },
     renderer: {
       html(token) { return esc(token.text || token.raw || ""); },
       link(token) {

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import subprocess
 import sys
@@ -130,6 +131,7 @@ class Command(BaseCommand):
             raise CommandError(str(exc)) from None
         if opts["adapter"]:
             self._mount_default(engine, opts["adapter"])
+        runtime.allowed_hosts = _allowed_hosts(opts["host"])
         runtime.engine = engine
         runtime.defaults = ServerDefaults(opts["max_tokens"] or None, opts["temperature"],
                                           opts["top_p"], opts["top_k"])
@@ -183,6 +185,15 @@ class Command(BaseCommand):
             if done.returncode != 0:
                 raise CommandError("building the demo model failed; see the output above")
         return DEMO_REPO
+
+
+def _allowed_hosts(bound: str) -> frozenset | None:
+    """Loopback names plus the bound address; any name when bound to every
+    interface, unless HEARTH_ALLOWED_HOSTS (comma-separated) names them."""
+    listed = [h.strip() for h in os.environ.get("HEARTH_ALLOWED_HOSTS", "").split(",") if h.strip()]
+    if bound in ("0.0.0.0", "::") and not listed:
+        return None
+    return frozenset({"localhost", "127.0.0.1", "::1", bound.strip("[]"), *listed})
 
 
 def _measure_machine_soon() -> None:
