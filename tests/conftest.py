@@ -61,9 +61,11 @@ def eos_id(tiny_model, homes) -> int:
     return json.loads(Path(try_to_load_from_cache(tiny_model, "config.json")).read_text())["eos_token_id"]
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser():
-    """Debian's Chromium, headless, driven by Playwright (`make test` installs it)."""
+    """Debian's Chromium, headless, driven by Playwright (`make test` installs it).
+    Module-scoped on purpose: Playwright's sync API runs an event loop in this
+    thread while it is open, and later tests call asyncio.run()."""
     from playwright.sync_api import sync_playwright
 
     executable = shutil.which("chromium") or "/usr/bin/chromium"
