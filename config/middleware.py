@@ -12,8 +12,8 @@ from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.http import JsonResponse
 
 
-class _ResponseHook:
-    """Plumbing for a middleware that only looks at (request, response)."""
+class _Middleware:
+    """Plumbing shared by the middlewares here: sync- and async-capable."""
 
     sync_capable = True
     async_capable = True
@@ -23,6 +23,10 @@ class _ResponseHook:
         self.is_async = iscoroutinefunction(get_response)
         if self.is_async:
             markcoroutinefunction(self)
+
+
+class _ResponseHook(_Middleware):
+    """A middleware that only looks at (request, response)."""
 
     def __call__(self, request):
         if self.is_async:
@@ -76,7 +80,7 @@ def host_allowed(host: str) -> bool:
     return name in allowed
 
 
-class CrossOriginGuardMiddleware:
+class CrossOriginGuardMiddleware(_Middleware):
     """Refuse requests for a Host name that is not this server's (DNS
     rebinding), and state-changing requests that a web page on another
     origin makes (a browser always sends `Origin` on those): without it, any
@@ -84,16 +88,8 @@ class CrossOriginGuardMiddleware:
     folder. SDK clients send no `Origin` and are not affected; the dashboard
     is same-origin."""
 
-    sync_capable = True
-    async_capable = True
     GUARDED = ("/api/", "/v1/", "/admin/cache/")
     SAFE = ("GET", "HEAD", "OPTIONS")
-
-    def __init__(self, get_response):
-        self.get_response = get_response
-        self.is_async = iscoroutinefunction(get_response)
-        if self.is_async:
-            markcoroutinefunction(self)
 
     def __call__(self, request):
         refused = self._refuse(request)
