@@ -25,6 +25,7 @@ from inference.protocols.errors import RequestError, openai_error
 from jobs.api import router as jobs_router
 from jobs.api_dataset import router as dataset_router
 from jobs.api_push import router as push_router
+from memory.api import router as memory_router
 
 log = logging.getLogger("hearth.api")
 
@@ -41,6 +42,7 @@ api.add_router("", dataset_router)
 api.add_router("", push_router)
 api.add_router("", hub_router)
 api.add_router("", sessions_router)
+api.add_router("", memory_router)
 
 
 @api.exception_handler(Exception)

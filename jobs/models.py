@@ -11,7 +11,7 @@ def _job_id() -> str:
 
 
 class Job(models.Model):
-    KINDS = [("quantize", "quantize"), ("finetune", "finetune"), ("dataset", "dataset")]
+    KINDS = [(k, k) for k in ("quantize", "finetune", "dataset", "synthesis")]
     STATUSES = [(s, s) for s in ("queued", "running", "done", "failed", "cancelled", "zombie")]
     TERMINAL = ("done", "failed", "cancelled", "zombie")
 

@@ -1,0 +1,80 @@
+"""Vaults as the routes, the CLI and the chat tools see them: which vault a
+request means, where its search index lives, and setting one up."""
+from __future__ import annotations
+
+import hashlib
+import re
+import tempfile
+from pathlib import Path
+
+from django.conf import settings
+from django.db import transaction
+
+from memory import index, vault
+from memory.models import MemoryVault
+
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+DEFAULT_NAME = "default"
+
+
+def default_root() -> Path:
+    return settings.HEARTH_HOME / "memory"
+
+
+def index_path(root: Path | str) -> Path:
+    key = hashlib.sha256(str(Path(root).resolve()).encode()).hexdigest()[:16]
+    return settings.HEARTH_HOME / "cache" / "memory-index" / f"{key}.sqlite3"
+
+
+def find(name: str | None = None) -> MemoryVault | None:
+    """The named vault, or the default one (the first made, when none is marked)."""
+    if name:
+        return MemoryVault.objects.filter(name=name).first()
+    return MemoryVault.objects.filter(is_default=True).first() or MemoryVault.objects.order_by("created_at").first()
+
+
+def no_vault(name: str | None = None) -> dict:
+    root = default_root() / (name or DEFAULT_NAME)
+    error = f"no memory vault named {name!r}" if name else "no memory vault yet"
+    return {"ok": False, "enabled": False, "error": error, "root": str(root)}
+
+
+def allowed_root(raw: str) -> Path:
+    """A vault folder must be under the default vault root or the system
+    temporary folder (symlinks resolved), so the route cannot be pointed at
+    an arbitrary folder on the machine."""
+    path = Path(raw).expanduser()
+    if not path.is_absolute():
+        raise vault.VaultError("path must be absolute")
+    resolved = path.resolve()
+    for base in (default_root(), Path(tempfile.gettempdir())):
+        base = base.resolve()
+        if resolved != base and resolved.is_relative_to(base):
+            return resolved
+    raise vault.VaultError(f"path must be inside {default_root()} or {tempfile.gettempdir()}")
+
+
+def init(path: str | None = None, name: str | None = None) -> tuple[MemoryVault, dict]:
+    """Set up a vault on disk (idempotent) and record it; the first vault is the default."""
+    if name is not None and (not isinstance(name, str) or not NAME.match(name)):
+        raise vault.VaultError("name must be 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit")
+    if path is not None and not isinstance(path, str):
+        raise vault.VaultError("path must be a string")
+    if path:
+        root = allowed_root(path)
+        name = name or re.sub(r"[^A-Za-z0-9._-]", "-", root.name).lstrip("._-")[:64] or DEFAULT_NAME
+    else:
+        name = name or DEFAULT_NAME
+        root = (default_root() / name).resolve()
+    existing = MemoryVault.objects.filter(name=name).first()
+    if existing is not None and Path(existing.root) != root:
+        raise vault.VaultError(f"a vault named {name!r} already lives at {existing.root}", 409)
+    other = MemoryVault.objects.filter(root=str(root)).exclude(name=name).first()
+    if other is not None:
+        raise vault.VaultError(f"{root} is already the vault {other.name!r}", 409)
+    result = vault.setup(root)
+    with transaction.atomic():
+        row = existing or MemoryVault.objects.create(name=name, root=str(root),
+                                                      is_default=not MemoryVault.objects.exists())
+    index.sync(root, index_path(root))
+    return row, result

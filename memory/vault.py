@@ -1,0 +1,326 @@
+"""A memory vault on disk: a git repository of markdown.
+
+    articles/<Name>.md     one article per file, [[Wikilinks]] between them
+    Reference/<doc>.md     documents the owner drops in (searchable, never rewritten)
+    Meta/*.md              how the vault works (conventions, how Hearth writes it)
+    README.md
+
+An article may open with front matter that holds its infobox:
+
+    ---
+    type: Programming language
+    kind: thing            (the entity kind: person, place, project, concept, event, thing)
+    series: Hearth internals
+    first release: 2023
+    ---
+    # Name
+    The lead paragraph.
+    ## A section
+
+No Django here: the routes, the chat tools and the synthesis job all call
+these functions with a root folder."""
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from memory import git
+
+ARTICLES, REFERENCE, META = "articles", "Reference", "Meta"
+KINDS = ("person", "place", "project", "concept", "event", "thing")
+MAX_NAME = 120
+WIKILINK = re.compile(r"\[\[([^\[\]|#\n]+)(?:#([^\[\]|\n]*))?(?:\|([^\[\]\n]*))?\]\]")
+HEADING = re.compile(r"^(#{1,6})\s+(.+?)\s*#*\s*$")
+_BAD_NAME = re.compile(r"[/\\\x00-\x1f\x7f]|^\.|^\s|\s$")
+
+README = """# Memory vault
+
+This folder is a personal wiki that Hearth keeps for you. It is a git
+repository: every change Hearth makes is a commit by "Hearth", so you can
+read it (`git log -p`), and undo it (`git revert <hash>`).
+
+- `articles/`: one markdown article per file, linked with `[[Wikilinks]]`.
+  Hearth writes these from your chat sessions (`hearth memory synthesize`).
+- `Reference/`: drop your own documents here; they are searched, never rewritten.
+- `Meta/`: how the vault is laid out and how Hearth writes it.
+
+Edit anything by hand: search picks up your edits, and the next synthesis
+commits them (as "Edits made outside Hearth") before it changes anything.
+"""
+
+CONVENTIONS = """# Conventions
+
+- One article per file in `articles/`; the file name is the article name.
+- The first line is `# Name`; the paragraph under it is the lead.
+- Optional front matter (between `---` lines, before the title) is the
+  infobox: `type`, `kind` (person, place, project, concept, event or thing),
+  `series`, and any other `key: value` facts.
+- Sections are `##` headings; facts go under the section they belong to.
+- Link other articles with `[[Name]]`, `[[Name|shown text]]` or `[[Name#Section]]`.
+"""
+
+SYNTHESIS = """# Synthesis
+
+`hearth memory synthesize` (or the Memory page's button) reads the chat
+sessions changed since the last run and updates the articles in stages:
+ingest, segment, extract, route, create, section-route, patch, link,
+wikify. Each stage works in a scratch copy and lands here as one commit
+only when it succeeds, so a crash or a cancel leaves the vault at its last
+good commit.
+"""
+
+STARTER_FILES = {
+    "README.md": README,
+    f"{META}/Conventions.md": CONVENTIONS,
+    f"{META}/Synthesis.md": SYNTHESIS,
+    f"{ARTICLES}/.gitkeep": "",
+    f"{REFERENCE}/.gitkeep": "",
+}
+
+
+class VaultError(ValueError):
+    """A bad request against a vault (unknown article, bad name): the message says why."""
+
+    def __init__(self, message: str, status: int = 400):
+        super().__init__(message)
+        self.status = status
+
+
+# -- set-up and status -------------------------------------------------------
+def setup(root: Path) -> dict:
+    """Create what is missing, write nothing that exists, and make it a git
+    repository with one initial commit. Running it again changes nothing."""
+    root = Path(root)
+    if root.exists() and not root.is_dir():
+        raise VaultError(f"{root} exists and is not a folder")
+    created: list[str] = []
+    if not root.exists():
+        root.mkdir(parents=True)
+        created.append(str(root))
+    for rel, text in STARTER_FILES.items():
+        path = root / rel
+        if path.exists():
+            continue
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_text(path, text)
+        created.append(rel)
+    initialized = False
+    if not git.is_repo(root):
+        git.run(root, "init", "-q", "-b", "main")
+        initialized = True
+    if git.head(root) is None:
+        git.run(root, "add", "--", *STARTER_FILES)
+        git.run(root, "commit", "-q", "--no-verify", "-m", "Start the memory vault")
+        initialized = True
+    elif created:
+        git.run(root, "add", "--", *[rel for rel in created if rel in STARTER_FILES])
+        git.run(root, "commit", "-q", "--no-verify", "-m", "Restore the vault's starter files")
+    return {"root": str(root), "created": created, "gitInitialized": initialized,
+            "alreadySetUp": not created and not initialized}
+
+
+def status(root: Path, recent: int = 10) -> dict:
+    root = Path(root)
+    articles = _docs(root / ARTICLES)
+    recents = sorted(articles, key=lambda p: p.stat().st_mtime, reverse=True)[:recent]
+    return {"root": str(root), "exists": root.is_dir(), "articleCount": len(articles),
+            "referenceCount": len(_docs(root / REFERENCE)), "isGitRepo": git.is_repo(root),
+            "recentArticles": [{"article": p.stem, "mtimeMs": int(p.stat().st_mtime * 1000)} for p in recents]}
+
+
+def _docs(folder: Path) -> list[Path]:
+    if not folder.is_dir():
+        return []
+    return sorted(p for p in folder.glob("*.md") if p.is_file() and not p.name.startswith("."))
+
+
+def articles(root: Path) -> list[str]:
+    return [p.stem for p in _docs(Path(root) / ARTICLES)]
+
+
+def references(root: Path) -> list[str]:
+    return [f"{REFERENCE}/{p.stem}" for p in _docs(Path(root) / REFERENCE)]
+
+
+# -- names and files -----------------------------------------------------------
+def check_name(name) -> str:
+    if not isinstance(name, str) or not name.strip():
+        raise VaultError("name required")
+    name = name.strip()
+    if name.endswith(".md"):
+        name = name[:-3]
+    if len(name) > MAX_NAME or _BAD_NAME.search(name) or name in (".", ".."):
+        raise VaultError(f"{name[:MAX_NAME]!r} is not an article name (no slashes, no leading dot, "
+                         f"at most {MAX_NAME} characters)")
+    return name
+
+
+def resolve(root: Path, name: str, allow_reference: bool = False) -> Path:
+    """The file of an article (exact name, then ignoring case), or a 404."""
+    root = Path(root)
+    folder = root / ARTICLES
+    if allow_reference and isinstance(name, str) and name.startswith(f"{REFERENCE}/"):
+        folder, name = root / REFERENCE, name[len(REFERENCE) + 1:]
+    name = check_name(name)
+    path = folder / f"{name}.md"
+    if path.is_file():
+        return path
+    lowered = name.casefold()
+    for candidate in _docs(folder):
+        if candidate.stem.casefold() == lowered:
+            return candidate
+    raise VaultError(f"no article {name!r}", 404)
+
+
+def relpath(root: Path, path: Path) -> str:
+    return path.relative_to(root).as_posix()
+
+
+def write_text(path: Path, text: str) -> None:
+    """Write through a temporary file and a rename, so a crash never leaves half a file."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    tmp.replace(path)
+
+
+# -- the deterministic parts of an article ---------------------------------------
+def split_front_matter(text: str) -> tuple[dict[str, str], str, int]:
+    """(front matter as ordered key/values, the body, how many lines the front matter took)."""
+    lines = text.split("\n")
+    if not lines or lines[0].strip() != "---":
+        return {}, text, 0
+    for end in range(1, min(len(lines), 200)):
+        if lines[end].strip() == "---":
+            fields: dict[str, str] = {}
+            for line in lines[1:end]:
+                key, sep, value = line.partition(":")
+                if sep and key.strip():
+                    fields[key.strip()] = value.strip()
+            return fields, "\n".join(lines[end + 1:]), end + 1
+    return {}, text, 0
+
+
+def slug(title: str) -> str:
+    text = re.sub(r"\[\[([^\]|#]+)(?:#[^\]|]*)?(?:\|([^\]]*))?\]\]", lambda m: m.group(2) or m.group(1), title)
+    text = re.sub(r"[^\w\s-]", "", text.casefold()).strip()
+    return re.sub(r"[\s_]+", "-", text) or "section"
+
+
+def structure(text: str) -> list[dict]:
+    """Headings below the title: level, title, anchor and 1-based line in the file."""
+    out, fence, seen = [], False, {}
+    for number, line in enumerate(text.split("\n"), 1):
+        if line.lstrip().startswith(("```", "~~~")):
+            fence = not fence
+            continue
+        match = None if fence else HEADING.match(line)
+        if match and len(match.group(1)) > 1:
+            anchor = slug(match.group(2))
+            seen[anchor] = seen.get(anchor, 0) + 1
+            if seen[anchor] > 1:
+                anchor = f"{anchor}-{seen[anchor] - 1}"
+            out.append({"level": len(match.group(1)), "title": match.group(2), "anchor": anchor, "line": number})
+    return out
+
+
+def lead(body: str) -> str:
+    """The first paragraph after the title that is not a heading, list, table or quote."""
+    paragraph: list[str] = []
+    for line in body.split("\n"):
+        stripped = line.strip()
+        if stripped.startswith("#"):
+            if paragraph:
+                break
+            continue
+        if not stripped:
+            if paragraph:
+                break
+            continue
+        if not paragraph and stripped[0] in "-*|>`{" and not stripped.startswith("**"):
+            continue
+        paragraph.append(stripped)
+    return " ".join(paragraph)
+
+
+def infobox(fields: dict[str, str]) -> dict | None:
+    if not fields:
+        return None
+    kind = fields.get("kind", "thing").strip().lower()
+    rest = [{"key": k, "value": v} for k, v in fields.items() if k not in ("type", "kind", "series") and v]
+    return {"type": fields.get("type") or None, "entityKind": kind if kind in KINDS else "thing", "fields": rest}
+
+
+def wikilinks(text: str) -> list[str]:
+    """Link targets in order of first appearance."""
+    seen: dict[str, None] = {}
+    for match in WIKILINK.finditer(text):
+        target = match.group(1).strip()
+        if target:
+            seen.setdefault(target, None)
+    return list(seen)
+
+
+def read_article(root: Path, name: str) -> dict:
+    path = resolve(root, name, allow_reference=True)
+    content = path.read_text(encoding="utf-8", errors="replace")
+    fields, body, _ = split_front_matter(content)
+    shown = f"{REFERENCE}/{path.stem}" if path.parent.name == REFERENCE else path.stem
+    return {"name": shown, "path": relpath(Path(root), path), "content": content, "infobox": infobox(fields),
+            "lead": lead(body), "series": fields.get("series") or None, "structure": structure(content)}
+
+
+def links(root: Path, name: str) -> dict:
+    root = Path(root)
+    path = resolve(root, name)
+    names = articles(root)
+    by_fold = {n.casefold(): n for n in names}
+    outbound = [by_fold.get(t.casefold(), t) for t in wikilinks(path.read_text(encoding="utf-8", errors="replace"))]
+    me = path.stem.casefold()
+    inbound = []
+    for other in _docs(root / ARTICLES):
+        if other.stem.casefold() == me:
+            continue
+        targets = wikilinks(other.read_text(encoding="utf-8", errors="replace"))
+        if any(t.casefold() == me for t in targets):
+            inbound.append(other.stem)
+    return {"name": path.stem, "outbound": list(dict.fromkeys(outbound)), "inbound": inbound,
+            "missing": [t for t in outbound if t.casefold() not in by_fold]}
+
+
+# -- history -------------------------------------------------------------------
+REV = re.compile(r"^[0-9a-f]{4,40}$")
+
+
+def history(root: Path, name: str, limit: int) -> dict:
+    root = Path(root)
+    path = resolve(root, name)
+    if not git.is_repo(root):
+        return {"name": path.stem, "isGitRepo": False, "entries": []}
+    out = git.run(root, "log", f"-n{limit}", "--follow", "--format=%H%x1f%ad%x1f%an%x1f%s", "--date=short",
+                  "--", relpath(root, path))
+    entries = []
+    for line in out.splitlines():
+        parts = line.split("\x1f")
+        if len(parts) == 4:
+            entries.append({"hash": parts[0], "date": parts[1], "author": parts[2], "subject": parts[3]})
+    return {"name": path.stem, "isGitRepo": True, "entries": entries}
+
+
+def diff(root: Path, name: str, rev: str) -> dict:
+    root = Path(root)
+    if not isinstance(rev, str) or not REV.match(rev):
+        raise VaultError("rev must be a commit hash (4 to 40 lowercase hex digits)")
+    path = resolve(root, name)
+    if not git.is_repo(root):
+        raise VaultError("this vault is not a git repository", 404)
+    full = git.run(root, "rev-parse", "--verify", "-q", f"{rev}^{{commit}}", check=False).strip()
+    if not full:
+        raise VaultError(f"no commit {rev} in this vault", 404)
+    text = git.run(root, "show", "--format=", "--no-color", "--no-ext-diff", full, "--", relpath(root, path))
+    if not text.strip():
+        raise VaultError(f"commit {rev} did not change {path.stem!r}", 404)
+    return {"name": path.stem, "rev": full, "diff": text}
