@@ -39,6 +39,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         self.session: ChatSession | None = None
         self.turn: asyncio.Task | None = None
         self.next_sampling: dict = {}
+        self.approvals: dict[str, asyncio.Future] = {}  # gated tool calls waiting for the user
         await self.accept()
         await self.send_json(self._ready())
         await self._send_sessions()
@@ -86,6 +87,30 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         session = await self._session()
         session.thinking = enabled
         await sync_to_async(session.save)(update_fields=["thinking", "updated_at"])
+
+    async def on_set_coding_tools(self, frame):
+        """Offer the workspace tools (read, bash, edit, write) from the next turn on."""
+        enabled = frame.get("enabled")
+        if not isinstance(enabled, bool):
+            raise _FrameError("set_coding_tools needs enabled: true or false")
+        session = await self._session()
+        session.coding_tools = enabled
+        await sync_to_async(session.save)(update_fields=["coding_tools", "updated_at"])
+        running = self.turn is not None and not self.turn.done()
+        await self.send_json({"type": "coding_tools", "active": enabled, "pending": running})
+
+    async def on_approval(self, frame):
+        """The user's answer to a tool_approval_request."""
+        future = self.approvals.get(frame.get("callId"))
+        if future is None or future.done():
+            raise _FrameError(f"no tool call {frame.get('callId')!r} is waiting for approval")
+        if frame.get("decision") not in ("allow", "deny"):
+            raise _FrameError("decision must be allow or deny")
+        edited = frame.get("editedArgs")
+        if edited is not None and not isinstance(edited, dict):
+            raise _FrameError("editedArgs must be an object")
+        future.set_result({"decision": frame["decision"], "editedArgs": edited,
+                           "alwaysAllow": frame.get("alwaysAllow") is True})
 
     async def on_set_sampling(self, frame):
         scope = frame.get("scope", "session")
@@ -191,40 +216,31 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         self.turn = asyncio.create_task(self._run_turn(user_entry))
 
     async def _run_turn(self, user_entry: ChatEntry) -> None:
-        from chat.turns import prepare
+        from chat import toolloop
         from inference.runtime import runtime
 
         session = self.session
         started = time.perf_counter()
         await self.send_json({"type": "turn_start", "userEntryId": user_entry.id, "sessionId": session.id})
-        text, reasoning, first, final = "", "", None, None
+        state = toolloop.TurnState()
         try:
-            engine = runtime.require_engine()
             messages = await sync_to_async(self._messages)(session, user_entry)
-            prepared = await sync_to_async(prepare)(session, messages, self.next_sampling, engine.loaded)
-            self.next_sampling = {}
-            async for event in engine.submit(prepared.request).events():
-                if event.error is not None:
-                    raise _FrameError(event.error)
-                if event.token_ids and first is None:
-                    first = time.perf_counter()
-                for piece in prepared.output.feed(event.text) if event.text else []:
-                    text, reasoning = await self._piece(piece, text, reasoning)
-                if event.finish_reason is not None:
-                    final = event
-            for piece in prepared.output.finish():
-                text, reasoning = await self._piece(piece, text, reasoning)
+            await toolloop.run(self, session, messages, state)
         except asyncio.CancelledError:
-            final = None
-        except Exception as exc:  # RequestError, EngineError, a failed turn
-            final = None
+            state.final = None
+        except Exception as exc:  # RequestError, EngineError, TurnFailed
+            state.final = None
             await self._error(getattr(exc, "message", None) or str(exc))
-        meta = _meta(final, started, first)
+        meta = _meta(state.final, started, state.first)
         try:
-            if text or reasoning:  # what was shown is kept, an aborted turn included
-                meta["aborted"] = final is None
-                entry = await sync_to_async(store.add)(session, user_entry, "assistant", text, reasoning, meta)
+            if state.text or state.reasoning or state.rounds:  # what was shown is kept, an aborted turn included
+                meta["aborted"] = state.final is None
+                if state.rounds:
+                    meta["toolRounds"] = state.rounds
+                entry = await sync_to_async(store.add)(session, user_entry, "assistant", state.text,
+                                                       state.reasoning, meta)
                 await self.send_json({"type": "siblings", **await sync_to_async(store.siblings)(entry)})
+            final = state.final
             if final is not None and final.usage is not None:
                 window = runtime.engine.loaded.context_window if runtime.engine else None
                 used = final.usage.total_tokens
@@ -236,19 +252,17 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             await self._error(f"the reply could not be stored: {exc}")
         finally:
             # Last, so a client that reacts to it (opening the session) finds the turn over.
+            meta.pop("toolRounds", None)
             await self.send_json({"type": "turn_end", "lane": meta.get("lane"), "sessionId": session.id, **meta})
-
-    async def _piece(self, piece, text: str, reasoning: str) -> tuple[str, str]:
-        if piece.kind == "reasoning":
-            await self.send_json({"type": "thinking_delta", "delta": piece.text})
-            return text, reasoning + piece.text
-        await self.send_json({"type": "text_delta", "delta": piece.text})
-        return text + piece.text, reasoning
 
     @staticmethod
     def _messages(session: ChatSession, user_entry: ChatEntry) -> list[dict]:
+        from chat.toolloop import replay
+
         out = [{"role": "system", "content": session.system_prompt}] if session.system_prompt else []
-        return out + [{"role": e.role, "content": e.content} for e in store.path(session, user_entry)]
+        for e in store.path(session, user_entry):
+            out += replay(e) if e.role == "assistant" else [{"role": e.role, "content": e.content}]
+        return out
 
     @staticmethod
     def _last_user(session: ChatSession) -> ChatEntry:

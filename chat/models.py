@@ -22,6 +22,7 @@ class ChatSession(models.Model):
     thinking = models.BooleanField(default=False)
     adapter = models.CharField(max_length=256, null=True, blank=True)
     sampling_json = models.TextField(default="{}")  # session-scoped sampling overrides
+    coding_tools = models.BooleanField(default=False)  # offer the workspace tools (bash, edit, write, read)
     leaf = models.ForeignKey("ChatEntry", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     forked_from = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL)
     created_at = models.DateTimeField(auto_now_add=True)

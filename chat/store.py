@@ -70,7 +70,7 @@ def ask(session: ChatSession, text: str) -> ChatEntry:
 
 def settings(session: ChatSession) -> dict:
     return {"thinking": session.thinking, "systemPrompt": session.system_prompt, "adapter": session.adapter,
-            "sampling": json.loads(session.sampling_json or "{}")}
+            "codingTools": session.coding_tools, "sampling": json.loads(session.sampling_json or "{}")}
 
 
 def deepest(entry: ChatEntry) -> ChatEntry:
@@ -101,6 +101,7 @@ def fork(session: ChatSession) -> ChatSession:
     with transaction.atomic():
         copy = ChatSession.objects.create(title=f"{session.title} (fork)"[:200], system_prompt=session.system_prompt,
                                           thinking=session.thinking, adapter=session.adapter,
+                                          coding_tools=session.coding_tools,
                                           sampling_json=session.sampling_json, forked_from=session)
         parent = None
         for e in path(session):

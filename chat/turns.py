@@ -7,8 +7,10 @@ import json
 from chat.models import ChatSession
 
 
-def body(session: ChatSession, messages: list[dict], next_turn: dict) -> dict:
+def body(session: ChatSession, messages: list[dict], next_turn: dict, tools: list[dict] | None = None) -> dict:
     out: dict = {"messages": messages}
+    if tools:
+        out["tools"] = tools
     sampling = {**json.loads(session.sampling_json or "{}"), **next_turn}
     out.update({k: v for k, v in sampling.items() if v is not None})
     out["chat_template_kwargs"] = {"enable_thinking": bool(session.thinking)}
@@ -17,8 +19,8 @@ def body(session: ChatSession, messages: list[dict], next_turn: dict) -> dict:
     return out
 
 
-def prepare(session: ChatSession, messages: list[dict], next_turn: dict, model):
+def prepare(session: ChatSession, messages: list[dict], next_turn: dict, model, tools: list[dict] | None = None):
     from inference.protocols.openai import chat_request
     from inference.runtime import runtime
 
-    return chat_request(body(session, messages, next_turn), model, runtime.defaults, runtime.grammar_enabled)
+    return chat_request(body(session, messages, next_turn, tools), model, runtime.defaults, runtime.grammar_enabled)

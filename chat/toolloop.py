@@ -1,0 +1,176 @@
+"""One dashboard chat turn as a loop: generate; when the generation ends in
+tool calls, run them (asking the user first for gated ones), feed the
+results back and generate again, up to MAX_ROUNDS generations.
+
+The turn's tool calls are kept in the assistant entry's meta as
+`toolRounds`: one `{text, calls}` per generation that ended in calls, where
+`text` is what that generation showed and each call is `{id, tool, args,
+ok, result}`. The entry's content is all the turn's text in order, so the
+rounds' texts are its prefix and what follows them is the final answer.
+`replay` turns that back into the assistant / tool messages the model saw,
+so a later turn (and the session tree: siblings, regenerate, edit, fork)
+needs nothing else."""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass, field
+
+from asgiref.sync import sync_to_async
+
+from chat import tools as chat_tools
+
+MAX_ROUNDS = 8
+STOPPED = "not run: the turn was stopped"
+DENIED = "error: the user denied this tool call"
+
+
+class TurnFailed(Exception):
+    pass
+
+
+@dataclass
+class TurnState:
+    text: str = ""
+    reasoning: str = ""
+    rounds: list[dict] = field(default_factory=list)
+    first: float | None = None
+    final: object = None  # the last generation's final event
+
+
+def replay(entry) -> list[dict]:
+    """The messages an assistant entry stands for, tool rounds included."""
+    meta = json.loads(entry.meta_json or "{}")
+    rounds = meta.get("toolRounds") or []
+    out, used = [], 0
+    for r in rounds:
+        calls = r.get("calls") or []
+        out.append({"role": "assistant", "content": r.get("text", ""),
+                    "tool_calls": [_wire(c) for c in calls]})
+        out += [{"role": "tool", "tool_call_id": c["id"], "name": c["tool"], "content": c.get("result", "")}
+                for c in calls]
+        used += len(r.get("text", ""))
+    tail = entry.content[used:]
+    if tail or not rounds:
+        out.append({"role": "assistant", "content": tail})
+    return out
+
+
+def _wire(call: dict) -> dict:
+    args = call.get("args")
+    return {"id": call["id"], "type": "function",
+            "function": {"name": call["tool"], "arguments": args if isinstance(args, str) else json.dumps(args)}}
+
+
+async def run(consumer, session, messages: list[dict], state: TurnState) -> None:
+    """Generate, run tools, generate again; raises TurnFailed with a message
+    for the user, CancelledError when stopped."""
+    from inference.runtime import runtime
+
+    offered = await sync_to_async(chat_tools.available)(bool(session.coding_tools))
+    messages = list(messages)
+    for round_no in range(MAX_ROUNDS):
+        calls, round_text = await _generate(consumer, session, messages, offered, state, runtime)
+        if not calls:
+            return
+        if round_no == MAX_ROUNDS - 1:
+            raise TurnFailed(f"stopped after {MAX_ROUNDS} tool-call rounds; the last calls were not run")
+        record = {"text": round_text, "calls": [
+            {"id": c.id, "tool": c.name, "args": _args(c.arguments), "ok": False, "result": STOPPED} for c in calls]}
+        state.rounds.append(record)
+        for call in record["calls"]:
+            await _run_call(consumer, call, offered)
+        messages.append({"role": "assistant", "content": round_text,
+                         "tool_calls": [_wire(c) for c in record["calls"]]})
+        messages += [{"role": "tool", "tool_call_id": c["id"], "name": c["tool"], "content": c["result"]}
+                     for c in record["calls"]]
+
+
+def _args(raw: str):
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw  # left as written; the call fails its argument check
+
+
+async def _generate(consumer, session, messages, offered, state: TurnState, runtime):
+    from chat.turns import prepare
+
+    engine = runtime.require_engine()
+    prepared = await sync_to_async(prepare)(session, messages, consumer.next_sampling, engine.loaded,
+                                            chat_tools.specs(offered) or None)
+    consumer.next_sampling = {}
+    round_text = ""
+    async for event in engine.submit(prepared.request).events():
+        if event.error is not None:
+            raise TurnFailed(event.error)
+        if event.token_ids and state.first is None:
+            state.first = time.perf_counter()
+        for piece in prepared.output.feed(event.text) if event.text else []:
+            round_text += await _piece(consumer, piece, state)
+        if event.finish_reason is not None:
+            state.final = event
+    for piece in prepared.output.finish():
+        round_text += await _piece(consumer, piece, state)
+    return prepared.output.calls, round_text
+
+
+async def _piece(consumer, piece, state: TurnState) -> str:
+    if piece.kind == "reasoning":
+        await consumer.send_json({"type": "thinking_delta", "delta": piece.text})
+        state.reasoning += piece.text
+        return ""
+    await consumer.send_json({"type": "text_delta", "delta": piece.text})
+    state.text += piece.text
+    return piece.text
+
+
+async def _run_call(consumer, call: dict, offered: dict) -> None:
+    """Ask (when gated), run, report: tool_start … tool_end. The outcome is
+    written into `call`."""
+    from chat.api import always_allowed, save_allowed
+
+    cid, name = call["id"], call["tool"]
+    await consumer.send_json({"type": "tool_start", "callId": cid, "tool": name, "args": call["args"]})
+    tool = offered.get(name)
+    try:
+        if tool is None:
+            call["result"] = f"error: unknown tool {name!r}; available: {', '.join(offered) or 'none'}"
+        else:
+            allowed = True
+            if tool.gated and name not in await sync_to_async(always_allowed)():
+                answer = await _ask(consumer, cid, name, call["args"])
+                allowed = answer["decision"] == "allow"
+                if allowed and isinstance(answer.get("editedArgs"), dict):
+                    call["args"] = answer["editedArgs"]
+                if allowed and answer.get("alwaysAllow") is True:
+                    await sync_to_async(save_allowed)([*await sync_to_async(always_allowed)(), name])
+                    await consumer.send_json({"type": "tool_approvals",
+                                              "alwaysAllow": await sync_to_async(always_allowed)()})
+            if not allowed:
+                call["result"] = DENIED
+            elif tool.stream is not None:
+                async def emit(chunk: str) -> None:
+                    await consumer.send_json({"type": "tool_update", "callId": cid, "chunk": chunk})
+
+                call["ok"], call["result"] = await chat_tools.call_streaming(tool, call["args"], emit)
+            else:
+                call["ok"], call["result"] = await sync_to_async(chat_tools.call_sync)(tool, call["args"])
+    except asyncio.CancelledError:
+        call["ok"], call["result"] = False, STOPPED
+        await consumer.send_json({"type": "tool_end", "callId": cid, "ok": False, "result": STOPPED})
+        raise
+    await consumer.send_json({"type": "tool_end", "callId": cid, "ok": call["ok"], "result": call["result"]})
+
+
+async def _ask(consumer, cid: str, name: str, args) -> dict:
+    """Wait for the client's `approval` frame for this call; a stopped turn
+    (abort, disconnect) cancels the wait."""
+    future = asyncio.get_running_loop().create_future()
+    consumer.approvals[cid] = future
+    try:
+        await consumer.send_json({"type": "tool_approval_request", "callId": cid, "tool": name, "args": args})
+        return await future
+    finally:
+        consumer.approvals.pop(cid, None)

@@ -1,0 +1,341 @@
+"""Tools in the /ws/chat turn, against the real engine on the tiny model.
+
+The random model is steered with a grammar: while the conversation does
+not end in a tool result it must write exact tool-call markup, after one it
+must write "Done." So every turn here runs the real loop: parse the call,
+ask for approval, run the tool, feed the result back, generate again."""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from tests import test_chat_ws as _ws
+
+# The in-process engine and Django fixtures of the chat socket's tests.
+client, django_ready, engine = _ws.client, _ws.django_ready, _ws.engine
+_connect, _turn = _ws._connect, _ws._turn
+
+
+def forced(text: str) -> str:
+    return "root ::= " + json.dumps(text)
+
+
+def markup(name: str, args: dict) -> str:
+    return "<tool_call>" + json.dumps({"name": name, "arguments": args}) + "</tool_call>"
+
+
+@pytest.fixture
+def workspace(tmp_path, monkeypatch) -> Path:
+    root = tmp_path / "ws"
+    root.mkdir()
+    monkeypatch.setenv("HEARTH_CHAT_WORKSPACE", str(root))
+    return root
+
+
+@pytest.fixture
+def steer(monkeypatch):
+    """`steer(name, args)`: each turn calls that tool until a tool result
+    comes back, then answers "Done.". Returns the messages of every round."""
+    import chat.turns
+
+    seen: list[list[dict]] = []
+    original = chat.turns.body
+
+    def setup(name: str, args: dict, always: bool = False):
+        def body(session, messages, next_turn, tools=None):
+            seen.append(list(messages))
+            out = original(session, messages, next_turn, tools)
+            done = messages[-1]["role"] == "tool" and not always
+            out["guided_grammar"] = forced("Done." if done else markup(name, args))
+            out["max_tokens"] = 200
+            return out
+
+        monkeypatch.setattr(chat.turns, "body", body)
+        return seen
+
+    return setup
+
+
+@pytest.fixture
+def approvals():
+    from chat.api import save_allowed
+
+    save_allowed([])
+    yield
+    save_allowed([])
+
+
+async def _until(ws, kind: str, timeout: float = 60) -> list[dict]:
+    frames = []
+    while not frames or frames[-1]["type"] != kind:
+        frames.append(await ws.receive_json_from(timeout=timeout))
+    return frames
+
+
+async def _coding(ws, enabled: bool = True) -> None:
+    await ws.send_json_to({"type": "set_coding_tools", "enabled": enabled})
+    assert await ws.receive_json_from(timeout=10) == {"type": "coding_tools", "active": enabled, "pending": False}
+
+
+def _kinds(frames):
+    return [f["type"] for f in frames]
+
+
+def test_ungated_tool_round_trip_is_stored_and_replayed(engine, workspace, steer):
+    (workspace / "notes.txt").write_text("alpha\nbeta\n")
+    seen = steer("read", {"path": "notes.txt"})
+
+    async def run():
+        ws = await _connect()
+        await _coding(ws)
+        frames = await _turn(ws, {"type": "prompt", "text": "read my notes"})
+        kinds = _kinds(frames)
+        assert kinds[:3] == ["turn_start", "tool_start", "tool_end"], kinds
+        assert "tool_approval_request" not in kinds and kinds.count("turn_start") == 1
+        start, end = frames[1], frames[2]
+        assert start["tool"] == "read" and start["args"] == {"path": "notes.txt"}
+        assert end["callId"] == start["callId"] and end["ok"] is True and "alpha" in end["result"]
+        assert "".join(f["delta"] for f in frames if f["type"] == "text_delta") == "Done."
+        # The second generation saw the call and its result.
+        assert len(seen) == 2
+        assistant, tool = seen[1][-2:]
+        assert assistant["tool_calls"][0]["function"]["name"] == "read"
+        assert tool == {"role": "tool", "tool_call_id": start["callId"], "name": "read", "content": end["result"]}
+        session = [f for f in frames if f["type"] == "sessions"][-1]["activePath"]
+
+        await ws.send_json_to({"type": "open_session", "path": session})
+        history = await ws.receive_json_from(timeout=10)
+        assert history["settings"]["codingTools"] is True
+        user, answer = history["items"]
+        assert answer["content"] == "Done." and answer["meta"]["aborted"] is False
+        (round_,) = answer["meta"]["toolRounds"]
+        assert round_["text"] == "" and round_["calls"][0] == {
+            "id": start["callId"], "tool": "read", "args": {"path": "notes.txt"}, "ok": True, "result": end["result"]}
+        await ws.receive_json_from()  # sessions
+
+        # A later turn replays the tool round to the model; regenerate branches as before.
+        await _turn(ws, {"type": "prompt", "text": "again"})
+        replayed = seen[2]
+        assert [m["role"] for m in replayed] == ["user", "assistant", "tool", "assistant", "user"]
+        assert replayed[3]["content"] == "Done." and replayed[2]["content"] == end["result"]
+        frames = await _turn(ws, {"type": "regenerate"})
+        assert next(f for f in frames if f["type"] == "siblings")["count"] == 2
+        await ws.disconnect()
+
+    asyncio.run(run())
+
+
+def test_gated_tool_deny_allow_and_always_allow(engine, workspace, steer, client, approvals):
+    steer("write", {"path": "out/a.txt", "content": "hi"})
+
+    async def ask(ws, answer: dict | None) -> list[dict]:
+        await ws.send_json_to({"type": "prompt", "text": "write it"})
+        frames = await _until(ws, "tool_approval_request" if answer else "tool_end")
+        if answer:
+            request = frames[-1]
+            assert request["tool"] == "write" and request["args"] == {"path": "out/a.txt", "content": "hi"}
+            await ws.send_json_to({"type": "approval", "callId": request["callId"], **answer})
+        return frames + await _until(ws, "turn_end")
+
+    async def run():
+        ws = await _connect()
+        await _coding(ws)
+        frames = await ask(ws, {"decision": "deny"})
+        end = next(f for f in frames if f["type"] == "tool_end")
+        assert end["ok"] is False and "denied" in end["result"] and not (workspace / "out/a.txt").exists()
+        assert "".join(f["delta"] for f in frames if f["type"] == "text_delta") == "Done."
+
+        frames = await ask(ws, {"decision": "allow", "editedArgs": {"path": "out/a.txt", "content": "edited"}})
+        assert next(f for f in frames if f["type"] == "tool_end")["ok"] is True
+        assert (workspace / "out/a.txt").read_text() == "edited"
+        assert "tool_approvals" not in _kinds(frames)
+
+        frames = await ask(ws, {"decision": "allow", "alwaysAllow": True})
+        assert next(f for f in frames if f["type"] == "tool_approvals")["alwaysAllow"] == ["write"]
+        assert (workspace / "out/a.txt").read_text() == "hi"
+        assert client.get("/api/settings/tool-approvals").json() == {"ok": True, "alwaysAllow": ["write"]}
+
+        frames = await ask(ws, None)  # asked no more
+        assert "tool_approval_request" not in _kinds(frames)
+        assert next(f for f in frames if f["type"] == "tool_end")["ok"] is True
+        await ws.disconnect()
+
+    asyncio.run(run())
+
+
+def test_bash_streams_output_and_abort_kills_it(engine, workspace, steer, approvals):
+    steer("bash", {"command": "sleep 60 & echo $! > sleep.pid; echo started; wait"})
+
+    async def run():
+        ws = await _connect()
+        await _coding(ws)
+        await ws.send_json_to({"type": "prompt", "text": "run it"})
+        request = (await _until(ws, "tool_approval_request"))[-1]
+        await ws.send_json_to({"type": "approval", "callId": request["callId"], "decision": "allow"})
+        update = (await _until(ws, "tool_update"))[-1]
+        assert update == {"type": "tool_update", "callId": request["callId"], "chunk": "started\n"}
+        await ws.send_json_to({"type": "abort"})
+        frames = await _until(ws, "turn_end")
+        end = next(f for f in frames if f["type"] == "tool_end")
+        assert end["ok"] is False and "stopped" in end["result"]
+        assert frames[-1]["aborted"] is True
+        pid = int((workspace / "sleep.pid").read_text())
+        assert _gone(pid)
+        await ws.disconnect()
+
+    asyncio.run(run())
+
+
+def test_disconnect_while_waiting_for_approval_cancels_the_turn(engine, workspace, steer, approvals):
+    steer("bash", {"command": "touch ran"})
+
+    async def run():
+        ws = await _connect()
+        await _coding(ws)
+        await ws.send_json_to({"type": "prompt", "text": "run it"})
+        await _until(ws, "tool_approval_request")
+        await ws.disconnect()
+        for _ in range(50):
+            if engine.active_rows == 0:
+                break
+            await asyncio.sleep(0.05)
+        assert not (workspace / "ran").exists()
+
+    asyncio.run(run())
+
+
+def _gone(pid: int) -> bool:
+    for _ in range(50):
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0]
+        except (FileNotFoundError, IndexError):
+            return True
+        if state in "ZX":  # killed, waiting for whoever inherited it to reap it
+            return True
+        import time
+
+        time.sleep(0.05)
+    return False
+
+
+def test_path_escape_refused_and_frame_errors(engine, workspace, steer):
+    outside = workspace.parent / "secret.txt"
+    outside.write_text("top secret")
+    (workspace / "link.txt").symlink_to(outside)
+    steer("read", {"path": "link.txt"})
+
+    async def run():
+        ws = await _connect()
+        await ws.send_json_to({"type": "approval", "callId": "call_nope", "decision": "allow"})
+        error = await ws.receive_json_from(timeout=10)
+        assert error["type"] == "error" and "call_nope" in error["message"]
+        await ws.send_json_to({"type": "set_coding_tools", "enabled": "yes"})
+        assert (await ws.receive_json_from(timeout=10))["type"] == "error"
+
+        frames = await _turn(ws, {"type": "prompt", "text": "read it"})  # coding tools are off
+        end = next(f for f in frames if f["type"] == "tool_end")
+        assert end["ok"] is False and "unknown tool 'read'" in end["result"]
+
+        await _coding(ws)
+        frames = await _turn(ws, {"type": "prompt", "text": "read it"})
+        end = next(f for f in frames if f["type"] == "tool_end")
+        assert end["ok"] is False and "outside the workspace" in end["result"] and "top secret" not in end["result"]
+        await ws.disconnect()
+
+    asyncio.run(run())
+
+
+def test_rounds_are_capped(engine, workspace, steer):
+    (workspace / "x.txt").write_text("x")
+    seen = steer("read", {"path": "x.txt"}, always=True)
+
+    async def run():
+        from chat.toolloop import MAX_ROUNDS
+
+        ws = await _connect()
+        await _coding(ws)
+        frames = await _turn(ws, {"type": "prompt", "text": "loop"})
+        assert len(seen) == MAX_ROUNDS
+        assert _kinds(frames).count("tool_end") == MAX_ROUNDS - 1
+        assert any(f["type"] == "error" and "tool-call rounds" in f["message"] for f in frames)
+        assert frames[-1]["type"] == "turn_end"
+        await ws.disconnect()
+
+    asyncio.run(run())
+
+
+def test_memory_tools_are_offered_ungated(engine, workspace, steer, monkeypatch):
+    """The memory tools come from memory.tools (specs/call); faked here so the
+    wiring is tested whatever the vault holds."""
+    import types
+
+    import chat.tools
+
+    fake = types.SimpleNamespace(
+        specs=lambda: [{"type": "function", "function": {
+            "name": "memory_search", "description": "Search memory",
+            "parameters": {"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]}}}],
+        call=lambda name, args: f"{name} found 1 note for {args['query']}")
+    monkeypatch.setattr(chat.tools, "_memory_module", lambda: fake)
+    seen = steer("memory_search", {"query": "kettle"})
+
+    async def run():
+        ws = await _connect()
+        frames = await _turn(ws, {"type": "prompt", "text": "what about the kettle?"})
+        end = next(f for f in frames if f["type"] == "tool_end")
+        assert end == {"type": "tool_end", "callId": end["callId"], "ok": True,
+                       "result": "memory_search found 1 note for kettle"}
+        assert "tool_approval_request" not in _kinds(frames) and len(seen) == 2
+        await ws.disconnect()
+
+    asyncio.run(run())
+
+
+def test_a_real_memory_tool_runs(engine, steer):
+    from memory import service
+
+    service.init()  # the default vault, empty
+    steer("memory_list", {})
+
+    async def run():
+        ws = await _connect()
+        frames = await _turn(ws, {"type": "prompt", "text": "what do you remember?"})
+        end = next(f for f in frames if f["type"] == "tool_end")
+        assert end["ok"] is True and end["result"].startswith("Articles (")
+        assert "tool_approval_request" not in _kinds(frames)
+        await ws.disconnect()
+
+    asyncio.run(run())
+
+
+# -- the tools themselves, without the engine --------------------------------
+def test_workspace_paths_and_file_tools(workspace, django_ready):
+    from chat.tools import CODING_TOOLS, call_sync
+
+    def call(name, args):
+        return call_sync(CODING_TOOLS[name], args)
+
+    assert call("write", {"path": "d/f.txt", "content": "one\ntwo two\n"}) == (True, "created d/f.txt (12 characters)")
+    ok, text = call("read", {"path": "d/f.txt"})
+    assert ok and text == "     1\tone\n     2\ttwo two"
+    assert call("edit", {"path": "d/f.txt", "old_string": "two", "new_string": "x"})[1].endswith(
+        "occurs 2 times in 'd/f.txt'; it must occur exactly once")
+    assert call("edit", {"path": "d/f.txt", "old_string": "one", "new_string": "1"})[0]
+    assert (workspace / "d/f.txt").read_text() == "1\ntwo two\n"
+    for bad in ("../x", "/etc/passwd", "d/../../x"):
+        ok, text = call("write", {"path": bad, "content": "no"})
+        assert not ok and "outside the workspace" in text
+    os.symlink("/etc", workspace / "etc")
+    assert "outside the workspace" in call("read", {"path": "etc/hostname"})[1]
+    assert "outside the workspace" in call("write", {"path": "etc/new", "content": "x"})[1]
+    assert call("read", {}) == (False, "error: missing required argument(s): path")
+    assert call("read", {"path": 3}) == (False, "error: argument 'path' must be of type string")
+    assert call("bash", {"command": "echo hi; exit 3"}) == (False, "error: hi\n\n(exit code 3)")
+    ok, text = call("bash", {"command": "echo $PWD; sleep 5", "timeout": 1})
+    assert not ok and str(workspace) in text and "killed after 1 s" in text
+    ok, text = call("bash", {"command": "head -c 50000 /dev/zero | tr '\\0' a"})
+    assert ok and text.endswith("(30000 more bytes of output dropped)")
