@@ -110,3 +110,16 @@ def forget_approval(request: HttpRequest):
         return fail("tool required")
     save_allowed([n for n in always_allowed() if n != tool])
     return {"ok": True, "alwaysAllow": always_allowed()}
+
+
+@router.post("/sessions/import")
+def import_session(request: HttpRequest):
+    """A session exported by `/api/sessions/export` (JSON, or JSONL with an
+    ndjson/jsonl content type), stored as a new session."""
+    from chat import transfer
+
+    try:
+        session = transfer.restore(transfer.parse(request.body, request.content_type or ""))
+    except (transfer.BadExport, UnicodeDecodeError) as exc:
+        return fail(str(exc))
+    return {"ok": True, "path": session.id, "title": session.title, "messageCount": session.entries.count()}

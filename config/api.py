@@ -26,6 +26,7 @@ from jobs.api import router as jobs_router
 from jobs.api_dataset import router as dataset_router
 from jobs.api_push import router as push_router
 from memory.api import router as memory_router
+from memory.api import v1_router as memory_v1_router
 
 log = logging.getLogger("hearth.api")
 
@@ -35,6 +36,7 @@ v1.add_router("", anthropic_router)
 v1.add_router("", responses_router)
 v1.add_router("", embeddings_router)
 v1.add_router("", adapters_router)
+v1.add_router("", memory_v1_router)
 
 api = NinjaAPI(title="Hearth dashboard API", version="1", urls_namespace="api", docs_url="/docs")
 api.add_router("", jobs_router)

@@ -63,12 +63,13 @@ def _frame(event: dict) -> bytes:
     return f"data: {json.dumps(event, ensure_ascii=False)}\n\n".encode()
 
 
-async def _follow(job_id: str):
-    yield b"retry: 1500\n\n"
+async def job_events(job_id: str):
+    """A job's events as they are written, until it has ended; None now and
+    then while it is quiet (for a keep-alive), and a `failed` event for a
+    job that does not exist."""
     job = await sync_to_async(Job.objects.filter(id=job_id).first)()
     if job is None:
-        yield _frame({"type": "failed", "error": "job not found"})
-        yield b"event: end\ndata: {}\n\n"
+        yield {"type": "failed", "error": "job not found"}
         return
     log, offset, quiet = EventLog(job.log_path), 0, 0.0
     while True:
@@ -77,18 +78,24 @@ async def _follow(job_id: str):
             "status", "ended_at").first() or (None, None))()
         events, offset = await asyncio.to_thread(log.read, offset)
         for event in events:
-            yield _frame(event)
+            yield event
         quiet = 0.0 if events else quiet + STREAM_POLL_S
         if quiet >= KEEPALIVE_S:  # a queued or quiet job: keep proxies and clients from timing out
             quiet = 0.0
-            yield b": keep-alive\n\n"
+            yield None
         if status is None or (status in Job.TERMINAL and ended is not None):
             events, offset = await asyncio.to_thread(log.read, offset)  # what was written as it ended
             for event in events:
-                yield _frame(event)
-            yield b"event: end\ndata: {}\n\n"
+                yield event
             return
         await asyncio.sleep(STREAM_POLL_S)
+
+
+async def _follow(job_id: str):
+    yield b"retry: 1500\n\n"
+    async for event in job_events(job_id):
+        yield b": keep-alive\n\n" if event is None else _frame(event)
+    yield b"event: end\ndata: {}\n\n"
 
 
 @router.get("/jobs/{job_id}/stream")

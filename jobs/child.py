@@ -37,6 +37,8 @@ def main(argv: list[str]) -> int:
             from jobs.kinds import finetune as runner
         elif kind == "dataset":
             from jobs.kinds import dataset as runner
+        elif kind == "synthesis":
+            from memory.synthesis import pipeline as runner
         else:
             raise ValueError(f"unknown job kind {kind!r}")
         output_dir, summary = runner.run(config, log, delay)

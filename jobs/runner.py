@@ -135,4 +135,11 @@ def _finish(job: Job, code: int, state: dict, cancelled: bool, events: EventLog,
             register(job.output_path, job=job)
         except Exception:
             log.exception("job %s: could not record its adapter", job.id)
+    if job.kind == "synthesis":
+        try:
+            from memory.synthesize import finished
+
+            finished(job)
+        except Exception:
+            log.exception("job %s: could not record its synthesis run", job.id)
     log.info("job %s %s%s", job.id, job.status, f": {job.error}" if job.error else "")

@@ -3,6 +3,7 @@
 vault other than the default."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from django.http import HttpRequest, JsonResponse
@@ -121,3 +122,81 @@ def init(request: HttpRequest):
     except (git.GitError, OSError) as exc:
         return fail(f"could not set up the vault: {exc}", 409)
     return {"ok": True, "result": result, "vault": row.row(), "status": vault.status(Path(row.root))}
+
+
+def _start(request: HttpRequest, name: str | None, dry: bool):
+    """Start a synthesis of the named (or default) vault: the run, or the failure answer."""
+    from inference.runtime import runtime
+    from memory import synthesize
+
+    row = service.find(name)
+    if row is None or not Path(row.root).is_dir():
+        return JsonResponse(service.no_vault(name), status=404)
+    api_url = runtime.local_url or f"{request.scheme}://{request.get_host()}"
+    model = runtime.engine.loaded.model_id if runtime.engine is not None else None
+    try:
+        return synthesize.start(row, dry, api_url, model)
+    except vault.VaultError as exc:
+        return fail(str(exc), exc.status)
+
+
+@router.post("/memory/synthesize")
+def synthesize_job(request: HttpRequest):
+    body = json_body(request)
+    if isinstance(body, JsonResponse):
+        return body
+    name, dry = body.get("vault"), body.get("dry", False)
+    if (name is not None and not isinstance(name, str)) or not isinstance(dry, bool):
+        return fail("vault must be a vault name and dry true or false")
+    run = _start(request, name, dry)
+    if isinstance(run, JsonResponse):
+        return run
+    return {"ok": True, "jobId": run.job_id, "job_id": run.job_id, "vault": run.vault.name, "dry": dry,
+            "sessions": run.session_count}
+
+
+# `GET /v1/memory/synthesize`: the same job, its progress as the reference's SSE frames.
+v1_router = Router(tags=["memory"])
+
+
+def _sse(frame: dict | str) -> bytes:
+    return f"data: {frame if isinstance(frame, str) else json.dumps(frame, ensure_ascii=False)}\n\n".encode()
+
+
+async def _synthesis_frames(job_id: str, dry: bool):
+    from jobs.api import job_events
+
+    yield _sse({"type": "log", "message": f"synthesis job {job_id}{' (dry run)' if dry else ''}; it keeps running "
+                                          f"if this stream closes (cancel: POST /api/jobs/{job_id}/cancel)"})
+    async for event in job_events(job_id):
+        kind = (event or {}).get("type")
+        if event is None:
+            yield b": keep-alive\n\n"
+        elif kind == "stage":
+            yield _sse({"type": "stage", "stage": event.get("stage"), "message": event.get("message")})
+        elif kind == "log" and event.get("message"):
+            yield _sse({"type": "log", "message": event["message"]})
+        elif kind == "done":
+            summary = event.get("summary") or {}
+            yield _sse({"type": "done", "message": f"synthesis done — {summary.get('note', '')}"})
+            yield _sse({"type": "summary", **summary})
+            yield _sse("[DONE]")
+            return
+        elif kind == "failed":
+            yield _sse({"type": "error", "message": event.get("error") or "synthesis failed"})
+            return
+
+
+@v1_router.get("/memory/synthesize")
+def synthesize_stream(request: HttpRequest):
+    from django.http import StreamingHttpResponse
+
+    dry = request.GET.get("dry") in ("1", "true", "yes")
+    run = _start(request, request.GET.get("vault") or None, dry)
+    if isinstance(run, JsonResponse):
+        from inference.protocols.errors import openai_error
+
+        body = json.loads(run.content)
+        return JsonResponse(openai_error(body.get("error", "synthesis could not start")), status=run.status_code)
+    return StreamingHttpResponse(_synthesis_frames(run.job_id, dry), content_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

@@ -85,7 +85,7 @@ def _read(root: Path, args: dict) -> str:
     if isinstance(section, str) and section.strip():
         wanted = section.strip().casefold()
         for part in index.sections(doc["name"], text):
-            if wanted in (part["anchor"], part["title"].casefold(), vault.slug(section)):
+            if part["anchor"] and (part["anchor"] == vault.slug(section) or part["title"].casefold() == wanted):
                 text = part["body"]
                 break
         else:

@@ -13,12 +13,12 @@ import json
 import random
 import re
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 from jobs.events import EventLog
 from jobs.kinds import tabular
+from jobs.llm import ServedModel as _Model
+from jobs.llm import text_schema as _text
 
 _DATA = {"name": "data", "type": "textarea", "label": "Rows (CSV with a header, or JSONL)",
          "hint": "or leave empty and give a file path below"}
@@ -87,40 +87,6 @@ def _number(inputs: dict, name: str, default: float, low: float, high: float) ->
     return value
 
 
-class _Model:
-    """The served model over this server's own OpenAI route."""
-
-    def __init__(self, api_url: str | None, model_name: str | None):
-        if not api_url:
-            raise ValueError("this template needs the served model; start the job from a running `hearth serve`")
-        self.url, self.model = api_url.rstrip("/") + "/v1/chat/completions", model_name
-
-    def ask(self, messages: list[dict], schema: dict | None = None, max_tokens: int = 512) -> str:
-        body = {"messages": messages, "max_tokens": max_tokens, "temperature": 0.7, "seed": 0}
-        if self.model:
-            body["model"] = self.model
-        if schema is not None:
-            body["response_format"] = {"type": "json_schema", "json_schema": {
-                "name": "reply", "schema": schema, "strict": True, "any_whitespace": False}}
-        request = urllib.request.Request(self.url, json.dumps(body).encode(),
-                                         {"content-type": "application/json"})
-        for attempt in range(3):
-            try:
-                with urllib.request.urlopen(request, timeout=600) as r:
-                    return json.loads(r.read())["choices"][0]["message"]["content"] or ""
-            except urllib.error.HTTPError as exc:
-                if exc.code != 429 or attempt == 2:
-                    detail = exc.read().decode(errors="replace")[:300]
-                    raise RuntimeError(f"the served model answered {exc.code}: {detail}") from None
-                time.sleep(2 ** attempt)
-            except urllib.error.URLError as exc:
-                raise RuntimeError(f"could not reach the served model at {self.url}: {exc.reason}") from None
-        raise RuntimeError("unreachable")
-
-
-def _text(limit: int) -> dict:
-    """A string schema: starts with a visible character, at most `limit` long."""
-    return {"type": "string", "pattern": f"^\\S[\\s\\S]{{0,{limit - 1}}}$"}
 
 
 def _passages(text: str, size: int) -> list[str]:

@@ -1,0 +1,66 @@
+"""Bringing a session back from its export (`/api/sessions/export`): the
+same JSON entries (or JSONL lines) become a new session with fresh ids, its
+branches and showing leaf intact."""
+from __future__ import annotations
+
+import json
+
+from django.db import transaction
+
+from chat.models import ChatEntry, ChatSession
+
+MAX_ENTRIES = 20_000
+
+
+class BadExport(ValueError):
+    pass
+
+
+def parse(raw: bytes, content_type: str) -> list[dict]:
+    """Entries from a JSON body ({"entries": [...]}) or JSONL lines."""
+    text = raw.decode("utf-8", errors="strict") if raw else ""
+    if "ndjson" in content_type or "jsonl" in content_type:
+        try:
+            return [json.loads(line) for line in text.splitlines() if line.strip()]
+        except ValueError as exc:
+            raise BadExport(f"invalid JSONL: {exc}") from None
+    try:
+        body = json.loads(text or "{}")
+    except ValueError:
+        raise BadExport("invalid JSON body") from None
+    entries = body.get("entries") if isinstance(body, dict) else None
+    if not isinstance(entries, list):
+        raise BadExport("entries required: the list /api/sessions/export returns")
+    return entries
+
+
+def restore(entries: list[dict]) -> ChatSession:
+    if not entries or not isinstance(entries[0], dict) or entries[0].get("type") != "session":
+        raise BadExport("the first entry must be the session ({\"type\": \"session\", ...})")
+    if len(entries) > MAX_ENTRIES:
+        raise BadExport(f"at most {MAX_ENTRIES} entries")
+    head, messages = entries[0], entries[1:]
+    roles = {r for r, _ in ChatEntry.ROLES}
+    for i, item in enumerate(messages, 1):
+        message = item.get("message") if isinstance(item, dict) else None
+        if not isinstance(message, dict) or item.get("type") != "message" or not isinstance(item.get("id"), str):
+            raise BadExport(f"entries[{i}] is not a message entry with an id")
+        if message.get("role") not in roles or not isinstance(message.get("content"), str):
+            raise BadExport(f"entries[{i}].message needs a role ({', '.join(sorted(roles))}) and text content")
+    title = head.get("title") if isinstance(head.get("title"), str) else "Imported chat"
+    system = head.get("systemPrompt") if isinstance(head.get("systemPrompt"), str) else None
+    with transaction.atomic():
+        session = ChatSession.objects.create(title=title[:200] or "Imported chat", system_prompt=system)
+        made: dict[str, ChatEntry] = {}
+        for i, item in enumerate(messages, 1):
+            parent_id = item.get("parentId")
+            if parent_id is not None and parent_id not in made:
+                raise BadExport(f"entries[{i}].parentId {parent_id!r} is not an earlier entry")
+            message = item["message"]
+            made[item["id"]] = ChatEntry.objects.create(
+                session=session, parent=made.get(parent_id), role=message["role"], content=message["content"],
+                reasoning=message.get("reasoning") or "", meta_json=json.dumps(item.get("meta") or {}))
+        leaf = head.get("leaf")
+        session.leaf = made.get(leaf) if leaf in made else (list(made.values())[-1] if made else None)
+        session.save()
+    return session

@@ -1,0 +1,73 @@
+"""Starting a synthesis job and recording how it ended (the Django side;
+the work runs in the job's child, `memory.synthesis.pipeline`)."""
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from pathlib import Path
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from chat import store
+from chat.models import ChatSession
+from jobs import service as jobs
+from jobs.events import EventLog
+from jobs.models import Job
+from memory.models import MemoryVault, SynthesisRun
+from memory.vault import VaultError
+
+
+def _transcripts(since, until) -> list[dict]:
+    """The showing path of every chat session changed in (since, until]."""
+    sessions = ChatSession.objects.filter(updated_at__lte=until).order_by("updated_at")
+    if since is not None:
+        sessions = sessions.filter(updated_at__gt=since)
+    out = []
+    for session in sessions:
+        messages = [{"role": e.role, "content": e.content} for e in store.path(session)
+                    if e.role in ("user", "assistant") and e.content.strip()]
+        if messages:
+            out.append({"id": session.id, "title": session.title, "updatedAt": session.updated_at.isoformat(),
+                        "messages": messages})
+    return out
+
+
+def start(row: MemoryVault, dry: bool, api_url: str | None, model_name: str | None = None) -> SynthesisRun:
+    busy = SynthesisRun.objects.filter(vault=row, job__status__in=("queued", "running")).first()
+    if busy is not None:
+        raise VaultError(f"a synthesis of {row.name!r} is already {busy.job.status} (job {busy.job_id})", 409)
+    if not dry and not api_url:
+        raise VaultError("synthesis needs the served model: run it from a running `hearth serve`")
+    until = timezone.now()
+    sessions = _transcripts(row.last_synthesized_at, until)
+    folder = settings.HEARTH_HOME / "jobs"
+    folder.mkdir(parents=True, exist_ok=True)
+    sessions_file = folder / f"synthesis-{uuid.uuid4().hex[:12]}.sessions.json"
+    sessions_file.write_text(json.dumps(sessions, ensure_ascii=False), encoding="utf-8")
+    vault_key = hashlib.sha256(row.root.encode()).hexdigest()[:12]
+    scratch = settings.HEARTH_HOME / "scratch" / "synthesis" / vault_key
+    with transaction.atomic():
+        job = jobs.submit("synthesis", {"vault": row.name, "vault_root": row.root, "dry": dry,
+                                        "sessions_file": str(sessions_file), "scratch_root": str(scratch / "trees"),
+                                        "key": sessions_file.stem, "api_url": api_url, "model_name": model_name})
+        return SynthesisRun.objects.create(vault=row, job=job, dry=dry, since=row.last_synthesized_at, until=until,
+                                           session_count=len(sessions))
+
+
+def finished(job: Job) -> None:
+    """Called by the worker when a synthesis job ends, however it ended."""
+    run = SynthesisRun.objects.filter(job=job).select_related("vault").first()
+    if run is None:
+        return
+    events, _ = EventLog(job.log_path).read()
+    run.commits_json = json.dumps([{"stage": e.get("stage"), "hash": e.get("hash")}
+                                   for e in events if e.get("type") == "commit"])
+    run.save(update_fields=["commits_json"])
+    if job.status == "done" and not run.dry:  # sessions up to `until` are in; the next run starts there
+        MemoryVault.objects.filter(id=run.vault_id).update(last_synthesized_at=run.until)
+    config = json.loads(job.config_json or "{}")
+    if config.get("sessions_file"):
+        Path(config["sessions_file"]).unlink(missing_ok=True)
