@@ -6,11 +6,12 @@ import { jobsPage } from "./jobs.js";
 import { adaptersPage } from "./adapters.js";
 import { settingsPage } from "./settings.js";
 import { wizardPage } from "./wizards.js";
+import { memoryPage } from "./memory.js";
 
 const PAGES = {
   chat: chatPage, status: statusPage, models: modelsPage, jobs: jobsPage, adapters: adaptersPage,
   settings: settingsPage, finetune: (m) => wizardPage(m, "finetune"), quantize: (m) => wizardPage(m, "quantize"),
-  dataset: (m) => wizardPage(m, "dataset"),
+  dataset: (m) => wizardPage(m, "dataset"), memory: memoryPage,
 };
 let cleanup = null;
 
