@@ -49,13 +49,9 @@ class Tool:
 
 # -- the workspace -----------------------------------------------------------
 def workspace() -> Path:
-    raw = os.environ.get("HEARTH_CHAT_WORKSPACE")
-    if raw:
-        root = Path(raw).expanduser()
-    else:
-        from django.conf import settings
+    from django.conf import settings
 
-        root = Path(settings.HEARTH_HOME) / "workspace"
+    root = Path(settings.CHAT_WORKSPACE)
     root.mkdir(parents=True, exist_ok=True)
     return root.resolve()
 

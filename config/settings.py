@@ -9,6 +9,8 @@ from config.env import env_bool, env_float, env_path, env_str
 BASE_DIR = Path(__file__).resolve().parent.parent
 HEARTH_HOME = env_path("HEARTH_HOME", Path("~/.hearth"))
 HEARTH_HOME.mkdir(parents=True, exist_ok=True)
+# The one folder the dashboard chat's coding tools (read, bash, edit, write) may touch.
+CHAT_WORKSPACE = env_path("HEARTH_CHAT_WORKSPACE", HEARTH_HOME / "workspace")
 
 
 def _secret_key() -> str:

@@ -29,10 +29,12 @@ def markup(name: str, args: dict) -> str:
 
 
 @pytest.fixture
-def workspace(tmp_path, monkeypatch) -> Path:
+def workspace(tmp_path, monkeypatch, django_ready) -> Path:
+    from django.conf import settings
+
     root = tmp_path / "ws"
     root.mkdir()
-    monkeypatch.setenv("HEARTH_CHAT_WORKSPACE", str(root))
+    monkeypatch.setattr(settings, "CHAT_WORKSPACE", root)  # HEARTH_CHAT_WORKSPACE, read at start
     return root
 
 
@@ -313,7 +315,7 @@ def test_a_real_memory_tool_runs(engine, steer):
 
 
 # -- the tools themselves, without the engine --------------------------------
-def test_workspace_paths_and_file_tools(workspace, django_ready):
+def test_workspace_paths_and_file_tools(workspace):
     from chat.tools import CODING_TOOLS, call_sync
 
     def call(name, args):

@@ -1,4 +1,4 @@
-// Chat over /ws/chat: sessions, streaming replies, thinking, branches.
+// Chat over /ws/chat: sessions, streaming replies, thinking, branches, tool calls and approvals.
 import { api, h, toast } from "./util.js";
 import { markdown } from "./md.js";
 
@@ -18,6 +18,11 @@ export function chatPage(main) {
     enabled: thinking.checked }) });
   const thinkLabel = h("label", { for: "think", class: "row", style: "margin:0;font-weight:400", hidden: true },
     thinking, "Thinking");
+  const coding = h("input", { type: "checkbox", id: "coding-tools", onchange: () => frame({ type: "set_coding_tools",
+    enabled: coding.checked }) });
+  const codingLabel = h("label", { for: "coding-tools", class: "row", style: "margin:0;font-weight:400",
+    title: "Offer the model read, bash, edit and write in the workspace folder; bash, edit and write ask first" },
+  coding, "Coding tools");
   const adapter = h("select", { "aria-label": "Adapter", onchange: () => frame({ type: "set_adapter",
     id: adapter.value || null }) }, h("option", { value: "" }, "server default"), h("option", { value: "none" }, "base model"));
   const temp = h("input", { type: "number", step: "0.1", min: "0", max: "2", placeholder: "temp", style: "width:5.5em",
@@ -37,7 +42,7 @@ export function chatPage(main) {
         "New chat"), search, hits, sessionsList),
     h("section", { class: "convo" }, messages,
       h("div", { class: "composer" },
-        h("div", { class: "chatbar" }, sessionsToggle, modelName, thinkLabel, adapter, temp, system, ctx), form)));
+        h("div", { class: "chatbar" }, sessionsToggle, modelName, thinkLabel, codingLabel, adapter, temp, system, ctx), form)));
   main.append(root);
 
   input.addEventListener("keydown", (e) => {
@@ -82,6 +87,7 @@ export function chatPage(main) {
   function applySettings(s) {
     if (!s) return;
     thinking.checked = !!s.thinking;
+    coding.checked = !!s.codingTools;
     adapter.value = s.adapter || "";
     temp.value = s.sampling?.temperature ?? "";
     state.system = s.systemPrompt || "";
@@ -100,10 +106,25 @@ export function chatPage(main) {
         state.items = f.items; state.active = f.sessionId; applySettings(f.settings); render(); break;
       case "turn_start":
         state.active = f.sessionId;
-        state.streaming = { text: "", thinking: "", el: null };
+        state.streaming = { parts: [], thinking: "", el: null, calls: new Map() };
         setBusy(true); render(); break;
-      case "text_delta": if (state.streaming) { state.streaming.text += f.delta; paintStream(); } break;
+      case "text_delta": if (state.streaming) { streamText(f.delta); paintStream(); } break;
       case "thinking_delta": if (state.streaming) { state.streaming.thinking += f.delta; paintStream(); } break;
+      case "tool_start": if (state.streaming) streamTool(f); break;
+      case "tool_approval_request": case "tool_update": case "tool_end": {
+        const card = state.streaming?.calls.get(f.callId);
+        if (!card) break;
+        if (f.type === "tool_approval_request") card.ask(f.args);
+        else if (f.type === "tool_update") card.output(f.chunk);
+        else card.end(f.ok, f.result);
+        messages.scrollTop = messages.scrollHeight;
+        break;
+      }
+      case "coding_tools":
+        coding.checked = !!f.active;
+        if (f.pending) toast(`Coding tools ${f.active ? "on" : "off"} from the next turn`);
+        break;
+      case "tool_approvals": toast(`Always allowed: ${f.alwaysAllow.join(", ") || "none"}`); break;
       case "turn_end":
         state.streaming = null; setBusy(false);
         state.active = f.sessionId || state.active;
@@ -168,7 +189,7 @@ export function chatPage(main) {
   function message(item, isLast) {
     const body = item.role === "user" ? h("div", { class: "body" }, item.content) : h("div", { class: "body" },
       item.reasoning ? h("details", { class: "thinking" }, h("summary", {}, "Thinking"), markdown(item.reasoning)) : null,
-      markdown(item.content));
+      ...answerParts(item));
     const tools = h("div", { class: "tools" });
     if (item.role === "assistant") {
       tools.append(h("button", { type: "button", onclick: () => navigator.clipboard?.writeText(item.content)
@@ -180,6 +201,90 @@ export function chatPage(main) {
     return h("article", { class: `msg ${item.role}` },
       h("div", { class: "who" }, item.role === "user" ? "You" : (state.ready?.model || "Model"), siblingNav(item),
         perf(item.meta)), body, tools);
+  }
+
+  // An answer with tool rounds: each round's text, its calls as cards, then the rest of the text.
+  function answerParts(item) {
+    const rounds = item.meta?.toolRounds || [];
+    const out = [];
+    let used = 0;
+    for (const r of rounds) {
+      if (r.text) out.push(markdown(r.text));
+      used += (r.text || "").length;
+      for (const c of r.calls || []) {
+        const card = toolCard({ callId: c.id, tool: c.tool, args: c.args });
+        card.end(c.ok, c.result);
+        out.push(card.el);
+      }
+    }
+    const rest = item.content.slice(used);
+    if (rest || !rounds.length) out.push(markdown(rest));
+    return out;
+  }
+
+  function streamText(delta) {
+    const s = state.streaming;
+    let last = s.parts[s.parts.length - 1];
+    if (!last || last.kind !== "text") {
+      last = { kind: "text", text: "", el: h("div", { class: "part" }) };
+      s.parts.push(last);
+      s.el?.querySelector(".body").append(last.el);
+    }
+    last.text += delta; last.dirty = true;
+  }
+
+  function streamTool(f) {
+    const s = state.streaming;
+    const card = toolCard(f, true);
+    s.calls.set(f.callId, card);
+    s.parts.push({ kind: "tool", el: card.el });
+    s.el?.querySelector(".body").append(card.el);
+    messages.scrollTop = messages.scrollHeight;
+  }
+
+  // A tool call as a collapsible card: name, arguments, streamed output, result; and,
+  // while a gated call waits, the approval buttons.
+  function toolCard(call, live = false) {
+    const status = h("span", { class: "tool-status" }, live ? "running…" : "");
+    const args = h("pre", { class: "tool-args" }, fmtArgs(call.args));
+    const out = h("pre", { class: "tool-output", hidden: true });
+    const result = h("pre", { class: "tool-result", hidden: true });
+    const approval = h("div", { class: "tool-approval", role: "group", "aria-label": `Approve ${call.tool}?`, hidden: true });
+    const el = h("details", { class: "toolcard running", open: live || null, "data-call": call.callId },
+      h("summary", {}, h("span", { class: "tool-name" }, call.tool), status), args, approval, out, result);
+    const answer = (decision, alwaysAllow = false) => {
+      frame({ type: "approval", callId: call.callId, decision, alwaysAllow });
+      approval.hidden = true; el.classList.remove("asking");
+      status.textContent = decision === "allow" ? "running…" : "denied";
+    };
+    return {
+      el,
+      ask(newArgs) {
+        if (newArgs !== undefined) args.textContent = fmtArgs(newArgs);
+        el.open = true; el.classList.add("asking"); status.textContent = "waiting for approval";
+        const allow = h("button", { type: "button", class: "primary", onclick: () => answer("allow") }, "Allow");
+        approval.replaceChildren(h("span", { class: "small" }, `Run ${call.tool}?`), allow,
+          h("button", { type: "button", onclick: () => answer("deny") }, "Deny"),
+          h("button", { type: "button", onclick: () => answer("allow", true),
+            title: `Never ask again for ${call.tool} (Settings lists and forgets these)` }, "Always allow"));
+        approval.hidden = false;
+        approval.onkeydown = (e) => { if (e.key === "Escape") { e.preventDefault(); answer("deny"); } };
+        allow.focus();
+      },
+      output(chunk) { out.hidden = false; out.textContent += chunk; out.scrollTop = out.scrollHeight; },
+      end(ok, text) {
+        approval.hidden = true;
+        el.classList.remove("running", "asking");
+        el.classList.add(ok ? "ok" : "failed");
+        status.textContent = ok ? "done" : "error";
+        result.hidden = false; result.textContent = text ?? "";
+        if (ok) out.hidden = true;  // the result holds the output in full
+      },
+    };
+  }
+
+  function fmtArgs(args) {
+    return typeof args === "string" ? args : JSON.stringify(args ?? {}, null, 2);
   }
 
   function editInPlace(item, body) {
@@ -200,9 +305,13 @@ export function chatPage(main) {
         h("p", {}, "Replies stream as they are written; sessions are kept and searchable on the left.")));
     }
     if (state.streaming) {
-      state.streaming.el = h("article", { class: "msg assistant" }, h("div", { class: "who" }, "Model · writing…"),
-        h("div", { class: "body" }));
-      messages.append(state.streaming.el);
+      const s = state.streaming;
+      s.thinkingEl = h("details", { class: "thinking", open: true, hidden: true }, h("summary", {}, "Thinking"),
+        h("div", {}));
+      s.el = h("article", { class: "msg assistant" }, h("div", { class: "who" }, "Model · writing…"),
+        h("div", { class: "body" }, s.thinkingEl, ...s.parts.map((p) => p.el)));
+      for (const p of s.parts) p.dirty = p.kind === "text";
+      messages.append(s.el);
       paintStream();
     }
     messages.scrollTop = messages.scrollHeight;
@@ -216,10 +325,13 @@ export function chatPage(main) {
       painting = false;
       const s = state.streaming;
       if (!s?.el) return;
-      const body = s.el.querySelector(".body");
-      body.replaceChildren(
-        s.thinking ? h("details", { class: "thinking", open: true }, h("summary", {}, "Thinking"), markdown(s.thinking)) : "",
-        markdown(s.text));
+      if (s.thinking) {
+        s.thinkingEl.hidden = false;
+        s.thinkingEl.lastChild.replaceChildren(markdown(s.thinking));
+      }
+      for (const p of s.parts) {
+        if (p.kind === "text" && p.dirty) { p.el.replaceChildren(markdown(p.text)); p.dirty = false; }
+      }
       messages.scrollTop = messages.scrollHeight;
     });
   }
