@@ -1,7 +1,7 @@
 """The dashboard chat's server-side tools.
 
-Two sources: the memory tools (read-only, always offered, never gated;
-`memory/tools.py`) and the coding tools, offered only when the session
+Two sources: the memory tools (read-only, never gated, offered once a
+vault exists; `memory/tools.py`) and the coding tools, offered only when the session
 turned them on. The coding tools work inside one workspace folder
 (`HEARTH_CHAT_WORKSPACE`, default `HEARTH_HOME/workspace`); every path is
 resolved, symlinks included, and refused when it leaves that folder.
@@ -237,29 +237,15 @@ CODING_TOOLS = {t.name: t for t in [
 
 
 # -- memory tools ------------------------------------------------------------
-def _memory_module():
-    try:
-        from memory import tools as memory_tools
-    except ImportError:
-        return None
-    return memory_tools if hasattr(memory_tools, "specs") and hasattr(memory_tools, "call") else None
-
-
 def memory_tools() -> dict[str, Tool]:
-    module = _memory_module()
-    if module is None:
-        return {}
+    """The vault's read-only tools (none until a vault exists)."""
+    from memory import tools as module
+
     out = {}
-    try:
-        specs = module.specs()
-    except Exception:  # a broken memory package must not take the chat down
-        return {}
-    for spec in specs:
-        fn = spec.get("function") or {}
-        name = fn.get("name")
-        if isinstance(name, str):
-            out[name] = Tool(name, fn.get("description", ""), fn.get("parameters") or {"type": "object"},
-                             gated=False, run=lambda args, _n=name: _memory_call(module, _n, args))
+    for spec in module.specs():
+        fn = spec["function"]
+        out[fn["name"]] = Tool(fn["name"], fn.get("description", ""), fn.get("parameters") or {"type": "object"},
+                               gated=False, run=lambda args, _n=fn["name"]: _memory_call(module, _n, args))
     return out
 
 
@@ -272,7 +258,7 @@ def _memory_call(module, name: str, args: dict) -> str:
 
 # -- the registry ------------------------------------------------------------
 def available(coding: bool) -> dict[str, Tool]:
-    """The tools a turn offers: memory always, coding when switched on."""
+    """The tools a turn offers: memory once a vault exists, coding when switched on."""
     return {**memory_tools(), **(CODING_TOOLS if coding else {})}
 
 

@@ -10,7 +10,7 @@ from django.http import HttpRequest, JsonResponse
 from ninja import Router
 
 from jobs.http import fail, json_body
-from memory import git, index, service, vault
+from memory import git, service, vault
 from memory.models import MemoryVault
 
 router = Router(tags=["memory"])
@@ -82,7 +82,7 @@ def search(request, row, root: Path):
     scope = request.GET.get("scope") or "all"
     if scope not in SCOPES:
         return fail("scope must be all, articles or reference")
-    found = index.search(root, service.index_path(root), query, scope, _limit(request, 50))
+    found = service.search(root, query, scope, _limit(request, 50), request.GET.get("mode"))
     return {"ok": True, **found}
 
 

@@ -78,3 +78,30 @@ def init(path: str | None = None, name: str | None = None) -> tuple[MemoryVault,
                                                       is_default=not MemoryVault.objects.exists())
     index.sync(root, index_path(root))
     return row, result
+
+
+def search(root: Path, query: str, scope: str = "all", limit: int = 50, mode: str | None = None) -> dict:
+    """Full-text search, fused with vector similarity (`mode` "hybrid") when
+    the served model answers embeddings; hybrid is the default then."""
+    from inference.runtime import runtime
+
+    can_embed = runtime.embeddings_enabled and runtime.engine is not None
+    if mode not in (None, "", "fts", "hybrid"):
+        raise vault.VaultError("mode must be fts or hybrid")
+    if mode == "hybrid" and not can_embed:
+        raise vault.VaultError("hybrid search needs a served model that answers embeddings "
+                               "(an embedding model, or `hearth serve --embeddings`)")
+    if mode == "fts" or not can_embed:
+        return index.search(root, index_path(root), query, scope, limit)
+    from inference.engine.embed import embed
+    from memory import hybrid
+
+    engine = runtime.engine
+    model = engine.loaded
+    window = model.context_window or 4096
+
+    def vectors(texts: list[str]) -> list[list[float]]:
+        tokens = [(model.tokenizer.encode(t) or [0])[:window] for t in texts]
+        return engine.call(lambda: model.adapters.base_only(lambda: embed(model.model, tokens)), 300.0)
+
+    return hybrid.search(root, index_path(root), query, scope, limit, vectors, model.model_id)

@@ -33,6 +33,11 @@ NAMES = tuple(spec["function"]["name"] for spec in SPECS)
 
 
 def specs() -> list[dict]:
+    """The tools to offer: none until a vault exists (they would only answer
+    "no vault", and each spec costs prompt tokens on every turn)."""
+    row = service.find()
+    if row is None or not Path(row.root).is_dir():
+        return []
     return [dict(spec) for spec in SPECS]
 
 
@@ -60,7 +65,7 @@ def _search(root: Path, args: dict) -> str:
     if scope not in ("all", "articles", "reference"):
         return "error: scope must be all, articles or reference"
     limit = args.get("limit") if isinstance(args.get("limit"), int) and args["limit"] > 0 else 20
-    found = index.search(root, service.index_path(root), query, scope, min(limit, 200))
+    found = service.search(root, query, scope, min(limit, 200))
     if not found["summaries"]:
         return f"No matches for {query!r}."
     lines = ["Articles: " + "; ".join(f"{s['article']} ({s['occurrences']}× {', '.join(s['matched_terms'])})"

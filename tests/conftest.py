@@ -48,6 +48,26 @@ def server(homes, tiny_model, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def demo_homes(tmp_path_factory):
+    root = tmp_path_factory.mktemp("demo")
+    return root / "hf", root / "hearth"
+
+
+@pytest.fixture(scope="session")
+def demo_build(demo_homes):
+    """`hearth make-demo-model` once per run (a few minutes); the demo tests and
+    the memory synthesis tests share the model it builds."""
+    import subprocess
+
+    from tests.helpers import HEARTH, ROOT
+
+    done = subprocess.run([*HEARTH, "make-demo-model"], cwd=ROOT, env=server_env(*demo_homes), capture_output=True,
+                          text=True, timeout=900)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+@pytest.fixture(scope="session")
 def base_url(server) -> str:
     return server.url
 

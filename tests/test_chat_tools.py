@@ -225,6 +225,9 @@ def _gone(pid: int) -> bool:
 
 
 def test_path_escape_refused_and_frame_errors(engine, workspace, steer):
+    from memory import service
+
+    service.init()  # a vault, so its tools are on offer while the coding tools are off
     outside = workspace.parent / "secret.txt"
     outside.write_text("top secret")
     (workspace / "link.txt").symlink_to(outside)
@@ -270,37 +273,15 @@ def test_rounds_are_capped(engine, workspace, steer):
     asyncio.run(run())
 
 
-def test_memory_tools_are_offered_ungated(engine, workspace, steer, monkeypatch):
-    """The memory tools come from memory.tools (specs/call); faked here so the
-    wiring is tested whatever the vault holds."""
-    import types
-
-    import chat.tools
-
-    fake = types.SimpleNamespace(
-        specs=lambda: [{"type": "function", "function": {
-            "name": "memory_search", "description": "Search memory",
-            "parameters": {"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]}}}],
-        call=lambda name, args: f"{name} found 1 note for {args['query']}")
-    monkeypatch.setattr(chat.tools, "_memory_module", lambda: fake)
-    seen = steer("memory_search", {"query": "kettle"})
-
-    async def run():
-        ws = await _connect()
-        frames = await _turn(ws, {"type": "prompt", "text": "what about the kettle?"})
-        end = next(f for f in frames if f["type"] == "tool_end")
-        assert end == {"type": "tool_end", "callId": end["callId"], "ok": True,
-                       "result": "memory_search found 1 note for kettle"}
-        assert "tool_approval_request" not in _kinds(frames) and len(seen) == 2
-        await ws.disconnect()
-
-    asyncio.run(run())
-
-
 def test_a_real_memory_tool_runs(engine, steer):
+    from chat.tools import available
     from memory import service
+    from memory.models import MemoryVault
 
+    if not MemoryVault.objects.exists():  # no vault: nothing to offer, no prompt tokens spent on them
+        assert not any(name.startswith("memory_") for name in available(False))
     service.init()  # the default vault, empty
+    assert {"memory_search", "memory_list", "memory_read", "memory_links"} <= set(available(False))
     steer("memory_list", {})
 
     async def run():

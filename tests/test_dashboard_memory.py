@@ -174,8 +174,8 @@ def test_memory_page_renders_at_phone_and_desktop_widths(browser, memory_server,
     for scheme in ("light", "dark"):
         context = browser.new_context(viewport={"width": width, "height": height}, color_scheme=scheme)
         page = context.new_page()
-        errors = []
-        page.on("pageerror", lambda e: errors.append(str(e)))
+        errors: list[str] = []
+        page.on("pageerror", lambda e, errors=errors: errors.append(str(e)))
         suffix = "" if scheme == "light" else "-dark"
         page.goto(url + "/#/memory")
         page.wait_for_selector(".mem-list a:has-text('Lighthouse')")

@@ -20,21 +20,6 @@ def test_corpus_and_tokenizer_are_deterministic_for_a_seed():
     assert t1.get_vocab() == t2.get_vocab()
 
 
-@pytest.fixture(scope="module")
-def demo_homes(tmp_path_factory):
-    root = tmp_path_factory.mktemp("demo")
-    return root / "hf", root / "hearth"
-
-
-@pytest.fixture(scope="module")
-def demo_build(demo_homes):
-    env = server_env(*demo_homes)
-    done = subprocess.run([*HEARTH, "make-demo-model"], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=900)
-    assert done.returncode == 0, done.stdout + done.stderr
-    return done.stdout
-
-
 def test_build_uses_openblas_shows_progress_and_caches(demo_build, demo_homes):
     assert "BLAS: OpenBLAS" in demo_build
     steps = Recipe().steps

@@ -225,3 +225,34 @@ def test_sessions_round_trip_through_export_and_import(client):
                                                              "message": {"role": "user", "content": "hi"}}]})
     assert bad.status_code == 400 and "not an earlier entry" in bad.json()["error"]
     assert post(client, "/api/sessions/import", {"nope": 1}).status_code == 400
+
+
+def test_hybrid_search_fuses_vectors_when_the_model_embeds(client, vault_root, tiny_model):
+    import sqlite3
+
+    from inference.engine.engine import Engine
+    from inference.runtime import runtime
+    from memory import service
+
+    assert get(client, "/api/memory/search", q="apples", mode="hybrid")[0] == 400  # no embedding model yet
+    engine = Engine(tiny_model)
+    engine.start()
+    runtime.engine, runtime.embeddings_enabled = engine, True
+    try:
+        code, body = get(client, "/api/memory/search", q="apples")
+        assert code == 200 and body["mode"] == "hybrid" and body["pendingEmbeddings"] == 0
+        by_name = {s["article"]: s for s in body["summaries"]}
+        # Every section is compared by meaning, so articles without the word are ranked too, below the matches.
+        assert "Grey Wolf" in by_name and by_name["Grey Wolf"]["occurrences"] == 0
+        assert by_name["Red Fox"]["score"] > by_name["Grey Wolf"]["score"]
+        assert all("similarity" in s for s in body["summaries"])
+        with sqlite3.connect(service.index_path(vault_root)) as db:
+            stored = db.execute("SELECT count(*) FROM vectors").fetchone()[0]
+        assert stored >= 5
+        assert get(client, "/api/memory/search", q="apples", mode="fts")[1]["mode"] == "fts"
+        get(client, "/api/memory/search", q="wolf")
+        with sqlite3.connect(service.index_path(vault_root)) as db:  # sections are embedded once
+            assert db.execute("SELECT count(*) FROM vectors").fetchone()[0] == stored
+    finally:
+        runtime.engine, runtime.embeddings_enabled = None, False
+        engine.close(drain_seconds=0)

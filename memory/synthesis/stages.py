@@ -14,7 +14,7 @@ from pathlib import Path
 from jobs.llm import text_schema
 from memory import index, vault
 
-SEGMENT_CHARS = 420
+SEGMENT_CHARS = 360
 PARALLEL = 4
 NEW = "(new article)"
 FACTS, SOURCES = "Facts", "Sources"
@@ -107,12 +107,12 @@ EXTRACT_SCHEMA = {"type": "object", "additionalProperties": False, "required": [
     "facts": {"type": "array", "maxItems": 2, "items": {
         "type": "object", "additionalProperties": False, "required": ["entity", "kind", "fact"],
         "properties": {"entity": text_schema(24), "kind": {"type": "string", "enum": list(vault.KINDS)},
-                       "fact": text_schema(80)}}}}}
+                       "fact": text_schema(60)}}}}}
 
 
 def extract(run: Run) -> str:
     def one(seg: dict) -> list[dict]:
-        answer = _ask(run, EXTRACT_SYSTEM, seg["text"], EXTRACT_SCHEMA, 200)
+        answer = _ask(run, EXTRACT_SYSTEM, seg["text"], EXTRACT_SCHEMA, 280)
         out = []
         for item in (answer or {}).get("facts", []):
             name, fact = clean_name(item.get("entity", "")), " ".join(str(item.get("fact", "")).split())
@@ -158,7 +158,7 @@ def route(run: Run, index_path: Path) -> str:
         facts = "; ".join(f["fact"] for f in run.facts if f["entity"] == entity)[:200]
         schema = {"type": "object", "additionalProperties": False, "required": ["article"],
                   "properties": {"article": {"type": "string", "enum": candidates + [NEW]}}}
-        answer = _ask(run, ROUTE_SYSTEM, f"Entity: {entity}\nFacts: {facts}", schema, 40)
+        answer = _ask(run, ROUTE_SYSTEM, f"Entity: {entity}\nFacts: {facts}", schema, 100)
         return entity, (answer or {}).get("article", NEW)
 
     for entity, chosen in _parallel(one, asks):
@@ -222,7 +222,7 @@ def section_route(run: Run) -> str:
         options = list(dict.fromkeys(titles + [FACTS]))
         schema = {"type": "object", "additionalProperties": False, "required": ["section"],
                   "properties": {"section": {"type": "string", "enum": options}}}
-        answer = _ask(run, SECTION_SYSTEM, f"Article: {article}\nFact: {fact['fact']}", schema, 40)
+        answer = _ask(run, SECTION_SYSTEM, f"Article: {article}\nFact: {fact['fact']}", schema, 100)
         return article, (answer or {}).get("section", FACTS), fact
 
     for article, section, fact in _parallel(one, asks):
@@ -318,7 +318,7 @@ def wikify(run: Run) -> str:
 
     def one(name: str):
         facts = "; ".join(f["fact"] for f in run.new[name]["facts"])[:300]
-        return name, _ask(run, WIKIFY_SYSTEM, f"Article: {name}\nFacts: {facts}", WIKIFY_SCHEMA, 120)
+        return name, _ask(run, WIKIFY_SYSTEM, f"Article: {name}\nFacts: {facts}", WIKIFY_SCHEMA, 220)
 
     improved = 0
     for name, answer in _parallel(one, [n for n in run.created]):
