@@ -70,8 +70,9 @@ async def run(consumer, session, messages: list[dict], state: TurnState) -> None
 
     offered = await sync_to_async(chat_tools.available)(bool(session.coding_tools))
     messages = list(messages)
+    sampling, consumer.next_sampling = consumer.next_sampling, {}  # "next turn" covers all of its rounds
     for round_no in range(MAX_ROUNDS):
-        calls, round_text = await _generate(consumer, session, messages, offered, state, runtime)
+        calls, round_text = await _generate(consumer, session, messages, offered, state, runtime, sampling)
         if not calls:
             return
         if round_no == MAX_ROUNDS - 1:
@@ -94,13 +95,12 @@ def _args(raw: str):
         return raw  # left as written; the call fails its argument check
 
 
-async def _generate(consumer, session, messages, offered, state: TurnState, runtime):
+async def _generate(consumer, session, messages, offered, state: TurnState, runtime, sampling: dict):
     from chat.turns import prepare
 
     engine = runtime.require_engine()
-    prepared = await sync_to_async(prepare)(session, messages, consumer.next_sampling, engine.loaded,
+    prepared = await sync_to_async(prepare)(session, messages, sampling, engine.loaded,
                                             chat_tools.specs(offered) or None)
-    consumer.next_sampling = {}
     round_text = ""
     async for event in engine.submit(prepared.request).events():
         if event.error is not None:

@@ -47,6 +47,13 @@ def restore(entries: list[dict]) -> ChatSession:
             raise BadExport(f"entries[{i}] is not a message entry with an id")
         if message.get("role") not in roles or not isinstance(message.get("content"), str):
             raise BadExport(f"entries[{i}].message needs a role ({', '.join(sorted(roles))}) and text content")
+        if not (item.get("parentId") is None or isinstance(item.get("parentId"), str)):
+            raise BadExport(f"entries[{i}].parentId must be an id or null")
+        if not isinstance(item.get("meta", {}), dict) or not _rounds_ok(item.get("meta", {}).get("toolRounds")):
+            raise BadExport(f"entries[{i}].meta must be an object (toolRounds: [{{text, calls: [{{id, tool, "
+                            f"args, ok, result}}]}}])")
+    if not (head.get("leaf") is None or isinstance(head.get("leaf"), str)):
+        raise BadExport("the session's leaf must be an entry id or null")
     title = head.get("title") if isinstance(head.get("title"), str) else "Imported chat"
     system = head.get("systemPrompt") if isinstance(head.get("systemPrompt"), str) else None
     with transaction.atomic():
@@ -64,3 +71,19 @@ def restore(entries: list[dict]) -> ChatSession:
         session.leaf = made.get(leaf) if leaf in made else (list(made.values())[-1] if made else None)
         session.save()
     return session
+
+
+def _rounds_ok(rounds) -> bool:
+    """Tool rounds as the chat stores them (they are replayed to the model)."""
+    if rounds is None:
+        return True
+    if not isinstance(rounds, list):
+        return False
+    for r in rounds:
+        if not isinstance(r, dict) or not isinstance(r.get("text", ""), str) or not isinstance(r.get("calls"), list):
+            return False
+        for c in r["calls"]:
+            if not isinstance(c, dict) or not isinstance(c.get("id"), str) or not isinstance(c.get("tool"), str) \
+                    or not isinstance(c.get("result", ""), str):
+                return False
+    return True

@@ -90,6 +90,9 @@ class CrossOriginGuardMiddleware(_Middleware):
 
     GUARDED = ("/api/", "/v1/", "/admin/cache/")
     SAFE = ("GET", "HEAD", "OPTIONS")
+    # GETs that start work (the reference makes synthesis a GET): an <img> on
+    # another site sends no Origin, but browsers mark it Sec-Fetch-Site.
+    ACTING_GETS = ("/v1/memory/synthesize",)
 
     def __call__(self, request):
         refused = self._refuse(request)
@@ -103,15 +106,18 @@ class CrossOriginGuardMiddleware(_Middleware):
     def _refuse(self, request):
         origin = request.headers.get("Origin")
         host = request.headers.get("Host", "")
+        from urllib.parse import urlsplit
+
+        foreign = origin is not None and (origin == "null" or urlsplit(origin).netloc != host)
         if not host_allowed(host):  # every request: a rebound page could otherwise read chats and settings
             message = f"requests for host {host!r} are refused (not this server's name)"
-        elif request.method in self.SAFE or not request.path.startswith(self.GUARDED) or origin is None:
+        elif request.path in self.ACTING_GETS:
+            if not foreign and request.headers.get("Sec-Fetch-Site") not in ("cross-site", "same-site"):
+                return None
+            message = f"{request.path} from another site refused"
+        elif request.method in self.SAFE or not request.path.startswith(self.GUARDED) or not foreign:
             return None
         else:
-            from urllib.parse import urlsplit
-
-            if origin != "null" and urlsplit(origin).netloc == host:
-                return None
             message = f"cross-origin {request.method} from {origin} refused"
         if not request.path.startswith(("/v1/", "/admin/cache/")):
             return JsonResponse({"ok": False, "error": message}, status=403)

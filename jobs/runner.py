@@ -30,6 +30,7 @@ def mark_zombies() -> int:
             job.error = job.error or f"its worker (pid {job.worker_pid}) stopped while it ran"
             job.save(update_fields=["status", "ended_at", "error"])
             EventLog(job.log_path).emit("failed", error=job.error)
+            after_end(job)
             count += 1
     return count
 
@@ -128,6 +129,13 @@ def _finish(job: Job, code: int, state: dict, cancelled: bool, events: EventLog,
         if "failed" not in state:
             events.emit("failed", error=job.error)
     job.save()
+    after_end(job)
+    log.info("job %s %s%s", job.id, job.status, f": {job.error}" if job.error else "")
+
+
+def after_end(job: Job) -> None:
+    """What a kind does once its job has ended, however it ended (done,
+    failed, cancelled while queued, or found a zombie)."""
     if job.status == "done" and job.kind == "finetune" and job.output_path:
         try:
             from jobs.adapters import register
@@ -142,4 +150,3 @@ def _finish(job: Job, code: int, state: dict, cancelled: bool, events: EventLog,
             finished(job)
         except Exception:
             log.exception("job %s: could not record its synthesis run", job.id)
-    log.info("job %s %s%s", job.id, job.status, f": {job.error}" if job.error else "")

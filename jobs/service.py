@@ -29,8 +29,13 @@ def _enqueue(job_id: str) -> None:
 def cancel(job: Job) -> bool:
     """Cancel a queued or running job; the worker kills its child."""
     updated = Job.objects.filter(id=job.id, status__in=("queued", "running")).update(status="cancelled")
-    if updated and job.status == "queued":
+    if updated and job.status == "queued":  # no worker will see it: end it here
         from django.utils import timezone
 
+        from jobs.events import EventLog
+        from jobs.runner import after_end
+
         Job.objects.filter(id=job.id).update(ended_at=timezone.now(), error="cancelled by request")
+        EventLog(job.log_path).emit("failed", error="cancelled by request")
+        after_end(Job.objects.get(id=job.id))
     return bool(updated)

@@ -49,6 +49,8 @@ def _with_vault(view):
             return fail(str(exc), exc.status)
         except git.GitError as exc:
             return fail(str(exc), 409)
+        except OSError as exc:  # a name the file system refuses
+            return fail(f"cannot read that: {exc.strerror or exc}", 400)
 
     # Not functools.wraps: ninja would read the view's own parameters as query fields.
     wrapper.__name__ = view.__name__
@@ -132,6 +134,8 @@ def _start(request: HttpRequest, name: str | None, dry: bool):
     row = service.find(name)
     if row is None or not Path(row.root).is_dir():
         return JsonResponse(service.no_vault(name), status=404)
+    if not dry and runtime.engine is None:
+        return fail("no model is being served here; synthesis asks the served model", 503)
     api_url = runtime.local_url or f"{request.scheme}://{request.get_host()}"
     model = runtime.engine.loaded.model_id if runtime.engine is not None else None
     try:

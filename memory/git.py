@@ -8,7 +8,8 @@ import os
 import subprocess
 from pathlib import Path
 
-IDENTITY = ["-c", "user.name=Hearth", "-c", "user.email=hearth@localhost", "-c", "commit.gpgsign=false"]
+IDENTITY = ["-c", "user.name=Hearth", "-c", "user.email=hearth@localhost", "-c", "commit.gpgsign=false",
+            "-c", "core.hooksPath=/dev/null"]  # a vault's hooks never run for Hearth
 TIMEOUT_S = 60
 
 
@@ -21,8 +22,11 @@ def run(root: Path, *args: str, check: bool = True, timeout: float = TIMEOUT_S) 
     env.pop("GIT_DIR", None)
     env.pop("GIT_WORK_TREE", None)
     try:
+        # Its own session: cancelling a job signals the job's process group, and a
+        # fast-forward cut short there would leave the vault half checked out.
         done = subprocess.run(["git", "-C", str(root), *IDENTITY, *args], capture_output=True, text=True,
-                              env=env, timeout=timeout, stdin=subprocess.DEVNULL)
+                              encoding="utf-8", errors="replace", env=env, timeout=timeout,
+                              stdin=subprocess.DEVNULL, start_new_session=True)
     except FileNotFoundError:
         raise GitError("git is not installed (apt-get install git)") from None
     except subprocess.TimeoutExpired:

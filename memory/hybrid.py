@@ -14,7 +14,7 @@ from pathlib import Path
 
 from memory import index
 
-EMBED_PER_SEARCH = 256
+EMBED_PER_SEARCH = 64
 RRF_K = 60
 SCHEMA = "CREATE TABLE IF NOT EXISTS vectors (hash TEXT, model TEXT, vec BLOB, PRIMARY KEY (hash, model))"
 

@@ -44,10 +44,11 @@ def _files(root: Path) -> dict[str, tuple[str, Path]]:
 
 def sections(name: str, text: str) -> list[dict]:
     """The text split at its headings: the part above the first `##` is the
-    lead section (anchor ""), then one section per heading."""
+    lead section (anchor ""), then one section per heading. Front matter is
+    left out (its `kind: thing` would match every article)."""
     lines = text.split("\n")
     heads = vault.structure(text)
-    starts = [0] + [h["line"] - 1 for h in heads]
+    starts = [vault.split_front_matter(text)[2]] + [h["line"] - 1 for h in heads]
     titles = [(name, "")] + [(h["title"], h["anchor"]) for h in heads]
     out = []
     for i, start in enumerate(starts):
@@ -94,7 +95,8 @@ def sync(root: Path, index_path: Path) -> int:
 
 
 def terms(query: str) -> list[str]:
-    return list(dict.fromkeys(re.findall(r"\w+", query.casefold())))[:MAX_TERMS]
+    # lower(), not casefold(): FTS5's tokenizer folds case but keeps ß, so "Straße" must stay "straße".
+    return list(dict.fromkeys(re.findall(r"\w+", query.lower())))[:MAX_TERMS]
 
 
 def _term_pattern(words: list[str]) -> re.Pattern:
@@ -138,7 +140,7 @@ def search(root: Path, index_path: Path, query: str, scope: str = "all", limit: 
     summaries: dict[str, dict] = {}
     hits: list[dict] = []
     for doc, kind, anchor, line, title, body, score in rows:
-        found = [m.group(1).casefold() for m in pattern.finditer(body)]
+        found = [m.group(1).lower() for m in pattern.finditer(body)]
         summary = summaries.setdefault(doc, {"article": doc, "kind": kind, "occurrences": 0, "matched_terms": [],
                                              "score": -score, "title": doc})
         summary["occurrences"] += len(found)

@@ -43,6 +43,8 @@ def allowed_root(raw: str) -> Path:
     """A vault folder must be under the default vault root or the system
     temporary folder (symlinks resolved), so the route cannot be pointed at
     an arbitrary folder on the machine."""
+    if "\x00" in raw:
+        raise vault.VaultError("path must not contain NUL")
     path = Path(raw).expanduser()
     if not path.is_absolute():
         raise vault.VaultError("path must be absolute")
@@ -81,8 +83,8 @@ def init(path: str | None = None, name: str | None = None) -> tuple[MemoryVault,
 
 
 def search(root: Path, query: str, scope: str = "all", limit: int = 50, mode: str | None = None) -> dict:
-    """Full-text search, fused with vector similarity (`mode` "hybrid") when
-    the served model answers embeddings; hybrid is the default then."""
+    """Full-text search; with `mode` "hybrid" (when the served model answers
+    embeddings) fused with vector similarity over sections."""
     from inference.runtime import runtime
 
     can_embed = runtime.embeddings_enabled and runtime.engine is not None
@@ -91,7 +93,7 @@ def search(root: Path, query: str, scope: str = "all", limit: int = 50, mode: st
     if mode == "hybrid" and not can_embed:
         raise vault.VaultError("hybrid search needs a served model that answers embeddings "
                                "(an embedding model, or `hearth serve --embeddings`)")
-    if mode == "fts" or not can_embed:
+    if mode != "hybrid":
         return index.search(root, index_path(root), query, scope, limit)
     from inference.engine.embed import embed
     from memory import hybrid
@@ -104,4 +106,8 @@ def search(root: Path, query: str, scope: str = "all", limit: int = 50, mode: st
         tokens = [(model.tokenizer.encode(t) or [0])[:window] for t in texts]
         return engine.call(lambda: model.adapters.base_only(lambda: embed(model.model, tokens)), 300.0)
 
-    return hybrid.search(root, index_path(root), query, scope, limit, vectors, model.model_id)
+    try:
+        return hybrid.search(root, index_path(root), query, scope, limit, vectors, model.model_id)
+    except Exception as exc:  # the engine is busy, shutting down, or failed: the words still find things
+        found = index.search(root, index_path(root), query, scope, limit)
+        return {**found, "note": f"vector search unavailable ({type(exc).__name__}: {exc}); full-text only"}

@@ -57,6 +57,21 @@ def start(row: MemoryVault, dry: bool, api_url: str | None, model_name: str | No
                                            session_count=len(sessions))
 
 
+def _covered(job: Job, run: SynthesisRun):
+    """How far the run read: `until`, or the last session it read whole when
+    its cap left some for the next run."""
+    from django.utils.dateparse import parse_datetime
+
+    try:
+        summary = json.loads(job.message or "{}")
+    except ValueError:
+        summary = {}
+    covered = parse_datetime(summary["coveredUntil"]) if summary.get("coveredUntil") else None
+    if summary.get("sessions", 0) and covered is not None and covered < run.until:
+        return covered
+    return run.until
+
+
 def finished(job: Job) -> None:
     """Called by the worker when a synthesis job ends, however it ended."""
     run = SynthesisRun.objects.filter(job=job).select_related("vault").first()
@@ -66,8 +81,8 @@ def finished(job: Job) -> None:
     run.commits_json = json.dumps([{"stage": e.get("stage"), "hash": e.get("hash")}
                                    for e in events if e.get("type") == "commit"])
     run.save(update_fields=["commits_json"])
-    if job.status == "done" and not run.dry:  # sessions up to `until` are in; the next run starts there
-        MemoryVault.objects.filter(id=run.vault_id).update(last_synthesized_at=run.until)
+    if job.status == "done" and not run.dry:  # sessions read are in; the next run starts after them
+        MemoryVault.objects.filter(id=run.vault_id).update(last_synthesized_at=_covered(job, run))
     config = json.loads(job.config_json or "{}")
     if config.get("sessions_file"):
         Path(config["sessions_file"]).unlink(missing_ok=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from memory import git, index, service, vault
+from memory import git, index, vault
 
 MAX_READ = 12_000
 MAX_LIST = 300
@@ -35,6 +35,8 @@ NAMES = tuple(spec["function"]["name"] for spec in SPECS)
 def specs() -> list[dict]:
     """The tools to offer: none until a vault exists (they would only answer
     "no vault", and each spec costs prompt tokens on every turn)."""
+    from memory import service  # Django; the specs above are importable without it
+
     row = service.find()
     if row is None or not Path(row.root).is_dir():
         return []
@@ -47,6 +49,8 @@ def call(name: str, args: dict) -> str:
         return f"error: unknown memory tool {name!r}"
     if not isinstance(args, dict):
         return "error: arguments must be an object"
+    from memory import service
+
     row = service.find()
     if row is None or not Path(row.root).is_dir():
         return "error: there is no memory vault yet (the user can create one on the Memory page)"
@@ -65,6 +69,8 @@ def _search(root: Path, args: dict) -> str:
     if scope not in ("all", "articles", "reference"):
         return "error: scope must be all, articles or reference"
     limit = args.get("limit") if isinstance(args.get("limit"), int) and args["limit"] > 0 else 20
+    from memory import service
+
     found = service.search(root, query, scope, min(limit, 200))
     if not found["summaries"]:
         return f"No matches for {query!r}."

@@ -132,7 +132,8 @@ def status(root: Path, recent: int = 10) -> dict:
 def _docs(folder: Path) -> list[Path]:
     if not folder.is_dir():
         return []
-    return sorted(p for p in folder.glob("*.md") if p.is_file() and not p.name.startswith("."))
+    # Symlinks are left out: a vault cloned from elsewhere must not expose files outside it.
+    return sorted(p for p in folder.glob("*.md") if p.is_file() and not p.is_symlink() and not p.name.startswith("."))
 
 
 def articles(root: Path) -> list[str]:
@@ -150,7 +151,7 @@ def check_name(name) -> str:
     name = name.strip()
     if name.endswith(".md"):
         name = name[:-3]
-    if len(name) > MAX_NAME or _BAD_NAME.search(name) or name in (".", ".."):
+    if len(name) > MAX_NAME or len(name.encode()) > 240 or _BAD_NAME.search(name) or name in (".", ".."):
         raise VaultError(f"{name[:MAX_NAME]!r} is not an article name (no slashes, no leading dot, "
                          f"at most {MAX_NAME} characters)")
     return name
@@ -164,7 +165,7 @@ def resolve(root: Path, name: str, allow_reference: bool = False) -> Path:
         folder, name = root / REFERENCE, name[len(REFERENCE) + 1:]
     name = check_name(name)
     path = folder / f"{name}.md"
-    if path.is_file():
+    if path.is_file() and not path.is_symlink():
         return path
     lowered = name.casefold()
     for candidate in _docs(folder):

@@ -239,7 +239,8 @@ def test_hybrid_search_fuses_vectors_when_the_model_embeds(client, vault_root, t
     engine.start()
     runtime.engine, runtime.embeddings_enabled = engine, True
     try:
-        code, body = get(client, "/api/memory/search", q="apples")
+        assert get(client, "/api/memory/search", q="apples")[1]["mode"] == "fts"  # hybrid is asked for
+        code, body = get(client, "/api/memory/search", q="apples", mode="hybrid")
         assert code == 200 and body["mode"] == "hybrid" and body["pendingEmbeddings"] == 0
         by_name = {s["article"]: s for s in body["summaries"]}
         # Every section is compared by meaning, so articles without the word are ranked too, below the matches.
@@ -249,10 +250,89 @@ def test_hybrid_search_fuses_vectors_when_the_model_embeds(client, vault_root, t
         with sqlite3.connect(service.index_path(vault_root)) as db:
             stored = db.execute("SELECT count(*) FROM vectors").fetchone()[0]
         assert stored >= 5
-        assert get(client, "/api/memory/search", q="apples", mode="fts")[1]["mode"] == "fts"
-        get(client, "/api/memory/search", q="wolf")
+        get(client, "/api/memory/search", q="wolf", mode="hybrid")
         with sqlite3.connect(service.index_path(vault_root)) as db:  # sections are embedded once
             assert db.execute("SELECT count(*) FROM vectors").fetchone()[0] == stored
     finally:
         runtime.engine, runtime.embeddings_enabled = None, False
         engine.close(drain_seconds=0)
+
+
+def test_every_model_is_in_the_admin_with_working_lists(client, vault_root):
+    """Each registered model's list, its search and its first filter answer 200."""
+    from django.contrib import admin
+    from django.contrib.auth.models import User
+    from django.test import Client
+
+    from jobs.models import Job
+    from memory.models import MemoryVault, SynthesisRun
+
+    vault = MemoryVault.objects.get(name="fixture")
+    job = Job.objects.create(kind="synthesis", log_path="/dev/null")
+    SynthesisRun.objects.create(vault=vault, job=job, until=vault.created_at)
+    user = User.objects.filter(username="admin-test").first() or User.objects.create_superuser(
+        "admin-test", "a@example.com", "pw")
+    staff = Client()
+    staff.force_login(user)
+    apps = {"jobs", "hub", "chat", "memory"}
+    registered = [m for m in admin.site._registry if m._meta.app_label in apps]
+    assert {MemoryVault, SynthesisRun} <= set(registered)
+    for model in registered:
+        url = f"/admin/{model._meta.app_label}/{model._meta.model_name}/"
+        assert staff.get(url).status_code == 200, url
+        assert staff.get(url, {"q": "x"}).status_code == 200, url
+    page = staff.get(f"/admin/memory/memoryvault/{vault.id}/change/")
+    assert page.status_code == 200 and job.id in page.content.decode()
+
+
+def test_odd_input_is_refused_not_a_500(client, vault_root, tmp_path):
+    assert get(client, "/api/memory/article", name="漢" * 100)[0] == 400  # over the file system's name limit
+    assert post(client, "/api/memory/init", {"path": str(tmp_path / "a\x00b")}).status_code == 400
+    assert post(client, "/api/memory/init", {"path": 5}).status_code == 400
+    assert get(client, "/api/memory/search", q="x", mode="vectors")[0] == 400
+    # Another site's page may not start a synthesis with a GET (an <img>, say).
+    r = client.get("/v1/memory/synthesize", {"dry": "1"}, headers={"Sec-Fetch-Site": "cross-site"})
+    assert r.status_code == 403
+    r = client.get("/v1/memory/synthesize", {"dry": "1"}, headers={"Origin": "http://evil.example"})
+    assert r.status_code == 403
+    bad_meta = {"entries": [{"type": "session"}, {"type": "message", "id": "a", "parentId": None, "meta": {
+        "toolRounds": [{"text": "", "calls": [{"tool": "x"}]}]}, "message": {"role": "assistant", "content": ""}}]}
+    assert post(client, "/api/sessions/import", bad_meta).status_code == 400
+    bad_parent = {"entries": [{"type": "session"}, {"type": "message", "id": "a", "parentId": [],
+                                                   "message": {"role": "user", "content": "hi"}}]}
+    assert post(client, "/api/sessions/import", bad_parent).status_code == 400
+
+
+def test_symlinks_in_a_vault_are_not_followed(client, vault_root, tmp_path):
+    secret = tmp_path / "secret.md"
+    secret.write_text("# Secret\n\nthe password is swordfish\n")
+    link = vault_root / "articles" / "Secret.md"
+    link.symlink_to(secret)
+    try:
+        assert "Secret" not in get(client, "/api/memory/list")[1]["articles"]
+        assert get(client, "/api/memory/article", name="Secret")[0] == 404
+        assert get(client, "/api/memory/search", q="swordfish")[1]["summaries"] == []
+    finally:
+        link.unlink()
+
+
+def test_search_keeps_sharp_s_and_skips_front_matter(client, vault_root):
+    (vault_root / "articles" / "Street.md").write_text("---\nkind: place\n---\n# Street\n\nDie Straße ist lang.\n")
+    try:
+        assert [s["article"] for s in get(client, "/api/memory/search", q="Straße")[1]["summaries"]] == ["Street"]
+        assert "Street" not in [s["article"] for s in get(client, "/api/memory/search", q="place")[1]["summaries"]]
+    finally:
+        (vault_root / "articles" / "Street.md").unlink()
+
+
+def test_synthesis_never_writes_outside_its_folder(tmp_path):
+    """Whatever names a model proposes, `create` writes only clean names inside articles/."""
+    from memory.synthesis import stages
+
+    run = stages.Run(root=tmp_path, model=None, say=lambda message: None)
+    fact = {"fact": "x", "session": "s", "title": "t", "date": ""}
+    run.new = {"../../escape": {"kind": "thing", "facts": [fact]}, "Good name": {"kind": "place", "facts": [fact]}}
+    stages.create(run)
+    assert run.created == ["Good name"] and not (tmp_path.parent / "escape.md").exists()
+    assert sorted(p.name for p in (tmp_path / "articles").iterdir()) == ["Good name.md"]
+    assert stages.clean_name("../../etc/passwd") == "Etc passwd" and stages.clean_name("[[]]") is None

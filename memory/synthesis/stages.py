@@ -19,6 +19,13 @@ PARALLEL = 4
 NEW = "(new article)"
 FACTS, SOURCES = "Facts", "Sources"
 _CLEAN = re.compile(r"[^\w' -]+")
+_MARKUP = re.compile(r"<\|[^|>]*\|>|</?[A-Za-z_]+>|[{}<>|\[\]]")
+
+
+def plain(text) -> str:
+    """Model text for an article: no chat markup, brackets or pipes (they
+    would turn into wikilinks or tables), whitespace collapsed."""
+    return " ".join(_MARKUP.sub(" ", str(text or "")).split())
 
 
 @dataclass
@@ -35,6 +42,7 @@ class Run:
     touched: set[str] = field(default_factory=set)
     created: list[str] = field(default_factory=list)
     asked: int = 0
+    covered: str | None = None  # updatedAt of the last session this run read whole
 
 
 def _ask(run: Run, system: str, user: str, schema: dict, max_tokens: int) -> dict | None:
@@ -79,6 +87,8 @@ def ingest(run: Run, sessions: list[dict]) -> str:
 def segment(run: Run, limit: int) -> str:
     """One segment per question and its answer, long ones cut into pieces."""
     for session in run.sessions:
+        if len(run.segments) >= limit:
+            break
         turns, current = [], []
         for message in session["messages"]:
             if message["role"] == "user" and current:
@@ -93,10 +103,14 @@ def segment(run: Run, limit: int) -> str:
                 run.segments.append({"session": session["id"], "title": session.get("title") or session["id"],
                                      "date": (session.get("updatedAt") or "")[:10],
                                      "text": text[start:start + SEGMENT_CHARS]})
-    skipped = max(len(run.segments) - limit, 0)
+        run.covered = session.get("updatedAt")
+    read = len({s["session"] for s in run.segments})
+    left = len(run.sessions) - read
+    if left:  # whole sessions wait for the next run; the vault's mark moves only past what was read
+        run.sessions = run.sessions[:read]
     del run.segments[limit:]
-    return f"{len(run.segments)} segment(s)" + (f" ({skipped} over the run's cap of {limit} left for later)"
-                                                if skipped else "")
+    return f"{len(run.segments)} segment(s)" + (f"; {left} session(s) over the run's cap of {limit} segments "
+                                                f"are left for the next run" if left else "")
 
 
 # -- extract -------------------------------------------------------------------
@@ -114,8 +128,11 @@ def extract(run: Run) -> str:
     def one(seg: dict) -> list[dict]:
         answer = _ask(run, EXTRACT_SYSTEM, seg["text"], EXTRACT_SCHEMA, 280)
         out = []
-        for item in (answer or {}).get("facts", []):
-            name, fact = clean_name(item.get("entity", "")), " ".join(str(item.get("fact", "")).split())
+        items = (answer or {}).get("facts")
+        for item in items if isinstance(items, list) else []:
+            if not isinstance(item, dict):
+                continue
+            name, fact = clean_name(plain(item.get("entity"))), plain(item.get("fact"))
             if name and len(fact) >= 3:
                 out.append({"entity": name, "kind": item.get("kind", "thing"), "fact": fact,
                             "session": seg["session"], "title": seg["title"], "date": seg["date"]})
@@ -159,7 +176,8 @@ def route(run: Run, index_path: Path) -> str:
         schema = {"type": "object", "additionalProperties": False, "required": ["article"],
                   "properties": {"article": {"type": "string", "enum": candidates + [NEW]}}}
         answer = _ask(run, ROUTE_SYSTEM, f"Entity: {entity}\nFacts: {facts}", schema, 100)
-        return entity, (answer or {}).get("article", NEW)
+        chosen = (answer or {}).get("article")
+        return entity, chosen if chosen in candidates else NEW  # only what was offered (grammar off, too)
 
     for entity, chosen in _parallel(one, asks):
         run.routes[entity] = entity if chosen == NEW else chosen
@@ -186,6 +204,9 @@ def create(run: Run) -> str:
     folder = run.root / vault.ARTICLES
     folder.mkdir(exist_ok=True)
     for name, item in run.new.items():
+        if clean_name(name) != name:  # every name was cleaned; checked again before it names a file
+            run.say(f"skipped an unusable article name {name[:40]!r}")
+            continue
         path = folder / f"{name}.md"
         if path.exists():  # a name that differs only in case from an article written meanwhile
             run.placements.setdefault(path.stem, [])
@@ -223,7 +244,8 @@ def section_route(run: Run) -> str:
         schema = {"type": "object", "additionalProperties": False, "required": ["section"],
                   "properties": {"section": {"type": "string", "enum": options}}}
         answer = _ask(run, SECTION_SYSTEM, f"Article: {article}\nFact: {fact['fact']}", schema, 100)
-        return article, (answer or {}).get("section", FACTS), fact
+        section = (answer or {}).get("section")
+        return article, section if section in options else FACTS, fact
 
     for article, section, fact in _parallel(one, asks):
         run.placements[article].append((section, fact))
@@ -324,8 +346,7 @@ def wikify(run: Run) -> str:
     for name, answer in _parallel(one, [n for n in run.created]):
         if not answer:
             continue
-        lead = " ".join(str(answer.get("lead", "")).split())
-        label = " ".join(str(answer.get("type", "")).split())[:30].replace(":", " ")
+        lead, label = plain(answer.get("lead")), plain(answer.get("type"))[:30].replace(":", " ")
         path = run.root / vault.ARTICLES / f"{name}.md"
         text = path.read_text(encoding="utf-8", errors="replace")
         fields, body, skip = vault.split_front_matter(text)
