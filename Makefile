@@ -8,7 +8,7 @@ OPENBLAS := /usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 /usr/lib/aar
 HOST ?= 127.0.0.1
 PORT ?= 8080
 
-.PHONY: serve test lint blas browser deps bench clean
+.PHONY: serve test lint blas browser git deps bench clean
 
 deps: $(VENV)/.installed
 
@@ -40,11 +40,18 @@ ifeq ($(UNAME),Linux)
 	else echo "error: chromium is needed for the dashboard tests; install it (apt-get install chromium)"; exit 1; fi
 endif
 
-serve: deps blas
+# Memory vaults are git repositories.
+git:
+	@if command -v git >/dev/null; then echo "git present"; \
+	elif [ "$$(id -u)" = 0 ]; then apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q git; \
+	elif command -v sudo >/dev/null; then sudo apt-get update -q && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -q git; \
+	else echo "warning: git is not installed; memory vaults need it (apt-get install git)"; fi
+
+serve: deps blas git
 	$(BIN)/hearth make-demo-model
 	$(BIN)/hearth serve --host $(HOST) --port $(PORT)
 
-test: deps blas browser
+test: deps blas browser git
 	HF_HUB_OFFLINE=1 $(BIN)/pytest -q tests
 
 lint: deps
