@@ -8,6 +8,7 @@ with what was indexed and re-reads only what changed, so edits made by hand
 are found and deleted files drop out. No Django here."""
 from __future__ import annotations
 
+import os
 import re
 import sqlite3
 import threading
@@ -21,6 +22,8 @@ _lock = threading.Lock()
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS files (path TEXT PRIMARY KEY, mtime_ns INTEGER, size INTEGER);
+CREATE TABLE IF NOT EXISTS section_files (id INTEGER PRIMARY KEY, path TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS section_files_path ON section_files (path);
 CREATE VIRTUAL TABLE IF NOT EXISTS sections USING fts5(
     doc UNINDEXED, kind UNINDEXED, path UNINDEXED, anchor UNINDEXED, line UNINDEXED, title, body,
     tokenize = 'unicode61 remove_diacritics 2');
@@ -34,11 +37,21 @@ def connect(index_path: Path) -> sqlite3.Connection:
     return db
 
 
-def _files(root: Path) -> dict[str, tuple[str, Path]]:
+def _files(root: Path) -> dict[str, tuple[str, str, int, int]]:
+    """Every indexable file: relative path -> (kind, path, mtime_ns, size).
+    One scandir per folder and one lstat per file (this runs before every
+    search); the same rule as `vault._docs` (no symlinks, no dot files)."""
     out = {}
     for kind, folder in (("article", vault.ARTICLES), ("reference", vault.REFERENCE)):
-        for path in vault._docs(root / folder):
-            out[path.relative_to(root).as_posix()] = (kind, path)
+        try:
+            entries = os.scandir(root / folder)
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        with entries:
+            for e in entries:
+                if e.name.endswith(".md") and not e.name.startswith(".") and e.is_file(follow_symlinks=False):
+                    st = e.stat(follow_symlinks=False)
+                    out[f"{folder}/{e.name}"] = (kind, e.path, st.st_mtime_ns, st.st_size)
     return out
 
 
@@ -70,28 +83,38 @@ def sync(root: Path, index_path: Path) -> int:
             changed = 0
             with db:
                 for rel in set(known) - set(current):
-                    db.execute("DELETE FROM sections WHERE path = ?", (rel,))
-                    db.execute("DELETE FROM files WHERE path = ?", (rel,))
+                    _forget(db, rel)
                     changed += 1
-                for rel, (kind, path) in current.items():
+                for rel, (kind, path, mtime_ns, size) in current.items():
+                    if known.get(rel) == (mtime_ns, size):
+                        continue
                     try:
-                        st = path.stat()
-                    except FileNotFoundError:
+                        with open(path, encoding="utf-8", errors="replace") as f:
+                            text = f.read()
+                    except FileNotFoundError:  # deleted since the scan
                         continue
-                    if known.get(rel) == (st.st_mtime_ns, st.st_size):
-                        continue
-                    text = path.read_text(encoding="utf-8", errors="replace")
-                    doc = path.stem if kind == "article" else f"{vault.REFERENCE}/{path.stem}"
-                    db.execute("DELETE FROM sections WHERE path = ?", (rel,))
-                    db.executemany(
-                        "INSERT INTO sections (doc, kind, path, anchor, line, title, body) VALUES (?,?,?,?,?,?,?)",
-                        [(doc, kind, rel, s["anchor"], s["line"], s["title"], s["body"])
-                         for s in sections(path.stem, text)])
-                    db.execute("INSERT OR REPLACE INTO files VALUES (?, ?, ?)", (rel, st.st_mtime_ns, st.st_size))
+                    stem = os.path.basename(path)[:-3]
+                    doc = stem if kind == "article" else f"{vault.REFERENCE}/{stem}"
+                    if rel in known:
+                        _forget(db, rel)
+                    for s in sections(stem, text):
+                        row = db.execute("INSERT INTO section_files (path) VALUES (?)", (rel,)).lastrowid
+                        db.execute("INSERT INTO sections (rowid, doc, kind, path, anchor, line, title, body) "
+                                   "VALUES (?,?,?,?,?,?,?,?)",
+                                   (row, doc, kind, rel, s["anchor"], s["line"], s["title"], s["body"]))
+                    db.execute("INSERT OR REPLACE INTO files VALUES (?, ?, ?)", (rel, mtime_ns, size))
                     changed += 1
             return changed
         finally:
             db.close()
+
+
+def _forget(db: sqlite3.Connection, rel: str) -> None:
+    """Drop a file's sections (FTS5 cannot look rows up by an unindexed
+    column, so `section_files` maps each section's rowid to its file)."""
+    db.execute("DELETE FROM sections WHERE rowid IN (SELECT id FROM section_files WHERE path = ?)", (rel,))
+    db.execute("DELETE FROM section_files WHERE path = ?", (rel,))
+    db.execute("DELETE FROM files WHERE path = ?", (rel,))
 
 
 def terms(query: str) -> list[str]:
@@ -130,7 +153,7 @@ def search(root: Path, index_path: Path, query: str, scope: str = "all", limit: 
     if scope in ("articles", "reference"):
         sql += " AND kind = ?"
         args.append(scope[:-1] if scope == "articles" else scope)
-    sql += " ORDER BY score LIMIT 1000"
+    sql += " ORDER BY score LIMIT 400"  # the best sections; enough for the summaries and hits
     db = connect(index_path)
     try:
         rows = db.execute(sql, args).fetchall()

@@ -23,7 +23,7 @@ def default_root() -> Path:
 
 def index_path(root: Path | str) -> Path:
     key = hashlib.sha256(str(Path(root).resolve()).encode()).hexdigest()[:16]
-    return settings.HEARTH_HOME / "cache" / "memory-index" / f"{key}.sqlite3"
+    return settings.HEARTH_HOME / "cache" / "memory-index" / f"{key}.v2.sqlite3"  # a cache: new layout, new file
 
 
 def find(name: str | None = None) -> MemoryVault | None:
