@@ -68,6 +68,10 @@ def init(path: str | None = None, name: str | None = None) -> tuple[MemoryVault,
     else:
         name = name or DEFAULT_NAME
         root = (default_root() / name).resolve()
+    for other in MemoryVault.objects.exclude(name=name):
+        there = Path(other.root)
+        if root != there and (root.is_relative_to(there) or there.is_relative_to(root)):
+            raise vault.VaultError(f"{root} would nest with the vault {other.name!r} at {other.root}", 409)
     existing = MemoryVault.objects.filter(name=name).first()
     if existing is not None and Path(existing.root) != root:
         raise vault.VaultError(f"a vault named {name!r} already lives at {existing.root}", 409)

@@ -109,13 +109,15 @@ def setup(root: Path) -> dict:
     if not git.is_repo(root):
         git.run(root, "init", "-q", "-b", "main")
         initialized = True
+    # Commit only the starter files: anything else the owner has staged stays theirs to commit.
     if git.head(root) is None:
         git.run(root, "add", "--", *STARTER_FILES)
-        git.run(root, "commit", "-q", "--no-verify", "-m", "Start the memory vault")
+        git.run(root, "commit", "-q", "--no-verify", "-m", "Start the memory vault", "--", *STARTER_FILES)
         initialized = True
     elif created:
-        git.run(root, "add", "--", *[rel for rel in created if rel in STARTER_FILES])
-        git.run(root, "commit", "-q", "--no-verify", "-m", "Restore the vault's starter files")
+        restored = [rel for rel in created if rel in STARTER_FILES]
+        git.run(root, "add", "--", *restored)
+        git.run(root, "commit", "-q", "--no-verify", "-m", "Restore the vault's starter files", "--", *restored)
     return {"root": str(root), "created": created, "gitInitialized": initialized,
             "alreadySetUp": not created and not initialized}
 
@@ -321,7 +323,15 @@ def diff(root: Path, name: str, rev: str) -> dict:
     full = git.run(root, "rev-parse", "--verify", "-q", f"{rev}^{{commit}}", check=False).strip()
     if not full:
         raise VaultError(f"no commit {rev} in this vault", 404)
-    text = git.run(root, "show", "--format=", "--no-color", "--no-ext-diff", full, "--", relpath(root, path))
+    # The article's path in that commit: history follows renames, so must this.
+    at = relpath(root, path)
+    log = git.run(root, "log", "--follow", "--format=%x00%H", "--name-only", "--", at)
+    for block in log.split("\0")[1:]:
+        lines = [line for line in block.split("\n") if line]
+        if lines and lines[0] == full and len(lines) > 1:
+            at = lines[1]
+            break
+    text = git.run(root, "show", "--format=", "--no-color", "--no-ext-diff", full, "--", at)
     if not text.strip():
         raise VaultError(f"commit {rev} did not change {path.stem!r}", 404)
     return {"name": path.stem, "rev": full, "diff": text}

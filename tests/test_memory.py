@@ -336,3 +336,21 @@ def test_synthesis_never_writes_outside_its_folder(tmp_path):
     assert run.created == ["Good name"] and not (tmp_path.parent / "escape.md").exists()
     assert sorted(p.name for p in (tmp_path / "articles").iterdir()) == ["Good name.md"]
     assert stages.clean_name("../../etc/passwd") == "Etc passwd" and stages.clean_name("[[]]") is None
+
+
+def test_history_and_diff_follow_a_renamed_article(client, vault_root):
+    git(vault_root, "mv", "articles/Grey Wolf.md", "articles/Wolf.md")
+    git(vault_root, "commit", "-q", "-m", "Rename the wolf")
+    try:
+        entries = get(client, "/api/memory/history", name="Wolf")[1]["entries"]
+        assert [e["subject"] for e in entries] == ["Rename the wolf", "Fixture articles"]
+        code, body = get(client, "/api/memory/diff", name="Wolf", rev=entries[1]["hash"])
+        assert code == 200 and "+A large canid" in body["diff"] and "Grey Wolf.md" in body["diff"]
+    finally:
+        git(vault_root, "mv", "articles/Wolf.md", "articles/Grey Wolf.md")
+        git(vault_root, "commit", "-q", "-m", "Rename it back")
+
+
+def test_vaults_do_not_nest(client, vault_root):
+    r = post(client, "/api/memory/init", {"path": str(vault_root / "articles" / "inner"), "name": "inner"})
+    assert r.status_code == 409 and "nest" in r.json()["error"]

@@ -34,6 +34,8 @@ def run(config: dict, log: EventLog, stage_delay: float = 0.0) -> tuple[str, dic
     model = ServedModel(config.get("api_url"), config.get("model_name"))
     commits: list[dict] = []
     with Scratch(vault_root, Path(config["scratch_root"]), config.get("key", "run"), say) as scratch:
+        for stale in Path(config["scratch_root"]).parent.glob("*.index.sqlite3"):  # left by a killed run
+            stale.unlink(missing_ok=True)
         state = stages.Run(root=scratch.path, model=model, say=say)
         index_path = Path(config["scratch_root"]).parent / f"{config.get('key', 'run')}.index.sqlite3"
         steps = {
