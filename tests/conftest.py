@@ -93,3 +93,16 @@ def browser():
         b = p.chromium.launch(executable_path=executable, args=["--no-sandbox", "--disable-gpu"])
         yield b
         b.close()
+
+
+@pytest.fixture
+def page(browser):
+    """A desktop-sized page; any page error or console error fails the test."""
+    context = browser.new_context(viewport={"width": 1280, "height": 800})
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    yield page
+    context.close()
+    assert not errors, errors

@@ -15,18 +15,6 @@ ARTIFACTS = Path(__file__).parent / "artifacts" / "screenshots"
 PAGES = ("chat", "status", "models", "jobs", "finetune", "quantize", "dataset", "adapters", "settings")
 
 
-@pytest.fixture
-def page(browser):
-    context = browser.new_context(viewport={"width": 1280, "height": 800})
-    page = context.new_page()
-    errors = []
-    page.on("pageerror", lambda e: errors.append(str(e)))
-    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-    yield page
-    context.close()
-    assert not errors, errors
-
-
 def _send(page, text: str) -> None:
     page.fill("textarea[aria-label=Message]", text)
     page.keyboard.press("Enter")

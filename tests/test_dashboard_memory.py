@@ -84,18 +84,6 @@ def _vault_root(url: str) -> Path:
     return Path(next(v for v in vaults if v["default"])["root"])
 
 
-@pytest.fixture
-def page(browser):
-    context = browser.new_context(viewport={"width": 1280, "height": 800})
-    page = context.new_page()
-    errors = []
-    page.on("pageerror", lambda e: errors.append(str(e)))
-    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-    yield page
-    context.close()
-    assert not errors, errors
-
-
 def test_consent_search_article_links_history_and_dry_run(page, memory_server):
     url = memory_server.url
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
