@@ -18,7 +18,10 @@ class EventLog:
         with open(self.path, "a", encoding="utf-8") as f:
             f.write(json.dumps(event, ensure_ascii=False) + "\n")
             f.flush()
-            os.fsync(f.fileno())
+            try:
+                os.fsync(f.fileno())
+            except OSError:  # a log that is not a regular file (a pipe, /dev/null) cannot be synced
+                pass
         return event
 
     def read(self, offset: int = 0) -> tuple[list[dict], int]:

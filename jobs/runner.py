@@ -29,10 +29,19 @@ def mark_zombies() -> int:
             job.status, job.ended_at = "zombie", timezone.now()
             job.error = job.error or f"its worker (pid {job.worker_pid}) stopped while it ran"
             job.save(update_fields=["status", "ended_at", "error"])
-            EventLog(job.log_path).emit("failed", error=job.error)
+            emit_safely(EventLog(job.log_path), job, "failed", error=job.error)
             after_end(job)
             count += 1
     return count
+
+
+def emit_safely(events: EventLog, job: Job, event_type: str, **fields) -> None:
+    """Append to a job's event log; the row is what counts, so a log that
+    cannot be written is logged here and never leaves a job stuck running."""
+    try:
+        events.emit(event_type, **fields)
+    except OSError as exc:
+        log.warning("job %s: could not append to its event log %s: %s", job.id, job.log_path, exc)
 
 
 def _apply(job: Job, events: list[dict], state: dict) -> None:
@@ -56,10 +65,10 @@ def run(job_id: str) -> None:
         return  # cancelled (or gone) while it waited
     job = Job.objects.get(id=job_id)
     events = EventLog(job.log_path)
-    events.emit("started")
     stderr_path = Path(job.log_path).with_suffix(".stderr")
     child, state, code, cancelled = None, {}, None, False
     try:
+        events.emit("started")
         with open(stderr_path, "wb") as stderr:
             child = subprocess.Popen([sys.executable, "-m", "jobs.child", job.kind, job.log_path, job.config_json],
                                      stdout=stderr, stderr=subprocess.STDOUT, start_new_session=True)
@@ -83,7 +92,7 @@ def run(job_id: str) -> None:
             _stop(child)
         state.pop("done", None)
         state["failed"] = {"error": f"the worker failed while running the job: {type(exc).__name__}: {exc}"}
-        events.emit("failed", error=state["failed"]["error"])
+        emit_safely(events, job, "failed", error=state["failed"]["error"])
         code, cancelled = -1, False
     _finish(job, code, state, cancelled, events, stderr_path)
 
@@ -115,7 +124,7 @@ def _finish(job: Job, code: int, state: dict, cancelled: bool, events: EventLog,
         job.message, job.error = json.dumps(done.get("summary", {})), None
     elif cancelled or job.status == "cancelled":
         job.status, job.error = "cancelled", "cancelled by request"
-        events.emit("failed", error=job.error)
+        emit_safely(events, job, "failed", error=job.error)
     else:
         if "failed" in state:
             job.error = state["failed"].get("error")
@@ -127,7 +136,7 @@ def _finish(job: Job, code: int, state: dict, cancelled: bool, events: EventLog,
             job.error = f"the job's process exited with code {code}: {_tail(stderr_path)}"
         job.status = "failed"
         if "failed" not in state:
-            events.emit("failed", error=job.error)
+            emit_safely(events, job, "failed", error=job.error)
     job.save()
     after_end(job)
     log.info("job %s %s%s", job.id, job.status, f": {job.error}" if job.error else "")

@@ -434,3 +434,33 @@ def test_requests_for_another_host_name_are_refused(base_url):
     read = httpx.get(base_url + "/api/sessions/search?q=a", headers={"Host": "attacker.example"})
     assert read.status_code == 403  # reads too: a rebound page must not see chats
     assert httpx.get(base_url + "/health", headers={"Host": "localhost"}).status_code == 200
+
+
+def test_a_job_whose_event_log_cannot_be_written_still_ends(homes, tmp_path):
+    """A zombie or a job whose log path is unusable (a folder that is a file, a
+    device) is still recorded as ended, and start-up goes on."""
+    import django
+    from django.core.management import call_command
+
+    django.setup()
+    call_command("migrate", interactive=False, verbosity=0)
+    from jobs.models import Job
+    from jobs.runner import mark_zombies, run
+
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    zombie = Job.objects.create(kind="quantize", status="running", worker_pid=dead.pid,
+                                log_path=str(blocker / "zombie.ndjson"))
+    device = Job.objects.create(kind="quantize", status="running", worker_pid=dead.pid, log_path="/dev/null")
+    assert mark_zombies() >= 2
+    for job in (zombie, device):
+        job.refresh_from_db()
+        assert job.status == "zombie" and job.ended_at and "stopped while it ran" in job.error
+
+    queued = Job.objects.create(kind="quantize", log_path=str(blocker / "queued.ndjson"))
+    run(queued.id)  # the worker cannot even write "started": the job fails with the reason, not stuck running
+    queued.refresh_from_db()
+    assert queued.status == "failed" and queued.ended_at
+    assert "the worker failed while running the job" in queued.error and "not-a-folder" in queued.error

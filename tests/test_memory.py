@@ -268,7 +268,8 @@ def test_every_model_is_in_the_admin_with_working_lists(client, vault_root):
     from memory.models import MemoryVault, SynthesisRun
 
     vault = MemoryVault.objects.get(name="fixture")
-    job = Job.objects.create(kind="synthesis", log_path="/dev/null")
+    # An ended job: a queued one would be picked up by the next server's worker.
+    job = Job.objects.create(kind="synthesis", status="done", log_path=str(vault_root.parent / "job.ndjson"))
     SynthesisRun.objects.create(vault=vault, job=job, until=vault.created_at)
     user = User.objects.filter(username="admin-test").first() or User.objects.create_superuser(
         "admin-test", "a@example.com", "pw")
