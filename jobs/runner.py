@@ -29,17 +29,17 @@ def mark_zombies() -> int:
             job.status, job.ended_at = "zombie", timezone.now()
             job.error = job.error or f"its worker (pid {job.worker_pid}) stopped while it ran"
             job.save(update_fields=["status", "ended_at", "error"])
-            emit_safely(EventLog(job.log_path), job, "failed", error=job.error)
+            emit_safely(job, "failed", error=job.error)
             after_end(job)
             count += 1
     return count
 
 
-def emit_safely(events: EventLog, job: Job, event_type: str, **fields) -> None:
+def emit_safely(job: Job, event_type: str, **fields) -> None:
     """Append to a job's event log; the row is what counts, so a log that
     cannot be written is logged here and never leaves a job stuck running."""
     try:
-        events.emit(event_type, **fields)
+        EventLog(job.log_path).emit(event_type, **fields)
     except OSError as exc:
         log.warning("job %s: could not append to its event log %s: %s", job.id, job.log_path, exc)
 
@@ -92,9 +92,9 @@ def run(job_id: str) -> None:
             _stop(child)
         state.pop("done", None)
         state["failed"] = {"error": f"the worker failed while running the job: {type(exc).__name__}: {exc}"}
-        emit_safely(events, job, "failed", error=state["failed"]["error"])
+        emit_safely(job, "failed", error=state["failed"]["error"])
         code, cancelled = -1, False
-    _finish(job, code, state, cancelled, events, stderr_path)
+    _finish(job, code, state, cancelled, stderr_path)
 
 
 def _stop(child: subprocess.Popen) -> None:
@@ -115,7 +115,7 @@ def _tail(path: Path, lines: int = 6) -> str:
         return ""
 
 
-def _finish(job: Job, code: int, state: dict, cancelled: bool, events: EventLog, stderr_path: Path) -> None:
+def _finish(job: Job, code: int, state: dict, cancelled: bool, stderr_path: Path) -> None:
     job.refresh_from_db()
     job.ended_at = timezone.now()
     if code == 0 and "done" in state:  # finished before a cancel could stop it: the output stands
@@ -124,7 +124,7 @@ def _finish(job: Job, code: int, state: dict, cancelled: bool, events: EventLog,
         job.message, job.error = json.dumps(done.get("summary", {})), None
     elif cancelled or job.status == "cancelled":
         job.status, job.error = "cancelled", "cancelled by request"
-        emit_safely(events, job, "failed", error=job.error)
+        emit_safely(job, "failed", error=job.error)
     else:
         if "failed" in state:
             job.error = state["failed"].get("error")
@@ -136,7 +136,7 @@ def _finish(job: Job, code: int, state: dict, cancelled: bool, events: EventLog,
             job.error = f"the job's process exited with code {code}: {_tail(stderr_path)}"
         job.status = "failed"
         if "failed" not in state:
-            emit_safely(events, job, "failed", error=job.error)
+            emit_safely(job, "failed", error=job.error)
     job.save()
     after_end(job)
     log.info("job %s %s%s", job.id, job.status, f": {job.error}" if job.error else "")

@@ -32,10 +32,9 @@ def cancel(job: Job) -> bool:
     if updated and job.status == "queued":  # no worker will see it: end it here
         from django.utils import timezone
 
-        from jobs.events import EventLog
-        from jobs.runner import emit_safely, after_end
+        from jobs.runner import after_end, emit_safely
 
         Job.objects.filter(id=job.id).update(ended_at=timezone.now(), error="cancelled by request")
-        emit_safely(EventLog(job.log_path), job, "failed", error="cancelled by request")
+        emit_safely(job, "failed", error="cancelled by request")
         after_end(Job.objects.get(id=job.id))
     return bool(updated)
