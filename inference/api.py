@@ -9,7 +9,10 @@ from ninja import Router
 
 from hub.registry import servable_models
 from inference import __version__
+from inference.engine.engine import Engine, Submission
+from inference.engine.errors import ContextLengthExceeded
 from inference.engine.loader import LoadedModel
+from inference.engine.types import GenerationRequest
 from inference.protocols import chat, openai, params
 from inference.protocols.errors import openai_error
 from inference.runtime import runtime
@@ -24,6 +27,17 @@ ENDPOINTS = ["POST /v1/chat/completions", "POST /v1/completions", "GET /v1/model
              "POST /admin/cache/session/close", "POST /admin/cache/flush"]
 
 
+def submit(engine: Engine, request: GenerationRequest, param: str) -> Submission:
+    """`engine.submit`, naming the request field (`messages`, `prompt`,
+    `input`) a prompt too long for the model's window comes from. It raises
+    before a streaming reply starts, so every refusal is a plain HTTP error."""
+    try:
+        return engine.submit(request)
+    except ContextLengthExceeded as exc:
+        exc.param = param
+        raise
+
+
 async def _generate(request: HttpRequest, kind: str) -> HttpResponse:
     engine = runtime.require_engine()
     model = engine.loaded
@@ -33,7 +47,7 @@ async def _generate(request: HttpRequest, kind: str) -> HttpResponse:
     session = params.session_key(body, request.headers)
     prepared = await asyncio.to_thread(build, body, model, runtime.defaults, runtime.grammar_enabled)
     prepared.request.session = session
-    submission = engine.submit(prepared.request)
+    submission = submit(engine, prepared.request, "messages" if kind == "chat" else "prompt")
     reply = openai.Reply(kind, model.model_id)
     if body.get("stream"):
         headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **prepared.headers}

@@ -9,7 +9,7 @@ import logging
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from ninja import Router
 
-from inference.engine.errors import EngineError
+from inference.engine.errors import EngineError, PromptTooLong
 from inference.protocols import anthropic, openai, params
 from inference.protocols.errors import RequestError
 from inference.runtime import runtime
@@ -43,6 +43,9 @@ def _guarded(view):
             message = exc.message.replace("stop must", "stop_sequences must") if param == "stop_sequences" \
                 else exc.message
             return _error(exc.status, message)
+        except PromptTooLong as exc:  # the message Claude Code reads to compact the conversation
+            return _error(exc.status, f"prompt is too long: {exc.prompt_tokens} tokens > "
+                                      f"{exc.max_prompt_tokens} maximum")
         except EngineError as exc:
             if exc.status >= 500:
                 log.error("%s on %s: %s", type(exc).__name__, request.path, exc)

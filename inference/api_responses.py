@@ -8,6 +8,7 @@ import asyncio
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from ninja import Router
 
+from inference.api import submit
 from inference.protocols import openai, params, responses
 from inference.protocols.errors import RequestError, openai_error
 from inference.runtime import runtime
@@ -34,7 +35,7 @@ async def create(request: HttpRequest) -> HttpResponse:
     prepared = await asyncio.to_thread(openai.chat_request, chat_body, engine.loaded, runtime.defaults,
                                        runtime.grammar_enabled)
     prepared.request.session = session
-    submission = engine.submit(prepared.request)
+    submission = submit(engine, prepared.request, "input")
     reply = responses.Reply(engine.loaded.model_id, body, turn, engine.loaded.tokenizer)
 
     def keep(message, response: dict) -> None:

@@ -137,7 +137,7 @@ def test_cache_read_tokens_on_a_repeated_prefix(client):
      "/v1/chat/completions"),
     ({"messages": ASK, "logit_bias": {"1": 5}}, "logit_bias"),
     ({"messages": ASK, "stop_sequences": "x"}, "stop_sequences"),
-    ({"messages": [{"role": "system", "content": "x"}]}, "role"),
+    ({"messages": [{"role": "tool", "content": "x"}]}, "role"),  # system turns are accepted in place
     ({"messages": ASK, "thinking": "yes"}, "thinking"),
     ({"messages": [{"role": "user", "content": [{"type": ["text"], "text": "hi"}]}]}, "type must be a string"),
     ({"messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": [

@@ -7,8 +7,10 @@ Admission: at most `capacity` rows run at once (the `--batch` size on the
 batched lane, one on the serial lane); up to `MAX_QUEUED` more wait, in
 arrival order; beyond that `submit` raises `QueueFull` at once. With an
 operator context cap (`max_context`, or one derived from `memory_budget`) a
-prompt that leaves no room to generate is refused with `ContextOverBudget`,
-and a prompt that fits has its token limit capped to the room left.
+prompt that leaves no room to generate is refused with `ContextOverBudget`;
+one that fills the model's own context window, with `ContextLengthExceeded`
+(both before any prefill); a prompt that fits has its token limit capped to
+the room left.
 
 Each admitted request first takes the longest prefix it shares with an
 earlier one from the prompt cache; whatever it leaves in its KV cache when
@@ -38,7 +40,14 @@ from pathlib import Path
 
 from inference.engine import loader, metrics
 from inference.engine.adapters import AdapterError, AdapterManager
-from inference.engine.errors import ContextOverBudget, EngineClosed, EngineError, EngineTimeout, QueueFull
+from inference.engine.errors import (
+    ContextLengthExceeded,
+    ContextOverBudget,
+    EngineClosed,
+    EngineError,
+    EngineTimeout,
+    QueueFull,
+)
 from inference.engine.prompt_cache import PromptCache
 from inference.engine.rows import Job, Row
 from inference.engine.types import GenerationEvent, GenerationRequest
@@ -146,17 +155,12 @@ class Engine:
 
     # -- asyncio side ----------------------------------------------------
     def submit(self, request: GenerationRequest) -> Submission:
-        """Queue `request`; raises `EngineClosed`, `QueueFull` or
-        `ContextOverBudget` at once, so the caller can still answer with an
-        HTTP error."""
+        """Queue `request`; raises `EngineClosed`, `QueueFull`,
+        `ContextLengthExceeded` or `ContextOverBudget` at once, so the caller
+        can still answer with an HTTP error."""
         if self._closed:
             raise EngineClosed("server is shutting down")
-        n = len(request.prompt_tokens)
-        if self.enforced_context is not None and n >= self.enforced_context:
-            raise ContextOverBudget(
-                f"the prompt has {n} tokens and the configured context limit is {self.enforced_context} "
-                "tokens, which leaves no room to generate; shorten the prompt or raise --max-context "
-                "/ --memory-budget")
+        self._check_room(len(request.prompt_tokens))
         with self._count_lock:
             if self._closed:
                 raise EngineClosed("server is shutting down")
@@ -167,6 +171,21 @@ class Engine:
         self.stats.requests_total += 1
         self._inbox.put(job)
         return Submission(job)
+
+    def _check_room(self, n: int) -> None:
+        """Refuse a prompt of `n` tokens that leaves no room to generate, naming
+        the tighter of the model's window and the operator's cap (the window
+        on a tie): a full prefill would only end in `length` at once."""
+        window = self.loaded.context_window if self.loaded is not None else None
+        cap = self.enforced_context
+        if window is not None and n >= window and (cap is None or window <= cap):
+            raise ContextLengthExceeded(
+                f"This model's maximum context length is {window} tokens. However, the prompt resulted in {n} "
+                "tokens, which leaves no room to generate. Please reduce the length of the prompt.", n, window)
+        if cap is not None and n >= cap:
+            raise ContextOverBudget(
+                f"the prompt has {n} tokens and the configured context limit is {cap} tokens, which leaves "
+                "no room to generate; shorten the prompt or raise --max-context / --memory-budget", n, cap)
 
     def call(self, fn: Callable, timeout: float = 60.0):
         """Run `fn()` on the engine thread between decode steps (inline once

@@ -40,9 +40,31 @@ class EngineClosed(EngineError):
     code = "shutting_down"
 
 
-class ContextOverBudget(EngineError):
-    """The prompt alone fills the operator's context or memory cap."""
+class PromptTooLong(EngineError):
+    """The prompt leaves no room to generate within `limit` tokens; refused
+    before any prefill. `max_prompt_tokens` is the longest prompt that fits."""
 
     status = 400
+
+    def __init__(self, message: str, prompt_tokens: int = 0, limit: int = 0):
+        super().__init__(message)
+        self.prompt_tokens, self.limit = prompt_tokens, limit
+
+    @property
+    def max_prompt_tokens(self) -> int:
+        return max(self.limit - 1, 0)  # one token of room to generate
+
+
+class ContextLengthExceeded(PromptTooLong):
+    """The prompt alone fills the model's own context window."""
+
+    type = "invalid_request_error"
+    code = "context_length_exceeded"
+    param = "messages"
+
+
+class ContextOverBudget(PromptTooLong):
+    """The prompt alone fills the operator's context or memory cap."""
+
     type = "memory_admission"
     code = "context_over_budget"

@@ -80,9 +80,12 @@ def _messages(raw) -> list[dict]:
     out: list[dict] = []
     for i, m in enumerate(raw):
         where = f"messages[{i}]"
-        if not isinstance(m, dict) or m.get("role") not in ("user", "assistant"):
-            raise RequestError(f"{where}.role must be 'user' or 'assistant'", f"{where}.role")
+        if not isinstance(m, dict) or m.get("role") not in ("user", "assistant", "system"):
+            raise RequestError(f"{where}.role must be 'user', 'assistant' or 'system'", f"{where}.role")
         role, content = m["role"], m.get("content")
+        if role == "system":  # agents (Claude Code) send these mid-conversation: a system turn in place
+            out.append({"role": "system", "content": _text_blocks(content, f"{where}.content")})
+            continue
         if isinstance(content, str):
             out.append({"role": role, "content": content})
             continue
@@ -177,6 +180,8 @@ def to_chat_body(body: dict) -> dict:
         choice = _tool_choice(body.get("tool_choice"))
         if choice is not None:
             chat["tool_choice"] = choice
+        if isinstance(body.get("tool_choice"), dict) and body["tool_choice"].get("disable_parallel_tool_use") is True:
+            chat["parallel_tool_calls"] = False  # at most one tool_use block
     for name in EXTRAS:
         if name in body:
             chat[name] = body[name]

@@ -61,12 +61,14 @@ def chat_request(body: dict, model: LoadedModel, defaults: ServerDefaults, gramm
     messages = chat.normalize_messages(body.get("messages"))
     kwargs = chat.template_kwargs(body)
     tools = chat.tools_for(body)
+    single = not params.boolean(body, "parallel_tool_calls", True)  # at most one tool call per reply
     prepared = Prepared(_common(body, model, defaults))
     _constrain(prepared, body, model, grammar_enabled)
     if prepared.constraint is not None and prepared.constraint.compiled is None:
         messages = _with_instruction(messages, prepared.constraint.instruction())
     prepared.request.prompt_tokens, in_reasoning = chat.build_prompt(model, messages, tools, kwargs)
-    prepared.output = OutputParser(in_reasoning=in_reasoning, reasoning=chat.thinks(model), tools=tools)
+    prepared.output = OutputParser(in_reasoning=in_reasoning, reasoning=chat.thinks(model), tools=tools,
+                                   max_calls=1 if single else None)
     return prepared
 
 

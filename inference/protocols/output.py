@@ -27,6 +27,7 @@ class OutputParser:
     in_reasoning: bool = False  # the prompt left a <think> block open
     reasoning: bool = False  # parse <think> blocks at all
     tools: list[dict] | None = None  # parse tool calls when set
+    max_calls: int | None = None  # 1 when the client turned parallel tool calls off: later calls are dropped
     calls: list[ToolCall] = field(default_factory=list)
     _held: str = ""
     _tool_open: str | None = None  # the start tag of the markup being withheld
@@ -104,7 +105,8 @@ class OutputParser:
         markup_body = body if start == "<tool_call>" else start + body + ("</function>" if closed else "")
         calls = parse_block(markup_body, self.tools)
         if calls:
-            self.calls.extend(calls)
+            room = len(calls) if self.max_calls is None else max(self.max_calls - len(self.calls), 0)
+            self.calls.extend(calls[:room])
         else:  # unreadable: show it as the model wrote it
             self._emit(out, start + body + (TOOL_TAGS[start] if closed else ""))
 

@@ -19,7 +19,7 @@ from inference.protocols.response_store import ResponseStore
 EXTRAS = ("min_p", "xtc_probability", "xtc_threshold", "logit_bias", "repetition_penalty", "repetition_context_size",
           "presence_penalty", "presence_context_size", "frequency_penalty", "frequency_context_size", "seed",
           "session_id", "prompt_cache_key", "chat_template_kwargs", "guided_grammar", "guided_regex",
-          "guided_choice", "stop", "adapter")
+          "guided_choice", "stop", "adapter", "parallel_tool_calls")
 
 
 def _new_id(prefix: str) -> str:

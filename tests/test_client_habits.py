@@ -1,0 +1,254 @@
+"""What real agents and SDKs send: Claude Code's system turns inside
+Anthropic `messages`, prompts longer than the context window (refused before
+any prefill with the errors clients act on), the operator's context cap, and
+the extra fields of the OpenAI, Responses and Anthropic SDKs (accepted,
+honoured where they mean something here, never a 400 or a 500)."""
+from __future__ import annotations
+
+import json
+import re
+
+import anthropic
+import httpx
+import openai
+import pytest
+
+from inference.protocols import anthropic as messages_protocol
+from inference.protocols.errors import RequestError
+from tests.helpers import ServerProcess, server_env
+
+# Over 2,048 tokens (the tiny model's window) in every protocol.
+LONG = " ".join(f"fact {i}: the fox jumps over the lazy dog." for i in range(200))
+WINDOW = 2048
+CALL = '<tool_call>{"name": "get_weather", "arguments": {"city": "%s"}}</tool_call>'
+TWO_CALLS = CALL % "Paris" + CALL % "Rome"
+THEN_TWO_CALLS = "Plan.</think>\n\n" + TWO_CALLS  # a reply when thinking is on
+WEATHER = {"name": "get_weather", "description": "Weather for a city",
+           "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+OPENAI_WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather for a city",
+                                                   "parameters": WEATHER["input_schema"]}}
+EPHEMERAL = {"type": "ephemeral"}
+
+
+def forced(text: str) -> dict:
+    return {"guided_grammar": "root ::= " + json.dumps(text)}
+
+
+@pytest.fixture(scope="module")
+def oai(base_url):
+    return openai.OpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def claude(base_url):
+    return anthropic.Anthropic(base_url=base_url, api_key="unused", max_retries=0)
+
+
+def _requests_total(url: str) -> int:
+    return httpx.get(url + "/stats").json()["engine"]["requests_total"]
+
+
+# -- Claude Code's system turns ---------------------------------------------
+CLAUDE_CODE_TURNS = [
+    {"role": "user", "content": [{"type": "text", "text": "List the files.", "cache_control": EPHEMERAL}]},
+    {"role": "system", "content": "The user switched to plan mode."},
+    {"role": "assistant", "content": "Planning."},
+    {"role": "system", "content": [{"type": "text", "text": "Reminder one."},
+                                   {"type": "text", "text": "Reminder two.", "cache_control": EPHEMERAL}]},
+    {"role": "user", "content": "Go on."},
+]
+
+
+def test_system_turns_in_messages_render_in_place_in_order():
+    chat = messages_protocol.to_chat_body({"system": "Top.", "messages": CLAUDE_CODE_TURNS, "max_tokens": 5})
+    assert chat["messages"] == [
+        {"role": "system", "content": "Top."}, {"role": "user", "content": "List the files."},
+        {"role": "system", "content": "The user switched to plan mode."},
+        {"role": "assistant", "content": "Planning."},
+        {"role": "system", "content": "Reminder one.\n\nReminder two."}, {"role": "user", "content": "Go on."}]
+    with pytest.raises(RequestError) as bad:
+        messages_protocol.to_chat_body({"messages": [{"role": "tool", "content": "x"}]})
+    assert bad.value.param == "messages[0].role"
+
+
+def test_claude_code_request_with_system_turns(claude, oai, tiny_model):
+    system = [{"type": "text", "text": "You are an agent.", "cache_control": EPHEMERAL}]
+    msg = claude.messages.create(model="m", max_tokens=20, system=system, messages=CLAUDE_CODE_TURNS,
+                                 extra_body=forced("Done."))
+    assert msg.content[0].text == "Done." and msg.stop_reason == "end_turn"
+    counted = claude.messages.count_tokens(model="m", system=system, messages=CLAUDE_CODE_TURNS)
+    # The same turns, in the same order, through chat completions: the same prompt.
+    as_chat = [{"role": "system", "content": "You are an agent."}] + messages_protocol.to_chat_body(
+        {"messages": CLAUDE_CODE_TURNS})["messages"]
+    same = oai.chat.completions.create(model=tiny_model, messages=as_chat, max_tokens=1)
+    served = msg.usage.input_tokens + (msg.usage.cache_read_input_tokens or 0)
+    assert counted.input_tokens == same.usage.prompt_tokens == served
+
+
+# -- prompts longer than the context window ---------------------------------
+def _long_count(claude) -> int:
+    n = claude.messages.count_tokens(model="m", messages=[{"role": "user", "content": LONG}]).input_tokens
+    assert n > WINDOW  # count_tokens counts what generation would refuse
+    return n
+
+
+def _openai_refusal(response: httpx.Response, param: str) -> int:
+    assert response.status_code == 400, response.text
+    assert response.headers["content-type"].startswith("application/json")
+    error = response.json()["error"]
+    assert (error["type"], error["param"], error["code"]) == ("invalid_request_error", param,
+                                                              "context_length_exceeded")
+    found = re.search(r"maximum context length is (\d+) tokens\. However, the prompt resulted in (\d+) tokens",
+                      error["message"])
+    assert found and int(found[1]) == WINDOW, error["message"]
+    return int(found[2])
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_too_long_chat_is_refused_before_prefill(base_url, claude, tiny_model, stream):
+    n = _long_count(claude)
+    before = _requests_total(base_url)
+    body = {"model": tiny_model, "messages": [{"role": "user", "content": LONG}], "max_tokens": 5,
+            "stream": stream}
+    with httpx.stream("POST", base_url + "/v1/chat/completions", json=body, timeout=60) as r:
+        r.read()
+    assert _openai_refusal(r, "messages") == n
+    assert _requests_total(base_url) == before  # never queued, never prefilled
+
+
+def test_too_long_completion_and_responses(base_url, oai, tiny_model):
+    with pytest.raises(openai.BadRequestError) as refused:
+        oai.completions.create(model=tiny_model, prompt=LONG, max_tokens=5)
+    assert refused.value.code == "context_length_exceeded" and refused.value.param == "prompt"
+    for stream in (False, True):
+        body = {"model": tiny_model, "input": LONG, "max_output_tokens": 5, "stream": stream}
+        with httpx.stream("POST", base_url + "/v1/responses", json=body, timeout=60) as r:
+            r.read()
+        assert _openai_refusal(r, "input") > WINDOW
+    with pytest.raises(openai.BadRequestError) as sdk:
+        oai.responses.create(model=tiny_model, input=LONG, stream=True)
+    assert sdk.value.code == "context_length_exceeded"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_too_long_message_says_prompt_is_too_long(base_url, claude, stream):
+    n = _long_count(claude)
+    body = {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": LONG}], "stream": stream}
+    with httpx.stream("POST", base_url + "/v1/messages", json=body, timeout=60) as r:
+        r.read()
+    assert r.status_code == 400
+    assert r.json() == {"type": "error", "error": {"type": "invalid_request_error",
+                                                   "message": f"prompt is too long: {n} tokens > {WINDOW - 1} maximum"}}
+    with pytest.raises(anthropic.BadRequestError) as sdk:
+        claude.messages.create(model="m", max_tokens=5, messages=[{"role": "user", "content": LONG}])
+    assert sdk.value.body["error"]["message"] == f"prompt is too long: {n} tokens > {WINDOW - 1} maximum"
+
+
+# -- the operator's cap ------------------------------------------------------
+@pytest.fixture(scope="module")
+def capped(homes, tiny_model, tmp_path_factory):
+    proc = ServerProcess(server_env(*homes), tiny_model, "--max-context", "300",
+                         log_path=tmp_path_factory.mktemp("logs") / "capped.log")
+    try:
+        yield proc.wait_ready()
+    finally:
+        assert proc.stop() == 0, proc.output()
+
+
+def test_operator_cap_keeps_its_type_and_speaks_anthropic(capped, tiny_model):
+    text = " ".join(f"fact {i}: the fox jumps over the lazy dog." for i in range(40))
+    for stream in (False, True):
+        body = {"model": tiny_model, "messages": [{"role": "user", "content": text}], "stream": stream}
+        r = httpx.post(capped.url + "/v1/chat/completions", json=body, timeout=60)
+        assert r.status_code == 400, r.text
+        error = r.json()["error"]
+        assert (error["type"], error["code"], error["param"]) == ("memory_admission", "context_over_budget", None)
+        assert "300" in error["message"]
+    claude = anthropic.Anthropic(base_url=capped.url, api_key="unused", max_retries=0)
+    ask = [{"role": "user", "content": text}]
+    n = claude.messages.count_tokens(model="m", messages=ask).input_tokens
+    assert 300 <= n < WINDOW
+    for stream in (False, True):
+        r = httpx.post(capped.url + "/v1/messages", json={"model": "m", "max_tokens": 5, "messages": ask,
+                                                          "stream": stream}, timeout=60)
+        assert r.status_code == 400
+        assert r.json()["error"] == {"type": "invalid_request_error",
+                                     "message": f"prompt is too long: {n} tokens > 299 maximum"}
+
+
+# -- the fields SDKs and agents send -----------------------------------------
+def test_chat_fields_are_accepted(oai, tiny_model):
+    extras = dict(user="u-1", metadata={"run": "7"}, service_tier="auto", store=False, prompt_cache_key="agent-1",
+                  parallel_tool_calls=True, seed=3)
+    stream = oai.chat.completions.create(model=tiny_model, messages=[{"role": "user", "content": "Hi"}],
+                                         max_tokens=4, stream=True, stream_options={"include_usage": True},
+                                         **extras)
+    chunks = list(stream)
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens > 0
+    done = oai.completions.create(model=tiny_model, prompt="Hi", max_tokens=3, user="u-1",
+                                  stream=True, stream_options={"include_usage": True})
+    assert [c for c in done][-1].usage.total_tokens > 0
+
+
+def test_parallel_tool_calls_false_keeps_one_call(oai, tiny_model):
+    ask = dict(model=tiny_model, messages=[{"role": "user", "content": "Weather?"}], tools=[OPENAI_WEATHER],
+               max_tokens=400, extra_body=forced(TWO_CALLS))
+    both = oai.chat.completions.create(**ask)
+    assert [json.loads(c.function.arguments)["city"] for c in both.choices[0].message.tool_calls] == ["Paris", "Rome"]
+    one = oai.chat.completions.create(**ask, parallel_tool_calls=False)
+    assert [json.loads(c.function.arguments)["city"] for c in one.choices[0].message.tool_calls] == ["Paris"]
+    assert one.choices[0].finish_reason == "tool_calls"
+
+
+def test_responses_fields_and_store_false(oai, tiny_model):
+    tool = {"type": "function", "name": "get_weather", "parameters": WEATHER["input_schema"]}
+    kept = oai.responses.create(model=tiny_model, input="Weather?", tools=[tool], tool_choice="auto",
+                                parallel_tool_calls=False, store=True, metadata={"task": "t1"}, user="u-1",
+                                service_tier="auto", prompt_cache_key="codex-1", include=[], truncation="disabled",
+                                reasoning={"effort": "low", "summary": "auto"}, max_output_tokens=400,
+                                extra_body=forced(THEN_TWO_CALLS))
+    assert [item.type for item in kept.output] == ["reasoning", "function_call"]
+    assert kept.metadata == {"task": "t1"} and kept.parallel_tool_calls is False and kept.store is True
+    assert oai.responses.retrieve(kept.id).id == kept.id
+    gone = oai.responses.create(model=tiny_model, input="Hi", store=False, max_output_tokens=3,
+                                include=["reasoning.encrypted_content"])
+    assert gone.store is False
+    with pytest.raises(openai.NotFoundError):
+        oai.responses.retrieve(gone.id)
+
+
+def test_claude_code_shapes_are_accepted(claude, base_url):
+    tool = {**WEATHER, "cache_control": EPHEMERAL}
+    history = [
+        {"role": "user", "content": [{"type": "text", "text": "Weather in Paris?", "cache_control": EPHEMERAL}]},
+        {"role": "assistant", "content": [
+            {"type": "thinking", "thinking": "Use the tool.", "signature": "sig"},
+            {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "cache_control": EPHEMERAL,
+                                      "content": [{"type": "text", "text": "Sunny"}, {"type": "text", "text": "21C"}]},
+                                     {"type": "text", "text": "And Rome?"}]},
+    ]
+    shape = dict(model="m", max_tokens=400, messages=history, tools=[tool],
+                 system=[{"type": "text", "text": "Agent.", "cache_control": EPHEMERAL}],
+                 thinking={"type": "enabled", "budget_tokens": 1024},
+                 metadata={"user_id": "user_abc_account_1_session_2"})
+    betas = ["claude-code-20250219", "interleaved-thinking-2025-05-14", "prompt-caching-2024-07-31"]
+    msg = claude.beta.messages.create(**shape, betas=betas, tool_choice={"type": "auto"},
+                                      extra_body=forced(THEN_TWO_CALLS))
+    assert [b.type for b in msg.content] == ["thinking", "tool_use", "tool_use"]
+    one = claude.beta.messages.create(**shape, betas=betas,
+                                      tool_choice={"type": "auto", "disable_parallel_tool_use": True},
+                                      extra_body=forced(THEN_TWO_CALLS))
+    assert [b.input for b in one.content if b.type == "tool_use"] == [{"city": "Paris"}]
+    assert one.stop_reason == "tool_use"
+    counted = claude.beta.messages.count_tokens(model="m", messages=history, tools=[tool], betas=betas,
+                                                system=shape["system"], thinking=shape["thinking"])
+    assert counted.input_tokens > 0
+    # Raw, as Claude Code posts it: ?beta=true, its headers, and fields this server has no use for.
+    headers = {"anthropic-version": "2023-06-01", "anthropic-beta": ",".join(betas), "x-api-key": "k",
+               "anthropic-dangerous-direct-browser-access": "true", "x-app": "cli"}
+    body = {**shape, "stream": True, "service_tier": "auto", "context_management": {"edits": []},
+            "tool_choice": {"type": "auto"}}
+    with httpx.stream("POST", base_url + "/v1/messages?beta=true", json=body, headers=headers, timeout=60) as r:
+        text = r.read().decode()
+    assert r.status_code == 200 and "event: message_stop" in text
