@@ -4,11 +4,13 @@ passes; requests pick adapters with their `adapter` field."""
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 from asgiref.sync import sync_to_async
 from django.http import HttpRequest, JsonResponse
 from ninja import Router
 
+from core.paths import PathRefused, confine, confine_members
 from inference.engine.errors import EngineTimeout
 from inference.protocols import params
 from inference.protocols.errors import RequestError
@@ -46,6 +48,11 @@ async def mount(request: HttpRequest):
     if not isinstance(adapter_id, str) or not adapter_id or not isinstance(path, str) or not path:
         raise RequestError("id and path required", "id" if not isinstance(adapter_id, str) or not adapter_id
                            else "path")
+    try:  # inside the allowed roots, the files it reads included (one answer whether or not it exists)
+        path = str(confine(path, "path"))
+        confine_members(Path(path), ("adapters.safetensors", "adapter_config.json"), "path")
+    except PathRefused as exc:
+        raise RequestError(str(exc), "path") from None
     try:
         result = await asyncio.to_thread(engine.mount_adapter, adapter_id, path, False, MOUNT_TIMEOUT_S)
     except EngineTimeout:

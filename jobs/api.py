@@ -9,6 +9,7 @@ from asgiref.sync import sync_to_async
 from django.http import HttpRequest, JsonResponse, StreamingHttpResponse
 from ninja import Router
 
+from core.paths import PathRefused, confine, confine_members, confine_model_ref, holds_a_root
 from jobs import service
 from jobs.events import EventLog
 from jobs.folders import stamped
@@ -30,6 +31,10 @@ def _model_body(request: HttpRequest) -> dict | JsonResponse:
         return body
     if not isinstance(body.get("model_id"), str) or not body["model_id"]:
         return _fail("model_id required")
+    try:
+        confine_model_ref(body["model_id"], "model_id")
+    except PathRefused as exc:
+        return _fail(str(exc))
     return body
 
 
@@ -118,8 +123,11 @@ def quantize_inspect(request: HttpRequest):
     except ModelNotFound as exc:
         return {"ok": False, "model_id": model_id, "error": str(exc)}
     try:
+        confine_members(path, ["config.json"], "model_id")
         config = json.loads((path / "config.json").read_text())
         size = sum(p.stat().st_size for p in path.iterdir() if p.is_file())
+    except PathRefused as exc:
+        return _fail(str(exc))
     except (OSError, ValueError) as exc:
         return {"ok": False, "model_id": model_id, "error": f"unreadable model: {exc}"}
     arch = config.get("model_type")
@@ -160,7 +168,10 @@ def finetune_inspect(request: HttpRequest):
     path = body.get("path")
     if not isinstance(path, str) or not path:
         return _fail("path required")
-    return finetune.inspect(path)
+    try:
+        return finetune.inspect(str(confine(path, "path")))
+    except PathRefused as exc:
+        return _fail(str(exc))
 
 
 @router.post("/finetune/submit")
@@ -177,6 +188,10 @@ def finetune_submit(request: HttpRequest):
         return _fail("adapter_path must be a string")
     if not body.get("adapter_path"):
         body["adapter_path"] = str(stamped(settings.HEARTH_HOME / "adapters", "adapter"))
+    try:
+        finetune.confine_paths(body)
+    except PathRefused as exc:
+        return _fail(str(exc))
     job = service.submit("finetune", body)  # config errors surface as the job's failed event
     return {"ok": True, "job_id": job.id, "adapter_path": body["adapter_path"]}
 
@@ -226,13 +241,15 @@ def _resolve_folder(request: HttpRequest):
     body = _body(request)
     if isinstance(body, JsonResponse):
         return body
-    return resolve_folder(Path(constants.HF_HUB_CACHE), body.get("folder_name"), body.get("rel_path"))
+    try:
+        return resolve_folder(Path(constants.HF_HUB_CACHE), body.get("folder_name"), body.get("rel_path"))
+    except PathRefused as exc:
+        return _fail(str(exc))
 
 
 @router.post("/finetune/export")
 def finetune_export(request: HttpRequest):
     import time as _time
-    from pathlib import Path
 
     from django.conf import settings
 
@@ -242,8 +259,12 @@ def finetune_export(request: HttpRequest):
     base, adapter = body.get("base_model"), body.get("adapter_path")
     if not isinstance(base, str) or not base or not isinstance(adapter, str) or not adapter:
         return _fail("base_model and adapter_path required")
-    adapter_dir = Path(adapter).expanduser()
-    if not (adapter_dir / "adapters.safetensors").is_file():
+    try:
+        adapter_dir = confine(adapter, "adapter_path")
+        confine_members(adapter_dir, ["adapters.safetensors", "adapter_config.json"], "adapter_path")
+    except PathRefused as exc:
+        return _fail(str(exc))
+    if holds_a_root(adapter_dir) or not (adapter_dir / "adapters.safetensors").is_file():
         return _fail(f"{adapter_dir} holds no adapters.safetensors")
     out = stamped(settings.HEARTH_HOME / "exports", "export")
     out.mkdir(parents=True)

@@ -7,6 +7,7 @@ from pathlib import Path
 from django.http import HttpRequest, JsonResponse
 from ninja import Router
 
+from core.paths import PathRefused, confine, holds_a_root
 from jobs import hf
 from jobs.http import fail, json_body
 from jobs.models import Job
@@ -48,8 +49,16 @@ def _push(request: HttpRequest, kind: str, repo_type: str):
         return fail("repo_id required, as owner/name")
     if hf.saved_token() is None:
         return fail("no Hugging Face token saved; POST /api/settings/hf-token first")
-    if isinstance(source, str) and source:
-        folder = Path(source).expanduser()
+    private = body.get("private", True)  # private unless the request says otherwise
+    if not isinstance(private, bool):
+        return fail("private must be true or false")
+    if source is not None and not isinstance(source, str):
+        return fail("source_path must be a string")
+    if source:
+        try:
+            folder = confine(source, "source_path")
+        except PathRefused as exc:
+            return fail(str(exc))
     elif isinstance(job_id, str) and job_id:
         job = Job.objects.filter(id=job_id, kind=kind).first()
         if job is None:
@@ -61,8 +70,13 @@ def _push(request: HttpRequest, kind: str, repo_type: str):
         return fail("source_path or job_id required")
     if not folder.is_dir():
         return fail(f"{folder} is not a directory")
+    if holds_a_root(folder.resolve()):
+        return fail("source_path must be the artifact's own folder, not HEARTH_HOME, the cache or a folder above them")
+    files = hf.artifact_files(folder, kind)
+    if not files:
+        return fail(f"{folder} holds no {kind} files to push ({hf.describe_files(kind)})")
     try:
-        url = hf.push(folder, repo_id, repo_type, bool(body.get("private", False)))
+        url = hf.push(folder, files, repo_id, repo_type, private)
     except OfflineModeIsEnabled:
         return fail("upload failed: HF_HUB_OFFLINE is set, so nothing can reach the Hub")
     except (HfHubHTTPError, OSError, ValueError) as exc:

@@ -6,11 +6,15 @@ import json
 import re
 from pathlib import Path
 
+from core.paths import PathRefused, is_inside, refusal
+
 NOT_FOUND = "Couldn't locate this folder on disk — paste the path instead."
 _HASH = re.compile(r"^[0-9a-f]{40}$")
 
 
 def _answer(path: Path, repo_id: str | None) -> dict:
+    if not is_inside(path.resolve()):  # a snapshot found through a ref or link that leads out
+        return {"ok": False, "error": NOT_FOUND}
     out: dict = {"ok": True, "path": str(path)}
     if repo_id:
         out["repo_id"] = repo_id
@@ -41,7 +45,9 @@ def _repo_id(repo_dir_name: str) -> str | None:
 
 
 def resolve_folder(hub_cache: Path, folder_name: str | None, rel_path: str | None) -> dict:
-    for raw in (rel_path, folder_name):
+    """The model a picked folder names. A name that resolves outside the
+    allowed roots (core.paths) raises PathRefused, whether or not it exists."""
+    for raw, what in ((rel_path, "rel_path"), (folder_name, "folder_name")):
         if not raw or not isinstance(raw, str) or "\x00" in raw:
             continue
         candidate = Path(raw).expanduser()
@@ -49,8 +55,10 @@ def resolve_folder(hub_cache: Path, folder_name: str | None, rel_path: str | Non
             candidate = hub_cache / raw
         try:
             candidate = candidate.resolve()
-        except OSError:
-            continue
+        except (OSError, RuntimeError):
+            raise PathRefused(refusal(what)) from None
+        if not is_inside(candidate):
+            raise PathRefused(refusal(what))
         if candidate.name.startswith("models--") and candidate.is_dir():
             snap = _repo_snapshot(candidate)
             if snap is not None:

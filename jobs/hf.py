@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from pathlib import Path
 
 from django.conf import settings
@@ -45,16 +46,56 @@ def forget_token() -> bool:
         return False
 
 
-def push(folder: Path, repo_id: str, repo_type: str, private: bool) -> str:
-    """Upload `folder` to `repo_id` (created if missing); the repo's URL."""
-    from huggingface_hub import HfApi
+# The files each kind of artifact consists of: a push sends these, from the
+# folder's top level only, never dotfiles, hf.json or anything else found there.
+ARTIFACT_FILES = {
+    "finetune": ("adapters.safetensors", "adapter_config.json", "README.md"),
+    "quantize": ("*.safetensors", "*.json", "*.jinja", "*.model", "*.tiktoken", "merges.txt", "vocab.txt",
+                 "README.md", "LICENSE"),
+    "dataset": ("*.jsonl", "*.csv", "*.parquet", "README.md"),
+}
+NEVER = ("hf.json", "*.tmp", "*_adapters.safetensors")  # the saved token; partial files; checkpoints
+
+
+def describe_files(kind: str) -> str:
+    return ", ".join(ARTIFACT_FILES[kind])
+
+
+def artifact_files(folder: Path, kind: str) -> list[Path]:
+    """The artifact's own files in `folder`: names the kind uses, each a
+    regular file (an HF snapshot's symlinks into the cache's blobs count)
+    that resolves inside the allowed roots."""
+    from fnmatch import fnmatchcase
+
+    from core.paths import is_inside
+
+    out = []
+    for path in sorted(folder.iterdir()):
+        name = path.name
+        if name.startswith(".") or any(fnmatchcase(name, p) for p in NEVER):
+            continue
+        if not any(fnmatchcase(name, p) for p in ARTIFACT_FILES[kind]):
+            continue
+        try:
+            target = path.resolve(strict=True)
+            regular = stat.S_ISREG(os.stat(target).st_mode)
+        except (OSError, RuntimeError):
+            continue
+        if regular and is_inside(target):
+            out.append(path)
+    return out
+
+
+def push(folder: Path, files: list[Path], repo_id: str, repo_type: str, private: bool) -> str:
+    """Upload `files` (from `folder`) to `repo_id`, created if missing; the repo's URL."""
+    from huggingface_hub import CommitOperationAdd, HfApi
 
     token = saved_token()
     if token is None:
         raise ValueError("no Hugging Face token saved; POST /api/settings/hf-token first")
     api = HfApi(token=token)
     url = api.create_repo(repo_id, repo_type=repo_type, private=private, exist_ok=True)
-    api.upload_folder(repo_id=repo_id, repo_type=repo_type, folder_path=str(folder),
-                      commit_message=f"Upload from Hearth ({folder.name})",
-                      ignore_patterns=["*.tmp", ".DS_Store", "*_adapters.safetensors", "hf.json", "**/hf.json"])
+    operations = [CommitOperationAdd(path_in_repo=path.name, path_or_fileobj=str(path.resolve())) for path in files]
+    api.create_commit(repo_id=repo_id, repo_type=repo_type, operations=operations,
+                      commit_message=f"Upload from Hearth ({folder.name})")
     return str(url)

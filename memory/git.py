@@ -9,7 +9,8 @@ import subprocess
 from pathlib import Path
 
 IDENTITY = ["-c", "user.name=Hearth", "-c", "user.email=hearth@localhost", "-c", "commit.gpgsign=false",
-            "-c", "core.hooksPath=/dev/null"]  # a vault's hooks never run for Hearth
+            "-c", "core.hooksPath=/dev/null",  # a vault's hooks never run for Hearth
+            "-c", "core.fsmonitor=false"]  # nor a command its config names to watch files
 TIMEOUT_S = 60
 
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import hashlib
 import re
-import tempfile
 from pathlib import Path
 
 from django.conf import settings
 from django.db import transaction
 
+from core.paths import PathRefused, confine, holds_a_root
 from memory import index, vault
 from memory.models import MemoryVault
 
@@ -40,20 +40,16 @@ def no_vault(name: str | None = None) -> dict:
 
 
 def allowed_root(raw: str) -> Path:
-    """A vault folder must be under the default vault root or the system
-    temporary folder (symlinks resolved), so the route cannot be pointed at
-    an arbitrary folder on the machine."""
-    if "\x00" in raw:
-        raise vault.VaultError("path must not contain NUL")
-    path = Path(raw).expanduser()
-    if not path.is_absolute():
-        raise vault.VaultError("path must be absolute")
-    resolved = path.resolve()
-    for base in (default_root(), Path(tempfile.gettempdir())):
-        base = base.resolve()
-        if resolved != base and resolved.is_relative_to(base):
-            return resolved
-    raise vault.VaultError(f"path must be inside {default_root()} or {tempfile.gettempdir()}")
+    """A vault folder must resolve (symlinks followed) inside the allowed
+    roots (core.paths), and be a folder of its own: not HEARTH_HOME or the
+    hub cache, nor a folder above them."""
+    try:
+        resolved = confine(raw, "path")
+    except PathRefused as exc:
+        raise vault.VaultError(str(exc)) from None
+    if holds_a_root(resolved):
+        raise vault.VaultError("path must be a folder of its own, not HEARTH_HOME, the cache or a folder above them")
+    return resolved
 
 
 def init(path: str | None = None, name: str | None = None) -> tuple[MemoryVault, dict]:
@@ -78,7 +74,8 @@ def init(path: str | None = None, name: str | None = None) -> tuple[MemoryVault,
     other = MemoryVault.objects.filter(root=str(root)).exclude(name=name).first()
     if other is not None:
         raise vault.VaultError(f"{root} is already the vault {other.name!r}", 409)
-    result = vault.setup(root)
+    # A folder that already holds a git repository is only written to when Hearth made it (or recorded it).
+    result = vault.setup(root, known=existing is not None)
     with transaction.atomic():
         row = existing or MemoryVault.objects.create(name=name, root=str(root),
                                                       is_default=not MemoryVault.objects.exists())

@@ -88,12 +88,27 @@ class VaultError(ValueError):
 
 
 # -- set-up and status -------------------------------------------------------
-def setup(root: Path) -> dict:
+MARKER = "hearth-vault"  # a file in .git: Hearth made this repository
+
+
+def made_by_hearth(root: Path) -> bool:
+    return (Path(root) / ".git" / MARKER).is_file()
+
+
+def setup(root: Path, known: bool = False) -> dict:
     """Create what is missing, write nothing that exists, and make it a git
-    repository with one initial commit. Running it again changes nothing."""
+    repository with one initial commit. Running it again changes nothing.
+
+    A folder that already holds a `.git` Hearth did not create is refused
+    before git runs there (its history and its config, e.g. a
+    core.fsmonitor command, are the owner's); `known` is a vault Hearth
+    recorded before it marked the repositories it makes."""
     root = Path(root)
     if root.exists() and not root.is_dir():
         raise VaultError(f"{root} exists and is not a folder")
+    if os.path.lexists(root / ".git") and not made_by_hearth(root) and not (known and (root / ".git").is_dir()):
+        raise VaultError(f"{root} already holds a git repository that Hearth did not create; "
+                         "pick a new or empty folder for the vault", 409)
     created: list[str] = []
     if not root.exists():
         root.mkdir(parents=True)
@@ -109,6 +124,8 @@ def setup(root: Path) -> dict:
     if not git.is_repo(root):
         git.run(root, "init", "-q", "-b", "main")
         initialized = True
+    if not made_by_hearth(root):
+        write_text(root / ".git" / MARKER, "This repository is a Hearth memory vault.\n")
     # Commit only the starter files: anything else the owner has staged stays theirs to commit.
     if git.head(root) is None:
         git.run(root, "add", "--", *STARTER_FILES)

@@ -14,8 +14,21 @@ os.environ["HF_HOME"] = str(_SESSION_DIR / "hf")
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ.pop("HF_HUB_CACHE", None)
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+# Tests keep their fixture files in pytest's temporary folders; servers may
+# read them because the run allows that folder, as `--allow-path` would.
+_TMP_DIR = _SESSION_DIR / "tmp"
+os.environ["HEARTH_ALLOW_PATHS"] = str(_TMP_DIR)
 
 from tests.helpers import TINY_REPO, ServerProcess, build_tiny_model, server_env  # noqa: E402
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config):
+    # Before the tmp_path factory reads it: every tmp_path lies in the allowed folder.
+    if config.option.basetemp:
+        os.environ["HEARTH_ALLOW_PATHS"] = str(Path(config.option.basetemp).resolve())
+    else:
+        config.option.basetemp = str(_TMP_DIR)
 
 
 def pytest_sessionfinish(session, exitstatus):

@@ -136,7 +136,8 @@ def test_mount_refusals_mount_nothing(served, adapters):
     before = httpx.get(served.url + "/v1/adapters").json()["adapters"]
     for body, needle in [({"id": "x"}, "id and path required"), ({"path": str(adapters["b"])}, "id and path"),
                          ({"id": "bad", "path": str(adapters["bad"])}, "do not fit"),
-                         ({"id": "gone", "path": "/no/such/folder"}, "holds no adapters.safetensors"),
+                         ({"id": "gone", "path": str(adapters["a"].parent / "no-such-folder")},
+                          "holds no adapters.safetensors"),
                          ({"id": "none", "path": str(adapters["b"])}, "adapter id must")]:
         r = httpx.post(served.url + "/v1/adapters", json=body)
         assert r.status_code == 400 and needle in r.json()["error"]["message"], (body, r.text)
@@ -201,7 +202,8 @@ def test_merge_folds_two_adapters_into_their_stack(served, adapters):
     assert _complete(served.url, adapter="merged")["choices"][0]["text"] == stacked
     assert _reference(adapters["snapshot"], Path(r["merged_path"])) == stacked  # mlx-lm loads it too
     for body, needle in [({"adapter_a": str(adapters["a"])}, "adapter_a and adapter_b required"),
-                         ({"adapter_a": str(adapters["a"]), "adapter_b": "/nowhere"}, "holds no adapters"),
+                         ({"adapter_a": str(adapters["a"]), "adapter_b": str(adapters["a"].parent / "nowhere")},
+                          "holds no adapters"),
                          ({"adapter_a": str(adapters["a"]), "adapter_b": str(adapters["b"]), "scales": [1]}, "two")]:
         bad = httpx.post(served.url + "/api/finetune/merge", json=body)
         assert bad.status_code == 400 and needle in bad.json()["error"] and not bad.json()["ok"]

@@ -217,6 +217,7 @@ def test_push_arrives_at_the_hub(hub_server, double, tmp_path):
     (folder / "adapters.safetensors").write_bytes(os.urandom(5000))
     (folder / "adapter_config.json").write_text('{"fine_tune_type": "lora"}')
     (folder / "hf.json").write_text('{"token": "never uploaded"}')
+    (folder / "train.jsonl").write_text('{"text": "a dataset push sends this"}\n')
     httpx.post(url + "/api/settings/hf-token", json={"token": "hf_test"}).raise_for_status()
     pushed = httpx.post(url + "/api/finetune/push", json={"repo_id": "me/my-adapter", "source_path": str(folder)})
     assert pushed.status_code == 200 and pushed.json()["ok"], pushed.text

@@ -395,6 +395,7 @@ def test_dataset_llm_templates_ask_the_served_model(base_url):
 def test_hf_token_is_kept_private_and_push_explains_failures(base_url, homes, tmp_path):
     _, hearth_home = homes
     assert httpx.get(base_url + "/api/settings/hf-token").json() == {"ok": True, "hasToken": False}
+    (tmp_path / "train.jsonl").write_text("{}\n")  # a dataset's file: a push sends only an artifact's own files
     push = {"repo_id": "me/thing", "source_path": str(tmp_path)}
     r = httpx.post(base_url + "/api/finetune/push", json=push)
     assert r.status_code == 400 and "no Hugging Face token saved" in r.json()["error"]

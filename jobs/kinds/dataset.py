@@ -15,6 +15,7 @@ import re
 import time
 from pathlib import Path
 
+from core.paths import confine, regular_file
 from jobs.events import EventLog
 from jobs.kinds import tabular
 from jobs.llm import ServedModel as _Model
@@ -77,6 +78,9 @@ def check_inputs(template: dict, inputs: dict) -> None:
                 raise ValueError(f"{field['name']} must be a number")
         if value is not None and field["type"] in ("text", "textarea") and not isinstance(value, str):
             raise ValueError(f"{field['name']} must be a string")
+    path = inputs.get("path")
+    if isinstance(path, str) and path.strip() and not (isinstance(inputs.get("data"), str) and inputs["data"].strip()):
+        regular_file(confine(path, "path"), "path")  # again in the job's child, just before it is read
 
 
 def _number(inputs: dict, name: str, default: float, low: float, high: float) -> float:

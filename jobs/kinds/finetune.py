@@ -8,10 +8,12 @@ example per line. SFT takes `{"messages": [...]}`, `{"prompt",
 Hugging Face tokenizer's own template, exactly as serving renders them."""
 from __future__ import annotations
 
+import io
 import json
 import time
 from pathlib import Path
 
+from core.paths import confine, confine_members, confine_model_ref, holds_a_root, open_regular
 from jobs.events import EventLog
 
 DEFAULTS = {"method": "sft", "rank": 16, "scale": 20.0, "lora_dropout": 0.0, "num_layers": 0, "iters": 300,
@@ -28,9 +30,29 @@ METHODS = ("sft", "dpo", "orpo")
 FORMATS = {"messages": "messages", "prompt": "prompt-completion", "text": "text", "chosen": "dpo"}
 
 
+DATA_FILES = ("train.jsonl", "valid.jsonl")
+ADAPTER_FILES = ("adapters.safetensors", "adapter_config.json")
+
+
+def confine_paths(config: dict) -> None:
+    """Every path a fine-tune names must be inside the allowed roots (see
+    core.paths); checked when the job is submitted and again in its child."""
+    data = confine(config.get("data_dir"), "data_dir")
+    confine_members(data, DATA_FILES, "data_dir")
+    if isinstance(config.get("model_dir"), str):
+        confine_model_ref(config["model_dir"], "model_dir")
+    adapter = confine(config.get("adapter_path"), "adapter_path")
+    if holds_a_root(adapter):
+        raise ValueError("adapter_path must be a folder of its own, not HEARTH_HOME, the cache or a folder above them")
+    start = config.get("warm_start_adapter")
+    if isinstance(start, str) and start:
+        start = confine(start, "warm_start_adapter")
+        confine_members(start if start.is_dir() else start.parent, ADAPTER_FILES, "warm_start_adapter")
+
+
 def read_jsonl(path: Path) -> list[dict]:
     rows = []
-    with open(path, encoding="utf-8") as f:
+    with open_regular(path, path.name) as raw, io.TextIOWrapper(raw, encoding="utf-8") as f:
         for n, line in enumerate(f, 1):
             if line.strip():
                 try:
@@ -55,7 +77,9 @@ def data_format(rows: list[dict]) -> str:
 
 
 def inspect(data_dir: str) -> dict:
-    root = Path(data_dir).expanduser()
+    """What a dataset folder holds; `data_dir` is already confined (core.paths)."""
+    root = Path(data_dir)
+    confine_members(root, DATA_FILES, "path")
     train, valid = root / "train.jsonl", root / "valid.jsonl"
     if not train.is_file():
         return {"ok": False, "error": f"{train} not found"}
@@ -173,6 +197,7 @@ def run(config: dict, log: EventLog, stage_delay: float = 0.0) -> tuple[str, dic
     from inference.engine.loader import resolve
 
     cfg = settings(config)
+    confine_paths(cfg)
     ignored = [k for k in UNSUPPORTED if config.get(k) not in (None, False, 0, 1, "")]
     if ignored:
         log.emit("log", line=f"not supported by this trainer, ignored: {', '.join(ignored)}")

@@ -47,6 +47,7 @@ def run(config: dict, log: EventLog, stage_delay: float = 0.0) -> tuple[str, dic
     from huggingface_hub import constants
     from mlx_lm import convert
 
+    from core.paths import confine_members, confine_model_ref
     from inference.demo.files import publish_to_cache
     from inference.engine.loader import resolve
 
@@ -61,7 +62,8 @@ def run(config: dict, log: EventLog, stage_delay: float = 0.0) -> tuple[str, dic
             log.emit("log", line=f"{name} is not used: this quantizer needs no calibration data")
     model_id = config["model_id"]
     stage("resolve", 0.05, f"finding {model_id}")
-    _, src = resolve(model_id)
+    _, src = resolve(confine_model_ref(model_id, "model_id"))
+    confine_members(src, ["config.json"], "model_id")
     repo = output_repo(model_id, src, bits, target)
     config_in = json.loads((src / "config.json").read_text())
     if config_in.get("quantization"):

@@ -4,7 +4,8 @@ from __future__ import annotations
 import csv
 import io
 import json
-from pathlib import Path
+
+from core.paths import confine, read_text
 
 MAX_INPUT_BYTES = 64 << 20
 
@@ -15,12 +16,8 @@ def source_text(inputs: dict) -> str:
     if isinstance(data, str) and data.strip():
         return data
     if isinstance(path, str) and path.strip():
-        file = Path(path).expanduser()
-        if not file.is_file():
-            raise ValueError(f"{file} is not a file")
-        if file.stat().st_size > MAX_INPUT_BYTES:
-            raise ValueError(f"{file} is over {MAX_INPUT_BYTES >> 20} MiB")
-        return file.read_text(encoding="utf-8-sig")
+        # Confined to the allowed roots and refused unless a regular file, before it is opened.
+        return read_text(confine(path, "path"), "path", MAX_INPUT_BYTES, "utf-8-sig")
     raise ValueError("paste the rows into `data` or give a file `path`")
 
 

@@ -17,8 +17,8 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         sub = parser.add_subparsers(dest="action", required=True)
         init = sub.add_parser("init", help="set up a vault (idempotent): folders, README, Meta pages, git")
-        init.add_argument("path", nargs="?", help="under HEARTH_HOME/memory or the temp folder (default: "
-                                                  "HEARTH_HOME/memory/<name>)")
+        init.add_argument("path", nargs="?", help="inside HEARTH_HOME, the HF cache or a HEARTH_ALLOW_PATHS "
+                                                  "folder (default: HEARTH_HOME/memory/<name>)")
         init.add_argument("--name", help="the vault's name (default: 'default', or the folder's name)")
         status = sub.add_parser("status", help="the vault's counts and recent articles")
         status.add_argument("--vault")

@@ -1,0 +1,1 @@
+"""Helpers with no Django and no app imports: the lowest layer."""

@@ -1,0 +1,273 @@
+"""Paths a request names stay inside HEARTH_HOME, the Hugging Face cache and
+the folders allowed with --allow-path (the test run allows its tmp folder):
+push, fine-tune, the dataset builder, mount, export, merge, inspect,
+resolve-folder and memory init, against a real server whose HOME is a fake
+owner's home outside those roots, with a loopback hub double for pushes."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import httpx
+import pytest
+
+from tests.helpers import TINY_REPO, ServerProcess, build_tiny_model, server_env
+from tests.hub_double import HubDouble
+
+SECRET_KEY = b"-----BEGIN OPENSSH PRIVATE KEY----- not for the hub\n"
+
+
+class RecordingHub(HubDouble):
+    """The hub double, also keeping each repo-creation request (its `private` flag)."""
+
+    def __init__(self):
+        self.created: list[dict] = []
+        super().__init__()
+
+    def _handler(self):
+        base, double = super()._handler(), self
+
+        class Handler(base):
+            def _body(self):
+                body = super()._body()
+                if urlsplit(self.path).path == "/api/repos/create":
+                    double.created.append(json.loads(body or b"{}"))
+                return body
+
+        return Handler
+
+
+@pytest.fixture(scope="module")
+def victim_home():
+    """The owner's home: outside every allowed root (not under the test run's tmp folder)."""
+    home = Path(tempfile.mkdtemp(prefix="hearth-victim-"))
+    (home / ".ssh").mkdir()
+    (home / ".ssh" / "id_ed25519").write_bytes(SECRET_KEY)
+    (home / ".netrc").write_text("machine example.com login owner password hunter2\n")
+    adapter = home / "adapter"  # looks like an artifact, so old code would act on it
+    adapter.mkdir()
+    _write_lora(adapter)
+    (home / "data").mkdir()
+    (home / "data" / "train.jsonl").write_text(json.dumps({"text": "private notes"}) + "\n")
+    (home / "model").mkdir()
+    (home / "model" / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    yield home
+    shutil.rmtree(home, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def hub():
+    double = RecordingHub().start()
+    yield double
+    double.stop()
+
+
+@pytest.fixture(scope="module")
+def confined(tmp_path_factory, victim_home, hub):
+    root = tmp_path_factory.mktemp("confined-homes")
+    build_tiny_model(root / "hf" / "hub")
+    env = dict(server_env(root / "hf", root / "hearth"), HF_ENDPOINT=hub.url, HF_HUB_OFFLINE="0",
+               HOME=str(victim_home))
+    proc = ServerProcess(env, TINY_REPO, "--no-worker", log_path=tmp_path_factory.mktemp("logs") / "confined.log")
+    proc.hearth_home = root / "hearth"
+    try:
+        yield proc.wait_ready()
+    finally:
+        proc.stop()
+
+
+def _private(created: dict) -> bool | None:
+    """The privacy a repo-creation request asked for (newer clients send `visibility`)."""
+    return created["visibility"] == "private" if "visibility" in created else created.get("private")
+
+
+def _write_lora(folder: Path, config: bool = True) -> None:
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    save_file({"model.layers.0.self_attn.q_proj.lora_a": np.zeros((64, 2), np.float32),
+               "model.layers.0.self_attn.q_proj.lora_b": np.zeros((2, 64), np.float32)},
+              str(folder / "adapters.safetensors"))
+    if config:
+        (folder / "adapter_config.json").write_text(json.dumps({"fine_tune_type": "lora", "num_layers": 1,
+                                                                 "lora_parameters": {"rank": 2, "scale": 1.0}}))
+
+
+def test_push_of_the_owners_home_is_refused_and_sends_nothing(confined, hub, victim_home):
+    url = confined.url
+    httpx.post(url + "/api/settings/hf-token", json={"token": "hf_owner"}).raise_for_status()
+    try:
+        for source in ("~", str(victim_home), str(victim_home / "no-such-folder"), "~/.ssh"):
+            r = httpx.post(url + "/api/finetune/push", json={"repo_id": "victim/x", "source_path": source,
+                                                            "private": False})
+            assert r.status_code == 400 and "--allow-path" in r.json()["error"], (source, r.text)
+        # Existing and missing folders outside the roots get the same answer.
+        answers = {httpx.post(url + "/api/dataset/push", json={"repo_id": "victim/x", "source_path": s}).text
+                   for s in (str(victim_home), str(victim_home / "missing"))}
+        assert len(answers) == 1
+        assert "victim/x" not in hub.uploads and hub.created == []
+        assert not any(SECRET_KEY in content for files in hub.uploads.values() for content in files.values())
+    finally:
+        httpx.delete(url + "/api/settings/hf-token")
+
+
+def test_push_sends_only_the_artifacts_files_and_is_private_by_default(confined, hub, victim_home, tmp_path):
+    url = confined.url
+    folder = tmp_path / "adapter"
+    folder.mkdir()
+    (folder / "adapters.safetensors").write_bytes(os.urandom(3000))
+    (folder / "adapter_config.json").write_text('{"fine_tune_type": "lora"}')
+    (folder / "hf.json").write_text('{"token": "hf_owner"}')
+    (folder / ".env").write_text("SECRET=1\n")
+    (folder / "notes.txt").write_text("private notes\n")
+    (folder / "0000100_adapters.safetensors").write_bytes(b"checkpoint")
+    (folder / ".ssh").mkdir()
+    (folder / ".ssh" / "id_ed25519").write_bytes(SECRET_KEY)
+    (folder / "README.md").symlink_to(victim_home / ".netrc")  # a link that leads out of the roots
+    httpx.post(url + "/api/settings/hf-token", json={"token": "hf_owner"}).raise_for_status()
+    try:
+        r = httpx.post(url + "/api/finetune/push", json={"repo_id": "me/adapter", "source_path": str(folder)})
+        assert r.status_code == 200 and r.json()["ok"], r.text
+        assert hub.uploads["me/adapter"] == {"adapters.safetensors": (folder / "adapters.safetensors").read_bytes(),
+                                             "adapter_config.json": (folder / "adapter_config.json").read_bytes()}
+        assert _private(hub.created[-1]) is True
+        r = httpx.post(url + "/api/finetune/push", json={"repo_id": "me/public", "source_path": str(folder),
+                                                        "private": False})
+        assert r.status_code == 200 and _private(hub.created[-1]) is False
+        assert httpx.post(url + "/api/finetune/push", json={"repo_id": "me/x", "source_path": str(folder),
+                                                            "private": "no"}).status_code == 400
+        # HEARTH_HOME itself is no artifact, even though it is inside the roots.
+        home = httpx.post(url + "/api/dataset/push",
+                          json={"repo_id": "me/home", "source_path": str(confined.hearth_home)})
+        assert home.status_code == 400 and "me/home" not in hub.uploads
+    finally:
+        httpx.delete(url + "/api/settings/hf-token")
+
+
+def test_finetune_paths_outside_the_roots_are_refused(confined, victim_home, tmp_path):
+    url = confined.url
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "train.jsonl").write_text(json.dumps({"text": "hi"}) + "\n")
+    escape = victim_home / "made-by-hearth" / "adapter"
+    for field, value in [("adapter_path", str(escape)), ("data_dir", str(victim_home / "data")),
+                         ("data_dir", "/etc"), ("warm_start_adapter", str(victim_home / "adapter")),
+                         ("model_dir", str(victim_home / "model"))]:
+        body = {"model_dir": TINY_REPO, "data_dir": str(data), field: value}
+        r = httpx.post(url + "/api/finetune/submit", json=body)
+        assert r.status_code == 400 and field in r.json()["error"] and "--allow-path" in r.json()["error"], body
+    assert not (victim_home / "made-by-hearth").exists()
+    # A data file that is a link out of an allowed folder is refused too.
+    (data / "valid.jsonl").symlink_to(victim_home / "data" / "train.jsonl")
+    r = httpx.post(url + "/api/finetune/submit", json={"model_dir": TINY_REPO, "data_dir": str(data)})
+    assert r.status_code == 400, r.text
+
+
+def test_the_dataset_builder_reads_no_file_outside_the_roots(confined, victim_home, tmp_path):
+    url = confined.url
+    answers = set()
+    for path in ("/etc/passwd", "/etc/no-such-file", str(victim_home / ".netrc")):
+        r = httpx.post(url + "/api/dataset/submit", json={"template_id": "table-to-messages",
+                                                          "inputs": {"path": path}})
+        assert r.status_code == 400 and "--allow-path" in r.json()["error"], r.text
+        answers.add(r.text)
+    assert len(answers) == 1
+    # The job's child checks again before it opens anything.
+    from core.paths import PathRefused
+    from jobs.kinds import tabular
+
+    with pytest.raises(PathRefused):
+        tabular.source_text({"path": "/etc/passwd"})
+    link = tmp_path / "rows.csv"
+    link.symlink_to("/etc/passwd")
+    with pytest.raises(PathRefused):
+        tabular.source_text({"path": str(link)})
+
+
+def test_routes_do_not_reveal_whether_an_outside_path_exists(confined, victim_home):
+    url = confined.url
+    there, missing = victim_home, victim_home / "nothing-here"
+    cases = [
+        ("/v1/adapters", lambda p: {"id": "x", "path": str(p / "adapter")}),
+        ("/api/finetune/export", lambda p: {"base_model": "x", "adapter_path": str(p / "adapter")}),
+        ("/api/finetune/merge", lambda p: {"adapter_a": str(p / "adapter"), "adapter_b": str(p / "adapter")}),
+        ("/api/finetune/inspect-dataset", lambda p: {"path": str(p / "data")}),
+        ("/api/quantize/inspect", lambda p: {"model_id": str(p / "model")}),
+        ("/api/quantize/submit", lambda p: {"model_id": str(p / "model")}),
+        ("/api/model/resolve-folder", lambda p: {"rel_path": str(p / "model")}),
+        ("/api/quantize/resolve-folder", lambda p: {"folder_name": str(p / "model")}),
+    ]
+    for route, body in cases:
+        found, absent = (httpx.post(url + route, json=body(p), timeout=30) for p in (there, missing))
+        assert found.status_code == absent.status_code == 400, (route, found.text, absent.text)
+        assert found.json() == absent.json() and "--allow-path" in found.text, (route, found.text, absent.text)
+    assert httpx.get(url + "/v1/adapters").json()["adapters"] == []
+    # A relative name that climbs out of the cache is refused the same way.
+    climb = httpx.post(url + "/api/model/resolve-folder", json={"rel_path": "../../../../../../../etc"})
+    assert climb.status_code == 400
+
+
+def test_fifos_are_refused_before_they_are_opened(confined, tmp_path):
+    url = confined.url
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    _write_lora(adapter, config=False)
+    os.mkfifo(adapter / "adapter_config.json")  # opening it for reading would wait for a writer forever
+    r = httpx.post(url + "/api/finetune/merge", json={"adapter_a": str(adapter), "adapter_b": str(adapter)},
+                   timeout=20)
+    assert r.status_code == 400 and "not a regular file" in r.json()["error"], r.text
+    mount = httpx.post(url + "/v1/adapters", json={"id": "fifo", "path": str(adapter)}, timeout=20)
+    assert mount.status_code == 400 and "not a regular file" in mount.json()["error"]["message"]
+    data = tmp_path / "data"
+    data.mkdir()
+    os.mkfifo(data / "train.jsonl")
+    r = httpx.post(url + "/api/finetune/submit", json={"model_dir": TINY_REPO, "data_dir": str(data)}, timeout=20)
+    assert r.status_code == 400 and "not a regular file" in r.json()["error"], r.text
+    r = httpx.post(url + "/api/finetune/inspect-dataset", json={"path": str(data)}, timeout=20)
+    assert r.status_code == 400 and "not a regular file" in r.json()["error"], r.text
+    rows = tmp_path / "rows.csv"
+    os.mkfifo(rows)
+    r = httpx.post(url + "/api/dataset/submit", json={"template_id": "table-to-messages",
+                                                      "inputs": {"path": str(rows)}}, timeout=20)
+    assert r.status_code == 400 and "not a regular file" in r.json()["error"], r.text
+
+
+def _git(root: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(root), "-c", "user.name=Owner", "-c", "user.email=o@example.com",
+                           *args], check=True, capture_output=True, text=True).stdout
+
+
+def _owner_repo(root: Path, canary: Path) -> str:
+    """A repository of the owner's, whose core.fsmonitor command leaves `canary` if git ever runs it."""
+    root.mkdir(parents=True)
+    _git(root, "init", "-q", "-b", "main")
+    (root / "notes.md").write_text("mine\n")
+    _git(root, "add", "-A")
+    _git(root, "commit", "-q", "-m", "owner's commit")
+    _git(root, "config", "core.fsmonitor", f"touch {canary}; false")
+    return _git(root, "log", "--format=%H")
+
+
+def test_memory_init_never_writes_into_a_repository_it_did_not_create(confined, victim_home, tmp_path):
+    url = confined.url
+    canary = victim_home / "fsmonitor-ran"
+    for root, status in [(victim_home / "notes", 400), (tmp_path / "notes", 409)]:
+        log = _owner_repo(root, canary)
+        r = httpx.post(url + "/api/memory/init", json={"path": str(root), "name": root.parent.name[:60]})
+        assert r.status_code == status and not r.json()["ok"], r.text
+        assert _git(root, "log", "--format=%H") == log
+        assert sorted(p.name for p in root.iterdir()) == [".git", "notes.md"]
+    assert not canary.exists()
+    # A vault Hearth makes is its own: setting it up again is fine.
+    fresh = tmp_path / "vault"
+    for _ in range(2):
+        r = httpx.post(url + "/api/memory/init", json={"path": str(fresh), "name": "fresh"})
+        assert r.status_code == 200 and r.json()["ok"], r.text
+    # HEARTH_HOME itself is no vault folder.
+    r = httpx.post(url + "/api/memory/init", json={"path": str(confined.hearth_home), "name": "home"})
+    assert r.status_code == 400
