@@ -1,5 +1,6 @@
 """ASGI entry point: Django for HTTP, wrapped so a draining server refuses
-new requests, and the dashboard chat's WebSocket at /ws/chat."""
+new requests, and the dashboard chat's WebSocket at /ws/chat, behind the
+same Host check and API key rule as HTTP (see config/access.py)."""
 import os
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
@@ -31,8 +32,41 @@ from channels.routing import URLRouter  # noqa: E402
 from django.urls import path  # noqa: E402
 
 from chat.consumer import ChatConsumer  # noqa: E402
+from config import access  # noqa: E402
+
+sockets = URLRouter([path("ws/chat", ChatConsumer.as_asgi())])
+
+
+async def _socket_signed_in(headers: dict) -> bool:
+    """A key in the handshake's headers, or the dashboard's signed-in session cookie."""
+    from http.cookies import SimpleCookie
+    from importlib import import_module
+
+    from django.conf import settings
+
+    key = access.presented_key(headers)
+    if key is not None:
+        return access.key_accepted(key)
+    cookie = SimpleCookie()
+    cookie.load(headers.get("cookie", ""))
+    morsel = cookie.get(settings.SESSION_COOKIE_NAME)
+    if morsel is None or not morsel.value:
+        return False
+    session = import_module(settings.SESSION_ENGINE).SessionStore(morsel.value)
+    return access.session_signed_in({access.SESSION_KEY: await session.aget(access.SESSION_KEY)})
+
+
+async def _websocket(scope, receive, send):
+    headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers") or []}
+    signed_in = access.keys_required() and await _socket_signed_in(headers)
+    if not access.host_allowed(headers.get("host", "")) or (access.keys_required() and not signed_in):
+        await receive()  # the handshake; closing before accepting answers it with 403
+        await send({"type": "websocket.close", "code": 4401})
+        return
+    await sockets(dict(scope, hearth_signed_in=signed_in), receive, send)
+
 
 application = ProtocolTypeRouter({
     "http": _http,
-    "websocket": URLRouter([path("ws/chat", ChatConsumer.as_asgi())]),
+    "websocket": _websocket,
 })

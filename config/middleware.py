@@ -1,6 +1,9 @@
 """Middleware: every error answer stays JSON, in the OpenAI shape, even the
 ones ninja produces before a view runs (405 on a known path); every answer
-is counted for /metrics by route and status.
+is counted for /metrics by route and status; requests for another Host
+name, cross-origin writes from origins the operator did not allow, and
+requests without a key (when keys are configured) are refused; allowed
+origins get CORS headers.
 
 Async-capable on purpose: one sync-only middleware makes Django run the
 whole chain through a single worker thread, which would queue every request
@@ -8,8 +11,13 @@ behind a long non-streaming generation.
 """
 from __future__ import annotations
 
+from urllib.parse import quote, urlsplit
+
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
-from django.http import JsonResponse
+from django.http import HttpResponse, HttpResponseRedirect, JsonResponse
+
+from config import access
+from config.access import host_allowed  # noqa: F401  (the chat socket checks Host the same way)
 
 
 class _Middleware:
@@ -63,23 +71,6 @@ class RequestMetricsMiddleware(_ResponseHook):
         return response
 
 
-def host_allowed(host: str) -> bool:
-    """Whether a request's Host names this server: loopback names and the
-    address `hearth serve` bound, or anything when it bound every interface
-    (then set HEARTH_ALLOWED_HOSTS to restrict it). Refusing other names
-    stops a DNS-rebinding page, whose Origin and Host agree, from reaching
-    the API through the user's browser."""
-    from urllib.parse import urlsplit
-
-    from inference.runtime import runtime
-
-    allowed = runtime.allowed_hosts
-    if allowed is None:
-        return True
-    name = urlsplit(f"//{host}").hostname or ""
-    return name in allowed
-
-
 class CrossOriginGuardMiddleware(_Middleware):
     """Refuse requests for a Host name that is not this server's (DNS
     rebinding), and state-changing requests that a web page on another
@@ -106,9 +97,8 @@ class CrossOriginGuardMiddleware(_Middleware):
     def _refuse(self, request):
         origin = request.headers.get("Origin")
         host = request.headers.get("Host", "")
-        from urllib.parse import urlsplit
-
-        foreign = origin is not None and (origin == "null" or urlsplit(origin).netloc != host)
+        foreign = origin is not None and (origin == "null" or urlsplit(origin).netloc != host) \
+            and not access.origin_allowed(origin)
         if not host_allowed(host):  # every request: a rebound page could otherwise read chats and settings
             message = f"requests for host {host!r} are refused (not this server's name)"
         elif request.path in self.ACTING_GETS:
@@ -123,3 +113,105 @@ class CrossOriginGuardMiddleware(_Middleware):
             return JsonResponse({"ok": False, "error": message}, status=403)
         return JsonResponse({"error": {"message": message, "type": "permission_error", "param": None,
                                        "code": "cross_origin"}}, status=403)
+
+
+class SecureCookiesOverTlsMiddleware(_ResponseHook):
+    """Cookies set on an HTTPS request are marked Secure (plain HTTP on
+    loopback keeps working; behind TLS the session never leaks to HTTP)."""
+
+    @staticmethod
+    def _rewrite(request, response):
+        if request.is_secure():
+            for cookie in response.cookies.values():
+                cookie["secure"] = True
+        return response
+
+
+def _cors_headers(response, origin: str) -> None:
+    response["Access-Control-Allow-Origin"] = origin
+    response["Access-Control-Expose-Headers"] = "*"
+    vary = response.get("Vary")
+    response["Vary"] = f"{vary}, Origin" if vary else "Origin"
+
+
+class CorsMiddleware(_Middleware):
+    """CORS for the origins the operator named (`--cors-origin`), and no
+    other: a preflight from one of them is answered here (it carries no
+    key), and their answers, errors included, carry the Allow-Origin header
+    so the page can read them. Cookies are never allowed cross-origin: such
+    a page authenticates with a key."""
+
+    METHODS = "GET, POST, PUT, DELETE, OPTIONS"
+
+    def __call__(self, request):
+        origin = request.headers.get("Origin")
+        if not access.origin_allowed(origin):
+            return self.get_response(request)
+        if request.method == "OPTIONS" and "Access-Control-Request-Method" in request.headers:
+            return self._preflight(request, origin)
+        if self.is_async:
+            return self._acall(request, origin)
+        response = self.get_response(request)
+        _cors_headers(response, origin)
+        return response
+
+    async def _acall(self, request, origin):
+        response = await self.get_response(request)
+        _cors_headers(response, origin)
+        return response
+
+    def _preflight(self, request, origin):
+        response = HttpResponse(status=204)
+        _cors_headers(response, origin)
+        response["Access-Control-Allow-Methods"] = self.METHODS
+        asked = request.headers.get("Access-Control-Request-Headers")
+        if asked:
+            response["Access-Control-Allow-Headers"] = asked
+        response["Access-Control-Max-Age"] = "600"
+        if self.is_async:
+            async def answer():
+                return response
+            return answer()
+        return response
+
+
+class ApiKeyMiddleware(_Middleware):
+    """With keys configured (`--api-key`, `--api-key-file`, HEARTH_API_KEY),
+    every request but the public few needs one: in a header, or through the
+    dashboard's signed-in session. The refusal is a 401 in the caller's
+    protocol; a browser navigating to a page is sent to the sign-in page."""
+
+    def __call__(self, request):
+        if not access.keys_required() or access.is_public(request.path):
+            return self.get_response(request)
+        key = access.presented_key(request.headers)
+        if self.is_async:
+            return self._acall(request, key)
+        if access.key_accepted(key) or (key is None and access.session_signed_in(request.session)):
+            return self.get_response(request)
+        return refusal(request, key)
+
+    async def _acall(self, request, key):
+        if access.key_accepted(key):
+            return await self.get_response(request)
+        if key is None and await access.request_signed_in(request):
+            return await self.get_response(request)
+        return refusal(request, key)
+
+
+def refusal(request, key: str | None):
+    """The 401 for a request without an accepted key, in its protocol's shape."""
+    message = ("invalid API key" if key else
+               "an API key is required: send `Authorization: Bearer KEY` or `x-api-key: KEY`")
+    path = request.path
+    if request.method == "GET" and not path.startswith(("/v1", "/api/")) \
+            and "text/html" in request.headers.get("Accept", ""):
+        return HttpResponseRedirect("/signin?next=" + quote(request.get_full_path(), safe="/"))
+    if path.startswith("/v1/messages"):
+        body = {"type": "error", "error": {"type": "authentication_error", "message": message}}
+    elif path.startswith("/api/"):
+        body = {"ok": False, "error": message}
+    else:
+        body = {"error": {"message": message, "type": "invalid_request_error", "param": None,
+                          "code": "invalid_api_key"}}
+    return JsonResponse(body, status=401, headers={"WWW-Authenticate": 'Bearer realm="hearth"'})

@@ -56,12 +56,23 @@ MIDDLEWARE = [
     "config.middleware.RequestMetricsMiddleware",
     "config.middleware.JsonErrorMiddleware",
     "config.middleware.CrossOriginGuardMiddleware",
+    "config.middleware.CorsMiddleware",
+    "config.middleware.SecureCookiesOverTlsMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
+    "config.middleware.ApiKeyMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
 ]
+
+# The dashboard's sign-in session: never readable by scripts, never sent by
+# another site's requests (Secure is added on HTTPS requests, see
+# SecureCookiesOverTlsMiddleware).
+SESSION_COOKIE_HTTPONLY = True
+SESSION_COOKIE_SAMESITE = "Strict"
+SESSION_COOKIE_AGE = 30 * 24 * 3600
+CSRF_COOKIE_SAMESITE = "Strict"
 
 ROOT_URLCONF = "config.urls"
 APPEND_SLASH = False

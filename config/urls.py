@@ -2,7 +2,7 @@ from django.contrib import admin
 from django.urls import path
 
 from chat.views import ws_chat_upgrade_required
-from config import frontend, views
+from config import frontend, signin, views
 from config.api import api, v1
 from hub import views as hub_views
 
@@ -11,6 +11,9 @@ urlpatterns = [
     path("v1", views.api_index),
     path("api/", api.urls),
     path("health", views.health),
+    path("signin", signin.signin),
+    path("signout", signin.signout),
+    path("auth", signin.auth_state),
     path("stats", views.stats),
     path("metrics", views.metrics),
     path("library", hub_views.library_view),

@@ -22,7 +22,14 @@ def health(request: HttpRequest) -> JsonResponse:
 
 @require_GET
 def stats(request: HttpRequest) -> JsonResponse:
-    return JsonResponse(stats_body())
+    body = stats_body()
+    body["access"] = {"api_key_required": bool(runtime.api_keys), "cors_origins": sorted(runtime.cors_origins),
+                      "insecure_no_auth": runtime.insecure_no_auth}
+    if runtime.insecure_no_auth:
+        from inference.serving_access import INSECURE_WARNING
+
+        body["warning"] = INSECURE_WARNING
+    return JsonResponse(body)
 
 
 @require_GET

@@ -1,6 +1,6 @@
 // Caches the app shell only, for installability and a fast first paint.
 // Everything dynamic (/api, /v1, /ws, /library, /downloads, ...) always goes to the network.
-const CACHE = "hearth-shell-v1";
+const CACHE = "hearth-shell-v2";
 const SHELL = ["/", "/assets/app.css", "/assets/js/main.js", "/assets/vendor/marked.js", "/assets/vendor/hljs.js",
   "/assets/vendor/hljs-light.css", "/assets/vendor/hljs-dark.css", "/assets/icon.svg"];
 
@@ -12,7 +12,7 @@ self.addEventListener("fetch", (e) => {
   if (e.request.method !== "GET" || url.origin !== location.origin || !SHELL.includes(url.pathname)) return;
   // Network first, so a new version shows at once; the cache answers when the server is away.
   e.respondWith(fetch(e.request).then((r) => {
-    if (r.ok) {
+    if (r.ok && !r.redirected) {  // never keep the sign-in page as the shell
       const copy = r.clone();
       caches.open(CACHE).then((c) => c.put(e.request, copy));
     }

@@ -41,7 +41,13 @@ class _Runtime:
     embeddings_enabled: bool = False  # the served model answers /v1/embeddings
     responses: ResponseStore = ResponseStore()  # stored Responses turns (`hearth serve --response-ttl`)
     local_url: str | None = None  # how this process reaches its own HTTP API (jobs that call the model use it)
-    allowed_hosts: frozenset | None = None  # Host names a state-changing request may use; None: any
+    allowed_hosts: frozenset | None = None  # Host names requests may use; None: any (no server configured it)
+    # Access control, set by `hearth serve`: accepted API keys (empty: none
+    # required), origins allowed cross-origin (CORS), and whether the operator
+    # chose to serve off loopback with no key.
+    api_keys: frozenset = frozenset()
+    cors_origins: frozenset = frozenset()
+    insecure_no_auth: bool = False
 
     def require_engine(self) -> Engine:
         if self.engine is None or self.engine.loaded is None:

@@ -4,6 +4,7 @@ grammar path, so even a small model answers in a shape that parses."""
 from __future__ import annotations
 
 import json
+import os
 import time
 import urllib.error
 import urllib.request
@@ -30,8 +31,11 @@ class ServedModel:
         if schema is not None:
             body["response_format"] = {"type": "json_schema", "json_schema": {
                 "name": "reply", "schema": schema, "strict": True, "any_whitespace": False}}
-        request = urllib.request.Request(self.url, json.dumps(body).encode(),
-                                         {"content-type": "application/json"})
+        headers = {"content-type": "application/json"}
+        key = os.environ.get("HEARTH_INTERNAL_KEY") or os.environ.get("HEARTH_API_KEY")
+        if key:  # the server's own key for its jobs, or the operator's for a separately run worker
+            headers["authorization"] = f"Bearer {key.strip()}"
+        request = urllib.request.Request(self.url, json.dumps(body).encode(), headers)
         for attempt in range(3):
             try:
                 with urllib.request.urlopen(request, timeout=600) as r:

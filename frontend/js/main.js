@@ -55,9 +55,24 @@ document.querySelector(".menu").addEventListener("click", (e) => {
   nav.classList.toggle("open");
   e.currentTarget.setAttribute("aria-expanded", nav.classList.contains("open"));
 });
+// With a key required, the header offers Sign out (the session cookie is HttpOnly: /auth says whether it is set).
+async function account() {
+  let state;
+  try { state = await (await fetch("/auth")).json(); } catch { return; }
+  if (!state.keyRequired || !state.signedIn) return;
+  const button = document.createElement("button");
+  button.className = "signout"; button.type = "button"; button.textContent = "Sign out";
+  button.addEventListener("click", async () => {
+    await fetch("/signout", { method: "POST", headers: { accept: "application/json" } });
+    location.assign("/signin");
+  });
+  document.querySelector(".theme").after(button);
+}
+
 addEventListener("hashchange", route);
 theme();
 route();
+account();
 if ("serviceWorker" in navigator && (location.protocol === "https:" || ["localhost", "127.0.0.1"].includes(location.hostname))) {
   navigator.serviceWorker.register("/sw.js").catch(() => {});
 }

@@ -20,6 +20,7 @@ export async function api(path, options = {}) {
     init.headers["content-type"] = "application/json";
   }
   const r = await fetch(path, init);
+  if (r.status === 401) signIn();
   let body = null;
   try { body = await r.json(); } catch { body = null; }
   if (!r.ok || (body && body.ok === false)) {
@@ -29,6 +30,11 @@ export async function api(path, options = {}) {
     throw err;
   }
   return body;
+}
+
+// The server wants its key (signed out, or the key was changed): off to the sign-in page, back here after.
+export function signIn() {
+  location.assign(`/signin?next=${encodeURIComponent(location.pathname + location.hash)}`);
 }
 
 let toastTimer;

@@ -27,6 +27,7 @@ from inference.engine.engine import Engine, EngineConfig
 from inference.engine.errors import EngineError
 from inference.protocols.response_store import ResponseStore
 from inference.runtime import ServerDefaults, runtime
+from inference.serving_access import INSECURE_WARNING, AccessError, export_for_children, settle
 
 log = logging.getLogger("hearth.serve")
 
@@ -97,6 +98,19 @@ class Command(BaseCommand):
                             help="answer /v1/embeddings with this model (on by default for embedding models)")
         parser.add_argument("--response-ttl", type=_non_negative(float), default=3600.0,
                             help="seconds a stored Responses turn stays available to previous_response_id")
+        access = parser.add_argument_group("access control")
+        access.add_argument("--api-key", action="append", default=[], metavar="KEY",
+                            help="require this key on every route but /health (repeatable; also HEARTH_API_KEY)")
+        access.add_argument("--api-key-file", action="append", default=[], metavar="FILE",
+                            help="read keys from FILE, one per line (repeatable)")
+        access.add_argument("--insecure-no-auth", action="store_true",
+                            help="serve off loopback with no key (anyone who reaches the address can use it)")
+        access.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
+                            help="let pages on ORIGIN call the API from a browser (repeatable; also "
+                                 "HEARTH_CORS_ORIGINS, comma-separated)")
+        access.add_argument("--allow-path", action="append", default=[], metavar="DIR",
+                            help="let requests name files under DIR, besides HEARTH_HOME and the HF cache "
+                                 "(repeatable; also HEARTH_ALLOW_PATHS)")
         group = parser.add_argument_group("throughput and memory")
         group.add_argument("--batch", type=_positive, default=8,
                            help="rows decoded together by continuous batching (1 = one request at a time)")
@@ -116,6 +130,14 @@ class Command(BaseCommand):
                            help="quantize the KV cache to 4 or 8 bits (runs on the serial lane)")
 
     def handle(self, *args, **opts):
+        try:
+            access = settle(opts["host"], opts["api_key"], opts["api_key_file"], opts["cors_origin"],
+                            opts["insecure_no_auth"], os.environ)
+            export_for_children(access, opts["allow_path"])
+        except AccessError as exc:
+            raise CommandError(str(exc)) from None
+        if access.insecure_no_auth:
+            log.warning("WARNING: %s", INSECURE_WARNING)
         log.info("BLAS: %s", blas_in_use())
         call_command("migrate", interactive=False, verbosity=0)
         model_ref = opts["model"] or self._demo_model()
@@ -131,7 +153,10 @@ class Command(BaseCommand):
             raise CommandError(str(exc)) from None
         if opts["adapter"]:
             self._mount_default(engine, opts["adapter"])
-        runtime.allowed_hosts = _allowed_hosts(opts["host"])
+        runtime.allowed_hosts = access.allowed_hosts
+        runtime.api_keys = access.api_keys
+        runtime.cors_origins = access.cors_origins
+        runtime.insecure_no_auth = access.insecure_no_auth
         runtime.engine = engine
         runtime.defaults = ServerDefaults(opts["max_tokens"] or None, opts["temperature"],
                                           opts["top_p"], opts["top_k"])
@@ -185,15 +210,6 @@ class Command(BaseCommand):
             if done.returncode != 0:
                 raise CommandError("building the demo model failed; see the output above")
         return DEMO_REPO
-
-
-def _allowed_hosts(bound: str) -> frozenset | None:
-    """Loopback names plus the bound address; any name when bound to every
-    interface, unless HEARTH_ALLOWED_HOSTS (comma-separated) names them."""
-    listed = [h.strip() for h in os.environ.get("HEARTH_ALLOWED_HOSTS", "").split(",") if h.strip()]
-    if bound in ("0.0.0.0", "::") and not listed:
-        return None
-    return frozenset({"localhost", "127.0.0.1", "::1", bound.strip("[]"), *listed})
 
 
 def _measure_machine_soon() -> None:

@@ -1,0 +1,95 @@
+"""Who may use this server: API keys, the dashboard's signed-in session,
+the Host names it answers to, and the origins allowed cross-origin.
+
+Rules:
+- With no key configured every request passes (the bind policy in `hearth
+  serve` allows that only on loopback, or with --insecure-no-auth).
+- With keys, every route needs one except the few in PUBLIC (health, the
+  sign-in page and the files it is drawn with): a route added later is
+  covered without being listed anywhere.
+- A key is accepted as `Authorization: Bearer KEY` or `x-api-key: KEY`, or
+  through the session cookie the sign-in page sets. Keys are compared as
+  SHA-256 digests with `hmac.compare_digest`, against every key, so neither
+  timing nor length tells how close a guess was.
+- A session remembers the digest of the key it signed in with: removing a
+  key from the configuration signs its sessions out.
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+from urllib.parse import urlsplit
+
+from inference.runtime import runtime
+
+SESSION_KEY = "hearth_key"
+# Reachable without a key: health checks, and what the sign-in page needs.
+PUBLIC = ("/health", "/signin", "/signout", "/auth", "/assets/", "/manifest.webmanifest", "/sw.js")
+
+
+def digest(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def keys_required() -> bool:
+    return bool(runtime.api_keys)
+
+
+def key_accepted(candidate: str | None) -> bool:
+    """Whether `candidate` is one of the configured keys (constant time)."""
+    if not candidate or not runtime.api_keys:
+        return False
+    wanted = digest(candidate)
+    found = False
+    for key in runtime.api_keys:
+        found |= hmac.compare_digest(wanted, digest(key))
+    return found
+
+
+def session_signed_in(session) -> bool:
+    """Whether a Django session was signed in with a key that is still configured."""
+    held = session.get(SESSION_KEY) if session is not None else None
+    if not isinstance(held, str):
+        return False
+    found = False
+    for key in runtime.api_keys:
+        found |= hmac.compare_digest(held, digest(key))
+    return found
+
+
+async def request_signed_in(request) -> bool:
+    """Whether this request carries a signed-in dashboard session."""
+    from django.conf import settings
+
+    if not request.COOKIES.get(settings.SESSION_COOKIE_NAME):
+        return False
+    return session_signed_in({SESSION_KEY: await request.session.aget(SESSION_KEY)})
+
+
+def presented_key(headers) -> str | None:
+    """The key a client sent: `Authorization: Bearer KEY` or `x-api-key: KEY`."""
+    auth = headers.get("authorization") or ""
+    scheme, _, value = auth.partition(" ")
+    if scheme.lower() == "bearer" and value.strip():
+        return value.strip()
+    return (headers.get("x-api-key") or "").strip() or None
+
+
+def is_public(path: str) -> bool:
+    return any(path == p or (p.endswith("/") and path.startswith(p)) for p in PUBLIC)
+
+
+def host_allowed(host: str) -> bool:
+    """Whether a request's Host names this server (the names `hearth serve`
+    admits: inference/serving_access.py).
+    Refusing other names stops a DNS-rebinding page, whose Origin and Host
+    agree, from reaching the API through the user's browser."""
+    allowed = runtime.allowed_hosts
+    if allowed is None:
+        return True
+    return (urlsplit(f"//{host}").hostname or "") in allowed
+
+
+def origin_allowed(origin: str | None) -> bool:
+    """Whether the operator allowed this origin cross-origin (`--cors-origin`)."""
+    return bool(origin) and origin.rstrip("/").lower() in runtime.cors_origins

@@ -1,0 +1,300 @@
+"""Access control against real servers: API keys on every route (deny by
+default, walked from the URL conf), in the caller's protocol shape, through
+the official SDKs; the chat socket; the bind policy; the Host check off
+loopback; CORS for the named origins only; the Django admin's own login."""
+from __future__ import annotations
+
+import asyncio
+import re
+import subprocess
+
+import anthropic
+import httpx
+import openai
+import pytest
+
+from tests.helpers import HEARTH, ROOT, ServerProcess, free_port, server_env
+
+KEY = "test-key-0123456789abcdef"
+ORIGIN = "https://app.example"
+
+
+@pytest.fixture(scope="module")
+def keyed(homes, tiny_model, tmp_path_factory):
+    """A server that needs KEY, allowing ORIGIN cross-origin."""
+    hf_home, _ = homes
+    home = tmp_path_factory.mktemp("keyed-home")
+    env = dict(server_env(hf_home, home), HEARTH_API_KEY=KEY)
+    proc = ServerProcess(env, tiny_model, "--no-worker", "--cors-origin", ORIGIN,
+                         log_path=tmp_path_factory.mktemp("logs") / "keyed.log")
+    try:
+        yield proc.wait_ready()
+    finally:
+        assert proc.stop() == 0, proc.output()
+
+
+def _routes() -> list[str]:
+    """Every URL the project routes, parameters filled with a placeholder."""
+    import django
+    from django.urls import URLPattern, URLResolver, get_resolver
+
+    django.setup()
+    found = []
+
+    def walk(patterns, prefix):
+        for p in patterns:
+            route = prefix + re.sub(r"<(?:\w+:)?\w+>", "x", str(p.pattern)).lstrip("^").rstrip("$")
+            if isinstance(p, URLResolver):
+                walk(p.url_patterns, route)
+            elif isinstance(p, URLPattern):
+                found.append("/" + route.replace("\\Z", "").replace("\\", ""))
+    walk(get_resolver().url_patterns, "")
+    return sorted(set(found))
+
+
+def test_every_route_but_the_public_ones_needs_the_key(keyed):
+    from config.access import is_public
+
+    routes = _routes()
+    assert "/v1/chat/completions" in routes and "/api/jobs" in routes and "/stats" in routes
+    guarded = [r for r in routes if not is_public(r)]
+    assert len(guarded) > 60
+    with httpx.Client(base_url=keyed.url, timeout=30) as http:
+        for route in guarded + ["/v1/a-route-added-later", "/api/not-yet"]:
+            for method in ("GET", "POST"):
+                r = http.request(method, route, json={})
+                assert r.status_code == 401, (method, route, r.status_code, r.text[:200])
+        assert http.get("/health").json() == {"status": "ok"}
+
+
+def test_refusals_speak_the_callers_protocol(keyed):
+    with httpx.Client(base_url=keyed.url, timeout=30) as http:
+        body = http.post("/v1/chat/completions", json={"messages": []}).json()
+        assert body["error"]["code"] == "invalid_api_key" and "API key is required" in body["error"]["message"]
+        wrong = http.get("/v1/models", headers={"Authorization": "Bearer nope"})
+        assert wrong.status_code == 401 and wrong.json()["error"]["message"] == "invalid API key"
+        assert wrong.headers["WWW-Authenticate"].startswith("Bearer")
+        anth = http.post("/v1/messages", json={}, headers={"x-api-key": "nope"}).json()
+        assert anth == {"type": "error", "error": {"type": "authentication_error", "message": "invalid API key"}}
+        assert http.get("/api/jobs").json()["ok"] is False
+        page = http.get("/", headers={"Accept": "text/html"})
+        assert page.status_code == 302 and page.headers["Location"] == "/signin?next=/"
+        assert http.get("/v1/models", headers={"x-api-key": KEY}).status_code == 200
+        assert http.get("/api/jobs", headers={"Authorization": f"Bearer {KEY}"}).json()["ok"] is True
+
+
+def test_official_sdks_with_and_without_the_key(keyed):
+    client = openai.OpenAI(base_url=keyed.url + "/v1", api_key=KEY, max_retries=0)
+    reply = client.chat.completions.create(model="x", messages=[{"role": "user", "content": "hi"}], max_tokens=4)
+    assert reply.choices[0].message.content is not None
+    chunks = list(client.chat.completions.create(model="x", messages=[{"role": "user", "content": "hi"}],
+                                                 max_tokens=4, stream=True))
+    assert chunks
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=keyed.url + "/v1", api_key="wrong", max_retries=0).models.list()
+
+    for claude in (anthropic.Anthropic(base_url=keyed.url, api_key=KEY, max_retries=0),
+                   anthropic.Anthropic(base_url=keyed.url, auth_token=KEY, max_retries=0)):
+        message = claude.messages.create(model="x", max_tokens=4, messages=[{"role": "user", "content": "hi"}])
+        assert message.type == "message"
+    with pytest.raises(anthropic.AuthenticationError):
+        anthropic.Anthropic(base_url=keyed.url, api_key="wrong", max_retries=0).messages.create(
+            model="x", max_tokens=4, messages=[{"role": "user", "content": "hi"}])
+
+
+def test_cors_only_for_the_named_origin(keyed):
+    with httpx.Client(base_url=keyed.url, timeout=30) as http:
+        pre = http.options("/v1/chat/completions", headers={
+            "Origin": ORIGIN, "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "authorization, content-type"})
+        assert pre.status_code == 204
+        assert pre.headers["Access-Control-Allow-Origin"] == ORIGIN
+        assert "POST" in pre.headers["Access-Control-Allow-Methods"]
+        assert pre.headers["Access-Control-Allow-Headers"] == "authorization, content-type"
+        ok = http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
+                                                     "max_tokens": 2},
+                       headers={"Origin": ORIGIN, "Authorization": f"Bearer {KEY}"})
+        assert ok.status_code == 200 and ok.headers["Access-Control-Allow-Origin"] == ORIGIN
+        denied = http.get("/v1/models", headers={"Origin": ORIGIN})  # the page can read why
+        assert denied.status_code == 401 and denied.headers["Access-Control-Allow-Origin"] == ORIGIN
+
+        other = "https://evil.example"
+        pre = http.options("/v1/chat/completions", headers={"Origin": other, "Access-Control-Request-Method": "POST"})
+        assert "Access-Control-Allow-Origin" not in pre.headers
+        write = http.post("/api/settings/hf-token", json={"token": "hf_x"},
+                          headers={"Origin": other, "Authorization": f"Bearer {KEY}"})
+        assert write.status_code == 403 and "Access-Control-Allow-Origin" not in write.headers
+
+
+def test_a_rebinding_host_is_refused_even_with_the_key(keyed):
+    r = httpx.get(keyed.url + "/v1/models", headers={"Host": "attacker.example", "Authorization": f"Bearer {KEY}"})
+    assert r.status_code == 403 and "attacker.example" in r.json()["error"]["message"]
+
+
+def test_the_admin_still_wants_a_django_login(keyed):
+    r = httpx.get(keyed.url + "/admin/", headers={"Authorization": f"Bearer {KEY}"})
+    assert r.status_code == 302 and r.headers["Location"].startswith("/admin/login/")
+
+
+def test_jobs_reach_the_served_model_with_a_key(keyed, monkeypatch):
+    from jobs.llm import ServedModel
+
+    monkeypatch.delenv("HEARTH_INTERNAL_KEY", raising=False)
+    monkeypatch.delenv("HEARTH_API_KEY", raising=False)
+    with pytest.raises(RuntimeError, match="401"):
+        ServedModel(keyed.url, None).ask([{"role": "user", "content": "hi"}], max_tokens=2)
+    monkeypatch.setenv("HEARTH_INTERNAL_KEY", KEY)
+    assert isinstance(ServedModel(keyed.url, None).ask([{"role": "user", "content": "hi"}], max_tokens=2), str)
+
+
+# -- the chat socket -------------------------------------------------------------------------------
+
+def _socket(headers):
+    from channels.testing import WebsocketCommunicator
+
+    from config.asgi import application
+
+    return WebsocketCommunicator(application, "/ws/chat", headers=headers)
+
+
+def _with_keys(keys):
+    from inference.runtime import runtime
+
+    before = runtime.api_keys
+    runtime.api_keys = frozenset(keys)
+    return before
+
+
+def test_the_chat_socket_needs_the_key_or_a_signed_in_session(django_db_ready):
+    from django.contrib.sessions.backends.db import SessionStore
+
+    from config.access import SESSION_KEY, digest
+    from inference.runtime import runtime
+
+    async def attempt(headers):
+        ws = _socket([(b"host", b"testserver"), *headers])
+        connected, code = await ws.connect(timeout=10)
+        await ws.disconnect()
+        return connected, code
+
+    session = SessionStore()
+    session[SESSION_KEY] = digest(KEY)
+    session.create()
+    stale = SessionStore()
+    stale[SESSION_KEY] = digest("an-old-key-no-longer-configured")
+    stale.create()
+    before = _with_keys({KEY})
+    try:
+        assert asyncio.run(attempt([])) == (False, 4401)
+        assert asyncio.run(attempt([(b"authorization", b"Bearer wrong")])) == (False, 4401)
+        assert asyncio.run(attempt([(b"cookie", f"sessionid={stale.session_key}".encode())])) == (False, 4401)
+        assert asyncio.run(attempt([(b"x-api-key", KEY.encode())]))[0] is True
+        assert asyncio.run(attempt([(b"cookie", f"sessionid={session.session_key}".encode())]))[0] is True
+    finally:
+        runtime.api_keys = before
+
+
+@pytest.fixture(scope="module")
+def django_db_ready():
+    import django
+    from django.core.management import call_command
+
+    django.setup()
+    call_command("migrate", interactive=False, verbosity=0)
+
+
+# -- bind policy -----------------------------------------------------------------------------------
+
+def test_off_loopback_without_a_key_refuses_to_start(homes, tmp_path):
+    hf_home, _ = homes
+    env = server_env(hf_home, tmp_path / "home")
+    env.pop("HEARTH_API_KEY", None)
+    done = subprocess.run([*HEARTH, "serve", "--host", "0.0.0.0", "--port", str(free_port())], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    assert "without an API key" in done.stderr and "--api-key" in done.stderr and "--insecure-no-auth" in done.stderr
+
+
+def test_off_loopback_with_a_key_serves_and_refuses_other_hosts(homes, tiny_model, tmp_path):
+    hf_home, _ = homes
+    env = dict(server_env(hf_home, tmp_path / "home"), HEARTH_API_KEY=KEY)
+    proc = ServerProcess(env, tiny_model, "--host", "0.0.0.0", "--no-worker", log_path=tmp_path / "s.log")
+    try:
+        proc.wait_ready()
+        auth = {"Authorization": f"Bearer {KEY}"}
+        assert httpx.get(proc.url + "/v1/models", headers=auth).status_code == 200
+        assert httpx.get(proc.url + "/v1/models").status_code == 401
+        for host in ("attacker.example", "attacker.example:8080", "10.9.8.7.nip.io"):
+            r = httpx.get(proc.url + "/api/sessions", headers={**auth, "Host": host})
+            assert r.status_code == 403, host
+        import socket
+
+        own = socket.gethostname()
+        assert httpx.get(proc.url + "/v1/models", headers={**auth, "Host": f"{own}:{proc.port}"}).status_code == 200
+    finally:
+        assert proc.stop() == 0, proc.output()
+
+
+def test_insecure_no_auth_serves_with_a_loud_warning(homes, tiny_model, tmp_path):
+    hf_home, _ = homes
+    env = server_env(hf_home, tmp_path / "home")
+    env.pop("HEARTH_API_KEY", None)
+    proc = ServerProcess(env, tiny_model, "--host", "0.0.0.0", "--no-worker", "--insecure-no-auth",
+                         log_path=tmp_path / "s.log")
+    try:
+        proc.wait_ready()
+        stats = httpx.get(proc.url + "/stats").json()
+        assert stats["access"]["insecure_no_auth"] is True and "no API key" in stats["warning"]
+        assert "WARNING" in proc.output() and "--insecure-no-auth" in proc.output()
+        assert httpx.get(proc.url + "/health", headers={"Host": "attacker.example"}).status_code == 403
+    finally:
+        assert proc.stop() == 0, proc.output()
+
+
+def test_key_settings_that_cannot_work_stop_start_up(homes, tmp_path):
+    hf_home, _ = homes
+    empty = tmp_path / "keys.txt"
+    empty.write_text("# no keys here\n\n")
+    for args, message in ((["--api-key-file", str(empty)], "holds no key"),
+                          (["--api-key-file", str(tmp_path / "missing")], "cannot read it"),
+                          (["--cors-origin", "not an origin"], "is not an origin"),
+                          (["--allow-path", str(tmp_path / "nowhere")], "not a folder")):
+        done = subprocess.run([*HEARTH, "serve", "--port", str(free_port()), *args], cwd=ROOT,
+                              env=server_env(hf_home, tmp_path / "home"), capture_output=True, text=True, timeout=120)
+        assert done.returncode != 0 and message in done.stderr, (args, done.stderr[-500:])
+
+
+# -- the dashboard ---------------------------------------------------------------------------------
+
+def test_dashboard_sign_in_chat_and_sign_out(page, keyed):
+    from tests.test_dashboard import ARTIFACTS
+
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.goto(keyed.url + "/#/chat")
+    page.wait_for_selector("form.signin-card")
+    assert "/signin" in page.url
+    page.screenshot(path=str(ARTIFACTS / "desktop-signin.png"))
+    page.set_viewport_size({"width": 375, "height": 740})
+    page.screenshot(path=str(ARTIFACTS / "phone-signin.png"))
+    page.set_viewport_size({"width": 1280, "height": 800})
+    page.fill("#key", "not-the-key")
+    page.click("button:has-text('Sign in')")
+    page.wait_for_selector("text=not one this server accepts")
+
+    page.fill("#key", KEY)
+    page.click("button:has-text('Sign in')")
+    page.wait_for_url("**/#/chat")
+    page.wait_for_selector("text=hearth-test/tiny-random")  # the socket connected with the session cookie
+    page.fill("textarea[aria-label=Message]", "Hello over a signed-in socket")
+    page.keyboard.press("Enter")
+    page.wait_for_selector(".msg.assistant .perf", timeout=120_000)
+    cookie = next(c for c in page.context.cookies() if c["name"] == "sessionid")
+    assert cookie["httpOnly"] and cookie["sameSite"] == "Strict"
+    page.screenshot(path=str(ARTIFACTS / "desktop-chat-signed-in.png"))
+
+    page.click("button.signout")
+    page.wait_for_selector("form.signin-card")
+    page.goto(keyed.url + "/#/settings")
+    page.wait_for_selector("form.signin-card")  # signed out for good
+    r = page.request.get(keyed.url + "/api/sessions")
+    assert r.status == 401
