@@ -1,6 +1,6 @@
 from django.contrib import admin
 
-from chat.models import ChatEntry, ChatSession
+from chat.models import ChatEntry, ChatSession, ToolApproval
 
 
 class EntryInline(admin.TabularInline):
@@ -28,3 +28,10 @@ class ChatEntryAdmin(admin.ModelAdmin):
     @admin.display(description="content")
     def short(self, obj):
         return obj.content[:80]
+
+
+@admin.register(ToolApproval)
+class ToolApprovalAdmin(admin.ModelAdmin):
+    list_display = ("tool", "session", "created_at")
+    list_filter = ("tool",)
+    search_fields = ("tool", "session__title", "session__id")

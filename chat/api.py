@@ -1,4 +1,5 @@
-"""`/api/sessions/search` and `/api/sessions/export`."""
+"""`/api/sessions/search`, `/export`, `/import`, and the sessions' tool approvals
+(`/api/settings/tool-approvals`)."""
 from __future__ import annotations
 
 import json
@@ -72,44 +73,42 @@ def export(request: HttpRequest):
     return {"ok": True, "path": session.id, "entries": entries}
 
 
-def _approvals_path():
-    from django.conf import settings
-
-    return settings.HEARTH_HOME / "tool-approvals.json"
-
-
-def always_allowed() -> list[str]:
-    try:
-        names = json.loads(_approvals_path().read_text()).get("alwaysAllow", [])
-    except (OSError, ValueError, AttributeError):
-        return []
-    return sorted({n for n in names if isinstance(n, str)})
-
-
-def save_allowed(names: list[str]) -> None:
-    path = _approvals_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"alwaysAllow": sorted(set(names))}))
-    tmp.replace(path)
-
-
 @router.get("/settings/tool-approvals")
 def approvals(request: HttpRequest):
-    return {"ok": True, "alwaysAllow": always_allowed()}
+    """Every session's always-allowed tools; `?sessionId=` narrows it to one session."""
+    from chat import approvals as store
+
+    key = request.GET.get("sessionId")
+    if key is None:
+        return {"ok": True, "sessions": store.every_session()}
+    session = ChatSession.objects.filter(id=key).first()
+    if session is None:
+        return fail(f"no session {key}", 404)
+    return {"ok": True, "sessions": [{"sessionId": session.id, "title": session.title,
+                                      "alwaysAllow": store.allowed(session.id)}]}
 
 
 @router.delete("/settings/tool-approvals")
 def forget_approval(request: HttpRequest):
+    """`{"sessionId", "tool"}`: that session asks before running the tool again."""
+    from chat import approvals as store
+
     try:
         body = json.loads(request.body or b"{}")
-    except ValueError:
+    except (ValueError, UnicodeDecodeError):
         return fail("invalid JSON body")
-    tool = body.get("tool") if isinstance(body, dict) else None
+    if not isinstance(body, dict):
+        return fail("the body must be a JSON object")
+    key, tool = body.get("sessionId"), body.get("tool")
+    if not isinstance(key, str) or not key:
+        return fail("sessionId required")
     if not isinstance(tool, str) or not tool:
         return fail("tool required")
-    save_allowed([n for n in always_allowed() if n != tool])
-    return {"ok": True, "alwaysAllow": always_allowed()}
+    if not ChatSession.objects.filter(id=key).exists():
+        return fail(f"no session {key}", 404)
+    if not store.revoke(key, tool):
+        return fail(f"{tool} is not always-allowed in session {key}", 404)
+    return {"ok": True, "sessionId": key, "alwaysAllow": store.allowed(key)}
 
 
 @router.post("/sessions/import")

@@ -4,14 +4,21 @@ Frames are JSON objects with a `type`. A turn runs as a task of its own so
 the socket keeps reading (an `abort`, or the socket closing, stops it
 within a decode step). Every request is built by the same code as
 `/v1/chat/completions` (validation, template, adapters, sampling), so the
-dashboard can do nothing a client could not."""
+dashboard can do nothing a client could not.
+
+The coding tools (read, bash, edit, write) reach the server's machine, so a
+socket may turn them on, and a turn offers them, only when it comes from a
+loopback address or the auth layer vouched for it
+(`scope["hearth_signed_in"]`: a valid API key or a signed-in dashboard).
+Approvals given with "Always allow" hold for one tool in one session
+(`chat/approvals.py`)."""
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
 import logging
 import time
-from urllib.parse import urlsplit
 
 from asgiref.sync import sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
@@ -27,21 +34,14 @@ MAX_TEXT = 200_000
 
 class ChatConsumer(AsyncJsonWebsocketConsumer):
     async def connect(self):
-        headers = dict(self.scope.get("headers") or [])
-        origin = headers.get(b"origin", b"").decode()
-        host = headers.get(b"host", b"").decode()
-        from config.middleware import host_allowed
-
-        # Another site's page may not drive the chat, nor one reaching us through a rebound DNS name.
-        if (origin and urlsplit(origin).netloc != host) or not host_allowed(host):
-            await self.close(code=4403)
-            return
+        # The Host, Origin and key checks ran before the socket reached here (config/asgi.py).
         self.session: ChatSession | None = None
         self.turn: asyncio.Task | None = None
         self.next_sampling: dict = {}
         self.approvals: dict[str, asyncio.Future] = {}  # gated tool calls waiting for the user
+        self.may_code = coding_permitted(self.scope)
         await self.accept()
-        await self.send_json(self._ready())
+        await self.send_json({**self._ready(), "codingTools": self.may_code})
         await self._send_sessions()
 
     async def disconnect(self, code):
@@ -93,6 +93,8 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         enabled = frame.get("enabled")
         if not isinstance(enabled, bool):
             raise _FrameError("set_coding_tools needs enabled: true or false")
+        if enabled and not self.may_code:
+            raise _FrameError(CODING_REFUSED)
         session = await self._session()
         session.coding_tools = enabled
         await sync_to_async(session.save)(update_fields=["coding_tools", "updated_at"])
@@ -111,6 +113,21 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             raise _FrameError("editedArgs must be an object")
         future.set_result({"decision": frame["decision"], "editedArgs": edited,
                            "alwaysAllow": frame.get("alwaysAllow") is True})
+
+    async def on_revoke_approval(self, frame):
+        """Ask again before running `tool` in the open session."""
+        from chat import approvals
+
+        tool = frame.get("tool")
+        if not isinstance(tool, str) or not tool:
+            raise _FrameError("revoke_approval needs tool")
+        if self.session is None:
+            raise _FrameError("no chat is open")
+        session = await self._session()
+        if not await sync_to_async(approvals.revoke)(session.id, tool):
+            raise _FrameError(f"{tool} is not always-allowed in this chat")
+        await self.send_json({"type": "tool_approvals", "sessionId": session.id,
+                              "alwaysAllow": await sync_to_async(approvals.allowed)(session.id)})
 
     async def on_set_sampling(self, frame):
         scope = frame.get("scope", "session")
@@ -306,9 +323,14 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         return found
 
     async def _send_history(self) -> None:
+        from chat import approvals
+
         items = await sync_to_async(store.history)(self.session)
+        settings = {**store.settings(self.session), "alwaysAllow": await sync_to_async(approvals.allowed)(
+            self.session.id)}
+        settings["codingTools"] = settings["codingTools"] and self.may_code  # what a turn here will offer
         await self.send_json({"type": "history", "items": items, "sessionId": self.session.id,
-                              "settings": store.settings(self.session)})
+                              "settings": settings})
 
     async def _send_sessions(self) -> None:
         items = await sync_to_async(store.sessions)()
@@ -334,6 +356,25 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
 
 class _FrameError(Exception):
     pass
+
+
+CODING_REFUSED = ("coding tools are only for the server's own machine or a signed-in dashboard: "
+                  "open the dashboard on the server (loopback) or sign in")
+
+
+def coding_permitted(scope: dict) -> bool:
+    """Signed in (the auth layer sets `hearth_signed_in`), or connected from a
+    loopback address; a socket with no known peer is neither."""
+    if scope.get("hearth_signed_in") is True:
+        return True
+    client = scope.get("client")
+    try:
+        address = ipaddress.ip_address(client[0]) if client else None
+    except (ValueError, TypeError, IndexError):
+        return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return address is not None and address.is_loopback
 
 
 def _text(frame: dict, key: str) -> str:

@@ -53,3 +53,19 @@ class ChatEntry(models.Model):
 
     def __str__(self) -> str:
         return f"{self.role}: {self.content[:60]}"
+
+
+class ToolApproval(models.Model):
+    """A gated tool the user told one chat session to run without asking.
+    It holds in that session only: a new or forked session asks again, and
+    deleting the session deletes it."""
+    session = models.ForeignKey(ChatSession, on_delete=models.CASCADE, related_name="approvals")
+    tool = models.CharField(max_length=64)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["tool"]
+        constraints = [models.UniqueConstraint(fields=["session", "tool"], name="chat_approval_once_per_tool")]
+
+    def __str__(self) -> str:
+        return f"{self.tool} in {self.session_id}"

@@ -68,7 +68,8 @@ async def run(consumer, session, messages: list[dict], state: TurnState) -> None
     for the user, CancelledError when stopped."""
     from inference.runtime import runtime
 
-    offered = await sync_to_async(chat_tools.available)(bool(session.coding_tools))
+    coding = bool(session.coding_tools) and consumer.may_code  # never offered to an unvouched socket
+    offered = await sync_to_async(chat_tools.available)(coding)
     messages = list(messages)
     sampling, consumer.next_sampling = consumer.next_sampling, {}  # "next turn" covers all of its rounds
     for round_no in range(MAX_ROUNDS):
@@ -81,7 +82,7 @@ async def run(consumer, session, messages: list[dict], state: TurnState) -> None
             {"id": c.id, "tool": c.name, "args": _args(c.arguments), "ok": False, "result": STOPPED} for c in calls]}
         state.rounds.append(record)
         for call in record["calls"]:
-            await _run_call(consumer, call, offered)
+            await _run_call(consumer, session.id, call, offered)
         messages.append({"role": "assistant", "content": round_text,
                          "tool_calls": [_wire(c) for c in record["calls"]]})
         messages += [{"role": "tool", "tool_call_id": c["id"], "name": c["tool"], "content": c["result"]}
@@ -126,10 +127,10 @@ async def _piece(consumer, piece, state: TurnState) -> str:
     return piece.text
 
 
-async def _run_call(consumer, call: dict, offered: dict) -> None:
-    """Ask (when gated), run, report: tool_start … tool_end. The outcome is
-    written into `call`."""
-    from chat.api import always_allowed, save_allowed
+async def _run_call(consumer, session_id: str, call: dict, offered: dict) -> None:
+    """Ask (when gated and not always-allowed in this session), run, report:
+    tool_start … tool_end. The outcome is written into `call`."""
+    from chat import approvals
 
     cid, name = call["id"], call["tool"]
     await consumer.send_json({"type": "tool_start", "callId": cid, "tool": name, "args": call["args"]})
@@ -139,15 +140,15 @@ async def _run_call(consumer, call: dict, offered: dict) -> None:
             call["result"] = f"error: unknown tool {name!r}; available: {', '.join(offered) or 'none'}"
         else:
             allowed = True
-            if tool.gated and name not in await sync_to_async(always_allowed)():
+            if tool.gated and not await sync_to_async(approvals.is_allowed)(session_id, name):
                 answer = await _ask(consumer, cid, name, call["args"])
                 allowed = answer["decision"] == "allow"
                 if allowed and isinstance(answer.get("editedArgs"), dict):
                     call["args"] = answer["editedArgs"]
                 if allowed and answer.get("alwaysAllow") is True:
-                    await sync_to_async(save_allowed)([*await sync_to_async(always_allowed)(), name])
-                    await consumer.send_json({"type": "tool_approvals",
-                                              "alwaysAllow": await sync_to_async(always_allowed)()})
+                    names = await sync_to_async(approvals.allow)(session_id, name)
+                    await consumer.send_json({"type": "tool_approvals", "sessionId": session_id,
+                                              "alwaysAllow": names})
             if not allowed:
                 call["result"] = DENIED
             elif tool.stream is not None:

@@ -6,7 +6,9 @@ turned them on. The coding tools work inside one workspace folder
 (`HEARTH_CHAT_WORKSPACE`, default `HEARTH_HOME/workspace`); every path is
 resolved, symlinks included, and refused when it leaves that folder.
 `bash`, `edit` and `write` change the machine, so they are gated by the
-approval card unless the user always-allowed them.
+approval card unless the user always-allowed them in that chat session
+(`chat/approvals.py`). Nothing a `bash` call starts outlives the call
+(`chat/reaper.py`).
 
 A tool never raises at the model: bad arguments and failures come back as
 a short error text, which is what the model reads as the tool's result."""
@@ -15,11 +17,15 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import sys
 import tempfile
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from chat.reaper import kill_tree
+
+REAPER = str(Path(__file__).with_name("reaper.py"))
 READ_CAP = 20_000  # characters of a file `read` returns
 OUTPUT_CAP = 20_000  # bytes of `bash` output kept
 BASH_TIMEOUT, BASH_TIMEOUT_MAX = 60, 600
@@ -164,13 +170,16 @@ async def _discard(chunk: str) -> None:
 
 
 async def _bash(args: dict, emit: Emit) -> str:
-    """Run the command in its own process group, streaming its output; a
-    timeout or a cancelled turn kills the whole group."""
+    """Run the command under `chat/reaper.py` in a session of its own,
+    streaming its output. Nothing it starts outlives the call: what is left
+    when the command exits is killed by the reaper, and a timeout or a
+    cancelled turn (abort, disconnect) kills the whole tree, processes that
+    called `setsid` or double-forked included."""
     timeout = args.get("timeout", BASH_TIMEOUT)
     if not 1 <= timeout <= BASH_TIMEOUT_MAX:
         raise ToolError(f"timeout must be between 1 and {BASH_TIMEOUT_MAX} seconds")
     proc = await asyncio.create_subprocess_exec(
-        "bash", "-lc", args["command"], cwd=workspace(), stdin=asyncio.subprocess.DEVNULL,
+        sys.executable, "-I", REAPER, "bash", "-lc", args["command"], cwd=workspace(), stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, start_new_session=True)
     kept, dropped = bytearray(), 0
 
@@ -192,7 +201,10 @@ async def _bash(args: dict, emit: Emit) -> str:
     finally:
         if proc.returncode is None:
             _kill(proc.pid)
-            await proc.wait()
+            try:  # the wait also waits for the output pipe, which a process out of reach could hold
+                await asyncio.wait_for(proc.wait(), 10)
+            except asyncio.TimeoutError:
+                pass
     text = kept.decode("utf-8", errors="replace")
     if dropped:
         text += f"\n… ({dropped} more bytes of output dropped)"
@@ -204,9 +216,10 @@ async def _bash(args: dict, emit: Emit) -> str:
 
 
 def _kill(pid: int) -> None:
+    kill_tree(pid)  # the reaper and every process below it, whatever its session
     try:
-        os.killpg(pid, signal.SIGKILL)  # the group: bash and whatever it started
-    except ProcessLookupError:
+        os.killpg(pid, signal.SIGKILL)  # and any of the group that left the tree
+    except (ProcessLookupError, PermissionError):
         pass
 
 
@@ -220,7 +233,8 @@ CODING_TOOLS = {t.name: t for t in [
                                            "offset": {"type": "integer", "description": "First line (1-based)"},
                                            "limit": {"type": "integer", "description": "Most lines to return"}},
           "required": ["path"]}, gated=False, run=_read),
-    Tool("bash", "Run a bash command in the workspace folder and return its output (stdout and stderr).",
+    Tool("bash", "Run a bash command in the workspace folder and return its output (stdout and stderr). "
+                 "Processes it starts in the background end when the command returns.",
          {"type": "object", "properties": {"command": {"type": "string"},
                                            "timeout": {"type": "integer",
                                                        "description": f"Seconds (default {BASH_TIMEOUT}, "

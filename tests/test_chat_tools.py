@@ -63,12 +63,12 @@ def steer(monkeypatch):
 
 
 @pytest.fixture
-def approvals():
-    from chat.api import save_allowed
+def approvals(django_ready):
+    from chat.models import ToolApproval
 
-    save_allowed([])
+    ToolApproval.objects.all().delete()
     yield
-    save_allowed([])
+    ToolApproval.objects.all().delete()
 
 
 async def _until(ws, kind: str, timeout: float = 60) -> list[dict]:
@@ -157,9 +157,15 @@ def test_gated_tool_deny_allow_and_always_allow(engine, workspace, steer, client
         assert "tool_approvals" not in _kinds(frames)
 
         frames = await ask(ws, {"decision": "allow", "alwaysAllow": True})
-        assert next(f for f in frames if f["type"] == "tool_approvals")["alwaysAllow"] == ["write"]
+        session = next(f for f in frames if f["type"] == "turn_start")["sessionId"]
+        assert next(f for f in frames if f["type"] == "tool_approvals") == {
+            "type": "tool_approvals", "sessionId": session, "alwaysAllow": ["write"]}
         assert (workspace / "out/a.txt").read_text() == "hi"
-        assert client.get("/api/settings/tool-approvals").json() == {"ok": True, "alwaysAllow": ["write"]}
+        from asgiref.sync import sync_to_async
+
+        listed = (await sync_to_async(client.get)("/api/settings/tool-approvals")).json()
+        assert listed["ok"] is True and {"sessionId": session, "title": "write it",
+                                         "alwaysAllow": ["write"]} in listed["sessions"]
 
         frames = await ask(ws, None)  # asked no more
         assert "tool_approval_request" not in _kinds(frames)
@@ -170,7 +176,8 @@ def test_gated_tool_deny_allow_and_always_allow(engine, workspace, steer, client
 
 
 def test_bash_streams_output_and_abort_kills_it(engine, workspace, steer, approvals):
-    steer("bash", {"command": "sleep 60 & echo $! > sleep.pid; echo started; wait"})
+    steer("bash", {"command": "sleep 60 & echo $! > sleep.pid; setsid sleep 1000 & echo $! > setsid.pid; "
+                              "echo started; wait"})
 
     async def run():
         ws = await _connect()
@@ -180,13 +187,15 @@ def test_bash_streams_output_and_abort_kills_it(engine, workspace, steer, approv
         await ws.send_json_to({"type": "approval", "callId": request["callId"], "decision": "allow"})
         update = (await _until(ws, "tool_update"))[-1]
         assert update == {"type": "tool_update", "callId": request["callId"], "chunk": "started\n"}
+        escaped = int((workspace / "setsid.pid").read_text())
+        assert not _gone(escaped, tries=1)  # it runs in a session of its own
         await ws.send_json_to({"type": "abort"})
         frames = await _until(ws, "turn_end")
         end = next(f for f in frames if f["type"] == "tool_end")
         assert end["ok"] is False and "stopped" in end["result"]
         assert frames[-1]["aborted"] is True
         pid = int((workspace / "sleep.pid").read_text())
-        assert _gone(pid)
+        assert _gone(pid) and _gone(escaped)
         await ws.disconnect()
 
     asyncio.run(run())
@@ -210,8 +219,8 @@ def test_disconnect_while_waiting_for_approval_cancels_the_turn(engine, workspac
     asyncio.run(run())
 
 
-def _gone(pid: int) -> bool:
-    for _ in range(50):
+def _gone(pid: int, tries: int = 50) -> bool:
+    for _ in range(tries):
         try:
             state = Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0]
         except (FileNotFoundError, IndexError):

@@ -23,6 +23,8 @@ export function chatPage(main) {
   const codingLabel = h("label", { for: "coding-tools", class: "row", style: "margin:0;font-weight:400",
     title: "Offer the model read, bash, edit and write in the workspace folder; bash, edit and write ask first" },
   coding, "Coding tools");
+  // This chat's always-allowed tools, each with a button that makes the chat ask again.
+  const allowed = h("span", { class: "allowed small", hidden: true, role: "group", "aria-label": "Always allowed in this chat" });
   const adapter = h("select", { "aria-label": "Adapter", onchange: () => frame({ type: "set_adapter",
     id: adapter.value || null }) }, h("option", { value: "" }, "server default"), h("option", { value: "none" }, "base model"));
   const temp = h("input", { type: "number", step: "0.1", min: "0", max: "2", placeholder: "temp", style: "width:5.5em",
@@ -42,7 +44,7 @@ export function chatPage(main) {
         "New chat"), search, hits, sessionsList),
     h("section", { class: "convo" }, messages,
       h("div", { class: "composer" },
-        h("div", { class: "chatbar" }, sessionsToggle, modelName, thinkLabel, codingLabel, adapter, temp, system, ctx), form)));
+        h("div", { class: "chatbar" }, sessionsToggle, modelName, thinkLabel, codingLabel, allowed, adapter, temp, system, ctx), form)));
   main.append(root);
 
   input.addEventListener("keydown", (e) => {
@@ -99,11 +101,15 @@ export function chatPage(main) {
         state.ready = f; state.streaming = null; setBusy(false);
         modelName.textContent = f.model || "no model";
         thinkLabel.hidden = !f.thinking;
+        coding.disabled = f.codingTools === false;
+        codingLabel.title = coding.disabled ? "Coding tools run on the server's machine: open the dashboard there, or sign in"
+          : "Offer the model read, bash, edit and write in the workspace folder; bash, edit and write ask first";
         if (state.active) frame({ type: "open_session", path: state.active });
         break;
       case "sessions": renderSessions(f.items, f.activePath); break;
       case "history":
-        state.items = f.items; state.active = f.sessionId; applySettings(f.settings); render(); break;
+        state.items = f.items; state.active = f.sessionId; applySettings(f.settings);
+        showAllowed(f.settings?.alwaysAllow || []); render(); break;
       case "turn_start":
         state.active = f.sessionId;
         state.streaming = { parts: [], thinking: "", el: null, calls: new Map() };
@@ -124,7 +130,7 @@ export function chatPage(main) {
         coding.checked = !!f.active;
         if (f.pending) toast(`Coding tools ${f.active ? "on" : "off"} from the next turn`);
         break;
-      case "tool_approvals": toast(`Always allowed: ${f.alwaysAllow.join(", ") || "none"}`); break;
+      case "tool_approvals": if (!f.sessionId || f.sessionId === state.active) showAllowed(f.alwaysAllow); break;
       case "turn_end":
         state.streaming = null; setBusy(false);
         state.active = f.sessionId || state.active;
@@ -136,6 +142,13 @@ export function chatPage(main) {
       case "error": toast(f.message); if (!state.streaming) setBusy(false); break;
       default: break;
     }
+  }
+
+  function showAllowed(names) {
+    allowed.hidden = !names.length;
+    allowed.replaceChildren(h("span", { class: "muted" }, "Always allowed:"), ...names.map((name) =>
+      h("span", { class: "badge" }, name, h("button", { type: "button", class: "revoke", title: `Ask again before ${name} runs in this chat`,
+        "aria-label": `Revoke always-allow for ${name}`, onclick: () => frame({ type: "revoke_approval", tool: name }) }, "×"))));
   }
 
   function setBusy(on) { send.hidden = on; stop.hidden = !on; input.disabled = false; }
@@ -266,7 +279,8 @@ export function chatPage(main) {
         approval.replaceChildren(h("span", { class: "small" }, `Run ${call.tool}?`), allow,
           h("button", { type: "button", onclick: () => answer("deny") }, "Deny"),
           h("button", { type: "button", onclick: () => answer("allow", true),
-            title: `Never ask again for ${call.tool} (Settings lists and forgets these)` }, "Always allow"));
+            title: `Run ${call.tool} without asking for the rest of this chat (revoke it in the bar below or in Settings)` },
+          "Always allow"));
         approval.hidden = false;
         approval.onkeydown = (e) => { if (e.key === "Escape") { e.preventDefault(); answer("deny"); } };
         allow.focus();

@@ -1,4 +1,4 @@
-// Settings: the Hugging Face token and remembered tool approvals.
+// Settings: the Hugging Face token and each chat's always-allowed tools.
 import { api, h, toast } from "./util.js";
 
 export function settingsPage(main) {
@@ -15,15 +15,24 @@ export function settingsPage(main) {
         catch (err) { toast(err.message); } } }, token, h("button", { class: "primary", type: "submit" }, "Save")),
       h("button", { type: "button", style: "margin-top:8px", onclick: async () => {
         await api("/api/settings/hf-token", { method: "DELETE" }); toast("Token removed"); load(); } }, "Remove token")),
-    h("div", { class: "card" }, h("h2", { style: "margin-top:0" }, "Always-allowed tools"), approvals)));
+    h("div", { class: "card" }, h("h2", { style: "margin-top:0" }, "Always-allowed tools"),
+      h("p", { class: "muted small" }, "“Always allow” holds for one tool in one chat; every other chat still asks. Revoke to be asked again."),
+      approvals)));
   async function load() {
     const t = await api("/api/settings/hf-token");
     tokenState.textContent = t.hasToken ? "A token is saved." : "No token saved.";
     const a = await api("/api/settings/tool-approvals");
-    approvals.replaceChildren(a.alwaysAllow.length ? h("ul", {}, ...a.alwaysAllow.map((name) => h("li", { class: "row" }, name,
-      h("button", { type: "button", class: "small", onclick: async () => {
-        await api("/api/settings/tool-approvals", { method: "DELETE", json: { tool: name } }); load(); } }, "Forget"))))
-      : h("p", { class: "muted small" }, "None. Approving a tool with “always allow” in the chat adds it here."));
+    const revoke = async (sessionId, tool) => {
+      try { await api("/api/settings/tool-approvals", { method: "DELETE", json: { sessionId, tool } }); toast(`${tool} will ask again`); }
+      catch (err) { toast(err.message); }
+      load().catch((e) => toast(e.message));
+    };
+    approvals.replaceChildren(a.sessions.length ? h("ul", { class: "approvals-list" }, ...a.sessions.map((s) => h("li", {},
+      h("span", { class: "title" }, s.title), h("span", { class: "muted small" }, s.sessionId),
+      h("span", { class: "allowed" }, ...s.alwaysAllow.map((tool) => h("span", { class: "badge" }, tool,
+        h("button", { type: "button", class: "revoke", title: `Ask again before ${tool} runs in “${s.title}”`,
+          "aria-label": `Revoke ${tool} in ${s.title}`, onclick: () => revoke(s.sessionId, tool) }, "×")))))))
+      : h("p", { class: "muted small" }, "None. Approving a tool with “Always allow” in a chat adds it here, for that chat."));
   }
   load().catch((e) => toast(e.message));
 }
