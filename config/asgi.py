@@ -28,6 +28,8 @@ async def _http(scope, receive, send):
         runtime.inflight -= 1
 
 
+from urllib.parse import urlsplit  # noqa: E402
+
 from channels.routing import URLRouter  # noqa: E402
 from django.urls import path  # noqa: E402
 
@@ -57,11 +59,18 @@ async def _socket_signed_in(headers: dict) -> bool:
 
 
 async def _websocket(scope, receive, send):
+    """Another site's page may not drive the chat, nor one reaching us through
+    a rebound DNS name (4403); with keys configured, a socket without the key
+    or a signed-in session is refused too (4401). Closing before accepting
+    answers the handshake with 403."""
     headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers") or []}
+    host, origin = headers.get("host", ""), headers.get("origin")
     signed_in = access.keys_required() and await _socket_signed_in(headers)
-    if not access.host_allowed(headers.get("host", "")) or (access.keys_required() and not signed_in):
-        await receive()  # the handshake; closing before accepting answers it with 403
-        await send({"type": "websocket.close", "code": 4401})
+    refused = 4403 if (origin and urlsplit(origin).netloc != host) or not access.host_allowed(host) else \
+        4401 if access.keys_required() and not signed_in else None
+    if refused is not None:
+        await receive()
+        await send({"type": "websocket.close", "code": refused})
         return
     await sockets(dict(scope, hearth_signed_in=signed_in), receive, send)
 

@@ -17,7 +17,6 @@ from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.http import HttpResponse, HttpResponseRedirect, JsonResponse
 
 from config import access
-from config.access import host_allowed  # noqa: F401  (the chat socket checks Host the same way)
 
 
 class _Middleware:
@@ -99,7 +98,7 @@ class CrossOriginGuardMiddleware(_Middleware):
         host = request.headers.get("Host", "")
         foreign = origin is not None and (origin == "null" or urlsplit(origin).netloc != host) \
             and not access.origin_allowed(origin)
-        if not host_allowed(host):  # every request: a rebound page could otherwise read chats and settings
+        if not access.host_allowed(host):  # every request: a rebound page could otherwise read chats and settings
             message = f"requests for host {host!r} are refused (not this server's name)"
         elif request.path in self.ACTING_GETS:
             if not foreign and request.headers.get("Sec-Fetch-Site") not in ("cross-site", "same-site"):
