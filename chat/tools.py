@@ -180,7 +180,7 @@ async def _bash(args: dict, emit: Emit) -> str:
         raise ToolError(f"timeout must be between 1 and {BASH_TIMEOUT_MAX} seconds")
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-I", REAPER, "bash", "-lc", args["command"], cwd=workspace(), stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, start_new_session=True)
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, start_new_session=True, env=_tool_env())
     kept, dropped = bytearray(), 0
 
     async def pump():
@@ -303,3 +303,12 @@ async def call_streaming(tool: Tool, args, emit: Emit) -> tuple[bool, str]:
         return False, f"error: {exc}"
     except (OSError, ValueError) as exc:
         return False, f"error: {type(exc).__name__}: {exc}"
+
+
+# The server's own credentials stay out of what a tool runs: a command the
+# model wrote (or a prompt injected into it) must not read a working key.
+SECRET_ENV = ("HEARTH_API_KEY", "HEARTH_INTERNAL_KEY", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
+
+
+def _tool_env() -> dict:
+    return {k: v for k, v in os.environ.items() if k not in SECRET_ENV}

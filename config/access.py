@@ -35,26 +35,24 @@ def keys_required() -> bool:
     return bool(runtime.api_keys)
 
 
-def key_accepted(candidate: str | None) -> bool:
-    """Whether `candidate` is one of the configured keys (constant time)."""
-    if not candidate or not runtime.api_keys:
-        return False
-    wanted = digest(candidate)
+def _digest_configured(wanted: str) -> bool:
+    """Whether `wanted` is the digest of a configured key, compared with
+    every key in constant time."""
     found = False
     for key in runtime.api_keys:
         found |= hmac.compare_digest(wanted, digest(key))
     return found
 
 
+def key_accepted(candidate: str | None) -> bool:
+    """Whether `candidate` is one of the configured keys."""
+    return bool(candidate) and _digest_configured(digest(candidate))
+
+
 def session_signed_in(session) -> bool:
     """Whether a Django session was signed in with a key that is still configured."""
     held = session.get(SESSION_KEY) if session is not None else None
-    if not isinstance(held, str):
-        return False
-    found = False
-    for key in runtime.api_keys:
-        found |= hmac.compare_digest(held, digest(key))
-    return found
+    return isinstance(held, str) and _digest_configured(held)
 
 
 async def request_signed_in(request) -> bool:
@@ -79,15 +77,36 @@ def is_public(path: str) -> bool:
     return any(path == p or (p.endswith("/") and path.startswith(p)) for p in PUBLIC)
 
 
+def _hostname(authority: str) -> str | None:
+    """The host name of `host[:port]`, lowercased; None when it does not parse."""
+    try:
+        return urlsplit(f"//{authority}").hostname or ""
+    except ValueError:  # "[", a bad IPv6 literal, a bad port
+        return None
+
+
 def host_allowed(host: str) -> bool:
     """Whether a request's Host names this server (the names `hearth serve`
-    admits: inference/serving_access.py).
-    Refusing other names stops a DNS-rebinding page, whose Origin and Host
-    agree, from reaching the API through the user's browser."""
+    admits: inference/serving_access.py). Refusing other names stops a
+    DNS-rebinding page, whose Origin and Host agree, from reaching the API
+    through the user's browser."""
+    name = _hostname(host)
+    if name is None:
+        return False
     allowed = runtime.allowed_hosts
-    if allowed is None:
+    return allowed is None or name in allowed
+
+
+def cross_origin(origin: str | None, host: str) -> bool:
+    """Whether a request comes from a page on another origin than this
+    server's (`Origin` names another host[:port], is `null`, or does not
+    parse). No `Origin` (SDK clients, same-origin GETs) is not cross-origin."""
+    if origin is None:
+        return False
+    try:
+        return origin == "null" or urlsplit(origin).netloc != host
+    except ValueError:
         return True
-    return (urlsplit(f"//{host}").hostname or "") in allowed
 
 
 def origin_allowed(origin: str | None) -> bool:

@@ -28,8 +28,6 @@ async def _http(scope, receive, send):
         runtime.inflight -= 1
 
 
-from urllib.parse import urlsplit  # noqa: E402
-
 from channels.routing import URLRouter  # noqa: E402
 from django.urls import path  # noqa: E402
 
@@ -41,38 +39,44 @@ sockets = URLRouter([path("ws/chat", ChatConsumer.as_asgi())])
 
 async def _socket_signed_in(headers: dict) -> bool:
     """A key in the handshake's headers, or the dashboard's signed-in session cookie."""
-    from http.cookies import SimpleCookie
     from importlib import import_module
 
     from django.conf import settings
+    from django.http.cookie import parse_cookie
 
     key = access.presented_key(headers)
     if key is not None:
         return access.key_accepted(key)
-    cookie = SimpleCookie()
-    cookie.load(headers.get("cookie", ""))
-    morsel = cookie.get(settings.SESSION_COOKIE_NAME)
-    if morsel is None or not morsel.value:
+    session_key = parse_cookie(headers.get("cookie", "")).get(settings.SESSION_COOKIE_NAME)
+    if not session_key:
         return False
-    session = import_module(settings.SESSION_ENGINE).SessionStore(morsel.value)
+    session = import_module(settings.SESSION_ENGINE).SessionStore(session_key)
     return access.session_signed_in({access.SESSION_KEY: await session.aget(access.SESSION_KEY)})
 
 
 async def _websocket(scope, receive, send):
     """Another site's page may not drive the chat, nor one reaching us through
-    a rebound DNS name (4403); with keys configured, a socket without the key
-    or a signed-in session is refused too (4401). Closing before accepting
-    answers the handshake with 403."""
+    a rebound DNS name (close code 4403); with keys configured, a socket
+    without the key or a signed-in session is refused too (4401). The
+    socket is accepted and then closed, so the browser sees the code."""
     headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers") or []}
-    host, origin = headers.get("host", ""), headers.get("origin")
-    signed_in = access.keys_required() and await _socket_signed_in(headers)
-    refused = 4403 if (origin and urlsplit(origin).netloc != host) or not access.host_allowed(host) else \
-        4401 if access.keys_required() and not signed_in else None
+    host = headers.get("host", "")
+    refused = None
+    if access.cross_origin(headers.get("origin"), host) or not access.host_allowed(host):
+        refused = 4403
+    signed_in = refused is None and access.keys_required() and await _socket_signed_in(headers)
+    if refused is None and access.keys_required() and not signed_in:
+        refused = 4401
     if refused is not None:
-        await receive()
+        await receive()  # the handshake
+        await send({"type": "websocket.accept"})
         await send({"type": "websocket.close", "code": refused})
         return
-    await sockets(dict(scope, hearth_signed_in=signed_in), receive, send)
+    from django.conf import settings
+
+    # Behind a proxy the peer address is the proxy's: nobody counts as local.
+    peer = None if settings.HEARTH_BEHIND_PROXY else scope.get("client")
+    await sockets(dict(scope, client=peer, hearth_signed_in=signed_in), receive, send)
 
 
 application = ProtocolTypeRouter({

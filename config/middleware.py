@@ -11,12 +11,13 @@ behind a long non-streaming generation.
 """
 from __future__ import annotations
 
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.http import HttpResponse, HttpResponseRedirect, JsonResponse
 
 from config import access
+from inference.runtime import runtime
 
 
 class _Middleware:
@@ -96,8 +97,7 @@ class CrossOriginGuardMiddleware(_Middleware):
     def _refuse(self, request):
         origin = request.headers.get("Origin")
         host = request.headers.get("Host", "")
-        foreign = origin is not None and (origin == "null" or urlsplit(origin).netloc != host) \
-            and not access.origin_allowed(origin)
+        foreign = access.cross_origin(origin, host) and not access.origin_allowed(origin)
         if not access.host_allowed(host):  # every request: a rebound page could otherwise read chats and settings
             message = f"requests for host {host!r} are refused (not this server's name)"
         elif request.path in self.ACTING_GETS:
@@ -126,42 +126,47 @@ class SecureCookiesOverTlsMiddleware(_ResponseHook):
         return response
 
 
-def _cors_headers(response, origin: str) -> None:
-    response["Access-Control-Allow-Origin"] = origin
-    response["Access-Control-Expose-Headers"] = "*"
+def _vary_origin(response) -> None:
     vary = response.get("Vary")
-    response["Vary"] = f"{vary}, Origin" if vary else "Origin"
+    if "origin" not in (vary or "").lower():
+        response["Vary"] = f"{vary}, Origin" if vary else "Origin"
 
 
 class CorsMiddleware(_Middleware):
     """CORS for the origins the operator named (`--cors-origin`), and no
     other: a preflight from one of them is answered here (it carries no
     key), and their answers, errors included, carry the Allow-Origin header
-    so the page can read them. Cookies are never allowed cross-origin: such
-    a page authenticates with a key."""
+    so the page can read them. With any origin configured every answer
+    varies by Origin, so a cache never hands one origin's answer to another.
+    Cookies are never allowed cross-origin: such a page authenticates with a
+    key (ApiKeyMiddleware ignores the session on a cross-origin request)."""
 
     METHODS = "GET, POST, PUT, DELETE, OPTIONS"
 
     def __call__(self, request):
-        origin = request.headers.get("Origin")
-        if not access.origin_allowed(origin):
+        if not runtime.cors_origins:
             return self.get_response(request)
-        if request.method == "OPTIONS" and "Access-Control-Request-Method" in request.headers:
+        origin = request.headers.get("Origin")
+        allowed = access.origin_allowed(origin)
+        if allowed and request.method == "OPTIONS" and "Access-Control-Request-Method" in request.headers:
             return self._preflight(request, origin)
         if self.is_async:
-            return self._acall(request, origin)
-        response = self.get_response(request)
-        _cors_headers(response, origin)
-        return response
+            return self._acall(request, origin if allowed else None)
+        return self._headers(self.get_response(request), origin if allowed else None)
 
     async def _acall(self, request, origin):
-        response = await self.get_response(request)
-        _cors_headers(response, origin)
+        return self._headers(await self.get_response(request), origin)
+
+    @staticmethod
+    def _headers(response, origin: str | None):
+        if origin is not None:
+            response["Access-Control-Allow-Origin"] = origin
+            response["Access-Control-Expose-Headers"] = "*"
+        _vary_origin(response)
         return response
 
     def _preflight(self, request, origin):
-        response = HttpResponse(status=204)
-        _cors_headers(response, origin)
+        response = self._headers(HttpResponse(status=204), origin)
         response["Access-Control-Allow-Methods"] = self.METHODS
         asked = request.headers.get("Access-Control-Request-Headers")
         if asked:
@@ -184,16 +189,18 @@ class ApiKeyMiddleware(_Middleware):
         if not access.keys_required() or access.is_public(request.path):
             return self.get_response(request)
         key = access.presented_key(request.headers)
+        # The session cookie counts only for this server's own pages: a page
+        # on a --cors-origin origin may send it (same-site), but must use a key.
+        by_cookie = key is None and not access.cross_origin(request.headers.get("Origin"),
+                                                            request.headers.get("Host", ""))
         if self.is_async:
-            return self._acall(request, key)
-        if access.key_accepted(key) or (key is None and access.session_signed_in(request.session)):
+            return self._acall(request, key, by_cookie)
+        if access.key_accepted(key) or (by_cookie and access.session_signed_in(request.session)):
             return self.get_response(request)
         return refusal(request, key)
 
-    async def _acall(self, request, key):
-        if access.key_accepted(key):
-            return await self.get_response(request)
-        if key is None and await access.request_signed_in(request):
+    async def _acall(self, request, key, by_cookie):
+        if access.key_accepted(key) or (by_cookie and await access.request_signed_in(request)):
             return await self.get_response(request)
         return refusal(request, key)
 

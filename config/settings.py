@@ -69,6 +69,15 @@ MIDDLEWARE = [
 # The dashboard's sign-in session: never readable by scripts, never sent by
 # another site's requests (Secure is added on HTTPS requests, see
 # SecureCookiesOverTlsMiddleware).
+# Behind a reverse proxy every visitor's connection comes from the proxy, so
+# loopback means nothing: `hearth serve` then wants a key, the chat socket
+# trusts no peer address, and the proxy's X-Forwarded-Proto says whether
+# the visitor used HTTPS (Secure cookies, the CSRF origin check).
+HEARTH_BEHIND_PROXY = env_bool("HEARTH_BEHIND_PROXY", False)
+if HEARTH_BEHIND_PROXY:
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+SESSION_COOKIE_NAME = "hearth_session"  # not Django's default: other local Django apps share localhost cookies
+CSRF_COOKIE_NAME = "hearth_csrftoken"
 SESSION_COOKIE_HTTPONLY = True
 SESSION_COOKIE_SAMESITE = "Strict"
 SESSION_COOKIE_AGE = 30 * 24 * 3600

@@ -65,7 +65,7 @@ async def signin(request: HttpRequest) -> HttpResponse:
     next_path = _safe_next(request.POST.get("next"))
     if not access.keys_required():
         return HttpResponseRedirect(next_path)
-    key = request.POST.get("key", "")
+    key = request.POST.get("key", "").strip()  # a pasted key often brings a newline
     if not access.key_accepted(key):
         await asyncio.sleep(FAILED_SIGN_IN_DELAY_S)
         return _page(request, next_path, "That key is not one this server accepts.")

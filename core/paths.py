@@ -16,6 +16,7 @@ import stat
 from pathlib import Path
 
 ALLOW_ENV = "HEARTH_ALLOW_PATHS"
+ADAPTER_FILES = ("adapters.safetensors", "adapter_config.json")  # what a LoRA adapter folder consists of
 REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 

@@ -10,7 +10,7 @@ from asgiref.sync import sync_to_async
 from django.http import HttpRequest, JsonResponse
 from ninja import Router
 
-from core.paths import PathRefused, confine, confine_members
+from core.paths import ADAPTER_FILES, PathRefused, confine, confine_members
 from inference.engine.errors import EngineTimeout
 from inference.protocols import params
 from inference.protocols.errors import RequestError
@@ -50,7 +50,7 @@ async def mount(request: HttpRequest):
                            else "path")
     try:  # inside the allowed roots, the files it reads included (one answer whether or not it exists)
         path = str(confine(path, "path"))
-        confine_members(Path(path), ("adapters.safetensors", "adapter_config.json"), "path")
+        confine_members(Path(path), ADAPTER_FILES, "path")
     except PathRefused as exc:
         raise RequestError(str(exc), "path") from None
     try:

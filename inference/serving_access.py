@@ -102,12 +102,16 @@ def allowed_hosts(bound: str, listed: list[str]) -> frozenset:
 
 
 def settle(host: str, keys: list[str], key_files: list[str], cors: list[str], insecure: bool,
-           environ: dict) -> Access:
-    """Everything above, or an AccessError that names the fix."""
+           environ: dict, behind_proxy: bool = False) -> Access:
+    """Everything above, or an AccessError that names the fix. Behind a
+    reverse proxy (HEARTH_BEHIND_PROXY) a loopback bind is no protection:
+    every visitor arrives from the proxy."""
     api_keys = load_keys(keys, key_files, environ)
-    if not api_keys and not is_loopback(host) and not insecure:
+    exposed = behind_proxy or not is_loopback(host)
+    if not api_keys and exposed and not insecure:
+        where = "behind a reverse proxy (HEARTH_BEHIND_PROXY)" if behind_proxy else f"on {host}"
         raise AccessError(
-            f"refusing to serve on {host} without an API key: anyone on the network could use it. "
+            f"refusing to serve {where} without an API key: anyone on the network could use it. "
             "Set a key with --api-key KEY, --api-key-file FILE or HEARTH_API_KEY=KEY "
             "(for example HEARTH_API_KEY=$(python3 -c 'import secrets; print(secrets.token_urlsafe(24))')), "
             "or pass --insecure-no-auth to serve without one")
@@ -117,7 +121,7 @@ def settle(host: str, keys: list[str], key_files: list[str], cors: list[str], in
     return Access(api_keys=api_keys | ({internal} if internal else set()),
                   allowed_hosts=allowed_hosts(host, listed),
                   cors_origins=frozenset(normalize_origin(o) for o in origins),
-                  insecure_no_auth=insecure and not api_keys and not is_loopback(host),
+                  insecure_no_auth=insecure and not api_keys and exposed,
                   internal_key=internal)
 
 

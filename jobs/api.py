@@ -9,7 +9,7 @@ from asgiref.sync import sync_to_async
 from django.http import HttpRequest, JsonResponse, StreamingHttpResponse
 from ninja import Router
 
-from core.paths import PathRefused, confine, confine_members, confine_model_ref, holds_a_root
+from core.paths import ADAPTER_FILES, PathRefused, confine, confine_members, confine_model_ref, holds_a_root
 from jobs import service
 from jobs.events import EventLog
 from jobs.folders import stamped
@@ -261,7 +261,7 @@ def finetune_export(request: HttpRequest):
         return _fail("base_model and adapter_path required")
     try:
         adapter_dir = confine(adapter, "adapter_path")
-        confine_members(adapter_dir, ["adapters.safetensors", "adapter_config.json"], "adapter_path")
+        confine_members(adapter_dir, ADAPTER_FILES, "adapter_path")
     except PathRefused as exc:
         return _fail(str(exc))
     if holds_a_root(adapter_dir) or not (adapter_dir / "adapters.safetensors").is_file():

@@ -11,6 +11,8 @@ from pathlib import Path
 
 from django.conf import settings
 
+from core.paths import ADAPTER_FILES, is_inside
+
 
 def token_path() -> Path:
     return settings.HEARTH_HOME / "hf.json"
@@ -49,7 +51,7 @@ def forget_token() -> bool:
 # The files each kind of artifact consists of: a push sends these, from the
 # folder's top level only, never dotfiles, hf.json or anything else found there.
 ARTIFACT_FILES = {
-    "finetune": ("adapters.safetensors", "adapter_config.json", "README.md"),
+    "finetune": (*ADAPTER_FILES, "README.md"),
     "quantize": ("*.safetensors", "*.json", "*.jinja", "*.model", "*.tiktoken", "merges.txt", "vocab.txt",
                  "README.md", "LICENSE"),
     "dataset": ("*.jsonl", "*.csv", "*.parquet", "README.md"),
@@ -66,8 +68,6 @@ def artifact_files(folder: Path, kind: str) -> list[Path]:
     regular file (an HF snapshot's symlinks into the cache's blobs count)
     that resolves inside the allowed roots."""
     from fnmatch import fnmatchcase
-
-    from core.paths import is_inside
 
     out = []
     for path in sorted(folder.iterdir()):

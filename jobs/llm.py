@@ -43,12 +43,24 @@ class ServedModel:
                     return choice["message"]["content"] or "", choice.get("finish_reason")
             except urllib.error.HTTPError as exc:
                 if exc.code != 429 or attempt == 2:
-                    detail = exc.read().decode(errors="replace")[:300]
-                    raise RuntimeError(f"the served model answered {exc.code}: {detail}") from None
+                    detail = exc.read().decode(errors="replace")
+                    if exc.code == 400 and _prompt_too_long(detail):
+                        return "", "length"  # as if cut off at once: callers skip such an item
+                    raise RuntimeError(f"the served model answered {exc.code}: {detail[:300]}") from None
                 time.sleep(2 ** attempt)
             except urllib.error.URLError as exc:
                 raise RuntimeError(f"could not reach the served model at {self.url}: {exc.reason}") from None
         raise RuntimeError("unreachable")
+
+
+def _prompt_too_long(body: str) -> bool:
+    """Whether an error body is the refusal of a prompt that leaves no room
+    to generate (the model's window, or the operator's context cap)."""
+    try:
+        code = json.loads(body)["error"]["code"]
+    except (ValueError, KeyError, TypeError):
+        return False
+    return code in ("context_length_exceeded", "context_over_budget")
 
 
 def text_schema(limit: int) -> dict:

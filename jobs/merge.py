@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from core.paths import confine, confine_members
+from core.paths import ADAPTER_FILES, confine, confine_members
 
 
 def _load(folder: Path) -> tuple[dict, dict]:
@@ -52,7 +52,7 @@ def _layers(tensors: dict, folder: Path) -> dict[str, tuple[np.ndarray, np.ndarr
 def merge(first: str, second: str, out: Path, scales: list | None = None) -> dict:
     sources = [confine(first, "adapter_a"), confine(second, "adapter_b")]
     for folder, what in zip(sources, ("adapter_a", "adapter_b"), strict=True):
-        confine_members(folder, ("adapters.safetensors", "adapter_config.json"), what)  # before anything is read
+        confine_members(folder, ADAPTER_FILES, what)  # before anything is read
     loaded = [_load(folder) for folder in sources]
     layers = [_layers(tensors, folder) for (tensors, _), folder in zip(loaded, sources, strict=True)]
     if scales is None:

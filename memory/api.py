@@ -172,6 +172,10 @@ async def _synthesis_frames(job_id: str, dry: bool):
 
     yield _sse({"type": "log", "message": f"synthesis job {job_id}{' (dry run)' if dry else ''}; it keeps running "
                                           f"if this stream closes (cancel: POST /api/jobs/{job_id}/cancel)"})
+    # The stream ends once the worker has recorded the job's end (job_events
+    # returns then), so a client that starts the next run on [DONE] is never
+    # told that this one is still running.
+    done = False
     async for event in job_events(job_id):
         kind = (event or {}).get("type")
         if event is None:
@@ -184,11 +188,12 @@ async def _synthesis_frames(job_id: str, dry: bool):
             summary = event.get("summary") or {}
             yield _sse({"type": "done", "message": f"synthesis done — {summary.get('note', '')}"})
             yield _sse({"type": "summary", **summary})
-            yield _sse("[DONE]")
-            return
+            done = True
         elif kind == "failed":
             yield _sse({"type": "error", "message": event.get("error") or "synthesis failed"})
             return
+    if done:
+        yield _sse("[DONE]")
 
 
 @v1_router.get("/memory/synthesize")

@@ -101,8 +101,8 @@ def setup(root: Path, known: bool = False) -> dict:
 
     A folder that already holds a `.git` Hearth did not create is refused
     before git runs there (its history and its config, e.g. a
-    core.fsmonitor command, are the owner's); `known` is a vault Hearth
-    recorded before it marked the repositories it makes."""
+    core.fsmonitor command, are the owner's); `known` is a vault already
+    recorded in the database whose repository carries no Hearth mark yet."""
     root = Path(root)
     if root.exists() and not root.is_dir():
         raise VaultError(f"{root} exists and is not a folder")

@@ -118,6 +118,8 @@ def test_cors_only_for_the_named_origin(keyed):
         denied = http.get("/v1/models", headers={"Origin": ORIGIN})  # the page can read why
         assert denied.status_code == 401 and denied.headers["Access-Control-Allow-Origin"] == ORIGIN
 
+        assert "Origin" in http.get("/health").headers["Vary"]  # caches keep origins apart
+
         other = "https://evil.example"
         pre = http.options("/v1/chat/completions", headers={"Origin": other, "Access-Control-Request-Method": "POST"})
         assert "Access-Control-Allow-Origin" not in pre.headers
@@ -129,6 +131,44 @@ def test_cors_only_for_the_named_origin(keyed):
 def test_a_rebinding_host_is_refused_even_with_the_key(keyed):
     r = httpx.get(keyed.url + "/v1/models", headers={"Host": "attacker.example", "Authorization": f"Bearer {KEY}"})
     assert r.status_code == 403 and "attacker.example" in r.json()["error"]["message"]
+    for host in ("[", "[::1", "[zz]:80"):  # does not parse: refused, never a 500
+        assert httpx.get(keyed.url + "/api/jobs", headers={"Host": host}).status_code == 403, host
+    bad_origin = httpx.post(keyed.url + "/api/settings/hf-token", json={"token": "hf_x"},
+                            headers={"Origin": "http://[", "Authorization": f"Bearer {KEY}"})
+    assert bad_origin.status_code == 403
+
+
+def _signed_in(url: str) -> httpx.Client:
+    """An httpx client that went through the sign-in form, as a browser does."""
+    http = httpx.Client(base_url=url, timeout=30)
+    form = http.get("/signin?next=/%23/chat")
+    assert form.status_code == 200 and "csrfmiddlewaretoken" in form.text
+    token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', form.text).group(1)
+    done = http.post("/signin", data={"key": f" {KEY}\n", "next": "/#/chat", "csrfmiddlewaretoken": token})
+    assert done.status_code == 302 and done.headers["Location"] == "/#/chat"
+    return http
+
+
+def test_the_session_cookie_works_only_for_this_servers_own_pages(keyed):
+    http = _signed_in(keyed.url)
+    try:
+        assert http.get("/api/jobs").status_code == 200
+        assert http.get("/auth").json() == {"keyRequired": True, "signedIn": True}
+        # A page on an allowed origin may be same-site and send the cookie: it must bring a key.
+        r = http.post("/api/settings/hf-token", json={"token": "hf_x"}, headers={"Origin": ORIGIN})
+        assert r.status_code == 401 and r.headers["Access-Control-Allow-Origin"] == ORIGIN
+        assert http.post("/signout").status_code == 302
+        assert http.get("/api/jobs").status_code == 401
+        assert http.get("/auth").json() == {"keyRequired": True, "signedIn": False}
+    finally:
+        http.close()
+
+
+def test_sign_in_never_redirects_off_the_server(keyed):
+    with httpx.Client(base_url=keyed.url, timeout=30) as http:
+        for target in ("//evil.example/", "https://evil.example/", "/\\evil.example"):
+            form = http.get("/signin", params={"next": target})
+            assert 'name="next" value="/"' in form.text, target
 
 
 def test_the_admin_still_wants_a_django_login(keyed):
@@ -145,6 +185,9 @@ def test_jobs_reach_the_served_model_with_a_key(keyed, monkeypatch):
         ServedModel(keyed.url, None).ask([{"role": "user", "content": "hi"}], max_tokens=2)
     monkeypatch.setenv("HEARTH_INTERNAL_KEY", KEY)
     assert isinstance(ServedModel(keyed.url, None).ask([{"role": "user", "content": "hi"}], max_tokens=2), str)
+    # A prompt over the window comes back as a reply cut off at once, which jobs skip, not as a failed job.
+    long = [{"role": "user", "content": "hello there " * 2000}]
+    assert ServedModel(keyed.url, None).complete(long, max_tokens=2) == ("", "length")
 
 
 # -- the chat socket -------------------------------------------------------------------------------
@@ -166,16 +209,20 @@ def _with_keys(keys):
 
 
 def test_the_chat_socket_needs_the_key_or_a_signed_in_session(django_db_ready):
+    from django.conf import settings
     from django.contrib.sessions.backends.db import SessionStore
 
     from config.access import SESSION_KEY, digest
     from inference.runtime import runtime
 
     async def attempt(headers):
+        """The close code the socket was refused with, or None when it stayed open."""
         ws = _socket([(b"host", b"testserver"), *headers])
-        connected, code = await ws.connect(timeout=10)
+        connected, _ = await ws.connect(timeout=10)
+        assert connected  # refusals accept first, so a browser sees the code
+        first = await ws.receive_output(timeout=10)
         await ws.disconnect()
-        return connected, code
+        return first["code"] if first["type"] == "websocket.close" else None
 
     session = SessionStore()
     session[SESSION_KEY] = digest(KEY)
@@ -185,11 +232,15 @@ def test_the_chat_socket_needs_the_key_or_a_signed_in_session(django_db_ready):
     stale.create()
     before = _with_keys({KEY})
     try:
-        assert asyncio.run(attempt([])) == (False, 4401)
-        assert asyncio.run(attempt([(b"authorization", b"Bearer wrong")])) == (False, 4401)
-        assert asyncio.run(attempt([(b"cookie", f"sessionid={stale.session_key}".encode())])) == (False, 4401)
-        assert asyncio.run(attempt([(b"x-api-key", KEY.encode())]))[0] is True
-        assert asyncio.run(attempt([(b"cookie", f"sessionid={session.session_key}".encode())]))[0] is True
+        cookie = settings.SESSION_COOKIE_NAME
+        assert asyncio.run(attempt([])) == 4401
+        assert asyncio.run(attempt([(b"authorization", b"Bearer wrong")])) == 4401
+        assert asyncio.run(attempt([(b"cookie", f"{cookie}={stale.session_key}".encode())])) == 4401
+        assert asyncio.run(attempt([(b"x-api-key", KEY.encode())])) is None
+        # Another app's cookie that does not parse must not hide the session's.
+        jar = f'theme={{"a": 1}}; {cookie}={session.session_key}'.encode()
+        assert asyncio.run(attempt([(b"cookie", jar)])) is None
+        assert asyncio.run(attempt([(b"origin", b"http://evil.example"), (b"x-api-key", KEY.encode())])) == 4403
     finally:
         runtime.api_keys = before
 
@@ -251,6 +302,15 @@ def test_insecure_no_auth_serves_with_a_loud_warning(homes, tiny_model, tmp_path
         assert proc.stop() == 0, proc.output()
 
 
+def test_behind_a_proxy_loopback_is_no_protection(homes, tmp_path):
+    hf_home, _ = homes
+    env = dict(server_env(hf_home, tmp_path / "home"), HEARTH_BEHIND_PROXY="1")
+    env.pop("HEARTH_API_KEY", None)
+    done = subprocess.run([*HEARTH, "serve", "--port", str(free_port())], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and "behind a reverse proxy" in done.stderr and "--api-key" in done.stderr
+
+
 def test_key_settings_that_cannot_work_stop_start_up(homes, tmp_path):
     hf_home, _ = homes
     empty = tmp_path / "keys.txt"
@@ -288,7 +348,7 @@ def test_dashboard_sign_in_chat_and_sign_out(page, keyed):
     page.fill("textarea[aria-label=Message]", "Hello over a signed-in socket")
     page.keyboard.press("Enter")
     page.wait_for_selector(".msg.assistant .perf", timeout=120_000)
-    cookie = next(c for c in page.context.cookies() if c["name"] == "sessionid")
+    cookie = next(c for c in page.context.cookies() if c["name"] == "hearth_session")
     assert cookie["httpOnly"] and cookie["sameSite"] == "Strict"
     page.screenshot(path=str(ARTIFACTS / "desktop-chat-signed-in.png"))
 
@@ -296,5 +356,5 @@ def test_dashboard_sign_in_chat_and_sign_out(page, keyed):
     page.wait_for_selector("form.signin-card")
     page.goto(keyed.url + "/#/settings")
     page.wait_for_selector("form.signin-card")  # signed out for good
-    r = page.request.get(keyed.url + "/api/sessions")
+    r = page.request.get(keyed.url + "/api/jobs")
     assert r.status == 401

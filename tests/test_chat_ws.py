@@ -191,8 +191,8 @@ def test_sessions_fork_delete_and_refusals(engine):
 
         foreign = WebsocketCommunicator(_app(), "/ws/chat",
                                         headers=[(b"host", b"testserver"), (b"origin", b"http://evil.example")])
-        connected, _ = await foreign.connect()
-        assert not connected
+        connected, _ = await foreign.connect()  # accepted, then closed with the reason's code
+        assert connected and await foreign.receive_output(timeout=10) == {"type": "websocket.close", "code": 4403}
 
     asyncio.run(run())
 

@@ -1,5 +1,5 @@
 // Chat over /ws/chat: sessions, streaming replies, thinking, branches, tool calls and approvals.
-import { api, h, toast } from "./util.js";
+import { api, h, signIn, toast } from "./util.js";
 import { markdown } from "./md.js";
 
 export function chatPage(main) {
@@ -81,6 +81,7 @@ export function chatPage(main) {
       state.streaming = null; setBusy(false);  // a turn cut off by the drop is over
       if (state.closed) return;
       if (e.code === 4403) { modelName.textContent = "refused: open the dashboard from the server's own address"; return; }
+      if (e.code === 4401) { signIn(); return; }  // signed out, or the key changed
       modelName.textContent = "disconnected; reconnecting…";
       state.timer = setTimeout(connect, Math.min(500 * 2 ** state.retry++, 8000));
     };

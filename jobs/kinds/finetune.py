@@ -13,7 +13,15 @@ import json
 import time
 from pathlib import Path
 
-from core.paths import confine, confine_members, confine_model_ref, holds_a_root, open_regular
+from core.paths import (
+    ADAPTER_FILES,
+    PathRefused,
+    confine,
+    confine_members,
+    confine_model_ref,
+    holds_a_root,
+    open_regular,
+)
 from jobs.events import EventLog
 
 DEFAULTS = {"method": "sft", "rank": 16, "scale": 20.0, "lora_dropout": 0.0, "num_layers": 0, "iters": 300,
@@ -31,7 +39,6 @@ FORMATS = {"messages": "messages", "prompt": "prompt-completion", "text": "text"
 
 
 DATA_FILES = ("train.jsonl", "valid.jsonl")
-ADAPTER_FILES = ("adapters.safetensors", "adapter_config.json")
 
 
 def confine_paths(config: dict) -> None:
@@ -43,7 +50,7 @@ def confine_paths(config: dict) -> None:
         confine_model_ref(config["model_dir"], "model_dir")
     adapter = confine(config.get("adapter_path"), "adapter_path")
     if holds_a_root(adapter):
-        raise ValueError("adapter_path must be a folder of its own, not HEARTH_HOME, the cache or a folder above them")
+        raise PathRefused("adapter_path must be a folder of its own, not HEARTH_HOME, the cache or a folder above them")
     start = config.get("warm_start_adapter")
     if isinstance(start, str) and start:
         start = confine(start, "warm_start_adapter")

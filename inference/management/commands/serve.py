@@ -132,7 +132,7 @@ class Command(BaseCommand):
     def handle(self, *args, **opts):
         try:
             access = settle(opts["host"], opts["api_key"], opts["api_key_file"], opts["cors_origin"],
-                            opts["insecure_no_auth"], os.environ)
+                            opts["insecure_no_auth"], os.environ, settings.HEARTH_BEHIND_PROXY)
             export_for_children(access, opts["allow_path"])
         except AccessError as exc:
             raise CommandError(str(exc)) from None
