@@ -351,6 +351,11 @@ def test_dashboard_sign_in_chat_and_sign_out(page, keyed):
     cookie = next(c for c in page.context.cookies() if c["name"] == "hearth_session")
     assert cookie["httpOnly"] and cookie["sameSite"] == "Strict"
     page.screenshot(path=str(ARTIFACTS / "desktop-chat-signed-in.png"))
+    page.set_viewport_size({"width": 375, "height": 740})
+    overflow = page.evaluate("document.documentElement.scrollWidth - document.documentElement.clientWidth")
+    assert overflow <= 1, "the header with Sign out scrolls sideways at 375px"
+    page.screenshot(path=str(ARTIFACTS / "phone-chat-signed-in.png"))
+    page.set_viewport_size({"width": 1280, "height": 800})
 
     page.click("button.signout")
     page.wait_for_selector("form.signin-card")
