@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from chat.reaper import kill_tree
+from core.paths import PathRefused, read_text
 
 REAPER = str(Path(__file__).with_name("reaper.py"))
 READ_CAP = 20_000  # characters of a file `read` returns
@@ -99,16 +100,33 @@ def check_args(args, schema: dict) -> str | None:
 
 
 # -- coding tools ------------------------------------------------------------
-def _read(args: dict) -> str:
-    path = resolve(args["path"])
+def _existing_file(raw: str) -> Path:
+    """The workspace file `raw` names: refused when missing, a folder, or
+    anything but a regular file (a FIFO would block the read forever, a
+    device could stream without end), before anything opens it."""
+    path = resolve(raw)
+    if not path.exists() or path.is_dir():
+        raise ToolError(f"no file {raw!r} in the workspace")
     if not path.is_file():
-        raise ToolError(f"no file {args['path']!r} in the workspace")
+        raise ToolError(f"path: {raw} is not a regular file")
+    return path
+
+
+def _text(path: Path, raw: str, errors: str) -> str:
+    """The file's text, read through open_regular (which checks the opened descriptor again)."""
+    try:
+        return read_text(path, "path", encoding="utf-8", errors=errors)
+    except PathRefused:
+        raise ToolError(f"path: {raw} is not a regular file") from None
+    except OSError as exc:
+        raise ToolError(f"cannot read {raw!r}: {exc.strerror or exc}") from None
+
+
+def _read(args: dict) -> str:
+    path = _existing_file(args["path"])
     offset = max(int(args.get("offset") or 1), 1)
     limit = int(args.get("limit") or 2000)
-    try:
-        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
-    except OSError as exc:
-        raise ToolError(f"cannot read {args['path']!r}: {exc.strerror or exc}") from None
+    lines = _text(path, args["path"], "replace").splitlines()
     out, size = [], 0
     for number, line in enumerate(lines[offset - 1: offset - 1 + limit], start=offset):
         row = f"{number:6}\t{line}"
@@ -141,6 +159,8 @@ def _write(args: dict) -> str:
     path = resolve(args["path"])
     if path.is_dir():
         raise ToolError(f"{args['path']!r} is a folder")
+    if path.exists() and not path.is_file():  # a FIFO, device or socket is left as it is
+        raise ToolError(f"path: {args['path']} is not a regular file")
     existed = path.exists()
     _atomic_write(path, content)
     return f"{'overwrote' if existed else 'created'} {path.relative_to(workspace())} ({len(content)} characters)"
@@ -150,10 +170,8 @@ def _edit(args: dict) -> str:
     old, new = args["old_string"], args["new_string"]
     if not old:
         raise ToolError("old_string must not be empty")
-    path = resolve(args["path"])
-    if not path.is_file():
-        raise ToolError(f"no file {args['path']!r} in the workspace")
-    text = path.read_text(encoding="utf-8")
+    path = _existing_file(args["path"])
+    text = _text(path, args["path"], "strict")
     count = text.count(old)
     if count != 1:
         raise ToolError(f"old_string occurs {count} times in {args['path']!r}; it must occur exactly once")

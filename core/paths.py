@@ -10,13 +10,17 @@ command appends its `--allow-path` folders before anything runs.
 No Django here, and no imports of the project's apps."""
 from __future__ import annotations
 
+import errno
+import json
 import os
 import re
 import stat
+from fnmatch import fnmatchcase
 from pathlib import Path
 
 ALLOW_ENV = "HEARTH_ALLOW_PATHS"
 ADAPTER_FILES = ("adapters.safetensors", "adapter_config.json")  # what a LoRA adapter folder consists of
+JSON_LIMIT = 64 << 20  # bytes of a config file read_json takes; a config is kilobytes
 REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
@@ -140,9 +144,45 @@ def open_regular(path: Path, what: str = "file"):
         raise
 
 
-def read_text(path: Path, what: str = "file", limit: int | None = None, encoding: str = "utf-8") -> str:
+def read_text(path: Path, what: str = "file", limit: int | None = None, encoding: str = "utf-8",
+              errors: str = "strict") -> str:
     """The text of a regular file, refusing one over `limit` bytes."""
     with open_regular(path, what) as f:
         if limit is not None and os.fstat(f.fileno()).st_size > limit:
-            raise PathRefused(f"{what}: {path} is over {limit >> 20} MiB")
-        return f.read().decode(encoding)
+            raise PathRefused(f"{what}: {path} is over {_size(limit)}")
+        return f.read().decode(encoding, errors)
+
+
+def _size(limit: int) -> str:
+    return f"{limit >> 20} MiB" if limit >= 1 << 20 else f"{limit} bytes"
+
+
+def read_json(path: Path, what: str = "file", limit: int | None = JSON_LIMIT):
+    """The parsed JSON of a regular file, read through `open_regular`.
+    FileNotFoundError when nothing is there (for callers that read a missing
+    file as "none"), PathRefused when it is not a regular file or is over
+    `limit` bytes, ValueError when it is not JSON."""
+    if not os.path.exists(path):  # a broken link counts as missing
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(path))
+    return json.loads(read_text(path, what, limit))
+
+
+def regular_entries(folder: Path, what: str = "file", pattern: str = "*") -> None:
+    """Refuse `folder` when an entry at its top level whose name matches
+    `pattern` is neither a folder nor a regular file (symlinks followed):
+    loaders that open files by name (mlx-lm, tokenizers, the trainer) must
+    never meet a FIFO, a device or a socket. Broken links are left to the
+    loader, which names what is missing."""
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return
+    for entry in sorted(entries, key=lambda e: e.name):
+        if not fnmatchcase(entry.name, pattern):
+            continue
+        try:
+            mode = os.stat(entry.path).st_mode
+        except OSError:
+            continue
+        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+            raise PathRefused(f"{what}: {entry.path} is not a regular file")

@@ -4,17 +4,22 @@ One row per model repo, for the revision `refs/main` points at (the newest
 snapshot when no ref names one): its architecture, size, quantization,
 whether mlx-lm can load it, and what its config says it takes as input.
 Reads configs and safetensors headers only, never tensor bytes, and never
-the network.
+the network. The cache is the user's: every file is checked to be a regular
+file before it is opened (a FIFO would block the scan, and every request
+after it, forever), which is why refs are read here rather than by
+huggingface_hub's scan_cache_dir.
 """
 from __future__ import annotations
 
 import importlib.util
 import json
 import logging
+import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
 
+from core.paths import open_regular, read_json, read_text
 from hub.locks import is_locked
 
 log = logging.getLogger("hearth.hub")
@@ -69,7 +74,7 @@ def supported_architecture(model_type: str) -> bool:
 def _header_params(file: Path, quant_bits: int | None) -> int:
     """Parameters in one safetensors file, from its header alone."""
     try:
-        with open(file, "rb") as f:
+        with open_regular(file, "weights") as f:
             (length,) = struct.unpack("<Q", f.read(8))
             if length > 100 << 20:
                 return 0
@@ -93,10 +98,10 @@ def _header_params(file: Path, quant_bits: int | None) -> int:
 
 def describe(repo_id: str, snapshot: Path, commit: str) -> LocalModel:
     try:
-        config = json.loads((snapshot / "config.json").read_text())
+        config = read_json(snapshot / "config.json", "config.json")
         if not isinstance(config, dict):
             config = {}
-    except (OSError, ValueError):
+    except (OSError, ValueError):  # missing, not JSON, or not a regular file (PathRefused)
         config = {}
     files = [p for p in snapshot.rglob("*") if p.is_file()]
     size = sum(p.stat().st_size for p in files)
@@ -114,26 +119,72 @@ def describe(repo_id: str, snapshot: Path, commit: str) -> LocalModel:
         audio=bool(config.get("audio_config")), config=config)
 
 
+def _refs(repo_dir: Path) -> dict[str, set[str]]:
+    """Commit -> the names of the refs that point at it. A ref that is not
+    a regular file is passed over, never opened."""
+    out: dict[str, set[str]] = {}
+    refs = repo_dir / "refs"
+    if not refs.is_dir():
+        return out
+    for ref in sorted(refs.rglob("*")):
+        if ref.is_dir():
+            continue
+        try:
+            commit = read_text(ref, "ref", 4096).strip()
+        except (OSError, ValueError):
+            continue
+        out.setdefault(commit, set()).add(ref.relative_to(refs).as_posix())
+    return out
+
+
+def _last_modified(snapshot: Path) -> float:
+    """When a revision last changed: its newest file (links followed to the blobs)."""
+    times = []
+    for file in snapshot.rglob("*"):
+        try:
+            times.append(os.stat(file).st_mtime)
+        except OSError:
+            pass
+    try:
+        return max(times) if times else snapshot.stat().st_mtime
+    except OSError:
+        return 0.0
+
+
+def _revision(repo_dir: Path) -> Path | None:
+    """The snapshot `refs/main` names, else the newest one; None while the
+    repo's first download is still running or when it has no snapshot."""
+    try:
+        snapshots = [p for p in (repo_dir / "snapshots").iterdir() if p.is_dir()]
+    except OSError:
+        return None
+    if not snapshots:
+        return None
+    refs = _refs(repo_dir)
+    main = [p for p in snapshots if "main" in refs.get(p.name, ())]
+    if main:
+        return main[0]
+    if not any(p.name in refs for p in snapshots) and is_locked(repo_dir):
+        return None  # its first download is still running
+    return max(snapshots, key=_last_modified)
+
+
 def scan() -> list[LocalModel]:
     """Every model repo in the cache, by repo id."""
-    from huggingface_hub import CacheNotFound, scan_cache_dir
+    from huggingface_hub import constants
 
     try:
-        info = scan_cache_dir()
-    except CacheNotFound:
+        repo_dirs = [d for d in Path(constants.HF_HUB_CACHE).expanduser().resolve().glob("models--*") if d.is_dir()]
+    except OSError:
         return []
     found = []
-    for repo in sorted(info.repos, key=lambda r: r.repo_id):
-        if repo.repo_type != "model" or not repo.revisions:
+    for repo_dir in repo_dirs:
+        repo_id = repo_dir.name.removeprefix("models--").replace("--", "/")
+        snapshot = _revision(repo_dir)
+        if snapshot is None or not (snapshot / "config.json").is_file():
             continue
-        if not any(r.refs for r in repo.revisions) and is_locked(repo.repo_path):
-            continue  # its first download is still running
-        main = [r for r in repo.revisions if "main" in r.refs]
-        revision = main[0] if main else max(repo.revisions, key=lambda r: r.last_modified)
-        if not (revision.snapshot_path / "config.json").is_file():
-            continue
-        found.append(describe(repo.repo_id, revision.snapshot_path, revision.commit_hash))
-    return found
+        found.append(describe(repo_id, snapshot, snapshot.name))
+    return sorted(found, key=lambda m: m.repo_id)
 
 
 def servable_models() -> list[LocalModel]:

@@ -3,13 +3,13 @@ adapter a user could mount (under HEARTH_HOME/adapters, plus any folder a
 row remembers)."""
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
 from django.conf import settings
 from django.utils import timezone
 
+from core.paths import read_json
 from jobs.models import Adapter
 
 
@@ -28,10 +28,13 @@ def bare_name(ref) -> str | None:
 
 
 def _config(path: Path) -> dict:
+    """adapter_config.json, or {} when it is missing, unreadable or not a
+    regular file (a FIFO there is never opened: a listing must not hang)."""
     try:
-        return json.loads((path / "adapter_config.json").read_text())
-    except (OSError, ValueError):
+        config = read_json(path / "adapter_config.json", "adapter")
+    except (OSError, ValueError):  # PathRefused included
         return {}
+    return config if isinstance(config, dict) else {}
 
 
 def describe(path: Path) -> dict:
@@ -68,7 +71,8 @@ def available(mounted: list[dict], served_refs: list) -> list[dict]:
     root = adapters_root()
     if root.is_dir():
         for weights in sorted(root.glob("*/adapters.safetensors")) + sorted(root.glob("*/*/adapters.safetensors")):
-            folders.setdefault(str(weights.parent.resolve()), weights.parent.name)
+            if weights.is_file():  # a regular file: a FIFO in its place is no adapter
+                folders.setdefault(str(weights.parent.resolve()), weights.parent.name)
     for row in Adapter.objects.all():
         if (Path(row.path) / "adapters.safetensors").is_file():
             folders.setdefault(row.path, row.name)

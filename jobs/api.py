@@ -9,7 +9,16 @@ from asgiref.sync import sync_to_async
 from django.http import HttpRequest, JsonResponse, StreamingHttpResponse
 from ninja import Router
 
-from core.paths import ADAPTER_FILES, PathRefused, confine, confine_members, confine_model_ref, holds_a_root
+from core.paths import (
+    ADAPTER_FILES,
+    PathRefused,
+    confine,
+    confine_members,
+    confine_model_ref,
+    holds_a_root,
+    read_json,
+    regular_entries,
+)
 from jobs import service
 from jobs.events import EventLog
 from jobs.folders import stamped
@@ -124,7 +133,9 @@ def quantize_inspect(request: HttpRequest):
         return {"ok": False, "model_id": model_id, "error": str(exc)}
     try:
         confine_members(path, ["config.json"], "model_id")
-        config = json.loads((path / "config.json").read_text())
+        config = read_json(path / "config.json", "model_id")
+        if not isinstance(config, dict):
+            raise ValueError("config.json is not a JSON object")
         size = sum(p.stat().st_size for p in path.iterdir() if p.is_file())
     except PathRefused as exc:
         return _fail(str(exc))
@@ -153,7 +164,8 @@ def quantize_submit(request: HttpRequest):
     try:
         quantize.check(body)
         _, path = resolve(model_id)
-    except (ValueError, ModelNotFound) as exc:
+        regular_entries(path, "model_id")  # the converter opens every file it knows by name
+    except (ValueError, ModelNotFound) as exc:  # PathRefused included
         return _fail(str(exc))
     job = service.submit("quantize", body)
     repo = quantize.output_repo(model_id, path, body.get("bits", 4), body.get("target_bpw"))

@@ -2,11 +2,10 @@
 a servable model path in the local Hugging Face cache."""
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
-from core.paths import PathRefused, is_inside, refusal
+from core.paths import PathRefused, is_inside, read_json, read_text, refusal
 
 NOT_FOUND = "Couldn't locate this folder on disk — paste the path instead."
 _HASH = re.compile(r"^[0-9a-f]{40}$")
@@ -18,8 +17,9 @@ def _answer(path: Path, repo_id: str | None) -> dict:
     out: dict = {"ok": True, "path": str(path)}
     if repo_id:
         out["repo_id"] = repo_id
-    try:
-        model_type = json.loads((path / "config.json").read_text()).get("model_type")
+    try:  # through open_regular: a FIFO put there since the check is never opened
+        config = read_json(path / "config.json", "config.json")
+        model_type = config.get("model_type") if isinstance(config, dict) else None
     except (OSError, ValueError):
         model_type = None
     if model_type:
@@ -29,10 +29,12 @@ def _answer(path: Path, repo_id: str | None) -> dict:
 
 def _repo_snapshot(repo_dir: Path) -> Path | None:
     ref = repo_dir / "refs" / "main"
-    if ref.is_file():
-        snap = repo_dir / "snapshots" / ref.read_text().strip()
-        if (snap / "config.json").is_file():
-            return snap
+    try:
+        snap = repo_dir / "snapshots" / read_text(ref, "ref", 4096).strip()
+    except (ValueError, OSError):  # missing, not a regular file, or not a ref
+        snap = None
+    if snap is not None and snap != repo_dir / "snapshots" and (snap / "config.json").is_file():
+        return snap
     snaps = sorted((p for p in (repo_dir / "snapshots").glob("*") if (p / "config.json").is_file()),
                    key=lambda p: p.stat().st_mtime, reverse=True)
     return snaps[0] if snaps else None

@@ -15,22 +15,27 @@ from pathlib import Path
 
 import numpy as np
 
-from core.paths import ADAPTER_FILES, confine, confine_members
+from core.paths import ADAPTER_FILES, PathRefused, confine, confine_members, read_json, regular_file
 
 
-def _load(folder: Path) -> tuple[dict, dict]:
+def _load(folder: Path, what: str) -> tuple[dict, dict]:
     from safetensors.numpy import load_file
 
     weights = folder / "adapters.safetensors"
-    if not weights.is_file():
+    if not weights.exists():
         raise ValueError(f"{folder} holds no adapters.safetensors")
+    regular_file(weights, what)  # again just before it is opened (PathRefused)
     try:
         tensors = load_file(str(weights))
     except Exception as exc:  # bf16 has no numpy dtype; a torn file
         raise ValueError(f"{weights} cannot be read: {exc}") from None
     try:
-        config = json.loads((folder / "adapter_config.json").read_text())
-    except (OSError, ValueError):
+        config = read_json(folder / "adapter_config.json", what)
+    except PathRefused:
+        raise
+    except (OSError, ValueError):  # missing or not JSON: the defaults
+        config = {}
+    if not isinstance(config, dict):
         config = {}
     if config.get("fine_tune_type", "lora") != "lora":
         raise ValueError(f"{folder} is not a LoRA adapter")
@@ -53,7 +58,7 @@ def merge(first: str, second: str, out: Path, scales: list | None = None) -> dic
     sources = [confine(first, "adapter_a"), confine(second, "adapter_b")]
     for folder, what in zip(sources, ("adapter_a", "adapter_b"), strict=True):
         confine_members(folder, ADAPTER_FILES, what)  # before anything is read
-    loaded = [_load(folder) for folder in sources]
+    loaded = [_load(folder, what) for folder, what in zip(sources, ("adapter_a", "adapter_b"), strict=True)]
     layers = [_layers(tensors, folder) for (tensors, _), folder in zip(loaded, sources, strict=True)]
     if scales is None:
         scales = [float((cfg.get("lora_parameters") or {}).get("scale", 20.0)) for _, cfg in loaded]

@@ -9,6 +9,7 @@ from pathlib import Path
 from django.http import HttpRequest, JsonResponse
 from ninja import Router
 
+from core.paths import PathRefused
 from jobs.http import fail, json_body
 from memory import git, service, vault
 from memory.models import MemoryVault
@@ -47,6 +48,8 @@ def _with_vault(view):
             return view(request, found, Path(found.root))
         except vault.VaultError as exc:
             return fail(str(exc), exc.status)
+        except PathRefused as exc:  # a FIFO or device where a document was expected
+            return fail(str(exc), 400)
         except git.GitError as exc:
             return fail(str(exc), 409)
         except OSError as exc:  # a name the file system refuses

@@ -14,6 +14,7 @@ import sqlite3
 import threading
 from pathlib import Path
 
+from core.paths import PathRefused, read_text
 from memory import vault
 
 MAX_TERMS = 16
@@ -40,7 +41,8 @@ def connect(index_path: Path) -> sqlite3.Connection:
 def _files(root: Path) -> dict[str, tuple[str, str, int, int]]:
     """Every indexable file: relative path -> (kind, path, mtime_ns, size).
     One scandir per folder and one lstat per file (this runs before every
-    search); the same rule as `vault._docs` (no symlinks, no dot files)."""
+    search); the same rule as `vault._docs` (no symlinks, no dot files, and
+    regular files only: a FIFO or a device is never opened)."""
     out = {}
     for kind, folder in (("article", vault.ARTICLES), ("reference", vault.REFERENCE)):
         try:
@@ -88,10 +90,9 @@ def sync(root: Path, index_path: Path) -> int:
                 for rel, (kind, path, mtime_ns, size) in current.items():
                     if known.get(rel) == (mtime_ns, size):
                         continue
-                    try:
-                        with open(path, encoding="utf-8", errors="replace") as f:
-                            text = f.read()
-                    except FileNotFoundError:  # deleted since the scan
+                    try:  # through open_regular: a FIFO swapped in since the scan is never opened
+                        text = read_text(Path(path), "article", encoding="utf-8", errors="replace")
+                    except (PathRefused, OSError):  # deleted or replaced since the scan
                         continue
                     stem = os.path.basename(path)[:-3]
                     doc = stem if kind == "article" else f"{vault.REFERENCE}/{stem}"

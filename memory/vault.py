@@ -23,8 +23,10 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from pathlib import Path
 
+from core.paths import PathRefused, read_text
 from memory import git
 
 ARTICLES, REFERENCE, META = "articles", "Reference", "Meta"
@@ -152,7 +154,18 @@ def _docs(folder: Path) -> list[Path]:
     if not folder.is_dir():
         return []
     # Symlinks are left out: a vault cloned from elsewhere must not expose files outside it.
+    # So are FIFOs, devices and sockets (is_file is False for them): they are never opened.
     return sorted(p for p in folder.glob("*.md") if p.is_file() and not p.is_symlink() and not p.name.startswith("."))
+
+
+def read(path: Path) -> str:
+    """The text of a vault document, opened only if it is a regular file
+    (checked again on the opened descriptor): a FIFO put in place of an
+    article would block the reader forever. Refusals are VaultErrors (400)."""
+    try:
+        return read_text(path, "article", encoding="utf-8", errors="replace")
+    except PathRefused as exc:
+        raise VaultError(str(exc)) from None
 
 
 def articles(root: Path) -> list[str]:
@@ -186,6 +199,12 @@ def resolve(root: Path, name: str, allow_reference: bool = False) -> Path:
     path = folder / f"{name}.md"
     if path.is_file() and not path.is_symlink():
         return path
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError:
+        mode = None
+    if mode is not None and not (stat.S_ISREG(mode) or stat.S_ISDIR(mode) or stat.S_ISLNK(mode)):
+        raise VaultError(f"article: {path} is not a regular file")
     lowered = name.casefold()
     for candidate in _docs(folder):
         if candidate.stem.casefold() == lowered:
@@ -286,7 +305,7 @@ def wikilinks(text: str) -> list[str]:
 
 def read_article(root: Path, name: str) -> dict:
     path = resolve(root, name, allow_reference=True)
-    content = path.read_text(encoding="utf-8", errors="replace")
+    content = read(path)
     fields, body, _ = split_front_matter(content)
     shown = f"{REFERENCE}/{path.stem}" if path.parent.name == REFERENCE else path.stem
     return {"name": shown, "path": relpath(Path(root), path), "content": content, "infobox": infobox(fields),
@@ -298,13 +317,16 @@ def links(root: Path, name: str) -> dict:
     path = resolve(root, name)
     names = articles(root)
     by_fold = {n.casefold(): n for n in names}
-    outbound = [by_fold.get(t.casefold(), t) for t in wikilinks(path.read_text(encoding="utf-8", errors="replace"))]
+    outbound = [by_fold.get(t.casefold(), t) for t in wikilinks(read(path))]
     me = path.stem.casefold()
     inbound = []
     for other in _docs(root / ARTICLES):
         if other.stem.casefold() == me:
             continue
-        targets = wikilinks(other.read_text(encoding="utf-8", errors="replace"))
+        try:
+            targets = wikilinks(read(other))
+        except VaultError:  # swapped for a FIFO since the listing: passed over, never opened
+            continue
         if any(t.casefold() == me for t in targets):
             inbound.append(other.stem)
     return {"name": path.stem, "outbound": list(dict.fromkeys(outbound)), "inbound": inbound,

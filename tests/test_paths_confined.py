@@ -271,3 +271,184 @@ def test_memory_init_never_writes_into_a_repository_it_did_not_create(confined, 
     # HEARTH_HOME itself is no vault folder.
     r = httpx.post(url + "/api/memory/init", json={"path": str(confined.hearth_home), "name": "home"})
     assert r.status_code == 400
+
+
+# -- FIFOs, devices and sockets where a file is expected ---------------------------
+# Each case answers promptly instead of opening the FIFO. Should a regression
+# open one, `_unblock` gives the stuck reader an end of file, so the test
+# fails on its short timeout instead of leaving a server thread hanging.
+def _fifo(path: Path) -> Path:
+    os.mkfifo(path)
+    return path
+
+
+def _unblock(*fifos: Path) -> None:
+    for fifo in fifos:
+        try:
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        except OSError:  # ENXIO: nobody is reading it, as it should be
+            pass
+
+
+def _within(seconds: float, fn, *fifos: Path):
+    """What `fn()` returns or raises, failing the test if it is still blocked after `seconds`."""
+    import threading
+
+    box: dict = {}
+
+    def run():
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # noqa: BLE001 - handed back to the test
+            box["error"] = exc
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        _unblock(*fifos)
+        thread.join(5)
+        pytest.fail(f"still blocked after {seconds} s: a FIFO was opened")
+    return box.get("error", box.get("value"))
+
+
+def test_read_json_and_regular_entries_refuse_what_is_not_a_regular_file(tmp_path):
+    import socket
+
+    from core.paths import PathRefused, read_json, regular_entries
+
+    (tmp_path / "ok.json").write_text('{"a": 1}')
+    fifo = _fifo(tmp_path / "pipe.json")
+    assert _within(5, lambda: read_json(tmp_path / "ok.json")) == {"a": 1}
+    assert isinstance(_within(5, lambda: read_json(tmp_path / "missing.json")), FileNotFoundError)
+    refused = _within(5, lambda: read_json(fifo, "config"), fifo)
+    assert isinstance(refused, PathRefused) and str(refused) == f"config: {fifo} is not a regular file"
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    (folder / "sub").mkdir()
+    (folder / "gone.json").symlink_to(tmp_path / "nothing")  # a broken link is the loader's to report
+    regular_entries(folder, "model")
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.bind(str(folder / "tokenizer.json"))
+        with pytest.raises(PathRefused, match="tokenizer.json is not a regular file"):
+            regular_entries(folder, "model")
+        regular_entries(folder, "model", "*.safetensors")  # only names matching the pattern count
+
+
+def test_the_adapter_listing_never_opens_a_fifo(confined):
+    url = confined.url
+    adapters = confined.hearth_home / "adapters"
+    config_fifo, weights_fifo = adapters / "fifo-config", adapters / "fifo-weights"
+    for folder in (config_fifo, weights_fifo):
+        folder.mkdir(parents=True)
+    _write_lora(config_fifo, config=False)
+    fifos = (_fifo(config_fifo / "adapter_config.json"), _fifo(weights_fifo / "adapters.safetensors"))
+    try:
+        r = httpx.get(url + "/v1/adapters/available", timeout=10)
+        assert r.status_code == 200, r.text
+        rows = {row["id"]: row for row in r.json()["adapters"]}
+        assert rows["fifo-config"]["rank"] is None and "fifo-weights" not in rows
+        for folder in (config_fifo, weights_fifo):
+            mount = httpx.post(url + "/v1/adapters", json={"id": "fifo", "path": str(folder)}, timeout=10)
+            assert mount.status_code == 400 and "is not a regular file" in mount.json()["error"]["message"]
+    finally:
+        _unblock(*fifos)
+        for folder in (config_fifo, weights_fifo):
+            shutil.rmtree(folder)
+
+
+def test_model_folders_holding_a_fifo_are_refused_by_jobs(confined, tmp_path):
+    url = confined.url
+    model, bare, data = tmp_path / "model", tmp_path / "bare", tmp_path / "data"
+    for folder in (model, bare, data):
+        folder.mkdir()
+    (model / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    (data / "train.jsonl").write_text(json.dumps({"text": "hi"}) + "\n")
+    fifos = (_fifo(model / "generation_config.json"), _fifo(bare / "config.json"))
+    try:
+        for route, body in [("/api/finetune/submit", {"model_dir": str(model), "data_dir": str(data)}),
+                            ("/api/quantize/submit", {"model_id": str(model)}),
+                            ("/api/quantize/submit", {"model_id": str(bare)})]:
+            r = httpx.post(url + route, json=body, timeout=10)
+            assert r.status_code == 400 and "is not a regular file" in r.json()["error"], (route, r.text)
+        assert f"{model / 'generation_config.json'} is not a regular file" in httpx.post(
+            url + "/api/quantize/submit", json={"model_id": str(model)}, timeout=10).json()["error"]
+        r = httpx.post(url + "/api/quantize/inspect", json={"model_id": str(bare)}, timeout=10)
+        assert r.json()["ok"] is False and "is not a regular file" in r.json()["error"], r.text
+        r = httpx.post(url + "/api/model/resolve-folder", json={"rel_path": str(bare)}, timeout=10)
+        assert r.status_code == 200 and r.json()["ok"] is False
+    finally:
+        _unblock(*fifos)
+
+
+def test_the_loader_refuses_a_model_folder_holding_a_fifo(tmp_path):
+    from inference.engine import loader
+    from inference.engine.errors import ModelLoadError
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    fifo = _fifo(model / "generation_config.json")  # mlx-lm opens it by name, before any weights
+    error = _within(15, lambda: loader.load(str(model)), fifo)
+    assert isinstance(error, ModelLoadError), error
+    assert f"{fifo} is not a regular file" in str(error)
+
+
+def test_the_library_scan_never_opens_a_fifo_in_the_cache(confined):
+    repo = confined.hearth_home.parent / "hf" / "hub" / "models--fifo--refs"
+    snapshot = repo / "snapshots" / ("a" * 40)
+    snapshot.mkdir(parents=True)
+    (repo / "refs").mkdir()
+    (snapshot / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    fifos = (_fifo(repo / "refs" / "main"), _fifo(snapshot / "model.safetensors"))
+    try:
+        r = httpx.get(confined.url + "/library?refresh=1", timeout=30)
+        assert r.status_code == 200, r.text
+        assert "fifo/refs" in {m["repo_id"] for m in r.json()["models"]}
+    finally:
+        _unblock(*fifos)
+        shutil.rmtree(repo)
+
+
+def test_a_fifo_in_a_memory_vault_is_never_opened(confined, tmp_path):
+    url = confined.url
+    root = tmp_path / "fifo-vault"
+    r = httpx.post(url + "/api/memory/init", json={"path": str(root), "name": "fifo-vault"}, timeout=30)
+    assert r.status_code == 200, r.text
+    (root / "articles" / "Real.md").write_text("# Real\n\nSee [[x]].\n")
+    fifos = (_fifo(root / "articles" / "x.md"), _fifo(root / "Reference" / "pipe.md"))
+    q = {"vault": "fifo-vault"}
+    try:
+        listing = httpx.get(url + "/api/memory/list", params=q, timeout=10).json()
+        assert listing["articles"] == ["Real"] and listing["reference"] == [], listing
+        found = httpx.get(url + "/api/memory/search", params={**q, "q": "see"}, timeout=10)
+        assert found.status_code == 200 and [s["article"] for s in found.json()["summaries"]] == ["Real"]
+        for route, name in [("article", "x"), ("links", "x"), ("article", "Reference/pipe")]:
+            r = httpx.get(url + f"/api/memory/{route}", params={**q, "name": name}, timeout=10)
+            assert r.status_code == 400 and "is not a regular file" in r.json()["error"], (route, r.text)
+        links = httpx.get(url + "/api/memory/links", params={**q, "name": "Real"}, timeout=10).json()
+        assert links["outbound"] == ["x"] and links["missing"] == ["x"], links
+        status = httpx.get(url + "/api/memory/status", params=q, timeout=10).json()
+        assert status["status"]["articleCount"] == 1
+    finally:
+        _unblock(*fifos)
+
+
+def test_the_coding_tools_refuse_a_fifo_in_the_workspace(tmp_path, monkeypatch):
+    from chat import tools
+
+    monkeypatch.setattr(tools, "workspace", lambda: tmp_path.resolve())
+    fifo = _fifo(tmp_path / "pipe.txt")
+    (tmp_path / "notes.txt").write_text("one\ntwo\n")
+    calls = [("read", {"path": "pipe.txt"}), ("edit", {"path": "pipe.txt", "old_string": "a", "new_string": "b"}),
+             ("write", {"path": "pipe.txt", "content": "x"})]
+    for name, args in calls:
+        ok, text = _within(5, lambda n=name, a=args: tools.call_sync(tools.CODING_TOOLS[n], a), fifo)
+        assert not ok and text == "error: path: pipe.txt is not a regular file", (name, text)
+    assert fifo.is_fifo()  # `write` left it as it was
+    # A regular file swapped for a FIFO after the check is still refused when it is opened.
+    monkeypatch.setattr(tools, "_existing_file", lambda raw: tools.resolve(raw))
+    ok, text = _within(5, lambda: tools.call_sync(tools.CODING_TOOLS["read"], {"path": "pipe.txt"}), fifo)
+    assert not ok and "is not a regular file" in text
+    assert tools.call_sync(tools.CODING_TOOLS["read"], {"path": "notes.txt"}) == (True, "     1\tone\n     2\ttwo")

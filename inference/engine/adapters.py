@@ -18,12 +18,12 @@ Mutations run on the engine thread (through `Engine.call`); `ids()`,
 """
 from __future__ import annotations
 
-import json
 import re
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from core.paths import PathRefused, read_json, regular_file
 from inference.engine.errors import EngineError
 
 ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -61,12 +61,15 @@ def parse_spec(value) -> tuple[str, ...] | None:
 
 
 def read_config(path: Path) -> dict:
-    """adapter_config.json, or {} when the folder has none."""
+    """adapter_config.json, or {} when the folder has none; a FIFO or a
+    device in its place is refused before anything opens it."""
     file = path / "adapter_config.json"
     try:
-        config = json.loads(file.read_text())
+        config = read_json(file, "adapter")
     except FileNotFoundError:
         return {}
+    except PathRefused as exc:
+        raise AdapterError(str(exc)) from None
     except (OSError, ValueError) as exc:
         raise AdapterError(f"{file} cannot be read: {exc}") from None
     if not isinstance(config, dict):
@@ -202,8 +205,12 @@ class AdapterManager:
                                "'base'), starting with a letter or digit")
         root = Path(path).expanduser()
         weights = root / "adapters.safetensors"
-        if not weights.is_file():
+        if not weights.exists():
             raise AdapterError(f"{root} holds no adapters.safetensors")
+        try:
+            regular_file(weights, "adapter")  # mx.load opens by name: a FIFO would block the engine thread
+        except PathRefused as exc:
+            raise AdapterError(str(exc)) from None
         config = read_config(root)
         kind = config.get("fine_tune_type", "lora")
         if kind != "lora":

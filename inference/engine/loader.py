@@ -2,11 +2,12 @@
 
 A model reference is a local directory or a repo id already in the local
 Hugging Face cache. Nothing here downloads: an unknown reference is a
-`ModelNotFound` that names it.
+`ModelNotFound` that names it. mlx-lm and the tokenizer open the folder's
+files by name, so a folder holding a FIFO, a device or a socket is refused
+before anything is opened (a FIFO would block the load forever).
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import sys
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
+from core.paths import PathRefused, read_json, regular_entries
 from inference.engine.errors import ModelLoadError, ModelNotFound
 
 log = logging.getLogger("hearth.engine")
@@ -106,7 +108,10 @@ def resolve(ref: str) -> tuple[str, Path]:
     """(model id, directory) for a local path or a cached repo id."""
     path = Path(ref).expanduser()
     if path.is_dir():
-        if not (path / "config.json").is_file():
+        config = path / "config.json"
+        if not config.is_file():
+            if config.exists():
+                raise ModelNotFound(f"model: {config} is not a regular file")
             raise ModelNotFound(f"model directory {path} has no config.json")
         return path.resolve().name, path.resolve()
     from huggingface_hub import constants, try_to_load_from_cache
@@ -170,17 +175,34 @@ def _upcast_for_cpu(model, keep_dtype: bool) -> str:
     return stored()
 
 
+def _generation_config(path: Path) -> dict:
+    """generation_config.json, or {} when the folder has none."""
+    try:
+        found = read_json(path / "generation_config.json", "model")
+    except FileNotFoundError:
+        return {}
+    except PathRefused as exc:
+        raise ModelLoadError(str(exc)) from None
+    except (OSError, ValueError) as exc:  # mlx-lm passes over a broken one too
+        log.warning("%s cannot be read, ignored: %s", path / "generation_config.json", exc)
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
 def load(ref: str, keep_dtype: bool = False) -> LoadedModel:
     """Load a model and tokenizer. Must run on the engine thread."""
     from mlx_lm import load as mlx_load
 
     model_id, path = resolve(ref)
     try:
+        regular_entries(path, "model")  # config, tokenizer, weights: before mlx-lm opens any
+    except PathRefused as exc:
+        raise ModelLoadError(f"could not load model '{ref}': {exc}") from None
+    try:
         model, tokenizer, config = mlx_load(str(path), return_config=True)
     except Exception as exc:  # mlx-lm raises ValueError, FileNotFoundError, KeyError...
         raise ModelLoadError(f"could not load model '{ref}': {exc}") from exc
     dtype = _upcast_for_cpu(model, keep_dtype)
-    gen_path = path / "generation_config.json"
-    generation = json.loads(gen_path.read_text()) if gen_path.is_file() else {}
+    generation = _generation_config(path)
     log.info("loaded %s from %s (weights %s)", model_id, path, dtype)
     return LoadedModel(model_id, path, model, tokenizer, config, generation, dtype)

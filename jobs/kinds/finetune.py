@@ -21,6 +21,9 @@ from core.paths import (
     confine_model_ref,
     holds_a_root,
     open_regular,
+    read_json,
+    regular_entries,
+    regular_file,
 )
 from jobs.events import EventLog
 
@@ -47,7 +50,7 @@ def confine_paths(config: dict) -> None:
     data = confine(config.get("data_dir"), "data_dir")
     confine_members(data, DATA_FILES, "data_dir")
     if isinstance(config.get("model_dir"), str):
-        confine_model_ref(config["model_dir"], "model_dir")
+        _model_files(confine_model_ref(config["model_dir"], "model_dir"))
     adapter = confine(config.get("adapter_path"), "adapter_path")
     if holds_a_root(adapter):
         raise PathRefused("adapter_path must be a folder of its own, not HEARTH_HOME, the cache or a folder above them")
@@ -55,6 +58,22 @@ def confine_paths(config: dict) -> None:
     if isinstance(start, str) and start:
         start = confine(start, "warm_start_adapter")
         confine_members(start if start.is_dir() else start.parent, ADAPTER_FILES, "warm_start_adapter")
+
+
+def _model_files(ref: str) -> None:
+    """The model folder the trainer loads holds no FIFO, device or socket:
+    mlx-lm and the tokenizer open its files by name. A model that is not
+    on this machine is left for the job to report."""
+    from inference.engine.errors import ModelNotFound
+    from inference.engine.loader import resolve
+
+    folder = Path(ref)
+    if not folder.is_dir():
+        try:
+            _, folder = resolve(ref)
+        except ModelNotFound:
+            return
+    regular_entries(folder, "model_dir")
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -275,12 +294,15 @@ def _warm_start(cfg: dict, lora: dict, log: EventLog) -> tuple[Path, int] | None
         return None
     start = Path(cfg["warm_start_adapter"]).expanduser()
     weights = start / "adapters.safetensors" if start.is_dir() else start
-    if not weights.is_file():
+    if not weights.exists():
         raise ValueError(f"warm_start_adapter: {weights} not found")
+    regular_file(weights, "warm_start_adapter")  # mx.load opens it by name
     try:
-        config = json.loads((weights.parent / "adapter_config.json").read_text())
+        config = read_json(weights.parent / "adapter_config.json", "warm_start_adapter")
         params = config["lora_parameters"]
         lora.update(rank=int(params["rank"]), scale=float(params["scale"]))
+    except PathRefused:
+        raise
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ValueError(f"warm_start_adapter: {weights.parent} has no usable adapter_config.json ({exc})") from None
     if params.get("keys"):
@@ -295,6 +317,7 @@ def _load_warm_start(model, weights: Path) -> None:
     from mlx.utils import tree_flatten
 
     wanted = dict(tree_flatten(model.trainable_parameters()))
+    regular_file(weights, "warm_start_adapter")
     found = mx.load(str(weights))
     missing, extra = set(wanted) - set(found), set(found) - set(wanted)
     if missing or extra:

@@ -3,7 +3,6 @@ local HF cache (blobs, snapshot, refs/main), so the library lists it:
 uniformly to `bits`, or mixed precision to a `target_bpw` (see mixed.py)."""
 from __future__ import annotations
 
-import json
 import tempfile
 from pathlib import Path
 
@@ -47,7 +46,7 @@ def run(config: dict, log: EventLog, stage_delay: float = 0.0) -> tuple[str, dic
     from huggingface_hub import constants
     from mlx_lm import convert
 
-    from core.paths import confine_members, confine_model_ref
+    from core.paths import confine_members, confine_model_ref, read_json, regular_entries
     from inference.demo.files import publish_to_cache
     from inference.engine.loader import resolve
 
@@ -64,8 +63,11 @@ def run(config: dict, log: EventLog, stage_delay: float = 0.0) -> tuple[str, dic
     stage("resolve", 0.05, f"finding {model_id}")
     _, src = resolve(confine_model_ref(model_id, "model_id"))
     confine_members(src, ["config.json"], "model_id")
+    regular_entries(src, "model_id")  # the converter opens every file it knows by name: no FIFO among them
     repo = output_repo(model_id, src, bits, target)
-    config_in = json.loads((src / "config.json").read_text())
+    config_in = read_json(src / "config.json", "model_id")
+    if not isinstance(config_in, dict):
+        raise ValueError(f"{src / 'config.json'} is not a JSON object")
     if config_in.get("quantization"):
         raise ValueError(f"{model_id} is already quantized ({config_in['quantization']})")
     extra, summary = {}, {}
