@@ -131,6 +131,8 @@ def _verify(path: Path, remote: RemoteFile) -> None:
 
 def _fetch(url: str, part: Path, remote: RemoteFile, token: str | None, progress: Progress,
            stop: Callable[[], bool]) -> None:
+    if part.is_symlink() or (part.exists() and not part.is_file()):  # a FIFO or a link put there: never opened
+        part.unlink()
     have = part.stat().st_size if part.exists() else 0
     if have > remote.size:
         part.unlink()

@@ -14,6 +14,8 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from core.paths import read_text
+
 
 @dataclass
 class RepoPlan:
@@ -64,8 +66,10 @@ def plan_repo(root: Path, in_use: frozenset = frozenset()) -> RepoPlan | None:
     refs = root / "refs"
     if refs.is_dir():
         for ref in refs.rglob("*"):
-            if ref.is_file():
-                referenced.add(ref.read_text().strip())
+            try:
+                referenced.add(read_text(ref, "ref", 4096).strip())
+            except (OSError, ValueError):  # a folder, or not a regular file: names nothing
+                continue
     kept = {name for name in snapshots if name in referenced}
     if not kept and snapshots:  # nothing names a revision: keep the newest
         kept = {max(snapshots, key=lambda n: snapshots[n].stat().st_mtime)}

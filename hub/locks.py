@@ -50,7 +50,9 @@ def record_serving(snapshot: Path) -> Path:
     folder = _serving_dir()
     folder.mkdir(parents=True, exist_ok=True)
     marker = folder / str(os.getpid())
-    marker.write_text(str(snapshot.resolve()))
+    tmp = folder / f".{os.getpid()}.tmp"  # whole or absent: GC reads markers while servers start
+    tmp.write_text(str(snapshot.resolve()))
+    os.replace(tmp, marker)
     return marker
 
 

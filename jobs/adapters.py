@@ -9,7 +9,7 @@ from pathlib import Path
 from django.conf import settings
 from django.utils import timezone
 
-from core.paths import read_json
+from core.paths import TRAINING_MARKER, read_json
 from jobs.models import Adapter
 
 
@@ -64,6 +64,12 @@ def register(path: str | Path, name: str | None = None, job=None, mounted: bool 
     return row
 
 
+def _usable(folder: Path) -> bool:
+    """Weights that are a regular file (a FIFO in their place is no adapter),
+    in a folder no fine-tune is still writing (or was killed writing)."""
+    return (folder / "adapters.safetensors").is_file() and not (folder / TRAINING_MARKER).exists()
+
+
 def available(mounted: list[dict], served_refs: list) -> list[dict]:
     """Every adapter folder found, with `mounted` and `compatible` (its
     recorded base is the served model by bare name, or it recorded none)."""
@@ -71,10 +77,10 @@ def available(mounted: list[dict], served_refs: list) -> list[dict]:
     root = adapters_root()
     if root.is_dir():
         for weights in sorted(root.glob("*/adapters.safetensors")) + sorted(root.glob("*/*/adapters.safetensors")):
-            if weights.is_file():  # a regular file: a FIFO in its place is no adapter
+            if _usable(weights.parent):
                 folders.setdefault(str(weights.parent.resolve()), weights.parent.name)
     for row in Adapter.objects.all():
-        if (Path(row.path) / "adapters.safetensors").is_file():
+        if _usable(Path(row.path)):
             folders.setdefault(row.path, row.name)
     by_path = {m["path"]: m["id"] for m in mounted}
     for path, adapter_id in by_path.items():

@@ -2,31 +2,25 @@
 
 All MLX work of a job happens here, so a crash or an out-of-memory kill
 takes down this process only; the worker sees the exit and records why.
-The child dies with its worker (PR_SET_PDEATHSIG on Linux)."""
+The child dies with its worker: PR_SET_PDEATHSIG on Linux, a parent watch
+everywhere (the worker names itself in HEARTH_JOB_PARENT)."""
 from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import traceback
 
 from jobs.events import EventLog
+from jobs.procs import tie_to_parent
 
-
-def _die_with_parent() -> None:
-    if sys.platform.startswith("linux"):
-        import ctypes
-        import signal
-
-        try:
-            ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-        except OSError:
-            pass
+PARENT_ENV = "HEARTH_JOB_PARENT"
 
 
 def main(argv: list[str]) -> int:
     kind, log_path, config_json = argv
-    _die_with_parent()
+    tie_to_parent(int(os.environ.pop(PARENT_ENV, "") or os.getppid()), signal.SIGKILL)
     log = EventLog(log_path)
     config = json.loads(config_json)
     delay = float(os.environ.get("HEARTH_JOB_STAGE_DELAY") or 0)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import time
 from pathlib import Path
 
@@ -14,15 +15,27 @@ class EventLog:
 
     def emit(self, event_type: str, /, **fields) -> dict:
         event = {"type": event_type, "ts": time.time(), **fields}
+        line = (json.dumps(event, ensure_ascii=False) + "\n").encode("utf-8")
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path, "a", encoding="utf-8") as f:
-            f.write(json.dumps(event, ensure_ascii=False) + "\n")
+        with open(self.path, "ab") as f:
+            if self._torn_tail(f):  # a writer killed mid-line: end that line, so this event stays whole
+                line = b"\n" + line
+            f.write(line)
             f.flush()
             try:
                 os.fsync(f.fileno())
             except OSError:  # a log that is not a regular file (a pipe, /dev/null) cannot be synced
                 pass
         return event
+
+    def _torn_tail(self, f) -> bool:
+        """The file `f` (open to append) ends in a partial line."""
+        info = os.fstat(f.fileno())
+        if not stat.S_ISREG(info.st_mode) or info.st_size == 0:  # a pipe or a device has no tail to mend
+            return False
+        with open(self.path, "rb") as tail:
+            tail.seek(-1, os.SEEK_END)
+            return tail.read(1) != b"\n"
 
     def read(self, offset: int = 0) -> tuple[list[dict], int]:
         """Complete events from byte `offset`, and the offset after them (a

@@ -15,17 +15,26 @@ from django.utils import timezone
 
 from jobs.events import EventLog
 from jobs.models import Job
-from jobs.procs import pid_alive
+from jobs.procs import pid_alive, started_before
 
 log = logging.getLogger("hearth.jobs")
 POLL_S = 0.25
+
+
+def _worker_gone(job: Job) -> bool:
+    """The job's worker exited. A live pid counts only if that process was
+    already running when the job started: after a reboot or a long while the
+    number may belong to another process, and the job would stay running forever."""
+    if not pid_alive(job.worker_pid):
+        return True
+    return job.started_at is not None and not started_before(job.worker_pid, job.started_at.timestamp())
 
 
 def mark_zombies() -> int:
     """Running jobs whose worker is gone can never finish: mark them."""
     count = 0
     for job in Job.objects.filter(status="running"):
-        if not pid_alive(job.worker_pid):
+        if _worker_gone(job):
             job.status, job.ended_at = "zombie", timezone.now()
             job.error = job.error or f"its worker (pid {job.worker_pid}) stopped while it ran"
             job.save(update_fields=["status", "ended_at", "error"])
@@ -71,7 +80,8 @@ def run(job_id: str) -> None:
         events.emit("started")
         with open(stderr_path, "wb") as stderr:
             child = subprocess.Popen([sys.executable, "-m", "jobs.child", job.kind, job.log_path, job.config_json],
-                                     stdout=stderr, stderr=subprocess.STDOUT, start_new_session=True)
+                                     stdout=stderr, stderr=subprocess.STDOUT, start_new_session=True,
+                                     env=dict(os.environ, HEARTH_JOB_PARENT=str(os.getpid())))
         Job.objects.filter(id=job.id).update(child_pid=child.pid)
         offset = 0
         while True:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import uuid
 from pathlib import Path
 
@@ -18,6 +19,8 @@ from jobs.events import EventLog
 from jobs.models import Job
 from memory.models import MemoryVault, SynthesisRun
 from memory.vault import VaultError
+
+log = logging.getLogger("hearth.memory")
 
 
 def _transcripts(since, until) -> list[dict]:
@@ -86,3 +89,16 @@ def finished(job: Job) -> None:
     config = json.loads(job.config_json or "{}")
     if config.get("sessions_file"):
         Path(config["sessions_file"]).unlink(missing_ok=True)
+    if job.status != "done" and not run.dry and config.get("scratch_root"):
+        _clear_scratch(job, config)
+
+
+def _clear_scratch(job: Job, config: dict) -> None:
+    """A run killed part way (its worker or server died) left its scratch
+    worktree registered in the vault; remove it now rather than at the next run."""
+    from memory.synthesis.scratch import clear_abandoned
+
+    try:
+        clear_abandoned(Path(config["vault_root"]), Path(config["scratch_root"]))
+    except Exception as exc:  # the next run clears it too; the job's end is recorded regardless
+        log.warning("job %s: could not clear its scratch worktree: %s", job.id, exc)

@@ -9,6 +9,7 @@ import hashlib
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import time
 from pathlib import Path
@@ -124,9 +125,18 @@ def test_download_shows_progress_refuses_duplicates_and_lands_in_the_library(hub
         assert httpx.post(url + "/api/hub/download", json=body).status_code == 400
 
 
+def _download_rows(hearth_home: Path, repo_id: str) -> list[dict]:
+    """The rows as they are on disk, whoever is (or is not) serving."""
+    with sqlite3.connect(hearth_home / "hearth.sqlite3") as db:
+        db.row_factory = sqlite3.Row
+        return [dict(r) for r in db.execute("SELECT * FROM hub_download WHERE repo_id = ? ORDER BY id", (repo_id,))]
+
+
 def test_a_killed_download_resumes_from_its_partial_file(homes_hub, double, tiny_files, tmp_path):
+    from tests.test_crash import assert_no_strays
+
     env = _env(homes_hub, double)
-    first = ServerProcess(env, TINY_REPO, "--no-worker", log_path=tmp_path / "first.log").wait_ready()
+    first = ServerProcess(env, TINY_REPO, log_path=tmp_path / "first.log").wait_ready()  # with its worker
     httpx.post(first.url + "/api/hub/download", json={"repo": "mlx-community/tiny-b"}).raise_for_status()
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -136,6 +146,10 @@ def test_a_killed_download_resumes_from_its_partial_file(homes_hub, double, tiny
         time.sleep(0.05)
     first.proc.send_signal(signal.SIGKILL)
     first.stop()
+    assert_no_strays(homes_hub[1])  # its worker went with it
+    [left] = _download_rows(homes_hub[1], "mlx-community/tiny-b")
+    assert left["state"] == "active" and left["owner_pid"] == first.proc.pid and left["finished_at"] is None
+    assert 0 < left["received_bytes"] < left["total_bytes"] and left["error"] is None
     blobs = homes_hub[0] / "hub" / "models--mlx-community--tiny-b" / "blobs"
     partial = [p for p in blobs.iterdir() if p.name.endswith(".incomplete")]
     assert len(partial) == 1 and 0 < partial[0].stat().st_size < len(tiny_files["model.safetensors"])
@@ -145,8 +159,13 @@ def test_a_killed_download_resumes_from_its_partial_file(homes_hub, double, tiny
     try:
         done = _wait(second.url, "mlx-community/tiny-b")
         assert done["state"] == "done", done
+        assert "resuming the download of mlx-community/tiny-b" in second.output()
     finally:
         second.stop()
+    [resumed] = _download_rows(homes_hub[1], "mlx-community/tiny-b")  # the same row, taken over, not a second one
+    assert resumed["id"] == left["id"] and resumed["owner_pid"] == second.proc.pid
+    assert resumed["state"] == "done" and resumed["error"] is None and resumed["finished_at"]
+    assert resumed["received_bytes"] == resumed["total_bytes"] == left["total_bytes"]
     ranges = [r for m, p, r in double.requests if p.endswith("tiny-b/resolve/" + double.repos[
         "mlx-community/tiny-b"].sha + "/model.safetensors") and r]
     assert ranges and int(ranges[-1][6:].split("-")[0]) >= kept - 16 * 1024  # continued, not restarted

@@ -18,6 +18,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from core.paths import read_json, read_text
 from inference.demo import corpus
 from inference.demo.files import (
     CHAT_TEMPLATE,
@@ -56,13 +57,10 @@ class Recipe:
 def cached_snapshot(cache_dir: Path, recipe: Recipe) -> Path | None:
     """The published demo snapshot, if one exists for this exact recipe."""
     repo_dir = cache_dir / ("models--" + DEMO_REPO.replace("/", "--"))
-    ref = repo_dir / "refs" / "main"
-    if not ref.exists():
-        return None
-    snapshot = repo_dir / "snapshots" / ref.read_text().strip()
     try:
-        marker = json.loads((snapshot / MARKER).read_text())
-    except (OSError, ValueError):
+        snapshot = repo_dir / "snapshots" / read_text(repo_dir / "refs" / "main", "ref", 4096).strip()
+        marker = read_json(snapshot / MARKER, "demo marker")
+    except (OSError, ValueError):  # missing, unreadable, or not a regular file
         return None
     wanted = {"builder_version": BUILDER_VERSION, "recipe": asdict(recipe)}
     return snapshot if marker == wanted and (snapshot / "model.safetensors").exists() else None

@@ -23,7 +23,7 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from core.paths import PathRefused, read_json, regular_file
+from core.paths import TRAINING_MARKER, PathRefused, read_json, regular_file
 from inference.engine.errors import EngineError
 
 ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -205,6 +205,10 @@ class AdapterManager:
                                "'base'), starting with a letter or digit")
         root = Path(path).expanduser()
         weights = root / "adapters.safetensors"
+        if (root / TRAINING_MARKER).exists():
+            raise AdapterError(f"{root} is still being trained, or its fine-tune stopped before it finished (its "
+                               f"{TRAINING_MARKER} file says so); run the job again, or delete that file to mount "
+                               "what it holds")
         if not weights.exists():
             raise AdapterError(f"{root} holds no adapters.safetensors")
         try:

@@ -4,7 +4,13 @@ Each entry is one safetensors file holding a sequence's KV cache and, in
 its header, the tokens it covers. Files are written by one background
 thread (write-behind, bounded in bytes) as temp file, fsync, rename, so a
 crash leaves either the old state or the whole new file, never half of one.
-At start the directory is scanned and every complete file is found again.
+At start the directory is scanned and every complete file is found again;
+a file that is not whole (its header promises more bytes than it has) is
+never indexed. A temp file names its writer's pid, so one a killed process
+left is removed at the next start, while another live writer's is kept.
+
+HEARTH_SSD_WRITE_DELAY (seconds; tests) pauses each write half way through
+its temp file, so a crash can be aimed at a write in progress.
 
 The engine thread turns MLX arrays into numpy copies before queueing them,
 so the writer thread never touches MLX.
@@ -29,6 +35,24 @@ log = logging.getLogger("hearth.cache")
 
 SUFFIX = ".safetensors"
 STALE_TMP_S = 600
+
+
+def _writer_alive(tmp: Path) -> bool:
+    """Whether the process named in `<key>.safetensors.<pid>.tmp` still runs
+    (a temp name without a pid is an older writer's: judged by age alone)."""
+    parts = tmp.name.split(".")
+    if len(parts) < 3 or not parts[-2].isdigit():
+        return True
+    pid = int(parts[-2])
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 @dataclass
@@ -94,6 +118,7 @@ class SSDCache:
         self.restores = self.spills = self.demotions = self.dropped_spills = 0
         self.failed_spills = self.missing = 0
         self.restore_ms_last = 0.0
+        self.write_delay = float(os.environ.get("HEARTH_SSD_WRITE_DELAY") or 0)
         self._scan()
         self._thread = threading.Thread(target=self._write_loop, name="hearth-ssd-cache", daemon=True)
         self._thread.start()
@@ -104,7 +129,7 @@ class SSDCache:
 
         for tmp in self.dir.glob("*.tmp"):
             try:  # a write a crash interrupted (the rename never happened); a fresh one may be another writer's
-                if time.time() - tmp.stat().st_mtime > STALE_TMP_S:
+                if not _writer_alive(tmp) or time.time() - tmp.stat().st_mtime > STALE_TMP_S:
                     tmp.unlink(missing_ok=True)
             except OSError:
                 continue
@@ -211,11 +236,18 @@ class SSDCache:
 
     def _write(self, snap: _Snapshot, save) -> None:
         path = self.dir / (snap.key + SUFFIX)
-        tmp = path.with_name(path.name + ".tmp")
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
         try:
             data = save(snap.arrays, metadata=snap.metadata)
             with open(tmp, "wb") as f:
-                f.write(data)
+                if self.write_delay:
+                    half = len(data) // 2
+                    f.write(data[:half])
+                    f.flush()
+                    time.sleep(self.write_delay)
+                    f.write(data[half:])
+                else:
+                    f.write(data)
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, path)

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import time
 from pathlib import Path
 
 from core.paths import (
     ADAPTER_FILES,
+    TRAINING_MARKER,
     PathRefused,
     confine,
     confine_members,
@@ -266,6 +268,8 @@ def run(config: dict, log: EventLog, stage_delay: float = 0.0) -> tuple[str, dic
         _load_warm_start(model, start[0])
         log.emit("log", line=f"warm start from {start[0]}")
     adapter_path.mkdir(parents=True, exist_ok=True)
+    # Until training ends the folder holds checkpoints at best: nothing lists or mounts it.
+    (adapter_path / TRAINING_MARKER).write_text(json.dumps({"pid": os.getpid(), "started_at": time.time()}))
     (adapter_path / "adapter_config.json").write_text(json.dumps({
         "fine_tune_type": "lora", "num_layers": layers, "lora_parameters": lora, "base_model": str(model_dir),
         "method": method, "sft_scope": cfg["sft_scope"], "iters": cfg["iters"], "format": fmt,
@@ -283,6 +287,7 @@ def run(config: dict, log: EventLog, stage_delay: float = 0.0) -> tuple[str, dic
 
         preference.train(model, str(model_dir), hf_tokenizer, cfg, train_rows, valid_rows, adapter_path, reporter,
                          ServingChatDataset)
+    (adapter_path / TRAINING_MARKER).unlink(missing_ok=True)
     return str(adapter_path), {"method": method, "format": fmt, "iters": cfg["iters"], "n_train": len(train_rows),
                                "n_valid": len(valid_rows), "rank": lora["rank"], "base_model": str(model_dir)}
 

@@ -15,6 +15,48 @@ class ScratchError(RuntimeError):
     pass
 
 
+def _lock(vault: Path):
+    """The vault's synthesis lock, held (an open file), or None while another run holds it."""
+    handle = open(vault / ".git" / "hearth-synthesis.lock", "w")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        return None
+    return handle
+
+
+def _unlock(handle) -> None:
+    fcntl.flock(handle, fcntl.LOCK_UN)
+    handle.close()
+
+
+def _remove_trees(vault: Path, folder: Path) -> None:
+    if folder.is_dir():
+        for stale in folder.iterdir():
+            shutil.rmtree(stale, ignore_errors=True)
+    git.run(vault, "worktree", "prune", check=False)
+
+
+def clear_abandoned(vault_root: Path, scratch_root: Path) -> bool:
+    """What a run that never finished left (its process was killed): the
+    scratch worktrees and search index of this vault. Nothing in them had
+    landed. Skipped while another synthesis holds the vault; True when cleared."""
+    vault, folder = Path(vault_root), Path(scratch_root)
+    if not git.is_repo(vault):
+        return False
+    handle = _lock(vault)
+    if handle is None:
+        return False
+    try:
+        _remove_trees(vault, folder)
+        for index in folder.parent.glob("*.index.sqlite3"):
+            index.unlink(missing_ok=True)
+    finally:
+        _unlock(handle)
+    return True
+
+
 class Scratch:
     def __init__(self, vault_root: Path, scratch_root: Path, key: str, log):
         self.vault, self.folder, self.log = Path(vault_root), Path(scratch_root), log
@@ -25,12 +67,9 @@ class Scratch:
     def __enter__(self) -> Scratch:
         if not git.is_repo(self.vault) or git.head(self.vault) is None:
             raise ScratchError(f"{self.vault} is not a vault with a first commit; run `hearth memory init`")
-        self._lock = open(self.vault / ".git" / "hearth-synthesis.lock", "w")
-        try:
-            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            self._lock.close()
-            raise ScratchError("another synthesis is running on this vault") from None
+        self._lock = _lock(self.vault)
+        if self._lock is None:
+            raise ScratchError("another synthesis is running on this vault")
         edited = git.dirty(self.vault)
         if edited:  # the owner's own edits are kept as their own commit before Hearth changes anything
             commit = git.commit_all(self.vault, "Edits made outside Hearth")
@@ -43,10 +82,7 @@ class Scratch:
 
     def _clear_stale(self) -> None:
         """Worktrees left by a run that was killed: remove them (nothing in them had landed)."""
-        if self.folder.is_dir():
-            for stale in self.folder.iterdir():
-                shutil.rmtree(stale, ignore_errors=True)
-        git.run(self.vault, "worktree", "prune")
+        _remove_trees(self.vault, self.folder)
 
     def land(self, message: str) -> str | None:
         """Commit the stage's changes and move the vault to that commit; None when nothing changed."""
@@ -66,5 +102,4 @@ class Scratch:
             git.run(self.vault, "worktree", "prune", check=False)
         finally:
             if self._lock is not None:
-                fcntl.flock(self._lock, fcntl.LOCK_UN)
-                self._lock.close()
+                _unlock(self._lock)

@@ -1,8 +1,14 @@
 """`hearth worker`: one job-queue consumer. Marks jobs whose worker died as
-zombie, then runs Huey's consumer until SIGINT/SIGTERM."""
+zombie, then runs Huey's consumer until SIGINT/SIGTERM.
+
+A worker that `hearth serve` started finds its server's pid in
+HEARTH_WORKER_PARENT and stops (SIGTERM) when that process goes: the
+parent-death signal on Linux, a parent watch on every platform. A worker
+started by hand has no such variable and runs until it is stopped."""
 from __future__ import annotations
 
 import logging
+import os
 
 from django.core.management import call_command
 from django.core.management.base import BaseCommand
@@ -17,6 +23,7 @@ class Command(BaseCommand):
         parser.add_argument("--workers", type=int, default=2, help="jobs that may run at once")
 
     def handle(self, *args, **opts):
+        self._tie_to_server()
         from django.utils.module_loading import autodiscover_modules
         from huey.contrib.djhuey import HUEY
 
@@ -33,6 +40,17 @@ class Command(BaseCommand):
                                         check_worker_health=True)
         log.info("job worker ready (%d slots, queue %s)", opts["workers"], type(HUEY).__name__)
         consumer.run()
+
+    @staticmethod
+    def _tie_to_server() -> None:
+        """Set here, in the worker itself, so it holds after the CLI's BLAS re-exec."""
+        from jobs.procs import tie_to_parent
+        from jobs.supervisor import PARENT_ENV
+
+        parent = os.environ.pop(PARENT_ENV, None)  # job children and their tools never see it
+        if parent and parent.isdigit():
+            tie_to_parent(int(parent))
+            log.info("job worker tied to its server (pid %s)", parent)
 
     @staticmethod
     def _requeue_lost(huey) -> None:
