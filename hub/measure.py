@@ -11,7 +11,7 @@ async def measure_decode(engine, tokens: int) -> tuple[float, int]:
     """(tokens per second after the first token, tokens generated)."""
     model = engine.loaded
     prompt = model.tokenizer.encode("Write a long story about the sea.")
-    never_stop = {t: -1e9 for t in model.tokenizer.eos_token_ids}  # decode the full count
+    never_stop = {t: -100.0 for t in model.tokenizer.eos_token_ids}  # decode the full count (-100 bans)
     request = GenerationRequest(prompt_tokens=list(prompt), max_tokens=tokens,
                                 logits=LogitsParams(logit_bias=never_stop), adapters=())
     stamps = []

@@ -280,3 +280,93 @@ def test_flush_reports_entries_the_disk_cap_undid(tiny_model, tmp_path):
         assert durable and report["notDurableEntries"] == 0 and report["entries"] == 1
     finally:
         engine.close(drain_seconds=1)
+
+
+class _Poison:
+    """A logits processor that works for `after` steps, then fails: `eager`
+    raises at once; otherwise it hands back an array that fails only when MLX
+    evaluates it (an LU factorization of a zero matrix), so the batched step
+    fails as a whole and the engine must find the culprit itself."""
+
+    finished = False
+
+    def __init__(self, after: int, eager: bool):
+        self.calls, self.after, self.eager = 0, after, eager
+
+    def __call__(self, tokens, logits):
+        import mlx.core as mx
+
+        self.calls += 1
+        if self.calls <= self.after:
+            return logits
+        if self.eager:
+            raise RuntimeError("poisoned processor")
+        return logits + mx.linalg.inv(mx.zeros((2, 2)), stream=mx.cpu).sum()
+
+
+async def _outcome(engine: Engine, request: GenerationRequest) -> dict:
+    text, finish, error = "", None, None
+    async for event in engine.submit(request).events():
+        text += event.text
+        finish, error = event.finish_reason or finish, event.error or error
+    return {"text": text, "finish": finish, "error": error}
+
+
+@pytest.mark.parametrize("eager", [True, False], ids=["raises", "fails-when-evaluated"])
+def test_a_failing_row_ends_alone_and_its_neighbours_finish_intact(engines, eos_id, eager):
+    engine = engines(batch=8, prompt_cache_bytes=0)
+    no_eos = LogitsParams(logit_bias={eos_id: -100.0})
+    healthy = [GenerationRequest(_prompt(1, 12), max_tokens=40, logits=no_eos),
+               GenerationRequest(_prompt(2, 30), max_tokens=40, logits=no_eos,
+                                 sampling=SamplingParams(temperature=1.0, top_k=40, seed=9))]
+    alone = [asyncio.run(_outcome(engine, GenerationRequest(list(r.prompt_tokens), max_tokens=40, logits=no_eos,
+                                                            sampling=r.sampling))) for r in healthy]
+    failed_before = engine.stats.failed_rows
+
+    async def together():
+        poisoned = GenerationRequest(_prompt(3, 8), max_tokens=40, grammar=_Poison(5, eager))
+        return await asyncio.gather(*(_outcome(engine, r) for r in [healthy[0], poisoned, healthy[1]]))
+
+    first, bad, second = asyncio.run(together())
+    assert bad["error"] and bad["error"].startswith("generation failed:"), bad
+    assert first == alone[0] and first["finish"] == "length"
+    assert second == alone[1] and second["finish"] == "length"
+    assert engine.stats.failed_rows == failed_before + 1
+    assert engine.active_rows == 0
+
+
+@pytest.mark.parametrize("sampling,logits,param", [
+    (SamplingParams(temperature=1.0, top_k=320), LogitsParams(), "top_k"),
+    (SamplingParams(temperature=float("nan")), LogitsParams(), "temperature"),
+    (SamplingParams(temperature=1.0, top_p=float("nan")), LogitsParams(), "top_p"),
+    (SamplingParams(temperature=1.0, min_p=float("inf")), LogitsParams(), "min_p"),
+    (SamplingParams(temperature=1.0, xtc_probability=0.5, xtc_threshold=0.7), LogitsParams(), "xtc_threshold"),
+    (SamplingParams(temperature=1.0, seed=-1), LogitsParams(), "seed"),
+    (SamplingParams(temperature=1.0, seed=2**64), LogitsParams(), "seed"),
+    (SamplingParams(), LogitsParams(logit_bias={i: float("-inf") for i in range(320)}), "logit_bias"),
+    (SamplingParams(), LogitsParams(repetition_penalty=1.1, repetition_context_size=2**31), "repetition_context_size"),
+    (SamplingParams(), LogitsParams(presence_penalty=float("nan")), "presence_penalty"),
+])
+def test_the_engine_refuses_what_its_samplers_cannot_run(engines, sampling, logits, param):
+    from inference.engine.errors import InvalidRequest
+
+    engine = engines(batch=8, prompt_cache_bytes=0)
+
+    async def submit():
+        engine.submit(GenerationRequest(_prompt(4, 6), max_tokens=4, sampling=sampling, logits=logits))
+
+    with pytest.raises(InvalidRequest) as refused:
+        asyncio.run(submit())
+    assert refused.value.param == param and refused.value.status == 400
+
+
+def test_a_penalty_window_wider_than_the_context_means_the_whole_history(engines, eos_id):
+    engine = engines(batch=8, prompt_cache_bytes=0)
+    no_eos = {eos_id: -100.0}
+    wide = GenerationRequest(_prompt(5, 10), max_tokens=12,
+                             logits=LogitsParams(logit_bias=no_eos, repetition_penalty=1.5,
+                                                 repetition_context_size=2**31 - 1))
+    whole = GenerationRequest(_prompt(5, 10), max_tokens=12,
+                              logits=LogitsParams(logit_bias=no_eos, repetition_penalty=1.5,
+                                                  repetition_context_size=engine.loaded.context_window))
+    assert asyncio.run(_outcome(engine, wide)) == asyncio.run(_outcome(engine, whole))

@@ -39,7 +39,7 @@ def mlx_lm_tokens(reference, seed=None, sampler_args=None, processor_args=None, 
 def served_tokens(base_url, eos_id, **fields):
     body = {"prompt": PROMPT, "max_tokens": N, "logprobs": True, **fields}
     body.setdefault("logit_bias", {})
-    body["logit_bias"] = {str(eos_id): -1e9, **body["logit_bias"]}
+    body["logit_bias"] = {str(eos_id): -100.0, **body["logit_bias"]}
     r = httpx.post(base_url + "/v1/completions", json=body, timeout=60)
     assert r.status_code == 200, r.text
     return [e["id"] for e in r.json()["choices"][0]["logprobs"]["content"]]
@@ -47,7 +47,7 @@ def served_tokens(base_url, eos_id, **fields):
 
 def test_greedy_matches_mlx_lm(base_url, eos_id, reference):
     ours = served_tokens(base_url, eos_id, temperature=0)
-    theirs = mlx_lm_tokens(reference, processor_args={"logit_bias": {eos_id: -1e9}})
+    theirs = mlx_lm_tokens(reference, processor_args={"logit_bias": {eos_id: -100.0}})
     assert ours == theirs
 
 
@@ -68,7 +68,7 @@ def test_sampler_fields_match_mlx_lm(base_url, eos_id, reference, tiny_model, fi
     ours = served_tokens(base_url, eos_id, seed=42, **fields)
     if "xtc_probability" in sampler_args:
         sampler_args = {**sampler_args, "xtc_special_tokens": newline_and_eos(reference[1])}
-    theirs = mlx_lm_tokens(reference, 42, sampler_args, {"logit_bias": {eos_id: -1e9}})
+    theirs = mlx_lm_tokens(reference, 42, sampler_args, {"logit_bias": {eos_id: -100.0}})
     assert ours == theirs
 
 
@@ -108,7 +108,7 @@ PENALTIES = [
 @pytest.mark.parametrize("fields", PENALTIES)
 def test_penalties_match_mlx_lm_processors(base_url, eos_id, reference, fields):
     ours = served_tokens(base_url, eos_id, temperature=0, **fields)
-    theirs = mlx_lm_tokens(reference, processor_args={"logit_bias": {eos_id: -1e9}, **fields})
+    theirs = mlx_lm_tokens(reference, processor_args={"logit_bias": {eos_id: -100.0}, **fields})
     assert ours == theirs
     assert ours != served_tokens(base_url, eos_id, temperature=0)  # the penalty did something
 
@@ -118,7 +118,7 @@ def test_logprobs_equal_a_direct_forward(base_url, eos_id, reference):
 
     model, tok = reference
     body = {"prompt": PROMPT, "max_tokens": 6, "temperature": 0, "top_logprobs": 4,
-            "logit_bias": {str(eos_id): -1e9}}
+            "logit_bias": {str(eos_id): -100.0}}
     content = httpx.post(base_url + "/v1/completions", json=body).json()["choices"][0]["logprobs"]["content"]
     ids = tok.encode(PROMPT)
     for entry in content:

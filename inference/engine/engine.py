@@ -38,7 +38,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from inference.engine import loader, metrics
+from inference.engine import checks, lanes, loader, metrics
 from inference.engine.adapters import AdapterError, AdapterManager
 from inference.engine.errors import (
     ContextLengthExceeded,
@@ -80,6 +80,8 @@ class EngineStats:
     cached_tokens_total: int = 0
     generated_tokens_total: int = 0
     last_decode_tps: float = 0.0
+    failed_rows: int = 0  # rows ended by their own failure; their neighbours went on
+    failed_steps: int = 0  # batched steps that failed as a whole (see _recover)
 
 
 class Submission:
@@ -160,6 +162,8 @@ class Engine:
         can still answer with an HTTP error."""
         if self._closed:
             raise EngineClosed("server is shutting down")
+        if self.loaded is not None:
+            checks.check(request, self.loaded.vocab_size, self.loaded.context_window)
         self._check_room(len(request.prompt_tokens))
         with self._count_lock:
             if self._closed:
@@ -258,8 +262,6 @@ class Engine:
     def _setup(self) -> None:
         from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
 
-        from inference.engine.lanes import BatchLane, SerialLane
-
         cfg, model = self.config, self.loaded
         sample = make_prompt_cache(model.model)
         if cfg.batch <= 1:
@@ -271,9 +273,9 @@ class Engine:
         else:
             self.mode = "batch"
         if self.mode == "batch":
-            self.lane = BatchLane(model, cfg.batch, cfg.prefill_chunk)
+            self.lane = lanes.BatchLane(model, cfg.batch, cfg.prefill_chunk)
         else:
-            self.lane = SerialLane(model, cfg.kv_quant, self._kv_group())
+            self.lane = lanes.SerialLane(model, cfg.kv_quant, self._kv_group())
         if cfg.ssd_cache:
             from inference.engine.ssd_cache import SSDCache
 
@@ -364,33 +366,38 @@ class Engine:
             if not self.lane.active and group != self._group:
                 self._group = group
                 self.adapters.activate(group)
-            ns = self.adapters.namespace(group)
-            try:
-                cache, cached = self.cache.lookup(req.prompt_tokens, req.session, ns)
-            except Exception:
-                log.exception("prompt cache lookup failed; prefilling request %s in full", req.id)
-                cache, cached = None, 0
-            row = Row(job, self.loaded, self._limit(req), cached, self.lane.name)
-            row.ns, row.adapters = ns, group
+            row = Row(job, self.loaded, self._limit(req), 0, self.lane.name)
+            row.ns, row.adapters = self.adapters.namespace(group), group
             self.stats.submitted_rows += 1
             self.stats.prompt_tokens_total += len(req.prompt_tokens)
-            self.stats.cached_tokens_total += cached
             metrics.PROMPT_TOKENS.inc(len(req.prompt_tokens))
+            self._start(row)
+
+    def _start(self, row: Row) -> None:
+        """Put a row on the lane from the longest cached prefix of its context."""
+        tokens = row.context()
+        try:
+            cache, cached = self.cache.lookup(tokens, row.req.session, row.ns)
+        except Exception:
+            log.exception("prompt cache lookup failed; prefilling request %s in full", row.req.id)
+            cache, cached = None, 0
+        if not row.generated:
+            row.cached = cached
+            self.stats.cached_tokens_total += cached
             metrics.CACHED_TOKENS.inc(cached)
-            try:
-                self.lane.add(row, cache, cached)
-            except Exception as exc:
-                log.exception("could not start request %s", req.id)
-                row.fail(str(exc) or type(exc).__name__)
+        try:
+            self.lane.add(row, cache, cached)
+        except Exception as exc:
+            log.exception("could not start request %s", row.req.id)
+            row.fail(lanes.fault_message(exc))
 
     def _step(self) -> None:
         try:
             published = self.lane.step()
         except Exception as exc:
-            log.exception("decode step failed; failing the rows it held")
-            self.lane.fail_all(str(exc) or type(exc).__name__)
-            self._reset_lane()
+            self._recover(exc)
             return
+        self.stats.failed_rows += self.lane.take_faults()
         for tokens, cache, row in published:
             self.stats.generated_tokens_total += row.count
             if row.decode_tps:
@@ -402,13 +409,32 @@ class Engine:
             except Exception:
                 log.exception("prompt cache: could not keep the cache of request %s", row.req.id)
 
-    def _reset_lane(self) -> None:
-        from inference.engine.lanes import BatchLane, SerialLane
+    def _recover(self, exc: Exception) -> None:
+        """A step failed as a whole. The rows whose own sampling fails alone
+        are ended with the error; the others go on, once, on a fresh lane
+        from what they had generated (a second failure ends them too)."""
+        rows = self.lane.all_rows()
+        self.stats.failed_steps += 1
+        suspects = [row for row in rows if lanes.suspect(row, self.loaded)]
+        log.error("decode step failed (%s: %s); ending %d of %d rows", type(exc).__name__, exc,
+                  len(suspects) or sum(1 for r in rows if r.restarts), len(rows))
+        self._reset_lane()
+        for row in rows:
+            if row.aborted:
+                row.close()
+            elif row in suspects or row.restarts:
+                row.fault = row.fault or exc
+                lanes.fail_faulty(row)
+                self.stats.failed_rows += 1
+            else:
+                row.restarts += 1
+                self._start(row)
 
-        if isinstance(self.lane, BatchLane):
-            self.lane = BatchLane(self.loaded, self.config.batch, self.config.prefill_chunk)
+    def _reset_lane(self) -> None:
+        if isinstance(self.lane, lanes.BatchLane):
+            self.lane = lanes.BatchLane(self.loaded, self.config.batch, self.config.prefill_chunk)
         else:
-            self.lane = SerialLane(self.loaded, self.config.kv_quant, self._kv_group())
+            self.lane = lanes.SerialLane(self.loaded, self.config.kv_quant, self._kv_group())
 
     def _limit(self, req: GenerationRequest) -> int:
         """The request's cap, bounded by the context window and the operator cap."""

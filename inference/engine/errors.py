@@ -18,6 +18,17 @@ class EngineTimeout(EngineError):
     code = "engine_busy"
 
 
+class InvalidRequest(EngineError):
+    """A request field the engine cannot run; `param` names it."""
+
+    status = 400
+    type = "invalid_request_error"
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param
+
+
 class ModelNotFound(EngineError):
     status = 404
     type = "invalid_request_error"

@@ -12,6 +12,16 @@ and models whose cache cannot be batched.
 `step()` returns (tokens, cache, row) for every row that ended; tokens and
 cache are what its KV cache holds, for the prompt cache to keep, or None
 when nothing is worth keeping (a row aborted before it decoded).
+
+One row's failure ends that row only. Its sampler and logits processors run
+behind a guard: an exception there is kept on the row (`row.fault`), a
+stand-in token lets the batched step finish for the others, and the row is
+ended with the error before that token is shown; so is a row whose own
+detokenizing or logprobs fail. A failure the guards cannot pin on a row (MLX
+evaluates lazily, so some surface only when the whole batch is evaluated)
+is handled by the engine: `suspect()` finds the rows whose own sampling
+fails when tried alone, and the others continue on a fresh lane from what
+they had generated (`Row.context()`).
 """
 from __future__ import annotations
 
@@ -42,6 +52,12 @@ class BatchLane:
         self.eos = StopSequences([[t] for t in sorted(model.tokenizer.eos_token_ids)])
         self.rows: dict[int, Row] = {}
         self.special = _special_ids(model)
+        self.faults = 0
+
+    def take_faults(self) -> int:
+        """Rows ended by their own failure since the last call."""
+        faults, self.faults = self.faults, 0
+        return faults
 
     @property
     def active(self) -> int:
@@ -56,11 +72,15 @@ class BatchLane:
         return sum(1 for uid in list(self.rows) if uid not in decoding)  # read from other threads too
 
     def add(self, row: Row, cache: list | None, cached: int) -> None:
-        prompt = row.req.prompt_tokens
+        tokens = row.context()
+        if row.sampler is None:
+            row.sampler = make_sampler(row.req, self.special)
+        restart_row_state(row)
         (uid,) = self.gen.insert(
-            [prompt[cached:]], max_tokens=[row.limit], caches=[cache] if cache is not None else None,
-            all_tokens=[list(prompt[:cached])], samplers=[make_sampler(row.req, self.special)],
-            logits_processors=[make_processors(row.req)], stop_sequences=[self.eos])
+            [tokens[cached:]], max_tokens=[row.remaining], caches=[cache] if cache is not None else None,
+            all_tokens=[tokens[:cached]], samplers=[guard_sampler(row.sampler, row)],
+            logits_processors=[[guard_processor(p, row) for p in make_processors(row.req)]],
+            stop_sequences=[self.eos])
         self.rows[uid] = row
 
     def step(self) -> Published:
@@ -76,25 +96,31 @@ class BatchLane:
             row = self.rows.get(r.uid)
             if row is None:
                 continue
-            done = row.feed(r.token, r.logprobs)
-            if r.finish_reason is not None:  # the generator dropped the row itself
+            done = row.fault is not None or _feed(row, r.token, r.logprobs)
+            if r.finish_reason is not None and row.fault is None:  # the generator dropped the row itself
                 row.finish = row.finish or r.finish_reason
                 del self.rows[r.uid]
                 published.append((r.all_tokens, r.prompt_cache, row))
                 row.close()
-            elif done:
+            elif done or r.finish_reason is not None:
                 ended.append(r.uid)
+        ended += [uid for uid, row in self.rows.items() if row.fault is not None and uid not in ended]
         if ended:
             published += self._remove(ended)
         return published
 
     def _remove(self, uids: list[int]) -> Published:
         decoding = set(self.gen._generation_batch.uids)
-        keep = [u for u in uids if u in decoding]  # mid-prefill caches are not worth keeping
-        caches = self.gen.remove(uids, return_prompt_caches=bool(keep))
+        # Mid-prefill caches are not worth keeping, nor a failed row's.
+        keep = [u for u in uids if u in decoding and self.rows[u].fault is None]
+        caches = self.gen.remove(uids, return_prompt_caches=bool(keep))  # uids it dropped itself are skipped
         out: Published = []
         for uid in uids:
             row = self.rows.pop(uid)
+            if row.fault is not None:
+                fail_faulty(row)
+                self.faults += 1
+                continue
             if uid in keep and uid in caches:
                 cache, tokens = caches[uid]
                 out.append((list(tokens), cache, row))
@@ -140,19 +166,22 @@ class SerialLane:
         from mlx_lm.generate import generate_step
         from mlx_lm.models.cache import make_prompt_cache
 
-        prompt = row.req.prompt_tokens
+        prompt = row.context()
         processors = make_processors(row.req)
         if cached and processors:  # penalties look back over the whole prompt, cached part included
             prefix = mx.array(prompt[:cached])
             processors = [_with_prefix(p, prefix) for p in processors]
+        if row.sampler is None:
+            row.sampler = make_sampler(row.req, self.special)
+        restart_row_state(row)
         self._cache = cache if cache is not None else make_prompt_cache(self.model.model)
         self._tokens = list(prompt)
         quant = {}
         if self.kv_bits:
             quant = {"kv_bits": self.kv_bits, "kv_group_size": self.kv_group, "quantized_kv_start": 0}
-        self._steps = generate_step(mx.array(prompt[cached:]), self.model.model, max_tokens=row.limit,
-                                    sampler=make_sampler(row.req, self.special),
-                                    logits_processors=processors or None, prompt_cache=self._cache, **quant)
+        self._steps = generate_step(mx.array(prompt[cached:]), self.model.model, max_tokens=row.remaining,
+                                    sampler=row.sampler, logits_processors=processors or None,
+                                    prompt_cache=self._cache, **quant)
         self.row = row
 
     def step(self) -> Published:
@@ -177,6 +206,9 @@ class SerialLane:
     def _finish(self) -> None:
         self.row, self._steps, self._cache, self._tokens = None, None, None, []
 
+    def take_faults(self) -> int:
+        return 0  # a failure here ends the one row it runs, through the engine's recovery
+
     def fail_all(self, message: str) -> None:
         if self.row is not None:
             row = self.row
@@ -190,3 +222,80 @@ def _with_prefix(processor, prefix):
     def run(tokens, logits):
         return processor(mx.concatenate([prefix, tokens]), logits)
     return run
+
+
+# -- one row's failure stays its own -------------------------------------------
+def guard_sampler(sampler, row: Row):
+    """`sampler`, with an exception kept on the row and a stand-in token
+    (never shown: the row ends first) so the batched step goes on."""
+    def run(logprobs):
+        import mlx.core as mx
+
+        if row.fault is None:
+            try:
+                return sampler(logprobs)
+            except Exception as exc:
+                row.fault = exc
+        return mx.argmax(logprobs, axis=-1)
+    return run
+
+
+def guard_processor(processor, row: Row):
+    def run(tokens, logits):
+        if row.fault is None:
+            try:
+                return processor(tokens, logits)
+            except Exception as exc:
+                row.fault = exc
+        return logits
+    return run
+
+
+def _feed(row: Row, token: int, logprobs) -> bool:
+    try:
+        return row.feed(token, logprobs)
+    except Exception as exc:  # its detokenizer, stop matching or logprobs entry
+        row.fault = exc
+        return True
+
+
+def fault_message(exc: BaseException) -> str:
+    first = (str(exc).strip().splitlines() or [""])[0]
+    return f"generation failed: {first or type(exc).__name__}"
+
+
+def fail_faulty(row: Row) -> None:
+    log.warning("request %s failed on its own and was ended: %s", row.req.id, row.fault)
+    row.fail(fault_message(row.fault))
+
+
+def restart_row_state(row: Row) -> None:
+    """A row continuing on a fresh lane gets a matcher that has seen what it
+    generated, and a seeded sampler back at the key for its next token."""
+    if not row.generated:
+        return
+    grammar = row.req.grammar
+    if hasattr(grammar, "restart"):
+        grammar.restart(row.generated)
+    if hasattr(row.sampler, "rewind"):
+        row.sampler.rewind(row.count)
+
+
+def suspect(row: Row, model) -> bool:
+    """True when this row's own sampling fails when run alone, eagerly, on
+    neutral logits: the likely cause of a batched step that failed as a whole.
+    A fresh sampler is used, so a seeded row's key is not advanced."""
+    import mlx.core as mx
+
+    try:
+        logits = mx.zeros((1, model.vocab_size))
+        tokens = mx.array(row.context()[-64:] or [0])
+        for processor in make_processors(row.req):
+            if not hasattr(processor, "restart"):  # a grammar matcher would take the probe as input
+                logits = processor(tokens, logits)
+        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        mx.eval(make_sampler(row.req, _special_ids(model))(logprobs))
+        return False
+    except Exception as exc:
+        row.fault = row.fault or exc
+        return True

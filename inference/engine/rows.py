@@ -48,6 +48,10 @@ class Row:
         self.ns = ""  # the prompt-cache namespace of its adapter set
         self.adapters: tuple = ()  # that adapter set
         self.count = 0
+        self.generated: list[int] = []  # what it has sampled so far, for a restart on a fresh lane
+        self.sampler = None  # made once, so a restarted seeded row keeps drawing from the same key
+        self.fault: BaseException | None = None  # its own sampler, processors or detokenizer failed
+        self.restarts = 0
         self.finish: str | None = None
         self.first_at: float | None = None
         self.last_at: float | None = None
@@ -56,6 +60,14 @@ class Row:
     @property
     def aborted(self) -> bool:
         return self.job.aborted.is_set()
+
+    def context(self) -> list[int]:
+        """The tokens its KV cache stands for once it has taken what it sampled."""
+        return list(self.req.prompt_tokens) + self.generated
+
+    @property
+    def remaining(self) -> int:
+        return max(self.limit - self.count, 1)
 
     def feed(self, token: int, logprobs) -> bool:
         """Take one sampled token; True once the row is finished."""
@@ -67,6 +79,7 @@ class Row:
             metrics.ITL.observe(now - self.last_at)
         self.last_at = now
         self.count += 1
+        self.generated.append(token)
         metrics.GENERATED_TOKENS.inc()
         if token in self.eos:  # counted, never shown
             self.finish = "stop"

@@ -33,6 +33,15 @@ class _SeededSampler:
         self.special = special_ids
         self.key = mx.random.key(self.s.seed)
 
+    def rewind(self, draws: int) -> None:
+        """Back to the key after `draws` tokens, so a row restarted from its
+        n generated tokens draws the n+1th as it would have."""
+        import mlx.core as mx
+
+        self.key = mx.random.key(self.s.seed)
+        for _ in range(draws * (2 if self.s.xtc_probability > 0.0 else 1)):  # XTC splits once more
+            self.key, _ = mx.random.split(self.key)
+
     def _next_key(self):
         import mlx.core as mx
 
