@@ -8,6 +8,7 @@ from django.http import HttpRequest, HttpResponse
 from ninja import Router
 
 from chat.models import ChatEntry, ChatSession
+from core import jsonbody, limits
 from jobs.http import fail
 
 router = Router(tags=["sessions"])
@@ -94,9 +95,9 @@ def forget_approval(request: HttpRequest):
     from chat import approvals as store
 
     try:
-        body = json.loads(request.body or b"{}")
-    except (ValueError, UnicodeDecodeError):
-        return fail("invalid JSON body")
+        body = jsonbody.loads(request.body or b"{}", limits.current().max_json_depth)
+    except jsonbody.JsonRefused as exc:
+        return fail(str(exc))
     if not isinstance(body, dict):
         return fail("the body must be a JSON object")
     key, tool = body.get("sessionId"), body.get("tool")

@@ -18,18 +18,22 @@ import asyncio
 import ipaddress
 import json
 import logging
+import math
 import time
 
 from asgiref.sync import sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
-from chat import store
+from chat import store, turns
 from chat.models import ChatEntry, ChatSession
+from core import jsonbody
+from core.limits import current as current_limits
 
 log = logging.getLogger("hearth.chat")
 SAMPLING = ("temperature", "top_p", "top_k", "min_p", "xtc_probability", "xtc_threshold", "repetition_penalty",
             "repetition_context_size", "presence_penalty", "frequency_penalty", "seed")
-MAX_TEXT = 200_000
+HISTORY_PAGE_BYTES = 256 << 10  # well under the socket's 1 MiB frame limit
+MAX_ID = 256  # session, entry, call and adapter ids, tool names
 
 
 class ChatConsumer(AsyncJsonWebsocketConsumer):
@@ -48,6 +52,23 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         await self._abort()
 
     # -- frames ------------------------------------------------------------
+    async def receive(self, text_data=None, bytes_data=None, **kwargs):
+        """Every frame is a JSON object in a text message; anything else is
+        answered with an error frame and the socket stays open."""
+        if not text_data:
+            await self._error("frames must be JSON text messages")
+            return
+        try:
+            content = jsonbody.loads(text_data, current_limits().max_json_depth, "frame")
+        except jsonbody.JsonRefused as exc:
+            await self._error(str(exc))
+            return
+        await self.receive_json(content, **kwargs)
+
+    @classmethod
+    async def encode_json(cls, content):
+        return json.dumps(content, ensure_ascii=False, allow_nan=False)  # never a bare NaN the browser cannot parse
+
     async def receive_json(self, content, **kwargs):
         kind = content.get("type") if isinstance(content, dict) else None
         handler = getattr(self, f"on_{kind}", None) if isinstance(kind, str) and kind.isidentifier() else None
@@ -61,12 +82,6 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         except Exception as exc:  # a bug must not kill the socket silently
             log.exception("chat frame %s failed", kind)
             await self._error(f"{type(exc).__name__}: {exc}")
-
-    async def decode_json(self, text_data):
-        try:
-            return json.loads(text_data)
-        except ValueError:
-            return {"type": None}
 
     async def on_prompt(self, frame):
         text = _text(frame, "text")
@@ -135,28 +150,35 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             raise _FrameError("scope must be session or next_turn")
         values = {k: frame[k] for k in SAMPLING if k in frame}
         for key, value in values.items():
-            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
-                raise _FrameError(f"{key} must be a number or null")
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                      or not math.isfinite(value)):
+                raise _FrameError(f"{key} must be a finite number or null")
         if scope == "next_turn":
+            self._check_sampling({**self.next_sampling, **values})
             self.next_sampling.update(values)
             return
         session = await self._session()
-        current = json.loads(session.sampling_json or "{}")
+        current = store.stored_sampling(session)
         current.update(values)
-        session.sampling_json = json.dumps({k: v for k, v in current.items() if v is not None})
+        current = {k: v for k, v in current.items() if v is not None}
+        self._check_sampling(current)
+        session.sampling_json = json.dumps(current, allow_nan=False)
         await sync_to_async(session.save)(update_fields=["sampling_json", "updated_at"])
 
     async def on_set_system_prompt(self, frame):
         text = frame.get("text")
         if text is not None and not isinstance(text, str):
             raise _FrameError("text must be a string or null")
+        most = current_limits().max_socket_text
+        if text and len(text) > most:
+            raise _FrameError(f"the system prompt is over {most} characters")
         session = await self._session()
         session.system_prompt = text or None
         await sync_to_async(session.save)(update_fields=["system_prompt", "updated_at"])
 
     async def on_set_adapter(self, frame):
         adapter = frame.get("id")
-        if adapter is not None and not isinstance(adapter, str):
+        if adapter is not None and (not isinstance(adapter, str) or len(adapter) > MAX_ID):
             raise _FrameError("id must be an adapter id or null")
         session = await self._session()
         session.adapter = adapter or None
@@ -315,7 +337,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
 
     async def _find(self, frame) -> ChatSession:
         key = frame.get("path") or frame.get("id")
-        if not isinstance(key, str) or not key:
+        if not isinstance(key, str) or not key or len(key) > MAX_ID:
             raise _FrameError("path required")
         found = await sync_to_async(ChatSession.objects.filter(id=key).first)()
         if found is None:
@@ -323,14 +345,28 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         return found
 
     async def _send_history(self) -> None:
+        """The showing path in pages: `history` with the first, `history_more`
+        with the rest (`more` says whether another follows)."""
         from chat import approvals
 
         items = await sync_to_async(store.history)(self.session)
         settings = {**store.settings(self.session), "alwaysAllow": await sync_to_async(approvals.allowed)(
             self.session.id)}
         settings["codingTools"] = settings["codingTools"] and self.may_code  # what a turn here will offer
-        await self.send_json({"type": "history", "items": items, "sessionId": self.session.id,
-                              "settings": settings})
+        pages = store.pages(items, HISTORY_PAGE_BYTES)
+        sid = self.session.id
+        await self.send_json({"type": "history", "items": pages[0], "sessionId": sid, "settings": settings,
+                              "total": len(items), "more": len(pages) > 1})
+        for i, page in enumerate(pages[1:], start=2):
+            await self.send_json({"type": "history_more", "items": page, "sessionId": sid, "more": i < len(pages)})
+
+    def _check_sampling(self, values: dict) -> None:
+        from inference.runtime import runtime
+
+        if runtime.engine is not None and runtime.engine.loaded is not None:
+            problem = turns.sampling_problem(values, runtime.engine.loaded)
+            if problem is not None:
+                raise _FrameError(problem)
 
     async def _send_sessions(self) -> None:
         items = await sync_to_async(store.sessions)()
@@ -381,8 +417,9 @@ def _text(frame: dict, key: str) -> str:
     value = frame.get(key)
     if not isinstance(value, str) or not value.strip():
         raise _FrameError(f"{key} required")
-    if len(value) > MAX_TEXT:
-        raise _FrameError(f"{key} is over {MAX_TEXT} characters")
+    most = current_limits().max_socket_text
+    if len(value) > most:
+        raise _FrameError(f"{key} is over {most} characters")
     return value
 
 

@@ -4,6 +4,7 @@ through `sync_to_async`."""
 from __future__ import annotations
 
 import json
+import math
 
 from django.db import transaction
 
@@ -12,9 +13,9 @@ from chat.models import ChatEntry, ChatSession
 TITLE_CHARS = 60
 
 
-def path(session: ChatSession, leaf: ChatEntry | None = None) -> list[ChatEntry]:
+def path(session: ChatSession, leaf: ChatEntry | None = None, entries: dict | None = None) -> list[ChatEntry]:
     """Entries from the root to `leaf` (the session's leaf by default)."""
-    entries = {e.id: e for e in session.entries.all()}
+    entries = entries if entries is not None else {e.id: e for e in session.entries.all()}
     node = entries.get((leaf or session.leaf).id) if (leaf or session.leaf) else None
     out = []
     while node is not None:
@@ -24,15 +25,69 @@ def path(session: ChatSession, leaf: ChatEntry | None = None) -> list[ChatEntry]
 
 
 def history(session: ChatSession) -> list[dict]:
-    return [entry_row(e) for e in path(session)]
+    """The showing path as the dashboard draws it; one query for the whole session."""
+    entries = {e.id: e for e in session.entries.all()}  # ordered by created_at
+    siblings: dict[tuple, list[str]] = {}
+    for e in entries.values():
+        siblings.setdefault((e.parent_id, e.role), []).append(e.id)
+    return [entry_row(e, siblings[(e.parent_id, e.role)]) for e in path(session, entries=entries)]
 
 
-def entry_row(e: ChatEntry) -> dict:
-    siblings = list(ChatEntry.objects.filter(session_id=e.session_id, parent_id=e.parent_id, role=e.role)
-                    .order_by("created_at").values_list("id", flat=True))
+def entry_row(e: ChatEntry, siblings: list[str] | None = None) -> dict:
+    if siblings is None:
+        siblings = list(ChatEntry.objects.filter(session_id=e.session_id, parent_id=e.parent_id, role=e.role)
+                        .order_by("created_at").values_list("id", flat=True))
     return {"id": e.id, "parentId": e.parent_id, "role": e.role, "content": e.content, "reasoning": e.reasoning,
-            "meta": json.loads(e.meta_json or "{}"), "siblingIndex": siblings.index(e.id),
+            "meta": _meta(e.meta_json), "siblingIndex": siblings.index(e.id),
             "siblingCount": len(siblings), "siblingIds": siblings, "createdAt": e.created_at.isoformat()}
+
+
+def _meta(raw: str) -> dict:
+    try:
+        meta = json.loads(raw or "{}")
+    except ValueError:
+        return {}
+    return meta if isinstance(meta, dict) else {}
+
+
+def pages(items: list[dict], budget: int) -> list[list[dict]]:
+    """History rows in pages of at most about `budget` bytes of JSON, so a
+    chat of any size opens without one frame over the socket's limit. A row
+    too large for a page is split: the first part carries the row with the
+    start of its text (and its first tool rounds), and each later part is a
+    row with the same id and `"continued": true` whose `content`,
+    `reasoning` and `meta.toolRounds` extend it."""
+    out: list[list[dict]] = [[]]
+    used = 0
+    for item in items:
+        for part in _parts(item, budget):
+            size = len(json.dumps(part, ensure_ascii=False).encode())
+            if out[-1] and used + size > budget:
+                out.append([])
+                used = 0
+            out[-1].append(part)
+            used += size
+    return out
+
+
+def _parts(item: dict, budget: int) -> list[dict]:
+    if len(json.dumps(item, ensure_ascii=False).encode()) <= budget:
+        return [item]
+    chunk = max(budget // 8, 1)  # characters: at most 6 bytes each as JSON, with room for the rest of the row
+    rounds = (item.get("meta") or {}).get("toolRounds") or []
+    texts = {k: item.get(k) or "" for k in ("content", "reasoning")}
+    head = dict(item, content=texts["content"][:chunk], reasoning=texts["reasoning"][:chunk],
+                meta={**(item.get("meta") or {}), "toolRounds": rounds[:1]} if rounds else item.get("meta"))
+    out, offset, r = [head], chunk, 1
+    while offset < max(len(texts["content"]), len(texts["reasoning"])) or r < len(rounds):
+        part = {"id": item["id"], "continued": True, "content": texts["content"][offset:offset + chunk],
+                "reasoning": texts["reasoning"][offset:offset + chunk]}
+        if r < len(rounds):
+            part["meta"] = {"toolRounds": rounds[r:r + 1]}
+            r += 1
+        out.append(part)
+        offset += chunk
+    return out
 
 
 def sessions() -> list[dict]:
@@ -68,9 +123,22 @@ def ask(session: ChatSession, text: str) -> ChatEntry:
     return add(session, leaf, "user", text)
 
 
+def stored_sampling(session: ChatSession) -> dict:
+    """The session's saved sampling values; anything that is not a finite
+    number (a NaN saved before values were checked) is left out."""
+    try:
+        saved = json.loads(session.sampling_json or "{}")
+    except ValueError:
+        return {}
+    if not isinstance(saved, dict):
+        return {}
+    return {k: v for k, v in saved.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
+            and math.isfinite(v)}
+
+
 def settings(session: ChatSession) -> dict:
     return {"thinking": session.thinking, "systemPrompt": session.system_prompt, "adapter": session.adapter,
-            "codingTools": session.coding_tools, "sampling": json.loads(session.sampling_json or "{}")}
+            "codingTools": session.coding_tools, "sampling": stored_sampling(session)}
 
 
 def deepest(entry: ChatEntry) -> ChatEntry:

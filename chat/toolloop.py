@@ -100,8 +100,7 @@ async def _generate(consumer, session, messages, offered, state: TurnState, runt
     from chat.turns import prepare
 
     engine = runtime.require_engine()
-    prepared = await sync_to_async(prepare)(session, messages, sampling, engine.loaded,
-                                            chat_tools.specs(offered) or None)
+    prepared = await prepare(session, messages, sampling, engine.loaded, chat_tools.specs(offered) or None)
     round_text = ""
     async for event in engine.submit(prepared.request).events():
         if event.error is not None:

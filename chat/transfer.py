@@ -8,6 +8,7 @@ import json
 from django.db import transaction
 
 from chat.models import ChatEntry, ChatSession
+from core import jsonbody, limits
 
 MAX_ENTRIES = 20_000
 
@@ -19,15 +20,16 @@ class BadExport(ValueError):
 def parse(raw: bytes, content_type: str) -> list[dict]:
     """Entries from a JSON body ({"entries": [...]}) or JSONL lines."""
     text = raw.decode("utf-8", errors="strict") if raw else ""
+    depth = limits.current().max_json_depth
     if "ndjson" in content_type or "jsonl" in content_type:
         try:
-            return [json.loads(line) for line in text.splitlines() if line.strip()]
-        except ValueError as exc:
-            raise BadExport(f"invalid JSONL: {exc}") from None
+            return [jsonbody.loads(line, depth, "JSONL line") for line in text.splitlines() if line.strip()]
+        except jsonbody.JsonRefused as exc:
+            raise BadExport(str(exc)) from None
     try:
-        body = json.loads(text or "{}")
-    except ValueError:
-        raise BadExport("invalid JSON body") from None
+        body = jsonbody.loads(text or "{}", depth)
+    except jsonbody.JsonRefused as exc:
+        raise BadExport(str(exc)) from None
     entries = body.get("entries") if isinstance(body, dict) else None
     if not isinstance(entries, list):
         raise BadExport("entries required: the list /api/sessions/export returns")
@@ -45,7 +47,8 @@ def restore(entries: list[dict]) -> ChatSession:
         message = item.get("message") if isinstance(item, dict) else None
         if not isinstance(message, dict) or item.get("type") != "message" or not isinstance(item.get("id"), str):
             raise BadExport(f"entries[{i}] is not a message entry with an id")
-        if message.get("role") not in roles or not isinstance(message.get("content"), str):
+        if not isinstance(message.get("role"), str) or message["role"] not in roles \
+                or not isinstance(message.get("content"), str):
             raise BadExport(f"entries[{i}].message needs a role ({', '.join(sorted(roles))}) and text content")
         if not (item.get("parentId") is None or isinstance(item.get("parentId"), str)):
             raise BadExport(f"entries[{i}].parentId must be an id or null")

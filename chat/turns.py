@@ -2,8 +2,7 @@
 the session's settings, read by the same code as /v1/chat/completions."""
 from __future__ import annotations
 
-import json
-
+from chat import store
 from chat.models import ChatSession
 
 
@@ -11,7 +10,7 @@ def body(session: ChatSession, messages: list[dict], next_turn: dict, tools: lis
     out: dict = {"messages": messages}
     if tools:
         out["tools"] = tools
-    sampling = {**json.loads(session.sampling_json or "{}"), **next_turn}
+    sampling = {**store.stored_sampling(session), **next_turn}
     out.update({k: v for k, v in sampling.items() if v is not None})
     out["chat_template_kwargs"] = {"enable_thinking": bool(session.thinking)}
     if session.adapter:
@@ -19,8 +18,29 @@ def body(session: ChatSession, messages: list[dict], next_turn: dict, tools: lis
     return out
 
 
-def prepare(session: ChatSession, messages: list[dict], next_turn: dict, model, tools: list[dict] | None = None):
-    from inference.protocols.openai import chat_request
+def sampling_problem(values: dict, model) -> str | None:
+    """Why the engine could not run these sampling values on `model`, or None:
+    the same checks a /v1 request gets, so nothing unrunnable is ever saved."""
+    from inference.engine.types import GenerationRequest
+    from inference.protocols import params
+    from inference.protocols.errors import RequestError
     from inference.runtime import runtime
 
-    return chat_request(body(session, messages, next_turn, tools), model, runtime.defaults, runtime.grammar_enabled)
+    body = {k: v for k, v in values.items() if v is not None}
+    try:
+        request = GenerationRequest(prompt_tokens=[], logits=params.logits_params(body, model.vocab_size),
+                                    sampling=params.sampling(body, runtime.defaults, model.generation_config,
+                                                             model.vocab_size))
+        params.checked(request, model.vocab_size, model.context_window)
+    except RequestError as exc:
+        return exc.message
+    return None
+
+
+async def prepare(session: ChatSession, messages: list[dict], next_turn: dict, model,
+                  tools: list[dict] | None = None):
+    from inference.protocols.openai import prepare_chat
+    from inference.runtime import runtime
+
+    return await prepare_chat(body(session, messages, next_turn, tools), model, runtime.defaults,
+                              runtime.grammar_enabled)

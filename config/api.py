@@ -12,8 +12,10 @@ from django.http import JsonResponse
 from ninja import NinjaAPI
 from ninja.errors import HttpError
 from ninja.errors import ValidationError as NinjaValidationError
+from ninja.parser import Parser
 
 from chat.api import router as sessions_router
+from core import jsonbody, limits
 from hub.api import router as hub_router
 from inference.api import router as openai_router
 from inference.api_adapters import router as adapters_router
@@ -30,7 +32,21 @@ from memory.api import v1_router as memory_v1_router
 
 log = logging.getLogger("hearth.api")
 
-v1 = NinjaAPI(title="Hearth client protocols", version="1", urls_namespace="v1", docs_url="/docs")
+class StrictJson(Parser):
+    """Bodies of schema-typed routes: strict JSON, nested at most
+    HEARTH_MAX_JSON_DEPTH levels (ninja answers 400; `_parse_error` keeps the reason)."""
+
+    def parse_body(self, request):
+        return jsonbody.loads(request.body, limits.current().max_json_depth)
+
+
+def _parse_error(exc: HttpError) -> str:
+    cause = exc.__cause__
+    return str(cause) if isinstance(cause, jsonbody.JsonRefused) else str(exc)
+
+
+v1 = NinjaAPI(title="Hearth client protocols", version="1", urls_namespace="v1", docs_url="/docs",
+              parser=StrictJson())
 v1.add_router("", openai_router)
 v1.add_router("", anthropic_router)
 v1.add_router("", responses_router)
@@ -38,7 +54,8 @@ v1.add_router("", embeddings_router)
 v1.add_router("", adapters_router)
 v1.add_router("", memory_v1_router)
 
-api = NinjaAPI(title="Hearth dashboard API", version="1", urls_namespace="api", docs_url="/docs")
+api = NinjaAPI(title="Hearth dashboard API", version="1", urls_namespace="api", docs_url="/docs",
+               parser=StrictJson())
 api.add_router("", jobs_router)
 api.add_router("", dataset_router)
 api.add_router("", push_router)
@@ -50,7 +67,7 @@ api.add_router("", memory_router)
 @api.exception_handler(Exception)
 def _api_unexpected(request, exc: Exception):
     if isinstance(exc, HttpError):
-        return JsonResponse({"ok": False, "error": str(exc)}, status=exc.status_code)
+        return JsonResponse({"ok": False, "error": _parse_error(exc)}, status=exc.status_code)
     if isinstance(exc, NinjaValidationError):
         first = exc.errors[0] if exc.errors else {}
         where = ".".join(str(p) for p in first.get("loc", ())[1:]) or "request"
@@ -81,7 +98,7 @@ def _validation_error(request, exc: NinjaValidationError):
 
 @v1.exception_handler(HttpError)
 def _http_error(request, exc: HttpError):
-    return JsonResponse(openai_error(str(exc)), status=exc.status_code)
+    return JsonResponse(openai_error(_parse_error(exc)), status=exc.status_code)
 
 
 @v1.exception_handler(Exception)

@@ -11,15 +11,35 @@ from django.core.asgi import get_asgi_application  # noqa: E402
 
 django_app = ASGIStaticFilesHandler(get_asgi_application())
 
+from core import limits  # noqa: E402
+from core.http import error_body  # noqa: E402
 from inference.runtime import runtime  # noqa: E402
+
+
+async def _answer(send, status: int, body: bytes) -> None:
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"connection", b"close")]})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _declared_length(scope) -> int:
+    for name, value in scope.get("headers") or []:
+        if name.lower() == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return 0
+    return 0
 
 
 async def _http(scope, receive, send):
     if runtime.draining:
-        body = b'{"error":{"message":"server is shutting down","type":"engine_unavailable"}}'
-        await send({"type": "http.response.start", "status": 503,
-                    "headers": [(b"content-type", b"application/json"), (b"connection", b"close")]})
-        await send({"type": "http.response.body", "body": body})
+        await _answer(send, 503, b'{"error":{"message":"server is shutting down","type":"engine_unavailable"}}')
+        return
+    cap = limits.current().max_body_bytes  # daphne refuses these at the connection; other servers get it here
+    if _declared_length(scope) > cap:
+        message = f"the request body is over {cap} bytes (--max-body-bytes)"
+        await _answer(send, 413, error_body(scope.get("path", "/"), 413, message, "request_too_large"))
         return
     runtime.inflight += 1  # a draining server waits for these to finish
     try:

@@ -133,8 +133,10 @@ STATIC_URL = "static/"
 # and would push every async view through one worker thread.
 STATIC_ROOT = HEARTH_HOME / "static"
 
-# Requests carry whole conversations; the default 2.5 MB cap is too small.
-DATA_UPLOAD_MAX_MEMORY_SIZE = 64 * 1024 * 1024
+# Body size is capped before Django reads a body (core/http_guard.py at the
+# connection, config/asgi.py for other servers), at HEARTH_MAX_BODY_BYTES;
+# Django's own 2.5 MB default would refuse ordinary long conversations.
+DATA_UPLOAD_MAX_MEMORY_SIZE = None
 
 LOGGING = {
     "version": 1,

@@ -3,12 +3,12 @@ admin routes and the JSON 404."""
 from __future__ import annotations
 
 import asyncio
-import json
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_POST
 
+from core import jsonbody, limits
 from inference.engine.errors import EngineError
 from inference.runtime import runtime
 from inference.telemetry import render_metrics, stats_body
@@ -40,12 +40,13 @@ def metrics(request: HttpRequest) -> HttpResponse:
 
 def _json_object(request: HttpRequest) -> dict | JsonResponse:
     try:
-        body = json.loads(request.body or b"{}")
-    except (ValueError, UnicodeDecodeError):
-        body = None
+        body = jsonbody.loads(request.body or b"{}", limits.current().max_json_depth)
+        message = "invalid JSON body: expected an object"
+    except jsonbody.JsonRefused as exc:
+        body, message = None, str(exc)
     if not isinstance(body, dict):
-        return JsonResponse({"error": {"message": "invalid JSON body: expected an object",
-                                       "type": "invalid_request_error", "param": None, "code": None}}, status=400)
+        return JsonResponse({"error": {"message": message, "type": "invalid_request_error", "param": None,
+                                       "code": None}}, status=400)
     return body
 
 

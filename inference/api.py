@@ -1,7 +1,6 @@
 """The `/v1` client-protocol routes. Thin: read, adapt, call the engine, render."""
 from __future__ import annotations
 
-import asyncio
 import logging
 
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
@@ -41,11 +40,13 @@ def submit(engine: Engine, request: GenerationRequest, param: str) -> Submission
 async def _generate(request: HttpRequest, kind: str) -> HttpResponse:
     engine = runtime.require_engine()
     model = engine.loaded
-    body = params.parse_json_body(request.body)
-    build = openai.chat_request if kind == "chat" else openai.completion_request
-    # Off the event loop: templates, tokenizing and grammar compiles can take a while.
+    body = await params.read_json_body(request.body)
     session = params.session_key(body, request.headers)
-    prepared = await asyncio.to_thread(build, body, model, runtime.defaults, runtime.grammar_enabled)
+    if kind == "chat":
+        prepared = await openai.prepare_chat(body, model, runtime.defaults, runtime.grammar_enabled,
+                                             runtime.templates)
+    else:
+        prepared = await openai.prepare_completion(body, model, runtime.defaults, runtime.grammar_enabled)
     prepared.request.session = session
     submission = submit(engine, prepared.request, "messages" if kind == "chat" else "prompt")
     reply = openai.Reply(kind, model.model_id)

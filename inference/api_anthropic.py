@@ -3,7 +3,6 @@ surface. Thin: translate, build on the shared chat path, submit, render.
 Every error answers in Anthropic's shape."""
 from __future__ import annotations
 
-import asyncio
 import logging
 
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
@@ -24,12 +23,11 @@ def _error(status: int, message: str) -> JsonResponse:
 
 async def _prepare(request: HttpRequest, counting: bool = False):
     engine = runtime.require_engine()
-    body = params.parse_json_body(request.body)
+    body = await params.read_json_body(request.body)
     chat_body = anthropic.count_body(body) if counting else anthropic.to_chat_body(body)
     session = params.session_key(chat_body, request.headers)
-    # Off the event loop: templates, tokenizing and grammar compiles can take a while.
-    prepared = await asyncio.to_thread(openai.chat_request, chat_body, engine.loaded, runtime.defaults,
-                                       runtime.grammar_enabled)
+    prepared = await openai.prepare_chat(chat_body, engine.loaded, runtime.defaults, runtime.grammar_enabled,
+                                         runtime.templates)
     prepared.request.session = session
     return engine, body, prepared
 

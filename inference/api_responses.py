@@ -3,8 +3,6 @@
 submit, render. Errors use the OpenAI shape (the /v1 handlers)."""
 from __future__ import annotations
 
-import asyncio
-
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from ninja import Router
 
@@ -24,16 +22,15 @@ def _not_found(response_id: str) -> JsonResponse:
 @router.post("/responses")
 async def create(request: HttpRequest) -> HttpResponse:
     engine = runtime.require_engine()
-    body = params.parse_json_body(request.body)
+    body = await params.read_json_body(request.body)
     store = body.get("store", True)
     if not isinstance(store, bool):
         raise RequestError("store must be a boolean", "store")
     turn = responses.Turn(body, runtime.responses)
     chat_body = turn.chat_body(body)
     session = params.session_key(chat_body, request.headers)
-    # Off the event loop: templates, tokenizing and grammar compiles can take a while.
-    prepared = await asyncio.to_thread(openai.chat_request, chat_body, engine.loaded, runtime.defaults,
-                                       runtime.grammar_enabled)
+    prepared = await openai.prepare_chat(chat_body, engine.loaded, runtime.defaults, runtime.grammar_enabled,
+                                         runtime.templates)
     prepared.request.session = session
     submission = submit(engine, prepared.request, "input")
     reply = responses.Reply(engine.loaded.model_id, body, turn, engine.loaded.tokenizer)

@@ -48,6 +48,7 @@ class _Runtime:
     api_keys: frozenset = frozenset()
     cors_origins: frozenset = frozenset()
     insecure_no_auth: bool = False
+    templates: object | None = None  # the TemplateSandbox, with --allow-client-templates
 
     def require_engine(self) -> Engine:
         if self.engine is None or self.engine.loaded is None:

@@ -2,9 +2,12 @@
 cache and SSD tier, admission limits and HTTP traffic."""
 from __future__ import annotations
 
+import dataclasses
+
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from core import limits
 from inference.engine import loader
 from inference.engine.engine import MAX_QUEUED, TRANSIENT_RESERVE, Engine
 from inference.engine.metrics import REGISTRY
@@ -38,13 +41,26 @@ def stats_body() -> dict:
                         "running": "+".join(a.id for a in adapters.active) if engine.active_rows else None,
                         "ram_bytes": sum(a["ram_bytes"] for a in adapters.describe())}
     s = engine.stats
+    body["grammar"] = model.grammar_compiler.stats()
+    body["limits"] = dataclasses.asdict(limits.current())
+    body["templates"] = runtime.templates.stats() if runtime.templates is not None else {"allowed": False}
     body["engine"] = {
         "active": engine.active_rows, "queued": engine.queued, "requests_total": s.requests_total,
+        "failed_rows": s.failed_rows, "failed_steps": s.failed_steps,
         "prompt_tokens_total": s.prompt_tokens_total, "cached_tokens_total": s.cached_tokens_total,
         "generated_tokens_total": s.generated_tokens_total,
         "last_decode_tokens_per_s": round(s.last_decode_tps, 2), "dtype": model.dtype,
+        "mlx_memory": _mlx_memory(),
     }
     return body
+
+
+def _mlx_memory() -> dict:
+    """MLX's allocator: what live arrays hold, what it keeps for reuse, its peak."""
+    import mlx.core as mx
+
+    return {"active_bytes": mx.get_active_memory(), "cache_bytes": mx.get_cache_memory(),
+            "peak_bytes": mx.get_peak_memory()}
 
 
 def _kv_quant(engine: Engine) -> dict:

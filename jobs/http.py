@@ -1,9 +1,9 @@
 """The `/api` answer shapes the jobs routes share."""
 from __future__ import annotations
 
-import json
-
 from django.http import HttpRequest, JsonResponse
+
+from core import jsonbody, limits
 
 
 def fail(message: str, status: int = 400) -> JsonResponse:
@@ -13,7 +13,7 @@ def fail(message: str, status: int = 400) -> JsonResponse:
 def json_body(request: HttpRequest) -> dict | JsonResponse:
     """The request's JSON object, or the 400 that says why not."""
     try:
-        body = json.loads(request.body or b"{}")
-    except (ValueError, UnicodeDecodeError):
-        return fail("invalid JSON body")
+        body = jsonbody.loads(request.body or b"{}", limits.current().max_json_depth)
+    except jsonbody.JsonRefused as exc:
+        return fail(str(exc))
     return body if isinstance(body, dict) else fail("invalid JSON body: expected an object")

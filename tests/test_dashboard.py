@@ -129,3 +129,23 @@ def test_shell_files_and_legacy_paths(base_url):
         assert r.status_code == 302 and r.headers["location"] == f"/#/{page}"
     assert httpx.get(base_url + "/assets/../config/settings.py").status_code == 404
     assert httpx.get(base_url + "/assets/nope.js").status_code == 404
+
+
+def test_a_chat_larger_than_one_socket_frame_opens_whole(page, base_url):
+    big = "A long answer about tides. " * 50_000  # 1.35 MB in one entry; the socket's frames stop at 1 MiB
+    entries = [{"type": "session", "title": "A very long chat"}]
+    for i in range(6):
+        content = big if i == 3 else f"turn {i}: " + "waves " * 20_000
+        entries.append({"type": "message", "id": f"m{i}", "parentId": f"m{i - 1}" if i else None,
+                        "message": {"role": "user" if i % 2 == 0 else "assistant", "content": content}})
+    r = httpx.post(base_url + "/api/sessions/import", json={"entries": entries}, timeout=60)
+    assert r.status_code == 200, r.text
+    page.goto(base_url + "/#/chat")
+    page.wait_for_selector("text=hearth-test/tiny-random")
+    page.click(".sessions button:has-text('A very long chat')")
+    page.wait_for_selector(".msg.user:has-text('turn 4:')", timeout=60_000)  # the last page arrived
+    assert page.locator(".msg").count() == 6
+    shown = page.evaluate("[...document.querySelectorAll('.msg.assistant')][1].innerText.length")
+    assert shown >= len(big) - 10  # the split entry, joined again
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "desktop-chat-long-session.png"))

@@ -108,9 +108,14 @@ export function chatPage(main) {
         if (state.active) frame({ type: "open_session", path: state.active });
         break;
       case "sessions": renderSessions(f.items, f.activePath); break;
-      case "history":
-        state.items = f.items; state.active = f.sessionId; applySettings(f.settings);
+      case "history":  // the first page; history_more frames bring the rest of a long chat
+        state.items = []; addItems(f.items); state.active = f.sessionId; applySettings(f.settings);
         showAllowed(f.settings?.alwaysAllow || []); render(); break;
+      case "history_more":
+        if (f.sessionId !== state.active) break;
+        addItems(f.items);
+        if (f.more) scheduleRender(); else render();
+        break;
       case "turn_start":
         state.active = f.sessionId;
         state.streaming = { parts: [], thinking: "", el: null, calls: new Map() };
@@ -143,6 +148,26 @@ export function chatPage(main) {
       case "error": toast(f.message); if (!state.streaming) setBusy(false); break;
       default: break;
     }
+  }
+
+  // A row too large for one frame comes in parts: later parts have the same id and `continued`.
+  function addItems(items) {
+    for (const it of items) {
+      const last = state.items[state.items.length - 1];
+      if (!it.continued || !last || last.id !== it.id) { state.items.push(it); continue; }
+      last.content = (last.content || "") + (it.content || "");
+      last.reasoning = (last.reasoning || "") + (it.reasoning || "");
+      if (it.meta?.toolRounds) {
+        last.meta = { ...(last.meta || {}), toolRounds: [...(last.meta?.toolRounds || []), ...it.meta.toolRounds] };
+      }
+    }
+  }
+
+  let renderQueued = false;
+  function scheduleRender() {
+    if (renderQueued) return;
+    renderQueued = true;
+    requestAnimationFrame(() => { renderQueued = false; render(); });
   }
 
   function showAllowed(names) {

@@ -10,9 +10,13 @@ xgrammar (and the torch it imports) loads on first use only.
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+
+from inference.engine.errors import EngineError
 
 
 class GrammarCompileError(ValueError):
@@ -27,43 +31,113 @@ class GrammarSpec:
     strict: bool = True
 
 
-class GrammarCompiler:
-    """Compiles specs for one tokenizer; thread-safe, with an LRU of results."""
+class GrammarBusy(EngineError):
+    """Too many large grammars are waiting to compile; retry later."""
 
-    def __init__(self, hf_tokenizer, vocab_size: int, stop_ids: list[int], cache_size: int = 64):
+    status = 429
+    type = "resource_admission"
+    code = "grammar_compiler_busy"
+
+
+SMALL_SOURCE = 4096  # specs up to this many characters compile on their own workers, never behind big ones
+MAX_BIG_PENDING = 4  # large compiles running or queued; beyond, new ones are refused
+
+
+class GrammarCompiler:
+    """Compiles specs for one tokenizer, keeping compiled grammars in a
+    byte-capped LRU.
+
+    `submit` answers a future at once: done for a cached spec, shared by
+    every request waiting for the same spec. Compiles run on two small
+    thread pools (xgrammar releases the GIL while it works): one for short
+    specs, one for long ones, so a trivial schema never waits behind a
+    huge `guided_choice`, and no lock is held over a compile. Long
+    compiles are bounded: at most MAX_BIG_PENDING at once, refused with
+    `GrammarBusy` beyond. A request that stops waiting (its time budget,
+    its client leaving) leaves the compile to finish and be cached."""
+
+    def __init__(self, hf_tokenizer, vocab_size: int, stop_ids: list[int], cache_bytes: int = 256 << 20):
         self._args = (hf_tokenizer, vocab_size, stop_ids)
         self._compiler = None
-        self._cache: OrderedDict[GrammarSpec, object] = OrderedDict()
-        self._cache_size = cache_size
-        self._lock = threading.Lock()
+        self._cache: OrderedDict[GrammarSpec, tuple[object, int]] = OrderedDict()
+        self._inflight: dict[GrammarSpec, Future] = {}
+        self._lock = threading.Lock()  # the cache, the in-flight map and the counters; never held over a compile
+        self._setup_lock = threading.Lock()
+        self._pools = (ThreadPoolExecutor(2, thread_name_prefix="hearth-grammar"),
+                       ThreadPoolExecutor(1, thread_name_prefix="hearth-grammar-big"))
+        self.cache_bytes = cache_bytes
         self.vocab_size = vocab_size
         self.stop_ids = stop_ids
-        self.hits = 0
+        self.hits = self.misses = self.failures = self.refused = 0
+        self._bytes = 0
+        self._big_pending = 0
 
     def _xgr(self):
         import xgrammar as xgr
 
-        if self._compiler is None:
-            tokenizer, vocab_size, stop_ids = self._args
-            info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=stop_ids)
-            self._compiler = xgr.GrammarCompiler(info, cache_enabled=True)
-        return self._compiler
+        with self._setup_lock:
+            if self._compiler is None:
+                tokenizer, vocab_size, stop_ids = self._args
+                info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=stop_ids)
+                self._compiler = xgr.GrammarCompiler(info, cache_enabled=False)  # the LRU here is byte-capped
+            return self._compiler
 
-    def compile(self, spec: GrammarSpec):
+    def submit(self, spec: GrammarSpec) -> Future:
         with self._lock:
             if spec in self._cache:
                 self._cache.move_to_end(spec)
                 self.hits += 1
-                return self._cache[spec]
-            try:
-                compiled = self._compile(self._xgr(), spec)
-            except Exception as exc:  # xgrammar raises RuntimeError/ValueError with a reason
-                raise GrammarCompileError(str(exc).strip().splitlines()[0] if str(exc).strip() else
-                                          type(exc).__name__) from exc
-            self._cache[spec] = compiled
-            if len(self._cache) > self._cache_size:
-                self._cache.popitem(last=False)
-            return compiled
+                done: Future = Future()
+                done.set_result(self._cache[spec][0])
+                return done
+            if spec in self._inflight:
+                return self._inflight[spec]
+            big = len(spec.source) > SMALL_SOURCE
+            if big and self._big_pending >= MAX_BIG_PENDING:
+                self.refused += 1
+                raise GrammarBusy(f"{MAX_BIG_PENDING} large grammars are already compiling; retry shortly")
+            self.misses += 1
+            self._big_pending += big
+            future = self._pools[big].submit(self._run, spec, big)
+            self._inflight[spec] = future
+            return future
+
+    def compile(self, spec: GrammarSpec, timeout: float | None = None):
+        """`submit(spec).result(timeout)`, for callers off the event loop."""
+        return self.submit(spec).result(timeout)
+
+    def _run(self, spec: GrammarSpec, big: bool):
+        try:
+            compiled = self._compile(self._xgr(), spec)
+        except GrammarCompileError:
+            self._failed(spec, big)
+            raise
+        except Exception as exc:  # xgrammar raises RuntimeError/ValueError with a reason
+            self._failed(spec, big)
+            raise GrammarCompileError(clean_reason(exc)) from exc
+        size = int(getattr(compiled, "memory_size_bytes", 0) or 0) + len(spec.source)
+        with self._lock:
+            self._inflight.pop(spec, None)
+            self._big_pending -= big
+            if size <= self.cache_bytes:
+                self._cache[spec] = (compiled, size)
+                self._bytes += size
+                while self._bytes > self.cache_bytes:
+                    _, (_, dropped) = self._cache.popitem(last=False)
+                    self._bytes -= dropped
+        return compiled
+
+    def _failed(self, spec: GrammarSpec, big: bool) -> None:
+        with self._lock:
+            self._inflight.pop(spec, None)
+            self._big_pending -= big
+            self.failures += 1
+
+    def stats(self) -> dict:
+        with self._lock:
+            return {"entries": len(self._cache), "bytes": self._bytes, "max_bytes": self.cache_bytes,
+                    "hits": self.hits, "misses": self.misses, "failures": self.failures,
+                    "compiling": len(self._inflight), "refused_busy": self.refused}
 
     @staticmethod
     def _compile(compiler, spec: GrammarSpec):
@@ -85,6 +159,17 @@ class GrammarCompiler:
         return GrammarState(compiled, self.vocab_size, self.stop_ids)
 
 
+_SOURCE_PREFIX = re.compile(r"^\s*(\[[^\]]*\]\s*)?(\S+\.(cc|cpp|h|hpp|py):\d+:\s*)?")
+
+
+def clean_reason(exc: BaseException) -> str:
+    """xgrammar's message, first line only, without the C++ source location it
+    starts with (`[12:00:00] /project/cpp/x.cc:42: ...`)."""
+    lines = [line for line in str(exc).strip().splitlines() if line.strip()]
+    reason = _SOURCE_PREFIX.sub("", lines[0]).strip() if lines else ""
+    return reason or type(exc).__name__
+
+
 class GrammarState:
     """One request's matcher, used as the last logits processor. Runs on the
     engine thread. `finished` turns true once the accepted text completes the
@@ -93,12 +178,23 @@ class GrammarState:
     def __init__(self, compiled, vocab_size: int, stop_ids: list[int]):
         import xgrammar as xgr
 
+        self._compiled = compiled
         self._matcher = xgr.GrammarMatcher(compiled)
         self._bitmask = xgr.allocate_token_bitmask(1, vocab_size)
         self._vocab_size = vocab_size
         self._stop_ids = set(stop_ids)
         self._started = False
         self.finished = False
+
+    def restart(self, generated: list[int]) -> None:
+        """Start over with a matcher that has accepted `generated` (a row
+        continuing on a fresh lane after a failed step)."""
+        import xgrammar as xgr
+
+        self._matcher = xgr.GrammarMatcher(self._compiled)
+        for token in generated:
+            self._matcher.accept_token(token)
+        self._started = False
 
     def __call__(self, tokens, logits):
         import mlx.core as mx

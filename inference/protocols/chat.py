@@ -1,10 +1,17 @@
 """The chat turn every protocol builds on: messages normalized for chat
-templates, tools, the thinking switch, and the rendered prompt."""
+templates, tools, the thinking switch, and the rendered prompt.
+
+A turn is bounded before it is rendered: at most `max_messages` messages
+and `max_prompt_chars` characters of text, tool schemas and template
+variables together (core/limits.py). A client's own chat template
+(`chat_template_kwargs.chat_template`) is refused unless the operator
+allowed them; `template_sandbox` renders those."""
 from __future__ import annotations
 
 import functools
 import json
 
+from core.limits import current as current_limits
 from inference.engine.loader import LoadedModel
 from inference.protocols.errors import RequestError
 from inference.protocols.output import THINK_CLOSE, THINK_OPEN
@@ -56,10 +63,14 @@ def _template_tool_calls(calls, where: str) -> list[dict]:
 def normalize_messages(messages) -> list[dict]:
     if not isinstance(messages, list) or not messages:
         raise RequestError("messages required", "messages")
+    most = current_limits().max_messages
+    if len(messages) > most:
+        raise RequestError(f"the conversation has {len(messages)} messages; this server takes at most {most} "
+                           "(--max-messages)", "messages", code="too_many_messages")
     out = []
     for i, m in enumerate(messages):
         where = f"messages[{i}]"
-        if not isinstance(m, dict) or m.get("role") not in ROLES:
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or m["role"] not in ROLES:
             raise RequestError(f"{where}.role must be one of {', '.join(sorted(ROLES))}", f"{where}.role")
         msg = dict(m)
         msg["role"] = "system" if m["role"] == "developer" else m["role"]
@@ -94,12 +105,32 @@ def tools_for(body: dict) -> list[dict] | None:
     return None if choice == "none" else tools
 
 
-def template_kwargs(body: dict) -> dict:
+# apply_chat_template's own parameters: as template variables they would change how it runs, not what it renders.
+RESERVED_KWARGS = ("conversation", "tools", "tokenize", "add_generation_prompt", "return_dict", "return_tensors",
+                   "padding", "truncation", "max_length", "return_assistant_tokens_mask", "tokenizer_kwargs",
+                   "processor_kwargs", "messages")
+
+
+def template_kwargs(body: dict) -> tuple[dict, str | None]:
     """chat_template_kwargs, with reasoning_effort mapped onto enable_thinking
-    unless the client set enable_thinking itself."""
+    unless the client set enable_thinking itself; and the client's own chat
+    template, when it sent one and the operator allows them."""
     kwargs = body.get("chat_template_kwargs") or {}
     if not isinstance(kwargs, dict):
         raise RequestError("chat_template_kwargs must be an object", "chat_template_kwargs")
+    for name in RESERVED_KWARGS:
+        if name in kwargs:
+            where = f"chat_template_kwargs.{name}"
+            raise RequestError(f"{where} is not a template variable", where)
+    template = kwargs.get("chat_template")
+    if template is not None:
+        where = "chat_template_kwargs.chat_template"
+        if not current_limits().allow_client_templates:
+            raise RequestError("this server renders prompts with the model's own chat template; client templates are "
+                               "off (start it with --allow-client-templates to allow them)", where)
+        if not isinstance(template, str) or not template.strip():
+            raise RequestError(f"{where} must be a non-empty string", where)
+        kwargs = {k: v for k, v in kwargs.items() if k != "chat_template"}
     effort = body.get("reasoning_effort")
     if effort is not None:
         if effort not in REASONING_EFFORTS:
@@ -107,7 +138,26 @@ def template_kwargs(body: dict) -> dict:
                                + ", ".join(f"'{e}'" for e in REASONING_EFFORTS), "reasoning_effort")
         if "enable_thinking" not in kwargs:
             kwargs = {**kwargs, "enable_thinking": effort != "none"}
-    return kwargs
+    return kwargs, template
+
+
+def check_size(messages: list[dict], tools: list[dict] | None, kwargs: dict, template: str | None) -> None:
+    """Refuse a turn over `max_prompt_chars` before anything renders or tokenizes it."""
+    chars = len(template or "")
+    for m in messages:
+        chars += len(m["content"])
+        if isinstance(m.get("reasoning_content"), str):
+            chars += len(m["reasoning_content"])
+        if m.get("tool_calls"):
+            chars += len(json.dumps(m["tool_calls"], ensure_ascii=False))
+    if tools:
+        chars += len(json.dumps(tools, ensure_ascii=False))
+    if kwargs:
+        chars += len(json.dumps(kwargs, ensure_ascii=False))
+    most = current_limits().max_prompt_chars
+    if chars > most:
+        raise RequestError(f"the prompt is {chars} characters; this server takes at most {most} "
+                           "(--max-prompt-chars)", "messages", code="prompt_too_large")
 
 
 def thinks(model: LoadedModel) -> bool:
@@ -121,17 +171,22 @@ def _thinks(tokenizer) -> bool:  # once per loaded tokenizer: get_vocab() builds
     return THINK_OPEN in template or THINK_OPEN in tokenizer.get_vocab()
 
 
-def build_prompt(model: LoadedModel, messages: list[dict], tools: list[dict] | None,
-                 kwargs: dict) -> tuple[list[int], bool]:
-    """Prompt tokens, and whether generation starts inside an open <think>."""
+def hf_tokenizer(model: LoadedModel):
     # The Hugging Face tokenizer itself: mlx-lm's wrapper sets enable_thinking
     # for every tokenizer with think tokens, overriding the template's default.
-    tokenizer = getattr(model.tokenizer, "_tokenizer", model.tokenizer)
-    if not getattr(tokenizer, "chat_template", None):
+    return getattr(model.tokenizer, "_tokenizer", model.tokenizer)
+
+
+def build_prompt(model: LoadedModel, messages: list[dict], tools: list[dict] | None,
+                 kwargs: dict, rendered: str | None = None) -> tuple[list[int], bool]:
+    """Prompt tokens, and whether generation starts inside an open <think>.
+    `rendered` is the text a client's template produced (template_sandbox)."""
+    tokenizer = hf_tokenizer(model)
+    if rendered is None and not getattr(tokenizer, "chat_template", None):
         raise RequestError("prompt build failed: this model has no chat template; use /v1/completions")
     try:
-        text = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True,
-                                             **kwargs)
+        text = rendered if rendered is not None else tokenizer.apply_chat_template(
+            messages, tools=tools, tokenize=False, add_generation_prompt=True, **kwargs)
         tokens = tokenizer.encode(text, add_special_tokens=False)
     except Exception as exc:  # jinja errors, raise_exception() in templates
         raise RequestError(f"prompt build failed: {exc}") from None

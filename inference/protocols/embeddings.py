@@ -4,6 +4,7 @@ from __future__ import annotations
 import base64
 import struct
 
+from core.limits import current as current_limits
 from inference.protocols.errors import RequestError
 
 MAX_INPUTS = 2048
@@ -27,7 +28,24 @@ def texts(body: dict) -> list[str]:
         if not isinstance(instruction, str):
             raise RequestError("instruction must be a string", "instruction")
         items = [f"Instruct: {instruction}\nQuery:{text}" for text in items]
+    chars, most = sum(len(text) for text in items), current_limits().max_prompt_chars
+    if chars > most:
+        raise RequestError(f"input is {chars} characters; this server takes at most {most} (--max-prompt-chars)",
+                           "input", code="prompt_too_large")
     return items
+
+
+def chunks(tokens: list[list[int]], budget: int) -> list[list[list[int]]]:
+    """Consecutive inputs grouped so each group holds about `budget` tokens (one input at least)."""
+    out: list[list[list[int]]] = []
+    size = 0
+    for t in tokens:
+        if not out or size + len(t) > budget:
+            out.append([])
+            size = 0
+        out[-1].append(t)
+        size += len(t)
+    return out
 
 
 def encoding(body: dict) -> str:

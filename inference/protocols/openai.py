@@ -10,6 +10,7 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+from core.limits import current as current_limits
 from inference.engine.loader import LoadedModel
 from inference.engine.types import GenerationEvent, GenerationRequest, Usage
 from inference.protocols import chat, params, structured
@@ -28,8 +29,50 @@ class Prepared:
     output: OutputParser | None = None  # chat only: reasoning and tool calls
 
 
-def _constrain(prepared: Prepared, body: dict, model: LoadedModel, grammar_enabled: bool) -> None:
-    constraint = structured.resolve(body, model.grammar_compiler, grammar_enabled)
+@dataclass
+class _Turn:
+    """A chat request read and checked, before its grammar and prompt exist."""
+
+    prepared: Prepared
+    spec: object  # the requested GrammarSpec, or None
+    messages: list[dict]
+    tools: list[dict] | None
+    kwargs: dict
+    template: str | None  # the client's own chat template
+    single_call: bool
+
+
+def _common(body: dict, model: LoadedModel, defaults: ServerDefaults) -> GenerationRequest:
+    """Every field but the prompt, checked before the (costlier) prompt build."""
+    params.single_choice(body)
+    params.boolean(body, "stream")
+    adapters = params.adapter(body, model.adapters)
+    want_logprobs, top_logprobs = params.logprobs(body)
+    request = GenerationRequest(
+        prompt_tokens=[],
+        max_tokens=params.max_tokens(body, defaults),
+        sampling=params.sampling(body, defaults, model.generation_config, model.vocab_size),
+        logits=params.logits_params(body, model.vocab_size),
+        stop=params.stop_sequences(body),
+        logprobs=want_logprobs,
+        top_logprobs=top_logprobs,
+        adapters=adapters,
+    )
+    return params.checked(request, model.vocab_size, model.context_window)
+
+
+def _read_chat(body: dict, model: LoadedModel, defaults: ServerDefaults) -> _Turn:
+    messages = chat.normalize_messages(body.get("messages"))
+    kwargs, template = chat.template_kwargs(body)
+    tools = chat.tools_for(body)
+    chat.check_size(messages, tools, kwargs, template)
+    single = not params.boolean(body, "parallel_tool_calls", True)  # at most one tool call per reply
+    prepared = Prepared(_common(body, model, defaults))
+    return _Turn(prepared, structured.requested(body), messages, tools, kwargs, template, single)
+
+
+async def _constrain(prepared: Prepared, spec, model: LoadedModel, grammar_enabled: bool) -> None:
+    constraint = await structured.resolve(spec, model.grammar_compiler, grammar_enabled)
     prepared.constraint = constraint
     if constraint is None:
         return
@@ -39,37 +82,37 @@ def _constrain(prepared: Prepared, body: dict, model: LoadedModel, grammar_enabl
         prepared.headers["Warning"] = constraint.warning
 
 
-def _common(body: dict, model: LoadedModel, defaults: ServerDefaults) -> GenerationRequest:
-    """Every field but the prompt, checked before the (costlier) prompt build."""
-    params.single_choice(body)
-    params.boolean(body, "stream")
-    adapters = params.adapter(body, model.adapters)
-    want_logprobs, top_logprobs = params.logprobs(body)
-    return GenerationRequest(
-        prompt_tokens=[],
-        max_tokens=params.max_tokens(body, defaults),
-        sampling=params.sampling(body, defaults, model.generation_config),
-        logits=params.logits_params(body, model.vocab_size),
-        stop=params.stop_sequences(body),
-        logprobs=want_logprobs,
-        top_logprobs=top_logprobs,
-        adapters=adapters,
-    )
-
-
-def chat_request(body: dict, model: LoadedModel, defaults: ServerDefaults, grammar_enabled: bool) -> Prepared:
-    messages = chat.normalize_messages(body.get("messages"))
-    kwargs = chat.template_kwargs(body)
-    tools = chat.tools_for(body)
-    single = not params.boolean(body, "parallel_tool_calls", True)  # at most one tool call per reply
-    prepared = Prepared(_common(body, model, defaults))
-    _constrain(prepared, body, model, grammar_enabled)
+async def prepare_chat(body: dict, model: LoadedModel, defaults: ServerDefaults, grammar_enabled: bool,
+                       templates=None) -> Prepared:
+    """A chat request ready for the engine. Reading and rendering run off the
+    event loop; the grammar compile and a client template's render are
+    awaited on it (neither holds a thread while it waits); `templates` is
+    the TemplateSandbox when client templates are allowed."""
+    turn = await asyncio.to_thread(_read_chat, body, model, defaults)
+    prepared = turn.prepared
+    await _constrain(prepared, turn.spec, model, grammar_enabled)
+    messages = turn.messages
     if prepared.constraint is not None and prepared.constraint.compiled is None:
         messages = _with_instruction(messages, prepared.constraint.instruction())
-    prepared.request.prompt_tokens, in_reasoning = chat.build_prompt(model, messages, tools, kwargs)
-    prepared.output = OutputParser(in_reasoning=in_reasoning, reasoning=chat.thinks(model), tools=tools,
-                                   max_calls=1 if single else None)
+    rendered = None
+    if turn.template is not None:
+        if templates is None:
+            raise RequestError("client chat templates are not available on this server",
+                               "chat_template_kwargs.chat_template")
+        variables = {**_special_tokens(model), **turn.kwargs}
+        rendered = await templates.render(turn.template, messages, turn.tools, variables,
+                                          current_limits().max_prompt_chars)
+    prepared.request.prompt_tokens, in_reasoning = await asyncio.to_thread(
+        chat.build_prompt, model, messages, turn.tools, turn.kwargs, rendered)
+    prepared.output = OutputParser(in_reasoning=in_reasoning, reasoning=chat.thinks(model), tools=turn.tools,
+                                   max_calls=1 if turn.single_call else None)
     return prepared
+
+
+def _special_tokens(model: LoadedModel) -> dict:
+    """What apply_chat_template shows a template besides the turn: bos_token, eos_token, …"""
+    tokens = getattr(chat.hf_tokenizer(model), "special_tokens_map", {}) or {}
+    return {k: v for k, v in tokens.items() if isinstance(v, str)}
 
 
 def _with_instruction(messages: list[dict], instruction: str) -> list[dict]:
@@ -80,8 +123,7 @@ def _with_instruction(messages: list[dict], instruction: str) -> list[dict]:
     return [{"role": "system", "content": instruction}, *messages]
 
 
-def completion_request(body: dict, model: LoadedModel, defaults: ServerDefaults,
-                       grammar_enabled: bool) -> Prepared:
+def _read_completion(body: dict, model: LoadedModel, defaults: ServerDefaults):
     prompt = body.get("prompt")
     if prompt is None:
         raise RequestError("prompt required", "prompt")
@@ -89,9 +131,18 @@ def completion_request(body: dict, model: LoadedModel, defaults: ServerDefaults,
         raise RequestError("prompt must be a string (token arrays are not accepted)", "prompt")
     if not prompt:
         raise RequestError("prompt must not be empty", "prompt")
-    prepared = Prepared(_common(body, model, defaults))
-    _constrain(prepared, body, model, grammar_enabled)  # no template: the header is the only notice
-    prepared.request.prompt_tokens = model.tokenizer.encode(prompt)
+    most = current_limits().max_prompt_chars
+    if len(prompt) > most:
+        raise RequestError(f"the prompt is {len(prompt)} characters; this server takes at most {most} "
+                           "(--max-prompt-chars)", "prompt", code="prompt_too_large")
+    return Prepared(_common(body, model, defaults)), structured.requested(body), prompt
+
+
+async def prepare_completion(body: dict, model: LoadedModel, defaults: ServerDefaults,
+                             grammar_enabled: bool) -> Prepared:
+    prepared, spec, prompt = await asyncio.to_thread(_read_completion, body, model, defaults)
+    await _constrain(prepared, spec, model, grammar_enabled)  # no template: the header is the only notice
+    prepared.request.prompt_tokens = await asyncio.to_thread(model.tokenizer.encode, prompt)
     return prepared
 
 

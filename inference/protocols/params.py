@@ -3,25 +3,39 @@ share. Each check names the field it rejects; values the body omits fall
 back to the server's flags, then the model's generation_config.json."""
 from __future__ import annotations
 
-import json
+import asyncio
+import math
 from typing import Any
 
+from core import jsonbody, limits
+from inference.engine import checks
 from inference.engine.adapters import AdapterError, parse_spec
-from inference.engine.types import LogitsParams, SamplingParams
+from inference.engine.errors import InvalidRequest
+from inference.engine.types import GenerationRequest, LogitsParams, SamplingParams
 from inference.protocols.errors import RequestError
 from inference.runtime import ServerDefaults
 
-MAX_STOP_SEQUENCES = 4
+MAX_STOP_SEQUENCES = checks.MAX_STOP_SEQUENCES
 
 
 def parse_json_body(raw: bytes) -> dict:
     try:
-        body = json.loads(raw or b"")
-    except (ValueError, UnicodeDecodeError):
-        raise RequestError("invalid JSON body") from None
+        body = jsonbody.loads(raw or b"", limits.current().max_json_depth)
+    except jsonbody.JsonRefused as exc:
+        raise RequestError(str(exc)) from None
     if not isinstance(body, dict):
         raise RequestError("invalid JSON body: expected an object")
     return body
+
+
+LARGE_BODY = 256 << 10  # bodies this large are parsed off the event loop
+
+
+async def read_json_body(raw: bytes) -> dict:
+    """`parse_json_body`, off the event loop for a large body."""
+    if len(raw or b"") > LARGE_BODY:
+        return await asyncio.to_thread(parse_json_body, raw)
+    return parse_json_body(raw)
 
 
 def _is_number(value: Any) -> bool:
@@ -34,6 +48,8 @@ def number(body: dict, name: str, lo: float | None = None, hi: float | None = No
         return None
     if not _is_number(value):
         raise RequestError(f"{name} must be a number", name)
+    if not math.isfinite(value):  # 1e999 parses as inf
+        raise RequestError(f"{name} must be a finite number", name)
     if (lo is not None and value < lo) or (hi is not None and value > hi):
         bounds = f"between {lo} and {hi}" if hi is not None else f"at least {lo}"
         raise RequestError(f"{name} must be {bounds}, got {value}", name)
@@ -87,10 +103,10 @@ def logit_bias(body: dict, vocab_size: int) -> dict[int, float] | None:
     if value is None:
         return None
     try:
-        if not isinstance(value, dict):
+        if not isinstance(value, dict) or not all(_is_number(v) for v in value.values()):
             raise TypeError
         bias = {int(k): float(v) for k, v in value.items()}
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise RequestError("logit_bias must be a dict of int to float", "logit_bias") from None
     outside = [k for k in bias if not 0 <= k < vocab_size]
     if outside:
@@ -100,10 +116,18 @@ def logit_bias(body: dict, vocab_size: int) -> dict[int, float] | None:
 
 
 def _model_default(generation_config: dict, name: str):
+    """A sampling default from generation_config.json; one the engine could
+    not run (NaN, negative) is ignored rather than failing every request."""
     if name == "temperature" and generation_config.get("do_sample") is False:
         return 0.0
     value = generation_config.get(name)
-    return value if _is_number(value) else None
+    if not _is_number(value) or not math.isfinite(value) or value < 0:
+        return None
+    if name == "temperature":
+        return min(value, checks.MAX_TEMPERATURE)
+    if name == "top_p":
+        return min(value, 1.0)
+    return int(value) if name == "top_k" else value
 
 
 def gen_defaults(defaults: ServerDefaults, generation_config: dict) -> dict:
@@ -115,20 +139,23 @@ def gen_defaults(defaults: ServerDefaults, generation_config: dict) -> dict:
     return out
 
 
-def sampling(body: dict, defaults: ServerDefaults, generation_config: dict) -> SamplingParams:
+def sampling(body: dict, defaults: ServerDefaults, generation_config: dict, vocab_size: int) -> SamplingParams:
     base = gen_defaults(defaults, generation_config)
+    if base.get("top_k") is not None and base["top_k"] >= vocab_size:
+        base["top_k"] = 0  # a default top_k over the whole vocabulary keeps every token anyway
 
     def pick(value, name, fallback):
         if value is not None:
             return value
         return base.get(name) if base.get(name) is not None else fallback
 
-    temperature = number(body, "temperature", 0.0, 2.0)
-    top_p = number(body, "top_p", 0.0, 1.0)
-    top_k = integer(body, "top_k", 0)
-    min_p = number(body, "min_p", 0.0, 1.0)
-    xtc_probability = number(body, "xtc_probability", 0.0, 1.0)
-    xtc_threshold = number(body, "xtc_threshold", 0.0, 1.0)
+    # Types here; ranges (against this model's vocabulary too) in `checked`.
+    temperature = number(body, "temperature")
+    top_p = number(body, "top_p")
+    top_k = integer(body, "top_k")
+    min_p = number(body, "min_p")
+    xtc_probability = number(body, "xtc_probability")
+    xtc_threshold = number(body, "xtc_threshold")
     seed = integer(body, "seed")
     return SamplingParams(
         temperature=float(pick(temperature, "temperature", 0.0)),
@@ -141,14 +168,22 @@ def sampling(body: dict, defaults: ServerDefaults, generation_config: dict) -> S
     )
 
 
+def checked(request: GenerationRequest, vocab_size: int, context_window: int | None) -> GenerationRequest:
+    """The engine's own check of what it can run, as this protocol's 400."""
+    try:
+        return checks.check(request, vocab_size, context_window)
+    except InvalidRequest as exc:
+        raise RequestError(str(exc), exc.param) from None
+
+
 def logits_params(body: dict, vocab_size: int) -> LogitsParams:
     def window(name: str) -> int:
-        value = integer(body, name, 0)
+        value = integer(body, name)
         return 20 if value is None else value
 
     return LogitsParams(
         logit_bias=logit_bias(body, vocab_size),
-        repetition_penalty=number(body, "repetition_penalty", 0.0),
+        repetition_penalty=number(body, "repetition_penalty"),
         repetition_context_size=window("repetition_context_size"),
         presence_penalty=number(body, "presence_penalty"),
         presence_context_size=window("presence_context_size"),
@@ -157,7 +192,7 @@ def logits_params(body: dict, vocab_size: int) -> LogitsParams:
     )
 
 
-MAX_TOP_LOGPROBS = 11  # mlx-lm's cap, not OpenAI's 20
+MAX_TOP_LOGPROBS = checks.MAX_TOP_LOGPROBS  # mlx-lm's cap, not OpenAI's 20
 
 
 def logprobs(body: dict) -> tuple[bool, int]:

@@ -1,11 +1,20 @@
 """Structured output fields (OpenAI, vLLM and oMLX spellings) resolved into
 one grammar spec, compiled, or degraded to an instruction plus a Warning
-header when it cannot be enforced. A constraint is never silently dropped."""
+header when it cannot be enforced. A constraint is never silently dropped.
+
+Every spec is bounded before it reaches the compiler (`limits`): its text
+(`max_grammar_bytes`), the number of choices, and a JSON schema's nesting;
+a request waits at most `grammar_timeout_s` for its compile, which goes on
+and is cached for the next request that asks."""
 from __future__ import annotations
 
+import asyncio
 import json
 from dataclasses import dataclass
 
+from core import jsonbody
+from core.limits import Limits
+from core.limits import current as current_limits
 from inference.engine.grammar import GrammarCompileError, GrammarSpec
 from inference.protocols.errors import RequestError
 
@@ -35,11 +44,15 @@ class Constraint:
 def _schema_text(schema, param: str) -> str:
     if isinstance(schema, str):
         try:
-            schema = json.loads(schema)
-        except ValueError:
+            schema = jsonbody.loads(schema, what="JSON schema")
+        except jsonbody.JsonRefused:
             raise RequestError(f"{param} must be a JSON schema object", param) from None
     if not isinstance(schema, dict):
         raise RequestError(f"{param} must be a JSON schema object", param)
+    levels = current_limits().max_schema_depth
+    if jsonbody.depth(schema) > levels:
+        raise RequestError(f"{param} nests more than {levels} levels deep (HEARTH_MAX_SCHEMA_DEPTH)", param,
+                           code="grammar_too_large")
     return json.dumps(schema)  # key order kept: it is the order the output follows
 
 
@@ -77,6 +90,10 @@ def _structured_outputs(value) -> GrammarSpec:
 def _choice(value, param: str) -> GrammarSpec:
     if not isinstance(value, list) or not value or not all(isinstance(c, str) for c in value):
         raise RequestError(f"{param} must be a non-empty list of strings", param)
+    most = current_limits().max_grammar_choices
+    if len(value) > most:
+        raise RequestError(f"{param} has {len(value)} choices; this server takes at most {most} "
+                           "(--max-grammar-choices)", param, code="grammar_too_large")
     return GrammarSpec("choice", json.dumps(value))
 
 
@@ -86,7 +103,21 @@ def _text(value, param: str) -> str:
     return value
 
 
+FIELDS = ("guided_grammar", "response_format", "structured_outputs", "guided_regex", "guided_choice")
+
+
 def requested(body: dict) -> GrammarSpec | None:
+    """The constraint a body asks for, within the size limits."""
+    spec = _requested(body)
+    most = current_limits().max_grammar_bytes
+    if spec is not None and len(spec.source.encode()) > most:
+        field = next((f for f in FIELDS if body.get(f) is not None), "response_format")
+        raise RequestError(f"{field} is {len(spec.source.encode())} bytes as a grammar; this server takes at most "
+                           f"{most} (--max-grammar-bytes)", field, code="grammar_too_large")
+    return spec
+
+
+def _requested(body: dict) -> GrammarSpec | None:
     """The constraint a body asks for, by precedence: guided_grammar, then
     response_format (json_schema, json_object), structured_outputs,
     guided_regex, guided_choice."""
@@ -105,14 +136,36 @@ def requested(body: dict) -> GrammarSpec | None:
     return None
 
 
-def resolve(body: dict, compiler, enabled: bool) -> Constraint | None:
-    """Compile the requested constraint, or mark it unenforced with a reason."""
-    spec = requested(body)
+async def resolve(spec: GrammarSpec | None, compiler, enabled: bool,
+                  limits: Limits | None = None) -> Constraint | None:
+    """Compile the requested constraint, or mark it unenforced with a reason.
+    Waits on the event loop (no thread is held) for at most the grammar
+    timeout; a request that gives up leaves the compile to finish and be
+    cached."""
     if spec is None:
         return None
     if not enabled:
         return Constraint(spec, warning="grammar not enforced: grammar compilation disabled by HEARTH_GRAMMAR=0")
+    timeout = (limits or current_limits()).grammar_timeout_s
+    future = asyncio.wrap_future(compiler.submit(spec))  # GrammarBusy (429) when too many big ones wait
+    future.add_done_callback(_consume)
+    done, _ = await asyncio.wait({future}, timeout=timeout)
+    if not done:
+        # 503: SDKs retry it, and the retry finds the grammar compiled.
+        raise RequestError(f"the grammar did not compile within {timeout:g} s (HEARTH_GRAMMAR_TIMEOUT); it is still "
+                           "compiling and a retry will find it ready, or simplify it", FIELD_OF[spec.kind],
+                           status=503, kind="engine_unavailable", code="grammar_timeout")
     try:
-        return Constraint(spec, compiled=compiler.compile(spec))
+        return Constraint(spec, compiled=future.result())
     except GrammarCompileError as exc:
         return Constraint(spec, warning=f"grammar not enforced: {exc}")
+
+
+FIELD_OF = {"json": "response_format", "json_schema": "response_format", "ebnf": "guided_grammar",
+            "regex": "guided_regex", "choice": "guided_choice"}
+
+
+def _consume(future) -> None:
+    """Nobody may await a compile that outlived its request: read its outcome."""
+    if not future.cancelled():
+        future.exception()

@@ -8,7 +8,9 @@ aborts what is left, writes pending prompt-cache snapshots to the SSD tier
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
+import math
 import os
 import signal
 import subprocess
@@ -22,7 +24,9 @@ from django.core.management.base import BaseCommand, CommandError
 from huggingface_hub import constants
 
 from config.cli import blas_in_use
+from core import limits
 from inference.demo.build import DEMO_REPO, Recipe, cached_snapshot
+from inference.engine import checks
 from inference.engine.engine import Engine, EngineConfig
 from inference.engine.errors import EngineError
 from inference.protocols.response_store import ResponseStore
@@ -32,13 +36,22 @@ from inference.serving_access import INSECURE_WARNING, AccessError, export_for_c
 log = logging.getLogger("hearth.serve")
 
 
-def _non_negative(kind):
+def _non_negative(kind, most: float | None = None):
     def parse(text):
         value = kind(text)
-        if value < 0:
-            raise argparse.ArgumentTypeError(f"must be at least 0, got {text}")
+        if not math.isfinite(value) or value < 0:
+            raise argparse.ArgumentTypeError(f"must be a number of at least 0, got {text}")
+        if most is not None and value > most:
+            raise argparse.ArgumentTypeError(f"must be at most {most:g}, got {text}")
         return value
     return parse
+
+
+def _seconds(text):
+    value = float(text)
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds above 0, got {text}")
+    return value
 
 
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mb": 1 << 20,
@@ -65,9 +78,45 @@ def _positive(text):
 
 def _unit(text):
     value = float(text)
-    if not 0 <= value <= 1:
+    if not 0 <= value <= 1:  # NaN fails this too
         raise argparse.ArgumentTypeError(f"must be between 0 and 1, got {text}")
     return value
+
+
+LIMIT_FLAGS = {  # flag: (Limits field, type, help)
+    "--max-body-bytes": ("max_body_bytes", _bytes, "largest request body (default 32MiB); larger ones get 413"),
+    "--max-json-depth": ("max_json_depth", _positive, "deepest nesting of arrays and objects in a body (64)"),
+    "--max-messages": ("max_messages", _positive, "most messages (turns) in one request (4096)"),
+    "--max-prompt-chars": ("max_prompt_chars", _positive,
+                           "most characters of messages, tools and template variables in one request (2000000)"),
+    "--max-grammar-bytes": ("max_grammar_bytes", _bytes, "largest schema, grammar or regex (64KiB)"),
+    "--max-grammar-choices": ("max_grammar_choices", _positive, "most guided_choice entries (1024)"),
+    "--max-schema-depth": ("max_schema_depth", _positive, "deepest nesting of a JSON schema (32)"),
+    "--grammar-timeout": ("grammar_timeout_s", _seconds, "seconds a request waits for its grammar to compile (10)"),
+    "--grammar-cache-bytes": ("grammar_cache_bytes", _bytes, "RAM for compiled grammars (256MiB)"),
+    "--template-timeout": ("template_timeout_s", _seconds, "seconds a client chat template may take to render (5)"),
+    "--header-timeout": ("header_timeout_s", _seconds, "seconds a request's headers may take to arrive (30)"),
+    "--body-timeout": ("body_timeout_s", _seconds, "seconds a request's body may take after its headers (120)"),
+    "--idle-timeout": ("idle_timeout_s", _seconds, "seconds an idle keep-alive connection stays open (60)"),
+    "--max-socket-text": ("max_socket_text", _positive, "most characters in a dashboard chat message (200000)"),
+}
+
+
+def _add_limit_flags(parser) -> None:
+    group = parser.add_argument_group("limits (each also an environment variable; see README, Security)")
+    for flag, (name, kind, text) in LIMIT_FLAGS.items():
+        group.add_argument(flag, dest=name, type=kind, default=None, help=text)
+    group.add_argument("--allow-client-templates", dest="allow_client_templates", action="store_true", default=None,
+                       help="let requests bring their own chat template (chat_template_kwargs.chat_template); "
+                            "each renders in a separate process with a time budget")
+
+
+def _limits(opts: dict) -> limits.Limits:
+    """The environment's bounds (HEARTH_MAX_BODY_BYTES, …), with the flags over them."""
+    given = {name: opts[name] for name, *_ in LIMIT_FLAGS.values() if opts.get(name) is not None}
+    if opts.get("allow_client_templates"):
+        given["allow_client_templates"] = True
+    return dataclasses.replace(limits.from_env(), **given)
 
 
 class Command(BaseCommand):
@@ -80,7 +129,7 @@ class Command(BaseCommand):
         parser.add_argument("--port", type=int, default=8080)
         parser.add_argument("--max-tokens", type=_non_negative(int), default=None,
                             help="default cap on generated tokens when a request sets none")
-        parser.add_argument("--temperature", type=_non_negative(float), default=None)
+        parser.add_argument("--temperature", type=_non_negative(float, checks.MAX_TEMPERATURE), default=None)
         parser.add_argument("--top-p", type=_unit, default=None)
         parser.add_argument("--top-k", type=_non_negative(int), default=None)
         parser.add_argument("--keep-dtype", action="store_true",
@@ -111,6 +160,7 @@ class Command(BaseCommand):
         access.add_argument("--allow-path", action="append", default=[], metavar="DIR",
                             help="let requests name files under DIR, besides HEARTH_HOME and the HF cache "
                                  "(repeatable; also HEARTH_ALLOW_PATHS)")
+        _add_limit_flags(parser)
         group = parser.add_argument_group("throughput and memory")
         group.add_argument("--batch", type=_positive, default=8,
                            help="rows decoded together by continuous batching (1 = one request at a time)")
@@ -138,6 +188,11 @@ class Command(BaseCommand):
             raise CommandError(str(exc)) from None
         if access.insecure_no_auth:
             log.warning("WARNING: %s", INSECURE_WARNING)
+        try:
+            bounds = _limits(opts)
+        except limits.LimitError as exc:
+            raise CommandError(str(exc)) from None
+        limits.export(bounds)  # this process, the worker and every child see the same bounds
         log.info("BLAS: %s", blas_in_use())
         call_command("migrate", interactive=False, verbosity=0)
         model_ref = opts["model"] or self._demo_model()
@@ -165,6 +220,13 @@ class Command(BaseCommand):
         runtime.sse_keepalive = settings.HEARTH_SSE_KEEPALIVE
         runtime.responses = ResponseStore(ttl_s=opts["response_ttl"])
         runtime.embeddings_enabled = opts["embeddings"] or loaded.is_embedding_model
+        loaded.grammar_compiler.cache_bytes = bounds.grammar_cache_bytes
+        if bounds.allow_client_templates:
+            from inference.protocols.template_sandbox import TemplateSandbox
+
+            runtime.templates = TemplateSandbox(timeout_s=bounds.template_timeout_s)
+            log.warning("client chat templates are allowed: each renders in its own process, at most %gs",
+                        bounds.template_timeout_s)
         log.info("model %s ready (%s, context %s)", loaded.model_id, loaded.dtype, loaded.context_window)
         from hub.downloads import resume_interrupted
         from hub.locks import record_serving
@@ -173,10 +235,15 @@ class Command(BaseCommand):
         _measure_machine_soon()
 
         resume_interrupted()  # downloads whose process died continue from their partial files
+        from jobs.supervisor import WorkerSupervisor, stop_strays
+
+        try:
+            stop_strays()  # a worker an earlier, killed server left behind (with --no-worker too)
+        except Exception:  # worth a log line, never a server that fails to start
+            log.exception("looking for stray job workers failed")
         supervisor = None
         if not opts["no_worker"]:
             from jobs.runner import mark_zombies
-            from jobs.supervisor import WorkerSupervisor
 
             mark_zombies()
             supervisor = WorkerSupervisor()
@@ -187,7 +254,10 @@ class Command(BaseCommand):
             marker.unlink(missing_ok=True)
             if supervisor is not None:
                 supervisor.stop()
+            if runtime.templates is not None:
+                runtime.templates.close()
         log.info("stopped")
+        _exit_even_if_stuck()
 
     def _mount_default(self, engine: Engine, folder: str) -> None:
         from jobs.adapters import register
@@ -212,6 +282,22 @@ class Command(BaseCommand):
         return DEMO_REPO
 
 
+def _exit_even_if_stuck(grace_s: float = 10.0) -> None:
+    """Python's exit waits for every non-daemon thread, forever if one is
+    blocked; a watchdog ends the process if that takes more than `grace_s`.
+    The worker and the engine have stopped by now."""
+    import threading
+
+    def watchdog():
+        time.sleep(grace_s)
+        stuck = [t.name for t in threading.enumerate() if not t.daemon and t.is_alive()]
+        log.warning("exit blocked for %.0fs by threads %s; exiting anyway", grace_s, ", ".join(stuck) or "?")
+        logging.shutdown()
+        os._exit(0)
+
+    threading.Thread(target=watchdog, name="exit-watchdog", daemon=True).start()
+
+
 def _measure_machine_soon() -> None:
     """Measure this machine's bandwidths (once; cached) off the request path."""
     import threading
@@ -227,12 +313,23 @@ def _measure_machine_soon() -> None:
     threading.Thread(target=measure, name="measure-machine", daemon=True).start()
 
 
+SOCKET_MESSAGE_BYTES = 4 << 20  # a socket frame; history goes out in pages far below this
+
+
 def _run_daphne(engine: Engine, host: str, port: int, drain_seconds: float, flush_seconds: float) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
     from daphne.endpoints import build_endpoint_description_strings
     from daphne.server import Server
     from twisted.internet import reactor
 
     from config.asgi import application
+    from core import http_guard
+
+    http_guard.install()  # body caps and header/body/idle timeouts on every connection
+    # Prompt builds and tokenizing run on the loop's default executor; on a
+    # 2-core machine asyncio would give it 6 threads.
+    reactor._asyncioEventloop.set_default_executor(ThreadPoolExecutor(32, thread_name_prefix="hearth-io"))
 
     ports = []
 
@@ -246,7 +343,8 @@ def _run_daphne(engine: Engine, host: str, port: int, drain_seconds: float, flus
             log.info("Hearth serving %s at http://%s:%s", engine.loaded.model_id, shown, address.port)
 
     server = HearthServer(application, endpoints=build_endpoint_description_strings(host=host, port=port),
-                          signal_handlers=False, application_close_timeout=5)
+                          signal_handlers=False, application_close_timeout=5,
+                          websocket_max_message_size=SOCKET_MESSAGE_BYTES)
     deadline = [0.0]
 
     def finish(flush: bool = True):

@@ -1,0 +1,135 @@
+"""Bounds at the HTTP connection, before Django sees a request (daphne on
+Twisted buffers a whole body before it hands the request on, so a cap
+checked later would come after the memory was spent).
+
+- A body larger than `max_body_bytes` is answered 413 as soon as its
+  `Content-Length` arrives (or, sent chunked, as soon as it passes the
+  cap); nothing of it is kept, `Expect: 100-continue` gets no 100, and
+  the connection closes once the answer is out.
+- A request's headers must arrive within `header_timeout_s` of its first
+  byte, and its body within `body_timeout_s` after them (slow-drip
+  clients are answered 408 and dropped); a keep-alive connection idle for
+  `idle_timeout_s` is closed. A request being answered (a long
+  generation, a stream) is never timed out here.
+
+Refusals come in the shape of the route they were sent to: OpenAI's on
+`/v1`, Anthropic's on `/v1/messages`, `{"ok": false}` on `/api`.
+
+No Django here, and no imports of the project's apps."""
+from __future__ import annotations
+
+from daphne.http_protocol import HTTPFactory, WebRequest
+from twisted.web import http
+
+from core.http import error_body
+from core.limits import current as current_limits
+
+LINGER_S = 5.0  # after a refusal, how long the rest of a body may still arrive before the connection is cut
+
+
+def _refuse(channel, status: int, reason: bytes, message: str, code: str) -> None:
+    """Write a complete answer and close: nothing more is read into memory."""
+    path = (getattr(channel, "_path", b"") or b"/").split(b"?", 1)[0].decode("latin-1")
+    body = error_body(path, status, message, code)
+    head = (f"HTTP/1.1 {status} ".encode() + reason + b"\r\nContent-Type: application/json\r\n"
+            + f"Content-Length: {len(body)}\r\n".encode() + b"Connection: close\r\n\r\n")
+    from twisted.internet import reactor
+
+    channel.refused = True
+    transport = channel.transport
+    transport.write(head + body)
+    transport.loseWriteConnection() if hasattr(transport, "loseWriteConnection") else transport.loseConnection()
+    reactor.callLater(LINGER_S, lambda: transport.connected and transport.abortConnection())
+
+
+class GuardedRequest(WebRequest):
+    def gotLength(self, length):
+        self.received = 0
+        cap = current_limits().max_body_bytes
+        if length is not None and length > cap:
+            self.requestHeaders.removeHeader(b"Expect")  # no 100 Continue: the body is not wanted
+            _refuse(self.channel, 413, b"Content Too Large", f"the request body is {length} bytes; this server "
+                    f"takes at most {cap} (--max-body-bytes)", "request_too_large")
+            return
+        super().gotLength(length)
+
+    def handleContentChunk(self, data):
+        if getattr(self.channel, "refused", False):
+            return
+        self.received += len(data)
+        cap = current_limits().max_body_bytes
+        if self.received > cap:
+            _refuse(self.channel, 413, b"Content Too Large", f"the request body is over {cap} bytes "
+                    "(--max-body-bytes)", "request_too_large")
+            return
+        super().handleContentChunk(data)
+
+    def requestReceived(self, command, path, version):
+        if not getattr(self.channel, "refused", False):
+            super().requestReceived(command, path, version)
+
+
+class GuardedChannel(http.HTTPChannel):
+    refused = False
+    _deadline = None
+
+    def connectionMade(self):
+        self.timeOut = current_limits().idle_timeout_s
+        super().connectionMade()
+
+    def dataReceived(self, data):
+        if self.refused:
+            return  # the rest of a refused body: dropped as it comes
+        if self._deadline is None and not self._handlingRequest:
+            self._arm(current_limits().header_timeout_s, "headers")
+        super().dataReceived(data)
+
+    def allHeadersReceived(self):
+        super().allHeadersReceived()
+        if not self.refused:
+            self._arm(current_limits().body_timeout_s, "body")
+
+    def allContentReceived(self):
+        self._disarm()
+        if not self.refused:
+            super().allContentReceived()
+
+    def connectionLost(self, reason):
+        self._disarm()
+        super().connectionLost(reason)
+
+    def _arm(self, seconds: float, what: str) -> None:
+        from twisted.internet import reactor
+
+        self._disarm()
+        self._deadline = reactor.callLater(seconds, self._too_slow, seconds, what)
+
+    def _disarm(self) -> None:
+        if self._deadline is not None and self._deadline.active():
+            self._deadline.cancel()
+        self._deadline = None
+
+    def _too_slow(self, seconds: float, what: str) -> None:
+        self._deadline = None
+        flag = "--header-timeout" if what == "headers" else "--body-timeout"
+        _refuse(self, 408, b"Request Timeout", f"the request's {what} did not arrive within {seconds:g} s ({flag})",
+                "request_timeout")
+
+
+class GuardedHTTPFactory(HTTPFactory):
+    """daphne's factory, building guarded channels and requests."""
+
+    def protocol(self):
+        return http._GenericHTTPChannelProtocol(GuardedChannel())
+
+    def buildProtocol(self, addr):
+        protocol = super().buildProtocol(addr)
+        protocol.requestFactory = GuardedRequest
+        return protocol
+
+
+def install() -> None:
+    """Make daphne's Server build guarded connections (it names its factory at run time)."""
+    import daphne.server
+
+    daphne.server.HTTPFactory = GuardedHTTPFactory

@@ -1,0 +1,60 @@
+"""Strict JSON for request bodies and socket frames: only what RFC 8259
+allows (no NaN or Infinity, which Python's parser accepts and which no
+sampler can use), nested at most `max_depth` levels, so a hostile document
+is a clear refusal instead of a RecursionError deep in a handler.
+
+No Django here, and no imports of the project's apps."""
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from core.limits import DEFAULT
+
+
+class JsonRefused(ValueError):
+    """The text is not JSON this server takes; the message says why."""
+
+
+class _Constant(ValueError):
+    pass
+
+
+def _no_constants(name: str):
+    raise _Constant(f"{name} is not a JSON number")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise _Constant(f"{text} is too large for a number")
+    return value
+
+
+def depth(value: Any) -> int:
+    """How deeply arrays and objects nest in `value` (a scalar is 0)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        node, level = stack.pop()
+        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else None
+        if children is None:
+            continue
+        deepest = max(deepest, level)
+        stack.extend((child, level + 1) for child in children if isinstance(child, (dict, list)))
+    return deepest
+
+
+def loads(data: bytes | str, max_depth: int = DEFAULT.max_json_depth, what: str = "JSON body") -> Any:
+    """The parsed value, or JsonRefused("invalid <what>[: why]")."""
+    try:
+        value = json.loads(data, parse_constant=_no_constants, parse_float=_finite)
+    except RecursionError:
+        raise JsonRefused(f"invalid {what}: nested more than {max_depth} levels deep") from None
+    except _Constant as exc:
+        raise JsonRefused(f"invalid {what}: {exc}") from None
+    except (ValueError, UnicodeDecodeError):
+        raise JsonRefused(f"invalid {what}") from None
+    if depth(value) > max_depth:
+        raise JsonRefused(f"invalid {what}: nested more than {max_depth} levels deep")
+    return value

@@ -1,0 +1,236 @@
+"""Every cost bounded, on a server started with small limits: bodies over
+the cap get 413 before they are sent, slow headers and bodies 408, idle
+connections close; turns, prompt characters and socket fields are capped;
+client chat templates render in a killable process with a time budget (and
+are refused by default, see test_hardening); a grammar that compiles too
+slowly gives up its request, never the others', and lands in the cache."""
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+
+import httpx
+import pytest
+import websockets
+
+from tests.helpers import ServerProcess, server_env
+
+LIMITS = {"HEARTH_MAX_BODY_BYTES": str(1 << 20), "HEARTH_HEADER_TIMEOUT": "1", "HEARTH_BODY_TIMEOUT": "1",
+          "HEARTH_IDLE_TIMEOUT": "2", "HEARTH_MAX_MESSAGES": "50", "HEARTH_MAX_PROMPT_CHARS": "20000",
+          "HEARTH_MAX_SOCKET_TEXT": "1000", "HEARTH_TEMPLATE_TIMEOUT": "3", "HEARTH_GRAMMAR_TIMEOUT": "0.2",
+          "HEARTH_MAX_GRAMMAR_CHOICES": "20000", "HEARTH_MAX_GRAMMAR_BYTES": str(1 << 20)}
+CHAT = {"messages": [{"role": "user", "content": "Hello there"}], "max_tokens": 4}
+# Three nested loops of 10^5: a render that would never end.
+FOREVER = ("{% for a in range(100000) %}{% for b in range(100000) %}{% for c in range(100000) %}"
+           "{% endfor %}{% endfor %}{% endfor %}")
+
+
+@pytest.fixture(scope="module")
+def small(homes, tiny_model, tmp_path_factory):
+    env = {**server_env(*homes), **LIMITS}
+    proc = ServerProcess(env, tiny_model, "--no-worker", "--allow-client-templates",
+                         log_path=tmp_path_factory.mktemp("limits") / "server.log")
+    try:
+        yield proc.wait_ready()
+    finally:
+        assert proc.stop() == 0, proc.output()
+
+
+def _connect(server) -> socket.socket:
+    return socket.create_connection(("127.0.0.1", server.port), timeout=10)
+
+
+def _read_all(sock: socket.socket) -> bytes:
+    out = b""
+    while True:
+        try:
+            chunk = sock.recv(65536)
+        except (ConnectionResetError, TimeoutError):
+            break
+        if not chunk:
+            break
+        out += chunk
+    return out
+
+
+@pytest.mark.parametrize("path,shape", [("/v1/chat/completions", "openai"), ("/v1/messages", "anthropic"),
+                                        ("/api/hub/download", "api")])
+def test_a_body_over_the_cap_is_refused_before_it_is_sent(small, path, shape):
+    sock = _connect(small)
+    sock.sendall(f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                 f"Content-Length: {10**12}\r\nExpect: 100-continue\r\n\r\n".encode())
+    answer = _read_all(sock).decode()  # no body was sent: the answer cannot have waited for one
+    sock.close()
+    head, body = answer.split("\r\n\r\n", 1)
+    assert head.startswith("HTTP/1.1 413") and "100 Continue" not in answer, answer
+    body = json.loads(body)
+    if shape == "openai":
+        assert body["error"]["code"] == "request_too_large" and "--max-body-bytes" in body["error"]["message"]
+    elif shape == "anthropic":
+        assert body["type"] == "error" and body["error"]["type"] == "request_too_large"
+    else:
+        assert body["ok"] is False and "bytes" in body["error"]
+
+
+def test_a_chunked_body_is_cut_off_at_the_cap(small):
+    with httpx.Client(timeout=30) as client:
+        def chunks():
+            for _ in range(40):
+                yield b" " * 65536  # 2.5 MiB in all, never announced
+
+        r = client.post(small.url + "/v1/chat/completions", content=chunks())
+        assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
+        ok = client.post(small.url + "/v1/chat/completions", json=CHAT)  # a new connection serves normally
+        assert ok.status_code == 200
+
+
+def test_slow_headers_slow_bodies_and_idle_connections_are_dropped(small):
+    slow = _connect(small)
+    slow.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n")  # and never the rest
+    assert _read_all(slow).startswith(b"HTTP/1.1 408")
+    body = json.dumps(CHAT).encode()
+    drip = _connect(small)
+    drip.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                 + f"Content-Length: {len(body)}\r\n\r\n".encode() + body[:10])
+    answer = _read_all(drip)
+    assert answer.startswith(b"HTTP/1.1 408") and b"--body-timeout" in answer
+    idle = _connect(small)
+    started = time.monotonic()
+    assert _read_all(idle) == b""  # closed by the server, with nothing to say
+    assert time.monotonic() - started < 8
+    assert httpx.get(small.url + "/health").status_code == 200
+
+
+def test_turns_and_prompt_characters_are_capped(small):
+    many = [{"role": "user" if i % 2 == 0 else "assistant", "content": "hi"} for i in range(51)]
+    r = httpx.post(small.url + "/v1/chat/completions", json={**CHAT, "messages": many})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "too_many_messages"
+    long = [{"role": "user", "content": "x" * 20_001}]
+    r = httpx.post(small.url + "/v1/chat/completions", json={**CHAT, "messages": long})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "prompt_too_large"
+    r = httpx.post(small.url + "/v1/messages", json={**CHAT, "messages": long})
+    assert r.status_code == 400 and "--max-prompt-chars" in r.json()["error"]["message"]
+    r = httpx.post(small.url + "/v1/completions", json={"prompt": "x" * 20_001})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
+    tools = [{"type": "function", "function": {"name": "f", "description": "d" * 20_000}}]
+    r = httpx.post(small.url + "/v1/chat/completions", json={**CHAT, "tools": tools})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "prompt_too_large"
+
+
+def test_socket_fields_are_capped(small):
+    async def run():
+        async with websockets.connect(small.url.replace("http", "ws") + "/ws/chat") as ws:
+            await _until(ws, "sessions")
+            await ws.send(json.dumps({"type": "prompt", "text": "x" * 1001}))
+            first = await _until(ws, "error")
+            await ws.send(json.dumps({"type": "set_system_prompt", "text": "x" * 1001}))
+            second = await _until(ws, "error")
+            return first, second
+
+    first, second = asyncio.run(run())
+    assert "over 1000 characters" in first["message"] and "over 1000 characters" in second["message"]
+
+
+async def _until(ws, kind: str, timeout: float = 30):
+    while True:
+        frame = json.loads(await asyncio.wait_for(ws.recv(), timeout))
+        if frame.get("type") == kind:
+            return frame
+
+
+def _template_body(template: str) -> dict:
+    return {**CHAT, "chat_template_kwargs": {"chat_template": template}}
+
+
+def test_a_client_template_renders_in_the_sandbox(small):
+    template = "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}{{ eos_token }}<assistant>"
+    r = httpx.post(small.url + "/v1/chat/completions", json=_template_body(template), timeout=60)
+    assert r.status_code == 200, r.text
+    count = httpx.post(small.url + "/v1/messages/count_tokens", json={
+        "messages": CHAT["messages"], "chat_template_kwargs": {"chat_template": template}}).json()["input_tokens"]
+    assert r.json()["usage"]["prompt_tokens"] == count
+    broken = httpx.post(small.url + "/v1/chat/completions", json=_template_body("{% for %}"), timeout=60)
+    assert broken.status_code == 400 and broken.json()["error"]["param"] == "chat_template_kwargs.chat_template"
+    huge = httpx.post(small.url + "/v1/chat/completions", json=_template_body(
+        "{% for i in range(100000) %}aaaa{% endfor %}"), timeout=60)
+    assert huge.status_code == 400 and "characters" in huge.json()["error"]["message"]
+
+
+def test_a_template_that_never_ends_costs_its_own_request_only(small):
+    results: dict[str, object] = {}
+    order: list[str] = []
+
+    def attack(i: int):
+        r = httpx.post(small.url + "/v1/chat/completions", json=_template_body(FOREVER), timeout=60)
+        results[f"attack{i}"] = r
+        order.append(f"attack{i}")
+
+    attackers = [threading.Thread(target=attack, args=(i,)) for i in range(4)]  # more than the sandbox's workers
+    for t in attackers:
+        t.start()
+    time.sleep(0.5)  # let them take every render worker
+    plain = httpx.post(small.url + "/v1/chat/completions", json=CHAT, timeout=60)
+    order.append("plain")
+    for t in attackers:
+        t.join(60)
+    assert plain.status_code == 200
+    assert order.index("plain") < min(order.index(f"attack{i}") for i in range(4)), order
+    for i in range(4):
+        r = results[f"attack{i}"]
+        assert r.status_code == 503 and r.json()["error"]["code"] == "template_timeout", r.text
+    after = httpx.post(small.url + "/v1/chat/completions", json=_template_body("{{ messages[0].content }}"),
+                       timeout=60)
+    assert after.status_code == 200  # fresh workers replaced the killed ones
+
+
+def _template_workers() -> set[int]:
+    import psutil
+
+    return {p.pid for p in psutil.process_iter(["cmdline"])
+            if "inference.protocols.template_worker" in " ".join(p.info["cmdline"] or [])}
+
+
+def test_a_client_that_leaves_stops_its_render(small):
+    before = _template_workers()
+    started = time.monotonic()
+    with pytest.raises(httpx.TimeoutException):
+        httpx.post(small.url + "/v1/chat/completions", json=_template_body(FOREVER), timeout=0.5)
+    deadline = started + 2.5  # under the 3 s budget: only the client leaving can explain it
+    while time.monotonic() < deadline and not (before - _template_workers()):
+        time.sleep(0.05)
+    assert before - _template_workers(), "the render outlived its client"
+
+
+def test_a_slow_grammar_gives_up_its_request_only_and_lands_in_the_cache(small):
+    choices = [f"option {i} of many" for i in range(15_000)]
+    slow = {**CHAT, "max_tokens": 40, "guided_choice": choices}
+    order: list[str] = []
+    results = {}
+
+    def run_slow():
+        results["slow"] = httpx.post(small.url + "/v1/chat/completions", json=slow, timeout=60)
+        order.append("slow")
+
+    thread = threading.Thread(target=run_slow)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not httpx.get(small.url + "/stats").json()["grammar"]["compiling"]:
+        assert time.monotonic() < deadline, "the slow grammar never started compiling"
+        time.sleep(0.01)
+    quick = httpx.post(small.url + "/v1/chat/completions", json={**CHAT, "response_format": {"type": "json_object"}},
+                       timeout=60)
+    order.append("quick")
+    thread.join(60)
+    assert quick.status_code == 200
+    r = results["slow"]
+    assert r.status_code == 503 and r.json()["error"]["code"] == "grammar_timeout", r.text
+    deadline = time.monotonic() + 60
+    while httpx.get(small.url + "/stats").json()["grammar"]["compiling"]:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    again = httpx.post(small.url + "/v1/chat/completions", json=slow, timeout=60)
+    assert again.status_code == 200 and again.json()["choices"][0]["message"]["content"] in choices
+    assert httpx.get(small.url + "/stats").json()["limits"]["grammar_timeout_s"] == 0.2
