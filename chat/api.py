@@ -8,8 +8,7 @@ from django.http import HttpRequest, HttpResponse
 from ninja import Router
 
 from chat.models import ChatEntry, ChatSession
-from core import jsonbody, limits
-from jobs.http import fail
+from jobs.http import fail, json_body
 
 router = Router(tags=["sessions"])
 MAX_MATCHES, PER_SESSION, CONTEXT = 50, 10, 60
@@ -94,12 +93,9 @@ def forget_approval(request: HttpRequest):
     """`{"sessionId", "tool"}`: that session asks before running the tool again."""
     from chat import approvals as store
 
-    try:
-        body = jsonbody.loads(request.body or b"{}", limits.current().max_json_depth)
-    except jsonbody.JsonRefused as exc:
-        return fail(str(exc))
-    if not isinstance(body, dict):
-        return fail("the body must be a JSON object")
+    body = json_body(request)
+    if isinstance(body, HttpResponse):
+        return body
     key, tool = body.get("sessionId"), body.get("tool")
     if not isinstance(key, str) or not key:
         return fail("sessionId required")

@@ -32,7 +32,8 @@ from core.limits import current as current_limits
 log = logging.getLogger("hearth.chat")
 SAMPLING = ("temperature", "top_p", "top_k", "min_p", "xtc_probability", "xtc_threshold", "repetition_penalty",
             "repetition_context_size", "presence_penalty", "frequency_penalty", "seed")
-HISTORY_PAGE_BYTES = 256 << 10  # well under the socket's 1 MiB frame limit
+HISTORY_PAGE_BYTES = 256 << 10  # far below the socket's message limit (4 MiB, set where daphne starts)
+MAX_FRAME_CHARS = 2 << 20  # a frame is parsed on the event loop: longer ones are refused unread
 MAX_ID = 256  # session, entry, call and adapter ids, tool names
 
 
@@ -57,6 +58,9 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         answered with an error frame and the socket stays open."""
         if not text_data:
             await self._error("frames must be JSON text messages")
+            return
+        if len(text_data) > MAX_FRAME_CHARS:
+            await self._error(f"a frame may hold at most {MAX_FRAME_CHARS} characters")
             return
         try:
             content = jsonbody.loads(text_data, current_limits().max_json_depth, "frame")
@@ -187,7 +191,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
     async def on_new_session(self, frame):
         await self._require_idle()
         self.session = await sync_to_async(store.create)()
-        await self.send_json({"type": "history", "items": [], "sessionId": self.session.id})
+        await self.send_json({"type": "history", "items": [], "sessionId": self.session.id, "total": 0, "more": False})
         await self._send_sessions()
 
     async def on_list_sessions(self, frame):
@@ -211,7 +215,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         if self.session is not None and self.session.id == target.id:
             await self._abort()
             self.session = None
-            await self.send_json({"type": "history", "items": [], "sessionId": None})
+            await self.send_json({"type": "history", "items": [], "sessionId": None, "total": 0, "more": False})
         await sync_to_async(target.delete)()
         await self._send_sessions()
 
@@ -349,14 +353,13 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         with the rest (`more` says whether another follows)."""
         from chat import approvals
 
-        items = await sync_to_async(store.history)(self.session)
+        total, pages = await sync_to_async(store.history_pages)(self.session, HISTORY_PAGE_BYTES)
         settings = {**store.settings(self.session), "alwaysAllow": await sync_to_async(approvals.allowed)(
             self.session.id)}
         settings["codingTools"] = settings["codingTools"] and self.may_code  # what a turn here will offer
-        pages = store.pages(items, HISTORY_PAGE_BYTES)
         sid = self.session.id
         await self.send_json({"type": "history", "items": pages[0], "sessionId": sid, "settings": settings,
-                              "total": len(items), "more": len(pages) > 1})
+                              "total": total, "more": len(pages) > 1})
         for i, page in enumerate(pages[1:], start=2):
             await self.send_json({"type": "history_more", "items": page, "sessionId": sid, "more": i < len(pages)})
 

@@ -50,18 +50,26 @@ def _meta(raw: str) -> dict:
     return meta if isinstance(meta, dict) else {}
 
 
+def history_pages(session: ChatSession, budget: int) -> tuple[int, list[list[dict]]]:
+    """`history` in pages (see `pages`), and how many rows it has."""
+    items = history(session)
+    return len(items), pages(items, budget)
+
+
 def pages(items: list[dict], budget: int) -> list[list[dict]]:
-    """History rows in pages of at most about `budget` bytes of JSON, so a
-    chat of any size opens without one frame over the socket's limit. A row
-    too large for a page is split: the first part carries the row with the
-    start of its text (and its first tool rounds), and each later part is a
-    row with the same id and `"continued": true` whose `content`,
-    `reasoning` and `meta.toolRounds` extend it."""
+    """History rows in pages of about `budget` bytes of JSON, so a chat of
+    any size opens without one frame over the socket's limit. A row too
+    large for a page is split into parts: the first carries the row with the
+    start of its text, and each later part is `{"id", "continued": true}`
+    with more `content` and `reasoning` to append, a tool round to add
+    (`meta.toolRounds`), or, for a round too large itself, one more of its
+    calls (`meta.roundCalls`). A single call too large for a page is shown
+    cut short (the stored entry keeps it whole)."""
     out: list[list[dict]] = [[]]
     used = 0
     for item in items:
         for part in _parts(item, budget):
-            size = len(json.dumps(part, ensure_ascii=False).encode())
+            size = _size(part)
             if out[-1] and used + size > budget:
                 out.append([])
                 used = 0
@@ -70,24 +78,47 @@ def pages(items: list[dict], budget: int) -> list[list[dict]]:
     return out
 
 
+def _size(value) -> int:
+    return len(json.dumps(value, ensure_ascii=False).encode())
+
+
 def _parts(item: dict, budget: int) -> list[dict]:
-    if len(json.dumps(item, ensure_ascii=False).encode()) <= budget:
+    if _size(item) <= budget:
         return [item]
-    chunk = max(budget // 8, 1)  # characters: at most 6 bytes each as JSON, with room for the rest of the row
-    rounds = (item.get("meta") or {}).get("toolRounds") or []
-    texts = {k: item.get(k) or "" for k in ("content", "reasoning")}
-    head = dict(item, content=texts["content"][:chunk], reasoning=texts["reasoning"][:chunk],
-                meta={**(item.get("meta") or {}), "toolRounds": rounds[:1]} if rounds else item.get("meta"))
-    out, offset, r = [head], chunk, 1
-    while offset < max(len(texts["content"]), len(texts["reasoning"])) or r < len(rounds):
-        part = {"id": item["id"], "continued": True, "content": texts["content"][offset:offset + chunk],
-                "reasoning": texts["reasoning"][offset:offset + chunk]}
-        if r < len(rounds):
-            part["meta"] = {"toolRounds": rounds[r:r + 1]}
-            r += 1
-        out.append(part)
-        offset += chunk
+    chunk = max(budget // 16, 1)  # characters: at most 6 bytes each as JSON, content and reasoning side by side
+    meta = item.get("meta") or {}
+    rounds = meta.get("toolRounds") or []
+    content, reasoning = item.get("content") or "", item.get("reasoning") or ""
+    out = [dict(item, content=content[:chunk], reasoning=reasoning[:chunk],
+                meta={**meta, "toolRounds": []} if rounds else meta)]
+    for offset in range(chunk, max(len(content), len(reasoning)), chunk):
+        out.append({"id": item["id"], "continued": True, "content": content[offset:offset + chunk],
+                    "reasoning": reasoning[offset:offset + chunk]})
+    for r in rounds:
+        part = {"id": item["id"], "continued": True, "meta": {"toolRounds": [r]}}
+        if _size(part) <= budget:
+            out.append(part)
+            continue
+        calls = r.get("calls") or []
+        out.append({"id": item["id"], "continued": True,
+                    "meta": {"toolRounds": [{**r, "text": _cut(r.get("text") or "", chunk), "calls": []}]}})
+        out += [{"id": item["id"], "continued": True, "meta": {"roundCalls": [_shown(call, budget, chunk)]}}
+                for call in calls]
     return out
+
+
+def _shown(call: dict, budget: int, chunk: int) -> dict:
+    if _size(call) <= budget:
+        return call
+    args = call.get("args")
+    text = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
+    return {**call, "args": _cut(text, chunk), "result": _cut(str(call.get("result") or ""), chunk)}
+
+
+def _cut(text: str, chunk: int) -> str:
+    if len(text) <= chunk:
+        return text
+    return text[:chunk] + f"\n… [{len(text) - chunk} more characters, kept in the chat but not shown here]"
 
 
 def sessions() -> list[dict]:

@@ -40,14 +40,10 @@ def metrics(request: HttpRequest) -> HttpResponse:
 
 def _json_object(request: HttpRequest) -> dict | JsonResponse:
     try:
-        body = jsonbody.loads(request.body or b"{}", limits.current().max_json_depth)
-        message = "invalid JSON body: expected an object"
+        return jsonbody.load_object(request.body or b"{}", limits.current().max_json_depth)
     except jsonbody.JsonRefused as exc:
-        body, message = None, str(exc)
-    if not isinstance(body, dict):
-        return JsonResponse({"error": {"message": message, "type": "invalid_request_error", "param": None,
+        return JsonResponse({"error": {"message": str(exc), "type": "invalid_request_error", "param": None,
                                        "code": None}}, status=400)
-    return body
 
 
 @csrf_exempt

@@ -36,6 +36,8 @@ def _refuse(channel, status: int, reason: bytes, message: str, code: str) -> Non
     from twisted.internet import reactor
 
     channel.refused = True
+    if isinstance(channel, GuardedChannel):
+        channel._disarm()  # this answer is the last on the connection: no 408 after it
     transport = channel.transport
     transport.write(head + body)
     transport.loseWriteConnection() if hasattr(transport, "loseWriteConnection") else transport.loseConnection()

@@ -45,6 +45,14 @@ def depth(value: Any) -> int:
     return deepest
 
 
+def load_object(data: bytes | str, max_depth: int = DEFAULT.max_json_depth, what: str = "JSON body") -> dict:
+    """`loads` for a body that must be a JSON object."""
+    value = loads(data, max_depth, what)
+    if not isinstance(value, dict):
+        raise JsonRefused(f"invalid {what}: expected an object")
+    return value
+
+
 def loads(data: bytes | str, max_depth: int = DEFAULT.max_json_depth, what: str = "JSON body") -> Any:
     """The parsed value, or JsonRefused("invalid <what>[: why]")."""
     try:

@@ -11,7 +11,9 @@ the bound.
 No Django here, and no imports of the project's apps."""
 from __future__ import annotations
 
+import math
 import os
+import re
 from dataclasses import dataclass, fields
 
 MiB = 1 << 20
@@ -59,7 +61,25 @@ class LimitError(ValueError):
     """A bound in the environment that cannot be used."""
 
 
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mb": 1 << 20,
+          "mib": 1 << 20, "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30, "t": 1 << 40, "tb": 1 << 40, "tib": 1 << 40}
+
+
+def parse_size(text: str) -> int:
+    """A byte count: `1073741824`, `512MiB`, `2G`, `1.5GB` (powers of 1024)."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
+    unit = match.group(2).lower() if match else None
+    if not match or unit not in _UNITS:
+        raise ValueError(f"expected a size such as 512MiB or 2GiB, got {text!r}")
+    return int(float(match.group(1)) * _UNITS[unit])
+
+
 def _parse(name: str, raw: str, kind):
+    if name.endswith("_bytes"):
+        try:
+            return parse_size(raw)
+        except ValueError as exc:
+            raise LimitError(f"{ENV[name]}: {exc}") from None
     if kind is bool:
         value = raw.strip().lower()
         if value in ("1", "true", "yes", "on"):
@@ -71,8 +91,8 @@ def _parse(name: str, raw: str, kind):
         value = kind(raw)
     except ValueError:
         raise LimitError(f"{ENV[name]}={raw!r} is not {'an integer' if kind is int else 'a number'}") from None
-    if not value > 0:  # also refuses NaN
-        raise LimitError(f"{ENV[name]}={raw!r} must be greater than 0")
+    if not (value > 0 and math.isfinite(value)):  # also refuses NaN and inf
+        raise LimitError(f"{ENV[name]}={raw!r} must be a finite number greater than 0")
     return value
 
 

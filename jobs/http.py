@@ -13,7 +13,6 @@ def fail(message: str, status: int = 400) -> JsonResponse:
 def json_body(request: HttpRequest) -> dict | JsonResponse:
     """The request's JSON object, or the 400 that says why not."""
     try:
-        body = jsonbody.loads(request.body or b"{}", limits.current().max_json_depth)
+        return jsonbody.load_object(request.body or b"{}", limits.current().max_json_depth)
     except jsonbody.JsonRefused as exc:
         return fail(str(exc))
-    return body if isinstance(body, dict) else fail("invalid JSON body: expected an object")

@@ -8,12 +8,12 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import sys
 import threading
 from collections.abc import Callable
 
+from core.procs import die_with_parent
+
 log = logging.getLogger("hearth.jobs")
-PR_SET_PDEATHSIG = 1
 START_TIME_SLACK_S = 0.05  # start times read by two processes may differ in the last digits
 
 
@@ -59,19 +59,6 @@ def started_before(pid: int | None, moment: float) -> bool:
     process that took over the number later does not count)."""
     began = start_time(pid)
     return began is not None and began <= moment + START_TIME_SLACK_S
-
-
-def die_with_parent(signum: int) -> bool:
-    """Ask Linux to send `signum` to this process when the thread that
-    started it exits (PR_SET_PDEATHSIG); False where that is not available."""
-    if not sys.platform.startswith("linux"):
-        return False
-    import ctypes
-
-    try:
-        return ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, int(signum), 0, 0, 0) == 0
-    except (OSError, AttributeError):
-        return False
 
 
 def watch_parent(parent: int, on_gone: Callable[[], None], interval: float = 1.0) -> threading.Thread:

@@ -148,10 +148,7 @@ class WorkerSupervisor:
         self._thread = threading.Thread(target=self._run, name="hearth-worker-supervisor", daemon=True)
 
     def start(self) -> None:
-        try:
-            stop_strays()
-        except Exception:  # a stray is worth a log line, never a server that fails to start
-            log.exception("looking for stray job workers failed")
+        """Start supervising; `hearth serve` has already called `stop_strays`."""
         self._thread.start()
 
     def _spawn(self) -> subprocess.Popen:

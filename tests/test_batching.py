@@ -370,3 +370,23 @@ def test_a_penalty_window_wider_than_the_context_means_the_whole_history(engines
                               logits=LogitsParams(logit_bias=no_eos, repetition_penalty=1.5,
                                                   repetition_context_size=engine.loaded.context_window))
     assert asyncio.run(_outcome(engine, wide)) == asyncio.run(_outcome(engine, whole))
+
+
+def test_neighbours_outlive_repeated_failures_of_others(engines, eos_id):
+    """Two rows that each fail the whole step, one after the other: the
+    healthy rows are restarted twice and still finish as they would alone."""
+    engine = engines(batch=8, prompt_cache_bytes=0)
+    no_eos = LogitsParams(logit_bias={eos_id: -100.0})
+    healthy = GenerationRequest(_prompt(6, 20), max_tokens=40, logits=no_eos,
+                                sampling=SamplingParams(temperature=1.0, top_k=40, seed=21))
+    alone = asyncio.run(_outcome(engine, GenerationRequest(list(healthy.prompt_tokens), max_tokens=40, logits=no_eos,
+                                                           sampling=healthy.sampling)))
+
+    async def together():
+        bad = [GenerationRequest(_prompt(7 + i, 8), max_tokens=40, grammar=_Poison(after, eager=False))
+               for i, after in enumerate((4, 12))]
+        return await asyncio.gather(*(_outcome(engine, r) for r in [healthy, *bad]))
+
+    good, first, second = asyncio.run(together())
+    assert first["error"] and second["error"]
+    assert good == alone

@@ -214,13 +214,18 @@ def test_binary_empty_and_nested_frames_get_an_error_and_the_socket_stays(server
 
 def test_a_chat_of_any_size_opens_in_pages(server):
     big = "lorem ipsum dolor sit amet ✓ " * 60_000  # 1.7 MB of text in one entry, over the socket's 1 MiB
+    rounds = [{"text": "", "calls": [{"id": f"c{n}", "tool": "write", "args": {"path": "a.txt", "content": "z" * size},
+                                      "ok": True, "result": "written"} for n, size in enumerate((10, 1_500_000, 20))]},
+              {"text": "", "calls": [{"id": "c9", "tool": "read", "args": {"path": "a.txt"}, "ok": True,
+                                      "result": "y" * 20_000}]}]
     entries = [{"type": "session", "title": "huge", "leaf": "e9"}]
     parent = None
     for i in range(10):
         role = "user" if i % 2 == 0 else "assistant"
         content = big if i == 5 else f"message {i} " + "x" * 150_000
         entries.append({"type": "message", "id": f"e{i}", "parentId": parent,
-                        "message": {"role": role, "content": content, "reasoning": "why " * 30_000 if i == 5 else ""}})
+                        "message": {"role": role, "content": content, "reasoning": "why " * 30_000 if i == 5 else ""},
+                        "meta": {"toolRounds": rounds} if i == 7 else {}})
         parent = f"e{i}"
     r = httpx.post(server.url + "/api/sessions/import", json={"entries": entries}, timeout=60)
     assert r.status_code == 200, r.text
@@ -236,18 +241,26 @@ def test_a_chat_of_any_size_opens_in_pages(server):
             return frames
 
     frames = asyncio.run(run())
-    assert len(frames) > 3 and max(len(f.encode()) for f in frames) < 1 << 20
+    assert len(frames) > 3 and max(len(f.encode()) for f in frames) < 512 << 10
     rows: list[dict] = []
     for frame in frames:
         for item in json.loads(frame)["items"]:
-            if item.get("continued"):
-                assert rows[-1]["id"] == item["id"]
-                rows[-1]["content"] += item["content"]
-                rows[-1]["reasoning"] += item["reasoning"]
-            else:
+            if not item.get("continued"):
                 rows.append(item)
+                continue
+            row = rows[-1]
+            assert row["id"] == item["id"]
+            row["content"] += item.get("content", "")
+            row["reasoning"] += item.get("reasoning", "")
+            row["meta"].setdefault("toolRounds", []).extend(item.get("meta", {}).get("toolRounds", []))
+            for call in item.get("meta", {}).get("roundCalls", []):
+                row["meta"]["toolRounds"][-1]["calls"].append(call)
     assert json.loads(frames[0])["total"] == len(rows) == 10
     assert rows[5]["content"] == big and rows[5]["reasoning"] == "why " * 30_000
+    shown = rows[7]["meta"]["toolRounds"]
+    assert [[c["id"] for c in r["calls"]] for r in shown] == [["c0", "c1", "c2"], ["c9"]]
+    assert shown[0]["calls"][0] == rounds[0]["calls"][0] and shown[1] == rounds[1]
+    assert "more characters, kept in the chat but not shown here" in shown[0]["calls"][1]["args"]
     assert [r["content"][:10] for r in rows if r is not rows[5]] == [f"message {i} "[:10] for i in range(10) if i != 5]
 
 

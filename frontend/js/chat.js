@@ -160,6 +160,11 @@ export function chatPage(main) {
       if (it.meta?.toolRounds) {
         last.meta = { ...(last.meta || {}), toolRounds: [...(last.meta?.toolRounds || []), ...it.meta.toolRounds] };
       }
+      const rounds = last.meta?.toolRounds;
+      if (it.meta?.roundCalls && rounds?.length) {  // one more call of a round too large for one part
+        rounds[rounds.length - 1] = { ...rounds[rounds.length - 1],
+          calls: [...(rounds[rounds.length - 1].calls || []), ...it.meta.roundCalls] };
+      }
     }
   }
 

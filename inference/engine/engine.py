@@ -411,18 +411,19 @@ class Engine:
 
     def _recover(self, exc: Exception) -> None:
         """A step failed as a whole. The rows whose own sampling fails alone
-        are ended with the error; the others go on, once, on a fresh lane
-        from what they had generated (a second failure ends them too)."""
+        are ended with the error and the others go on, on a fresh lane, from
+        what they had generated. When no row can be blamed, every row goes on
+        once; a second such failure ends the rows it already restarted."""
         rows = self.lane.all_rows()
         self.stats.failed_steps += 1
         suspects = [row for row in rows if lanes.suspect(row, self.loaded)]
-        log.error("decode step failed (%s: %s); ending %d of %d rows", type(exc).__name__, exc,
-                  len(suspects) or sum(1 for r in rows if r.restarts), len(rows))
+        ended = suspects or [row for row in rows if row.restarts]
+        log.error("decode step failed (%s: %s); ending %d of %d rows", type(exc).__name__, exc, len(ended), len(rows))
         self._reset_lane()
         for row in rows:
             if row.aborted:
-                row.close()
-            elif row in suspects or row.restarts:
+                lanes.close_row(row)
+            elif row in ended:
                 row.fault = row.fault or exc
                 lanes.fail_faulty(row)
                 self.stats.failed_rows += 1

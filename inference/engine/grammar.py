@@ -40,7 +40,8 @@ class GrammarBusy(EngineError):
 
 
 SMALL_SOURCE = 4096  # specs up to this many characters compile on their own workers, never behind big ones
-MAX_BIG_PENDING = 4  # large compiles running or queued; beyond, new ones are refused
+MAX_PENDING = (8, 4)  # short and long compiles running or queued; beyond, new ones are refused
+FAILED_KEPT = 256  # specs that did not compile, remembered so a retry is not another compile
 
 
 class GrammarCompiler:
@@ -51,9 +52,10 @@ class GrammarCompiler:
     every request waiting for the same spec. Compiles run on two small
     thread pools (xgrammar releases the GIL while it works): one for short
     specs, one for long ones, so a trivial schema never waits behind a
-    huge `guided_choice`, and no lock is held over a compile. Long
-    compiles are bounded: at most MAX_BIG_PENDING at once, refused with
-    `GrammarBusy` beyond. A request that stops waiting (its time budget,
+    huge `guided_choice`, and no lock is held over a compile. Both are
+    bounded: at most MAX_PENDING running or queued, refused with
+    `GrammarBusy` beyond, and a spec that failed is remembered (so asking
+    again costs nothing). A request that stops waiting (its time budget,
     its client leaving) leaves the compile to finish and be cached."""
 
     def __init__(self, hf_tokenizer, vocab_size: int, stop_ids: list[int], cache_bytes: int = 256 << 20):
@@ -61,6 +63,7 @@ class GrammarCompiler:
         self._compiler = None
         self._cache: OrderedDict[GrammarSpec, tuple[object, int]] = OrderedDict()
         self._inflight: dict[GrammarSpec, Future] = {}
+        self._failed: OrderedDict[GrammarSpec, GrammarCompileError] = OrderedDict()
         self._lock = threading.Lock()  # the cache, the in-flight map and the counters; never held over a compile
         self._setup_lock = threading.Lock()
         self._pools = (ThreadPoolExecutor(2, thread_name_prefix="hearth-grammar"),
@@ -70,7 +73,7 @@ class GrammarCompiler:
         self.stop_ids = stop_ids
         self.hits = self.misses = self.failures = self.refused = 0
         self._bytes = 0
-        self._big_pending = 0
+        self._pending = [0, 0]  # short, long
 
     def _xgr(self):
         import xgrammar as xgr
@@ -92,12 +95,18 @@ class GrammarCompiler:
                 return done
             if spec in self._inflight:
                 return self._inflight[spec]
-            big = len(spec.source) > SMALL_SOURCE
-            if big and self._big_pending >= MAX_BIG_PENDING:
+            if spec in self._failed:
+                self.hits += 1
+                failed: Future = Future()
+                failed.set_exception(self._failed[spec])
+                return failed
+            big = int(len(spec.source) > SMALL_SOURCE)
+            if self._pending[big] >= MAX_PENDING[big]:
                 self.refused += 1
-                raise GrammarBusy(f"{MAX_BIG_PENDING} large grammars are already compiling; retry shortly")
+                raise GrammarBusy(f"{MAX_PENDING[big]} {'long' if big else 'short'} grammars are already compiling; "
+                                  "retry shortly")
             self.misses += 1
-            self._big_pending += big
+            self._pending[big] += 1
             future = self._pools[big].submit(self._run, spec, big)
             self._inflight[spec] = future
             return future
@@ -106,19 +115,20 @@ class GrammarCompiler:
         """`submit(spec).result(timeout)`, for callers off the event loop."""
         return self.submit(spec).result(timeout)
 
-    def _run(self, spec: GrammarSpec, big: bool):
+    def _run(self, spec: GrammarSpec, big: int):
         try:
             compiled = self._compile(self._xgr(), spec)
-        except GrammarCompileError:
-            self._failed(spec, big)
+        except GrammarCompileError as exc:
+            self._remember_failure(spec, big, exc)
             raise
         except Exception as exc:  # xgrammar raises RuntimeError/ValueError with a reason
-            self._failed(spec, big)
-            raise GrammarCompileError(clean_reason(exc)) from exc
+            error = GrammarCompileError(clean_reason(exc))
+            self._remember_failure(spec, big, error)
+            raise error from exc
         size = int(getattr(compiled, "memory_size_bytes", 0) or 0) + len(spec.source)
         with self._lock:
             self._inflight.pop(spec, None)
-            self._big_pending -= big
+            self._pending[big] -= 1
             if size <= self.cache_bytes:
                 self._cache[spec] = (compiled, size)
                 self._bytes += size
@@ -127,11 +137,14 @@ class GrammarCompiler:
                     self._bytes -= dropped
         return compiled
 
-    def _failed(self, spec: GrammarSpec, big: bool) -> None:
+    def _remember_failure(self, spec: GrammarSpec, big: int, error: GrammarCompileError) -> None:
         with self._lock:
             self._inflight.pop(spec, None)
-            self._big_pending -= big
+            self._pending[big] -= 1
             self.failures += 1
+            self._failed[spec] = error
+            while len(self._failed) > FAILED_KEPT:
+                self._failed.popitem(last=False)
 
     def stats(self) -> dict:
         with self._lock:

@@ -101,7 +101,7 @@ class BatchLane:
                 row.finish = row.finish or r.finish_reason
                 del self.rows[r.uid]
                 published.append((r.all_tokens, r.prompt_cache, row))
-                row.close()
+                close_row(row)
             elif done or r.finish_reason is not None:
                 ended.append(r.uid)
         ended += [uid for uid, row in self.rows.items() if row.fault is not None and uid not in ended]
@@ -126,7 +126,7 @@ class BatchLane:
                 out.append((list(tokens), cache, row))
             else:
                 out.append((None, None, row))
-            row.close()
+            close_row(row)
         return out
 
     def fail_all(self, message: str) -> None:
@@ -195,19 +195,27 @@ class SerialLane:
                 row.finish = row.finish or "length"
             else:
                 self._tokens.append(token)
-                if not row.feed(token, logprobs):
+                if not _feed(row, token, logprobs):
                     return []
+        if row.fault is not None:
+            self._finish()
+            fail_faulty(row)
+            self.faults += 1
+            return [(None, None, row)]
         # Once a token came out, the cache holds the prompt and every token handed out.
         published = [(self._tokens, self._cache, row) if row.count else (None, None, row)]
         self._finish()
-        row.close()
+        close_row(row)
         return published
 
     def _finish(self) -> None:
         self.row, self._steps, self._cache, self._tokens = None, None, None, []
 
+    faults = 0
+
     def take_faults(self) -> int:
-        return 0  # a failure here ends the one row it runs, through the engine's recovery
+        faults, self.faults = self.faults, 0
+        return faults
 
     def fail_all(self, message: str) -> None:
         if self.row is not None:
@@ -259,6 +267,15 @@ def _feed(row: Row, token: int, logprobs) -> bool:
         return True
 
 
+def close_row(row: Row) -> None:
+    """Send a finished row's last event; if even that fails, the row fails alone."""
+    try:
+        row.close()
+    except Exception as exc:
+        row.fault = exc
+        fail_faulty(row)
+
+
 def fault_message(exc: BaseException) -> str:
     first = (str(exc).strip().splitlines() or [""])[0]
     return f"generation failed: {first or type(exc).__name__}"
@@ -271,8 +288,10 @@ def fail_faulty(row: Row) -> None:
 
 def restart_row_state(row: Row) -> None:
     """A row continuing on a fresh lane gets a matcher that has seen what it
-    generated, and a seeded sampler back at the key for its next token."""
-    if not row.generated:
+    generated, and a seeded sampler back at the key for its next token (its
+    grammar and key may have moved on in the failed step, even before its
+    first token came out)."""
+    if not row.restarts:
         return
     grammar = row.req.grammar
     if hasattr(grammar, "restart"):

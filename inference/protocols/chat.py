@@ -154,10 +154,15 @@ def check_size(messages: list[dict], tools: list[dict] | None, kwargs: dict, tem
         chars += len(json.dumps(tools, ensure_ascii=False))
     if kwargs:
         chars += len(json.dumps(kwargs, ensure_ascii=False))
+    check_chars(chars, "messages")
+
+
+def check_chars(chars: int, param: str, what: str = "the prompt") -> None:
+    """Refuse `chars` characters of input over `max_prompt_chars`, naming `param`."""
     most = current_limits().max_prompt_chars
     if chars > most:
-        raise RequestError(f"the prompt is {chars} characters; this server takes at most {most} "
-                           "(--max-prompt-chars)", "messages", code="prompt_too_large")
+        raise RequestError(f"{what} is {chars} characters; this server takes at most {most} "
+                           "(--max-prompt-chars)", param, code="prompt_too_large")
 
 
 def thinks(model: LoadedModel) -> bool:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import base64
 import struct
 
-from core.limits import current as current_limits
+from inference.protocols.chat import check_chars
 from inference.protocols.errors import RequestError
 
 MAX_INPUTS = 2048
@@ -28,10 +28,7 @@ def texts(body: dict) -> list[str]:
         if not isinstance(instruction, str):
             raise RequestError("instruction must be a string", "instruction")
         items = [f"Instruct: {instruction}\nQuery:{text}" for text in items]
-    chars, most = sum(len(text) for text in items), current_limits().max_prompt_chars
-    if chars > most:
-        raise RequestError(f"input is {chars} characters; this server takes at most {most} (--max-prompt-chars)",
-                           "input", code="prompt_too_large")
+    check_chars(sum(len(text) for text in items), "input", "input")
     return items
 
 

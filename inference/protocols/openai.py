@@ -131,10 +131,7 @@ def _read_completion(body: dict, model: LoadedModel, defaults: ServerDefaults):
         raise RequestError("prompt must be a string (token arrays are not accepted)", "prompt")
     if not prompt:
         raise RequestError("prompt must not be empty", "prompt")
-    most = current_limits().max_prompt_chars
-    if len(prompt) > most:
-        raise RequestError(f"the prompt is {len(prompt)} characters; this server takes at most {most} "
-                           "(--max-prompt-chars)", "prompt", code="prompt_too_large")
+    chat.check_chars(len(prompt), "prompt")
     return Prepared(_common(body, model, defaults)), structured.requested(body), prompt
 
 

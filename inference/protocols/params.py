@@ -20,12 +20,9 @@ MAX_STOP_SEQUENCES = checks.MAX_STOP_SEQUENCES
 
 def parse_json_body(raw: bytes) -> dict:
     try:
-        body = jsonbody.loads(raw or b"", limits.current().max_json_depth)
+        return jsonbody.load_object(raw or b"", limits.current().max_json_depth)
     except jsonbody.JsonRefused as exc:
         raise RequestError(str(exc)) from None
-    if not isinstance(body, dict):
-        raise RequestError("invalid JSON body: expected an object")
-    return body
 
 
 LARGE_BODY = 256 << 10  # bodies this large are parsed off the event loop

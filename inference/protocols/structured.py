@@ -44,7 +44,7 @@ class Constraint:
 def _schema_text(schema, param: str) -> str:
     if isinstance(schema, str):
         try:
-            schema = jsonbody.loads(schema, what="JSON schema")
+            schema = jsonbody.loads(schema, current_limits().max_json_depth, "JSON schema")
         except jsonbody.JsonRefused:
             raise RequestError(f"{param} must be a JSON schema object", param) from None
     if not isinstance(schema, dict):
@@ -103,37 +103,33 @@ def _text(value, param: str) -> str:
     return value
 
 
-FIELDS = ("guided_grammar", "response_format", "structured_outputs", "guided_regex", "guided_choice")
-
-
 def requested(body: dict) -> GrammarSpec | None:
     """The constraint a body asks for, within the size limits."""
-    spec = _requested(body)
+    spec, field = _requested(body)
     most = current_limits().max_grammar_bytes
     if spec is not None and len(spec.source.encode()) > most:
-        field = next((f for f in FIELDS if body.get(f) is not None), "response_format")
         raise RequestError(f"{field} is {len(spec.source.encode())} bytes as a grammar; this server takes at most "
                            f"{most} (--max-grammar-bytes)", field, code="grammar_too_large")
     return spec
 
 
-def _requested(body: dict) -> GrammarSpec | None:
-    """The constraint a body asks for, by precedence: guided_grammar, then
-    response_format (json_schema, json_object), structured_outputs,
-    guided_regex, guided_choice."""
+def _requested(body: dict) -> tuple[GrammarSpec | None, str]:
+    """The constraint a body asks for, and the field it came from, by
+    precedence: guided_grammar, then response_format (json_schema,
+    json_object), structured_outputs, guided_regex, guided_choice."""
     if body.get("guided_grammar") is not None:
-        return GrammarSpec("ebnf", _text(body["guided_grammar"], "guided_grammar"))
+        return GrammarSpec("ebnf", _text(body["guided_grammar"], "guided_grammar")), "guided_grammar"
     if body.get("response_format") is not None:
         spec = _response_format(body["response_format"])
         if spec is not None:
-            return spec
+            return spec, "response_format"
     if body.get("structured_outputs") is not None:
-        return _structured_outputs(body["structured_outputs"])
+        return _structured_outputs(body["structured_outputs"]), "structured_outputs"
     if body.get("guided_regex") is not None:
-        return GrammarSpec("regex", _text(body["guided_regex"], "guided_regex"))
+        return GrammarSpec("regex", _text(body["guided_regex"], "guided_regex")), "guided_regex"
     if body.get("guided_choice") is not None:
-        return _choice(body["guided_choice"], "guided_choice")
-    return None
+        return _choice(body["guided_choice"], "guided_choice"), "guided_choice"
+    return None, ""
 
 
 async def resolve(spec: GrammarSpec | None, compiler, enabled: bool,

@@ -4,15 +4,18 @@ A template is a program: three nested loops in forty bytes keep a Jinja
 render busy for good, and a render running in one of the server's threads
 cannot be interrupted. So a client's template (`chat_template_kwargs.
 chat_template`, allowed only with `hearth serve --allow-client-templates`)
-renders in a pool of `template_worker` processes of its own. A render
-waits for a free worker and runs for at most the template time budget in
-all; past it, or once the client has gone (the request's task is
-cancelled), the worker is killed and a fresh one started, so a hostile
-template costs one worker for the budget and nothing else. The server's
-own template never comes here.
+renders in a pool of `template_worker` processes of its own. A render waits
+at most the template time budget for a free worker, then runs for at most
+the budget; past it, or once the client has gone (the request's task is
+cancelled), its worker is killed and a fresh one started in its place, so a
+hostile template holds one worker for one budget and nothing else: the
+server's own template, and every request without a client template, never
+comes here.
 
-Waiting happens on a small executor of its own, one thread per worker, so
-renders never take threads from the event loop's default pool.
+Each worker is driven by one thread of a small executor of its own (one
+thread per worker), so renders never take threads from the event loop's
+default pool; the thread owns its worker's pipes, and the event loop only
+ever sends a kill signal.
 """
 from __future__ import annotations
 
@@ -32,14 +35,7 @@ from inference.protocols.errors import RequestError
 log = logging.getLogger("hearth.templates")
 PARAM = "chat_template_kwargs.chat_template"
 SECRETS = ("HEARTH_API_KEY", "HEARTH_INTERNAL_KEY", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
-
-
-class _Ticket:
-    """One render: the worker it runs on, and whether its client left."""
-
-    def __init__(self):
-        self.worker: _Worker | None = None
-        self.cancelled = False
+STARTUP_S = 60.0  # a worker's start (importing transformers) is not charged to a render's budget
 
 
 class _Worker:
@@ -50,9 +46,16 @@ class _Worker:
         self._buffer = b""
         self.ready = False
 
-    def kill(self) -> None:
-        if self.proc.poll() is None:
+    def signal_kill(self) -> None:
+        """Stop it now; safe from any thread (the driving thread sees end of file)."""
+        try:
             self.proc.kill()
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        """Kill, reap and close its pipes: the driving thread only."""
+        self.signal_kill()
         try:
             self.proc.wait(5)
         except subprocess.TimeoutExpired:
@@ -77,17 +80,36 @@ class _Worker:
         line, self._buffer = self._buffer.split(b"\n", 1)
         return json.loads(line)
 
-    def roundtrip(self, payload: bytes, deadline: float) -> dict | None:
+    def wait_ready(self) -> bool:
         if not self.ready:
-            if self._line(deadline) is None:
-                return None
-            self.ready = True
+            try:
+                self.ready = self._line(time.monotonic() + STARTUP_S) is not None
+            except (OSError, ValueError):
+                return False
+        return self.ready
+
+    def roundtrip(self, payload: bytes, deadline: float) -> dict | None:
         try:
             self.proc.stdin.write(payload)
             self.proc.stdin.flush()
-        except (BrokenPipeError, OSError, ValueError):
+            return self._line(deadline)
+        except (OSError, ValueError):  # killed meanwhile: a broken pipe, or a line cut short
             return None
-        return self._line(deadline)
+
+
+class _Ticket:
+    """One render: the worker it runs on, and whether its client left."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.worker: _Worker | None = None
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        with self.lock:
+            self.cancelled = True
+            if self.worker is not None:
+                self.worker.signal_kill()
 
 
 class TemplateSandbox:
@@ -95,13 +117,10 @@ class TemplateSandbox:
 
     def __init__(self, size: int = 2, timeout_s: float = 5.0):
         self.size, self.timeout_s = size, timeout_s
-        self._idle: list[_Worker] = []
         self._lock = threading.Lock()
-        self._slots = threading.BoundedSemaphore(size)
+        self._idle: list[_Worker] = [_Worker() for _ in range(size)]  # started now, so warm when first needed
         self._executor = ThreadPoolExecutor(size, thread_name_prefix="hearth-template")
         self.renders = self.timeouts = self.failures = 0
-        for _ in range(size):
-            self._idle.append(_Worker())  # started now: the first render does not wait for imports
 
     async def render(self, template: str, messages: list[dict], tools: list[dict] | None, variables: dict,
                      max_chars: int) -> str:
@@ -109,15 +128,13 @@ class TemplateSandbox:
         own errors, 503 when it ran out of time)."""
         payload = (json.dumps({"template": template, "messages": messages, "tools": tools, "variables": variables,
                                "max_chars": max_chars}, ensure_ascii=False) + "\n").encode()
-        deadline = time.monotonic() + self.timeout_s
         ticket = _Ticket()
+        queued = time.monotonic()
         try:
             answer = await asyncio.get_running_loop().run_in_executor(
-                self._executor, self._render, payload, deadline, ticket)
-        except asyncio.CancelledError:  # the client left: stop the work it started
-            ticket.cancelled = True
-            if ticket.worker is not None:
-                ticket.worker.kill()
+                self._executor, self._render, payload, queued, ticket)
+        except asyncio.CancelledError:  # the client left: stop the work it started (or will start)
+            ticket.cancel()
             raise
         if answer is None:
             self.timeouts += 1
@@ -130,34 +147,36 @@ class TemplateSandbox:
         self.renders += 1
         return answer["text"]
 
-    def _render(self, payload: bytes, deadline: float, ticket: _Ticket) -> dict | None:
-        if not self._slots.acquire(timeout=max(deadline - time.monotonic(), 0)):
-            return None
-        worker = None
+    def _render(self, payload: bytes, queued: float, ticket: _Ticket) -> dict | None:
+        if ticket.cancelled or time.monotonic() - queued > self.timeout_s:
+            return None  # its client left, or it waited its whole budget for a worker
+        with self._lock:
+            worker = self._idle.pop() if self._idle else _Worker()
+        answer, used = None, False
         try:
-            if ticket.cancelled:
-                return None
-            with self._lock:
-                worker = self._idle.pop() if self._idle else _Worker()
-            ticket.worker = worker
-            answer = None if ticket.cancelled else worker.roundtrip(payload, deadline)
-            if answer is None or worker.proc.poll() is not None:
-                worker.kill()  # out of time, or killed for a client that left: a fresh one takes its place
-                worker = _Worker()
-            return answer
+            if worker.wait_ready():
+                with ticket.lock:
+                    ticket.worker = None if ticket.cancelled else worker
+                    used = ticket.worker is not None
+                if used:
+                    answer = worker.roundtrip(payload, time.monotonic() + self.timeout_s)
         finally:
-            if worker is not None:
-                with self._lock:
-                    self._idle.append(worker)
-            self._slots.release()
+            with ticket.lock:
+                ticket.worker = None
+            if (used and answer is None) or not worker.ready or worker.proc.poll() is not None:
+                worker.close()  # out of time, killed for a client that left, or broken: replaced
+                worker = _Worker()
+            with self._lock:
+                self._idle.append(worker)
+        return answer
 
     def stats(self) -> dict:
         return {"workers": self.size, "timeout_s": self.timeout_s, "renders": self.renders,
                 "timeouts": self.timeouts, "failures": self.failures}
 
     def close(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
         with self._lock:
             workers, self._idle = self._idle, []
         for worker in workers:
-            worker.kill()
-        self._executor.shutdown(wait=False, cancel_futures=True)
+            worker.close()

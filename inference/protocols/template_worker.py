@@ -20,14 +20,11 @@ MEMORY_BYTES = 2 << 30
 
 
 def _confine() -> None:
-    if sys.platform.startswith("linux"):
-        import ctypes
-        import signal
+    import signal
 
-        try:
-            ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-        except OSError:
-            pass
+    from core.procs import die_with_parent
+
+    die_with_parent(signal.SIGKILL)
     try:
         import resource
 

@@ -54,19 +54,12 @@ def _seconds(text):
     return value
 
 
-_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mb": 1 << 20,
-          "mib": 1 << 20, "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30, "t": 1 << 40, "tb": 1 << 40, "tib": 1 << 40}
-
-
 def _bytes(text):
     """A byte count: `1073741824`, `512MiB`, `2G`, `1.5GB` (powers of 1024)."""
-    import re
-
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
-    unit = match.group(2).lower() if match else None
-    if not match or unit not in _UNITS:
-        raise argparse.ArgumentTypeError(f"expected a size such as 512MiB or 2GiB, got {text!r}")
-    return int(float(match.group(1)) * _UNITS[unit])
+    try:
+        return limits.parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _positive(text):
