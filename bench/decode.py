@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from config.cli import find_openblas  # noqa: E402
+from core.blas import find_openblas  # noqa: E402
 
 PROMPT = [{"role": "user", "content": "Tell me a long story about a quiet house by the river."}]
 

@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.decode import build_model, suppressed_ids, wait_up  # noqa: E402
-from config.cli import find_openblas  # noqa: E402
+from core.blas import find_openblas  # noqa: E402
 
 WORDS = ("the river house quiet keeper light tower stone window garden morning evening bread tea letter "
          "road hill winter summer boat harbor lamp book chair table door field bird rain wind").split()

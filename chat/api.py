@@ -8,7 +8,7 @@ from django.http import HttpRequest, HttpResponse
 from ninja import Router
 
 from chat.models import ChatEntry, ChatSession
-from jobs.http import fail, json_body
+from core.api import fail, json_body
 
 router = Router(tags=["sessions"])
 MAX_MATCHES, PER_SESSION, CONTEXT = 50, 10, 60

@@ -28,16 +28,20 @@ from chat import store, turns
 from chat.models import ChatEntry, ChatSession
 from core import jsonbody
 from core.limits import current as current_limits
+from inference.protocols import params
 
 log = logging.getLogger("hearth.chat")
-SAMPLING = ("temperature", "top_p", "top_k", "min_p", "xtc_probability", "xtc_threshold", "repetition_penalty",
-            "repetition_context_size", "presence_penalty", "frequency_penalty", "seed")
 HISTORY_PAGE_BYTES = 256 << 10  # far below the socket's message limit (4 MiB, set where daphne starts)
 MAX_FRAME_CHARS = 2 << 20  # a frame is parsed on the event loop: longer ones are refused unread
 MAX_ID = 256  # session, entry, call and adapter ids, tool names
 
 
 class ChatConsumer(AsyncJsonWebsocketConsumer):
+    @property
+    def runtime(self):
+        """The serving process's runtime, handed over by the ASGI router."""
+        return self.scope["runtime"]
+
     async def connect(self):
         # The Host, Origin and key checks ran before the socket reached here (config/asgi.py).
         self.session: ChatSession | None = None
@@ -152,7 +156,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         scope = frame.get("scope", "session")
         if scope not in ("session", "next_turn"):
             raise _FrameError("scope must be session or next_turn")
-        values = {k: frame[k] for k in SAMPLING if k in frame}
+        values = {k: frame[k] for k in params.SAMPLING if k in frame}
         for key, value in values.items():
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
                                       or not math.isfinite(value)):
@@ -260,8 +264,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
 
     async def _run_turn(self, user_entry: ChatEntry) -> None:
         from chat import toolloop
-        from inference.runtime import runtime
-
+        runtime = self.runtime
         session = self.session
         started = time.perf_counter()
         await self.send_json({"type": "turn_start", "userEntryId": user_entry.id, "sessionId": session.id})
@@ -364,10 +367,9 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             await self.send_json({"type": "history_more", "items": page, "sessionId": sid, "more": i < len(pages)})
 
     def _check_sampling(self, values: dict) -> None:
-        from inference.runtime import runtime
-
+        runtime = self.runtime
         if runtime.engine is not None and runtime.engine.loaded is not None:
-            problem = turns.sampling_problem(values, runtime.engine.loaded)
+            problem = turns.sampling_problem(values, runtime.engine.loaded, runtime.defaults)
             if problem is not None:
                 raise _FrameError(problem)
 
@@ -379,12 +381,10 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
     async def _error(self, message: str) -> None:
         await self.send_json({"type": "error", "message": message})
 
-    @staticmethod
-    def _ready() -> dict:
+    def _ready(self) -> dict:
         from inference.protocols import chat as chat_protocol
-        from inference.protocols import params
-        from inference.runtime import runtime
 
+        runtime = self.runtime
         engine = runtime.engine
         model = engine.loaded if engine is not None else None
         return {"type": "ready", "model": model.model_id if model else None, "vision": False, "audio": False,

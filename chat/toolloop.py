@@ -66,9 +66,8 @@ def _wire(call: dict) -> dict:
 async def run(consumer, session, messages: list[dict], state: TurnState) -> None:
     """Generate, run tools, generate again; raises TurnFailed with a message
     for the user, CancelledError when stopped."""
-    from inference.runtime import runtime
-
     coding = bool(session.coding_tools) and consumer.may_code  # never offered to an unvouched socket
+    runtime = consumer.runtime
     offered = await sync_to_async(chat_tools.available)(coding)
     messages = list(messages)
     sampling, consumer.next_sampling = consumer.next_sampling, {}  # "next turn" covers all of its rounds
@@ -100,7 +99,8 @@ async def _generate(consumer, session, messages, offered, state: TurnState, runt
     from chat.turns import prepare
 
     engine = runtime.require_engine()
-    prepared = await prepare(session, messages, sampling, engine.loaded, chat_tools.specs(offered) or None)
+    prepared = await prepare(session, messages, sampling, engine.loaded, runtime.options,
+                             chat_tools.specs(offered) or None)
     round_text = ""
     async for event in engine.submit(prepared.request).events():
         if event.error is not None:

@@ -1,8 +1,8 @@
 """The dashboard chat's server-side tools.
 
-Two sources: the memory tools (read-only, never gated, offered once a
-vault exists; `memory/tools.py`) and the coding tools, offered only when the session
-turned them on. The coding tools work inside one workspace folder
+Two sources: tools other apps register (memory's read-only tools, never
+gated, offered once a vault exists; `memory/tools.py`) and the coding tools,
+offered only when the session turned them on. The coding tools work inside one workspace folder
 (`HEARTH_CHAT_WORKSPACE`, default `HEARTH_HOME/workspace`); every path is
 resolved, symlinks included, and refused when it leaves that folder.
 `bash`, `edit` and `write` change the machine, so they are gated by the
@@ -18,12 +18,12 @@ import asyncio
 import os
 import signal
 import sys
-import tempfile
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from chat.reaper import kill_tree
+from core.fs import write_atomically
 from core.paths import PathRefused, read_text
 
 REAPER = str(Path(__file__).with_name("reaper.py"))
@@ -139,17 +139,7 @@ def _read(args: dict) -> str:
 
 
 def _atomic_write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    mode = path.stat().st_mode & 0o7777 if path.exists() else 0o644
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomically(path, text, durable=False)
 
 
 def _write(args: dict) -> str:
@@ -268,30 +258,25 @@ CODING_TOOLS = {t.name: t for t in [
 ]}
 
 
-# -- memory tools ------------------------------------------------------------
-def memory_tools() -> dict[str, Tool]:
-    """The vault's read-only tools (none until a vault exists)."""
-    from memory import tools as module
-
-    out = {}
-    for spec in module.specs():
-        fn = spec["function"]
-        out[fn["name"]] = Tool(fn["name"], fn.get("description", ""), fn.get("parameters") or {"type": "object"},
-                               gated=False, run=lambda args, _n=fn["name"]: _memory_call(module, _n, args))
-    return out
-
-
-def _memory_call(module, name: str, args: dict) -> str:
-    result = str(module.call(name, args))
-    if result.startswith("error: "):  # the memory tools answer failures as text
-        raise ToolError(result[len("error: "):])
-    return result
-
-
 # -- the registry ------------------------------------------------------------
+# Other apps add tools by registering a provider: a function answering the
+# tools it offers right now (memory offers its read-only tools once a vault
+# exists; see memory/apps.py). Their failures raise ToolError like ours.
+_PROVIDERS: list[Callable[[], dict[str, Tool]]] = []
+
+
+def register_provider(provider: Callable[[], dict[str, Tool]]) -> None:
+    if provider not in _PROVIDERS:
+        _PROVIDERS.append(provider)
+
+
 def available(coding: bool) -> dict[str, Tool]:
-    """The tools a turn offers: memory once a vault exists, coding when switched on."""
-    return {**memory_tools(), **(CODING_TOOLS if coding else {})}
+    """The tools a turn offers: the registered apps' (memory's once a vault
+    exists), and the coding tools when the session switched them on."""
+    out: dict[str, Tool] = {}
+    for provider in _PROVIDERS:
+        out.update(provider())
+    return {**out, **(CODING_TOOLS if coding else {})}
 
 
 def specs(tools: dict[str, Tool]) -> list[dict]:

@@ -18,18 +18,16 @@ def body(session: ChatSession, messages: list[dict], next_turn: dict, tools: lis
     return out
 
 
-def sampling_problem(values: dict, model) -> str | None:
+def sampling_problem(values: dict, model, defaults) -> str | None:
     """Why the engine could not run these sampling values on `model`, or None:
     the same checks a /v1 request gets, so nothing unrunnable is ever saved."""
     from inference.engine.types import GenerationRequest
     from inference.protocols import params
     from inference.protocols.errors import RequestError
-    from inference.runtime import runtime
-
     body = {k: v for k, v in values.items() if v is not None}
     try:
         request = GenerationRequest(prompt_tokens=[], logits=params.logits_params(body, model.vocab_size),
-                                    sampling=params.sampling(body, runtime.defaults, model.generation_config,
+                                    sampling=params.sampling(body, defaults, model.generation_config,
                                                              model.vocab_size))
         params.checked(request, model.vocab_size, model.context_window)
     except RequestError as exc:
@@ -37,10 +35,8 @@ def sampling_problem(values: dict, model) -> str | None:
     return None
 
 
-async def prepare(session: ChatSession, messages: list[dict], next_turn: dict, model,
+async def prepare(session: ChatSession, messages: list[dict], next_turn: dict, model, options,
                   tools: list[dict] | None = None):
     from inference.protocols.openai import prepare_chat
-    from inference.runtime import runtime
 
-    return await prepare_chat(body(session, messages, next_turn, tools), model, runtime.defaults,
-                              runtime.grammar_enabled)
+    return await prepare_chat(body(session, messages, next_turn, tools), model, options)

@@ -20,7 +20,7 @@ import hashlib
 import hmac
 from urllib.parse import urlsplit
 
-from inference.runtime import runtime
+from config.runtime import RUNTIME as runtime
 
 SESSION_KEY = "hearth_key"
 # Reachable without a key: health checks, and what the sign-in page needs.
@@ -87,7 +87,7 @@ def _hostname(authority: str) -> str | None:
 
 def host_allowed(host: str) -> bool:
     """Whether a request's Host names this server (the names `hearth serve`
-    admits: inference/serving_access.py). Refusing other names stops a
+    admits: config/serving_access.py). Refusing other names stops a
     DNS-rebinding page, whose Origin and Host agree, from reaching the API
     through the user's browser."""
     name = _hostname(host)

@@ -17,13 +17,9 @@ from ninja.parser import Parser
 from chat.api import router as sessions_router
 from core import jsonbody, limits
 from hub.api import router as hub_router
-from inference.api import router as openai_router
-from inference.api_adapters import router as adapters_router
-from inference.api_anthropic import router as anthropic_router
-from inference.api_embeddings import router as embeddings_router
-from inference.api_responses import router as responses_router
 from inference.engine.errors import EngineError
-from inference.protocols.errors import RequestError, openai_error
+from inference.protocols.errors import RequestError
+from inference.routes import adapters, anthropic, embeddings, errors, models, openai, responses
 from jobs.api import router as jobs_router
 from jobs.api_dataset import router as dataset_router
 from jobs.api_push import router as push_router
@@ -47,11 +43,8 @@ def _parse_error(exc: HttpError) -> str:
 
 v1 = NinjaAPI(title="Hearth client protocols", version="1", urls_namespace="v1", docs_url="/docs",
               parser=StrictJson())
-v1.add_router("", openai_router)
-v1.add_router("", anthropic_router)
-v1.add_router("", responses_router)
-v1.add_router("", embeddings_router)
-v1.add_router("", adapters_router)
+for module in (openai, anthropic, responses, embeddings, models, adapters):
+    v1.add_router("", module.router)
 v1.add_router("", memory_v1_router)
 
 api = NinjaAPI(title="Hearth dashboard API", version="1", urls_namespace="api", docs_url="/docs",
@@ -78,30 +71,26 @@ def _api_unexpected(request, exc: Exception):
 
 @v1.exception_handler(RequestError)
 def _request_error(request, exc: RequestError):
-    return JsonResponse(openai_error(exc.message, exc.type, exc.param, exc.code), status=exc.status)
+    return errors.request_error(request.path, exc)
 
 
 @v1.exception_handler(EngineError)
 def _engine_error(request, exc: EngineError):
-    if exc.status >= 500:
-        log.error("%s on %s: %s", type(exc).__name__, request.path, exc)
-    return JsonResponse(openai_error(str(exc), exc.type, exc.param, exc.code), status=exc.status)
+    return errors.engine_error(request.path, exc)
 
 
 @v1.exception_handler(NinjaValidationError)
 def _validation_error(request, exc: NinjaValidationError):
     first = exc.errors[0] if exc.errors else {}
     param = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
-    return JsonResponse(openai_error(f"{param or 'request'}: {first.get('msg', 'invalid')}", param=param),
-                        status=400)
+    return errors.render(request.path, 400, f"{param or 'request'}: {first.get('msg', 'invalid')}", param=param)
 
 
 @v1.exception_handler(HttpError)
 def _http_error(request, exc: HttpError):
-    return JsonResponse(openai_error(_parse_error(exc)), status=exc.status_code)
+    return errors.render(request.path, exc.status_code, _parse_error(exc))
 
 
 @v1.exception_handler(Exception)
 def _unexpected(request, exc: Exception):
-    log.exception("unhandled error on %s", request.path)
-    return JsonResponse(openai_error(str(exc) or type(exc).__name__, "server_error"), status=500)
+    return errors.unexpected(request.path, exc)

@@ -11,9 +11,9 @@ from django.core.asgi import get_asgi_application  # noqa: E402
 
 django_app = ASGIStaticFilesHandler(get_asgi_application())
 
+from config.runtime import RUNTIME as runtime  # noqa: E402
 from core import limits  # noqa: E402
 from core.http import error_body  # noqa: E402
-from inference.runtime import runtime  # noqa: E402
 
 
 async def _answer(send, status: int, body: bytes) -> None:
@@ -96,7 +96,7 @@ async def _websocket(scope, receive, send):
 
     # Behind a proxy the peer address is the proxy's: nobody counts as local.
     peer = None if settings.HEARTH_BEHIND_PROXY else scope.get("client")
-    await sockets(dict(scope, client=peer, hearth_signed_in=signed_in), receive, send)
+    await sockets(dict(scope, client=peer, hearth_signed_in=signed_in, runtime=runtime), receive, send)
 
 
 application = ProtocolTypeRouter({

@@ -17,7 +17,7 @@ from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.http import HttpResponse, HttpResponseRedirect, JsonResponse
 
 from config import access
-from inference.runtime import runtime
+from config.runtime import RUNTIME as runtime
 
 
 class _Middleware:
@@ -31,6 +31,15 @@ class _Middleware:
         self.is_async = iscoroutinefunction(get_response)
         if self.is_async:
             markcoroutinefunction(self)
+
+
+class RuntimeMiddleware(_Middleware):
+    """Hands every request the process's runtime (`request.runtime`): views
+    below the composition root read it there, never from a global."""
+
+    def __call__(self, request):
+        request.runtime = runtime
+        return self.get_response(request)
 
 
 class _ResponseHook(_Middleware):
@@ -81,7 +90,7 @@ class CrossOriginGuardMiddleware(_Middleware):
 
     GUARDED = ("/api/", "/v1/", "/admin/cache/")
     SAFE = ("GET", "HEAD", "OPTIONS")
-    # GETs that start work (the reference makes synthesis a GET): an <img> on
+    # GETs that start work (GET /v1/memory/synthesize starts a synthesis): an <img> on
     # another site sends no Origin, but browsers mark it Sec-Fetch-Site.
     ACTING_GETS = ("/v1/memory/synthesize",)
 

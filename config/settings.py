@@ -43,15 +43,18 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "channels",
+    "ninja",  # its docs pages then load Swagger UI from its own static files, never a CDN
     "huey.contrib.djhuey",
     "inference",
     "jobs",
     "hub",
     "chat",
     "memory",
+    "config.apps.HearthConfig",  # last: the composition root (the serve command, the runtime's wiring)
 ]
 
 MIDDLEWARE = [
+    "config.middleware.RuntimeMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "config.middleware.RequestMetricsMiddleware",
     "config.middleware.JsonErrorMiddleware",

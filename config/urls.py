@@ -2,26 +2,28 @@ from django.contrib import admin
 from django.urls import path
 
 from chat.views import ws_chat_upgrade_required
-from config import frontend, signin, views
+from config import frontend, signin
 from config.api import api, v1
 from hub import views as hub_views
+from inference.routes import models as v1_models
+from inference.routes import ops
 
 urlpatterns = [
     path("v1/", v1.urls),
-    path("v1", views.api_index),
+    path("v1", v1_models.index_view),
     path("api/", api.urls),
-    path("health", views.health),
+    path("health", ops.health),
     path("signin", signin.signin),
     path("signout", signin.signout),
     path("auth", signin.auth_state),
-    path("stats", views.stats),
-    path("metrics", views.metrics),
+    path("stats", ops.stats),
+    path("metrics", ops.metrics),
     path("library", hub_views.library_view),
     path("fit", hub_views.fit_view),
     path("downloads", hub_views.downloads_view),
     path("ws/chat", ws_chat_upgrade_required),
-    path("admin/cache/session/close", views.cache_session_close),
-    path("admin/cache/flush", views.cache_flush),
+    path("admin/cache/session/close", ops.cache_session_close),
+    path("admin/cache/flush", ops.cache_flush),
     path("admin/", admin.site.urls),
     path("", frontend.shell),
     path("assets/<path:name>", frontend.asset),

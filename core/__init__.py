@@ -1,1 +1,3 @@
-"""Helpers with no Django and no app imports: the lowest layer."""
+"""The lowest layer: helpers every app shares and that import none of them
+(paths and limits, strict JSON, HTTP guards, processes, BLAS). Only `api.py`
+uses Django, for the `/api` answer shape; the engine never imports it."""

@@ -14,9 +14,9 @@ from asgiref.sync import sync_to_async
 from django.http import HttpRequest, JsonResponse
 from ninja import Router
 
+from core.api import fail, json_body
 from hub import downloads, fit, gc, library
 from hub.download import check_revision
-from jobs.http import fail, json_body
 
 router = Router(tags=["hub"])
 REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -119,9 +119,8 @@ def gc_execute(request: HttpRequest):
 async def measure(request: HttpRequest):
     """Decode with the served model through the engine and record the rate."""
     from hub.measure import measure_decode
-    from inference.runtime import runtime
 
-    engine = runtime.require_engine()
+    engine = request.runtime.require_engine()
     body = json_body(request)
     if isinstance(body, JsonResponse):
         return body

@@ -29,7 +29,7 @@ class DuplicateDownload(Exception):
 
 
 def _alive(pid: int | None) -> bool:
-    from jobs.procs import pid_alive
+    from core.procs import pid_alive
 
     return pid_alive(pid)
 
@@ -55,7 +55,7 @@ def run(row: Download, report_extra=None, stop=lambda: False) -> Download:
     """Download in this thread, keeping the row current."""
     from huggingface_hub import constants
 
-    from jobs.hf import saved_token
+    from hub.hf import saved_token
 
     progress = Progress()
 

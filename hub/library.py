@@ -6,8 +6,7 @@ from __future__ import annotations
 import threading
 import time
 
-from django.conf import settings
-
+from core import home
 from hub import fit, registry
 
 CACHE_S = 30.0
@@ -20,7 +19,17 @@ _probe_lock = threading.Lock()
 
 def this_machine() -> fit.Machine:
     with _probe_lock:  # the first call measures; the others wait for it
-        return fit.machine(settings.HEARTH_HOME / "machine.json")
+        return fit.machine(home.machine())
+
+
+def _changed_file():
+    return home.library_changed()
+
+
+def mark_changed() -> None:
+    """Something outside the downloads added models to the cache (a quantize
+    job, in the worker's process): every process's listing is stale now."""
+    _changed_file().touch()
 
 
 def _stamp() -> tuple:
@@ -28,10 +37,12 @@ def _stamp() -> tuple:
     from django.db.models import Max
 
     from hub.models import Download
-    from jobs.models import Job
 
     done = Download.objects.filter(state="done").aggregate(m=Max("finished_at"))["m"]
-    quantized = Job.objects.filter(kind="quantize", status="done").aggregate(m=Max("ended_at"))["m"]
+    try:
+        quantized = _changed_file().stat().st_mtime_ns
+    except OSError:
+        quantized = None
     return done, quantized
 
 

@@ -12,6 +12,9 @@ import fcntl
 import os
 from pathlib import Path
 
+from core import home
+from core.fs import write_atomically
+
 
 @contextlib.contextmanager
 def repo_lock(root: Path, blocking: bool = True):
@@ -41,24 +44,21 @@ def is_locked(root: Path) -> bool:
 
 
 def _serving_dir() -> Path:
-    from django.conf import settings
 
-    return settings.HEARTH_HOME / "serving"
+    return home.serving()
 
 
 def record_serving(snapshot: Path) -> Path:
     folder = _serving_dir()
     folder.mkdir(parents=True, exist_ok=True)
     marker = folder / str(os.getpid())
-    tmp = folder / f".{os.getpid()}.tmp"  # whole or absent: GC reads markers while servers start
-    tmp.write_text(str(snapshot.resolve()))
-    os.replace(tmp, marker)
+    write_atomically(marker, str(snapshot.resolve()), durable=False)  # whole or absent: GC reads markers
     return marker
 
 
 def served_snapshots() -> frozenset:
     """Snapshots live serving processes have loaded."""
-    from jobs.procs import pid_alive
+    from core.procs import pid_alive
 
     folder = _serving_dir()
     found = set()

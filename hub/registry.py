@@ -67,10 +67,6 @@ def support_tier(model_type: str | None) -> str | None:
     return None
 
 
-def supported_architecture(model_type: str) -> bool:
-    return support_tier(model_type) is not None
-
-
 def _header_params(file: Path, quant_bits: int | None) -> int:
     """Parameters in one safetensors file, from its header alone."""
     try:

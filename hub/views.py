@@ -8,10 +8,9 @@ from django.views.decorators.http import require_GET
 from hub import fit, library, registry
 
 
-def _served_path():
-    from inference.runtime import runtime
-
-    engine = runtime.engine
+def _served(request):
+    """The model this process serves (the runtime's default engine), or None."""
+    engine = request.runtime.engine
     return engine.loaded if engine is not None and engine.loaded is not None else None
 
 
@@ -19,7 +18,7 @@ def _served_path():
 async def library_view(request: HttpRequest) -> JsonResponse:
     refresh = request.GET.get("refresh") in ("1", "true", "yes")
     rows = await sync_to_async(library.models)(refresh)
-    served = _served_path()
+    served = _served(request)
     out = []
     for model, verdict in rows:
         serving = served is not None and (model.path.resolve() == served.path.resolve()
@@ -31,7 +30,7 @@ async def library_view(request: HttpRequest) -> JsonResponse:
 
 @require_GET
 async def fit_view(request: HttpRequest) -> JsonResponse:
-    loaded = _served_path()
+    loaded = _served(request)
     if loaded is None:
         return JsonResponse({"error": {"message": "no model is loaded in this process", "type": "engine_unavailable",
                                        "param": None, "code": "no_model_loaded"}}, status=503)

@@ -1,4 +1,4 @@
-"""Serving: the engine, the protocol adapters and the `/v1` routes."""
+"""Serving: the engine, the protocol layer and the `/v1` routes."""
 from importlib.metadata import PackageNotFoundError, version
 
 try:

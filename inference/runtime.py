@@ -1,16 +1,21 @@
-"""The process-wide serving state: the engine and the server's defaults.
+"""What one serving process holds: its engines and everything requests
+need to know about how it serves.
 
-`hearth serve` fills it before daphne starts; views read it. Without a
-running engine (a management command, the admin) generation routes answer
-503 in their protocol's shape.
+The composition root (`config/runtime.py`) builds one `Runtime`, `hearth
+serve` fills it, and it is handed to every request (`request.runtime`, set by
+a middleware) and every chat socket (`scope["runtime"]`). Nothing below the
+composition root keeps or imports a process-wide instance. A runtime holds
+engines by model id, so a router can hold several; today `hearth serve`
+loads one, the default. Without an engine (a management command, the
+admin) generation routes answer 503 in their protocol's shape.
 """
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
 from inference.engine.engine import Engine
 from inference.engine.errors import EngineError
+from inference.protocols.options import Options
 from inference.protocols.response_store import ResponseStore
 
 
@@ -20,40 +25,73 @@ class EngineUnavailable(EngineError):
     code = "no_model_loaded"
 
 
-@dataclass(frozen=True)
-class ServerDefaults:
-    """Operator overrides from `hearth serve` flags; None means unset."""
+class Runtime:
+    def __init__(self):
+        self.engines: dict[str, Engine] = {}  # model id -> engine
+        self.default_model: str | None = None
+        self.options = Options()
+        self.started_at = int(time.time())
+        self.draining = False
+        self.inflight = 0  # HTTP requests still being answered
+        self.embeddings_enabled = False  # the served model answers /v1/embeddings
+        self.responses = ResponseStore()  # stored Responses turns (`hearth serve --response-ttl`)
+        self.local_url: str | None = None  # how this process reaches its own HTTP API (jobs that call the model)
+        self.allowed_hosts: frozenset | None = None  # Host names requests may use; None: any
+        # Access control, set by `hearth serve`: accepted API keys (empty: none
+        # required), origins allowed cross-origin (CORS), and whether the operator
+        # chose to serve off loopback with no key.
+        self.api_keys: frozenset = frozenset()
+        self.cors_origins: frozenset = frozenset()
+        self.insecure_no_auth = False
+        self.warning: str | None = None  # shown in /stats (serving off loopback with no key)
+        # Adapter records on disk and in the database (jobs.adapters), wired by the composition root.
+        self.adapter_records = None
 
-    max_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
+    # -- engines ---------------------------------------------------------
+    def add_engine(self, engine: Engine, default: bool = True) -> None:
+        model_id = engine.loaded.model_id if engine.loaded is not None else engine.model_ref
+        self.engines[model_id] = engine
+        if default or self.default_model is None:
+            self.default_model = model_id
 
+    @property
+    def engine(self) -> Engine | None:
+        """The default engine, or None."""
+        return self.engines.get(self.default_model) if self.default_model else None
 
-class _Runtime:
-    engine: Engine | None = None
-    defaults: ServerDefaults = ServerDefaults()
-    started_at: int = int(time.time())
-    draining: bool = False
-    inflight: int = 0  # HTTP requests still being answered
-    grammar_enabled: bool = True  # HEARTH_GRAMMAR
-    sse_keepalive: float = 5.0  # HEARTH_SSE_KEEPALIVE: seconds between comments while a tool call buffers
-    embeddings_enabled: bool = False  # the served model answers /v1/embeddings
-    responses: ResponseStore = ResponseStore()  # stored Responses turns (`hearth serve --response-ttl`)
-    local_url: str | None = None  # how this process reaches its own HTTP API (jobs that call the model use it)
-    allowed_hosts: frozenset | None = None  # Host names requests may use; None: any (no server configured it)
-    # Access control, set by `hearth serve`: accepted API keys (empty: none
-    # required), origins allowed cross-origin (CORS), and whether the operator
-    # chose to serve off loopback with no key.
-    api_keys: frozenset = frozenset()
-    cors_origins: frozenset = frozenset()
-    insecure_no_auth: bool = False
-    templates: object | None = None  # the TemplateSandbox, with --allow-client-templates
+    @engine.setter
+    def engine(self, engine: Engine | None) -> None:
+        """Serve `engine` as the only engine (None: none)."""
+        self.engines.clear()
+        self.default_model = None
+        if engine is not None:
+            self.add_engine(engine)
 
-    def require_engine(self) -> Engine:
-        if self.engine is None or self.engine.loaded is None:
+    def require_engine(self, model: str | None = None) -> Engine:
+        """The engine for `model` (today: the default one, whatever `model` names)."""
+        engine = self.engine
+        if engine is None or engine.loaded is None:
             raise EngineUnavailable("no model is loaded in this process; start it with `hearth serve`")
-        return self.engine
+        return engine
 
+    def embedding_engine(self) -> Engine | None:
+        """The engine that answers embeddings, if any."""
+        engine = self.engine
+        return engine if self.embeddings_enabled and engine is not None and engine.loaded is not None else None
 
-runtime = _Runtime()
+    # -- the options protocol modules get -----------------------------------
+    @property
+    def defaults(self):
+        return self.options.defaults
+
+    @property
+    def grammar_enabled(self) -> bool:
+        return self.options.grammar_enabled
+
+    @property
+    def templates(self):
+        return self.options.templates
+
+    @property
+    def sse_keepalive(self) -> float:
+        return self.options.sse_keepalive

@@ -11,7 +11,6 @@ from core import limits
 from inference.engine import loader
 from inference.engine.engine import MAX_QUEUED, TRANSIENT_RESERVE, Engine
 from inference.engine.metrics import REGISTRY
-from inference.runtime import runtime
 
 HTTP_REQUESTS = Counter("hearth_http_requests", "HTTP answers by route, method and status",
                         ["route", "method", "status"], registry=REGISTRY)
@@ -22,7 +21,16 @@ def count_request(route: str, method: str, status: int) -> None:
 
 
 # -- /stats --------------------------------------------------------------
-def stats_body() -> dict:
+def stats_body(runtime) -> dict:
+    body = _engine_stats(runtime)
+    body["access"] = {"api_key_required": bool(runtime.api_keys), "cors_origins": sorted(runtime.cors_origins),
+                      "insecure_no_auth": runtime.insecure_no_auth}
+    if runtime.warning:
+        body["warning"] = runtime.warning
+    return body
+
+
+def _engine_stats(runtime) -> dict:
     engine = runtime.engine
     body: dict = {"server": {"owner": "serve", "model": None, "started_at": runtime.started_at,
                              "draining": runtime.draining}, "response_store": runtime.responses.stats()}
@@ -103,8 +111,10 @@ class _EngineCollector:
     """Gauges and counters read from the engine at scrape time, so they
     agree with /stats."""
 
+    runtime = None  # the runtime of the scrape under way (render_metrics)
+
     def collect(self):
-        engine = runtime.engine
+        engine = self.runtime.engine if self.runtime is not None else None
         if engine is None or engine.loaded is None:
             return
         yield GaugeMetricFamily("hearth_queue_depth", "Requests waiting for a row", value=engine.queued)
@@ -127,8 +137,10 @@ class _EngineCollector:
                                       value=ssd["restores"])
 
 
-REGISTRY.register(_EngineCollector())
+_COLLECTOR = _EngineCollector()
+REGISTRY.register(_COLLECTOR)
 
 
-def render_metrics() -> tuple[bytes, str]:
+def render_metrics(runtime) -> tuple[bytes, str]:
+    _COLLECTOR.runtime = runtime
     return generate_latest(REGISTRY), CONTENT_TYPE_LATEST

@@ -1,1 +1,1 @@
-"""Fine-tune, quantize and dataset jobs on the Huey queue (see the jobs issue)."""
+"""Fine-tune, quantize and dataset jobs on the Huey queue  (job kinds register in jobs/registry.py)."""

@@ -6,15 +6,15 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from django.conf import settings
 from django.utils import timezone
 
+from core import home
 from core.paths import TRAINING_MARKER, read_json
 from jobs.models import Adapter
 
 
 def adapters_root() -> Path:
-    return settings.HEARTH_HOME / "adapters"
+    return home.adapters()
 
 
 def bare_name(ref) -> str | None:

@@ -9,6 +9,8 @@ from asgiref.sync import sync_to_async
 from django.http import HttpRequest, JsonResponse, StreamingHttpResponse
 from ninja import Router
 
+from core.api import fail as _fail
+from core.api import json_body as _body
 from core.paths import (
     ADAPTER_FILES,
     PathRefused,
@@ -19,18 +21,15 @@ from core.paths import (
     read_json,
     regular_entries,
 )
-from jobs import service
+from jobs import registry, service
 from jobs.events import EventLog
 from jobs.folders import stamped
-from jobs.http import fail as _fail
-from jobs.http import json_body as _body
 from jobs.kinds import finetune, quantize
 from jobs.models import Job
 
 router = Router(tags=["jobs"])
 STREAM_POLL_S = 0.3
 KEEPALIVE_S = 10.0
-KINDS = {k for k, _ in Job.KINDS}
 
 
 def _model_body(request: HttpRequest) -> dict | JsonResponse:
@@ -49,8 +48,8 @@ def _model_body(request: HttpRequest) -> dict | JsonResponse:
 
 @router.get("/jobs")
 def list_jobs(request: HttpRequest, limit: int = 50, kind: str | None = None):
-    if kind is not None and kind not in KINDS:
-        return _fail(f"kind must be one of {', '.join(sorted(KINDS))}")
+    if kind is not None and kind not in registry.names():
+        return _fail(f"kind must be one of {', '.join(registry.names())}")
     rows = Job.objects.all()
     if kind:
         rows = rows.filter(kind=kind)

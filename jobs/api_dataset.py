@@ -5,9 +5,9 @@ from django.conf import settings
 from django.http import HttpRequest, JsonResponse
 from ninja import Router
 
+from core.api import fail, json_body
 from jobs import service
 from jobs.folders import stamped
-from jobs.http import fail, json_body
 from jobs.kinds import dataset
 
 router = Router(tags=["dataset"])
@@ -20,8 +20,7 @@ def templates(request: HttpRequest):
 
 @router.post("/dataset/submit")
 def submit(request: HttpRequest):
-    from inference.runtime import runtime
-
+    runtime = request.runtime
     body = json_body(request)
     if isinstance(body, JsonResponse):
         return body

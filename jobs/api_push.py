@@ -7,9 +7,9 @@ from pathlib import Path
 from django.http import HttpRequest, JsonResponse
 from ninja import Router
 
+from core.api import fail, json_body
 from core.paths import PathRefused, confine, holds_a_root
-from jobs import hf
-from jobs.http import fail, json_body
+from hub import hf
 from jobs.models import Job
 
 router = Router(tags=["push"])

@@ -1,6 +1,28 @@
 from django.apps import AppConfig
 
 
+def _finetune_ended(job) -> None:
+    """A finished fine-tune's adapter is recorded, so it is listed and mountable."""
+    if job.status == "done" and job.output_path:
+        from jobs.adapters import register
+
+        register(job.output_path, job=job)
+
+
+def _quantize_ended(job) -> None:
+    if job.status == "done":
+        from hub.library import mark_changed
+
+        mark_changed()  # its output is a new model in the cache
+
+
 class JobsConfig(AppConfig):
     name = "jobs"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self):
+        from jobs.registry import JobKind, register
+
+        register(JobKind("quantize", "jobs.kinds.quantize", _quantize_ended))
+        register(JobKind("finetune", "jobs.kinds.finetune", _finetune_ended))
+        register(JobKind("dataset", "jobs.kinds.dataset"))

@@ -1,4 +1,4 @@
-"""The child process of a job: `python -m jobs.child KIND LOG CONFIG_JSON`.
+"""The child process of a job: `python -m jobs.child KIND RUN_MODULE LOG CONFIG_JSON`.
 
 All MLX work of a job happens here, so a crash or an out-of-memory kill
 takes down this process only; the worker sees the exit and records why.
@@ -6,35 +6,27 @@ The child dies with its worker: PR_SET_PDEATHSIG on Linux, a parent watch
 everywhere (the worker names itself in HEARTH_JOB_PARENT)."""
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import signal
 import sys
 import traceback
 
+from core.procs import tie_to_parent
 from jobs.events import EventLog
-from jobs.procs import tie_to_parent
 
 PARENT_ENV = "HEARTH_JOB_PARENT"
 
 
 def main(argv: list[str]) -> int:
-    kind, log_path, config_json = argv
+    kind, run_module, log_path, config_json = argv
     tie_to_parent(int(os.environ.pop(PARENT_ENV, "") or os.getppid()), signal.SIGKILL)
     log = EventLog(log_path)
     config = json.loads(config_json)
     delay = float(os.environ.get("HEARTH_JOB_STAGE_DELAY") or 0)
     try:
-        if kind == "quantize":
-            from jobs.kinds import quantize as runner
-        elif kind == "finetune":
-            from jobs.kinds import finetune as runner
-        elif kind == "dataset":
-            from jobs.kinds import dataset as runner
-        elif kind == "synthesis":
-            from memory.synthesis import pipeline as runner
-        else:
-            raise ValueError(f"unknown job kind {kind!r}")
+        runner = importlib.import_module(run_module)  # the kind's module, named by its registration
         output_dir, summary = runner.run(config, log, delay)
     except Exception as exc:
         traceback.print_exc()

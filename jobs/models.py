@@ -11,12 +11,11 @@ def _job_id() -> str:
 
 
 class Job(models.Model):
-    KINDS = [(k, k) for k in ("quantize", "finetune", "dataset", "synthesis")]
     STATUSES = [(s, s) for s in ("queued", "running", "done", "failed", "cancelled", "zombie")]
     TERMINAL = ("done", "failed", "cancelled", "zombie")
 
     id = models.CharField(primary_key=True, max_length=32, default=_job_id, editable=False)
-    kind = models.CharField(max_length=16, choices=KINDS)
+    kind = models.CharField(max_length=16)  # a registered kind (jobs/registry.py)
     status = models.CharField(max_length=16, choices=STATUSES, default="queued", db_index=True)
     config_json = models.TextField(default="{}")
     progress = models.FloatField(default=0.0)
@@ -35,10 +34,6 @@ class Job(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind} {self.id} ({self.status})"
-
-    @property
-    def terminal(self) -> bool:
-        return self.status in self.TERMINAL
 
     def row(self) -> dict:
         def iso(value):

@@ -13,9 +13,10 @@ from pathlib import Path
 
 from django.utils import timezone
 
+from core.procs import pid_alive, started_before
+from jobs import registry
 from jobs.events import EventLog
 from jobs.models import Job
-from jobs.procs import pid_alive, started_before
 
 log = logging.getLogger("hearth.jobs")
 POLL_S = 0.25
@@ -79,7 +80,8 @@ def run(job_id: str) -> None:
     try:
         events.emit("started")
         with open(stderr_path, "wb") as stderr:
-            child = subprocess.Popen([sys.executable, "-m", "jobs.child", job.kind, job.log_path, job.config_json],
+            child = subprocess.Popen([sys.executable, "-m", "jobs.child", job.kind, registry.get(job.kind).run_module,
+                                      job.log_path, job.config_json],
                                      stdout=stderr, stderr=subprocess.STDOUT, start_new_session=True,
                                      env=dict(os.environ, HEARTH_JOB_PARENT=str(os.getpid())))
         Job.objects.filter(id=job.id).update(child_pid=child.pid)
@@ -153,19 +155,11 @@ def _finish(job: Job, code: int, state: dict, cancelled: bool, stderr_path: Path
 
 
 def after_end(job: Job) -> None:
-    """What a kind does once its job has ended, however it ended (done,
-    failed, cancelled while queued, or found a zombie)."""
-    if job.status == "done" and job.kind == "finetune" and job.output_path:
-        try:
-            from jobs.adapters import register
-
-            register(job.output_path, job=job)
-        except Exception:
-            log.exception("job %s: could not record its adapter", job.id)
-    if job.kind == "synthesis":
-        try:
-            from memory.synthesize import finished
-
-            finished(job)
-        except Exception:
-            log.exception("job %s: could not record its synthesis run", job.id)
+    """The kind's own end hook, once its job has ended, however it ended
+    (done, failed, cancelled while queued, or found a zombie)."""
+    try:
+        hook = registry.get(job.kind).after_end
+        if hook is not None:
+            hook(job)
+    except Exception:
+        log.exception("job %s: its %s end hook failed", job.id, job.kind)

@@ -3,14 +3,14 @@ from __future__ import annotations
 
 import json
 
-from django.conf import settings
 from django.db import transaction
 
+from core import home
 from jobs.models import Job
 
 
 def submit(kind: str, config: dict) -> Job:
-    logs = settings.HEARTH_HOME / "jobs"
+    logs = home.job_logs()
     logs.mkdir(parents=True, exist_ok=True)
     with transaction.atomic():
         job = Job(kind=kind, config_json=json.dumps(config))

@@ -22,7 +22,9 @@ import threading
 import time
 from pathlib import Path
 
-from jobs.procs import same_process, start_time
+from core import home
+from core.fs import write_atomically
+from core.procs import same_process, start_time
 
 log = logging.getLogger("hearth.jobs")
 RESTART_DELAY_S = 1.0
@@ -31,18 +33,8 @@ PARENT_ENV = "HEARTH_WORKER_PARENT"
 
 
 def run_dir() -> Path:
-    from django.conf import settings
 
-    return Path(settings.HEARTH_HOME) / "run"
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    return home.run()
 
 
 def record_worker(pid: int, folder: Path | None = None) -> Path | None:
@@ -53,7 +45,7 @@ def record_worker(pid: int, folder: Path | None = None) -> Path | None:
     folder = folder or run_dir()
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"worker-{pid}.json"
-    _write_atomically(path, json.dumps({"worker_pid": pid, "worker_started": started, "server_pid": os.getpid(),
+    write_atomically(path, json.dumps({"worker_pid": pid, "worker_started": started, "server_pid": os.getpid(),
                                         "server_started": start_time(os.getpid())}))
     return path
 

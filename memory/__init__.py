@@ -1,1 +1,2 @@
-"""Memory vaults and chat sessions (see the memory issue)."""
+"""Memory vaults: markdown articles in git, their search, synthesis from chat sessions, and the chat's
+read-only memory tools."""

@@ -9,8 +9,8 @@ from pathlib import Path
 from django.http import HttpRequest, JsonResponse
 from ninja import Router
 
+from core.api import fail, json_body
 from core.paths import PathRefused
-from jobs.http import fail, json_body
 from memory import git, service, vault
 from memory.models import MemoryVault
 
@@ -87,7 +87,8 @@ def search(request, row, root: Path):
     scope = request.GET.get("scope") or "all"
     if scope not in SCOPES:
         return fail("scope must be all, articles or reference")
-    found = service.search(root, query, scope, _limit(request, 50), request.GET.get("mode"))
+    found = service.search(root, query, scope, _limit(request, 50), request.GET.get("mode"),
+                           request.runtime.embedding_engine())
     return {"ok": True, **found}
 
 
@@ -131,9 +132,9 @@ def init(request: HttpRequest):
 
 def _start(request: HttpRequest, name: str | None, dry: bool):
     """Start a synthesis of the named (or default) vault: the run, or the failure answer."""
-    from inference.runtime import runtime
     from memory import synthesize
 
+    runtime = request.runtime
     row = service.find(name)
     if row is None or not Path(row.root).is_dir():
         return JsonResponse(service.no_vault(name), status=404)
@@ -162,7 +163,7 @@ def synthesize_job(request: HttpRequest):
             "sessions": run.session_count}
 
 
-# `GET /v1/memory/synthesize`: the same job, its progress as the reference's SSE frames.
+# `GET /v1/memory/synthesize`: the same job, its progress as SSE frames (`stage`, `done`, `error`).
 v1_router = Router(tags=["memory"])
 
 

@@ -83,12 +83,11 @@ def init(path: str | None = None, name: str | None = None) -> tuple[MemoryVault,
     return row, result
 
 
-def search(root: Path, query: str, scope: str = "all", limit: int = 50, mode: str | None = None) -> dict:
-    """Full-text search; with `mode` "hybrid" (when the served model answers
-    embeddings) fused with vector similarity over sections."""
-    from inference.runtime import runtime
-
-    can_embed = runtime.embeddings_enabled and runtime.engine is not None
+def search(root: Path, query: str, scope: str = "all", limit: int = 50, mode: str | None = None,
+           engine=None) -> dict:
+    """Full-text search; with `mode` "hybrid" (when `engine`, the served
+    model, answers embeddings) fused with vector similarity over sections."""
+    can_embed = engine is not None
     if mode not in (None, "", "fts", "hybrid"):
         raise vault.VaultError("mode must be fts or hybrid")
     if mode == "hybrid" and not can_embed:
@@ -99,7 +98,6 @@ def search(root: Path, query: str, scope: str = "all", limit: int = 50, mode: st
     from inference.engine.embed import embed
     from memory import hybrid
 
-    engine = runtime.engine
     model = engine.loaded
     window = model.context_window or 4096
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from chat.tools import ToolError
 from memory import git, index, vault
 
 MAX_READ = 12_000
@@ -43,31 +44,57 @@ def specs() -> list[dict]:
     return [dict(spec) for spec in SPECS]
 
 
-def call(name: str, args: dict) -> str:
-    """Run a memory tool; a failure comes back as text the model can read."""
+def run(name: str, args: dict) -> str:
+    """Run a memory tool; a failure raises ToolError, which the chat hands
+    the model as the tool's result."""
     if name not in NAMES:
-        return f"error: unknown memory tool {name!r}"
+        raise ToolError(f"unknown memory tool {name!r}")
     if not isinstance(args, dict):
-        return "error: arguments must be an object"
+        raise ToolError("arguments must be an object")
     from memory import service
 
     row = service.find()
     if row is None or not Path(row.root).is_dir():
-        return "error: there is no memory vault yet (the user can create one on the Memory page)"
-    root = Path(row.root)
+        raise ToolError("there is no memory vault yet (the user can create one on the Memory page)")
     try:
-        return _RUN[name](root, args)
+        return _RUN[name](Path(row.root), args)
     except (vault.VaultError, git.GitError) as exc:
+        raise ToolError(str(exc)) from None
+
+
+def call(name: str, args: dict) -> str:
+    """`run`, with a failure as the text the model would read (`error: …`)."""
+    try:
+        return run(name, args)
+    except ToolError as exc:
         return f"error: {exc}"
+
+
+def register_chat_tools() -> None:
+    """Offer these tools to the dashboard chat (called from memory's AppConfig)."""
+    from chat.tools import register_provider
+
+    register_provider(_chat_tools)
+
+
+def _chat_tools() -> dict:
+    from chat.tools import Tool
+
+    out = {}
+    for spec in specs():
+        fn = spec["function"]
+        out[fn["name"]] = Tool(fn["name"], fn.get("description", ""), fn.get("parameters") or {"type": "object"},
+                               gated=False, run=lambda args, _name=fn["name"]: run(_name, args))
+    return out
 
 
 def _search(root: Path, args: dict) -> str:
     query = args.get("query")
     if not isinstance(query, str) or not query.strip():
-        return "error: query required"
+        raise ToolError("query required")
     scope = args.get("scope") or "all"
     if scope not in ("all", "articles", "reference"):
-        return "error: scope must be all, articles or reference"
+        raise ToolError("scope must be all, articles or reference")
     limit = args.get("limit") if isinstance(args.get("limit"), int) and args["limit"] > 0 else 20
     from memory import service
 
@@ -101,7 +128,7 @@ def _read(root: Path, args: dict) -> str:
                 break
         else:
             titles = ", ".join(h["title"] for h in doc["structure"]) or "none"
-            return f"error: {doc['name']} has no section {section!r} (sections: {titles})"
+            raise ToolError(f"{doc['name']} has no section {section!r} (sections: {titles})")
     if len(text) > MAX_READ:
         text = text[:MAX_READ] + f"\n… ({len(text) - MAX_READ} more characters; read one section)"
     return text

@@ -26,6 +26,7 @@ import re
 import stat
 from pathlib import Path
 
+from core.fs import write_atomically
 from core.paths import PathRefused, read_text
 from memory import git
 
@@ -218,12 +219,7 @@ def relpath(root: Path, path: Path) -> str:
 
 def write_text(path: Path, text: str) -> None:
     """Write through a temporary file and a rename, so a crash never leaves half a file."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    tmp.replace(path)
+    write_atomically(path, text)
 
 
 # -- the deterministic parts of an article ---------------------------------------

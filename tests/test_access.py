@@ -201,7 +201,7 @@ def _socket(headers):
 
 
 def _with_keys(keys):
-    from inference.runtime import runtime
+    from config.runtime import RUNTIME as runtime
 
     before = runtime.api_keys
     runtime.api_keys = frozenset(keys)
@@ -213,7 +213,7 @@ def test_the_chat_socket_needs_the_key_or_a_signed_in_session(django_db_ready):
     from django.contrib.sessions.backends.db import SessionStore
 
     from config.access import SESSION_KEY, digest
-    from inference.runtime import runtime
+    from config.runtime import RUNTIME as runtime
 
     async def attempt(headers):
         """The close code the socket was refused with, or None when it stayed open."""

@@ -29,8 +29,8 @@ def client(django_ready):
 
 @pytest.fixture(scope="module")
 def engine(tiny_model, django_ready):
+    from config.runtime import RUNTIME as runtime
     from inference.engine.engine import Engine
-    from inference.runtime import runtime
 
     e = Engine(tiny_model)
     e.start()

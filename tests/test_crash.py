@@ -149,7 +149,7 @@ def test_a_supervised_worker_exits_within_seconds_of_its_server_being_killed(ser
 
 WATCHED = """
 import os, sys, time
-from jobs import procs
+from core import procs
 procs.die_with_parent = lambda signum: False  # as on macOS: only the parent watch is left
 procs.tie_to_parent(os.getppid())
 print(os.getpid(), flush=True)

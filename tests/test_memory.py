@@ -230,8 +230,8 @@ def test_sessions_round_trip_through_export_and_import(client):
 def test_hybrid_search_fuses_vectors_when_the_model_embeds(client, vault_root, tiny_model):
     import sqlite3
 
+    from config.runtime import RUNTIME as runtime
     from inference.engine.engine import Engine
-    from inference.runtime import runtime
     from memory import service
 
     assert get(client, "/api/memory/search", q="apples", mode="hybrid")[0] == 400  # no embedding model yet

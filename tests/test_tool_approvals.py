@@ -177,6 +177,7 @@ def test_coding_tools_need_loopback_or_sign_in(engine, workspace, steer, approva
     import chat.turns
     from chat import store
     from chat.consumer import ChatConsumer
+    from config.runtime import RUNTIME
 
     (workspace / "notes.txt").write_text("alpha")
     steer("read", {"path": "notes.txt"})
@@ -214,7 +215,7 @@ def test_coding_tools_need_loopback_or_sign_in(engine, workspace, steer, approva
 
         # Vouched for by the auth layer: a key or a signed-in dashboard.
         app = URLRouter([path("ws/chat", ChatConsumer.as_asgi())])
-        ws = await _connect(client=REMOTE, app=app, hearth_signed_in=True)
+        ws = await _connect(client=REMOTE, app=app, hearth_signed_in=True, runtime=RUNTIME)
         await _coding(ws)
         stored_history = await _open(ws, stored.id)
         assert stored_history["settings"]["codingTools"] is True

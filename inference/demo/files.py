@@ -26,7 +26,7 @@ MARKUP_TOKENS = ["<think>", "</think>", "<tool_call>", "</tool_call>"]
 # results come back in a `tool` turn. With enable_thinking the reply opens
 # in a <think> block; without it the prompt carries an empty one (as Qwen3
 # does), which tells the model plainly to answer at once.
-# Content arrives as a string: the protocol adapters flatten parts.
+# Content arrives as a string: the protocol modules flatten parts.
 CHAT_TEMPLATE = (
     "{% set sys = messages[0].content if messages and messages[0].role == 'system' else none %}"
     "{% if tools %}"

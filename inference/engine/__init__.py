@@ -1,7 +1,7 @@
 """The inference engine: one thread owns every MLX call.
 
 Nothing in this package imports Django, ninja or Channels (a test walks the
-imports); protocol adapters translate wire JSON into `GenerationRequest`s and
+imports); protocol modules translate wire JSON into `GenerationRequest`s and
 `GenerationEvent`s back into wire JSON.
 """
 from inference.engine.errors import EngineClosed, EngineError, ModelLoadError, ModelNotFound, QueueFull

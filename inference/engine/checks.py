@@ -5,7 +5,7 @@ A value mlx-lm's samplers or processors cannot take (NaN, a top_k at or
 above the vocabulary, an XTC threshold over 0.5, a seed outside 64 bits, a
 bias of -inf on every token) would raise inside the batched step, where it
 ends every row of the batch, not just its own. `check` refuses it with
-`InvalidRequest` naming the field; the protocol adapters call it while
+`InvalidRequest` naming the field; the protocol modules call it while
 reading a request (so the client gets its protocol's 400), and
 `Engine.submit` calls it again for requests built elsewhere.
 

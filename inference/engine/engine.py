@@ -49,7 +49,7 @@ from inference.engine.errors import (
     QueueFull,
 )
 from inference.engine.prompt_cache import PromptCache
-from inference.engine.rows import Job, Row
+from inference.engine.rows import Generation, Row
 from inference.engine.types import GenerationEvent, GenerationRequest
 
 log = logging.getLogger("hearth.engine")
@@ -87,13 +87,13 @@ class EngineStats:
 class Submission:
     """A queued request: iterate `events()`; `abort()` stops it within a step."""
 
-    def __init__(self, job: Job):
-        self._job = job
+    def __init__(self, generation: Generation):
+        self._gen = generation
 
     async def events(self) -> AsyncIterator[GenerationEvent]:
         try:
             while True:
-                event = await self._job.events.get()
+                event = await self._gen.events.get()
                 yield event
                 if event.finish_reason is not None or event.error is not None:
                     return
@@ -101,7 +101,7 @@ class Submission:
             self.abort()  # a consumer that leaves early (disconnect) stops the work
 
     def abort(self) -> None:
-        self._job.aborted.set()
+        self._gen.aborted.set()
 
 
 class _Call:
@@ -110,9 +110,9 @@ class _Call:
 
 
 class Engine:
-    def __init__(self, model_ref: str, config: EngineConfig | None = None, keep_dtype: bool = False):
+    def __init__(self, model_ref: str, config: EngineConfig | None = None):
         self.model_ref = model_ref
-        self.config = config or EngineConfig(keep_dtype=keep_dtype)
+        self.config = config or EngineConfig()
         self.loaded: loader.LoadedModel | None = None
         self.stats = EngineStats()
         self.cache: PromptCache | None = None
@@ -124,7 +124,7 @@ class Engine:
         self.serial_reason: str | None = None
         self.enforced_context: int | None = None
         self._inbox: queue.Queue = queue.Queue()
-        self._waiting: deque[Job] = deque()  # engine thread only
+        self._waiting: deque[Generation] = deque()  # engine thread only
         self._waiting_n = 0
         self._count_lock = threading.Lock()
         self._closed = False
@@ -171,10 +171,10 @@ class Engine:
             if self._waiting_n >= MAX_QUEUED:
                 raise QueueFull(f"generation queue is full ({MAX_QUEUED} requests waiting); retry later")
             self._waiting_n += 1
-        job = Job(request, asyncio.get_running_loop(), asyncio.Queue())
+        gen = Generation(request, asyncio.get_running_loop(), asyncio.Queue())
         self.stats.requests_total += 1
-        self._inbox.put(job)
-        return Submission(job)
+        self._inbox.put(gen)
+        return Submission(gen)
 
     def _check_room(self, n: int) -> None:
         """Refuse a prompt of `n` tokens that leaves no room to generate, naming
@@ -338,35 +338,35 @@ class Engine:
 
     def _sweep(self) -> None:
         """Forget waiting requests whose clients left, so they do not hold queue places."""
-        if any(job.aborted.is_set() for job in self._waiting):
-            kept = deque(job for job in self._waiting if not job.aborted.is_set())
+        if any(gen.aborted.is_set() for gen in self._waiting):
+            kept = deque(gen for gen in self._waiting if not gen.aborted.is_set())
             with self._count_lock:
                 self._waiting_n -= len(self._waiting) - len(kept)
             self._waiting = kept
 
     def _admit(self) -> None:
         while self._waiting and self.lane.active < self.lane.capacity:
-            job = self._waiting[0]
-            req = job.request
+            gen = self._waiting[0]
+            req = gen.request
             group = None
-            if not job.aborted.is_set():
+            if not gen.aborted.is_set():
                 try:
                     group = self.adapters.resolve(req.adapters)
                 except AdapterError as exc:  # unmounted while it waited
-                    job.emit(GenerationEvent(error=str(exc), error_status=exc.status, error_param=exc.param))
-                    job.aborted.set()
+                    gen.emit(GenerationEvent(error=str(exc), error_status=exc.status, error_param=exc.param))
+                    gen.aborted.set()
                 else:
                     if self.lane.active and group != self._group:
                         return  # runs once the current group has finished
             self._waiting.popleft()
             with self._count_lock:
                 self._waiting_n -= 1
-            if job.aborted.is_set():
+            if gen.aborted.is_set():
                 continue
             if not self.lane.active and group != self._group:
                 self._group = group
                 self.adapters.activate(group)
-            row = Row(job, self.loaded, self._limit(req), 0, self.lane.name)
+            row = Row(gen, self.loaded, self._limit(req), 0, self.lane.name)
             row.ns, row.adapters = self.adapters.namespace(group), group
             self.stats.submitted_rows += 1
             self.stats.prompt_tokens_total += len(req.prompt_tokens)
@@ -458,7 +458,7 @@ class Engine:
                 item = self._inbox.get_nowait()
             except queue.Empty:
                 break
-            if isinstance(item, Job):
+            if isinstance(item, Generation):
                 item.emit(GenerationEvent(error=message))
             elif isinstance(item, _Call):
                 item.error = EngineClosed(message)

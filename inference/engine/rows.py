@@ -19,7 +19,10 @@ from inference.engine.types import GenerationEvent, GenerationRequest, Usage
 
 
 @dataclass
-class Job:
+class Generation:
+    """One submitted request while it lives: its events go back to the loop
+    that asked, and `aborted` says its client left."""
+
     request: GenerationRequest
     loop: asyncio.AbstractEventLoop
     events: asyncio.Queue
@@ -34,9 +37,9 @@ class Job:
 
 
 class Row:
-    def __init__(self, job: Job, model, limit: int, cached: int, lane: str):
-        self.job = job
-        self.req = job.request
+    def __init__(self, generation: Generation, model, limit: int, cached: int, lane: str):
+        self.generation = generation
+        self.req = generation.request
         self.tokenizer = model.tokenizer
         self.eos = set(model.tokenizer.eos_token_ids)
         self.detok = model.tokenizer.detokenizer  # a fresh copy per access
@@ -59,7 +62,7 @@ class Row:
 
     @property
     def aborted(self) -> bool:
-        return self.job.aborted.is_set()
+        return self.generation.aborted.is_set()
 
     def context(self) -> list[int]:
         """The tokens its KV cache stands for once it has taken what it sampled."""
@@ -74,7 +77,7 @@ class Row:
         now = time.perf_counter()
         if self.first_at is None:
             self.first_at = now
-            metrics.TTFT.observe(now - self.job.submitted)
+            metrics.TTFT.observe(now - self.generation.submitted)
         else:
             metrics.ITL.observe(now - self.last_at)
         self.last_at = now
@@ -86,7 +89,7 @@ class Row:
             return True
         self.detok.add_token(token)
         entry = logprob_entry(self.tokenizer, token, logprobs, self.req.top_logprobs) if self.want_logprobs else None
-        self.job.emit(GenerationEvent(text=self.stops.feed(self.detok.last_segment), token_ids=(token,),
+        self.generation.emit(GenerationEvent(text=self.stops.feed(self.detok.last_segment), token_ids=(token,),
                                       logprobs=entry))
         grammar = self.req.grammar
         if self.stops.stopped or (grammar is not None and grammar.finished):
@@ -108,10 +111,11 @@ class Row:
         else:
             tail += self.stops.flush()
         usage = Usage(len(self.req.prompt_tokens), self.count, self.cached, self.lane)
-        self.job.emit(GenerationEvent(text=tail, finish_reason=finish, usage=usage, stop_sequence=self.stops.matched))
+        self.generation.emit(GenerationEvent(text=tail, finish_reason=finish, usage=usage,
+                                             stop_sequence=self.stops.matched))
 
     def fail(self, message: str) -> None:
-        self.job.emit(GenerationEvent(error=message))
+        self.generation.emit(GenerationEvent(error=message))
 
     @property
     def decode_tps(self) -> float:

@@ -8,18 +8,19 @@ import json
 import uuid
 from collections.abc import AsyncIterator
 
+from core import sse
 from inference.engine.types import GenerationEvent, Usage
 from inference.protocols.errors import RequestError
 from inference.protocols.openai import Message, with_keepalive
 from inference.protocols.output import OutputParser, Piece
+from inference.protocols.params import MAX_STOP_SEQUENCES, SAMPLING
 
 AUDIO_BLOCKS = {"input_audio", "audio", "audio_url"}
-EXTRAS = ("min_p", "xtc_probability", "xtc_threshold", "repetition_penalty", "repetition_context_size",
-          "presence_penalty", "presence_context_size", "frequency_penalty", "frequency_context_size", "seed",
+# The chat-side fields Messages requests may carry besides their own (temperature, top_p and
+# top_k are Messages fields too).
+EXTRAS = (*(f for f in SAMPLING if f not in ("temperature", "top_p", "top_k")),
           "session_id", "prompt_cache_key", "response_format", "structured_outputs", "guided_grammar",
           "guided_regex", "guided_choice", "chat_template_kwargs", "adapter")
-# Chat-side field names a validation error may carry, and the Messages field the client sent.
-PARAM_NAMES = {"stop": "stop_sequences", "tool_choice": "tool_choice", "messages": "messages"}
 
 
 def error_body(message: str, kind: str = "invalid_request_error") -> dict:
@@ -168,6 +169,8 @@ def to_chat_body(body: dict) -> dict:
     stops = body.get("stop_sequences")
     if stops is not None and (not isinstance(stops, list) or not all(isinstance(s, str) for s in stops)):
         raise RequestError("stop_sequences must be a list of strings", "stop_sequences")
+    if stops and len(stops) > MAX_STOP_SEQUENCES:  # checked here so the message names this protocol's field
+        raise RequestError(f"stop_sequences takes at most {MAX_STOP_SEQUENCES} sequences", "stop_sequences")
     chat: dict = {"messages": messages, "stream": body.get("stream", False)}
     for name in ("max_tokens", "temperature", "top_p", "top_k"):
         if body.get(name) is not None:
@@ -251,7 +254,7 @@ class Reply:
 
 
 def frame(event: dict) -> bytes:
-    return f"event: {event['type']}\ndata: {json.dumps(event, ensure_ascii=False)}\n\n".encode()
+    return sse.frame(event, event["type"])
 
 
 PING = frame({"type": "ping"})

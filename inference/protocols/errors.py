@@ -15,3 +15,8 @@ def openai_error(message: str, kind: str = "invalid_request_error", param: str |
                  code: str | None = None) -> dict:
     """The OpenAI error body: {"error": {"message", "type", "param", "code"}}."""
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def failure(status: int, message: str, param: str | None = None) -> dict:
+    """The OpenAI body for a generation that failed with `status`."""
+    return openai_error(message, "server_error" if status >= 500 else "invalid_request_error", param)

@@ -4,19 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+from core import sse as core_sse
 from core.limits import current as current_limits
 from inference.engine.loader import LoadedModel
 from inference.engine.types import GenerationEvent, GenerationRequest, Usage
 from inference.protocols import chat, params, structured
 from inference.protocols.errors import RequestError, openai_error
+from inference.protocols.options import Options, ServerDefaults
 from inference.protocols.output import OutputParser, Piece
-from inference.runtime import ServerDefaults
 
 
 @dataclass
@@ -82,15 +82,15 @@ async def _constrain(prepared: Prepared, spec, model: LoadedModel, grammar_enabl
         prepared.headers["Warning"] = constraint.warning
 
 
-async def prepare_chat(body: dict, model: LoadedModel, defaults: ServerDefaults, grammar_enabled: bool,
-                       templates=None) -> Prepared:
+async def prepare_chat(body: dict, model: LoadedModel, options: Options) -> Prepared:
     """A chat request ready for the engine. Reading and rendering run off the
     event loop; the grammar compile and a client template's render are
-    awaited on it (neither holds a thread while it waits); `templates` is
-    the TemplateSandbox when client templates are allowed."""
-    turn = await asyncio.to_thread(_read_chat, body, model, defaults)
+    awaited on it (neither holds a thread while it waits); `options.templates`
+    is the TemplateSandbox when client templates are allowed."""
+    turn = await asyncio.to_thread(_read_chat, body, model, options.defaults)
     prepared = turn.prepared
-    await _constrain(prepared, turn.spec, model, grammar_enabled)
+    templates = options.templates
+    await _constrain(prepared, turn.spec, model, options.grammar_enabled)
     messages = turn.messages
     if prepared.constraint is not None and prepared.constraint.compiled is None:
         messages = _with_instruction(messages, prepared.constraint.instruction())
@@ -135,10 +135,9 @@ def _read_completion(body: dict, model: LoadedModel, defaults: ServerDefaults):
     return Prepared(_common(body, model, defaults)), structured.requested(body), prompt
 
 
-async def prepare_completion(body: dict, model: LoadedModel, defaults: ServerDefaults,
-                             grammar_enabled: bool) -> Prepared:
-    prepared, spec, prompt = await asyncio.to_thread(_read_completion, body, model, defaults)
-    await _constrain(prepared, spec, model, grammar_enabled)  # no template: the header is the only notice
+async def prepare_completion(body: dict, model: LoadedModel, options: Options) -> Prepared:
+    prepared, spec, prompt = await asyncio.to_thread(_read_completion, body, model, options.defaults)
+    await _constrain(prepared, spec, model, options.grammar_enabled)  # no template: the header is the only notice
     prepared.request.prompt_tokens = await asyncio.to_thread(model.tokenizer.encode, prompt)
     return prepared
 
@@ -212,12 +211,8 @@ class Reply:
                                                   "finish_reason": finish})
 
 
-def sse(obj: dict | str) -> bytes:
-    data = obj if isinstance(obj, str) else json.dumps(obj, ensure_ascii=False)
-    return f"data: {data}\n\n".encode()
-
-
-KEEP_ALIVE = b": keep-alive\n\n"
+sse = core_sse.frame
+KEEP_ALIVE = core_sse.KEEP_ALIVE
 
 
 async def collect(events: AsyncIterator[GenerationEvent],

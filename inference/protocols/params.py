@@ -13,9 +13,15 @@ from inference.engine.adapters import AdapterError, parse_spec
 from inference.engine.errors import InvalidRequest
 from inference.engine.types import GenerationRequest, LogitsParams, SamplingParams
 from inference.protocols.errors import RequestError
-from inference.runtime import ServerDefaults
+from inference.protocols.options import ServerDefaults
 
 MAX_STOP_SEQUENCES = checks.MAX_STOP_SEQUENCES
+# Every sampling field a request may set, by the name every surface uses
+# (chat, completions, Messages, Responses, the chat socket's set_sampling).
+# A new one goes here, in `sampling`/`logits_params` below, and in engine/checks.py.
+SAMPLING = ("temperature", "top_p", "top_k", "min_p", "xtc_probability", "xtc_threshold", "seed",
+            "repetition_penalty", "repetition_context_size", "presence_penalty", "presence_context_size",
+            "frequency_penalty", "frequency_context_size")
 
 
 def parse_json_body(raw: bytes) -> dict:

@@ -9,15 +9,16 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 
+from core import sse
 from inference.engine.types import GenerationEvent
 from inference.protocols import chat
 from inference.protocols.errors import RequestError
 from inference.protocols.openai import Message, with_keepalive
-from inference.protocols.output import OutputParser
+from inference.protocols.output import OutputParser, Piece
+from inference.protocols.params import SAMPLING
 from inference.protocols.response_store import ResponseStore
 
-EXTRAS = ("min_p", "xtc_probability", "xtc_threshold", "logit_bias", "repetition_penalty", "repetition_context_size",
-          "presence_penalty", "presence_context_size", "frequency_penalty", "frequency_context_size", "seed",
+EXTRAS = (*(f for f in SAMPLING if f not in ("temperature", "top_p", "top_k")), "logit_bias",
           "session_id", "prompt_cache_key", "chat_template_kwargs", "guided_grammar", "guided_regex",
           "guided_choice", "stop", "adapter", "parallel_tool_calls")
 
@@ -242,14 +243,80 @@ def chat_output(message: Message) -> list[dict]:
     return [msg]
 
 
-class _Events:
-    def __init__(self):
-        self.seq = 0
+class _Chain:
+    """One Responses stream: the `sequence_number`ed event chain, the output
+    items it has closed, and the item open now (reasoning or message text)."""
 
-    def __call__(self, kind: str, **fields) -> bytes:
+    def __init__(self, reply: Reply):
+        self.reply = reply
+        self.seq = 0
+        self.items: list[dict] = []
+        self.open_kind: str | None = None  # "reasoning" | "content" while an item is open
+        self.text = ""  # the open item's text
+
+    def emit(self, kind: str, **fields) -> bytes:
         event = {"type": kind, "sequence_number": self.seq, **fields}
         self.seq += 1
-        return f"event: {kind}\ndata: {json.dumps(event, ensure_ascii=False)}\n\n".encode()
+        return sse.frame(event, kind)
+
+    def open(self, kind: str) -> list[bytes]:
+        reply, index = self.reply, len(self.items)
+        self.open_kind, self.text = kind, ""
+        reply.new_item_ids()  # every item its own id
+        if kind == "reasoning":
+            item = {"type": "reasoning", "id": reply.reasoning_id, "summary": []}
+            return [self.emit("response.output_item.added", output_index=index, item=item),
+                    self.emit("response.reasoning_summary_part.added", item_id=reply.reasoning_id,
+                              output_index=index, summary_index=0, part={"type": "summary_text", "text": ""})]
+        return [self.emit("response.output_item.added", output_index=index,
+                          item=reply.message_item("", "in_progress")),
+                self.emit("response.content_part.added", item_id=reply.message_id, output_index=index,
+                          content_index=0, part={"type": "output_text", "text": "", "annotations": []})]
+
+    def close(self) -> list[bytes]:
+        reply, index, text, frames = self.reply, len(self.items), self.text, []
+        if self.open_kind == "reasoning":
+            frames.append(self.emit("response.reasoning_summary_text.done", item_id=reply.reasoning_id,
+                                    output_index=index, summary_index=0, text=text))
+            frames.append(self.emit("response.reasoning_summary_part.done", item_id=reply.reasoning_id,
+                                    output_index=index, summary_index=0, part={"type": "summary_text", "text": text}))
+            self.items.append(reply.reasoning_item(text))
+        elif self.open_kind == "content":
+            frames.append(self.emit("response.output_text.done", item_id=reply.message_id, output_index=index,
+                                    content_index=0, text=text))
+            frames.append(self.emit("response.content_part.done", item_id=reply.message_id, output_index=index,
+                                    content_index=0, part={"type": "output_text", "text": text, "annotations": []}))
+            self.items.append(reply.message_item(text))
+        if self.open_kind is not None:
+            frames.append(self.emit("response.output_item.done", output_index=index, item=self.items[-1]))
+        self.open_kind = None
+        return frames
+
+    def piece(self, piece: Piece, message: Message) -> list[bytes]:
+        frames = [] if self.open_kind == piece.kind else self.close() + self.open(piece.kind)
+        index = len(self.items)
+        self.text += piece.text
+        if piece.kind == "reasoning":
+            message.reasoning += piece.text
+            frames.append(self.emit("response.reasoning_summary_text.delta", item_id=self.reply.reasoning_id,
+                                    output_index=index, summary_index=0, delta=piece.text))
+        else:
+            message.content += piece.text
+            frames.append(self.emit("response.output_text.delta", item_id=self.reply.message_id, output_index=index,
+                                    content_index=0, delta=piece.text))
+        return frames
+
+    def call(self, call) -> list[bytes]:
+        frames, index = self.close(), len(self.items)
+        item = self.reply.call_item(call)
+        frames += [self.emit("response.output_item.added", output_index=index,
+                             item=self.reply.call_item(call, "in_progress")),
+                   self.emit("response.function_call_arguments.delta", item_id=item["id"], output_index=index,
+                             delta=call.arguments),
+                   self.emit("response.function_call_arguments.done", item_id=item["id"], output_index=index,
+                             arguments=call.arguments)]
+        self.items.append(item)
+        return frames + [self.emit("response.output_item.done", output_index=index, item=item)]
 
 
 async def stream(reply: Reply, events: AsyncIterator[GenerationEvent], output: OutputParser, keepalive: float,
@@ -257,103 +324,36 @@ async def stream(reply: Reply, events: AsyncIterator[GenerationEvent], output: O
     """The Responses event chain: created, in_progress, then per output item
     added → (content part, text deltas | argument deltas) → done, and
     completed (or incomplete). `on_done(message, response)` stores the turn."""
-    emit = _Events()
-    yield emit("response.created", response=reply.envelope("in_progress", []))
-    yield emit("response.in_progress", response=reply.envelope("in_progress", []))
-    items: list[dict] = []
+    chain = _Chain(reply)
+    yield chain.emit("response.created", response=reply.envelope("in_progress", []))
+    yield chain.emit("response.in_progress", response=reply.envelope("in_progress", []))
     message = Message()  # the whole reply, for the stored turn
-    open_kind = None  # "reasoning" | "content" while an item is open
-    item_text = ""  # the open item's text
     sent_calls = 0
-
-    def close():
-        nonlocal open_kind
-        frames = []
-        index = len(items)
-        if open_kind == "reasoning":
-            part = {"type": "summary_text", "text": item_text}
-            frames.append(emit("response.reasoning_summary_text.done", item_id=reply.reasoning_id,
-                               output_index=index, summary_index=0, text=item_text))
-            frames.append(emit("response.reasoning_summary_part.done", item_id=reply.reasoning_id,
-                               output_index=index, summary_index=0, part=part))
-            items.append(reply.reasoning_item(item_text))
-        elif open_kind == "content":
-            part = {"type": "output_text", "text": item_text, "annotations": []}
-            frames.append(emit("response.output_text.done", item_id=reply.message_id, output_index=index,
-                               content_index=0, text=item_text))
-            frames.append(emit("response.content_part.done", item_id=reply.message_id, output_index=index,
-                               content_index=0, part=part))
-            items.append(reply.message_item(item_text))
-        if open_kind is not None:
-            frames.append(emit("response.output_item.done", output_index=index, item=items[-1]))
-        open_kind = None
-        return frames
-
-    def open_item(kind):
-        nonlocal open_kind, item_text
-        index = len(items)
-        open_kind, item_text = kind, ""
-        reply.new_item_ids()  # every item its own id
-        if kind == "reasoning":
-            item = {"type": "reasoning", "id": reply.reasoning_id, "summary": []}
-            return [emit("response.output_item.added", output_index=index, item=item),
-                    emit("response.reasoning_summary_part.added", item_id=reply.reasoning_id, output_index=index,
-                         summary_index=0, part={"type": "summary_text", "text": ""})]
-        return [emit("response.output_item.added", output_index=index, item=reply.message_item("", "in_progress")),
-                emit("response.content_part.added", item_id=reply.message_id, output_index=index, content_index=0,
-                     part={"type": "output_text", "text": "", "annotations": []})]
-
     async for event in with_keepalive(events, output, keepalive):
         if event is None:
-            yield b": keep-alive\n\n"
+            yield sse.KEEP_ALIVE
             continue
         if event.error is not None:
-            yield emit("error", code="server_error", message=event.error, param=None)
+            yield chain.emit("error", code="server_error", message=event.error, param=None)
             return
         pieces = output.feed(event.text)
         if event.finish_reason is not None:
             pieces += output.finish()
         for piece in pieces:
-            if not piece.text:
-                continue
-            if open_kind != piece.kind:
-                for f in close():
-                    yield f
-                for f in open_item(piece.kind):
-                    yield f
-            index = len(items)
-            item_text += piece.text
-            if piece.kind == "reasoning":
-                message.reasoning += piece.text
-                yield emit("response.reasoning_summary_text.delta", item_id=reply.reasoning_id, output_index=index,
-                           summary_index=0, delta=piece.text)
-            else:
-                message.content += piece.text
-                yield emit("response.output_text.delta", item_id=reply.message_id, output_index=index,
-                           content_index=0, delta=piece.text)
+            for frame in chain.piece(piece, message) if piece.text else []:
+                yield frame
         for call in output.calls[sent_calls:]:
-            for f in close():
-                yield f
-            index = len(items)
-            item = reply.call_item(call)
-            yield emit("response.output_item.added", output_index=index, item=reply.call_item(call, "in_progress"))
-            yield emit("response.function_call_arguments.delta", item_id=item["id"], output_index=index,
-                       delta=call.arguments)
-            yield emit("response.function_call_arguments.done", item_id=item["id"], output_index=index,
-                       arguments=call.arguments)
-            items.append(item)
-            yield emit("response.output_item.done", output_index=index, item=item)
+            for frame in chain.call(call):
+                yield frame
         sent_calls = len(output.calls)
         message.tool_calls = list(output.calls)
         if event.finish_reason is not None:
-            if not items and open_kind is None:  # an empty reply is still one message
-                for f in open_item("content"):
-                    yield f
-            for f in close():
-                yield f
+            frames = chain.open("content") if not chain.items and chain.open_kind is None else []  # one message
+            for frame in frames + chain.close():
+                yield frame
             final = reply.complete(message, event)
-            final["output"] = items
+            final["output"] = chain.items
             on_done(message, final)
             kind = "response.completed" if final["status"] == "completed" else "response.incomplete"
-            yield emit(kind, response=final)
+            yield chain.emit(kind, response=final)
             return

@@ -15,6 +15,7 @@ import re
 import time
 from pathlib import Path
 
+from core.fs import write_atomically
 from core.paths import confine, regular_file
 from jobs.events import EventLog
 from jobs.kinds import tabular
@@ -226,6 +227,4 @@ def run(config: dict, log: EventLog, stage_delay: float = 0.0) -> tuple[str, dic
 
 
 def _write(path: Path, rows: list[dict]) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows), encoding="utf-8")
-    tmp.rename(path)
+    write_atomically(path, "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))

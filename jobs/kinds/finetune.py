@@ -8,7 +8,6 @@ example per line. SFT takes `{"messages": [...]}`, `{"prompt",
 Hugging Face tokenizer's own template, exactly as serving renders them."""
 from __future__ import annotations
 
-import io
 import json
 import os
 import time
@@ -22,12 +21,12 @@ from core.paths import (
     confine_members,
     confine_model_ref,
     holds_a_root,
-    open_regular,
     read_json,
     regular_entries,
     regular_file,
 )
 from jobs.events import EventLog
+from jobs.kinds.training import Reporter, ServingChatDataset, optimizer, read_jsonl, training_args
 
 DEFAULTS = {"method": "sft", "rank": 16, "scale": 20.0, "lora_dropout": 0.0, "num_layers": 0, "iters": 300,
             "learning_rate": 2e-4, "max_seq_length": 2048, "batch_size": 1, "grad_accumulation_steps": 1,
@@ -76,18 +75,6 @@ def _model_files(ref: str) -> None:
         except ModelNotFound:
             return
     regular_entries(folder, "model_dir")
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    rows = []
-    with open_regular(path, path.name) as raw, io.TextIOWrapper(raw, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if line.strip():
-                try:
-                    rows.append(json.loads(line))
-                except ValueError as exc:
-                    raise ValueError(f"{path.name} line {n} is not JSON: {exc}") from None
-    return rows
 
 
 def data_format(rows: list[dict]) -> str:
@@ -145,76 +132,6 @@ def settings(config: dict) -> dict:
     if cfg["warm_start_adapter"] is not None and not isinstance(cfg["warm_start_adapter"], str):
         raise ValueError("warm_start_adapter must be a path")
     return cfg
-
-
-def learning_rate(cfg: dict):
-    """The optimizer's learning rate: a number, or a warmup + cosine schedule."""
-    import mlx.optimizers as optim
-
-    lr, method = float(cfg["learning_rate"]), cfg["method"]
-    shape = cfg.get(f"{method}_lr_schedule", "constant")
-    # The optimizer steps once per `grad_accumulation_steps` iterations; schedules count its steps.
-    accum = cfg["grad_accumulation_steps"]
-    warmup = -(-cfg.get(f"{method}_warmup_iters", 0) // accum)
-    updates = -(-cfg["iters"] // accum)
-    if not warmup and shape == "constant":
-        return lr
-    main = optim.cosine_decay(lr, max(updates - warmup, 1)) if shape == "cosine" else (lambda step: lr)
-    if not warmup:
-        return main
-    return optim.join_schedules([optim.linear_schedule(0.0, lr, warmup), main], [warmup])
-
-
-class ServingChatDataset:
-    """Chat examples tokenized as serving will see them: the prompt is the
-    template's rendering of every turn but the last with the generation
-    prompt (templates may add to it, e.g. an empty think block), then the
-    last assistant turn as the template closes it. `response` scope trains
-    on that reply only."""
-
-    def __init__(self, rows: list[dict], tokenizer, response_only: bool):
-        self._data, self.tokenizer, self.response_only = rows, tokenizer, response_only
-
-    def process(self, row: dict):
-        messages, tools = row["messages"], row.get("tools")
-        tok = self.tokenizer
-        if not messages or messages[-1].get("role") != "assistant" or not isinstance(messages[-1].get("content"),
-                                                                                       str):
-            ids = tok.apply_chat_template(messages, tools=tools, tokenize=True, return_dict=False)
-            return ids, 0
-        prompt = tok.apply_chat_template(messages[:-1], tools=tools, tokenize=False, add_generation_prompt=True)
-        full = tok.apply_chat_template(messages, tools=tools, tokenize=False)
-        reply = messages[-1]["content"]
-        at = full.rfind(reply) if reply else -1
-        tail = full[at:] if at >= 0 else reply  # the reply plus the template's end-of-turn markup
-        prompt_ids = tok.encode(prompt, add_special_tokens=False)
-        ids = prompt_ids + tok.encode(tail, add_special_tokens=False)
-        return ids, len(prompt_ids) if self.response_only else 0
-
-    def __getitem__(self, idx: int):
-        return self._data[idx]
-
-    def __len__(self):
-        return len(self._data)
-
-
-class _Reporter:
-    def __init__(self, log: EventLog, total: int):
-        self.log, self.total = log, total
-
-    EXTRA = ("chosen_reward", "rejected_reward", "accuracies", "margins")  # DPO / ORPO
-
-    def on_train_loss_report(self, info: dict) -> None:
-        extra = {k: float(info[f"train_{k}"]) for k in self.EXTRA if f"train_{k}" in info}
-        self.log.emit("metric", kind="train", step=info["iteration"], total_steps=self.total,
-                      loss=float(info["train_loss"]), learning_rate=float(info["learning_rate"]),
-                      tokens_per_sec=float(info["tokens_per_second"]),
-                      trained_tokens=int(info.get("trained_tokens", 0)), **extra)
-
-    def on_val_loss_report(self, info: dict) -> None:
-        extra = {k: float(info[f"val_{k}"]) for k in self.EXTRA if f"val_{k}" in info}
-        self.log.emit("metric", kind="val", step=info["iteration"], total_steps=self.total,
-                      loss=float(info["val_loss"]), **extra)
 
 
 def run(config: dict, log: EventLog, stage_delay: float = 0.0) -> tuple[str, dict]:
@@ -279,7 +196,7 @@ def run(config: dict, log: EventLog, stage_delay: float = 0.0) -> tuple[str, dic
     if stage_delay:
         time.sleep(stage_delay)
 
-    reporter = _Reporter(log, cfg["iters"])
+    reporter = Reporter(log, cfg["iters"])
     if method == "sft":
         _train_sft(model, hf_tokenizer, cfg, fmt, train_rows, valid_rows, adapter_path, reporter)
     else:
@@ -334,27 +251,6 @@ def _load_warm_start(model, weights: Path) -> None:
             raise ValueError(f"warm_start_adapter: {key} is {tuple(value.shape)}, the model needs "
                              f"{tuple(wanted[key].shape)}")
     model.load_weights(list(found.items()), strict=False)
-
-
-def training_args(cls, cfg: dict, adapter_path: Path, **extra):
-    """mlx-lm's (or mlx-lm-lora's) TrainingArgs from the job config."""
-    names = {f.name for f in __import__("dataclasses").fields(cls)}
-    accum = "grad_accumulation_steps" if "grad_accumulation_steps" in names else "gradient_accumulation_steps"
-    save_every = cfg["save_every"] if cfg["save_checkpoints"] else cfg["iters"] + 1
-    return cls(batch_size=cfg["batch_size"], iters=cfg["iters"], val_batches=-1,
-               steps_per_report=cfg["steps_per_report"], steps_per_eval=cfg["steps_per_eval"] or cfg["iters"],
-               steps_per_save=save_every, adapter_file=str(adapter_path / "adapters.safetensors"),
-               max_seq_length=cfg["max_seq_length"], grad_checkpoint=bool(cfg["grad_checkpoint"]),
-               **{accum: cfg["grad_accumulation_steps"]}, **extra)
-
-
-def optimizer(cfg: dict):
-    import mlx.optimizers as optim
-
-    lr = learning_rate(cfg)
-    if cfg["weight_decay"]:
-        return optim.AdamW(learning_rate=lr, weight_decay=float(cfg["weight_decay"]))
-    return optim.Adam(learning_rate=lr)
 
 
 def _train_sft(model, hf_tokenizer, cfg, fmt, train_rows, valid_rows, adapter_path, reporter) -> None:

@@ -52,7 +52,7 @@ def train(model, model_dir: str, hf_tokenizer, cfg: dict, train_rows: list[dict]
           adapter_path: Path, reporter, chat_dataset_cls) -> None:
     from mlx_lm import load
 
-    from jobs.kinds.finetune import optimizer, training_args
+    from jobs.kinds.training import optimizer, training_args
 
     _cpu_device_info()
     train_set = PreferencePairs(train_rows, hf_tokenizer, chat_dataset_cls)

@@ -67,7 +67,7 @@ def run(config: dict, log: EventLog, stage_delay: float = 0.0) -> tuple[str, dic
                     break
         finally:
             index_path.unlink(missing_ok=True)
-    summary = {"implemented": True, "stages": STAGES, "dry": False, "sessions": len(state.sessions),
+    summary = {"stages": STAGES, "dry": False, "sessions": len(state.sessions),
                "segments": len(state.segments), "facts": len(state.facts), "created": state.created,
                "touched": sorted(state.touched), "commits": commits, "model_calls": state.asked,
                "coveredUntil": state.covered,
@@ -92,6 +92,6 @@ def _dry(vault_root: Path, sessions: list[dict], limit: int, log: EventLog, say)
     for number, name in enumerate(STAGES):
         log.emit("stage", stage=name, progress=round(number / len(STAGES), 3), message=f"{name} (dry run)")
         say(f"{name}: {plan[name]()}")
-    return {"implemented": True, "stages": STAGES, "dry": True, "sessions": len(state.sessions),
+    return {"stages": STAGES, "dry": True, "sessions": len(state.sessions),
             "segments": len(state.segments), "commits": [],
             "note": "dry run: planned only, no model calls and no writes"}

@@ -7,7 +7,7 @@ from pathlib import Path
 from django.core.management.base import BaseCommand
 from huggingface_hub import constants
 
-from config.cli import blas_in_use
+from core.blas import blas_in_use
 from inference.demo.build import DEMO_REPO, Recipe, build
 
 

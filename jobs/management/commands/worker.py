@@ -44,7 +44,7 @@ class Command(BaseCommand):
     @staticmethod
     def _tie_to_server() -> None:
         """Set here, in the worker itself, so it holds after the CLI's BLAS re-exec."""
-        from jobs.procs import tie_to_parent
+        from core.procs import tie_to_parent
         from jobs.supervisor import PARENT_ENV
 
         parent = os.environ.pop(PARENT_ENV, None)  # job children and their tools never see it

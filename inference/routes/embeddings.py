@@ -1,5 +1,6 @@
 """`POST /v1/embeddings`, when the served model is an embedding model.
-The forward runs on the engine thread, between decode steps."""
+The forward runs on the engine thread, a few inputs per turn, between
+decode steps."""
 from __future__ import annotations
 
 import asyncio
@@ -10,17 +11,18 @@ from ninja import Router
 from inference.engine.embed import embed
 from inference.protocols import embeddings, params
 from inference.protocols.errors import RequestError
-from inference.runtime import runtime
+from inference.routes.bodies import EmbeddingsRequest, documented
 
 router = Router(tags=["embeddings"])
 CALL_TOKENS = 2048  # tokens embedded per turn of the engine thread
 
 
-@router.post("/embeddings")
+@router.post("/embeddings", openapi_extra=documented(EmbeddingsRequest))
 async def create(request: HttpRequest):
-    engine = runtime.require_engine()
-    model = engine.loaded
+    runtime = request.runtime
     body = await params.read_json_body(request.body)
+    engine = runtime.require_engine(body.get("model"))
+    model = engine.loaded
     if not runtime.embeddings_enabled:
         raise RequestError(f"{model.model_id} is not an embedding model; serve one (its name or config says "
                            "embedding) or start `hearth serve --embeddings` to embed with this model", "model")

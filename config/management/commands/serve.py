@@ -1,4 +1,6 @@
-"""`hearth serve [MODEL]`: load one model and serve it with daphne.
+"""`hearth serve [MODEL]`: load one model and serve it with daphne. The
+composition root: it fills the runtime (config/runtime.py) and starts the
+worker beside the server.
 
 On SIGINT/SIGTERM the server stops listening, answers 503 to new requests
 on open connections, lets running ones finish (up to --drain-seconds),
@@ -23,15 +25,16 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 from huggingface_hub import constants
 
-from config.cli import blas_in_use
+from config.runtime import RUNTIME as runtime
+from config.serving_access import INSECURE_WARNING, AccessError, export_for_children, settle
 from core import limits
+from core.blas import blas_in_use
 from inference.demo.build import DEMO_REPO, Recipe, cached_snapshot
 from inference.engine import checks
 from inference.engine.engine import Engine, EngineConfig
 from inference.engine.errors import EngineError
+from inference.protocols.options import Options, ServerDefaults
 from inference.protocols.response_store import ResponseStore
-from inference.runtime import ServerDefaults, runtime
-from inference.serving_access import INSECURE_WARNING, AccessError, export_for_children, settle
 
 log = logging.getLogger("hearth.serve")
 
@@ -205,21 +208,23 @@ class Command(BaseCommand):
         runtime.api_keys = access.api_keys
         runtime.cors_origins = access.cors_origins
         runtime.insecure_no_auth = access.insecure_no_auth
+        runtime.warning = INSECURE_WARNING if access.insecure_no_auth else None
         runtime.engine = engine
-        runtime.defaults = ServerDefaults(opts["max_tokens"] or None, opts["temperature"],
-                                          opts["top_p"], opts["top_k"])
         runtime.started_at = int(time.time())
-        runtime.grammar_enabled = settings.HEARTH_GRAMMAR
-        runtime.sse_keepalive = settings.HEARTH_SSE_KEEPALIVE
         runtime.responses = ResponseStore(ttl_s=opts["response_ttl"])
         runtime.embeddings_enabled = opts["embeddings"] or loaded.is_embedding_model
         loaded.grammar_compiler.cache_bytes = bounds.grammar_cache_bytes
+        templates = None
         if bounds.allow_client_templates:
             from inference.protocols.template_sandbox import TemplateSandbox
 
-            runtime.templates = TemplateSandbox(timeout_s=bounds.template_timeout_s)
+            templates = TemplateSandbox(timeout_s=bounds.template_timeout_s)
             log.warning("client chat templates are allowed: each renders in its own process, at most %gs",
                         bounds.template_timeout_s)
+        runtime.options = Options(
+            defaults=ServerDefaults(opts["max_tokens"] or None, opts["temperature"], opts["top_p"], opts["top_k"]),
+            grammar_enabled=settings.HEARTH_GRAMMAR, templates=templates,
+            sse_keepalive=settings.HEARTH_SSE_KEEPALIVE)
         log.info("model %s ready (%s, context %s)", loaded.model_id, loaded.dtype, loaded.context_window)
         from hub.downloads import resume_interrupted
         from hub.locks import record_serving

@@ -9,13 +9,13 @@ import os
 import stat
 from pathlib import Path
 
-from django.conf import settings
-
+from core import home
+from core.fs import write_atomically
 from core.paths import ADAPTER_FILES, is_inside
 
 
 def token_path() -> Path:
-    return settings.HEARTH_HOME / "hf.json"
+    return home.hf_token()
 
 
 def saved_token() -> str | None:
@@ -27,17 +27,7 @@ def saved_token() -> str | None:
 
 
 def save_token(token: str) -> None:
-    path = token_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.fchmod(fd, 0o600)  # also when the file was left behind with other bits
-        os.write(fd, json.dumps({"token": token}).encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+    write_atomically(token_path(), json.dumps({"token": token}), mode=0o600)  # this user only, whatever was there
 
 
 def forget_token() -> bool:

@@ -14,7 +14,7 @@ from core.paths import ADAPTER_FILES, PathRefused, confine, confine_members
 from inference.engine.errors import EngineTimeout
 from inference.protocols import params
 from inference.protocols.errors import RequestError
-from inference.runtime import runtime
+from inference.routes.bodies import AdapterMount, documented
 
 router = Router(tags=["adapters"])
 MOUNT_TIMEOUT_S = 120.0
@@ -22,7 +22,7 @@ MOUNT_TIMEOUT_S = 120.0
 
 @router.get("/adapters")
 def mounted(request: HttpRequest):
-    engine = runtime.require_engine()
+    engine = request.runtime.require_engine()
     rows = engine.loaded.adapters.describe()
     keys = ("id", "path", "rank", "scale", "size_bytes", "mounted_layers", "ram_bytes")
     default = engine.loaded.adapters.default
@@ -31,18 +31,15 @@ def mounted(request: HttpRequest):
 
 @router.get("/adapters/available")
 def available(request: HttpRequest):
-    from jobs.adapters import available as scan
-
-    engine = runtime.require_engine()
+    engine = request.runtime.require_engine()
     model = engine.loaded
-    return {"adapters": scan(model.adapters.describe(), [model.model_id, model.path])}
+    return {"adapters": request.runtime.adapter_records.available(model.adapters.describe(),
+                                                                  [model.model_id, model.path])}
 
 
-@router.post("/adapters")
+@router.post("/adapters", openapi_extra=documented(AdapterMount))
 async def mount(request: HttpRequest):
-    from jobs.adapters import register
-
-    engine = runtime.require_engine()
+    engine = request.runtime.require_engine()
     body = params.parse_json_body(request.body)
     adapter_id, path = body.get("id"), body.get("path")
     if not isinstance(adapter_id, str) or not adapter_id or not isinstance(path, str) or not path:
@@ -58,11 +55,11 @@ async def mount(request: HttpRequest):
     except EngineTimeout:
         raise EngineTimeout(f"the engine is busy and has not mounted {adapter_id} within {MOUNT_TIMEOUT_S:.0f} s; "
                             "it will mount once the engine gets to it (see GET /v1/adapters)") from None
-    await sync_to_async(register)(result.pop("path"), name=adapter_id, mounted=True)
+    await sync_to_async(request.runtime.adapter_records.register)(result.pop("path"), name=adapter_id, mounted=True)
     return result
 
 
 @router.delete("/adapters/{adapter_id}")
 async def unmount(request: HttpRequest, adapter_id: str):
-    engine = runtime.require_engine()
+    engine = request.runtime.require_engine()
     return JsonResponse(await asyncio.to_thread(engine.unmount_adapter, adapter_id))

@@ -1,0 +1,15 @@
+from django.apps import AppConfig
+
+
+class HearthConfig(AppConfig):
+    """The composition root as a Django app: its management commands (`serve`)
+    and the wiring of app services into the runtime."""
+
+    name = "config"
+    label = "hearth"
+
+    def ready(self):
+        from config.runtime import RUNTIME
+        from jobs import adapters
+
+        RUNTIME.adapter_records = adapters  # /v1/adapters records mounts and lists adapters on disk through it

@@ -1,0 +1,78 @@
+"""The layout of HEARTH_HOME, in one place: every file and folder Hearth
+keeps there. A new kind of state gets a function here, so the whole layout
+reads at a glance (and the README's Settings table can name it).
+
+No Django here, and no imports of the project's apps."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from core.paths import hearth_home as root
+
+
+def database() -> Path:
+    return root() / "hearth.sqlite3"  # Django's SQLite database (WAL)
+
+
+def job_queue() -> Path:
+    return root() / "jobs-queue.sqlite3"  # Huey's SQLite queue
+
+
+def secret_key() -> Path:
+    return root() / "secret_key"  # Django's secret key, made once
+
+
+def static() -> Path:
+    return root() / "static"  # collected static files
+
+
+def workspace() -> Path:
+    return root() / "workspace"  # the chat's coding tools' folder (unless HEARTH_CHAT_WORKSPACE says otherwise)
+
+
+def job_logs() -> Path:
+    return root() / "jobs"  # one NDJSON event log per job
+
+
+def adapters() -> Path:
+    return root() / "adapters"  # fine-tuned and merged LoRA adapters
+
+
+def datasets() -> Path:
+    return root() / "datasets"  # the dataset builder's output
+
+
+def exports() -> Path:
+    return root() / "exports"  # fine-tune exports
+
+
+def run() -> Path:
+    return root() / "run"  # records of running worker processes
+
+
+def serving() -> Path:
+    return root() / "serving"  # which snapshot each running server serves (GC keeps them)
+
+
+def machine() -> Path:
+    return root() / "machine.json"  # this machine's measured bandwidths
+
+
+def library_changed() -> Path:
+    return root() / "library-changed"  # touched when a job adds models to the HF cache
+
+
+def hf_token() -> Path:
+    return root() / "hf.json"  # the saved Hugging Face token (0600)
+
+
+def vaults() -> Path:
+    return root() / "memory"  # memory vaults created without a path
+
+
+def memory_index(key: str) -> Path:
+    return root() / "cache" / "memory-index" / f"{key}.v2.sqlite3"  # a vault's search index
+
+
+def scratch() -> Path:
+    return root() / "scratch"  # synthesis worktrees while they run

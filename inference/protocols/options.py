@@ -1,0 +1,25 @@
+"""What the protocol modules are told by the server that runs them: the
+operator's sampling defaults, whether grammars compile, the client-template
+sandbox, the SSE keep-alive interval. Passed in with every call; the
+adapters read no process-wide state."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ServerDefaults:
+    """Operator overrides from `hearth serve` flags; None means unset."""
+
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+
+
+@dataclass(frozen=True)
+class Options:
+    defaults: ServerDefaults = ServerDefaults()
+    grammar_enabled: bool = True  # HEARTH_GRAMMAR
+    templates: object | None = None  # a TemplateSandbox, with --allow-client-templates
+    sse_keepalive: float = 5.0  # HEARTH_SSE_KEEPALIVE: seconds between keep-alive comments

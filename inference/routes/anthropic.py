@@ -1,0 +1,35 @@
+"""`POST /v1/messages` and `/v1/messages/count_tokens`: the Anthropic
+surface. Errors, raised or not, answer in Anthropic's shape (`errors.py`)."""
+from __future__ import annotations
+
+from django.http import HttpRequest, JsonResponse
+from ninja import Router
+
+from inference.protocols import anthropic, params
+from inference.routes import pipeline
+from inference.routes.bodies import CountTokensRequest, MessagesRequest, documented
+
+router = Router(tags=["anthropic"])
+
+
+def _error(status: int, message: str, param: str | None) -> dict:
+    return anthropic.error_body(message, anthropic.error_type(status))
+
+
+@router.post("/messages", openapi_extra=documented(MessagesRequest))
+async def messages(request: HttpRequest):
+    body = await params.read_json_body(request.body)
+    engine, prepared = await pipeline.prepare_chat(request, anthropic.to_chat_body(body))
+    reply = anthropic.Reply(engine.loaded.model_id, len(prepared.request.prompt_tokens))
+    keepalive = request.runtime.sse_keepalive
+    return await pipeline.respond(
+        request, engine, prepared, "messages", bool(body.get("stream")),
+        stream=lambda events: anthropic.stream(reply, events, prepared.output, keepalive),
+        complete=lambda message, logprobs, final: reply.complete(message, final), error=_error)
+
+
+@router.post("/messages/count_tokens", openapi_extra=documented(CountTokensRequest))
+async def count_tokens(request: HttpRequest):
+    body = await params.read_json_body(request.body)
+    _, prepared = await pipeline.prepare_chat(request, anthropic.count_body(body))
+    return JsonResponse({"input_tokens": len(prepared.request.prompt_tokens)})

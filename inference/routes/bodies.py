@@ -1,0 +1,138 @@
+"""The request bodies of the `/v1` routes as django-ninja Schemas, so the
+OpenAPI document (`/v1/openapi.json`, `/v1/docs`) describes every route with
+its body.
+
+They document; they do not validate. Each route reads its raw body with the
+protocol's own checks (`inference/protocols`), whose exact messages and
+`param` fields clients rely on; pydantic's would differ. Every schema
+allows fields it does not list (clients send many), and types stay loose
+where the protocol takes several shapes."""
+from __future__ import annotations
+
+from typing import Any
+
+from ninja import Schema
+from pydantic import ConfigDict, Field
+
+Json = Any  # a value the protocol module checks itself
+
+
+class _Body(Schema):
+    model_config = ConfigDict(extra="allow")
+
+
+class Sampling(_Body):
+    """Sampling fields every generation route takes (see the README's Limits for their ranges)."""
+
+    temperature: float | None = Field(None, description="0 = greedy; 0 to 2")
+    top_p: float | None = Field(None, description="nucleus sampling, 0 to 1 (0 or 1 = off)")
+    top_k: int | None = Field(None, description="below the vocabulary size; 0 = off")
+    min_p: float | None = None
+    xtc_probability: float | None = None
+    xtc_threshold: float | None = Field(None, description="0 to 0.5")
+    seed: int | None = Field(None, description="0 to 2^64-1: the same seed repeats the output")
+    repetition_penalty: float | None = None
+    repetition_context_size: int | None = None
+    presence_penalty: float | None = None
+    presence_context_size: int | None = None
+    frequency_penalty: float | None = None
+    frequency_context_size: int | None = None
+    logit_bias: dict[str, float] | None = Field(None, description="token id -> bias, -100 to 100")
+    session_id: str | None = Field(None, description="prompt-cache session affinity")
+    prompt_cache_key: str | None = None
+    adapter: str | None = Field(None, description="mounted LoRA ids joined by '+', or 'none'")
+
+
+class Constraint(_Body):
+    """Grammar-constrained output (xgrammar); precedence in this order."""
+
+    guided_grammar: str | None = Field(None, description="an EBNF grammar")
+    response_format: dict[str, Json] | None = Field(None, description="text, json_object or json_schema")
+    structured_outputs: Json = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+
+
+class ChatCompletionRequest(Sampling, Constraint):
+    messages: list[dict[str, Json]] = Field(..., description="system, developer, user, assistant and tool turns")
+    model: str | None = Field(None, description="the served model answers whatever this names")
+    stream: bool | None = False
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = Field(None, description="wins over max_tokens")
+    stop: str | list[str] | None = Field(None, description="up to 4 strings")
+    tools: list[dict[str, Json]] | None = None
+    tool_choice: str | dict[str, Json] | None = Field(None, description="none, auto, required or a function")
+    parallel_tool_calls: bool | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, description="at most 11")
+    n: int | None = Field(None, description="1 only")
+    chat_template_kwargs: dict[str, Json] | None = None
+    reasoning_effort: str | None = Field(None, description="none turns thinking off, any other level on")
+    stream_options: dict[str, Json] | None = None
+
+
+class CompletionRequest(Sampling, Constraint):
+    prompt: str = Field(..., description="the raw prompt (no chat template)")
+    model: str | None = None
+    stream: bool | None = False
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    stop: str | list[str] | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+
+
+class MessagesRequest(Sampling, Constraint):
+    """Anthropic Messages (`logit_bias` is not part of it)."""
+
+    messages: list[dict[str, Json]] = Field(..., description="user, assistant and system turns, string or blocks")
+    max_tokens: int | None = None
+    model: str | None = None
+    system: str | list[dict[str, Json]] | None = None
+    stream: bool | None = False
+    stop_sequences: list[str] | None = None
+    tools: list[dict[str, Json]] | None = None
+    tool_choice: dict[str, Json] | None = None
+    thinking: dict[str, Json] | None = Field(None, description="enabled, disabled or adaptive")
+    metadata: dict[str, Json] | None = None
+
+
+class CountTokensRequest(_Body):
+    messages: list[dict[str, Json]]
+    model: str | None = None
+    system: str | list[dict[str, Json]] | None = None
+    tools: list[dict[str, Json]] | None = None
+
+
+class ResponsesRequest(Sampling, Constraint):
+    input: str | list[dict[str, Json]] = Field(..., description="a string, or message / function_call items")
+    model: str | None = None
+    instructions: str | None = None
+    previous_response_id: str | None = None
+    store: bool | None = True
+    stream: bool | None = False
+    max_output_tokens: int | None = None
+    tools: list[dict[str, Json]] | None = None
+    tool_choice: str | dict[str, Json] | None = None
+    text: dict[str, Json] | None = Field(None, description="text.format: json_schema or json_object")
+    reasoning: dict[str, Json] | None = None
+    parallel_tool_calls: bool | None = None
+    metadata: dict[str, Json] | None = None
+
+
+class EmbeddingsRequest(_Body):
+    input: str | list[str] = Field(..., description="a string or up to 2048 strings")
+    model: str | None = None
+    encoding_format: str | None = Field("float", description="float or base64")
+    instruction: str | None = None
+
+
+class AdapterMount(_Body):
+    id: str = Field(..., description="1-128 letters, digits, '.', '_' or '-'")
+    path: str = Field(..., description="a folder with adapters.safetensors and adapter_config.json")
+
+
+def documented(schema: type[Schema]) -> dict:
+    """`openapi_extra` for a route whose body `schema` describes."""
+    return {"requestBody": {"required": True, "content": {"application/json": {
+        "schema": schema.model_json_schema()}}}}

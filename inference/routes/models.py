@@ -1,0 +1,75 @@
+"""`GET /v1/models`, `/v1/models/{id}` and the `/v1` index."""
+from __future__ import annotations
+
+from django.http import HttpRequest, JsonResponse
+from ninja import Router
+
+from hub.registry import servable_models
+from inference import __version__
+from inference.engine.loader import LoadedModel
+from inference.protocols import chat, params
+
+router = Router(tags=["models"])
+
+ENDPOINTS = ["POST /v1/chat/completions", "POST /v1/completions", "GET /v1/models",
+             "GET /v1/models/{id}", "POST /v1/messages",
+             "POST /v1/messages/count_tokens", "POST /v1/responses", "GET /v1/responses/{id}",
+             "DELETE /v1/responses/{id}", "POST /v1/embeddings", "GET /health", "GET /stats", "GET /metrics",
+             "POST /admin/cache/session/close", "POST /admin/cache/flush"]
+
+
+def _served_row(runtime, model: LoadedModel) -> dict:
+    return {
+        "id": model.model_id, "object": "model", "created": runtime.started_at, "owned_by": "hearth",
+        "context_window": model.context_window, "reasoning": chat.thinks(model), "vision": False,
+        "audio": False, "batch_mode": runtime.engine.mode if runtime.engine else "off",
+        "tools": True, "structured_output": True, "embeddings": runtime.embeddings_enabled,
+        "adapters": True, "training": True,
+        "capabilities": {
+            "chat_completions": bool(getattr(model.tokenizer, "chat_template", None)),
+            "text_completions": True, "anthropic_messages": True, "responses": True,
+            "streaming": True, "tools": True, "structured_output": True, "logprobs": True,
+            "embeddings": runtime.embeddings_enabled, "vision": False, "audio": False, "adapters": True,
+            "training": True,
+        },
+        "gen_defaults": params.gen_defaults(runtime.defaults, model.generation_config),
+        "dtype": model.dtype,
+    }
+
+
+def _model_rows(runtime) -> list[dict]:
+    rows = [_served_row(runtime, e.loaded) for e in runtime.engines.values() if e.loaded is not None]
+    served = {r["id"] for r in rows}
+    for entry in servable_models():
+        if entry.repo_id not in served:
+            rows.append({"id": entry.repo_id, "object": "model", "created": runtime.started_at,
+                         "owned_by": entry.repo_id.split("/")[0], "vision": entry.vision,
+                         "tier": entry.support_tier})
+    return rows
+
+
+def index_body(runtime) -> dict:
+    """GET /v1 (and /v1/): what this server is and which routes it answers."""
+    engine = runtime.engine
+    model = engine.loaded.model_id if engine is not None and engine.loaded is not None else None
+    return {"name": "hearth", "version": __version__, "model": model, "endpoints": ENDPOINTS}
+
+
+@router.get("/")
+def index(request: HttpRequest):
+    return index_body(request.runtime)
+
+
+def index_view(request: HttpRequest) -> JsonResponse:
+    """`/v1` without the slash (outside the ninja API)."""
+    return JsonResponse(index_body(request.runtime))
+
+
+@router.get("/models")
+def list_models(request: HttpRequest):
+    return {"object": "list", "data": _model_rows(request.runtime)}
+
+
+@router.get("/models/{path:model_id}")
+def get_model(request: HttpRequest, model_id: str):
+    return {"object": "list", "data": [r for r in _model_rows(request.runtime) if r["id"] == model_id]}

@@ -1,0 +1,40 @@
+"""`POST /v1/chat/completions` and `POST /v1/completions`."""
+from __future__ import annotations
+
+from django.http import HttpRequest
+from ninja import Router
+
+from inference.protocols import openai, params
+from inference.protocols.errors import failure
+from inference.routes import pipeline
+from inference.routes.bodies import ChatCompletionRequest, CompletionRequest, documented
+
+router = Router(tags=["openai"])
+
+
+async def _generate(request: HttpRequest, kind: str):
+    runtime = request.runtime
+    body = await params.read_json_body(request.body)
+    if kind == "chat":
+        engine, prepared = await pipeline.prepare_chat(request, body)
+    else:
+        engine = runtime.require_engine(body.get("model"))
+        prepared = await openai.prepare_completion(body, engine.loaded, runtime.options)
+        prepared.request.session = params.session_key(body, request.headers)
+    reply = openai.Reply(kind, engine.loaded.model_id)
+    return await pipeline.respond(
+        request, engine, prepared, "messages" if kind == "chat" else "prompt", bool(body.get("stream")),
+        stream=lambda events: openai.stream(reply, events, prepared.output, runtime.sse_keepalive),
+        complete=lambda message, logprobs, final: reply.complete(message, final.finish_reason, final.usage,
+                                                                 logprobs),
+        error=failure)
+
+
+@router.post("/chat/completions", openapi_extra=documented(ChatCompletionRequest))
+async def chat_completions(request: HttpRequest):
+    return await _generate(request, "chat")
+
+
+@router.post("/completions", openapi_extra=documented(CompletionRequest))
+async def completions(request: HttpRequest):
+    return await _generate(request, "completion")

@@ -1,0 +1,55 @@
+"""The one generation pipeline every protocol route runs: prepare the chat
+turn (or the raw prompt), submit it, then stream the protocol's frames or
+collect the reply and render it. The protocol module says how to read its
+body and how to render; nothing else differs between the surfaces."""
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+
+from django.http import HttpResponse, JsonResponse, StreamingHttpResponse
+
+from inference.engine.engine import Engine, Submission
+from inference.engine.errors import ContextLengthExceeded
+from inference.engine.types import GenerationEvent, GenerationRequest
+from inference.protocols import openai, params
+from inference.protocols.openai import Message, Prepared
+
+STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def submit(engine: Engine, request: GenerationRequest, param: str) -> Submission:
+    """`engine.submit`, naming the request field (`messages`, `prompt`,
+    `input`) a prompt too long for the model's window comes from. It raises
+    before a streaming reply starts, so every refusal is a plain HTTP error."""
+    try:
+        return engine.submit(request)
+    except ContextLengthExceeded as exc:
+        exc.param = param
+        raise
+
+
+async def prepare_chat(request, chat_body: dict) -> tuple[Engine, Prepared]:
+    """The chat turn a protocol's body stands for, on the runtime's engine."""
+    runtime = request.runtime
+    engine = runtime.require_engine(chat_body.get("model"))
+    session = params.session_key(chat_body, request.headers)
+    prepared = await openai.prepare_chat(chat_body, engine.loaded, runtime.options)
+    prepared.request.session = session
+    return engine, prepared
+
+
+async def respond(request, engine: Engine, prepared: Prepared, param: str, streaming: bool, *,
+                  stream: Callable[[AsyncIterator[GenerationEvent]], AsyncIterator[bytes]],
+                  complete: Callable[[Message, list[dict], GenerationEvent], dict],
+                  error: Callable[[int, str, str | None], dict]) -> HttpResponse:
+    """Submit, then stream `stream(events)` as SSE, or collect the reply and
+    answer `complete(message, logprobs, final)`, or `error(status, message,
+    param)` for a generation that failed."""
+    submission = submit(engine, prepared.request, param)
+    if streaming:
+        return StreamingHttpResponse(stream(submission.events()), content_type="text/event-stream",
+                                     headers={**STREAM_HEADERS, **prepared.headers})
+    message, logprobs, final = await openai.collect(submission.events(), prepared.output)
+    if final.error is not None:
+        return JsonResponse(error(final.error_status, final.error, final.error_param), status=final.error_status)
+    return JsonResponse(complete(message, logprobs, final), headers=prepared.headers)

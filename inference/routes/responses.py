@@ -1,0 +1,58 @@
+"""`/v1/responses`: the OpenAI Responses surface, with stored turns for
+`previous_response_id`."""
+from __future__ import annotations
+
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from ninja import Router
+
+from inference.protocols import params, responses
+from inference.protocols.errors import RequestError, failure, openai_error
+from inference.routes import pipeline
+from inference.routes.bodies import ResponsesRequest, documented
+
+router = Router(tags=["responses"])
+
+
+def _not_found(response_id: str) -> JsonResponse:
+    return JsonResponse(openai_error(f"Response with id '{response_id}' not found (unknown or expired)",
+                                     code="response_not_found"), status=404)
+
+
+@router.post("/responses", openapi_extra=documented(ResponsesRequest))
+async def create(request: HttpRequest) -> HttpResponse:
+    store_them = request.runtime.responses
+    body = await params.read_json_body(request.body)
+    store = body.get("store", True)
+    if not isinstance(store, bool):
+        raise RequestError("store must be a boolean", "store")
+    turn = responses.Turn(body, store_them)
+    engine, prepared = await pipeline.prepare_chat(request, turn.chat_body(body))
+    reply = responses.Reply(engine.loaded.model_id, body, turn, engine.loaded.tokenizer)
+
+    def keep(message, response: dict) -> None:
+        if store:
+            store_them.put(response, turn.messages, responses.chat_output(message), turn.instructions, turn.system)
+
+    def complete(message, logprobs, final) -> dict:
+        response = reply.complete(message, final)
+        keep(message, response)
+        return response
+
+    keepalive = request.runtime.sse_keepalive
+    return await pipeline.respond(
+        request, engine, prepared, "input", bool(body.get("stream")),
+        stream=lambda events: responses.stream(reply, events, prepared.output, keepalive, keep),
+        complete=complete, error=failure)
+
+
+@router.get("/responses/{response_id}")
+def retrieve(request: HttpRequest, response_id: str) -> HttpResponse:
+    stored = request.runtime.responses.get(response_id)
+    return JsonResponse(stored.response) if stored is not None else _not_found(response_id)
+
+
+@router.delete("/responses/{response_id}")
+def delete(request: HttpRequest, response_id: str) -> HttpResponse:
+    if not request.runtime.responses.delete(response_id):
+        return _not_found(response_id)
+    return JsonResponse({"id": response_id, "object": "response", "deleted": True})

@@ -1,0 +1,127 @@
+"""The layer order of the project, held by its imports.
+
+Lowest first: core -> inference/engine -> inference/protocols -> hub ->
+inference (runtime, routes) -> jobs -> chat -> memory -> config. A unit
+never imports a unit above it, at module level or inside a function, so no
+two units import each other; a higher app extends a lower one by
+registering into it. The engine imports no web framework, and of `core`
+only the modules that import none either."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+ORDER = ["core", "inference/engine", "inference/protocols", "hub", "inference", "jobs", "chat", "memory", "config"]
+PACKAGES = ("core", "hub", "inference", "jobs", "chat", "memory", "config")
+WEB = ("django", "ninja", "channels", "daphne", "twisted", "huey")
+
+
+def unit(module: str) -> str | None:
+    parts = module.split(".")
+    if parts[0] == "inference" and len(parts) > 1 and parts[1] in ("engine", "protocols"):
+        return f"inference/{parts[1]}"
+    return parts[0] if parts[0] in PACKAGES else None
+
+
+def _imports(path: Path):
+    """(module imported, line) for every import in the file, however deep."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name, node.lineno
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            yield node.module, node.lineno
+            for alias in node.names:  # `from inference import engine` names a unit through its member
+                yield f"{node.module}.{alias.name}", node.lineno
+
+
+def _sources():
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            if "migrations" not in path.parts:
+                yield path
+
+
+def arrows(sources=None) -> dict[tuple[str, str], list[str]]:
+    """(from unit, to unit) -> where, for every import between two units."""
+    found: dict[tuple[str, str], list[str]] = {}
+    for path in sources if sources is not None else _sources():
+        rel = path.relative_to(ROOT)
+        src = unit(".".join(rel.with_suffix("").parts))
+        seen = set()
+        for module, line in _imports(path):
+            dst = unit(module)
+            if dst is None or dst == src or (src == "inference" and dst.startswith("inference/")) \
+                    or (dst, line) in seen:
+                continue
+            seen.add((dst, line))
+            found.setdefault((src, dst), []).append(f"{rel}:{line} imports {module}")
+    return found
+
+
+def against_the_order(found: dict) -> list[str]:
+    rank = {name: i for i, name in enumerate(ORDER)}
+    return [w for (src, dst), where in sorted(found.items()) if rank[src] < rank[dst] for w in where]
+
+
+def cycles(found: dict) -> list[list[str]]:
+    graph: dict[str, set[str]] = {}
+    for src, dst in found:
+        graph.setdefault(src, set()).add(dst)
+    out, state = [], {}
+
+    def visit(node, trail):
+        state[node] = "open"
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == "open":
+                out.append(trail[trail.index(nxt):] + [nxt])
+            elif nxt not in state:
+                visit(nxt, trail + [nxt])
+        state[node] = "done"
+
+    for start in sorted(graph):
+        if start not in state:
+            visit(start, [start])
+    return out
+
+
+def test_no_unit_imports_one_above_it():
+    assert against_the_order(arrows()) == []
+
+
+def test_no_two_units_import_each_other():
+    assert cycles(arrows()) == []
+
+
+def test_the_check_sees_an_up_arrow_inside_a_function(tmp_path):
+    """A reintroduced reach-up (as jobs/runner.py once imported memory) fails the test."""
+    package = tmp_path / "jobs"
+    package.mkdir()
+    sneaky = package / "runner.py"
+    sneaky.write_text("def after_end(job):\n    from memory.synthesize import finished\n    finished(job)\n")
+    moved = {("jobs", "memory"): ["jobs/runner.py:2 imports memory.synthesize"]}
+    global ROOT
+    saved, ROOT = ROOT, tmp_path
+    try:
+        found = arrows([sneaky])
+    finally:
+        ROOT = saved
+    assert found == moved
+    assert against_the_order(found) == moved[("jobs", "memory")]
+    assert cycles({("jobs", "memory"): [], ("memory", "jobs"): []}) == [["jobs", "memory", "jobs"]]
+
+
+def test_the_engine_imports_no_web_framework():
+    engine = ROOT / "inference" / "engine"
+    offenders = [f"{path.name} imports {module}" for path in engine.rglob("*.py") for module, _ in _imports(path)
+                 if module.split(".")[0] in WEB]
+    assert offenders == []
+
+
+def test_the_engine_uses_only_the_framework_free_part_of_core():
+    core = {path.stem: {m.split(".")[0] for m, _ in _imports(path)} for path in (ROOT / "core").glob("*.py")}
+    web_free = {name for name, mods in core.items() if not mods & set(WEB)}
+    used = {module.split(".")[1] for path in (ROOT / "inference" / "engine").rglob("*.py")
+            for module, _ in _imports(path) if module.startswith("core.") and len(module.split(".")) > 1}
+    assert used <= web_free, used - web_free
