@@ -1,8 +1,9 @@
 #!/usr/bin/env python
-"""Django's command-line utility; `hearth` is the same with the fast BLAS preloaded."""
+"""Django's command-line utility over every command, Hearth's included;
+`hearth` is the command line for users (see config/cli.py)."""
 import sys
 
 if __name__ == "__main__":
-    from config.cli import main
+    from config.cli import manage
 
-    sys.exit(main(sys.argv[1:], prog="manage.py"))
+    sys.exit(manage(sys.argv[1:], script=__file__))

@@ -1,20 +1,43 @@
-"""The `hearth` command: Django's management commands, with an optimized
-BLAS preloaded on Linux.
+"""The `hearth` command line: Hearth's own commands, one line of help each,
+and Django's commands behind `hearth django`. `manage.py` is Django's
+usual flat command line over the same commands.
+
+Hearth's commands are the management commands of Hearth's own apps, found
+at run time, so a command added to an app is listed without being named
+here. Two of Django's commands are refused on both command lines because
+they look like ways to run Hearth and are not: `runserver` starts the site
+without the engine, `run_huey` consumes the queue without the worker's
+zombie handling.
 
 MLX's Linux CPU wheel links the reference BLAS, several times slower than
 OpenBLAS for float32 matmuls. The dynamic loader only honours LD_PRELOAD at
-process start, so `hearth` re-executes itself once with it set; every child
-it spawns (the demo-model training, job runners) inherits it.
+process start, so both command lines re-execute themselves once with it
+set; every child they spawn (the demo-model training, job runners)
+inherits it.
 """
 from __future__ import annotations
 
 import os
 import sys
+from difflib import get_close_matches
 
 from core.blas import find_openblas
 
+# The top-level packages whose apps' management commands are Hearth's.
+HEARTH_PACKAGES = frozenset({"config", "core", "inference", "hub", "jobs", "chat", "memory"})
+REFUSED = {
+    "runserver": "it starts the site without the engine, so no model is loaded and /v1 cannot answer, and "
+                 "without the job worker. Run `hearth serve [MODEL]` instead: it loads the model, starts the "
+                 "worker and drains requests on shutdown.",
+    "run_huey": "it consumes the job queue without Hearth's worker setup, so jobs left running by a dead worker "
+                "are never marked zombie and lost queue entries are never queued again. Run `hearth worker` "
+                "instead, or let `hearth serve` start one.",
+}
+EXIT_USAGE = 2
 
-def _reexec_with_openblas(argv: list[str]) -> None:
+
+def _reexec_with_openblas(command: list[str]) -> None:
+    """Start this process again as `python COMMAND` with OpenBLAS preloaded."""
     if sys.platform != "linux" or os.environ.get("HEARTH_BLAS", "").lower() == "reference":
         return
     lib = find_openblas()
@@ -24,19 +47,156 @@ def _reexec_with_openblas(argv: list[str]) -> None:
     env = dict(os.environ, LD_PRELOAD=f"{lib}:{current}" if current else lib, _HEARTH_REEXEC="1")
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execve(sys.executable, [sys.executable, "-m", "config.cli", *argv], env)
+    os.execve(sys.executable, [sys.executable, *command], env)
+
+
+def _settings_loaded(prog: str) -> bool:
+    """Load the settings; a bad environment value or a missing optional
+    package is one line on stderr, not a traceback."""
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+    from django.conf import settings
+    from django.core.exceptions import ImproperlyConfigured
+
+    from config.env import SettingError
+
+    try:
+        settings.INSTALLED_APPS  # noqa: B018  reading it loads the settings module
+    except (SettingError, ImproperlyConfigured) as exc:
+        sys.stderr.write(f"{prog}: {exc}\n")
+        return False
+    return True
+
+
+def refusal(name: str, prog: str) -> str:
+    """Why `name` does not run, and what to run instead."""
+    return f"{prog}: `{name}` does not run Hearth: {REFUSED[name]}\n"
+
+
+def hearth_commands() -> dict[str, tuple[str, str]]:
+    """Hearth's commands as shown (dashes for underscores) -> (app, Django's name)."""
+    from django.core.management import get_commands
+
+    found = {name.replace("_", "-"): (app, name) for name, app in get_commands().items()
+             if isinstance(app, str) and app.split(".")[0] in HEARTH_PACKAGES}
+    return dict(sorted(found.items(), key=lambda item: (item[0] != "serve", item[0])))
+
+
+def _summary(app: str, name: str) -> str:
+    from django.core.management import load_command_class
+
+    text = (load_command_class(app, name).help or "").strip()
+    return text.splitlines()[0] if text else ""
+
+
+def listing(prog: str = "hearth") -> str:
+    commands = hearth_commands()
+    rows = [(shown, _summary(app, name)) for shown, (app, name) in commands.items()]
+    rows.append(("django", f"Django's own commands, e.g. `{prog} django migrate` (`{prog} django help` lists them)"))
+    width = max(len(shown) for shown, _ in rows)
+    lines = [f"usage: {prog} <command> [options]", "",
+             "Hearth: a local LLM platform on MLX, serving the OpenAI, Anthropic and Responses protocols.", "",
+             "commands:"]
+    lines += [f"  {shown:<{width}}  {summary}" for shown, summary in rows]
+    lines += ["", f"`{prog} <command> --help` shows a command's options."]
+    return "\n".join(lines) + "\n"
+
+
+def _unknown(name: str, prog: str) -> int:
+    from django.core.management import get_commands
+
+    message = f"{prog}: unknown command {name!r}."
+    if name in get_commands():
+        message += f" Django's commands run as `{prog} django {name}`."
+    else:
+        close = get_close_matches(name, [*hearth_commands(), "django"], n=1)
+        if close:
+            message += f" Did you mean `{prog} {close[0]}`?"
+    sys.stderr.write(f"{message}\n\n{listing(prog)}")
+    return EXIT_USAGE
+
+
+def _django_utility(argv: list[str], hidden: frozenset[str] = frozenset()):
+    """Django's ManagementUtility that refuses REFUSED and leaves them and
+    `hidden` (app names) out of its listing."""
+    from collections import defaultdict
+
+    from django.core.management import ManagementUtility, get_commands
+
+    class Utility(ManagementUtility):
+        def main_help_text(self, commands_only=False):
+            names: dict[str, list[str]] = defaultdict(list)
+            for name, app in get_commands().items():
+                if name not in REFUSED and (not isinstance(app, str) or app.split(".")[0] not in hidden):
+                    names["django" if app == "django.core" else str(app).rpartition(".")[-1]].append(name)
+            if commands_only:
+                return "\n".join(sorted(n for group in names.values() for n in group))
+            lines = ["", f"Type '{self.prog_name} help <subcommand>' for help on a specific subcommand.", "",
+                     "Available subcommands:"]
+            for app in sorted(names):
+                lines += ["", f"[{app}]", *(f"    {name}" for name in sorted(names[app]))]
+            return "\n".join(lines)
+
+        def fetch_command(self, subcommand):
+            if subcommand in REFUSED:
+                sys.stderr.write(refusal(subcommand, self.prog_name))
+                sys.exit(EXIT_USAGE)
+            return super().fetch_command(subcommand)
+
+    return Utility(argv)
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("hearth")
+    except PackageNotFoundError:
+        return "unknown"
 
 
 def main(argv: list[str] | None = None, prog: str = "hearth") -> int:
+    """The `hearth` console script."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    _reexec_with_openblas(argv)
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
-    # `hearth make-demo-model` is Django's `make_demo_model`.
-    if argv and not argv[0].startswith("-"):
-        argv[0] = argv[0].replace("-", "_")
-    from django.core.management import execute_from_command_line
+    _reexec_with_openblas(["-m", "config.cli", *argv])
+    if argv in (["--version"], ["version"]):
+        sys.stdout.write(f"{prog} {_version()}\n")
+        return 0
+    if not _settings_loaded(prog):
+        return EXIT_USAGE
+    if len(argv) > 1 and argv[0] == "help":  # `hearth help serve` is `hearth serve --help`
+        argv = [argv[1], "--help"]
+    if argv and argv[0] == "django":
+        _django_utility([f"{prog} django", *argv[1:]], hidden=HEARTH_PACKAGES).execute()
+        return 0
+    import django
 
-    execute_from_command_line([prog, *argv])
+    django.setup()
+    if not argv or argv[0] in ("help", "--help", "-h"):
+        sys.stdout.write(listing(prog))
+        return 0
+    name = argv[0].replace("_", "-")
+    if name.replace("-", "_") in REFUSED:
+        sys.stderr.write(refusal(name.replace("-", "_"), prog))
+        return EXIT_USAGE
+    commands = hearth_commands()
+    if name not in commands:
+        return _unknown(argv[0], prog)
+    from django.core.management import load_command_class
+
+    app, django_name = commands[name]
+    load_command_class(app, django_name).run_from_argv([prog, name, *argv[1:]])
+    return 0
+
+
+def manage(argv: list[str] | None = None, script: str = "manage.py") -> int:
+    """`python manage.py`: Django's flat command line over every command,
+    Hearth's included, with the same preload and refusals as `hearth`."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    _reexec_with_openblas([os.path.abspath(script), *argv])
+    prog = os.path.basename(script)
+    if not _settings_loaded(prog):
+        return EXIT_USAGE
+    _django_utility([prog, *argv]).execute()
     return 0
 
 

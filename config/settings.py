@@ -105,7 +105,8 @@ TEMPLATES = [
 ]
 
 ASGI_APPLICATION = "config.asgi.application"
-CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+# No CHANNEL_LAYERS: each chat socket talks to its own consumer only, and
+# nothing sends to groups of them.
 
 DATABASES = {
     "default": {
@@ -131,9 +132,11 @@ USE_I18N = True
 USE_TZ = True
 
 STATIC_URL = "static/"
-# Static files (the admin's, later the dashboard's) are served by Django's
-# ASGI static handler in config/asgi.py: WhiteNoise's middleware is sync-only
-# and would push every async view through one worker thread.
+# The admin's and the API docs' files come straight from the installed apps
+# through Django's ASGI static handler (config/asgi.py), no collectstatic
+# step; the dashboard's from config/frontend.py. README "Static files" says
+# why not WhiteNoise. STATIC_ROOT is only where `hearth django collectstatic`
+# gathers them for a reverse proxy that serves them itself.
 STATIC_ROOT = HEARTH_HOME / "static"
 
 # Body size is capped before Django reads a body (core/http_guard.py at the
@@ -163,7 +166,22 @@ HUEY = {
     "immediate": False,
     "consumer": {"workers": 2, "worker_type": "thread", "periodic": False, "check_worker_health": True},
 }
+
+
+def _redis_installed() -> None:
+    """The Redis client is an optional extra: without it a Redis queue fails
+    here, at start, rather than at the first job."""
+    from django.core.exceptions import ImproperlyConfigured
+
+    try:
+        import redis  # noqa: F401
+    except ImportError:
+        raise ImproperlyConfigured("HEARTH_REDIS_URL is set but the Redis client is not installed: "
+                                   "pip install 'hearth[redis]' (in a checkout: pip install -e '.[redis]')") from None
+
+
 if HEARTH_REDIS_URL:
+    _redis_installed()
     HUEY.update({"huey_class": "huey.RedisHuey", "url": HEARTH_REDIS_URL})
 else:
     HUEY.update({"huey_class": "huey.SqliteHuey", "filename": str(HEARTH_HOME / "jobs-queue.sqlite3")})

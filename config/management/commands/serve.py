@@ -116,7 +116,7 @@ def _limits(opts: dict) -> limits.Limits:
 
 
 class Command(BaseCommand):
-    help = "Serve one model over the OpenAI protocol (default: the embedded demo model)."
+    help = "Serve a model (default: the demo) over OpenAI, Anthropic and Responses, with the dashboard and jobs."
 
     def add_arguments(self, parser):
         parser.add_argument("model", nargs="?", default=None,

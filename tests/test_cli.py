@@ -1,0 +1,139 @@
+"""The `hearth` console script and `manage.py`, run as real processes:
+Hearth's commands listed with one line each, a command's own help,
+Django's commands behind `hearth django`, the refused `runserver` and
+`run_huey`, unknown commands, and settings that stop start-up with one line."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import ROOT, server_env
+
+SCRIPT = str(Path(sys.executable).with_name("hearth"))  # the installed console script
+COMMANDS = {  # each command and a phrase of its one line of help
+    "serve": "Serve a model",
+    "worker": "Run a job worker",
+    "download": "Download a model repo",
+    "gc": "Reclaim disk",
+    "memory": "Memory vaults",
+    "make-demo-model": "Train the small demo chat model",
+    "django": "Django's own commands",
+}
+
+
+@pytest.fixture
+def env(tmp_path):
+    return server_env(tmp_path / "hf", tmp_path / "hearth")
+
+
+def run(env, *args: str, program: tuple[str, ...] = (SCRIPT,), timeout: float = 120):
+    # A refused `runserver` that ran anyway would serve until this timeout.
+    return subprocess.run([*program, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def command_rows(text: str) -> dict[str, str]:
+    rows = text.split("commands:\n", 1)[1].split("\n\n", 1)[0].splitlines()
+    return {name: help_.strip() for name, _, help_ in (row.strip().partition(" ") for row in rows)}
+
+
+def test_hearth_lists_its_commands_with_one_line_each(env):
+    shown = run(env, "--help")
+    assert shown.returncode == 0, shown.stderr
+    rows = command_rows(shown.stdout)
+    assert set(COMMANDS) <= set(rows)
+    assert (next(iter(rows)), list(rows)[-1]) == ("serve", "django")
+    for name, phrase in COMMANDS.items():
+        assert phrase in rows[name], (name, rows[name])
+    # Django's own list stays behind `hearth django`.
+    for name in ("runserver", "run_huey", "migrate", "createsuperuser", "collectstatic", "shell"):
+        assert name not in rows
+    for args in ((), ("help",)):
+        again = run(env, *args)
+        assert (again.returncode, again.stdout) == (0, shown.stdout), args
+
+
+def test_a_commands_own_help(env):
+    demo = run(env, "make-demo-model", "--help")
+    assert demo.returncode == 0, demo.stderr
+    assert demo.stdout.startswith("usage: hearth make-demo-model ")
+    assert "--force" in demo.stdout and "--steps" in demo.stdout
+    serve = run(env, "help", "serve")
+    assert serve.returncode == 0, serve.stderr
+    assert serve.stdout.startswith("usage: hearth serve ")
+    assert "--max-context" in serve.stdout and "--api-key" in serve.stdout
+
+
+def test_django_commands_run_behind_one_subcommand(env):
+    listed = run(env, "django", "help")
+    assert listed.returncode == 0, listed.stderr
+    names = set(listed.stdout.split())
+    assert {"migrate", "createsuperuser", "showmigrations", "check", "dbshell"} <= names
+    assert not names & {"runserver", "run_huey", "serve", "worker", "gc", "make_demo_model"}
+    assert "Type 'hearth django help <subcommand>'" in listed.stdout
+
+    migrated = run(env, "django", "migrate", "jobs")
+    assert migrated.returncode == 0, migrated.stderr
+    shown = run(env, "django", "showmigrations", "jobs")
+    assert shown.returncode == 0, shown.stderr
+    assert "[X] 0001_initial" in shown.stdout
+    assert (Path(env["HEARTH_HOME"]) / "hearth.sqlite3").is_file()
+
+    helped = run(env, "django", "migrate", "--help")
+    assert helped.returncode == 0 and helped.stdout.startswith("usage: hearth django migrate ")
+
+
+@pytest.mark.parametrize(("args", "program", "instead", "why"), [
+    (("django", "runserver", "--noreload"), (SCRIPT,), "hearth serve", "without the engine"),
+    (("runserver", "--noreload"), (SCRIPT,), "hearth serve", "without the engine"),
+    (("django", "run_huey"), (SCRIPT,), "hearth worker", "marked zombie"),
+    (("django", "help", "run_huey"), (SCRIPT,), "hearth worker", "marked zombie"),
+    (("runserver", "--noreload"), (sys.executable, "manage.py"), "hearth serve", "without the engine"),
+    (("run_huey",), (sys.executable, "manage.py"), "hearth worker", "marked zombie"),
+])
+def test_runserver_and_run_huey_are_refused(env, args, program, instead, why):
+    done = run(env, *args, program=program, timeout=60)
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert instead in done.stderr and why in done.stderr
+    assert "does not run Hearth" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_an_unknown_command_is_an_error_that_lists_the_commands(env):
+    done = run(env, "frobnicate")
+    assert done.returncode == 2
+    assert "unknown command 'frobnicate'" in done.stderr
+    assert set(COMMANDS) <= set(command_rows(done.stderr))
+    assert done.stdout == ""
+    migrate = run(env, "migrate")
+    assert migrate.returncode == 2
+    assert "Django's commands run as `hearth django migrate`" in migrate.stderr
+
+
+def test_manage_py_is_djangos_flat_command_line_over_the_same_commands(env):
+    listed = run(env, "help", program=(sys.executable, "manage.py"))
+    assert listed.returncode == 0, listed.stderr
+    names = set(listed.stdout.split())
+    assert {"serve", "worker", "make_demo_model", "migrate", "createsuperuser"} <= names
+    assert not names & {"runserver", "run_huey"}
+    serve = run(env, "serve", "--help", program=(sys.executable, "manage.py"))
+    assert serve.returncode == 0, serve.stderr
+    assert serve.stdout.startswith("usage: manage.py serve ")
+
+
+@pytest.mark.parametrize(("variables", "message"), [
+    ({"HEARTH_REDIS_URL": "redis://127.0.0.1:1/0"}, "pip install 'hearth[redis]'"),
+    ({"HEARTH_DEBUG": "maybe"}, "HEARTH_DEBUG='maybe' is not a boolean"),
+])
+def test_a_bad_setting_stops_start_up_with_one_line(env, tmp_path, variables, message):
+    # A `redis` package that fails to import, as when the extra is not installed.
+    absent = tmp_path / "absent"
+    (absent / "redis").mkdir(parents=True)
+    (absent / "redis" / "__init__.py").write_text("raise ImportError(\"No module named 'redis'\")\n")
+    env = dict(env, PYTHONPATH=str(absent), **variables)
+    done = run(env, "django", "check")
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert message in done.stderr
+    assert done.stderr.startswith("hearth: ") and done.stderr.count("\n") == 1
