@@ -3,15 +3,30 @@
 from __future__ import annotations
 
 import json
+import re
+from typing import Any
 
 from django.http import HttpRequest, HttpResponse
-from ninja import Router
+from ninja import Query, Router, Schema
+from pydantic import ConfigDict, Field
 
 from chat.models import ChatEntry, ChatSession
-from core.api import fail, json_body
+from core.api import ApiError, documented
 
 router = Router(tags=["sessions"])
 MAX_MATCHES, PER_SESSION, CONTEXT = 50, 10, 60
+
+
+class Revoke(Schema):
+    session_id: str = Field(..., min_length=1, description="the chat session")
+    tool: str = Field(..., min_length=1, description="the tool that asks again")
+
+
+class SessionExport(Schema):
+    """What `/api/sessions/export` answers: a `session` entry, then `message` entries."""
+
+    model_config = ConfigDict(extra="allow")
+    entries: list[dict[str, Any]]
 
 
 def _snippet(text: str, start: int, end: int) -> dict:
@@ -24,48 +39,50 @@ def _snippet(text: str, start: int, end: int) -> dict:
 
 
 @router.get("/sessions/search")
-def search(request: HttpRequest):
-    import re
-
-    query = (request.GET.get("q") or "").strip()
+def search(request: HttpRequest, q: str = Query("", description="text to find, any case")) -> dict:
+    query = q.strip()
     if not query:
-        return fail("q is required")
+        raise ApiError("q is required")
     pattern = re.compile(re.escape(query), re.IGNORECASE)
     entries = ChatEntry.objects.select_related("session").order_by("-session__updated_at", "created_at")
     if query.isascii():  # SQLite's LIKE folds ASCII case only; other queries are matched here in Python
         entries = entries.filter(content__icontains=query)
-    results, total = {}, 0
+    results: dict[str, dict] = {}
+    total = 0
     for entry in entries.iterator():
         if total >= MAX_MATCHES:
             break
         found = pattern.search(entry.content)
         if found is None:
             continue
-        row = results.setdefault(entry.session_id, {"sessionPath": entry.session_id,
-                                                    "sessionTitle": entry.session.title, "matches": []})
+        row = results.setdefault(entry.session_id, {"session_path": entry.session_id,
+                                                    "session_title": entry.session.title, "matches": []})
         if len(row["matches"]) >= PER_SESSION:
             continue
         row["matches"].append({**_snippet(entry.content, found.start(), found.end()), "role": entry.role,
-                               "entryId": entry.id})
+                               "entry_id": entry.id})
         total += 1
     return {"ok": True, "results": list(results.values())}
 
 
 @router.get("/sessions/export")
-def export(request: HttpRequest):
-    key = request.GET.get("path") or request.GET.get("id")
-    if not key:
-        return fail("path required")
-    session = ChatSession.objects.filter(id=key).first()
+def export(request: HttpRequest, path: str = Query("", description="the session id"),
+           file_format: str | None = Query(None, alias="format", description="jsonl downloads it as JSON lines")
+           ) -> HttpResponse | dict:
+    """The session file: its entries keep the session format's own names
+    (`parentId`, `createdAt`, `systemPrompt`, `meta`), which import reads back."""
+    if not path:
+        raise ApiError("path required")
+    session = ChatSession.objects.filter(id=path).first()
     if session is None:
-        return fail(f"no session {key}", 404)
+        raise ApiError(f"no session {path}", 404)
     entries = [{"type": "session", "id": session.id, "title": session.title, "systemPrompt": session.system_prompt,
                 "createdAt": session.created_at.isoformat(), "leaf": session.leaf_id}]
     for e in session.entries.order_by("created_at"):
         entries.append({"type": "message", "id": e.id, "parentId": e.parent_id, "createdAt": e.created_at.isoformat(),
                         "message": {"role": e.role, "content": e.content, "reasoning": e.reasoning or None},
                         "meta": json.loads(e.meta_json or "{}")})
-    if request.GET.get("format") == "jsonl":
+    if file_format == "jsonl":
         response = HttpResponse("".join(json.dumps(x, ensure_ascii=False) + "\n" for x in entries),
                                 content_type="application/x-ndjson")
         response["Content-Disposition"] = f'attachment; filename="{session.id}.jsonl"'
@@ -73,43 +90,41 @@ def export(request: HttpRequest):
     return {"ok": True, "path": session.id, "entries": entries}
 
 
-@router.get("/settings/tool-approvals")
-def approvals(request: HttpRequest):
-    """Every session's always-allowed tools; `?sessionId=` narrows it to one session."""
+def _approvals(session_id: str) -> dict:
     from chat import approvals as store
 
-    key = request.GET.get("sessionId")
-    if key is None:
+    return {"session_id": session_id, "always_allow": store.allowed(session_id)}
+
+
+@router.get("/settings/tool-approvals")
+def approvals(request: HttpRequest,
+              session_id: str | None = Query(None, description="one session only")) -> dict:
+    """Every session's always-allowed tools, newest session first."""
+    from chat import approvals as store
+
+    if session_id is None:
         return {"ok": True, "sessions": store.every_session()}
-    session = ChatSession.objects.filter(id=key).first()
+    session = ChatSession.objects.filter(id=session_id).first()
     if session is None:
-        return fail(f"no session {key}", 404)
-    return {"ok": True, "sessions": [{"sessionId": session.id, "title": session.title,
-                                      "alwaysAllow": store.allowed(session.id)}]}
+        raise ApiError(f"no session {session_id}", 404)
+    return {"ok": True, "sessions": [{**_approvals(session.id), "title": session.title}]}
 
 
 @router.delete("/settings/tool-approvals")
-def forget_approval(request: HttpRequest):
-    """`{"sessionId", "tool"}`: that session asks before running the tool again."""
+def forget_approval(request: HttpRequest, body: Revoke) -> dict:
+    """That session asks before running the tool again."""
     from chat import approvals as store
 
-    body = json_body(request)
-    if isinstance(body, HttpResponse):
-        return body
-    key, tool = body.get("sessionId"), body.get("tool")
-    if not isinstance(key, str) or not key:
-        return fail("sessionId required")
-    if not isinstance(tool, str) or not tool:
-        return fail("tool required")
-    if not ChatSession.objects.filter(id=key).exists():
-        return fail(f"no session {key}", 404)
-    if not store.revoke(key, tool):
-        return fail(f"{tool} is not always-allowed in session {key}", 404)
-    return {"ok": True, "sessionId": key, "alwaysAllow": store.allowed(key)}
+    if not ChatSession.objects.filter(id=body.session_id).exists():
+        raise ApiError(f"no session {body.session_id}", 404)
+    if not store.revoke(body.session_id, body.tool):
+        raise ApiError(f"{body.tool} is not always-allowed in session {body.session_id}", 404)
+    return {"ok": True, **_approvals(body.session_id)}
 
 
-@router.post("/sessions/import")
-def import_session(request: HttpRequest):
+@router.post("/sessions/import", openapi_extra=documented(SessionExport, {
+    "application/x-ndjson": {"schema": {"type": "string", "description": "the JSONL export, one entry a line"}}}))
+def import_session(request: HttpRequest) -> dict:
     """A session exported by `/api/sessions/export` (JSON, or JSONL with an
     ndjson/jsonl content type), stored as a new session."""
     from chat import transfer
@@ -117,5 +132,5 @@ def import_session(request: HttpRequest):
     try:
         session = transfer.restore(transfer.parse(request.body, request.content_type or ""))
     except (transfer.BadExport, UnicodeDecodeError) as exc:
-        return fail(str(exc))
-    return {"ok": True, "path": session.id, "title": session.title, "messageCount": session.entries.count()}
+        raise ApiError(str(exc)) from None
+    return {"ok": True, "path": session.id, "title": session.title, "message_count": session.entries.count()}

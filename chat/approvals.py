@@ -38,10 +38,10 @@ def revoke(session_id: str, tool: str) -> bool:
 
 
 def every_session() -> list[dict]:
-    """Each session holding approvals: `{sessionId, title, alwaysAllow}`, newest session first."""
+    """Each session holding approvals: `{session_id, title, always_allow}`, newest session first."""
     rows: dict[str, dict] = {}
     for a in ToolApproval.objects.select_related("session").order_by("-session__updated_at", "tool"):
-        row = rows.setdefault(a.session_id, {"sessionId": a.session_id, "title": a.session.title,
-                                             "alwaysAllow": []})
-        row["alwaysAllow"].append(a.tool)
+        row = rows.setdefault(a.session_id, {"session_id": a.session_id, "title": a.session.title,
+                                             "always_allow": []})
+        row["always_allow"].append(a.tool)
     return list(rows.values())

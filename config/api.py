@@ -1,14 +1,15 @@
 """The two ninja APIs and how each renders errors.
 
 `/v1` speaks the client protocols (OpenAI shape here); `/api` serves the
-dashboard. Typed errors map to their status; anything unexpected is a 500
+dashboard and answers every error as `{"ok": false, "error": message}`
+(core.api). Typed errors map to their status; anything unexpected is a 500
 with the message only and the stack in the log.
 """
 from __future__ import annotations
 
 import logging
 
-from django.http import JsonResponse
+from django.http import Http404, HttpRequest, HttpResponse
 from ninja import NinjaAPI
 from ninja.errors import HttpError
 from ninja.errors import ValidationError as NinjaValidationError
@@ -16,6 +17,7 @@ from ninja.parser import Parser
 
 from chat.api import router as sessions_router
 from core import jsonbody, limits
+from core.api import ApiError, answer
 from hub.api import router as hub_router
 from inference.engine.errors import EngineError
 from inference.protocols.errors import RequestError
@@ -47,8 +49,17 @@ for module in (openai, anthropic, responses, embeddings, models, adapters):
     v1.add_router("", module.router)
 v1.add_router("", memory_v1_router)
 
+
+class StrictJsonObject(StrictJson):
+    """`/api` bodies are JSON objects (ninja would read `[]` or `null` as an
+    object with no fields)."""
+
+    def parse_body(self, request):
+        return jsonbody.load_object(request.body, limits.current().max_json_depth)
+
+
 api = NinjaAPI(title="Hearth dashboard API", version="1", urls_namespace="api", docs_url="/docs",
-               parser=StrictJson())
+               parser=StrictJsonObject())
 api.add_router("", jobs_router)
 api.add_router("", dataset_router)
 api.add_router("", push_router)
@@ -57,16 +68,42 @@ api.add_router("", sessions_router)
 api.add_router("", memory_router)
 
 
-@api.exception_handler(Exception)
-def _api_unexpected(request, exc: Exception):
-    if isinstance(exc, HttpError):
-        return JsonResponse({"ok": False, "error": _parse_error(exc)}, status=exc.status_code)
+def _invalid(exc: NinjaValidationError) -> str:
+    """`<field>: <reason>` for the first field ninja refused (a body field by
+    its path inside the body, a query parameter by its name)."""
+    first = exc.errors[0] if exc.errors else {}
+    loc = [str(part) for part in first.get("loc", ())]
+    in_body = loc[:1] == ["body"]
+    where = loc[2:] if in_body else loc[1:]
+    if not where:
+        return "a JSON object body is required" if in_body else "invalid request"
+    return f"{'.'.join(where)}: {first.get('msg', 'invalid')}"
+
+
+def _as_api_error(request: HttpRequest, exc: Exception) -> ApiError:
+    if isinstance(exc, ApiError):
+        return exc
     if isinstance(exc, NinjaValidationError):
-        first = exc.errors[0] if exc.errors else {}
-        where = ".".join(str(p) for p in first.get("loc", ())[1:]) or "request"
-        return JsonResponse({"ok": False, "error": f"{where}: {first.get('msg', 'invalid')}"}, status=400)
+        return ApiError(_invalid(exc))
+    if isinstance(exc, HttpError):
+        return ApiError(_parse_error(exc), exc.status_code)
+    if isinstance(exc, Http404):
+        return ApiError(str(exc) or "not found", 404)
+    if isinstance(exc, EngineError):
+        return ApiError(str(exc) or type(exc).__name__, exc.status)
     log.exception("unhandled error on %s", request.path)
-    return JsonResponse({"ok": False, "error": str(exc) or type(exc).__name__}, status=500)
+    return ApiError(str(exc) or type(exc).__name__, 500)
+
+
+def _api_error(request: HttpRequest, exc: Exception) -> HttpResponse:
+    """The one `/api` error answer: `{"ok": false, "error": message}` with its status."""
+    return answer(_as_api_error(request, exc))
+
+
+# Ninja looks a handler up by the exception's class first: each kind it
+# would otherwise render in its own shape is routed here.
+for _kind in (ApiError, NinjaValidationError, HttpError, Http404, EngineError, Exception):
+    api.add_exception_handler(_kind, _api_error)
 
 
 @v1.exception_handler(RequestError)

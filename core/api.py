@@ -1,31 +1,60 @@
-"""The `/api` answer shape every dashboard route shares: `{"ok": false,
-"error": message}` with its status. Routes raise `ApiError`; the `/api`
-exception handler renders it (and `fail` builds the same answer directly).
+"""The one error type of `/api` (the dashboard API) and its answer:
+`{"ok": false, "error": message}` with its status.
+
+Routes raise `ApiError`; the `/api` exception handler (config/api.py)
+renders it with `answer`, and renders ninja's own errors and anything
+unexpected the same way. Extra fields an error carries (snake_case, such as
+memory's `enabled` and `root`) sit beside `error`.
 
 The one module of `core` that uses Django (its response type); the engine
 never imports it. No imports of the project's apps."""
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
 from django.http import HttpRequest, JsonResponse
+from pydantic import BaseModel
 
 from core import jsonbody, limits
 
 
 class ApiError(Exception):
-    """A refusal on `/api`: its message and HTTP status."""
+    """A refusal on `/api`: its message, HTTP status and any fields shown beside it."""
 
-    def __init__(self, message: str, status: int = 400):
+    def __init__(self, message: str, status: int = 400, **fields: object) -> None:
         super().__init__(message)
-        self.message, self.status = message, status
+        self.message, self.status, self.fields = message, status, fields
 
 
-def fail(message: str, status: int = 400) -> JsonResponse:
-    return JsonResponse({"ok": False, "error": message}, status=status)
+def answer(exc: ApiError) -> JsonResponse:
+    """The `/api` answer for `exc`."""
+    return JsonResponse({"ok": False, "error": exc.message, **exc.fields}, status=exc.status)
 
 
-def json_body(request: HttpRequest) -> dict | JsonResponse:
-    """The request's JSON object, or the 400 that says why not."""
+@contextmanager
+def refused(*errors: type[Exception], status: int = 400) -> Iterator[None]:
+    """Any of `errors` raised inside becomes an ApiError with its message and `status`."""
+    try:
+        yield
+    except errors as exc:
+        raise ApiError(str(exc), status) from None
+
+
+def json_body(request: HttpRequest) -> dict:
+    """The request's JSON object (an empty body reads as `{}`); ApiError (400) says why not."""
     try:
         return jsonbody.load_object(request.body or b"{}", limits.current().max_json_depth)
     except jsonbody.JsonRefused as exc:
-        return fail(str(exc))
+        raise ApiError(str(exc)) from None
+
+
+NO_BODY: dict[str, Any] = {"x-no-body": True}  # `openapi_extra` of a POST or DELETE that reads no body
+
+
+def documented(schema: type[BaseModel], more: dict[str, Any] | None = None) -> dict[str, Any]:
+    """`openapi_extra` for a route that reads and checks its own JSON body,
+    which `schema` describes (`more`: other content types it takes, by name)."""
+    content = {"application/json": {"schema": schema.model_json_schema()}, **(more or {})}
+    return {"requestBody": {"required": True, "content": content}}

@@ -11,16 +11,38 @@ import urllib.request
 from pathlib import Path
 
 from asgiref.sync import sync_to_async
-from django.http import HttpRequest, JsonResponse
-from ninja import Router
+from django.http import HttpRequest
+from ninja import Query, Router, Schema
+from pydantic import Field, StrictBool
 
-from core.api import fail, json_body
+from core.api import ApiError, documented, json_body
 from hub import downloads, fit, gc, library
 from hub.download import check_revision
 
 router = Router(tags=["hub"])
 REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 SEARCH_TIMEOUT_S = 8.0
+
+
+class DownloadRequest(Schema):
+    repo: str = Field(..., description="org/name on the Hub")
+    revision: str = Field("main", description="a branch, tag or commit")
+
+
+class ServeRequest(Schema):
+    model: str = Field(..., min_length=1, description="a repo id or a model folder")
+
+
+class GcRequest(Schema):
+    yes: StrictBool = Field(False, description="true deletes what a fresh plan lists")
+
+
+class MeasureRequest(Schema):
+    tokens: int = Field(64, ge=8, le=1024, strict=True, description="tokens to decode, 8 to 1024")
+
+
+# What an empty body means (every field at its default).
+NOT_CONFIRMED, DEFAULT_MEASURE = GcRequest(), MeasureRequest()
 
 
 def _cache() -> Path:
@@ -30,19 +52,19 @@ def _cache() -> Path:
 
 
 @router.get("/hub/local")
-def local(request: HttpRequest):
-    rows = library.models(request.GET.get("refresh") in ("1", "true"))
+def local(request: HttpRequest, refresh: bool = Query(False, description="rescan the cache")) -> dict:
+    rows = library.models(refresh)
     return {"ok": True, "models": [{**{k: v for k, v in m.row().items() if k != "audio"}, "assessment": verdict}
                                    for m, verdict in rows]}
 
 
 @router.get("/hub/search")
-def search(request: HttpRequest):
+def search(request: HttpRequest, q: str = Query("", description="words to look for")) -> dict:
     from huggingface_hub import constants
 
-    query = (request.GET.get("q") or "").strip()
+    query = q.strip()
     if not query:
-        return fail("q required")
+        raise ApiError("q required")
     if constants.HF_HUB_OFFLINE:
         return {"ok": True, "offline": True, "error": "HF_HUB_OFFLINE is set", "results": []}
     params = urllib.parse.urlencode({"search": query, "library": "mlx", "limit": 30, "sort": "downloads",
@@ -59,34 +81,27 @@ def search(request: HttpRequest):
          "size_estimate": None} for h in hits if isinstance(h, dict)]}
 
 
-@router.post("/hub/download")
-def start_download(request: HttpRequest):
+@router.post("/hub/download", openapi_extra=documented(DownloadRequest))
+def start_download(request: HttpRequest) -> dict:
     body = json_body(request)
-    if isinstance(body, JsonResponse):
-        return body
     repo, revision = body.get("repo"), body.get("revision", "main")
     if not isinstance(repo, str) or not REPO_ID.match(repo):
-        return fail("repo required, as org/name")
+        raise ApiError("repo required, as org/name")
     try:
         check_revision(revision if isinstance(revision, str) else "")
     except ValueError:
-        return fail("revision must be a branch, tag or commit")
+        raise ApiError("revision must be a branch, tag or commit") from None
     try:
         downloads.start(repo, revision)
     except downloads.DuplicateDownload as exc:
-        return fail(str(exc), 409)
+        raise ApiError(str(exc), 409) from None
     return {"ok": True, "repo": repo, "started": True}
 
 
 @router.post("/hub/serve")
-def serve(request: HttpRequest):
-    body = json_body(request)
-    if isinstance(body, JsonResponse):
-        return body
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        return fail("model required")
-    return {"ok": False, "restart_required": True, "command": f"hearth serve {model}"}
+def serve(request: HttpRequest, body: ServeRequest) -> dict:
+    """No live swap yet: `ok: false` (a 200) with the command that serves the model."""
+    return {"ok": False, "restart_required": True, "command": f"hearth serve {body.model}"}
 
 
 def _busy() -> set[str]:
@@ -97,38 +112,29 @@ def _busy() -> set[str]:
 
 
 @router.get("/gc/plan")
-def gc_plan(request: HttpRequest):
+def gc_plan(request: HttpRequest) -> dict:
     repos = gc.plan(_cache(), _busy())
     rows = [r.row() for r in repos]
     return {"ok": True, "superseded": rows, "reclaim_bytes": sum(r["reclaim_bytes"] for r in rows)}
 
 
 @router.post("/gc/execute")
-def gc_execute(request: HttpRequest):
-    body = json_body(request)
-    if isinstance(body, JsonResponse):
-        return body
-    if body.get("yes") is not True:
-        return fail('refusing to delete without {"yes": true}')
+def gc_execute(request: HttpRequest, body: GcRequest = NOT_CONFIRMED) -> dict:
+    if body.yes is not True:
+        raise ApiError('refusing to delete without {"yes": true}')
     result = gc.execute(_cache(), _busy())
     library.invalidate()
     return result
 
 
 @router.post("/fit/measure")
-async def measure(request: HttpRequest):
+async def measure(request: HttpRequest, body: MeasureRequest = DEFAULT_MEASURE) -> dict:
     """Decode with the served model through the engine and record the rate."""
     from hub.measure import measure_decode
 
     engine = request.runtime.require_engine()
-    body = json_body(request)
-    if isinstance(body, JsonResponse):
-        return body
-    tokens = body.get("tokens", 64)
-    if isinstance(tokens, bool) or not isinstance(tokens, int) or not 8 <= tokens <= 1024:
-        return fail("tokens must be an integer from 8 to 1024")
     started = time.perf_counter()
-    tps, count = await measure_decode(engine, tokens)
+    tps, count = await measure_decode(engine, body.tokens)
     from hub.models import DecodeMeasurement
 
     loaded = engine.loaded

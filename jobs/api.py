@@ -6,11 +6,10 @@ import importlib.util
 import json
 
 from asgiref.sync import sync_to_async
-from django.http import HttpRequest, JsonResponse, StreamingHttpResponse
-from ninja import Router
+from django.http import HttpRequest, StreamingHttpResponse
+from ninja import Query, Router
 
-from core.api import fail as _fail
-from core.api import json_body as _body
+from core.api import NO_BODY, ApiError, documented, json_body, refused
 from core.paths import (
     ADAPTER_FILES,
     PathRefused,
@@ -22,34 +21,48 @@ from core.paths import (
     regular_entries,
 )
 from jobs import registry, service
+from jobs.api_bodies import (
+    DatasetFolder,
+    ExportRequest,
+    FinetuneRequest,
+    MergeRequest,
+    ModelRef,
+    PickedFolder,
+    QuantizeRequest,
+)
 from jobs.events import EventLog
 from jobs.folders import stamped
 from jobs.kinds import finetune, quantize
 from jobs.models import Job
 
 router = Router(tags=["jobs"])
+NOTHING_PICKED = PickedFolder()  # what an empty body means
 STREAM_POLL_S = 0.3
 KEEPALIVE_S = 10.0
 
 
-def _model_body(request: HttpRequest) -> dict | JsonResponse:
-    """A JSON object with a `model_id` string, or the 400 that says what is wrong."""
-    body = _body(request)
-    if isinstance(body, JsonResponse):
-        return body
+def _model_body(request: HttpRequest) -> dict:
+    """A JSON object with a `model_id` string inside the allowed roots (ApiError otherwise)."""
+    body = json_body(request)
     if not isinstance(body.get("model_id"), str) or not body["model_id"]:
-        return _fail("model_id required")
-    try:
+        raise ApiError("model_id required")
+    with refused(PathRefused):
         confine_model_ref(body["model_id"], "model_id")
-    except PathRefused as exc:
-        return _fail(str(exc))
     return body
 
 
+def _job(job_id: str) -> Job:
+    job = Job.objects.filter(id=job_id).first()
+    if job is None:
+        raise ApiError("job not found", 404)
+    return job
+
+
 @router.get("/jobs")
-def list_jobs(request: HttpRequest, limit: int = 50, kind: str | None = None):
+def list_jobs(request: HttpRequest, limit: int = Query(50, description="1 to 500"),
+              kind: str | None = Query(None, description="quantize, finetune, dataset, synthesis...")) -> dict:
     if kind is not None and kind not in registry.names():
-        return _fail(f"kind must be one of {', '.join(registry.names())}")
+        raise ApiError(f"kind must be one of {', '.join(registry.names())}")
     rows = Job.objects.all()
     if kind:
         rows = rows.filter(kind=kind)
@@ -57,18 +70,15 @@ def list_jobs(request: HttpRequest, limit: int = 50, kind: str | None = None):
 
 
 @router.get("/jobs/{job_id}")
-def get_job(request: HttpRequest, job_id: str):
-    job = Job.objects.filter(id=job_id).first()
-    return {"ok": True, "job": job.row()} if job else _fail("job not found", 404)
+def get_job(request: HttpRequest, job_id: str) -> dict:
+    return {"ok": True, "job": _job(job_id).row()}
 
 
-@router.post("/jobs/{job_id}/cancel")
-def cancel_job(request: HttpRequest, job_id: str):
-    job = Job.objects.filter(id=job_id).first()
-    if job is None:
-        return _fail("job not found", 404)
+@router.post("/jobs/{job_id}/cancel", openapi_extra=NO_BODY)
+def cancel_job(request: HttpRequest, job_id: str) -> dict:
+    job = _job(job_id)
     if not service.cancel(job):
-        return _fail(f"job is already {job.status}", 409)
+        raise ApiError(f"job is already {job.status}", 409)
     return {"ok": True, "job": Job.objects.get(id=job_id).row()}
 
 
@@ -117,27 +127,24 @@ async def stream_job(request: HttpRequest, job_id: str):
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
-@router.post("/quantize/inspect")
-def quantize_inspect(request: HttpRequest):
+@router.post("/quantize/inspect", openapi_extra=documented(ModelRef))
+def quantize_inspect(request: HttpRequest) -> dict:
+    """A verdict on the model: `ok: false` with its `error` (a 200) when it cannot be read."""
     from inference.engine.errors import ModelNotFound
     from inference.engine.loader import resolve
 
-    body = _model_body(request)
-    if isinstance(body, JsonResponse):
-        return body
-    model_id = body["model_id"]
+    model_id = _model_body(request)["model_id"]
     try:
         _, path = resolve(model_id)
     except ModelNotFound as exc:
         return {"ok": False, "model_id": model_id, "error": str(exc)}
     try:
-        confine_members(path, ["config.json"], "model_id")
-        config = read_json(path / "config.json", "model_id")
+        with refused(PathRefused):
+            confine_members(path, ["config.json"], "model_id")
+            config = read_json(path / "config.json", "model_id")
         if not isinstance(config, dict):
             raise ValueError("config.json is not a JSON object")
         size = sum(p.stat().st_size for p in path.iterdir() if p.is_file())
-    except PathRefused as exc:
-        return _fail(str(exc))
     except (OSError, ValueError) as exc:
         return {"ok": False, "model_id": model_id, "error": f"unreadable model: {exc}"}
     arch = config.get("model_type")
@@ -146,142 +153,112 @@ def quantize_inspect(request: HttpRequest):
         from mlx_lm.utils import MODEL_REMAPPING
 
         support = importlib.util.find_spec(f"mlx_lm.models.{MODEL_REMAPPING.get(arch, arch)}") is not None
-    out = {"ok": True, "model_id": model_id, "arch": arch, "support": support, "size_gb": round(size / 1e9, 3),
-           "quantized": bool(config.get("quantization"))}
-    return out
+    return {"ok": True, "model_id": model_id, "arch": arch, "support": support, "size_gb": round(size / 1e9, 3),
+            "quantized": bool(config.get("quantization"))}
 
 
-@router.post("/quantize/submit")
-def quantize_submit(request: HttpRequest):
+@router.post("/quantize/submit", openapi_extra=documented(QuantizeRequest))
+def quantize_submit(request: HttpRequest) -> dict:
     from inference.engine.errors import ModelNotFound
     from inference.engine.loader import resolve
 
     body = _model_body(request)
-    if isinstance(body, JsonResponse):
-        return body
     model_id = body["model_id"]
-    try:
+    with refused(ValueError, ModelNotFound):  # PathRefused included
         quantize.check(body)
         _, path = resolve(model_id)
         regular_entries(path, "model_id")  # the converter opens every file it knows by name
-    except (ValueError, ModelNotFound) as exc:  # PathRefused included
-        return _fail(str(exc))
     job = service.submit("quantize", body)
     repo = quantize.output_repo(model_id, path, body.get("bits", 4), body.get("target_bpw"))
     return {"ok": True, "job_id": job.id, "output_repo": repo}
 
 
 @router.post("/finetune/inspect-dataset")
-def finetune_inspect(request: HttpRequest):
-    body = _body(request)
-    if isinstance(body, JsonResponse):
-        return body
-    path = body.get("path")
-    if not isinstance(path, str) or not path:
-        return _fail("path required")
-    try:
-        return finetune.inspect(str(confine(path, "path")))
-    except PathRefused as exc:
-        return _fail(str(exc))
+def finetune_inspect(request: HttpRequest, body: DatasetFolder) -> dict:
+    """A verdict on the folder: `ok: false` with its `error` (a 200) when it holds no usable data."""
+    with refused(PathRefused):
+        return finetune.inspect(str(confine(body.path, "path")))
 
 
-@router.post("/finetune/submit")
-def finetune_submit(request: HttpRequest):
+@router.post("/finetune/submit", openapi_extra=documented(FinetuneRequest))
+def finetune_submit(request: HttpRequest) -> dict:
     from django.conf import settings
 
-    body = _body(request)
-    if isinstance(body, JsonResponse):
-        return body
+    body = json_body(request)
     if not isinstance(body.get("model_dir"), str) or not isinstance(body.get("data_dir"), str) \
             or not body["model_dir"] or not body["data_dir"]:
-        return _fail("model_dir and data_dir required")
+        raise ApiError("model_dir and data_dir required")
     if body.get("adapter_path") is not None and not isinstance(body["adapter_path"], str):
-        return _fail("adapter_path must be a string")
+        raise ApiError("adapter_path must be a string")
     if not body.get("adapter_path"):
         body["adapter_path"] = str(stamped(settings.HEARTH_HOME / "adapters", "adapter"))
-    try:
+    with refused(PathRefused):
         finetune.confine_paths(body)
-    except PathRefused as exc:
-        return _fail(str(exc))
     job = service.submit("finetune", body)  # config errors surface as the job's failed event
     return {"ok": True, "job_id": job.id, "adapter_path": body["adapter_path"]}
 
 
-@router.post("/finetune/merge")
-def finetune_merge(request: HttpRequest):
+@router.post("/finetune/merge", openapi_extra=documented(MergeRequest))
+def finetune_merge(request: HttpRequest) -> dict:
     from django.conf import settings
 
     from jobs.adapters import register
     from jobs.merge import merge
 
-    body = _body(request)
-    if isinstance(body, JsonResponse):
-        return body
+    body = json_body(request)
     first, second, scales = body.get("adapter_a"), body.get("adapter_b"), body.get("scales")
     if not isinstance(first, str) or not first or not isinstance(second, str) or not second:
-        return _fail("adapter_a and adapter_b required")
+        raise ApiError("adapter_a and adapter_b required")
     if scales is not None and (not isinstance(scales, list) or len(scales) != 2 or not all(
             isinstance(x, (int, float)) and not isinstance(x, bool) for x in scales)):
-        return _fail("scales must be a list of two numbers")
+        raise ApiError("scales must be a list of two numbers")
     out = stamped(settings.HEARTH_HOME / "adapters", "merged")
     try:
         stats = merge(first, second, out, [float(x) for x in scales] if scales else None)
     except (ValueError, OSError) as exc:
-        return _fail(f"merge failed: {exc}")
+        raise ApiError(f"merge failed: {exc}") from None
     register(out)
     return {"ok": True, "merged_path": str(out), "stats": stats}
 
 
 @router.post("/quantize/resolve-folder")
-def quantize_resolve_folder(request: HttpRequest):
-    return _resolve_folder(request)
+def quantize_resolve_folder(request: HttpRequest, body: PickedFolder = NOTHING_PICKED) -> dict:
+    return _resolve_folder(body)
 
 
 @router.post("/model/resolve-folder")
-def model_resolve_folder(request: HttpRequest):
-    return _resolve_folder(request)
+def model_resolve_folder(request: HttpRequest, body: PickedFolder = NOTHING_PICKED) -> dict:
+    return _resolve_folder(body)
 
 
-def _resolve_folder(request: HttpRequest):
+def _resolve_folder(body: PickedFolder) -> dict:
+    """The model a picked folder names, or a verdict (`ok: false`, a 200) that it names none."""
     from pathlib import Path
 
     from huggingface_hub import constants
 
     from jobs.folders import resolve_folder
 
-    body = _body(request)
-    if isinstance(body, JsonResponse):
-        return body
-    try:
-        return resolve_folder(Path(constants.HF_HUB_CACHE), body.get("folder_name"), body.get("rel_path"))
-    except PathRefused as exc:
-        return _fail(str(exc))
+    with refused(PathRefused):
+        return resolve_folder(Path(constants.HF_HUB_CACHE), body.folder_name, body.rel_path)
 
 
 @router.post("/finetune/export")
-def finetune_export(request: HttpRequest):
+def finetune_export(request: HttpRequest, body: ExportRequest) -> dict:
     import time as _time
 
     from django.conf import settings
 
-    body = _body(request)
-    if isinstance(body, JsonResponse):
-        return body
-    base, adapter = body.get("base_model"), body.get("adapter_path")
-    if not isinstance(base, str) or not base or not isinstance(adapter, str) or not adapter:
-        return _fail("base_model and adapter_path required")
-    try:
-        adapter_dir = confine(adapter, "adapter_path")
+    with refused(PathRefused):
+        adapter_dir = confine(body.adapter_path, "adapter_path")
         confine_members(adapter_dir, ADAPTER_FILES, "adapter_path")
-    except PathRefused as exc:
-        return _fail(str(exc))
     if holds_a_root(adapter_dir) or not (adapter_dir / "adapters.safetensors").is_file():
-        return _fail(f"{adapter_dir} holds no adapters.safetensors")
+        raise ApiError(f"{adapter_dir} holds no adapters.safetensors")
     out = stamped(settings.HEARTH_HOME / "exports", "export")
     out.mkdir(parents=True)
-    manifest = {"version": 1, "base_model": base, "adapter_path": str(adapter_dir),
+    manifest = {"version": 1, "base_model": body.base_model, "adapter_path": str(adapter_dir),
                 "created_at": _time.strftime("%Y-%m-%dT%H:%M:%SZ", _time.gmtime())}
-    if isinstance(body.get("method"), str):
-        manifest["method"] = body["method"]
+    if body.method is not None:
+        manifest["method"] = body.method
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2))
     return {"ok": True, "export_path": str(out), "manifest": manifest}

@@ -87,7 +87,7 @@ def merge(first: str, second: str, out: Path, scales: list | None = None) -> dic
         merged[module + ".lora_b"] = np.concatenate(b_parts, axis=0)
         both, only_one = (both + 1, only_one) if len(present) == 2 else (both, only_one + 1)
     _write(out, merged, loaded, sum(ranks), sources, scales)
-    return {"layersMerged": both, "layersOnlyInOne": only_one, "totalKeysOut": len(merged),
+    return {"layers_merged": both, "layers_only_in_one": only_one, "total_keys_out": len(merged),
             "sources": [str(s) for s in sources], "scales": scales}
 
 

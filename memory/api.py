@@ -1,165 +1,179 @@
-"""`/api/memory/*`: the Memory page's routes over a vault. Every failure is
-`{"ok": false, "error": ...}` with a fitting status; `?vault=<name>` picks a
-vault other than the default."""
+"""`/api/memory/*`: the Memory page's routes over a vault. Every failure
+raises ApiError (`{"ok": false, "error": ...}` with a fitting status);
+`?vault=<name>` picks a vault other than the default."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Literal
 
-from django.http import HttpRequest, JsonResponse
-from ninja import Router
+from django.http import HttpRequest
+from ninja import Query, Router, Schema
+from pydantic import Field, StrictBool
 
-from core.api import fail, json_body
+from core.api import ApiError
 from core.paths import PathRefused
 from memory import git, service, vault
 from memory.models import MemoryVault
 
 router = Router(tags=["memory"])
 MAX_LIMIT = 200
-SCOPES = ("all", "articles", "reference")
+VAULT = "a vault's name; default: the default vault"
 
 
-def _limit(request: HttpRequest, default: int) -> int:
-    raw = request.GET.get("limit")
-    if raw in (None, ""):
-        return default
+class InitRequest(Schema):
+    path: str | None = Field(None, description="the vault's folder; default: HEARTH_HOME/memory/<name>")
+    name: str | None = Field(None, description="1-64 letters, digits, '.', '_' or '-'")
+
+
+class SynthesizeRequest(Schema):
+    vault: str | None = Field(None, description=VAULT)
+    dry: StrictBool = Field(False, description="plan only: no model calls, no writes")
+
+
+# What an empty body means (every field at its default).
+DEFAULT_INIT, DEFAULT_SYNTHESIS = InitRequest(), SynthesizeRequest()
+
+
+def _no_vault(name: str | None, row: MemoryVault | None) -> dict:
+    """`enabled: false` with why, and where the vault would (or should) live."""
+    found = service.no_vault(name)
+    if row is not None:
+        found["error"], found["root"] = f"the vault folder {row.root} is missing", row.root
+    return {"enabled": False, "error": found["error"], "root": found["root"]}
+
+
+def _vault(name: str | None) -> MemoryVault:
+    """The named (or default) vault whose folder exists; a 404 with `enabled: false` otherwise."""
+    row = service.find(name)
+    if row is None or not Path(row.root).is_dir():
+        missing = _no_vault(name, row)
+        raise ApiError(missing.pop("error"), 404, **missing)
+    return row
+
+
+@contextmanager
+def _reading() -> Iterator[None]:
+    """Vault, path, git and file-system errors inside become ApiErrors."""
     try:
-        value = int(raw)
-    except ValueError:
-        raise vault.VaultError("limit must be a whole number") from None
-    if value < 1:
-        raise vault.VaultError("limit must be at least 1")
-    return min(value, MAX_LIMIT)
-
-
-def _with_vault(view):
-    """Find the request's vault (or answer that there is none) and turn vault
-    and git errors into `{"ok": false}` answers."""
-
-    def wrapper(request: HttpRequest):
-        name = request.GET.get("vault") or None
-        found = service.find(name)
-        if found is None or not Path(found.root).is_dir():
-            body = service.no_vault(name)
-            if found is not None:
-                body["error"], body["root"] = f"the vault folder {found.root} is missing", found.root
-            return JsonResponse(body, status=200 if view.__name__ == "status" else 404)
-        try:
-            return view(request, found, Path(found.root))
-        except vault.VaultError as exc:
-            return fail(str(exc), exc.status)
-        except PathRefused as exc:  # a FIFO or device where a document was expected
-            return fail(str(exc), 400)
-        except git.GitError as exc:
-            return fail(str(exc), 409)
-        except OSError as exc:  # a name the file system refuses
-            return fail(f"cannot read that: {exc.strerror or exc}", 400)
-
-    # Not functools.wraps: ninja would read the view's own parameters as query fields.
-    wrapper.__name__ = view.__name__
-    return wrapper
+        yield
+    except vault.VaultError as exc:
+        raise ApiError(str(exc), exc.status) from None
+    except PathRefused as exc:  # a FIFO or device where a document was expected
+        raise ApiError(str(exc), 400) from None
+    except git.GitError as exc:
+        raise ApiError(str(exc), 409) from None
+    except OSError as exc:  # a name the file system refuses
+        raise ApiError(f"cannot read that: {exc.strerror or exc}", 400) from None
 
 
 @router.get("/memory/vaults")
-def vaults(request: HttpRequest):
+def vaults(request: HttpRequest) -> dict:
     return {"ok": True, "vaults": [v.row() for v in MemoryVault.objects.all()],
-            "defaultRoot": str(service.default_root())}
+            "default_root": str(service.default_root())}
 
 
 @router.get("/memory/status")
-@_with_vault
-def status(request, row: MemoryVault, root: Path):
-    return {"ok": True, "enabled": True, "vault": row.row(), "status": vault.status(root)}
+def status(request: HttpRequest, vault_name: str | None = Query(None, alias="vault", description=VAULT)) -> dict:
+    """With no vault, a 200 that says so (`ok: false, enabled: false`, its `error` and `root`)."""
+    row = service.find(vault_name)
+    if row is None or not Path(row.root).is_dir():
+        return {"ok": False, **_no_vault(vault_name, row)}
+    with _reading():
+        return {"ok": True, "enabled": True, "vault": row.row(),
+                "status": vault.status(Path(row.root))}
 
 
 @router.get("/memory/list")
-@_with_vault
-def listing(request, row, root: Path):
-    return {"ok": True, "articles": vault.articles(root), "reference": vault.references(root)}
+def listing(request: HttpRequest, vault_name: str | None = Query(None, alias="vault", description=VAULT)) -> dict:
+    root = Path(_vault(vault_name).root)
+    with _reading():
+        return {"ok": True, "articles": vault.articles(root), "reference": vault.references(root)}
 
 
 @router.get("/memory/search")
-@_with_vault
-def search(request, row, root: Path):
-    query = (request.GET.get("q") or "").strip()
+def search(request: HttpRequest, q: str = Query("", description="words to find"),
+           scope: Literal["all", "articles", "reference"] = "all",
+           limit: int = Query(50, ge=1, description=f"at most {MAX_LIMIT} are answered"),
+           mode: Literal["fts", "hybrid"] | None = Query(None, description="hybrid: with the served model's "
+                                                                          "embeddings"),
+           vault_name: str | None = Query(None, alias="vault", description=VAULT)) -> dict:
+    root = Path(_vault(vault_name).root)
+    query = q.strip()
     if not query:
-        return fail("q required")
-    scope = request.GET.get("scope") or "all"
-    if scope not in SCOPES:
-        return fail("scope must be all, articles or reference")
-    found = service.search(root, query, scope, _limit(request, 50), request.GET.get("mode"),
-                           request.runtime.embedding_engine())
+        raise ApiError("q required")
+    with _reading():
+        found = service.search(root, query, scope, min(limit, MAX_LIMIT), mode, request.runtime.embedding_engine())
     return {"ok": True, **found}
 
 
 @router.get("/memory/article")
-@_with_vault
-def article(request, row, root: Path):
-    return {"ok": True, **vault.read_article(root, request.GET.get("name"))}
+def article(request: HttpRequest, name: str | None = Query(None, description="an article, or Reference/<doc>"),
+            vault_name: str | None = Query(None, alias="vault", description=VAULT)) -> dict:
+    root = Path(_vault(vault_name).root)
+    with _reading():
+        return {"ok": True, **vault.read_article(root, name)}
 
 
 @router.get("/memory/links")
-@_with_vault
-def links(request, row, root: Path):
-    return {"ok": True, **vault.links(root, request.GET.get("name"))}
+def links(request: HttpRequest, name: str | None = None,
+          vault_name: str | None = Query(None, alias="vault", description=VAULT)) -> dict:
+    root = Path(_vault(vault_name).root)
+    with _reading():
+        return {"ok": True, **vault.links(root, name)}
 
 
 @router.get("/memory/history")
-@_with_vault
-def history(request, row, root: Path):
-    return {"ok": True, **vault.history(root, request.GET.get("name"), _limit(request, 50))}
+def history(request: HttpRequest, name: str | None = None, limit: int = Query(50, ge=1),
+            vault_name: str | None = Query(None, alias="vault", description=VAULT)) -> dict:
+    root = Path(_vault(vault_name).root)
+    with _reading():
+        return {"ok": True, **vault.history(root, name, min(limit, MAX_LIMIT))}
 
 
 @router.get("/memory/diff")
-@_with_vault
-def diff(request, row, root: Path):
-    return {"ok": True, **vault.diff(root, request.GET.get("name"), request.GET.get("rev"))}
+def diff(request: HttpRequest, name: str | None = None,
+         rev: str | None = Query(None, description="a commit hash, 4 to 40 lowercase hex digits"),
+         vault_name: str | None = Query(None, alias="vault", description=VAULT)) -> dict:
+    root = Path(_vault(vault_name).root)
+    with _reading():
+        return {"ok": True, **vault.diff(root, name, rev)}
 
 
 @router.post("/memory/init")
-def init(request: HttpRequest):
-    body = json_body(request)
-    if isinstance(body, JsonResponse):
-        return body
+def init(request: HttpRequest, body: InitRequest = DEFAULT_INIT) -> dict:
     try:
-        row, result = service.init(body.get("path"), body.get("name"))
+        row, result = service.init(body.path, body.name)
     except vault.VaultError as exc:
-        return fail(str(exc), exc.status)
+        raise ApiError(str(exc), exc.status) from None
     except (git.GitError, OSError) as exc:
-        return fail(f"could not set up the vault: {exc}", 409)
-    return {"ok": True, "result": result, "vault": row.row(), "status": vault.status(Path(row.root))}
+        raise ApiError(f"could not set up the vault: {exc}", 409) from None
+    return {"ok": True, "result": result, "vault": row.row(),
+            "status": vault.status(Path(row.root))}
 
 
 def _start(request: HttpRequest, name: str | None, dry: bool):
-    """Start a synthesis of the named (or default) vault: the run, or the failure answer."""
+    """Start a synthesis of the named (or default) vault: the run, or ApiError."""
     from memory import synthesize
 
     runtime = request.runtime
-    row = service.find(name)
-    if row is None or not Path(row.root).is_dir():
-        return JsonResponse(service.no_vault(name), status=404)
+    row = _vault(name)
     if not dry and runtime.engine is None:
-        return fail("no model is being served here; synthesis asks the served model", 503)
+        raise ApiError("no model is being served here; synthesis asks the served model", 503)
     api_url = runtime.local_url or f"{request.scheme}://{request.get_host()}"
     model = runtime.engine.loaded.model_id if runtime.engine is not None else None
     try:
         return synthesize.start(row, dry, api_url, model)
     except vault.VaultError as exc:
-        return fail(str(exc), exc.status)
+        raise ApiError(str(exc), exc.status) from None
 
 
 @router.post("/memory/synthesize")
-def synthesize_job(request: HttpRequest):
-    body = json_body(request)
-    if isinstance(body, JsonResponse):
-        return body
-    name, dry = body.get("vault"), body.get("dry", False)
-    if (name is not None and not isinstance(name, str)) or not isinstance(dry, bool):
-        return fail("vault must be a vault name and dry true or false")
-    run = _start(request, name, dry)
-    if isinstance(run, JsonResponse):
-        return run
-    return {"ok": True, "jobId": run.job_id, "job_id": run.job_id, "vault": run.vault.name, "dry": dry,
+def synthesize_job(request: HttpRequest, body: SynthesizeRequest = DEFAULT_SYNTHESIS) -> dict:
+    run = _start(request, body.vault, body.dry)
+    return {"ok": True, "job_id": run.job_id, "vault": run.vault.name, "dry": body.dry,
             "sessions": run.session_count}
 
 
@@ -201,15 +215,16 @@ async def _synthesis_frames(job_id: str, dry: bool):
 
 
 @v1_router.get("/memory/synthesize")
-def synthesize_stream(request: HttpRequest):
-    from django.http import StreamingHttpResponse
+def synthesize_stream(request: HttpRequest, dry: bool = Query(False, description="plan only"),
+                      vault_name: str | None = Query(None, alias="vault", description=VAULT)):
+    """A refusal in the OpenAI error shape, as everywhere on `/v1`."""
+    from django.http import JsonResponse, StreamingHttpResponse
 
-    dry = request.GET.get("dry") in ("1", "true", "yes")
-    run = _start(request, request.GET.get("vault") or None, dry)
-    if isinstance(run, JsonResponse):
-        from inference.protocols.errors import openai_error
+    from inference.protocols.errors import openai_error
 
-        body = json.loads(run.content)
-        return JsonResponse(openai_error(body.get("error", "synthesis could not start")), status=run.status_code)
+    try:
+        run = _start(request, vault_name or None, dry)
+    except ApiError as exc:
+        return JsonResponse(openai_error(exc.message), status=exc.status)
     return StreamingHttpResponse(_synthesis_frames(run.job_id, dry), content_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

@@ -74,4 +74,4 @@ def search(root: Path, index_path: Path, query: str, scope: str, limit: int, emb
     for doc, summary in summaries.items():
         summary["score"] = round(fused.get(doc, 0.0), 6)
     ranked = sorted(summaries.values(), key=lambda s: -s["score"])[:limit]
-    return {**found, "summaries": ranked, "mode": "hybrid", "pendingEmbeddings": len(missing) - len(todo)}
+    return {**found, "summaries": ranked, "mode": "hybrid", "pending_embeddings": len(missing) - len(todo)}

@@ -19,8 +19,8 @@ class MemoryVault(models.Model):
 
     def row(self) -> dict:
         return {"name": self.name, "root": self.root, "default": self.is_default,
-                "createdAt": self.created_at.isoformat(),
-                "lastSynthesizedAt": self.last_synthesized_at.isoformat() if self.last_synthesized_at else None}
+                "created_at": self.created_at.isoformat(),
+                "last_synthesized_at": self.last_synthesized_at.isoformat() if self.last_synthesized_at else None}
 
 
 class SynthesisRun(models.Model):

@@ -138,17 +138,17 @@ def setup(root: Path, known: bool = False) -> dict:
         restored = [rel for rel in created if rel in STARTER_FILES]
         git.run(root, "add", "--", *restored)
         git.run(root, "commit", "-q", "--no-verify", "-m", "Restore the vault's starter files", "--", *restored)
-    return {"root": str(root), "created": created, "gitInitialized": initialized,
-            "alreadySetUp": not created and not initialized}
+    return {"root": str(root), "created": created, "git_initialized": initialized,
+            "already_set_up": not created and not initialized}
 
 
 def status(root: Path, recent: int = 10) -> dict:
     root = Path(root)
     articles = _docs(root / ARTICLES)
     recents = sorted(articles, key=lambda p: p.stat().st_mtime, reverse=True)[:recent]
-    return {"root": str(root), "exists": root.is_dir(), "articleCount": len(articles),
-            "referenceCount": len(_docs(root / REFERENCE)), "isGitRepo": git.is_repo(root),
-            "recentArticles": [{"article": p.stem, "mtimeMs": int(p.stat().st_mtime * 1000)} for p in recents]}
+    return {"root": str(root), "exists": root.is_dir(), "article_count": len(articles),
+            "reference_count": len(_docs(root / REFERENCE)), "is_git_repo": git.is_repo(root),
+            "recent_articles": [{"article": p.stem, "mtime_ms": int(p.stat().st_mtime * 1000)} for p in recents]}
 
 
 def _docs(folder: Path) -> list[Path]:
@@ -286,7 +286,7 @@ def infobox(fields: dict[str, str]) -> dict | None:
         return None
     kind = fields.get("kind", "thing").strip().lower()
     rest = [{"key": k, "value": v} for k, v in fields.items() if k not in ("type", "kind", "series") and v]
-    return {"type": fields.get("type") or None, "entityKind": kind if kind in KINDS else "thing", "fields": rest}
+    return {"type": fields.get("type") or None, "entity_kind": kind if kind in KINDS else "thing", "fields": rest}
 
 
 def wikilinks(text: str) -> list[str]:
@@ -337,7 +337,7 @@ def history(root: Path, name: str, limit: int) -> dict:
     root = Path(root)
     path = resolve(root, name)
     if not git.is_repo(root):
-        return {"name": path.stem, "isGitRepo": False, "entries": []}
+        return {"name": path.stem, "is_git_repo": False, "entries": []}
     out = git.run(root, "log", f"-n{limit}", "--follow", "--format=%H%x1f%ad%x1f%an%x1f%s", "--date=short",
                   "--", relpath(root, path))
     entries = []
@@ -345,7 +345,7 @@ def history(root: Path, name: str, limit: int) -> dict:
         parts = line.split("\x1f")
         if len(parts) == 4:
             entries.append({"hash": parts[0], "date": parts[1], "author": parts[2], "subject": parts[3]})
-    return {"name": path.stem, "isGitRepo": True, "entries": entries}
+    return {"name": path.stem, "is_git_repo": True, "entries": entries}
 
 
 def diff(root: Path, name: str, rev: str) -> dict:

@@ -196,8 +196,8 @@ def test_merge_folds_two_adapters_into_their_stack(served, adapters):
     r = httpx.post(served.url + "/api/finetune/merge",
                    json={"adapter_a": str(adapters["a"]), "adapter_b": str(adapters["b"])}).json()
     assert r["ok"] and r["stats"]["scales"] == [1.5, 0.5]  # each adapter's own scale by default
-    assert r["stats"]["layersMerged"] == 7 and r["stats"]["layersOnlyInOne"] == 7
-    assert r["stats"]["totalKeysOut"] == 28
+    assert r["stats"]["layers_merged"] == 7 and r["stats"]["layers_only_in_one"] == 7
+    assert r["stats"]["total_keys_out"] == 28
     httpx.post(served.url + "/v1/adapters", json={"id": "merged", "path": r["merged_path"]}).raise_for_status()
     assert _complete(served.url, adapter="merged")["choices"][0]["text"] == stacked
     assert _reference(adapters["snapshot"], Path(r["merged_path"])) == stacked  # mlx-lm loads it too

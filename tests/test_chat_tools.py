@@ -164,8 +164,8 @@ def test_gated_tool_deny_allow_and_always_allow(engine, workspace, steer, client
         from asgiref.sync import sync_to_async
 
         listed = (await sync_to_async(client.get)("/api/settings/tool-approvals")).json()
-        assert listed["ok"] is True and {"sessionId": session, "title": "write it",
-                                         "alwaysAllow": ["write"]} in listed["sessions"]
+        assert listed["ok"] is True and {"session_id": session, "title": "write it",
+                                         "always_allow": ["write"]} in listed["sessions"]
 
         frames = await ask(ws, None)  # asked no more
         assert "tool_approval_request" not in _kinds(frames)

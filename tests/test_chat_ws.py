@@ -218,7 +218,7 @@ def test_search_and_export_read_the_stored_sessions(engine, client):
     umlaut = client.get("/api/sessions/search", {"q": "ärger"}).json()["results"][0]["matches"][0]
     start, end = umlaut["ranges"][0]
     assert umlaut["snippet"][start:end] == "ÄRGER"  # case folded beyond ASCII, offsets on the original
-    path = found["results"][0]["sessionPath"]
+    path = found["results"][0]["session_path"]
     exported = client.get("/api/sessions/export", {"path": path}).json()
     assert exported["ok"] and exported["entries"][0]["type"] == "session"
     assert [e["message"]["role"] for e in exported["entries"][1:]] == ["user", "assistant"]

@@ -415,7 +415,7 @@ def test_a_server_killed_mid_synthesis(serve, tiny_model, crash_home, tmp_path):
     root = Path(httpx.get(server.url + "/api/memory/status").json()["status"]["root"])
     for title, turns in SESSIONS:
         _import(server.url, title, turns)
-    job_id = httpx.post(server.url + "/api/memory/synthesize", json={}, timeout=60).json()["jobId"]
+    job_id = httpx.post(server.url + "/api/memory/synthesize", json={}, timeout=60).json()["job_id"]
     log_path = httpx.get(f"{server.url}/api/jobs/{job_id}").json()["job"]["log_path"]
     landed = wait_event(log_path, lambda e: e["type"] == "commit")
     assert landed["stage"] == "create"
@@ -435,7 +435,7 @@ def test_a_server_killed_mid_synthesis(serve, tiny_model, crash_home, tmp_path):
         scratch = crash_home / "scratch" / "synthesis"
         assert not [p for p in scratch.rglob("*") if p.is_dir() and p.parent.name == "trees"]
         vault = httpx.get(server.url + "/api/memory/vaults").json()["vaults"][0]
-        assert vault["lastSynthesizedAt"] is None  # the sessions it read are not counted as done
+        assert vault["last_synthesized_at"] is None  # the sessions it read are not counted as done
         with sqlite3.connect(crash_home / "hearth.sqlite3") as db:
             (commits,) = db.execute("SELECT commits_json FROM memory_synthesisrun WHERE job_id = ?",
                                     (job_id,)).fetchone()
@@ -444,7 +444,7 @@ def test_a_server_killed_mid_synthesis(serve, tiny_model, crash_home, tmp_path):
         # The same synthesis runs again and lands.
         again = httpx.post(server.url + "/api/memory/synthesize", json={}, timeout=60).json()
         assert again["ok"] and again["sessions"] == len(SESSIONS)
-        job = wait_job(server.url, again["jobId"], timeout=180)
+        job = wait_job(server.url, again["job_id"], timeout=180)
         assert job["status"] == "done", job["error"]
         summary = json.loads(job["message"])
         assert summary["sessions"] == len(SESSIONS) and summary["commits"]
@@ -452,6 +452,6 @@ def test_a_server_killed_mid_synthesis(serve, tiny_model, crash_home, tmp_path):
         assert after["status"] == "" and after["log"].endswith(before["log"])
         assert after["head"] == summary["commits"][-1]["hash"]
         assert len(_git(root, "worktree", "list").splitlines()) == 1
-        assert httpx.get(server.url + "/api/memory/vaults").json()["vaults"][0]["lastSynthesizedAt"]
+        assert httpx.get(server.url + "/api/memory/vaults").json()["vaults"][0]["last_synthesized_at"]
     finally:
         assert server.stop() == 0, server.output()

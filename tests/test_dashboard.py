@@ -70,6 +70,20 @@ def test_finetune_wizard_starts_a_job_that_reaches_done(page, base_url, tiny_mod
     assert httpx.get(f"{base_url}/api/jobs/{job_id}").json()["job"]["status"] == "done"
 
 
+def test_settings_saves_and_removes_the_hub_token(page, base_url):
+    page.goto(base_url + "/#/settings")
+    page.wait_for_selector("text=No token saved.")
+    try:
+        page.fill("input[aria-label='Hugging Face token']", "hf_dashboard_test")
+        page.click("button:has-text('Save')")
+        page.wait_for_selector("text=A token is saved.")
+        assert httpx.get(base_url + "/api/settings/hf-token").json() == {"ok": True, "has_token": True}
+        page.click("button:has-text('Remove token')")
+        page.wait_for_selector("text=No token saved.")
+    finally:
+        httpx.delete(base_url + "/api/settings/hf-token")
+
+
 @pytest.mark.parametrize("width,height,name", [(375, 740, "phone"), (1280, 800, "desktop")])
 def test_every_page_renders_at_phone_and_desktop_widths(browser, base_url, width, height, name):
     ARTIFACTS.mkdir(parents=True, exist_ok=True)

@@ -394,7 +394,7 @@ def test_dataset_llm_templates_ask_the_served_model(base_url):
 
 def test_hf_token_is_kept_private_and_push_explains_failures(base_url, homes, tmp_path):
     _, hearth_home = homes
-    assert httpx.get(base_url + "/api/settings/hf-token").json() == {"ok": True, "hasToken": False}
+    assert httpx.get(base_url + "/api/settings/hf-token").json() == {"ok": True, "has_token": False}
     (tmp_path / "train.jsonl").write_text("{}\n")  # a dataset's file: a push sends only an artifact's own files
     push = {"repo_id": "me/thing", "source_path": str(tmp_path)}
     r = httpx.post(base_url + "/api/finetune/push", json=push)
@@ -411,7 +411,7 @@ def test_hf_token_is_kept_private_and_push_explains_failures(base_url, homes, tm
     saved = hearth_home / "hf.json"
     assert oct(saved.stat().st_mode & 0o777) == "0o600" and "hf_secret123" in saved.read_text()
     status = httpx.get(base_url + "/api/settings/hf-token")
-    assert status.json() == {"ok": True, "hasToken": True} and "hf_secret" not in status.text
+    assert status.json() == {"ok": True, "has_token": True} and "hf_secret" not in status.text
     try:
         for route, body, needle in [
                 ("finetune", {"source_path": str(tmp_path)}, "repo_id required"),
@@ -431,7 +431,7 @@ def test_requests_for_another_host_name_are_refused(base_url):
     rebound = httpx.post(base_url + "/api/settings/hf-token", json={"token": "hf_x"},
                          headers={"Host": "attacker.example", "Origin": "http://attacker.example"})
     assert rebound.status_code == 403 and "host" in rebound.json()["error"]
-    assert httpx.get(base_url + "/api/settings/hf-token").json()["hasToken"] is False
+    assert httpx.get(base_url + "/api/settings/hf-token").json()["has_token"] is False
     read = httpx.get(base_url + "/api/sessions/search?q=a", headers={"Host": "attacker.example"})
     assert read.status_code == 403  # reads too: a rebound page must not see chats
     assert httpx.get(base_url + "/health", headers={"Host": "localhost"}).status_code == 200

@@ -76,12 +76,12 @@ def get(client, path: str, **params):
 def test_init_twice_changes_nothing_the_second_time(client, tmp_path):
     root = tmp_path / "twice"
     first = post(client, "/api/memory/init", {"path": str(root), "name": "twice"}).json()
-    assert first["ok"] and first["result"]["gitInitialized"] and not first["result"]["alreadySetUp"]
+    assert first["ok"] and first["result"]["git_initialized"] and not first["result"]["already_set_up"]
     assert {"README.md", "Meta/Conventions.md"} <= set(first["result"]["created"])
     log, files = git(root, "log", "--format=%H"), sorted(p.as_posix() for p in root.rglob("*") if ".git" not in p.parts)
     second = post(client, "/api/memory/init", {"path": str(root), "name": "twice"}).json()
-    assert second["result"] == {"root": str(root.resolve()), "created": [], "gitInitialized": False,
-                                "alreadySetUp": True}
+    assert second["result"] == {"root": str(root.resolve()), "created": [], "git_initialized": False,
+                                "already_set_up": True}
     assert git(root, "log", "--format=%H") == log and len(log.split()) == 1
     assert sorted(p.as_posix() for p in root.rglob("*") if ".git" not in p.parts) == files
     assert git(root, "status", "--porcelain") == ""
@@ -109,8 +109,8 @@ def test_a_missing_vault_answers_enabled_false(client):
 
 def test_status_and_list(client, vault_root):
     code, body = get(client, "/api/memory/status")
-    assert code == 200 and body["enabled"] and body["status"]["articleCount"] == 3
-    assert body["status"]["referenceCount"] == 1 and body["status"]["isGitRepo"]
+    assert code == 200 and body["enabled"] and body["status"]["article_count"] == 3
+    assert body["status"]["reference_count"] == 1 and body["status"]["is_git_repo"]
     code, body = get(client, "/api/memory/list")
     assert body == {"ok": True, "articles": ["Garden", "Grey Wolf", "Red Fox"],
                     "reference": ["Reference/Apple varieties"]}
@@ -138,7 +138,7 @@ def test_search_ranks_sections_and_marks_the_matches(client, vault_root):
 def test_article_metadata(client, vault_root):
     code, body = get(client, "/api/memory/article", name="red fox")  # names match ignoring case
     assert code == 200 and body["name"] == "Red Fox" and body["path"] == "articles/Red Fox.md"
-    assert body["infobox"] == {"type": "Animal", "entityKind": "thing",
+    assert body["infobox"] == {"type": "Animal", "entity_kind": "thing",
                                "fields": [{"key": "range", "value": "Northern hemisphere"}]}
     assert body["series"] == "Wildlife of the garden"
     assert body["lead"].startswith("The red fox is a small canid")
@@ -215,7 +215,7 @@ def test_sessions_round_trip_through_export_and_import(client):
     store.add(session, question, "assistant", "Under hedges.")  # a regenerated sibling
     exported = client.get("/api/sessions/export", {"path": session.id, "format": "jsonl"}).content
     r = client.post("/api/sessions/import", exported, content_type="application/x-ndjson")
-    assert r.status_code == 200 and r.json()["messageCount"] == 3
+    assert r.status_code == 200 and r.json()["message_count"] == 3
     copy = client.get("/api/sessions/export", {"path": r.json()["path"]}).json()["entries"]
     assert copy[0]["systemPrompt"] == "Be brief." and [e["message"]["content"] for e in copy[1:]] == [
         "Where do foxes sleep?", "In dens.", "Under hedges."]
@@ -241,7 +241,7 @@ def test_hybrid_search_fuses_vectors_when_the_model_embeds(client, vault_root, t
     try:
         assert get(client, "/api/memory/search", q="apples")[1]["mode"] == "fts"  # hybrid is asked for
         code, body = get(client, "/api/memory/search", q="apples", mode="hybrid")
-        assert code == 200 and body["mode"] == "hybrid" and body["pendingEmbeddings"] == 0
+        assert code == 200 and body["mode"] == "hybrid" and body["pending_embeddings"] == 0
         by_name = {s["article"]: s for s in body["summaries"]}
         # Every section is compared by meaning, so articles without the word are ranked too, below the matches.
         assert "Grey Wolf" in by_name and by_name["Grey Wolf"]["occurrences"] == 0

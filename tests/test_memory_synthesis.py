@@ -87,7 +87,7 @@ def test_dry_run_streams_every_stage_and_writes_nothing(synth):
     assert [e["type"] for e in events[-2:]] == ["done", "summary"] and events[-1]["dry"] is True
     assert any("1 chat session(s)" in e.get("message", "") for e in events if e["type"] == "log")
     assert git(vault_root(client), "rev-parse", "HEAD") == before
-    assert client.get("/api/memory/vaults").json()["vaults"][0]["lastSynthesizedAt"] is None
+    assert client.get("/api/memory/vaults").json()["vaults"][0]["last_synthesized_at"] is None
 
 
 def test_synthesis_writes_articles_with_one_commit_per_stage(synth):
@@ -100,7 +100,7 @@ def test_synthesis_writes_articles_with_one_commit_per_stage(synth):
     assert started["ok"] and started["sessions"] == 3
     again = client.post("/api/memory/synthesize", json={})  # one run per vault at a time
     assert again.status_code == 409 and "already" in again.json()["error"]
-    job = wait(client, started["jobId"])
+    job = wait(client, started["job_id"])
     assert job["status"] == "done", job["error"]
     summary = json.loads(job["message"])
     assert summary["created"], summary  # at least one new article
@@ -115,13 +115,13 @@ def test_synthesis_writes_articles_with_one_commit_per_stage(synth):
     listed = client.get("/api/memory/list").json()["articles"]
     assert set(summary["created"]) <= set(listed)
     article = client.get("/api/memory/article", params={"name": summary["created"][0]}).json()
-    assert article["ok"] and "## Sources" in article["content"] and article["infobox"]["entityKind"]
+    assert article["ok"] and "## Sources" in article["content"] and article["infobox"]["entity_kind"]
     found = client.get("/api/memory/search", params={"q": summary["created"][0]}).json()
     assert summary["created"][0] in [s["article"] for s in found["summaries"]]
     vault = client.get("/api/memory/vaults").json()["vaults"][0]
-    assert vault["lastSynthesizedAt"] is not None
+    assert vault["last_synthesized_at"] is not None
     # Nothing new since: the next run reads no sessions and changes nothing.
-    job = wait(client, client.post("/api/memory/synthesize", json={}).json()["jobId"])
+    job = wait(client, client.post("/api/memory/synthesize", json={}).json()["job_id"])
     assert job["status"] == "done" and json.loads(job["message"])["sessions"] == 0
     assert git(root, "rev-parse", "HEAD").strip() == commits[-1].split()[0]
 
@@ -130,7 +130,7 @@ def test_a_killed_synthesis_leaves_the_vault_at_its_last_good_commit(synth):
     client, home = synth
     add_session(client, "Bees", [("We keep two bee hives by the orchard.", "Bees like the apple blossom.")])
     root = vault_root(client)
-    job_id = client.post("/api/memory/synthesize", json={}).json()["jobId"]
+    job_id = client.post("/api/memory/synthesize", json={}).json()["job_id"]
     log_path = Path(client.get(f"/api/jobs/{job_id}").json()["job"]["log_path"])
     deadline, landed = time.monotonic() + 600, None
     while landed is None and time.monotonic() < deadline:
@@ -149,7 +149,7 @@ def test_a_killed_synthesis_leaves_the_vault_at_its_last_good_commit(synth):
     assert git(root, "rev-parse", "HEAD").strip() == landed["hash"]
     assert git(root, "log", "-1", "--format=%s").startswith(f"Synthesis {landed['stage']}: ")
     # The next run clears what the killed one left and finishes; the session is read again.
-    job = wait(client, client.post("/api/memory/synthesize", json={}).json()["jobId"])
+    job = wait(client, client.post("/api/memory/synthesize", json={}).json()["job_id"])
     assert job["status"] == "done", job["error"]
     assert json.loads(job["message"])["sessions"] == 1
     assert git(root, "status", "--porcelain") == "" and len(git(root, "worktree", "list").splitlines()) == 1

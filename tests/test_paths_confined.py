@@ -430,7 +430,7 @@ def test_a_fifo_in_a_memory_vault_is_never_opened(confined, tmp_path):
         links = httpx.get(url + "/api/memory/links", params={**q, "name": "Real"}, timeout=10).json()
         assert links["outbound"] == ["x"] and links["missing"] == ["x"], links
         status = httpx.get(url + "/api/memory/status", params=q, timeout=10).json()
-        assert status["status"]["articleCount"] == 1
+        assert status["status"]["article_count"] == 1
     finally:
         _unblock(*fifos)
 

@@ -147,10 +147,10 @@ def test_settings_routes_list_and_revoke(django_ready, client, approvals):
 
     listed = client.get(route).json()
     assert listed["ok"] is True and listed["sessions"] == [
-        {"sessionId": two.id, "title": "second chat", "alwaysAllow": ["edit"]},
-        {"sessionId": one.id, "title": "first chat", "alwaysAllow": ["bash", "write"]}]
-    assert client.get(route, {"sessionId": one.id}).json()["sessions"] == [listed["sessions"][1]]
-    missing = client.get(route, {"sessionId": "nope"})
+        {"session_id": two.id, "title": "second chat", "always_allow": ["edit"]},
+        {"session_id": one.id, "title": "first chat", "always_allow": ["bash", "write"]}]
+    assert client.get(route, {"session_id": one.id}).json()["sessions"] == [listed["sessions"][1]]
+    missing = client.get(route, {"session_id": "nope"})
     assert missing.status_code == 404 and missing.json() == {"ok": False, "error": "no session nope"}
 
     def delete(body, **kw):
@@ -158,16 +158,16 @@ def test_settings_routes_list_and_revoke(django_ready, client, approvals):
         return client.delete(route, raw, content_type="application/json", **kw)
 
     for body, status in (("{not json", 400), (b"\xff", 400), ([1], 400), ({"tool": "bash"}, 400),
-                         ({"sessionId": one.id}, 400), ({"sessionId": one.id, "tool": 3}, 400),
-                         ({"sessionId": "nope", "tool": "bash"}, 404), ({"sessionId": two.id, "tool": "bash"}, 404)):
+                         ({"session_id": one.id}, 400), ({"session_id": one.id, "tool": 3}, 400),
+                         ({"session_id": "nope", "tool": "bash"}, 404), ({"session_id": two.id, "tool": "bash"}, 404)):
         answer = delete(body)
         assert answer.status_code == status, (body, answer.content)
         assert answer.json()["ok"] is False and answer.json()["error"], body
-    done = delete({"sessionId": one.id, "tool": "bash"})
-    assert done.status_code == 200 and done.json() == {"ok": True, "sessionId": one.id, "alwaysAllow": ["write"]}
+    done = delete({"session_id": one.id, "tool": "bash"})
+    assert done.status_code == 200 and done.json() == {"ok": True, "session_id": one.id, "always_allow": ["write"]}
     assert ToolApproval.objects.filter(session=two).count() == 1  # the other session keeps its own
     two.delete()
-    assert [s["sessionId"] for s in client.get(route).json()["sessions"]] == [one.id]
+    assert [s["session_id"] for s in client.get(route).json()["sessions"]] == [one.id]
 
 
 def test_coding_tools_need_loopback_or_sign_in(engine, workspace, steer, approvals, monkeypatch):

@@ -200,8 +200,8 @@ export function chatPage(main) {
       const r = await api(`/api/sessions/search?q=${encodeURIComponent(q)}`);
       hits.replaceChildren(...r.results.flatMap((res) => res.matches.slice(0, 3).map((m) => {
         const [a, b] = m.ranges[0];
-        return h("button", { type: "button", onclick: () => frame({ type: "open_session", path: res.sessionPath }) },
-          h("div", { class: "small" }, h("strong", {}, res.sessionTitle)),
+        return h("button", { type: "button", onclick: () => frame({ type: "open_session", path: res.session_path }) },
+          h("div", { class: "small" }, h("strong", {}, res.session_title)),
           h("span", { class: "muted" }, m.snippet.slice(0, a)), h("mark", {}, m.snippet.slice(a, b)),
           h("span", { class: "muted" }, m.snippet.slice(b)));
       })));

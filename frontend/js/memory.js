@@ -129,10 +129,10 @@ async function homeView(page, off) {
 }
 
 function showStatus(el, s, vault, root) {
-  const when = vault?.lastSynthesizedAt || s.lastSynthesizedAt;
+  const when = vault?.last_synthesized_at;
   el.replaceChildren(
-    h("strong", {}, `${s.articleCount ?? 0} articles`), h("span", {}, `${s.referenceCount ?? 0} reference docs`),
-    s.isGitRepo ? h("span", { class: "badge ok" }, "git") : h("span", { class: "badge warn" }, "no git"),
+    h("strong", {}, `${s.article_count ?? 0} articles`), h("span", {}, `${s.reference_count ?? 0} reference docs`),
+    s.is_git_repo ? h("span", { class: "badge ok" }, "git") : h("span", { class: "badge warn" }, "no git"),
     h("span", {}, `last synthesized ${when ? new Date(when).toLocaleString() : "never"}`),
     h("code", { class: "mem-root" }, s.root || vault?.root || root || ""));
 }
@@ -150,7 +150,7 @@ function consent(page, title, status, off) {
       const r = await api("/api/memory/init", { json: body });
       const made = r.vault?.name || body.name;
       if (made) localStorage.setItem(VAULT_KEY, made); else localStorage.removeItem(VAULT_KEY);
-      toast(r.result?.alreadySetUp ? "The vault was already set up" : `Vault created at ${r.result?.root || r.status?.root}`);
+      toast(r.result?.already_set_up ? "The vault was already set up" : `Vault created at ${r.result?.root || r.status?.root}`);
       page.replaceChildren(); homeView(page, off);
     } catch (e) { error.textContent = e.message; create.disabled = false; }
   } }, "Create vault");
@@ -223,7 +223,7 @@ function synthPanel(onDone) {
     notify();
     try {
       const r = await api("/api/memory/synthesize", { json: { vault: vaultName() || undefined, dry: isDry } });
-      follow(r.jobId);
+      follow(r.job_id);
     } catch (e) { run.status = "failed"; run.error = e.message; notify(true); }
   }
   return { el, stop: () => listeners.delete(listener) };
@@ -372,7 +372,7 @@ async function articleView(page, name, anchor, line, off) {
     const entries = r.entries || [];
     if (!r.ok || !entries.length) {
       hist.replaceChildren(h("h2", {}, "History"), h("p", { class: "muted small" },
-        r.ok ? (r.isGitRepo === false ? "The vault is not a git repository." : "No commits yet.") : r.error || "No history."));
+        r.ok ? (r.is_git_repo === false ? "The vault is not a git repository." : "No commits yet.") : r.error || "No history."));
       return;
     }
     hist.replaceChildren(h("h2", {}, "History"), h("ul", { class: "mem-commits" }, ...entries.map((c) => {
@@ -470,7 +470,7 @@ function tagHeadings(body, structure) {
 }
 
 function infobox(box, name) {
-  const kind = [box.type, box.entityKind].filter(Boolean).join(" · ");
+  const kind = [box.type, box.entity_kind].filter(Boolean).join(" · ");
   return h("section", { class: "card mem-infobox", "aria-label": "Infobox" },
     h("div", { class: "mem-infobox-head" }, h("strong", {}, name), kind ? h("span", { class: "muted small" }, kind) : ""),
     (box.fields || []).length ? h("table", {}, h("tbody", {}, ...box.fields.map((f) => h("tr", {},

@@ -20,18 +20,18 @@ export function settingsPage(main) {
       approvals)));
   async function load() {
     const t = await api("/api/settings/hf-token");
-    tokenState.textContent = t.hasToken ? "A token is saved." : "No token saved.";
+    tokenState.textContent = t.has_token ? "A token is saved." : "No token saved.";
     const a = await api("/api/settings/tool-approvals");
     const revoke = async (sessionId, tool) => {
-      try { await api("/api/settings/tool-approvals", { method: "DELETE", json: { sessionId, tool } }); toast(`${tool} will ask again`); }
+      try { await api("/api/settings/tool-approvals", { method: "DELETE", json: { session_id: sessionId, tool } }); toast(`${tool} will ask again`); }
       catch (err) { toast(err.message); }
       load().catch((e) => toast(e.message));
     };
     approvals.replaceChildren(a.sessions.length ? h("ul", { class: "approvals-list" }, ...a.sessions.map((s) => h("li", {},
-      h("span", { class: "title" }, s.title), h("span", { class: "muted small" }, s.sessionId),
-      h("span", { class: "allowed" }, ...s.alwaysAllow.map((tool) => h("span", { class: "badge" }, tool,
+      h("span", { class: "title" }, s.title), h("span", { class: "muted small" }, s.session_id),
+      h("span", { class: "allowed" }, ...s.always_allow.map((tool) => h("span", { class: "badge" }, tool,
         h("button", { type: "button", class: "revoke", title: `Ask again before ${tool} runs in “${s.title}”`,
-          "aria-label": `Revoke ${tool} in ${s.title}`, onclick: () => revoke(s.sessionId, tool) }, "×")))))))
+          "aria-label": `Revoke ${tool} in ${s.title}`, onclick: () => revoke(s.session_id, tool) }, "×")))))))
       : h("p", { class: "muted small" }, "None. Approving a tool with “Always allow” in a chat adds it here, for that chat."));
   }
   load().catch((e) => toast(e.message));

@@ -368,8 +368,8 @@ def _index_page(root: Path) -> None:
     groups: dict[str, list[str]] = {}
     for name in vault.articles(root):
         text = (root / vault.ARTICLES / f"{name}.md").read_text(encoding="utf-8", errors="replace")
-        box = vault.infobox(vault.split_front_matter(text)[0]) or {"entityKind": "thing"}
-        groups.setdefault(box["entityKind"], []).append(name)
+        box = vault.infobox(vault.split_front_matter(text)[0]) or {"entity_kind": "thing"}
+        groups.setdefault(box["entity_kind"], []).append(name)
     lines = ["# Index", "", "Every article in this vault, by kind (written by synthesis).", ""]
     for kind in vault.KINDS:
         if groups.get(kind):

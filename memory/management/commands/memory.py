@@ -46,7 +46,7 @@ class Command(BaseCommand):
 
     def _init(self, path=None, name=None, **_):
         row, result = service.init(str(Path(path).absolute()) if path else None, name)
-        state = "already set up" if result["alreadySetUp"] else "set up"
+        state = "already set up" if result["already_set_up"] else "set up"
         self.stdout.write(f"vault {row.name!r} {state} at {row.root}" +
                           (f" (created: {', '.join(result['created'])})" if result["created"] else ""))
 
