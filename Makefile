@@ -1,4 +1,4 @@
-# Hearth: `make serve` starts the platform on the demo model, `make test` runs the suite.
+# Hearth: `make serve` starts the platform on the demo model, `make test` lints, type-checks and runs the suite.
 # Both create .venv and install everything they need on a fresh machine.
 PYTHON ?= python3
 VENV := .venv
@@ -51,11 +51,14 @@ serve: deps blas git
 	$(BIN)/hearth make-demo-model
 	$(BIN)/hearth serve --host $(HOST) --port $(PORT)
 
-test: deps blas browser git
+# Lint and type check first: the suite runs only on a clean tree.
+test: deps blas browser git lint
 	HF_HUB_OFFLINE=1 $(BIN)/pytest -q tests
 
+# ruff over everything; mypy over the files [tool.mypy] names (core, the engine, protocols and routes).
 lint: deps
 	$(BIN)/ruff check .
+	$(BIN)/mypy
 
 bench: deps blas
 	$(BIN)/python bench/decode.py

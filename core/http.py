@@ -13,6 +13,7 @@ ANTHROPIC_TYPES = {413: "request_too_large", 408: "timeout_error", 429: "rate_li
 
 
 def error_body(path: str, status: int, message: str, code: str) -> bytes:
+    body: dict[str, object]
     if path.startswith("/v1/messages"):
         body = {"type": "error", "error": {"type": ANTHROPIC_TYPES.get(status, "invalid_request_error"),
                                            "message": message}}

@@ -18,7 +18,12 @@ Refusals come in the shape of the route they were sent to: OpenAI's on
 No Django here, and no imports of the project's apps."""
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Protocol, cast
+
 from daphne.http_protocol import HTTPFactory, WebRequest
+from twisted.internet.protocol import connectionDone
+from twisted.python.failure import Failure
 from twisted.web import http
 
 from core.http import error_body
@@ -27,21 +32,38 @@ from core.limits import current as current_limits
 LINGER_S = 5.0  # after a refusal, how long the rest of a body may still arrive before the connection is cut
 
 
+class _Timer(Protocol):
+    def active(self) -> bool: ...
+
+    def cancel(self) -> None: ...
+
+
+class _Clock(Protocol):
+    def callLater(self, delay: float, fn: Callable[..., object], *args: object) -> _Timer: ...
+
+
+def _clock() -> _Clock:
+    """The running reactor, as the timer source this module uses. Twisted
+    types it with zope interfaces, whose methods mypy reads right only
+    through the mypy-zope plugin."""
+    from twisted.internet import reactor
+
+    return cast(_Clock, reactor)
+
+
 def _refuse(channel, status: int, reason: bytes, message: str, code: str) -> None:
     """Write a complete answer and close: nothing more is read into memory."""
     path = (getattr(channel, "_path", b"") or b"/").split(b"?", 1)[0].decode("latin-1")
     body = error_body(path, status, message, code)
     head = (f"HTTP/1.1 {status} ".encode() + reason + b"\r\nContent-Type: application/json\r\n"
             + f"Content-Length: {len(body)}\r\n".encode() + b"Connection: close\r\n\r\n")
-    from twisted.internet import reactor
-
     channel.refused = True
     if isinstance(channel, GuardedChannel):
         channel._disarm()  # this answer is the last on the connection: no 408 after it
     transport = channel.transport
     transport.write(head + body)
     transport.loseWriteConnection() if hasattr(transport, "loseWriteConnection") else transport.loseConnection()
-    reactor.callLater(LINGER_S, lambda: transport.connected and transport.abortConnection())
+    _clock().callLater(LINGER_S, lambda: transport.connected and transport.abortConnection())
 
 
 class GuardedRequest(WebRequest):
@@ -73,10 +95,11 @@ class GuardedRequest(WebRequest):
 
 class GuardedChannel(http.HTTPChannel):
     refused = False
-    _deadline = None
+    _deadline: _Timer | None = None
 
     def connectionMade(self):
-        self.timeOut = current_limits().idle_timeout_s
+        # Twisted annotates timeOut as int; its timers take float seconds.
+        self.timeOut = current_limits().idle_timeout_s  # type: ignore[assignment]
         super().connectionMade()
 
     def dataReceived(self, data):
@@ -96,15 +119,13 @@ class GuardedChannel(http.HTTPChannel):
         if not self.refused:
             super().allContentReceived()
 
-    def connectionLost(self, reason):
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
         self._disarm()
         super().connectionLost(reason)
 
     def _arm(self, seconds: float, what: str) -> None:
-        from twisted.internet import reactor
-
         self._disarm()
-        self._deadline = reactor.callLater(seconds, self._too_slow, seconds, what)
+        self._deadline = _clock().callLater(seconds, self._too_slow, seconds, what)
 
     def _disarm(self) -> None:
         if self._deadline is not None and self._deadline.active():

@@ -1,13 +1,16 @@
 """Strict JSON for request bodies and socket frames: only what RFC 8259
 allows (no NaN or Infinity, which Python's parser accepts and which no
 sampler can use), nested at most `max_depth` levels, so a hostile document
-is a clear refusal instead of a RecursionError deep in a handler.
+is a clear refusal instead of a RecursionError deep in a handler. A string
+may not hold an unpaired UTF-16 surrogate (`"\\ud800"` parses, but is no
+character: it cannot be encoded as UTF-8, tokenized or written to a file).
 
 No Django here, and no imports of the project's apps."""
 from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any
 
 from core.limits import DEFAULT
@@ -32,6 +35,9 @@ def _finite(text: str) -> float:
     return value
 
 
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
+
+
 def depth(value: Any) -> int:
     """How deeply arrays and objects nest in `value` (a scalar is 0)."""
     deepest, stack = 0, [(value, 1)]
@@ -43,6 +49,23 @@ def depth(value: Any) -> int:
         deepest = max(deepest, level)
         stack.extend((child, level + 1) for child in children if isinstance(child, (dict, list)))
     return deepest
+
+
+def _holds_surrogate(value: Any) -> bool:
+    """Whether a string in `value`, a key or a value, holds a lone surrogate
+    (an escaped pair such as `"\\ud83d\\ude00"` parses to one character)."""
+    stack = [value]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, str):
+            if _SURROGATE.search(node):
+                return True
+        elif isinstance(node, dict):
+            stack.extend(node)
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return False
 
 
 def load_object(data: bytes | str, max_depth: int = DEFAULT.max_json_depth, what: str = "JSON body") -> dict:
@@ -65,4 +88,7 @@ def loads(data: bytes | str, max_depth: int = DEFAULT.max_json_depth, what: str 
         raise JsonRefused(f"invalid {what}") from None
     if depth(value) > max_depth:
         raise JsonRefused(f"invalid {what}: nested more than {max_depth} levels deep")
+    if _holds_surrogate(value):
+        raise JsonRefused(f"invalid {what}: a string holds an unpaired surrogate (\\ud800-\\udfff), "
+                          "which is not a character")
     return value

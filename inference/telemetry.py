@@ -3,14 +3,18 @@ cache and SSD tier, admission limits and HTTP traffic."""
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from core import limits
-from inference.engine import loader
+from inference.engine import lanes, loader
 from inference.engine.engine import MAX_QUEUED, TRANSIENT_RESERVE, Engine
 from inference.engine.metrics import REGISTRY
+
+if TYPE_CHECKING:
+    from inference.runtime import Runtime
 
 HTTP_REQUESTS = Counter("hearth_http_requests", "HTTP answers by route, method and status",
                         ["route", "method", "status"], registry=REGISTRY)
@@ -21,7 +25,7 @@ def count_request(route: str, method: str, status: int) -> None:
 
 
 # -- /stats --------------------------------------------------------------
-def stats_body(runtime) -> dict:
+def stats_body(runtime: Runtime) -> dict:
     body = _engine_stats(runtime)
     body["access"] = {"api_key_required": bool(runtime.api_keys), "cors_origins": sorted(runtime.cors_origins),
                       "insecure_no_auth": runtime.insecure_no_auth}
@@ -30,19 +34,19 @@ def stats_body(runtime) -> dict:
     return body
 
 
-def _engine_stats(runtime) -> dict:
+def _engine_stats(runtime: Runtime) -> dict:
     engine = runtime.engine
     body: dict = {"server": {"owner": "serve", "model": None, "started_at": runtime.started_at,
                              "draining": runtime.draining}, "response_store": runtime.responses.stats()}
-    if engine is None or engine.loaded is None:
+    if engine is None or engine.loaded is None or engine.cache is None:  # not loaded, or still setting up
         return body
     model = engine.loaded
     body["server"]["model"] = model.model_id
     body["prompt_cache"] = engine.cache.stats()
-    body["kv_quant"] = _kv_quant(engine)
+    body["kv_quant"] = _kv_quant(engine, model)
     if engine.ssd is not None:
         body["ssd_cache"] = engine.ssd.stats()
-    body["admission"] = _admission(engine)
+    body["admission"] = _admission(engine, model)
     body["batch"] = _batch(engine)
     adapters = model.adapters
     body["adapters"] = {"mounted": sorted(adapters.ids()), "default": "+".join(adapters.default) or None,
@@ -71,8 +75,8 @@ def _mlx_memory() -> dict:
             "peak_bytes": mx.get_peak_memory()}
 
 
-def _kv_quant(engine: Engine) -> dict:
-    model, bits = engine.loaded, engine.config.kv_quant
+def _kv_quant(engine: Engine, model: loader.LoadedModel) -> dict:
+    bits = engine.config.kv_quant
     layers = int(model.config.get("num_hidden_layers") or model.config.get("text_config", {})
                  .get("num_hidden_layers") or 0)
     if bits:
@@ -81,11 +85,12 @@ def _kv_quant(engine: Engine) -> dict:
     else:
         name = mode = "bf16" if "bfloat16" in model.dtype else model.dtype
     return {"mode": mode, "layers": {name: layers}, "attention": {"global": layers, "sliding_window": 0},
-            "recurrent_layers": 0, "group_size": engine.lane.kv_group if bits else None}
+            "recurrent_layers": 0,
+            # a quantized KV cache runs on the serial lane
+            "group_size": engine.lane.kv_group if bits and isinstance(engine.lane, lanes.SerialLane) else None}
 
 
-def _admission(engine: Engine) -> dict:
-    model = engine.loaded
+def _admission(engine: Engine, model: loader.LoadedModel) -> dict:
     usable = loader.memory_budget()
     per_token = model.kv_bytes_per_token
     safe = max((usable - model.weights_bytes - TRANSIENT_RESERVE) // per_token, 0) if per_token and usable else 0
@@ -111,11 +116,11 @@ class _EngineCollector:
     """Gauges and counters read from the engine at scrape time, so they
     agree with /stats."""
 
-    runtime = None  # the runtime of the scrape under way (render_metrics)
+    runtime: Runtime | None = None  # the runtime of the scrape under way (render_metrics)
 
     def collect(self):
         engine = self.runtime.engine if self.runtime is not None else None
-        if engine is None or engine.loaded is None:
+        if engine is None or engine.loaded is None or engine.cache is None:  # not loaded, or still setting up
             return
         yield GaugeMetricFamily("hearth_queue_depth", "Requests waiting for a row", value=engine.queued)
         yield GaugeMetricFamily("hearth_active_rows", "Rows decoding or prefilling", value=engine.active_rows)
@@ -141,6 +146,6 @@ _COLLECTOR = _EngineCollector()
 REGISTRY.register(_COLLECTOR)
 
 
-def render_metrics(runtime) -> tuple[bytes, str]:
+def render_metrics(runtime: Runtime) -> tuple[bytes, str]:
     _COLLECTOR.runtime = runtime
     return generate_latest(REGISTRY), CONTENT_TYPE_LATEST

@@ -22,6 +22,7 @@ import re
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from core.paths import TRAINING_MARKER, PathRefused, read_json, regular_file
 from inference.engine.errors import EngineError
@@ -152,7 +153,7 @@ class AdapterManager:
         self.active: tuple[Adapter, ...] = ()  # read by every slot on each forward
         self.default: tuple[str, ...] = ()  # the set a request without `adapter` gets
         self._generation = 0
-        self._slots: dict[str, object] = {}
+        self._slots: dict[str, Any] = {}  # module path -> its _Slot (a class made at run time)
         self._lock = threading.Lock()
         self._Slot = _slot_class()
 
@@ -223,6 +224,8 @@ class AdapterManager:
             tensors = mx.load(str(weights))
         except Exception as exc:
             raise AdapterError(f"{weights} cannot be read: {exc}") from None
+        if not isinstance(tensors, dict):  # mx.load answers a dict for a .safetensors file
+            raise AdapterError(f"{weights} holds no named tensors")
         layers = self._validate(tensors, root)
         rank, scale = _lora_numbers(config, root / "adapter_config.json", next(iter(layers.values()))[0].shape[1])
         mx.eval([list(pair) for pair in layers.values()])

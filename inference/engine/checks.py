@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from typing import Any
 
 from inference.engine.errors import InvalidRequest
 from inference.engine.types import GenerationRequest
@@ -62,7 +63,7 @@ def check(req: GenerationRequest, vocab_size: int, context_window: int | None) -
         value = getattr(lp, name)
         if value is not None:
             finite(name, value, 0.0 if name == "repetition_penalty" else -MAX_PENALTY, MAX_PENALTY)
-    windows = {}
+    windows: dict[str, Any] = {}  # the *_context_size fields to clamp, passed to replace() by name
     for name in ("repetition_context_size", "presence_context_size", "frequency_context_size"):
         value = getattr(lp, name)
         integer(name, value, 0, MAX_WINDOW)

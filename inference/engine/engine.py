@@ -34,12 +34,13 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from inference.engine import checks, lanes, loader, metrics
-from inference.engine.adapters import AdapterError, AdapterManager
+from inference.engine.adapters import Adapter, AdapterError, AdapterManager
 from inference.engine.errors import (
     ContextLengthExceeded,
     ContextOverBudget,
@@ -50,7 +51,10 @@ from inference.engine.errors import (
 )
 from inference.engine.prompt_cache import PromptCache
 from inference.engine.rows import Generation, Row
-from inference.engine.types import GenerationEvent, GenerationRequest
+from inference.engine.types import EventStream, GenerationEvent, GenerationRequest
+
+if TYPE_CHECKING:
+    from inference.engine.ssd_cache import SSDCache
 
 log = logging.getLogger("hearth.engine")
 
@@ -90,7 +94,7 @@ class Submission:
     def __init__(self, generation: Generation):
         self._gen = generation
 
-    async def events(self) -> AsyncIterator[GenerationEvent]:
+    async def events(self) -> EventStream:
         try:
             while True:
                 event = await self._gen.events.get()
@@ -106,7 +110,9 @@ class Submission:
 
 class _Call:
     def __init__(self, fn: Callable):
-        self.fn, self.done, self.result, self.error = fn, threading.Event(), None, None
+        self.fn, self.done = fn, threading.Event()
+        self.result: Any = None
+        self.error: Exception | None = None
 
 
 class Engine:
@@ -116,10 +122,10 @@ class Engine:
         self.loaded: loader.LoadedModel | None = None
         self.stats = EngineStats()
         self.cache: PromptCache | None = None
-        self.ssd = None
-        self.lane = None
+        self.ssd: SSDCache | None = None
+        self.lane: lanes.Lane | None = None
         self.adapters: AdapterManager | None = None
-        self._group: tuple = ()  # the adapters of the running rows
+        self._group: tuple[Adapter, ...] = ()  # the adapters of the running rows
         self.mode = "off"  # "off" | "serial" | "batch", as /stats reports it
         self.serial_reason: str | None = None
         self.enforced_context: int | None = None
@@ -224,7 +230,7 @@ class Engine:
     @property
     def kv_bytes(self) -> int:
         """Projected KV bytes of the running rows at their token limits."""
-        if self.lane is None:
+        if self.lane is None or self.loaded is None:
             return 0
         window = self.loaded.context_window or 1 << 30
         per_token = self.loaded.kv_bytes_per_token
@@ -235,6 +241,33 @@ class Engine:
         return bool(self.active_rows or self.queued)
 
     # -- engine thread ---------------------------------------------------
+    # The model, lane, adapters and prompt cache exist once _setup has run,
+    # before any work reaches the thread; these read them, typed as present.
+    @property
+    def loaded_model(self) -> loader.LoadedModel:
+        """`loaded`, for callers that hold a started engine (any thread)."""
+        if self.loaded is None:
+            raise EngineError("the model is not loaded")
+        return self.loaded
+
+    @property
+    def _lane(self) -> lanes.Lane:
+        if self.lane is None:
+            raise EngineError("the engine is not set up")
+        return self.lane
+
+    @property
+    def _adapters(self) -> AdapterManager:
+        if self.adapters is None:
+            raise EngineError("the engine is not set up")
+        return self.adapters
+
+    @property
+    def _cache(self) -> PromptCache:
+        if self.cache is None:
+            raise EngineError("the engine is not set up")
+        return self.cache
+
     def _run(self) -> None:
         try:
             self.loaded = loader.load(self.model_ref, keep_dtype=self.config.keep_dtype)
@@ -262,7 +295,7 @@ class Engine:
     def _setup(self) -> None:
         from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
 
-        cfg, model = self.config, self.loaded
+        cfg, model = self.config, self.loaded_model
         sample = make_prompt_cache(model.model)
         if cfg.batch <= 1:
             self.mode = "off"
@@ -272,10 +305,12 @@ class Engine:
             self.mode, self.serial_reason = "serial", "this model's cache type cannot be batched"
         else:
             self.mode = "batch"
+        lane: lanes.Lane
         if self.mode == "batch":
-            self.lane = lanes.BatchLane(model, cfg.batch, cfg.prefill_chunk)
+            lane = lanes.BatchLane(model, cfg.batch, cfg.prefill_chunk)
         else:
-            self.lane = lanes.SerialLane(model, cfg.kv_quant, self._kv_group())
+            lane = lanes.SerialLane(model, cfg.kv_quant, self._kv_group())
+        self.lane = lane
         if cfg.ssd_cache:
             from inference.engine.ssd_cache import SSDCache
 
@@ -283,7 +318,7 @@ class Engine:
         self.cache = PromptCache(cfg.prompt_cache_bytes, self.ssd, trimmable=can_trim_prompt_cache(sample))
         self.adapters = model.adapters
         self.enforced_context = self._enforced_context()
-        log.info("engine: lane %s (batch %d%s), prompt cache %d MiB%s", self.lane.name, cfg.batch,
+        log.info("engine: lane %s (batch %d%s), prompt cache %d MiB%s", lane.name, cfg.batch,
                  f"; serial because {self.serial_reason}" if self.serial_reason else "",
                  cfg.prompt_cache_bytes >> 20, f", ssd tier {self.ssd.dir}" if self.ssd else "")
 
@@ -292,7 +327,7 @@ class Engine:
         64 or 128 along the head dimension, which must divide it."""
         if not self.config.kv_quant:
             return 64
-        head_dim = self.loaded.head_dim
+        head_dim = self.loaded_model.head_dim
         for group in (64, 32):
             if head_dim and head_dim % group == 0:
                 return group
@@ -300,7 +335,7 @@ class Engine:
 
     def _namespace(self) -> str:
         """SSD entries are only valid for the same weights, dtype and KV format."""
-        m = self.loaded
+        m = self.loaded_model
         ident = f"{m.path}|{m.dtype}|kv{self.config.kv_quant or 0}"
         return hashlib.sha1(ident.encode()).hexdigest()[:16]
 
@@ -309,8 +344,8 @@ class Engine:
         if self.config.max_context:
             caps.append(self.config.max_context)
         if self.config.memory_budget is not None:
-            per_token = self.loaded.kv_bytes_per_token or 1
-            room = self.config.memory_budget - self.loaded.weights_bytes - TRANSIENT_RESERVE
+            per_token = self.loaded_model.kv_bytes_per_token or 1
+            room = self.config.memory_budget - self.loaded_model.weights_bytes - TRANSIENT_RESERVE
             caps.append(max(room // per_token, 0))
         return min(caps) if caps else None
 
@@ -345,29 +380,30 @@ class Engine:
             self._waiting = kept
 
     def _admit(self) -> None:
-        while self._waiting and self.lane.active < self.lane.capacity:
+        lane, adapters = self._lane, self._adapters
+        while self._waiting and lane.active < lane.capacity:
             gen = self._waiting[0]
             req = gen.request
-            group = None
+            group: tuple[Adapter, ...] = ()  # read only once resolved: an aborted request is passed over
             if not gen.aborted.is_set():
                 try:
-                    group = self.adapters.resolve(req.adapters)
+                    group = adapters.resolve(req.adapters)
                 except AdapterError as exc:  # unmounted while it waited
                     gen.emit(GenerationEvent(error=str(exc), error_status=exc.status, error_param=exc.param))
                     gen.aborted.set()
                 else:
-                    if self.lane.active and group != self._group:
+                    if lane.active and group != self._group:
                         return  # runs once the current group has finished
             self._waiting.popleft()
             with self._count_lock:
                 self._waiting_n -= 1
             if gen.aborted.is_set():
                 continue
-            if not self.lane.active and group != self._group:
+            if not lane.active and group != self._group:
                 self._group = group
-                self.adapters.activate(group)
-            row = Row(gen, self.loaded, self._limit(req), 0, self.lane.name)
-            row.ns, row.adapters = self.adapters.namespace(group), group
+                adapters.activate(group)
+            row = Row(gen, self.loaded_model, self._limit(req), 0, lane.name)
+            row.ns, row.adapters = adapters.namespace(group), group
             self.stats.submitted_rows += 1
             self.stats.prompt_tokens_total += len(req.prompt_tokens)
             metrics.PROMPT_TOKENS.inc(len(req.prompt_tokens))
@@ -377,7 +413,7 @@ class Engine:
         """Put a row on the lane from the longest cached prefix of its context."""
         tokens = row.context()
         try:
-            cache, cached = self.cache.lookup(tokens, row.req.session, row.ns)
+            cache, cached = self._cache.lookup(tokens, row.req.session, row.ns)
         except Exception:
             log.exception("prompt cache lookup failed; prefilling request %s in full", row.req.id)
             cache, cached = None, 0
@@ -386,26 +422,27 @@ class Engine:
             self.stats.cached_tokens_total += cached
             metrics.CACHED_TOKENS.inc(cached)
         try:
-            self.lane.add(row, cache, cached)
+            self._lane.add(row, cache, cached)
         except Exception as exc:
             log.exception("could not start request %s", row.req.id)
             row.fail(lanes.fault_message(exc))
 
     def _step(self) -> None:
+        lane = self._lane
         try:
-            published = self.lane.step()
+            published = lane.step()
         except Exception as exc:
             self._recover(exc)
             return
-        self.stats.failed_rows += self.lane.take_faults()
+        self.stats.failed_rows += lane.take_faults()
         for tokens, cache, row in published:
             self.stats.generated_tokens_total += row.count
             if row.decode_tps:
                 self.stats.last_decode_tps = row.decode_tps
-            if cache is None or not self.adapters.current(row.adapters):
+            if tokens is None or cache is None or not self._adapters.current(row.adapters):
                 continue  # nothing, or KV from adapter weights that are gone
             try:
-                self.cache.publish(tokens, cache, row.req.session, row.ns)
+                self._cache.publish(tokens, cache, row.req.session, row.ns)
             except Exception:
                 log.exception("prompt cache: could not keep the cache of request %s", row.req.id)
 
@@ -414,9 +451,9 @@ class Engine:
         are ended with the error and the others go on, on a fresh lane, from
         what they had generated. When no row can be blamed, every row goes on
         once; a second such failure ends the rows it already restarted."""
-        rows = self.lane.all_rows()
+        rows = self._lane.all_rows()
         self.stats.failed_steps += 1
-        suspects = [row for row in rows if lanes.suspect(row, self.loaded)]
+        suspects = [row for row in rows if lanes.suspect(row, self.loaded_model)]
         ended = suspects or [row for row in rows if row.restarts]
         log.error("decode step failed (%s: %s); ending %d of %d rows", type(exc).__name__, exc, len(ended), len(rows))
         self._reset_lane()
@@ -433,15 +470,15 @@ class Engine:
 
     def _reset_lane(self) -> None:
         if isinstance(self.lane, lanes.BatchLane):
-            self.lane = lanes.BatchLane(self.loaded, self.config.batch, self.config.prefill_chunk)
+            self.lane = lanes.BatchLane(self.loaded_model, self.config.batch, self.config.prefill_chunk)
         else:
-            self.lane = lanes.SerialLane(self.loaded, self.config.kv_quant, self._kv_group())
+            self.lane = lanes.SerialLane(self.loaded_model, self.config.kv_quant, self._kv_group())
 
     def _limit(self, req: GenerationRequest) -> int:
         """The request's cap, bounded by the context window and the operator cap."""
         n = len(req.prompt_tokens)
         caps = [req.max_tokens] if req.max_tokens is not None else []
-        window = self.loaded.context_window
+        window = self.loaded_model.context_window
         if window:
             caps.append(max(window - n, 1))
         if self.enforced_context is not None:
@@ -450,7 +487,8 @@ class Engine:
 
     def _shutdown(self) -> None:
         message = "server is shutting down"
-        self.lane.fail_all(message)
+        if self.lane is not None:
+            self.lane.fail_all(message)
         while self._waiting:
             self._waiting.popleft().emit(GenerationEvent(error=message))
         while True:  # work that arrived after the stop marker
@@ -472,18 +510,21 @@ class Engine:
     def mount_adapter(self, adapter_id: str, path: str, make_default: bool = False, timeout: float = 120.0) -> dict:
         """Mount (or replace) a LoRA adapter between forward passes."""
         def mount():
-            old = self.adapters.mounted.get(adapter_id)
-            result = self.adapters.mount(adapter_id, path, make_default)  # includes the resolved path
+            adapters = self._adapters
+            old = adapters.mounted.get(adapter_id)
+            result = adapters.mount(adapter_id, path, make_default)  # includes the resolved path
             if old is not None:
-                self.cache.forget_adapter(self.adapters.namespace((old,)))
+                self._cache.forget_adapter(adapters.namespace((old,)))
             return result
         return self.call(mount, timeout)
 
     def unmount_adapter(self, adapter_id: str) -> dict:
         def unmount():
-            old = self.adapters.mounted.get(adapter_id)
-            result = self.adapters.unmount(adapter_id)  # raises AdapterNotMounted
-            self.cache.forget_adapter(self.adapters.namespace((old,)))
+            adapters = self._adapters
+            old = adapters.mounted.get(adapter_id)
+            result = adapters.unmount(adapter_id)  # raises AdapterNotMounted
+            if old is not None:
+                self._cache.forget_adapter(adapters.namespace((old,)))
             return result
         return self.call(unmount)
 
@@ -496,23 +537,24 @@ class Engine:
         """Write every RAM entry not yet on the SSD tier and wait for the
         writes; (durable, counters) as POST /admin/cache/flush reports them."""
         started = time.perf_counter()
-        if self.ssd is None:
+        ssd = self.ssd
+        if ssd is None:
             return True, {"durable": True, "flushedSnapshots": 0, "missingSnapshots": 0, "pendingSnapshots": 0,
                           "pendingSpills": 0, "pendingSpillBytes": 0, "droppedSpills": 0, "failedSpills": 0,
                           "elapsedMs": 0, "entries": 0, "longest_durable_prefix_tokens": 0}
-        failed_before = self.ssd.stats()["failed_spills"]
+        failed_before = ssd.stats()["failed_spills"]
 
         def enqueue() -> int:
-            pending = self.cache.pending_durability()
+            pending = self._cache.pending_durability()
             for entry in pending:
-                self.ssd.submit(entry, force=True)
+                ssd.submit(entry, force=True)
             return len(pending)
 
         flushed = self.call(enqueue, timeout)
-        self.ssd.wait_idle(max(timeout - (time.perf_counter() - started), 0))
+        ssd.wait_idle(max(timeout - (time.perf_counter() - started), 0))
         # Judged on the entries themselves: a write the size cap undid is not durable.
-        not_durable = self.call(lambda: len(self.cache.pending_durability()), timeout)
-        s = self.ssd.stats()
+        not_durable = self.call(lambda: len(self._cache.pending_durability()), timeout)
+        s = ssd.stats()
         failed = s["failed_spills"] - failed_before
         missing = s["missing_snapshots"] - self._missing_seen  # lost since the last flush
         self._missing_seen = s["missing_snapshots"]

@@ -15,8 +15,12 @@ import threading
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from inference.engine.errors import EngineError
+
+if TYPE_CHECKING:
+    import xgrammar as xgr
 
 
 class GrammarCompileError(ValueError):
@@ -60,7 +64,7 @@ class GrammarCompiler:
 
     def __init__(self, hf_tokenizer, vocab_size: int, stop_ids: list[int], cache_bytes: int = 256 << 20):
         self._args = (hf_tokenizer, vocab_size, stop_ids)
-        self._compiler = None
+        self._compiler: xgr.GrammarCompiler | None = None
         self._cache: OrderedDict[GrammarSpec, tuple[object, int]] = OrderedDict()
         self._inflight: dict[GrammarSpec, Future] = {}
         self._failed: OrderedDict[GrammarSpec, GrammarCompileError] = OrderedDict()
@@ -75,7 +79,7 @@ class GrammarCompiler:
         self._bytes = 0
         self._pending = [0, 0]  # short, long
 
-    def _xgr(self):
+    def _xgr(self) -> xgr.GrammarCompiler:
         import xgrammar as xgr
 
         with self._setup_lock:

@@ -26,23 +26,29 @@ they had generated (`Row.context()`).
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 from inference.engine.rows import Row
 from inference.engine.sampling import make_processors, make_sampler
 
+if TYPE_CHECKING:
+    from inference.engine.loader import LoadedModel
+
 log = logging.getLogger("hearth.engine")
 
-Published = list[tuple[list[int], list, "Row"]]
+# (tokens, cache, row) per ended row; tokens and cache are None when nothing is worth keeping.
+Published = list[tuple[list[int] | None, list | None, Row]]
 
 
-def _special_ids(model) -> list[int]:
+def _special_ids(model: LoadedModel) -> list[int]:
     return model.newline_ids + sorted(model.tokenizer.eos_token_ids)
 
 
 class BatchLane:
     name = "batched"
 
-    def __init__(self, model, size: int, prefill_chunk: int):
+    def __init__(self, model: LoadedModel, size: int, prefill_chunk: int):
         from mlx_lm.generate import BatchGenerator, StopSequences
 
         self.model = model
@@ -141,14 +147,15 @@ class SerialLane:
     name = "serial"
     capacity = 1
 
-    def __init__(self, model, kv_bits: int | None = None, kv_group: int = 64):
+    def __init__(self, model: LoadedModel, kv_bits: int | None = None, kv_group: int = 64):
         self.model = model
         self.kv_bits = kv_bits
         self.kv_group = kv_group
         self.special = _special_ids(model)
         self.row: Row | None = None
-        self._steps = None
-        self._cache = None
+        # generate_step is typed as yielding arrays; it yields (token id, logprobs).
+        self._steps: Iterator[tuple[Any, Any]] | None = None
+        self._cache: list | None = None
         self._tokens: list[int] = []
 
     @property
@@ -176,7 +183,7 @@ class SerialLane:
         restart_row_state(row)
         self._cache = cache if cache is not None else make_prompt_cache(self.model.model)
         self._tokens = list(prompt)
-        quant = {}
+        quant: dict[str, Any] = {}
         if self.kv_bits:
             quant = {"kv_bits": self.kv_bits, "kv_group_size": self.kv_group, "quantized_kv_start": 0}
         self._steps = generate_step(mx.array(prompt[cached:]), self.model.model, max_tokens=row.remaining,
@@ -189,6 +196,7 @@ class SerialLane:
         if row is None:
             return []
         if not row.aborted:
+            assert self._steps is not None  # set by add() together with the row
             try:
                 token, logprobs = next(self._steps)
             except StopIteration:
@@ -203,7 +211,7 @@ class SerialLane:
             self.faults += 1
             return [(None, None, row)]
         # Once a token came out, the cache holds the prompt and every token handed out.
-        published = [(self._tokens, self._cache, row) if row.count else (None, None, row)]
+        published: Published = [(self._tokens, self._cache, row) if row.count else (None, None, row)]
         self._finish()
         close_row(row)
         return published
@@ -222,6 +230,9 @@ class SerialLane:
             row = self.row
             self._finish()
             row.fail(message)
+
+
+Lane = BatchLane | SerialLane
 
 
 def _with_prefix(processor, prefix):
@@ -276,7 +287,9 @@ def close_row(row: Row) -> None:
         fail_faulty(row)
 
 
-def fault_message(exc: BaseException) -> str:
+def fault_message(exc: BaseException | None) -> str:
+    if exc is None:
+        return "generation failed"
     first = (str(exc).strip().splitlines() or [""])[0]
     return f"generation failed: {first or type(exc).__name__}"
 
@@ -294,13 +307,14 @@ def restart_row_state(row: Row) -> None:
     if not row.restarts:
         return
     grammar = row.req.grammar
-    if hasattr(grammar, "restart"):
+    if grammar is not None:
         grammar.restart(row.generated)
-    if hasattr(row.sampler, "rewind"):
-        row.sampler.rewind(row.count)
+    rewind = getattr(row.sampler, "rewind", None)  # a seeded sampler's
+    if rewind is not None:
+        rewind(row.count)
 
 
-def suspect(row: Row, model) -> bool:
+def suspect(row: Row, model: LoadedModel) -> bool:
     """True when this row's own sampling fails when run alone, eagerly, on
     neutral logits: the likely cause of a batched step that failed as a whole.
     A fresh sampler is used, so a seeded row's key is not advanced."""

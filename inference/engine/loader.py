@@ -14,9 +14,17 @@ import sys
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
 from core.paths import PathRefused, read_json, regular_entries
 from inference.engine.errors import ModelLoadError, ModelNotFound
+
+if TYPE_CHECKING:
+    import mlx.nn as nn
+    from mlx_lm.tokenizer_utils import TokenizerWrapper
+
+    from inference.engine.adapters import AdapterManager
+    from inference.engine.grammar import GrammarCompiler
 
 log = logging.getLogger("hearth.engine")
 
@@ -25,14 +33,14 @@ log = logging.getLogger("hearth.engine")
 class LoadedModel:
     model_id: str
     path: Path
-    model: object
-    tokenizer: object
+    model: nn.Module
+    tokenizer: TokenizerWrapper
     config: dict
     generation_config: dict
     dtype: str
 
     @cached_property
-    def grammar_compiler(self):
+    def grammar_compiler(self) -> GrammarCompiler:
         """Compiles structured-output constraints for this tokenizer (lazily:
         xgrammar and torch load on the first constrained request)."""
         from inference.engine.grammar import GrammarCompiler
@@ -41,7 +49,7 @@ class LoadedModel:
         return GrammarCompiler(hf, self.vocab_size, sorted(self.tokenizer.eos_token_ids))
 
     @cached_property
-    def adapters(self):
+    def adapters(self) -> AdapterManager:
         """The LoRA adapters mounted into this model (engine thread only
         mounts them; see inference.engine.adapters)."""
         from inference.engine.adapters import AdapterManager
@@ -60,9 +68,7 @@ class LoadedModel:
 
     @cached_property
     def weights_bytes(self) -> int:
-        from mlx.utils import tree_flatten
-
-        return sum(v.nbytes for _, v in tree_flatten(self.model.parameters()))
+        return sum(v.nbytes for v in _leaves(self.model.parameters()))
 
     @property
     def is_embedding_model(self) -> bool:
@@ -126,10 +132,17 @@ def resolve(ref: str) -> tuple[str, Path]:
     return ref, Path(found).parent
 
 
-def _float32_bytes(model) -> int:
+def _leaves(tree: Any) -> list[Any]:
+    """The arrays of a parameter tree. `tree_flatten` is typed as a list or a
+    dict; without a destination it answers a list of (name, array)."""
+    from mlx.utils import tree_flatten
+
+    return [v for _, v in cast("list[tuple[str, Any]]", tree_flatten(tree))]
+
+
+def _float32_bytes(model: nn.Module) -> int:
     """Bytes the model's weights take once dequantized and upcast to float32."""
     import mlx.nn as nn
-    from mlx.utils import tree_flatten
 
     total = 0
     for _, module in model.named_modules():
@@ -138,7 +151,7 @@ def _float32_bytes(model) -> int:
             total += rows * packed * 32 // module.bits * (module.weight.size // (rows * packed))
             total += module.bias.size if "bias" in module else 0
         elif not module.children():
-            total += sum(v.size for _, v in tree_flatten(module.parameters()))
+            total += sum(v.size for v in _leaves(module.parameters()))
     return total * 4
 
 
@@ -149,16 +162,15 @@ def memory_budget() -> int:
         return 0
 
 
-def _upcast_for_cpu(model, keep_dtype: bool) -> str:
+def _upcast_for_cpu(model: nn.Module, keep_dtype: bool) -> str:
     """On the CPU, bf16 and quantized matmuls have no BLAS path and run
     several times slower than float32: dequantize and upcast when it fits."""
     import mlx.core as mx
     import mlx.nn as nn
-    from mlx.utils import tree_flatten
     from mlx_lm.utils import dequantize_model
 
     def stored() -> str:
-        dtypes = {str(v.dtype) for _, v in tree_flatten(model.parameters())}
+        dtypes = {str(v.dtype) for v in _leaves(model.parameters())}
         return ",".join(sorted(d.removeprefix("mlx.core.") for d in dtypes))
 
     if keep_dtype or mx.default_device() != mx.cpu or sys.platform == "darwin":
@@ -199,7 +211,9 @@ def load(ref: str, keep_dtype: bool = False) -> LoadedModel:
     except PathRefused as exc:
         raise ModelLoadError(f"could not load model '{ref}': {exc}") from None
     try:
-        model, tokenizer, config = mlx_load(str(path), return_config=True)
+        # Typed as a union of the 2- and 3-tuple; return_config=True answers the 3-tuple.
+        model, tokenizer, config = cast("tuple[nn.Module, TokenizerWrapper, dict]",
+                                        mlx_load(str(path), return_config=True))
     except Exception as exc:  # mlx-lm raises ValueError, FileNotFoundError, KeyError...
         raise ModelLoadError(f"could not load model '{ref}': {exc}") from exc
     dtype = _upcast_for_cpu(model, keep_dtype)

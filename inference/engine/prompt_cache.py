@@ -21,8 +21,12 @@ import logging
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from inference.engine.ssd_cache import SSDCache
 
 log = logging.getLogger("hearth.cache")
 
@@ -80,7 +84,7 @@ class Counters:
 
 
 class PromptCache:
-    def __init__(self, max_bytes: int, ssd=None, trimmable: bool = True):
+    def __init__(self, max_bytes: int, ssd: SSDCache | None = None, trimmable: bool = True):
         self.max_bytes = max_bytes
         self.ssd = ssd  # an SSDCache, or None
         self.trimmable = trimmable
@@ -148,21 +152,22 @@ class PromptCache:
                 best, length = entry, n
         if not self.trimmable and best is not None and length < len(best.tokens):
             best, length = None, 0
-        if self.ssd is not None and not ns:
-            key, n = self.ssd.find(tokens, limit)
+        ssd = self.ssd
+        if ssd is not None and not ns:
+            key, n = ssd.find(tokens, limit)
             if key is not None and n > length and key not in self.entries:
-                restored = self._restore(key)
+                restored = self._restore(ssd, key)
                 if restored is not None:
                     best, length = restored, n
         return best, length
 
-    def _restore(self, key: str) -> Entry | None:
-        loaded = self.ssd.load(key)
+    def _restore(self, ssd: SSDCache, key: str) -> Entry | None:
+        loaded = ssd.load(key)
         if loaded is None:
             return None
         tokens, cache = loaded
         entry = Entry(key, tokens, cache, sum(c.nbytes for c in cache), durable=True)
-        self.ssd.note_written(entry)
+        ssd.note_written(entry)
         self._insert(entry)
         return entry if key in self.entries else None
 

@@ -10,12 +10,17 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from inference.engine import metrics
 from inference.engine.sampling import logprob_entry
 from inference.engine.textstream import StopMatcher
 from inference.engine.types import GenerationEvent, GenerationRequest, Usage
+
+if TYPE_CHECKING:
+    from inference.engine.loader import LoadedModel
 
 
 @dataclass
@@ -37,7 +42,7 @@ class Generation:
 
 
 class Row:
-    def __init__(self, generation: Generation, model, limit: int, cached: int, lane: str):
+    def __init__(self, generation: Generation, model: LoadedModel, limit: int, cached: int, lane: str):
         self.generation = generation
         self.req = generation.request
         self.tokenizer = model.tokenizer
@@ -52,7 +57,8 @@ class Row:
         self.adapters: tuple = ()  # that adapter set
         self.count = 0
         self.generated: list[int] = []  # what it has sampled so far, for a restart on a fresh lane
-        self.sampler = None  # made once, so a restarted seeded row keeps drawing from the same key
+        # Made once, so a restarted seeded row keeps drawing from the same key.
+        self.sampler: Callable[[Any], Any] | None = None
         self.fault: BaseException | None = None  # its own sampler, processors or detokenizer failed
         self.restarts = 0
         self.finish: str | None = None
@@ -75,7 +81,7 @@ class Row:
     def feed(self, token: int, logprobs) -> bool:
         """Take one sampled token; True once the row is finished."""
         now = time.perf_counter()
-        if self.first_at is None:
+        if self.last_at is None:  # the first token: both times are set together
             self.first_at = now
             metrics.TTFT.observe(now - self.generation.submitted)
         else:

@@ -7,6 +7,8 @@ other rows in the batch or on the order requests arrived in.
 """
 from __future__ import annotations
 
+from typing import cast
+
 from inference.engine.types import GenerationRequest
 
 
@@ -19,26 +21,27 @@ def make_sampler(req: GenerationRequest, special_ids: list[int]):
         return mlx_sampler(s.temperature, s.top_p, s.min_p, 1, top_k=s.top_k,
                            xtc_probability=s.xtc_probability, xtc_threshold=s.xtc_threshold,
                            xtc_special_tokens=special_ids)
-    return _SeededSampler(req, special_ids)
+    return _SeededSampler(req, special_ids, s.seed)
 
 
 class _SeededSampler:
     """The same chain as `mlx_lm.sample_utils.make_sampler`, drawing every
     random number from a key owned by the request."""
 
-    def __init__(self, req: GenerationRequest, special_ids: list[int]):
+    def __init__(self, req: GenerationRequest, special_ids: list[int], seed: int):
         import mlx.core as mx
 
         self.s = req.sampling
+        self.seed = seed
         self.special = special_ids
-        self.key = mx.random.key(self.s.seed)
+        self.key = mx.random.key(seed)
 
     def rewind(self, draws: int) -> None:
         """Back to the key after `draws` tokens, so a row restarted from its
         n generated tokens draws the n+1th as it would have."""
         import mlx.core as mx
 
-        self.key = mx.random.key(self.s.seed)
+        self.key = mx.random.key(self.seed)
         for _ in range(draws * (2 if self.s.xtc_probability > 0.0 else 1)):  # XTC splits once more
             self.key, _ = mx.random.split(self.key)
 
@@ -95,10 +98,11 @@ def logprob_entry(tokenizer, token: int, logprobs, top: int) -> dict:
     logprobs = logprobs.reshape(-1)
     if top <= 0:
         return {"id": token, "logprob": logprobs[token].item()}
-    ids = mx.argpartition(-logprobs, kth=top - 1)[:top]
-    values = logprobs[ids]
-    order = mx.argsort(-values)
-    ids, values = ids[order].tolist(), values[order].tolist()
+    best = mx.argpartition(-logprobs, kth=top - 1)[:top]
+    scores = logprobs[best]
+    order = mx.argsort(-scores)
+    # tolist() is typed for any rank; of a 1-D array it is a list.
+    ids, values = cast("list[int]", best[order].tolist()), cast("list[float]", scores[order].tolist())
     pieces = tokenizer.convert_ids_to_tokens(ids)
     ranked = [{"id": i, "token": p, "logprob": v} for i, p, v in zip(ids, pieces, values, strict=True)]
     return dict(ranked[0], top_logprobs=ranked)

@@ -26,10 +26,11 @@ import time
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, cast
 
 import numpy as np
 
-from inference.engine.prompt_cache import common_prefix
+from inference.engine.prompt_cache import Entry, common_prefix
 
 log = logging.getLogger("hearth.cache")
 
@@ -58,7 +59,7 @@ def _writer_alive(tmp: Path) -> bool:
 @dataclass
 class _Snapshot:
     key: str
-    entry: object  # the prompt-cache Entry, marked durable once written
+    entry: Entry  # marked durable once written
     arrays: dict
     metadata: dict
     nbytes: int
@@ -70,7 +71,8 @@ def _to_numpy(cache: list) -> tuple[dict, dict]:
     from mlx.utils import tree_flatten
 
     arrays, scalars, dtypes = {}, {}, {}
-    for path, value in tree_flatten([c.state for c in cache]):
+    # Without a destination, tree_flatten answers a list of (path, leaf).
+    for path, value in cast("list[tuple[str, Any]]", tree_flatten([c.state for c in cache])):
         if isinstance(value, mx.array):
             if value.dtype == mx.bfloat16:  # numpy has no bfloat16: keep the bits
                 dtypes[path] = "bfloat16"
@@ -114,7 +116,8 @@ class SSDCache:
         self._queue: queue.Queue[_Snapshot | None] = queue.Queue()
         self._pending: dict[str, int] = {}  # key -> bytes, queued or being written
         self._dropped: set[str] = set()
-        self._written = weakref.WeakValueDictionary()  # key -> the RAM entry it was written from
+        # key -> the RAM entry it was written from
+        self._written: weakref.WeakValueDictionary[str, Entry] = weakref.WeakValueDictionary()
         self.restores = self.spills = self.demotions = self.dropped_spills = 0
         self.failed_spills = self.missing = 0
         self.restore_ms_last = 0.0
@@ -184,7 +187,7 @@ class SSDCache:
         return tokens, cache
 
     # -- writing ---------------------------------------------------------
-    def submit(self, entry, force: bool = False) -> bool:
+    def submit(self, entry: Entry, force: bool = False) -> bool:
         """Queue `entry` for writing; False when the queue is full (a dropped
         spill: the entry stays in RAM and a flush writes it). Engine thread."""
         with self._lock:
@@ -207,7 +210,7 @@ class SSDCache:
         self._queue.put(_Snapshot(entry.key, entry, arrays, meta, nbytes))
         return True
 
-    def note_written(self, entry) -> None:
+    def note_written(self, entry: Entry) -> None:
         """`entry` (restored from disk) is backed by its file."""
         with self._lock:
             self._written[entry.key] = entry

@@ -2,7 +2,12 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from inference.engine.grammar import GrammarState
 
 _ids = itertools.count(1)
 
@@ -41,7 +46,7 @@ class GenerationRequest:
     stop: list[str] = field(default_factory=list)
     logprobs: bool = False  # the chosen token's logprob on each event
     top_logprobs: int = 0  # and the k most likely tokens (0 = none)
-    grammar: object | None = None  # a compiled grammar (inference.engine.grammar)
+    grammar: GrammarState | None = None  # one request's grammar matcher
     session: str | None = None  # prompt-cache session affinity key
     adapters: tuple[str, ...] | None = None  # mounted LoRA ids, () for the base; None: the server default
     id: int = field(default_factory=lambda: next(_ids))
@@ -74,3 +79,15 @@ class GenerationEvent:
     error: str | None = None
     error_status: int = 500  # the HTTP status a non-streamed answer gives the error
     error_param: str | None = None  # the request field at fault, when there is one
+
+    @property
+    def final_usage(self) -> Usage:
+        """The usage the last event of a finished generation carries."""
+        if self.usage is None:
+            raise ValueError("only the last event of a finished generation carries usage")
+        return self.usage
+
+
+# What `Submission.events()` answers: an async generator, so a reader that
+# stops early can `aclose()` it.
+EventStream = AsyncGenerator[GenerationEvent, None]

@@ -9,7 +9,7 @@ import uuid
 from collections.abc import AsyncIterator
 
 from core import sse
-from inference.engine.types import GenerationEvent, Usage
+from inference.engine.types import EventStream, GenerationEvent, Usage
 from inference.protocols.errors import RequestError
 from inference.protocols.openai import Message, with_keepalive
 from inference.protocols.output import OutputParser, Piece
@@ -244,7 +244,7 @@ class Reply:
         content += [_tool_block(c) for c in message.tool_calls]
         return {"id": self.id, "type": "message", "role": "assistant", "model": self.model_id, "content": content,
                 "stop_reason": stop_reason(event, message.tool_calls), "stop_sequence": event.stop_sequence,
-                "usage": usage_json(event.usage)}
+                "usage": usage_json(event.final_usage)}
 
     def start(self) -> dict:
         return {"type": "message_start", "message": {
@@ -299,7 +299,7 @@ class _Blocks:
         return out
 
 
-async def stream(reply: Reply, events: AsyncIterator[GenerationEvent], output: OutputParser,
+async def stream(reply: Reply, events: EventStream, output: OutputParser,
                  keepalive: float) -> AsyncIterator[bytes]:
     """Anthropic's event grammar: message_start, content blocks (text,
     thinking, tool_use) with their deltas, message_delta with the stop
@@ -332,6 +332,6 @@ async def stream(reply: Reply, events: AsyncIterator[GenerationEvent], output: O
             yield frame({"type": "message_delta",
                          "delta": {"stop_reason": stop_reason(event, output.calls),
                                    "stop_sequence": event.stop_sequence},
-                         "usage": usage_json(event.usage)})
+                         "usage": usage_json(event.final_usage)})
             yield frame({"type": "message_stop"})
             return

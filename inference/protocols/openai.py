@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from core import sse as core_sse
 from core.limits import current as current_limits
 from inference.engine.loader import LoadedModel
-from inference.engine.types import GenerationEvent, GenerationRequest, Usage
+from inference.engine.types import EventStream, GenerationEvent, GenerationRequest, Usage
 from inference.protocols import chat, params, structured
 from inference.protocols.errors import RequestError, openai_error
 from inference.protocols.options import Options, ServerDefaults
@@ -27,6 +27,13 @@ class Prepared:
     headers: dict = field(default_factory=dict)
     constraint: structured.Constraint | None = None
     output: OutputParser | None = None  # chat only: reasoning and tool calls
+
+    @property
+    def chat_output(self) -> OutputParser:
+        """The output parser of a chat turn (`prepare_chat` sets it)."""
+        if self.output is None:
+            raise ValueError("a completion has no output parser")
+        return self.output
 
 
 @dataclass
@@ -168,7 +175,7 @@ class Message:
                 self.content += piece.text
 
 
-def finish_reason(finish: str, calls: list) -> str:
+def finish_reason(finish: str | None, calls: list) -> str | None:
     return "tool_calls" if calls and finish == "stop" else finish
 
 
@@ -184,7 +191,8 @@ class Reply:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model_id,
                 "choices": [choice]}
 
-    def complete(self, message: Message, finish: str, usage: Usage, logprobs: list[dict] | None = None) -> dict:
+    def complete(self, message: Message, finish: str | None, usage: Usage,
+                 logprobs: list[dict] | None = None) -> dict:
         block = {"content": logprobs} if logprobs else None
         if self.kind == "chat":
             body: dict = {"role": "assistant",
@@ -215,7 +223,7 @@ sse = core_sse.frame
 KEEP_ALIVE = core_sse.KEEP_ALIVE
 
 
-async def collect(events: AsyncIterator[GenerationEvent],
+async def collect(events: EventStream,
                   output: OutputParser | None) -> tuple[Message, list[dict], GenerationEvent]:
     """Drain a generation: the message split into channels, the logprobs
     entries (when asked) and the final event."""
@@ -239,7 +247,7 @@ def _deltas(pieces: list[Piece]) -> list[dict]:
     return [{"reasoning" if p.kind == "reasoning" else "content": p.text} for p in pieces if p.text]
 
 
-async def with_keepalive(events: AsyncIterator[GenerationEvent], output: OutputParser | None,
+async def with_keepalive(events: EventStream, output: OutputParser | None,
                          interval: float, always: bool = False) -> AsyncIterator[GenerationEvent | None]:
     """Events, with None whenever `interval` passes while a tool call buffers
     (or, with `always`, whenever it passes without an event)."""
@@ -264,7 +272,7 @@ async def with_keepalive(events: AsyncIterator[GenerationEvent], output: OutputP
         await events.aclose()
 
 
-async def stream(reply: Reply, events: AsyncIterator[GenerationEvent], output: OutputParser | None = None,
+async def stream(reply: Reply, events: EventStream, output: OutputParser | None = None,
                  keepalive: float = 5.0) -> AsyncIterator[bytes]:
     """SSE frames: the role first (chat), reasoning and content deltas, tool
     calls once their markup closes, a final chunk with the finish reason and
@@ -292,7 +300,7 @@ async def stream(reply: Reply, events: AsyncIterator[GenerationEvent], output: O
             yield sse(reply.chunk({"tool_calls": calls}))
         if event.finish_reason is not None:
             final = reply.chunk(finish=finish_reason(event.finish_reason, output.calls if output else []))
-            final["usage"] = usage_json(event.usage)
+            final["usage"] = usage_json(event.final_usage)
             yield sse(final)
             yield sse("[DONE]")
             return

@@ -1,10 +1,14 @@
 """What the protocol modules are told by the server that runs them: the
 operator's sampling defaults, whether grammars compile, the client-template
 sandbox, the SSE keep-alive interval. Passed in with every call; the
-adapters read no process-wide state."""
+modules read no process-wide state."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from inference.protocols.template_sandbox import TemplateSandbox
 
 
 @dataclass(frozen=True)
@@ -21,5 +25,5 @@ class ServerDefaults:
 class Options:
     defaults: ServerDefaults = ServerDefaults()
     grammar_enabled: bool = True  # HEARTH_GRAMMAR
-    templates: object | None = None  # a TemplateSandbox, with --allow-client-templates
+    templates: TemplateSandbox | None = None  # with --allow-client-templates
     sse_keepalive: float = 5.0  # HEARTH_SSE_KEEPALIVE: seconds between keep-alive comments

@@ -1,6 +1,6 @@
 """Split generated text, as it streams, into reasoning, content and tool calls.
 
-Protocol adapters feed text deltas in and render what comes out, so every
+Protocol modules feed text deltas in and render what comes out, so every
 protocol shares one reading of the model's output. Text that might be the
 start of a tag is held back until the next delta decides; tool-call markup
 is withheld whole and turned into `ToolCall`s when it closes (or, failing
@@ -35,7 +35,7 @@ class OutputParser:
 
     @property
     def buffering(self) -> bool:
-        """Withholding a tool call (adapters send keep-alives meanwhile)."""
+        """Withholding a tool call (protocol modules send keep-alives meanwhile)."""
         return self._tool_open is not None
 
     def _tags(self) -> list[str]:
@@ -57,7 +57,7 @@ class OutputParser:
             at, tag = min(hits)
             before, self._held = self._held[:at], self._held[at + len(tag):]
             if self._tool_open is not None:  # the end tag: what came before is the call
-                self._close_tool(out, before, closed=True)
+                self._close_tool(out, self._tool_open, before, closed=True)
             else:
                 self._emit(out, before)
                 self._switch(tag)
@@ -72,7 +72,7 @@ class OutputParser:
         it stands (the repair closes truncated JSON)."""
         out: list[Piece] = []
         if self._tool_open is not None:
-            self._close_tool(out, self._held, closed=False)
+            self._close_tool(out, self._tool_open, self._held, closed=False)
         else:
             self._emit(out, self._held)
         self._held = ""
@@ -99,8 +99,8 @@ class OutputParser:
         else:
             self._tool_open = tag
 
-    def _close_tool(self, out: list[Piece], body: str, closed: bool) -> None:
-        start = self._tool_open
+    def _close_tool(self, out: list[Piece], start: str, body: str, closed: bool) -> None:
+        """End the markup opened by `start`: its calls, or, unreadable, the text."""
         self._tool_open = None
         markup_body = body if start == "<tool_call>" else start + body + ("</function>" if closed else "")
         calls = parse_block(markup_body, self.tools)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from typing import Any
+from typing import Any, TypeGuard
 
 from core import jsonbody, limits
 from inference.engine import checks
@@ -41,8 +41,16 @@ async def read_json_body(raw: bytes) -> dict:
     return parse_json_body(raw)
 
 
-def _is_number(value: Any) -> bool:
+def _is_number(value: Any) -> TypeGuard[int | float]:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _is_finite(value: int | float) -> bool:
+    """False for NaN, the infinities and integers beyond a float's range."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an integer too large to convert to float
+        return False
 
 
 def number(body: dict, name: str, lo: float | None = None, hi: float | None = None) -> float | None:
@@ -51,7 +59,7 @@ def number(body: dict, name: str, lo: float | None = None, hi: float | None = No
         return None
     if not _is_number(value):
         raise RequestError(f"{name} must be a number", name)
-    if not math.isfinite(value):  # 1e999 parses as inf
+    if not _is_finite(value):  # 1e999 parses as inf
         raise RequestError(f"{name} must be a finite number", name)
     if (lo is not None and value < lo) or (hi is not None and value > hi):
         bounds = f"between {lo} and {hi}" if hi is not None else f"at least {lo}"
@@ -124,7 +132,7 @@ def _model_default(generation_config: dict, name: str):
     if name == "temperature" and generation_config.get("do_sample") is False:
         return 0.0
     value = generation_config.get(name)
-    if not _is_number(value) or not math.isfinite(value) or value < 0:
+    if not _is_number(value) or not _is_finite(value) or value < 0:
         return None
     if name == "temperature":
         return min(value, checks.MAX_TEMPERATURE)

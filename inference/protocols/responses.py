@@ -10,7 +10,7 @@ import uuid
 from collections.abc import AsyncIterator
 
 from core import sse
-from inference.engine.types import GenerationEvent
+from inference.engine.types import EventStream, GenerationEvent
 from inference.protocols import chat
 from inference.protocols.errors import RequestError
 from inference.protocols.openai import Message, with_keepalive
@@ -220,7 +220,7 @@ class Reply:
         return items + [self.call_item(c) for c in message.tool_calls]
 
     def usage(self, event: GenerationEvent, reasoning: str) -> dict:
-        u = event.usage
+        u = event.final_usage
         thought = len(self.tokenizer.encode(reasoning)) if reasoning else 0
         return {"input_tokens": u.prompt_tokens, "input_tokens_details": {"cached_tokens": u.cached_tokens},
                 "output_tokens": u.completion_tokens,
@@ -319,7 +319,7 @@ class _Chain:
         return frames + [self.emit("response.output_item.done", output_index=index, item=item)]
 
 
-async def stream(reply: Reply, events: AsyncIterator[GenerationEvent], output: OutputParser, keepalive: float,
+async def stream(reply: Reply, events: EventStream, output: OutputParser, keepalive: float,
                  on_done) -> AsyncIterator[bytes]:
     """The Responses event chain: created, in_progress, then per output item
     added → (content part, text deltas | argument deltas) → done, and

@@ -43,6 +43,8 @@ class _Worker:
         env = {k: v for k, v in os.environ.items() if k not in SECRETS}
         self.proc = subprocess.Popen([sys.executable, "-m", "inference.protocols.template_worker"],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, bufsize=0)
+        assert self.proc.stdin is not None and self.proc.stdout is not None  # both asked for as pipes
+        self._stdin, self._stdout = self.proc.stdin, self.proc.stdout
         self._buffer = b""
         self.ready = False
 
@@ -60,7 +62,7 @@ class _Worker:
             self.proc.wait(5)
         except subprocess.TimeoutExpired:
             pass
-        for pipe in (self.proc.stdin, self.proc.stdout):
+        for pipe in (self._stdin, self._stdout):
             try:
                 pipe.close()
             except OSError:
@@ -68,7 +70,7 @@ class _Worker:
 
     def _line(self, deadline: float) -> dict | None:
         """The next answer line, or None once the deadline passes or the process is gone."""
-        fd = self.proc.stdout.fileno()
+        fd = self._stdout.fileno()
         while b"\n" not in self._buffer:
             left = deadline - time.monotonic()
             if left <= 0 or not select.select([fd], [], [], left)[0]:
@@ -90,8 +92,8 @@ class _Worker:
 
     def roundtrip(self, payload: bytes, deadline: float) -> dict | None:
         try:
-            self.proc.stdin.write(payload)
-            self.proc.stdin.flush()
+            self._stdin.write(payload)
+            self._stdin.flush()
             return self._line(deadline)
         except (OSError, ValueError):  # killed meanwhile: a broken pipe, or a line cut short
             return None

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from typing import cast
 
 MEMORY_BYTES = 2 << 30
 
@@ -37,9 +38,10 @@ def render(job: dict) -> dict:
     from transformers.utils.chat_template_utils import render_jinja_template
 
     try:
-        rendered, _ = render_jinja_template(
+        # Annotated as str; it answers (rendered texts, generation indices).
+        rendered, _ = cast("tuple[list[str], list]", render_jinja_template(
             conversations=[job["messages"]], tools=job.get("tools"), chat_template=job["template"],
-            add_generation_prompt=True, **job.get("variables", {}))
+            add_generation_prompt=True, **job.get("variables", {})))
     except MemoryError:
         return {"error": "the chat template needed more memory than a render may use"}
     except Exception as exc:  # jinja syntax and runtime errors, raise_exception() in the template

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 
 
@@ -35,9 +36,11 @@ _FENCE = re.compile(r"^\s*```[a-zA-Z]*\s*|\s*```\s*$")
 _PY_LITERALS = {"True": "true", "False": "false", "None": "null"}
 
 
-def _outside_strings(text: str, fix) -> str:
+def _outside_strings(text: str, fix: Callable[[str], str]) -> str:
     """Apply `fix` to each run of text that is not inside a double-quoted string."""
-    out, run, i, in_str = [], [], 0, False
+    out: list[str] = []
+    run: list[str] = []
+    i, in_str = 0, False
     while i < len(text):
         ch = text[i]
         if in_str:
@@ -160,8 +163,8 @@ def tool_schemas(tools: list[dict] | None) -> dict[str, dict]:
     for tool in tools or []:
         fn = tool.get("function") if isinstance(tool, dict) else None
         if isinstance(fn, dict) and isinstance(fn.get("name"), str):
-            params = fn.get("parameters") if isinstance(fn.get("parameters"), dict) else {}
-            props = params.get("properties")
+            params = fn.get("parameters")
+            props = params.get("properties") if isinstance(params, dict) else None
             out[fn["name"]] = props if isinstance(props, dict) else {}
     return out
 

@@ -20,11 +20,11 @@ def _error(status: int, message: str, param: str | None) -> dict:
 async def messages(request: HttpRequest):
     body = await params.read_json_body(request.body)
     engine, prepared = await pipeline.prepare_chat(request, anthropic.to_chat_body(body))
-    reply = anthropic.Reply(engine.loaded.model_id, len(prepared.request.prompt_tokens))
+    reply = anthropic.Reply(engine.loaded_model.model_id, len(prepared.request.prompt_tokens))
     keepalive = request.runtime.sse_keepalive
     return await pipeline.respond(
         request, engine, prepared, "messages", bool(body.get("stream")),
-        stream=lambda events: anthropic.stream(reply, events, prepared.output, keepalive),
+        stream=lambda events: anthropic.stream(reply, events, prepared.chat_output, keepalive),
         complete=lambda message, logprobs, final: reply.complete(message, final), error=_error)
 
 

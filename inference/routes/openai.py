@@ -19,13 +19,13 @@ async def _generate(request: HttpRequest, kind: str):
         engine, prepared = await pipeline.prepare_chat(request, body)
     else:
         engine = runtime.require_engine(body.get("model"))
-        prepared = await openai.prepare_completion(body, engine.loaded, runtime.options)
+        prepared = await openai.prepare_completion(body, engine.loaded_model, runtime.options)
         prepared.request.session = params.session_key(body, request.headers)
-    reply = openai.Reply(kind, engine.loaded.model_id)
+    reply = openai.Reply(kind, engine.loaded_model.model_id)
     return await pipeline.respond(
         request, engine, prepared, "messages" if kind == "chat" else "prompt", bool(body.get("stream")),
         stream=lambda events: openai.stream(reply, events, prepared.output, runtime.sse_keepalive),
-        complete=lambda message, logprobs, final: reply.complete(message, final.finish_reason, final.usage,
+        complete=lambda message, logprobs, final: reply.complete(message, final.finish_reason, final.final_usage,
                                                                  logprobs),
         error=failure)
 

@@ -10,7 +10,7 @@ from django.http import HttpResponse, JsonResponse, StreamingHttpResponse
 
 from inference.engine.engine import Engine, Submission
 from inference.engine.errors import ContextLengthExceeded
-from inference.engine.types import GenerationEvent, GenerationRequest
+from inference.engine.types import EventStream, GenerationEvent, GenerationRequest
 from inference.protocols import openai, params
 from inference.protocols.openai import Message, Prepared
 
@@ -33,13 +33,13 @@ async def prepare_chat(request, chat_body: dict) -> tuple[Engine, Prepared]:
     runtime = request.runtime
     engine = runtime.require_engine(chat_body.get("model"))
     session = params.session_key(chat_body, request.headers)
-    prepared = await openai.prepare_chat(chat_body, engine.loaded, runtime.options)
+    prepared = await openai.prepare_chat(chat_body, engine.loaded_model, runtime.options)
     prepared.request.session = session
     return engine, prepared
 
 
 async def respond(request, engine: Engine, prepared: Prepared, param: str, streaming: bool, *,
-                  stream: Callable[[AsyncIterator[GenerationEvent]], AsyncIterator[bytes]],
+                  stream: Callable[[EventStream], AsyncIterator[bytes]],
                   complete: Callable[[Message, list[dict], GenerationEvent], dict],
                   error: Callable[[int, str, str | None], dict]) -> HttpResponse:
     """Submit, then stream `stream(events)` as SSE, or collect the reply and

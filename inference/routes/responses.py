@@ -27,7 +27,8 @@ async def create(request: HttpRequest) -> HttpResponse:
         raise RequestError("store must be a boolean", "store")
     turn = responses.Turn(body, store_them)
     engine, prepared = await pipeline.prepare_chat(request, turn.chat_body(body))
-    reply = responses.Reply(engine.loaded.model_id, body, turn, engine.loaded.tokenizer)
+    model = engine.loaded_model
+    reply = responses.Reply(model.model_id, body, turn, model.tokenizer)
 
     def keep(message, response: dict) -> None:
         if store:
@@ -41,7 +42,7 @@ async def create(request: HttpRequest) -> HttpResponse:
     keepalive = request.runtime.sse_keepalive
     return await pipeline.respond(
         request, engine, prepared, "input", bool(body.get("stream")),
-        stream=lambda events: responses.stream(reply, events, prepared.output, keepalive, keep),
+        stream=lambda events: responses.stream(reply, events, prepared.chat_output, keepalive, keep),
         complete=complete, error=failure)
 
 
