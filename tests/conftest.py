@@ -32,7 +32,12 @@ def pytest_configure(config):
 
 
 def pytest_sessionfinish(session, exitstatus):
-    # Servers and models live under one temporary folder; nothing outlives the run.
+    # Servers and models live under one temporary folder; nothing outlives the run
+    # (a demo build still running because the run stopped early goes too).
+    proc = _demo.get("proc")
+    if proc is not None and proc.poll() is None:
+        proc.kill()
+        proc.wait()
     shutil.rmtree(_SESSION_DIR, ignore_errors=True)
 
 
@@ -60,24 +65,104 @@ def server(homes, tiny_model, tmp_path_factory):
         assert code == 0, f"server exited {code} on SIGTERM:\n{proc.output()}"
 
 
-@pytest.fixture(scope="session")
-def demo_homes(tmp_path_factory):
-    root = tmp_path_factory.mktemp("demo")
-    return root / "hf", root / "hearth"
+# The demo model takes minutes to train. A run whose tests need it starts the
+# build as soon as the tests are collected, niced, in its own homes, so it
+# trains on whatever CPU the earlier tests leave idle; `demo_build` waits for it.
+_DEMO_HOMES = (_SESSION_DIR / "demo" / "hf", _SESSION_DIR / "demo" / "hearth")
+_demo: dict = {}
 
 
-@pytest.fixture(scope="session")
-def demo_build(demo_homes):
-    """`hearth make-demo-model` once per run (a few minutes); the demo tests and
-    the memory synthesis tests share the model it builds."""
+def _start_demo_build() -> None:
     import subprocess
 
     from tests.helpers import HEARTH, ROOT
 
-    done = subprocess.run([*HEARTH, "make-demo-model"], cwd=ROOT, env=server_env(*demo_homes), capture_output=True,
-                          text=True, timeout=900)
-    assert done.returncode == 0, done.stdout + done.stderr
-    return done.stdout
+    out = _SESSION_DIR / "demo-build.log"
+    _demo["log"] = out
+    with open(out, "wb") as log:
+        _demo["proc"] = subprocess.Popen(["nice", "-n", "10", *HEARTH, "make-demo-model"], cwd=ROOT,
+                                         env=server_env(*_DEMO_HOMES), stdout=log, stderr=subprocess.STDOUT)
+
+
+def pytest_collection_finish(session):
+    if any("demo_build" in getattr(item, "fixturenames", ()) for item in session.items):
+        _start_demo_build()
+
+
+@pytest.fixture(scope="session")
+def demo_homes():
+    return _DEMO_HOMES
+
+
+@pytest.fixture(scope="session")
+def demo_build(demo_homes):
+    """`hearth make-demo-model` once per run (started in the background at
+    collection); the demo tests and the memory synthesis tests share the model
+    it builds. Answers the build's output."""
+    if "proc" not in _demo:  # collected some other way: build now
+        _start_demo_build()
+    code = _demo["proc"].wait(timeout=1200)
+    output = _demo["log"].read_text(errors="replace")
+    assert code == 0, output
+    return output
+
+
+class InProcess:
+    """The whole ASGI application (`config.asgi`) in the test process, called
+    through httpx without a socket or a server process: for tests of protocol
+    shapes, which need the routes, the protocol modules and an engine, not a
+    daphne. Answers are read to the end before they are returned."""
+
+    def __init__(self, app):
+        self.app = app
+
+    def request(self, method: str, path: str, **kwargs):
+        import asyncio
+
+        import httpx
+
+        async def call():
+            transport = httpx.ASGITransport(app=self.app, client=("127.0.0.1", 40000))
+            async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1:8080", timeout=60) as c:
+                answer = await c.request(method, path, **kwargs)
+                await answer.aread()
+                return answer
+
+        return asyncio.run(call())
+
+    def get(self, path: str, **kwargs):
+        return self.request("GET", path, **kwargs)
+
+    def post(self, path: str, **kwargs):
+        return self.request("POST", path, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def local_engine(tiny_model):
+    """An engine on the tiny model in this process, handed to the runtime as
+    `hearth serve` would hand it, for one module (the previous one is put back)."""
+    import django
+
+    django.setup()
+    from config.runtime import RUNTIME
+    from inference.engine.engine import Engine
+
+    engine = Engine(tiny_model)
+    engine.start()
+    before, RUNTIME.engine = RUNTIME.engine, engine
+    try:
+        yield engine
+    finally:
+        RUNTIME.engine = before
+        engine.close(drain_seconds=0)
+
+
+@pytest.fixture(scope="module")
+def inproc(local_engine):
+    """The serving stack in this process (see `InProcess`)."""
+    from config.asgi import application
+
+    return InProcess(application)
 
 
 @pytest.fixture(scope="session")

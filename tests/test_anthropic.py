@@ -143,8 +143,8 @@ def test_cache_read_tokens_on_a_repeated_prefix(client):
     ({"messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": [
         {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}}]}]}]}, "vision"),
 ])
-def test_errors_in_anthropic_shape(base_url, body, needle):
-    r = httpx.post(base_url + "/v1/messages", json={"model": "m", "max_tokens": 5, **body})
+def test_errors_in_anthropic_shape(inproc, body, needle):
+    r = inproc.post("/v1/messages", json={"model": "m", "max_tokens": 5, **body})
     assert r.status_code == 400
     err = r.json()
     assert err["type"] == "error" and err["error"]["type"] == "invalid_request_error"

@@ -28,16 +28,8 @@ def client(django_ready):
 
 
 @pytest.fixture(scope="module")
-def engine(tiny_model, django_ready):
-    from config.runtime import RUNTIME as runtime
-    from inference.engine.engine import Engine
-
-    e = Engine(tiny_model)
-    e.start()
-    runtime.engine = e
-    yield e
-    runtime.engine = None
-    e.close(drain_seconds=0)
+def engine(local_engine, django_ready):
+    return local_engine
 
 
 def _app():

@@ -99,8 +99,8 @@ def test_values_the_samplers_cannot_run_are_refused_and_the_neighbour_finishes(b
 @pytest.mark.parametrize("raw", [b'{"messages": [{"role": "user", "content": "hi"}], "temperature": NaN}',
                                  b'{"messages": [{"role": "user", "content": "hi"}], "top_p": 1e999}',
                                  b'{"messages": [{"role": "user", "content": "hi"}], "min_p": -Infinity}'])
-def test_json_that_is_not_json_is_refused(base_url, raw):
-    r = httpx.post(base_url + "/v1/chat/completions", content=raw)
+def test_json_that_is_not_json_is_refused(inproc, raw):
+    r = inproc.post("/v1/chat/completions", content=raw)
     assert r.status_code == 400 and r.json()["error"]["message"].startswith("invalid JSON body: ")
 
 
@@ -118,8 +118,8 @@ JSON_ROUTES = ["/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/m
 
 
 @pytest.mark.parametrize("path", JSON_ROUTES)
-def test_deeply_nested_json_is_a_400_on_every_json_route(base_url, path):
-    r = httpx.post(base_url + path, content=DEEP, headers={"content-type": "application/json"}, timeout=30)
+def test_deeply_nested_json_is_a_400_on_every_json_route(inproc, path):
+    r = inproc.post(path, content=DEEP, headers={"content-type": "application/json"})
     assert r.status_code == 400, r.text
     body = r.json()
     message = body.get("error", {}).get("message") if isinstance(body.get("error"), dict) else body.get("error")
@@ -144,16 +144,15 @@ FIELDS = {
 
 
 @pytest.mark.parametrize("path", list(FIELDS))
-def test_odd_values_in_any_field_are_never_a_500(base_url, path):
+def test_odd_values_in_any_field_are_never_a_500(inproc, path):
     base, fields = FIELDS[path]
     odd_messages = [[{"role": ["user"], "content": "hi"}], [{"role": "user", "content": {"x": 1}}],
                     [{"role": "user", "content": [{"type": ["text"], "text": "hi"}]}], ["hi"], [[]]]
-    with httpx.Client(timeout=60) as client:
-        for field in fields:
-            values = ODD + (odd_messages if field in ("messages", "input") else [])
-            for value in values:
-                r = client.post(base_url + path, json={**base, field: value})
-                assert r.status_code < 500, (path, field, value, r.text)
+    for field in fields:
+        values = ODD + (odd_messages if field in ("messages", "input") else [])
+        for value in values:
+            r = inproc.post(path, json={**base, field: value})
+            assert r.status_code < 500, (path, field, value, r.text)
 
 
 def test_a_session_with_a_stored_nan_opens_and_its_settings_are_json(server, homes):

@@ -1,4 +1,5 @@
-"""Raw HTTP: SSE framing byte by byte, discovery routes, and every error shape."""
+"""Raw HTTP: SSE framing byte by byte, discovery routes, and every error shape (the
+refusals in process: they need the routes and an engine, not a server)."""
 import json
 
 import httpx
@@ -82,9 +83,10 @@ def test_wrong_method_is_json(base_url):
     assert "not allowed" in r.json()["error"]["message"]
 
 
-def _error(base_url, path, content):
-    r = httpx.post(base_url + path, content=content if isinstance(content, bytes) else json.dumps(content),
-                   headers={"content-type": "application/json"})
+def _error(inproc, path, content):
+    """The refusal of a body, in process (`inproc`): the status and the OpenAI error object."""
+    r = inproc.post(path, content=content if isinstance(content, bytes) else json.dumps(content),
+                    headers={"content-type": "application/json"})
     body = r.json()
     assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}, body
     return r.status_code, body["error"]
@@ -92,14 +94,14 @@ def _error(base_url, path, content):
 
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
 @pytest.mark.parametrize("raw", [b"{not json", b"", b"[1, 2]", b"\xff\xfe"])
-def test_invalid_json_body(base_url, path, raw):
-    status, err = _error(base_url, path, raw)
+def test_invalid_json_body(inproc, path, raw):
+    status, err = _error(inproc, path, raw)
     assert status == 400 and err["message"].startswith("invalid JSON body")
 
 
 @pytest.mark.parametrize("body", [{}, {"messages": []}, {"messages": None}, {"messages": "hi"}])
-def test_messages_required(base_url, body):
-    assert _error(base_url, "/v1/chat/completions", body) == (
+def test_messages_required(inproc, body):
+    assert _error(inproc, "/v1/chat/completions", body) == (
         400, {"message": "messages required", "type": "invalid_request_error", "param": "messages", "code": None})
 
 
@@ -109,8 +111,8 @@ def test_messages_required(base_url, body):
     ({"prompt": [1, 2, 3]}, "prompt must be a string (token arrays are not accepted)"),
     ({"prompt": 42}, "prompt must be a string (token arrays are not accepted)"),
 ])
-def test_completion_prompt_errors(base_url, body, message):
-    status, err = _error(base_url, "/v1/completions", body)
+def test_completion_prompt_errors(inproc, body, message):
+    status, err = _error(inproc, "/v1/completions", body)
     assert (status, err["message"], err["param"]) == (400, message, "prompt")
 
 
@@ -124,34 +126,34 @@ BAD_FIELDS = [
 
 
 @pytest.mark.parametrize("field,value", BAD_FIELDS)
-def test_out_of_range_fields_name_the_field(base_url, field, value):
-    status, err = _error(base_url, "/v1/chat/completions", {**CHAT, field: value})
+def test_out_of_range_fields_name_the_field(inproc, field, value):
+    status, err = _error(inproc, "/v1/chat/completions", {**CHAT, field: value})
     assert status == 400 and err["param"] == field and field in err["message"], err
 
 
 @pytest.mark.parametrize("field,value", [f for f in BAD_FIELDS if f[0] != "chat_template_kwargs"])
-def test_completion_fields_checked_too(base_url, field, value):
-    status, err = _error(base_url, "/v1/completions", {"prompt": "a", field: value})
+def test_completion_fields_checked_too(inproc, field, value):
+    status, err = _error(inproc, "/v1/completions", {"prompt": "a", field: value})
     assert status == 400 and err["param"] == field
 
 
-def test_logit_bias_message_is_mlx_lm_exact(base_url):
-    _, err = _error(base_url, "/v1/chat/completions", {**CHAT, "logit_bias": {"x": 1}})
+def test_logit_bias_message_is_mlx_lm_exact(inproc):
+    _, err = _error(inproc, "/v1/chat/completions", {**CHAT, "logit_bias": {"x": 1}})
     assert err["message"] == "logit_bias must be a dict of int to float"
 
 
-def test_logit_bias_token_outside_vocab(base_url):
-    status, err = _error(base_url, "/v1/chat/completions", {**CHAT, "logit_bias": {"99999999": 1}})
+def test_logit_bias_token_outside_vocab(inproc):
+    status, err = _error(inproc, "/v1/chat/completions", {**CHAT, "logit_bias": {"99999999": 1}})
     assert status == 400 and err["param"] == "logit_bias" and "99999999" in err["message"]
 
 
-def test_bad_message_shapes(base_url):
-    status, err = _error(base_url, "/v1/chat/completions", {"messages": [{"role": "wizard", "content": "x"}]})
+def test_bad_message_shapes(inproc):
+    status, err = _error(inproc, "/v1/chat/completions", {"messages": [{"role": "wizard", "content": "x"}]})
     assert status == 400 and err["param"] == "messages[0].role"
-    status, err = _error(base_url, "/v1/chat/completions", {"messages": [{"role": "user", "content": 5}]})
+    status, err = _error(inproc, "/v1/chat/completions", {"messages": [{"role": "user", "content": 5}]})
     assert status == 400 and err["param"] == "messages[0]"
     image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
-    status, err = _error(base_url, "/v1/chat/completions", {"messages": [{"role": "user", "content": [image]}]})
+    status, err = _error(inproc, "/v1/chat/completions", {"messages": [{"role": "user", "content": [image]}]})
     assert status == 400 and err["message"] == "model has no vision sidecar"
 
 

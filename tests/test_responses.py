@@ -12,8 +12,6 @@ import httpx
 import openai
 import pytest
 
-from tests.helpers import ServerProcess, server_env
-
 WEATHER = {"type": "function", "name": "get_weather", "description": "Weather for a city",
            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
 CALL = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
@@ -143,23 +141,28 @@ def test_reasoning_item(client):
     ({"input": "x", "reasoning": "high"}, "reasoning"),
     ({"input": "x", "tool_choice": 5}, "tool_choice"),
 ])
-def test_bad_requests(base_url, body, param):
-    r = httpx.post(base_url + "/v1/responses", json={"model": "m", **body})
+def test_bad_requests(inproc, body, param):
+    r = inproc.post("/v1/responses", json={"model": "m", **body})
     assert r.status_code == 400 and r.json()["error"]["param"] == param
 
 
-def test_stored_turns_expire(homes, tiny_model, tmp_path):
-    server = ServerProcess(server_env(*homes), tiny_model, "--response-ttl", "1",
-                           log_path=tmp_path / "ttl.log").wait_ready()
+def test_stored_turns_expire(inproc):
+    """A store with a one-second lifetime (`hearth serve --response-ttl 1`), in process."""
+    from config.runtime import RUNTIME
+    from inference.protocols.response_store import ResponseStore
+
+    def create(**fields):
+        return inproc.post("/v1/responses", json={"model": "m", "max_output_tokens": 3, **fields})
+
+    before, RUNTIME.responses = RUNTIME.responses, ResponseStore(ttl_s=1)
     try:
-        client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
-        r = client.responses.create(model="m", input="Soon gone.", max_output_tokens=3)
-        client.responses.create(model="m", input="still here", previous_response_id=r.id, max_output_tokens=3)
+        first = create(input="Soon gone.").json()
+        assert create(input="still here", previous_response_id=first["id"]).status_code == 200
         time.sleep(1.5)
-        with pytest.raises(openai.NotFoundError):
-            client.responses.create(model="m", input="x", previous_response_id=r.id, max_output_tokens=3)
+        gone = create(input="x", previous_response_id=first["id"])
+        assert gone.status_code == 404 and gone.json()["error"]["code"] == "response_not_found", gone.text
     finally:
-        assert server.stop() == 0, server.output()
+        RUNTIME.responses = before
 
 
 def test_sdk_stream_with_a_tool_call(client):

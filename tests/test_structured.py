@@ -27,10 +27,13 @@ def valid(obj) -> bool:
             and set(obj["tags"]) <= {"x", "y"})
 
 
-def chat(base_url, **fields):
-    body = {"messages": [{"role": "user", "content": "Describe a person."}], "max_tokens": 200,
+def _body(**fields) -> dict:
+    return {"messages": [{"role": "user", "content": "Describe a person."}], "max_tokens": 200,
             "temperature": 1.0, "top_k": 0, **fields}
-    return httpx.post(base_url + "/v1/chat/completions", json=body, timeout=120)
+
+
+def chat(base_url, **fields):
+    return httpx.post(base_url + "/v1/chat/completions", json=_body(**fields), timeout=120)
 
 
 @pytest.mark.parametrize("seed", range(20))
@@ -118,8 +121,8 @@ def test_uncompilable_grammar_degrades_with_a_warning(base_url):
     ({"guided_regex": 5}, "guided_regex"),
     ({"structured_outputs": "not a schema"}, "structured_outputs"),
 ])
-def test_malformed_constraint_fields_are_400(base_url, fields, param):
-    r = chat(base_url, **fields)
+def test_malformed_constraint_fields_are_400(inproc, fields, param):
+    r = inproc.post("/v1/chat/completions", json=_body(**fields))
     assert r.status_code == 400 and r.json()["error"]["param"] == param
 
 

@@ -109,15 +109,15 @@ def test_round_trip_with_tool_results(client):
     ({"tool_choice": "sometimes"}, "tool_choice"),
     ({"reasoning_effort": "extreme"}, "reasoning_effort"),
 ])
-def test_bad_tool_and_reasoning_fields(base_url, fields, param):
+def test_bad_tool_and_reasoning_fields(inproc, fields, param):
     body = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 1, **fields}
-    r = httpx.post(base_url + "/v1/chat/completions", json=body)
+    r = inproc.post("/v1/chat/completions", json=body)
     assert r.status_code == 400 and r.json()["error"]["param"] == param
 
 
-def test_reasoning_effort_message_is_exact(base_url):
+def test_reasoning_effort_message_is_exact(inproc):
     body = {"messages": [{"role": "user", "content": "x"}], "reasoning_effort": "extreme"}
-    message = httpx.post(base_url + "/v1/chat/completions", json=body).json()["error"]["message"]
+    message = inproc.post("/v1/chat/completions", json=body).json()["error"]["message"]
     assert message == "reasoning_effort must be one of 'none', 'minimal', 'low', 'medium', 'high', 'xhigh'"
 
 
