@@ -11,7 +11,8 @@ from ninja import Query, Router, Schema
 from pydantic import ConfigDict, Field
 
 from chat.models import ChatEntry, ChatSession
-from core.api import ApiError, documented
+from core.api import ApiError
+from core.openapi import documented
 
 router = Router(tags=["sessions"])
 MAX_MATCHES, PER_SESSION, CONTEXT = 50, 10, 60

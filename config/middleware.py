@@ -18,6 +18,7 @@ from django.http import HttpResponse, HttpResponseRedirect, JsonResponse
 
 from config import access
 from config.runtime import RUNTIME as runtime
+from core.http import error_object
 
 
 class _Middleware:
@@ -63,10 +64,10 @@ class JsonErrorMiddleware(_ResponseHook):
     def _rewrite(request, response):
         if response.status_code == 405 and not response.get("Content-Type", "").startswith("application/json"):
             allowed = response.get("Allow", "")
-            message = f"method {request.method} not allowed on {request.path}"
-            body = {"error": {"message": message + (f" (allowed: {allowed})" if allowed else ""),
-                              "type": "invalid_request_error", "param": None, "code": "method_not_allowed"}}
-            return JsonResponse(body, status=405, headers={"Allow": allowed})
+            message = f"method {request.method} not allowed on {request.path}" + (
+                f" (allowed: {allowed})" if allowed else "")
+            return JsonResponse(error_object(request.path, 405, message, "method_not_allowed"), status=405,
+                                headers={"Allow": allowed})
         return response
 
 
@@ -117,10 +118,7 @@ class CrossOriginGuardMiddleware(_Middleware):
             return None
         else:
             message = f"cross-origin {request.method} from {origin} refused"
-        if not request.path.startswith(("/v1/", "/admin/cache/")):
-            return JsonResponse({"ok": False, "error": message}, status=403)
-        return JsonResponse({"error": {"message": message, "type": "permission_error", "param": None,
-                                       "code": "cross_origin"}}, status=403)
+        return JsonResponse(error_object(request.path, 403, message, "cross_origin", "permission_error"), status=403)
 
 
 class SecureCookiesOverTlsMiddleware(_ResponseHook):
@@ -222,11 +220,5 @@ def refusal(request, key: str | None):
     if request.method == "GET" and not path.startswith(("/v1", "/api/")) \
             and "text/html" in request.headers.get("Accept", ""):
         return HttpResponseRedirect("/signin?next=" + quote(request.get_full_path(), safe="/"))
-    if path.startswith("/v1/messages"):
-        body = {"type": "error", "error": {"type": "authentication_error", "message": message}}
-    elif path.startswith("/api/"):
-        body = {"ok": False, "error": message}
-    else:
-        body = {"error": {"message": message, "type": "invalid_request_error", "param": None,
-                          "code": "invalid_api_key"}}
-    return JsonResponse(body, status=401, headers={"WWW-Authenticate": 'Bearer realm="hearth"'})
+    return JsonResponse(error_object(path, 401, message, "invalid_api_key"), status=401,
+                        headers={"WWW-Authenticate": 'Bearer realm="hearth"'})

@@ -12,10 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
 
 from django.http import HttpRequest, JsonResponse
-from pydantic import BaseModel
 
 from core import jsonbody, limits
 
@@ -49,12 +47,3 @@ def json_body(request: HttpRequest) -> dict:
     except jsonbody.JsonRefused as exc:
         raise ApiError(str(exc)) from None
 
-
-NO_BODY: dict[str, Any] = {"x-no-body": True}  # `openapi_extra` of a POST or DELETE that reads no body
-
-
-def documented(schema: type[BaseModel], more: dict[str, Any] | None = None) -> dict[str, Any]:
-    """`openapi_extra` for a route that reads and checks its own JSON body,
-    which `schema` describes (`more`: other content types it takes, by name)."""
-    content = {"application/json": {"schema": schema.model_json_schema()}, **(more or {})}
-    return {"requestBody": {"required": True, "content": content}}

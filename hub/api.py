@@ -15,7 +15,8 @@ from django.http import HttpRequest
 from ninja import Query, Router, Schema
 from pydantic import Field, StrictBool
 
-from core.api import ApiError, documented, json_body
+from core.api import ApiError, json_body
+from core.openapi import documented
 from hub import downloads, fit, gc, library
 from hub.download import check_revision
 

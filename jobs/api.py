@@ -9,7 +9,8 @@ from asgiref.sync import sync_to_async
 from django.http import HttpRequest, StreamingHttpResponse
 from ninja import Query, Router
 
-from core.api import NO_BODY, ApiError, documented, json_body, refused
+from core.api import ApiError, json_body, refused
+from core.openapi import NO_BODY, documented
 from core.paths import (
     ADAPTER_FILES,
     PathRefused,

@@ -7,7 +7,8 @@ from pathlib import Path
 from django.http import HttpRequest
 from ninja import Router
 
-from core.api import NO_BODY, ApiError, documented, json_body, refused
+from core.api import ApiError, json_body, refused
+from core.openapi import NO_BODY, documented
 from core.paths import PathRefused, confine, holds_a_root
 from hub import hf
 from jobs.api_bodies import PushRequest, TokenRequest

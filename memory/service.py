@@ -34,9 +34,10 @@ def find(name: str | None = None) -> MemoryVault | None:
 
 
 def no_vault(name: str | None = None) -> dict:
-    root = default_root() / (name or DEFAULT_NAME)
+    """Why there is no vault, and where `init` would make it (None for a name it would refuse)."""
+    root = default_root() / (name or DEFAULT_NAME) if not name or NAME.match(name) else None
     error = f"no memory vault named {name!r}" if name else "no memory vault yet"
-    return {"ok": False, "enabled": False, "error": error, "root": str(root)}
+    return {"ok": False, "enabled": False, "error": error, "root": str(root) if root else None}
 
 
 def allowed_root(raw: str) -> Path:

@@ -71,16 +71,27 @@ def test_api_index(base_url, tiny_model):
         assert "POST /v1/chat/completions" in body["endpoints"]
 
 
-def test_unmatched_paths_are_json_404(base_url):
+def test_unmatched_paths_are_json_404_in_their_surface_s_shape(base_url):
+    openai_shape = {"error": {"message": "not found", "type": "invalid_request_error", "param": None,
+                              "code": "not_found"}}
     for path in ("/nope", "/v1/nope", "/v1/chat"):
         r = httpx.get(base_url + path)
-        assert r.status_code == 404 and r.json() == {"error": {"message": "not found"}}
+        assert r.status_code == 404 and r.json() == openai_shape
+    r = httpx.get(base_url + "/v1/messages/nope")
+    assert r.status_code == 404 and r.json() == {"type": "error", "error": {"type": "not_found_error",
+                                                                            "message": "not found"}}
+    r = httpx.get(base_url + "/api/nope")
+    assert r.status_code == 404 and r.json() == {"ok": False, "error": "not found"}
 
 
 def test_wrong_method_is_json(base_url):
     r = httpx.get(base_url + "/v1/chat/completions")
     assert r.status_code == 405
     assert "not allowed" in r.json()["error"]["message"]
+    r = httpx.get(base_url + "/v1/messages")
+    assert r.status_code == 405 and r.json()["type"] == "error" and "not allowed" in r.json()["error"]["message"]
+    r = httpx.put(base_url + "/api/jobs")
+    assert r.status_code == 405 and r.json()["ok"] is False and "not allowed" in r.json()["error"]
 
 
 def _error(inproc, path, content):

@@ -140,6 +140,8 @@ def test_reasoning_item(client):
     ({"input": "x", "text": "json"}, "text"),
     ({"input": "x", "reasoning": "high"}, "reasoning"),
     ({"input": "x", "tool_choice": 5}, "tool_choice"),
+    ({"input": "x", "max_output_tokens": 0}, "max_output_tokens"),
+    ({"input": "x", "max_output_tokens": "ten"}, "max_output_tokens"),
 ])
 def test_bad_requests(inproc, body, param):
     r = inproc.post("/v1/responses", json={"model": "m", **body})

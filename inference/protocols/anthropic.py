@@ -27,12 +27,6 @@ def error_body(message: str, kind: str = "invalid_request_error") -> dict:
     return {"type": "error", "error": {"type": kind, "message": message}}
 
 
-def error_type(status: int) -> str:
-    return {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-            413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error"}.get(
-        status, "api_error" if status >= 500 else "invalid_request_error")
-
-
 # -- request ---------------------------------------------------------------
 def _text_blocks(value, where: str) -> str:
     if isinstance(value, str):

@@ -15,7 +15,7 @@ from inference.protocols import chat
 from inference.protocols.errors import RequestError
 from inference.protocols.openai import Message, with_keepalive
 from inference.protocols.output import OutputParser, Piece
-from inference.protocols.params import SAMPLING
+from inference.protocols.params import SAMPLING, integer
 from inference.protocols.response_store import ResponseStore
 
 EXTRAS = (*(f for f in SAMPLING if f not in ("temperature", "top_p", "top_k")), "logit_bias",
@@ -151,7 +151,8 @@ class Turn:
 
     def chat_body(self, body: dict) -> dict:
         chat: dict = {"messages": self.messages, "stream": body.get("stream", False)}
-        limit = body.get("max_output_tokens", body.get("max_tokens"))
+        # Checked here, under the name the client sent; the chat body calls it max_tokens.
+        limit = integer(body, "max_output_tokens" if "max_output_tokens" in body else "max_tokens", 1)
         if limit is not None:
             chat["max_tokens"] = limit
         for name in ("temperature", "top_p", "top_k", *EXTRAS):

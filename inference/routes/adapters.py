@@ -10,11 +10,12 @@ from asgiref.sync import sync_to_async
 from django.http import HttpRequest, JsonResponse
 from ninja import Router
 
+from core.openapi import documented
 from core.paths import ADAPTER_FILES, PathRefused, confine, confine_members
 from inference.engine.errors import EngineTimeout
 from inference.protocols import params
 from inference.protocols.errors import RequestError
-from inference.routes.bodies import AdapterMount, documented
+from inference.routes.bodies import AdapterMount
 
 router = Router(tags=["adapters"])
 MOUNT_TIMEOUT_S = 120.0

@@ -5,15 +5,12 @@ from __future__ import annotations
 from django.http import HttpRequest, JsonResponse
 from ninja import Router
 
+from core.openapi import documented
 from inference.protocols import anthropic, params
 from inference.routes import pipeline
-from inference.routes.bodies import CountTokensRequest, MessagesRequest, documented
+from inference.routes.bodies import CountTokensRequest, MessagesRequest
 
 router = Router(tags=["anthropic"])
-
-
-def _error(status: int, message: str, param: str | None) -> dict:
-    return anthropic.error_body(message, anthropic.error_type(status))
 
 
 @router.post("/messages", openapi_extra=documented(MessagesRequest))
@@ -25,7 +22,7 @@ async def messages(request: HttpRequest):
     return await pipeline.respond(
         request, engine, prepared, "messages", bool(body.get("stream")),
         stream=lambda events: anthropic.stream(reply, events, prepared.chat_output, keepalive),
-        complete=lambda message, logprobs, final: reply.complete(message, final), error=_error)
+        complete=lambda message, logprobs, final: reply.complete(message, final))
 
 
 @router.post("/messages/count_tokens", openapi_extra=documented(CountTokensRequest))

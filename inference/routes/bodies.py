@@ -131,8 +131,3 @@ class AdapterMount(_Body):
     id: str = Field(..., description="1-128 letters, digits, '.', '_' or '-'")
     path: str = Field(..., description="a folder with adapters.safetensors and adapter_config.json")
 
-
-def documented(schema: type[Schema]) -> dict:
-    """`openapi_extra` for a route whose body `schema` describes."""
-    return {"requestBody": {"required": True, "content": {"application/json": {
-        "schema": schema.model_json_schema()}}}}

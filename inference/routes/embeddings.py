@@ -8,10 +8,11 @@ import asyncio
 from django.http import HttpRequest, JsonResponse
 from ninja import Router
 
+from core.openapi import documented
 from inference.engine.embed import embed
 from inference.protocols import embeddings, params
 from inference.protocols.errors import RequestError
-from inference.routes.bodies import EmbeddingsRequest, documented
+from inference.routes.bodies import EmbeddingsRequest
 
 router = Router(tags=["embeddings"])
 CALL_TOKENS = 2048  # tokens embedded per turn of the engine thread

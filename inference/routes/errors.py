@@ -7,22 +7,16 @@ import logging
 
 from django.http import JsonResponse
 
+from core.http import error_object, is_anthropic
 from inference.engine.errors import EngineError, PromptTooLong
-from inference.protocols import anthropic
-from inference.protocols.errors import RequestError, openai_error
+from inference.protocols.errors import RequestError
 
 log = logging.getLogger("hearth.api")
 
 
-def is_anthropic(path: str) -> bool:
-    return path.startswith("/v1/messages")
-
-
 def render(path: str, status: int, message: str, kind: str = "invalid_request_error", param: str | None = None,
            code: str | None = None) -> JsonResponse:
-    if is_anthropic(path):
-        return JsonResponse(anthropic.error_body(message, anthropic.error_type(status)), status=status)
-    return JsonResponse(openai_error(message, kind, param, code), status=status)
+    return JsonResponse(error_object(path, status, message, code, kind, param), status=status)
 
 
 def request_error(path: str, exc: RequestError) -> JsonResponse:

@@ -4,10 +4,10 @@ from __future__ import annotations
 from django.http import HttpRequest
 from ninja import Router
 
+from core.openapi import documented
 from inference.protocols import openai, params
-from inference.protocols.errors import failure
 from inference.routes import pipeline
-from inference.routes.bodies import ChatCompletionRequest, CompletionRequest, documented
+from inference.routes.bodies import ChatCompletionRequest, CompletionRequest
 
 router = Router(tags=["openai"])
 
@@ -26,8 +26,7 @@ async def _generate(request: HttpRequest, kind: str):
         request, engine, prepared, "messages" if kind == "chat" else "prompt", bool(body.get("stream")),
         stream=lambda events: openai.stream(reply, events, prepared.output, runtime.sse_keepalive),
         complete=lambda message, logprobs, final: reply.complete(message, final.finish_reason, final.final_usage,
-                                                                 logprobs),
-        error=failure)
+                                                                 logprobs))
 
 
 @router.post("/chat/completions", openapi_extra=documented(ChatCompletionRequest))

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Callable
 
 from django.http import HttpResponse, JsonResponse, StreamingHttpResponse
 
+from core.http import error_object
 from inference.engine.engine import Engine, Submission
 from inference.engine.errors import ContextLengthExceeded
 from inference.engine.types import EventStream, GenerationEvent, GenerationRequest
@@ -40,16 +41,16 @@ async def prepare_chat(request, chat_body: dict) -> tuple[Engine, Prepared]:
 
 async def respond(request, engine: Engine, prepared: Prepared, param: str, streaming: bool, *,
                   stream: Callable[[EventStream], AsyncIterator[bytes]],
-                  complete: Callable[[Message, list[dict], GenerationEvent], dict],
-                  error: Callable[[int, str, str | None], dict]) -> HttpResponse:
+                  complete: Callable[[Message, list[dict], GenerationEvent], dict]) -> HttpResponse:
     """Submit, then stream `stream(events)` as SSE, or collect the reply and
-    answer `complete(message, logprobs, final)`, or `error(status, message,
-    param)` for a generation that failed."""
+    answer `complete(message, logprobs, final)`, or the route's error shape
+    for a generation that failed."""
     submission = submit(engine, prepared.request, param)
     if streaming:
         return StreamingHttpResponse(stream(submission.events()), content_type="text/event-stream",
                                      headers={**STREAM_HEADERS, **prepared.headers})
     message, logprobs, final = await openai.collect(submission.events(), prepared.output)
     if final.error is not None:
-        return JsonResponse(error(final.error_status, final.error, final.error_param), status=final.error_status)
+        status = final.error_status
+        return JsonResponse(error_object(request.path, status, final.error, param=final.error_param), status=status)
     return JsonResponse(complete(message, logprobs, final), headers=prepared.headers)

@@ -5,10 +5,11 @@ from __future__ import annotations
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from ninja import Router
 
+from core.openapi import documented
 from inference.protocols import params, responses
-from inference.protocols.errors import RequestError, failure, openai_error
+from inference.protocols.errors import RequestError, openai_error
 from inference.routes import pipeline
-from inference.routes.bodies import ResponsesRequest, documented
+from inference.routes.bodies import ResponsesRequest
 
 router = Router(tags=["responses"])
 
@@ -43,7 +44,7 @@ async def create(request: HttpRequest) -> HttpResponse:
     return await pipeline.respond(
         request, engine, prepared, "input", bool(body.get("stream")),
         stream=lambda events: responses.stream(reply, events, prepared.chat_output, keepalive, keep),
-        complete=complete, error=failure)
+        complete=complete)
 
 
 @router.get("/responses/{response_id}")
