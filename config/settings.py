@@ -5,12 +5,14 @@ import secrets
 from pathlib import Path
 
 from config.env import env_bool, env_float, env_path, env_str
+from core import home
 
 BASE_DIR = Path(__file__).resolve().parent.parent
-HEARTH_HOME = env_path("HEARTH_HOME", Path("~/.hearth"))
+# HEARTH_HOME as core.home lays it out and core.paths confines requests to it (resolved).
+HEARTH_HOME = home.root()
 HEARTH_HOME.mkdir(parents=True, exist_ok=True)
 # The one folder the dashboard chat's coding tools (read, bash, edit, write) may touch.
-CHAT_WORKSPACE = env_path("HEARTH_CHAT_WORKSPACE", HEARTH_HOME / "workspace")
+CHAT_WORKSPACE = env_path("HEARTH_CHAT_WORKSPACE", home.workspace())
 
 
 def _secret_key() -> str:
@@ -19,7 +21,7 @@ def _secret_key() -> str:
     configured = env_str("HEARTH_SECRET_KEY", "")
     if configured:
         return configured
-    path = HEARTH_HOME / "secret_key"
+    path = home.secret_key()
     if not path.exists():
         path.write_text(secrets.token_urlsafe(50))
         path.chmod(0o600)
@@ -111,7 +113,7 @@ ASGI_APPLICATION = "config.asgi.application"
 DATABASES = {
     "default": {
         "ENGINE": "django.db.backends.sqlite3",
-        "NAME": HEARTH_HOME / "hearth.sqlite3",
+        "NAME": home.database(),
         "OPTIONS": {
             # WAL lets the server, the job worker and the admin read while one writes.
             "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
@@ -137,7 +139,7 @@ STATIC_URL = "static/"
 # step; the dashboard's from config/frontend.py. README "Static files" says
 # why not WhiteNoise. STATIC_ROOT is only where `hearth django collectstatic`
 # gathers them for a reverse proxy that serves them itself.
-STATIC_ROOT = HEARTH_HOME / "static"
+STATIC_ROOT = home.static()
 
 # Body size is capped before Django reads a body (core/http_guard.py at the
 # connection, config/asgi.py for other servers), at HEARTH_MAX_BODY_BYTES;
@@ -184,4 +186,4 @@ if HEARTH_REDIS_URL:
     _redis_installed()
     HUEY.update({"huey_class": "huey.RedisHuey", "url": HEARTH_REDIS_URL})
 else:
-    HUEY.update({"huey_class": "huey.SqliteHuey", "filename": str(HEARTH_HOME / "jobs-queue.sqlite3")})
+    HUEY.update({"huey_class": "huey.SqliteHuey", "filename": str(home.job_queue())})

@@ -2,6 +2,10 @@
 keeps there. A new kind of state gets a function here, so the whole layout
 reads at a glance (and the README's Settings table can name it).
 
+The root is `core.paths.hearth_home()`: HEARTH_HOME (default ~/.hearth),
+symlinks resolved, the one the request checks confine to; Django's
+`settings.HEARTH_HOME` is this same path.
+
 No Django here, and no imports of the project's apps."""
 from __future__ import annotations
 

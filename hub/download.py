@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote
 
+from core.fs import write_atomically
+
 CHUNK = 1 << 20
 RATE_WINDOW_S = 5.0
 HEX = re.compile(r"^[0-9a-f]{40,64}$")
@@ -220,12 +222,7 @@ def _download(repo_id, revision, root, token, progress, report, stop) -> tuple[s
         progress.files_done += 1
         report(progress)
     if revision != commit:
-        (root / "refs").mkdir(exist_ok=True)
-        ref = root / "refs" / revision
-        ref.parent.mkdir(parents=True, exist_ok=True)
-        tmp = ref.with_name(ref.name + ".tmp")
-        tmp.write_text(commit)
-        tmp.replace(ref)
+        write_atomically(root / "refs" / revision, commit)  # creates refs/ and a branch name's folders
     progress.current_file = None
     report(progress)
     return commit, snapshot

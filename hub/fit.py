@@ -22,6 +22,8 @@ import sys
 import time
 from dataclasses import dataclass
 
+from core.fs import write_atomically
+
 TRANSIENT_RESERVE = 256 << 20  # activations and scratch beside weights and KV (as the engine keeps)
 TYPICAL_CONTEXT = 8192
 SKU_CONTEXT = 32768
@@ -122,11 +124,8 @@ def machine(cache_path) -> Machine:
     bandwidth = measure_bandwidth()
     decode = measure_decode_bandwidth() or bandwidth / 2
     try:
-        cache_path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({**key, "bandwidth_gbs": bandwidth, "decode_bandwidth_gbs": decode,
-                                   "measured_at": time.time()}))
-        tmp.replace(cache_path)
+        write_atomically(cache_path, json.dumps({**key, "bandwidth_gbs": bandwidth, "decode_bandwidth_gbs": decode,
+                                                 "measured_at": time.time()}), durable=False)  # measured again if lost
     except OSError:
         pass
     return Machine(key["chip"], ram, int(ram * 0.75), key["cores"], bandwidth, decode)

@@ -14,25 +14,21 @@ from core.fs import write_atomically
 from core.paths import ADAPTER_FILES, is_inside
 
 
-def token_path() -> Path:
-    return home.hf_token()
-
-
 def saved_token() -> str | None:
     try:
-        token = json.loads(token_path().read_text()).get("token")
+        token = json.loads(home.hf_token().read_text()).get("token")
     except (OSError, ValueError, AttributeError):
         return None
     return token if isinstance(token, str) and token else None
 
 
 def save_token(token: str) -> None:
-    write_atomically(token_path(), json.dumps({"token": token}), mode=0o600)  # this user only, whatever was there
+    write_atomically(home.hf_token(), json.dumps({"token": token}), mode=0o600)  # this user only, whatever was there
 
 
 def forget_token() -> bool:
     try:
-        token_path().unlink()
+        home.hf_token().unlink()
         return True
     except FileNotFoundError:
         return False

@@ -22,14 +22,10 @@ def this_machine() -> fit.Machine:
         return fit.machine(home.machine())
 
 
-def _changed_file():
-    return home.library_changed()
-
-
 def mark_changed() -> None:
     """Something outside the downloads added models to the cache (a quantize
     job, in the worker's process): every process's listing is stale now."""
-    _changed_file().touch()
+    home.library_changed().touch()
 
 
 def _stamp() -> tuple:
@@ -40,7 +36,7 @@ def _stamp() -> tuple:
 
     done = Download.objects.filter(state="done").aggregate(m=Max("finished_at"))["m"]
     try:
-        quantized = _changed_file().stat().st_mtime_ns
+        quantized = home.library_changed().stat().st_mtime_ns
     except OSError:
         quantized = None
     return done, quantized

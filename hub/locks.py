@@ -43,13 +43,8 @@ def is_locked(root: Path) -> bool:
         return not held
 
 
-def _serving_dir() -> Path:
-
-    return home.serving()
-
-
 def record_serving(snapshot: Path) -> Path:
-    folder = _serving_dir()
+    folder = home.serving()
     folder.mkdir(parents=True, exist_ok=True)
     marker = folder / str(os.getpid())
     write_atomically(marker, str(snapshot.resolve()), durable=False)  # whole or absent: GC reads markers
@@ -60,7 +55,7 @@ def served_snapshots() -> frozenset:
     """Snapshots live serving processes have loaded."""
     from core.procs import pid_alive
 
-    folder = _serving_dir()
+    folder = home.serving()
     found = set()
     if folder.is_dir():
         for marker in folder.iterdir():

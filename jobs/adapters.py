@@ -13,10 +13,6 @@ from core.paths import TRAINING_MARKER, read_json
 from jobs.models import Adapter
 
 
-def adapters_root() -> Path:
-    return home.adapters()
-
-
 def bare_name(ref) -> str | None:
     """A model reference reduced to its bare repo name, lower-cased:
     "org/name", a hub cache path (models--org--name/...) or a folder."""
@@ -74,7 +70,7 @@ def available(mounted: list[dict], served_refs: list) -> list[dict]:
     """Every adapter folder found, with `mounted` and `compatible` (its
     recorded base is the served model by bare name, or it recorded none)."""
     folders: dict[str, str] = {}  # resolved path -> id
-    root = adapters_root()
+    root = home.adapters()
     if root.is_dir():
         for weights in sorted(root.glob("*/adapters.safetensors")) + sorted(root.glob("*/*/adapters.safetensors")):
             if _usable(weights.parent):

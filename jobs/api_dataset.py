@@ -1,10 +1,10 @@
 """`/api/dataset/*`: the dataset-builder templates and their jobs."""
 from __future__ import annotations
 
-from django.conf import settings
 from django.http import HttpRequest
 from ninja import Router
 
+from core import home
 from core.api import ApiError, refused
 from jobs import service
 from jobs.api_bodies import DatasetRequest
@@ -27,7 +27,7 @@ def submit(request: HttpRequest, body: DatasetRequest) -> dict:
         raise ApiError(f"unknown template {body.template_id!r}; see GET /api/dataset/templates")
     with refused(ValueError):  # PathRefused included
         dataset.check_inputs(template, body.inputs)
-    out = stamped(settings.HEARTH_HOME / "datasets", f"dataset-{template['id']}")
+    out = stamped(home.datasets(), f"dataset-{template['id']}")
     api_url = runtime.local_url or f"{request.scheme}://{request.get_host()}"
     job = service.submit("dataset", {"template_id": template["id"], "inputs": body.inputs,
                                      "model_name": body.model_name, "output_dir": str(out), "api_url": api_url})

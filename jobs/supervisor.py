@@ -32,17 +32,12 @@ STRAY_GRACE_S = 5.0
 PARENT_ENV = "HEARTH_WORKER_PARENT"
 
 
-def run_dir() -> Path:
-
-    return home.run()
-
-
 def record_worker(pid: int, folder: Path | None = None) -> Path | None:
     """Remember a worker this server started; None when it is already gone."""
     started = start_time(pid)
     if started is None:
         return None
-    folder = folder or run_dir()
+    folder = folder or home.run()
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"worker-{pid}.json"
     write_atomically(path, json.dumps({"worker_pid": pid, "worker_started": started, "server_pid": os.getpid(),
@@ -109,7 +104,7 @@ def _terminate(pid: int, started: float, grace: float) -> bool:
 def stop_strays(folder: Path | None = None, grace: float = STRAY_GRACE_S) -> list[int]:
     """Stop the recorded workers whose server is gone; drop stale records.
     The pids stopped, logged one by one."""
-    folder = folder or run_dir()
+    folder = folder or home.run()
     stopped = []
     if not folder.is_dir():
         return stopped
@@ -158,7 +153,7 @@ class WorkerSupervisor:
     @staticmethod
     def _forget(pid: int) -> None:
         try:
-            (run_dir() / f"worker-{pid}.json").unlink(missing_ok=True)
+            (home.run() / f"worker-{pid}.json").unlink(missing_ok=True)
         except OSError:
             pass
 

@@ -3,7 +3,6 @@ raises ApiError (`{"ok": false, "error": ...}` with a fitting status);
 `?vault=<name>` picks a vault other than the default."""
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -13,6 +12,7 @@ from django.http import HttpRequest
 from ninja import Query, Router, Schema
 from pydantic import Field, StrictBool
 
+from core import home, sse
 from core.api import ApiError
 from core.paths import PathRefused
 from memory import git, service, vault
@@ -29,6 +29,8 @@ class InitRequest(Schema):
 
 
 class SynthesizeRequest(Schema):
+    """A synthesis job's submit body (the synthesis kind's schema, registered in `memory/apps.py`)."""
+
     vault: str | None = Field(None, description=VAULT)
     dry: StrictBool = Field(False, description="plan only: no model calls, no writes")
 
@@ -72,7 +74,7 @@ def _reading() -> Iterator[None]:
 @router.get("/memory/vaults")
 def vaults(request: HttpRequest) -> dict:
     return {"ok": True, "vaults": [v.row() for v in MemoryVault.objects.all()],
-            "default_root": str(service.default_root())}
+            "default_root": str(home.vaults())}
 
 
 @router.get("/memory/status")
@@ -181,15 +183,12 @@ def synthesize_job(request: HttpRequest, body: SynthesizeRequest = DEFAULT_SYNTH
 v1_router = Router(tags=["memory"])
 
 
-def _sse(frame: dict | str) -> bytes:
-    return f"data: {frame if isinstance(frame, str) else json.dumps(frame, ensure_ascii=False)}\n\n".encode()
-
-
 async def _synthesis_frames(job_id: str, dry: bool):
     from jobs.api import job_events
 
-    yield _sse({"type": "log", "message": f"synthesis job {job_id}{' (dry run)' if dry else ''}; it keeps running "
-                                          f"if this stream closes (cancel: POST /api/jobs/{job_id}/cancel)"})
+    started = f"synthesis job {job_id}{' (dry run)' if dry else ''}"
+    yield sse.frame({"type": "log", "message": f"{started}; it keeps running if this stream closes "
+                                               f"(cancel: POST /api/jobs/{job_id}/cancel)"})
     # The stream ends once the worker has recorded the job's end (job_events
     # returns then), so a client that starts the next run on [DONE] is never
     # told that this one is still running.
@@ -197,21 +196,21 @@ async def _synthesis_frames(job_id: str, dry: bool):
     async for event in job_events(job_id):
         kind = (event or {}).get("type")
         if event is None:
-            yield b": keep-alive\n\n"
+            yield sse.KEEP_ALIVE
         elif kind == "stage":
-            yield _sse({"type": "stage", "stage": event.get("stage"), "message": event.get("message")})
+            yield sse.frame({"type": "stage", "stage": event.get("stage"), "message": event.get("message")})
         elif kind == "log" and event.get("message"):
-            yield _sse({"type": "log", "message": event["message"]})
+            yield sse.frame({"type": "log", "message": event["message"]})
         elif kind == "done":
             summary = event.get("summary") or {}
-            yield _sse({"type": "done", "message": f"synthesis done — {summary.get('note', '')}"})
-            yield _sse({"type": "summary", **summary})
+            yield sse.frame({"type": "done", "message": f"synthesis done — {summary.get('note', '')}"})
+            yield sse.frame({"type": "summary", **summary})
             done = True
         elif kind == "failed":
-            yield _sse({"type": "error", "message": event.get("error") or "synthesis failed"})
+            yield sse.frame({"type": "error", "message": event.get("error") or "synthesis failed"})
             return
     if done:
-        yield _sse("[DONE]")
+        yield sse.frame("[DONE]")
 
 
 @v1_router.get("/memory/synthesize")

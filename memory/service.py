@@ -6,9 +6,9 @@ import hashlib
 import re
 from pathlib import Path
 
-from django.conf import settings
 from django.db import transaction
 
+from core import home
 from core.paths import PathRefused, confine, holds_a_root
 from memory import index, vault
 from memory.models import MemoryVault
@@ -17,13 +17,9 @@ NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 DEFAULT_NAME = "default"
 
 
-def default_root() -> Path:
-    return settings.HEARTH_HOME / "memory"
-
-
 def index_path(root: Path | str) -> Path:
     key = hashlib.sha256(str(Path(root).resolve()).encode()).hexdigest()[:16]
-    return settings.HEARTH_HOME / "cache" / "memory-index" / f"{key}.v2.sqlite3"  # a cache: new layout, new file
+    return home.memory_index(key)
 
 
 def find(name: str | None = None) -> MemoryVault | None:
@@ -35,7 +31,7 @@ def find(name: str | None = None) -> MemoryVault | None:
 
 def no_vault(name: str | None = None) -> dict:
     """Why there is no vault, and where `init` would make it (None for a name it would refuse)."""
-    root = default_root() / (name or DEFAULT_NAME) if not name or NAME.match(name) else None
+    root = home.vaults() / (name or DEFAULT_NAME) if not name or NAME.match(name) else None
     error = f"no memory vault named {name!r}" if name else "no memory vault yet"
     return {"ok": False, "enabled": False, "error": error, "root": str(root) if root else None}
 
@@ -64,7 +60,7 @@ def init(path: str | None = None, name: str | None = None) -> tuple[MemoryVault,
         name = name or re.sub(r"[^A-Za-z0-9._-]", "-", root.name).lstrip("._-")[:64] or DEFAULT_NAME
     else:
         name = name or DEFAULT_NAME
-        root = (default_root() / name).resolve()
+        root = (home.vaults() / name).resolve()
     for other in MemoryVault.objects.exclude(name=name):
         there = Path(other.root)
         if root != there and (root.is_relative_to(there) or there.is_relative_to(root)):

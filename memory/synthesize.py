@@ -8,12 +8,12 @@ import logging
 import uuid
 from pathlib import Path
 
-from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
 from chat import store
 from chat.models import ChatSession
+from core import home
 from jobs import service as jobs
 from jobs.events import EventLog
 from jobs.models import Job
@@ -46,12 +46,12 @@ def start(row: MemoryVault, dry: bool, api_url: str | None, model_name: str | No
         raise VaultError("synthesis needs the served model: run it from a running `hearth serve`")
     until = timezone.now()
     sessions = _transcripts(row.last_synthesized_at, until)
-    folder = settings.HEARTH_HOME / "jobs"
+    folder = home.job_logs()
     folder.mkdir(parents=True, exist_ok=True)
     sessions_file = folder / f"synthesis-{uuid.uuid4().hex[:12]}.sessions.json"
     sessions_file.write_text(json.dumps(sessions, ensure_ascii=False), encoding="utf-8")
     vault_key = hashlib.sha256(row.root.encode()).hexdigest()[:12]
-    scratch = settings.HEARTH_HOME / "scratch" / "synthesis" / vault_key
+    scratch = home.scratch() / "synthesis" / vault_key
     with transaction.atomic():
         job = jobs.submit("synthesis", {"vault": row.name, "vault_root": row.root, "dry": dry,
                                         "sessions_file": str(sessions_file), "scratch_root": str(scratch / "trees"),
@@ -69,7 +69,9 @@ def _covered(job: Job, run: SynthesisRun):
         summary = json.loads(job.message or "{}")
     except ValueError:
         summary = {}
-    covered = parse_datetime(summary["coveredUntil"]) if summary.get("coveredUntil") else None
+    # Stored summaries may carry the key under its camel-case name, coveredUntil.
+    until = summary.get("covered_until") or summary.get("coveredUntil")
+    covered = parse_datetime(until) if until else None
     if summary.get("sessions", 0) and covered is not None and covered < run.until:
         return covered
     return run.until

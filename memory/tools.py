@@ -62,14 +62,6 @@ def run(name: str, args: dict) -> str:
         raise ToolError(str(exc)) from None
 
 
-def call(name: str, args: dict) -> str:
-    """`run`, with a failure as the text the model would read (`error: …`)."""
-    try:
-        return run(name, args)
-    except ToolError as exc:
-        return f"error: {exc}"
-
-
 def register_chat_tools() -> None:
     """Offer these tools to the dashboard chat (called from memory's AppConfig)."""
     from chat.tools import register_provider

@@ -185,24 +185,31 @@ def test_search_finds_an_article_edited_by_hand(client, vault_root):
 
 
 def test_chat_tools_read_the_default_vault_and_cannot_write(client, vault_root):
+    from chat.tools import ToolError
     from memory import tools
     from memory.models import MemoryVault
 
     MemoryVault.objects.update(is_default=False)
     MemoryVault.objects.filter(name="fixture").update(is_default=True)
     assert set(tools.NAMES) == {"memory_search", "memory_list", "memory_read", "memory_links"}
-    found = tools.call("memory_search", {"query": "apples"})
+    found = tools.run("memory_search", {"query": "apples"})
     assert "Red Fox#diet line 13" in found and "Garden" in found
-    assert "Grey Wolf" in tools.call("memory_list", {})
-    diet = tools.call("memory_read", {"name": "Red Fox", "section": "Diet"})
+    assert "Grey Wolf" in tools.run("memory_list", {})
+    diet = tools.run("memory_read", {"name": "Red Fox", "section": "Diet"})
     assert diet.startswith("## Diet") and "Habitat" not in diet
-    assert "no section" in tools.call("memory_read", {"name": "Red Fox", "section": "Wings"})
-    assert tools.call("memory_read", {"name": "Nobody"}).startswith("error: no article")
-    assert "Linked from: Grey Wolf" in tools.call("memory_links", {"name": "Red Fox"})
-    assert tools.call("memory_write", {"name": "x"}).startswith("error: unknown memory tool")
+    with pytest.raises(ToolError, match="no section"):
+        tools.run("memory_read", {"name": "Red Fox", "section": "Wings"})
+    with pytest.raises(ToolError, match="^no article"):
+        tools.run("memory_read", {"name": "Nobody"})
+    assert "Linked from: Grey Wolf" in tools.run("memory_links", {"name": "Red Fox"})
+    with pytest.raises(ToolError, match="^unknown memory tool"):
+        tools.run("memory_write", {"name": "x"})
     before = git(vault_root, "status", "--porcelain")
     for name in tools.NAMES:
-        tools.call(name, {"name": "../../etc/passwd", "query": "x"})
+        try:
+            tools.run(name, {"name": "../../etc/passwd", "query": "x"})
+        except ToolError:
+            pass
     assert git(vault_root, "status", "--porcelain") == before
 
 
@@ -337,6 +344,21 @@ def test_synthesis_never_writes_outside_its_folder(tmp_path):
     assert run.created == ["Good name"] and not (tmp_path.parent / "escape.md").exists()
     assert sorted(p.name for p in (tmp_path / "articles").iterdir()) == ["Good name.md"]
     assert stages.clean_name("../../etc/passwd") == "Etc passwd" and stages.clean_name("[[]]") is None
+
+
+def test_a_capped_run_covers_up_to_its_last_whole_session(client):
+    """The next run starts after `covered_until` (or `coveredUntil`, in a summary stored under that name)."""
+    from datetime import datetime, timezone
+    from types import SimpleNamespace
+
+    from memory.synthesize import _covered
+
+    run = SimpleNamespace(until=datetime(2025, 1, 2, tzinfo=timezone.utc))
+    covered = datetime(2025, 1, 1, tzinfo=timezone.utc)
+    for key in ("covered_until", "coveredUntil"):
+        job = SimpleNamespace(message=json.dumps({"sessions": 2, key: covered.isoformat()}))
+        assert _covered(job, run) == covered
+    assert _covered(SimpleNamespace(message=json.dumps({"sessions": 2})), run) == run.until
 
 
 def test_history_and_diff_follow_a_renamed_article(client, vault_root):

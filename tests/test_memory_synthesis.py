@@ -104,6 +104,7 @@ def test_synthesis_writes_articles_with_one_commit_per_stage(synth):
     assert job["status"] == "done", job["error"]
     summary = json.loads(job["message"])
     assert summary["created"], summary  # at least one new article
+    assert "covered_until" in summary and "coveredUntil" not in summary
     commits = git(root, "log", "--format=%H %s", f"{start}..HEAD").splitlines()[::-1]
     assert [c["hash"] for c in summary["commits"]] == [line.split()[0] for line in commits]
     landed = [c["stage"] for c in summary["commits"]]

@@ -5,6 +5,7 @@ schedule, the trainers' arguments, and the loss reporter. SFT
 the other."""
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 from pathlib import Path
@@ -97,7 +98,7 @@ class Reporter:
 
 def training_args(cls, cfg: dict, adapter_path: Path, **extra):
     """mlx-lm's (or mlx-lm-lora's) TrainingArgs from the job config."""
-    names = {f.name for f in __import__("dataclasses").fields(cls)}
+    names = {f.name for f in dataclasses.fields(cls)}
     accum = "grad_accumulation_steps" if "grad_accumulation_steps" in names else "gradient_accumulation_steps"
     save_every = cfg["save_every"] if cfg["save_checkpoints"] else cfg["iters"] + 1
     return cls(batch_size=cfg["batch_size"], iters=cfg["iters"], val_batches=-1,

@@ -70,7 +70,7 @@ def run(config: dict, log: EventLog, stage_delay: float = 0.0) -> tuple[str, dic
     summary = {"stages": STAGES, "dry": False, "sessions": len(state.sessions),
                "segments": len(state.segments), "facts": len(state.facts), "created": state.created,
                "touched": sorted(state.touched), "commits": commits, "model_calls": state.asked,
-               "coveredUntil": state.covered,
+               "covered_until": state.covered,
                "note": f"{len(commits)} commit(s) in {vault_root}"}
     return str(vault_root), summary
 
