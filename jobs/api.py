@@ -9,6 +9,7 @@ from asgiref.sync import sync_to_async
 from django.http import HttpRequest, StreamingHttpResponse
 from ninja import Query, Router
 
+from core import home, sse
 from core.api import ApiError, json_body, refused
 from core.openapi import NO_BODY, documented
 from core.paths import (
@@ -22,15 +23,7 @@ from core.paths import (
     regular_entries,
 )
 from jobs import registry, service
-from jobs.api_bodies import (
-    DatasetFolder,
-    ExportRequest,
-    FinetuneRequest,
-    MergeRequest,
-    ModelRef,
-    PickedFolder,
-    QuantizeRequest,
-)
+from jobs.api_bodies import DatasetFolder, ExportRequest, MergeRequest, ModelRef, PickedFolder
 from jobs.events import EventLog
 from jobs.folders import stamped
 from jobs.kinds import finetune, quantize
@@ -83,10 +76,6 @@ def cancel_job(request: HttpRequest, job_id: str) -> dict:
     return {"ok": True, "job": Job.objects.get(id=job_id).row()}
 
 
-def _frame(event: dict) -> bytes:
-    return f"data: {json.dumps(event, ensure_ascii=False)}\n\n".encode()
-
-
 async def job_events(job_id: str):
     """A job's events as they are written, until it has ended; None now and
     then while it is quiet (for a keep-alive), and a `failed` event for a
@@ -118,8 +107,8 @@ async def job_events(job_id: str):
 async def _follow(job_id: str):
     yield b"retry: 1500\n\n"
     async for event in job_events(job_id):
-        yield b": keep-alive\n\n" if event is None else _frame(event)
-    yield b"event: end\ndata: {}\n\n"
+        yield sse.KEEP_ALIVE if event is None else sse.frame(event)
+    yield sse.frame({}, "end")
 
 
 @router.get("/jobs/{job_id}/stream")
@@ -158,7 +147,7 @@ def quantize_inspect(request: HttpRequest) -> dict:
             "quantized": bool(config.get("quantization"))}
 
 
-@router.post("/quantize/submit", openapi_extra=documented(QuantizeRequest))
+@router.post("/quantize/submit", openapi_extra=documented(registry.get("quantize").schema))
 def quantize_submit(request: HttpRequest) -> dict:
     from inference.engine.errors import ModelNotFound
     from inference.engine.loader import resolve
@@ -181,10 +170,8 @@ def finetune_inspect(request: HttpRequest, body: DatasetFolder) -> dict:
         return finetune.inspect(str(confine(body.path, "path")))
 
 
-@router.post("/finetune/submit", openapi_extra=documented(FinetuneRequest))
+@router.post("/finetune/submit", openapi_extra=documented(registry.get("finetune").schema))
 def finetune_submit(request: HttpRequest) -> dict:
-    from django.conf import settings
-
     body = json_body(request)
     if not isinstance(body.get("model_dir"), str) or not isinstance(body.get("data_dir"), str) \
             or not body["model_dir"] or not body["data_dir"]:
@@ -192,7 +179,7 @@ def finetune_submit(request: HttpRequest) -> dict:
     if body.get("adapter_path") is not None and not isinstance(body["adapter_path"], str):
         raise ApiError("adapter_path must be a string")
     if not body.get("adapter_path"):
-        body["adapter_path"] = str(stamped(settings.HEARTH_HOME / "adapters", "adapter"))
+        body["adapter_path"] = str(stamped(home.adapters(), "adapter"))
     with refused(PathRefused):
         finetune.confine_paths(body)
     job = service.submit("finetune", body)  # config errors surface as the job's failed event
@@ -201,8 +188,6 @@ def finetune_submit(request: HttpRequest) -> dict:
 
 @router.post("/finetune/merge", openapi_extra=documented(MergeRequest))
 def finetune_merge(request: HttpRequest) -> dict:
-    from django.conf import settings
-
     from jobs.adapters import register
     from jobs.merge import merge
 
@@ -213,7 +198,7 @@ def finetune_merge(request: HttpRequest) -> dict:
     if scales is not None and (not isinstance(scales, list) or len(scales) != 2 or not all(
             isinstance(x, (int, float)) and not isinstance(x, bool) for x in scales)):
         raise ApiError("scales must be a list of two numbers")
-    out = stamped(settings.HEARTH_HOME / "adapters", "merged")
+    out = stamped(home.adapters(), "merged")
     try:
         stats = merge(first, second, out, [float(x) for x in scales] if scales else None)
     except (ValueError, OSError) as exc:
@@ -248,14 +233,12 @@ def _resolve_folder(body: PickedFolder) -> dict:
 def finetune_export(request: HttpRequest, body: ExportRequest) -> dict:
     import time as _time
 
-    from django.conf import settings
-
     with refused(PathRefused):
         adapter_dir = confine(body.adapter_path, "adapter_path")
         confine_members(adapter_dir, ADAPTER_FILES, "adapter_path")
     if holds_a_root(adapter_dir) or not (adapter_dir / "adapters.safetensors").is_file():
         raise ApiError(f"{adapter_dir} holds no adapters.safetensors")
-    out = stamped(settings.HEARTH_HOME / "exports", "export")
+    out = stamped(home.exports(), "export")
     out.mkdir(parents=True)
     manifest = {"version": 1, "base_model": body.base_model, "adapter_path": str(adapter_dir),
                 "created_at": _time.strftime("%Y-%m-%dT%H:%M:%SZ", _time.gmtime())}

@@ -7,10 +7,13 @@ list. The others are the routes' own parameters: ninja validates them, and
 a refusal reads `{"ok": false, "error": "<field>: <reason>"}`."""
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import fields
+from typing import Any, get_type_hints
 
 from ninja import Schema
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, create_model
+
+from jobs.kinds import finetune
 
 
 class Documented(Schema):
@@ -28,34 +31,24 @@ class QuantizeRequest(ModelRef):
     candidate_bits: list[int] | None = Field(None, description="widths the mixed mode may pick from")
 
 
-class FinetuneRequest(Documented):
-    """A LoRA fine-tune; the numbers are checked when the job starts (a bad one fails the job)."""
-
+class FinetunePaths(Documented):
     model_dir: str = Field(..., description="a repo id in the HF cache, or a model folder")
     data_dir: str = Field(..., description="a folder with train.jsonl and optionally valid.jsonl")
     adapter_path: str | None = Field(None, description="where the adapter is written; default under "
                                                        "HEARTH_HOME/adapters")
-    method: str = Field("sft", description="sft, dpo or orpo")
-    iters: int = 300
-    learning_rate: float = 2e-4
-    rank: int = 16
-    scale: float = 20.0
-    lora_dropout: float = 0.0
-    num_layers: int = Field(0, description="0 = every layer")
-    batch_size: int = 1
-    max_seq_length: int = 2048
-    grad_accumulation_steps: int = 1
-    seed: int = 0
-    steps_per_report: int = 1
-    steps_per_eval: int = 0
-    sft_scope: str = Field("full", description="full or response")
-    save_every: int = 100
-    weight_decay: float = 0.0
-    target_modules: list[str] | None = Field(None, description='layer names, e.g. ["self_attn.q_proj"]')
-    val_max_examples: int = 0
-    warm_start_adapter: str | None = Field(None, description="an adapter folder to continue from")
-    dpo_beta: float = 0.1
-    orpo_lambda: float = 0.1
+
+
+def _fields(options: type) -> dict[str, Any]:
+    """Pydantic field definitions of a dataclass's fields: type, default and its `doc`."""
+    hints = get_type_hints(options)
+    return {f.name: (hints[f.name], Field(f.default, description=f.metadata.get("doc"))) for f in fields(options)}
+
+
+# The fine-tune's settings are the trainer's own (`finetune.Options`): one
+# list of names, types and defaults for the body and for the job.
+FinetuneRequest = create_model("FinetuneRequest", __base__=FinetunePaths, __module__=__name__,
+                               __doc__="A LoRA fine-tune; the numbers are checked when the job starts (a bad one "
+                                       "fails the job).", **_fields(finetune.Options))
 
 
 class MergeRequest(Documented):

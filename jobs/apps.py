@@ -21,8 +21,9 @@ class JobsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self):
+        from jobs.api_bodies import DatasetRequest, FinetuneRequest, QuantizeRequest
         from jobs.registry import JobKind, register
 
-        register(JobKind("quantize", "jobs.kinds.quantize", _quantize_ended))
-        register(JobKind("finetune", "jobs.kinds.finetune", _finetune_ended))
-        register(JobKind("dataset", "jobs.kinds.dataset"))
+        register(JobKind("quantize", "jobs.kinds.quantize", QuantizeRequest, _quantize_ended))
+        register(JobKind("finetune", "jobs.kinds.finetune", FinetuneRequest, _finetune_ended))
+        register(JobKind("dataset", "jobs.kinds.dataset", DatasetRequest))

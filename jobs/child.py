@@ -1,4 +1,7 @@
-"""The child process of a job: `python -m jobs.child KIND RUN_MODULE LOG CONFIG_JSON`.
+"""The child process of a job: `python -m jobs.child RUN_MODULE LOG CONFIG_JSON`.
+
+RUN_MODULE is the module its kind registered (`jobs.registry`); its
+`run(config, log, stage_delay)` does the work.
 
 All MLX work of a job happens here, so a crash or an out-of-memory kill
 takes down this process only; the worker sees the exit and records why.
@@ -20,7 +23,7 @@ PARENT_ENV = "HEARTH_JOB_PARENT"
 
 
 def main(argv: list[str]) -> int:
-    kind, run_module, log_path, config_json = argv
+    run_module, log_path, config_json = argv
     tie_to_parent(int(os.environ.pop(PARENT_ENV, "") or os.getppid()), signal.SIGKILL)
     log = EventLog(log_path)
     config = json.loads(config_json)

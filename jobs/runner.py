@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+from django.db import transaction
 from django.utils import timezone
 
 from core.procs import pid_alive, started_before
@@ -38,9 +39,8 @@ def mark_zombies() -> int:
         if _worker_gone(job):
             job.status, job.ended_at = "zombie", timezone.now()
             job.error = job.error or f"its worker (pid {job.worker_pid}) stopped while it ran"
-            job.save(update_fields=["status", "ended_at", "error"])
             emit_safely(job, "failed", error=job.error)
-            after_end(job)
+            end(job, ["status", "ended_at", "error"])
             count += 1
     return count
 
@@ -80,7 +80,7 @@ def run(job_id: str) -> None:
     try:
         events.emit("started")
         with open(stderr_path, "wb") as stderr:
-            child = subprocess.Popen([sys.executable, "-m", "jobs.child", job.kind, registry.get(job.kind).run_module,
+            child = subprocess.Popen([sys.executable, "-m", "jobs.child", registry.get(job.kind).run_module,
                                       job.log_path, job.config_json],
                                      stdout=stderr, stderr=subprocess.STDOUT, start_new_session=True,
                                      env=dict(os.environ, HEARTH_JOB_PARENT=str(os.getpid())))
@@ -149,17 +149,27 @@ def _finish(job: Job, code: int, state: dict, cancelled: bool, stderr_path: Path
         job.status = "failed"
         if "failed" not in state:
             emit_safely(job, "failed", error=job.error)
-    job.save()
-    after_end(job)
+    end(job)
     log.info("job %s %s%s", job.id, job.status, f": {job.error}" if job.error else "")
+
+
+def end(job: Job, fields: list[str] | None = None) -> None:
+    """Record a job's end and run its kind's end hook in one transaction, so
+    no reader sees the job ended before the hook's own writes (a synthesis
+    run's `last_synthesized_at`, a fine-tune's adapter row) have landed."""
+    with transaction.atomic():
+        job.save(update_fields=fields)
+        after_end(job)
 
 
 def after_end(job: Job) -> None:
     """The kind's own end hook, once its job has ended, however it ended
-    (done, failed, cancelled while queued, or found a zombie)."""
+    (done, failed, cancelled while queued, or found a zombie). A failing hook
+    is logged; its writes are undone, the job's end stands."""
     try:
         hook = registry.get(job.kind).after_end
         if hook is not None:
-            hook(job)
+            with transaction.atomic():
+                hook(job)
     except Exception:
         log.exception("job %s: its %s end hook failed", job.id, job.kind)

@@ -27,14 +27,19 @@ def _enqueue(job_id: str) -> None:
 
 
 def cancel(job: Job) -> bool:
-    """Cancel a queued or running job; the worker kills its child."""
-    updated = Job.objects.filter(id=job.id, status__in=("queued", "running")).update(status="cancelled")
-    if updated and job.status == "queued":  # no worker will see it: end it here
-        from django.utils import timezone
+    """Cancel a queued or running job. A queued one ends here (no worker will
+    start it: the worker starts only a job still queued); a running one is
+    marked, and its worker kills the child and records the end."""
+    from django.db import transaction
+    from django.utils import timezone
 
-        from jobs.runner import after_end, emit_safely
+    from jobs.runner import emit_safely, end
 
-        Job.objects.filter(id=job.id).update(ended_at=timezone.now(), error="cancelled by request")
-        emit_safely(job, "failed", error="cancelled by request")
-        after_end(Job.objects.get(id=job.id))
-    return bool(updated)
+    with transaction.atomic():
+        if Job.objects.filter(id=job.id, status="queued").update(status="cancelled"):
+            ended = Job.objects.get(id=job.id)
+            ended.ended_at, ended.error = timezone.now(), "cancelled by request"
+            emit_safely(ended, "failed", error=ended.error)
+            end(ended, ["ended_at", "error"])
+            return True
+    return bool(Job.objects.filter(id=job.id, status="running").update(status="cancelled"))

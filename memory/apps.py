@@ -13,8 +13,9 @@ class MemoryConfig(AppConfig):
 
     def ready(self):
         from jobs.registry import JobKind, register
+        from memory.api import SynthesizeRequest
 
-        register(JobKind("synthesis", "memory.synthesis.pipeline", _synthesis_ended))
+        register(JobKind("synthesis", "memory.synthesis.pipeline", SynthesizeRequest, _synthesis_ended))
         from memory import tools
 
         tools.register_chat_tools()

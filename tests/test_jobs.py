@@ -129,7 +129,7 @@ def _submit_slow(server, tiny_model) -> str:
     job_id = r.json()["job_id"]
     wait_status(server.url, job_id, ("running",))
     deadline = time.monotonic() + 30
-    while not pids_matching(f"jobs.child quantize .*{job_id}"):
+    while not pids_matching(f"jobs.child jobs.kinds.quantize .*{job_id}"):
         assert time.monotonic() < deadline, "the job's child never started"
         time.sleep(0.1)
     return job_id
@@ -137,7 +137,7 @@ def _submit_slow(server, tiny_model) -> str:
 
 def test_a_killed_child_fails_the_job_with_a_reason(slow_server, tiny_model):
     job_id = _submit_slow(slow_server, tiny_model)
-    for pid in pids_matching(f"jobs.child quantize .*{job_id}"):
+    for pid in pids_matching(f"jobs.child jobs.kinds.quantize .*{job_id}"):
         os.kill(pid, signal.SIGKILL)
     job = wait_status(slow_server.url, job_id, ("failed", "done"))
     assert job["status"] == "failed" and "killed by signal 9" in job["error"]
@@ -155,7 +155,7 @@ def test_cancel_kills_the_child(slow_server, tiny_model):
         time.sleep(0.2)
     assert job["status"] == "cancelled" and job["error"] == "cancelled by request"
     deadline = time.monotonic() + 15
-    while pids_matching(f"jobs.child quantize .*{job_id}"):
+    while pids_matching(f"jobs.child jobs.kinds.quantize .*{job_id}"):
         assert time.monotonic() < deadline, "the child outlived its cancel"
         time.sleep(0.1)
     assert httpx.post(f"{slow_server.url}/api/jobs/{job_id}/cancel").status_code == 409

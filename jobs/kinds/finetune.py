@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from core.paths import (
@@ -28,14 +29,53 @@ from core.paths import (
 from jobs.events import EventLog
 from jobs.kinds.training import Reporter, ServingChatDataset, optimizer, read_jsonl, training_args
 
-DEFAULTS = {"method": "sft", "rank": 16, "scale": 20.0, "lora_dropout": 0.0, "num_layers": 0, "iters": 300,
-            "learning_rate": 2e-4, "max_seq_length": 2048, "batch_size": 1, "grad_accumulation_steps": 1,
-            "seed": 0, "steps_per_report": 1, "steps_per_eval": 0, "sft_scope": "full", "save_every": 100,
-            "save_checkpoints": True, "weight_decay": 0.0, "grad_checkpoint": False,
-            "target_modules": None, "val_max_examples": 0, "warm_start_adapter": None,
-            "dpo_beta": 0.1, "dpo_warmup_iters": 0, "dpo_lr_schedule": "constant",
-            "orpo_lambda": 0.1, "orpo_warmup_iters": 0, "orpo_lr_schedule": "constant"}
-# Reference knobs this trainer does not act on; a job that sets one says so in its log.
+
+def _knob(default, doc: str):
+    return field(default=default, metadata={"doc": doc})
+
+
+@dataclass(frozen=True)
+class Options:
+    """Every setting a fine-tune takes besides its paths, at the value a job
+    runs with when its config leaves it out (or sets it to null). `settings`
+    checks them when the job starts; the submit body's Schema
+    (`jobs.api_bodies.FinetuneRequest`) is built from these fields."""
+
+    method: str = _knob("sft", "sft, dpo or orpo")
+    iters: int = 300
+    learning_rate: float = 2e-4
+    rank: int = 16
+    scale: float = 20.0
+    lora_dropout: float = 0.0
+    num_layers: int = _knob(0, "0 = every layer")
+    batch_size: int = 1
+    max_seq_length: int = 2048
+    grad_accumulation_steps: int = 1
+    seed: int = 0
+    steps_per_report: int = 1
+    steps_per_eval: int = 0
+    sft_scope: str = _knob("full", "full or response")
+    save_every: int = _knob(100, "steps between checkpoints")
+    save_checkpoints: bool = _knob(True, "false: only the final adapter is written")
+    weight_decay: float = _knob(0.0, "above 0: AdamW instead of Adam")
+    grad_checkpoint: bool = _knob(False, "recompute activations in the backward pass (less memory, slower)")
+    target_modules: list[str] | None = _knob(None, 'layer names, e.g. ["self_attn.q_proj"]; default: '
+                                                   "mlx-lm's choice")
+    val_max_examples: int = _knob(0, "0 = every row of valid.jsonl")
+    warm_start_adapter: str | None = _knob(None, "an adapter folder to continue from")
+    dpo_beta: float = 0.1
+    dpo_warmup_iters: int = _knob(0, "DPO: steps of linear learning-rate warmup")
+    dpo_lr_schedule: str = _knob("constant", "DPO: constant or cosine")
+    orpo_lambda: float = 0.1
+    orpo_warmup_iters: int = _knob(0, "ORPO: steps of linear learning-rate warmup")
+    orpo_lr_schedule: str = _knob("constant", "ORPO: constant or cosine")
+
+
+DEFAULTS = asdict(Options())
+
+# Config keys other MLX LoRA trainers take and this one does not act on: gradient clipping, rsLoRA and
+# LoRA+ scaling, MLP and sequence splitting, ORPO's chunked and fused losses. A job that sets one says
+# so in its log.
 UNSUPPORTED = ("grad_clip_norm", "rank_scaling", "rs_lora", "lora_plus_ratio", "mlp_split", "segment_size",
                "orpo_chunk_size", "orpo_fused_ce", "orpo_flash_ce", "orpo_prefix_shared")
 METHODS = ("sft", "dpo", "orpo")

@@ -1,0 +1,75 @@
+"""Job kinds as they are registered: each with its run module and its
+submit schema; the fine-tune body built from the trainer's own settings
+(one list of names and defaults); and the job's child process, which runs
+the module it is named."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from tests.helpers import ROOT
+
+
+@pytest.fixture(scope="module")
+def registry():
+    import django
+
+    django.setup()
+    from jobs import registry
+
+    return registry
+
+
+def test_every_kind_registers_its_run_module_and_submit_schema(registry):
+    from pydantic import BaseModel
+
+    assert set(registry.names()) >= {"quantize", "finetune", "dataset", "synthesis"}
+    for name in registry.names():
+        kind = registry.get(name)
+        assert isinstance(kind.run_module, str) and kind.run_module, name
+        assert issubclass(kind.schema, BaseModel), name
+        assert kind.schema.model_json_schema()["properties"], name
+
+
+def test_the_fine_tune_body_lists_every_setting_the_trainer_defaults(registry):
+    from jobs.kinds import finetune
+
+    schema = registry.get("finetune").schema.model_json_schema()
+    props = schema["properties"]
+    assert set(props) == {"model_dir", "data_dir", "adapter_path", *finetune.DEFAULTS}
+    assert sorted(schema["required"]) == ["data_dir", "model_dir"]
+    assert {key: props[key]["default"] for key in finetune.DEFAULTS} == finetune.DEFAULTS
+    assert props["save_checkpoints"]["type"] == "boolean" and props["learning_rate"]["type"] == "number"
+    assert props["target_modules"]["anyOf"][0] == {"items": {"type": "string"}, "type": "array"}
+    assert schema.get("additionalProperties") is True  # the route passes the whole body on to the job
+    assert finetune.settings({}) == finetune.DEFAULTS
+
+
+def test_the_submit_routes_document_their_kinds_schema(registry):
+    from config.api import api
+
+    doc = api.get_openapi_schema(path_prefix="/api")
+    for path, kind in (("/api/finetune/submit", "finetune"), ("/api/quantize/submit", "quantize")):
+        body = doc["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
+        assert body == registry.get(kind).schema.model_json_schema(), path
+
+
+def test_the_child_runs_the_module_it_is_named(tmp_path):
+    (tmp_path / "hearth_probe_kind.py").write_text(textwrap.dedent("""
+        def run(config, log, stage_delay):
+            log.emit("stage", stage="work", progress=0.5, message=config["say"])
+            return "/nowhere", {"said": config["say"]}
+    """))
+    log = tmp_path / "job.ndjson"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(tmp_path)]))
+    done = subprocess.run([sys.executable, "-m", "jobs.child", "hearth_probe_kind", str(log),
+                           json.dumps({"say": "hello"})], cwd=ROOT, env=env, capture_output=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    events = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [e["type"] for e in events] == ["stage", "done"]
+    assert events[-1]["output_dir"] == "/nowhere" and events[-1]["summary"] == {"said": "hello"}
