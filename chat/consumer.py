@@ -369,7 +369,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
     def _check_sampling(self, values: dict) -> None:
         runtime = self.runtime
         if runtime.engine is not None and runtime.engine.loaded is not None:
-            problem = turns.sampling_problem(values, runtime.engine.loaded, runtime.defaults)
+            problem = turns.sampling_problem(values, runtime.engine.loaded, runtime.options.defaults)
             if problem is not None:
                 raise _FrameError(problem)
 
@@ -387,9 +387,10 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         runtime = self.runtime
         engine = runtime.engine
         model = engine.loaded if engine is not None else None
+        defaults = runtime.options.defaults
         return {"type": "ready", "model": model.model_id if model else None, "vision": False, "audio": False,
                 "thinking": chat_protocol.thinks(model) if model else False, "transcription": False,
-                "genDefaults": params.gen_defaults(runtime.defaults, model.generation_config) if model else None,
+                "genDefaults": params.gen_defaults(defaults, model.generation_config) if model else None,
                 "contextWindow": model.context_window if model else None}
 
 

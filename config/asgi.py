@@ -34,7 +34,8 @@ def _declared_length(scope) -> int:
 
 async def _http(scope, receive, send):
     if runtime.draining:
-        await _answer(send, 503, b'{"error":{"message":"server is shutting down","type":"engine_unavailable"}}')
+        await _answer(send, 503, error_body(scope.get("path", "/"), 503, "server is shutting down", "shutting_down",
+                                            "engine_unavailable"))
         return
     cap = limits.current().max_body_bytes  # daphne refuses these at the connection; other servers get it here
     if _declared_length(scope) > cap:

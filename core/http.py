@@ -41,6 +41,6 @@ def error_object(path: str, status: int, message: str, code: str | None = None, 
     return openai_error(message, kind or ("server_error" if status >= 500 else "invalid_request_error"), param, code)
 
 
-def error_body(path: str, status: int, message: str, code: str | None = None) -> bytes:
+def error_body(path: str, status: int, message: str, code: str | None = None, kind: str | None = None) -> bytes:
     """`error_object` as the bytes of a JSON body."""
-    return json.dumps(error_object(path, status, message, code)).encode()
+    return json.dumps(error_object(path, status, message, code, kind)).encode()

@@ -5,6 +5,7 @@ from asgiref.sync import sync_to_async
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.http import require_GET
 
+from core.http import error_object
 from hub import fit, library, registry
 
 
@@ -32,8 +33,8 @@ async def library_view(request: HttpRequest) -> JsonResponse:
 async def fit_view(request: HttpRequest) -> JsonResponse:
     loaded = _served(request)
     if loaded is None:
-        return JsonResponse({"error": {"message": "no model is loaded in this process", "type": "engine_unavailable",
-                                       "param": None, "code": "no_model_loaded"}}, status=503)
+        return JsonResponse(error_object(request.path, 503, "no model is loaded in this process", "no_model_loaded",
+                                         "engine_unavailable"), status=503)
     return JsonResponse(await sync_to_async(fit_body)(loaded))
 
 

@@ -78,20 +78,3 @@ class Runtime:
         """The engine that answers embeddings, if any."""
         engine = self.engine
         return engine if self.embeddings_enabled and engine is not None and engine.loaded is not None else None
-
-    # -- the options protocol modules get -----------------------------------
-    @property
-    def defaults(self):
-        return self.options.defaults
-
-    @property
-    def grammar_enabled(self) -> bool:
-        return self.options.grammar_enabled
-
-    @property
-    def templates(self):
-        return self.options.templates
-
-    @property
-    def sse_keepalive(self) -> float:
-        return self.options.sse_keepalive

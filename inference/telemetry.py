@@ -5,10 +5,9 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
-from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from core import limits
 from inference.engine import lanes, loader
 from inference.engine.engine import MAX_QUEUED, TRANSIENT_RESERVE, Engine
 from inference.engine.metrics import REGISTRY
@@ -54,8 +53,9 @@ def _engine_stats(runtime: Runtime) -> dict:
                         "ram_bytes": sum(a["ram_bytes"] for a in adapters.describe())}
     s = engine.stats
     body["grammar"] = model.grammar_compiler.stats()
-    body["limits"] = dataclasses.asdict(limits.current())
-    body["templates"] = runtime.templates.stats() if runtime.templates is not None else {"allowed": False}
+    options = runtime.options
+    body["limits"] = dataclasses.asdict(options.limits)
+    body["templates"] = options.templates.stats() if options.templates is not None else {"allowed": False}
     body["engine"] = {
         "active": engine.active_rows, "queued": engine.queued, "requests_total": s.requests_total,
         "failed_rows": s.failed_rows, "failed_steps": s.failed_steps,
@@ -113,13 +113,14 @@ def _batch(engine: Engine) -> dict:
 
 # -- /metrics --------------------------------------------------------------
 class _EngineCollector:
-    """Gauges and counters read from the engine at scrape time, so they
-    agree with /stats."""
+    """Gauges and counters read from a runtime's engine at scrape time, so
+    they agree with /stats."""
 
-    runtime: Runtime | None = None  # the runtime of the scrape under way (render_metrics)
+    def __init__(self, runtime: Runtime):
+        self.runtime = runtime
 
     def collect(self):
-        engine = self.runtime.engine if self.runtime is not None else None
+        engine = self.runtime.engine
         if engine is None or engine.loaded is None or engine.cache is None:  # not loaded, or still setting up
             return
         yield GaugeMetricFamily("hearth_queue_depth", "Requests waiting for a row", value=engine.queued)
@@ -142,10 +143,8 @@ class _EngineCollector:
                                       value=ssd["restores"])
 
 
-_COLLECTOR = _EngineCollector()
-REGISTRY.register(_COLLECTOR)
-
-
 def render_metrics(runtime: Runtime) -> tuple[bytes, str]:
-    _COLLECTOR.runtime = runtime
-    return generate_latest(REGISTRY), CONTENT_TYPE_LATEST
+    """The process's counters and histograms, then `runtime`'s engine gauges."""
+    engine = CollectorRegistry(auto_describe=False)
+    engine.register(_EngineCollector(runtime))
+    return generate_latest(REGISTRY) + generate_latest(engine), CONTENT_TYPE_LATEST

@@ -93,6 +93,30 @@ def test_a_turn_streams_and_is_stored(engine):
     asyncio.run(run())
 
 
+def test_set_sampling_takes_every_sampling_field_the_http_routes_take(engine):
+    """The socket reads the one list of sampling fields (`params.SAMPLING`), context windows included."""
+    from inference.protocols.params import SAMPLING
+
+    values = {"temperature": 0.5, "top_p": 0.9, "top_k": 5, "min_p": 0.05, "xtc_probability": 0.1,
+              "xtc_threshold": 0.2, "seed": 7, "repetition_penalty": 1.1, "repetition_context_size": 16,
+              "presence_penalty": 0.2, "presence_context_size": 32, "frequency_penalty": 0.1,
+              "frequency_context_size": 24}
+    assert set(values) == set(SAMPLING)
+
+    async def run():
+        ws = await _connect()
+        await ws.send_json_to({"type": "new_session"})
+        history = await ws.receive_json_from(timeout=10)
+        await ws.send_json_to({"type": "set_sampling", "scope": "session", **values})
+        await ws.send_json_to({"type": "open_session", "path": history["sessionId"]})
+        while (frame := await ws.receive_json_from(timeout=10))["type"] != "history":
+            assert frame["type"] != "error", frame
+        await ws.disconnect()
+        return frame["settings"]["sampling"]
+
+    assert asyncio.run(run()) == values
+
+
 def test_regenerate_edit_and_switch_make_sibling_branches(engine):
     async def run():
         ws = await _connect()

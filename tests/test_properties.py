@@ -25,16 +25,17 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from core import jsonbody, sse
-from inference.engine.adapters import AdapterError, parse_spec
+from core.limits import Limits
 from inference.engine.types import GenerationRequest, SamplingParams
-from inference.protocols import anthropic, chat, embeddings, params, responses, structured, toolcalls
+from inference.protocols import anthropic, chat, embeddings, openai, params, responses, structured, toolcalls
 from inference.protocols.errors import RequestError
 from inference.protocols.options import ServerDefaults
 from inference.protocols.output import OutputParser
 from inference.protocols.response_store import ResponseStore
 
 FAST = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow], database=None)
-VOCAB, WINDOW = 320, 2048
+VOCAB, WINDOW = 320, 2048  # the tiny model's
+LIMITS = Limits()
 
 
 # -- JSON values ---------------------------------------------------------------
@@ -247,22 +248,20 @@ DEFAULTS = st.builds(ServerDefaults, max_tokens=st.none() | st.integers(0, 64),
                      top_k=st.none() | st.integers(0, 1000))
 
 
-def read_request(body: dict, defaults: ServerDefaults, generation_config: dict) -> GenerationRequest:
-    """What the chat and completion routes read from a body's shared fields (`openai._common`)."""
-    params.single_choice(body)
-    params.boolean(body, "stream")
+@pytest.fixture(scope="module")
+def tiny(tiny_model):
+    """The tiny model, loaded in this process, for the protocol code that reads a model."""
+    from inference.engine import loader
+
+    return loader.load(tiny_model)
+
+
+def read_request(model, body: dict, defaults: ServerDefaults, generation_config: dict) -> GenerationRequest:
+    """What the chat and completion routes read from a body's shared fields (`openai._common`),
+    for a model whose generation_config is `generation_config`."""
+    model.generation_config = generation_config
     params.session_key(body, {})
-    want, top = params.logprobs(body)
-    try:
-        adapters = parse_spec(body.get("adapter"))
-    except AdapterError as exc:
-        raise RequestError(str(exc), "adapter") from None
-    request = GenerationRequest(
-        prompt_tokens=[1, 2, 3], max_tokens=params.max_tokens(body, defaults),
-        sampling=params.sampling(body, defaults, generation_config, VOCAB),
-        logits=params.logits_params(body, VOCAB), stop=params.stop_sequences(body), logprobs=want,
-        top_logprobs=top, adapters=adapters)
-    return params.checked(request, VOCAB, WINDOW)
+    return openai._common(body, model, defaults)
 
 
 def _finite(value) -> bool:
@@ -274,9 +273,9 @@ def _finite(value) -> bool:
 @example({"temperature": 10**400}, ServerDefaults(), {})
 @example({"top_p": -(10**400)}, ServerDefaults(), {})
 @example({}, ServerDefaults(), {"temperature": 10**400, "top_k": 10**400})
-def test_sampling_fields_give_a_checked_request_or_a_request_error(body, defaults, generation_config):
+def test_sampling_fields_give_a_checked_request_or_a_request_error(tiny, body, defaults, generation_config):
     try:
-        request = read_request(body, defaults, generation_config)
+        request = read_request(tiny, body, defaults, generation_config)
     except RequestError as exc:
         assert exc.status == 400 and str(exc)
         return
@@ -323,11 +322,11 @@ def _messages_like() -> st.SearchStrategy:
 
 def read_chat_body(body: dict) -> None:
     """The chat-side reading every protocol's body goes through before a prompt exists."""
-    messages = chat.normalize_messages(body.get("messages"))
-    kwargs, template = chat.template_kwargs(body)
+    messages = chat.normalize_messages(body.get("messages"), LIMITS)
+    kwargs, template = chat.template_kwargs(body, LIMITS)
     tools = chat.tools_for(body)
-    chat.check_size(messages, tools, kwargs, template)
-    structured.requested(body)
+    chat.check_size(messages, tools, kwargs, template, LIMITS)
+    structured.requested(body, LIMITS)
 
 
 @BODIES
@@ -357,7 +356,7 @@ def test_a_responses_body_becomes_a_chat_body_or_a_request_error(body, items):
 @given(objects(CHAT_FIELDS), _messages_like())
 def test_a_chat_or_embeddings_body_reads_or_is_refused(body, messages):
     for candidate in (body, {**body, "messages": messages}):
-        for read in (read_chat_body, embeddings.texts, embeddings.encoding):
+        for read in (read_chat_body, lambda b: embeddings.texts(b, LIMITS), embeddings.encoding):
             try:
                 read(candidate)
             except RequestError as exc:

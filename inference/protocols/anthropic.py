@@ -23,7 +23,8 @@ EXTRAS = (*(f for f in SAMPLING if f not in ("temperature", "top_p", "top_k")),
           "guided_regex", "guided_choice", "chat_template_kwargs", "adapter")
 
 
-def error_body(message: str, kind: str = "invalid_request_error") -> dict:
+def error_event(message: str, kind: str = "invalid_request_error") -> dict:
+    """An `error` event of a Messages stream."""
     return {"type": "error", "error": {"type": kind, "message": message}}
 
 
@@ -307,7 +308,7 @@ async def stream(reply: Reply, events: EventStream, output: OutputParser,
             yield PING
             continue
         if event.error is not None:
-            yield frame(error_body(event.error, "api_error"))
+            yield frame(error_event(event.error, "api_error"))
             return
         pieces = output.feed(event.text)
         if event.finish_reason is not None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import json
 
-from core.limits import current as current_limits
+from core.limits import Limits
 from inference.engine.loader import LoadedModel
 from inference.protocols.errors import RequestError
 from inference.protocols.output import THINK_CLOSE, THINK_OPEN
@@ -60,10 +60,10 @@ def _template_tool_calls(calls, where: str) -> list[dict]:
     return out
 
 
-def normalize_messages(messages) -> list[dict]:
+def normalize_messages(messages, limits: Limits) -> list[dict]:
     if not isinstance(messages, list) or not messages:
         raise RequestError("messages required", "messages")
-    most = current_limits().max_messages
+    most = limits.max_messages
     if len(messages) > most:
         raise RequestError(f"the conversation has {len(messages)} messages; this server takes at most {most} "
                            "(--max-messages)", "messages", code="too_many_messages")
@@ -111,7 +111,7 @@ RESERVED_KWARGS = ("conversation", "tools", "tokenize", "add_generation_prompt",
                    "processor_kwargs", "messages")
 
 
-def template_kwargs(body: dict) -> tuple[dict, str | None]:
+def template_kwargs(body: dict, limits: Limits) -> tuple[dict, str | None]:
     """chat_template_kwargs, with reasoning_effort mapped onto enable_thinking
     unless the client set enable_thinking itself; and the client's own chat
     template, when it sent one and the operator allows them."""
@@ -125,7 +125,7 @@ def template_kwargs(body: dict) -> tuple[dict, str | None]:
     template = kwargs.get("chat_template")
     if template is not None:
         where = "chat_template_kwargs.chat_template"
-        if not current_limits().allow_client_templates:
+        if not limits.allow_client_templates:
             raise RequestError("this server renders prompts with the model's own chat template; client templates are "
                                "off (start it with --allow-client-templates to allow them)", where)
         if not isinstance(template, str) or not template.strip():
@@ -141,7 +141,8 @@ def template_kwargs(body: dict) -> tuple[dict, str | None]:
     return kwargs, template
 
 
-def check_size(messages: list[dict], tools: list[dict] | None, kwargs: dict, template: str | None) -> None:
+def check_size(messages: list[dict], tools: list[dict] | None, kwargs: dict, template: str | None,
+               limits: Limits) -> None:
     """Refuse a turn over `max_prompt_chars` before anything renders or tokenizes it."""
     chars = len(template or "")
     for m in messages:
@@ -154,12 +155,12 @@ def check_size(messages: list[dict], tools: list[dict] | None, kwargs: dict, tem
         chars += len(json.dumps(tools, ensure_ascii=False))
     if kwargs:
         chars += len(json.dumps(kwargs, ensure_ascii=False))
-    check_chars(chars, "messages")
+    check_chars(chars, "messages", limits)
 
 
-def check_chars(chars: int, param: str, what: str = "the prompt") -> None:
+def check_chars(chars: int, param: str, limits: Limits, what: str = "the prompt") -> None:
     """Refuse `chars` characters of input over `max_prompt_chars`, naming `param`."""
-    most = current_limits().max_prompt_chars
+    most = limits.max_prompt_chars
     if chars > most:
         raise RequestError(f"{what} is {chars} characters; this server takes at most {most} "
                            "(--max-prompt-chars)", param, code="prompt_too_large")

@@ -4,13 +4,14 @@ from __future__ import annotations
 import base64
 import struct
 
+from core.limits import Limits
 from inference.protocols.chat import check_chars
 from inference.protocols.errors import RequestError
 
 MAX_INPUTS = 2048
 
 
-def texts(body: dict) -> list[str]:
+def texts(body: dict, limits: Limits) -> list[str]:
     raw = body.get("input")
     items = [raw] if isinstance(raw, str) else raw
     if not isinstance(items, list) or not items:
@@ -28,7 +29,7 @@ def texts(body: dict) -> list[str]:
         if not isinstance(instruction, str):
             raise RequestError("instruction must be a string", "instruction")
         items = [f"Instruct: {instruction}\nQuery:{text}" for text in items]
-    check_chars(sum(len(text) for text in items), "input", "input")
+    check_chars(sum(len(text) for text in items), "input", limits, "input")
     return items
 
 

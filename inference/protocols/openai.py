@@ -10,7 +10,6 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from core import sse as core_sse
-from core.limits import current as current_limits
 from inference.engine.loader import LoadedModel
 from inference.engine.types import EventStream, GenerationEvent, GenerationRequest, Usage
 from inference.protocols import chat, params, structured
@@ -68,18 +67,19 @@ def _common(body: dict, model: LoadedModel, defaults: ServerDefaults) -> Generat
     return params.checked(request, model.vocab_size, model.context_window)
 
 
-def _read_chat(body: dict, model: LoadedModel, defaults: ServerDefaults) -> _Turn:
-    messages = chat.normalize_messages(body.get("messages"))
-    kwargs, template = chat.template_kwargs(body)
+def _read_chat(body: dict, model: LoadedModel, options: Options) -> _Turn:
+    limits = options.limits
+    messages = chat.normalize_messages(body.get("messages"), limits)
+    kwargs, template = chat.template_kwargs(body, limits)
     tools = chat.tools_for(body)
-    chat.check_size(messages, tools, kwargs, template)
+    chat.check_size(messages, tools, kwargs, template, limits)
     single = not params.boolean(body, "parallel_tool_calls", True)  # at most one tool call per reply
-    prepared = Prepared(_common(body, model, defaults))
-    return _Turn(prepared, structured.requested(body), messages, tools, kwargs, template, single)
+    prepared = Prepared(_common(body, model, options.defaults))
+    return _Turn(prepared, structured.requested(body, limits), messages, tools, kwargs, template, single)
 
 
-async def _constrain(prepared: Prepared, spec, model: LoadedModel, grammar_enabled: bool) -> None:
-    constraint = await structured.resolve(spec, model.grammar_compiler, grammar_enabled)
+async def _constrain(prepared: Prepared, spec, model: LoadedModel, options: Options) -> None:
+    constraint = await structured.resolve(spec, model.grammar_compiler, options.grammar_enabled, options.limits)
     prepared.constraint = constraint
     if constraint is None:
         return
@@ -94,10 +94,10 @@ async def prepare_chat(body: dict, model: LoadedModel, options: Options) -> Prep
     event loop; the grammar compile and a client template's render are
     awaited on it (neither holds a thread while it waits); `options.templates`
     is the TemplateSandbox when client templates are allowed."""
-    turn = await asyncio.to_thread(_read_chat, body, model, options.defaults)
+    turn = await asyncio.to_thread(_read_chat, body, model, options)
     prepared = turn.prepared
     templates = options.templates
-    await _constrain(prepared, turn.spec, model, options.grammar_enabled)
+    await _constrain(prepared, turn.spec, model, options)
     messages = turn.messages
     if prepared.constraint is not None and prepared.constraint.compiled is None:
         messages = _with_instruction(messages, prepared.constraint.instruction())
@@ -108,7 +108,7 @@ async def prepare_chat(body: dict, model: LoadedModel, options: Options) -> Prep
                                "chat_template_kwargs.chat_template")
         variables = {**_special_tokens(model), **turn.kwargs}
         rendered = await templates.render(turn.template, messages, turn.tools, variables,
-                                          current_limits().max_prompt_chars)
+                                          options.limits.max_prompt_chars)
     prepared.request.prompt_tokens, in_reasoning = await asyncio.to_thread(
         chat.build_prompt, model, messages, turn.tools, turn.kwargs, rendered)
     prepared.output = OutputParser(in_reasoning=in_reasoning, reasoning=chat.thinks(model), tools=turn.tools,
@@ -130,7 +130,7 @@ def _with_instruction(messages: list[dict], instruction: str) -> list[dict]:
     return [{"role": "system", "content": instruction}, *messages]
 
 
-def _read_completion(body: dict, model: LoadedModel, defaults: ServerDefaults):
+def _read_completion(body: dict, model: LoadedModel, options: Options):
     prompt = body.get("prompt")
     if prompt is None:
         raise RequestError("prompt required", "prompt")
@@ -138,13 +138,13 @@ def _read_completion(body: dict, model: LoadedModel, defaults: ServerDefaults):
         raise RequestError("prompt must be a string (token arrays are not accepted)", "prompt")
     if not prompt:
         raise RequestError("prompt must not be empty", "prompt")
-    chat.check_chars(len(prompt), "prompt")
-    return Prepared(_common(body, model, defaults)), structured.requested(body), prompt
+    chat.check_chars(len(prompt), "prompt", options.limits)
+    return Prepared(_common(body, model, options.defaults)), structured.requested(body, options.limits), prompt
 
 
 async def prepare_completion(body: dict, model: LoadedModel, options: Options) -> Prepared:
-    prepared, spec, prompt = await asyncio.to_thread(_read_completion, body, model, options.defaults)
-    await _constrain(prepared, spec, model, options.grammar_enabled)  # no template: the header is the only notice
+    prepared, spec, prompt = await asyncio.to_thread(_read_completion, body, model, options)
+    await _constrain(prepared, spec, model, options)  # no template: the header is the only notice
     prepared.request.prompt_tokens = await asyncio.to_thread(model.tokenizer.encode, prompt)
     return prepared
 

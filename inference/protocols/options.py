@@ -1,11 +1,13 @@
 """What the protocol modules are told by the server that runs them: the
-operator's sampling defaults, whether grammars compile, the client-template
-sandbox, the SSE keep-alive interval. Passed in with every call; the
-modules read no process-wide state."""
+operator's sampling defaults, the bounds on a request, whether grammars
+compile, the client-template sandbox, the SSE keep-alive interval. Passed
+in with every call; the modules read no process-wide state."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
+
+from core import limits as core_limits
 
 if TYPE_CHECKING:
     from inference.protocols.template_sandbox import TemplateSandbox
@@ -24,6 +26,8 @@ class ServerDefaults:
 @dataclass(frozen=True)
 class Options:
     defaults: ServerDefaults = ServerDefaults()
+    # The bounds `hearth serve` settled on (by default, those of this process's environment).
+    limits: core_limits.Limits = field(default_factory=core_limits.current)
     grammar_enabled: bool = True  # HEARTH_GRAMMAR
     templates: TemplateSandbox | None = None  # with --allow-client-templates
     sse_keepalive: float = 5.0  # HEARTH_SSE_KEEPALIVE: seconds between keep-alive comments

@@ -7,7 +7,7 @@ import asyncio
 import math
 from typing import Any, TypeGuard
 
-from core import jsonbody, limits
+from core import jsonbody
 from inference.engine import checks
 from inference.engine.adapters import AdapterError, parse_spec
 from inference.engine.errors import InvalidRequest
@@ -24,9 +24,10 @@ SAMPLING = ("temperature", "top_p", "top_k", "min_p", "xtc_probability", "xtc_th
             "frequency_penalty", "frequency_context_size")
 
 
-def parse_json_body(raw: bytes) -> dict:
+def parse_json_body(raw: bytes, max_depth: int) -> dict:
+    """A request's JSON object, nested at most `max_depth` levels; RequestError says why not."""
     try:
-        return jsonbody.load_object(raw or b"", limits.current().max_json_depth)
+        return jsonbody.load_object(raw or b"", max_depth)
     except jsonbody.JsonRefused as exc:
         raise RequestError(str(exc)) from None
 
@@ -34,11 +35,11 @@ def parse_json_body(raw: bytes) -> dict:
 LARGE_BODY = 256 << 10  # bodies this large are parsed off the event loop
 
 
-async def read_json_body(raw: bytes) -> dict:
+async def read_json_body(raw: bytes, max_depth: int) -> dict:
     """`parse_json_body`, off the event loop for a large body."""
     if len(raw or b"") > LARGE_BODY:
-        return await asyncio.to_thread(parse_json_body, raw)
-    return parse_json_body(raw)
+        return await asyncio.to_thread(parse_json_body, raw, max_depth)
+    return parse_json_body(raw, max_depth)
 
 
 def _is_number(value: Any) -> TypeGuard[int | float]:

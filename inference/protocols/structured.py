@@ -14,7 +14,6 @@ from dataclasses import dataclass
 
 from core import jsonbody
 from core.limits import Limits
-from core.limits import current as current_limits
 from inference.engine.grammar import GrammarCompileError, GrammarSpec
 from inference.protocols.errors import RequestError
 
@@ -41,22 +40,22 @@ class Constraint:
         return "Respond with exactly one of these, and nothing else: " + ", ".join(json.loads(s.source))
 
 
-def _schema_text(schema, param: str) -> str:
+def _schema_text(schema, param: str, limits: Limits) -> str:
     if isinstance(schema, str):
         try:
-            schema = jsonbody.loads(schema, current_limits().max_json_depth, "JSON schema")
+            schema = jsonbody.loads(schema, limits.max_json_depth, "JSON schema")
         except jsonbody.JsonRefused:
             raise RequestError(f"{param} must be a JSON schema object", param) from None
     if not isinstance(schema, dict):
         raise RequestError(f"{param} must be a JSON schema object", param)
-    levels = current_limits().max_schema_depth
+    levels = limits.max_schema_depth
     if jsonbody.depth(schema) > levels:
         raise RequestError(f"{param} nests more than {levels} levels deep (HEARTH_MAX_SCHEMA_DEPTH)", param,
                            code="grammar_too_large")
     return json.dumps(schema)  # key order kept: it is the order the output follows
 
 
-def _response_format(value) -> GrammarSpec | None:
+def _response_format(value, limits: Limits) -> GrammarSpec | None:
     if not isinstance(value, dict) or value.get("type") not in RESPONSE_FORMATS:
         raise RequestError(f"response_format.type must be one of {', '.join(RESPONSE_FORMATS)}",
                            "response_format")
@@ -69,28 +68,28 @@ def _response_format(value) -> GrammarSpec | None:
         raise RequestError("response_format.json_schema.schema required", "response_format")
     any_ws = spec.get("any_whitespace", True)
     strict = spec.get("strict", True)
-    return GrammarSpec("json_schema", _schema_text(spec["schema"], "response_format.json_schema.schema"),
+    return GrammarSpec("json_schema", _schema_text(spec["schema"], "response_format.json_schema.schema", limits),
                        any_whitespace=any_ws is not False, strict=strict is not False)
 
 
-def _structured_outputs(value) -> GrammarSpec:
+def _structured_outputs(value, limits: Limits) -> GrammarSpec:
     # vLLM's object form ({"json": …, "regex": …, "choice": …, "grammar": …}) or a bare schema.
     if isinstance(value, dict):
         if "grammar" in value:
             return GrammarSpec("ebnf", str(value["grammar"]))
         if "json" in value:
-            return GrammarSpec("json_schema", _schema_text(value["json"], "structured_outputs.json"))
+            return GrammarSpec("json_schema", _schema_text(value["json"], "structured_outputs.json", limits))
         if "regex" in value:
             return GrammarSpec("regex", str(value["regex"]))
         if "choice" in value:
-            return _choice(value["choice"], "structured_outputs.choice")
-    return GrammarSpec("json_schema", _schema_text(value, "structured_outputs"))
+            return _choice(value["choice"], "structured_outputs.choice", limits)
+    return GrammarSpec("json_schema", _schema_text(value, "structured_outputs", limits))
 
 
-def _choice(value, param: str) -> GrammarSpec:
+def _choice(value, param: str, limits: Limits) -> GrammarSpec:
     if not isinstance(value, list) or not value or not all(isinstance(c, str) for c in value):
         raise RequestError(f"{param} must be a non-empty list of strings", param)
-    most = current_limits().max_grammar_choices
+    most = limits.max_grammar_choices
     if len(value) > most:
         raise RequestError(f"{param} has {len(value)} choices; this server takes at most {most} "
                            "(--max-grammar-choices)", param, code="grammar_too_large")
@@ -103,37 +102,36 @@ def _text(value, param: str) -> str:
     return value
 
 
-def requested(body: dict) -> GrammarSpec | None:
+def requested(body: dict, limits: Limits) -> GrammarSpec | None:
     """The constraint a body asks for, within the size limits."""
-    spec, field = _requested(body)
-    most = current_limits().max_grammar_bytes
+    spec, field = _requested(body, limits)
+    most = limits.max_grammar_bytes
     if spec is not None and len(spec.source.encode()) > most:
         raise RequestError(f"{field} is {len(spec.source.encode())} bytes as a grammar; this server takes at most "
                            f"{most} (--max-grammar-bytes)", field, code="grammar_too_large")
     return spec
 
 
-def _requested(body: dict) -> tuple[GrammarSpec | None, str]:
+def _requested(body: dict, limits: Limits) -> tuple[GrammarSpec | None, str]:
     """The constraint a body asks for, and the field it came from, by
     precedence: guided_grammar, then response_format (json_schema,
     json_object), structured_outputs, guided_regex, guided_choice."""
     if body.get("guided_grammar") is not None:
         return GrammarSpec("ebnf", _text(body["guided_grammar"], "guided_grammar")), "guided_grammar"
     if body.get("response_format") is not None:
-        spec = _response_format(body["response_format"])
+        spec = _response_format(body["response_format"], limits)
         if spec is not None:
             return spec, "response_format"
     if body.get("structured_outputs") is not None:
-        return _structured_outputs(body["structured_outputs"]), "structured_outputs"
+        return _structured_outputs(body["structured_outputs"], limits), "structured_outputs"
     if body.get("guided_regex") is not None:
         return GrammarSpec("regex", _text(body["guided_regex"], "guided_regex")), "guided_regex"
     if body.get("guided_choice") is not None:
-        return _choice(body["guided_choice"], "guided_choice"), "guided_choice"
+        return _choice(body["guided_choice"], "guided_choice", limits), "guided_choice"
     return None, ""
 
 
-async def resolve(spec: GrammarSpec | None, compiler, enabled: bool,
-                  limits: Limits | None = None) -> Constraint | None:
+async def resolve(spec: GrammarSpec | None, compiler, enabled: bool, limits: Limits) -> Constraint | None:
     """Compile the requested constraint, or mark it unenforced with a reason.
     Waits on the event loop (no thread is held) for at most the grammar
     timeout; a request that gives up leaves the compile to finish and be
@@ -142,7 +140,7 @@ async def resolve(spec: GrammarSpec | None, compiler, enabled: bool,
         return None
     if not enabled:
         return Constraint(spec, warning="grammar not enforced: grammar compilation disabled by HEARTH_GRAMMAR=0")
-    timeout = (limits or current_limits()).grammar_timeout_s
+    timeout = limits.grammar_timeout_s
     future = asyncio.wrap_future(compiler.submit(spec))  # GrammarBusy (429) when too many big ones wait
     future.add_done_callback(_consume)
     done, _ = await asyncio.wait({future}, timeout=timeout)

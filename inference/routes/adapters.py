@@ -13,8 +13,8 @@ from ninja import Router
 from core.openapi import documented
 from core.paths import ADAPTER_FILES, PathRefused, confine, confine_members
 from inference.engine.errors import EngineTimeout
-from inference.protocols import params
 from inference.protocols.errors import RequestError
+from inference.routes import pipeline
 from inference.routes.bodies import AdapterMount
 
 router = Router(tags=["adapters"])
@@ -41,7 +41,7 @@ def available(request: HttpRequest):
 @router.post("/adapters", openapi_extra=documented(AdapterMount))
 async def mount(request: HttpRequest):
     engine = request.runtime.require_engine()
-    body = params.parse_json_body(request.body)
+    body = await pipeline.read_body(request)
     adapter_id, path = body.get("id"), body.get("path")
     if not isinstance(adapter_id, str) or not adapter_id or not isinstance(path, str) or not path:
         raise RequestError("id and path required", "id" if not isinstance(adapter_id, str) or not adapter_id

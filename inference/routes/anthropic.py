@@ -6,7 +6,7 @@ from django.http import HttpRequest, JsonResponse
 from ninja import Router
 
 from core.openapi import documented
-from inference.protocols import anthropic, params
+from inference.protocols import anthropic
 from inference.routes import pipeline
 from inference.routes.bodies import CountTokensRequest, MessagesRequest
 
@@ -15,10 +15,10 @@ router = Router(tags=["anthropic"])
 
 @router.post("/messages", openapi_extra=documented(MessagesRequest))
 async def messages(request: HttpRequest):
-    body = await params.read_json_body(request.body)
+    body = await pipeline.read_body(request)
     engine, prepared = await pipeline.prepare_chat(request, anthropic.to_chat_body(body))
     reply = anthropic.Reply(engine.loaded_model.model_id, len(prepared.request.prompt_tokens))
-    keepalive = request.runtime.sse_keepalive
+    keepalive = request.runtime.options.sse_keepalive
     return await pipeline.respond(
         request, engine, prepared, "messages", bool(body.get("stream")),
         stream=lambda events: anthropic.stream(reply, events, prepared.chat_output, keepalive),
@@ -27,6 +27,6 @@ async def messages(request: HttpRequest):
 
 @router.post("/messages/count_tokens", openapi_extra=documented(CountTokensRequest))
 async def count_tokens(request: HttpRequest):
-    body = await params.read_json_body(request.body)
+    body = await pipeline.read_body(request)
     _, prepared = await pipeline.prepare_chat(request, anthropic.count_body(body))
     return JsonResponse({"input_tokens": len(prepared.request.prompt_tokens)})

@@ -22,7 +22,8 @@ class _Body(Schema):
 
 
 class Sampling(_Body):
-    """Sampling fields every generation route takes (see the README's Limits for their ranges)."""
+    """The sampling fields every surface reads (`params.SAMPLING`, in its
+    order; see the README's Limits for their ranges)."""
 
     temperature: float | None = Field(None, description="0 = greedy; 0 to 2")
     top_p: float | None = Field(None, description="nucleus sampling, 0 to 1 (0 or 1 = off)")
@@ -37,10 +38,18 @@ class Sampling(_Body):
     presence_context_size: int | None = None
     frequency_penalty: float | None = None
     frequency_context_size: int | None = None
-    logit_bias: dict[str, float] | None = Field(None, description="token id -> bias, -100 to 100")
+
+
+class Routing(_Body):
+    """Which cached prefix and which LoRA adapters a generation uses."""
+
     session_id: str | None = Field(None, description="prompt-cache session affinity")
     prompt_cache_key: str | None = None
     adapter: str | None = Field(None, description="mounted LoRA ids joined by '+', or 'none'")
+
+
+class LogitBias(_Body):
+    logit_bias: dict[str, float] | None = Field(None, description="token id -> bias, -100 to 100")
 
 
 class Constraint(_Body):
@@ -53,7 +62,7 @@ class Constraint(_Body):
     guided_choice: list[str] | None = None
 
 
-class ChatCompletionRequest(Sampling, Constraint):
+class ChatCompletionRequest(Sampling, LogitBias, Routing, Constraint):
     messages: list[dict[str, Json]] = Field(..., description="system, developer, user, assistant and tool turns")
     model: str | None = Field(None, description="the served model answers whatever this names")
     stream: bool | None = False
@@ -71,7 +80,7 @@ class ChatCompletionRequest(Sampling, Constraint):
     stream_options: dict[str, Json] | None = None
 
 
-class CompletionRequest(Sampling, Constraint):
+class CompletionRequest(Sampling, LogitBias, Routing, Constraint):
     prompt: str = Field(..., description="the raw prompt (no chat template)")
     model: str | None = None
     stream: bool | None = False
@@ -82,7 +91,7 @@ class CompletionRequest(Sampling, Constraint):
     top_logprobs: int | None = None
 
 
-class MessagesRequest(Sampling, Constraint):
+class MessagesRequest(Sampling, Routing, Constraint):
     """Anthropic Messages (`logit_bias` is not part of it)."""
 
     messages: list[dict[str, Json]] = Field(..., description="user, assistant and system turns, string or blocks")
@@ -104,7 +113,7 @@ class CountTokensRequest(_Body):
     tools: list[dict[str, Json]] | None = None
 
 
-class ResponsesRequest(Sampling, Constraint):
+class ResponsesRequest(Sampling, LogitBias, Routing, Constraint):
     input: str | list[dict[str, Json]] = Field(..., description="a string, or message / function_call items")
     model: str | None = None
     instructions: str | None = None

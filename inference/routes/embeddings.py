@@ -10,8 +10,9 @@ from ninja import Router
 
 from core.openapi import documented
 from inference.engine.embed import embed
-from inference.protocols import embeddings, params
+from inference.protocols import embeddings
 from inference.protocols.errors import RequestError
+from inference.routes import pipeline
 from inference.routes.bodies import EmbeddingsRequest
 
 router = Router(tags=["embeddings"])
@@ -21,13 +22,13 @@ CALL_TOKENS = 2048  # tokens embedded per turn of the engine thread
 @router.post("/embeddings", openapi_extra=documented(EmbeddingsRequest))
 async def create(request: HttpRequest):
     runtime = request.runtime
-    body = await params.read_json_body(request.body)
+    body = await pipeline.read_body(request)
     engine = runtime.require_engine(body.get("model"))
     model = engine.loaded
     if not runtime.embeddings_enabled:
         raise RequestError(f"{model.model_id} is not an embedding model; serve one (its name or config says "
                            "embedding) or start `hearth serve --embeddings` to embed with this model", "model")
-    items = embeddings.texts(body)
+    items = embeddings.texts(body, runtime.options.limits)
     fmt = embeddings.encoding(body)
     tokens = await asyncio.to_thread(lambda: [model.tokenizer.encode(text) for text in items])
     window = model.context_window

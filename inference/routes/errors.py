@@ -14,7 +14,7 @@ from inference.protocols.errors import RequestError
 log = logging.getLogger("hearth.api")
 
 
-def render(path: str, status: int, message: str, kind: str = "invalid_request_error", param: str | None = None,
+def render(path: str, status: int, message: str, kind: str | None = None, param: str | None = None,
            code: str | None = None) -> JsonResponse:
     return JsonResponse(error_object(path, status, message, code, kind, param), status=status)
 

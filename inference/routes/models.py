@@ -6,7 +6,7 @@ from ninja import Router
 
 from hub.registry import servable_models
 from inference import __version__
-from inference.engine.loader import LoadedModel
+from inference.engine.engine import Engine
 from inference.protocols import chat, params
 
 router = Router(tags=["models"])
@@ -18,11 +18,12 @@ ENDPOINTS = ["POST /v1/chat/completions", "POST /v1/completions", "GET /v1/model
              "POST /admin/cache/session/close", "POST /admin/cache/flush"]
 
 
-def _served_row(runtime, model: LoadedModel) -> dict:
+def _served_row(runtime, engine: Engine) -> dict:
+    model = engine.loaded_model
     return {
         "id": model.model_id, "object": "model", "created": runtime.started_at, "owned_by": "hearth",
         "context_window": model.context_window, "reasoning": chat.thinks(model), "vision": False,
-        "audio": False, "batch_mode": runtime.engine.mode if runtime.engine else "off",
+        "audio": False, "batch_mode": engine.mode,
         "tools": True, "structured_output": True, "embeddings": runtime.embeddings_enabled,
         "adapters": True, "training": True,
         "capabilities": {
@@ -32,13 +33,13 @@ def _served_row(runtime, model: LoadedModel) -> dict:
             "embeddings": runtime.embeddings_enabled, "vision": False, "audio": False, "adapters": True,
             "training": True,
         },
-        "gen_defaults": params.gen_defaults(runtime.defaults, model.generation_config),
+        "gen_defaults": params.gen_defaults(runtime.options.defaults, model.generation_config),
         "dtype": model.dtype,
     }
 
 
 def _model_rows(runtime) -> list[dict]:
-    rows = [_served_row(runtime, e.loaded) for e in runtime.engines.values() if e.loaded is not None]
+    rows = [_served_row(runtime, e) for e in runtime.engines.values() if e.loaded is not None]
     served = {r["id"] for r in rows}
     for entry in servable_models():
         if entry.repo_id not in served:

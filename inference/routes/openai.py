@@ -5,7 +5,7 @@ from django.http import HttpRequest
 from ninja import Router
 
 from core.openapi import documented
-from inference.protocols import openai, params
+from inference.protocols import openai
 from inference.routes import pipeline
 from inference.routes.bodies import ChatCompletionRequest, CompletionRequest
 
@@ -14,17 +14,13 @@ router = Router(tags=["openai"])
 
 async def _generate(request: HttpRequest, kind: str):
     runtime = request.runtime
-    body = await params.read_json_body(request.body)
-    if kind == "chat":
-        engine, prepared = await pipeline.prepare_chat(request, body)
-    else:
-        engine = runtime.require_engine(body.get("model"))
-        prepared = await openai.prepare_completion(body, engine.loaded_model, runtime.options)
-        prepared.request.session = params.session_key(body, request.headers)
+    body = await pipeline.read_body(request)
+    prepare = pipeline.prepare_chat if kind == "chat" else pipeline.prepare_completion
+    engine, prepared = await prepare(request, body)
     reply = openai.Reply(kind, engine.loaded_model.model_id)
     return await pipeline.respond(
         request, engine, prepared, "messages" if kind == "chat" else "prompt", bool(body.get("stream")),
-        stream=lambda events: openai.stream(reply, events, prepared.output, runtime.sse_keepalive),
+        stream=lambda events: openai.stream(reply, events, prepared.output, runtime.options.sse_keepalive),
         complete=lambda message, logprobs, final: reply.complete(message, final.finish_reason, final.final_usage,
                                                                  logprobs))
 

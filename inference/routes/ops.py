@@ -8,10 +8,11 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_POST
 
-from core import jsonbody, limits
 from inference import telemetry
 from inference.engine.errors import EngineError
-from inference.protocols.errors import openai_error
+from inference.protocols import params
+from inference.protocols.errors import RequestError
+from inference.routes import errors
 
 FLUSH_TIMEOUT_S = 120.0
 
@@ -31,19 +32,13 @@ def metrics(request: HttpRequest) -> HttpResponse:
     return HttpResponse(body, content_type=content_type)
 
 
-def _json_object(request: HttpRequest) -> dict | JsonResponse:
-    try:
-        return jsonbody.load_object(request.body or b"{}", limits.current().max_json_depth)
-    except jsonbody.JsonRefused as exc:
-        return JsonResponse(openai_error(str(exc)), status=400)
-
-
 @csrf_exempt
 @require_POST
 def cache_session_close(request: HttpRequest) -> JsonResponse:
-    body = _json_object(request)
-    if isinstance(body, JsonResponse):
-        return body
+    try:
+        body = params.parse_json_body(request.body or b"{}", request.runtime.options.limits.max_json_depth)
+    except RequestError as exc:
+        return errors.request_error(request.path, exc)
     session = body.get("session_id")
     if not isinstance(session, str) or not session:
         return JsonResponse({"closed": False})
@@ -56,13 +51,9 @@ def cache_session_close(request: HttpRequest) -> JsonResponse:
 @csrf_exempt
 @require_POST
 async def cache_flush(request: HttpRequest) -> JsonResponse:
-    engine = request.runtime.engine
-    if engine is None or engine.loaded is None:
-        return JsonResponse(openai_error("no model is loaded in this process", "engine_unavailable",
-                                         code="no_model_loaded"), status=503)
     try:
+        engine = request.runtime.require_engine()
         durable, body = await asyncio.to_thread(engine.flush_cache, FLUSH_TIMEOUT_S)
-    except EngineError as exc:  # the engine stopped or did not answer in time
-        return JsonResponse(openai_error(str(exc), exc.type, code=exc.code),
-                            status=exc.status if exc.status >= 500 else 503)
+    except EngineError as exc:  # no model, or the engine stopped or did not answer in time
+        return errors.engine_error(request.path, exc)
     return JsonResponse(body, status=200 if durable else 503)

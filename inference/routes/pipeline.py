@@ -29,6 +29,11 @@ def submit(engine: Engine, request: GenerationRequest, param: str) -> Submission
         raise
 
 
+async def read_body(request) -> dict:
+    """The request's JSON object, within the runtime's bounds."""
+    return await params.read_json_body(request.body, request.runtime.options.limits.max_json_depth)
+
+
 async def prepare_chat(request, chat_body: dict) -> tuple[Engine, Prepared]:
     """The chat turn a protocol's body stands for, on the runtime's engine."""
     runtime = request.runtime
@@ -36,6 +41,15 @@ async def prepare_chat(request, chat_body: dict) -> tuple[Engine, Prepared]:
     session = params.session_key(chat_body, request.headers)
     prepared = await openai.prepare_chat(chat_body, engine.loaded_model, runtime.options)
     prepared.request.session = session
+    return engine, prepared
+
+
+async def prepare_completion(request, body: dict) -> tuple[Engine, Prepared]:
+    """The raw-prompt completion a body stands for, on the runtime's engine."""
+    runtime = request.runtime
+    engine = runtime.require_engine(body.get("model"))
+    prepared = await openai.prepare_completion(body, engine.loaded_model, runtime.options)
+    prepared.request.session = params.session_key(body, request.headers)
     return engine, prepared
 
 

@@ -6,23 +6,23 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from ninja import Router
 
 from core.openapi import documented
-from inference.protocols import params, responses
-from inference.protocols.errors import RequestError, openai_error
+from inference.protocols import responses
+from inference.protocols.errors import RequestError
 from inference.routes import pipeline
 from inference.routes.bodies import ResponsesRequest
 
 router = Router(tags=["responses"])
 
 
-def _not_found(response_id: str) -> JsonResponse:
-    return JsonResponse(openai_error(f"Response with id '{response_id}' not found (unknown or expired)",
-                                     code="response_not_found"), status=404)
+def _not_found(response_id: str) -> RequestError:
+    return RequestError(f"Response with id '{response_id}' not found (unknown or expired)", status=404,
+                        code="response_not_found")
 
 
 @router.post("/responses", openapi_extra=documented(ResponsesRequest))
 async def create(request: HttpRequest) -> HttpResponse:
     store_them = request.runtime.responses
-    body = await params.read_json_body(request.body)
+    body = await pipeline.read_body(request)
     store = body.get("store", True)
     if not isinstance(store, bool):
         raise RequestError("store must be a boolean", "store")
@@ -40,7 +40,7 @@ async def create(request: HttpRequest) -> HttpResponse:
         keep(message, response)
         return response
 
-    keepalive = request.runtime.sse_keepalive
+    keepalive = request.runtime.options.sse_keepalive
     return await pipeline.respond(
         request, engine, prepared, "input", bool(body.get("stream")),
         stream=lambda events: responses.stream(reply, events, prepared.chat_output, keepalive, keep),
@@ -50,11 +50,13 @@ async def create(request: HttpRequest) -> HttpResponse:
 @router.get("/responses/{response_id}")
 def retrieve(request: HttpRequest, response_id: str) -> HttpResponse:
     stored = request.runtime.responses.get(response_id)
-    return JsonResponse(stored.response) if stored is not None else _not_found(response_id)
+    if stored is None:
+        raise _not_found(response_id)
+    return JsonResponse(stored.response)
 
 
 @router.delete("/responses/{response_id}")
 def delete(request: HttpRequest, response_id: str) -> HttpResponse:
     if not request.runtime.responses.delete(response_id):
-        return _not_found(response_id)
+        raise _not_found(response_id)
     return JsonResponse({"id": response_id, "object": "response", "deleted": True})

@@ -223,6 +223,7 @@ class Command(BaseCommand):
                         bounds.template_timeout_s)
         runtime.options = Options(
             defaults=ServerDefaults(opts["max_tokens"] or None, opts["temperature"], opts["top_p"], opts["top_k"]),
+            limits=bounds,
             grammar_enabled=settings.HEARTH_GRAMMAR, templates=templates,
             sse_keepalive=settings.HEARTH_SSE_KEEPALIVE)
         log.info("model %s ready (%s, context %s)", loaded.model_id, loaded.dtype, loaded.context_window)
@@ -252,8 +253,8 @@ class Command(BaseCommand):
             marker.unlink(missing_ok=True)
             if supervisor is not None:
                 supervisor.stop()
-            if runtime.templates is not None:
-                runtime.templates.close()
+            if runtime.options.templates is not None:
+                runtime.options.templates.close()
         log.info("stopped")
         _exit_even_if_stuck()
 
