@@ -106,35 +106,30 @@ def test_no_two_units_import_each_other():
     assert cycles(arrows()) == []
 
 
-def test_the_check_sees_an_up_arrow_inside_a_function(tmp_path):
-    """A reach-up inside a function (the jobs unit importing memory) fails the test."""
-    package = tmp_path / "jobs"
-    package.mkdir()
-    sneaky = package / "runner.py"
-    sneaky.write_text("def after_end(job):\n    from memory.synthesize import finished\n    finished(job)\n")
-    moved = {("jobs", "memory"): ["jobs/runner.py:2 imports memory.synthesize"]}
+def _arrows_of(tmp_path, rel: str, source: str) -> dict:
+    """`arrows` of one file written at `rel` under a scratch project root."""
+    path = tmp_path / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(source)
     global ROOT
     saved, ROOT = ROOT, tmp_path
     try:
-        found = arrows([sneaky])
+        return arrows([path])
     finally:
         ROOT = saved
-    assert found == moved
-    assert against_the_order(found) == moved[("jobs", "memory")]
+
+
+def test_the_check_sees_an_up_arrow_inside_a_function(tmp_path):
+    """A reach-up inside a function (the jobs unit importing memory) fails the test."""
+    found = _arrows_of(tmp_path, "jobs/runner.py",
+                       "def after_end(job):\n    from memory.synthesize import finished\n    finished(job)\n")
+    assert found == {("jobs", "memory"): ["jobs/runner.py:2 imports memory.synthesize"]}
+    assert against_the_order(found) == ["jobs/runner.py:2 imports memory.synthesize"]
     assert cycles({("jobs", "memory"): [], ("memory", "jobs"): []}) == [["jobs", "memory", "jobs"]]
 
 
 def test_the_check_resolves_relative_imports(tmp_path):
-    package = tmp_path / "inference" / "protocols"
-    package.mkdir(parents=True)
-    sneaky = package / "openai.py"
-    sneaky.write_text("from ..runtime import Runtime\n")
-    global ROOT
-    saved, ROOT = ROOT, tmp_path
-    try:
-        found = arrows([sneaky])
-    finally:
-        ROOT = saved
+    found = _arrows_of(tmp_path, "inference/protocols/openai.py", "from ..runtime import Runtime\n")
     assert against_the_order(found) == ["inference/protocols/openai.py:1 imports inference.runtime"]
 
 

@@ -30,6 +30,7 @@ from typing import Any, cast
 
 import numpy as np
 
+from core.procs import pid_alive
 from inference.engine.prompt_cache import Entry, common_prefix
 
 log = logging.getLogger("hearth.cache")
@@ -45,15 +46,7 @@ def _writer_alive(tmp: Path) -> bool:
     if len(parts) < 3 or not parts[-2].isdigit():
         return True
     pid = int(parts[-2])
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return pid == os.getpid() or pid_alive(pid)
 
 
 @dataclass
