@@ -27,7 +27,6 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from chat import store, turns
 from chat.models import ChatEntry, ChatSession
 from core import jsonbody
-from core.limits import current as current_limits
 from inference.protocols import params
 
 log = logging.getLogger("hearth.chat")
@@ -67,7 +66,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             await self._error(f"a frame may hold at most {MAX_FRAME_CHARS} characters")
             return
         try:
-            content = jsonbody.loads(text_data, current_limits().max_json_depth, "frame")
+            content = jsonbody.loads(text_data, self.runtime.options.limits.max_json_depth, "frame")
         except jsonbody.JsonRefused as exc:
             await self._error(str(exc))
             return
@@ -92,7 +91,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             await self._error(f"{type(exc).__name__}: {exc}")
 
     async def on_prompt(self, frame):
-        text = _text(frame, "text")
+        text = _text(frame, "text", self.runtime.options.limits.max_socket_text)
         if frame.get("images"):
             raise _FrameError("this model takes no images")
         await self._require_idle()
@@ -177,7 +176,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         text = frame.get("text")
         if text is not None and not isinstance(text, str):
             raise _FrameError("text must be a string or null")
-        most = current_limits().max_socket_text
+        most = self.runtime.options.limits.max_socket_text
         if text and len(text) > most:
             raise _FrameError(f"the system prompt is over {most} characters")
         session = await self._session()
@@ -231,7 +230,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
 
     async def on_edit_resend(self, frame):
         """Ask again with new text: the last question, or the one `entryId` names."""
-        text = _text(frame, "text")
+        text = _text(frame, "text", self.runtime.options.limits.max_socket_text)
         await self._require_idle()
         session = await self._session()
         entry_id = frame.get("entryId")
@@ -417,11 +416,10 @@ def coding_permitted(scope: dict) -> bool:
     return address is not None and address.is_loopback
 
 
-def _text(frame: dict, key: str) -> str:
+def _text(frame: dict, key: str, most: int) -> str:
     value = frame.get(key)
     if not isinstance(value, str) or not value.strip():
         raise _FrameError(f"{key} required")
-    most = current_limits().max_socket_text
     if len(value) > most:
         raise _FrameError(f"{key} is over {most} characters")
     return value
