@@ -13,8 +13,9 @@ from __future__ import annotations
 
 from urllib.parse import quote
 
-from asgiref.sync import iscoroutinefunction, markcoroutinefunction
+from asgiref.sync import async_to_sync, iscoroutinefunction, markcoroutinefunction
 from django.http import HttpResponse, HttpResponseRedirect, JsonResponse
+from django.urls import Resolver404, resolve
 
 from config import access
 from config.runtime import RUNTIME as runtime
@@ -222,3 +223,22 @@ def refusal(request, key: str | None):
         return HttpResponseRedirect("/signin?next=" + quote(request.get_full_path(), safe="/"))
     return JsonResponse(error_object(path, 401, message, "invalid_api_key"), status=401,
                         headers={"WWW-Authenticate": 'Bearer realm="hearth"'})
+
+
+class RouterMiddleware(_Middleware):
+    """Router mode: a `/v1` request (and `/fit`) goes to the process of the
+    model it names (inference/routes/router.py), after the access checks
+    above; everything else is answered here."""
+
+    def __call__(self, request):
+        from inference.routes import router
+
+        if request.runtime.router is None or request.method == "OPTIONS" or not router.routed(request.path):
+            return self.get_response(request)
+        try:  # the route label of /metrics, as if the request were answered here
+            request.resolver_match = resolve(request.path_info)
+        except Resolver404:
+            pass
+        if self.is_async:
+            return router.dispatch(request)
+        return async_to_sync(router.dispatch)(request)

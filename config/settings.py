@@ -65,6 +65,7 @@ MIDDLEWARE = [
     "config.middleware.SecureCookiesOverTlsMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "config.middleware.ApiKeyMiddleware",
+    "config.middleware.RouterMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",

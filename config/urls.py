@@ -1,5 +1,6 @@
 from django.contrib import admin
 from django.urls import path
+from django.views.decorators.csrf import csrf_exempt
 
 from chat.views import ws_chat_upgrade_required
 from config import frontend, signin
@@ -7,6 +8,7 @@ from config.api import api, v1
 from hub import views as hub_views
 from inference.routes import models as v1_models
 from inference.routes import ops
+from inference.routes import router as models_routes
 
 urlpatterns = [
     path("v1/", v1.urls),
@@ -22,6 +24,12 @@ urlpatterns = [
     path("fit", hub_views.fit_view),
     path("downloads", hub_views.downloads_view),
     path("ws/chat", ws_chat_upgrade_required),
+    path("models", models_routes.models_list),
+    path("models/load", csrf_exempt(models_routes.models_load)),
+    path("models/unload", csrf_exempt(models_routes.models_unload)),
+    path("models/pin", csrf_exempt(models_routes.models_pin)),
+    path("models/default", csrf_exempt(models_routes.models_default)),
+    path("models/sse", models_routes.models_sse),
     path("admin/cache/session/close", ops.cache_session_close),
     path("admin/cache/flush", ops.cache_flush),
     path("admin/", admin.site.urls),

@@ -80,3 +80,7 @@ def memory_index(key: str) -> Path:
 
 def scratch() -> Path:
     return root() / "scratch"  # synthesis worktrees while they run
+
+
+def prompt_caches() -> Path:
+    return root() / "prompt-cache"  # router mode: each model's SSD prompt-cache tier, kept across unloads

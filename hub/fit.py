@@ -77,6 +77,11 @@ def measure_decode_bandwidth() -> float | None:
         return None
 
 
+def usable_bytes() -> int:
+    """The memory a model may take on this machine: three quarters of RAM."""
+    return int(_ram_bytes() * 0.75)
+
+
 def _ram_bytes() -> int:
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
@@ -117,7 +122,7 @@ def machine(cache_path) -> Machine:
     try:
         cached = json.loads(cache_path.read_text())
         if all(cached.get(k) == v for k, v in key.items()) and cached.get("decode_bandwidth_gbs", 0) > 0:
-            return Machine(key["chip"], ram, int(ram * 0.75), key["cores"], cached["bandwidth_gbs"],
+            return Machine(key["chip"], ram, usable_bytes(), key["cores"], cached["bandwidth_gbs"],
                            cached["decode_bandwidth_gbs"])
     except (OSError, ValueError):
         pass
@@ -128,7 +133,7 @@ def machine(cache_path) -> Machine:
                                                  "measured_at": time.time()}), durable=False)  # measured again if lost
     except OSError:
         pass
-    return Machine(key["chip"], ram, int(ram * 0.75), key["cores"], bandwidth, decode)
+    return Machine(key["chip"], ram, usable_bytes(), key["cores"], bandwidth, decode)
 
 
 def kv_bytes_per_token(config: dict, itemsize: int) -> int:

@@ -29,6 +29,9 @@ class Runtime:
     def __init__(self):
         self.engines: dict[str, Engine] = {}  # model id -> engine
         self.default_model: str | None = None
+        # Router mode (`hearth serve` without a MODEL): the models' processes;
+        # this process then holds no engine and forwards /v1 requests.
+        self.router = None
         self.options = Options()
         self.started_at = int(time.time())
         self.draining = False
@@ -73,6 +76,13 @@ class Runtime:
         if engine is None or engine.loaded is None:
             raise EngineUnavailable("no model is loaded in this process; start it with `hearth serve`")
         return engine
+
+    def served_model(self) -> str | None:
+        """The model a request that names none gets: the router's default, or the engine's."""
+        if self.router is not None:
+            return self.router.default
+        engine = self.engine
+        return engine.loaded.model_id if engine is not None and engine.loaded is not None else None
 
     def embedding_engine(self) -> Engine | None:
         """The engine that answers embeddings, if any."""

@@ -18,7 +18,7 @@ ENDPOINTS = ["POST /v1/chat/completions", "POST /v1/completions", "GET /v1/model
              "POST /admin/cache/session/close", "POST /admin/cache/flush"]
 
 
-def _served_row(runtime, engine: Engine) -> dict:
+def served_row(runtime, engine: Engine) -> dict:
     model = engine.loaded_model
     return {
         "id": model.model_id, "object": "model", "created": runtime.started_at, "owned_by": "hearth",
@@ -39,7 +39,7 @@ def _served_row(runtime, engine: Engine) -> dict:
 
 
 def _model_rows(runtime) -> list[dict]:
-    rows = [_served_row(runtime, e) for e in runtime.engines.values() if e.loaded is not None]
+    rows = [served_row(runtime, e) for e in runtime.engines.values() if e.loaded is not None]
     served = {r["id"] for r in rows}
     for entry in servable_models():
         if entry.repo_id not in served:

@@ -12,9 +12,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
-import math
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -26,57 +24,29 @@ from django.core.management.base import BaseCommand, CommandError
 from huggingface_hub import constants
 
 from config.runtime import RUNTIME as runtime
+from config.serving import EngineWork, engine_config, exit_even_if_stuck, run_daphne, start_services, stop_services
 from config.serving_access import INSECURE_WARNING, AccessError, export_for_children, settle
-from core import limits
+from core import argtypes, limits
 from core.blas import blas_in_use
 from inference.demo.build import DEMO_REPO, Recipe, cached_snapshot
 from inference.engine import checks
-from inference.engine.engine import Engine, EngineConfig
+from inference.engine.engine import Engine
 from inference.engine.errors import EngineError
 from inference.protocols.options import Options, ServerDefaults
 from inference.protocols.response_store import ResponseStore
+from inference.router import child
 
 log = logging.getLogger("hearth.serve")
 
 
 def _non_negative(kind, most: float | None = None):
-    def parse(text):
-        value = kind(text)
-        if not math.isfinite(value) or value < 0:
-            raise argparse.ArgumentTypeError(f"must be a number of at least 0, got {text}")
-        if most is not None and value > most:
-            raise argparse.ArgumentTypeError(f"must be at most {most:g}, got {text}")
-        return value
-    return parse
+    return argtypes.flag(argtypes.non_negative(kind, most))
 
 
-def _seconds(text):
-    value = float(text)
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a number of seconds above 0, got {text}")
-    return value
-
-
-def _bytes(text):
-    """A byte count: `1073741824`, `512MiB`, `2G`, `1.5GB` (powers of 1024)."""
-    try:
-        return limits.parse_size(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _positive(text):
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {text}")
-    return value
-
-
-def _unit(text):
-    value = float(text)
-    if not 0 <= value <= 1:  # NaN fails this too
-        raise argparse.ArgumentTypeError(f"must be between 0 and 1, got {text}")
-    return value
+_seconds = argtypes.flag(argtypes.seconds)
+_bytes = argtypes.flag(argtypes.byte_count)
+_positive = argtypes.flag(argtypes.positive)
+_unit = argtypes.flag(argtypes.unit)
 
 
 LIMIT_FLAGS = {  # flag: (Limits field, type, help)
@@ -113,6 +83,90 @@ def _limits(opts: dict) -> limits.Limits:
     if opts.get("allow_client_templates"):
         given["allow_client_templates"] = True
     return dataclasses.replace(limits.from_env(), **given)
+
+
+ROUTER_FLAGS = {"--models-dir": "models_dir", "--models-preset": "models_preset", "--models-max": "models_max",
+                "--idle-unload": "idle_unload", "--default-model": "default_model",
+                "--child-start-timeout": "child_start_timeout", "--child-timeout": "child_timeout",
+                "--no-preload": "no_preload"}
+
+
+def _add_router_flags(parser) -> None:
+    group = parser.add_argument_group("router mode (`hearth serve` without a MODEL: every model in the library, "
+                                      "each loaded in its own process when a request names it)")
+    group.add_argument("--models-dir", default=None, metavar="DIR",
+                       help="also serve every model folder under DIR (scanned recursively; named by its path "
+                            "relative to DIR)")
+    group.add_argument("--models-preset", default=None, metavar="FILE",
+                       help="per-model settings: an INI file with a [model] section each and [*] for all "
+                            "(see README, Router mode)")
+    group.add_argument("--models-max", type=_positive, default=None, metavar="N",
+                       help="most models loaded at once; the least recently used idle one is unloaded to load "
+                            "another (default: how many of the library's models fit in memory together)")
+    group.add_argument("--idle-unload", type=_non_negative(float), default=None, metavar="SECONDS",
+                       help="unload a model idle this long (default 0: never; pinned models stay)")
+    group.add_argument("--default-model", default=None, metavar="MODEL",
+                       help=f"the model for requests that name none (default {DEMO_REPO}, built if missing)")
+    group.add_argument("--child-start-timeout", type=_seconds, default=None, metavar="SECONDS",
+                       help="how long a model's process may take to load (600)")
+    group.add_argument("--child-timeout", type=_seconds, default=None, metavar="SECONDS",
+                       help="how long the router waits for a model's next byte of a reply (600)")
+    group.add_argument("--no-preload", action="store_true", default=False,
+                       help="load nothing at start (default: the default model and pinned ones load at once)")
+    parser.add_argument("--model-id", default=None, help=argparse.SUPPRESS)  # the router's name for its child
+
+
+def _set_access(access) -> None:
+    runtime.allowed_hosts = access.allowed_hosts
+    runtime.api_keys = access.api_keys
+    runtime.cors_origins = access.cors_origins
+    runtime.insecure_no_auth = access.insecure_no_auth
+    runtime.warning = INSECURE_WARNING if access.insecure_no_auth else None
+
+
+def _report_ready(engine: Engine):
+    """Tell the router this child listens on `port`, with its /v1/models row."""
+    def ready(port: int) -> None:
+        from inference.routes.models import served_row
+
+        child.report("ready", port=port, model=served_row(runtime, engine))
+    return ready
+
+
+def fetch_for_router(ref: str) -> str:
+    """A repo the cache lacks, downloaded first (POST /models/load of a
+    model not yet in the library), its progress reported to the router."""
+    from inference.engine.errors import ModelNotFound
+    from inference.engine.loader import resolve
+
+    try:
+        resolve(ref)
+        return ref
+    except ModelNotFound:
+        if Path(ref).expanduser().exists() or ref.count("/") != 1:
+            raise
+    from hub import downloads
+    from hub.library import mark_changed
+
+    def progress(p) -> None:
+        percent = int(100 * p.received_bytes / p.total_bytes) if p.total_bytes else 0
+        child.report("stage", stage="downloading", percent=percent,
+                     download={"received_bytes": p.received_bytes, "total_bytes": p.total_bytes,
+                               "current_file": p.current_file, "files_done": p.files_done,
+                               "files_total": p.files_total})
+
+    child.report("stage", stage="downloading", percent=0, message=f"downloading {ref}")
+    try:
+        row = downloads.run(downloads.create(ref), report_extra=progress)
+    except downloads.DuplicateDownload as exc:
+        child.report("error", message=str(exc))
+        raise CommandError(str(exc)) from None
+    if row.state != "done":
+        child.report("error", message=f"downloading {ref} failed: {row.error}")
+        raise CommandError(f"downloading {ref} failed: {row.error}")
+    mark_changed()
+    child.report("stage", stage="loading", percent=0)
+    return ref
 
 
 class Command(BaseCommand):
@@ -157,6 +211,7 @@ class Command(BaseCommand):
                             help="let requests name files under DIR, besides HEARTH_HOME and the HF cache "
                                  "(repeatable; also HEARTH_ALLOW_PATHS)")
         _add_limit_flags(parser)
+        _add_router_flags(parser)
         group = parser.add_argument_group("throughput and memory")
         group.add_argument("--batch", type=_positive, default=8,
                            help="rows decoded together by continuous batching (1 = one request at a time)")
@@ -189,31 +244,53 @@ class Command(BaseCommand):
         except limits.LimitError as exc:
             raise CommandError(str(exc)) from None
         limits.export(bounds)  # this process, the worker and every child see the same bounds
+        _set_access(access)
+        runtime.started_at = int(time.time())
+        runtime.options = self._options(opts, bounds)
+        in_router = child.is_child()
+        if opts["model"] is None and not in_router:
+            from config.serve_router import serve_router
+
+            serve_router(opts, bounds)
+            return
+        router_only = [flag for flag, key in ROUTER_FLAGS.items() if opts.get(key) not in (None, False)]
+        if router_only and not in_router:
+            raise CommandError(f"{router_only[0]} is for router mode: run `hearth serve` without a MODEL")
         log.info("BLAS: %s", blas_in_use())
-        call_command("migrate", interactive=False, verbosity=0)
+        if not in_router:  # the router migrated the database before it started this process
+            call_command("migrate", interactive=False, verbosity=0)
         model_ref = opts["model"] or self._demo_model()
-        config = EngineConfig(
-            batch=opts["batch"], prefill_chunk=opts["prefill_chunk"], max_context=opts["max_context"],
-            memory_budget=opts["memory_budget"], prompt_cache_bytes=opts["prompt_cache_bytes"],
-            ssd_cache=opts["ssd_cache"], ssd_cache_bytes=opts["ssd_cache_bytes"], kv_quant=opts["kv_quant"],
-            keep_dtype=opts["keep_dtype"])
-        engine = Engine(model_ref, config)
+        if in_router:
+            child.report("stage", stage="loading", percent=0)
+            model_ref = fetch_for_router(model_ref)
+        engine = Engine(model_ref, engine_config(opts))
         try:
             loaded = engine.start()
         except EngineError as exc:
+            child.report("error", message=str(exc))
             raise CommandError(str(exc)) from None
+        if opts["model_id"]:
+            loaded.model_id = opts["model_id"]
         if opts["adapter"]:
             self._mount_default(engine, opts["adapter"])
-        runtime.allowed_hosts = access.allowed_hosts
-        runtime.api_keys = access.api_keys
-        runtime.cors_origins = access.cors_origins
-        runtime.insecure_no_auth = access.insecure_no_auth
-        runtime.warning = INSECURE_WARNING if access.insecure_no_auth else None
         runtime.engine = engine
-        runtime.started_at = int(time.time())
-        runtime.responses = ResponseStore(ttl_s=opts["response_ttl"])
         runtime.embeddings_enabled = opts["embeddings"] or loaded.is_embedding_model
         loaded.grammar_compiler.cache_bytes = bounds.grammar_cache_bytes
+        log.info("model %s ready (%s, context %s)", loaded.model_id, loaded.dtype, loaded.context_window)
+        from hub.locks import record_serving
+
+        marker = record_serving(loaded.path)  # GC in any process keeps this snapshot
+        supervisor = None if in_router else start_services(opts["no_worker"])
+        try:
+            run_daphne(EngineWork(engine, opts["flush_seconds"]), opts["host"], opts["port"], opts["drain_seconds"],
+                       loaded.model_id, on_listen=_report_ready(engine) if in_router else None)
+        finally:
+            marker.unlink(missing_ok=True)
+            stop_services(supervisor)
+        log.info("stopped")
+        exit_even_if_stuck()
+
+    def _options(self, opts: dict, bounds: limits.Limits) -> Options:
         templates = None
         if bounds.allow_client_templates:
             from inference.protocols.template_sandbox import TemplateSandbox
@@ -221,42 +298,11 @@ class Command(BaseCommand):
             templates = TemplateSandbox(timeout_s=bounds.template_timeout_s)
             log.warning("client chat templates are allowed: each renders in its own process, at most %gs",
                         bounds.template_timeout_s)
-        runtime.options = Options(
+        runtime.responses = ResponseStore(ttl_s=opts["response_ttl"])
+        return Options(
             defaults=ServerDefaults(opts["max_tokens"] or None, opts["temperature"], opts["top_p"], opts["top_k"]),
-            limits=bounds,
-            grammar_enabled=settings.HEARTH_GRAMMAR, templates=templates,
+            limits=bounds, grammar_enabled=settings.HEARTH_GRAMMAR, templates=templates,
             sse_keepalive=settings.HEARTH_SSE_KEEPALIVE)
-        log.info("model %s ready (%s, context %s)", loaded.model_id, loaded.dtype, loaded.context_window)
-        from hub.downloads import resume_interrupted
-        from hub.locks import record_serving
-
-        marker = record_serving(loaded.path)  # GC in any process keeps this snapshot
-        _measure_machine_soon()
-
-        resume_interrupted()  # downloads whose process died continue from their partial files
-        from jobs.supervisor import WorkerSupervisor, stop_strays
-
-        try:
-            stop_strays()  # a worker an earlier, killed server left behind (with --no-worker too)
-        except Exception:  # worth a log line, never a server that fails to start
-            log.exception("looking for stray job workers failed")
-        supervisor = None
-        if not opts["no_worker"]:
-            from jobs.runner import mark_zombies
-
-            mark_zombies()
-            supervisor = WorkerSupervisor()
-            supervisor.start()
-        try:
-            _run_daphne(engine, opts["host"], opts["port"], opts["drain_seconds"], opts["flush_seconds"])
-        finally:
-            marker.unlink(missing_ok=True)
-            if supervisor is not None:
-                supervisor.stop()
-            if runtime.options.templates is not None:
-                runtime.options.templates.close()
-        log.info("stopped")
-        _exit_even_if_stuck()
 
     def _mount_default(self, engine: Engine, folder: str) -> None:
         from jobs.adapters import register
@@ -273,115 +319,16 @@ class Command(BaseCommand):
                  result["rank"])
 
     def _demo_model(self) -> str:
-        if cached_snapshot(Path(constants.HF_HUB_CACHE), Recipe()) is None:
-            log.info("building the demo model first (about 4 minutes, once)")
-            done = subprocess.run([sys.executable, "-m", "config.cli", "make-demo-model"])
-            if done.returncode != 0:
-                raise CommandError("building the demo model failed; see the output above")
-        return DEMO_REPO
+        return demo_model()
 
 
-def _exit_even_if_stuck(grace_s: float = 10.0) -> None:
-    """Python's exit waits for every non-daemon thread, forever if one is
-    blocked; a watchdog ends the process if that takes more than `grace_s`.
-    The worker and the engine have stopped by now."""
-    import threading
-
-    def watchdog():
-        time.sleep(grace_s)
-        stuck = [t.name for t in threading.enumerate() if not t.daemon and t.is_alive()]
-        log.warning("exit blocked for %.0fs by threads %s; exiting anyway", grace_s, ", ".join(stuck) or "?")
-        logging.shutdown()
-        os._exit(0)
-
-    threading.Thread(target=watchdog, name="exit-watchdog", daemon=True).start()
+def demo_model() -> str:
+    """The demo model's repo id, built first when the cache lacks it."""
+    if cached_snapshot(Path(constants.HF_HUB_CACHE), Recipe()) is None:
+        log.info("building the demo model first (about 4 minutes, once)")
+        done = subprocess.run([sys.executable, "-m", "config.cli", "make-demo-model"])
+        if done.returncode != 0:
+            raise CommandError("building the demo model failed; see the output above")
+    return DEMO_REPO
 
 
-def _measure_machine_soon() -> None:
-    """Measure this machine's bandwidths (once; cached) off the request path."""
-    import threading
-
-    from hub.library import this_machine
-
-    def measure():
-        try:
-            this_machine()
-        except Exception:
-            log.exception("measuring this machine failed; /fit will try again")
-
-    threading.Thread(target=measure, name="measure-machine", daemon=True).start()
-
-
-SOCKET_MESSAGE_BYTES = 4 << 20  # a socket frame; history goes out in pages far below this
-
-
-def _run_daphne(engine: Engine, host: str, port: int, drain_seconds: float, flush_seconds: float) -> None:
-    from concurrent.futures import ThreadPoolExecutor
-
-    from daphne.endpoints import build_endpoint_description_strings
-    from daphne.server import Server
-    from twisted.internet import reactor
-
-    from config.asgi import application
-    from core import http_guard
-
-    http_guard.install()  # body caps and header/body/idle timeouts on every connection
-    # Prompt builds and tokenizing run on the loop's default executor; on a
-    # 2-core machine asyncio would give it 6 threads.
-    reactor._asyncioEventloop.set_default_executor(ThreadPoolExecutor(32, thread_name_prefix="hearth-io"))
-
-    ports = []
-
-    class HearthServer(Server):
-        def listen_success(self, port_obj):
-            ports.append(port_obj)
-            address = port_obj.getHost()
-            shown = f"[{address.host}]" if ":" in address.host else address.host
-            own = "127.0.0.1" if address.host in ("0.0.0.0", "::") else shown
-            runtime.local_url = runtime.local_url or f"http://{own}:{address.port}"
-            log.info("Hearth serving %s at http://%s:%s", engine.loaded.model_id, shown, address.port)
-
-    server = HearthServer(application, endpoints=build_endpoint_description_strings(host=host, port=port),
-                          signal_handlers=False, application_close_timeout=5,
-                          websocket_max_message_size=SOCKET_MESSAGE_BYTES)
-    deadline = [0.0]
-
-    def finish(flush: bool = True):
-        try:
-            engine.close(drain_seconds=0)
-            if engine.ssd is not None and flush:
-                durable, report = engine.flush_cache(flush_seconds)
-                log.info("ssd cache flush: %s", report)
-                if not durable:
-                    log.warning("ssd cache: some snapshots were not written before shutdown")
-        except Exception:
-            log.exception("shutdown: the engine did not stop cleanly")
-        finally:
-            if engine.ssd is not None:
-                engine.ssd.close()
-            server.stop()
-
-    def poll():
-        if (not engine.busy and runtime.inflight == 0) or time.monotonic() > deadline[0]:
-            finish()
-        else:
-            reactor.callLater(0.05, poll)
-
-    def drain():
-        if runtime.draining:  # second signal: stop now
-            finish(flush=False)
-            return
-        log.info("shutting down: finishing %d running request(s), at most %.0fs",
-                 runtime.inflight, drain_seconds)
-        runtime.draining = True
-        deadline[0] = time.monotonic() + drain_seconds
-        for p in ports:
-            p.stopListening()
-        poll()
-
-    def on_signal(signum, frame):
-        reactor.callFromThread(drain)
-
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
-    server.run()

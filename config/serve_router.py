@@ -1,0 +1,115 @@
+"""`hearth serve` without a MODEL: the router. Every model in the library on
+one port, each loaded into a process of its own (a `hearth serve MODEL`
+on a private loopback port) when a request names it; the default model
+and pinned ones load at start.
+
+Flags every model shares (batching, context, sampling defaults, …) are
+handed to each child, the preset's per-model flags after them; the request
+bounds reach the children through the environment (`core.limits.export`).
+Each child keeps its prompt cache's SSD tier under HEARTH_HOME/prompt-cache
+(or `--ssd-cache`), one folder per model, so a model unloaded to make
+room starts warm when it is loaded again.
+"""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from django.core.management import call_command
+from django.core.management.base import CommandError
+
+from config.runtime import RUNTIME as runtime
+from config.serving import Work, exit_even_if_stuck, run_daphne, start_services, stop_services
+from core import home
+from core.blas import blas_in_use
+from hub import fit
+from inference.router.catalog import Catalog, CatalogError, Library
+from inference.router.manager import Manager, RouterError, Settings
+from inference.router.presets import PresetError
+
+log = logging.getLogger("hearth.serve")
+
+# serve flags every child gets from the router's own: flag -> option key
+SHARED_FLAGS = {"--batch": "batch", "--prefill-chunk": "prefill_chunk", "--max-context": "max_context",
+                "--memory-budget": "memory_budget", "--prompt-cache-bytes": "prompt_cache_bytes",
+                "--ssd-cache-bytes": "ssd_cache_bytes", "--kv-quant": "kv_quant", "--max-tokens": "max_tokens",
+                "--temperature": "temperature", "--top-p": "top_p", "--top-k": "top_k",
+                "--response-ttl": "response_ttl", "--drain-seconds": "drain_seconds",
+                "--flush-seconds": "flush_seconds"}
+SHARED_SWITCHES = {"--keep-dtype": "keep_dtype", "--embeddings": "embeddings"}
+MOST_BY_DEFAULT = 8
+
+
+class RouterWork(Work):
+    def __init__(self, manager: Manager, stop_timeout_s: float):
+        self.manager, self.stop_timeout_s = manager, stop_timeout_s
+
+    def busy(self) -> bool:
+        return any(s.users for s in self.manager.slots.values())
+
+    def close(self, flush: bool) -> None:
+        self.manager.stop_all(self.stop_timeout_s if flush else 5.0)
+
+
+def child_args(opts: dict) -> list[str]:
+    args = []
+    for flag, key in SHARED_FLAGS.items():
+        if opts.get(key) is not None:
+            args += [flag, str(opts[key])]
+    return args + [flag for flag, key in SHARED_SWITCHES.items() if opts.get(key)]
+
+
+def default_models_max(catalog: Catalog, usable: int) -> int:
+    """How many of the library's models fit in memory together, smallest
+    first (what /fit says of each), at least 1 and at most 8."""
+    sizes = sorted(b for b in (e.estimated_bytes(usable) for e in catalog.entries.values()) if b)
+    count, total = 0, 0
+    for size in sizes:
+        if total + size > usable:
+            break
+        count, total = count + 1, total + size
+    return max(1, min(MOST_BY_DEFAULT, count))
+
+
+def serve_router(opts: dict, bounds) -> None:
+    from config.management.commands.serve import demo_model
+
+    if opts["adapter"]:
+        raise CommandError("--adapter names one model's adapter: in router mode, set `adapter = DIR` in that "
+                           "model's section of --models-preset")
+    log.info("BLAS: %s", blas_in_use())
+    call_command("migrate", interactive=False, verbosity=0)
+    default = opts["default_model"] or demo_model()
+    usable = fit.usable_bytes()
+    try:
+        library = Library(Path(opts["models_dir"]) if opts["models_dir"] else None,
+                          Path(opts["models_preset"]) if opts["models_preset"] else None, extra=(default,))
+        catalog = library.scan(strict=True)
+        settings = Settings(
+            models_max=opts["models_max"] or default_models_max(catalog, usable),
+            idle_unload_s=opts["idle_unload"] or 0.0,
+            start_timeout_s=opts["child_start_timeout"] or 600.0,
+            request_timeout_s=opts["child_timeout"] or 600.0,
+            stop_timeout_s=opts["drain_seconds"] + opts["flush_seconds"] + 15.0,
+            child_args=tuple(child_args(opts)),
+            cache_root=opts["ssd_cache"] or str(home.prompt_caches()))
+        manager = Manager(library, settings, default, usable, catalog)
+    except (CatalogError, PresetError) as exc:
+        raise CommandError(str(exc)) from None
+    except RouterError as exc:
+        raise CommandError(f"--default-model: {exc.message}") from None
+    runtime.router = manager
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per forwarded request would drown the log
+    pinned = [s.id for s in manager.slots.values() if s.pinned]
+    preload = [] if opts["no_preload"] else list(dict.fromkeys([manager.default, *pinned]))
+    log.info("router: %d models in the library, at most %d loaded at once, default %s",
+             len(manager.slots), settings.models_max, manager.default)
+    supervisor = start_services(opts["no_worker"])
+    try:
+        run_daphne(RouterWork(manager, settings.stop_timeout_s), opts["host"], opts["port"], opts["drain_seconds"],
+                   f"the router ({len(manager.slots)} models, default {manager.default})",
+                   on_start=lambda: manager.start(preload))
+    finally:
+        stop_services(supervisor)
+    log.info("stopped")
+    exit_even_if_stuck()

@@ -1,0 +1,503 @@
+"""Which models are loaded, in which process, and what may load next.
+
+Runs on the server's event loop: every decision about a slot happens
+between two awaits, so it is atomic without a lock; the one lock orders
+loads, so capacity is checked, a victim evicted and the new slot
+reserved as one step (many requests for different models never load more
+than `models_max`, and two requests for one model start one process).
+
+A slot's life: unloaded -> loading -> loaded -> (unloading) -> unloaded,
+or loading -> failed. A child that exits, however it exits, leaves its
+slot unloaded (failed when it never became ready), its waiters and
+in-flight requests get an error, and the next request loads it again.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import secrets
+import time
+from dataclasses import dataclass, field
+
+from inference.router import presets
+from inference.router.catalog import DEFAULT_WORDS, Catalog, Entry, Library
+from inference.router.child import ChildProcess
+
+log = logging.getLogger("hearth.router")
+REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+
+
+class RouterError(Exception):
+    """A refusal with an HTTP status, rendered in the caller's protocol."""
+
+    status = 503
+    type = "server_error"
+    code = "model_unavailable"
+    param: str | None = None
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
+
+
+class ModelNotFound(RouterError):
+    status = 400
+    type = "invalid_request_error"
+    code = "model_not_found"
+    param = "model"
+
+
+class NoCapacity(RouterError):
+    code = "no_free_model_slot"
+
+
+class NotEnoughMemory(RouterError):
+    code = "insufficient_memory"
+
+
+class LoadFailed(RouterError):
+    code = "model_load_failed"
+
+
+@dataclass(frozen=True)
+class Settings:
+    models_max: int
+    idle_unload_s: float = 0.0  # 0: never
+    start_timeout_s: float = 600.0
+    request_timeout_s: float = 600.0
+    stop_timeout_s: float = 150.0  # drain + SSD flush of an evicted child before it is killed
+    child_args: tuple[str, ...] = ()  # serve flags every child gets, before its preset's
+    cache_root: str | None = None  # each child's SSD prompt-cache tier: <cache_root>/<model>
+    memory_check: bool = True
+
+
+@dataclass
+class Slot:
+    entry: Entry
+    status: str = "unloaded"  # loaded | loading | unloaded | failed
+    child: ChildProcess | None = None
+    port: int | None = None
+    stage: str | None = None
+    percent: int = 0
+    error: str | None = None
+    exit_code: int | None = None
+    unloading: bool = False
+    pinned: bool = False
+    users: int = 0  # requests holding or waiting for it
+    last_used: float | None = None
+    loaded_at: float | None = None
+    info: dict = field(default_factory=dict)  # the child's own /v1/models row
+    ready: asyncio.Event = field(default_factory=asyncio.Event)
+    exited: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def id(self) -> str:
+        return self.entry.id
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def status_object(self) -> dict:
+        out: dict = {"value": self.status}
+        if self.status == "loading":
+            out.update(stage=self.stage or "starting", percent=self.percent)
+        if self.error:
+            out["error"] = self.error
+        if self.exit_code:  # a process that did not end as asked
+            out["exit_code"] = self.exit_code
+        if self.unloading:
+            out["unloading"] = True
+        return out
+
+
+def available_memory() -> int | None:
+    """MemAvailable (Linux), or None where it cannot be read."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+class Manager:
+    def __init__(self, library: Library, settings: Settings, default: str, usable_bytes: int,
+                 catalog: Catalog | None = None):
+        self.library = library
+        self.settings = settings
+        self.usable_bytes = usable_bytes
+        self.key = secrets.token_urlsafe(24)  # what the children accept
+        self.catalog: Catalog = catalog if catalog is not None else library.scan(strict=True)
+        self.slots: dict[str, Slot] = {}
+        self.fetching: dict[str, Entry] = {}  # repo ids being downloaded by their process (POST /models/load)
+        self.http = None  # the connection pool to the children (the routes make it on the server's loop)
+        self._sync_slots()
+        entry = self.resolve(default)
+        self.default = entry.id
+        self._lock: asyncio.Lock | None = None
+        self._scanned_at = time.monotonic()
+        self._listeners: set[asyncio.Queue] = set()
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._idle_task: asyncio.Task | None = None
+
+    # -- names ---------------------------------------------------------------
+    def _sync_slots(self) -> None:
+        for model_id, entry in self.catalog.entries.items():
+            slot = self.slots.get(model_id)
+            if slot is None:
+                self.slots[model_id] = Slot(entry, pinned=bool(entry.preset.pinned))
+            else:
+                slot.entry = entry
+        for model_id in [m for m in self.fetching if m in self.catalog.entries]:
+            del self.fetching[model_id]  # downloaded: the library has it now
+        for model_id in [m for m, s in self.slots.items()
+                         if m not in self.catalog.entries and m not in self.fetching]:
+            if self.slots[model_id].status in ("unloaded", "failed"):
+                del self.slots[model_id]  # removed from disk and not running
+
+    def rescan(self, at_most_every_s: float = 2.0) -> None:
+        if time.monotonic() - self._scanned_at < at_most_every_s:
+            return
+        self._scanned_at = time.monotonic()
+        try:
+            self.catalog = self.library.scan()
+        except Exception:  # a half-written download must not break the routes
+            log.exception("rescanning the library failed")
+            return
+        self._sync_slots()
+
+    def resolve(self, name: str | None, fetch: bool = False) -> Entry:
+        """The entry `name` (an id or alias; None or "default": the default
+        model) stands for. With `fetch`, a repo id the library lacks becomes
+        an entry whose process downloads it first."""
+        if name is None or (isinstance(name, str) and name.strip() in DEFAULT_WORDS):
+            name = getattr(self, "default", None)
+        if not isinstance(name, str):
+            raise ModelNotFound("model must be a string naming a model; GET /v1/models lists the models")
+        entry = self.catalog.resolve(name)
+        if entry is None:
+            self.rescan(0.5)
+            entry = self.catalog.resolve(name)
+        if entry is None:
+            entry = self.fetching.get(name)
+        if entry is None and fetch and REPO_ID.fullmatch(name):
+            entry = Entry(id=name, ref=name, preset=presets.merged(self.library.table, name))
+            self.fetching[name] = entry
+            self.slots.setdefault(name, Slot(entry))
+        if entry is None:
+            raise ModelNotFound(f"model {name!r} not found; GET /v1/models lists the models")
+        return entry
+
+    # -- events --------------------------------------------------------------
+    def listen(self) -> asyncio.Queue:
+        queue: asyncio.Queue = asyncio.Queue(maxsize=1000)
+        self._listeners.add(queue)
+        return queue
+
+    def unlisten(self, queue: asyncio.Queue) -> None:
+        self._listeners.discard(queue)
+
+    def _emit(self, kind: str, data: dict) -> None:
+        for queue in list(self._listeners):
+            if queue.full():  # a listener that stopped reading loses its stream, not the router its memory
+                self._listeners.discard(queue)
+                continue
+            queue.put_nowait((kind, data))
+
+    def _changed(self, slot: Slot) -> None:
+        self._emit("model", self.row(slot))
+
+    # -- rows ----------------------------------------------------------------
+    def row(self, slot: Slot) -> dict:
+        entry = slot.entry
+        now = time.time()
+        loaded = slot.status == "loaded"
+        return {
+            "id": entry.id, "object": "model", "aliases": list(entry.aliases), "tags": list(entry.tags),
+            "pinned": slot.pinned, "default": entry.id == self.default, "status": slot.status_object(),
+            "memory_bytes": slot.child.rss_bytes() if loaded and slot.child is not None else None,
+            "estimated_bytes": entry.estimated_bytes(self.usable_bytes), "size_bytes": entry.size_bytes,
+            "quant_bits": entry.quant_bits,
+            "fits": (entry.estimated_bytes(self.usable_bytes) or 0) <= self.usable_bytes
+            if entry.weights_bytes else None,
+            "last_used": slot.last_used, "loaded_at": slot.loaded_at if loaded else None,
+            "idle_s": round(now - slot.last_used, 1) if loaded and slot.last_used and not slot.users else
+            (0.0 if loaded else None),
+            "inflight": slot.users,
+        }
+
+    def rows(self) -> list[dict]:
+        self.rescan()
+        return [self.row(s) for s in self.slots.values()]
+
+    def loaded(self) -> list[Slot]:
+        return [s for s in self.slots.values() if s.status == "loaded" and s.port is not None]
+
+    # -- use -----------------------------------------------------------------
+    async def acquire(self, name: str | None, fetch: bool = False) -> Slot:
+        """The slot serving `name`, loaded; the caller must `release` it."""
+        slot = self.slots[self.resolve(name, fetch).id]
+        slot.users += 1
+        try:
+            if slot.status != "loaded" or slot.unloading:
+                await self._load(slot)
+        except BaseException:
+            slot.users -= 1
+            raise
+        slot.last_used = time.time()
+        return slot
+
+    def release(self, slot: Slot) -> None:
+        slot.users = max(0, slot.users - 1)
+        slot.last_used = time.time()
+
+    async def load(self, name: str | None, fetch: bool = False) -> Slot:
+        slot = await self.acquire(name, fetch)
+        self.release(slot)
+        return slot
+
+    async def _load(self, slot: Slot) -> None:
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        while slot.status != "loaded" or slot.unloading:
+            if slot.status == "loading":
+                await self._wait_ready(slot)
+                continue
+            async with self._lock:
+                if slot.status == "loaded" and not slot.unloading:
+                    return
+                if slot.unloading:
+                    await self._wait_exit(slot)
+                if slot.status in ("unloaded", "failed"):
+                    await self._make_room(slot)
+                    self._start(slot)  # reserved: counted as loading before the lock is let go
+            await self._wait_ready(slot)
+            if slot.status == "failed":
+                raise LoadFailed(f"model {slot.id!r} failed to load: {slot.error}")
+
+    async def _wait_ready(self, slot: Slot) -> None:
+        try:
+            await asyncio.wait_for(slot.ready.wait(), self.settings.start_timeout_s + 5)
+        except asyncio.TimeoutError:
+            raise LoadFailed(f"model {slot.id!r} did not load within {self.settings.start_timeout_s:g}s") from None
+        if slot.status == "failed":
+            raise LoadFailed(f"model {slot.id!r} failed to load: {slot.error}")
+
+    async def _make_room(self, slot: Slot) -> None:
+        """Evict least-recently-used idle models until one more fits the cap
+        and, by estimate, the free memory; or refuse."""
+        cap = self.settings.models_max
+        while True:
+            active = [s for s in self.slots.values() if s is not slot and s.status in ("loading", "loaded")]
+            need = slot.entry.estimated_bytes(self.usable_bytes)
+            short = self._memory_short(need)
+            if len(active) < cap and not short:
+                return
+            victims = sorted((s for s in active if s.status == "loaded" and not s.users and not s.pinned),
+                             key=lambda s: s.last_used or 0)
+            if not victims:
+                if len(active) >= cap:
+                    busy = ", ".join(sorted(s.id for s in active))
+                    raise NoCapacity(f"cannot load {slot.id!r}: all {cap} model slots (--models-max) are busy or "
+                                     f"pinned ({busy}); try again when one is idle, unload one with POST "
+                                     f"/models/unload, or start the server with a higher --models-max")
+                raise NotEnoughMemory(f"cannot load {slot.id!r}: it needs about {_gib(need)} and only "
+                                      f"{_gib(available_memory())} of memory is free; unload a model "
+                                      f"(POST /models/unload) or free memory first")
+            log.info("unloading %s (least recently used) to load %s", victims[0].id, slot.id)
+            await self._stop(victims[0])
+
+    def _memory_short(self, need: int | None) -> bool:
+        if not self.settings.memory_check or not need:
+            return False
+        free = available_memory()
+        return free is not None and need > free
+
+    def _start(self, slot: Slot) -> None:
+        loop = asyncio.get_running_loop()
+        slot.status, slot.stage, slot.percent, slot.error, slot.exit_code = "loading", "starting", 0, None, None
+        slot.ready = asyncio.Event()
+        slot.exited = asyncio.Event()
+        slot.port = None
+        args = [slot.entry.ref, "--model-id", slot.id, "--host", "127.0.0.1", "--port", "0", "--no-worker",
+                *self.settings.child_args, *slot.entry.preset.child_args()]
+        if self.settings.cache_root and "ssd-cache" not in slot.entry.preset.flags:
+            args += ["--ssd-cache", f"{self.settings.cache_root}/{_folder_name(slot.id)}"]
+        holder: list[ChildProcess] = []
+
+        def on_line(line: dict) -> None:
+            loop.call_soon_threadsafe(self._on_line, slot, holder, line)
+
+        def on_exit(code: int) -> None:
+            loop.call_soon_threadsafe(self._on_exit, slot, holder, code)
+
+        try:
+            child = ChildProcess(args, self.key, on_line, on_exit)
+        except OSError as exc:
+            self._fail(slot, f"could not start its process: {exc}")
+            return
+        holder.append(child)
+        slot.child = child
+        log.info("loading %s (pid %d)", slot.id, child.pid)
+        self._changed(slot)
+        loop.call_later(self.settings.start_timeout_s, self._start_timed_out, slot, child)
+
+    def _on_line(self, slot: Slot, holder: list, line: dict) -> None:
+        if slot.child is not (holder[0] if holder else None):
+            return  # an earlier process of this slot
+        event = line.get("event")
+        if event == "ready" and isinstance(line.get("port"), int):
+            slot.port = line["port"]
+            slot.info = line.get("model") if isinstance(line.get("model"), dict) else {}
+            slot.status, slot.stage, slot.percent = "loaded", "ready", 100
+            slot.loaded_at = slot.last_used = time.time()
+            slot.ready.set()
+            log.info("%s loaded (port %d)", slot.id, slot.port)
+            self._emit("progress", {"model": slot.id, "stage": "ready", "percent": 100})
+            self._changed(slot)
+        elif event == "stage":
+            slot.stage = str(line.get("stage") or slot.stage)
+            percent = line.get("percent")
+            slot.percent = max(0, min(100, int(percent))) if isinstance(percent, (int, float)) else slot.percent
+            data = {"model": slot.id, "stage": slot.stage, "percent": slot.percent}
+            for key in ("message", "download"):
+                if key in line:
+                    data[key] = line[key]
+            self._emit("progress", data)
+        elif event == "error":
+            slot.error = str(line.get("message") or "unknown error")
+
+    def _on_exit(self, slot: Slot, holder: list, code: int) -> None:
+        child = holder[0] if holder else None
+        if slot.child is not child:
+            return
+        was = slot.status
+        slot.child, slot.port, slot.exit_code, slot.unloading = None, None, code, False
+        if was == "loading":
+            reason = slot.error or _exit_reason(code)
+            self._fail(slot, f"its process exited before it was ready ({reason})")
+        else:
+            if code not in (0, None) and not slot.error:
+                slot.error = f"its process exited ({_exit_reason(code)})"
+                log.warning("%s: %s", slot.id, slot.error)
+            slot.status = "unloaded"
+            slot.ready.set()
+        slot.exited.set()
+        self._changed(slot)
+
+    def _fail(self, slot: Slot, message: str) -> None:
+        slot.status, slot.error, slot.port = "failed", message, None
+        log.warning("loading %s failed: %s", slot.id, message)
+        slot.ready.set()
+        slot.exited.set()
+        self._emit("progress", {"model": slot.id, "stage": "failed", "percent": slot.percent, "message": message})
+        self._changed(slot)
+
+    def _start_timed_out(self, slot: Slot, child: ChildProcess) -> None:
+        if slot.child is child and slot.status == "loading":
+            slot.error = f"it did not load within {self.settings.start_timeout_s:g}s (--child-start-timeout)"
+            child.kill()
+
+    # -- unload --------------------------------------------------------------
+    async def unload(self, name: str | None) -> Slot:
+        slot = self.slots[self.resolve(name).id]
+        if slot.status in ("loaded", "loading"):
+            await self._stop(slot)
+        return slot
+
+    async def _stop(self, slot: Slot) -> None:
+        child = slot.child
+        if child is None:
+            return
+        slot.unloading = True
+        self._changed(slot)
+        child.terminate()  # drains, writes its prompt cache to the SSD tier, exits
+        await self._wait_exit(slot)
+
+    async def _wait_exit(self, slot: Slot) -> None:
+        child = slot.child
+        try:
+            await asyncio.wait_for(slot.exited.wait(), self.settings.stop_timeout_s)
+        except asyncio.TimeoutError:
+            log.warning("%s did not stop within %.0fs; killing it", slot.id, self.settings.stop_timeout_s)
+            if child is not None:
+                child.kill()
+            await slot.exited.wait()
+
+    def set_pinned(self, name: str | None, pinned: bool) -> Slot:
+        slot = self.slots[self.resolve(name).id]
+        slot.pinned = pinned
+        self._changed(slot)
+        return slot
+
+    def set_default(self, name: str | None) -> Entry:
+        entry = self.resolve(name)
+        old = self.default
+        self.default = entry.id
+        for model_id in {old, entry.id}:
+            if model_id in self.slots:
+                self._changed(self.slots[model_id])
+        return entry
+
+    # -- background ----------------------------------------------------------
+    def start(self, preload: list[str]) -> None:
+        """On the server's loop: the idle sweep, and the models to load now."""
+        self.loop = asyncio.get_running_loop()
+        self._idle_task = asyncio.ensure_future(self._sweep())
+        for name in preload:
+            asyncio.ensure_future(self._preload(name))
+
+    async def _preload(self, name: str) -> None:
+        try:
+            await self.load(name)
+        except RouterError as exc:
+            log.warning("preloading %s: %s", name, exc.message)
+
+    async def _sweep(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            now = time.time()
+            for slot in list(self.slots.values()):
+                limit = slot.entry.preset.idle_unload
+                limit = self.settings.idle_unload_s if limit is None else limit
+                if (limit and slot.status == "loaded" and not slot.users and not slot.pinned
+                        and not slot.unloading and now - (slot.last_used or now) >= limit):
+                    log.info("unloading %s: idle for %.0fs (--idle-unload)", slot.id, now - (slot.last_used or now))
+                    asyncio.ensure_future(self._stop(slot))
+
+    def stop_all(self, timeout_s: float) -> None:
+        """Blocking, at shutdown: every child drains and flushes, or is killed."""
+        children = [s.child for s in self.slots.values() if s.child is not None]
+        for child in children:
+            child.terminate()
+        deadline = time.monotonic() + timeout_s
+        for child in children:
+            try:
+                child.proc.wait(max(0.1, deadline - time.monotonic()))
+            except Exception:
+                child.kill()
+
+
+def _folder_name(model_id: str) -> str:
+    return model_id.replace("/", "--")
+
+
+def _exit_reason(code: int | None) -> str:
+    if code is None:
+        return "unknown"
+    if code < 0:
+        import signal
+
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+def _gib(n: int | None) -> str:
+    return "?" if n is None else f"{n / (1 << 30):.1f} GiB"

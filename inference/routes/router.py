@@ -1,0 +1,305 @@
+"""Router mode's HTTP side: `/v1` requests forwarded to the process of the
+model they name, and the model-management routes (`GET /models`, `POST
+/models/load|unload|pin|default`, `GET /models/sse`).
+
+Forwarding keeps the request as the client sent it (method, path, query
+string, body bytes, multipart included) but for the credentials: the
+client's key is checked here, the child gets the router's own. Replies
+stream back chunk by chunk as the child writes them. A child that dies
+mid-reply ends a stream with an error event in the route's protocol, and
+a reply not yet started with a 502.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+
+import httpx
+from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+
+from core import sse
+from core.http import error_object, is_anthropic
+from inference.router.manager import Manager, ModelNotFound, RouterError, Slot
+
+log = logging.getLogger("hearth.router")
+
+OWN_V1 = ("/v1/models", "/v1/docs", "/v1/openapi.json", "/v1/memory/")  # answered by the router itself
+FAN_OUT = ("/admin/cache/flush", "/admin/cache/session/close")
+_HOP = frozenset({"host", "content-length", "connection", "keep-alive", "transfer-encoding", "te", "upgrade",
+                  "proxy-authorization", "authorization", "x-api-key", "cookie", "trailer"})
+_REPLY_HOP = frozenset({"content-length", "connection", "keep-alive", "transfer-encoding", "server", "date"})
+KEEPALIVE_S = 10.0
+
+
+def routed(path: str) -> bool:
+    """Whether the router forwards `path` rather than answering it."""
+    if path in FAN_OUT or path == "/fit":
+        return True
+    if not path.startswith("/v1/"):
+        return False
+    return not any(path == own.rstrip("/") or path.startswith(own) for own in OWN_V1)
+
+
+def render(path: str, exc: RouterError) -> JsonResponse:
+    return JsonResponse(error_object(path, exc.status, exc.message, exc.code, exc.type, exc.param),
+                        status=exc.status)
+
+
+def _named_model(request: HttpRequest) -> str | None:
+    """The `model` a request names: a JSON body's field, a form field, or the query string's."""
+    content_type = request.content_type or ""
+    if request.method in ("POST", "PUT", "PATCH") and request.body:
+        if content_type.startswith("multipart/") or content_type == "application/x-www-form-urlencoded":
+            return request.POST.get("model")  # parsed from the body bytes kept above, which go on intact
+        try:
+            body = json.loads(request.body)
+        except ValueError:
+            return None  # the child answers the bad body in its protocol
+        value = body.get("model") if isinstance(body, dict) else None
+        return value if value is None or isinstance(value, str) else repr(value)
+    return request.GET.get("model")
+
+
+async def dispatch(request: HttpRequest) -> HttpResponse:
+    manager: Manager = request.runtime.router
+    path = request.path
+    if path in FAN_OUT or (path.startswith("/v1/responses/") and request.method in ("GET", "DELETE")):
+        return await _fan_out(request, manager)
+    try:
+        slot = await manager.acquire(_named_model(request))
+    except RouterError as exc:
+        return render(path, exc)
+    return await _forward(request, manager, slot)
+
+
+def _headers(request: HttpRequest, manager: Manager) -> dict:
+    out = {k: v for k, v in request.headers.items() if k.lower() not in _HOP}
+    out["authorization"] = f"Bearer {manager.key}"
+    return out
+
+
+async def _forward(request: HttpRequest, manager: Manager, slot: Slot) -> HttpResponse:
+    client = http_client(manager)
+    url = slot.url + request.path
+    query = request.META.get("QUERY_STRING", "")
+    outgoing = client.build_request(request.method, url + (f"?{query}" if query else ""),
+                                    content=request.body, headers=_headers(request, manager))
+    try:
+        reply = await client.send(outgoing, stream=True)
+    except httpx.HTTPError as exc:
+        manager.release(slot)
+        return _died(request.path, slot, exc)
+    headers = {k: v for k, v in reply.headers.items() if k.lower() not in _REPLY_HOP}
+    if not reply.headers.get("content-type", "").startswith("text/event-stream"):
+        try:
+            content = await reply.aread()
+        except httpx.HTTPError as exc:
+            return _died(request.path, slot, exc)
+        finally:
+            await reply.aclose()
+            manager.release(slot)
+        return HttpResponse(content, status=reply.status_code, headers=headers)
+    return StreamingHttpResponse(_relay(request.path, manager, slot, reply), status=reply.status_code,
+                                 headers=headers)
+
+
+async def _relay(path: str, manager: Manager, slot: Slot, reply: httpx.Response):
+    try:
+        async for chunk in reply.aiter_raw():
+            yield chunk
+    except httpx.HTTPError as exc:
+        log.warning("%s: the stream from %s broke: %s", path, slot.id, exc)
+        yield _stream_error(path, _died_message(slot, exc))
+    finally:
+        await reply.aclose()
+        manager.release(slot)
+
+
+def _died_message(slot: Slot, exc: Exception) -> str:
+    return (f"model {slot.id!r} stopped answering ({type(exc).__name__}: its process exited or was killed); "
+            f"it is loaded again on the next request")
+
+
+def _died(path: str, slot: Slot, exc: Exception) -> JsonResponse:
+    return JsonResponse(error_object(path, 502, _died_message(slot, exc), "model_process_exited", "server_error"),
+                        status=502)
+
+
+def _stream_error(path: str, message: str) -> bytes:
+    if is_anthropic(path):
+        return sse.frame({"type": "error", "error": {"type": "api_error", "message": message}}, "error")
+    if path.startswith("/v1/responses"):
+        return sse.frame({"type": "error", "code": "server_error", "message": message, "param": None}, "error")
+    return sse.frame({"error": {"message": message, "type": "server_error", "param": None,
+                                "code": "model_process_exited"}})
+
+
+async def _fan_out(request: HttpRequest, manager: Manager) -> HttpResponse:
+    """A stored response lives in one child: ask each loaded model and take
+    the first answer that is not a 404. The prompt-cache admin routes go to
+    every loaded model; their answers are combined by model."""
+    client = http_client(manager)
+    query = request.META.get("QUERY_STRING", "")
+    answers: dict[str, httpx.Response] = {}
+    for slot in manager.loaded():
+        try:
+            reply = await client.request(request.method, slot.url + request.path + (f"?{query}" if query else ""),
+                                         content=request.body, headers=_headers(request, manager))
+        except httpx.HTTPError:
+            continue
+        answers[slot.id] = reply
+        if request.path not in FAN_OUT and reply.status_code != 404:
+            return _copy(reply)
+    if request.path in FAN_OUT:
+        bodies = {model: _json(reply) for model, reply in answers.items()}
+        status = max((r.status_code for r in answers.values()), default=200)
+        return JsonResponse({"models": bodies}, status=status)
+    if answers:
+        return _copy(next(iter(answers.values())))
+    return JsonResponse(error_object(request.path, 404, f"no stored response {request.path.rsplit('/', 1)[-1]!r}",
+                                     "not_found", "invalid_request_error"), status=404)
+
+
+def _copy(reply: httpx.Response) -> HttpResponse:
+    return HttpResponse(reply.content, status=reply.status_code, content_type=reply.headers.get("content-type"))
+
+
+def _json(reply: httpx.Response):
+    try:
+        return reply.json()
+    except ValueError:
+        return {"status": reply.status_code}
+
+
+def http_client(manager: Manager) -> httpx.AsyncClient:
+    """One connection pool to the children, on the server's event loop."""
+    client = getattr(manager, "http", None)
+    if client is None:
+        timeout = httpx.Timeout(connect=10.0, read=manager.settings.request_timeout_s, write=60.0, pool=None)
+        client = httpx.AsyncClient(timeout=timeout, limits=httpx.Limits(max_connections=None,
+                                                                        max_keepalive_connections=64))
+        manager.http = client
+    return client
+
+
+# -- model management -----------------------------------------------------
+def _single(request: HttpRequest) -> JsonResponse:
+    message = ("this server serves one model (started as `hearth serve MODEL`); start `hearth serve` without a "
+               "model to load, unload and switch models")
+    return JsonResponse(error_object(request.path, 400, message, "router_mode_off"), status=400)
+
+
+class _BadBody(RouterError):
+    status = 400
+    type = "invalid_request_error"
+    code = "invalid_body"
+
+
+def _body(request: HttpRequest) -> dict:
+    try:
+        body = json.loads(request.body or b"{}")
+    except ValueError as exc:
+        raise _BadBody(f"the body is not JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise _BadBody("the body must be a JSON object such as {\"model\": \"org/name\"}")
+    return body
+
+
+def _model_field(body: dict) -> str:
+    model = body.get("model")
+    if not isinstance(model, str) or not model.strip():
+        raise _BadBody("model is required: the id or alias of a model (GET /models lists them)")
+    return model
+
+
+async def models_list(request: HttpRequest) -> JsonResponse:
+    manager: Manager | None = request.runtime.router
+    if manager is None:
+        return JsonResponse({"object": "list", "mode": "single", "default": _single_id(request),
+                             "models_max": 1, "data": _single_rows(request)})
+    return JsonResponse({"object": "list", "mode": "router", "default": manager.default,
+                         "models_max": manager.settings.models_max, "data": manager.rows()})
+
+
+def _single_id(request: HttpRequest) -> str | None:
+    engine = request.runtime.engine
+    return engine.loaded.model_id if engine is not None and engine.loaded is not None else None
+
+
+def _single_rows(request: HttpRequest) -> list[dict]:
+    model_id = _single_id(request)
+    if model_id is None:
+        return []
+    return [{"id": model_id, "object": "model", "aliases": [], "tags": [], "pinned": True, "default": True,
+             "status": {"value": "loaded"}, "inflight": request.runtime.inflight}]
+
+
+async def _manage(request: HttpRequest, act) -> JsonResponse:
+    manager: Manager | None = request.runtime.router
+    if manager is None:
+        return _single(request)
+    if request.method != "POST":
+        return JsonResponse(error_object(request.path, 405, "use POST", "method_not_allowed"), status=405)
+    try:
+        return JsonResponse(await act(manager, _body(request)))
+    except RouterError as exc:
+        if isinstance(exc, ModelNotFound):
+            exc.message = exc.message.replace("GET /v1/models", "GET /models")
+        return render(request.path, exc)
+
+
+async def models_load(request: HttpRequest) -> JsonResponse:
+    async def act(manager: Manager, body: dict) -> dict:
+        slot = await manager.load(_model_field(body), fetch=True)
+        return {"ok": True, "model": slot.id, "status": slot.status_object()}
+    return await _manage(request, act)
+
+
+async def models_unload(request: HttpRequest) -> JsonResponse:
+    async def act(manager: Manager, body: dict) -> dict:
+        slot = await manager.unload(_model_field(body))
+        return {"ok": True, "model": slot.id, "status": slot.status_object()}
+    return await _manage(request, act)
+
+
+async def models_pin(request: HttpRequest) -> JsonResponse:
+    async def act(manager: Manager, body: dict) -> dict:
+        pinned = body.get("pinned", True)
+        if not isinstance(pinned, bool):
+            raise _BadBody("pinned must be true or false")
+        slot = manager.set_pinned(_model_field(body), pinned)
+        return {"ok": True, "model": slot.id, "pinned": slot.pinned}
+    return await _manage(request, act)
+
+
+async def models_default(request: HttpRequest) -> JsonResponse:
+    async def act(manager: Manager, body: dict) -> dict:
+        entry = manager.set_default(_model_field(body))
+        slot = await manager.load(entry.id)
+        return {"ok": True, "default": entry.id, "status": slot.status_object()}
+    return await _manage(request, act)
+
+
+async def models_sse(request: HttpRequest) -> HttpResponse:
+    manager: Manager | None = request.runtime.router
+    if manager is None:
+        return _single(request)
+
+    async def events():
+        queue = manager.listen()
+        try:
+            for row in manager.rows():
+                yield sse.frame(row, "model")
+            while True:
+                try:
+                    kind, data = await asyncio.wait_for(queue.get(), KEEPALIVE_S)
+                except asyncio.TimeoutError:
+                    yield b": keep-alive\n\n"
+                    continue
+                yield sse.frame(data, kind)
+        finally:
+            manager.unlisten(queue)
+
+    return StreamingHttpResponse(events(), content_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
