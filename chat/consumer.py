@@ -28,6 +28,7 @@ from chat import store, turns
 from chat.models import ChatEntry, ChatSession
 from core import jsonbody
 from inference.protocols import params
+from inference.router.manager import RouterError
 
 log = logging.getLogger("hearth.chat")
 HISTORY_PAGE_BYTES = 256 << 10  # far below the socket's message limit (4 MiB, set where daphne starts)
@@ -191,6 +192,24 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         session.adapter = adapter or None
         await sync_to_async(session.save)(update_fields=["adapter", "updated_at"])
 
+    async def on_set_model(self, frame):
+        """Router mode: the model this session talks to from its next turn (null: the default)."""
+        model = frame.get("model")
+        if model is not None and (not isinstance(model, str) or len(model) > MAX_ID):
+            raise _FrameError("model must be a model id or null")
+        router = self.runtime.router
+        if router is None:
+            raise _FrameError("this server serves one model; start `hearth serve` without a model to pick one "
+                              "per chat")
+        if model:
+            try:
+                model = router.resolve(model).id
+            except RouterError as exc:
+                raise _FrameError(exc.message) from None
+        session = await self._session()
+        session.model = model or None
+        await sync_to_async(session.save)(update_fields=["model", "updated_at"])
+
     async def on_new_session(self, frame):
         await self._require_idle()
         self.session = await sync_to_async(store.create)()
@@ -277,6 +296,8 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             state.final = None
             await self._error(getattr(exc, "message", None) or str(exc))
         meta = _meta(state.final, started, state.first)
+        if state.model:
+            meta["model"] = state.model  # router mode: the model that answered
         try:
             if state.text or state.reasoning or state.rounds:  # what was shown is kept, an aborted turn included
                 meta["aborted"] = state.final is None
@@ -287,7 +308,10 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
                 await self.send_json({"type": "siblings", **await sync_to_async(store.siblings)(entry)})
             final = state.final
             if final is not None and final.usage is not None:
-                window = runtime.engine.loaded.context_window if runtime.engine else None
+                if runtime.router is not None:
+                    window = self._model_info(session.model).get("context_window")
+                else:
+                    window = runtime.engine.loaded.context_window if runtime.engine else None
                 used = final.usage.total_tokens
                 await self.send_json({"type": "context", "tokens": used, "contextWindow": window,
                                       "percent": round(100 * used / window, 1) if window else None})
@@ -366,8 +390,8 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             await self.send_json({"type": "history_more", "items": page, "sessionId": sid, "more": i < len(pages)})
 
     def _check_sampling(self, values: dict) -> None:
-        runtime = self.runtime
-        if runtime.engine is not None and runtime.engine.loaded is not None:
+        runtime = self.runtime  # router mode: the model's process checks them when a turn runs
+        if runtime.router is None and runtime.engine is not None and runtime.engine.loaded is not None:
             problem = turns.sampling_problem(values, runtime.engine.loaded, runtime.options.defaults)
             if problem is not None:
                 raise _FrameError(problem)
@@ -384,13 +408,36 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         from inference.protocols import chat as chat_protocol
 
         runtime = self.runtime
+        if runtime.router is not None:
+            return self._router_ready()
         engine = runtime.engine
         model = engine.loaded if engine is not None else None
         defaults = runtime.options.defaults
         return {"type": "ready", "model": model.model_id if model else None, "vision": False, "audio": False,
                 "thinking": chat_protocol.thinks(model) if model else False, "transcription": False,
                 "genDefaults": params.gen_defaults(defaults, model.generation_config) if model else None,
-                "contextWindow": model.context_window if model else None}
+                "contextWindow": model.context_window if model else None, "router": False,
+                "models": [model.model_id] if model else []}
+
+    def _router_ready(self) -> dict:
+        """Router mode: the default model, as its process described itself
+        once loaded (until then: what the router knows), and the ids a
+        session may pick."""
+        router = self.runtime.router
+        info = self._model_info(None)
+        return {"type": "ready", "model": router.default, "vision": False, "audio": False,
+                "thinking": bool(info.get("reasoning")), "transcription": False,
+                "genDefaults": info.get("gen_defaults"), "contextWindow": info.get("context_window"),
+                "router": True, "models": list(router.slots)}
+
+    def _model_info(self, model: str | None) -> dict:
+        """Router mode: what `model`'s process said of itself when it loaded ({} before)."""
+        router = self.runtime.router
+        try:
+            slot = router.slots.get(router.resolve(model).id)
+        except RouterError:
+            return {}
+        return slot.info if slot is not None else {}
 
 
 class _FrameError(Exception):

@@ -21,6 +21,7 @@ class ChatSession(models.Model):
     system_prompt = models.TextField(null=True, blank=True)
     thinking = models.BooleanField(default=False)
     adapter = models.CharField(max_length=256, null=True, blank=True)
+    model = models.CharField(max_length=256, null=True, blank=True)  # router mode: its model (None: the default)
     sampling_json = models.TextField(default="{}")  # session-scoped sampling overrides
     coding_tools = models.BooleanField(default=False)  # offer the workspace tools (bash, edit, write, read)
     leaf = models.ForeignKey("ChatEntry", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")

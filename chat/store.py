@@ -169,6 +169,7 @@ def stored_sampling(session: ChatSession) -> dict:
 
 def settings(session: ChatSession) -> dict:
     return {"thinking": session.thinking, "systemPrompt": session.system_prompt, "adapter": session.adapter,
+            "model": session.model,
             "codingTools": session.coding_tools, "sampling": stored_sampling(session)}
 
 

@@ -37,6 +37,7 @@ class TurnState:
     rounds: list[dict] = field(default_factory=list)
     first: float | None = None
     final: object = None  # the last generation's final event
+    model: str | None = None  # router mode: the model that answered
 
 
 def replay(entry) -> list[dict]:
@@ -98,6 +99,8 @@ def _args(raw: str):
 async def _generate(consumer, session, messages, offered, state: TurnState, runtime, sampling: dict):
     from chat.turns import prepare
 
+    if runtime.router is not None:
+        return await _generate_remote(consumer, session, messages, offered, state, runtime, sampling)
     engine = runtime.require_engine()
     prepared = await prepare(session, messages, sampling, engine.loaded, runtime.options,
                              chat_tools.specs(offered) or None)
@@ -114,6 +117,31 @@ async def _generate(consumer, session, messages, offered, state: TurnState, runt
     for piece in prepared.output.finish():
         round_text += await _piece(consumer, piece, state)
     return prepared.output.calls, round_text
+
+
+async def _generate_remote(consumer, session, messages, offered, state: TurnState, runtime, sampling: dict):
+    """Router mode: the same turn, run by the session's model's process over
+    its /v1 stream (which parses reasoning and tool calls there)."""
+    from chat.turns import body
+    from inference.router import remote
+    from inference.router.manager import RouterError
+
+    request = body(session, messages, sampling, chat_tools.specs(offered) or None)
+    calls: list = []
+    round_text = ""
+    try:
+        state.model = runtime.router.resolve(session.model).id
+        async for delta in remote.chat(runtime.router, session.model, request):
+            if delta.text and state.first is None:
+                state.first = time.perf_counter()
+            if delta.text:
+                round_text += await _piece(consumer, delta, state)
+            calls += delta.calls
+            if delta.final is not None:
+                state.final = delta.final
+    except RouterError as exc:
+        raise TurnFailed(exc.message) from None
+    return calls, round_text
 
 
 async def _piece(consumer, piece, state: TurnState) -> str:

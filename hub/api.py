@@ -100,9 +100,14 @@ def start_download(request: HttpRequest) -> dict:
 
 
 @router.post("/hub/serve")
-def serve(request: HttpRequest, body: ServeRequest) -> dict:
-    """No live swap yet: `ok: false` (a 200) with the command that serves the model."""
-    return {"ok": False, "restart_required": True, "command": f"hearth serve {body.model}"}
+async def serve(request: HttpRequest, body: ServeRequest) -> dict:
+    """Router mode: load the model and make it the default, live. One
+    model's server cannot switch: `ok: false` (a 200) with the command that
+    serves the model (or how to start the router)."""
+    if request.runtime.router is None:
+        return {"ok": False, "restart_required": True, "command": f"hearth serve {body.model}",
+                "router_command": "hearth serve"}
+    return await request.runtime.switch_model(body.model)
 
 
 def _busy() -> set[str]:

@@ -84,6 +84,18 @@ class Runtime:
         engine = self.engine
         return engine.loaded.model_id if engine is not None and engine.loaded is not None else None
 
+    async def switch_model(self, name: str) -> dict:
+        """Router mode: load `name` and make it the default model (`/api`'s shape)."""
+        from core.api import ApiError
+        from inference.router.manager import RouterError
+
+        try:
+            slot = await self.router.load(name)  # a model that fails to load does not become the default
+            self.router.set_default(slot.id)
+        except RouterError as exc:
+            raise ApiError(exc.message, exc.status) from None
+        return {"ok": True, "model": slot.id, "status": slot.status_object()}
+
     def embedding_engine(self) -> Engine | None:
         """The engine that answers embeddings, if any."""
         engine = self.engine

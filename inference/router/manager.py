@@ -237,6 +237,16 @@ class Manager:
     def loaded(self) -> list[Slot]:
         return [s for s in self.slots.values() if s.status == "loaded" and s.port is not None]
 
+    def client(self):
+        """One connection pool to the children, made on the server's event loop."""
+        if self.http is None:
+            import httpx
+
+            timeout = httpx.Timeout(connect=10.0, read=self.settings.request_timeout_s, write=60.0, pool=None)
+            self.http = httpx.AsyncClient(timeout=timeout, limits=httpx.Limits(max_connections=None,
+                                                                               max_keepalive_connections=64))
+        return self.http
+
     # -- use -----------------------------------------------------------------
     async def acquire(self, name: str | None, fetch: bool = False) -> Slot:
         """The slot serving `name`, loaded; the caller must `release` it."""

@@ -38,22 +38,39 @@ def served_row(runtime, engine: Engine) -> dict:
     }
 
 
+def _router_rows(runtime) -> list[dict]:
+    """Every model the router can serve, with its status; a loaded one with
+    what its process says of itself."""
+    rows = []
+    for row in runtime.router.rows():
+        slot = runtime.router.slots.get(row["id"])
+        info = slot.info if slot is not None and row["status"]["value"] == "loaded" else {}
+        rows.append({**info, "id": row["id"], "object": "model", "created": int(row["loaded_at"] or
+                                                                              runtime.started_at),
+                     "owned_by": info.get("owned_by") or row["id"].split("/")[0], "status": row["status"],
+                     "aliases": row["aliases"], "tags": row["tags"], "pinned": row["pinned"],
+                     "default": row["default"]})
+    return rows
+
+
 def _model_rows(runtime) -> list[dict]:
-    rows = [served_row(runtime, e) for e in runtime.engines.values() if e.loaded is not None]
+    if runtime.router is not None:
+        return _router_rows(runtime)
+    rows = [{**served_row(runtime, e), "status": {"value": "loaded"}}
+            for e in runtime.engines.values() if e.loaded is not None]
     served = {r["id"] for r in rows}
     for entry in servable_models():
         if entry.repo_id not in served:
             rows.append({"id": entry.repo_id, "object": "model", "created": runtime.started_at,
                          "owned_by": entry.repo_id.split("/")[0], "vision": entry.vision,
-                         "tier": entry.support_tier})
+                         "tier": entry.support_tier, "status": {"value": "unloaded"}})
     return rows
 
 
 def index_body(runtime) -> dict:
     """GET /v1 (and /v1/): what this server is and which routes it answers."""
-    engine = runtime.engine
-    model = engine.loaded.model_id if engine is not None and engine.loaded is not None else None
-    return {"name": "hearth", "version": __version__, "model": model, "endpoints": ENDPOINTS}
+    return {"name": "hearth", "version": __version__, "model": runtime.served_model(),
+            "mode": "router" if runtime.router is not None else "single", "endpoints": ENDPOINTS}
 
 
 @router.get("/")
@@ -73,4 +90,5 @@ def list_models(request: HttpRequest):
 
 @router.get("/models/{path:model_id}")
 def get_model(request: HttpRequest, model_id: str):
-    return {"object": "list", "data": [r for r in _model_rows(request.runtime) if r["id"] == model_id]}
+    return {"object": "list", "data": [r for r in _model_rows(request.runtime)
+                                       if r["id"] == model_id or model_id in r.get("aliases", ())]}

@@ -12,7 +12,7 @@ from inference import telemetry
 from inference.engine.errors import EngineError
 from inference.protocols import params
 from inference.protocols.errors import RequestError
-from inference.routes import errors
+from inference.routes import errors, router
 
 FLUSH_TIMEOUT_S = 120.0
 
@@ -22,13 +22,18 @@ def health(request: HttpRequest) -> JsonResponse:
 
 
 @require_GET
-def stats(request: HttpRequest) -> JsonResponse:
-    return JsonResponse(telemetry.stats_body(request.runtime))
+async def stats(request: HttpRequest) -> JsonResponse:
+    body = telemetry.stats_body(request.runtime)
+    if request.runtime.router is not None:  # with each loaded model's own
+        return await router.stats(request, body)
+    return JsonResponse(body)
 
 
 @require_GET
-def metrics(request: HttpRequest) -> HttpResponse:
+async def metrics(request: HttpRequest) -> HttpResponse:
     body, content_type = telemetry.render_metrics(request.runtime)
+    if request.runtime.router is not None:  # with each loaded model's series, labelled `model`
+        return await router.metrics(request, body, content_type)
     return HttpResponse(body, content_type=content_type)
 
 

@@ -20,6 +20,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpRe
 
 from core import sse
 from core.http import error_object, is_anthropic
+from inference.router import aggregate
 from inference.router.manager import Manager, ModelNotFound, RouterError, Slot
 
 log = logging.getLogger("hearth.router")
@@ -173,14 +174,38 @@ def _json(reply: httpx.Response):
 
 
 def http_client(manager: Manager) -> httpx.AsyncClient:
-    """One connection pool to the children, on the server's event loop."""
-    client = getattr(manager, "http", None)
-    if client is None:
-        timeout = httpx.Timeout(connect=10.0, read=manager.settings.request_timeout_s, write=60.0, pool=None)
-        client = httpx.AsyncClient(timeout=timeout, limits=httpx.Limits(max_connections=None,
-                                                                        max_keepalive_connections=64))
-        manager.http = client
-    return client
+    return manager.client()
+
+
+async def _gather(manager: Manager, path: str, read) -> dict:
+    """`path` of every loaded model, concurrently, by model id (a child that
+    does not answer in time is left out)."""
+    client = http_client(manager)
+    slots = manager.loaded()
+
+    async def one(slot: Slot):
+        try:
+            reply = await client.get(slot.url + path, headers={"authorization": f"Bearer {manager.key}"},
+                                     timeout=5.0)
+            return slot.id, read(reply) if reply.status_code == 200 else None
+        except (httpx.HTTPError, ValueError):
+            return slot.id, None
+    return {k: v for k, v in await asyncio.gather(*(one(s) for s in slots)) if v is not None}
+
+
+async def stats(request: HttpRequest, own: dict) -> JsonResponse:
+    manager: Manager = request.runtime.router
+    children = await _gather(manager, "/stats", lambda r: r.json())
+    router = {"default": manager.default, "models_max": manager.settings.models_max,
+              "idle_unload_s": manager.settings.idle_unload_s,
+              "loaded": [s.id for s in manager.loaded()],
+              "states": {row["id"]: row["status"] for row in manager.rows()}}
+    return JsonResponse(aggregate.merge_stats(own, children, router))
+
+
+async def metrics(request: HttpRequest, own: bytes, content_type: str) -> HttpResponse:
+    children = await _gather(request.runtime.router, "/metrics", lambda r: r.text)
+    return HttpResponse(aggregate.merge_metrics(own, children), content_type=content_type)
 
 
 # -- model management -----------------------------------------------------
@@ -275,9 +300,9 @@ async def models_pin(request: HttpRequest) -> JsonResponse:
 
 async def models_default(request: HttpRequest) -> JsonResponse:
     async def act(manager: Manager, body: dict) -> dict:
-        entry = manager.set_default(_model_field(body))
-        slot = await manager.load(entry.id)
-        return {"ok": True, "default": entry.id, "status": slot.status_object()}
+        slot = await manager.load(_model_field(body))  # a model that fails to load does not become the default
+        manager.set_default(slot.id)
+        return {"ok": True, "default": slot.id, "status": slot.status_object()}
     return await _manage(request, act)
 
 

@@ -1,0 +1,89 @@
+"""A chat turn run by a model's process, for callers inside the router
+(the dashboard's chat socket): the same `/v1/chat/completions` stream any
+client gets, read back into reasoning and content deltas, whole tool
+calls and the final usage."""
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import httpx
+
+from inference.engine.types import GenerationEvent, Usage
+from inference.router.manager import Manager, RouterError
+
+
+class RemoteFailed(RouterError):
+    """The model's process refused the turn or stopped answering."""
+
+
+@dataclass(frozen=True)
+class RemoteCall:
+    id: str
+    name: str
+    arguments: str
+
+
+@dataclass
+class Delta:
+    kind: str = ""  # "reasoning" | "content" | "" (nothing to show)
+    text: str = ""
+    calls: list[RemoteCall] = field(default_factory=list)
+    final: GenerationEvent | None = None  # the last chunk: finish reason and usage
+
+
+def _usage(body: dict) -> Usage:
+    details = body.get("prompt_tokens_details") or {}
+    return Usage(int(body.get("prompt_tokens") or 0), int(body.get("completion_tokens") or 0),
+                 int(details.get("cached_tokens") or 0), str(body.get("lane") or "serial"))
+
+
+def _deltas(chunk: dict) -> list[Delta]:
+    if isinstance(chunk.get("error"), dict):
+        raise RemoteFailed(str(chunk["error"].get("message") or "the model's process failed"))
+    out = []
+    for choice in chunk.get("choices") or []:
+        delta = choice.get("delta") or {}
+        if delta.get("reasoning_content"):
+            out.append(Delta("reasoning", delta["reasoning_content"]))
+        if delta.get("content"):
+            out.append(Delta("content", delta["content"]))
+        calls = [RemoteCall(c.get("id") or "", (c.get("function") or {}).get("name") or "",
+                            (c.get("function") or {}).get("arguments") or "")
+                 for c in delta.get("tool_calls") or []]
+        if calls:
+            out.append(Delta(calls=calls))
+        if choice.get("finish_reason") and isinstance(chunk.get("usage"), dict):
+            out.append(Delta(final=GenerationEvent(finish_reason=choice["finish_reason"],
+                                                   usage=_usage(chunk["usage"]))))
+    return out
+
+
+async def chat(manager: Manager, model: str | None, body: dict) -> AsyncIterator[Delta]:
+    """Stream `body` (an OpenAI chat request) through `model`'s process."""
+    slot = await manager.acquire(model)
+    try:
+        request = {**body, "model": slot.id, "stream": True}
+        async with manager.client().stream("POST", slot.url + "/v1/chat/completions", json=request,
+                                           headers={"authorization": f"Bearer {manager.key}"}) as reply:
+            if reply.status_code != 200:
+                raw = await reply.aread()
+                try:
+                    message = json.loads(raw)["error"]["message"]
+                except (ValueError, KeyError, TypeError):
+                    message = raw.decode(errors="replace")[:500] or f"HTTP {reply.status_code}"
+                raise RemoteFailed(message)
+            async for line in reply.aiter_lines():
+                if not line.startswith("data: "):
+                    continue
+                payload = line[len("data: "):]
+                if payload == "[DONE]":
+                    return
+                for delta in _deltas(json.loads(payload)):
+                    yield delta
+    except httpx.HTTPError as exc:
+        raise RemoteFailed(f"model {slot.id!r} stopped answering ({type(exc).__name__}); it is loaded again on "
+                           f"the next turn") from None
+    finally:
+        manager.release(slot)
