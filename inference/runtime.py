@@ -96,6 +96,25 @@ class Runtime:
             raise ApiError(exc.message, exc.status) from None
         return {"ok": True, "model": slot.id, "status": slot.status_object()}
 
+    def job_model(self, name: str | None) -> str | None:
+        """The id of the model a job that calls this server will use: `name`
+        (an id or alias; router mode) or the default, recorded in the job so
+        it names its model. Raises core.api.ApiError for a model that is not here."""
+        from core.api import ApiError
+
+        if self.router is not None:
+            from inference.router.manager import RouterError
+
+            try:
+                return self.router.resolve(name).id
+            except RouterError as exc:
+                raise ApiError(exc.message, exc.status) from None
+        served = self.served_model()
+        if name and served and name != served:
+            raise ApiError(f"model {name!r} is not served here: this server serves {served} only (start "
+                           f"`hearth serve` without a model to use any model in the library)")
+        return served
+
     def embedding_engine(self) -> Engine | None:
         """The engine that answers embeddings, if any."""
         engine = self.engine

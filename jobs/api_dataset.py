@@ -27,8 +27,10 @@ def submit(request: HttpRequest, body: DatasetRequest) -> dict:
         raise ApiError(f"unknown template {body.template_id!r}; see GET /api/dataset/templates")
     with refused(ValueError):  # PathRefused included
         dataset.check_inputs(template, body.inputs)
+    model = runtime.job_model(body.model_name) if template["needs_llm"] or body.inputs.get("model_rejects") \
+        else body.model_name
     out = stamped(home.datasets(), f"dataset-{template['id']}")
     api_url = runtime.local_url or f"{request.scheme}://{request.get_host()}"
     job = service.submit("dataset", {"template_id": template["id"], "inputs": body.inputs,
-                                     "model_name": body.model_name, "output_dir": str(out), "api_url": api_url})
+                                     "model_name": model, "output_dir": str(out), "api_url": api_url})
     return {"ok": True, "job_id": job.id, "output_dir": str(out)}

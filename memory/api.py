@@ -33,6 +33,8 @@ class SynthesizeRequest(Schema):
 
     vault: str | None = Field(None, description=VAULT)
     dry: StrictBool = Field(False, description="plan only: no model calls, no writes")
+    model: str | None = Field(None, description="the model that writes the articles (router mode: an id or "
+                                                "alias); default: the served or default model")
 
 
 # What an empty body means (every field at its default).
@@ -156,16 +158,16 @@ def init(request: HttpRequest, body: InitRequest = DEFAULT_INIT) -> dict:
             "status": vault.status(Path(row.root))}
 
 
-def _start(request: HttpRequest, name: str | None, dry: bool):
+def _start(request: HttpRequest, name: str | None, dry: bool, model_name: str | None = None):
     """Start a synthesis of the named (or default) vault: the run, or ApiError."""
     from memory import synthesize
 
     runtime = request.runtime
     row = _vault(name)
-    if not dry and runtime.engine is None:
+    if not dry and runtime.served_model() is None:
         raise ApiError("no model is being served here; synthesis asks the served model", 503)
     api_url = runtime.local_url or f"{request.scheme}://{request.get_host()}"
-    model = runtime.engine.loaded.model_id if runtime.engine is not None else None
+    model = runtime.job_model(model_name)
     try:
         return synthesize.start(row, dry, api_url, model)
     except vault.VaultError as exc:
@@ -174,7 +176,7 @@ def _start(request: HttpRequest, name: str | None, dry: bool):
 
 @router.post("/memory/synthesize")
 def synthesize_job(request: HttpRequest, body: SynthesizeRequest = DEFAULT_SYNTHESIS) -> dict:
-    run = _start(request, body.vault, body.dry)
+    run = _start(request, body.vault, body.dry, body.model)
     return {"ok": True, "job_id": run.job_id, "vault": run.vault.name, "dry": body.dry,
             "sessions": run.session_count}
 
@@ -215,14 +217,15 @@ async def _synthesis_frames(job_id: str, dry: bool):
 
 @v1_router.get("/memory/synthesize")
 def synthesize_stream(request: HttpRequest, dry: bool = Query(False, description="plan only"),
-                      vault_name: str | None = Query(None, alias="vault", description=VAULT)):
+                      vault_name: str | None = Query(None, alias="vault", description=VAULT),
+                      model: str | None = Query(None, description="the model that writes (router mode)")):
     """A refusal in the OpenAI error shape, as everywhere on `/v1`."""
     from django.http import JsonResponse, StreamingHttpResponse
 
     from inference.protocols.errors import openai_error
 
     try:
-        run = _start(request, vault_name or None, dry)
+        run = _start(request, vault_name or None, dry, model)
     except ApiError as exc:
         return JsonResponse(openai_error(exc.message), status=exc.status)
     return StreamingHttpResponse(_synthesis_frames(run.job_id, dry), content_type="text/event-stream",

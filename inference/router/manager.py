@@ -67,6 +67,8 @@ class Settings:
     start_timeout_s: float = 600.0
     request_timeout_s: float = 600.0
     stop_timeout_s: float = 150.0  # drain + SSD flush of an evicted child before it is killed
+    slot_wait_s: float = 120.0  # how long a load waits for a busy model to finish before it is refused
+    slot_wait_s: float = 120.0  # how long a load waits for a busy model to finish before it is refused
     child_args: tuple[str, ...] = ()  # serve flags every child gets, before its preset's
     cache_root: str | None = None  # each child's SSD prompt-cache tier: <cache_root>/<model>
     memory_check: bool = True
@@ -88,6 +90,7 @@ class Slot:
     last_used: float | None = None
     loaded_at: float | None = None
     info: dict = field(default_factory=dict)  # the child's own /v1/models row
+    fetch: asyncio.Future | None = None  # its download, while the library lacks it
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     exited: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -139,6 +142,8 @@ class Manager:
         entry = self.resolve(default)
         self.default = entry.id
         self._lock: asyncio.Lock | None = None
+        self._released: asyncio.Event | None = None
+        self._released: asyncio.Event | None = None
         self._scanned_at = time.monotonic()
         self._listeners: set[asyncio.Queue] = set()
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -227,7 +232,7 @@ class Manager:
             "last_used": slot.last_used, "loaded_at": slot.loaded_at if loaded else None,
             "idle_s": round(now - slot.last_used, 1) if loaded and slot.last_used and not slot.users else
             (0.0 if loaded else None),
-            "inflight": slot.users,
+            "inflight": slot.users, "pid": slot.child.pid if slot.child is not None else None,
         }
 
     def rows(self) -> list[dict]:
@@ -264,6 +269,10 @@ class Manager:
     def release(self, slot: Slot) -> None:
         slot.users = max(0, slot.users - 1)
         slot.last_used = time.time()
+        if not slot.users and self._released is not None:
+            self._released.set()  # a load waiting for a slot may evict this one now
+        if not slot.users and self._released is not None:
+            self._released.set()  # a load waiting for a slot may evict this one now
 
     async def load(self, name: str | None, fetch: bool = False) -> Slot:
         slot = await self.acquire(name, fetch)
@@ -272,22 +281,71 @@ class Manager:
 
     async def _load(self, slot: Slot) -> None:
         if self._lock is None:
-            self._lock = asyncio.Lock()
+            self._lock, self._released = asyncio.Lock(), asyncio.Event()
+        if slot.id in self.fetching:  # not in the library yet: download first, taking no model slot
+            await self._download(slot)
+        deadline = time.monotonic() + self.settings.slot_wait_s
         while slot.status != "loaded" or slot.unloading:
             if slot.status == "loading":
                 await self._wait_ready(slot)
                 continue
+            room = True
             async with self._lock:
                 if slot.status == "loaded" and not slot.unloading:
                     return
                 if slot.unloading:
                     await self._wait_exit(slot)
                 if slot.status in ("unloaded", "failed"):
-                    await self._make_room(slot)
-                    self._start(slot)  # reserved: counted as loading before the lock is let go
+                    room = await self._make_room(slot, deadline)
+                    if room:
+                        self._start(slot)  # reserved: counted as loading before the lock is let go
+            if not room:  # every model is busy: wait, without the lock, for one to finish a request
+                await self._next_release(deadline)
+                continue
             await self._wait_ready(slot)
-            if slot.status == "failed":
-                raise LoadFailed(f"model {slot.id!r} failed to load: {slot.error}")
+
+    async def _download(self, slot: Slot) -> None:
+        """Fetch a repo the library lacks in a process of its own (its
+        progress reported like a load's), then find it in the library."""
+        if slot.fetch is None:
+            slot.fetch = asyncio.ensure_future(self._run_download(slot))
+        task = slot.fetch
+        try:
+            await asyncio.shield(task)
+        finally:
+            if task.done() and slot.fetch is task:
+                slot.fetch = None
+
+    async def _run_download(self, slot: Slot) -> None:
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future = loop.create_future()
+        slot.status, slot.stage, slot.percent, slot.error, slot.exit_code = "loading", "downloading", 0, None, None
+        holder: list[ChildProcess] = []
+
+        def on_line(line: dict) -> None:
+            loop.call_soon_threadsafe(self._on_line, slot, holder, line)
+
+        def on_exit(code: int) -> None:
+            loop.call_soon_threadsafe(lambda: done.done() or done.set_result(code))
+
+        try:
+            child = ChildProcess([slot.entry.ref, "--download-only"], self.key, on_line, on_exit)
+        except OSError as exc:
+            self.fetching.pop(slot.id, None)
+            self._fail(slot, f"could not start its download: {exc}")
+            raise LoadFailed(f"model {slot.id!r}: {slot.error}") from None
+        holder.append(child)
+        slot.child = child
+        self._changed(slot)
+        code = await done
+        slot.child = None
+        if code != 0:
+            self.fetching.pop(slot.id, None)  # gone from the list at the next scan
+            self._fail(slot, slot.error or f"downloading it failed ({_exit_reason(code)})")
+            raise LoadFailed(f"model {slot.id!r} could not be downloaded: {slot.error}")
+        slot.status, slot.stage = "unloaded", None
+        self.rescan(0)  # the library has it now: its entry describes the files on disk
+        self._changed(slot)
 
     async def _wait_ready(self, slot: Slot) -> None:
         try:
@@ -297,19 +355,23 @@ class Manager:
         if slot.status == "failed":
             raise LoadFailed(f"model {slot.id!r} failed to load: {slot.error}")
 
-    async def _make_room(self, slot: Slot) -> None:
+    async def _make_room(self, slot: Slot, deadline: float) -> bool:
         """Evict least-recently-used idle models until one more fits the cap
-        and, by estimate, the free memory; or refuse."""
+        and, by estimate, the free memory. False: every candidate is busy,
+        wait for a release and try again; refused when none can ever go."""
         cap = self.settings.models_max
         while True:
             active = [s for s in self.slots.values() if s is not slot and s.status in ("loading", "loaded")]
             need = slot.entry.estimated_bytes(self.usable_bytes)
             short = self._memory_short(need)
             if len(active) < cap and not short:
-                return
+                return True
             victims = sorted((s for s in active if s.status == "loaded" and not s.users and not s.pinned),
                              key=lambda s: s.last_used or 0)
             if not victims:
+                if any(not s.pinned for s in active) and time.monotonic() < deadline:
+                    self._released.clear()  # set again by the next request that ends
+                    return False
                 if len(active) >= cap:
                     busy = ", ".join(sorted(s.id for s in active))
                     raise NoCapacity(f"cannot load {slot.id!r}: all {cap} model slots (--models-max) are busy or "
@@ -320,6 +382,12 @@ class Manager:
                                       f"(POST /models/unload) or free memory first")
             log.info("unloading %s (least recently used) to load %s", victims[0].id, slot.id)
             await self._stop(victims[0])
+
+    async def _next_release(self, deadline: float) -> None:
+        try:
+            await asyncio.wait_for(self._released.wait(), max(0.0, deadline - time.monotonic()))
+        except asyncio.TimeoutError:
+            pass
 
     def _memory_short(self, need: int | None) -> bool:
         if not self.settings.memory_check or not need:

@@ -206,6 +206,8 @@ def run(config: dict, log: EventLog, stage_delay: float = 0.0) -> tuple[str, dic
         time.sleep(stage_delay)
     needs_model = template["needs_llm"] or (template["id"] == "dpo-pairs" and inputs.get("model_rejects"))
     model = _Model(config.get("api_url"), config.get("model_name")) if needs_model else None
+    if needs_model:
+        log.emit("log", line=f"asking the model {config.get('model_name') or 'the server serves'}")
     if template["id"] == "qa-from-text":
         rows, skipped = _qa_from_text(inputs, model, log)
     elif template["id"] == "table-to-messages":

@@ -32,6 +32,7 @@ def run(config: dict, log: EventLog, stage_delay: float = 0.0) -> tuple[str, dic
     if config.get("dry"):
         return str(vault_root), _dry(vault_root, sessions, limit, log, say)
     model = ServedModel(config.get("api_url"), config.get("model_name"))
+    say(f"writing with the model {config.get('model_name') or 'the server serves'}")
     commits: list[dict] = []
     with Scratch(vault_root, Path(config["scratch_root"]), config.get("key", "run"), say) as scratch:
         for stale in Path(config["scratch_root"]).parent.glob("*.index.sqlite3"):  # left by a killed run

@@ -114,6 +114,7 @@ def _add_router_flags(parser) -> None:
     group.add_argument("--no-preload", action="store_true", default=False,
                        help="load nothing at start (default: the default model and pinned ones load at once)")
     parser.add_argument("--model-id", default=None, help=argparse.SUPPRESS)  # the router's name for its child
+    parser.add_argument("--download-only", action="store_true", help=argparse.SUPPRESS)  # the router's fetch
 
 
 def _set_access(access) -> None:
@@ -260,6 +261,9 @@ class Command(BaseCommand):
         if not in_router:  # the router migrated the database before it started this process
             call_command("migrate", interactive=False, verbosity=0)
         model_ref = opts["model"] or self._demo_model()
+        if in_router and opts["download_only"]:
+            fetch_for_router(model_ref)
+            return
         if in_router:
             child.report("stage", stage="loading", percent=0)
             model_ref = fetch_for_router(model_ref)

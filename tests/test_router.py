@@ -1,0 +1,356 @@
+"""Router mode over real processes: `hearth serve` without a model, two tiny
+models built here, each loaded into its own child process on demand."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+
+import anthropic
+import httpx
+import openai
+import pytest
+
+from tests.helpers import HEARTH, ROOT, ServerProcess, build_tiny_model, server_env
+
+A, B = "hearth-test/tiny-a", "hearth-test/tiny-b"
+PRESET = """\
+# two tiny models
+[*]
+max-tokens = 8          ; every model's default cap
+tags = tiny
+
+[hearth-test/tiny-b]
+alias = b, second-model  # two names for it
+tags = test
+temperature = 0
+"""
+
+
+@pytest.fixture(scope="module")
+def library(tmp_path_factory):
+    """Homes whose HF cache holds the two tiny models and nothing else."""
+    root = tmp_path_factory.mktemp("router")
+    hf, hearth = root / "hf", root / "hearth"
+    build_tiny_model(hf / "hub", A)
+    build_tiny_model(hf / "hub", B, heads=2)
+    preset = root / "models.ini"
+    preset.write_text(PRESET)
+    return hf, hearth, preset
+
+
+def _router(library, tmp_path_factory, *args: str) -> ServerProcess:
+    hf, hearth, preset = library
+    env = server_env(hf, hearth)
+    log = tmp_path_factory.mktemp("logs") / "router.log"
+    return ServerProcess(env, "--default-model", A, "--models-preset", str(preset), "--no-worker", *args,
+                         log_path=log).wait_ready()
+
+
+@pytest.fixture(scope="module")
+def two(library, tmp_path_factory):
+    """A router that may hold both models at once."""
+    proc = _router(library, tmp_path_factory, "--models-max", "2")
+    yield proc
+    assert proc.stop() == 0, proc.output()
+
+
+@pytest.fixture(scope="module")
+def one(library, tmp_path_factory):
+    """A router that holds one model at a time, and unloads an idle one after 2 s."""
+    proc = _router(library, tmp_path_factory, "--models-max", "1", "--no-preload", "--idle-unload", "2")
+    yield proc
+    assert proc.stop() == 0, proc.output()
+
+
+def _rows(url: str) -> dict[str, dict]:
+    return {r["id"]: r for r in httpx.get(url + "/models").json()["data"]}
+
+
+def _wait_status(url: str, model: str, value: str, timeout: float = 60) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        row = _rows(url)[model]
+        if row["status"]["value"] == value:
+            return row
+        time.sleep(0.1)
+    raise AssertionError(f"{model} never became {value}: {_rows(url)[model]}")
+
+
+def _chat(url: str, model: str | None, **extra) -> httpx.Response:
+    body = {"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 4, **extra}
+    if model is not None:
+        body["model"] = model
+    return httpx.post(url + "/v1/chat/completions", json=body, timeout=120)
+
+
+def test_lists_every_model_with_status_aliases_and_tags(two):
+    listing = httpx.get(two.url + "/models").json()
+    assert listing["mode"] == "router" and listing["default"] == A and listing["models_max"] == 2
+    rows = {r["id"]: r for r in listing["data"]}
+    assert set(rows) == {A, B}
+    assert rows[B]["aliases"] == ["b", "second-model"] and rows[B]["tags"] == ["tiny", "test"]
+    assert rows[A]["aliases"] == [] and rows[A]["tags"] == ["tiny"] and rows[A]["default"] is True
+    _wait_status(two.url, A, "loaded")  # the default loads at start
+    v1 = {m["id"]: m for m in httpx.get(two.url + "/v1/models").json()["data"]}
+    assert set(v1) == {A, B} and v1[A]["status"]["value"] == "loaded"
+    assert v1[A]["context_window"] == 2048  # a loaded model's row carries what its process says
+    assert v1[B]["aliases"] == ["b", "second-model"]
+    assert [m["id"] for m in httpx.get(two.url + "/v1/models/b").json()["data"]] == [B]
+
+
+def test_routes_by_model_id_alias_and_default(two):
+    assert _chat(two.url, None).json()["model"] == A
+    assert _chat(two.url, "default").json()["model"] == A
+    assert _chat(two.url, "b").json()["model"] == B
+    assert _chat(two.url, "second-model").json()["model"] == B
+    assert _rows(two.url)[B]["status"]["value"] == "loaded"
+    # the preset's [*] max-tokens reached both children
+    assert _chat(two.url, B, max_tokens=None).json()["usage"]["completion_tokens"] <= 8
+
+
+def test_unknown_model_is_a_400_naming_it_in_each_protocol(two):
+    r = _chat(two.url, "nobody/nothing")
+    assert r.status_code == 400
+    error = r.json()["error"]
+    assert error["message"].startswith("model 'nobody/nothing' not found") and "/v1/models" in error["message"]
+    assert error["param"] == "model" and error["code"] == "model_not_found"
+    r = httpx.post(two.url + "/v1/messages", json={"model": "x", "max_tokens": 4,
+                                                   "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 400 and r.json()["type"] == "error"
+    assert r.json()["error"]["message"].startswith("model 'x' not found")
+    assert httpx.post(two.url + "/models/load", json={"model": "x"}).status_code == 400
+
+
+def test_sdks_through_the_router(two):
+    client = openai.OpenAI(base_url=two.url + "/v1", api_key="unused")
+    assert {m.id for m in client.models.list()} == {A, B}
+    reply = client.chat.completions.create(model="b", messages=[{"role": "user", "content": "Hi"}], max_tokens=3)
+    assert reply.model == B
+    chunks = list(client.chat.completions.create(model=A, messages=[{"role": "user", "content": "Hi"}],
+                                                 max_tokens=3, stream=True))
+    assert chunks[0].model == A and chunks[-1].choices[0].finish_reason == "length"
+    claude = anthropic.Anthropic(base_url=two.url, api_key="unused")
+    message = claude.messages.create(model="second-model", max_tokens=3, messages=[{"role": "user", "content": "Hi"}])
+    assert message.model == B
+    # a stored Responses turn is found in whichever process keeps it
+    first = client.responses.create(model="b", input="Hi", max_output_tokens=3)
+    assert client.responses.retrieve(first.id).id == first.id
+
+
+def test_concurrent_requests_to_both_models(two):
+    results: list = []
+
+    def ask(model):
+        results.append(_chat(two.url, model, max_tokens=6))
+
+    threads = [threading.Thread(target=ask, args=(m,)) for m in (A, B) * 4]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [r.status_code for r in results] == [200] * 8
+    assert sorted(r.json()["model"] for r in results) == [A] * 4 + [B] * 4
+    rows = _rows(two.url)
+    assert rows[A]["status"]["value"] == rows[B]["status"]["value"] == "loaded"
+    assert rows[A]["pid"] != rows[B]["pid"]
+
+
+def test_stats_and_metrics_gather_the_models(two):
+    _chat(two.url, A)
+    _chat(two.url, B)
+    stats = httpx.get(two.url + "/stats").json()
+    assert set(stats["router"]["loaded"]) == {A, B} and stats["router"]["models_max"] == 2
+    assert stats["models"][A]["server"]["model"] == A and stats["models"][B]["server"]["model"] == B
+    metrics = httpx.get(two.url + "/metrics").text
+    assert f'hearth_active_rows{{model="{A}"}}' in metrics and f'hearth_active_rows{{model="{B}"}}' in metrics
+    assert metrics.count("# TYPE hearth_active_rows gauge") == 1  # one family, both models' series
+
+
+def _eos(library, model: str) -> int:
+    hf, _, _ = library
+    config = next((hf / "hub" / f"models--{model.replace('/', '--')}").glob("snapshots/*/generation_config.json"))
+    return json.loads(config.read_text())["eos_token_id"]
+
+
+def test_a_killed_child_fails_its_stream_then_loads_again(two, library):
+    _chat(two.url, B)
+    pid = _rows(two.url)[B]["pid"]
+    body = {"model": B, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 2000, "stream": True,
+            "logit_bias": {str(_eos(library, B)): -100}}  # it runs until the kill
+    frames = []
+    with httpx.stream("POST", two.url + "/v1/chat/completions", json=body, timeout=60) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                frames.append(line[6:])
+                if len(frames) == 3:
+                    os.kill(pid, signal.SIGKILL)
+    error = json.loads(frames[-1])["error"]
+    assert "tiny-b" in error["message"] and "loaded again" in error["message"]
+    row = _wait_status(two.url, B, "unloaded")
+    assert "SIGKILL" in row["status"]["error"] and row["pid"] is None
+    assert _rows(two.url)[A]["status"]["value"] == "loaded"  # the other model never noticed
+    assert _chat(two.url, A).status_code == 200
+    again = _chat(two.url, B)
+    assert again.status_code == 200 and again.json()["model"] == B
+    assert _rows(two.url)[B]["pid"] not in (None, pid)
+
+
+def test_models_sse_reports_load_progress(two):
+    httpx.post(two.url + "/models/unload", json={"model": B}).raise_for_status()
+    events: list[tuple[str, dict]] = []
+    ready = threading.Event()
+
+    def listen():
+        with httpx.stream("GET", two.url + "/models/sse", timeout=60) as r:
+            kind = None
+            for line in r.iter_lines():
+                if line.startswith("event: "):
+                    kind = line[7:]
+                elif line.startswith("data: "):
+                    data = json.loads(line[6:])
+                    events.append((kind, data))
+                    if len(events) == 2:
+                        ready.set()
+                    if kind == "model" and data["id"] == B and data["status"]["value"] == "loaded":
+                        return
+
+    thread = threading.Thread(target=listen, daemon=True)
+    thread.start()
+    assert ready.wait(10)  # the first frames: every model's row
+    assert {d["id"] for k, d in events[:2]} == {A, B} and all(k == "model" for k, _ in events[:2])
+    loaded = httpx.post(two.url + "/models/load", json={"model": "b"}, timeout=120).json()
+    assert loaded == {"ok": True, "model": B, "status": {"value": "loaded"}}
+    thread.join(30)
+    values = [d["status"]["value"] for k, d in events[2:] if k == "model" and d["id"] == B]
+    assert values[0] == "loading" and values[-1] == "loaded"
+    stages = [d["stage"] for k, d in events if k == "progress" and d["model"] == B]
+    assert stages[-1] == "ready" and all(0 <= d["percent"] <= 100 for k, d in events if k == "progress")
+
+
+def test_lru_eviction_keeps_one_model_loaded(one):
+    assert all(r["status"]["value"] == "unloaded" for r in _rows(one.url).values())  # --no-preload
+    assert _chat(one.url, A).json()["model"] == A
+    assert _chat(one.url, B).json()["model"] == B
+    rows = _rows(one.url)
+    assert rows[A]["status"]["value"] == "unloaded" and rows[B]["status"]["value"] == "loaded"
+    assert _chat(one.url, A).json()["model"] == A
+    assert _rows(one.url)[B]["status"]["value"] == "unloaded"
+
+
+def test_capacity_holds_under_concurrent_loads(one):
+    """Simultaneous requests for both models never have two loaded at once:
+    every load and unload is watched on /models/sse."""
+    active: set[str] = set()
+    most = [0]
+    stop = threading.Event()
+
+    def watch():
+        with httpx.stream("GET", one.url + "/models/sse", timeout=120) as r:
+            kind = None
+            for line in r.iter_lines():
+                if stop.is_set():
+                    return
+                if line.startswith("event: "):
+                    kind = line[7:]
+                elif line.startswith("data: ") and kind == "model":
+                    row = json.loads(line[6:])
+                    if row["status"]["value"] in ("loading", "loaded"):
+                        active.add(row["id"])
+                    else:
+                        active.discard(row["id"])
+                    most[0] = max(most[0], len(active))
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    time.sleep(0.5)
+    results: list = []
+    threads = [threading.Thread(target=lambda m=m: results.append(_chat(one.url, m))) for m in (A, B) * 3]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    stop.set()
+    assert sorted(r.status_code for r in results) == [200] * 6, (
+        [r.text for r in results if r.status_code != 200], one.output()[-3000:])
+    assert most[0] == 1
+
+
+def test_pinned_model_is_not_evicted(one):
+    _chat(one.url, A)
+    assert httpx.post(one.url + "/models/pin", json={"model": A, "pinned": True}).json()["pinned"] is True
+    refused = _chat(one.url, B)
+    assert refused.status_code == 503 and "--models-max" in refused.json()["error"]["message"]
+    assert _rows(one.url)[A]["status"]["value"] == "loaded"
+    httpx.post(one.url + "/models/pin", json={"model": A, "pinned": False}).raise_for_status()
+    assert _chat(one.url, B).json()["model"] == B
+
+
+def test_idle_model_unloads(one):
+    _chat(one.url, B)
+    row = _wait_status(one.url, B, "unloaded", timeout=15)
+    assert row["memory_bytes"] is None
+
+
+def test_default_switches_live(one):
+    r = httpx.post(one.url + "/api/hub/serve", json={"model": "b"}, timeout=120).json()
+    assert r["ok"] is True and r["model"] == B and r["status"]["value"] == "loaded"
+    assert _chat(one.url, None).json()["model"] == B
+    assert httpx.get(one.url + "/models").json()["default"] == B
+    bad = httpx.post(one.url + "/models/default", json={"model": "nobody/nothing"})
+    assert bad.status_code == 400 and httpx.get(one.url + "/models").json()["default"] == B
+
+
+@pytest.mark.parametrize("text, where", [
+    ("[hearth-test/tiny-a]\nbatchh = 2\n", "models.ini:2: unknown key 'batchh'"),
+    ("[hearth-test/tiny-a]\nbatch = 0\n", "models.ini:2: batch: must be at least 1"),
+    ("[nobody/nothing]\nbatch = 2\n", "models.ini:1: no model 'nobody/nothing'"),
+    ("[hearth-test/tiny-a]\nalias = x\n[hearth-test/tiny-b]\nalias = x\n", "models.ini:3: alias 'x'"),
+])
+def test_a_bad_preset_stops_start_up_with_file_and_line(library, tmp_path, text, where):
+    hf, hearth, _ = library
+    preset = tmp_path / "models.ini"
+    preset.write_text(text)
+    done = subprocess.run([*HEARTH, "serve", "--models-preset", str(preset), "--default-model", A, "--port", "0"],
+                          cwd=ROOT, env=server_env(hf, hearth), capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    assert where in done.stderr, done.stderr
+
+
+def test_router_flags_need_router_mode(library):
+    hf, hearth, _ = library
+    done = subprocess.run([*HEARTH, "serve", A, "--models-max", "2"], cwd=ROOT, env=server_env(hf, hearth),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and "--models-max is for router mode" in done.stderr
+
+
+def test_named_model_from_json_form_and_query():
+    """What the router routes by: a JSON body's `model`, a form's (multipart
+    bodies are parsed from the bytes that go on unchanged), the query's."""
+    import django
+    from django.test import RequestFactory
+
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+    django.setup()
+    from inference.routes.router import _named_model, routed
+
+    factory = RequestFactory()
+    assert _named_model(factory.post("/v1/chat/completions", {"model": "m"}, content_type="application/json")) == "m"
+    form = factory.post("/v1/audio/transcriptions", {"model": "w", "file": _upload()})
+    raw = form.body
+    assert _named_model(form) == "w" and form.body == raw
+    assert _named_model(factory.get("/fit", {"model": "q"})) == "q"
+    assert _named_model(factory.post("/v1/chat/completions", b"{", content_type="application/json")) is None
+    assert routed("/v1/chat/completions") and routed("/v1/audio/transcriptions") and routed("/fit")
+    assert not routed("/v1/models") and not routed("/v1/memory/synthesize") and not routed("/api/hub/local")
+
+
+def _upload():
+    from django.core.files.uploadedfile import SimpleUploadedFile
+
+    return SimpleUploadedFile("a.wav", b"RIFF\x00\x01binary", content_type="audio/wav")
+
