@@ -84,3 +84,7 @@ def scratch() -> Path:
 
 def prompt_caches() -> Path:
     return root() / "prompt-cache"  # router mode: each model's SSD prompt-cache tier, kept across unloads
+
+
+def logs() -> Path:
+    return root() / "logs"  # servers that `hearth run` started for itself
