@@ -17,6 +17,7 @@ from inference.engine.engine import Engine
 from inference.engine.errors import EngineError
 from inference.protocols.options import Options
 from inference.protocols.response_store import ResponseStore
+from inference.router.manager import Manager
 
 
 class EngineUnavailable(EngineError):
@@ -31,7 +32,7 @@ class Runtime:
         self.default_model: str | None = None
         # Router mode (`hearth serve` without a MODEL): the models' processes;
         # this process then holds no engine and forwards /v1 requests.
-        self.router = None
+        self.router: Manager | None = None
         self.options = Options()
         self.started_at = int(time.time())
         self.draining = False
@@ -89,9 +90,11 @@ class Runtime:
         from core.api import ApiError
         from inference.router.manager import RouterError
 
+        router = self.router
+        assert router is not None, "switch_model is for router mode"
         try:
-            slot = await self.router.load(name)  # a model that fails to load does not become the default
-            self.router.set_default(slot.id)
+            slot = await router.load(name)  # a model that fails to load does not become the default
+            router.set_default(slot.id)
         except RouterError as exc:
             raise ApiError(exc.message, exc.status) from None
         return {"ok": True, "model": slot.id, "status": slot.status_object()}

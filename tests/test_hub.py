@@ -34,6 +34,7 @@ def double(tiny_files):
     hub = HubDouble(bytes_per_sec=120_000)
     hub.add(Repo("mlx-community/tiny-a", tiny_files))
     hub.add(Repo("mlx-community/tiny-b", {**tiny_files, "README.md": b"second copy\n"}))
+    hub.add(Repo("mlx-community/tiny-c", {**tiny_files, "README.md": b"third copy\n"}))
     hub.add(Repo("someone/torch-model", {"config.json": b"{}"}, tags=("pytorch",)))
     hub.start()
     yield hub
@@ -312,3 +313,47 @@ def test_gc_keeps_a_served_snapshot_and_repos_no_ref_names(tmp_path):
 
     with repo_lock(root):  # a download holds the repo: GC neither plans nor touches it
         assert gc.plan(tmp_path) == [] and gc.execute(tmp_path)["snapshots"] == 0
+
+
+def test_router_downloads_a_model_it_is_asked_to_load(double, tmp_path):
+    """Router mode: loading a repo the library lacks downloads it first, in a
+    process of its own, with its progress on /models/sse; then it serves."""
+    import threading
+
+    hf, hearth = tmp_path / "hf", tmp_path / "hearth"
+    build_tiny_model(hf / "hub")
+    env = dict(server_env(hf, hearth), HF_ENDPOINT=double.url, HF_HUB_OFFLINE="0")
+    proc = ServerProcess(env, "--default-model", TINY_REPO, "--no-worker", "--no-preload",
+                         log_path=tmp_path / "router.log").wait_ready()
+    try:
+        events: list[tuple[str, dict]] = []
+
+        def listen():
+            with httpx.stream("GET", proc.url + "/models/sse", timeout=120) as r:
+                kind = None
+                for line in r.iter_lines():
+                    if line.startswith("event: "):
+                        kind = line[7:]
+                    elif line.startswith("data: "):
+                        data = json.loads(line[6:])
+                        events.append((kind, data))
+                        if kind == "model" and data["id"] == "mlx-community/tiny-c" and \
+                                data["status"]["value"] == "loaded":
+                            return
+
+        listener = threading.Thread(target=listen, daemon=True)
+        listener.start()
+        time.sleep(0.5)
+        loaded = httpx.post(proc.url + "/models/load", json={"model": "mlx-community/tiny-c"}, timeout=120)
+        assert loaded.status_code == 200, loaded.text
+        listener.join(30)
+        progress = [d for k, d in events if k == "progress" and d["model"] == "mlx-community/tiny-c"]
+        downloading = [d for d in progress if d["stage"] == "downloading" and "download" in d]
+        assert downloading and downloading[-1]["download"]["received_bytes"] > 0
+        assert progress[-1]["stage"] == "ready"
+        reply = httpx.post(proc.url + "/v1/chat/completions", timeout=60, json={
+            "model": "mlx-community/tiny-c", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3})
+        assert reply.json()["model"] == "mlx-community/tiny-c"
+        assert "mlx-community/tiny-c" in {m["id"] for m in httpx.get(proc.url + "/v1/models").json()["data"]}
+    finally:
+        assert proc.stop() == 0, proc.output()

@@ -159,6 +159,13 @@ def test_concurrent_requests_to_both_models(two):
     assert rows[A]["pid"] != rows[B]["pid"]
 
 
+def test_model_routes_outside_v1_go_to_the_named_model(two):
+    assert httpx.get(two.url + "/fit", params={"model": "b"}, timeout=60).json()["model"] == B
+    assert httpx.get(two.url + "/fit", timeout=60).json()["model"] == A
+    flushed = httpx.post(two.url + "/admin/cache/flush", timeout=120).json()
+    assert set(flushed["models"]) >= {A}
+
+
 def test_stats_and_metrics_gather_the_models(two):
     _chat(two.url, A)
     _chat(two.url, B)
@@ -346,6 +353,7 @@ def test_named_model_from_json_form_and_query():
     assert _named_model(factory.get("/fit", {"model": "q"})) == "q"
     assert _named_model(factory.post("/v1/chat/completions", b"{", content_type="application/json")) is None
     assert routed("/v1/chat/completions") and routed("/v1/audio/transcriptions") and routed("/fit")
+    assert routed("/api/fit/measure") and routed("/admin/cache/flush")
     assert not routed("/v1/models") and not routed("/v1/memory/synthesize") and not routed("/api/hub/local")
 
 
@@ -354,3 +362,18 @@ def _upload():
 
     return SimpleUploadedFile("a.wav", b"RIFF\x00\x01binary", content_type="audio/wav")
 
+
+
+def test_an_unloaded_model_comes_back_warm_from_the_ssd_tier(two):
+    """Unloading writes the model's prompt cache to its SSD tier; the next
+    process of that model finds it, so the same conversation is cached."""
+    messages = [{"role": "user", "content": "The quick brown fox jumps over the lazy dog. " * 12}]
+    first = httpx.post(two.url + "/v1/chat/completions", json={"model": A, "messages": messages, "max_tokens": 2},
+                       timeout=120).json()
+    httpx.post(two.url + "/models/unload", json={"model": A}, timeout=120).raise_for_status()
+    assert _rows(two.url)[A]["status"]["value"] == "unloaded"
+    again = httpx.post(two.url + "/v1/chat/completions", json={"model": A, "messages": messages, "max_tokens": 2},
+                       timeout=120).json()
+    prompt = first["usage"]["prompt_tokens"]
+    assert again["usage"]["prompt_tokens"] == prompt
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] >= prompt // 2

@@ -19,6 +19,7 @@ import re
 import secrets
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from inference.router import presets
 from inference.router.catalog import DEFAULT_WORDS, Catalog, Entry, Library
@@ -67,7 +68,6 @@ class Settings:
     start_timeout_s: float = 600.0
     request_timeout_s: float = 600.0
     stop_timeout_s: float = 150.0  # drain + SSD flush of an evicted child before it is killed
-    slot_wait_s: float = 120.0  # how long a load waits for a busy model to finish before it is refused
     slot_wait_s: float = 120.0  # how long a load waits for a busy model to finish before it is refused
     child_args: tuple[str, ...] = ()  # serve flags every child gets, before its preset's
     cache_root: str | None = None  # each child's SSD prompt-cache tier: <cache_root>/<model>
@@ -137,12 +137,11 @@ class Manager:
         self.catalog: Catalog = catalog if catalog is not None else library.scan(strict=True)
         self.slots: dict[str, Slot] = {}
         self.fetching: dict[str, Entry] = {}  # repo ids being downloaded by their process (POST /models/load)
-        self.http = None  # the connection pool to the children (the routes make it on the server's loop)
+        self.http: Any = None  # the connection pool to the children (httpx, made on the server's loop)
         self._sync_slots()
         entry = self.resolve(default)
         self.default = entry.id
         self._lock: asyncio.Lock | None = None
-        self._released: asyncio.Event | None = None
         self._released: asyncio.Event | None = None
         self._scanned_at = time.monotonic()
         self._listeners: set[asyncio.Queue] = set()
@@ -271,8 +270,6 @@ class Manager:
         slot.last_used = time.time()
         if not slot.users and self._released is not None:
             self._released.set()  # a load waiting for a slot may evict this one now
-        if not slot.users and self._released is not None:
-            self._released.set()  # a load waiting for a slot may evict this one now
 
     async def load(self, name: str | None, fetch: bool = False) -> Slot:
         slot = await self.acquire(name, fetch)
@@ -326,7 +323,7 @@ class Manager:
             loop.call_soon_threadsafe(self._on_line, slot, holder, line)
 
         def on_exit(code: int) -> None:
-            loop.call_soon_threadsafe(lambda: done.done() or done.set_result(code))
+            loop.call_soon_threadsafe(_settle, done, code)
 
         try:
             child = ChildProcess([slot.entry.ref, "--download-only"], self.key, on_line, on_exit)
@@ -370,6 +367,7 @@ class Manager:
                              key=lambda s: s.last_used or 0)
             if not victims:
                 if any(not s.pinned for s in active) and time.monotonic() < deadline:
+                    assert self._released is not None
                     self._released.clear()  # set again by the next request that ends
                     return False
                 if len(active) >= cap:
@@ -384,6 +382,7 @@ class Manager:
             await self._stop(victims[0])
 
     async def _next_release(self, deadline: float) -> None:
+        assert self._released is not None
         try:
             await asyncio.wait_for(self._released.wait(), max(0.0, deadline - time.monotonic()))
         except asyncio.TimeoutError:
@@ -430,7 +429,8 @@ class Manager:
         event = line.get("event")
         if event == "ready" and isinstance(line.get("port"), int):
             slot.port = line["port"]
-            slot.info = line.get("model") if isinstance(line.get("model"), dict) else {}
+            model = line.get("model")
+            slot.info = model if isinstance(model, dict) else {}
             slot.status, slot.stage, slot.percent = "loaded", "ready", 100
             slot.loaded_at = slot.last_used = time.time()
             slot.ready.set()
@@ -558,6 +558,11 @@ class Manager:
                 child.proc.wait(max(0.1, deadline - time.monotonic()))
             except Exception:
                 child.kill()
+
+
+def _settle(future: asyncio.Future, value) -> None:
+    if not future.done():
+        future.set_result(value)
 
 
 def _folder_name(model_id: str) -> str:

@@ -26,6 +26,7 @@ from inference.router.manager import Manager, ModelNotFound, RouterError, Slot
 log = logging.getLogger("hearth.router")
 
 OWN_V1 = ("/v1/models", "/v1/docs", "/v1/openapi.json", "/v1/memory/")  # answered by the router itself
+ENGINE_ROUTES = frozenset({"/fit", "/api/fit/measure"})  # outside /v1, but about one model: its process answers
 FAN_OUT = ("/admin/cache/flush", "/admin/cache/session/close")
 _HOP = frozenset({"host", "content-length", "connection", "keep-alive", "transfer-encoding", "te", "upgrade",
                   "proxy-authorization", "authorization", "x-api-key", "cookie", "trailer"})
@@ -35,7 +36,7 @@ KEEPALIVE_S = 10.0
 
 def routed(path: str) -> bool:
     """Whether the router forwards `path` rather than answering it."""
-    if path in FAN_OUT or path == "/fit":
+    if path in FAN_OUT or path in ENGINE_ROUTES:
         return True
     if not path.startswith("/v1/"):
         return False
