@@ -268,53 +268,6 @@ def test_the_models_page_shows_a_download_moving(hub_server, double, tiny_files,
     page.close()
 
 
-def test_search_filters_to_mlx_and_survives_the_hub_going_away(hub_server, double):
-    url = hub_server.url
-    found = httpx.get(url + "/api/hub/search", params={"q": "tiny"}).json()
-    assert found["ok"] and not found["offline"]
-    ids = {r["id"] for r in found["results"]}
-    assert "mlx-community/tiny-a" in ids and all(r["size_estimate"] is None for r in found["results"])
-    assert not {r["id"] for r in httpx.get(url + "/api/hub/search", params={"q": "torch"}).json()["results"]}
-    assert httpx.get(url + "/api/hub/search").status_code == 400
-    assert httpx.post(url + "/api/hub/serve", json={"model": "mlx-community/tiny-a"}).json() == {
-        "ok": False, "restart_required": True, "command": "hearth serve mlx-community/tiny-a"}
-    double.stop()
-    gone = httpx.get(url + "/api/hub/search", params={"q": "tiny"})
-    assert gone.status_code == 200
-    assert gone.json()["ok"] and gone.json()["offline"] and gone.json()["results"] == [] and gone.json()["error"]
-
-
-def test_gc_keeps_a_served_snapshot_and_repos_no_ref_names(tmp_path):
-    from hub import gc
-
-    root = tmp_path / "models--org--m"
-    for sha, blob in (("old", "b1"), ("new", "b2")):
-        (root / "snapshots" / sha).mkdir(parents=True)
-        (root / "blobs").mkdir(exist_ok=True)
-        (root / "blobs" / blob).write_bytes(b"x" * 10)
-        (root / "snapshots" / sha / "config.json").symlink_to(f"../../blobs/{blob}")
-    (root / "blobs" / "b3.incomplete").write_bytes(b"partial")
-    (root / "refs").mkdir()
-    (root / "refs" / "main").write_text("new")
-    [repo] = gc.plan(tmp_path)
-    assert [p.name for p in repo.prune] == ["old"] and [b.name for b in repo.dead_blobs] == ["b1"]
-    assert gc.plan(tmp_path, in_use=frozenset({(root / "snapshots" / "old").resolve()})) == []
-    assert gc.plan(tmp_path, busy={"org/m"}) == []
-    (root / "refs" / "main").unlink()  # nothing names a revision: the newest is kept
-    [repo] = gc.plan(tmp_path)
-    assert len(repo.prune) == 1 and len(repo.dead_blobs) == 1
-    assert gc.execute(tmp_path)["blobs"] == 1 and (root / "blobs" / "b3.incomplete").exists()
-    (root / "refs" / "main").write_text("new")
-    (root / "snapshots" / "stray").mkdir()
-    (root / "snapshots" / "stray" / "config.json").write_text("a real file, not a link")
-    [repo] = gc.plan(tmp_path)
-    assert [p.name for p in repo.skipped] == ["stray"] and not repo.prune  # never deleted
-    from hub.locks import repo_lock
-
-    with repo_lock(root):  # a download holds the repo: GC neither plans nor touches it
-        assert gc.plan(tmp_path) == [] and gc.execute(tmp_path)["snapshots"] == 0
-
-
 def test_router_downloads_a_model_it_is_asked_to_load(double, tmp_path):
     """Router mode: loading a repo the library lacks downloads it first, in a
     process of its own, with its progress on /models/sse; then it serves."""
@@ -357,3 +310,52 @@ def test_router_downloads_a_model_it_is_asked_to_load(double, tmp_path):
         assert "mlx-community/tiny-c" in {m["id"] for m in httpx.get(proc.url + "/v1/models").json()["data"]}
     finally:
         assert proc.stop() == 0, proc.output()
+
+
+def test_search_filters_to_mlx_and_survives_the_hub_going_away(hub_server, double):
+    url = hub_server.url
+    found = httpx.get(url + "/api/hub/search", params={"q": "tiny"}).json()
+    assert found["ok"] and not found["offline"]
+    ids = {r["id"] for r in found["results"]}
+    assert "mlx-community/tiny-a" in ids and all(r["size_estimate"] is None for r in found["results"])
+    assert not {r["id"] for r in httpx.get(url + "/api/hub/search", params={"q": "torch"}).json()["results"]}
+    assert httpx.get(url + "/api/hub/search").status_code == 400
+    assert httpx.post(url + "/api/hub/serve", json={"model": "mlx-community/tiny-a"}).json() == {
+        "ok": False, "restart_required": True, "command": "hearth serve mlx-community/tiny-a",
+        "router_command": "hearth serve"}
+    double.stop()
+    gone = httpx.get(url + "/api/hub/search", params={"q": "tiny"})
+    assert gone.status_code == 200
+    assert gone.json()["ok"] and gone.json()["offline"] and gone.json()["results"] == [] and gone.json()["error"]
+
+
+def test_gc_keeps_a_served_snapshot_and_repos_no_ref_names(tmp_path):
+    from hub import gc
+
+    root = tmp_path / "models--org--m"
+    for sha, blob in (("old", "b1"), ("new", "b2")):
+        (root / "snapshots" / sha).mkdir(parents=True)
+        (root / "blobs").mkdir(exist_ok=True)
+        (root / "blobs" / blob).write_bytes(b"x" * 10)
+        (root / "snapshots" / sha / "config.json").symlink_to(f"../../blobs/{blob}")
+    (root / "blobs" / "b3.incomplete").write_bytes(b"partial")
+    (root / "refs").mkdir()
+    (root / "refs" / "main").write_text("new")
+    [repo] = gc.plan(tmp_path)
+    assert [p.name for p in repo.prune] == ["old"] and [b.name for b in repo.dead_blobs] == ["b1"]
+    assert gc.plan(tmp_path, in_use=frozenset({(root / "snapshots" / "old").resolve()})) == []
+    assert gc.plan(tmp_path, busy={"org/m"}) == []
+    (root / "refs" / "main").unlink()  # nothing names a revision: the newest is kept
+    [repo] = gc.plan(tmp_path)
+    assert len(repo.prune) == 1 and len(repo.dead_blobs) == 1
+    assert gc.execute(tmp_path)["blobs"] == 1 and (root / "blobs" / "b3.incomplete").exists()
+    (root / "refs" / "main").write_text("new")
+    (root / "snapshots" / "stray").mkdir()
+    (root / "snapshots" / "stray" / "config.json").write_text("a real file, not a link")
+    [repo] = gc.plan(tmp_path)
+    assert [p.name for p in repo.skipped] == ["stray"] and not repo.prune  # never deleted
+    from hub.locks import repo_lock
+
+    with repo_lock(root):  # a download holds the repo: GC neither plans nor touches it
+        assert gc.plan(tmp_path) == [] and gc.execute(tmp_path)["snapshots"] == 0
+
