@@ -147,10 +147,13 @@ STATIC_ROOT = home.static()
 # Django's own 2.5 MB default would refuse ordinary long conversations.
 DATA_UPLOAD_MAX_MEMORY_SIZE = None
 
+_ROUTER_MODEL = env_str("HEARTH_ROUTER_MODEL", "")  # set by a router for a model's process
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    # A router's model processes share its stderr: each line says which model wrote it.
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s " + (
+        f"[{_ROUTER_MODEL.replace('%', '%%')}] " if _ROUTER_MODEL else "") + "%(name)s: %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": env_str("HEARTH_LOG_LEVEL", "INFO")},
     "loggers": {

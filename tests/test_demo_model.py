@@ -1,5 +1,6 @@
 """The embedded demo model: built by `hearth make-demo-model`, served by
-`hearth serve` with no model argument, and its replies fit the question."""
+`hearth serve` with no model argument (router mode, the demo model the
+default), and its replies fit the question."""
 import json
 import subprocess
 import time
@@ -38,6 +39,16 @@ def demo_server(demo_build, demo_homes, tmp_path_factory):
         yield proc.wait_ready()
     finally:
         assert proc.stop() == 0
+
+
+def test_plain_serve_is_the_router_with_the_demo_as_default(demo_server):
+    import httpx
+
+    listing = httpx.get(demo_server.url + "/models").json()
+    assert listing["mode"] == "router" and listing["default"] == "hearth/demo-chat"
+    reply = httpx.post(demo_server.url + "/v1/chat/completions", timeout=120,
+                       json={"messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 8}).json()
+    assert reply["model"] == "hearth/demo-chat"  # no `model`: the default
 
 
 def _ask(server, question: str) -> tuple[str, str]:
@@ -84,7 +95,7 @@ ADD = {"type": "function", "function": {"name": "add", "parameters": {
 
 def test_offered_tools_get_a_tool_call(demo_server):
     client = openai.OpenAI(base_url=demo_server.url + "/v1", api_key="x", max_retries=0)
-    r = client.chat.completions.create(model="m", temperature=0, max_tokens=60, tools=[WEATHER, ADD],
+    r = client.chat.completions.create(model="hearth/demo-chat", temperature=0, max_tokens=60, tools=[WEATHER, ADD],
                                        messages=[{"role": "user", "content": "What is the weather in Paris?"}])
     choice = r.choices[0]
     assert choice.finish_reason == "tool_calls", choice.message
@@ -97,7 +108,7 @@ def test_thinking_on_opens_a_reasoning_channel(demo_server):
     client = openai.OpenAI(base_url=demo_server.url + "/v1", api_key="x", max_retries=0)
 
     def ask(**extra):
-        r = client.chat.completions.create(model="m", temperature=0, max_tokens=80, extra_body=extra,
+        r = client.chat.completions.create(model="hearth/demo-chat", temperature=0, max_tokens=80, extra_body=extra,
                                            messages=[{"role": "user", "content": "Hello!"}])
         return r.choices[0].message
 

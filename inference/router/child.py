@@ -23,6 +23,7 @@ log = logging.getLogger("hearth.router")
 
 FD_ENV = "HEARTH_ROUTER_FD"
 PARENT_ENV = "HEARTH_ROUTER_PARENT"
+MODEL_ENV = "HEARTH_ROUTER_MODEL"  # its log lines name the model
 # Settings of the router that a child must not take as its own: the child
 # answers only the router (its own key), on loopback.
 _NOT_INHERITED = ("HEARTH_API_KEY", "HEARTH_CORS_ORIGINS", "HEARTH_ALLOWED_HOSTS", "HEARTH_INTERNAL_KEY")
@@ -33,10 +34,11 @@ class ChildProcess:
     reader thread (the caller hands them to its event loop)."""
 
     def __init__(self, args: list[str], key: str, on_line: Callable[[dict], None],
-                 on_exit: Callable[[int], None]):
+                 on_exit: Callable[[int], None], name: str = ""):
         read_fd, write_fd = os.pipe()
         env = {k: v for k, v in os.environ.items() if k not in _NOT_INHERITED}
-        env.update({FD_ENV: str(write_fd), PARENT_ENV: str(os.getpid()), "HEARTH_API_KEY": key})
+        env.update({FD_ENV: str(write_fd), PARENT_ENV: str(os.getpid()), "HEARTH_API_KEY": key,
+                    MODEL_ENV: name})
         try:
             self.proc = subprocess.Popen([sys.executable, "-m", "config.cli", "serve", *args], env=env,
                                          pass_fds=(write_fd,), stdin=subprocess.DEVNULL, start_new_session=True)

@@ -326,7 +326,7 @@ class Manager:
             loop.call_soon_threadsafe(_settle, done, code)
 
         try:
-            child = ChildProcess([slot.entry.ref, "--download-only"], self.key, on_line, on_exit)
+            child = ChildProcess([slot.entry.ref, "--download-only"], self.key, on_line, on_exit, slot.id)
         except OSError as exc:
             self.fetching.pop(slot.id, None)
             self._fail(slot, f"could not start its download: {exc}")
@@ -413,7 +413,7 @@ class Manager:
             loop.call_soon_threadsafe(self._on_exit, slot, holder, code)
 
         try:
-            child = ChildProcess(args, self.key, on_line, on_exit)
+            child = ChildProcess(args, self.key, on_line, on_exit, slot.id)
         except OSError as exc:
             self._fail(slot, f"could not start its process: {exc}")
             return

@@ -264,9 +264,7 @@ class Command(BaseCommand):
         if in_router and opts["download_only"]:
             fetch_for_router(model_ref)
             return
-        if in_router:
-            child.report("stage", stage="loading", percent=0)
-            model_ref = fetch_for_router(model_ref)
+        child.report("stage", stage="loading", percent=5)
         engine = Engine(model_ref, engine_config(opts))
         try:
             loaded = engine.start()
@@ -281,6 +279,7 @@ class Command(BaseCommand):
         runtime.embeddings_enabled = opts["embeddings"] or loaded.is_embedding_model
         loaded.grammar_compiler.cache_bytes = bounds.grammar_cache_bytes
         log.info("model %s ready (%s, context %s)", loaded.model_id, loaded.dtype, loaded.context_window)
+        child.report("stage", stage="starting server", percent=90)
         from hub.locks import record_serving
 
         marker = record_serving(loaded.path)  # GC in any process keeps this snapshot
