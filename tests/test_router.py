@@ -377,3 +377,34 @@ def test_an_unloaded_model_comes_back_warm_from_the_ssd_tier(two):
     prompt = first["usage"]["prompt_tokens"]
     assert again["usage"]["prompt_tokens"] == prompt
     assert again["usage"]["prompt_tokens_details"]["cached_tokens"] >= prompt // 2
+
+
+def _huge_model(folder) -> None:
+    """A model folder whose config describes a KV cache no machine holds
+    (the weights file is real, and tiny)."""
+    import struct
+
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps({
+        "model_type": "llama", "architectures": ["LlamaForCausalLM"], "num_hidden_layers": 100000,
+        "hidden_size": 8192, "num_attention_heads": 64, "vocab_size": 320, "max_position_embeddings": 4096}))
+    header = json.dumps({"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}).encode()
+    (folder / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header + b"\0\0\0\0")
+
+
+def test_a_model_that_cannot_fit_is_refused_before_it_loads(library, tmp_path):
+    hf, hearth, _ = library
+    _huge_model(tmp_path / "models" / "vendor" / "huge")
+    proc = ServerProcess(server_env(hf, hearth), "--default-model", A, "--models-dir", str(tmp_path / "models"),
+                         "--no-preload", "--no-worker", log_path=tmp_path / "router.log").wait_ready()
+    try:
+        rows = _rows(proc.url)
+        assert rows["vendor/huge"]["fits"] is False  # named by its path under --models-dir
+        refused = _chat(proc.url, "vendor/huge")
+        assert refused.status_code == 503
+        message = refused.json()["error"]["message"]
+        assert "cannot load 'vendor/huge'" in message and "GiB" in message and "free" in message
+        assert _rows(proc.url)["vendor/huge"]["pid"] is None  # no process was started for it
+        assert _chat(proc.url, A).status_code == 200
+    finally:
+        assert proc.stop() == 0, proc.output()
