@@ -27,6 +27,9 @@ export function chatPage(main) {
   const allowed = h("span", { class: "allowed small", hidden: true, role: "group", "aria-label": "Always allowed in this chat" });
   const adapter = h("select", { "aria-label": "Adapter", onchange: () => frame({ type: "set_adapter",
     id: adapter.value || null }) }, h("option", { value: "" }, "server default"), h("option", { value: "none" }, "base model"));
+  // Router mode: which model answers this chat ("" is the server's default, sent as null).
+  const model = h("select", { "aria-label": "Model for this chat", class: "model-pick", hidden: true,
+    onchange: () => frame({ type: "set_model", model: model.value || null }) });
   const temp = h("input", { type: "number", step: "0.1", min: "0", max: "2", placeholder: "temp", style: "width:5.5em",
     "aria-label": "Temperature", onchange: () => frame({ type: "set_sampling", scope: "session",
       temperature: temp.value === "" ? null : Number(temp.value) }) });
@@ -44,7 +47,8 @@ export function chatPage(main) {
         "New chat"), search, hits, sessionsList),
     h("section", { class: "convo" }, messages,
       h("div", { class: "composer" },
-        h("div", { class: "chatbar" }, sessionsToggle, modelName, thinkLabel, codingLabel, allowed, adapter, temp, system, ctx), form)));
+        h("div", { class: "chatbar" }, sessionsToggle, modelName, model, thinkLabel, codingLabel, allowed, adapter, temp,
+          system, ctx), form)));
   main.append(root);
 
   input.addEventListener("keydown", (e) => {
@@ -80,6 +84,7 @@ export function chatPage(main) {
     ws.onclose = (e) => {
       state.streaming = null; setBusy(false);  // a turn cut off by the drop is over
       if (state.closed) return;
+      modelName.hidden = false;
       if (e.code === 4403) { modelName.textContent = "refused: open the dashboard from the server's own address"; return; }
       if (e.code === 4401) { signIn(); return; }  // signed out, or the key changed
       modelName.textContent = "disconnected; reconnecting…";
@@ -88,6 +93,8 @@ export function chatPage(main) {
   }
 
   function applySettings(s) {
+    state.model = s?.model || null;  // a new chat (no settings yet) talks to the default
+    pickModel();
     if (!s) return;
     thinking.checked = !!s.thinking;
     coding.checked = !!s.codingTools;
@@ -96,11 +103,34 @@ export function chatPage(main) {
     state.system = s.systemPrompt || "";
   }
 
+  // The picker's options: the ids the ready frame offers (or /v1/models when it names none).
+  async function fillModels(ready) {
+    let ids = Array.isArray(ready.models) ? ready.models : [];
+    if (!ids.length) {
+      try { ids = (await api("/v1/models")).data.map((m) => m.id); } catch { ids = []; }
+      if (state.ready !== ready) return;  // a newer ready frame filled it
+    }
+    model.replaceChildren(h("option", { value: "" }, `Default (${ready.model || "none"})`),
+      ...ids.map((id) => h("option", { value: id }, id)));
+    pickModel();
+  }
+
+  function pickModel() {
+    const id = state.model || "";
+    if (id && ![...model.options].some((o) => o.value === id)) {
+      model.append(h("option", { value: id }, `${id} (not available)`));  // the session's pick, gone from the list
+    }
+    model.value = id;
+  }
+
   function onFrame(f) {
     switch (f.type) {
       case "ready":
         state.ready = f; state.streaming = null; setBusy(false);
         modelName.textContent = f.model || "no model";
+        modelName.hidden = !!f.router;
+        model.hidden = !f.router;
+        if (f.router) fillModels(f);
         thinkLabel.hidden = !f.thinking;
         coding.disabled = f.codingTools === false;
         codingLabel.title = coding.disabled ? "Coding tools run on the server's machine: open the dashboard there, or sign in"
@@ -110,6 +140,7 @@ export function chatPage(main) {
       case "sessions": renderSessions(f.items, f.activePath); break;
       case "history":  // the first page; history_more frames bring the rest of a long chat
         state.items = []; addItems(f.items); state.active = f.sessionId; applySettings(f.settings);
+        noteTurnModel();
         showAllowed(f.settings?.alwaysAllow || []); render(); break;
       case "history_more":
         if (f.sessionId !== state.active) break;
@@ -139,6 +170,7 @@ export function chatPage(main) {
       case "tool_approvals": if (!f.sessionId || f.sessionId === state.active) showAllowed(f.alwaysAllow); break;
       case "turn_end":
         state.streaming = null; setBusy(false);
+        state.turnModel = f.model || null;  // which model answered (router mode), for the reply's label
         state.active = f.sessionId || state.active;
         if (state.active) frame({ type: "open_session", path: state.active });  // the stored turn, with ids
         break;
@@ -148,6 +180,15 @@ export function chatPage(main) {
       case "error": toast(f.message); if (!state.streaming) setBusy(false); break;
       default: break;
     }
+  }
+
+  // The model named by the last turn_end labels the reply the history brings next, when the stored row lacks it.
+  function noteTurnModel() {
+    const last = state.items[state.items.length - 1];
+    if (state.turnModel && last?.role === "assistant" && !last.meta?.model) {
+      last.meta = { ...(last.meta || {}), model: state.turnModel };
+    }
+    state.turnModel = null;
   }
 
   // A row too large for one frame comes in parts: later parts have the same id and `continued`.
@@ -243,8 +284,13 @@ export function chatPage(main) {
       tools.append(h("button", { type: "button", onclick: () => editInPlace(item, body) }, "Edit"));
     }
     return h("article", { class: `msg ${item.role}` },
-      h("div", { class: "who" }, item.role === "user" ? "You" : (state.ready?.model || "Model"), siblingNav(item),
+      h("div", { class: "who" }, item.role === "user" ? "You" : answeredBy(item), siblingNav(item),
         perf(item.meta)), body, tools);
+  }
+
+  // Who wrote a reply: the model its turn names (router mode stores it), else the one model served.
+  function answeredBy(item) {
+    return item.meta?.model || (!state.ready?.router && state.ready?.model) || "Model";
   }
 
   // An answer with tool rounds: each round's text, its calls as cards, then the rest of the text.
