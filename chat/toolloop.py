@@ -13,6 +13,7 @@ needs nothing else."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from dataclasses import dataclass, field
@@ -131,14 +132,16 @@ async def _generate_remote(consumer, session, messages, offered, state: TurnStat
     round_text = ""
     try:
         state.model = runtime.router.resolve(session.model).id
-        async for delta in remote.chat(runtime.router, session.model, request):
-            if delta.text and state.first is None:
-                state.first = time.perf_counter()
-            if delta.text:
-                round_text += await _piece(consumer, delta, state)
-            calls += delta.calls
-            if delta.final is not None:
-                state.final = delta.final
+        # Closed at once however the turn ends (a stopped turn too), so the model is not left busy.
+        async with contextlib.aclosing(remote.chat(runtime.router, session.model, request)) as deltas:
+            async for delta in deltas:
+                if delta.text and state.first is None:
+                    state.first = time.perf_counter()
+                if delta.text:
+                    round_text += await _piece(consumer, delta, state)
+                calls += delta.calls
+                if delta.final is not None:
+                    state.final = delta.final
     except RouterError as exc:
         raise TurnFailed(exc.message) from None
     return calls, round_text

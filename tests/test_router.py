@@ -408,3 +408,21 @@ def test_a_model_that_cannot_fit_is_refused_before_it_loads(library, tmp_path):
         assert _chat(proc.url, A).status_code == 200
     finally:
         assert proc.stop() == 0, proc.output()
+
+
+def test_a_request_the_client_drops_leaves_its_model_idle(two, library):
+    """However a client leaves (before the reply starts, mid-stream), the
+    router stops counting it against the model: it can be unloaded again."""
+    _chat(two.url, B)
+    with pytest.raises(httpx.TimeoutException):  # cut before any reply
+        httpx.post(two.url + "/v1/chat/completions", timeout=0.02, json={
+            "model": B, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 400,
+            "logit_bias": {str(_eos(library, B)): -100}})
+    body = {"model": B, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 2000, "stream": True,
+            "logit_bias": {str(_eos(library, B)): -100}}
+    with httpx.stream("POST", two.url + "/v1/chat/completions", json=body, timeout=60) as r:
+        next(r.iter_lines())  # the stream started; leave it
+    deadline = time.monotonic() + 30
+    while _rows(two.url)[B]["inflight"] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _rows(two.url)[B]["inflight"] == 0

@@ -92,6 +92,9 @@ async def _forward(request: HttpRequest, manager: Manager, slot: Slot) -> HttpRe
     except httpx.HTTPError as exc:
         manager.release(slot)
         return _died(request.path, slot, exc)
+    except BaseException:  # the client went away (cancelled): the model is not busy for it any more
+        manager.release(slot)
+        raise
     headers = {k: v for k, v in reply.headers.items() if k.lower() not in _REPLY_HOP}
     if not reply.headers.get("content-type", "").startswith("text/event-stream"):
         try:
@@ -102,20 +105,43 @@ async def _forward(request: HttpRequest, manager: Manager, slot: Slot) -> HttpRe
             await reply.aclose()
             manager.release(slot)
         return HttpResponse(content, status=reply.status_code, headers=headers)
-    return StreamingHttpResponse(_relay(request.path, manager, slot, reply), status=reply.status_code,
+    return StreamingHttpResponse(_Relay(request.path, manager, slot, reply), status=reply.status_code,
                                  headers=headers)
 
 
-async def _relay(path: str, manager: Manager, slot: Slot, reply: httpx.Response):
-    try:
-        async for chunk in reply.aiter_raw():
-            yield chunk
-    except httpx.HTTPError as exc:
-        log.warning("%s: the stream from %s broke: %s", path, slot.id, exc)
-        yield _stream_error(path, _died_message(slot, exc))
-    finally:
-        await reply.aclose()
-        manager.release(slot)
+class _Relay:
+    """A model's stream, passed on chunk by chunk. The slot is released and
+    the child's reply closed once, however the stream ends: finished,
+    broken, or dropped by the client, even before its first chunk (Django
+    then only calls `close`, from another thread)."""
+
+    def __init__(self, path: str, manager: Manager, slot: Slot, reply: httpx.Response):
+        self.path, self.manager, self.slot, self.reply = path, manager, slot, reply
+        self.loop = asyncio.get_running_loop()
+        self.done = False
+
+    def __aiter__(self):
+        return self._chunks()
+
+    async def _chunks(self):
+        try:
+            async for chunk in self.reply.aiter_raw():
+                yield chunk
+        except httpx.HTTPError as exc:
+            log.warning("%s: the stream from %s broke: %s", self.path, self.slot.id, exc)
+            yield _stream_error(self.path, _died_message(self.slot, exc))
+        finally:
+            self._finish()
+
+    def _finish(self) -> None:
+        if self.done:
+            return
+        self.done = True
+        self.manager.release(self.slot)
+        asyncio.ensure_future(self.reply.aclose())
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self._finish)
 
 
 def _died_message(slot: Slot, exc: Exception) -> str:
@@ -312,17 +338,24 @@ async def models_sse(request: HttpRequest) -> HttpResponse:
     if manager is None:
         return _single(request)
 
+    runtime = request.runtime
+
     async def events():
         queue = manager.listen()
+        quiet = 0.0
         try:
             for row in manager.rows():
                 yield sse.frame(row, "model")
-            while True:
+            while not runtime.draining:  # a server shutting down ends the stream rather than wait for it
                 try:
-                    kind, data = await asyncio.wait_for(queue.get(), KEEPALIVE_S)
+                    kind, data = await asyncio.wait_for(queue.get(), 1.0)
                 except asyncio.TimeoutError:
-                    yield b": keep-alive\n\n"
+                    quiet += 1.0
+                    if quiet >= KEEPALIVE_S:
+                        quiet = 0.0
+                        yield b": keep-alive\n\n"
                     continue
+                quiet = 0.0
                 yield sse.frame(data, kind)
         finally:
             manager.unlisten(queue)
