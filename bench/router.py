@@ -48,11 +48,11 @@ def post(port: int, path: str, body: dict, timeout: float = 600) -> tuple[int, d
     return resp.status, data, time.perf_counter() - start
 
 
-def long_prompt(port: int, model: str) -> tuple[float, int]:
-    """(seconds to the answer of one token, prompt tokens served from cache)."""
+def long_prompt(port: int, model: str) -> tuple[float, int, int]:
+    """(seconds to the answer of one token, prompt tokens, of which served from cache)."""
     status, data, took = post(port, "/v1/chat/completions", {"model": model, "messages": LONG, "max_tokens": 1})
     assert status == 200, data
-    return took, data["usage"]["prompt_tokens_details"]["cached_tokens"]
+    return took, data["usage"]["prompt_tokens"], data["usage"]["prompt_tokens_details"]["cached_tokens"]
 
 
 def switch(port: int, model: str) -> float:
@@ -127,10 +127,10 @@ def measure_switches(port: int) -> dict:
     prompt cache), ask the long prompt, switch back and forth again, ask it
     again (warm: the SSD tier kept m2's prompt cache across the unload)."""
     out = {"cold_switch_s": switch(port, "m2")}
-    out["cold_prompt_s"], out["cold_cached"] = long_prompt(port, "m2")
+    out["cold_prompt_s"], out["prompt_tokens"], out["cold_cached"] = long_prompt(port, "m2")
     out["back_switch_s"] = switch(port, "m1")
     out["warm_switch_s"] = switch(port, "m2")
-    out["warm_prompt_s"], out["warm_cached"] = long_prompt(port, "m2")
+    out["warm_prompt_s"], _, out["warm_cached"] = long_prompt(port, "m2")
     return out
 
 
@@ -148,7 +148,8 @@ def report(args, params: int, blas: str, decode: dict, sw: dict) -> list[str]:
         f"| hearth serve MODEL (single) | {decode['single']['tps']:.1f} | {decode['single']['ttft_ms']:.0f} |",
         f"| hearth serve (router -> child) | {decode['router']['tps']:.1f} | {decode['router']['ttft_ms']:.0f} |",
         f"\nProxy overhead on decode: {overhead:+.1f}% (router vs single; goal under 3%).\n",
-        "| switch at --models-max 1 | seconds | long prompt (~1.4k tokens) to first token | cached tokens |",
+        f"| switch at --models-max 1 | seconds | a {sw['prompt_tokens']}-token prompt to its first token | "
+        "cached tokens |",
         "| --- | ---: | ---: | ---: |",
         f"| m1 -> m2, cold (new process, empty prompt cache) | {sw['cold_switch_s']:.2f} | "
         f"{sw['cold_prompt_s']:.2f} s | {sw['cold_cached']} |",
