@@ -20,13 +20,12 @@ async def library_view(request: HttpRequest) -> JsonResponse:
     refresh = request.GET.get("refresh") in ("1", "true", "yes")
     rows = await sync_to_async(library.models)(refresh)
     served = _served(request)
-    router = request.runtime.router  # router mode: each model's status from its slot
+    runtime = request.runtime
     out = []
     for model, verdict in rows:
         row = {k: v for k, v in model.row().items() if k != "quant_group_size"}
-        if router is not None:
-            slot = router.slots.get(model.repo_id)
-            status = slot.status_object() if slot is not None else None
+        if runtime.router is not None:  # router mode: each model's own status
+            status = runtime.model_status(model.repo_id)
             row.update(serving=bool(status and status["value"] == "loaded"), status=status)
         else:
             row["serving"] = served is not None and (model.path.resolve() == served.path.resolve()

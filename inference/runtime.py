@@ -85,6 +85,13 @@ class Runtime:
         engine = self.engine
         return engine.loaded.model_id if engine is not None and engine.loaded is not None else None
 
+    def model_status(self, model_id: str) -> dict | None:
+        """Router mode: a model's status object (`{"value": "loaded", …}`), or None."""
+        if self.router is None:
+            return None
+        slot = self.router.slots.get(model_id)
+        return slot.status_object() if slot is not None else None
+
     async def switch_model(self, name: str) -> dict:
         """Router mode: load `name` and make it the default model (`/api`'s shape)."""
         from core.api import ApiError

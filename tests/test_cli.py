@@ -14,7 +14,7 @@ from tests.helpers import ROOT, server_env
 
 SCRIPT = str(Path(sys.executable).with_name("hearth"))  # the installed console script
 COMMANDS = {  # each command and a phrase of its one line of help
-    "serve": "Serve a model",
+    "serve": "Serve every model in the library",
     "worker": "Run a job worker",
     "download": "Download a model repo",
     "gc": "Reclaim disk",

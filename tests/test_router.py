@@ -17,6 +17,8 @@ import pytest
 from tests.helpers import HEARTH, ROOT, ServerProcess, build_tiny_model, server_env
 
 A, B = "hearth-test/tiny-a", "hearth-test/tiny-b"
+# Loads and unloads wait for a process to start or drain: far longer than httpx's 5 s default on a busy machine.
+HTTP = httpx.Client(timeout=120)
 PRESET = """\
 # two tiny models
 [*]
@@ -67,7 +69,7 @@ def one(library, tmp_path_factory):
 
 
 def _rows(url: str) -> dict[str, dict]:
-    return {r["id"]: r for r in httpx.get(url + "/models").json()["data"]}
+    return {r["id"]: r for r in HTTP.get(url + "/models").json()["data"]}
 
 
 def _wait_status(url: str, model: str, value: str, timeout: float = 60) -> dict:
@@ -84,22 +86,22 @@ def _chat(url: str, model: str | None, **extra) -> httpx.Response:
     body = {"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 4, **extra}
     if model is not None:
         body["model"] = model
-    return httpx.post(url + "/v1/chat/completions", json=body, timeout=120)
+    return HTTP.post(url + "/v1/chat/completions", json=body, timeout=120)
 
 
 def test_lists_every_model_with_status_aliases_and_tags(two):
-    listing = httpx.get(two.url + "/models").json()
+    listing = HTTP.get(two.url + "/models").json()
     assert listing["mode"] == "router" and listing["default"] == A and listing["models_max"] == 2
     rows = {r["id"]: r for r in listing["data"]}
     assert set(rows) == {A, B}
     assert rows[B]["aliases"] == ["b", "second-model"] and rows[B]["tags"] == ["tiny", "test"]
     assert rows[A]["aliases"] == [] and rows[A]["tags"] == ["tiny"] and rows[A]["default"] is True
     _wait_status(two.url, A, "loaded")  # the default loads at start
-    v1 = {m["id"]: m for m in httpx.get(two.url + "/v1/models").json()["data"]}
+    v1 = {m["id"]: m for m in HTTP.get(two.url + "/v1/models").json()["data"]}
     assert set(v1) == {A, B} and v1[A]["status"]["value"] == "loaded"
     assert v1[A]["context_window"] == 2048  # a loaded model's row carries what its process says
     assert v1[B]["aliases"] == ["b", "second-model"]
-    assert [m["id"] for m in httpx.get(two.url + "/v1/models/b").json()["data"]] == [B]
+    assert [m["id"] for m in HTTP.get(two.url + "/v1/models/b").json()["data"]] == [B]
 
 
 def test_routes_by_model_id_alias_and_default(two):
@@ -118,11 +120,11 @@ def test_unknown_model_is_a_400_naming_it_in_each_protocol(two):
     error = r.json()["error"]
     assert error["message"].startswith("model 'nobody/nothing' not found") and "/v1/models" in error["message"]
     assert error["param"] == "model" and error["code"] == "model_not_found"
-    r = httpx.post(two.url + "/v1/messages", json={"model": "x", "max_tokens": 4,
+    r = HTTP.post(two.url + "/v1/messages", json={"model": "x", "max_tokens": 4,
                                                    "messages": [{"role": "user", "content": "hi"}]})
     assert r.status_code == 400 and r.json()["type"] == "error"
     assert r.json()["error"]["message"].startswith("model 'x' not found")
-    assert httpx.post(two.url + "/models/load", json={"model": "x"}).status_code == 400
+    assert HTTP.post(two.url + "/models/load", json={"model": "x"}).status_code == 400
 
 
 def test_sdks_through_the_router(two):
@@ -159,20 +161,34 @@ def test_concurrent_requests_to_both_models(two):
     assert rows[A]["pid"] != rows[B]["pid"]
 
 
+def test_a_browser_write_through_the_router_reaches_the_model(two):
+    """The dashboard's own writes (same origin) pass the router's checks and
+    are not refused again by the model's process, which listens elsewhere."""
+    own = {"Origin": two.url, "Sec-Fetch-Site": "same-origin"}
+    r = HTTP.post(two.url + "/v1/chat/completions", headers=own, timeout=60,
+                   json={"model": B, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2})
+    assert r.status_code == 200, r.text
+    foreign = HTTP.post(two.url + "/v1/chat/completions", headers={"Origin": "http://elsewhere.example"},
+                         json={"model": B, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2})
+    assert foreign.status_code == 403  # refused by the router itself
+    index = HTTP.get(two.url + "/v1/").json()
+    assert index["mode"] == "router" and index["model"] == A
+
+
 def test_model_routes_outside_v1_go_to_the_named_model(two):
-    assert httpx.get(two.url + "/fit", params={"model": "b"}, timeout=60).json()["model"] == B
-    assert httpx.get(two.url + "/fit", timeout=60).json()["model"] == A
-    flushed = httpx.post(two.url + "/admin/cache/flush", timeout=120).json()
+    assert HTTP.get(two.url + "/fit", params={"model": "b"}, timeout=60).json()["model"] == B
+    assert HTTP.get(two.url + "/fit", timeout=60).json()["model"] == A
+    flushed = HTTP.post(two.url + "/admin/cache/flush", timeout=120).json()
     assert set(flushed["models"]) >= {A}
 
 
 def test_stats_and_metrics_gather_the_models(two):
     _chat(two.url, A)
     _chat(two.url, B)
-    stats = httpx.get(two.url + "/stats").json()
+    stats = HTTP.get(two.url + "/stats").json()
     assert set(stats["router"]["loaded"]) == {A, B} and stats["router"]["models_max"] == 2
     assert stats["models"][A]["server"]["model"] == A and stats["models"][B]["server"]["model"] == B
-    metrics = httpx.get(two.url + "/metrics").text
+    metrics = HTTP.get(two.url + "/metrics").text
     assert f'hearth_active_rows{{model="{A}"}}' in metrics and f'hearth_active_rows{{model="{B}"}}' in metrics
     assert metrics.count("# TYPE hearth_active_rows gauge") == 1  # one family, both models' series
 
@@ -208,7 +224,7 @@ def test_a_killed_child_fails_its_stream_then_loads_again(two, library):
 
 
 def test_models_sse_reports_load_progress(two):
-    httpx.post(two.url + "/models/unload", json={"model": B}).raise_for_status()
+    HTTP.post(two.url + "/models/unload", json={"model": B}).raise_for_status()
     events: list[tuple[str, dict]] = []
     ready = threading.Event()
 
@@ -230,7 +246,7 @@ def test_models_sse_reports_load_progress(two):
     thread.start()
     assert ready.wait(10)  # the first frames: every model's row
     assert {d["id"] for k, d in events[:2]} == {A, B} and all(k == "model" for k, _ in events[:2])
-    loaded = httpx.post(two.url + "/models/load", json={"model": "b"}, timeout=120).json()
+    loaded = HTTP.post(two.url + "/models/load", json={"model": "b"}, timeout=120).json()
     assert loaded == {"ok": True, "model": B, "status": {"value": "loaded"}}
     thread.join(30)
     values = [d["status"]["value"] for k, d in events[2:] if k == "model" and d["id"] == B]
@@ -289,11 +305,11 @@ def test_capacity_holds_under_concurrent_loads(one):
 
 def test_pinned_model_is_not_evicted(one):
     _chat(one.url, A)
-    assert httpx.post(one.url + "/models/pin", json={"model": A, "pinned": True}).json()["pinned"] is True
+    assert HTTP.post(one.url + "/models/pin", json={"model": A, "pinned": True}).json()["pinned"] is True
     refused = _chat(one.url, B)
     assert refused.status_code == 503 and "--models-max" in refused.json()["error"]["message"]
     assert _rows(one.url)[A]["status"]["value"] == "loaded"
-    httpx.post(one.url + "/models/pin", json={"model": A, "pinned": False}).raise_for_status()
+    HTTP.post(one.url + "/models/pin", json={"model": A, "pinned": False}).raise_for_status()
     assert _chat(one.url, B).json()["model"] == B
 
 
@@ -304,12 +320,12 @@ def test_idle_model_unloads(one):
 
 
 def test_default_switches_live(one):
-    r = httpx.post(one.url + "/api/hub/serve", json={"model": "b"}, timeout=120).json()
+    r = HTTP.post(one.url + "/api/hub/serve", json={"model": "b"}, timeout=120).json()
     assert r["ok"] is True and r["model"] == B and r["status"]["value"] == "loaded"
     assert _chat(one.url, None).json()["model"] == B
-    assert httpx.get(one.url + "/models").json()["default"] == B
-    bad = httpx.post(one.url + "/models/default", json={"model": "nobody/nothing"})
-    assert bad.status_code == 400 and httpx.get(one.url + "/models").json()["default"] == B
+    assert HTTP.get(one.url + "/models").json()["default"] == B
+    bad = HTTP.post(one.url + "/models/default", json={"model": "nobody/nothing"})
+    assert bad.status_code == 400 and HTTP.get(one.url + "/models").json()["default"] == B
 
 
 @pytest.mark.parametrize("text, where", [
@@ -326,6 +342,14 @@ def test_a_bad_preset_stops_start_up_with_file_and_line(library, tmp_path, text,
                           cwd=ROOT, env=server_env(hf, hearth), capture_output=True, text=True, timeout=120)
     assert done.returncode != 0
     assert where in done.stderr, done.stderr
+
+
+def test_an_unknown_default_model_stops_start_up(library):
+    hf, hearth, _ = library
+    done = subprocess.run([*HEARTH, "serve", "--default-model", "nobody/nothing", "--port", "0"], cwd=ROOT,
+                          env=server_env(hf, hearth), capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and "--default-model: model 'nobody/nothing' not found" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
 
 
 def test_router_flags_need_router_mode(library):
@@ -368,11 +392,11 @@ def test_an_unloaded_model_comes_back_warm_from_the_ssd_tier(two):
     """Unloading writes the model's prompt cache to its SSD tier; the next
     process of that model finds it, so the same conversation is cached."""
     messages = [{"role": "user", "content": "The quick brown fox jumps over the lazy dog. " * 12}]
-    first = httpx.post(two.url + "/v1/chat/completions", json={"model": A, "messages": messages, "max_tokens": 2},
+    first = HTTP.post(two.url + "/v1/chat/completions", json={"model": A, "messages": messages, "max_tokens": 2},
                        timeout=120).json()
-    httpx.post(two.url + "/models/unload", json={"model": A}, timeout=120).raise_for_status()
+    HTTP.post(two.url + "/models/unload", json={"model": A}, timeout=120).raise_for_status()
     assert _rows(two.url)[A]["status"]["value"] == "unloaded"
-    again = httpx.post(two.url + "/v1/chat/completions", json={"model": A, "messages": messages, "max_tokens": 2},
+    again = HTTP.post(two.url + "/v1/chat/completions", json={"model": A, "messages": messages, "max_tokens": 2},
                        timeout=120).json()
     prompt = first["usage"]["prompt_tokens"]
     assert again["usage"]["prompt_tokens"] == prompt
@@ -403,7 +427,7 @@ def test_a_model_that_cannot_fit_is_refused_before_it_loads(library, tmp_path):
         refused = _chat(proc.url, "vendor/huge")
         assert refused.status_code == 503
         message = refused.json()["error"]["message"]
-        assert "cannot load 'vendor/huge'" in message and "GiB" in message and "free" in message
+        assert "cannot load 'vendor/huge'" in message and "GiB" in message
         assert _rows(proc.url)["vendor/huge"]["pid"] is None  # no process was started for it
         assert _chat(proc.url, A).status_code == 200
     finally:
@@ -415,7 +439,7 @@ def test_a_request_the_client_drops_leaves_its_model_idle(two, library):
     router stops counting it against the model: it can be unloaded again."""
     _chat(two.url, B)
     with pytest.raises(httpx.TimeoutException):  # cut before any reply
-        httpx.post(two.url + "/v1/chat/completions", timeout=0.02, json={
+        HTTP.post(two.url + "/v1/chat/completions", timeout=0.02, json={
             "model": B, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 400,
             "logit_bias": {str(_eos(library, B)): -100}})
     body = {"model": B, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 2000, "stream": True,

@@ -139,14 +139,14 @@ class Manager:
         self.fetching: dict[str, Entry] = {}  # repo ids being downloaded by their process (POST /models/load)
         self.http: Any = None  # the connection pool to the children (httpx, made on the server's loop)
         self._sync_slots()
-        entry = self.resolve(default)
-        self.default = entry.id
         self._lock: asyncio.Lock | None = None
         self._released: asyncio.Event | None = None
         self._scanned_at = time.monotonic()
         self._listeners: set[asyncio.Queue] = set()
         self.loop: asyncio.AbstractEventLoop | None = None
         self._idle_task: asyncio.Task | None = None
+        self.default = ""
+        self.default = self.resolve(default).id
 
     # -- names ---------------------------------------------------------------
     def _sync_slots(self) -> None:
@@ -160,7 +160,8 @@ class Manager:
             del self.fetching[model_id]  # downloaded: the library has it now
         for model_id in [m for m, s in self.slots.items()
                          if m not in self.catalog.entries and m not in self.fetching]:
-            if self.slots[model_id].status in ("unloaded", "failed"):
+            slot = self.slots[model_id]
+            if slot.status in ("unloaded", "failed") and not slot.users and slot.child is None:
                 del self.slots[model_id]  # removed from disk and not running
 
     def rescan(self, at_most_every_s: float = 2.0) -> None:
@@ -184,7 +185,7 @@ class Manager:
             raise ModelNotFound("model must be a string naming a model; GET /v1/models lists the models")
         entry = self.catalog.resolve(name)
         if entry is None:
-            self.rescan(0.5)
+            self.rescan()
             entry = self.catalog.resolve(name)
         if entry is None:
             entry = self.fetching.get(name)
@@ -201,6 +202,10 @@ class Manager:
         queue: asyncio.Queue = asyncio.Queue(maxsize=1000)
         self._listeners.add(queue)
         return queue
+
+    def listening(self, queue: asyncio.Queue) -> bool:
+        """False once the router gave up on a listener that stopped reading."""
+        return queue in self._listeners
 
     def unlisten(self, queue: asyncio.Queue) -> None:
         self._listeners.discard(queue)
@@ -261,6 +266,7 @@ class Manager:
                 await self._load(slot)
         except BaseException:
             slot.users -= 1
+            self._wake()
             raise
         slot.last_used = time.time()
         return slot
@@ -268,8 +274,13 @@ class Manager:
     def release(self, slot: Slot) -> None:
         slot.users = max(0, slot.users - 1)
         slot.last_used = time.time()
-        if not slot.users and self._released is not None:
-            self._released.set()  # a load waiting for a slot may evict this one now
+        if not slot.users:
+            self._wake()  # a load waiting for a slot may evict this one now
+
+    def _wake(self) -> None:
+        """Loads waiting for room look again (a request ended, a model went away)."""
+        if self._released is not None:
+            self._released.set()
 
     async def load(self, name: str | None, fetch: bool = False) -> Slot:
         slot = await self.acquire(name, fetch)
@@ -357,15 +368,25 @@ class Manager:
         and, by estimate, the free memory. False: every candidate is busy,
         wait for a release and try again; refused when none can ever go."""
         cap = self.settings.models_max
+        need = slot.entry.estimated_bytes(self.usable_bytes)
+        if need and need > self.usable_bytes:
+            raise NotEnoughMemory(f"cannot load {slot.id!r}: it needs about {_gib(need)}, more than the "
+                                  f"{_gib(self.usable_bytes)} a model may take on this machine")
         while True:
-            active = [s for s in self.slots.values() if s is not slot and s.status in ("loading", "loaded")]
-            need = slot.entry.estimated_bytes(self.usable_bytes)
-            short = self._memory_short(need)
+            # A download holds no slot and no memory yet; a load in progress will soon hold its estimate.
+            active = [s for s in self.slots.values()
+                      if s is not slot and s.status in ("loading", "loaded") and s.fetch is None]
+            short = self._memory_short(need, active)
             if len(active) < cap and not short:
                 return True
+            if short and need and need > (self._free(active) or 0) + sum(_held(s) for s in active if not s.pinned):
+                raise NotEnoughMemory(f"cannot load {slot.id!r}: it needs about {_gib(need)} and only "
+                                      f"{_gib(self._free(active))} of memory is free, even with every unpinned "
+                                      f"model unloaded; free memory first")  # nothing is unloaded in vain
             victims = sorted((s for s in active if s.status == "loaded" and not s.users and not s.pinned),
                              key=lambda s: s.last_used or 0)
             if not victims:
+                # A busy or loading model that is not pinned can go once its requests end.
                 if any(not s.pinned for s in active) and time.monotonic() < deadline:
                     assert self._released is not None
                     self._released.clear()  # set again by the next request that ends
@@ -376,7 +397,7 @@ class Manager:
                                      f"pinned ({busy}); try again when one is idle, unload one with POST "
                                      f"/models/unload, or start the server with a higher --models-max")
                 raise NotEnoughMemory(f"cannot load {slot.id!r}: it needs about {_gib(need)} and only "
-                                      f"{_gib(available_memory())} of memory is free; unload a model "
+                                      f"{_gib(self._free(active))} of memory is free; unload a model "
                                       f"(POST /models/unload) or free memory first")
             log.info("unloading %s (least recently used) to load %s", victims[0].id, slot.id)
             await self._stop(victims[0])
@@ -388,10 +409,23 @@ class Manager:
         except asyncio.TimeoutError:
             pass
 
-    def _memory_short(self, need: int | None) -> bool:
+    def _free(self, active: list[Slot]) -> int | None:
+        """Free memory, less what loads in progress are about to take (each
+        one's estimate, less what its process already holds)."""
+        free = available_memory()
+        if free is None:
+            return None
+        for s in active:
+            if s.status == "loading":
+                expected = s.entry.estimated_bytes(self.usable_bytes) or 0
+                held = s.child.rss_bytes() or 0 if s.child is not None else 0
+                free -= max(0, expected - held)
+        return free
+
+    def _memory_short(self, need: int | None, active: list[Slot]) -> bool:
         if not self.settings.memory_check or not need:
             return False
-        free = available_memory()
+        free = self._free(active)
         return free is not None and need > free
 
     def _start(self, slot: Slot) -> None:
@@ -453,13 +487,14 @@ class Manager:
         child = holder[0] if holder else None
         if slot.child is not child:
             return
-        was = slot.status
+        was, asked = slot.status, slot.unloading
         slot.child, slot.port, slot.exit_code, slot.unloading = None, None, code, False
-        if was == "loading":
+        self._wake()
+        if was == "loading" and not asked:
             reason = slot.error or _exit_reason(code)
             self._fail(slot, f"its process exited before it was ready ({reason})")
         else:
-            if code not in (0, None) and not slot.error:
+            if code not in (0, None) and not slot.error and not asked:
                 slot.error = f"its process exited ({_exit_reason(code)})"
                 log.warning("%s: %s", slot.id, slot.error)
             slot.status = "unloaded"
@@ -469,6 +504,7 @@ class Manager:
 
     def _fail(self, slot: Slot, message: str) -> None:
         slot.status, slot.error, slot.port = "failed", message, None
+        self._wake()
         log.warning("loading %s failed: %s", slot.id, message)
         slot.ready.set()
         slot.exited.set()
@@ -544,8 +580,15 @@ class Manager:
                 limit = self.settings.idle_unload_s if limit is None else limit
                 if (limit and slot.status == "loaded" and not slot.users and not slot.pinned
                         and not slot.unloading and now - (slot.last_used or now) >= limit):
-                    log.info("unloading %s: idle for %.0fs (--idle-unload)", slot.id, now - (slot.last_used or now))
-                    asyncio.ensure_future(self._stop(slot))
+                    asyncio.ensure_future(self._idle_stop(slot, limit))
+
+    async def _idle_stop(self, slot: Slot, limit: float) -> None:
+        idle = time.time() - (slot.last_used or time.time())
+        # Checked again here, where nothing can come between the check and the stop.
+        if slot.status != "loaded" or slot.users or slot.pinned or slot.unloading or idle < limit:
+            return
+        log.info("unloading %s: idle for %.0fs (--idle-unload)", slot.id, idle)
+        await self._stop(slot)
 
     def stop_all(self, timeout_s: float) -> None:
         """Blocking, at shutdown: every child drains and flushes, or is killed."""
@@ -558,6 +601,12 @@ class Manager:
                 child.proc.wait(max(0.1, deadline - time.monotonic()))
             except Exception:
                 child.kill()
+
+
+def _held(slot: Slot) -> int:
+    """The memory a model's process holds, or will once loaded."""
+    rss = slot.child.rss_bytes() if slot.child is not None else None
+    return rss if rss is not None else slot.entry.estimated_bytes(0) or 0
 
 
 def _settle(future: asyncio.Future, value) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from urllib.parse import quote
 
 import httpx
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
@@ -28,8 +29,12 @@ log = logging.getLogger("hearth.router")
 OWN_V1 = ("/v1/models", "/v1/docs", "/v1/openapi.json", "/v1/memory/")  # answered by the router itself
 ENGINE_ROUTES = frozenset({"/fit", "/api/fit/measure"})  # outside /v1, but about one model: its process answers
 FAN_OUT = ("/admin/cache/flush", "/admin/cache/session/close")
+# Not passed on: hop-by-hop headers, the client's credentials (the child takes the router's key), and
+# what the router's own access checks already judged (a browser's Origin would look foreign to the
+# child, which listens on another port).
 _HOP = frozenset({"host", "content-length", "connection", "keep-alive", "transfer-encoding", "te", "upgrade",
-                  "proxy-authorization", "authorization", "x-api-key", "cookie", "trailer"})
+                  "proxy-authorization", "authorization", "x-api-key", "cookie", "trailer", "origin", "referer",
+                  "sec-fetch-site", "sec-fetch-mode", "sec-fetch-dest", "sec-fetch-user"})
 _REPLY_HOP = frozenset({"content-length", "connection", "keep-alive", "transfer-encoding", "server", "date"})
 KEEPALIVE_S = 10.0
 
@@ -38,7 +43,7 @@ def routed(path: str) -> bool:
     """Whether the router forwards `path` rather than answering it."""
     if path in FAN_OUT or path in ENGINE_ROUTES:
         return True
-    if not path.startswith("/v1/"):
+    if not path.startswith("/v1/") or path == "/v1/":
         return False
     return not any(path == own.rstrip("/") or path.startswith(own) for own in OWN_V1)
 
@@ -48,19 +53,26 @@ def render(path: str, exc: RouterError) -> JsonResponse:
                         status=exc.status)
 
 
+BIG_BODY = 1 << 20  # bodies this large are parsed off the event loop
+
+
 def _named_model(request: HttpRequest) -> str | None:
     """The `model` a request names: a JSON body's field, a form field, or the query string's."""
     content_type = request.content_type or ""
     if request.method in ("POST", "PUT", "PATCH") and request.body:
         if content_type.startswith("multipart/") or content_type == "application/x-www-form-urlencoded":
             return request.POST.get("model")  # parsed from the body bytes kept above, which go on intact
-        try:
-            body = json.loads(request.body)
-        except ValueError:
-            return None  # the child answers the bad body in its protocol
-        value = body.get("model") if isinstance(body, dict) else None
-        return value if value is None or isinstance(value, str) else repr(value)
+        return _model_field_of(request.body)
     return request.GET.get("model")
+
+
+def _model_field_of(raw: bytes) -> str | None:
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        return None  # the child answers the bad body in its protocol
+    value = body.get("model") if isinstance(body, dict) else None
+    return value if value is None or isinstance(value, str) else repr(value)
 
 
 async def dispatch(request: HttpRequest) -> HttpResponse:
@@ -68,11 +80,22 @@ async def dispatch(request: HttpRequest) -> HttpResponse:
     path = request.path
     if path in FAN_OUT or (path.startswith("/v1/responses/") and request.method in ("GET", "DELETE")):
         return await _fan_out(request, manager)
+    big = len(request.body) > BIG_BODY and not (request.content_type or "").startswith("multipart/")
+    named = await asyncio.to_thread(_named_model, request) if big else _named_model(request)
     try:
-        slot = await manager.acquire(_named_model(request))
+        slot = await manager.acquire(named)
     except RouterError as exc:
         return render(path, exc)
     return await _forward(request, manager, slot)
+
+
+def _target(request: HttpRequest) -> str:
+    """The path and query as the client sent them (still percent-encoded,
+    so an id holding `%2F` reaches the same route in the child)."""
+    raw = getattr(request, "scope", {}).get("raw_path")
+    path = raw.decode("latin-1") if raw else quote(request.path)
+    query = request.META.get("QUERY_STRING", "")
+    return path + (f"?{query}" if query else "")
 
 
 def _headers(request: HttpRequest, manager: Manager) -> dict:
@@ -83,10 +106,8 @@ def _headers(request: HttpRequest, manager: Manager) -> dict:
 
 async def _forward(request: HttpRequest, manager: Manager, slot: Slot) -> HttpResponse:
     client = http_client(manager)
-    url = slot.url + request.path
-    query = request.META.get("QUERY_STRING", "")
-    outgoing = client.build_request(request.method, url + (f"?{query}" if query else ""),
-                                    content=request.body, headers=_headers(request, manager))
+    outgoing = client.build_request(request.method, slot.url + _target(request), content=request.body,
+                                    headers=_headers(request, manager))
     try:
         reply = await client.send(outgoing, stream=True)
     except httpx.HTTPError as exc:
@@ -124,12 +145,14 @@ class _Relay:
         return self._chunks()
 
     async def _chunks(self):
+        ended = True  # at an event boundary, where an error event may follow
         try:
             async for chunk in self.reply.aiter_raw():
+                ended = chunk.endswith(b"\n\n")
                 yield chunk
         except httpx.HTTPError as exc:
             log.warning("%s: the stream from %s broke: %s", self.path, self.slot.id, exc)
-            yield _stream_error(self.path, _died_message(self.slot, exc))
+            yield (b"" if ended else b"\n\n") + _stream_error(self.path, _died_message(self.slot, exc))
         finally:
             self._finish()
 
@@ -145,13 +168,16 @@ class _Relay:
 
 
 def _died_message(slot: Slot, exc: Exception) -> str:
+    if isinstance(exc, httpx.TimeoutException):
+        return f"model {slot.id!r} sent nothing for longer than the router waits (--child-timeout)"
     return (f"model {slot.id!r} stopped answering ({type(exc).__name__}: its process exited or was killed); "
             f"it is loaded again on the next request")
 
 
 def _died(path: str, slot: Slot, exc: Exception) -> JsonResponse:
-    return JsonResponse(error_object(path, 502, _died_message(slot, exc), "model_process_exited", "server_error"),
-                        status=502)
+    status, code = (504, "model_timeout") if isinstance(exc, httpx.TimeoutException) else \
+        (502, "model_process_exited")
+    return JsonResponse(error_object(path, status, _died_message(slot, exc), code, "server_error"), status=status)
 
 
 def _stream_error(path: str, message: str) -> bytes:
@@ -168,12 +194,11 @@ async def _fan_out(request: HttpRequest, manager: Manager) -> HttpResponse:
     the first answer that is not a 404. The prompt-cache admin routes go to
     every loaded model; their answers are combined by model."""
     client = http_client(manager)
-    query = request.META.get("QUERY_STRING", "")
     answers: dict[str, httpx.Response] = {}
     for slot in manager.loaded():
         try:
-            reply = await client.request(request.method, slot.url + request.path + (f"?{query}" if query else ""),
-                                         content=request.body, headers=_headers(request, manager))
+            reply = await client.request(request.method, slot.url + _target(request), content=request.body,
+                                         headers=_headers(request, manager))
         except httpx.HTTPError:
             continue
         answers[slot.id] = reply
@@ -346,7 +371,9 @@ async def models_sse(request: HttpRequest) -> HttpResponse:
         try:
             for row in manager.rows():
                 yield sse.frame(row, "model")
-            while not runtime.draining:  # a server shutting down ends the stream rather than wait for it
+            # A server shutting down ends the stream rather than wait for it; so does a listener the
+            # router gave up on (it stopped reading), whose EventSource then connects again.
+            while not runtime.draining and manager.listening(queue):
                 try:
                     kind, data = await asyncio.wait_for(queue.get(), 1.0)
                 except asyncio.TimeoutError:

@@ -171,11 +171,13 @@ def fetch_for_router(ref: str) -> str:
 
 
 class Command(BaseCommand):
-    help = "Serve a model (default: the demo) over OpenAI, Anthropic and Responses, with the dashboard and jobs."
+    help = ("Serve every model in the library on one port (router mode), or one MODEL, over OpenAI, Anthropic and "
+            "Responses, with the dashboard and jobs.")
 
     def add_arguments(self, parser):
         parser.add_argument("model", nargs="?", default=None,
-                            help=f"a local model directory or a repo id in the HF cache (default {DEMO_REPO})")
+                            help="serve only this model: a local model directory or a repo id in the HF cache "
+                                 f"(without it: router mode over the library, {DEMO_REPO} the default model)")
         parser.add_argument("--host", default="127.0.0.1")
         parser.add_argument("--port", type=int, default=8080)
         parser.add_argument("--max-tokens", type=_non_negative(int), default=None,
