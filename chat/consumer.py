@@ -28,7 +28,7 @@ from chat import store, turns
 from chat.models import ChatEntry, ChatSession
 from core import jsonbody
 from inference.protocols import params
-from inference.router.manager import RouterError
+from inference.router.slots import RouterError
 
 log = logging.getLogger("hearth.chat")
 HISTORY_PAGE_BYTES = 256 << 10  # far below the socket's message limit (4 MiB, set where daphne starts)

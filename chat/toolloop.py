@@ -125,7 +125,7 @@ async def _generate_remote(consumer, session, messages, offered, state: TurnStat
     its /v1 stream (which parses reasoning and tool calls there)."""
     from chat.turns import body
     from inference.router import remote
-    from inference.router.manager import RouterError
+    from inference.router.slots import RouterError
 
     request = body(session, messages, sampling, chat_tools.specs(offered) or None)
     calls: list = []

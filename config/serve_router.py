@@ -24,8 +24,9 @@ from core import home
 from core.blas import blas_in_use
 from hub import fit
 from inference.router.catalog import Catalog, CatalogError, Library
-from inference.router.manager import Manager, RouterError, Settings
+from inference.router.manager import Manager
 from inference.router.presets import PresetError
+from inference.router.slots import RouterError, Settings
 
 log = logging.getLogger("hearth.serve")
 

@@ -95,7 +95,7 @@ class Runtime:
     async def switch_model(self, name: str) -> dict:
         """Router mode: load `name` and make it the default model (`/api`'s shape)."""
         from core.api import ApiError
-        from inference.router.manager import RouterError
+        from inference.router.slots import RouterError
 
         router = self.router
         assert router is not None, "switch_model is for router mode"
@@ -113,7 +113,7 @@ class Runtime:
         from core.api import ApiError
 
         if self.router is not None:
-            from inference.router.manager import RouterError
+            from inference.router.slots import RouterError
 
             try:
                 return self.router.resolve(name).id

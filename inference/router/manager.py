@@ -18,113 +18,29 @@ import logging
 import re
 import secrets
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 from inference.router import presets
 from inference.router.catalog import DEFAULT_WORDS, Catalog, Entry, Library
 from inference.router.child import ChildProcess
+from inference.router.slots import (
+    LoadFailed,
+    ModelNotFound,
+    NoCapacity,
+    NotEnoughMemory,
+    RouterError,
+    Settings,
+    Slot,
+    available_memory,
+    exit_reason,
+    folder_name,
+    gib,
+    held,
+    settle,
+)
 
 log = logging.getLogger("hearth.router")
 REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
-
-
-class RouterError(Exception):
-    """A refusal with an HTTP status, rendered in the caller's protocol."""
-
-    status = 503
-    type = "server_error"
-    code = "model_unavailable"
-    param: str | None = None
-
-    def __init__(self, message: str):
-        super().__init__(message)
-        self.message = message
-
-
-class ModelNotFound(RouterError):
-    status = 400
-    type = "invalid_request_error"
-    code = "model_not_found"
-    param = "model"
-
-
-class NoCapacity(RouterError):
-    code = "no_free_model_slot"
-
-
-class NotEnoughMemory(RouterError):
-    code = "insufficient_memory"
-
-
-class LoadFailed(RouterError):
-    code = "model_load_failed"
-
-
-@dataclass(frozen=True)
-class Settings:
-    models_max: int
-    idle_unload_s: float = 0.0  # 0: never
-    start_timeout_s: float = 600.0
-    request_timeout_s: float = 600.0
-    stop_timeout_s: float = 150.0  # drain + SSD flush of an evicted child before it is killed
-    slot_wait_s: float = 120.0  # how long a load waits for a busy model to finish before it is refused
-    child_args: tuple[str, ...] = ()  # serve flags every child gets, before its preset's
-    cache_root: str | None = None  # each child's SSD prompt-cache tier: <cache_root>/<model>
-    memory_check: bool = True
-
-
-@dataclass
-class Slot:
-    entry: Entry
-    status: str = "unloaded"  # loaded | loading | unloaded | failed
-    child: ChildProcess | None = None
-    port: int | None = None
-    stage: str | None = None
-    percent: int = 0
-    error: str | None = None
-    exit_code: int | None = None
-    unloading: bool = False
-    pinned: bool = False
-    users: int = 0  # requests holding or waiting for it
-    last_used: float | None = None
-    loaded_at: float | None = None
-    info: dict = field(default_factory=dict)  # the child's own /v1/models row
-    fetch: asyncio.Future | None = None  # its download, while the library lacks it
-    ready: asyncio.Event = field(default_factory=asyncio.Event)
-    exited: asyncio.Event = field(default_factory=asyncio.Event)
-
-    @property
-    def id(self) -> str:
-        return self.entry.id
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def status_object(self) -> dict:
-        out: dict = {"value": self.status}
-        if self.status == "loading":
-            out.update(stage=self.stage or "starting", percent=self.percent)
-        if self.error:
-            out["error"] = self.error
-        if self.exit_code:  # a process that did not end as asked
-            out["exit_code"] = self.exit_code
-        if self.unloading:
-            out["unloading"] = True
-        return out
-
-
-def available_memory() -> int | None:
-    """MemAvailable (Linux), or None where it cannot be read."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
 
 
 class Manager:
@@ -334,7 +250,7 @@ class Manager:
             loop.call_soon_threadsafe(self._on_line, slot, holder, line)
 
         def on_exit(code: int) -> None:
-            loop.call_soon_threadsafe(_settle, done, code)
+            loop.call_soon_threadsafe(settle, done, code)
 
         try:
             child = ChildProcess([slot.entry.ref, "--download-only"], self.key, on_line, on_exit, slot.id)
@@ -349,7 +265,7 @@ class Manager:
         slot.child = None
         if code != 0:
             self.fetching.pop(slot.id, None)  # gone from the list at the next scan
-            self._fail(slot, slot.error or f"downloading it failed ({_exit_reason(code)})")
+            self._fail(slot, slot.error or f"downloading it failed ({exit_reason(code)})")
             raise LoadFailed(f"model {slot.id!r} could not be downloaded: {slot.error}")
         slot.status, slot.stage = "unloaded", None
         self.rescan(0)  # the library has it now: its entry describes the files on disk
@@ -370,8 +286,8 @@ class Manager:
         cap = self.settings.models_max
         need = slot.entry.estimated_bytes(self.usable_bytes)
         if need and need > self.usable_bytes:
-            raise NotEnoughMemory(f"cannot load {slot.id!r}: it needs about {_gib(need)}, more than the "
-                                  f"{_gib(self.usable_bytes)} a model may take on this machine")
+            raise NotEnoughMemory(f"cannot load {slot.id!r}: it needs about {gib(need)}, more than the "
+                                  f"{gib(self.usable_bytes)} a model may take on this machine")
         while True:
             # A download holds no slot and no memory yet; a load in progress will soon hold its estimate.
             active = [s for s in self.slots.values()
@@ -379,9 +295,9 @@ class Manager:
             short = self._memory_short(need, active)
             if len(active) < cap and not short:
                 return True
-            if short and need and need > (self._free(active) or 0) + sum(_held(s) for s in active if not s.pinned):
-                raise NotEnoughMemory(f"cannot load {slot.id!r}: it needs about {_gib(need)} and only "
-                                      f"{_gib(self._free(active))} of memory is free, even with every unpinned "
+            if short and need and need > (self._free(active) or 0) + sum(held(s) for s in active if not s.pinned):
+                raise NotEnoughMemory(f"cannot load {slot.id!r}: it needs about {gib(need)} and only "
+                                      f"{gib(self._free(active))} of memory is free, even with every unpinned "
                                       f"model unloaded; free memory first")  # nothing is unloaded in vain
             victims = sorted((s for s in active if s.status == "loaded" and not s.users and not s.pinned),
                              key=lambda s: s.last_used or 0)
@@ -396,8 +312,8 @@ class Manager:
                     raise NoCapacity(f"cannot load {slot.id!r}: all {cap} model slots (--models-max) are busy or "
                                      f"pinned ({busy}); try again when one is idle, unload one with POST "
                                      f"/models/unload, or start the server with a higher --models-max")
-                raise NotEnoughMemory(f"cannot load {slot.id!r}: it needs about {_gib(need)} and only "
-                                      f"{_gib(self._free(active))} of memory is free; unload a model "
+                raise NotEnoughMemory(f"cannot load {slot.id!r}: it needs about {gib(need)} and only "
+                                      f"{gib(self._free(active))} of memory is free; unload a model "
                                       f"(POST /models/unload) or free memory first")
             log.info("unloading %s (least recently used) to load %s", victims[0].id, slot.id)
             await self._stop(victims[0])
@@ -437,7 +353,7 @@ class Manager:
         args = [slot.entry.ref, "--model-id", slot.id, "--host", "127.0.0.1", "--port", "0", "--no-worker",
                 *self.settings.child_args, *slot.entry.preset.child_args()]
         if self.settings.cache_root and "ssd-cache" not in slot.entry.preset.flags:
-            args += ["--ssd-cache", f"{self.settings.cache_root}/{_folder_name(slot.id)}"]
+            args += ["--ssd-cache", f"{self.settings.cache_root}/{folder_name(slot.id)}"]
         holder: list[ChildProcess] = []
 
         def on_line(line: dict) -> None:
@@ -491,11 +407,11 @@ class Manager:
         slot.child, slot.port, slot.exit_code, slot.unloading = None, None, code, False
         self._wake()
         if was == "loading" and not asked:
-            reason = slot.error or _exit_reason(code)
+            reason = slot.error or exit_reason(code)
             self._fail(slot, f"its process exited before it was ready ({reason})")
         else:
             if code not in (0, None) and not slot.error and not asked:
-                slot.error = f"its process exited ({_exit_reason(code)})"
+                slot.error = f"its process exited ({exit_reason(code)})"
                 log.warning("%s: %s", slot.id, slot.error)
             slot.status = "unloaded"
             slot.ready.set()
@@ -601,35 +517,3 @@ class Manager:
                 child.proc.wait(max(0.1, deadline - time.monotonic()))
             except Exception:
                 child.kill()
-
-
-def _held(slot: Slot) -> int:
-    """The memory a model's process holds, or will once loaded."""
-    rss = slot.child.rss_bytes() if slot.child is not None else None
-    return rss if rss is not None else slot.entry.estimated_bytes(0) or 0
-
-
-def _settle(future: asyncio.Future, value) -> None:
-    if not future.done():
-        future.set_result(value)
-
-
-def _folder_name(model_id: str) -> str:
-    return model_id.replace("/", "--")
-
-
-def _exit_reason(code: int | None) -> str:
-    if code is None:
-        return "unknown"
-    if code < 0:
-        import signal
-
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exit code {code}"
-
-
-def _gib(n: int | None) -> str:
-    return "?" if n is None else f"{n / (1 << 30):.1f} GiB"

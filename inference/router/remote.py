@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 import httpx
 
 from inference.engine.types import GenerationEvent, Usage
-from inference.router.manager import Manager, RouterError
+from inference.router.manager import Manager
+from inference.router.slots import RouterError
 
 
 class RemoteFailed(RouterError):

@@ -22,7 +22,8 @@ from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpRe
 from core import sse
 from core.http import error_object, is_anthropic
 from inference.router import aggregate
-from inference.router.manager import Manager, ModelNotFound, RouterError, Slot
+from inference.router.manager import Manager
+from inference.router.slots import ModelNotFound, RouterError, Slot
 
 log = logging.getLogger("hearth.router")
 
