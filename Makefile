@@ -25,7 +25,7 @@ endif
 # MLX's Linux CPU wheel links the slow reference BLAS; `hearth` preloads OpenBLAS when present.
 blas:
 ifeq ($(UNAME),Linux)
-	@if ls $(OPENBLAS) >/dev/null 2>&1; then echo "OpenBLAS present"; \
+	@if (for f in $(OPENBLAS); do [ -e "$$f" ] && exit 0; done; exit 1); then echo "OpenBLAS present"; \
 	elif [ "$$(id -u)" = 0 ]; then apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q libopenblas0-pthread; \
 	elif command -v sudo >/dev/null; then sudo apt-get update -q && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -q libopenblas0-pthread; \
 	else echo "warning: cannot install libopenblas0-pthread (not root); Hearth will run on the reference BLAS, slowly"; fi
