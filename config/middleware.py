@@ -20,6 +20,7 @@ from django.urls import Resolver404, resolve
 from config import access
 from config.runtime import RUNTIME as runtime
 from core.http import error_object
+from inference.routes import router
 
 
 class _Middleware:
@@ -231,8 +232,6 @@ class RouterMiddleware(_Middleware):
     above; everything else is answered here."""
 
     def __call__(self, request):
-        from inference.routes import router
-
         if request.runtime.router is None or request.method == "OPTIONS" or not router.routed(request.path):
             return self.get_response(request)
         try:  # the route label of /metrics, as if the request were answered here

@@ -63,6 +63,19 @@ def started_before(pid: int | None, moment: float) -> bool:
     return began is not None and began <= moment + START_TIME_SLACK_S
 
 
+def proc_bytes(path: str, field: str) -> int | None:
+    """A `Field:  N kB` line of a /proc file (meminfo, a process's status) in
+    bytes; None where the file or the field cannot be read (not Linux)."""
+    try:
+        with open(path) as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
 def die_with_parent(signum: int) -> bool:
     """Ask Linux to send `signum` to this process when the thread that
     started it exits (PR_SET_PDEATHSIG); False where that is not available."""

@@ -114,6 +114,20 @@ class ServerProcess:
         return self.proc.returncode
 
 
+def sse_events(url: str, timeout: float = 120):
+    """The (event name, JSON data) pairs of a Server-sent events stream, as
+    they arrive; the stream closes when the caller stops iterating."""
+    import json
+
+    with httpx.stream("GET", url, timeout=timeout) as r:
+        kind = None
+        for line in r.iter_lines():
+            if line.startswith("event: "):
+                kind = line[7:]
+            elif line.startswith("data: "):
+                yield kind, json.loads(line[6:])
+
+
 def server_env(hf_home: Path, hearth_home: Path) -> dict:
     env = dict(os.environ)
     env.update(HF_HOME=str(hf_home), HEARTH_HOME=str(hearth_home), HF_HUB_OFFLINE="1",

@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.helpers import HEARTH, ROOT, TINY_REPO, ServerProcess, build_tiny_model, server_env
+from tests.helpers import HEARTH, ROOT, TINY_REPO, ServerProcess, build_tiny_model, server_env, sse_events
 from tests.hub_double import HubDouble, Repo
 
 
@@ -282,17 +282,10 @@ def test_router_downloads_a_model_it_is_asked_to_load(double, tmp_path):
         events: list[tuple[str, dict]] = []
 
         def listen():
-            with httpx.stream("GET", proc.url + "/models/sse", timeout=120) as r:
-                kind = None
-                for line in r.iter_lines():
-                    if line.startswith("event: "):
-                        kind = line[7:]
-                    elif line.startswith("data: "):
-                        data = json.loads(line[6:])
-                        events.append((kind, data))
-                        if kind == "model" and data["id"] == "mlx-community/tiny-c" and \
-                                data["status"]["value"] == "loaded":
-                            return
+            for kind, data in sse_events(proc.url + "/models/sse"):
+                events.append((kind, data))
+                if kind == "model" and data["id"] == "mlx-community/tiny-c" and data["status"]["value"] == "loaded":
+                    return
 
         listener = threading.Thread(target=listen, daemon=True)
         listener.start()

@@ -14,7 +14,7 @@ import httpx
 import openai
 import pytest
 
-from tests.helpers import HEARTH, ROOT, ServerProcess, build_tiny_model, server_env
+from tests.helpers import HEARTH, ROOT, ServerProcess, build_tiny_model, server_env, sse_events
 
 A, B = "hearth-test/tiny-a", "hearth-test/tiny-b"
 # Loads and unloads wait for a process to start or drain: far longer than httpx's 5 s default on a busy machine.
@@ -229,18 +229,12 @@ def test_models_sse_reports_load_progress(two):
     ready = threading.Event()
 
     def listen():
-        with httpx.stream("GET", two.url + "/models/sse", timeout=60) as r:
-            kind = None
-            for line in r.iter_lines():
-                if line.startswith("event: "):
-                    kind = line[7:]
-                elif line.startswith("data: "):
-                    data = json.loads(line[6:])
-                    events.append((kind, data))
-                    if len(events) == 2:
-                        ready.set()
-                    if kind == "model" and data["id"] == B and data["status"]["value"] == "loaded":
-                        return
+        for kind, data in sse_events(two.url + "/models/sse", timeout=60):
+            events.append((kind, data))
+            if len(events) == 2:
+                ready.set()
+            if kind == "model" and data["id"] == B and data["status"]["value"] == "loaded":
+                return
 
     thread = threading.Thread(target=listen, daemon=True)
     thread.start()
@@ -273,20 +267,16 @@ def test_capacity_holds_under_concurrent_loads(one):
     stop = threading.Event()
 
     def watch():
-        with httpx.stream("GET", one.url + "/models/sse", timeout=120) as r:
-            kind = None
-            for line in r.iter_lines():
-                if stop.is_set():
-                    return
-                if line.startswith("event: "):
-                    kind = line[7:]
-                elif line.startswith("data: ") and kind == "model":
-                    row = json.loads(line[6:])
-                    if row["status"]["value"] in ("loading", "loaded"):
-                        active.add(row["id"])
-                    else:
-                        active.discard(row["id"])
-                    most[0] = max(most[0], len(active))
+        for kind, row in sse_events(one.url + "/models/sse"):
+            if stop.is_set():
+                return
+            if kind != "model":
+                continue
+            if row["status"]["value"] in ("loading", "loaded"):
+                active.add(row["id"])
+            else:
+                active.discard(row["id"])
+            most[0] = max(most[0], len(active))
 
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()

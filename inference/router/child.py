@@ -19,6 +19,8 @@ import sys
 import threading
 from collections.abc import Callable
 
+from core import procs
+
 log = logging.getLogger("hearth.router")
 
 FD_ENV = "HEARTH_ROUTER_FD"
@@ -79,14 +81,7 @@ class ChildProcess:
 
     def rss_bytes(self) -> int | None:
         """Its resident memory (Linux), or None."""
-        try:
-            with open(f"/proc/{self.pid}/status") as f:
-                for line in f:
-                    if line.startswith("VmRSS:"):
-                        return int(line.split()[1]) * 1024
-        except (OSError, ValueError, IndexError):
-            return None
-        return None
+        return procs.proc_bytes(f"/proc/{self.pid}/status", "VmRSS")
 
 
 # -- in the child ------------------------------------------------------------
@@ -105,18 +100,7 @@ def is_child() -> bool:
     return bool(os.environ.get(FD_ENV))
 
 
-def watch_parent(stop: Callable[[], None], every_s: float = 1.0) -> None:
-    """Call `stop` once the router that started this process is gone."""
+def parent_pid() -> int | None:
+    """The router that started this process, or None when no router did."""
     parent = os.environ.get(PARENT_ENV)
-    if not parent:
-        return
-
-    def watch():
-        import time
-
-        while os.getppid() == int(parent):
-            time.sleep(every_s)
-        log.warning("the router (pid %s) is gone; stopping", parent)
-        stop()
-
-    threading.Thread(target=watch, name="router-parent-watch", daemon=True).start()
+    return int(parent) if parent and parent.isdigit() else None

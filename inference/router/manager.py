@@ -40,6 +40,7 @@ from inference.router.slots import (
 )
 
 log = logging.getLogger("hearth.router")
+SCAN_S = 5  # seconds between looks at the library (downloads, `hearth rm`, new folders)
 REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 
 
@@ -57,7 +58,6 @@ class Manager:
         self._sync_slots()
         self._lock: asyncio.Lock | None = None
         self._released: asyncio.Event | None = None
-        self._scanned_at = time.monotonic()
         self._listeners: set[asyncio.Queue] = set()
         self.loop: asyncio.AbstractEventLoop | None = None
         self._idle_task: asyncio.Task | None = None
@@ -65,11 +65,15 @@ class Manager:
         self.default = self.resolve(default).id
 
     # -- names ---------------------------------------------------------------
-    def _sync_slots(self) -> None:
+    def _sync_slots(self) -> list[Slot]:
+        """Slots for the catalog's models (the new ones returned); a model
+        gone from disk loses its slot once nothing runs or waits on it."""
+        added = []
         for model_id, entry in self.catalog.entries.items():
             slot = self.slots.get(model_id)
             if slot is None:
-                self.slots[model_id] = Slot(entry, pinned=bool(entry.preset.pinned))
+                slot = self.slots[model_id] = Slot(entry, pinned=bool(entry.preset.pinned))
+                added.append(slot)
             else:
                 slot.entry = entry
         for model_id in [m for m in self.fetching if m in self.catalog.entries]:
@@ -79,17 +83,19 @@ class Manager:
             slot = self.slots[model_id]
             if slot.status in ("unloaded", "failed") and not slot.users and slot.child is None:
                 del self.slots[model_id]  # removed from disk and not running
+        return added
 
-    def rescan(self, at_most_every_s: float = 2.0) -> None:
-        if time.monotonic() - self._scanned_at < at_most_every_s:
-            return
-        self._scanned_at = time.monotonic()
+    async def refresh(self) -> None:
+        """Scan the library again (off the event loop: it reads every model's
+        headers) and take in what appeared or went (a download, `hearth rm`)."""
         try:
-            self.catalog = self.library.scan()
-        except Exception:  # a half-written download must not break the routes
+            catalog = await asyncio.to_thread(self.library.scan)
+        except Exception:  # a half-written download must not break the router
             log.exception("rescanning the library failed")
             return
-        self._sync_slots()
+        self.catalog = catalog
+        for slot in self._sync_slots():
+            self._changed(slot)
 
     def resolve(self, name: str | None, fetch: bool = False) -> Entry:
         """The entry `name` (an id or alias; None or "default": the default
@@ -99,12 +105,7 @@ class Manager:
             name = getattr(self, "default", None)
         if not isinstance(name, str):
             raise ModelNotFound("model must be a string naming a model; GET /v1/models lists the models")
-        entry = self.catalog.resolve(name)
-        if entry is None:
-            self.rescan()
-            entry = self.catalog.resolve(name)
-        if entry is None:
-            entry = self.fetching.get(name)
+        entry = self.catalog.resolve(name) or self.fetching.get(name)
         if entry is None and fetch and REPO_ID.fullmatch(name):
             entry = Entry(id=name, ref=name, preset=presets.merged(self.library.table, name))
             self.fetching[name] = entry
@@ -156,8 +157,7 @@ class Manager:
         }
 
     def rows(self) -> list[dict]:
-        self.rescan()
-        return [self.row(s) for s in self.slots.values()]
+        return [self.row(s) for s in list(self.slots.values())]
 
     def loaded(self) -> list[Slot]:
         return [s for s in self.slots.values() if s.status == "loaded" and s.port is not None]
@@ -268,7 +268,7 @@ class Manager:
             self._fail(slot, slot.error or f"downloading it failed ({exit_reason(code)})")
             raise LoadFailed(f"model {slot.id!r} could not be downloaded: {slot.error}")
         slot.status, slot.stage = "unloaded", None
-        self.rescan(0)  # the library has it now: its entry describes the files on disk
+        await self.refresh()  # the library has it now: its entry describes the files on disk
         self._changed(slot)
 
     async def _wait_ready(self, slot: Slot) -> None:
@@ -488,8 +488,13 @@ class Manager:
             log.warning("preloading %s: %s", name, exc.message)
 
     async def _sweep(self) -> None:
+        """Every second: unload idle models; every SCAN_S: look at the library again."""
+        ticks = 0
         while True:
             await asyncio.sleep(1.0)
+            ticks += 1
+            if ticks % SCAN_S == 0:
+                await self.refresh()
             now = time.time()
             for slot in list(self.slots.values()):
                 limit = slot.entry.preset.idle_unload

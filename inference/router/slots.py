@@ -5,17 +5,19 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
+from core import procs
+from inference.engine.errors import EngineError
 from inference.router.catalog import Entry
 from inference.router.child import ChildProcess
 
 
-class RouterError(Exception):
-    """A refusal with an HTTP status, rendered in the caller's protocol."""
+class RouterError(EngineError):
+    """A refusal with an HTTP status, rendered in the caller's protocol like
+    the engine's own errors."""
 
     status = 503
     type = "server_error"
     code = "model_unavailable"
-    param: str | None = None
 
     def __init__(self, message: str):
         super().__init__(message)
@@ -97,14 +99,7 @@ class Slot:
 
 def available_memory() -> int | None:
     """MemAvailable (Linux), or None where it cannot be read."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
+    return procs.proc_bytes("/proc/meminfo", "MemAvailable")
 
 
 def held(slot: Slot) -> int:

@@ -23,7 +23,8 @@ from core import sse
 from core.http import error_object, is_anthropic
 from inference.router import aggregate
 from inference.router.manager import Manager
-from inference.router.slots import ModelNotFound, RouterError, Slot
+from inference.router.slots import RouterError, Slot
+from inference.routes import errors
 
 log = logging.getLogger("hearth.router")
 
@@ -47,11 +48,6 @@ def routed(path: str) -> bool:
     if not path.startswith("/v1/") or path == "/v1/":
         return False
     return not any(path == own.rstrip("/") or path.startswith(own) for own in OWN_V1)
-
-
-def render(path: str, exc: RouterError) -> JsonResponse:
-    return JsonResponse(error_object(path, exc.status, exc.message, exc.code, exc.type, exc.param),
-                        status=exc.status)
 
 
 BIG_BODY = 1 << 20  # bodies this large are parsed off the event loop
@@ -86,7 +82,7 @@ async def dispatch(request: HttpRequest) -> HttpResponse:
     try:
         slot = await manager.acquire(named)
     except RouterError as exc:
-        return render(path, exc)
+        return errors.engine_error(path, exc)
     return await _forward(request, manager, slot)
 
 
@@ -322,9 +318,7 @@ async def _manage(request: HttpRequest, act) -> JsonResponse:
     try:
         return JsonResponse(await act(manager, _body(request)))
     except RouterError as exc:
-        if isinstance(exc, ModelNotFound):
-            exc.message = exc.message.replace("GET /v1/models", "GET /models")
-        return render(request.path, exc)
+        return errors.engine_error(request.path, exc)
 
 
 async def models_load(request: HttpRequest) -> JsonResponse:
