@@ -21,7 +21,7 @@ from core.api import ApiError, answer
 from hub.api import router as hub_router
 from inference.engine.errors import EngineError
 from inference.protocols.errors import RequestError
-from inference.routes import adapters, anthropic, embeddings, errors, models, openai, responses
+from inference.routes import adapters, anthropic, embeddings, errors, models, openai, responses, streams
 from jobs.api import router as jobs_router
 from jobs.api_dataset import router as dataset_router
 from jobs.api_push import router as push_router
@@ -45,7 +45,7 @@ def _parse_error(exc: HttpError) -> str:
 
 v1 = NinjaAPI(title="Hearth client protocols", version="1", urls_namespace="v1", docs_url="/docs",
               parser=StrictJson())
-for module in (openai, anthropic, responses, embeddings, models, adapters):
+for module in (openai, anthropic, responses, streams, embeddings, models, adapters):
     v1.add_router("", module.router)
 v1.add_router("", memory_v1_router)
 
@@ -119,7 +119,8 @@ def _engine_error(request, exc: EngineError):
 @v1.exception_handler(NinjaValidationError)
 def _validation_error(request, exc: NinjaValidationError):
     first = exc.errors[0] if exc.errors else {}
-    param = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
+    loc = [str(part) for part in first.get("loc", ())]
+    param = ".".join(loc[2:] if loc[:1] == ["body"] else loc[1:]) or None  # a body field by its path in the body
     return errors.render(request.path, 400, f"{param or 'request'}: {first.get('msg', 'invalid')}", param=param)
 
 

@@ -19,7 +19,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from config.runtime import RUNTIME as runtime
-from config.serving import Work, exit_even_if_stuck, run_daphne, start_services, stop_services
+from config.serving import Work, exit_even_if_stuck, open_streams, run_daphne, start_services, stop_services
 from core import home
 from core.blas import blas_in_use
 from hub import fit
@@ -100,6 +100,7 @@ def serve_router(opts: dict, bounds) -> None:
     except RouterError as exc:
         raise CommandError(f"--default-model: {exc.message}") from None
     runtime.router = manager
+    open_streams(opts)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per forwarded request would drown the log
     pinned = [s.id for s in manager.slots.values() if s.pinned]
     preload = [] if opts["no_preload"] else list(dict.fromkeys([manager.default, *pinned]))

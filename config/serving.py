@@ -59,6 +59,21 @@ def engine_config(opts: dict) -> EngineConfig:
         keep_dtype=opts["keep_dtype"])
 
 
+def open_streams(opts: dict, record: bool = True) -> None:
+    """The resumable streams, on disk under HEARTH_HOME/streams (what an
+    earlier run left is replayable again). A router's model process keeps
+    none (`record=False`): the router records them."""
+    from core import home
+    from inference.streams.store import Streams
+
+    if not record:
+        runtime.streams = Streams(None, record=False)
+        return
+    runtime.streams = Streams(home.streams(), ttl_s=opts["stream_ttl"], cap=opts["stream_max_bytes"],
+                              total=opts["streams_max_bytes"])
+    runtime.streams.open()
+
+
 def start_services(no_worker: bool):
     """What a top-level server runs beside itself: interrupted downloads
     resumed, the machine measured, stray workers stopped and (unless
@@ -161,6 +176,10 @@ def run_daphne(work: Work, host: str, port: int, drain_seconds: float, label: st
 
     def finish(flush: bool = True):
         try:
+            runtime.streams.shutdown()  # a generation still running ends with an error event, on disk
+        except Exception:
+            log.exception("shutdown: the resumable streams were not all written")
+        try:
             work.close(flush)
         except Exception:
             log.exception("shutdown: the engine did not stop cleanly")
@@ -168,7 +187,8 @@ def run_daphne(work: Work, host: str, port: int, drain_seconds: float, label: st
             server.stop()
 
     def poll():
-        if (not work.busy() and runtime.inflight == 0) or time.monotonic() > deadline[0]:
+        idle = not work.busy() and runtime.inflight == 0 and runtime.streams.live_count() == 0
+        if idle or time.monotonic() > deadline[0]:
             finish()
         else:
             reactor.callLater(0.05, poll)

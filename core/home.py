@@ -86,5 +86,9 @@ def prompt_caches() -> Path:
     return root() / "prompt-cache"  # router mode: each model's SSD prompt-cache tier, kept across unloads
 
 
+def streams() -> Path:
+    return root() / "streams"  # resumable streams: <sid>.sse (the bytes) and <sid>.json, owners/ (live locks)
+
+
 def logs() -> Path:
     return root() / "logs"  # servers that `hearth run` started for itself

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 
+from core import sse
+
 ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                    404: "not_found_error", 408: "timeout_error", 413: "request_too_large",
                    429: "rate_limit_error", 503: "overloaded_error"}
@@ -44,3 +46,20 @@ def error_object(path: str, status: int, message: str, code: str | None = None, 
 def error_body(path: str, status: int, message: str, code: str | None = None, kind: str | None = None) -> bytes:
     """`error_object` as the bytes of a JSON body."""
     return json.dumps(error_object(path, status, message, code, kind)).encode()
+
+
+def protocol(path: str) -> str:
+    """The wire protocol a `/v1` path speaks: anthropic, responses or openai."""
+    if is_anthropic(path):
+        return "anthropic"
+    return "responses" if path.startswith("/v1/responses") else "openai"
+
+
+def stream_error(path: str, message: str) -> bytes:
+    """The event that ends a stream of `path`'s protocol with a server error."""
+    kind = protocol(path)
+    if kind == "anthropic":
+        return sse.frame({"type": "error", "error": {"type": "api_error", "message": message}}, "error")
+    if kind == "responses":
+        return sse.frame({"type": "error", "code": "server_error", "message": message, "param": None}, "error")
+    return sse.frame(openai_error(message, "server_error", None, "server_error"))

@@ -18,6 +18,7 @@ from inference.engine.errors import EngineError
 from inference.protocols.options import Options
 from inference.protocols.response_store import ResponseStore
 from inference.router.manager import Manager
+from inference.streams.store import Streams
 
 
 class EngineUnavailable(EngineError):
@@ -39,6 +40,9 @@ class Runtime:
         self.inflight = 0  # HTTP requests still being answered
         self.embeddings_enabled = False  # the served model answers /v1/embeddings
         self.responses = ResponseStore()  # stored Responses turns (`hearth serve --response-ttl`)
+        # Resumable streams (X-Conversation-Id; the dashboard's chat turns): in memory until
+        # `hearth serve` opens them on disk (`--stream-ttl`, `--stream-max-bytes`, `--streams-max-bytes`).
+        self.streams = Streams(None)
         self.local_url: str | None = None  # how this process reaches its own HTTP API (jobs that call the model)
         self.allowed_hosts: frozenset | None = None  # Host names requests may use; None: any
         # Access control, set by `hearth serve`: accepted API keys (empty: none

@@ -36,7 +36,8 @@ def stats_body(runtime: Runtime) -> dict:
 def _engine_stats(runtime: Runtime) -> dict:
     engine = runtime.engine
     body: dict = {"server": {"owner": "serve", "model": None, "started_at": runtime.started_at,
-                             "draining": runtime.draining}, "response_store": runtime.responses.stats()}
+                             "draining": runtime.draining}, "response_store": runtime.responses.stats(),
+                  "streams": runtime.streams.stats()}
     if engine is None or engine.loaded is None or engine.cache is None:  # not loaded, or still setting up
         return body
     model = engine.loaded

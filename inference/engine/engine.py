@@ -51,7 +51,7 @@ from inference.engine.errors import (
 )
 from inference.engine.prompt_cache import PromptCache
 from inference.engine.rows import Generation, Row
-from inference.engine.types import EventStream, GenerationEvent, GenerationRequest
+from inference.engine.types import EventStream, GenerationEvent, GenerationRequest, Usage
 
 if TYPE_CHECKING:
     from inference.engine.ssd_cache import SSDCache
@@ -88,16 +88,25 @@ class EngineStats:
     failed_steps: int = 0  # batched steps that failed as a whole (see _recover)
 
 
+_STOP = object()  # queued by `Submission.stop`: the stream ends there
+
+
 class Submission:
-    """A queued request: iterate `events()`; `abort()` stops it within a step."""
+    """A queued request: iterate `events()`; `abort()` stops it within a
+    step, `stop()` too but ends the stream as a finished one."""
 
     def __init__(self, generation: Generation):
         self._gen = generation
+        self._generated = 0  # tokens the stream has passed on
 
     async def events(self) -> EventStream:
         try:
             while True:
                 event = await self._gen.events.get()
+                if event is _STOP:
+                    yield self._stopped()
+                    return
+                self._generated += len(event.token_ids)
                 yield event
                 if event.finish_reason is not None or event.error is not None:
                     return
@@ -106,6 +115,20 @@ class Submission:
 
     def abort(self) -> None:
         self._gen.aborted.set()
+
+    def stop(self) -> None:
+        """Stop generating (within a decode step) and end the stream with a
+        last event as if the model had stopped there: finish reason `stop`,
+        usage so far. Events already on their way are passed on first; once
+        the stream has ended this does nothing."""
+        if not self._gen.aborted.is_set():
+            self._gen.aborted.set()
+            self._gen.events.put_nowait(_STOP)
+
+    def _stopped(self) -> GenerationEvent:
+        gen = self._gen
+        usage = Usage(len(gen.request.prompt_tokens), self._generated, gen.cached, gen.lane)
+        return GenerationEvent(finish_reason="stop", usage=usage)
 
 
 class _Call:
@@ -418,7 +441,7 @@ class Engine:
             log.exception("prompt cache lookup failed; prefilling request %s in full", row.req.id)
             cache, cached = None, 0
         if not row.generated:
-            row.cached = cached
+            row.cached = row.generation.cached = cached
             self.stats.cached_tokens_total += cached
             metrics.CACHED_TOKENS.inc(cached)
         try:

@@ -33,6 +33,9 @@ class Generation:
     events: asyncio.Queue
     aborted: threading.Event = field(default_factory=threading.Event)
     submitted: float = field(default_factory=time.perf_counter)
+    # Set by the engine thread when it admits the request, for the usage of one stopped early.
+    cached: int = 0
+    lane: str = "serial"
 
     def emit(self, event: GenerationEvent) -> None:
         try:
@@ -53,6 +56,7 @@ class Row:
         self.limit = limit
         self.cached = cached
         self.lane = lane
+        generation.lane = lane
         self.ns = ""  # the prompt-cache namespace of its adapter set
         self.adapters: tuple = ()  # that adapter set
         self.count = 0

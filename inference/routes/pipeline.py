@@ -8,12 +8,14 @@ from collections.abc import AsyncIterator, Callable
 
 from django.http import HttpResponse, JsonResponse, StreamingHttpResponse
 
-from core.http import error_object
+from core.http import error_object, protocol, stream_error
 from inference.engine.engine import Engine, Submission
 from inference.engine.errors import ContextLengthExceeded
 from inference.engine.types import EventStream, GenerationEvent, GenerationRequest
 from inference.protocols import openai, params
+from inference.protocols.errors import RequestError
 from inference.protocols.openai import Message, Prepared
+from inference.streams.store import StreamRefused, check_id
 
 STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
@@ -59,12 +61,46 @@ async def respond(request, engine: Engine, prepared: Prepared, param: str, strea
     """Submit, then stream `stream(events)` as SSE, or collect the reply and
     answer `complete(message, logprobs, final)`, or the route's error shape
     for a generation that failed."""
+    conversation = conversation_id(request) if streaming else None
     submission = submit(engine, prepared.request, param)
     if streaming:
-        return StreamingHttpResponse(stream(submission.events()), content_type="text/event-stream",
-                                     headers={**STREAM_HEADERS, **prepared.headers})
+        frames = stream(submission.events())
+        headers = {**STREAM_HEADERS, **prepared.headers}
+        if conversation is not None:  # the generation runs to its end whoever reads; replayable
+            frames = await resumable(request, conversation, engine.loaded_model.model_id, frames, submission)
+            headers["X-Conversation-Id"] = conversation
+        return StreamingHttpResponse(frames, content_type="text/event-stream", headers=headers)
     message, logprobs, final = await openai.collect(submission.events(), prepared.output)
     if final.error is not None:
         status = final.error_status
         return JsonResponse(error_object(request.path, status, final.error, param=final.error_param), status=status)
     return JsonResponse(complete(message, logprobs, final), headers=prepared.headers)
+
+
+def conversation_id(request) -> str | None:
+    """The request's `X-Conversation-Id` (None: absent or empty), checked."""
+    value = request.headers.get("X-Conversation-Id", "").strip()
+    if not value:
+        return None
+    try:
+        return check_id(value)
+    except StreamRefused as exc:
+        raise RequestError(exc.message, "X-Conversation-Id") from None
+
+
+async def resumable(request, conversation: str, model: str, frames: AsyncIterator[bytes],
+                    submission: Submission) -> AsyncIterator[bytes]:
+    """Hand `frames` to the runtime's resumable streams; the reply follows them."""
+    path = request.path
+
+    async def stop() -> None:
+        submission.stop()
+
+    try:
+        return await request.runtime.streams.start(conversation, protocol(path), model, frames, stop,
+                                                   lambda message: stream_error(path, message))
+    except StreamRefused as exc:
+        submission.abort()
+        await frames.aclose()
+        raise RequestError(exc.message, exc.param, status=exc.status,
+                           kind="server_error" if exc.status >= 500 else "invalid_request_error") from None

@@ -20,7 +20,7 @@ import httpx
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 
 from core import sse
-from core.http import error_object, is_anthropic
+from core.http import error_object, stream_error
 from inference.router import aggregate
 from inference.router.manager import Manager
 from inference.router.slots import RouterError, Slot
@@ -149,7 +149,7 @@ class _Relay:
                 yield chunk
         except httpx.HTTPError as exc:
             log.warning("%s: the stream from %s broke: %s", self.path, self.slot.id, exc)
-            yield (b"" if ended else b"\n\n") + _stream_error(self.path, _died_message(self.slot, exc))
+            yield (b"" if ended else b"\n\n") + stream_error(self.path, _died_message(self.slot, exc))
         finally:
             self._finish()
 
@@ -175,15 +175,6 @@ def _died(path: str, slot: Slot, exc: Exception) -> JsonResponse:
     status, code = (504, "model_timeout") if isinstance(exc, httpx.TimeoutException) else \
         (502, "model_process_exited")
     return JsonResponse(error_object(path, status, _died_message(slot, exc), code, "server_error"), status=status)
-
-
-def _stream_error(path: str, message: str) -> bytes:
-    if is_anthropic(path):
-        return sse.frame({"type": "error", "error": {"type": "api_error", "message": message}}, "error")
-    if path.startswith("/v1/responses"):
-        return sse.frame({"type": "error", "code": "server_error", "message": message, "param": None}, "error")
-    return sse.frame({"error": {"message": message, "type": "server_error", "param": None,
-                                "code": "model_process_exited"}})
 
 
 async def _fan_out(request: HttpRequest, manager: Manager) -> HttpResponse:

@@ -24,7 +24,8 @@ from django.core.management.base import BaseCommand, CommandError
 from huggingface_hub import constants
 
 from config.runtime import RUNTIME as runtime
-from config.serving import EngineWork, engine_config, exit_even_if_stuck, run_daphne, start_services, stop_services
+from config.serving import (EngineWork, engine_config, exit_even_if_stuck, open_streams, run_daphne, start_services,
+                            stop_services)
 from config.serving_access import INSECURE_WARNING, AccessError, export_for_children, settle
 from core import argtypes, limits
 from core.blas import blas_in_use
@@ -200,6 +201,14 @@ class Command(BaseCommand):
                             help="answer /v1/embeddings with this model (on by default for embedding models)")
         parser.add_argument("--response-ttl", type=_non_negative(float), default=3600.0,
                             help="seconds a stored Responses turn stays available to previous_response_id")
+        group = parser.add_argument_group("resumable streams (X-Conversation-Id, the dashboard's chat turns)")
+        group.add_argument("--stream-ttl", type=_non_negative(float), default=300.0, metavar="SECONDS",
+                           help="how long a stream stays replayable after its generation ended (default 300)")
+        group.add_argument("--stream-max-bytes", type=_bytes, default=4 << 20, metavar="SIZE",
+                           help="bytes kept per stream; past it the oldest go (default 4MiB)")
+        group.add_argument("--streams-max-bytes", type=_bytes, default=256 << 20, metavar="SIZE",
+                           help="bytes kept by all streams together, on disk under HEARTH_HOME/streams "
+                                "(default 256MiB)")
         access = parser.add_argument_group("access control")
         access.add_argument("--api-key", action="append", default=[], metavar="KEY",
                             help="require this key on every route but /health (repeatable; also HEARTH_API_KEY)")
@@ -278,6 +287,7 @@ class Command(BaseCommand):
         if opts["adapter"]:
             self._mount_default(engine, opts["adapter"])
         runtime.engine = engine
+        open_streams(opts, record=not in_router)
         runtime.embeddings_enabled = opts["embeddings"] or loaded.is_embedding_model
         loaded.grammar_compiler.cache_bytes = bounds.grammar_cache_bytes
         log.info("model %s ready (%s, context %s)", loaded.model_id, loaded.dtype, loaded.context_window)

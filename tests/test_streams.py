@@ -1,0 +1,250 @@
+"""Resumable streams over HTTP (`X-Conversation-Id`, `/v1/stream/{id}`,
+`/v1/streams/lookup`): a generation outlives its client, replays from any
+byte, follows live, stops on DELETE, and survives a restart."""
+from __future__ import annotations
+
+import json
+import time
+import uuid
+
+import httpx
+import pytest
+
+from tests.helpers import ServerProcess, server_env
+
+ASK = [{"role": "user", "content": "Count to a hundred."}]
+
+
+def _body(tiny_model: str, eos_id: int, max_tokens: int, **extra) -> dict:
+    return {"model": tiny_model, "messages": ASK, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+            "logit_bias": {str(eos_id): -100}, **extra}
+
+
+def _conv() -> str:
+    return f"conv-{uuid.uuid4()}"
+
+
+def _events(raw: bytes) -> list[dict | str]:
+    """The data of each event of an OpenAI stream ([DONE] as a string)."""
+    out: list[dict | str] = []
+    for block in raw.decode().split("\n\n"):
+        data = [line[6:] for line in block.split("\n") if line.startswith("data: ")]
+        if data:
+            text = "\n".join(data)
+            out.append(text if text == "[DONE]" else json.loads(text))
+    return out
+
+
+def _content(raw: bytes) -> tuple[str, str | None, dict | None]:
+    """The text, finish reason and usage an OpenAI stream carries."""
+    text, finish, usage = "", None, None
+    for event in _events(raw):
+        if isinstance(event, str):
+            continue
+        assert "error" not in event, event
+        for choice in event.get("choices", []):
+            text += choice["delta"].get("content") or ""
+            finish = choice.get("finish_reason") or finish
+        usage = event.get("usage") or usage
+    return text, finish, usage
+
+
+def _replay(url: str, conv: str, offset: int = 0, **kwargs) -> httpx.Response:
+    return httpx.get(f"{url}/v1/stream/{conv}", params={"from": offset}, timeout=120, **kwargs)
+
+
+def _lookup(url: str, *ids: str) -> dict:
+    reply = httpx.post(url + "/v1/streams/lookup", json={"conversation_ids": list(ids)}, timeout=30)
+    assert reply.status_code == 200, reply.text
+    return {row["conversation_id"]: row for row in reply.json()["data"]}
+
+
+def _wait_ended(url: str, conv: str, timeout: float = 120) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        row = _lookup(url, conv).get(conv)
+        if row is not None and row["status"] != "live":
+            return row
+        time.sleep(0.1)
+    raise AssertionError(f"stream {conv} still live after {timeout}s")
+
+
+def _start(url: str, body: dict, conv: str, read: int) -> bytes:
+    """POST a resumable stream, read about `read` bytes, drop the connection."""
+    got = b""
+    with httpx.stream("POST", url + "/v1/chat/completions", json=body, headers={"X-Conversation-Id": conv},
+                      timeout=120) as reply:
+        assert reply.status_code == 200, reply.read()
+        assert reply.headers["x-conversation-id"] == conv
+        for chunk in reply.iter_raw():
+            got += chunk
+            if len(got) >= read:
+                break
+    return got
+
+
+def test_a_dropped_client_loses_nothing(server, tiny_model, eos_id):
+    body = _body(tiny_model, eos_id, 120)
+    whole = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=120).content  # not resumable
+    conv = _conv()
+    received = _start(server.url, body, conv, 600)
+    assert len(received) >= 600 and not received.endswith(b"[DONE]\n\n")
+    row = _wait_ended(server.url, conv)
+    assert row["status"] == "done" and row["start"] == 0 and row["bytes"] > len(received)
+    replay = _replay(server.url, conv)
+    assert replay.status_code == 200 and replay.headers["x-stream-status"] == "done"
+    assert replay.content.startswith(received)  # the bytes the client saw are the stream's own
+    text, finish, usage = _content(replay.content)
+    assert (text, finish) == _content(whole)[:2]  # the same answer as a client that stayed
+    assert usage["completion_tokens"] == 120  # the generation ran to its end with nobody reading
+    assert replay.content.endswith(b"data: [DONE]\n\n")
+    # prefix + replay from K is the whole, byte for byte, for any K
+    for k in (0, 1, len(received), row["bytes"] // 2, row["bytes"]):
+        rest = _replay(server.url, conv, k)
+        assert rest.status_code == 200
+        assert replay.content[:k] + rest.content == replay.content
+
+
+def test_a_replay_follows_a_live_generation(server, tiny_model, eos_id):
+    conv = _conv()
+    first = _start(server.url, _body(tiny_model, eos_id, 400), conv, 1)
+    assert _lookup(server.url, conv)[conv]["status"] == "live"
+    followed = _replay(server.url, conv, len(first))  # returns once the stream has ended
+    assert followed.headers["x-stream-status"] == "live"
+    whole = _replay(server.url, conv).content
+    assert first + followed.content == whole
+    assert _content(whole)[2]["completion_tokens"] == 400
+
+
+def test_delete_stops_the_generation(server, tiny_model, eos_id):
+    conv = _conv()
+    _start(server.url, _body(tiny_model, eos_id, 1700), conv, 1)
+    stopped = httpx.delete(f"{server.url}/v1/stream/{conv}", timeout=30)
+    assert stopped.status_code == 200, stopped.text
+    assert stopped.json()["stopped"] is True and stopped.json()["status"] == "stopped"
+    generated = _generated(server.url)
+    time.sleep(1.0)
+    assert _generated(server.url) == generated  # no token decoded after the stop
+    raw = _replay(server.url, conv).content
+    text, finish, usage = _content(raw)
+    assert finish == "stop" and 0 < usage["completion_tokens"] < 1700 and raw.endswith(b"data: [DONE]\n\n")
+    again = httpx.delete(f"{server.url}/v1/stream/{conv}", timeout=30)  # idempotent
+    assert again.status_code == 200 and again.json()["stopped"] is False
+    assert again.json()["bytes"] == len(raw)
+
+
+def _generated(url: str) -> float:
+    for line in httpx.get(url + "/metrics", timeout=30).text.splitlines():
+        if line.startswith("hearth_generated_tokens_total"):
+            return float(line.split()[-1])
+    raise AssertionError("no hearth_generated_tokens_total in /metrics")
+
+
+def test_a_new_post_on_the_conversation_stops_the_previous_one(server, tiny_model, eos_id):
+    conv = _conv()
+    _start(server.url, _body(tiny_model, eos_id, 1700), conv, 1)
+    second = _start(server.url, _body(tiny_model, eos_id, 5), conv, 10 << 20)  # read to its end
+    assert _content(second)[2]["completion_tokens"] == 5
+    assert _replay(server.url, conv).content == second  # the conversation's stream is the new one
+    assert _lookup(server.url, conv)[conv]["status"] == "done"
+
+
+def test_lookup_answers_only_for_the_ids_it_is_given(server, tiny_model, eos_id):
+    mine, theirs = _conv(), _conv()
+    for conv in (mine, theirs):
+        _start(server.url, _body(tiny_model, eos_id, 3), conv, 10 << 20)
+    found = _lookup(server.url, mine, "conv-never-used")
+    assert set(found) == {mine}
+    assert found[mine]["status"] == "done" and found[mine]["bytes"] > 0
+    assert _lookup(server.url) == {}
+    listed = httpx.get(server.url + "/v1/streams", timeout=30)  # there is no listing
+    assert listed.status_code in (404, 405) and theirs not in listed.text
+    refused = httpx.post(server.url + "/v1/streams/lookup", json={"conversation_ids": "x"}, timeout=30)
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "conversation_ids"
+
+
+def test_bad_ids_and_offsets_are_clear_errors(server, tiny_model, eos_id):
+    url = server.url
+    unknown = _replay(url, "conv-nobody-has")
+    assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "stream_not_found"
+    assert httpx.delete(f"{url}/v1/stream/conv-nobody-has", timeout=30).status_code == 404
+    long_id = httpx.post(url + "/v1/chat/completions", json=_body(tiny_model, eos_id, 3),
+                         headers={"X-Conversation-Id": "x" * 300}, timeout=30)
+    assert long_id.status_code == 400 and long_id.json()["error"]["param"] == "X-Conversation-Id"
+    conv = _conv()
+    raw = _start(url, _body(tiny_model, eos_id, 3), conv, 10 << 20)
+    _wait_ended(url, conv)
+    past = _replay(url, conv, len(raw) + 1)
+    assert past.status_code == 416 and str(len(raw)) in past.json()["error"]["message"]
+    assert _replay(url, conv, -1).status_code == 400
+    assert _replay(url, conv, len(raw)).content == b""
+    # without the header a stream is today's: nothing recorded
+    plain = httpx.post(url + "/v1/chat/completions", json=_body(tiny_model, eos_id, 3), timeout=30)
+    assert plain.status_code == 200 and "x-conversation-id" not in plain.headers
+
+
+def test_anthropic_and_responses_streams_resume(server, tiny_model, eos_id):
+    url = server.url
+    conv = _conv()
+    body = {"model": tiny_model, "max_tokens": 30, "messages": ASK, "stream": True}
+    with httpx.stream("POST", url + "/v1/messages", json=body, headers={"X-Conversation-Id": conv},
+                      timeout=60) as reply:
+        assert reply.status_code == 200
+        next(reply.iter_raw())
+    _wait_ended(url, conv)
+    raw = _replay(url, conv).content.decode()
+    assert raw.startswith("event: message_start") and raw.endswith("event: message_stop\ndata: "
+                                                                   '{"type": "message_stop"}\n\n')
+    conv = _conv()
+    body = {"model": tiny_model, "max_output_tokens": 30, "input": "hello", "stream": True}
+    with httpx.stream("POST", url + "/v1/responses", json=body, headers={"X-Conversation-Id": conv},
+                      timeout=60) as reply:
+        assert reply.status_code == 200
+        next(reply.iter_raw())
+    _wait_ended(url, conv)
+    events = _events(_replay(url, conv).content)
+    ended = [e for e in events if isinstance(e, dict) and e.get("type") in ("response.completed",
+                                                                            "response.incomplete")]
+    assert ended, events[-3:]
+    response = ended[0]["response"]
+    stored = httpx.get(f"{url}/v1/responses/{response['id']}", timeout=30)  # stored with nobody reading
+    assert stored.status_code == 200 and stored.json()["status"] == response["status"]
+
+
+@pytest.fixture
+def own_server(homes, tiny_model, tmp_path):
+    """A server with a home of its own, restarted by the test."""
+    home = tmp_path / "home"
+    started: list[ServerProcess] = []
+
+    def start() -> ServerProcess:
+        proc = ServerProcess(server_env(homes[0], home), tiny_model, "--no-worker",
+                             log_path=tmp_path / f"serve{len(started)}.log")
+        started.append(proc)
+        return proc.wait_ready()
+
+    yield start
+    for proc in started:
+        proc.stop()
+
+
+def test_streams_survive_a_restart(own_server, tiny_model, eos_id):
+    first = own_server()
+    done, cut = _conv(), _conv()
+    _start(first.url, _body(tiny_model, eos_id, 50), done, 1)
+    _wait_ended(first.url, done)
+    whole = _replay(first.url, done).content
+    _start(first.url, _body(tiny_model, eos_id, 1700), cut, 2000)  # running when the server dies
+    time.sleep(0.6)  # some of it on disk (written behind, at most 0.25 s late)
+    first.proc.kill()
+    first.proc.wait()
+    second = own_server()
+    assert _replay(second.url, done).content == whole  # finished while nobody read: still there
+    row = _lookup(second.url, cut)[cut]
+    assert row["status"] == "interrupted"
+    raw = _replay(second.url, cut).content  # ends, with an error event that says why
+    events = _events(raw)
+    assert "server stopped before this generation ended" in events[-1]["error"]["message"]
+    assert len(_content(raw.rsplit(b"\n\n", 2)[0] + b"\n\n")[0]) > 0  # the text before the crash is kept
+    stats = httpx.get(second.url + "/stats", timeout=30).json()["streams"]
+    assert stats["stored"] == 2 and stats["live"] == 0 and stats["durable"] is True
