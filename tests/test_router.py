@@ -360,15 +360,21 @@ def test_named_model_from_json_form_and_query():
     from inference.routes.router import _named_model, routed
 
     factory = RequestFactory()
-    assert _named_model(factory.post("/v1/chat/completions", {"model": "m"}, content_type="application/json")) == "m"
+    def named(request):
+        return _named_model(request)[0]
+
+    assert named(factory.post("/v1/chat/completions", {"model": "m"}, content_type="application/json")) == "m"
+    assert _named_model(factory.post("/v1/chat/completions", {"model": "m", "stream": True},
+                                     content_type="application/json")) == ("m", True)
     form = factory.post("/v1/audio/transcriptions", {"model": "w", "file": _upload()})
     raw = form.body
-    assert _named_model(form) == "w" and form.body == raw
-    assert _named_model(factory.get("/fit", {"model": "q"})) == "q"
-    assert _named_model(factory.post("/v1/chat/completions", b"{", content_type="application/json")) is None
+    assert named(form) == "w" and form.body == raw
+    assert named(factory.get("/fit", {"model": "q"})) == "q"
+    assert named(factory.post("/v1/chat/completions", b"{", content_type="application/json")) is None
     assert routed("/v1/chat/completions") and routed("/v1/audio/transcriptions") and routed("/fit")
     assert routed("/api/fit/measure") and routed("/admin/cache/flush")
     assert not routed("/v1/models") and not routed("/v1/memory/synthesize") and not routed("/api/hub/local")
+    assert not routed("/v1/stream/c1") and not routed("/v1/streams/lookup")  # the router records the streams
 
 
 def _upload():
@@ -440,3 +446,49 @@ def test_a_request_the_client_drops_leaves_its_model_idle(two, library):
     while _rows(two.url)[B]["inflight"] and time.monotonic() < deadline:
         time.sleep(0.1)
     assert _rows(two.url)[B]["inflight"] == 0
+
+
+def test_resumable_streams_through_the_router(two, library):
+    """The router records a resumable stream itself: a dropped client loses
+    nothing, a replay follows it, DELETE stops the generation in the model's
+    process, and one conversation has one live generation across models."""
+    def post(model: str, conv: str, max_tokens: int, read: int) -> bytes:
+        body = {"model": model, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": max_tokens,
+                "stream": True, "temperature": 0, "logit_bias": {str(_eos(library, model)): -100}}
+        got = b""
+        with httpx.stream("POST", two.url + "/v1/chat/completions", json=body, timeout=120,
+                          headers={"X-Conversation-Id": conv}) as r:
+            assert r.status_code == 200 and r.headers["x-conversation-id"] == conv
+            for chunk in r.iter_raw():
+                got += chunk
+                if len(got) >= read:
+                    break
+        return got
+
+    def lookup(conv: str) -> dict:
+        rows = HTTP.post(two.url + "/v1/streams/lookup", json={"conversation_ids": [conv]}).json()["data"]
+        return rows[0] if rows else {}
+
+    conv = "router-conv-1"
+    first = post(A, conv, 60, 1)
+    rest = HTTP.get(f"{two.url}/v1/stream/{conv}", params={"from": len(first)})  # follows until the end
+    whole = HTTP.get(f"{two.url}/v1/stream/{conv}").content
+    assert first + rest.content == whole and whole.endswith(b"data: [DONE]\n\n")
+    assert lookup(conv)["status"] == "done" and lookup(conv)["model"] == A
+    usage = json.loads(whole.split(b"data: ")[-2].strip())["usage"]
+    assert usage["completion_tokens"] == 60
+
+    post(B, conv, 2000, 1)  # the same conversation on the other model
+    post(A, conv, 2000, 1)  # stops the generation on B
+    stopped = HTTP.delete(f"{two.url}/v1/stream/{conv}")  # and this one on A
+    assert stopped.status_code == 200 and stopped.json()["stopped"] is True
+    assert stopped.json()["status"] == "stopped" and stopped.json()["model"] == A
+    whole = HTTP.get(f"{two.url}/v1/stream/{conv}").content
+    usage = json.loads(whole.split(b"data: ")[-2].strip())["usage"]
+    assert 0 < usage["completion_tokens"] < 2000 and whole.endswith(b"data: [DONE]\n\n")
+    deadline = time.monotonic() + 30  # neither model is still generating for it
+    while any(_rows(two.url)[m]["inflight"] for m in (A, B)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert [_rows(two.url)[m]["inflight"] for m in (A, B)] == [0, 0]
+    stats = HTTP.get(two.url + "/stats").json()
+    assert stats["streams"]["live"] == 0 and stats["streams"]["stored"] >= 1

@@ -15,7 +15,8 @@ ENDPOINTS = ["POST /v1/chat/completions", "POST /v1/completions", "GET /v1/model
              "GET /v1/models/{id}", "POST /v1/messages",
              "POST /v1/messages/count_tokens", "POST /v1/responses", "GET /v1/responses/{id}",
              "DELETE /v1/responses/{id}", "GET /v1/stream/{conversation_id}",
-             "DELETE /v1/stream/{conversation_id}", "POST /v1/streams/lookup", "POST /v1/embeddings", "GET /health", "GET /stats", "GET /metrics",
+             "DELETE /v1/stream/{conversation_id}", "POST /v1/streams/lookup", "POST /v1/embeddings",
+             "GET /health", "GET /stats", "GET /metrics",
              "POST /admin/cache/session/close", "POST /admin/cache/flush", "GET /models", "POST /models/load",
              "POST /models/unload", "POST /models/pin", "POST /models/default", "GET /models/sse"]
 

@@ -15,7 +15,7 @@ from inference.engine.types import EventStream, GenerationEvent, GenerationReque
 from inference.protocols import openai, params
 from inference.protocols.errors import RequestError
 from inference.protocols.openai import Message, Prepared
-from inference.streams.store import StreamRefused, check_id
+from inference.streams.store import StreamRefused, check_id, close_quietly
 
 STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
@@ -101,6 +101,6 @@ async def resumable(request, conversation: str, model: str, frames: AsyncIterato
                                                    lambda message: stream_error(path, message))
     except StreamRefused as exc:
         submission.abort()
-        await frames.aclose()
+        await close_quietly(frames)
         raise RequestError(exc.message, exc.param, status=exc.status,
                            kind="server_error" if exc.status >= 500 else "invalid_request_error") from None

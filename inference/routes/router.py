@@ -20,15 +20,19 @@ import httpx
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 
 from core import sse
-from core.http import error_object, stream_error
+from core.http import error_object, protocol, stream_error
+from inference.protocols.errors import RequestError
 from inference.router import aggregate
 from inference.router.manager import Manager
 from inference.router.slots import RouterError, Slot
 from inference.routes import errors
+from inference.routes.pipeline import conversation_id
+from inference.streams.store import StreamRefused, close_quietly
 
 log = logging.getLogger("hearth.router")
 
-OWN_V1 = ("/v1/models", "/v1/docs", "/v1/openapi.json", "/v1/memory/")  # answered by the router itself
+# answered by the router itself (it records the resumable streams: /v1/stream/{id}, /v1/streams/lookup)
+OWN_V1 = ("/v1/models", "/v1/docs", "/v1/openapi.json", "/v1/memory/", "/v1/stream/", "/v1/streams/")
 ENGINE_ROUTES = frozenset({"/fit", "/api/fit/measure"})  # outside /v1, but about one model: its process answers
 FAN_OUT = ("/admin/cache/flush", "/admin/cache/session/close")
 # Not passed on: hop-by-hop headers, the client's credentials (the child takes the router's key), and
@@ -53,23 +57,26 @@ def routed(path: str) -> bool:
 BIG_BODY = 1 << 20  # bodies this large are parsed off the event loop
 
 
-def _named_model(request: HttpRequest) -> str | None:
-    """The `model` a request names: a JSON body's field, a form field, or the query string's."""
+def _named_model(request: HttpRequest) -> tuple[str | None, bool]:
+    """The `model` a request names (a JSON body's field, a form field, or the
+    query string's), and whether its JSON body asks for a stream."""
     content_type = request.content_type or ""
     if request.method in ("POST", "PUT", "PATCH") and request.body:
         if content_type.startswith("multipart/") or content_type == "application/x-www-form-urlencoded":
-            return request.POST.get("model")  # parsed from the body bytes kept above, which go on intact
-        return _model_field_of(request.body)
-    return request.GET.get("model")
+            return request.POST.get("model"), False  # parsed from the body bytes kept above, which go on intact
+        return _fields_of(request.body)
+    return request.GET.get("model"), False
 
 
-def _model_field_of(raw: bytes) -> str | None:
+def _fields_of(raw: bytes) -> tuple[str | None, bool]:
     try:
         body = json.loads(raw)
     except ValueError:
-        return None  # the child answers the bad body in its protocol
-    value = body.get("model") if isinstance(body, dict) else None
-    return value if value is None or isinstance(value, str) else repr(value)
+        return None, False  # the child answers the bad body in its protocol
+    if not isinstance(body, dict):
+        return None, False
+    value = body.get("model")
+    return (value if value is None or isinstance(value, str) else repr(value)), body.get("stream") is True
 
 
 async def dispatch(request: HttpRequest) -> HttpResponse:
@@ -78,12 +85,16 @@ async def dispatch(request: HttpRequest) -> HttpResponse:
     if path in FAN_OUT or (path.startswith("/v1/responses/") and request.method in ("GET", "DELETE")):
         return await _fan_out(request, manager)
     big = len(request.body) > BIG_BODY and not (request.content_type or "").startswith("multipart/")
-    named = await asyncio.to_thread(_named_model, request) if big else _named_model(request)
+    named, streaming = await asyncio.to_thread(_named_model, request) if big else _named_model(request)
+    try:
+        conversation = conversation_id(request) if streaming and request.method == "POST" else None
+    except RequestError as exc:
+        return errors.request_error(path, exc)
     try:
         slot = await manager.acquire(named)
     except RouterError as exc:
         return errors.engine_error(path, exc)
-    return await _forward(request, manager, slot)
+    return await _forward(request, manager, slot, conversation)
 
 
 def _target(request: HttpRequest) -> str:
@@ -101,7 +112,8 @@ def _headers(request: HttpRequest, manager: Manager) -> dict:
     return out
 
 
-async def _forward(request: HttpRequest, manager: Manager, slot: Slot) -> HttpResponse:
+async def _forward(request: HttpRequest, manager: Manager, slot: Slot,
+                   conversation: str | None = None) -> HttpResponse:
     client = http_client(manager)
     outgoing = client.build_request(request.method, slot.url + _target(request), content=request.body,
                                     headers=_headers(request, manager))
@@ -123,8 +135,35 @@ async def _forward(request: HttpRequest, manager: Manager, slot: Slot) -> HttpRe
             await reply.aclose()
             manager.release(slot)
         return HttpResponse(content, status=reply.status_code, headers=headers)
-    return StreamingHttpResponse(_Relay(request.path, manager, slot, reply), status=reply.status_code,
-                                 headers=headers)
+    relay = _Relay(request.path, manager, slot, reply)
+    if conversation is None:
+        return StreamingHttpResponse(relay, status=reply.status_code, headers=headers)
+    return await _record(request, manager, slot, conversation, relay, reply.status_code, headers)
+
+
+async def _record(request: HttpRequest, manager: Manager, slot: Slot, conversation: str, relay: _Relay,
+                  status: int, headers: dict) -> HttpResponse:
+    """A resumable stream: the router records the model's stream itself (it
+    outlives the client; the model's process only keeps the generation
+    stoppable), and stops it through the model's own `DELETE /v1/stream/{id}`."""
+    path = request.path
+
+    async def stop() -> None:
+        try:
+            await http_client(manager).delete(f"{slot.url}/v1/stream/{quote(conversation, safe='')}",
+                                              headers={"authorization": f"Bearer {manager.key}"}, timeout=10.0)
+        except httpx.HTTPError as exc:  # the process is gone: its stream has ended (or will) by itself
+            log.warning("stopping %s in %s: %s", conversation, slot.id, exc)
+
+    chunks = relay.__aiter__()
+    try:
+        frames = await request.runtime.streams.start(conversation, protocol(path), slot.id, chunks, stop,
+                                                     lambda message: stream_error(path, message))
+    except StreamRefused as exc:
+        await close_quietly(chunks)
+        relay.close()
+        return errors.render(path, exc.status, exc.message, param=exc.param)
+    return StreamingHttpResponse(frames, status=status, headers={**headers, "X-Conversation-Id": conversation})
 
 
 class _Relay:

@@ -22,6 +22,7 @@ import asyncio
 import os
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -69,7 +70,7 @@ class Stream:
         self.followers = 0
         self.stopping = False
         self.task: asyncio.Task | None = None  # the generation's pump (this process's live streams)
-        self.stop_fn = None  # async: asks the generation to stop
+        self.stop_fn: Callable[[], Awaitable[None]] | None = None  # asks the generation to stop
         self.done = asyncio.Event()
         if meta.state != LIVE:
             self.done.set()

@@ -237,8 +237,7 @@ class Streams:
             stream.finish("failed", error_event(f"the stream failed: {type(exc).__name__}: {exc}"))
         finally:
             self._dirty(stream)
-            with contextlib.suppress(Exception):
-                await producer.aclose()
+            await close_quietly(producer)
 
     async def _relay_only(self, conversation_id: str, producer: AsyncIterator[bytes], stop: StopFn):
         self.relayed[conversation_id] = stop
@@ -248,8 +247,7 @@ class Streams:
         finally:
             if self.relayed.get(conversation_id) is stop:
                 del self.relayed[conversation_id]
-            with contextlib.suppress(Exception):
-                await producer.aclose()
+            await close_quietly(producer)
 
     async def stop(self, conversation_id: str, wait_s: float = 10.0) -> Stream | None:
         """Stop the conversation's live generation (if any) and wait, at most
@@ -407,6 +405,14 @@ class Streams:
             log.info("resumable streams: %d kept from before this start", len(self.by_id))
 
 
+async def close_quietly(chunks: AsyncIterator[bytes]) -> None:
+    """Close an async generator (its `finally` blocks run now); what closing raises is of no use here."""
+    close = getattr(chunks, "aclose", None)
+    if close is not None:
+        with contextlib.suppress(Exception):
+            await close()
+
+
 def _end_orphan(folder: Path, meta: Meta) -> None:
     """A stream whose process died mid-generation: cut it at its last whole
     event, add its crash event, and record it as ended then."""
@@ -424,4 +430,4 @@ def _end_orphan(folder: Path, meta: Meta) -> None:
     write_atomically(folder / f"{meta.sid}.json", json.dumps(meta.__dict__), durable=False)
 
 
-__all__ = ["Gone", "Stream", "StreamRefused", "Streams", "check_id"]
+__all__ = ["Gone", "Stream", "StreamRefused", "Streams", "check_id", "close_quietly"]

@@ -24,8 +24,15 @@ from django.core.management.base import BaseCommand, CommandError
 from huggingface_hub import constants
 
 from config.runtime import RUNTIME as runtime
-from config.serving import (EngineWork, engine_config, exit_even_if_stuck, open_streams, run_daphne, start_services,
-                            stop_services)
+from config.serving import (
+    EngineWork,
+    engine_config,
+    exit_even_if_stuck,
+    open_streams,
+    run_daphne,
+    start_services,
+    stop_services,
+)
 from config.serving_access import INSECURE_WARNING, AccessError, export_for_children, settle
 from core import argtypes, limits
 from core.blas import blas_in_use
