@@ -1,8 +1,11 @@
 """`/ws/chat`: the dashboard's chat, driving the engine directly.
 
-Frames are JSON objects with a `type`. A turn runs as a task of its own so
-the socket keeps reading (an `abort`, or the socket closing, stops it
-within a decode step). Every request is built by the same code as
+Frames are JSON objects with a `type`. A turn runs as a task of its own,
+apart from any socket (`chat/live.py`): its frames go to the session's
+resumable stream and a socket follows it, so a socket that closes leaves
+the turn running to its end and a socket that opens the session again
+(a reload, a second tab) gets the turn's frames from its first. `abort`
+stops it within a decode step. Every request is built by the same code as
 `/v1/chat/completions` (validation, template, adapters, sampling), so the
 dashboard can do nothing a client could not.
 
@@ -19,12 +22,11 @@ import ipaddress
 import json
 import logging
 import math
-import time
 
 from asgiref.sync import sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
-from chat import store, turns
+from chat import live, store, turns
 from chat.models import ChatEntry, ChatSession
 from core import jsonbody
 from inference.protocols import params
@@ -45,16 +47,15 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
     async def connect(self):
         # The Host, Origin and key checks ran before the socket reached here (config/asgi.py).
         self.session: ChatSession | None = None
-        self.turn: asyncio.Task | None = None
+        self.follower: asyncio.Task | None = None  # passes the open session's running turn on to this socket
         self.next_sampling: dict = {}
-        self.approvals: dict[str, asyncio.Future] = {}  # gated tool calls waiting for the user
         self.may_code = coding_permitted(self.scope)
         await self.accept()
         await self.send_json({**self._ready(), "codingTools": self.may_code})
         await self._send_sessions()
 
     async def disconnect(self, code):
-        await self._abort()
+        await self._unfollow()  # the turn, if one runs, goes on
 
     # -- frames ------------------------------------------------------------
     async def receive(self, text_data=None, bytes_data=None, **kwargs):
@@ -95,8 +96,8 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         text = _text(frame, "text", self.runtime.options.limits.max_socket_text)
         if frame.get("images"):
             raise _FrameError("this model takes no images")
-        await self._require_idle()
         session = await self._session()
+        self._require_idle(session)
         entry = await sync_to_async(store.ask)(session, text)
         await self._start_turn(entry)
 
@@ -121,12 +122,13 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         session = await self._session()
         session.coding_tools = enabled
         await sync_to_async(session.save)(update_fields=["coding_tools", "updated_at"])
-        running = self.turn is not None and not self.turn.done()
+        running = live.live(self.runtime, session.id) is not None
         await self.send_json({"type": "coding_tools", "active": enabled, "pending": running})
 
     async def on_approval(self, frame):
-        """The user's answer to a tool_approval_request."""
-        future = self.approvals.get(frame.get("callId"))
+        """The user's answer to a tool_approval_request (from any socket on the session)."""
+        turn = live.live(self.runtime, self.session.id) if self.session is not None else None
+        future = turn.approvals.get(frame.get("callId")) if turn is not None else None
         if future is None or future.done():
             raise _FrameError(f"no tool call {frame.get('callId')!r} is waiting for approval")
         if frame.get("decision") not in ("allow", "deny"):
@@ -211,7 +213,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         await sync_to_async(session.save)(update_fields=["model", "updated_at"])
 
     async def on_new_session(self, frame):
-        await self._require_idle()
+        await self._unfollow()  # a turn running in the chat left behind goes on
         self.session = await sync_to_async(store.create)()
         await self.send_json({"type": "history", "items": [], "sessionId": self.session.id, "total": 0, "more": False})
         await self._send_sessions()
@@ -220,38 +222,45 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         await self._send_sessions()
 
     async def on_open_session(self, frame):
-        await self._require_idle()
-        self.session = await self._find(frame)
-        await self._send_history()
+        """The session's history, then (while a turn runs there) that turn's
+        frames from its first, and the rest as they come."""
+        session = await self._find(frame)
+        await self._unfollow()
+        self.session = session
+        turn = live.live(self.runtime, session.id)
+        await self._send_history(turn.stored_id if turn is not None else None)
         await self._send_sessions()
+        if turn is not None:
+            self._follow(turn)
 
     async def on_fork_session(self, frame):
-        await self._require_idle()
         source = await self._find(frame)
+        await self._unfollow()
         self.session = await sync_to_async(store.fork)(source)
         await self._send_history()
         await self._send_sessions()
 
     async def on_delete_session(self, frame):
         target = await self._find(frame)
+        await self.runtime.streams.stop(target.id)  # its turn, if one runs
         if self.session is not None and self.session.id == target.id:
-            await self._abort()
+            await self._unfollow()
             self.session = None
             await self.send_json({"type": "history", "items": [], "sessionId": None, "total": 0, "more": False})
         await sync_to_async(target.delete)()
         await self._send_sessions()
 
     async def on_regenerate(self, frame):
-        await self._require_idle()
         session = await self._session()
+        self._require_idle(session)
         last_user = await sync_to_async(self._last_user)(session)
         await self._start_turn(last_user)
 
     async def on_edit_resend(self, frame):
         """Ask again with new text: the last question, or the one `entryId` names."""
         text = _text(frame, "text", self.runtime.options.limits.max_socket_text)
-        await self._require_idle()
         session = await self._session()
+        self._require_idle(session)
         entry_id = frame.get("entryId")
         if entry_id is not None:
             edited = await sync_to_async(session.entries.filter(id=entry_id, role="user").first)()
@@ -267,8 +276,8 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         entry_id = frame.get("entryId")
         if not isinstance(entry_id, str):
             raise _FrameError("switch_sibling needs entryId")
-        await self._require_idle()
         session = await self._session()
+        self._require_idle(session)
         try:
             entry = await sync_to_async(store.switch)(session, entry_id)
         except ChatEntry.DoesNotExist:
@@ -278,60 +287,36 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
 
     # -- turns -------------------------------------------------------------
     async def _start_turn(self, user_entry: ChatEntry) -> None:
-        self.turn = asyncio.create_task(self._run_turn(user_entry))
-
-    async def _run_turn(self, user_entry: ChatEntry) -> None:
-        from chat import toolloop
-        runtime = self.runtime
-        session = self.session
-        started = time.perf_counter()
-        await self.send_json({"type": "turn_start", "userEntryId": user_entry.id, "sessionId": session.id})
-        state = toolloop.TurnState()
+        sampling, self.next_sampling = self.next_sampling, {}  # "next turn" covers all of its rounds
         try:
-            messages = await sync_to_async(self._messages)(session, user_entry)
-            await toolloop.run(self, session, messages, state)
+            turn = await live.start(self.runtime, self.session, self.may_code, sampling,
+                                    lambda t: live.run(t, user_entry))
+        except live.TurnBusy as exc:
+            raise _FrameError(str(exc)) from None
+        self._follow(turn)
+
+    def _follow(self, turn: live.LiveTurn) -> None:
+        self.follower = asyncio.ensure_future(self._pass_on(turn))
+
+    async def _pass_on(self, turn: live.LiveTurn) -> None:
+        try:
+            async for frame in live.follow(turn.stream):
+                if frame.get("type") == "turn_end":
+                    await self._send_sessions()  # the stored turn may have named the chat
+                await self.send_json(frame)
         except asyncio.CancelledError:
-            state.final = None
-        except Exception as exc:  # RequestError, EngineError, TurnFailed
-            state.final = None
-            await self._error(getattr(exc, "message", None) or str(exc))
-        meta = _meta(state.final, started, state.first)
-        if state.model:
-            meta["model"] = state.model  # router mode: the model that answered
-        try:
-            if state.text or state.reasoning or state.rounds:  # what was shown is kept, an aborted turn included
-                meta["aborted"] = state.final is None
-                if state.rounds:
-                    meta["toolRounds"] = state.rounds
-                entry = await sync_to_async(store.add)(session, user_entry, "assistant", state.text,
-                                                       state.reasoning, meta)
-                await self.send_json({"type": "siblings", **await sync_to_async(store.siblings)(entry)})
-            final = state.final
-            if final is not None and final.usage is not None:
-                if runtime.router is not None:
-                    window = self._model_info(session.model).get("context_window")
-                else:
-                    window = runtime.engine.loaded.context_window if runtime.engine else None
-                used = final.usage.total_tokens
-                await self.send_json({"type": "context", "tokens": used, "contextWindow": window,
-                                      "percent": round(100 * used / window, 1) if window else None})
-            await self._send_sessions()
-        except Exception as exc:  # e.g. the session was deleted from another tab meanwhile
-            log.warning("chat turn could not be stored: %s", exc)
-            await self._error(f"the reply could not be stored: {exc}")
-        finally:
-            # Last, so a client that reacts to it (opening the session) finds the turn over.
-            meta.pop("toolRounds", None)
-            await self.send_json({"type": "turn_end", "lane": meta.get("lane"), "sessionId": session.id, **meta})
+            raise
+        except Exception:  # the socket closed under it: the turn goes on without this socket
+            log.debug("following a turn ended", exc_info=True)
 
-    @staticmethod
-    def _messages(session: ChatSession, user_entry: ChatEntry) -> list[dict]:
-        from chat.toolloop import replay
-
-        out = [{"role": "system", "content": session.system_prompt}] if session.system_prompt else []
-        for e in store.path(session, user_entry):
-            out += replay(e) if e.role == "assistant" else [{"role": e.role, "content": e.content}]
-        return out
+    async def _unfollow(self) -> None:
+        follower, self.follower = self.follower, None
+        if follower is not None and not follower.done():
+            follower.cancel()
+            try:
+                await follower
+            except asyncio.CancelledError:
+                pass
 
     @staticmethod
     def _last_user(session: ChatSession) -> ChatEntry:
@@ -341,17 +326,12 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         raise _FrameError("nothing to regenerate yet")
 
     async def _abort(self) -> None:
-        """Stop the running turn: cancelling it leaves the event stream, which
-        stops the row in the engine; what was shown is still kept."""
-        if self.turn is not None and not self.turn.done():
-            self.turn.cancel()
-            try:
-                await self.turn
-            except asyncio.CancelledError:
-                pass
+        """Stop the open session's running turn (what was shown is still kept)."""
+        if self.session is not None:
+            await self.runtime.streams.stop(self.session.id)
 
-    async def _require_idle(self) -> None:
-        if self.turn is not None and not self.turn.done():
+    def _require_idle(self, session: ChatSession) -> None:
+        if live.live(self.runtime, session.id) is not None:
             raise _FrameError("a turn is running; abort it first")
 
     # -- helpers -----------------------------------------------------------
@@ -374,12 +354,15 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             raise _FrameError(f"no session {key}")
         return found
 
-    async def _send_history(self) -> None:
+    async def _send_history(self, leave_out: str | None = None) -> None:
         """The showing path in pages: `history` with the first, `history_more`
-        with the rest (`more` says whether another follows)."""
+        with the rest (`more` says whether another follows). `leave_out`: the
+        entry a running turn stored meanwhile (its replay brings it)."""
         from chat import approvals
 
         total, pages = await sync_to_async(store.history_pages)(self.session, HISTORY_PAGE_BYTES)
+        if leave_out is not None:
+            pages = [live.without_entry(page, leave_out) for page in pages]
         settings = {**store.settings(self.session), "alwaysAllow": await sync_to_async(approvals.allowed)(
             self.session.id)}
         settings["codingTools"] = settings["codingTools"] and self.may_code  # what a turn here will offer
@@ -424,20 +407,11 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         once loaded (until then: what the router knows), and the ids a
         session may pick."""
         router = self.runtime.router
-        info = self._model_info(None)
+        info = live.model_info(self.runtime, None)
         return {"type": "ready", "model": router.default, "vision": False, "audio": False,
                 "thinking": bool(info.get("reasoning")), "transcription": False,
                 "genDefaults": info.get("gen_defaults"), "contextWindow": info.get("context_window"),
                 "router": True, "models": list(router.slots)}
-
-    def _model_info(self, model: str | None) -> dict:
-        """Router mode: what `model`'s process said of itself when it loaded ({} before)."""
-        router = self.runtime.router
-        try:
-            slot = router.slots.get(router.resolve(model).id)
-        except RouterError:
-            return {}
-        return slot.info if slot is not None else {}
 
 
 class _FrameError(Exception):
@@ -470,17 +444,3 @@ def _text(frame: dict, key: str, most: int) -> str:
     if len(value) > most:
         raise _FrameError(f"{key} is over {most} characters")
     return value
-
-
-def _meta(final, started: float, first: float | None) -> dict:
-    meta: dict = {}
-    if first is not None:
-        meta["ttft_ms"] = round((first - started) * 1000)
-    if final is not None and final.usage is not None:
-        u = final.usage
-        elapsed = time.perf_counter() - (first or started)
-        meta.update(lane=u.lane, prompt_tokens=u.prompt_tokens, completion_tokens=u.completion_tokens,
-                    cached_tokens=u.cached_tokens, finish_reason=final.finish_reason,
-                    tokens_per_s=round((u.completion_tokens - 1) / elapsed, 2) if elapsed > 0 and
-                    u.completion_tokens > 1 else None)
-    return meta

@@ -25,6 +25,8 @@ from chat import tools as chat_tools
 MAX_ROUNDS = 8
 STOPPED = "not run: the turn was stopped"
 DENIED = "error: the user denied this tool call"
+UNANSWERED = "error: nobody answered the approval request (no dashboard followed this chat), so it was not run"
+ASK_POLL_S = 5.0
 
 
 class TurnFailed(Exception):
@@ -169,7 +171,7 @@ async def _run_call(consumer, session_id: str, call: dict, offered: dict) -> Non
         if tool is None:
             call["result"] = f"error: unknown tool {name!r}; available: {', '.join(offered) or 'none'}"
         else:
-            allowed = True
+            allowed, answer = True, {}
             if tool.gated and not await sync_to_async(approvals.is_allowed)(session_id, name):
                 answer = await _ask(consumer, cid, name, call["args"])
                 allowed = answer["decision"] == "allow"
@@ -180,7 +182,7 @@ async def _run_call(consumer, session_id: str, call: dict, offered: dict) -> Non
                     await consumer.send_json({"type": "tool_approvals", "sessionId": session_id,
                                               "alwaysAllow": names})
             if not allowed:
-                call["result"] = DENIED
+                call["result"] = UNANSWERED if answer.get("unattended") else DENIED
             elif tool.stream is not None:
                 async def emit(chunk: str) -> None:
                     await consumer.send_json({"type": "tool_update", "callId": cid, "chunk": chunk})
@@ -196,12 +198,18 @@ async def _run_call(consumer, session_id: str, call: dict, offered: dict) -> Non
 
 
 async def _ask(consumer, cid: str, name: str, args) -> dict:
-    """Wait for the client's `approval` frame for this call; a stopped turn
-    (abort, disconnect) cancels the wait."""
+    """Wait for an `approval` frame for this call, from any socket that
+    follows the turn; a stopped turn cancels the wait, and a turn that no
+    socket has followed for a long while (`consumer.unattended()`) is denied."""
     future = asyncio.get_running_loop().create_future()
     consumer.approvals[cid] = future
     try:
         await consumer.send_json({"type": "tool_approval_request", "callId": cid, "tool": name, "args": args})
-        return await future
+        while True:
+            done, _ = await asyncio.wait({future}, timeout=ASK_POLL_S)
+            if done:
+                return future.result()
+            if consumer.unattended():
+                return {"decision": "deny", "editedArgs": None, "alwaysAllow": False, "unattended": True}
     finally:
         consumer.approvals.pop(cid, None)

@@ -201,20 +201,30 @@ def test_bash_streams_output_and_abort_kills_it(engine, workspace, steer, approv
     asyncio.run(run())
 
 
-def test_disconnect_while_waiting_for_approval_cancels_the_turn(engine, workspace, steer, approvals):
+def test_a_turn_waiting_for_approval_waits_for_a_socket_that_comes_back(engine, workspace, steer, approvals):
+    """A socket that closes while a call waits for approval leaves the turn
+    waiting; the next socket on that chat gets the request again and answers it."""
     steer("bash", {"command": "touch ran"})
 
     async def run():
         ws = await _connect()
         await _coding(ws)
         await ws.send_json_to({"type": "prompt", "text": "run it"})
-        await _until(ws, "tool_approval_request")
+        start = await _until(ws, "tool_approval_request")
+        session = next(f for f in start if f["type"] == "turn_start")["sessionId"]
         await ws.disconnect()
-        for _ in range(50):
-            if engine.active_rows == 0:
-                break
-            await asyncio.sleep(0.05)
-        assert not (workspace / "ran").exists()
+        await asyncio.sleep(0.3)
+        assert engine.active_rows == 0 and not (workspace / "ran").exists()  # nothing runs unapproved
+        ws = await _connect()
+        await ws.send_json_to({"type": "open_session", "path": session})
+        replayed = await _until(ws, "tool_approval_request")  # the turn's frames from its first
+        kinds = [f["type"] for f in replayed]
+        assert kinds[:3] == ["history", "sessions", "turn_start"] and "tool_start" in kinds
+        await ws.send_json_to({"type": "approval", "callId": replayed[-1]["callId"], "decision": "allow"})
+        end = await _until(ws, "tool_end")
+        assert end[-1]["ok"] is True and (workspace / "ran").exists()
+        await _until(ws, "turn_end")
+        await ws.disconnect()
 
     asyncio.run(run())
 

@@ -93,6 +93,41 @@ def test_a_turn_streams_and_is_stored(engine):
     asyncio.run(run())
 
 
+def test_a_turn_outlives_its_socket_and_is_stored(engine):
+    """A socket that closes mid-turn leaves the turn running: it ends, is
+    stored, and the next socket on the chat finds it (and, while it runs, the
+    session's stream is live for the sidebar's lookup)."""
+    from chat import live
+    from config.runtime import RUNTIME
+
+    async def run():
+        ws = await _connect()
+        await ws.send_json_to({"type": "set_sampling", "temperature": 0, "scope": "session"})
+        await ws.send_json_to({"type": "prompt", "text": "tell me a long story " * 5})
+        start = await ws.receive_json_from(timeout=10)
+        assert start["type"] == "turn_start"
+        session = start["sessionId"]
+        while (await ws.receive_json_from(timeout=30))["type"] != "text_delta":
+            pass
+        await ws.disconnect()
+        assert RUNTIME.streams.lookup([session])[0]["status"] in ("live", "done")
+        for _ in range(600):
+            if live.live(RUNTIME, session) is None:
+                break
+            await asyncio.sleep(0.05)
+        assert RUNTIME.streams.lookup([session])[0]["status"] == "done"
+        ws = await _connect()
+        await ws.send_json_to({"type": "open_session", "path": session})
+        history = await ws.receive_json_from(timeout=10)
+        assert [i["role"] for i in history["items"]] == ["user", "assistant"]
+        answer = history["items"][1]
+        assert answer["content"] and answer["meta"]["aborted"] is False and answer["meta"]["completion_tokens"] > 0
+        assert (await ws.receive_json_from(timeout=10))["type"] == "sessions"
+        await ws.disconnect()
+
+    asyncio.run(run())
+
+
 def test_set_sampling_takes_every_sampling_field_the_http_routes_take(engine):
     """The socket reads the one list of sampling fields (`params.SAMPLING`), context windows included."""
     from inference.protocols.params import SAMPLING

@@ -264,7 +264,9 @@ def test_bash_leaves_nothing_running_when_it_returns(escape):
         assert _gone(_pid(escape, name)), name
 
 
-def test_closing_the_socket_kills_the_running_bash(engine, escape, steer, approvals):
+def test_a_closed_socket_leaves_the_bash_running_and_abort_kills_it(engine, escape, steer, approvals):
+    """The turn outlives its socket (a reload reattaches to it); stopping the
+    turn, from a socket that opened the chat again, kills the whole tree."""
     from chat import store
     from chat.models import ToolApproval
 
@@ -283,6 +285,13 @@ def test_closing_the_socket_kills_the_running_bash(engine, escape, steer, approv
         escaped, daemon = _pid(escape, "setsid.pid"), _pid(escape, "daemon.pid")
         assert not _gone(escaped, 0.2) and not _gone(daemon, 0.2)
         await ws.disconnect()
+        assert not _gone(escaped, 2) and not _gone(daemon, 2)  # the turn goes on
+        ws = await _connect()
+        await _open(ws, session.id)
+        await ws.send_json_to({"type": "abort"})
+        end = await _until(ws, "turn_end")
+        assert end[-1]["aborted"] is True
         assert _gone(escaped) and _gone(daemon)
+        await ws.disconnect()
 
     asyncio.run(run())

@@ -1,9 +1,23 @@
 // Chat over /ws/chat: sessions, streaming replies, thinking, branches, tool calls and approvals.
+// A turn runs on the server whether or not a socket follows it: a reload, a dropped connection or
+// a tab that comes back opens the last chat again and receives its running turn from the first frame.
 import { api, h, signIn, toast } from "./util.js";
 import { markdown } from "./md.js";
 
+const LAST_CHAT = "hearth.chat.active";  // the chat to open again after a reload
+const LIVE_POLL_MS = 2000;
+
+function remembered() {
+  try { return localStorage.getItem(LAST_CHAT); } catch { return null; }
+}
+
+function remember(id) {
+  try { if (id) localStorage.setItem(LAST_CHAT, id); else localStorage.removeItem(LAST_CHAT); } catch { /* private mode */ }
+}
+
 export function chatPage(main) {
-  const state = { ws: null, ready: null, active: null, streaming: null, closed: false, items: [], retry: 0 };
+  const state = { ws: null, ready: null, active: remembered(), streaming: null, closed: false, items: [], retry: 0,
+    sessions: [], live: new Set() };
   const sessionsList = h("ul", { class: "sessions", "aria-label": "Chat sessions" });
   const hits = h("div", { class: "hits", "aria-live": "polite" });
   const search = h("input", { type: "search", placeholder: "Search chats", "aria-label": "Search chats" });
@@ -77,6 +91,7 @@ export function chatPage(main) {
 
   function connect() {
     if (state.closed) return;
+    clearTimeout(state.timer);
     const ws = new WebSocket(`${location.protocol === "https:" ? "wss" : "ws"}://${location.host}/ws/chat`);
     state.ws = ws;
     ws.onmessage = (e) => onFrame(JSON.parse(e.data));
@@ -137,9 +152,11 @@ export function chatPage(main) {
           : "Offer the model read, bash, edit and write in the workspace folder; bash, edit and write ask first";
         if (state.active) frame({ type: "open_session", path: state.active });
         break;
-      case "sessions": renderSessions(f.items, f.activePath); break;
+      case "sessions": state.sessions = f.items; renderSessions(f.items, f.activePath); syncLive(); break;
       case "history":  // the first page; history_more frames bring the rest of a long chat
-        state.items = []; addItems(f.items); state.active = f.sessionId; applySettings(f.settings);
+        state.items = []; addItems(f.items); state.active = f.sessionId; remember(f.sessionId);
+        state.streaming = null; setBusy(false);  // a turn still running there follows as frames from its first
+        applySettings(f.settings);
         noteTurnModel();
         showAllowed(f.settings?.alwaysAllow || []); render(); break;
       case "history_more":
@@ -148,8 +165,9 @@ export function chatPage(main) {
         if (f.more) scheduleRender(); else render();
         break;
       case "turn_start":
-        state.active = f.sessionId;
+        state.active = f.sessionId; remember(f.sessionId);
         state.streaming = { parts: [], thinking: "", el: null, calls: new Map() };
+        state.live.add(f.sessionId); renderSessions(state.sessions);
         setBusy(true); render(); break;
       case "text_delta": if (state.streaming) { streamText(f.delta); paintStream(); } break;
       case "thinking_delta": if (state.streaming) { state.streaming.thinking += f.delta; paintStream(); } break;
@@ -170,6 +188,7 @@ export function chatPage(main) {
       case "tool_approvals": if (!f.sessionId || f.sessionId === state.active) showAllowed(f.alwaysAllow); break;
       case "turn_end":
         state.streaming = null; setBusy(false);
+        state.live.delete(f.sessionId);
         state.turnModel = f.model || null;  // which model answered (router mode), for the reply's label
         state.active = f.sessionId || state.active;
         if (state.active) frame({ type: "open_session", path: state.active });  // the stored turn, with ids
@@ -226,13 +245,41 @@ export function chatPage(main) {
   function setBusy(on) { send.hidden = on; stop.hidden = !on; input.disabled = false; }
 
   function renderSessions(items, activePath) {
-    if (activePath) state.active = activePath;
+    if (activePath) { state.active = activePath; remember(activePath); }
     sessionsList.replaceChildren(...items.map((s) => h("li", {}, h("button", {
       type: "button", class: s.path === state.active ? "active" : "", title: s.title,
       "aria-current": s.path === state.active ? "true" : null,
       onclick: () => { frame({ type: "open_session", path: s.path }); root.classList.remove("show-sessions"); },
-    }, s.title))));
+    }, state.live.has(s.path) ? h("span", { class: "spinner", role: "status", "aria-label": "generating" }) : null,
+    s.title))));
+    // On a phone the list hides behind "Chats": the button says when a chat is generating.
+    sessionsToggle.replaceChildren(state.live.size ? h("span", { class: "spinner", role: "status",
+      "aria-label": "a chat is generating" }) : "", "Chats");
   }
+
+  // Which of the listed chats have a turn running: asked by id (the server lists nobody's streams),
+  // again every LIVE_POLL_MS while one runs, and when the page shows again.
+  async function syncLive() {
+    clearTimeout(state.liveTimer);
+    const ids = state.sessions.map((s) => s.path);
+    if (!ids.length || state.closed) return;
+    let found;
+    try { found = (await api("/v1/streams/lookup", { json: { conversation_ids: ids } })).data; } catch { return; }
+    const live = new Set(found.filter((r) => r.status === "live").map((r) => r.conversation_id));
+    const changed = live.size !== state.live.size || [...live].some((id) => !state.live.has(id));
+    state.live = live;
+    if (changed) renderSessions(state.sessions);
+    if (live.size && !state.closed && !document.hidden) state.liveTimer = setTimeout(syncLive, LIVE_POLL_MS);
+  }
+
+  // A tab that shows again: reconnect at once if the socket dropped while it was hidden
+  // (the open chat's running turn comes back from its first frame), and refresh the spinners.
+  function onVisible() {
+    if (document.hidden || state.closed) return;
+    if (!state.ws || state.ws.readyState === WebSocket.CLOSED) { state.retry = 0; connect(); }
+    syncLive();
+  }
+  document.addEventListener("visibilitychange", onVisible);
 
   async function runSearch() {
     const q = search.value.trim();
@@ -430,5 +477,8 @@ export function chatPage(main) {
   connect();
   render();
   input.focus();
-  return () => { state.closed = true; clearTimeout(state.timer); state.ws?.close(); };
+  return () => {
+    state.closed = true; clearTimeout(state.timer); clearTimeout(state.liveTimer); state.ws?.close();
+    document.removeEventListener("visibilitychange", onVisible);
+  };
 }

@@ -69,8 +69,10 @@ class Stream:
         self.rewrite = False  # the file's head must go (the cap dropped bytes)
         self.followers = 0
         self.stopping = False
+        self.deleted = False  # forgotten: the writer leaves it alone
         self.task: asyncio.Task | None = None  # the generation's pump (this process's live streams)
         self.stop_fn: Callable[[], Awaitable[None]] | None = None  # asks the generation to stop
+        self.context: object = None  # what its owner keeps with it (a chat turn)
         self.done = asyncio.Event()
         if meta.state != LIVE:
             self.done.set()

@@ -138,6 +138,8 @@ def flush(stream: Stream) -> None:
     """Write what `stream` has that its file lacks, then its meta (writer thread or shutdown)."""
     data_path, meta_path = stream.path(".sse"), stream.path(".json")
     assert data_path is not None and meta_path is not None
+    if stream.deleted:
+        return
     with stream.lock:
         if stream.rewrite:
             data, append = bytes(stream.mem), False
@@ -152,6 +154,9 @@ def flush(stream: Stream) -> None:
     else:
         write_atomically(data_path, data, durable=False)
     write_atomically(meta_path, meta, durable=False)
+    if stream.deleted:  # forgotten while this was written: it stays forgotten
+        delete_files(stream)
+        return
     with stream.lock:
         stream.flushed = max(stream.flushed, upto) if append else upto
     stream_ended = stream.meta.state != LIVE
@@ -199,11 +204,13 @@ class Streams:
 
     # -- starting and stopping ------------------------------------------------
     async def start(self, conversation_id: str, kind: str, model: str | None, producer: AsyncIterator[bytes],
-                    stop: StopFn, error_event: Callable[[str], bytes]) -> AsyncIterator[bytes]:
+                    stop: StopFn, error_event: Callable[[str], bytes],
+                    context: object = None) -> AsyncIterator[bytes]:
         """Run `producer` to its end whatever its reader does; answer what the
         request's reader gets (every byte, from the first). `stop` asks the
         generation to end early; `error_event(message)` is an event in the
-        stream's protocol that ends it with an error."""
+        stream's protocol that ends it with an error. `context` is kept on the
+        stream for its owner (the chat keeps its running turn there)."""
         check_id(conversation_id)
         await self.stop(conversation_id)
         if not self.record:
@@ -213,7 +220,7 @@ class Streams:
                     created=time.time(), owner=self.owner.name if self.owner else "",
                     on_crash=error_event(CRASH_MESSAGE).decode())
         stream = Stream(meta, self.folder, self.cap)
-        stream.stop_fn = stop
+        stream.stop_fn, stream.context = stop, context
         previous = self.by_id.get(conversation_id)
         if previous is not None:
             self.gone.append(previous)
@@ -343,11 +350,8 @@ class Streams:
         self._delete_files(stream)
 
     def _delete_files(self, stream: Stream) -> None:
-        for suffix in (".sse", ".json"):
-            path = stream.path(suffix)
-            if path is not None:
-                with contextlib.suppress(OSError):
-                    path.unlink()
+        stream.deleted = True
+        delete_files(stream)
 
     def _dirty(self, stream: Stream) -> None:
         if self.writer is not None:
@@ -403,6 +407,14 @@ class Streams:
                 lock.unlink(missing_ok=True)
         if self.by_id:
             log.info("resumable streams: %d kept from before this start", len(self.by_id))
+
+
+def delete_files(stream: Stream) -> None:
+    for suffix in (".sse", ".json"):
+        path = stream.path(suffix)
+        if path is not None:
+            with contextlib.suppress(OSError):
+                path.unlink()
 
 
 async def close_quietly(chunks: AsyncIterator[bytes]) -> None:

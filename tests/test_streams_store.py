@@ -1,0 +1,139 @@
+"""The resumable-stream store on its own (no server): the per-stream cap
+drops whole events from the head, the total cap drops finished streams
+oldest first, the TTL forgets them, and a stream whose process died mid-event
+is cut at its last whole event and ended with its crash event."""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import pytest
+
+from core import sse
+from inference.streams.log import Gone
+from inference.streams.store import Owner, StreamRefused, Streams
+
+
+async def _events(n: int, size: int = 40):
+    for i in range(n):
+        yield sse.frame({"i": i, "pad": "x" * size})
+
+
+async def _stop() -> None:
+    return None
+
+
+def _error(message: str) -> bytes:
+    return sse.frame({"error": {"message": message}})
+
+
+async def _run(store: Streams, conv: str, n: int, size: int = 40) -> bytes:
+    """Run a stream of n events to its end; answer every byte it was sent."""
+    await store.start(conv, "openai", "m", _events(n, size), _stop, _error)
+    await store.get(conv).done.wait()
+    return b"".join([chunk async for chunk in _events(n, size)])
+
+
+def test_the_per_stream_cap_keeps_the_tail_from_an_event_boundary(tmp_path):
+    async def scenario():
+        store = Streams(tmp_path, cap=2000)
+        store.open()
+        whole = await _run(store, "c", 200)  # about 12 kB through a 2 kB cap
+        stream = store.get("c")
+        assert stream.end == len(whole) and 0 < stream.start < stream.end
+        assert stream.end - stream.start <= 2000
+        with pytest.raises(Gone):
+            stream.check_offset(0)
+        tail = b"".join([c async for c in store.follow("c", stream.start)])
+        assert tail == whole[stream.start:] and tail.startswith(b"data: ")  # whole events only
+        store.shutdown()  # writes everything out
+        return whole, stream.start
+
+    whole, start = asyncio.run(scenario())
+
+    async def after_restart():
+        store = Streams(tmp_path, cap=2000)
+        store.open()
+        stream = store.get("c")
+        assert (stream.start, stream.end, stream.meta.state) == (start, len(whole), "done")
+        replay = b"".join([c async for c in store.follow("c", start)])
+        store.shutdown()
+        return replay
+
+    assert asyncio.run(after_restart()) == whole[start:]
+
+
+def test_the_total_cap_drops_finished_streams_oldest_first(tmp_path):
+    async def scenario():
+        store = Streams(tmp_path, cap=1000, total=2200)
+        store.open()
+        for conv in ("a", "b", "c"):
+            await _run(store, conv, 10)  # ~700 bytes each
+            await asyncio.sleep(0.01)
+        assert store.get("a") is None and store.get("b") is not None and store.get("c") is not None
+        assert store.stats()["bytes"] <= 2200 and store.stats()["stored"] == 2
+        store.shutdown()
+
+    asyncio.run(scenario())
+    assert {p.stem for p in tmp_path.glob("*.json")} and len(list(tmp_path.glob("*.sse"))) == 2
+
+
+def test_live_streams_alone_over_the_total_refuse_a_new_one(tmp_path):
+    async def forever():
+        yield sse.frame({"hold": "x" * 900})
+        await asyncio.sleep(3600)
+
+    async def scenario():
+        store = Streams(None, cap=1000, total=1500)
+        await store.start("a", "openai", "m", forever(), _stop, _error)
+        await asyncio.sleep(0.01)  # its first event is in
+        with pytest.raises(StreamRefused) as refused:
+            await store.start("b", "openai", "m", forever(), _stop, _error)
+        assert refused.value.status == 503
+        store.shutdown()
+
+    asyncio.run(scenario())
+
+
+def test_streams_are_forgotten_after_their_ttl(tmp_path):
+    async def scenario():
+        store = Streams(tmp_path, ttl_s=0.2)
+        store.open()
+        await _run(store, "c", 3)
+        assert store.lookup(["c"])[0]["status"] == "done"
+        store.writer.flush_all()
+        await asyncio.sleep(0.3)
+        assert store.get("c") is None and store.lookup(["c"]) == []
+        store.collect()
+        assert not list(tmp_path.glob("*.sse"))
+        store.shutdown()
+
+    asyncio.run(scenario())
+
+
+def test_a_dead_processes_stream_is_cut_at_its_last_event_and_ended(tmp_path):
+    owner = Owner(tmp_path)  # a process that is about to die
+    events = sse.frame({"i": 1}) + sse.frame({"i": 2})
+    (tmp_path / "s1.sse").write_bytes(events + b'data: {"i": 3')  # torn mid-event
+    meta = {"sid": "s1", "conversation_id": "c", "kind": "openai", "model": "m", "created": time.time(),
+            "owner": owner.name, "on_crash": _error("it died").decode(), "state": "live", "ended_at": None,
+            "start": 0, "end": 0}
+    (tmp_path / "s1.json").write_text(json.dumps(meta))
+    busy = Streams(tmp_path)
+    busy.open()
+    assert busy.get("c") is None  # its owner still holds its lock: not this process's to end
+    busy.shutdown()
+    owner.close()
+
+    async def scenario():
+        store = Streams(tmp_path)
+        store.open()
+        row = store.lookup(["c"])[0]
+        replay = b"".join([c async for c in store.follow("c", 0)])
+        store.shutdown()
+        return row, replay
+
+    row, replay = asyncio.run(scenario())
+    assert row["status"] == "interrupted"
+    assert replay == events + _error("it died")
