@@ -127,6 +127,8 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
 
     async def on_approval(self, frame):
         """The user's answer to a tool_approval_request (from any socket on the session)."""
+        if not self.may_code:  # gated calls are the coding tools: only a socket that may run them answers
+            raise _FrameError(CODING_REFUSED)
         turn = live.live(self.runtime, self.session.id) if self.session is not None else None
         future = turn.approvals.get(frame.get("callId")) if turn is not None else None
         if future is None or future.done():
@@ -228,7 +230,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         await self._unfollow()
         self.session = session
         turn = live.live(self.runtime, session.id)
-        await self._send_history(turn.stored_id if turn is not None else None)
+        await self._send_history(turn)
         await self._send_sessions()
         if turn is not None:
             self._follow(turn)
@@ -296,11 +298,13 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         self._follow(turn)
 
     def _follow(self, turn: live.LiveTurn) -> None:
+        if self.follower is not None:
+            self.follower.cancel()
         self.follower = asyncio.ensure_future(self._pass_on(turn))
 
     async def _pass_on(self, turn: live.LiveTurn) -> None:
         try:
-            async for frame in live.follow(turn.stream):
+            async for frame in live.follow(turn.stream, turn.session.id):
                 if frame.get("type") == "turn_end":
                     await self._send_sessions()  # the stored turn may have named the chat
                 await self.send_json(frame)
@@ -354,15 +358,15 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             raise _FrameError(f"no session {key}")
         return found
 
-    async def _send_history(self, leave_out: str | None = None) -> None:
+    async def _send_history(self, running: live.LiveTurn | None = None) -> None:
         """The showing path in pages: `history` with the first, `history_more`
-        with the rest (`more` says whether another follows). `leave_out`: the
-        entry a running turn stored meanwhile (its replay brings it)."""
+        with the rest (`more` says whether another follows). Less the answer
+        of `running` (a turn whose replay follows), should it be stored by now."""
         from chat import approvals
 
         total, pages = await sync_to_async(store.history_pages)(self.session, HISTORY_PAGE_BYTES)
-        if leave_out is not None:
-            pages = [live.without_entry(page, leave_out) for page in pages]
+        if running is not None and running.stored_id is not None:  # read after the history: both or neither
+            pages = [live.without_entry(page, running.stored_id) for page in pages]
         settings = {**store.settings(self.session), "alwaysAllow": await sync_to_async(approvals.allowed)(
             self.session.id)}
         settings["codingTools"] = settings["codingTools"] and self.may_code  # what a turn here will offer

@@ -121,16 +121,29 @@ def live(runtime, session_id: str) -> LiveTurn | None:
     return stream.context
 
 
-async def follow(stream, offset: int = 0) -> AsyncIterator[dict]:
-    """A turn's frames from its stream, from byte `offset` on."""
-    pending = b""
-    async for chunk in stream.follow(offset):
-        pending += chunk
-        *events, pending = pending.split(b"\n\n")
-        for event in events:
-            data = "\n".join(line[6:] for line in event.decode().split("\n") if line.startswith("data: "))
-            if data:
-                yield json.loads(data)
+async def follow(stream, session_id: str) -> AsyncIterator[dict]:
+    """A turn's frames from its stream, from the first. A turn longer than
+    the stream's cap has lost its first frames (and a reader that fell that
+    far behind, some in the middle): it goes on from the first frame still
+    kept, after a `turn_start` if the one that began it is gone. What was
+    skipped only misses from the live view: `turn_end` brings the stored turn."""
+    offset = 0
+    while True:
+        if offset < stream.start:
+            if offset == 0:
+                yield {"type": "turn_start", "sessionId": session_id, "resumed": True}
+            offset = stream.start
+        pending = b""
+        async for chunk in stream.follow(offset):
+            offset += len(chunk)
+            pending += chunk
+            *events, pending = pending.split(b"\n\n")
+            for event in events:
+                data = "\n".join(line[6:] for line in event.decode().split("\n") if line.startswith("data: "))
+                if data:
+                    yield json.loads(data)
+        if offset - len(pending) >= stream.start:  # it ended (or can be read no further), not dropped under us
+            return
 
 
 def without_entry(items: list[dict], entry_id: str | None) -> list[dict]:

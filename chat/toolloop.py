@@ -207,8 +207,11 @@ async def _ask(consumer, cid: str, name: str, args) -> dict:
         await consumer.send_json({"type": "tool_approval_request", "callId": cid, "tool": name, "args": args})
         while True:
             done, _ = await asyncio.wait({future}, timeout=ASK_POLL_S)
-            if done:
-                return future.result()
+            if done:  # every socket on the chat takes its approval card down
+                answer = future.result()
+                await consumer.send_json({"type": "tool_approval_answered", "callId": cid,
+                                          "decision": answer["decision"]})
+                return answer
             if consumer.unattended():
                 return {"decision": "deny", "editedArgs": None, "alwaysAllow": False, "unattended": True}
     finally:

@@ -215,6 +215,14 @@ def test_a_turn_waiting_for_approval_waits_for_a_socket_that_comes_back(engine, 
         await ws.disconnect()
         await asyncio.sleep(0.3)
         assert engine.active_rows == 0 and not (workspace / "ran").exists()  # nothing runs unapproved
+        remote = await _connect(client=("192.168.1.9", 40000))  # may not run coding tools: may not approve them
+        await remote.send_json_to({"type": "open_session", "path": session})
+        asked = await _until(remote, "tool_approval_request")
+        await remote.send_json_to({"type": "approval", "callId": asked[-1]["callId"], "decision": "allow",
+                                   "editedArgs": {"command": "touch other"}})
+        refused = await _until(remote, "error")
+        assert "loopback" in refused[-1]["message"] and not (workspace / "other").exists()
+        await remote.disconnect()
         ws = await _connect()
         await ws.send_json_to({"type": "open_session", "path": session})
         replayed = await _until(ws, "tool_approval_request")  # the turn's frames from its first
@@ -223,6 +231,7 @@ def test_a_turn_waiting_for_approval_waits_for_a_socket_that_comes_back(engine, 
         await ws.send_json_to({"type": "approval", "callId": replayed[-1]["callId"], "decision": "allow"})
         end = await _until(ws, "tool_end")
         assert end[-1]["ok"] is True and (workspace / "ran").exists()
+        assert [f["decision"] for f in end if f["type"] == "tool_approval_answered"] == ["allow"]
         await _until(ws, "turn_end")
         await ws.disconnect()
 

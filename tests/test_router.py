@@ -480,6 +480,7 @@ def test_resumable_streams_through_the_router(two, library):
 
     post(B, conv, 2000, 1)  # the same conversation on the other model
     post(A, conv, 2000, 1)  # stops the generation on B
+    post(A, conv, 2000, 1)  # and on the same model: the one before stops, not this one
     stopped = HTTP.delete(f"{two.url}/v1/stream/{conv}")  # and this one on A
     assert stopped.status_code == 200 and stopped.json()["stopped"] is True
     assert stopped.json()["status"] == "stopped" and stopped.json()["model"] == A

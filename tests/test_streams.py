@@ -107,13 +107,13 @@ def test_a_dropped_client_loses_nothing(server, tiny_model, eos_id):
 
 def test_a_replay_follows_a_live_generation(server, tiny_model, eos_id):
     conv = _conv()
-    first = _start(server.url, _body(tiny_model, eos_id, 400), conv, 1)
+    first = _start(server.url, _body(tiny_model, eos_id, 1700), conv, 1)
     assert _lookup(server.url, conv)[conv]["status"] == "live"
     followed = _replay(server.url, conv, len(first))  # returns once the stream has ended
     assert followed.headers["x-stream-status"] == "live"
     whole = _replay(server.url, conv).content
     assert first + followed.content == whole
-    assert _content(whole)[2]["completion_tokens"] == 400
+    assert _content(whole)[2]["completion_tokens"] == 1700
 
 
 def test_delete_stops_the_generation(server, tiny_model, eos_id):
@@ -122,6 +122,7 @@ def test_delete_stops_the_generation(server, tiny_model, eos_id):
     stopped = httpx.delete(f"{server.url}/v1/stream/{conv}", timeout=30)
     assert stopped.status_code == 200, stopped.text
     assert stopped.json()["stopped"] is True and stopped.json()["status"] == "stopped"
+    _wait_idle(server.url)  # a decode step under way when the stop came may still land
     generated = _generated(server.url)
     time.sleep(1.0)
     assert _generated(server.url) == generated  # no token decoded after the stop
@@ -131,6 +132,16 @@ def test_delete_stops_the_generation(server, tiny_model, eos_id):
     again = httpx.delete(f"{server.url}/v1/stream/{conv}", timeout=30)  # idempotent
     assert again.status_code == 200 and again.json()["stopped"] is False
     assert again.json()["bytes"] == len(raw)
+
+
+def _wait_idle(url: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        engine = httpx.get(url + "/stats", timeout=30).json()["engine"]
+        if engine["active"] == 0 and engine["queued"] == 0:
+            return
+        time.sleep(0.05)
+    raise AssertionError("the engine is still busy")
 
 
 def _generated(url: str) -> float:
@@ -147,6 +158,18 @@ def test_a_new_post_on_the_conversation_stops_the_previous_one(server, tiny_mode
     assert _content(second)[2]["completion_tokens"] == 5
     assert _replay(server.url, conv).content == second  # the conversation's stream is the new one
     assert _lookup(server.url, conv)[conv]["status"] == "done"
+
+
+def test_posts_at_once_on_one_conversation_leave_one_generation(server, tiny_model, eos_id):
+    import concurrent.futures
+
+    conv = _conv()
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        list(pool.map(lambda _: _start(server.url, _body(tiny_model, eos_id, 1700), conv, 1), range(4)))
+    assert httpx.get(server.url + "/stats", timeout=30).json()["streams"]["live"] == 1
+    assert httpx.delete(f"{server.url}/v1/stream/{conv}", timeout=30).json()["stopped"] is True
+    assert httpx.get(server.url + "/stats", timeout=30).json()["streams"]["live"] == 0
+    _wait_idle(server.url)  # nothing else is generating for that conversation
 
 
 def test_lookup_answers_only_for_the_ids_it_is_given(server, tiny_model, eos_id):
@@ -168,9 +191,10 @@ def test_bad_ids_and_offsets_are_clear_errors(server, tiny_model, eos_id):
     unknown = _replay(url, "conv-nobody-has")
     assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "stream_not_found"
     assert httpx.delete(f"{url}/v1/stream/conv-nobody-has", timeout=30).status_code == 404
-    long_id = httpx.post(url + "/v1/chat/completions", json=_body(tiny_model, eos_id, 3),
-                         headers={"X-Conversation-Id": "x" * 300}, timeout=30)
-    assert long_id.status_code == 400 and long_id.json()["error"]["param"] == "X-Conversation-Id"
+    for bad in ("x" * 300, "a/b", "a b"):
+        refused = httpx.post(url + "/v1/chat/completions", json=_body(tiny_model, eos_id, 3),
+                             headers={"X-Conversation-Id": bad}, timeout=30)
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == "X-Conversation-Id", bad
     conv = _conv()
     raw = _start(url, _body(tiny_model, eos_id, 3), conv, 10 << 20)
     _wait_ended(url, conv)
@@ -211,6 +235,20 @@ def test_anthropic_and_responses_streams_resume(server, tiny_model, eos_id):
     assert stored.status_code == 200 and stored.json()["status"] == response["status"]
 
 
+def _records(folder) -> dict:
+    """The stream records on disk, by conversation id (the size of the bytes written as `end`)."""
+    out = {}
+    for path in folder.glob("*.json"):
+        try:
+            meta = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue  # being replaced right now
+        data = path.with_suffix(".sse")
+        meta["end"] = data.stat().st_size if data.exists() else 0
+        out[meta["conversation_id"]] = meta
+    return out
+
+
 @pytest.fixture
 def own_server(homes, tiny_model, tmp_path):
     """A server with a home of its own, restarted by the test."""
@@ -223,6 +261,7 @@ def own_server(homes, tiny_model, tmp_path):
         started.append(proc)
         return proc.wait_ready()
 
+    start.home = home  # type: ignore[attr-defined]
     yield start
     for proc in started:
         proc.stop()
@@ -234,8 +273,14 @@ def test_streams_survive_a_restart(own_server, tiny_model, eos_id):
     _start(first.url, _body(tiny_model, eos_id, 50), done, 1)
     _wait_ended(first.url, done)
     whole = _replay(first.url, done).content
-    _start(first.url, _body(tiny_model, eos_id, 1700), cut, 2000)  # running when the server dies
-    time.sleep(0.6)  # some of it on disk (written behind, at most 0.25 s late)
+    received = _start(first.url, _body(tiny_model, eos_id, 1700), cut, 2000)  # running when the server dies
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:  # both on disk by now (written behind, at most 0.25 s late)
+        records = _records(own_server.home / "streams")
+        if records.get(done, {}).get("state") == "done" and records.get(cut, {}).get("end", 0) > 0:
+            break
+        time.sleep(0.01)
+    assert _lookup(first.url, cut)[cut]["status"] == "live"
     first.proc.kill()
     first.proc.wait()
     second = own_server()
@@ -246,5 +291,8 @@ def test_streams_survive_a_restart(own_server, tiny_model, eos_id):
     events = _events(raw)
     assert "server stopped before this generation ended" in events[-1]["error"]["message"]
     assert len(_content(raw.rsplit(b"\n\n", 2)[0] + b"\n\n")[0]) > 0  # the text before the crash is kept
+    # a client that got more than the disk did: its replay is the event that says why the stream ended
+    tail = _replay(second.url, cut, len(received))
+    assert tail.status_code == 200 and "server stopped before" in _events(tail.content)[-1]["error"]["message"]
     stats = httpx.get(second.url + "/stats", timeout=30).json()["streams"]
     assert stats["stored"] == 2 and stats["live"] == 0 and stats["durable"] is True

@@ -172,10 +172,11 @@ export function chatPage(main) {
       case "text_delta": if (state.streaming) { streamText(f.delta); paintStream(); } break;
       case "thinking_delta": if (state.streaming) { state.streaming.thinking += f.delta; paintStream(); } break;
       case "tool_start": if (state.streaming) streamTool(f); break;
-      case "tool_approval_request": case "tool_update": case "tool_end": {
+      case "tool_approval_request": case "tool_approval_answered": case "tool_update": case "tool_end": {
         const card = state.streaming?.calls.get(f.callId);
         if (!card) break;
         if (f.type === "tool_approval_request") card.ask(f.args);
+        else if (f.type === "tool_approval_answered") card.answered(f.decision);  // here, in another tab, or earlier
         else if (f.type === "tool_update") card.output(f.chunk);
         else card.end(f.ok, f.result);
         messages.scrollTop = messages.scrollHeight;
@@ -408,6 +409,10 @@ export function chatPage(main) {
         approval.hidden = false;
         approval.onkeydown = (e) => { if (e.key === "Escape") { e.preventDefault(); answer("deny"); } };
         allow.focus();
+      },
+      answered(decision) {
+        approval.hidden = true; el.classList.remove("asking");
+        status.textContent = decision === "allow" ? "running…" : "denied";
       },
       output(chunk) { out.hidden = false; out.textContent += chunk; out.scrollTop = out.scrollHeight; },
       end(ok, text) {

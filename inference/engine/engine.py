@@ -119,8 +119,9 @@ class Submission:
     def stop(self) -> None:
         """Stop generating (within a decode step) and end the stream with a
         last event as if the model had stopped there: finish reason `stop`,
-        usage so far. Events already on their way are passed on first; once
-        the stream has ended this does nothing."""
+        usage so far. Events already queued are passed on first; ones the
+        engine thread sends after this are not. Once the stream has ended
+        this does nothing."""
         if not self._gen.aborted.is_set():
             self._gen.aborted.set()
             self._gen.events.put_nowait(_STOP)

@@ -104,3 +104,7 @@ async def resumable(request, conversation: str, model: str, frames: AsyncIterato
         await close_quietly(frames)
         raise RequestError(exc.message, exc.param, status=exc.status,
                            kind="server_error" if exc.status >= 500 else "invalid_request_error") from None
+    except BaseException:  # the client left while an earlier generation stopped: this one goes too
+        submission.abort()
+        await close_quietly(frames)
+        raise

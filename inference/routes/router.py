@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import secrets
 from urllib.parse import quote
 
 import httpx
@@ -90,6 +91,8 @@ async def dispatch(request: HttpRequest) -> HttpResponse:
         conversation = conversation_id(request) if streaming and request.method == "POST" else None
     except RequestError as exc:
         return errors.request_error(path, exc)
+    if conversation is not None:
+        await request.runtime.streams.stop(conversation)  # one generation per conversation, on any model
     try:
         slot = await manager.acquire(named)
     except RouterError as exc:
@@ -115,8 +118,13 @@ def _headers(request: HttpRequest, manager: Manager) -> dict:
 async def _forward(request: HttpRequest, manager: Manager, slot: Slot,
                    conversation: str | None = None) -> HttpResponse:
     client = http_client(manager)
+    headers = _headers(request, manager)
+    token = None
+    if conversation is not None:  # the model's process knows this generation by a name of its own, for its stop
+        headers = {k: v for k, v in headers.items() if k.lower() != "x-conversation-id"}
+        token = headers["x-conversation-id"] = f"router-{secrets.token_hex(12)}"
     outgoing = client.build_request(request.method, slot.url + _target(request), content=request.body,
-                                    headers=_headers(request, manager))
+                                    headers=headers)
     try:
         reply = await client.send(outgoing, stream=True)
     except httpx.HTTPError as exc:
@@ -136,21 +144,23 @@ async def _forward(request: HttpRequest, manager: Manager, slot: Slot,
             manager.release(slot)
         return HttpResponse(content, status=reply.status_code, headers=headers)
     relay = _Relay(request.path, manager, slot, reply)
-    if conversation is None:
+    if conversation is None or token is None:
         return StreamingHttpResponse(relay, status=reply.status_code, headers=headers)
-    return await _record(request, manager, slot, conversation, relay, reply.status_code, headers)
+    return await _record(request, manager, slot, (conversation, token), relay, reply.status_code, headers)
 
 
-async def _record(request: HttpRequest, manager: Manager, slot: Slot, conversation: str, relay: _Relay,
+async def _record(request: HttpRequest, manager: Manager, slot: Slot, names: tuple[str, str], relay: _Relay,
                   status: int, headers: dict) -> HttpResponse:
     """A resumable stream: the router records the model's stream itself (it
     outlives the client; the model's process only keeps the generation
-    stoppable), and stops it through the model's own `DELETE /v1/stream/{id}`."""
+    stoppable, under `token`), and stops it through the model's own
+    `DELETE /v1/stream/{token}`."""
     path = request.path
+    conversation, token = names
 
     async def stop() -> None:
         try:
-            await http_client(manager).delete(f"{slot.url}/v1/stream/{quote(conversation, safe='')}",
+            await http_client(manager).delete(f"{slot.url}/v1/stream/{token}",
                                               headers={"authorization": f"Bearer {manager.key}"}, timeout=10.0)
         except httpx.HTTPError as exc:  # the process is gone: its stream has ended (or will) by itself
             log.warning("stopping %s in %s: %s", conversation, slot.id, exc)
@@ -163,6 +173,10 @@ async def _record(request: HttpRequest, manager: Manager, slot: Slot, conversati
         await close_quietly(chunks)
         relay.close()
         return errors.render(path, exc.status, exc.message, param=exc.param)
+    except BaseException:  # the client left while an earlier generation stopped: this one goes too
+        await close_quietly(chunks)
+        relay.close()
+        raise
     return StreamingHttpResponse(frames, status=status, headers={**headers, "X-Conversation-Id": conversation})
 
 

@@ -8,7 +8,7 @@ In router mode these run in the router, which records every stream itself;
 a stop goes on to the model's process that generates."""
 from __future__ import annotations
 
-from django.http import HttpRequest, JsonResponse, StreamingHttpResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from ninja import Query, Router, Schema
 from pydantic import Field
 
@@ -40,7 +40,9 @@ def _unknown(conversation_id: str) -> RequestError:
 async def replay(request: HttpRequest, conversation_id: str, offset: int = Query(0, alias="from")):
     """The stream's bytes from byte `from` (default 0), then live until it ends.
     Headers: `X-Stream-Status` (live or how it ended), `X-Stream-Start` (the
-    first byte still kept), `X-Stream-Bytes` (its length so far)."""
+    first byte still kept), `X-Stream-Bytes` (its length so far). A stream
+    whose server died mid-generation, asked from past where its closing error
+    event begins, answers that event alone."""
     conversation_id = _id(conversation_id)
     streams = request.runtime.streams
     stream = streams.get(conversation_id)
@@ -48,14 +50,17 @@ async def replay(request: HttpRequest, conversation_id: str, offset: int = Query
         raise _unknown(conversation_id)
     if offset < 0:
         raise RequestError("from must be a byte offset, 0 or more", "from")
+    headers = {**STREAM_HEADERS, "X-Conversation-Id": conversation_id, "X-Stream-Status": stream.meta.state,
+               "X-Stream-Start": str(stream.start), "X-Stream-Bytes": str(stream.end)}
+    crashed = stream.after_crash(offset)
+    if crashed is not None:  # the client got bytes the disk never did: the event that says why it ended
+        return HttpResponse(crashed, content_type="text/event-stream", headers=headers)
     try:
         chunks = streams.follow(conversation_id, offset)
     except Gone as exc:
         raise RequestError(str(exc), "from", status=410, code="stream_bytes_gone") from None
     except ValueError as exc:
         raise RequestError(str(exc), "from", status=416, code="stream_offset_past_end") from None
-    headers = {**STREAM_HEADERS, "X-Conversation-Id": conversation_id, "X-Stream-Status": stream.meta.state,
-               "X-Stream-Start": str(stream.start), "X-Stream-Bytes": str(stream.end)}
     return StreamingHttpResponse(chunks, content_type="text/event-stream", headers=headers)
 
 

@@ -73,6 +73,7 @@ class Stream:
         self.task: asyncio.Task | None = None  # the generation's pump (this process's live streams)
         self.stop_fn: Callable[[], Awaitable[None]] | None = None  # asks the generation to stop
         self.context: object = None  # what its owner keeps with it (a chat turn)
+        self.error_event: Callable[[str], bytes] | None = None  # an event of its protocol that ends it failed
         self.done = asyncio.Event()
         if meta.state != LIVE:
             self.done.set()
@@ -160,8 +161,23 @@ class Stream:
                 at = offset - self.mem_start
                 return bytes(self.mem[at:at + most])
         path = self.path(".sse")
-        assert path is not None
-        return await asyncio.to_thread(_pread, path, offset - self.meta.start, most)
+        if path is None:
+            return b""
+        try:
+            return await asyncio.to_thread(_pread, path, offset - self.meta.start, most)
+        except FileNotFoundError:  # forgotten (its TTL, the total cap) before this reader began: it ends here
+            return b""
+
+    def after_crash(self, offset: int) -> bytes | None:
+        """For a stream its process ended by dying: a client may hold bytes the
+        disk never got (it writes behind), so a replay from past where the
+        crash event begins answers that event alone, as a fresh event. None
+        for any other stream or offset."""
+        if self.meta.state != "interrupted":
+            return None
+        tail = self.meta.on_crash.encode()
+        begins = self.meta.end - len(tail)
+        return b"\n\n" + tail if offset > begins else None
 
     async def follow(self, offset: int):
         """The bytes from `offset`, then each new one as it comes, until the

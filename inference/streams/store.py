@@ -29,6 +29,7 @@ import fcntl
 import json
 import logging
 import os
+import re
 import secrets
 import threading
 import time
@@ -43,6 +44,7 @@ log = logging.getLogger("hearth.streams")
 FLUSH_S = 0.25  # the most a byte waits before it is written
 GC_EVERY_S = 5.0
 MAX_ID_CHARS = 256
+ID = re.compile(r"[A-Za-z0-9._:-]{1,%d}" % MAX_ID_CHARS)  # a path segment as it is: no escaping, no `/`
 MAX_LOOKUP = 1000
 CRASH_MESSAGE = ("the server stopped before this generation ended (it crashed, was killed or shut down); "
                  "what it generated until then is above")
@@ -59,8 +61,9 @@ class StreamRefused(Exception):
 
 
 def check_id(value: str, what: str = "X-Conversation-Id") -> str:
-    if not value or len(value) > MAX_ID_CHARS or not value.isprintable() or not value.isascii():
-        raise StreamRefused(f"{what} must be 1 to {MAX_ID_CHARS} printable ASCII characters", param=what)
+    if not ID.fullmatch(value):
+        raise StreamRefused(f"{what} must be 1 to {MAX_ID_CHARS} letters, digits, '.', '_', ':' or '-' (a random "
+                            "UUID is best: it is all that keeps others from reading the stream)", param=what)
     return value
 
 
@@ -148,19 +151,23 @@ def flush(stream: Stream) -> None:
             data, append = bytes(stream.mem[stream.flushed - stream.mem_start:]), True
         upto = stream.meta.end
         meta = json.dumps(stream.meta.__dict__)
-    if append:
-        with open(data_path, "ab") as f:
-            f.write(data)
-    else:
-        write_atomically(data_path, data, durable=False)
+    try:
+        if append:
+            with open(data_path, "ab") as f:
+                f.write(data)
+        else:
+            write_atomically(data_path, data, durable=False)
+    except OSError:
+        with stream.lock:
+            stream.rewrite = True  # the file may hold part of it: written whole next time
+        raise
+    with stream.lock:
+        stream.flushed = max(stream.flushed, upto) if append else upto
     write_atomically(meta_path, meta, durable=False)
     if stream.deleted:  # forgotten while this was written: it stays forgotten
         delete_files(stream)
         return
-    with stream.lock:
-        stream.flushed = max(stream.flushed, upto) if append else upto
-    stream_ended = stream.meta.state != LIVE
-    if stream_ended:
+    if stream.meta.state != LIVE:
         stream.release_memory()
 
 
@@ -171,6 +178,7 @@ class Streams:
         self.by_id: dict[str, Stream] = {}  # conversation id -> its latest stream
         self.gone: list[Stream] = []  # replaced streams, deleted once nobody follows them
         self.relayed: dict[str, StopFn] = {}  # record=False: live generations, for their stop
+        self._claims: dict[str, asyncio.Lock] = {}  # one start or stop at a time per conversation
         self.writer: Writer | None = None
         self.owner: Owner | None = None
         self._gc_task: asyncio.Task | None = None
@@ -212,15 +220,26 @@ class Streams:
         stream's protocol that ends it with an error. `context` is kept on the
         stream for its owner (the chat keeps its running turn there)."""
         check_id(conversation_id)
-        await self.stop(conversation_id)
-        if not self.record:
-            return self._relay_only(conversation_id, producer, stop)
-        self._make_room()
+        async with self._claim(conversation_id):  # two POSTs at once: the second stops the first
+            await self._stop(conversation_id)
+            if not self.record:
+                return self._relay_only(conversation_id, producer, stop)
+            self._make_room()
+            return self._begin(conversation_id, kind, model, producer, stop, error_event, context)
+
+    def _claim(self, conversation_id: str) -> asyncio.Lock:
+        lock = self._claims.get(conversation_id)
+        if lock is None:
+            lock = self._claims[conversation_id] = asyncio.Lock()
+        return lock
+
+    def _begin(self, conversation_id: str, kind: str, model: str | None, producer: AsyncIterator[bytes],
+               stop: StopFn, error_event: Callable[[str], bytes], context: object) -> AsyncIterator[bytes]:
         meta = Meta(sid=secrets.token_hex(12), conversation_id=conversation_id, kind=kind, model=model,
                     created=time.time(), owner=self.owner.name if self.owner else "",
                     on_crash=error_event(CRASH_MESSAGE).decode())
         stream = Stream(meta, self.folder, self.cap)
-        stream.stop_fn, stream.context = stop, context
+        stream.stop_fn, stream.context, stream.error_event = stop, context, error_event
         previous = self.by_id.get(conversation_id)
         if previous is not None:
             self.gone.append(previous)
@@ -259,6 +278,10 @@ class Streams:
     async def stop(self, conversation_id: str, wait_s: float = 10.0) -> Stream | None:
         """Stop the conversation's live generation (if any) and wait, at most
         `wait_s`, for its stream to end. Returns its stream (None: unknown)."""
+        async with self._claim(conversation_id):
+            return await self._stop(conversation_id, wait_s)
+
+    async def _stop(self, conversation_id: str, wait_s: float = 10.0) -> Stream | None:
         relayed = self.relayed.pop(conversation_id, None)
         if relayed is not None:
             await relayed()
@@ -274,7 +297,9 @@ class Streams:
         except asyncio.TimeoutError:  # the generation did not answer the stop: end it here
             if stream.task is not None:
                 stream.task.cancel()
-            stream.finish("stopped")
+            tail = stream.error_event(f"the generation did not stop within {wait_s:g}s of being asked; "
+                                      "its stream ends here") if stream.error_event else b""
+            stream.finish("stopped", tail)
             self._dirty(stream)
         return stream
 
@@ -377,6 +402,9 @@ class Streams:
             if not stream.live and stream.followers == 0:
                 self.gone.remove(stream)
                 self._delete_files(stream)
+        for conversation_id, lock in list(self._claims.items()):
+            if not lock.locked():
+                del self._claims[conversation_id]
 
     # -- after a restart --------------------------------------------------------
     def _recover(self) -> None:
@@ -402,6 +430,9 @@ class Streams:
             if current is not None:
                 self._delete_files(current)
             self.by_id[meta.conversation_id] = stream
+        for data in self.folder.glob("*.sse"):
+            if not data.with_suffix(".json").exists():  # its record was never written, or was removed
+                data.unlink(missing_ok=True)
         for lock in (self.folder / "owners").glob("*.lock"):
             if Owner.gone(self.folder, lock.stem):
                 lock.unlink(missing_ok=True)
@@ -427,13 +458,14 @@ async def close_quietly(chunks: AsyncIterator[bytes]) -> None:
 
 def _end_orphan(folder: Path, meta: Meta) -> None:
     """A stream whose process died mid-generation: cut it at its last whole
-    event, add its crash event, and record it as ended then."""
+    event, add its crash event, and record it as ended now (so it stays
+    replayable for the TTL after this start, however long the server was down)."""
     data_path = folder / f"{meta.sid}.sse"
+    ended_at = time.time()
     try:
         data = data_path.read_bytes()
-        ended_at = data_path.stat().st_mtime
     except FileNotFoundError:
-        data, ended_at = b"", meta.created
+        data = b""
     whole = data.rfind(b"\n\n")
     data = data[:whole + 2] if whole >= 0 else b""
     data += meta.on_crash.encode()

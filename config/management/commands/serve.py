@@ -265,6 +265,9 @@ class Command(BaseCommand):
         limits.export(bounds)  # this process, the worker and every child see the same bounds
         _set_access(access)
         runtime.started_at = int(time.time())
+        if opts["streams_max_bytes"] < opts["stream_max_bytes"]:
+            raise CommandError(f"--streams-max-bytes ({opts['streams_max_bytes']}) is less than one stream's "
+                               f"--stream-max-bytes ({opts['stream_max_bytes']}): no resumable stream would fit")
         runtime.options = self._options(opts, bounds)
         in_router = child.is_child()
         if opts["model"] is None and not in_router:
