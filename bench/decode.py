@@ -17,6 +17,7 @@ import http.client
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -51,6 +52,36 @@ def build_model(out: Path) -> int:
     weights = dict(tree_flatten(model.parameters()))
     write_model_dir(out, weights, config, tok, {"eos_token_id": config["eos_token_id"]})
     return sum(v.size for v in weights.values())
+
+
+def bench_args(doc: str, tokens: int, runs: int, port: int) -> argparse.Namespace:
+    """The flags every side-by-side benchmark takes, with its own defaults."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tokens", type=int, default=tokens)
+    parser.add_argument("--runs", type=int, default=runs)
+    parser.add_argument("--port", type=int, default=port)
+    parser.add_argument("--record", action="store_true")
+    return parser.parse_args()
+
+
+def publish(args, lines: list[str], work: Path) -> None:
+    """Print a benchmark's report, append it to bench/RESULTS.md with --record, and clean up."""
+    print("\n".join(lines))
+    if args.record:
+        with open(ROOT / "bench" / "RESULTS.md", "a") as f:
+            f.write("\n".join(lines) + "\n")
+    shutil.rmtree(work, ignore_errors=True)
+
+
+def preloaded_env(work: Path) -> tuple[dict, str]:
+    """The environment a server or raw run gets here: homes under `work`,
+    offline, and OpenBLAS preloaded when this machine has it; and its name."""
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "_HEARTH_REEXEC")}
+    env.update(HF_HUB_OFFLINE="1", HEARTH_HOME=str(work / "home"), HF_HOME=str(work / "hf"))
+    lib = find_openblas()
+    if lib:
+        env.update(LD_PRELOAD=lib, _HEARTH_REEXEC="1")
+    return env, "OpenBLAS" if lib else "reference"
 
 
 def suppressed_ids(model: Path) -> list[int]:
@@ -94,13 +125,14 @@ def measure_raw(path: Path, env: dict, tokens: int, runs: int, suppress: list[in
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def stream_once(port: int, tokens: int, eos: list[int], model: str) -> dict:
+def stream_once(port: int, tokens: int, eos: list[int], model: str, headers: dict | None = None) -> dict:
     # mlx_lm.server loads whatever `model` names, so name the served directory.
     body = {"model": model, "messages": PROMPT, "max_tokens": tokens, "stream": True, "temperature": 0,
             "logit_bias": {str(e): -100 for e in eos}}
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
     start = time.perf_counter()
-    conn.request("POST", "/v1/chat/completions", json.dumps(body), {"content-type": "application/json"})
+    conn.request("POST", "/v1/chat/completions", json.dumps(body),
+                 {"content-type": "application/json", **(headers or {})})
     resp = conn.getresponse()
     assert resp.status == 200, resp.read()
     stamps = []
@@ -150,12 +182,7 @@ def summarize(rows: list[dict]) -> dict:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--tokens", type=int, default=128)
-    parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--port", type=int, default=18431)
-    parser.add_argument("--record", action="store_true")
-    args = parser.parse_args()
+    args = bench_args(__doc__, tokens=128, runs=3, port=18431)
 
     work = Path(tempfile.mkdtemp(prefix="hearth-bench-"))
     model = work / "bench-llama-100m"

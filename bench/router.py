@@ -15,7 +15,6 @@ tables, the command and the commit to bench/RESULTS.md.
 """
 from __future__ import annotations
 
-import argparse
 import http.client
 import json
 import os
@@ -32,9 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from decode import build_model, measure_raw, stream_once, suppressed_ids, wait_up  # noqa: E402
-
-from core.blas import find_openblas  # noqa: E402
+from decode import bench_args, build_model, measure_raw, preloaded_env, publish, stream_once, suppressed_ids, wait_up  # noqa: E402
 
 LONG = [{"role": "user", "content": " ".join(f"Line {i}: the river runs past the quiet house." for i in range(120))}]
 
@@ -68,24 +65,14 @@ def start(cmd: list[str], port: int, env: dict, log: Path) -> subprocess.Popen:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--tokens", type=int, default=128)
-    parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument("--port", type=int, default=18531)
-    parser.add_argument("--record", action="store_true")
-    args = parser.parse_args()
+    args = bench_args(__doc__, tokens=128, runs=5, port=18531)
 
     work = Path(tempfile.mkdtemp(prefix="hearth-bench-router-"))
     models = work / "models"
     params = build_model(models / "m1")
     shutil.copytree(models / "m1", models / "m2")
     eos = suppressed_ids(models / "m1")
-    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "_HEARTH_REEXEC")}
-    env.update(HF_HUB_OFFLINE="1", HEARTH_HOME=str(work / "home"), HF_HOME=str(work / "hf"))
-    lib = find_openblas()
-    if lib:
-        env.update(LD_PRELOAD=lib, _HEARTH_REEXEC="1")
-    blas = "OpenBLAS" if lib else "reference"
+    env, blas = preloaded_env(work)
     print(f"model: {params / 1e6:.0f}M parameters, float32, {blas}", flush=True)
 
     raw = measure_raw(models / "m1", env, args.tokens, args.runs, eos)
@@ -114,11 +101,7 @@ def main() -> int:
     decode["raw"] = {"tps": statistics.median(r["tps"] for r in raw),
                      "ttft_ms": 1000 * statistics.median(r["ttft"] for r in raw)}
     lines = report(args, params, blas, decode, switches)
-    print("\n".join(lines))
-    if args.record:
-        with open(ROOT / "bench" / "RESULTS.md", "a") as f:
-            f.write("\n".join(lines) + "\n")
-    shutil.rmtree(work, ignore_errors=True)
+    publish(args, lines, work)
     return 0
 
 

@@ -15,12 +15,9 @@ table, the command and the commit to bench/RESULTS.md.
 """
 from __future__ import annotations
 
-import argparse
 import http.client
-import json
 import os
 import platform
-import shutil
 import statistics
 import subprocess
 import sys
@@ -33,32 +30,17 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from decode import PROMPT, build_model, measure_raw, measure_server, suppressed_ids, wait_up  # noqa: E402
-
-from core.blas import find_openblas  # noqa: E402
-
-
-def stream(port: int, tokens: int, eos: list[int], model: str, conversation: str | None) -> dict:
-    body = {"model": model, "messages": PROMPT, "max_tokens": tokens, "stream": True, "temperature": 0,
-            "logit_bias": {str(e): -100 for e in eos}}
-    headers = {"content-type": "application/json"}
-    if conversation:
-        headers["X-Conversation-Id"] = conversation
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
-    start = time.perf_counter()
-    conn.request("POST", "/v1/chat/completions", json.dumps(body), headers)
-    resp = conn.getresponse()
-    assert resp.status == 200, resp.read()
-    stamps = []
-    while line := resp.readline():
-        line = line.strip()
-        if not line.startswith(b"data:") or line == b"data: [DONE]":
-            continue
-        delta = (json.loads(line[5:]).get("choices") or [{}])[0].get("delta") or {}
-        if delta.get("content"):
-            stamps.append(time.perf_counter())
-    conn.close()
-    return {"ttft": stamps[0] - start, "tps": (len(stamps) - 1) / (stamps[-1] - stamps[0])}
+from decode import (  # noqa: E402
+    bench_args,
+    build_model,
+    measure_raw,
+    measure_server,
+    preloaded_env,
+    publish,
+    stream_once,
+    suppressed_ids,
+    wait_up,
+)
 
 
 def replay(port: int, conversation: str) -> tuple[float, int]:
@@ -75,23 +57,13 @@ def replay(port: int, conversation: str) -> tuple[float, int]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--tokens", type=int, default=256)
-    parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument("--port", type=int, default=18631)
-    parser.add_argument("--record", action="store_true")
-    args = parser.parse_args()
+    args = bench_args(__doc__, tokens=256, runs=5, port=18631)
 
     work = Path(tempfile.mkdtemp(prefix="hearth-bench-streams-"))
     model = work / "bench-llama-100m"
     params = build_model(model)
     eos = suppressed_ids(model)
-    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "_HEARTH_REEXEC")}
-    env.update(HF_HUB_OFFLINE="1", HEARTH_HOME=str(work / "home"), HF_HOME=str(work / "hf"))
-    lib = find_openblas()
-    if lib:
-        env.update(LD_PRELOAD=lib, _HEARTH_REEXEC="1")
-    blas = "OpenBLAS" if lib else "reference"
+    env, blas = preloaded_env(work)
     print(f"model: {params / 1e6:.0f}M parameters, float32, {blas}", flush=True)
 
     raw = measure_raw(model, env, args.tokens, args.runs, eos)
@@ -104,11 +76,12 @@ def main() -> int:
     proc = subprocess.Popen(cmd, env=env, stdout=open(work / "serve.log", "wb"), stderr=subprocess.STDOUT, cwd=ROOT)
     try:
         wait_up(args.port, proc)
-        stream(args.port, args.tokens, eos, str(model), None)  # warm-up
+        stream_once(args.port, args.tokens, eos, str(model))  # warm-up
         for _ in range(args.runs):
-            rows["plain"].append(stream(args.port, args.tokens, eos, str(model), None))
+            rows["plain"].append(stream_once(args.port, args.tokens, eos, str(model)))
             conversations.append(f"bench-{uuid.uuid4()}")
-            rows["resumable"].append(stream(args.port, args.tokens, eos, str(model), conversations[-1]))
+            rows["resumable"].append(stream_once(args.port, args.tokens, eos, str(model),
+                                                 {"X-Conversation-Id": conversations[-1]}))
         time.sleep(1.0)  # written behind, and let go of in memory once nobody reads
         sizes = []
         for conversation in conversations:
@@ -146,11 +119,7 @@ def main() -> int:
         f"{1000 * statistics.median(replays['memory']):.1f} ms (this process), "
         f"{1000 * statistics.median(replays['disk']):.1f} ms (after a restart, from HEARTH_HOME/streams).\n",
     ]
-    print("\n".join(lines))
-    if args.record:
-        with open(ROOT / "bench" / "RESULTS.md", "a") as f:
-            f.write("\n".join(lines) + "\n")
-    shutil.rmtree(work, ignore_errors=True)
+    publish(args, lines, work)
     return 0
 
 

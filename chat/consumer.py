@@ -315,12 +315,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
 
     async def _unfollow(self) -> None:
         follower, self.follower = self.follower, None
-        if follower is not None and not follower.done():
-            follower.cancel()
-            try:
-                await follower
-            except asyncio.CancelledError:
-                pass
+        await live.cancel(follower)
 
     @staticmethod
     def _last_user(session: ChatSession) -> ChatEntry:

@@ -81,13 +81,17 @@ class LiveTurn:
             self._frames.put_nowait(None)
 
     async def stop(self) -> None:
-        task = self._task
-        if task is not None and not task.done():
-            task.cancel()
-            try:
-                await task
-            except asyncio.CancelledError:
-                pass
+        await cancel(self._task)
+
+
+async def cancel(task: asyncio.Task | None) -> None:
+    """Cancel `task` and wait until it has wound down (its own cleanup run)."""
+    if task is not None and not task.done():
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass
 
 
 def error_event(session_id: str):

@@ -70,8 +70,9 @@ async def stop(request: HttpRequest, conversation_id: str):
     once its stream has ended; a stream already ended is left as it is."""
     conversation_id = _id(conversation_id)
     streams = request.runtime.streams
-    relayed = conversation_id in streams.relayed
-    was_live = relayed or (streams.get(conversation_id) is not None and streams.get(conversation_id).live)
+    relayed = conversation_id in streams.relayed  # a router's generation in this model's process
+    known = streams.get(conversation_id)
+    was_live = relayed or (known is not None and known.live)
     stream = await streams.stop(conversation_id)
     if stream is None and not relayed:
         raise _unknown(conversation_id)

@@ -265,15 +265,20 @@ class Streams:
             self._dirty(stream)
             await close_quietly(producer)
 
-    async def _relay_only(self, conversation_id: str, producer: AsyncIterator[bytes], stop: StopFn):
+    def _relay_only(self, conversation_id: str, producer: AsyncIterator[bytes], stop: StopFn
+                    ) -> AsyncIterator[bytes]:
+        """The generation's bytes straight to its one reader; stoppable by id meanwhile."""
         self.relayed[conversation_id] = stop
-        try:
-            async for chunk in producer:
-                yield chunk
-        finally:
-            if self.relayed.get(conversation_id) is stop:
-                del self.relayed[conversation_id]
-            await close_quietly(producer)
+
+        async def relay():
+            try:
+                async for chunk in producer:
+                    yield chunk
+            finally:
+                if self.relayed.get(conversation_id) is stop:
+                    del self.relayed[conversation_id]
+                await close_quietly(producer)
+        return relay()
 
     async def stop(self, conversation_id: str, wait_s: float = 10.0) -> Stream | None:
         """Stop the conversation's live generation (if any) and wait, at most
