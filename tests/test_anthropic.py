@@ -114,6 +114,30 @@ def test_thinking_blocks_and_dropped_on_reingest(client):
     assert again.type == "message"
 
 
+def test_thinking_blocks_carry_a_signature_and_the_stream_sends_it(client, base_url):
+    """Anthropic's thinking blocks carry a signature; a stream sends it as a
+    signature_delta before the block stops. message_start and message_delta
+    agree on input_tokens (and on the cache reads) even when the cache served part."""
+    body = {"model": "m", "max_tokens": 60, "messages": [{"role": "user", "content": "Hi " * 40}],
+            "thinking": {"type": "enabled", "budget_tokens": 1024}, **forced("Greet back.</think>\n\nHello!")}
+    msg = client.messages.create(**{k: v for k, v in body.items() if k != "guided_grammar"},
+                                 extra_body=forced("Greet back.</think>\n\nHello!"))
+    assert msg.content[0].type == "thinking" and msg.content[0].signature
+    for _ in range(2):  # the second time, the prompt cache serves most of the prompt
+        raw = httpx.post(base_url + "/v1/messages", json={**body, "stream": True}, timeout=60).text
+        events = [json.loads(line[6:]) for line in raw.splitlines() if line.startswith("data: ")]
+        kinds = [(e["type"], e.get("delta", {}).get("type")) for e in events]
+        sig = kinds.index(("content_block_delta", "signature_delta"))
+        thinking = [i for i, k in enumerate(kinds) if k[1] == "thinking_delta"]
+        assert thinking and max(thinking) < sig and kinds[sig + 1] == ("content_block_stop", None)
+        assert events[sig]["delta"]["signature"] == msg.content[0].signature
+        start = next(e for e in events if e["type"] == "message_start")["message"]["usage"]
+        delta = next(e for e in events if e["type"] == "message_delta")["usage"]
+        assert start["input_tokens"] == delta["input_tokens"]
+        assert start.get("cache_read_input_tokens") == delta.get("cache_read_input_tokens")
+    assert delta.get("cache_read_input_tokens")  # the case where they could disagree
+
+
 def test_count_tokens_matches_usage(client):
     counted = client.messages.count_tokens(model="m", system="Be brief.", messages=ASK, tools=[WEATHER])
     msg = client.messages.create(model="m", max_tokens=2, system="Be brief.", messages=ASK, tools=[WEATHER])

@@ -252,3 +252,32 @@ def test_claude_code_shapes_are_accepted(claude, base_url):
     with httpx.stream("POST", base_url + "/v1/messages?beta=true", json=body, headers=headers, timeout=60) as r:
         text = r.read().decode()
     assert r.status_code == 200 and "event: message_stop" in text
+
+
+def test_wire_details_real_clients_read(base_url, oai, tiny_model):
+    """A user message without content is a 400 naming it; include_usage sends
+    the usage in a chunk of its own with no choices; a Responses reply cut by
+    max_output_tokens marks its message item incomplete too."""
+    import httpx
+
+    missing = httpx.post(base_url + "/v1/chat/completions", timeout=30,
+                         json={"model": tiny_model, "messages": [{"role": "user"}]})
+    assert missing.status_code == 400 and missing.json()["error"]["param"] == "messages[0].content"
+    chunks = list(oai.chat.completions.create(model=tiny_model, messages=[{"role": "user", "content": "Hi"}],
+                                              max_tokens=5, stream=True, stream_options={"include_usage": True}))
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens > 0
+    assert chunks[-2].choices[0].finish_reason and chunks[-2].usage is None
+    plain = list(oai.chat.completions.create(model=tiny_model, messages=[{"role": "user", "content": "Hi"}],
+                                             max_tokens=5, stream=True))
+    assert plain[-1].choices and plain[-1].usage is not None  # without it, the usage rides on the last chunk
+    bad = httpx.post(base_url + "/v1/chat/completions", timeout=30, json={
+        "model": tiny_model, "messages": [{"role": "user", "content": "Hi"}], "stream": True,
+        "stream_options": {"include_usage": "yes"}})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "stream_options.include_usage"
+    cut = oai.responses.create(model=tiny_model, input="Hello", max_output_tokens=3,
+                               extra_body={"logit_bias": {"2": -100}})
+    assert cut.status == "incomplete" and cut.output[-1].status == "incomplete" and cut.output[-1].content
+    with oai.responses.stream(model=tiny_model, input="Hello", max_output_tokens=3,
+                              extra_body={"logit_bias": {"2": -100}}) as stream:
+        done = [e.item for e in stream if e.type == "response.output_item.done"]
+    assert done[-1].status == "incomplete"

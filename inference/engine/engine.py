@@ -116,6 +116,11 @@ class Submission:
     def abort(self) -> None:
         self._gen.aborted.set()
 
+    @property
+    def cached(self) -> int:
+        """Prompt tokens served from the prompt cache (0 until the request is admitted)."""
+        return self._gen.cached
+
     def stop(self) -> None:
         """Stop generating (within a decode step) and end the stream with a
         last event as if the model had stopped there: finish reason `stop`,

@@ -4,6 +4,8 @@ engine's events, split by the shared OutputParser, become Anthropic content
 blocks and stream events. Nothing here reads OpenAI wire output."""
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import uuid
 from collections.abc import AsyncIterator
@@ -208,12 +210,22 @@ def stop_reason(event: GenerationEvent, calls: list) -> str:
     return "stop_sequence" if event.stop_sequence else "end_turn"
 
 
-def usage_json(usage: Usage) -> dict:
-    """Anthropic counts cache reads apart: input_tokens + cache_read_input_tokens is the prompt."""
-    out = {"input_tokens": usage.prompt_tokens - usage.cached_tokens, "output_tokens": usage.completion_tokens}
-    if usage.cached_tokens:
-        out["cache_read_input_tokens"] = usage.cached_tokens
+def usage_json(usage: Usage, cached: int | None = None) -> dict:
+    """Anthropic counts cache reads apart: input_tokens + cache_read_input_tokens
+    is the prompt. `cached`: the cache reads a stream's message_start already
+    reported (the final usage then agrees with it)."""
+    cached = usage.cached_tokens if cached is None else cached
+    out = {"input_tokens": usage.prompt_tokens - cached, "output_tokens": usage.completion_tokens}
+    if cached:
+        out["cache_read_input_tokens"] = cached
     return out
+
+
+def signature(model_id: str, thinking: str) -> str:
+    """A thinking block's `signature`: opaque to clients, which send it back
+    with the block; this server does not replay earlier thinking, so it only
+    has to be stable for the same text."""
+    return base64.b64encode(hashlib.sha256(f"{model_id}\0{thinking}".encode()).digest()).decode()
 
 
 def _tool_block(call) -> dict:
@@ -229,11 +241,13 @@ class Reply:
     def __init__(self, model_id: str, input_tokens: int):
         self.id = "msg_" + uuid.uuid4().hex[:24]
         self.model_id, self.input_tokens = model_id, input_tokens
+        self.cached = 0  # the cache reads message_start reported
 
     def complete(self, message: Message, event: GenerationEvent) -> dict:
         content: list[dict] = []
         if message.reasoning:
-            content.append({"type": "thinking", "thinking": message.reasoning, "signature": ""})
+            content.append({"type": "thinking", "thinking": message.reasoning,
+                            "signature": signature(self.model_id, message.reasoning)})
         if message.content or not (message.tool_calls or message.reasoning):
             content.append({"type": "text", "text": message.content})
         content += [_tool_block(c) for c in message.tool_calls]
@@ -241,11 +255,16 @@ class Reply:
                 "stop_reason": stop_reason(event, message.tool_calls), "stop_sequence": event.stop_sequence,
                 "usage": usage_json(event.final_usage)}
 
-    def start(self) -> dict:
+    def start(self, cached: int = 0) -> dict:
+        """message_start, with the prompt's cache reads as known now (once the
+        request is admitted: `cached`); message_delta's usage repeats them."""
+        self.cached = cached
+        usage = {"input_tokens": self.input_tokens - cached, "output_tokens": 0}
+        if cached:
+            usage["cache_read_input_tokens"] = cached
         return {"type": "message_start", "message": {
             "id": self.id, "type": "message", "role": "assistant", "model": self.model_id, "content": [],
-            "stop_reason": None, "stop_sequence": None,
-            "usage": {"input_tokens": self.input_tokens, "output_tokens": 0}}}
+            "stop_reason": None, "stop_sequence": None, "usage": usage}}
 
 
 def frame(event: dict) -> bytes:
@@ -258,14 +277,19 @@ PING = frame({"type": "ping"})
 class _Blocks:
     """Opens and closes content blocks as the stream moves between channels."""
 
-    def __init__(self):
-        self.index, self.open = -1, None
+    def __init__(self, model_id: str):
+        self.index, self.model_id, self.thinking = -1, model_id, ""
+        self.open: str | None = None  # the kind of block open now
 
     def close(self) -> list[bytes]:
         if self.open is None:
             return []
-        self.open = None
-        return [frame({"type": "content_block_stop", "index": self.index})]
+        out = []
+        if self.open == "thinking":  # its signature closes a thinking block, as Anthropic sends it
+            out.append(frame({"type": "content_block_delta", "index": self.index, "delta": {
+                "type": "signature_delta", "signature": signature(self.model_id, self.thinking)}}))
+        self.open, self.thinking = None, ""
+        return out + [frame({"type": "content_block_stop", "index": self.index})]
 
     def text(self, piece: Piece) -> list[bytes]:
         kind = "thinking" if piece.kind == "reasoning" else "text"
@@ -277,6 +301,8 @@ class _Blocks:
             block = {"type": "thinking", "thinking": "", "signature": ""} if kind == "thinking" else \
                 {"type": "text", "text": ""}
             out.append(frame({"type": "content_block_start", "index": self.index, "content_block": block}))
+        if kind == "thinking":
+            self.thinking += piece.text
         delta = {"type": "thinking_delta", "thinking": piece.text} if kind == "thinking" else \
             {"type": "text_delta", "text": piece.text}
         out.append(frame({"type": "content_block_delta", "index": self.index, "delta": delta}))
@@ -294,16 +320,20 @@ class _Blocks:
         return out
 
 
-async def stream(reply: Reply, events: EventStream, output: OutputParser,
-                 keepalive: float) -> AsyncIterator[bytes]:
+async def stream(reply: Reply, events: EventStream, output: OutputParser, keepalive: float,
+                 cached=lambda: 0) -> AsyncIterator[bytes]:
     """Anthropic's event grammar: message_start, content blocks (text,
     thinking, tool_use) with their deltas, message_delta with the stop
     reason and usage, message_stop; `ping` while nothing else is sent; a
-    failure is an `error` event."""
-    yield frame(reply.start())
-    yield PING
-    blocks, sent_calls = _Blocks(), 0
+    failure is an `error` event. message_start waits for the first event (or
+    the first ping) so its usage knows the prompt's cache reads (`cached()`)."""
+    started = False
+    blocks, sent_calls = _Blocks(reply.model_id), 0
     async for event in with_keepalive(events, output, keepalive, always=True):
+        if not started:
+            started = True
+            yield frame(reply.start(cached()))
+            yield PING
         if event is None:
             yield PING
             continue
@@ -327,6 +357,6 @@ async def stream(reply: Reply, events: EventStream, output: OutputParser,
             yield frame({"type": "message_delta",
                          "delta": {"stop_reason": stop_reason(event, output.calls),
                                    "stop_sequence": event.stop_sequence},
-                         "usage": usage_json(event.final_usage)})
+                         "usage": usage_json(event.final_usage, reply.cached)})
             yield frame({"type": "message_stop"})
             return

@@ -74,6 +74,8 @@ def normalize_messages(messages, limits: Limits) -> list[dict]:
             raise RequestError(f"{where}.role must be one of {', '.join(sorted(ROLES))}", f"{where}.role")
         msg = dict(m)
         msg["role"] = "system" if m["role"] == "developer" else m["role"]
+        if m["role"] == "user" and m.get("content") is None:  # only an assistant's may be absent (tool calls)
+            raise RequestError(f"{where}.content is required for a user message", f"{where}.content")
         msg["content"] = text_of(m.get("content"), where)
         if m["role"] == "assistant":
             # `reasoning` is an alias; an explicit reasoning_content wins, even empty.

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from core import sse as core_sse
+from inference.engine.engine import Submission
 from inference.engine.loader import LoadedModel
 from inference.engine.types import EventStream, GenerationEvent, GenerationRequest, Usage
 from inference.protocols import chat, params, structured
@@ -26,6 +27,11 @@ class Prepared:
     headers: dict = field(default_factory=dict)
     constraint: structured.Constraint | None = None
     output: OutputParser | None = None  # chat only: reasoning and tool calls
+    submission: Submission | None = None  # once submitted
+
+    def cached_tokens(self) -> int:
+        """Prompt tokens the prompt cache served (0 before the request is admitted)."""
+        return self.submission.cached if self.submission is not None else 0
 
     @property
     def chat_output(self) -> OutputParser:
@@ -182,10 +188,19 @@ def finish_reason(finish: str | None, calls: list) -> str | None:
 class Reply:
     """Ids and timestamps shared by every chunk of one response."""
 
-    def __init__(self, kind: str, model_id: str):
+    def __init__(self, kind: str, model_id: str, body: dict | None = None):
         prefix = "chatcmpl-" if kind == "chat" else "cmpl-"
         self.kind, self.model_id = kind, model_id
         self.id, self.created = prefix + uuid.uuid4().hex[:24], int(time.time())
+        # `stream_options.include_usage`: the usage in a chunk of its own, with no choices, as OpenAI sends it
+        # (without it, the usage rides on the chunk with the finish reason).
+        options = (body or {}).get("stream_options")
+        if options is not None and not isinstance(options, dict):
+            raise RequestError("stream_options must be an object", "stream_options")
+        usage_apart = (options or {}).get("include_usage", False)
+        if not isinstance(usage_apart, bool):
+            raise RequestError("stream_options.include_usage must be a boolean", "stream_options.include_usage")
+        self.usage_apart = usage_apart
 
     def _envelope(self, obj: str, choice: dict) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model_id,
@@ -300,7 +315,11 @@ async def stream(reply: Reply, events: EventStream, output: OutputParser | None 
             yield sse(reply.chunk({"tool_calls": calls}))
         if event.finish_reason is not None:
             final = reply.chunk(finish=finish_reason(event.finish_reason, output.calls if output else []))
-            final["usage"] = usage_json(event.final_usage)
-            yield sse(final)
+            if reply.usage_apart:
+                yield sse(final)
+                yield sse({**reply.chunk(), "choices": [], "usage": usage_json(event.final_usage)})
+            else:
+                final["usage"] = usage_json(event.final_usage)
+                yield sse(final)
             yield sse("[DONE]")
             return

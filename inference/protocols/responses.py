@@ -201,23 +201,28 @@ class Reply:
                 "type": "text"}}, "metadata": b.get("metadata") or {}, "store": b.get("store", True),
         }
 
-    def reasoning_item(self, text: str) -> dict:
-        return {"type": "reasoning", "id": self.reasoning_id, "status": "completed",
+    def reasoning_item(self, text: str, status: str = "completed") -> dict:
+        return {"type": "reasoning", "id": self.reasoning_id, "status": status,
                 "summary": [{"type": "summary_text", "text": text}]}
 
     def message_item(self, text: str, status: str = "completed") -> dict:
+        """`in_progress` (just added: no content yet), `completed`, or `incomplete` (cut by max_output_tokens)."""
         return {"type": "message", "id": self.message_id, "role": "assistant", "status": status,
-                "content": [{"type": "output_text", "text": text, "annotations": []}] if status == "completed" else []}
+                "content": [] if status == "in_progress" else [{"type": "output_text", "text": text,
+                                                                 "annotations": []}]}
 
     @staticmethod
     def call_item(call, status: str = "completed") -> dict:
         return {"type": "function_call", "id": "fc_" + call.id.removeprefix("call_"), "call_id": call.id,
                 "name": call.name, "arguments": call.arguments if status == "completed" else "", "status": status}
 
-    def output(self, message: Message) -> list[dict]:
-        items = [self.reasoning_item(message.reasoning)] if message.reasoning else []
-        if message.content or not message.tool_calls:
-            items.append(self.message_item(message.content))
+    def output(self, message: Message, status: str = "completed") -> list[dict]:
+        """The output items; `status` is the last text item's (`incomplete` when the reply was cut)."""
+        has_message = bool(message.content or not message.tool_calls)
+        items = [self.reasoning_item(message.reasoning, "completed" if has_message else status)] \
+            if message.reasoning else []
+        if has_message:
+            items.append(self.message_item(message.content, status))
         return items + [self.call_item(c) for c in message.tool_calls]
 
     def usage(self, event: GenerationEvent, reasoning: str) -> dict:
@@ -229,9 +234,14 @@ class Reply:
                 "total_tokens": u.total_tokens, "lane": u.lane}
 
     def complete(self, message: Message, event: GenerationEvent) -> dict:
-        incomplete = "max_output_tokens" if event.finish_reason == "length" and not message.tool_calls else None
-        return self.envelope("incomplete" if incomplete else "completed", self.output(message),
-                             self.usage(event, message.reasoning), incomplete)
+        status = cut(event, message)
+        return self.envelope(status, self.output(message, status), self.usage(event, message.reasoning),
+                             "max_output_tokens" if status == "incomplete" else None)
+
+
+def cut(event: GenerationEvent, message: Message) -> str:
+    """`incomplete` for a reply its token limit cut short, else `completed`."""
+    return "incomplete" if event.finish_reason == "length" and not message.tool_calls else "completed"
 
 
 def chat_output(message: Message) -> list[dict]:
@@ -274,20 +284,21 @@ class _Chain:
                 self.emit("response.content_part.added", item_id=reply.message_id, output_index=index,
                           content_index=0, part={"type": "output_text", "text": "", "annotations": []})]
 
-    def close(self) -> list[bytes]:
+    def close(self, status: str = "completed") -> list[bytes]:
+        """Close the open item; `status` is its own (`incomplete` for the last one of a cut reply)."""
         reply, index, text, frames = self.reply, len(self.items), self.text, []
         if self.open_kind == "reasoning":
             frames.append(self.emit("response.reasoning_summary_text.done", item_id=reply.reasoning_id,
                                     output_index=index, summary_index=0, text=text))
             frames.append(self.emit("response.reasoning_summary_part.done", item_id=reply.reasoning_id,
                                     output_index=index, summary_index=0, part={"type": "summary_text", "text": text}))
-            self.items.append(reply.reasoning_item(text))
+            self.items.append(reply.reasoning_item(text, status))
         elif self.open_kind == "content":
             frames.append(self.emit("response.output_text.done", item_id=reply.message_id, output_index=index,
                                     content_index=0, text=text))
             frames.append(self.emit("response.content_part.done", item_id=reply.message_id, output_index=index,
                                     content_index=0, part={"type": "output_text", "text": text, "annotations": []}))
-            self.items.append(reply.message_item(text))
+            self.items.append(reply.message_item(text, status))
         if self.open_kind is not None:
             frames.append(self.emit("response.output_item.done", output_index=index, item=self.items[-1]))
         self.open_kind = None
@@ -350,7 +361,7 @@ async def stream(reply: Reply, events: EventStream, output: OutputParser, keepal
         message.tool_calls = list(output.calls)
         if event.finish_reason is not None:
             frames = chain.open("content") if not chain.items and chain.open_kind is None else []  # one message
-            for frame in frames + chain.close():
+            for frame in frames + chain.close(cut(event, message)):
                 yield frame
             final = reply.complete(message, event)
             final["output"] = chain.items

@@ -21,7 +21,8 @@ async def messages(request: HttpRequest):
     keepalive = request.runtime.options.sse_keepalive
     return await pipeline.respond(
         request, engine, prepared, "messages", bool(body.get("stream")),
-        stream=lambda events: anthropic.stream(reply, events, prepared.chat_output, keepalive),
+        stream=lambda events: anthropic.stream(reply, events, prepared.chat_output, keepalive,
+                                               prepared.cached_tokens),
         complete=lambda message, logprobs, final: reply.complete(message, final))
 
 

@@ -17,7 +17,7 @@ async def _generate(request: HttpRequest, kind: str):
     body = await pipeline.read_body(request)
     prepare = pipeline.prepare_chat if kind == "chat" else pipeline.prepare_completion
     engine, prepared = await prepare(request, body)
-    reply = openai.Reply(kind, engine.loaded_model.model_id)
+    reply = openai.Reply(kind, engine.loaded_model.model_id, body)
     return await pipeline.respond(
         request, engine, prepared, "messages" if kind == "chat" else "prompt", bool(body.get("stream")),
         stream=lambda events: openai.stream(reply, events, prepared.output, runtime.options.sse_keepalive),

@@ -62,7 +62,7 @@ async def respond(request, engine: Engine, prepared: Prepared, param: str, strea
     answer `complete(message, logprobs, final)`, or the route's error shape
     for a generation that failed."""
     conversation = conversation_id(request) if streaming else None
-    submission = submit(engine, prepared.request, param)
+    submission = prepared.submission = submit(engine, prepared.request, param)
     if streaming:
         frames = stream(submission.events())
         headers = {**STREAM_HEADERS, **prepared.headers}
