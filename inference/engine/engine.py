@@ -117,8 +117,8 @@ class Submission:
         self._gen.aborted.set()
 
     @property
-    def cached(self) -> int:
-        """Prompt tokens served from the prompt cache (0 until the request is admitted)."""
+    def cached(self) -> int | None:
+        """Prompt tokens served from the prompt cache; None until the request is admitted."""
         return self._gen.cached
 
     def stop(self) -> None:
@@ -133,7 +133,7 @@ class Submission:
 
     def _stopped(self) -> GenerationEvent:
         gen = self._gen
-        usage = Usage(len(gen.request.prompt_tokens), self._generated, gen.cached, gen.lane)
+        usage = Usage(len(gen.request.prompt_tokens), self._generated, gen.cached or 0, gen.lane)
         return GenerationEvent(finish_reason="stop", usage=usage)
 
 

@@ -33,8 +33,8 @@ class Generation:
     events: asyncio.Queue
     aborted: threading.Event = field(default_factory=threading.Event)
     submitted: float = field(default_factory=time.perf_counter)
-    # Set by the engine thread when it admits the request, for the usage of one stopped early.
-    cached: int = 0
+    # Set by the engine thread when it admits the request (None before): prompt tokens the cache served.
+    cached: int | None = None
     lane: str = "serial"
 
     def emit(self, event: GenerationEvent) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import time
 import uuid
 from collections.abc import AsyncIterator
 
@@ -272,6 +273,7 @@ def frame(event: dict) -> bytes:
 
 
 PING = frame({"type": "ping"})
+START_WAIT_S = 10.0  # a request queued longer gets its message_start (and pings) anyway
 
 
 class _Blocks:
@@ -325,14 +327,17 @@ async def stream(reply: Reply, events: EventStream, output: OutputParser, keepal
     """Anthropic's event grammar: message_start, content blocks (text,
     thinking, tool_use) with their deltas, message_delta with the stop
     reason and usage, message_stop; `ping` while nothing else is sent; a
-    failure is an `error` event. message_start waits for the first event (or
-    the first ping) so its usage knows the prompt's cache reads (`cached()`)."""
-    started = False
+    failure is an `error` event. message_start waits until the request is
+    admitted (`cached()` is not None: the prompt's cache reads are known) or
+    an event comes, at most START_WAIT_S, so its usage is the final one."""
+    started, since = False, time.monotonic()
     blocks, sent_calls = _Blocks(reply.model_id), 0
     async for event in with_keepalive(events, output, keepalive, always=True):
         if not started:
+            if event is None and cached() is None and time.monotonic() - since < START_WAIT_S:
+                continue  # still queued
             started = True
-            yield frame(reply.start(cached()))
+            yield frame(reply.start(cached() or 0))
             yield PING
         if event is None:
             yield PING

@@ -29,9 +29,9 @@ class Prepared:
     output: OutputParser | None = None  # chat only: reasoning and tool calls
     submission: Submission | None = None  # once submitted
 
-    def cached_tokens(self) -> int:
-        """Prompt tokens the prompt cache served (0 before the request is admitted)."""
-        return self.submission.cached if self.submission is not None else 0
+    def cached_tokens(self) -> int | None:
+        """Prompt tokens the prompt cache served; None before the request is admitted."""
+        return self.submission.cached if self.submission is not None else None
 
     @property
     def chat_output(self) -> OutputParser:
