@@ -162,3 +162,21 @@ def test_reasoning_alias_in_history_reaches_the_template(client):
     explicit = tokens({"role": "assistant", "content": "Hello", "reasoning": "a long chain of thought",
                        "reasoning_content": ""})
     assert aliased > plain and explicit == plain
+
+
+def test_reasoning_effort_maps_into_a_templates_depth_variable():
+    """On templates with a reasoning-depth variable, the level maps into it
+    (minimal/low -> low, medium -> medium, high/xhigh -> xhigh; a template
+    that knows no xhigh gets high); an explicit value and other templates are left alone."""
+    from inference.protocols.chat import with_depth
+
+    deep = "{% if reasoning_effort %}Think {{ reasoning_effort }} (low, medium or xhigh){% endif %}"
+    plain_levels = "Reasoning: {{ reasoning_depth | default('medium') }}"
+    expected = {"minimal": "low", "low": "low", "medium": "medium", "high": "xhigh", "xhigh": "xhigh"}
+    for effort, level in expected.items():
+        assert with_depth({}, effort, deep) == {"reasoning_effort": level}
+        assert with_depth({}, effort, plain_levels) == {"reasoning_depth": level.replace("xhigh", "high")}
+    assert with_depth({}, "none", deep) == {}
+    assert with_depth({"reasoning_effort": "low"}, "xhigh", deep) == {"reasoning_effort": "low"}
+    assert with_depth({}, "high", "{% for m in messages %}{{ m.content }}{% endfor %}") == {}
+    assert with_depth({}, "high", "{% if %}") == {}  # a template that does not parse

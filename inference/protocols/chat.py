@@ -143,6 +143,37 @@ def template_kwargs(body: dict, limits: Limits) -> tuple[dict, str | None]:
     return kwargs, template
 
 
+# Template variables that set how deeply a model reasons, and the level each
+# reasoning_effort maps to (a template that knows no `xhigh` gets `high`).
+DEPTH_VARIABLES = ("reasoning_effort", "reasoning_depth")
+DEPTHS = {"minimal": "low", "low": "low", "medium": "medium", "high": "xhigh", "xhigh": "xhigh"}
+
+
+def with_depth(kwargs: dict, effort, source: str | None) -> dict:
+    """`kwargs` with reasoning_effort's level in the template's reasoning-depth
+    variable, when the template (`source`) reads one and the client did not set it."""
+    if effort not in DEPTHS or not source:
+        return kwargs
+    read = template_variables(source)
+    for name in DEPTH_VARIABLES:
+        if name in read and name not in kwargs:
+            level = DEPTHS[effort]
+            return {**kwargs, name: level if level != "xhigh" or "xhigh" in source else "high"}
+    return kwargs
+
+
+@functools.lru_cache(maxsize=32)
+def template_variables(source: str) -> frozenset:
+    """The variables a chat template reads (empty for one that does not parse)."""
+    import jinja2
+    from jinja2 import meta
+
+    try:
+        return frozenset(meta.find_undeclared_variables(jinja2.Environment().parse(source)))
+    except jinja2.TemplateError:
+        return frozenset()
+
+
 def check_size(messages: list[dict], tools: list[dict] | None, kwargs: dict, template: str | None,
                limits: Limits) -> None:
     """Refuse a turn over `max_prompt_chars` before anything renders or tokenizes it."""

@@ -77,6 +77,8 @@ def _read_chat(body: dict, model: LoadedModel, options: Options) -> _Turn:
     limits = options.limits
     messages = chat.normalize_messages(body.get("messages"), limits)
     kwargs, template = chat.template_kwargs(body, limits)
+    source = template or getattr(chat.hf_tokenizer(model), "chat_template", None)
+    kwargs = chat.with_depth(kwargs, body.get("reasoning_effort"), source if isinstance(source, str) else None)
     tools = chat.tools_for(body)
     chat.check_size(messages, tools, kwargs, template, limits)
     single = not params.boolean(body, "parallel_tool_calls", True)  # at most one tool call per reply
