@@ -8,21 +8,26 @@ import pytest
 SCHEMA = {
     "type": "object",
     "properties": {
-        # A bounded string: xgrammar's maxLength rule admits raw control characters,
-        # so bounded free text would not always be strict JSON (noted on the issue).
         "name": {"type": "string", "enum": ["Ana", "Ben", "Chloe"]},
+        # Bounded free text: xgrammar's own rule for it admits raw control characters
+        # (not JSON); structured.bounded_strings rewrites it so the output always parses.
+        "nick": {"type": "string", "minLength": 1, "maxLength": 12},
         "age": {"type": "integer", "minimum": 0, "maximum": 120},
         "ok": {"type": "boolean"},
         "tags": {"type": "array", "items": {"enum": ["x", "y"]}, "maxItems": 3},
     },
-    "required": ["name", "age", "ok", "tags"],
+    "required": ["name", "nick", "age", "ok", "tags"],
     "additionalProperties": False,
 }
 
 
 def valid(obj) -> bool:
-    return (isinstance(obj, dict) and list(obj) == ["name", "age", "ok", "tags"]
-            and obj["name"] in ("Ana", "Ben", "Chloe") and isinstance(obj["age"], int) and 0 <= obj["age"] <= 120
+    return (isinstance(obj, dict) and list(obj) == ["name", "nick", "age", "ok", "tags"]
+            and obj["name"] in ("Ana", "Ben", "Chloe") and isinstance(obj["nick"], str)
+            # A random model strings byte tokens into invalid UTF-8, which decodes to one U+FFFD a byte:
+            # the grammar bounds characters it can see, not those.
+            and 1 <= len(obj["nick"]) and len(obj["nick"].replace("\ufffd", "")) <= 12
+            and isinstance(obj["age"], int) and 0 <= obj["age"] <= 120
             and isinstance(obj["ok"], bool) and isinstance(obj["tags"], list) and len(obj["tags"]) <= 3
             and set(obj["tags"]) <= {"x", "y"})
 
@@ -137,3 +142,27 @@ def test_compiled_grammars_are_cached(tiny_model):
     spec = GrammarSpec("regex", "[ab]+")
     first = compiler.compile(spec)
     assert compiler.compile(GrammarSpec("regex", "[ab]+")) is first and compiler.hits == 1
+
+
+def test_bounded_strings_never_admit_control_characters():
+    """xgrammar's rule for a string with maxLength accepts a raw control
+    character (JSON that json.loads refuses); the rewritten schema does not,
+    and keeps the bounds."""
+    import xgrammar as xgr
+    from xgrammar.testing import _is_grammar_accept_string
+
+    from inference.protocols.structured import bounded_strings
+
+    schema = {"type": "object", "properties": {"a": {"type": "string", "maxLength": 5}}, "required": ["a"]}
+    before = xgr.Grammar.from_json_schema(json.dumps(schema), any_whitespace=False)
+    assert _is_grammar_accept_string(before, '{"a": "x\x01y"}')  # the flaw, still in xgrammar
+    after = xgr.Grammar.from_json_schema(json.dumps(bounded_strings(schema)), any_whitespace=False)
+    assert not _is_grammar_accept_string(after, '{"a": "x\x01y"}')
+    assert _is_grammar_accept_string(after, '{"a": "abcde"}') and _is_grammar_accept_string(after, '{"a": ""}')
+    assert not _is_grammar_accept_string(after, '{"a": "abcdef"}')
+    nested = {"type": "array", "items": {"anyOf": [{"type": "string", "minLength": 2}, {"const": {
+        "type": "string", "maxLength": 1}}]}}
+    rewritten = bounded_strings(nested)["items"]["anyOf"]
+    assert "minLength" not in rewritten[0] and rewritten[0]["pattern"].endswith("{2,}$")
+    assert rewritten[1] == nested["items"]["anyOf"][1]  # data, not a schema: left as it is
+    assert bounded_strings({"type": "string", "maxLength": 3, "pattern": "^a+$"})["maxLength"] == 3

@@ -52,7 +52,34 @@ def _schema_text(schema, param: str, limits: Limits) -> str:
     if jsonbody.depth(schema) > levels:
         raise RequestError(f"{param} nests more than {levels} levels deep (HEARTH_MAX_SCHEMA_DEPTH)", param,
                            code="grammar_too_large")
-    return json.dumps(schema)  # key order kept: it is the order the output follows
+    return json.dumps(bounded_strings(schema))  # key order kept: it is the order the output follows
+
+
+# A JSON string of `minLength`..`maxLength` characters, none a control character,
+# quote or backslash: xgrammar turns a bounded string into a rule that admits raw
+# control characters (which `json.loads` refuses), but builds a pattern's rule on
+# its JSON-string mode, which never does.
+BOUNDED = '^[^\\x00-\\x1f"\\\\]{%d,%s}$'
+_NOT_SCHEMAS = frozenset({"enum", "const", "default", "examples"})  # values there are data, not schemas
+
+
+def bounded_strings(node):
+    """The schema with every string bounded by minLength/maxLength (and no
+    pattern, format, enum or const of its own) bounded by a pattern instead,
+    so every output it constrains parses as JSON."""
+    if isinstance(node, list):
+        return [bounded_strings(item) for item in node]
+    if not isinstance(node, dict):
+        return node
+    out = {key: value if key in _NOT_SCHEMAS else bounded_strings(value) for key, value in node.items()}
+    bounded = "minLength" in out or "maxLength" in out
+    if out.get("type") == "string" and bounded and not {"pattern", "format", "enum", "const"} & out.keys():
+        low, high = out.pop("minLength", 0), out.pop("maxLength", None)
+        if isinstance(low, int) and (high is None or isinstance(high, int)):
+            out["pattern"] = BOUNDED % (low, "" if high is None else high)
+        else:  # not integers: left for the compiler to judge
+            out["minLength"], out["maxLength"] = low, high
+    return out
 
 
 def _response_format(value, limits: Limits) -> GrammarSpec | None:
