@@ -1,6 +1,7 @@
 """Grammar-constrained decoding with xgrammar.
 
-`GrammarCompiler` turns a constraint (JSON schema, EBNF, regex, choice)
+`GrammarCompiler` turns a constraint (JSON schema, EBNF, regex, choice,
+structural tag)
 into a compiled grammar, caching by source. `GrammarState` is one request's
 matcher: a logits processor that masks every token the grammar forbids,
 after the other processors, and notes when the grammar is complete.
@@ -29,8 +30,8 @@ class GrammarCompileError(ValueError):
 
 @dataclass(frozen=True)
 class GrammarSpec:
-    kind: str  # "json", "json_schema", "ebnf", "regex", "choice"
-    source: str = ""  # schema JSON, grammar text, regex, or choices as a JSON list
+    kind: str  # "json", "json_schema", "ebnf", "regex", "choice", "structural_tag"
+    source: str = ""  # schema JSON, grammar text, regex, choices as a JSON list, or a structural tag's JSON
     any_whitespace: bool = True
     strict: bool = True
 
@@ -167,6 +168,8 @@ class GrammarCompiler:
             return compiler.compile_grammar(spec.source)
         if spec.kind == "regex":
             return compiler.compile_regex(spec.source)
+        if spec.kind == "structural_tag":  # tool-call markup with schema-checked arguments
+            return compiler.compile_structural_tag(spec.source)
         if spec.kind == "choice":
             choices = json.loads(spec.source)
             return compiler.compile_grammar("root ::= " + " | ".join(json.dumps(c) for c in choices))

@@ -13,7 +13,7 @@ from core import sse as core_sse
 from inference.engine.engine import Submission
 from inference.engine.loader import LoadedModel
 from inference.engine.types import EventStream, GenerationEvent, GenerationRequest, Usage
-from inference.protocols import chat, params, structured
+from inference.protocols import chat, params, structured, tool_choice
 from inference.protocols.errors import RequestError, openai_error
 from inference.protocols.options import Options, ServerDefaults
 from inference.protocols.output import OutputParser, Piece
@@ -119,9 +119,38 @@ async def prepare_chat(body: dict, model: LoadedModel, options: Options) -> Prep
                                           options.limits.max_prompt_chars)
     prepared.request.prompt_tokens, in_reasoning = await asyncio.to_thread(
         chat.build_prompt, model, messages, turn.tools, turn.kwargs, rendered)
+    if tool_choice.forces(body, turn.tools):
+        await _enforce_tool_choice(prepared, body, turn.tools, model, options,
+                                   (in_reasoning, bool(turn.kwargs.get("enable_thinking"))))
     prepared.output = OutputParser(in_reasoning=in_reasoning, reasoning=chat.thinks(model), tools=turn.tools,
                                    max_calls=1 if turn.single_call else None)
     return prepared
+
+
+async def _enforce_tool_choice(prepared: Prepared, body: dict, tools, model: LoadedModel, options: Options,
+                               reasoning: tuple[bool, bool]) -> None:
+    """Constrain generation to the tool calls the choice asks for. A grammar
+    the request brought itself (guided_grammar, response_format, …) is the
+    more precise constraint and stays: the choice is then only advisory."""
+    choice = body.get("tool_choice")
+    if isinstance(choice, dict):
+        name = (choice.get("function") or {}).get("name")
+        if name not in tool_choice.offered_names(tools):
+            raise RequestError(f"tool_choice names {name!r}, which is not among the offered tools", "tool_choice")
+    if prepared.constraint is not None:
+        prepared.headers["Warning"] = ("tool_choice not enforced: the request's own grammar constrains the "
+                                       "output")
+        return
+    spec = tool_choice.spec(body, tools, model, *reasoning)
+    if spec is None:
+        prepared.headers["Warning"] = tool_choice.unenforced(model)
+        return
+    constraint = await structured.resolve(spec, model.grammar_compiler, options.grammar_enabled, options.limits)
+    if constraint is None or constraint.compiled is None:
+        prepared.headers["Warning"] = (constraint.warning if constraint else None) or tool_choice.unenforced(model)
+        return
+    prepared.constraint = constraint
+    prepared.request.grammar = model.grammar_compiler.state(constraint.compiled)
 
 
 def _special_tokens(model: LoadedModel) -> dict:

@@ -103,7 +103,10 @@ class OutputParser:
         """End the markup opened by `start`: its calls, or, unreadable, the text."""
         self._tool_open = None
         markup_body = body if start == "<tool_call>" else start + body + ("</function>" if closed else "")
-        calls = parse_block(markup_body, self.tools)
+        calls = parse_block(markup_body, self.tools) or []
+        offered = {(t.get("function") or {}).get("name") for t in self.tools or []}
+        if any(c.name not in offered for c in calls):  # a tool nobody offered: the client never sees it as a call
+            calls = []
         if calls:
             room = len(calls) if self.max_calls is None else max(self.max_calls - len(self.calls), 0)
             self.calls.extend(calls[:room])

@@ -35,6 +35,8 @@ class Constraint:
             return f"Respond only with JSON that matches this JSON schema, and nothing else:\n{s.source}"
         if s.kind == "ebnf":
             return f"Respond only with text that matches this grammar, and nothing else:\n{s.source}"
+        if s.kind == "structural_tag":
+            return "Answer by calling one of the offered tools."
         if s.kind == "regex":
             return f"Respond only with text that matches this regular expression, and nothing else: {s.source}"
         return "Respond with exactly one of these, and nothing else: " + ", ".join(json.loads(s.source))
@@ -183,7 +185,7 @@ async def resolve(spec: GrammarSpec | None, compiler, enabled: bool, limits: Lim
 
 
 FIELD_OF = {"json": "response_format", "json_schema": "response_format", "ebnf": "guided_grammar",
-            "regex": "guided_regex", "choice": "guided_choice"}
+            "regex": "guided_regex", "choice": "guided_choice", "structural_tag": "tool_choice"}
 
 
 def _consume(future) -> None:
