@@ -13,7 +13,7 @@ from core import sse as core_sse
 from inference.engine.engine import Submission
 from inference.engine.loader import LoadedModel
 from inference.engine.types import EventStream, GenerationEvent, GenerationRequest, Usage
-from inference.protocols import chat, params, structured, tool_choice
+from inference.protocols import chat, markup, params, structured, tool_choice
 from inference.protocols.errors import RequestError, openai_error
 from inference.protocols.options import Options, ServerDefaults
 from inference.protocols.output import OutputParser, Piece
@@ -123,7 +123,8 @@ async def prepare_chat(body: dict, model: LoadedModel, options: Options) -> Prep
         await _enforce_tool_choice(prepared, body, turn.tools, model, options,
                                    (in_reasoning, bool(turn.kwargs.get("enable_thinking"))))
     prepared.output = OutputParser(in_reasoning=in_reasoning, reasoning=chat.thinks(model), tools=turn.tools,
-                                   max_calls=1 if turn.single_call else None)
+                                   max_calls=1 if turn.single_call else None,
+                                   markups=markup.markups_for(model.tokenizer))
     return prepared
 
 

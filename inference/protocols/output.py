@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from inference.protocols.toolcalls import ToolCall, parse_block
+from inference.protocols.markup import HEARTH, Markup
+from inference.protocols.toolcalls import ToolCall
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
-TOOL_TAGS = {"<tool_call>": "</tool_call>", "<function=": "</function>"}
 
 
 @dataclass
@@ -28,9 +28,10 @@ class OutputParser:
     reasoning: bool = False  # parse <think> blocks at all
     tools: list[dict] | None = None  # parse tool calls when set
     max_calls: int | None = None  # 1 when the client turned parallel tool calls off: later calls are dropped
+    markups: tuple[Markup, ...] = HEARTH  # the model's tool-call markup (markup.markups_for)
     calls: list[ToolCall] = field(default_factory=list)
     _held: str = ""
-    _tool_open: str | None = None  # the start tag of the markup being withheld
+    _tool_open: Markup | None = None  # the markup being withheld
     _after_think: bool = False
 
     @property
@@ -39,12 +40,12 @@ class OutputParser:
         return self._tool_open is not None
 
     def _tags(self) -> list[str]:
-        if self._tool_open is not None:
-            return [TOOL_TAGS[self._tool_open]]
+        if self._tool_open is not None:  # a markup with no end tag runs to the end of the generation
+            return [self._tool_open.end] if self._tool_open.end else []
         if self.in_reasoning:
             return [THINK_CLOSE]
         tags = [THINK_OPEN] if self.reasoning else []
-        return tags + (list(TOOL_TAGS) if self.tools else [])
+        return tags + ([m.start for m in self.markups] if self.tools else [])
 
     def feed(self, text: str) -> list[Piece]:
         self._held += text
@@ -97,13 +98,12 @@ class OutputParser:
             self.in_reasoning = False
             self._after_think = True
         else:
-            self._tool_open = tag
+            self._tool_open = next(m for m in self.markups if m.start == tag)
 
-    def _close_tool(self, out: list[Piece], start: str, body: str, closed: bool) -> None:
-        """End the markup opened by `start`: its calls, or, unreadable, the text."""
+    def _close_tool(self, out: list[Piece], markup: Markup, body: str, closed: bool) -> None:
+        """End `markup`: its calls, or, unreadable, the text."""
         self._tool_open = None
-        markup_body = body if start == "<tool_call>" else start + body + ("</function>" if closed else "")
-        calls = parse_block(markup_body, self.tools) or []
+        calls = markup.parse(body, self.tools, closed) or []
         offered = {(t.get("function") or {}).get("name") for t in self.tools or []}
         if any(c.name not in offered for c in calls):  # a tool nobody offered: the client never sees it as a call
             calls = []
@@ -111,7 +111,7 @@ class OutputParser:
             room = len(calls) if self.max_calls is None else max(self.max_calls - len(self.calls), 0)
             self.calls.extend(calls[:room])
         else:  # unreadable: show it as the model wrote it
-            self._emit(out, start + body + (TOOL_TAGS[start] if closed else ""))
+            self._emit(out, markup.start + body + (markup.end if closed else ""))
 
 
 def _partial_suffix(text: str, tags: list[str]) -> int:

@@ -21,14 +21,23 @@ from typing import Any, Literal
 
 from inference.engine.grammar import GrammarSpec
 from inference.engine.loader import LoadedModel
-from inference.protocols import chat, structured
+from inference.protocols import chat, markup, structured
 
 QWEN_3, QWEN_3_CODER = "qwen_3", "qwen_3_coder"
 MAX_WHITESPACE = 16  # a run of whitespace in the arguments: room for indented JSON, never an endless pad
 
 
+# mlx-lm's family name -> xgrammar's structural tag for the same markup (test_tool_choice checks that the
+# tag accepts what the family's parser reads)
+XGRAMMAR = {"json_tools": QWEN_3, "qwen3_coder": QWEN_3_CODER, "glm47": "glm_4_7", "gemma4": "gemma_4",
+            "kimi_k2": "kimi"}
+
+
 def family(model: LoadedModel) -> str | None:
-    """xgrammar's name for the model's tool-call markup, when Hearth parses it too."""
+    """xgrammar's name for the model's tool-call markup, when Hearth reads it too."""
+    known = markup.family_of(model.tokenizer)
+    if known is not None:
+        return XGRAMMAR.get(known)
     template = getattr(chat.hf_tokenizer(model), "chat_template", None)
     template = template if isinstance(template, str) else ""
     if "<function=" in template:

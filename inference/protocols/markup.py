@@ -1,0 +1,88 @@
+"""Which tool-call markup a model writes, and how to read it.
+
+Hearth reads two families itself, with its JSON repair pass
+(`toolcalls.parse_block`): `<tool_call>` JSON (Qwen 3, Hermes, the demo
+model) and Qwen3-Coder's `<tool_call><function=…>` XML. Every other family
+mlx-lm knows (Gemma 4 sentinels, GLM `<arg_key>`/`<arg_value>`, MiniCPM5
+`<function name=…>`, Mistral `[TOOL_CALLS]`, pythonic `[f(x=1)]`, Kimi,
+MiniMax, …) is read by mlx-lm's own parser for it (`mlx_lm.tool_parsers`,
+the one its tokenizer loader inferred for the model), with Hearth's repair
+pass as the fallback for text that parser refuses.
+
+`Markup.end` may be empty (Mistral): the call then runs to the end of the
+generation.
+"""
+from __future__ import annotations
+
+import functools
+import importlib
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from inference.protocols.toolcalls import ToolCall, new_call, parse_block
+
+Parse = Callable[[str, "list[dict] | None", bool], "list[ToolCall] | None"]
+
+
+@dataclass(frozen=True)
+class Markup:
+    start: str
+    end: str
+    parse: Parse  # (text between the tags, the offered tools, whether the end tag came) -> calls or None
+    family: str  # mlx-lm's name for it
+
+
+def _hearth_json(body: str, tools, closed: bool) -> list[ToolCall] | None:
+    return parse_block(body, tools)
+
+
+def _hearth_qwen_xml(body: str, tools, closed: bool) -> list[ToolCall] | None:
+    return parse_block("<function=" + body + ("</function>" if closed else ""), tools)
+
+
+HEARTH = (Markup("<tool_call>", "</tool_call>", _hearth_json, "json_tools"),
+          Markup("<function=", "</function>", _hearth_qwen_xml, "qwen3_coder"))
+OWN_FAMILIES = frozenset({"json_tools", "qwen3_coder"})  # what HEARTH reads
+
+
+def family_markup(family: str) -> Markup:
+    """The markup of one of mlx-lm's tool-call families, read by its parser."""
+    module = importlib.import_module(f"mlx_lm.tool_parsers.{family}")
+
+    def parse(body: str, tools, closed: bool) -> list[ToolCall] | None:
+        try:
+            parsed = module.parse_tool_call(body, tools)
+        except Exception:  # refused (or truncated): Hearth's repair pass may still read it
+            return parse_block(body, tools)
+        return [_call(c) for c in (parsed if isinstance(parsed, list) else [parsed])] or None
+
+    return Markup(module.tool_call_start, module.tool_call_end, parse, family)
+
+
+def _call(parsed: dict) -> ToolCall:
+    arguments = parsed.get("arguments")
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except ValueError:
+            arguments = {"value": arguments}
+    return new_call(str(parsed.get("name")), arguments if isinstance(arguments, dict) else {"value": arguments})
+
+
+def family_of(tokenizer) -> str | None:
+    """The tool-call family mlx-lm inferred for this tokenizer, or None."""
+    parser = getattr(tokenizer, "_tool_parser", None)
+    module = getattr(parser, "__module__", "") or ""
+    return module.rsplit(".", 1)[-1] if module.startswith("mlx_lm.tool_parsers.") else None
+
+
+@functools.cache
+def markups_for(tokenizer) -> tuple[Markup, ...]:
+    """What to look for in this model's output: its own family's markup
+    first, then Hearth's two (those whose start tag the family does not use)."""
+    family = family_of(tokenizer)
+    if family is None or family in OWN_FAMILIES:
+        return HEARTH
+    own = family_markup(family)
+    return (own, *(m for m in HEARTH if m.start != own.start))

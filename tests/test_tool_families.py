@@ -1,0 +1,86 @@
+"""Every tool-call family mlx-lm knows, read by the one output parser: a
+table of each family's markup (as its own parser reads it), fed whole and in
+small pieces as a stream would bring it; and for the families tool_choice
+enforces, xgrammar's structural tag accepts that same markup."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from inference.protocols.markup import HEARTH, family_markup, markups_for
+from inference.protocols.output import OutputParser
+
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+    "required": ["city", "days"]}}}]
+ARGS = {"city": "Paris", "days": 2}
+# family -> the call as the model writes it, start and end tags included
+FAMILIES = {
+    "json_tools": '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}\n</tool_call>',
+    "qwen3_coder": ("<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n<parameter=days>\n"
+                    "2\n</parameter>\n</function>\n</tool_call>"),
+    "gemma4": '<|tool_call>call:get_weather{city:<|"|>Paris<|"|>,days:2}<tool_call|>',
+    "glm47": ("<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value><arg_key>days</arg_key>"
+              "<arg_value>2</arg_value></tool_call>"),
+    "minicpm5": '<function name="get_weather"><param name="city">Paris</param><param name="days">2</param></function>',
+    "mistral": '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris", "days": 2}',
+    "pythonic": '<|tool_call_start|>[get_weather(city="Paris", days=2)]<|tool_call_end|>',
+    "kimi_k2": ("<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>"
+                '{"city": "Paris", "days": 2}<|tool_call_end|><|tool_calls_section_end|>'),
+    "function_gemma": "<start_function_call>call:get_weather{city:<escape>Paris<escape>,days:2}<end_function_call>",
+}
+
+
+class _Tokenizer:
+    """What markups_for reads of mlx-lm's tokenizer: the parser its loader inferred."""
+
+    def __init__(self, family: str):
+        import importlib
+
+        self._tool_parser = importlib.import_module(f"mlx_lm.tool_parsers.{family}").parse_tool_call
+
+
+def _read(family: str, text: str, piece: int) -> OutputParser:
+    parser = OutputParser(tools=TOOLS, markups=markups_for(_Tokenizer(family)))
+    out = []
+    for i in range(0, len(text), piece):
+        out += parser.feed(text[i:i + piece])
+    out += parser.finish()
+    parser.shown = "".join(p.text for p in out)  # type: ignore[attr-defined]
+    return parser
+
+
+@pytest.mark.parametrize("piece", [10_000, 1, 3])
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_every_family_is_read_whole_and_streamed(family, piece):
+    text = "Let me check. " + FAMILIES[family]
+    parser = _read(family, text, piece)
+    assert [(c.name, json.loads(c.arguments)) for c in parser.calls] == [("get_weather", ARGS)], family
+    assert parser.shown.strip() == "Let me check."  # the markup never shows as text
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_unreadable_markup_stays_visible(family):
+    markup = markups_for(_Tokenizer(family))[0]
+    broken = markup.start + "%%% not a call %%%" + markup.end
+    parser = _read(family, broken, 4)
+    assert parser.calls == [] and "not a call" in parser.shown
+
+
+def test_hearths_own_families_keep_its_parser_and_others_come_first():
+    assert markups_for(_Tokenizer("json_tools")) == HEARTH
+    glm = markups_for(_Tokenizer("glm47"))
+    assert glm[0].family == "glm47" and [m.start for m in glm[1:]] == ["<function="]  # its <tool_call> wins
+    assert family_markup("mistral").end == ""  # runs to the end of the generation
+
+
+@pytest.mark.parametrize("family", ["json_tools", "qwen3_coder", "gemma4", "glm47", "kimi_k2"])
+def test_the_enforced_families_grammar_accepts_what_their_parser_reads(family):
+    import xgrammar as xgr
+    from xgrammar.testing import _is_grammar_accept_string
+
+    from inference.protocols.tool_choice import XGRAMMAR
+
+    tag = xgr.get_model_structural_tag(XGRAMMAR[family], tools=TOOLS, tool_choice="required", reasoning="disabled")
+    assert _is_grammar_accept_string(xgr.Grammar.from_structural_tag(tag.model_dump_json()), FAMILIES[family])
