@@ -39,4 +39,6 @@ async def prepare(session: ChatSession, messages: list[dict], next_turn: dict, m
                   tools: list[dict] | None = None):
     from inference.protocols.openai import prepare_chat
 
-    return await prepare_chat(body(session, messages, next_turn, tools), model, options)
+    prepared = await prepare_chat(body(session, messages, next_turn, tools), model, options)
+    prepared.chat_output.undeclared = True  # the tool loop answers a call to a tool it lacks (toolloop._run_call)
+    return prepared

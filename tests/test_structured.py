@@ -166,3 +166,14 @@ def test_bounded_strings_never_admit_control_characters():
     assert "minLength" not in rewritten[0] and rewritten[0]["pattern"].endswith("{2,}$")
     assert rewritten[1] == nested["items"]["anyOf"][1]  # data, not a schema: left as it is
     assert bounded_strings({"type": "string", "maxLength": 3, "pattern": "^a+$"})["maxLength"] == 3
+
+
+def test_bounded_strings_cover_nullable_strings_and_odd_property_names_but_not_huge_bounds():
+    from inference.protocols.structured import REWRITE_MOST, bounded_strings
+
+    schema = {"type": "object", "properties": {
+        "default": {"type": ["string", "null"], "maxLength": 5},  # a property named like a data keyword
+        "essay": {"type": "string", "maxLength": 4 * REWRITE_MOST}}}
+    out = bounded_strings(schema)["properties"]
+    assert out["default"]["pattern"].endswith("{0,5}$") and out["default"]["type"] == ["string", "null"]
+    assert out["essay"] == {"type": "string", "maxLength": 4 * REWRITE_MOST}  # unrolled, it would compile slowly

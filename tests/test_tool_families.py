@@ -84,3 +84,26 @@ def test_the_enforced_families_grammar_accepts_what_their_parser_reads(family):
 
     tag = xgr.get_model_structural_tag(XGRAMMAR[family], tools=TOOLS, tool_choice="required", reasoning="disabled")
     assert _is_grammar_accept_string(xgr.Grammar.from_structural_tag(tag.model_dump_json()), FAMILIES[family])
+
+
+def test_the_enforced_tool_schema_is_always_checked_and_never_rewritten_where_arguments_are_text():
+    """`strict: false` would leave a tool's arguments free under the grammar:
+    it is dropped. Bounded JSON strings get the parse-safe pattern, but not in
+    families whose argument values are raw text (a code parameter keeps its
+    newlines and quotes). Schemas deeper than the request bounds are refused."""
+    from core.limits import Limits
+    from inference.protocols.errors import RequestError
+    from inference.protocols.tool_choice import _checked
+
+    code = {"type": "function", "function": {"name": "write", "strict": False, "parameters": {
+        "type": "object", "properties": {"code": {"type": "string", "maxLength": 200}}}}}
+    json_family = _checked(code, 0, "qwen_3", Limits())["function"]
+    assert "strict" not in json_family and "pattern" in json_family["parameters"]["properties"]["code"]
+    raw = _checked(code, 0, "qwen_3_coder", Limits())["function"]["parameters"]["properties"]["code"]
+    assert raw == {"type": "string", "maxLength": 200}
+    deep: dict = {"type": "object"}
+    for _ in range(80):
+        deep = {"type": "object", "properties": {"x": deep}}
+    with pytest.raises(RequestError) as refused:
+        _checked({"type": "function", "function": {"name": "d", "parameters": deep}}, 3, "qwen_3", Limits())
+    assert refused.value.param == "tools[3].function.parameters"

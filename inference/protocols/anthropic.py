@@ -4,6 +4,7 @@ engine's events, split by the shared OutputParser, become Anthropic content
 blocks and stream events. Nothing here reads OpenAI wire output."""
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import json
@@ -134,9 +135,11 @@ def _tools(raw) -> list[dict] | None:
     tools = []
     for tool in raw:  # server tools (web_search, …) have no input_schema: dropped
         if isinstance(tool, dict) and isinstance(tool.get("name"), str) and isinstance(tool.get("input_schema"), dict):
-            tools.append({"type": "function", "function": {"name": tool["name"],
-                                                           "description": tool.get("description", ""),
-                                                           "parameters": tool["input_schema"]}})
+            function = {"name": tool["name"], "description": tool.get("description", ""),
+                        "parameters": tool["input_schema"]}
+            if isinstance(tool.get("strict"), bool):  # a strict tool's input is enforced (tool_choice.py)
+                function["strict"] = tool["strict"]
+            tools.append({"type": "function", "function": function})
     return tools or None
 
 
@@ -198,8 +201,12 @@ def to_chat_body(body: dict) -> dict:
 
 
 def count_body(body: dict) -> dict:
-    """count_tokens takes a Messages request without max_tokens."""
-    return to_chat_body({k: v for k, v in body.items() if k not in ("stream", "max_tokens")})
+    """count_tokens takes a Messages request without max_tokens (nor a tool
+    choice or strict tools: counting compiles no grammar)."""
+    chat = to_chat_body({k: v for k, v in body.items() if k not in ("stream", "max_tokens", "tool_choice")})
+    for tool in chat.get("tools") or []:
+        tool["function"].pop("strict", None)
+    return chat
 
 
 # -- response --------------------------------------------------------------
@@ -268,12 +275,47 @@ class Reply:
             "stop_reason": None, "stop_sequence": None, "usage": usage}}
 
 
+async def _admitted(events: EventStream, cached) -> EventStream:
+    """Wait until the request is admitted (`cached()` is not None), its first
+    event came, or START_WAIT_S passed; answer the same events, none lost."""
+    source = aiter(events)
+    first = asyncio.ensure_future(anext(source))
+    since = time.monotonic()
+    try:
+        while not first.done() and cached() is None and time.monotonic() - since < START_WAIT_S:
+            await asyncio.wait({first}, timeout=ADMISSION_POLL_S)
+    except BaseException:  # the client left while it waited
+        first.cancel()
+        await _close(source)
+        raise
+
+    async def chained():
+        try:
+            try:
+                yield await first
+            except StopAsyncIteration:
+                return
+            async for event in source:
+                yield event
+        finally:
+            await _close(source)  # the engine's stream stops its row when closed early
+
+    return chained()
+
+
+async def _close(source) -> None:
+    close = getattr(source, "aclose", None)
+    if close is not None:
+        await close()
+
+
 def frame(event: dict) -> bytes:
     return sse.frame(event, event["type"])
 
 
 PING = frame({"type": "ping"})
 START_WAIT_S = 10.0  # a request queued longer gets its message_start (and pings) anyway
+ADMISSION_POLL_S = 0.02
 
 
 class _Blocks:
@@ -330,15 +372,11 @@ async def stream(reply: Reply, events: EventStream, output: OutputParser, keepal
     failure is an `error` event. message_start waits until the request is
     admitted (`cached()` is not None: the prompt's cache reads are known) or
     an event comes, at most START_WAIT_S, so its usage is the final one."""
-    started, since = False, time.monotonic()
+    events = await _admitted(events, cached)
+    yield frame(reply.start(cached() or 0))
+    yield PING
     blocks, sent_calls = _Blocks(reply.model_id), 0
     async for event in with_keepalive(events, output, keepalive, always=True):
-        if not started:
-            if event is None and cached() is None and time.monotonic() - since < START_WAIT_S:
-                continue  # still queued
-            started = True
-            yield frame(reply.start(cached() or 0))
-            yield PING
         if event is None:
             yield PING
             continue

@@ -217,8 +217,10 @@ def hf_tokenizer(model: LoadedModel):
 
 
 def build_prompt(model: LoadedModel, messages: list[dict], tools: list[dict] | None,
-                 kwargs: dict, rendered: str | None = None) -> tuple[list[int], bool]:
-    """Prompt tokens, and whether generation starts inside an open <think>.
+                 kwargs: dict, rendered: str | None = None) -> tuple[list[int], str | None]:
+    """Prompt tokens, and how the prompt leaves the model's <think> channel:
+    `open` (generation starts inside it), `closed` (the template wrote an
+    empty block: thinking is off) or None (the model may open one itself).
     `rendered` is the text a client's template produced (template_sandbox)."""
     tokenizer = hf_tokenizer(model)
     if rendered is None and not getattr(tokenizer, "chat_template", None):
@@ -229,4 +231,6 @@ def build_prompt(model: LoadedModel, messages: list[dict], tools: list[dict] | N
         tokens = tokenizer.encode(text, add_special_tokens=False)
     except Exception as exc:  # jinja errors, raise_exception() in templates
         raise RequestError(f"prompt build failed: {exc}") from None
-    return tokens, text.rfind(THINK_OPEN) > text.rfind(THINK_CLOSE)
+    if text.rfind(THINK_OPEN) > text.rfind(THINK_CLOSE):
+        return tokens, "open"
+    return tokens, "closed" if text.rstrip().endswith(THINK_CLOSE) else None

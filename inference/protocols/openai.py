@@ -117,41 +117,43 @@ async def prepare_chat(body: dict, model: LoadedModel, options: Options) -> Prep
         variables = {**_special_tokens(model), **turn.kwargs}
         rendered = await templates.render(turn.template, messages, turn.tools, variables,
                                           options.limits.max_prompt_chars)
-    prepared.request.prompt_tokens, in_reasoning = await asyncio.to_thread(
+    prepared.request.prompt_tokens, think = await asyncio.to_thread(
         chat.build_prompt, model, messages, turn.tools, turn.kwargs, rendered)
-    if tool_choice.forces(body, turn.tools):
-        await _enforce_tool_choice(prepared, body, turn.tools, model, options,
-                                   (in_reasoning, bool(turn.kwargs.get("enable_thinking"))))
-    prepared.output = OutputParser(in_reasoning=in_reasoning, reasoning=chat.thinks(model), tools=turn.tools,
-                                   max_calls=1 if turn.single_call else None,
-                                   markups=markup.markups_for(model.tokenizer))
+    markups = markup.markups_for(model.tokenizer)
+    if tool_choice.forces(body, turn.tools) and await _enforce_tool_choice(prepared, body, turn.tools, model,
+                                                                           options, think):
+        markups = markups[:1]  # while enforced, only the markup the grammar constrains is read as calls
+    prepared.output = OutputParser(in_reasoning=think == "open", reasoning=chat.thinks(model), tools=turn.tools,
+                                   max_calls=1 if turn.single_call else None, markups=markups)
     return prepared
 
 
 async def _enforce_tool_choice(prepared: Prepared, body: dict, tools, model: LoadedModel, options: Options,
-                               reasoning: tuple[bool, bool]) -> None:
-    """Constrain generation to the tool calls the choice asks for. A grammar
-    the request brought itself (guided_grammar, response_format, …) is the
-    more precise constraint and stays: the choice is then only advisory."""
+                               think: str | None) -> bool:
+    """Constrain generation to the tool calls the choice asks for; whether it
+    did. A grammar the request brought itself (guided_grammar,
+    response_format, …) is the more precise constraint and stays: the choice
+    is then only advisory."""
     choice = body.get("tool_choice")
     if isinstance(choice, dict):
         name = (choice.get("function") or {}).get("name")
         if name not in tool_choice.offered_names(tools):
             raise RequestError(f"tool_choice names {name!r}, which is not among the offered tools", "tool_choice")
     if prepared.constraint is not None:
-        prepared.headers["Warning"] = ("tool_choice not enforced: the request's own grammar constrains the "
-                                       "output")
-        return
-    spec = tool_choice.spec(body, tools, model, *reasoning)
+        prepared.headers.setdefault("Warning", "tool_choice not enforced: the request's own grammar constrains "
+                                               "the output")
+        return False
+    spec = tool_choice.spec(body, tools, model, think, options.limits)
     if spec is None:
         prepared.headers["Warning"] = tool_choice.unenforced(model)
-        return
+        return False
     constraint = await structured.resolve(spec, model.grammar_compiler, options.grammar_enabled, options.limits)
     if constraint is None or constraint.compiled is None:
         prepared.headers["Warning"] = (constraint.warning if constraint else None) or tool_choice.unenforced(model)
-        return
+        return False
     prepared.constraint = constraint
     prepared.request.grammar = model.grammar_compiler.state(constraint.compiled)
+    return True
 
 
 def _special_tokens(model: LoadedModel) -> dict:

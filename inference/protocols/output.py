@@ -29,6 +29,9 @@ class OutputParser:
     tools: list[dict] | None = None  # parse tool calls when set
     max_calls: int | None = None  # 1 when the client turned parallel tool calls off: later calls are dropped
     markups: tuple[Markup, ...] = HEARTH  # the model's tool-call markup (markup.markups_for)
+    # Calls to tools nobody offered stay text, unless the caller answers them itself (the dashboard's
+    # tool loop tells the model the tool does not exist, so it can correct itself).
+    undeclared: bool = False
     calls: list[ToolCall] = field(default_factory=list)
     _held: str = ""
     _tool_open: Markup | None = None  # the markup being withheld
@@ -105,7 +108,7 @@ class OutputParser:
         self._tool_open = None
         calls = markup.parse(body, self.tools, closed) or []
         offered = {(t.get("function") or {}).get("name") for t in self.tools or []}
-        if any(c.name not in offered for c in calls):  # a tool nobody offered: the client never sees it as a call
+        if not self.undeclared and any(c.name not in offered for c in calls):  # never a call the client gets
             calls = []
         if calls:
             room = len(calls) if self.max_calls is None else max(self.max_calls - len(self.calls), 0)

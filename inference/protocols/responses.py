@@ -86,9 +86,11 @@ def _tools(raw) -> list[dict] | None:
             continue  # built-in tools (web_search, file_search, mcp, computer_use) are dropped
         if not isinstance(tool.get("name"), str) or not tool["name"]:
             raise RequestError(f"tools[{i}].name required", f"tools[{i}].name")
-        tools.append({"type": "function", "function": {"name": tool["name"],
-                                                       "description": tool.get("description") or "",
-                                                       "parameters": tool.get("parameters") or {}}})
+        function = {"name": tool["name"], "description": tool.get("description") or "",
+                    "parameters": tool.get("parameters") or {}}
+        if isinstance(tool.get("strict"), bool):  # a strict tool's arguments are enforced (tool_choice.py)
+            function["strict"] = tool["strict"]
+        tools.append({"type": "function", "function": function})
     return tools or None
 
 

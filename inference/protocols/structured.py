@@ -60,27 +60,37 @@ def _schema_text(schema, param: str, limits: Limits) -> str:
 # A JSON string of `minLength`..`maxLength` characters, none a control character,
 # quote or backslash: xgrammar turns a bounded string into a rule that admits raw
 # control characters (which `json.loads` refuses), but builds a pattern's rule on
-# its JSON-string mode, which never does.
+# its JSON-string mode, which never does. A pattern's bound is unrolled, so its
+# compile grows with the bound: past REWRITE_MOST, xgrammar's own rule stays.
 BOUNDED = '^[^\\x00-\\x1f"\\\\]{%d,%s}$'
-_NOT_SCHEMAS = frozenset({"enum", "const", "default", "examples"})  # values there are data, not schemas
+REWRITE_MOST = 512
+_DATA = frozenset({"enum", "const", "default", "examples"})  # values there are data, not schemas
+_SCHEMA_MAPS = frozenset({"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"})
 
 
 def bounded_strings(node):
-    """The schema with every string bounded by minLength/maxLength (and no
-    pattern, format, enum or const of its own) bounded by a pattern instead,
-    so every output it constrains parses as JSON."""
+    """The schema with every string bounded by minLength/maxLength (at most
+    REWRITE_MOST, and no pattern, format, enum or const of its own) bounded by
+    a pattern instead, so every output it constrains parses as JSON."""
     if isinstance(node, list):
         return [bounded_strings(item) for item in node]
     if not isinstance(node, dict):
         return node
-    out = {key: value if key in _NOT_SCHEMAS else bounded_strings(value) for key, value in node.items()}
-    bounded = "minLength" in out or "maxLength" in out
-    if out.get("type") == "string" and bounded and not {"pattern", "format", "enum", "const"} & out.keys():
-        low, high = out.pop("minLength", 0), out.pop("maxLength", None)
-        if isinstance(low, int) and (high is None or isinstance(high, int)):
-            out["pattern"] = BOUNDED % (low, "" if high is None else high)
-        else:  # not integers: left for the compiler to judge
-            out["minLength"], out["maxLength"] = low, high
+    out: dict = {}
+    for key, value in node.items():
+        if key in _SCHEMA_MAPS and isinstance(value, dict):  # names there are anything, values schemas
+            out[key] = {name: bounded_strings(schema) for name, schema in value.items()}
+        else:
+            out[key] = value if key in _DATA else bounded_strings(value)
+    kind = out.get("type")
+    kinds = kind if isinstance(kind, list) else [kind]
+    low, high = out.get("minLength", 0), out.get("maxLength")
+    if "string" in kinds and ("minLength" in out or "maxLength" in out) \
+            and not {"pattern", "format", "enum", "const"} & out.keys() \
+            and isinstance(low, int) and isinstance(high, (int, type(None))) and (high or low) <= REWRITE_MOST:
+        out.pop("minLength", None)
+        out.pop("maxLength", None)
+        out["pattern"] = BOUNDED % (low, "" if high is None else high)  # applies to strings only: null stays
     return out
 
 

@@ -17,32 +17,42 @@ enforced and the reply says so in a `Warning` header.
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, Literal
 
+from core import jsonbody
+from core.limits import Limits
 from inference.engine.grammar import GrammarSpec
 from inference.engine.loader import LoadedModel
 from inference.protocols import chat, markup, structured
+from inference.protocols.errors import RequestError
 
 QWEN_3, QWEN_3_CODER = "qwen_3", "qwen_3_coder"
 MAX_WHITESPACE = 16  # a run of whitespace in the arguments: room for indented JSON, never an endless pad
 
 
-# mlx-lm's family name -> xgrammar's structural tag for the same markup (test_tool_choice checks that the
+# mlx-lm's family name -> xgrammar's structural tag for the same markup (test_tool_families checks that the
 # tag accepts what the family's parser reads)
 XGRAMMAR = {"json_tools": QWEN_3, "qwen3_coder": QWEN_3_CODER, "glm47": "glm_4_7", "gemma4": "gemma_4",
             "kimi_k2": "kimi"}
+RAW_ARGUMENTS = frozenset({QWEN_3_CODER, "glm_4_7"})  # argument values written as raw text, not JSON
 
 
 def family(model: LoadedModel) -> str | None:
     """xgrammar's name for the model's tool-call markup, when Hearth reads it too."""
-    known = markup.family_of(model.tokenizer)
+    return _family(model.tokenizer)
+
+
+@functools.cache
+def _family(tokenizer) -> str | None:  # once per loaded tokenizer: get_vocab() builds a dict
+    known = markup.family_of(tokenizer)
     if known is not None:
         return XGRAMMAR.get(known)
-    template = getattr(chat.hf_tokenizer(model), "chat_template", None)
+    template = getattr(getattr(tokenizer, "_tokenizer", tokenizer), "chat_template", None)
     template = template if isinstance(template, str) else ""
     if "<function=" in template:
         return QWEN_3_CODER
-    if "<tool_call>" in template or "<tool_call>" in model.tokenizer.get_vocab():
+    if "<tool_call>" in template or "<tool_call>" in tokenizer.get_vocab():
         return QWEN_3
     return None
 
@@ -58,12 +68,11 @@ def forces(body: dict, tools: list[dict] | None) -> bool:
     return any((t.get("function") or {}).get("strict") is True for t in tools)
 
 
-def spec(body: dict, tools: list[dict], model: LoadedModel, in_reasoning: bool,
-         thinking: bool) -> GrammarSpec | None:
+def spec(body: dict, tools: list[dict], model: LoadedModel, think: str | None, limits: Limits) -> GrammarSpec | None:
     """The structural tag that enforces the request's tool choice (None: the
-    model's family is not one this can enforce). `in_reasoning`: the prompt
-    left a <think> open; `thinking`: the request turned thinking on (the
-    model may open one itself)."""
+    model's family is not one this can enforce). `think` is how the prompt
+    leaves the <think> channel (chat.build_prompt): open, it closes before any
+    call; closed, there is none; otherwise a thinking model may write one."""
     import xgrammar as xgr
 
     kind = family(model)
@@ -72,22 +81,34 @@ def spec(body: dict, tools: list[dict], model: LoadedModel, in_reasoning: bool,
     raw = body.get("tool_choice")
     choice: Any = raw if raw == "required" or isinstance(raw, dict) else "auto"
     reasoning: Literal["enabled", "disabled", "auto"]
-    if in_reasoning:
-        reasoning = "enabled"  # the prompt left <think> open: it closes before any call
-    else:  # a thinking model asked to think may write a whole <think> block first; otherwise none
-        reasoning = "auto" if thinking and chat.thinks(model) else "disabled"
-    tools = [_bounded(t) for t in tools]  # arguments that always parse (see structured.bounded_strings)
-    tag = xgr.get_model_structural_tag(kind, tools=list[Any](tools), tool_choice=choice, reasoning=reasoning,
-                                       parallel_tool_calls=body.get("parallel_tool_calls", True) is not False,
-                                       max_whitespace_cnt=MAX_WHITESPACE)
+    if think == "open":
+        reasoning = "enabled"
+    else:
+        reasoning = "auto" if think is None and chat.thinks(model) else "disabled"
+    tools = [_checked(t, i, kind, limits) for i, t in enumerate(tools)]
+    try:
+        tag = xgr.get_model_structural_tag(kind, tools=list[Any](tools), tool_choice=choice, reasoning=reasoning,
+                                           parallel_tool_calls=body.get("parallel_tool_calls", True) is not False,
+                                           max_whitespace_cnt=MAX_WHITESPACE)
+    except (ValueError, AssertionError, TypeError) as exc:  # e.g. two tools of one name
+        raise RequestError(f"tools cannot be enforced: {exc}", "tools") from None
     return GrammarSpec("structural_tag", tag.model_dump_json())
 
 
-def _bounded(tool: dict) -> dict:
-    function = tool.get("function") or {}
-    if not isinstance(function.get("parameters"), dict):
-        return tool
-    return {**tool, "function": {**function, "parameters": structured.bounded_strings(function["parameters"])}}
+def _checked(tool: dict, index: int, kind: str, limits: Limits) -> dict:
+    """A tool as the grammar gets it: its schema within the request bounds,
+    always enforced (`strict: false` would leave its arguments free), JSON
+    strings bounded so they parse (not where arguments are raw text)."""
+    function = {k: v for k, v in (tool.get("function") or {}).items() if k != "strict"}
+    parameters = function.get("parameters")
+    if isinstance(parameters, dict):
+        where = f"tools[{index}].function.parameters"
+        if jsonbody.depth(parameters) > limits.max_schema_depth:
+            raise RequestError(f"{where} nests more than {limits.max_schema_depth} levels deep "
+                               "(HEARTH_MAX_SCHEMA_DEPTH)", where, code="grammar_too_large")
+        if kind not in RAW_ARGUMENTS:
+            function["parameters"] = structured.bounded_strings(parameters)
+    return {**tool, "function": function}
 
 
 def unenforced(model: LoadedModel) -> str:
