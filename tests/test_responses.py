@@ -131,6 +131,17 @@ def test_reasoning_item(client):
     assert r.usage.output_tokens_details.reasoning_tokens > 0
 
 
+def test_a_reply_cut_while_thinking_reads_the_same_streamed_or_not(client):
+    """Cut by max_output_tokens inside its reasoning: the reasoning item is
+    incomplete and no message item follows, whether streamed or not."""
+    args = {"model": "m", "input": "Hi", "reasoning": {"effort": "high"}, "max_output_tokens": 4,
+            "extra_body": forced("Thinking about it for a long while.</think>\n\nHello!")}
+    whole = client.responses.create(**args)
+    streamed = [e.response for e in client.responses.create(**args, stream=True) if e.type == "response.incomplete"][0]
+    for r in (whole, streamed):
+        assert r.status == "incomplete" and [(i.type, i.status) for i in r.output] == [("reasoning", "incomplete")]
+
+
 @pytest.mark.parametrize("body, param", [
     ({"input": []}, "input"),
     ({"input": [{"type": "mystery"}]}, "input[0].type"),

@@ -219,6 +219,19 @@ def finish_reason(finish: str | None, calls: list) -> str | None:
     return "tool_calls" if calls and finish == "stop" else finish
 
 
+def usage_apart(body: dict) -> bool:
+    """`stream_options.include_usage`: the usage in a chunk of its own, with no
+    choices, as OpenAI sends it (without it, the usage rides on the chunk with
+    the finish reason)."""
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise RequestError("stream_options must be an object", "stream_options")
+    apart = (options or {}).get("include_usage", False)
+    if not isinstance(apart, bool):
+        raise RequestError("stream_options.include_usage must be a boolean", "stream_options.include_usage")
+    return apart
+
+
 class Reply:
     """Ids and timestamps shared by every chunk of one response."""
 
@@ -226,15 +239,7 @@ class Reply:
         prefix = "chatcmpl-" if kind == "chat" else "cmpl-"
         self.kind, self.model_id = kind, model_id
         self.id, self.created = prefix + uuid.uuid4().hex[:24], int(time.time())
-        # `stream_options.include_usage`: the usage in a chunk of its own, with no choices, as OpenAI sends it
-        # (without it, the usage rides on the chunk with the finish reason).
-        options = (body or {}).get("stream_options")
-        if options is not None and not isinstance(options, dict):
-            raise RequestError("stream_options must be an object", "stream_options")
-        usage_apart = (options or {}).get("include_usage", False)
-        if not isinstance(usage_apart, bool):
-            raise RequestError("stream_options.include_usage must be a boolean", "stream_options.include_usage")
-        self.usage_apart = usage_apart
+        self.usage_apart = usage_apart(body or {})
 
     def _envelope(self, obj: str, choice: dict) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model_id,

@@ -220,7 +220,7 @@ class Reply:
 
     def output(self, message: Message, status: str = "completed") -> list[dict]:
         """The output items; `status` is the last text item's (`incomplete` when the reply was cut)."""
-        has_message = bool(message.content or not message.tool_calls)
+        has_message = bool(message.content) or not (message.tool_calls or message.reasoning)  # as streamed
         items = [self.reasoning_item(message.reasoning, "completed" if has_message else status)] \
             if message.reasoning else []
         if has_message:

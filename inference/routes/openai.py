@@ -15,6 +15,7 @@ router = Router(tags=["openai"])
 async def _generate(request: HttpRequest, kind: str):
     runtime = request.runtime
     body = await pipeline.read_body(request)
+    openai.usage_apart(body)  # a bad stream_options is refused before the prompt is built
     prepare = pipeline.prepare_chat if kind == "chat" else pipeline.prepare_completion
     engine, prepared = await prepare(request, body)
     reply = openai.Reply(kind, engine.loaded_model.model_id, body)
