@@ -493,3 +493,26 @@ def test_resumable_streams_through_the_router(two, library):
     assert [_rows(two.url)[m]["inflight"] for m in (A, B)] == [0, 0]
     stats = HTTP.get(two.url + "/stats").json()
     assert stats["streams"]["live"] == 0 and stats["streams"]["stored"] >= 1
+
+
+def test_the_dashboards_remote_turn_puts_streamed_tool_calls_back_together():
+    """A model's process streams a call's arguments piece by piece; the
+    router's chat turn gets it whole, with the finish reason."""
+    from inference.router.remote import RemoteCall, _deltas
+
+    def chunk(delta=None, finish=None, usage=None):
+        out = {"choices": [{"index": 0, "delta": delta or {}, "finish_reason": finish}]}
+        return {**out, "usage": usage} if usage else out
+
+    calls: dict = {}
+    got = []
+    for c in (chunk({"content": "Sure. "}),
+              chunk({"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
+                                     "function": {"name": "get_weather", "arguments": ""}}]}),
+              chunk({"tool_calls": [{"index": 0, "function": {"arguments": '{"city": '}}]}),
+              chunk({"tool_calls": [{"index": 0, "function": {"arguments": '"Paris"}'}}]}),
+              chunk(finish="tool_calls", usage={"prompt_tokens": 5, "completion_tokens": 9})):
+        got += _deltas(c, calls)
+    assert [d.text for d in got if d.text] == ["Sure. "]
+    assert [d.calls for d in got if d.calls] == [[RemoteCall("call_1", "get_weather", '{"city": "Paris"}')]]
+    assert got[-1].final.finish_reason == "tool_calls" and got[-1].final.usage.completion_tokens == 9

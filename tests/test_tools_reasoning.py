@@ -72,9 +72,11 @@ def test_streamed_tool_call_delta_and_keepalives(base_url):
     chunks = [json.loads(f[6:]) for f in frames if f.startswith("data: {")]
     deltas = [c["choices"][0]["delta"] for c in chunks]
     assert "".join(d.get("content") or "" for d in deltas) == "Sure. "
-    calls = [d["tool_calls"] for d in deltas if "tool_calls" in d]
-    assert len(calls) == 1 and calls[0][0]["index"] == 0
-    assert calls[0][0]["function"] == {"name": "get_weather", "arguments": json.dumps({"city": city, "days": 2})}
+    calls = [tc for d in deltas for tc in d.get("tool_calls") or []]
+    # the call's start (id, name), then its arguments piece by piece as they were generated
+    assert calls[0]["id"].startswith("call_") and calls[0]["function"] == {"name": "get_weather", "arguments": ""}
+    assert all(c["index"] == 0 and set(c) == {"index", "function"} for c in calls[1:]) and len(calls) > 10
+    assert json.loads("".join(c["function"]["arguments"] for c in calls)) == {"city": city, "days": 2}
     assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
     assert all("<tool_call>" not in (d.get("content") or "") for d in deltas)
 
@@ -180,3 +182,31 @@ def test_reasoning_effort_maps_into_a_templates_depth_variable():
     assert with_depth({"reasoning_effort": "low"}, "xhigh", deep) == {"reasoning_effort": "low"}
     assert with_depth({}, "high", "{% for m in messages %}{{ m.content }}{% endfor %}") == {}
     assert with_depth({}, "high", "{% if %}") == {}  # a template that does not parse
+
+
+def test_streamed_arguments_come_in_pieces_on_every_protocol(base_url):
+    """Anthropic input_json_delta and Responses function_call_arguments.delta
+    pieces, as the call is generated; put together they are its arguments."""
+    city = "Llanfair" * 10
+    call = CALL.replace("Paris", city)
+    tool = {"name": "get_weather", "description": "Weather", "input_schema": WEATHER["function"]["parameters"]}
+    raw = httpx.post(base_url + "/v1/messages", timeout=60, json={
+        "model": "m", "max_tokens": 400, "stream": True, "tools": [tool], "messages": [
+            {"role": "user", "content": "Weather?"}], "guided_grammar": forced(call)}).text
+    events = [json.loads(line[6:]) for line in raw.splitlines() if line.startswith("data: ")]
+    pieces = [e["delta"]["partial_json"] for e in events if e.get("delta", {}).get("type") == "input_json_delta"]
+    assert len(pieces) > 10 and json.loads("".join(pieces)) == {"city": city, "days": 2}
+    start = next(e for e in events if e["type"] == "content_block_start")["content_block"]
+    assert start["type"] == "tool_use" and start["name"] == "get_weather" and start["input"] == {}
+
+    raw = httpx.post(base_url + "/v1/responses", timeout=60, json={
+        "model": "m", "max_output_tokens": 400, "stream": True, "input": "Weather?",
+        "tools": [{"type": "function", **{k: WEATHER["function"][k] for k in ("name", "parameters")}}],
+        "guided_grammar": forced(call)}).text
+    events = [json.loads(line[6:]) for line in raw.splitlines() if line.startswith("data: ")]
+    pieces = [e["delta"] for e in events if e["type"] == "response.function_call_arguments.delta"]
+    done = next(e for e in events if e["type"] == "response.function_call_arguments.done")
+    assert len(pieces) > 10 and "".join(pieces) == done["arguments"]
+    assert json.loads(done["arguments"]) == {"city": city, "days": 2}
+    final = next(e for e in events if e["type"] == "response.completed")["response"]
+    assert [i["type"] for i in final["output"]] == ["function_call"]

@@ -16,8 +16,9 @@ from core import sse
 from inference.engine.types import EventStream, GenerationEvent, Usage
 from inference.protocols.errors import RequestError
 from inference.protocols.openai import Message, with_keepalive
-from inference.protocols.output import OutputParser, Piece
+from inference.protocols.output import OutputParser, Piece, ToolDelta
 from inference.protocols.params import MAX_STOP_SEQUENCES, SAMPLING
+from inference.protocols.toolcalls import ToolCall
 
 AUDIO_BLOCKS = {"input_audio", "audio", "audio_url"}
 # The chat-side fields Messages requests may carry besides their own (temperature, top_p and
@@ -352,15 +353,26 @@ class _Blocks:
         out.append(frame({"type": "content_block_delta", "index": self.index, "delta": delta}))
         return out
 
-    def tool(self, call) -> list[bytes]:
-        out = self.close()
-        self.index += 1
-        block = _tool_block(call)
-        out.append(frame({"type": "content_block_start", "index": self.index,
-                          "content_block": {**block, "input": {}}}))
-        out.append(frame({"type": "content_block_delta", "index": self.index,
-                          "delta": {"type": "input_json_delta", "partial_json": json.dumps(block["input"])}}))
-        out.append(frame({"type": "content_block_stop", "index": self.index}))
+    def tool(self, delta: ToolDelta) -> list[bytes]:
+        """A tool_use block: started on a call's first delta, its input as
+        input_json_delta pieces, stopped on its last."""
+        out = []
+        if delta.name is not None:
+            out += self.close()
+            self.index += 1
+            self.open = "tool_use"
+            out.append(frame({"type": "content_block_start", "index": self.index, "content_block": {
+                "type": "tool_use", "id": delta.id.replace("call_", "toolu_", 1), "name": delta.name,
+                "input": {}}}))
+        partial = delta.arguments
+        if partial and delta.name is not None and delta.done:  # a whole call: its input as one object
+            partial = json.dumps(_tool_block(ToolCall(delta.name, delta.arguments, delta.id))["input"])
+        if partial:
+            out.append(frame({"type": "content_block_delta", "index": self.index,
+                              "delta": {"type": "input_json_delta", "partial_json": partial}}))
+        if delta.done:
+            self.open = None
+            out.append(frame({"type": "content_block_stop", "index": self.index}))
         return out
 
 
@@ -375,7 +387,7 @@ async def stream(reply: Reply, events: EventStream, output: OutputParser, keepal
     events = await _admitted(events, cached)
     yield frame(reply.start(cached() or 0))
     yield PING
-    blocks, sent_calls = _Blocks(reply.model_id), 0
+    blocks = _Blocks(reply.model_id)
     async for event in with_keepalive(events, output, keepalive, always=True):
         if event is None:
             yield PING
@@ -390,10 +402,9 @@ async def stream(reply: Reply, events: EventStream, output: OutputParser, keepal
             if piece.text:
                 for chunk in blocks.text(piece):
                     yield chunk
-        for call in output.calls[sent_calls:]:
-            for chunk in blocks.tool(call):
+        for delta in output.take_deltas():
+            for chunk in blocks.tool(delta):
                 yield chunk
-        sent_calls = len(output.calls)
         if event.finish_reason is not None:
             for chunk in blocks.close():
                 yield chunk

@@ -16,7 +16,7 @@ from inference.engine.types import EventStream, GenerationEvent, GenerationReque
 from inference.protocols import chat, markup, params, structured, tool_choice
 from inference.protocols.errors import RequestError, openai_error
 from inference.protocols.options import Options, ServerDefaults
-from inference.protocols.output import OutputParser, Piece
+from inference.protocols.output import OutputParser, Piece, ToolDelta
 
 
 @dataclass
@@ -297,6 +297,14 @@ async def collect(events: EventStream,
     raise RuntimeError("generation ended without a final event")
 
 
+def _call_delta(delta: ToolDelta) -> dict:
+    """A `tool_calls` entry: id, type and name on a call's first, then pieces of its arguments."""
+    if delta.name is None:
+        return {"index": delta.index, "function": {"arguments": delta.arguments}}
+    return {"index": delta.index, "id": delta.id, "type": "function",
+            "function": {"name": delta.name, "arguments": delta.arguments}}
+
+
 def _deltas(pieces: list[Piece]) -> list[dict]:
     return [{"reasoning" if p.kind == "reasoning" else "content": p.text} for p in pieces if p.text]
 
@@ -329,13 +337,12 @@ async def with_keepalive(events: EventStream, output: OutputParser | None,
 async def stream(reply: Reply, events: EventStream, output: OutputParser | None = None,
                  keepalive: float = 5.0) -> AsyncIterator[bytes]:
     """SSE frames: the role first (chat), reasoning and content deltas, tool
-    calls once their markup closes, a final chunk with the finish reason and
-    usage, then [DONE]. A failure mid-stream is sent as an error frame and
+    calls (their arguments piece by piece as they are generated), a final
+    chunk with the finish reason and usage, then [DONE]. A failure mid-stream is sent as an error frame and
     the stream closes. While a tool call buffers, `: keep-alive` comments
     keep client idle timers from firing."""
     if reply.kind == "chat":
         yield sse(reply.chunk({"role": "assistant", "content": ""}))
-    sent_calls = 0
     async for event in with_keepalive(events, output, keepalive):
         if event is None:
             yield KEEP_ALIVE
@@ -348,9 +355,9 @@ async def stream(reply: Reply, events: EventStream, output: OutputParser | None 
             pieces += output.finish()
         for delta in _deltas(pieces):
             yield sse(reply.chunk(delta))
-        if output is not None and len(output.calls) > sent_calls:
-            calls = [dict(c.wire(), index=i) for i, c in enumerate(output.calls) if i >= sent_calls]
-            sent_calls = len(output.calls)
+        calls = [_call_delta(d) for d in output.take_deltas() if d.name is not None or d.arguments] \
+            if output is not None else []
+        if calls:
             yield sse(reply.chunk({"tool_calls": calls}))
         if event.finish_reason is not None:
             final = reply.chunk(finish=finish_reason(event.finish_reason, output.calls if output else []))

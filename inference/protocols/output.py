@@ -3,11 +3,19 @@
 Protocol modules feed text deltas in and render what comes out, so every
 protocol shares one reading of the model's output. Text that might be the
 start of a tag is held back until the next delta decides; tool-call markup
-is withheld whole and turned into `ToolCall`s when it closes (or, failing
-to parse, released as content: nothing visible is ever lost).
+is withheld and turned into `ToolCall`s when it closes (or, failing to
+parse, released as content: nothing visible is ever lost).
+
+Streams render `take_deltas()`: a call's start (id, name), then its
+arguments piece by piece as they are generated, then its end. Arguments
+stream as they come for `<tool_call>` JSON calls (once the name is read and
+is an offered tool); other families' calls arrive whole when they close.
 """
 from __future__ import annotations
 
+import json
+import re
+import uuid
 from dataclasses import dataclass, field
 
 from inference.protocols.markup import HEARTH, Markup
@@ -20,6 +28,55 @@ THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 class Piece:
     kind: str  # "content" or "reasoning"
     text: str
+
+
+@dataclass
+class ToolDelta:
+    """Part of a call as a stream sends it: `name` on its first delta only,
+    `arguments` the next piece of its arguments' JSON text, `done` on its last."""
+
+    index: int
+    id: str
+    name: str | None
+    arguments: str
+    done: bool = False
+
+
+# The start of a `<tool_call>` JSON body up to its arguments' value: the name must come first to stream.
+_ARGS_START = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"arguments"\s*:\s*(?=\{)')
+
+
+def _value_end(text: str) -> int | None:
+    """Where the JSON object at the start of `text` ends (None: not yet)."""
+    depth, in_str, escaped = 0, False, False
+    for i, ch in enumerate(text):
+        if in_str:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_str = False
+        elif ch == '"':
+            in_str = True
+        elif ch in "{[":
+            depth += 1
+        elif ch in "}]":
+            depth -= 1
+            if depth == 0:
+                return i + 1
+    return None
+
+
+@dataclass
+class _Streaming:
+    """A `<tool_call>` JSON call whose arguments are being streamed."""
+
+    index: int
+    id: str
+    name: str
+    at: int  # where its arguments' value starts in the markup's body
+    sent: str = ""  # the arguments' text sent so far
 
 
 @dataclass
@@ -36,6 +93,13 @@ class OutputParser:
     _held: str = ""
     _tool_open: Markup | None = None  # the markup being withheld
     _after_think: bool = False
+    _deltas: list[ToolDelta] = field(default_factory=list)
+    _streaming: _Streaming | None = None
+
+    def take_deltas(self) -> list[ToolDelta]:
+        """The call deltas since the last take, in order."""
+        out, self._deltas = self._deltas, []
+        return out
 
     @property
     def buffering(self) -> bool:
@@ -69,7 +133,30 @@ class OutputParser:
         if self._tool_open is None:
             self._emit(out, self._held[: len(self._held) - keep])
             self._held = self._held[len(self._held) - keep:]
+        elif self._tool_open.family == "json_tools":
+            self._stream_arguments(self._held[: len(self._held) - keep])
         return out
+
+    def _stream_arguments(self, body: str) -> None:
+        """Send what is new of an open `<tool_call>` JSON call's arguments."""
+        room = self.max_calls is None or len(self.calls) < self.max_calls
+        if self._streaming is None:
+            match = _ARGS_START.match(body)
+            if match is None or not room or match.group(1) not in self._offered():
+                return
+            self._streaming = _Streaming(len(self.calls), "call_" + uuid.uuid4().hex[:24], match.group(1),
+                                         match.end())
+            self._deltas.append(ToolDelta(self._streaming.index, self._streaming.id, self._streaming.name, ""))
+        value = body[self._streaming.at:]
+        end = _value_end(value)
+        value = value[:end] if end is not None else value
+        piece = value[len(self._streaming.sent):]
+        if piece:
+            self._streaming.sent = value
+            self._deltas.append(ToolDelta(self._streaming.index, self._streaming.id, None, piece))
+
+    def _offered(self) -> set:
+        return {(t.get("function") or {}).get("name") for t in self.tools or []}
 
     def finish(self) -> list[Piece]:
         """Flush at the end of generation; an unclosed tool call is parsed as
@@ -106,15 +193,38 @@ class OutputParser:
     def _close_tool(self, out: list[Piece], markup: Markup, body: str, closed: bool) -> None:
         """End `markup`: its calls, or, unreadable, the text."""
         self._tool_open = None
+        if self._streaming is not None:
+            self._stream_arguments(body)
+            self._finish_streamed(markup, body, closed)
+            return
         calls = markup.parse(body, self.tools, closed) or []
-        offered = {(t.get("function") or {}).get("name") for t in self.tools or []}
+        offered = self._offered()
         if not self.undeclared and any(c.name not in offered for c in calls):  # never a call the client gets
             calls = []
         if calls:
             room = len(calls) if self.max_calls is None else max(self.max_calls - len(self.calls), 0)
-            self.calls.extend(calls[:room])
+            for call in calls[:room]:
+                self._deltas.append(ToolDelta(len(self.calls), call.id, call.name, call.arguments, done=True))
+                self.calls.append(call)
         else:  # unreadable: show it as the model wrote it
             self._emit(out, markup.start + body + (markup.end if closed else ""))
+
+    def _finish_streamed(self, markup: Markup, body: str, closed: bool) -> None:
+        """A streamed call is a call whatever follows: its arguments are what
+        was sent when that is JSON, else what the repair pass makes of them."""
+        streaming, self._streaming = self._streaming, None
+        assert streaming is not None
+        arguments = streaming.sent
+        try:
+            json.loads(arguments)
+        except ValueError:
+            parsed = markup.parse(body, self.tools, closed)
+            arguments = parsed[0].arguments if parsed else "{}"
+            rest = arguments[len(streaming.sent):] if arguments.startswith(streaming.sent) else ""
+            if rest:
+                self._deltas.append(ToolDelta(streaming.index, streaming.id, None, rest))
+        self._deltas.append(ToolDelta(streaming.index, streaming.id, None, "", done=True))
+        self.calls.append(ToolCall(streaming.name, arguments, streaming.id))
 
 
 def _partial_suffix(text: str, tags: list[str]) -> int:

@@ -14,9 +14,10 @@ from inference.engine.types import EventStream, GenerationEvent
 from inference.protocols import chat
 from inference.protocols.errors import RequestError
 from inference.protocols.openai import Message, with_keepalive
-from inference.protocols.output import OutputParser, Piece
+from inference.protocols.output import OutputParser, Piece, ToolDelta
 from inference.protocols.params import SAMPLING, integer
 from inference.protocols.response_store import ResponseStore
+from inference.protocols.toolcalls import ToolCall
 
 EXTRAS = (*(f for f in SAMPLING if f not in ("temperature", "top_p", "top_k")), "logit_bias",
           "session_id", "prompt_cache_key", "chat_template_kwargs", "guided_grammar", "guided_regex",
@@ -266,6 +267,7 @@ class _Chain:
         self.items: list[dict] = []
         self.open_kind: str | None = None  # "reasoning" | "content" while an item is open
         self.text = ""  # the open item's text
+        self.calling: ToolCall | None = None  # the function call being streamed
 
     def emit(self, kind: str, **fields) -> bytes:
         event = {"type": kind, "sequence_number": self.seq, **fields}
@@ -320,17 +322,30 @@ class _Chain:
                                     content_index=0, delta=piece.text))
         return frames
 
-    def call(self, call) -> list[bytes]:
-        frames, index = self.close(), len(self.items)
-        item = self.reply.call_item(call)
-        frames += [self.emit("response.output_item.added", output_index=index,
-                             item=self.reply.call_item(call, "in_progress")),
-                   self.emit("response.function_call_arguments.delta", item_id=item["id"], output_index=index,
-                             delta=call.arguments),
-                   self.emit("response.function_call_arguments.done", item_id=item["id"], output_index=index,
-                             arguments=call.arguments)]
-        self.items.append(item)
-        return frames + [self.emit("response.output_item.done", output_index=index, item=item)]
+    def call(self, delta: ToolDelta, calls: list) -> list[bytes]:
+        """A function_call item: added on the call's first delta, its
+        arguments as they come, done (with them whole) on its last."""
+        frames: list[bytes] = []
+        if delta.name is not None:
+            frames, self.calling = self.close(), ToolCall(delta.name, "", delta.id)
+            frames.append(self.emit("response.output_item.added", output_index=len(self.items),
+                                    item=self.reply.call_item(self.calling, "in_progress")))
+        calling, index = self.calling, len(self.items)
+        assert calling is not None
+        item_id = "fc_" + calling.id.removeprefix("call_")
+        if delta.arguments:
+            frames.append(self.emit("response.function_call_arguments.delta", item_id=item_id, output_index=index,
+                                    delta=delta.arguments))
+            self.calling = calling = ToolCall(calling.name, calling.arguments + delta.arguments, calling.id)
+        if delta.done:
+            whole = calls[delta.index] if delta.index < len(calls) else calling  # as the parser settled it
+            frames.append(self.emit("response.function_call_arguments.done", item_id=item_id, output_index=index,
+                                    arguments=whole.arguments))
+            item = self.reply.call_item(whole)
+            self.items.append(item)
+            self.calling = None
+            frames.append(self.emit("response.output_item.done", output_index=index, item=item))
+        return frames
 
 
 async def stream(reply: Reply, events: EventStream, output: OutputParser, keepalive: float,
@@ -342,7 +357,6 @@ async def stream(reply: Reply, events: EventStream, output: OutputParser, keepal
     yield chain.emit("response.created", response=reply.envelope("in_progress", []))
     yield chain.emit("response.in_progress", response=reply.envelope("in_progress", []))
     message = Message()  # the whole reply, for the stored turn
-    sent_calls = 0
     async for event in with_keepalive(events, output, keepalive):
         if event is None:
             yield sse.KEEP_ALIVE
@@ -356,10 +370,9 @@ async def stream(reply: Reply, events: EventStream, output: OutputParser, keepal
         for piece in pieces:
             for frame in chain.piece(piece, message) if piece.text else []:
                 yield frame
-        for call in output.calls[sent_calls:]:
-            for frame in chain.call(call):
+        for delta in output.take_deltas():
+            for frame in chain.call(delta, output.calls):
                 yield frame
-        sent_calls = len(output.calls)
         message.tool_calls = list(output.calls)
         if event.finish_reason is not None:
             frames = chain.open("content") if not chain.items and chain.open_kind is None else []  # one message

@@ -1,7 +1,7 @@
 """A chat turn run by a model's process, for callers inside the router
 (the dashboard's chat socket): the same `/v1/chat/completions` stream any
 client gets, read back into reasoning and content deltas, whole tool
-calls and the final usage."""
+calls (put together from the stream's pieces) and the final usage."""
 from __future__ import annotations
 
 import json
@@ -40,7 +40,9 @@ def _usage(body: dict) -> Usage:
                  int(details.get("cached_tokens") or 0), str(body.get("lane") or "serial"))
 
 
-def _deltas(chunk: dict) -> list[Delta]:
+def _deltas(chunk: dict, calls: dict[int, list[str]]) -> list[Delta]:
+    """What one chunk brings; tool-call pieces gather in `calls` (index ->
+    [id, name, arguments]) and come out whole with the finish reason."""
     if isinstance(chunk.get("error"), dict):
         raise RemoteFailed(str(chunk["error"].get("message") or "the model's process failed"))
     out = []
@@ -50,11 +52,15 @@ def _deltas(chunk: dict) -> list[Delta]:
             out.append(Delta("reasoning", delta["reasoning_content"]))
         if delta.get("content"):
             out.append(Delta("content", delta["content"]))
-        calls = [RemoteCall(c.get("id") or "", (c.get("function") or {}).get("name") or "",
-                            (c.get("function") or {}).get("arguments") or "")
-                 for c in delta.get("tool_calls") or []]
-        if calls:
-            out.append(Delta(calls=calls))
+        for piece in delta.get("tool_calls") or []:
+            function = piece.get("function") or {}
+            call = calls.setdefault(int(piece.get("index") or 0), ["", "", ""])
+            call[0] = piece.get("id") or call[0]
+            call[1] = function.get("name") or call[1]
+            call[2] += function.get("arguments") or ""
+        if choice.get("finish_reason") and calls:
+            out.append(Delta(calls=[RemoteCall(*calls[i]) for i in sorted(calls)]))
+            calls.clear()
         if choice.get("finish_reason") and isinstance(chunk.get("usage"), dict):
             out.append(Delta(final=GenerationEvent(finish_reason=choice["finish_reason"],
                                                    usage=_usage(chunk["usage"]))))
@@ -66,6 +72,7 @@ async def chat(manager: Manager, model: str | None, body: dict) -> AsyncIterator
     slot = await manager.acquire(model)
     try:
         request = {**body, "model": slot.id, "stream": True}
+        calls: dict[int, list[str]] = {}
         async with manager.client().stream("POST", slot.url + "/v1/chat/completions", json=request,
                                            headers={"authorization": f"Bearer {manager.key}"}) as reply:
             if reply.status_code != 200:
@@ -81,7 +88,7 @@ async def chat(manager: Manager, model: str | None, body: dict) -> AsyncIterator
                 payload = line[len("data: "):]
                 if payload == "[DONE]":
                     return
-                for delta in _deltas(json.loads(payload)):
+                for delta in _deltas(json.loads(payload), calls):
                     yield delta
     except httpx.HTTPError as exc:
         raise RemoteFailed(f"model {slot.id!r} stopped answering ({type(exc).__name__}); it is loaded again on "
