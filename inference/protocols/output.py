@@ -19,7 +19,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from inference.protocols.markup import HEARTH, Markup
-from inference.protocols.toolcalls import ToolCall
+from inference.protocols.toolcalls import ToolCall, balanced_end
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 
@@ -44,28 +44,6 @@ class ToolDelta:
 
 # The start of a `<tool_call>` JSON body up to its arguments' value: the name must come first to stream.
 _ARGS_START = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"arguments"\s*:\s*(?=\{)')
-
-
-def _value_end(text: str) -> int | None:
-    """Where the JSON object at the start of `text` ends (None: not yet)."""
-    depth, in_str, escaped = 0, False, False
-    for i, ch in enumerate(text):
-        if in_str:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_str = False
-        elif ch == '"':
-            in_str = True
-        elif ch in "{[":
-            depth += 1
-        elif ch in "}]":
-            depth -= 1
-            if depth == 0:
-                return i + 1
-    return None
 
 
 @dataclass
@@ -148,7 +126,7 @@ class OutputParser:
                                          match.end())
             self._deltas.append(ToolDelta(self._streaming.index, self._streaming.id, self._streaming.name, ""))
         value = body[self._streaming.at:]
-        end = _value_end(value)
+        end = balanced_end(value)
         value = value[:end] if end is not None else value
         piece = value[len(self._streaming.sent):]
         if piece:

@@ -130,13 +130,14 @@ def repair_json(text: str) -> dict | None:
             if (value := _loads_object(option)) is not None:
                 return value
         # Text after the object (a closing remark) is dropped.
-        end = _balanced_end(fixed)
+        end = balanced_end(fixed)
         if end and (value := _loads_object(fixed[:end])) is not None:
             return value
     return None
 
 
-def _balanced_end(text: str) -> int | None:
+def balanced_end(text: str) -> int | None:
+    """Where the JSON object or array at the start of `text` closes (None: not yet)."""
     depth, in_str, escaped = 0, False, False
     for i, ch in enumerate(text):
         if in_str:
