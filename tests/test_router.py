@@ -506,13 +506,13 @@ def test_the_dashboards_remote_turn_puts_streamed_tool_calls_back_together():
 
     calls: dict = {}
     got = []
-    for c in (chunk({"content": "Sure. "}),
+    for c in (chunk({"reasoning": "Think. "}), chunk({"content": "Sure. "}),
               chunk({"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
                                      "function": {"name": "get_weather", "arguments": ""}}]}),
               chunk({"tool_calls": [{"index": 0, "function": {"arguments": '{"city": '}}]}),
               chunk({"tool_calls": [{"index": 0, "function": {"arguments": '"Paris"}'}}]}),
               chunk(finish="tool_calls", usage={"prompt_tokens": 5, "completion_tokens": 9})):
         got += _deltas(c, calls)
-    assert [d.text for d in got if d.text] == ["Sure. "]
+    assert [(d.kind, d.text) for d in got if d.text] == [("reasoning", "Think. "), ("content", "Sure. ")]
     assert [d.calls for d in got if d.calls] == [[RemoteCall("call_1", "get_weather", '{"city": "Paris"}')]]
     assert got[-1].final.finish_reason == "tool_calls" and got[-1].final.usage.completion_tokens == 9

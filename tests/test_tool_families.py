@@ -107,3 +107,23 @@ def test_the_enforced_tool_schema_is_always_checked_and_never_rewritten_where_ar
     with pytest.raises(RequestError) as refused:
         _checked({"type": "function", "function": {"name": "d", "parameters": deep}}, 3, "qwen_3", Limits())
     assert refused.value.param == "tools[3].function.parameters"
+
+
+@pytest.mark.parametrize("arguments", ['{"city": "a\\"}b", "days": 2}', '{"city":"x\\\\\\"]y","days":2}',
+                                       '{"city": "{[}", "days": 2}'])
+def test_enforced_arguments_stream_as_written_escapes_and_brackets_in_strings_included(arguments):
+    from inference.protocols.toolcalls import balanced_end
+
+    assert balanced_end(arguments + "} tail") == len(arguments)
+    text = 'On it. <tool_call>{"name": "get_weather", "arguments": ' + arguments + "}</tool_call>"
+    streamed = OutputParser(tools=TOOLS, stream_arguments=True)
+    whole = OutputParser(tools=TOOLS)
+    for parser in (streamed, whole):
+        for ch in text:
+            parser.feed(ch)
+        parser.finish()
+    deltas = streamed.take_deltas()
+    assert deltas[0].name == "get_weather" and deltas[-1].done and len(deltas) > 5
+    assert "".join(d.arguments for d in deltas) == arguments == streamed.calls[0].arguments
+    (only,) = whole.take_deltas()  # not enforced: one whole call, read once it closed
+    assert only.done and only.name == "get_weather" and json.loads(only.arguments) == json.loads(arguments)

@@ -120,11 +120,13 @@ async def prepare_chat(body: dict, model: LoadedModel, options: Options) -> Prep
     prepared.request.prompt_tokens, think = await asyncio.to_thread(
         chat.build_prompt, model, messages, turn.tools, turn.kwargs, rendered)
     markups = markup.markups_for(model.tokenizer)
-    if tool_choice.forces(body, turn.tools) and await _enforce_tool_choice(prepared, body, turn.tools, model,
-                                                                           options, think):
+    enforced = tool_choice.forces(body, turn.tools) and await _enforce_tool_choice(prepared, body, turn.tools,
+                                                                                     model, options, think)
+    if enforced:
         markups = markups[:1]  # while enforced, only the markup the grammar constrains is read as calls
     prepared.output = OutputParser(in_reasoning=think == "open", reasoning=chat.thinks(model), tools=turn.tools,
-                                   max_calls=1 if turn.single_call else None, markups=markups)
+                                   max_calls=1 if turn.single_call else None, markups=markups,
+                                   stream_arguments=enforced)
     return prepared
 
 
@@ -297,12 +299,19 @@ async def collect(events: EventStream,
     raise RuntimeError("generation ended without a final event")
 
 
-def _call_delta(delta: ToolDelta) -> dict:
-    """A `tool_calls` entry: id, type and name on a call's first, then pieces of its arguments."""
-    if delta.name is None:
-        return {"index": delta.index, "function": {"arguments": delta.arguments}}
-    return {"index": delta.index, "id": delta.id, "type": "function",
-            "function": {"name": delta.name, "arguments": delta.arguments}}
+def _call_deltas(deltas: list[ToolDelta]) -> list[dict]:
+    """`tool_calls` entries, one per call in a chunk: id, type and name on a
+    call's first, then pieces of its arguments."""
+    out: list[dict] = []
+    for delta in deltas:
+        if out and out[-1]["index"] == delta.index:  # the same call again in this chunk: one entry
+            out[-1]["function"]["arguments"] += delta.arguments
+        elif delta.name is not None:
+            out.append({"index": delta.index, "id": delta.id, "type": "function",
+                        "function": {"name": delta.name, "arguments": delta.arguments}})
+        elif delta.arguments:
+            out.append({"index": delta.index, "function": {"arguments": delta.arguments}})
+    return out
 
 
 def _deltas(pieces: list[Piece]) -> list[dict]:
@@ -355,8 +364,7 @@ async def stream(reply: Reply, events: EventStream, output: OutputParser | None 
             pieces += output.finish()
         for delta in _deltas(pieces):
             yield sse(reply.chunk(delta))
-        calls = [_call_delta(d) for d in output.take_deltas() if d.name is not None or d.arguments] \
-            if output is not None else []
+        calls = _call_deltas(output.take_deltas()) if output is not None else []
         if calls:
             yield sse(reply.chunk({"tool_calls": calls}))
         if event.finish_reason is not None:

@@ -8,8 +8,11 @@ parse, released as content: nothing visible is ever lost).
 
 Streams render `take_deltas()`: a call's start (id, name), then its
 arguments piece by piece as they are generated, then its end. Arguments
-stream as they come for `<tool_call>` JSON calls (once the name is read and
-is an offered tool); other families' calls arrive whole when they close.
+stream as they come where a grammar enforces the call (`stream_arguments`:
+tool_choice over `<tool_call>` JSON, so the text is schema-valid JSON as it
+is written); anywhere else a call arrives whole when its markup closes,
+after the repair pass and the schema's coercions, which could not be taken
+back from a client that already has the raw text.
 """
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from inference.protocols.markup import HEARTH, Markup
-from inference.protocols.toolcalls import ToolCall, balanced_end
+from inference.protocols.toolcalls import Nesting, ToolCall
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 
@@ -55,6 +58,8 @@ class _Streaming:
     name: str
     at: int  # where its arguments' value starts in the markup's body
     sent: str = ""  # the arguments' text sent so far
+    nesting: Nesting = field(default_factory=Nesting)  # read once, as it comes
+    end: int | None = None  # where the arguments' value ends, once it has
 
 
 @dataclass
@@ -67,6 +72,7 @@ class OutputParser:
     # Calls to tools nobody offered stay text, unless the caller answers them itself (the dashboard's
     # tool loop tells the model the tool does not exist, so it can correct itself).
     undeclared: bool = False
+    stream_arguments: bool = False  # a grammar enforces the calls: their arguments stream as written
     calls: list[ToolCall] = field(default_factory=list)
     _held: str = ""
     _tool_open: Markup | None = None  # the markup being withheld
@@ -111,7 +117,7 @@ class OutputParser:
         if self._tool_open is None:
             self._emit(out, self._held[: len(self._held) - keep])
             self._held = self._held[len(self._held) - keep:]
-        elif self._tool_open.family == "json_tools":
+        elif self.stream_arguments and self._tool_open.family == "json_tools":
             self._stream_arguments(self._held[: len(self._held) - keep])
         return out
 
@@ -125,13 +131,15 @@ class OutputParser:
             self._streaming = _Streaming(len(self.calls), "call_" + uuid.uuid4().hex[:24], match.group(1),
                                          match.end())
             self._deltas.append(ToolDelta(self._streaming.index, self._streaming.id, self._streaming.name, ""))
-        value = body[self._streaming.at:]
-        end = balanced_end(value)
-        value = value[:end] if end is not None else value
-        piece = value[len(self._streaming.sent):]
+        streaming = self._streaming
+        value = body[streaming.at:]
+        if streaming.end is None:
+            streaming.end = streaming.nesting.scan(value)
+        value = value[:streaming.end] if streaming.end is not None else value
+        piece = value[len(streaming.sent):]
         if piece:
-            self._streaming.sent = value
-            self._deltas.append(ToolDelta(self._streaming.index, self._streaming.id, None, piece))
+            streaming.sent = value
+            self._deltas.append(ToolDelta(streaming.index, streaming.id, None, piece))
 
     def _offered(self) -> set:
         return {(t.get("function") or {}).get("name") for t in self.tools or []}

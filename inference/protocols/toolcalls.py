@@ -138,22 +138,38 @@ def repair_json(text: str) -> dict | None:
 
 def balanced_end(text: str) -> int | None:
     """Where the JSON object or array at the start of `text` closes (None: not yet)."""
-    depth, in_str, escaped = 0, False, False
-    for i, ch in enumerate(text):
-        if in_str:
-            escaped = not escaped and ch == "\\"
-            if ch == '"' and not escaped:
-                in_str = False
-            continue
-        if ch == '"':
-            in_str = True
-        elif ch in "{[":
-            depth += 1
-        elif ch in "}]":
-            depth -= 1
-            if depth == 0:
-                return i + 1
-    return None
+    return Nesting().scan(text, 0)
+
+
+class Nesting:
+    """A reader of JSON nesting that can stop and go on: `scan` takes more of
+    the text and answers where the value begun at its start closes, once it does."""
+
+    def __init__(self):
+        self.depth, self.in_str, self.escaped, self.at = 0, False, False, 0
+
+    def scan(self, text: str, start: int | None = None) -> int | None:
+        at = self.at if start is None else start
+        for i in range(at, len(text)):
+            ch = text[i]
+            if self.in_str:
+                if self.escaped:
+                    self.escaped = False
+                elif ch == "\\":
+                    self.escaped = True
+                elif ch == '"':
+                    self.in_str = False
+            elif ch == '"':
+                self.in_str = True
+            elif ch in "{[":
+                self.depth += 1
+            elif ch in "}]":
+                self.depth -= 1
+                if self.depth == 0:
+                    self.at = i + 1
+                    return i + 1
+        self.at = len(text)
+        return None
 
 
 # -- schema-aware arguments ----------------------------------------------------------

@@ -48,8 +48,9 @@ def _deltas(chunk: dict, calls: dict[int, list[str]]) -> list[Delta]:
     out = []
     for choice in chunk.get("choices") or []:
         delta = choice.get("delta") or {}
-        if delta.get("reasoning_content"):
-            out.append(Delta("reasoning", delta["reasoning_content"]))
+        reasoning = delta.get("reasoning") or delta.get("reasoning_content")  # this server sends `reasoning`
+        if reasoning:
+            out.append(Delta("reasoning", reasoning))
         if delta.get("content"):
             out.append(Delta("content", delta["content"]))
         for piece in delta.get("tool_calls") or []:
