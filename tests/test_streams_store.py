@@ -45,7 +45,7 @@ def test_the_per_stream_cap_keeps_the_tail_from_an_event_boundary(tmp_path):
         assert stream.end - stream.start <= 2000
         with pytest.raises(Gone):
             stream.check_offset(0)
-        tail = b"".join([c async for c in store.follow("c", stream.start)])
+        tail = b"".join([c async for c in stream.follow(stream.start)])
         assert tail == whole[stream.start:] and tail.startswith(b"data: ")  # whole events only
         store.shutdown()  # writes everything out
         return whole, stream.start
@@ -57,7 +57,7 @@ def test_the_per_stream_cap_keeps_the_tail_from_an_event_boundary(tmp_path):
         store.open()
         stream = store.get("c")
         assert (stream.start, stream.end, stream.meta.state) == (start, len(whole), "done")
-        replay = b"".join([c async for c in store.follow("c", start)])
+        replay = b"".join([c async for c in store.get("c").follow(start)])
         store.shutdown()
         return replay
 
@@ -130,7 +130,7 @@ def test_a_dead_processes_stream_is_cut_at_its_last_event_and_ended(tmp_path):
         store = Streams(tmp_path)
         store.open()
         row = store.lookup(["c"])[0]
-        replay = b"".join([c async for c in store.follow("c", 0)])
+        replay = b"".join([c async for c in store.get("c").follow(0)])
         store.shutdown()
         return row, replay
 

@@ -127,3 +127,36 @@ def test_enforced_arguments_stream_as_written_escapes_and_brackets_in_strings_in
     assert "".join(d.arguments for d in deltas) == arguments == streamed.calls[0].arguments
     (only,) = whole.take_deltas()  # not enforced: one whole call, read once it closed
     assert only.done and only.name == "get_weather" and json.loads(only.arguments) == json.loads(arguments)
+
+
+class _Model:
+    """What tool_choice.spec reads of a loaded model: its tokenizer (a `<tool_call>` JSON template, no thinking)."""
+
+    class _Tok:
+        chat_template = "{% for m in messages %}{{ m.content }}{% endfor %}<tool_call>{{ call }}</tool_call>"
+
+        def get_vocab(self):
+            return {}
+
+    def __init__(self):
+        self.tokenizer = self._Tok()
+        self.model_id = "fake"
+
+
+def test_a_strict_tool_under_auto_leaves_prose_free_but_checks_a_call():
+    """The grammar tool_choice.spec builds for `auto` with a strict tool: text
+    is free; a call, once started, must name an offered tool with valid arguments."""
+    import xgrammar as xgr
+    from xgrammar.testing import _is_grammar_accept_string
+
+    from core.limits import Limits
+    from inference.protocols.tool_choice import spec
+
+    strict = {"type": "function", "function": {**TOOLS[0]["function"], "strict": True}}
+    made = spec({"tool_choice": "auto", "tools": [strict]}, [strict], _Model(), "closed", Limits())
+    grammar = xgr.Grammar.from_structural_tag(made.source)
+    good = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}\n</tool_call>'
+    assert _is_grammar_accept_string(grammar, "It is sunny in Paris.")
+    assert _is_grammar_accept_string(grammar, good)
+    assert not _is_grammar_accept_string(grammar, good.replace('"days": 2', '"days": "two"'))
+    assert not _is_grammar_accept_string(grammar, good.replace("get_weather", "delete_everything"))

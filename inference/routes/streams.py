@@ -56,12 +56,12 @@ async def replay(request: HttpRequest, conversation_id: str, offset: int = Query
     if crashed is not None:  # the client got bytes the disk never did: the event that says why it ended
         return HttpResponse(crashed, content_type="text/event-stream", headers=headers)
     try:
-        chunks = streams.follow(conversation_id, offset)
+        stream.check_offset(offset)
     except Gone as exc:
         raise RequestError(str(exc), "from", status=410, code="stream_bytes_gone") from None
     except ValueError as exc:
         raise RequestError(str(exc), "from", status=416, code="stream_offset_past_end") from None
-    return StreamingHttpResponse(chunks, content_type="text/event-stream", headers=headers)
+    return StreamingHttpResponse(stream.follow(offset), content_type="text/event-stream", headers=headers)
 
 
 @router.delete("/stream/{conversation_id}")

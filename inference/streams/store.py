@@ -316,14 +316,6 @@ class Streams:
             return None
         return stream
 
-    def follow(self, conversation_id: str, offset: int) -> AsyncIterator[bytes]:
-        """The stream's bytes from `offset`; raises KeyError (unknown), `Gone` or ValueError (offset)."""
-        stream = self.get(conversation_id)
-        if stream is None:
-            raise KeyError(conversation_id)
-        stream.check_offset(offset)
-        return stream.follow(offset)
-
     def lookup(self, ids: list) -> list[dict]:
         """The streams of these conversations that are live or replayable; never any other's."""
         if not isinstance(ids, list) or len(ids) > MAX_LOOKUP:
