@@ -43,6 +43,17 @@ def positive(text):
     return value
 
 
+def rows(text):
+    """`auto` (None: as many as the load asks and memory allows) or a positive count."""
+    if text.strip().lower() == "auto":
+        return None
+    try:
+        int(text)
+    except ValueError:
+        raise ValueError(f"expected auto or a whole number of rows, got {text!r}") from None
+    return positive(text)
+
+
 def unit(text):
     value = float(text)
     if not 0 <= value <= 1:  # NaN fails this too

@@ -59,7 +59,7 @@ def _engine_stats(runtime: Runtime) -> dict:
     body["templates"] = options.templates.stats() if options.templates is not None else {"allowed": False}
     body["engine"] = {
         "active": engine.active_rows, "queued": engine.queued, "requests_total": s.requests_total,
-        "failed_rows": s.failed_rows, "failed_steps": s.failed_steps,
+        "failed_rows": s.failed_rows, "failed_steps": s.failed_steps, "peak_rows": s.peak_rows,
         "prompt_tokens_total": s.prompt_tokens_total, "cached_tokens_total": s.cached_tokens_total,
         "generated_tokens_total": s.generated_tokens_total,
         "last_decode_tokens_per_s": round(s.last_decode_tps, 2), "dtype": model.dtype,
@@ -105,10 +105,11 @@ def _admission(engine: Engine, model: loader.LoadedModel) -> dict:
 
 def _batch(engine: Engine) -> dict:
     return {
-        "configured": engine.config.batch, "mode": engine.mode, "batched": engine.mode == "batch",
-        "serial_reason": engine.serial_reason, "active_rows": engine.active_rows,
+        "configured": engine.config.batch or "auto", "mode": engine.mode, "batched": engine.mode == "batch",
+        "serial_reason": engine.serial_reason, "max_rows": engine.capacity, "active_rows": engine.active_rows,
         "pending_rows": engine.pending_rows, "submitted_rows": engine.stats.submitted_rows,
-        "kv_bytes": engine.kv_bytes, "kv_budget_bytes": None, "prefill_chunk": engine.config.prefill_chunk,
+        "kv_bytes": engine.kv_bytes, "kv_budget_bytes": engine.kv_room or None,
+        "held_for_memory": engine.held_for_memory, "prefill_chunk": engine.config.prefill_chunk,
     }
 
 

@@ -390,3 +390,46 @@ def test_neighbours_outlive_repeated_failures_of_others(engines, eos_id):
     good, first, second = asyncio.run(together())
     assert first["error"] and second["error"]
     assert good == alone
+
+
+def test_auto_batch_grows_with_the_requests_waiting(engines, eos_id):
+    """Left to auto, the batch takes every waiting request (20 here, more
+    than the old fixed 8), and each row still gets what it gets alone."""
+    engine = engines(prompt_cache_bytes=0)
+    assert engine.config.batch is None and engine.capacity == 64 and engine.mode == "batch"
+    no_eos = LogitsParams(logit_bias={eos_id: -100.0})
+    requests = [GenerationRequest(_prompt(40 + i, 6 + i), max_tokens=12, logits=no_eos) for i in range(20)]
+
+    async def together():
+        return await asyncio.gather(*(_run(engine, r) for r in requests))
+
+    before = engine.stats.peak_rows
+    results = asyncio.run(together())
+    assert engine.stats.peak_rows == 20 > before or before >= 20
+    alone = [asyncio.run(_run(engine, GenerationRequest(list(r.prompt_tokens), max_tokens=12, logits=no_eos)))
+             for r in requests[:3]]
+    assert [r["tokens"] for r in results[:3]] == [a["tokens"] for a in alone]
+    assert all(len(r["tokens"]) == 12 for r in results)
+
+
+def test_a_memory_budget_holds_the_batch_to_what_fits(engines, eos_id):
+    """Room for the KV of three rows (each with GROWTH_TOKENS to grow): ten
+    requests run three at a time, every one finishes, and the held ones are
+    counted; none is refused."""
+    from inference.engine.engine import GROWTH_TOKENS, TRANSIENT_RESERVE
+
+    probe = engines(batch=1, prompt_cache_bytes=0).loaded
+    per_row = 10 + 30 + GROWTH_TOKENS
+    budget = probe.weights_bytes + TRANSIENT_RESERVE + (3 * per_row + 20) * probe.kv_bytes_per_token
+    engine = engines(memory_budget=budget, prompt_cache_bytes=0)
+    assert engine.kv_room == (3 * per_row + 20) * probe.kv_bytes_per_token
+    no_eos = LogitsParams(logit_bias={eos_id: -100.0})
+    requests = [GenerationRequest(_prompt(60 + i, 10), max_tokens=30, logits=no_eos) for i in range(10)]
+
+    async def together():
+        return await asyncio.gather(*(_run(engine, r) for r in requests))
+
+    results = asyncio.run(together())
+    assert all(r["finish"] == "length" and len(r["tokens"]) == 30 for r in results)
+    assert engine.stats.peak_rows == 3
+    assert engine.held_for_memory == 7

@@ -91,9 +91,10 @@ def test_stats_blocks(base_url, tiny_model):
     _client(base_url).completions.create(model=tiny_model, prompt="Count me", max_tokens=2)
     body = _stats(base_url)
     assert body["server"]["owner"] == "serve" and body["server"]["model"]
-    assert body["batch"]["configured"] == 8 and body["batch"]["mode"] == "batch" and body["batch"]["batched"]
+    assert body["batch"]["configured"] == "auto" and body["batch"]["mode"] == "batch" and body["batch"]["batched"]
+    assert body["batch"]["max_rows"] == 64 and body["batch"]["kv_budget_bytes"] > 0
     assert body["batch"]["submitted_rows"] >= 1
-    for key in ("active_rows", "pending_rows", "kv_bytes", "kv_budget_bytes"):
+    for key in ("active_rows", "pending_rows", "kv_bytes", "held_for_memory"):
         assert key in body["batch"]
     assert body["kv_quant"]["mode"] == "float32" and body["kv_quant"]["layers"] == {"float32": 2}
     admission = body["admission"]

@@ -46,6 +46,7 @@ GOOD = [
     ("full-line comments and blanks", "# intro\n; more\n\n  # indented\n[m]\n\n# x = 1\nbatch = 1\n",
      {"m": (5, {"flags": {"batch": 1}})}),
     ("no trailing newline", "[m]\nbatch = 9", {"m": (1, {"flags": {"batch": 9}})}),
+    ("batch left to auto", "[m]\nbatch = Auto\n", {"m": (1, {"flags": {"batch": "auto"}})}),
     ("CRLF", "[m]\r\nbatch = 9\r\n\r\n[n]\r\npin = no\r\n",
      {"m": (1, {"flags": {"batch": 9}}), "n": (4, {"pinned": False})}),
     ("spaces around names and =", "  [ hearth-test/tiny-random ]  \n  max-tokens=12  \n",
@@ -87,8 +88,8 @@ def test_good(tmp_path, text, expected):
 # (file text, substring of the error; "F" stands for the file's path)
 BAD = [
     ("[m]\nbatchh = 4\n", "F:2: unknown key 'batchh' (known: adapter, alias, batch,"),
-    ("[m]\nbatch = abc\n", "F:2: batch: expected a whole number, got 'abc'"),
-    ("[m]\nbatch = 1.5\n", "F:2: batch: expected a whole number, got '1.5'"),
+    ("[m]\nbatch = abc\n", "F:2: batch: expected auto or a whole number of rows, got 'abc'"),
+    ("[m]\nbatch = 1.5\n", "F:2: batch: expected auto or a whole number of rows, got '1.5'"),
     ("[m]\n\nbatch = 0\n", "F:3: batch: must be at least 1, got 0"),
     ("[m]\nkv-quant = 3\n", "F:2: kv-quant: must be 4 or 8, got 3"),
     ("[m]\ntemperature = 2.5\n", "F:2: temperature: must be at most 2, got 2.5"),

@@ -16,6 +16,7 @@ export function statusPage(main) {
       h("div", { class: "card" }, h("h2", { style: "margin-top:0" }, "Model"), kv([["served", s.server?.model],
         ["dtype", e.dtype], ["lane", b.mode || b.lane], ["adapters", (s.adapters?.mounted || []).join(", ") || "none"]])),
       h("div", { class: "card" }, h("h2", { style: "margin-top:0" }, "Rows"), kv([["decoding", e.active],
+        ["most at once", b.max_rows ? `${b.max_rows}${b.configured === "auto" ? " (auto)" : ""}, peak ${e.peak_rows}` : "—"],
         ["waiting", e.queued], ["requests", e.requests_total], ["last decode", `${e.last_decode_tokens_per_s} tok/s`]])),
       h("div", { class: "card" }, h("h2", { style: "margin-top:0" }, "Prompt cache"), kv([["entries", pc.entries],
         ["size", bytes(pc.bytes)], ["hits / misses", `${pc.hits} / ${pc.misses}`],

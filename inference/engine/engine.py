@@ -3,9 +3,17 @@
 Callers on the asyncio loop submit a `GenerationRequest` and iterate its
 `GenerationEvent`s; events cross back with `loop.call_soon_threadsafe`.
 
-Admission: at most `capacity` rows run at once (the `--batch` size on the
-batched lane, one on the serial lane); up to `MAX_QUEUED` more wait, in
-arrival order; beyond that `submit` raises `QueueFull` at once. With an
+Admission: on the batched lane the number of rows decoding together follows
+the load and the memory: a waiting request joins the running rows while
+there are fewer than `row_ceiling` of them (`--batch N`, or `AUTO_BATCH_MAX`
+when `--batch` is left to `auto`) and the KV the rows hold now, plus the
+newcomer's prompt and `GROWTH_TOKENS` of room for each row to grow, fits in
+the memory left beside the weights, the prompt cache and a transient
+reserve. So one client runs one row, 32 clients run 32, and when rows grow
+long the batch stops taking new ones until some finish (an empty lane always
+takes one: a prompt the context checks let in must run). The serial lane
+runs one row. Up to `MAX_QUEUED` more wait, in arrival order; beyond that
+`submit` raises `QueueFull` at once. With an
 operator context cap (`max_context`, or one derived from `memory_budget`) a
 prompt that leaves no room to generate is refused with `ContextOverBudget`;
 one that fills the model's own context window, with `ContextLengthExceeded`
@@ -60,11 +68,17 @@ log = logging.getLogger("hearth.engine")
 
 MAX_QUEUED = 64
 TRANSIENT_RESERVE = 256 << 20  # activations and scratch a budget keeps free besides weights and KV
+# `--batch auto`: the most rows decoding together. On a CPU a step's GEMMs
+# get faster per row up to well past 32 rows (BLAS efficiency grows with M),
+# so a bigger batch only costs memory, which admission checks.
+AUTO_BATCH_MAX = 64
+PREFILL_ROWS = 8  # prompts prefilled together in one step (mlx-lm's server uses 8 too)
+GROWTH_TOKENS = 256  # KV room kept per running row beyond what it holds now
 
 
 @dataclass(frozen=True)
 class EngineConfig:
-    batch: int = 8  # rows decoding together; 1 = the serial lane
+    batch: int | None = None  # most rows decoding together; None = auto (memory permitting); 1 = serial
     prefill_chunk: int = 256  # prompt tokens prefilled per step while other rows decode
     max_context: int | None = None  # operator cap on prompt + generation tokens
     memory_budget: int | None = None  # operator cap on weights + KV bytes
@@ -86,6 +100,7 @@ class EngineStats:
     last_decode_tps: float = 0.0
     failed_rows: int = 0  # rows ended by their own failure; their neighbours went on
     failed_steps: int = 0  # batched steps that failed as a whole (see _recover)
+    peak_rows: int = 0  # the most rows that ran together
 
 
 _STOP = object()  # queued by `Submission.stop`: the stream ends there
@@ -158,6 +173,9 @@ class Engine:
         self.mode = "off"  # "off" | "serial" | "batch", as /stats reports it
         self.serial_reason: str | None = None
         self.enforced_context: int | None = None
+        self.row_ceiling = 1  # the most rows the lane may run; set with the lane
+        self.kv_room = 0  # bytes the running rows' KV may take; 0 = unchecked
+        self.held_for_memory = 0  # requests that waited because their KV would not fit yet
         self._inbox: queue.Queue = queue.Queue()
         self._waiting: deque[Generation] = deque()  # engine thread only
         self._waiting_n = 0
@@ -254,7 +272,8 @@ class Engine:
 
     @property
     def capacity(self) -> int:
-        return self.lane.capacity if self.lane is not None else 1
+        """The most rows that may run at once (memory may hold admission below it)."""
+        return self.row_ceiling
 
     @property
     def kv_bytes(self) -> int:
@@ -326,7 +345,7 @@ class Engine:
 
         cfg, model = self.config, self.loaded_model
         sample = make_prompt_cache(model.model)
-        if cfg.batch <= 1:
+        if cfg.batch == 1:
             self.mode = "off"
         elif cfg.kv_quant:
             self.mode, self.serial_reason = "serial", "quantized KV caches cannot be merged into a batch"
@@ -335,11 +354,9 @@ class Engine:
         else:
             self.mode = "batch"
         lane: lanes.Lane
-        if self.mode == "batch":
-            lane = lanes.BatchLane(model, cfg.batch, cfg.prefill_chunk)
-        else:
-            lane = lanes.SerialLane(model, cfg.kv_quant, self._kv_group())
-        self.lane = lane
+        self.row_ceiling = (cfg.batch or AUTO_BATCH_MAX) if self.mode == "batch" else 1
+        self.lane = lane = self._new_lane()
+        self.kv_room = self._kv_room()
         if cfg.ssd_cache:
             from inference.engine.ssd_cache import SSDCache
 
@@ -347,9 +364,43 @@ class Engine:
         self.cache = PromptCache(cfg.prompt_cache_bytes, self.ssd, trimmable=can_trim_prompt_cache(sample))
         self.adapters = model.adapters
         self.enforced_context = self._enforced_context()
-        log.info("engine: lane %s (batch %d%s), prompt cache %d MiB%s", lane.name, cfg.batch,
+        log.info("engine: lane %s (up to %d rows%s%s), prompt cache %d MiB%s", lane.name, self.row_ceiling,
+                 ", auto" if cfg.batch is None and self.mode == "batch" else "",
                  f"; serial because {self.serial_reason}" if self.serial_reason else "",
                  cfg.prompt_cache_bytes >> 20, f", ssd tier {self.ssd.dir}" if self.ssd else "")
+
+    def _new_lane(self) -> lanes.Lane:
+        if self.mode == "batch":
+            return lanes.BatchLane(self.loaded_model, self.row_ceiling, self.config.prefill_chunk,
+                                   min(self.row_ceiling, PREFILL_ROWS))
+        return lanes.SerialLane(self.loaded_model, self.config.kv_quant, self._kv_group())
+
+    def _kv_room(self) -> int:
+        """Bytes the running rows' KV caches may take: the memory budget (the
+        operator's, or three quarters of RAM) less the weights, the prompt
+        cache's cap and the transient reserve. 0 when it cannot be known."""
+        budget = self.config.memory_budget or loader.memory_budget()
+        if not budget or not self.loaded_model.kv_bytes_per_token:
+            return 0
+        used = self.loaded_model.weights_bytes + self.config.prompt_cache_bytes + TRANSIENT_RESERVE
+        return max(budget - used, 1)
+
+    def _kv_held(self) -> int:
+        """Bytes the running rows' KV holds now, each with room to grow."""
+        per_token = self.loaded_model.kv_bytes_per_token
+        return sum((len(r.req.prompt_tokens) + r.count + GROWTH_TOKENS) * per_token for r in self._lane.all_rows())
+
+    def _fits(self, req: GenerationRequest) -> bool:
+        """Whether one more row with this prompt fits beside the running rows."""
+        lane = self._lane
+        if not lane.active:
+            return True
+        if lane.active >= self.row_ceiling:
+            return False
+        if not self.kv_room:
+            return True
+        need = (len(req.prompt_tokens) + GROWTH_TOKENS) * self.loaded_model.kv_bytes_per_token
+        return self._kv_held() + need <= self.kv_room
 
     def _kv_group(self) -> int:
         """The quantization group for KV rows: MLX quantizes in groups of 32,
@@ -410,9 +461,13 @@ class Engine:
 
     def _admit(self) -> None:
         lane, adapters = self._lane, self._adapters
-        while self._waiting and lane.active < lane.capacity:
+        while self._waiting:
             gen = self._waiting[0]
             req = gen.request
+            if not gen.aborted.is_set() and not self._fits(req):
+                if self._lane.active < self.row_ceiling:
+                    self._count_held()
+                return
             group: tuple[Adapter, ...] = ()  # read only once resolved: an aborted request is passed over
             if not gen.aborted.is_set():
                 try:
@@ -434,9 +489,17 @@ class Engine:
             row = Row(gen, self.loaded_model, self._limit(req), 0, lane.name)
             row.ns, row.adapters = adapters.namespace(group), group
             self.stats.submitted_rows += 1
+            self.stats.peak_rows = max(self.stats.peak_rows, lane.active + 1)
             self.stats.prompt_tokens_total += len(req.prompt_tokens)
             metrics.PROMPT_TOKENS.inc(len(req.prompt_tokens))
             self._start(row)
+
+    def _count_held(self) -> None:
+        """Every request waiting while memory holds admission, counted once."""
+        for waiting in self._waiting:
+            if not waiting.held:
+                waiting.held = True
+                self.held_for_memory += 1
 
     def _start(self, row: Row) -> None:
         """Put a row on the lane from the longest cached prefix of its context."""
@@ -498,10 +561,7 @@ class Engine:
                 self._start(row)
 
     def _reset_lane(self) -> None:
-        if isinstance(self.lane, lanes.BatchLane):
-            self.lane = lanes.BatchLane(self.loaded_model, self.config.batch, self.config.prefill_chunk)
-        else:
-            self.lane = lanes.SerialLane(self.loaded_model, self.config.kv_quant, self._kv_group())
+        self.lane = self._new_lane()
 
     def _limit(self, req: GenerationRequest) -> int:
         """The request's cap, bounded by the context window and the operator cap."""

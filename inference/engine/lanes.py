@@ -48,12 +48,12 @@ def _special_ids(model: LoadedModel) -> list[int]:
 class BatchLane:
     name = "batched"
 
-    def __init__(self, model: LoadedModel, size: int, prefill_chunk: int):
+    def __init__(self, model: LoadedModel, size: int, prefill_chunk: int, prefill_rows: int = 8):
         from mlx_lm.generate import BatchGenerator, StopSequences
 
         self.model = model
         self.capacity = size
-        self.gen = BatchGenerator(model.model, completion_batch_size=size, prefill_batch_size=size,
+        self.gen = BatchGenerator(model.model, completion_batch_size=size, prefill_batch_size=min(size, prefill_rows),
                                   prefill_step_size=prefill_chunk)
         self.eos = StopSequences([[t] for t in sorted(model.tokenizer.eos_token_ids)])
         self.rows: dict[int, Row] = {}

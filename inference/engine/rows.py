@@ -36,6 +36,7 @@ class Generation:
     # Set by the engine thread when it admits the request (None before): prompt tokens the cache served.
     cached: int | None = None
     lane: str = "serial"
+    held: bool = False  # it waited for memory at least once (engine thread only)
 
     def emit(self, event: GenerationEvent) -> None:
         try:

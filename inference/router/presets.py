@@ -79,6 +79,12 @@ _whole = functools.partial(_checked, int, "a whole number")
 _number = functools.partial(_checked, float, "a number")
 
 
+def _rows(text: str) -> int | str:
+    """`auto` kept as written (the child's flag reads it again), or a row count."""
+    rows = argtypes.rows(text)
+    return "auto" if rows is None else rows
+
+
 def _kv_bits(text: str) -> int:
     if int(text) not in (4, 8):
         raise ValueError(f"must be 4 or 8, got {text}")
@@ -94,7 +100,7 @@ def _names(text: str) -> tuple[str, ...]:
 
 # Serve options, in the order `hearth serve --help` lists them; paths are in _PATHS.
 _SERVE: dict[str, Callable[[str], object]] = {
-    "batch": _whole(argtypes.positive),
+    "batch": _rows,
     "prefill-chunk": _whole(argtypes.positive),
     "max-context": _whole(argtypes.positive),
     "memory-budget": argtypes.byte_count,

@@ -232,14 +232,16 @@ class Command(BaseCommand):
         _add_limit_flags(parser)
         _add_router_flags(parser)
         group = parser.add_argument_group("throughput and memory")
-        group.add_argument("--batch", type=_positive, default=8,
-                           help="rows decoded together by continuous batching (1 = one request at a time)")
+        group.add_argument("--batch", type=argtypes.flag(argtypes.rows), default=None, metavar="auto|N",
+                           help="most rows decoded together by continuous batching: auto (default) grows with "
+                                "the requests waiting, up to 64 as memory allows; N caps it; 1 = one at a time")
         group.add_argument("--prefill-chunk", type=_positive, default=256,
                            help="prompt tokens prefilled per step while other rows decode")
         group.add_argument("--max-context", type=_positive, default=None,
                            help="cap on prompt + generated tokens per request; a prompt that fills it is refused")
         group.add_argument("--memory-budget", type=_bytes, default=None,
-                           help="bytes for weights + one request's KV cache; sets the context cap from the model")
+                           help="bytes for weights + KV caches: sets the context cap from the model and how many "
+                                "rows may decode together (default: three quarters of RAM)")
         group.add_argument("--prompt-cache-bytes", type=_bytes, default=1 << 30,
                            help="RAM for reusable prompt KV caches (0 turns the cache off; default 1GiB)")
         group.add_argument("--ssd-cache", default=None, metavar="DIR",
