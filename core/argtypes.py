@@ -43,6 +43,16 @@ def positive(text):
     return value
 
 
+def choice(*names: str) -> Callable:
+    """One of `names`, as written."""
+    def parse(text):
+        if text not in names:
+            raise ValueError(f"expected one of {', '.join(names)}, got {text!r}")
+        return text
+    parse.__name__ = "choice"
+    return parse
+
+
 def rows(text):
     """`auto` (None: as many as the load asks and memory allows) or a positive count."""
     if text.strip().lower() == "auto":

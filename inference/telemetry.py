@@ -9,7 +9,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, g
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from inference.engine import lanes, loader
-from inference.engine.engine import MAX_QUEUED, TRANSIENT_RESERVE, Engine
+from inference.engine.engine import DRAFT_TOKENS, MAX_QUEUED, TRANSIENT_RESERVE, Engine
 from inference.engine.metrics import REGISTRY
 
 if TYPE_CHECKING:
@@ -48,6 +48,7 @@ def _engine_stats(runtime: Runtime) -> dict:
         body["ssd_cache"] = engine.ssd.stats()
     body["admission"] = _admission(engine, model)
     body["batch"] = _batch(engine)
+    body["speculation"] = _speculation(engine)
     adapters = model.adapters
     body["adapters"] = {"mounted": sorted(adapters.ids()), "default": "+".join(adapters.default) or None,
                         "running": "+".join(a.id for a in adapters.active) if engine.active_rows else None,
@@ -101,6 +102,17 @@ def _admission(engine: Engine, model: loader.LoadedModel) -> dict:
             "memory_budget_bytes": engine.config.memory_budget, "usable_bytes": usable,
             "weights_bytes": model.weights_bytes, "kv_bytes_per_token": per_token,
             "max_queued": MAX_QUEUED, "queued": engine.queued}
+
+
+def _speculation(engine: Engine) -> dict | None:
+    kind = engine.speculation
+    if kind is None:
+        return None
+    t = engine.spec_totals
+    return {"kind": kind, "draft_model": engine.config.draft_model if kind == "model" else None,
+            "draft_tokens": engine.config.draft_tokens or DRAFT_TOKENS[kind], "rows": t.rows,
+            "drafted": t.drafted, "accepted": t.accepted, "target_calls": t.target_calls,
+            "acceptance": round(t.accepted / t.drafted, 4) if t.drafted else None}
 
 
 def _batch(engine: Engine) -> dict:

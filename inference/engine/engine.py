@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from inference.engine import checks, lanes, loader, metrics
+from inference.engine import checks, lanes, loader, metrics, speculate
 from inference.engine.adapters import Adapter, AdapterError, AdapterManager
 from inference.engine.errors import (
     ContextLengthExceeded,
@@ -74,6 +74,9 @@ TRANSIENT_RESERVE = 256 << 20  # activations and scratch a budget keeps free bes
 AUTO_BATCH_MAX = 64
 PREFILL_ROWS = 8  # prompts prefilled together in one step (mlx-lm's server uses 8 too)
 GROWTH_TOKENS = 256  # KV room kept per running row beyond what it holds now
+# Drafts per round: a wrong guess costs a wider forward, and prompt lookup's
+# guesses come in runs (it copies), a draft model's one at a time.
+DRAFT_TOKENS = {"ngram": 8, "model": 3}
 
 
 @dataclass(frozen=True)
@@ -88,6 +91,9 @@ class EngineConfig:
     ssd_queue_bytes: int = 1 << 30  # write-behind bound; beyond it a snapshot waits for a flush
     kv_quant: int | None = None  # 4 or 8: quantized KV cache (serial lane)
     keep_dtype: bool = False
+    draft_kind: str | None = None  # "ngram" (prompt lookup) or "model" (draft_model); None: no speculation
+    draft_model: str | None = None  # a small model with the served model's tokenizer
+    draft_tokens: int | None = None  # most drafts per round; None: DRAFT_TOKENS[kind]
 
 
 @dataclass
@@ -102,6 +108,8 @@ class EngineStats:
     failed_steps: int = 0  # batched steps that failed as a whole (see _recover)
     peak_rows: int = 0  # the most rows that ran together
 
+
+AnyLane = lanes.Lane | speculate.Speculating
 
 _STOP = object()  # queued by `Submission.stop`: the stream ends there
 
@@ -167,7 +175,7 @@ class Engine:
         self.stats = EngineStats()
         self.cache: PromptCache | None = None
         self.ssd: SSDCache | None = None
-        self.lane: lanes.Lane | None = None
+        self.lane: AnyLane | None = None
         self.adapters: AdapterManager | None = None
         self._group: tuple[Adapter, ...] = ()  # the adapters of the running rows
         self.mode = "off"  # "off" | "serial" | "batch", as /stats reports it
@@ -176,6 +184,8 @@ class Engine:
         self.row_ceiling = 1  # the most rows the lane may run; set with the lane
         self.kv_room = 0  # bytes the running rows' KV may take; 0 = unchecked
         self.held_for_memory = 0  # requests that waited because their KV would not fit yet
+        self.draft: loader.LoadedModel | None = None  # the draft model, with --draft-model
+        self.spec_totals = speculate.SpecTotals()
         self._inbox: queue.Queue = queue.Queue()
         self._waiting: deque[Generation] = deque()  # engine thread only
         self._waiting_n = 0
@@ -299,7 +309,7 @@ class Engine:
         return self.loaded
 
     @property
-    def _lane(self) -> lanes.Lane:
+    def _lane(self) -> AnyLane:
         if self.lane is None:
             raise EngineError("the engine is not set up")
         return self.lane
@@ -353,8 +363,9 @@ class Engine:
             self.mode, self.serial_reason = "serial", "this model's cache type cannot be batched"
         else:
             self.mode = "batch"
-        lane: lanes.Lane
+        lane: AnyLane
         self.row_ceiling = (cfg.batch or AUTO_BATCH_MAX) if self.mode == "batch" else 1
+        self._setup_speculation(can_trim_prompt_cache(sample))
         self.lane = lane = self._new_lane()
         self.kv_room = self._kv_room()
         if cfg.ssd_cache:
@@ -369,11 +380,56 @@ class Engine:
                  f"; serial because {self.serial_reason}" if self.serial_reason else "",
                  cfg.prompt_cache_bytes >> 20, f", ssd tier {self.ssd.dir}" if self.ssd else "")
 
-    def _new_lane(self) -> lanes.Lane:
+    def _new_lane(self) -> AnyLane:
+        lane: lanes.Lane
         if self.mode == "batch":
-            return lanes.BatchLane(self.loaded_model, self.row_ceiling, self.config.prefill_chunk,
+            lane = lanes.BatchLane(self.loaded_model, self.row_ceiling, self.config.prefill_chunk,
                                    min(self.row_ceiling, PREFILL_ROWS))
-        return lanes.SerialLane(self.loaded_model, self.config.kv_quant, self._kv_group())
+        else:
+            lane = lanes.SerialLane(self.loaded_model, self.config.kv_quant, self._kv_group())
+        kind = self.speculation
+        if kind is None:
+            return lane
+        k = self.config.draft_tokens or DRAFT_TOKENS[kind]
+        drafter: speculate.Drafter
+        if kind == "model":
+            assert self.draft is not None
+            drafter = speculate.ModelDrafter(self.draft, k)
+        else:
+            drafter = speculate.NgramDrafter(k)
+        return speculate.Speculating(lane, self.loaded_model, drafter, self.spec_totals)
+
+    @property
+    def speculation(self) -> str | None:
+        """The draft source in use: "ngram", "model" or None."""
+        cfg = self.config
+        return cfg.draft_kind or ("model" if cfg.draft_model else None)
+
+    def _setup_speculation(self, trimmable: bool) -> None:
+        """Check the draft source against the served model and load a draft model."""
+        kind, cfg = self.speculation, self.config
+        if kind is None:
+            return
+        if kind not in DRAFT_TOKENS:
+            raise EngineError(f"unknown draft kind {kind!r}; use ngram or model")
+        if kind == "model" and not cfg.draft_model:
+            raise EngineError("--draft-kind model needs --draft-model")
+        if cfg.kv_quant:
+            raise EngineError("speculative decoding cannot run with --kv-quant (quantized caches are not rewound)")
+        if not trimmable:
+            raise EngineError("speculative decoding needs a KV cache that can be rewound; this model's cannot")
+        if kind == "model":
+            assert cfg.draft_model is not None
+            self.draft = loader.load(cfg.draft_model, keep_dtype=cfg.keep_dtype)
+            target = self.loaded_model
+            if (self.draft.vocab_size, self.draft.tokenizer.eos_token_ids) != (target.vocab_size,
+                                                                               target.tokenizer.eos_token_ids):
+                raise EngineError(f"the draft model {cfg.draft_model} does not share the served model's "
+                                  "tokenizer (vocabulary size or end-of-sequence tokens differ)")
+            probe = "Hearth checks the draft model: 0123 ünïcödé"
+            if self.draft.tokenizer.encode(probe) != target.tokenizer.encode(probe):
+                raise EngineError(f"the draft model {cfg.draft_model} does not share the served model's "
+                                  "tokenizer (it splits text differently)")
 
     def _kv_room(self) -> int:
         """Bytes the running rows' KV caches may take: the memory budget (the
@@ -383,6 +439,8 @@ class Engine:
         if not budget or not self.loaded_model.kv_bytes_per_token:
             return 0
         used = self.loaded_model.weights_bytes + self.config.prompt_cache_bytes + TRANSIENT_RESERVE
+        if self.draft is not None:
+            used += self.draft.weights_bytes
         return max(budget - used, 1)
 
     def _kv_held(self) -> int:

@@ -66,6 +66,7 @@ class Row:
         self.sampler: Callable[[Any], Any] | None = None
         self.fault: BaseException | None = None  # its own sampler, processors or detokenizer failed
         self.restarts = 0
+        self.spec: dict | None = None  # speculation counters, once it has decoded speculatively
         self.finish: str | None = None
         self.first_at: float | None = None
         self.last_at: float | None = None
@@ -121,7 +122,8 @@ class Row:
             finish = "stop"
         else:
             tail += self.stops.flush()
-        usage = Usage(len(self.req.prompt_tokens), self.count, self.cached, self.lane)
+        usage = Usage(len(self.req.prompt_tokens), self.count, self.cached, self.lane,
+                      dict(self.spec) if self.spec is not None else None)
         self.generation.emit(GenerationEvent(text=tail, finish_reason=finish, usage=usage,
                                              stop_sequence=self.stops.matched))
 

@@ -49,6 +49,7 @@ class GenerationRequest:
     grammar: GrammarState | None = None  # one request's grammar matcher
     session: str | None = None  # prompt-cache session affinity key
     adapters: tuple[str, ...] | None = None  # mounted LoRA ids, () for the base; None: the server default
+    speculative: bool = True  # False: never decoded speculatively, even with a draft source mounted
     id: int = field(default_factory=lambda: next(_ids))
 
 
@@ -57,7 +58,9 @@ class Usage:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int = 0  # prompt tokens served from the prompt cache
-    lane: str = "serial"  # "serial" | "batched": the lane that ran the request
+    lane: str = "serial"  # "serial" | "serial+spec" | "batched": the lane that ran the request
+    # {"drafted", "accepted", "targetCalls"} when the request was decoded speculatively
+    speculation: dict | None = None
 
     @property
     def total_tokens(self) -> int:

@@ -69,6 +69,7 @@ def _common(body: dict, model: LoadedModel, defaults: ServerDefaults) -> Generat
         logprobs=want_logprobs,
         top_logprobs=top_logprobs,
         adapters=adapters,
+        speculative=params.boolean(body, "speculative", True),
     )
     return params.checked(request, model.vocab_size, model.context_window)
 
@@ -198,6 +199,7 @@ def usage_json(usage: Usage) -> dict:
         "total_tokens": usage.total_tokens,
         "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
         "lane": usage.lane,
+        **({"speculation": usage.speculation} if usage.speculation is not None else {}),
     }
 
 

@@ -250,6 +250,14 @@ class Command(BaseCommand):
                            help="disk cap of the SSD tier (oldest entries go first; default 16GiB)")
         group.add_argument("--kv-quant", type=int, choices=(4, 8), default=None,
                            help="quantize the KV cache to 4 or 8 bits (runs on the serial lane)")
+        spec = parser.add_argument_group("speculative decoding (a lone request drafts; several batch)")
+        spec.add_argument("--draft-model", default=None, metavar="MODEL",
+                          help="a small model with the served model's tokenizer drafts tokens for it to check")
+        spec.add_argument("--draft-kind", choices=("ngram", "model"), default=None,
+                          help="ngram: prompt lookup, drafts copied from the context (no model); "
+                               "model: --draft-model (implied by it)")
+        spec.add_argument("--draft-tokens", type=_positive, default=None,
+                          help="most drafted tokens per step (default 8 for ngram, 3 for a draft model)")
 
     def handle(self, *args, **opts):
         try:
@@ -274,6 +282,10 @@ class Command(BaseCommand):
         in_router = child.is_child()
         if opts["model"] is None and not in_router:
             from config.serve_router import serve_router
+
+            if opts["draft_model"]:
+                raise CommandError("--draft-model belongs to one model: in router mode set draft-model in that "
+                                   "model's section of --models-preset (--draft-kind ngram applies to all)")
 
             serve_router(opts, bounds)
             return

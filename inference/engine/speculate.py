@@ -1,0 +1,345 @@
+"""Speculative decoding: guess a few tokens cheaply, check them all with one
+forward of the served model, keep the ones it agrees with.
+
+A round starts from the context with its last token not yet in the KV cache.
+The drafter proposes up to k tokens; one forward over [last, d1..dk] gives
+the model's own choice after each of them, sampled with the row's sampler
+and processors exactly as plain decoding would; the drafts are accepted
+while they equal those choices, and the model's choice after the last
+accepted one comes free. The KV entries of the rejected drafts are trimmed
+away. So at temperature 0 the output is the model's greedy output, token
+for token; at other temperatures every token is still a sample from the
+model's distribution given what precedes it (a seeded row draws its own,
+reproducible, but not the same numbers as without speculation).
+
+Two drafters:
+  `NgramDrafter`   prompt lookup: the longest recent n-gram (3, 2, then 1
+                   token) that occurred earlier in the context proposes what
+                   followed it there. No model; it pays off where the answer
+                   copies from the prompt (code edits, quoting, extraction).
+  `ModelDrafter`   a small model with the same tokenizer proposes greedily,
+                   keeping its own KV cache in step with the accepted tokens.
+
+mlx-lm's `speculative_generate_step` has the verify rule but drafts a fixed
+number of tokens with a model on every round; prompt lookup needs a draft
+count that can be zero (no match: a plain step, not a wasted wide one), and
+the engine needs a row that can leave for the batch lane between rounds,
+so the round is written here.
+
+`Speculating` wraps the engine's lane: a lone eligible request (no grammar,
+no adapter, not opted out) decodes speculatively; when another request is
+admitted the speculating row moves to the wrapped lane with its KV cache,
+and the batch takes them both. The wrapped lane runs everything else.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
+
+from inference.engine import lanes
+from inference.engine.rows import Row
+from inference.engine.sampling import make_processors, make_sampler
+
+if TYPE_CHECKING:
+    from inference.engine.loader import LoadedModel
+
+log = logging.getLogger("hearth.engine")
+
+PREFILL_STEP = 512
+NGRAM_MAX = 3
+
+
+@dataclass
+class SpecTotals:
+    """Counters for /stats, over every speculating row."""
+
+    rows: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    target_calls: int = 0
+
+
+class NgramDrafter:
+    """Prompt lookup over one row's token history."""
+
+    kind = "ngram"
+
+    def __init__(self, draft_tokens: int):
+        self.k = draft_tokens
+        self.index: list[dict[tuple[int, ...], int]] = []
+        self.upto = 0
+
+    def start(self, context: list[int]) -> None:
+        self.index = [{} for _ in range(NGRAM_MAX + 1)]
+        self.upto = 0
+
+    def _extend(self, history: list[int]) -> None:
+        # n-grams ending at j, for every j that has a token after it (the last
+        # position is the suffix being looked up, not a match for itself).
+        for j in range(self.upto, len(history) - 1):
+            for n in range(1, NGRAM_MAX + 1):
+                if j - n + 1 >= 0:
+                    self.index[n][tuple(history[j - n + 1:j + 1])] = j
+        self.upto = max(self.upto, len(history) - 1)
+
+    def propose(self, history: list[int], k: int) -> list[int]:
+        self._extend(history)
+        for n in range(min(NGRAM_MAX, len(history)), 0, -1):
+            at = self.index[n].get(tuple(history[-n:]))
+            if at is not None:
+                return history[at + 1:at + 1 + k]
+        return []
+
+    def settle(self, history: list[int], drafted: int, accepted: int) -> None:
+        pass
+
+    def close(self) -> None:
+        self.index = []
+
+
+class ModelDrafter:
+    """A small model of the same tokenizer, drafting greedily with its own
+    KV cache, which holds `seen` tokens of the row's history."""
+
+    kind = "model"
+
+    def __init__(self, model: LoadedModel, draft_tokens: int):
+        self.model = model
+        self.k = draft_tokens
+        self.cache: list | None = None
+        self.seen = 0
+
+    def start(self, context: list[int]) -> None:
+        from mlx_lm.models.cache import make_prompt_cache
+
+        self.cache = make_prompt_cache(self.model.model)
+        self.seen = 0
+
+    def propose(self, history: list[int], k: int) -> list[int]:
+        import mlx.core as mx
+
+        assert self.cache is not None
+        if k <= 0:
+            return []
+        pending = history[self.seen:]
+        while len(pending) > PREFILL_STEP:  # a long unseen stretch (the prompt) in pieces
+            self.model.model(mx.array(pending[:PREFILL_STEP])[None], cache=self.cache)
+            mx.eval([c.state for c in self.cache])
+            pending = pending[PREFILL_STEP:]
+        drafts: list[int] = []
+        y = mx.array(pending)
+        for i in range(k):
+            logits = self.model.model(y[None], cache=self.cache)[:, -1, :]
+            token = mx.argmax(logits, axis=-1)
+            drafts.append(cast(int, token.item()))
+            if i < k - 1:
+                y = token
+        self.seen = len(history) + max(k - 1, 0)
+        return drafts
+
+    def settle(self, history: list[int], drafted: int, accepted: int) -> None:
+        """Drop the drafted tokens the model rejected from the draft cache."""
+        from mlx_lm.models.cache import trim_prompt_cache
+
+        if not drafted or self.cache is None:
+            return
+        fed = drafted - 1  # the last draft was proposed but never fed
+        keep = min(accepted, fed)
+        if fed > keep:
+            trim_prompt_cache(self.cache, fed - keep)
+        self.seen -= fed - keep
+
+    def close(self) -> None:
+        self.cache = None
+
+
+Drafter = NgramDrafter | ModelDrafter
+
+
+class Speculating:
+    """The engine's lane, with one row at a time decoded speculatively."""
+
+    def __init__(self, inner: lanes.Lane, model: LoadedModel, drafter: Drafter, totals: SpecTotals):
+        self.inner = inner
+        self.model = model
+        self.drafter = drafter
+        self.totals = totals
+        self.special = lanes._special_ids(model)
+        self.name = inner.name
+        self.capacity = inner.capacity
+        self.row: Row | None = None
+        self._cache: list | None = None
+        self._held = 0  # context tokens the cache holds (all but the last, once prefilled)
+        self._processors: list = []
+        self.faults = 0
+
+    # -- the lane interface --------------------------------------------------
+    @property
+    def active(self) -> int:
+        return self.inner.active + (1 if self.row is not None else 0)
+
+    @property
+    def prefilling(self) -> int:
+        return self.inner.prefilling
+
+    def all_rows(self) -> list[Row]:
+        return self.inner.all_rows() + ([self.row] if self.row is not None else [])
+
+    def take_faults(self) -> int:
+        faults, self.faults = self.faults, 0
+        return faults + self.inner.take_faults()
+
+    def eligible(self, row: Row) -> bool:
+        req = row.req
+        return req.grammar is None and not row.adapters and req.speculative and not row.restarts
+
+    def add(self, row: Row, cache: list | None, cached: int) -> None:
+        if self.row is None and not self.inner.active and self.eligible(row):
+            self._begin(row, cache, cached)
+            return
+        if self.row is not None:
+            self._move_to_inner()
+        self.inner.add(row, cache, cached)
+
+    def step(self) -> lanes.Published:
+        if self.row is None:
+            return self.inner.step()
+        return self._step()
+
+    def fail_all(self, message: str) -> None:
+        if self.row is not None:
+            row = self.row
+            self._finish()
+            row.fail(message)
+        self.inner.fail_all(message)
+
+    # -- the speculating row -------------------------------------------------
+    def _begin(self, row: Row, cache: list | None, cached: int) -> None:
+        from mlx_lm.models.cache import make_prompt_cache
+
+        if row.sampler is None:
+            row.sampler = make_sampler(row.req, self.special)
+        row.spec = row.spec or {"drafted": 0, "accepted": 0, "targetCalls": 0}
+        row.lane = row.generation.lane = "serial"
+        self.row = row
+        self._cache = cache if cache is not None else make_prompt_cache(self.model.model)
+        self._held = cached if cache is not None else 0
+        self._processors = make_processors(row.req)
+        self.drafter.start(row.context())
+        self.totals.rows += 1
+
+    def _move_to_inner(self) -> None:
+        """Hand the row and its KV cache to the wrapped lane (another request came)."""
+        row, cache, held = self.row, self._cache, self._held
+        assert row is not None
+        self._finish()
+        row.lane = row.generation.lane = self.inner.name
+        try:
+            self.inner.add(row, cache, held)
+        except Exception as exc:
+            log.exception("could not move request %s to the %s lane", row.req.id, self.inner.name)
+            row.fault = exc
+            lanes.fail_faulty(row)
+
+    def _finish(self) -> None:
+        self.row, self._cache, self._processors = None, None, []
+        self.drafter.close()
+
+    def _step(self) -> lanes.Published:
+        row = self.row
+        assert row is not None and self._cache is not None
+        if row.aborted:
+            published = self._publish(row)
+            self._finish()
+            lanes.close_row(row)
+            return published
+        try:
+            done = self._round(row)
+        except Exception as exc:
+            row.fault = exc
+        if row.fault is not None:
+            self._finish()
+            lanes.fail_faulty(row)
+            self.faults += 1
+            return [(None, None, row)]
+        if not done:
+            return []
+        if row.spec and row.spec["accepted"]:
+            row.lane = row.generation.lane = "serial+spec"
+        published = self._publish(row)
+        self._finish()
+        lanes.close_row(row)
+        return published
+
+    def _publish(self, row: Row) -> lanes.Published:
+        """The cache holds every context token but the last: kept for those."""
+        context = row.context()
+        if not row.count or self._held != len(context) - 1:
+            return [(None, None, row)]
+        return [(context[:-1], self._cache, row)]
+
+    def _prefill(self, context: list[int]) -> None:
+        import mlx.core as mx
+
+        cache = self._cache
+        assert cache is not None
+        while self._held < len(context) - 1:
+            end = min(self._held + PREFILL_STEP, len(context) - 1)
+            self.model.model(mx.array(context[self._held:end])[None], cache=cache)
+            mx.eval([c.state for c in cache])
+            self._held = end
+
+    def _round(self, row: Row) -> bool:
+        """One draft-and-verify round; True once the row is finished."""
+        import mlx.core as mx
+        from mlx_lm.models.cache import trim_prompt_cache
+
+        context = row.context()
+        self._prefill(context)
+        room = max(row.limit - row.count, 1)
+        drafts = self.drafter.propose(context, min(self.drafter.k, room - 1)) if room > 1 else []
+        inputs = mx.array(context[-1:] + drafts)
+        logits = self.model.model(inputs[None], cache=self._cache)[0]  # (1 + k, vocab)
+        spec = row.spec
+        assert spec is not None
+        spec["targetCalls"] += 1
+        self.totals.target_calls += 1
+        if self._processors:
+            history = mx.array(context)
+            rows = []
+            for i in range(len(drafts) + 1):
+                seen = history if i == 0 else mx.concatenate([history, mx.array(drafts[:i])])
+                out = logits[i:i + 1]
+                for processor in self._processors:
+                    out = processor(seen, out)
+                rows.append(out)
+            logits = mx.concatenate(rows, axis=0)
+        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        assert row.sampler is not None
+        chosen = row.sampler(logprobs)
+        mx.eval(chosen, logprobs)
+        picks: list[int] = chosen.tolist()
+        accepted = 0
+        while accepted < len(drafts) and picks[accepted] == drafts[accepted]:
+            accepted += 1
+        spec["drafted"] += len(drafts)
+        spec["accepted"] += accepted
+        self.totals.drafted += len(drafts)
+        self.totals.accepted += accepted
+        self._held = len(context) + len(drafts)  # the forward took the last token and every draft
+        done = False
+        fed = 0
+        for i in range(accepted + 1):
+            fed += 1
+            if lanes._feed(row, picks[i], logprobs[i]):
+                done = True
+                break
+        # Keep the KV of the context plus the accepted tokens that were fed, all but the newest.
+        keep = len(context) + fed - 1
+        if self._held > keep:
+            assert self._cache is not None
+            trim_prompt_cache(self._cache, self._held - keep)
+            self._held = keep
+        self.drafter.settle(row.context(), len(drafts), min(accepted, fed))
+        return done
