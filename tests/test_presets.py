@@ -200,5 +200,6 @@ def test_child_args_every_key(tmp_path):
 
 def test_keys():
     assert KEYS == {"adapter", "batch", "prefill-chunk", "max-context", "memory-budget", "prompt-cache-bytes",
-                    "ssd-cache", "ssd-cache-bytes", "kv-quant", "draft-model", "draft-kind", "draft-tokens", "keep-dtype", "embeddings", "temperature", "top-p",
+                    "ssd-cache", "ssd-cache-bytes", "kv-quant", "draft-model", "draft-kind", "draft-tokens",
+                    "keep-dtype", "embeddings", "temperature", "top-p",
                     "top-k", "max-tokens", "alias", "tags", "pin", "idle-unload"}

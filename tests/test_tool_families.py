@@ -29,7 +29,11 @@ FAMILIES = {
     "kimi_k2": ("<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>"
                 '{"city": "Paris", "days": 2}<|tool_call_end|><|tool_calls_section_end|>'),
     "function_gemma": "<start_function_call>call:get_weather{city:<escape>Paris<escape>,days:2}<end_function_call>",
+    "llama3_json": '{"name": "get_weather", "parameters": {"city": "Paris", "days": 2}}',
 }
+# Llama 3's template (no mlx-lm parser: Hearth knows it by the instruction it gives)
+LLAMA3_TEMPLATE = ('Respond in the format {"name": function name, "parameters": dictionary of argument name and its '
+                   'value}. Do not use variables.')
 
 
 class _Tokenizer:
@@ -38,7 +42,10 @@ class _Tokenizer:
     def __init__(self, family: str):
         import importlib
 
-        self._tool_parser = importlib.import_module(f"mlx_lm.tool_parsers.{family}").parse_tool_call
+        if family == "llama3_json":
+            self.chat_template = LLAMA3_TEMPLATE
+        else:
+            self._tool_parser = importlib.import_module(f"mlx_lm.tool_parsers.{family}").parse_tool_call
 
 
 def _read(family: str, text: str, piece: int) -> OutputParser:
@@ -73,6 +80,22 @@ def test_hearths_own_families_keep_its_parser_and_others_come_first():
     glm = markups_for(_Tokenizer("glm47"))
     assert glm[0].family == "glm47" and [m.start for m in glm[1:]] == ["<function="]  # its <tool_call> wins
     assert family_markup("mistral").end == ""  # runs to the end of the generation
+    assert [m.family for m in markups_for(_Tokenizer("llama3_json"))] == ["llama3_json", "llama3_json",
+                                                                          "json_tools", "qwen3_coder"]
+
+
+@pytest.mark.parametrize("text, calls", [
+    ('<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris", "days": 2}}', [ARGS]),
+    ('{"name": "get_weather", "parameters": {"city": "Paris", "days": 2}}; '
+     '{"name": "get_weather", "parameters": {"city": "Rome", "days": 1}}', [ARGS, {"city": "Rome", "days": 1}]),
+    ("{'name': 'get_weather', 'parameters': {'city': 'Paris', 'days': '2'}}", []),  # not the bare-JSON start
+    ('{"name": "get_weather", "parameters": {"city": "Paris", "days": 2', [ARGS]),  # cut off: repaired
+])
+def test_llama3_bare_json_calls(text, calls):
+    parser = _read("llama3_json", text, 5)
+    assert [json.loads(c.arguments) for c in parser.calls] == calls
+    if not calls:
+        assert parser.shown == text
 
 
 @pytest.mark.parametrize("family", ["json_tools", "qwen3_coder", "gemma4", "glm47", "kimi_k2"])

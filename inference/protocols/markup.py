@@ -9,8 +9,14 @@ MiniMax, …) is read by mlx-lm's own parser for it (`mlx_lm.tool_parsers`,
 the one its tokenizer loader inferred for the model), with Hearth's repair
 pass as the fallback for text that parser refuses.
 
-`Markup.end` may be empty (Mistral): the call then runs to the end of the
-generation.
+Llama 3.1 to 3.3 have no tool-call tags: their template asks for a bare
+JSON object `{"name": …, "parameters": {…}}` (several separated by `;`),
+sometimes after `<|python_tag|>`. mlx-lm has no parser for it, so Hearth
+recognises the template by that instruction and reads the JSON itself
+(`LLAMA3`): a reply from `{"name"` to its end is read as calls.
+
+`Markup.end` may be empty (Mistral, Llama 3): the call then runs to the end
+of the generation.
 """
 from __future__ import annotations
 
@@ -44,6 +50,32 @@ def _hearth_qwen_xml(body: str, tools, closed: bool) -> list[ToolCall] | None:
 HEARTH = (Markup("<tool_call>", "</tool_call>", _hearth_json, "json_tools"),
           Markup("<function=", "</function>", _hearth_qwen_xml, "qwen3_coder"))
 OWN_FAMILIES = frozenset({"json_tools", "qwen3_coder"})  # what HEARTH reads
+
+
+def _llama3_calls(text: str, tools) -> list[ToolCall] | None:
+    """One or more `{"name", "parameters"}` objects, separated by `;` or space."""
+    decoder, calls, at = json.JSONDecoder(), [], 0
+    while True:
+        while at < len(text) and text[at] in " \t\r\n;":
+            at += 1
+        if at == len(text):
+            break
+        try:
+            obj, at = decoder.raw_decode(text, at)
+        except ValueError:  # not strict JSON: the repair pass gets the rest as one call
+            rest = parse_block(text[at:], tools)
+            return (calls + rest) if rest else None
+        found = parse_block(json.dumps(obj), tools) if isinstance(obj, dict) else None
+        if not found:
+            return None
+        calls += found
+    return calls or None
+
+
+LLAMA3 = (Markup('{"name"', "", lambda body, tools, closed: _llama3_calls('{"name"' + body, tools), "llama3_json"),
+          Markup("<|python_tag|>", "", lambda body, tools, closed: _llama3_calls(body, tools), "llama3_json"))
+# The instruction Llama 3.1-3.3 templates give a model for its calls.
+_LLAMA3_HINT = '"parameters": dictionary of argument name and its value'
 
 
 def family_markup(family: str) -> Markup:
@@ -82,6 +114,9 @@ def markups_for(tokenizer) -> tuple[Markup, ...]:
     """What to look for in this model's output: its own family's markup
     first, then Hearth's two (those whose start tag the family does not use)."""
     family = family_of(tokenizer)
+    template = getattr(tokenizer, "chat_template", None)
+    if family is None and isinstance(template, str) and _LLAMA3_HINT in template:
+        return (*LLAMA3, *HEARTH)
     if family is None or family in OWN_FAMILIES:
         return HEARTH
     own = family_markup(family)
