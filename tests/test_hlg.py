@@ -189,3 +189,18 @@ def test_request_fields_merge_over_the_server_defaults(defaults_server):
     chat = httpx.post(url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
                                                           "max_tokens": 3, "hlg": {"enabled": False}}, timeout=60)
     assert chat.status_code == 200
+
+
+def test_the_curve_runs_after_the_grammar_mask(base_url):
+    """With the curve on, the grammar's masked tokens stay masked: constrained
+    output is still one of the choices."""
+    choices = ["alpha", "beta", "gamma delta"]
+    seen = set()
+    for seed in range(6):
+        body = {"messages": [{"role": "user", "content": "Pick one"}], "max_tokens": 20, "seed": seed,
+                "temperature": 1.5, "guided_choice": choices,
+                "hlg": {"width": 6, "shoulder": 1, "toe": 2, "pivot_offset": 8}}
+        r = httpx.post(base_url + "/v1/chat/completions", json=body, timeout=120)
+        assert r.status_code == 200, r.text
+        seen.add(r.json()["choices"][0]["message"]["content"])
+    assert seen <= set(choices) and seen
