@@ -87,6 +87,14 @@ def test_the_server_flag_spec():
             parse_spec(bad)
 
 
+def test_the_router_hands_the_flag_to_every_model():
+    from config.serve_router import child_args
+
+    spec = "enabled=true,width=3,shoulder=4,toe=6,pivot_offset=6"
+    args = child_args({"hlg_sampling": spec, "batch": 2})
+    assert args[args.index("--hlg-sampling") + 1] == spec
+
+
 def test_a_bad_flag_stops_serve_before_loading(homes, tmp_path):
     done = subprocess.run([*HEARTH, "serve", "some/model", "--hlg-sampling", "width=99", "--port", str(free_port())],
                           cwd=ROOT, env=server_env(homes[0], tmp_path / "home"), capture_output=True, text=True,
