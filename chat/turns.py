@@ -26,7 +26,7 @@ def sampling_problem(values: dict, model, defaults) -> str | None:
     from inference.protocols.errors import RequestError
     body = {k: v for k, v in values.items() if v is not None}
     try:
-        request = GenerationRequest(prompt_tokens=[], logits=params.logits_params(body, model.vocab_size),
+        request = GenerationRequest(prompt_tokens=[], logits=params.logits_params(body, model.vocab_size, defaults),
                                     sampling=params.sampling(body, defaults, model.generation_config,
                                                              model.vocab_size))
         params.checked(request, model.vocab_size, model.context_window)

@@ -6,7 +6,8 @@ Rules:
   serve` allows that only on loopback, or with --insecure-no-auth).
 - With keys, every route needs one except the few in PUBLIC (health, the
   sign-in page and the files it is drawn with): a route added later is
-  covered without being listed anywhere.
+  covered without being listed anywhere. The one other exception is the
+  CORS preflight (OPTIONS) of the two routes that answer any origin.
 - A key is accepted as `Authorization: Bearer KEY` or `x-api-key: KEY`, or
   through the session cookie the sign-in page sets. Keys are compared as
   SHA-256 digests with `hmac.compare_digest`, against every key, so neither
@@ -25,6 +26,9 @@ from config.runtime import RUNTIME as runtime
 SESSION_KEY = "hearth_key"
 # Reachable without a key: health checks, and what the sign-in page needs.
 PUBLIC = ("/health", "/signin", "/signout", "/auth", "/assets/", "/manifest.webmanifest", "/sw.js")
+# Routes that answer any origin (the Curve Designer's): a browser's preflight never carries a key,
+# so their OPTIONS passes unchecked (it does nothing but state the CORS headers); POST needs the key.
+OPEN_PREFLIGHT = ("/signal", "/generate")
 
 
 def digest(key: str) -> str:
@@ -73,7 +77,9 @@ def presented_key(headers) -> str | None:
     return (headers.get("x-api-key") or "").strip() or None
 
 
-def is_public(path: str) -> bool:
+def is_public(path: str, method: str = "GET") -> bool:
+    if method == "OPTIONS" and path in OPEN_PREFLIGHT:
+        return True
     return any(path == p or (p.endswith("/") and path.startswith(p)) for p in PUBLIC)
 
 

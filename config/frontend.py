@@ -1,6 +1,7 @@
 """The dashboard's files, same-origin, from frontend/ (no CDN, no build
 step): the shell at `/`, its modules and vendored libraries under
-`/assets/`, the PWA manifest and the service worker. Legacy page paths
+`/assets/`, the PWA manifest, the service worker and the Curve Designer
+page at `/curves`. Legacy page paths
 redirect to the single page's hash routes."""
 from __future__ import annotations
 
@@ -61,6 +62,12 @@ def service_worker(request: HttpRequest) -> FileResponse:
     response = _file(ROOT / "sw.js", "no-store")
     response["Service-Worker-Allowed"] = "/"
     return response
+
+
+@require_safe
+def curves(request: HttpRequest) -> FileResponse:
+    """The Curve Designer (drives POST /signal and POST /generate)."""
+    return _file(ROOT / "curves.html", "no-store")
 
 
 def legacy(request: HttpRequest, page: str) -> HttpResponseRedirect:

@@ -195,7 +195,7 @@ class ApiKeyMiddleware(_Middleware):
     protocol; a browser navigating to a page is sent to the sign-in page."""
 
     def __call__(self, request):
-        if not access.keys_required() or access.is_public(request.path):
+        if not access.keys_required() or access.is_public(request.path, request.method):
             return self.get_response(request)
         key = access.presented_key(request.headers)
         # The session cookie counts only for this server's own pages: a page
@@ -227,9 +227,10 @@ def refusal(request, key: str | None):
 
 
 class RouterMiddleware(_Middleware):
-    """Router mode: a `/v1` request (and `/fit`) goes to the process of the
-    model it names (inference/routes/router.py), after the access checks
-    above; everything else is answered here."""
+    """Router mode: a `/v1` request (and `/fit`, the Curve Designer's
+    `/signal` and `/generate`) goes to the process of the model it names
+    (inference/routes/router.py), after the access checks above; everything
+    else is answered here."""
 
     def __call__(self, request):
         if request.runtime.router is None or request.method == "OPTIONS" or not router.routed(request.path):

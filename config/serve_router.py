@@ -35,7 +35,7 @@ SHARED_FLAGS = {"--batch": "batch", "--prefill-chunk": "prefill_chunk", "--max-c
                 "--memory-budget": "memory_budget", "--prompt-cache-bytes": "prompt_cache_bytes",
                 "--ssd-cache-bytes": "ssd_cache_bytes", "--kv-quant": "kv_quant", "--max-tokens": "max_tokens",
                 "--temperature": "temperature", "--top-p": "top_p", "--top-k": "top_k",
-                "--response-ttl": "response_ttl", "--drain-seconds": "drain_seconds",
+                "--hlg-sampling": "hlg_sampling", "--response-ttl": "response_ttl", "--drain-seconds": "drain_seconds",
                 "--flush-seconds": "flush_seconds", "--draft-kind": "draft_kind", "--draft-tokens": "draft_tokens"}
 SHARED_SWITCHES = {"--keep-dtype": "keep_dtype", "--embeddings": "embeddings"}
 MOST_BY_DEFAULT = 8

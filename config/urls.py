@@ -6,8 +6,8 @@ from chat.views import ws_chat_upgrade_required
 from config import frontend, signin
 from config.api import api, v1
 from hub import views as hub_views
+from inference.routes import curves, ops
 from inference.routes import models as v1_models
-from inference.routes import ops
 from inference.routes import router as models_routes
 
 urlpatterns = [
@@ -37,6 +37,9 @@ urlpatterns = [
     path("assets/<path:name>", frontend.asset),
     path("manifest.webmanifest", frontend.manifest),
     path("sw.js", frontend.service_worker),
+    path("curves", frontend.curves),
+    path("signal", curves.signal),
+    path("generate", curves.generate),
     *[path(page, frontend.legacy, {"page": page}) for page in ("status", "chat", "quantize", "finetune", "dataset")],
 ]
 

@@ -128,6 +128,23 @@ def test_cors_only_for_the_named_origin(keyed):
         assert write.status_code == 403 and "Access-Control-Allow-Origin" not in write.headers
 
 
+def test_the_curve_designer_needs_the_key_but_not_for_its_preflight(keyed):
+    lab = "https://lab.example"  # an origin the operator did not name: these two routes answer any
+    with httpx.Client(base_url=keyed.url, timeout=60) as http:
+        for path in ("/signal", "/generate"):
+            pre = http.options(path, headers={"Origin": lab, "Access-Control-Request-Method": "POST",
+                                              "Access-Control-Request-Headers": "authorization, content-type"})
+            assert pre.status_code == 204 and pre.headers["Access-Control-Allow-Origin"] == "*", path
+            assert "authorization" in pre.headers["Access-Control-Allow-Headers"]
+            assert http.post(path, json={"prompt": "hi"}, headers={"Origin": lab}).status_code == 401
+            ok = http.post(path, json={"prompt": "hi", "n": 1, "max_tokens": 2},
+                           headers={"Origin": lab, "Authorization": f"Bearer {KEY}"})
+            assert ok.status_code == 200 and ok.headers["Access-Control-Allow-Origin"] == "*", ok.text
+        assert http.options("/v1/chat/completions", headers={"Origin": lab}).status_code == 401  # only those two
+        page = http.get("/curves", headers={"Accept": "text/html"})
+        assert page.status_code == 302 and page.headers["Location"] == "/signin?next=/curves"
+
+
 def test_a_rebinding_host_is_refused_even_with_the_key(keyed):
     r = httpx.get(keyed.url + "/v1/models", headers={"Host": "attacker.example", "Authorization": f"Bearer {KEY}"})
     assert r.status_code == 403 and "attacker.example" in r.json()["error"]["message"]

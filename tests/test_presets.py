@@ -27,6 +27,7 @@ embeddings = off
 temperature = 0.7
 top-p = 0.9
 top-k = 40
+hlg-sampling = width=3, toe=8
 max-tokens = 0
 alias = m
 tags = chat
@@ -55,7 +56,8 @@ GOOD = [
         "flags": {"adapter": "{tmp}/adapter", "batch": 4, "prefill-chunk": 128, "max-context": 4096,
                   "memory-budget": 2 << 30, "prompt-cache-bytes": 512 << 20, "ssd-cache": "{tmp}/cache",
                   "ssd-cache-bytes": 1 << 30, "kv-quant": 8, "keep-dtype": True, "embeddings": False,
-                  "temperature": 0.7, "top-p": 0.9, "top-k": 40, "max-tokens": 0},
+                  "temperature": 0.7, "top-p": 0.9, "top-k": 40,
+                  "hlg-sampling": "enabled=true,width=3,shoulder=4,toe=8,pivot_offset=6", "max-tokens": 0},
         "aliases": ("m",), "tags": ("chat",), "pinned": True, "idle_unload": 0.0})}),
     ("boolean forms", "[a]\npin = 1\n[b]\npin = On\n[c]\npin = FALSE\n[d]\npin = 0\n[e]\npin = yes\n",
      {"a": (1, {"pinned": True}), "b": (3, {"pinned": True}), "c": (5, {"pinned": False}),
@@ -96,6 +98,7 @@ BAD = [
     ("[m]\ntemperature = warm\n", "F:2: temperature: expected a number, got 'warm'"),
     ("[m]\ntop-p = 1.5\n", "F:2: top-p: must be between 0 and 1, got 1.5"),
     ("[m]\ntop-k = -1\n", "F:2: top-k: must be a number of at least 0, got -1"),
+    ("[m]\nhlg-sampling = width=65\n", "F:2: hlg-sampling: width must be between 0 and 64, got 65"),
     ("[m]\nidle-unload = nan\n", "F:2: idle-unload: must be a number of at least 0, got nan"),
     ("# top\nbatch = 4\n[m]\n", "F:2: batch: a setting before any [section]"),
     ("[m]\n[n]\n[m]\n", "F:3: duplicate section [m] (first at line 1)"),
@@ -194,7 +197,8 @@ def test_child_args_every_key(tmp_path):
         "--adapter", f"{tmp_path}/adapter", "--batch", "4", "--prefill-chunk", "128", "--max-context", "4096",
         "--memory-budget", str(2 << 30), "--prompt-cache-bytes", str(512 << 20), "--ssd-cache", f"{tmp_path}/cache",
         "--ssd-cache-bytes", str(1 << 30), "--kv-quant", "8", "--keep-dtype", "--temperature", "0.7",
-        "--top-p", "0.9", "--top-k", "40", "--max-tokens", "0"]
+        "--top-p", "0.9", "--top-k", "40", "--hlg-sampling", "enabled=true,width=3,shoulder=4,toe=8,pivot_offset=6",
+        "--max-tokens", "0"]
     assert all(os.path.isabs(arg) for arg in (preset.flags["adapter"], preset.flags["ssd-cache"]))
 
 
@@ -202,4 +206,4 @@ def test_keys():
     assert KEYS == {"adapter", "batch", "prefill-chunk", "max-context", "memory-budget", "prompt-cache-bytes",
                     "ssd-cache", "ssd-cache-bytes", "kv-quant", "draft-model", "draft-kind", "draft-tokens",
                     "keep-dtype", "embeddings", "temperature", "top-p",
-                    "top-k", "max-tokens", "alias", "tags", "pin", "idle-unload"}
+                    "top-k", "hlg-sampling", "max-tokens", "alias", "tags", "pin", "idle-unload"}

@@ -182,6 +182,20 @@ def test_model_routes_outside_v1_go_to_the_named_model(two):
     assert set(flushed["models"]) >= {A}
 
 
+def test_the_curve_designer_goes_to_the_named_model(two):
+    signal = HTTP.post(two.url + "/signal", json={"prompt": "hi", "model": "b"})
+    assert signal.status_code == 200 and sum(signal.json()["bins"]) == signal.json()["vocab"]
+    assert signal.headers["access-control-allow-origin"] == "*"
+    out = HTTP.post(two.url + "/generate", json={"prompt": "hi", "n": 2, "max_tokens": 4, "default": True})
+    assert out.status_code == 200 and out.json()["mode"] == "default" and len(out.json()["samples"]) == 2
+    bad = HTTP.post(two.url + "/generate", json={"prompt": "hi", "n": 0})
+    assert bad.status_code == 400 and bad.json() == {"error": "n must be an integer from 1 to 8"}
+    pre = HTTP.options(two.url + "/signal", headers={"Origin": "https://lab.example",
+                                                      "Access-Control-Request-Method": "POST"})
+    assert pre.status_code == 204 and pre.headers["access-control-allow-origin"] == "*"  # the router answers it
+    assert HTTP.get(two.url + "/curves").status_code == 200
+
+
 def test_stats_and_metrics_gather_the_models(two):
     _chat(two.url, A)
     _chat(two.url, B)
@@ -372,7 +386,7 @@ def test_named_model_from_json_form_and_query():
     assert named(factory.get("/fit", {"model": "q"})) == "q"
     assert named(factory.post("/v1/chat/completions", b"{", content_type="application/json")) is None
     assert routed("/v1/chat/completions") and routed("/v1/audio/transcriptions") and routed("/fit")
-    assert routed("/api/fit/measure") and routed("/admin/cache/flush")
+    assert routed("/api/fit/measure") and routed("/admin/cache/flush") and routed("/signal") and routed("/generate")
     assert not routed("/v1/models") and not routed("/v1/memory/synthesize") and not routed("/api/hub/local")
     assert not routed("/v1/stream/c1") and not routed("/v1/streams/lookup")  # the router records the streams
 

@@ -1,4 +1,4 @@
-// Settings: the Hugging Face token and each chat's always-allowed tools.
+// Settings: the Hugging Face token, a link to the Curve Designer, and each chat's always-allowed tools.
 import { api, h, toast } from "./util.js";
 
 export function settingsPage(main) {
@@ -15,6 +15,9 @@ export function settingsPage(main) {
         catch (err) { toast(err.message); } } }, token, h("button", { class: "primary", type: "submit" }, "Save")),
       h("button", { type: "button", style: "margin-top:8px", onclick: async () => {
         await api("/api/settings/hf-token", { method: "DELETE" }); toast("Token removed"); load(); } }, "Remove token")),
+    h("div", { class: "card" }, h("h2", { style: "margin-top:0" }, "Sampling lab"),
+      h("p", { class: "muted small" }, "Draw a tone curve over the served model's next-token log-probabilities and compare samples drawn with it against the model's default sampling."),
+      h("a", { href: "/curves", class: "curves-link" }, "Open the Curve Designer")),
     h("div", { class: "card" }, h("h2", { style: "margin-top:0" }, "Always-allowed tools"),
       h("p", { class: "muted small" }, "“Always allow” holds for one tool in one chat; every other chat still asks. Revoke to be asked again."),
       approvals)));

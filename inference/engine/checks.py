@@ -19,7 +19,7 @@ from dataclasses import replace
 from typing import Any
 
 from inference.engine.errors import InvalidRequest
-from inference.engine.types import GenerationRequest
+from inference.engine.types import GenerationRequest, HlgParams
 
 MAX_SEED = 2**64 - 1
 MAX_BIAS = 100.0  # OpenAI's logit_bias range
@@ -30,6 +30,8 @@ MAX_TOP_LOGPROBS = 11  # mlx-lm's cap
 MAX_STOP_SEQUENCES = 4
 MAX_STOP_CHARS = 1024  # each is matched against every decoded piece on the engine thread
 MAX_WINDOW = 2**31 - 1  # a penalty window beyond this overflows MLX's int32 indexing
+MAX_HLG_SPAN = 64.0  # logits; the widths of the HLG curve (further than any token of a real model lies)
+HLG_SPANS = ("width", "shoulder", "toe", "pivot_offset")
 
 
 def finite(name: str, value: float, lo: float, hi: float) -> None:
@@ -44,6 +46,15 @@ def integer(name: str, value: int, lo: int, hi: int, hint: str = "") -> None:
         raise InvalidRequest(f"{name} must be an integer, got {value!r}", name)
     if not lo <= value <= hi:
         raise InvalidRequest(f"{name} must be between {lo} and {hi}{hint}, got {value}", name)
+
+
+def check_hlg(hlg: HlgParams, prefix: str = "hlg.") -> None:
+    """Each HLG span a finite number of logits between 0 and MAX_HLG_SPAN,
+    named as the request writes it (`hlg.width`)."""
+    if not isinstance(hlg.enabled, bool):
+        raise InvalidRequest(f"{prefix}enabled must be a boolean, got {hlg.enabled!r}", f"{prefix}enabled")
+    for name in HLG_SPANS:
+        finite(prefix + name, getattr(hlg, name), 0.0, MAX_HLG_SPAN)
 
 
 def check(req: GenerationRequest, vocab_size: int, context_window: int | None) -> GenerationRequest:
@@ -69,6 +80,8 @@ def check(req: GenerationRequest, vocab_size: int, context_window: int | None) -
         integer(name, value, 0, MAX_WINDOW)
         if context_window and value > context_window:
             windows[name] = context_window
+    if lp.hlg is not None:
+        check_hlg(lp.hlg)
     if lp.logit_bias:
         for token, bias in lp.logit_bias.items():
             integer("logit_bias", token, 0, vocab_size - 1, " (a token id of this model's vocabulary)")

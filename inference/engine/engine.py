@@ -27,6 +27,10 @@ within one decode step (on the serial lane, once a prefill in progress
 ends) and leaves the other rows untouched; one still waiting gives up its
 queue place at once.
 
+Work that needs the model to itself (`exclusive`, the Curve Designer's)
+pauses admission, waits for the running rows to end and runs alone on the
+engine thread; `solo.py` says how.
+
 Rows that run together share one adapter set (`adapters.AdapterManager`):
 the set is resolved when a request is admitted, a request asking for a
 different set waits until the running group has finished (and holds back
@@ -43,6 +47,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -59,6 +64,7 @@ from inference.engine.errors import (
 )
 from inference.engine.prompt_cache import PromptCache
 from inference.engine.rows import Generation, Row
+from inference.engine.solo import Solo, SoloQueue
 from inference.engine.types import EventStream, GenerationEvent, GenerationRequest, Usage
 
 if TYPE_CHECKING:
@@ -189,6 +195,7 @@ class Engine:
         self._inbox: queue.Queue = queue.Queue()
         self._waiting: deque[Generation] = deque()  # engine thread only
         self._waiting_n = 0
+        self._solo = SoloQueue()  # calls that wait for exclusive use of the model
         self._count_lock = threading.Lock()
         self._closed = False
         self._idle = threading.Condition()
@@ -267,6 +274,17 @@ class Engine:
             raise call.error
         return call.result
 
+    def exclusive(self, fn: Callable[[], Any]) -> Future:
+        """Run `fn()` on the engine thread with the model to itself: no
+        request decodes beside it or between its steps (see solo.py). Answers
+        a Future of its result; cancel it to give up while it still waits.
+        Raises `EngineClosed`, or `QueueFull` when too many calls wait."""
+        if self._closed:
+            raise EngineClosed("server is shutting down")
+        item = self._solo.offer(fn)
+        self._inbox.put(item)
+        return item.future
+
     @property
     def queued(self) -> int:
         """Requests admitted to the queue but not yet running."""
@@ -296,7 +314,7 @@ class Engine:
 
     @property
     def busy(self) -> bool:
-        return bool(self.active_rows or self.queued)
+        return bool(self.active_rows or self.queued or self._solo.pending)
 
     # -- engine thread ---------------------------------------------------
     # The model, lane, adapters and prompt cache exist once _setup has run,
@@ -336,9 +354,14 @@ class Engine:
             return
         self._ready.set()
         try:
-            while self._take_inbox(block=not (self.active_rows or self._waiting)):
+            while self._take_inbox(block=not (self.active_rows or self._waiting or self._solo)):
                 self._sweep()
-                self._admit()
+                if self._solo.holds_admission(bool(self._waiting)):
+                    if not self.active_rows:  # the lane has drained: the call runs alone
+                        self._solo.run_next(self._default_adapters)
+                else:
+                    self._admit()
+                    self._solo.just_ran = False
                 if self.active_rows:
                     self._step()
                 with self._idle:
@@ -502,6 +525,8 @@ class Engine:
                 except Exception as exc:
                     item.error = exc
                 item.done.set()
+            elif isinstance(item, Solo):
+                self._solo.add(item)
             else:
                 self._waiting.append(item)
             try:
@@ -511,6 +536,7 @@ class Engine:
 
     def _sweep(self) -> None:
         """Forget waiting requests whose clients left, so they do not hold queue places."""
+        self._solo.sweep()
         if any(gen.aborted.is_set() for gen in self._waiting):
             kept = deque(gen for gen in self._waiting if not gen.aborted.is_set())
             with self._count_lock:
@@ -558,6 +584,13 @@ class Engine:
             if not waiting.held:
                 waiting.held = True
                 self.held_for_memory += 1
+
+    def _default_adapters(self) -> None:
+        """Before a solo call: the adapters a request that names none would run with."""
+        group = self._adapters.resolve(None)
+        if group != self._group:
+            self._group = group
+            self._adapters.activate(group)
 
     def _start(self, row: Row) -> None:
         """Put a row on the lane from the longest cached prefix of its context."""
@@ -648,6 +681,9 @@ class Engine:
             elif isinstance(item, _Call):
                 item.error = EngineClosed(message)
                 item.done.set()
+            elif isinstance(item, Solo):
+                self._solo.add(item)
+        self._solo.fail_all(EngineClosed(message))
         with self._count_lock:
             self._waiting_n = 0
         with self._idle:

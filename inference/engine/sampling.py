@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import cast
 
+from inference.engine.hlg import HlgProcessor
 from inference.engine.types import GenerationRequest
 
 
@@ -78,7 +79,9 @@ class _SeededSampler:
 
 
 def make_processors(req: GenerationRequest) -> list:
-    """Bias and penalties in mlx-lm's order, then the grammar mask last."""
+    """Bias and penalties in mlx-lm's order, then the grammar mask, then the
+    HLG tone curve: it is measured from the top logit, which must be a token
+    the bias, penalties and grammar leave standing."""
     from mlx_lm.sample_utils import make_logits_processors
 
     lp = req.logits
@@ -87,6 +90,8 @@ def make_processors(req: GenerationRequest) -> list:
         lp.presence_context_size, lp.frequency_penalty, lp.frequency_context_size)  # [] when none is set
     if req.grammar is not None:
         processors.append(req.grammar)
+    if lp.hlg is not None and lp.hlg.enabled:
+        processors.append(HlgProcessor(lp.hlg))
     return processors
 
 

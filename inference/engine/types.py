@@ -24,9 +24,24 @@ class SamplingParams:
 
 
 @dataclass(frozen=True)
+class HlgParams:
+    """HLG tone-curve sampling (`inference/engine/hlg.py`): a monotone
+    transfer curve over each token's distance below the top logit. Widths
+    are in logits (nats)."""
+
+    enabled: bool = True
+    width: float = 4.0  # the plateau: near-ties within this of the top are drawn together
+    shoulder: float = 4.0  # how softly the plateau turns into the unchanged middle (0: a hard knee)
+    toe: float = 6.0  # below the pivot, the span over which the tail is pushed down ever harder (0: off)
+    pivot_offset: float = 6.0  # where the toe starts, this far below the top
+
+
+@dataclass(frozen=True)
 class LogitsParams:
     """Processors applied to the logits before logprobs and the sampler, in
-    mlx-lm's order: bias, then repetition, presence and frequency penalties."""
+    mlx-lm's order: bias, then repetition, presence and frequency penalties;
+    then the grammar mask and last the HLG tone curve (when `hlg` is set and
+    enabled), so the curve is measured from the best token the grammar allows."""
 
     logit_bias: dict[int, float] | None = None
     repetition_penalty: float | None = None
@@ -35,6 +50,7 @@ class LogitsParams:
     presence_context_size: int = 20
     frequency_penalty: float | None = None
     frequency_context_size: int = 20
+    hlg: HlgParams | None = None  # None: no tone curve
 
 
 @dataclass

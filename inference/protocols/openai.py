@@ -64,7 +64,7 @@ def _common(body: dict, model: LoadedModel, defaults: ServerDefaults) -> Generat
         prompt_tokens=[],
         max_tokens=params.max_tokens(body, defaults),
         sampling=params.sampling(body, defaults, model.generation_config, model.vocab_size),
-        logits=params.logits_params(body, model.vocab_size),
+        logits=params.logits_params(body, model.vocab_size, defaults),
         stop=params.stop_sequences(body),
         logprobs=want_logprobs,
         top_logprobs=top_logprobs,

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from core import limits as core_limits
 
 if TYPE_CHECKING:
+    from inference.engine.types import HlgParams
     from inference.protocols.template_sandbox import TemplateSandbox
 
 
@@ -21,6 +22,7 @@ class ServerDefaults:
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
+    hlg: HlgParams | None = None  # --hlg-sampling: what a request's `hlg` object is merged over
 
 
 @dataclass(frozen=True)

@@ -5,20 +5,22 @@ from __future__ import annotations
 
 import asyncio
 import math
+from dataclasses import replace
 from typing import Any, TypeGuard
 
 from core import jsonbody
 from inference.engine import checks
 from inference.engine.adapters import AdapterError, parse_spec
 from inference.engine.errors import InvalidRequest
-from inference.engine.types import GenerationRequest, LogitsParams, SamplingParams
+from inference.engine.types import GenerationRequest, HlgParams, LogitsParams, SamplingParams
 from inference.protocols.errors import RequestError
 from inference.protocols.options import ServerDefaults
 
 MAX_STOP_SEQUENCES = checks.MAX_STOP_SEQUENCES
 # Every sampling field a request may set, by the name every surface uses
 # (chat, completions, Messages, Responses, the chat socket's set_sampling).
-# A new one goes here, in `sampling`/`logits_params` below, and in engine/checks.py.
+# A new one goes here, in `sampling`/`logits_params` below, and in engine/checks.py. The one
+# sampling field that is an object, `hlg`, is read by `hlg` below.
 SAMPLING = ("temperature", "top_p", "top_k", "min_p", "xtc_probability", "xtc_threshold", "seed",
             "repetition_penalty", "repetition_context_size", "presence_penalty", "presence_context_size",
             "frequency_penalty", "frequency_context_size")
@@ -188,12 +190,44 @@ def checked(request: GenerationRequest, vocab_size: int, context_window: int | N
         raise RequestError(str(exc), exc.param) from None
 
 
-def logits_params(body: dict, vocab_size: int) -> LogitsParams:
+HLG_FIELDS = ("enabled", *checks.HLG_SPANS)
+
+
+def hlg(body: dict, defaults: ServerDefaults) -> HlgParams | None:
+    """The request's `hlg` object merged over the server's --hlg-sampling
+    defaults (field by field; the built-in values fill what neither sets).
+    Sent at all, it turns the curve on unless the merged `enabled` is false;
+    absent, the server's defaults apply as they are. None: no curve."""
+    value = body.get("hlg")
+    base = defaults.hlg
+    if value is None:
+        return base if base is not None and base.enabled else None
+    if not isinstance(value, dict):
+        raise RequestError("hlg must be an object: {enabled, width, shoulder, toe, pivot_offset}", "hlg")
+    given: dict[str, Any] = {}
+    for key, field_value in value.items():
+        name = f"hlg.{key}"
+        if key not in HLG_FIELDS:
+            raise RequestError(f"{name} is not an hlg field (they are {', '.join(HLG_FIELDS)})", name)
+        if field_value is None:
+            continue
+        if key == "enabled":
+            if not isinstance(field_value, bool):
+                raise RequestError(f"{name} must be a boolean", name)
+        elif not _is_number(field_value) or not _is_finite(field_value):
+            raise RequestError(f"{name} must be a finite number", name)
+        given[key] = field_value if key == "enabled" else float(field_value)
+    merged = replace(base or HlgParams(), **given)
+    return merged if merged.enabled else None
+
+
+def logits_params(body: dict, vocab_size: int, defaults: ServerDefaults) -> LogitsParams:
     def window(name: str) -> int:
         value = integer(body, name)
         return 20 if value is None else value
 
     return LogitsParams(
+        hlg=hlg(body, defaults),
         logit_bias=logit_bias(body, vocab_size),
         repetition_penalty=number(body, "repetition_penalty"),
         repetition_context_size=window("repetition_context_size"),

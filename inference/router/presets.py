@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from core import argtypes
+from inference.engine import hlg
 from inference.engine.checks import MAX_TEMPERATURE
 
 
@@ -115,6 +116,7 @@ _SERVE: dict[str, Callable[[str], object]] = {
     "temperature": _number(argtypes.non_negative(float, MAX_TEMPERATURE)),
     "top-p": _number(argtypes.unit),
     "top-k": _whole(argtypes.non_negative(int)),
+    "hlg-sampling": hlg.canonical,
     "max-tokens": _whole(argtypes.non_negative(int)),
 }
 _PATHS = frozenset({"adapter", "ssd-cache"})

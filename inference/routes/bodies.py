@@ -40,6 +40,21 @@ class Sampling(_Body):
     frequency_context_size: int | None = None
 
 
+class Hlg(_Body):
+    """HLG tone-curve sampling; every field falls back to `--hlg-sampling`,
+    then to the value shown."""
+
+    enabled: bool | None = Field(None, description="sent at all, the curve is on unless this is false")
+    width: float | None = Field(None, description="logits below the top drawn together as near-ties (4)")
+    shoulder: float | None = Field(None, description="softness of the knee under the plateau (4; 0 = hard)")
+    toe: float | None = Field(None, description="logits over which the tail below the pivot steepens (6; 0 = off)")
+    pivot_offset: float | None = Field(None, description="where the toe starts, below the top (6)")
+
+
+class ToneCurve(_Body):
+    hlg: Hlg | None = Field(None, description="HLG tone-curve sampling, merged over the server's defaults")
+
+
 class Routing(_Body):
     """Which cached prefix and which LoRA adapters a generation uses."""
 
@@ -62,7 +77,7 @@ class Constraint(_Body):
     guided_choice: list[str] | None = None
 
 
-class ChatCompletionRequest(Sampling, LogitBias, Routing, Constraint):
+class ChatCompletionRequest(Sampling, ToneCurve, LogitBias, Routing, Constraint):
     messages: list[dict[str, Json]] = Field(..., description="system, developer, user, assistant and tool turns")
     model: str | None = Field(None, description="the served model answers whatever this names")
     stream: bool | None = False
@@ -80,7 +95,7 @@ class ChatCompletionRequest(Sampling, LogitBias, Routing, Constraint):
     stream_options: dict[str, Json] | None = None
 
 
-class CompletionRequest(Sampling, LogitBias, Routing, Constraint):
+class CompletionRequest(Sampling, ToneCurve, LogitBias, Routing, Constraint):
     prompt: str = Field(..., description="the raw prompt (no chat template)")
     model: str | None = None
     stream: bool | None = False
@@ -91,7 +106,7 @@ class CompletionRequest(Sampling, LogitBias, Routing, Constraint):
     top_logprobs: int | None = None
 
 
-class MessagesRequest(Sampling, Routing, Constraint):
+class MessagesRequest(Sampling, ToneCurve, Routing, Constraint):
     """Anthropic Messages (`logit_bias` is not part of it)."""
 
     messages: list[dict[str, Json]] = Field(..., description="user, assistant and system turns, string or blocks")
@@ -113,7 +128,7 @@ class CountTokensRequest(_Body):
     tools: list[dict[str, Json]] | None = None
 
 
-class ResponsesRequest(Sampling, LogitBias, Routing, Constraint):
+class ResponsesRequest(Sampling, ToneCurve, LogitBias, Routing, Constraint):
     input: str | list[dict[str, Json]] = Field(..., description="a string, or message / function_call items")
     model: str | None = None
     instructions: str | None = None

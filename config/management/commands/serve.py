@@ -37,7 +37,7 @@ from config.serving_access import INSECURE_WARNING, AccessError, export_for_chil
 from core import argtypes, limits
 from core.blas import blas_in_use
 from inference.demo.build import DEMO_REPO, Recipe, cached_snapshot
-from inference.engine import checks
+from inference.engine import checks, hlg
 from inference.engine.engine import Engine
 from inference.engine.errors import EngineError
 from inference.protocols.options import Options, ServerDefaults
@@ -193,6 +193,10 @@ class Command(BaseCommand):
         parser.add_argument("--temperature", type=_non_negative(float, checks.MAX_TEMPERATURE), default=None)
         parser.add_argument("--top-p", type=_unit, default=None)
         parser.add_argument("--top-k", type=_non_negative(int), default=None)
+        parser.add_argument("--hlg-sampling", type=argtypes.flag(hlg.canonical), default=None, metavar="SPEC",
+                            help="HLG tone-curve sampling for every request: key=value pairs joined by commas "
+                                 "(enabled, width, shoulder, toe, pivot_offset; e.g. width=3,toe=8), or `on` for "
+                                 "the built-in values; a request's `hlg` object is merged over them")
         parser.add_argument("--keep-dtype", action="store_true",
                             help="serve the stored dtype instead of upcasting to float32 on the CPU")
         parser.add_argument("--drain-seconds", type=_non_negative(float), default=30.0,
@@ -339,7 +343,8 @@ class Command(BaseCommand):
                         bounds.template_timeout_s)
         runtime.responses = ResponseStore(ttl_s=opts["response_ttl"])
         return Options(
-            defaults=ServerDefaults(opts["max_tokens"] or None, opts["temperature"], opts["top_p"], opts["top_k"]),
+            defaults=ServerDefaults(opts["max_tokens"] or None, opts["temperature"], opts["top_p"], opts["top_k"],
+                                    hlg.parse_spec(opts["hlg_sampling"]) if opts["hlg_sampling"] else None),
             limits=bounds, grammar_enabled=settings.HEARTH_GRAMMAR, templates=templates,
             sse_keepalive=settings.HEARTH_SSE_KEEPALIVE)
 
