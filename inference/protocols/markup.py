@@ -54,7 +54,8 @@ OWN_FAMILIES = frozenset({"json_tools", "qwen3_coder"})  # what HEARTH reads
 
 def _llama3_calls(text: str, tools) -> list[ToolCall] | None:
     """One or more `{"name", "parameters"}` objects, separated by `;` or space."""
-    decoder, calls, at = json.JSONDecoder(), [], 0
+    decoder, at = json.JSONDecoder(), 0
+    calls: list[ToolCall] = []
     while True:
         while at < len(text) and text[at] in " \t\r\n;":
             at += 1
