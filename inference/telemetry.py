@@ -107,7 +107,7 @@ def _admission(engine: Engine, model: loader.LoadedModel) -> dict:
 def _speculation(engine: Engine) -> dict | None:
     kind = engine.speculation
     if kind is None:
-        return None
+        return {"off": engine.spec_off} if engine.spec_off else None
     t = engine.spec_totals
     return {"kind": kind, "draft_model": engine.config.draft_model if kind == "model" else None,
             "draft_tokens": engine.config.draft_tokens or DRAFT_TOKENS[kind], "rows": t.rows,

@@ -30,7 +30,7 @@ def depths(gaps: list[float], params: dict) -> list[float]:
 # -- the curve ------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("params", [{}, PLATEAU, TOE, {"shoulder": 0}, {"width": 64, "shoulder": 0.01},
-                                    {"width": 0, "shoulder": 0, "toe": 0}])
+                                    {"shoulder": 1e-40}, {"shoulder": 1e-3}, {"width": 0, "shoulder": 0, "toe": 0}])
 def test_the_curve_is_strictly_increasing_and_keeps_the_top(params):
     import mlx.core as mx
 

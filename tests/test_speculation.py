@@ -142,7 +142,7 @@ def test_a_second_request_moves_the_speculating_row_into_the_batch(engines, eos_
 
     async def staggered():
         first = asyncio.create_task(_run(spec, _request(long.prompt_tokens, eos_id, max_tokens=120)))
-        while spec.lane.row is None:  # wait until it drafts
+        while not (spec.lane.row is not None and spec.lane.row.spec["targetCalls"]):  # until it has drafted
             await asyncio.sleep(0.001)
         second = await _run(spec, _request(other.prompt_tokens, eos_id, max_tokens=20))
         return await first, second
@@ -153,11 +153,17 @@ def test_a_second_request_moves_the_speculating_row_into_the_batch(engines, eos_
     assert second["usage"].speculation is None
 
 
-def test_a_seeded_sampled_request_repeats_itself(engines, eos_id):
+def test_a_seeded_sampled_request_draws_what_plain_decoding_draws(engines, eos_id):
+    """One draw per verified position with the key plain decoding uses for
+    that token: a seeded request is the same with or without speculation."""
+    plain = engines(prompt_cache_bytes=0)
     spec = engines(prompt_cache_bytes=0, draft_kind="ngram")
-    sampling = SamplingParams(temperature=0.8, top_k=20, seed=5)
-    runs = [asyncio.run(_run(spec, _request(_copy_prompt(7), eos_id, sampling=sampling))) for _ in range(2)]
-    assert runs[0]["tokens"] == runs[1]["tokens"] and len(runs[0]["tokens"]) == 48
+    for sampling in (SamplingParams(temperature=0.8, top_k=20, seed=5),
+                     SamplingParams(temperature=0.6, top_p=0.9, min_p=0.05, seed=6),
+                     SamplingParams(temperature=1.0, xtc_probability=0.5, xtc_threshold=0.1, seed=7)):
+        want = asyncio.run(_run(plain, _request(_copy_prompt(7), eos_id, sampling=sampling)))
+        got = asyncio.run(_run(spec, _request(_copy_prompt(7), eos_id, sampling=sampling)))
+        assert got["tokens"] == want["tokens"] and got["usage"].speculation["targetCalls"] >= 1
 
 
 def test_stats_count_the_drafts(engines, eos_id):
@@ -175,6 +181,7 @@ def test_stats_count_the_drafts(engines, eos_id):
     (dict(draft_kind="model"), "needs --draft-model"),
     (dict(draft_kind="ngram", kv_quant=8), "cannot run with --kv-quant"),
     (dict(draft_kind="bogus"), "unknown draft kind"),
+    (dict(draft_kind="ngram", draft_model="x"), "cannot go with --draft-kind ngram"),
 ])
 def test_draft_settings_that_cannot_work_are_refused_at_start(tiny_model, config, message):
     with pytest.raises(EngineError, match=message):

@@ -90,6 +90,7 @@ def test_hearths_own_families_keep_its_parser_and_others_come_first():
      '{"name": "get_weather", "parameters": {"city": "Rome", "days": 1}}', [ARGS, {"city": "Rome", "days": 1}]),
     ("{'name': 'get_weather', 'parameters': {'city': 'Paris', 'days': '2'}}", []),  # not the bare-JSON start
     ('{"name": "get_weather", "parameters": {"city": "Paris", "days": 2', [ARGS]),  # cut off: repaired
+    ('{"name": "get_weather", "parameters": {"city": "Paris", "days": 2}} I will wait for it.', [ARGS]),
 ])
 def test_llama3_bare_json_calls(text, calls):
     parser = _read("llama3_json", text, 5)

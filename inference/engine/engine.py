@@ -192,6 +192,7 @@ class Engine:
         self.held_for_memory = 0  # requests that waited because their KV would not fit yet
         self.draft: loader.LoadedModel | None = None  # the draft model, with --draft-model
         self.spec_totals = speculate.SpecTotals()
+        self.spec_off: str | None = None  # why a configured draft source is not used
         self._inbox: queue.Queue = queue.Queue()
         self._waiting: deque[Generation] = deque()  # engine thread only
         self._waiting_n = 0
@@ -426,6 +427,8 @@ class Engine:
     def speculation(self) -> str | None:
         """The draft source in use: "ngram", "model" or None."""
         cfg = self.config
+        if self.spec_off:
+            return None
         return cfg.draft_kind or ("model" if cfg.draft_model else None)
 
     def _setup_speculation(self, trimmable: bool) -> None:
@@ -437,22 +440,24 @@ class Engine:
             raise EngineError(f"unknown draft kind {kind!r}; use ngram or model")
         if kind == "model" and not cfg.draft_model:
             raise EngineError("--draft-kind model needs --draft-model")
+        if kind == "ngram" and cfg.draft_model:
+            raise EngineError("--draft-model drafts with a model; it cannot go with --draft-kind ngram")
         if cfg.kv_quant:
             raise EngineError("speculative decoding cannot run with --kv-quant (quantized caches are not rewound)")
-        if not trimmable:
-            raise EngineError("speculative decoding needs a KV cache that can be rewound; this model's cannot")
+        if not trimmable:  # a router hands --draft-kind to every model: this one serves without it
+            self.spec_off = "this model's KV cache cannot be rewound (recurrent or other non-trimmable layers)"
+            log.warning("speculative decoding is off: %s", self.spec_off)
+            return
         if kind == "model":
             assert cfg.draft_model is not None
             self.draft = loader.load(cfg.draft_model, keep_dtype=cfg.keep_dtype)
-            target = self.loaded_model
-            if (self.draft.vocab_size, self.draft.tokenizer.eos_token_ids) != (target.vocab_size,
-                                                                               target.tokenizer.eos_token_ids):
-                raise EngineError(f"the draft model {cfg.draft_model} does not share the served model's "
-                                  "tokenizer (vocabulary size or end-of-sequence tokens differ)")
+            target, draft = self.loaded_model, self.draft
             probe = "Hearth checks the draft model: 0123 ünïcödé"
-            if self.draft.tokenizer.encode(probe) != target.tokenizer.encode(probe):
-                raise EngineError(f"the draft model {cfg.draft_model} does not share the served model's "
-                                  "tokenizer (it splits text differently)")
+            if (draft.tokenizer.eos_token_ids != target.tokenizer.eos_token_ids
+                    or draft.tokenizer.encode(probe) != target.tokenizer.encode(probe)
+                    or draft.vocab_size > target.vocab_size):
+                raise EngineError(f"the draft model {cfg.draft_model} does not share the served model's tokenizer "
+                                  "(its end-of-sequence tokens, its splitting of text or its vocabulary differ)")
 
     def _kv_room(self) -> int:
         """Bytes the running rows' KV caches may take: the memory budget (the
@@ -464,6 +469,10 @@ class Engine:
         used = self.loaded_model.weights_bytes + self.config.prompt_cache_bytes + TRANSIENT_RESERVE
         if self.draft is not None:
             used += self.draft.weights_bytes
+        if budget <= used:
+            log.warning("the memory budget (%d MiB) leaves no room for KV caches beside the weights, the prompt "
+                        "cache and the reserve (%d MiB): requests will decode one at a time", budget >> 20,
+                        used >> 20)
         return max(budget - used, 1)
 
     def _kv_held(self) -> int:

@@ -66,6 +66,9 @@ def transfer(logits, params: HlgParams):
     return -out
 
 
+MIN_SHOULDER = 1e-3
+
+
 def _knee(depth, width: float, shoulder: float):
     """knee(d) of the module docstring, written so that nothing cancels or
     overflows: within the width, S * ln(1 + c * (e^(d/S) - 1)) with
@@ -74,7 +77,7 @@ def _knee(depth, width: float, shoulder: float):
     (d - W)/S + log1p(e^-(d-W)/S) less its value at d = 0."""
     import mlx.core as mx
 
-    if shoulder <= 0:
+    if shoulder < MIN_SHOULDER:  # a knee sharper than float32 can bend: the hard one (S = 0)
         return mx.maximum(depth - width, 0.0)
     ratio = width / shoulder
     log_c = -(ratio + math.log1p(math.exp(-ratio)))  # ln(1 / (1 + e^(W/S))), without overflow

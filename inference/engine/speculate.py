@@ -7,10 +7,18 @@ the model's own choice after each of them, sampled with the row's sampler
 and processors exactly as plain decoding would; the drafts are accepted
 while they equal those choices, and the model's choice after the last
 accepted one comes free. The KV entries of the rejected drafts are trimmed
-away. So at temperature 0 the output is the model's greedy output, token
-for token; at other temperatures every token is still a sample from the
-model's distribution given what precedes it (a seeded row draws its own,
-reproducible, but not the same numbers as without speculation).
+away. Each verified position is sampled on its own, a seeded row with the
+key plain decoding would use for that token (the key is set back to follow
+the last token kept). So a seeded or greedy row gives what plain decoding
+gives, up to float rounding: the verify forward computes several positions
+at once, and a near-tie that rounding decides could differ (the tests have
+not seen one). Every token is a sample from the model's distribution given
+what precedes it.
+
+A sliding-window (rotating) KV cache can only be rewound until it wraps, so
+near its window a round drafts nothing (a plain step). The prompt is
+prefilled one chunk per engine step, the draft model's copy after it, so a
+request that arrives meanwhile joins the batch without waiting for it.
 
 Two drafters:
   `NgramDrafter`   prompt lookup: the longest recent n-gram (3, 2, then 1
@@ -94,6 +102,9 @@ class NgramDrafter:
     def settle(self, history: list[int], drafted: int, accepted: int) -> None:
         pass
 
+    def prefill(self, history: list[int]) -> bool:
+        return True
+
     def close(self) -> None:
         self.index = []
 
@@ -116,6 +127,19 @@ class ModelDrafter:
         self.cache = make_prompt_cache(self.model.model)
         self.seen = 0
 
+    def prefill(self, history: list[int]) -> bool:
+        """Take one chunk of what it has not seen, but the last token; True once caught up."""
+        import mlx.core as mx
+
+        assert self.cache is not None
+        if self.seen >= len(history) - 1:
+            return True
+        end = min(self.seen + PREFILL_STEP, len(history) - 1)
+        self.model.model(mx.array(history[self.seen:end])[None], cache=self.cache)
+        mx.eval([c.state for c in self.cache])
+        self.seen = end
+        return self.seen >= len(history) - 1
+
     def propose(self, history: list[int], k: int) -> list[int]:
         import mlx.core as mx
 
@@ -123,10 +147,6 @@ class ModelDrafter:
         if k <= 0:
             return []
         pending = history[self.seen:]
-        while len(pending) > PREFILL_STEP:  # a long unseen stretch (the prompt) in pieces
-            self.model.model(mx.array(pending[:PREFILL_STEP])[None], cache=self.cache)
-            mx.eval([c.state for c in self.cache])
-            pending = pending[PREFILL_STEP:]
         drafts: list[int] = []
         y = mx.array(pending)
         for i in range(k):
@@ -177,14 +197,16 @@ class Speculating:
     # -- the lane interface --------------------------------------------------
     @property
     def active(self) -> int:
-        return self.inner.active + (1 if self.row is not None else 0)
+        row = self.row  # read once: other threads ask too
+        return self.inner.active + (1 if row is not None else 0)
 
     @property
     def prefilling(self) -> int:
         return self.inner.prefilling
 
     def all_rows(self) -> list[Row]:
-        return self.inner.all_rows() + ([self.row] if self.row is not None else [])
+        row = self.row
+        return self.inner.all_rows() + ([row] if row is not None else [])
 
     def take_faults(self) -> int:
         faults, self.faults = self.faults, 0
@@ -254,8 +276,13 @@ class Speculating:
             self._finish()
             lanes.close_row(row)
             return published
+        done = False
         try:
-            done = self._round(row)
+            context = row.context()
+            if self._held < len(context) - 1:
+                self._prefill_chunk(context)  # one chunk per engine step: others may join meanwhile
+            elif self.drafter.prefill(context):
+                done = self._round(row)
         except Exception as exc:
             row.fault = exc
         if row.fault is not None:
@@ -279,16 +306,25 @@ class Speculating:
             return [(None, None, row)]
         return [(context[:-1], self._cache, row)]
 
-    def _prefill(self, context: list[int]) -> None:
+    def _prefill_chunk(self, context: list[int]) -> None:
         import mlx.core as mx
 
         cache = self._cache
         assert cache is not None
-        while self._held < len(context) - 1:
-            end = min(self._held + PREFILL_STEP, len(context) - 1)
-            self.model.model(mx.array(context[self._held:end])[None], cache=cache)
-            mx.eval([c.state for c in cache])
-            self._held = end
+        end = min(self._held + PREFILL_STEP, len(context) - 1)
+        self.model.model(mx.array(context[self._held:end])[None], cache=cache)
+        mx.eval([c.state for c in cache])
+        self._held = end
+
+    def _rewindable(self) -> int:
+        """How many tokens a round may add and still trim: a rotating cache
+        cannot be rewound once it wraps."""
+        room = 1 << 30
+        for c in self._cache or []:
+            size = getattr(c, "max_size", None)
+            if size:
+                room = min(room, size - c.offset)
+        return room
 
     def _round(self, row: Row) -> bool:
         """One draft-and-verify round; True once the row is finished."""
@@ -296,9 +332,9 @@ class Speculating:
         from mlx_lm.models.cache import trim_prompt_cache
 
         context = row.context()
-        self._prefill(context)
         room = max(row.limit - row.count, 1)
-        drafts = self.drafter.propose(context, min(self.drafter.k, room - 1)) if room > 1 else []
+        k = min(self.drafter.k, room - 1, self._rewindable() - 1)
+        drafts = self.drafter.propose(context, k) if k > 0 else []
         inputs = mx.array(context[-1:] + drafts)
         logits = self.model.model(inputs[None], cache=self._cache)[0]  # (1 + k, vocab)
         spec = row.spec
@@ -316,8 +352,18 @@ class Speculating:
                 rows.append(out)
             logits = mx.concatenate(rows, axis=0)
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-        assert row.sampler is not None
-        chosen = row.sampler(logprobs)
+        sampler = row.sampler
+        assert sampler is not None
+        # One draw per position, as plain decoding draws one per token; a
+        # seeded sampler's key after each draw is kept to set it back after
+        # the last token kept.
+        seeded = hasattr(sampler, "key")
+        draws, keys = [], []
+        for i in range(len(drafts) + 1):
+            draws.append(sampler(logprobs[i:i + 1]))
+            if seeded:
+                keys.append(sampler.key)
+        chosen = mx.concatenate(draws, axis=0)
         mx.eval(chosen, logprobs)
         picks: list[int] = chosen.tolist()
         accepted = 0
@@ -335,11 +381,15 @@ class Speculating:
             if lanes._feed(row, picks[i], logprobs[i]):
                 done = True
                 break
+        if seeded:
+            sampler.key = keys[fed - 1]
         # Keep the KV of the context plus the accepted tokens that were fed, all but the newest.
         keep = len(context) + fed - 1
         if self._held > keep:
             assert self._cache is not None
-            trim_prompt_cache(self._cache, self._held - keep)
+            trimmed = trim_prompt_cache(self._cache, self._held - keep)
+            if trimmed != self._held - keep:  # _rewindable() should have kept this from happening
+                raise RuntimeError(f"the KV cache could not be rewound ({trimmed} of {self._held - keep} tokens)")
             self._held = keep
         self.drafter.settle(row.context(), len(drafts), min(accepted, fed))
         return done

@@ -63,9 +63,9 @@ def _llama3_calls(text: str, tools) -> list[ToolCall] | None:
             break
         try:
             obj, at = decoder.raw_decode(text, at)
-        except ValueError:  # not strict JSON: the repair pass gets the rest as one call
+        except ValueError:  # not strict JSON: the repair pass may read a call; prose after calls is let go
             rest = parse_block(text[at:], tools)
-            return (calls + rest) if rest else None
+            return (calls + (rest or [])) or None
         found = parse_block(json.dumps(obj), tools) if isinstance(obj, dict) else None
         if not found:
             return None
