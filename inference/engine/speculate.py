@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from inference.engine import lanes
 from inference.engine.rows import Row
@@ -352,7 +352,7 @@ class Speculating:
                 rows.append(out)
             logits = mx.concatenate(rows, axis=0)
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-        sampler = row.sampler
+        sampler: Any = row.sampler  # a seeded one (sampling._SeededSampler) has a `key`
         assert sampler is not None
         # One draw per position, as plain decoding draws one per token; a
         # seeded sampler's key after each draw is kept to set it back after
@@ -365,7 +365,7 @@ class Speculating:
                 keys.append(sampler.key)
         chosen = mx.concatenate(draws, axis=0)
         mx.eval(chosen, logprobs)
-        picks: list[int] = chosen.tolist()
+        picks = cast("list[int]", chosen.tolist())
         accepted = 0
         while accepted < len(drafts) and picks[accepted] == drafts[accepted]:
             accepted += 1
