@@ -218,7 +218,7 @@ def main() -> int:
         ("mlx_lm.server", [sys.executable, "-m", "mlx_lm.server", "--model", str(model)], ["load", "prefix", "chat",
                                                                                          "flood"]),
         ("hearth serve", hearth, ["load", "prefix", "chat", "flood"]),
-        ("hearth serve --batch 32", hearth + ["--batch", "32"], ["load"]),
+        ("hearth serve --batch 8", hearth + ["--batch", "8"], ["load"]),  # the fixed default before auto
         ("hearth serve, cache off", hearth + ["--prompt-cache-bytes", "0"], ["prefix", "chat"]),
     ]
     results = {}
