@@ -57,7 +57,9 @@ BLIS_CANDIDATES = tuple(f"/usr/lib/{arch}-linux-gnu/blis-{threads}/libblas.so.3"
                         for arch in ("x86_64", "aarch64") for threads in ("pthread", "openmp"))
 MKL_SYSTEM = ("/usr/lib/x86_64-linux-gnu/libmkl_rt.so",)
 SHAPES = ((1, 2048, 2048), (8, 2048, 2048), (32, 2048, 2048))  # (M, K, N): decode-sized products
-BUDGET_S = 0.25  # timing per shape and library; _HEARTH_BLAS_PROBE_S shortens it (the tests do)
+BUDGET_S = 0.15  # timing per shape, library and round; _HEARTH_BLAS_PROBE_S shortens it (the tests do)
+ROUNDS = 2
+BUSY = 0.25  # other processes' share of the CPU above which a measurement is flagged as disturbed
 PROBE_TIMEOUT_S = 60
 PROBE_VERSION = 1  # part of the cache key: a different probe measures again
 PASSED_ON = ("OPENBLAS_", "MKL_", "BLIS_", "GOTO_", "OMP_NUM_THREADS", "KMP_")  # part of the cache key too
@@ -167,8 +169,7 @@ def measure(candidate: Candidate, budget_s: float | None = None) -> dict:
     if not answer.get("ok"):
         return {**row, "error": str(answer.get("error"))[:300]}
     rates = answer["gflops"]
-    score = math.exp(sum(math.log(max(v, 1e-9)) for v in rates.values()) / len(rates))
-    return {**row, "ok": True, "gflops": rates, "score": round(score, 2)}
+    return {**row, "ok": True, "gflops": rates, "score": _score(rates)}
 
 
 def cache_key(candidates: list[Candidate]) -> dict:
@@ -212,21 +213,59 @@ def read_cache(path: Path, key: dict) -> dict | None:
     return record if isinstance(record, dict) and record.get("key") == key else None
 
 
-def measure_all(candidates: list[Candidate], path: Path, say: Callable[[str], None] = lambda _: None) -> dict:
-    """Measure every candidate, pick the best score, and cache the record
-    (unless nothing passed: then the next start tries again)."""
+def _score(rates: dict) -> float:
+    return round(math.exp(sum(math.log(max(v, 1e-9)) for v in rates.values()) / len(rates)), 2)
+
+
+def _merge(rows: list[dict]) -> dict:
+    """One candidate's rounds as one row: the best rate per size; rejected if any round was."""
+    failed = next((r for r in rows if not r["ok"]), None)
+    if failed is not None:
+        return failed
+    rates = {m: max(r["gflops"][m] for r in rows) for m in rows[0]["gflops"]}
+    return {**rows[0], "gflops": rates, "score": _score(rates)}
+
+
+def _cpu_seconds() -> tuple[float, float]:
+    """(CPU seconds every process on the machine has used, those of this process and its reaped children)."""
+    import resource
+
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+        busy = (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")  # less idle and iowait
+    except (OSError, ValueError, IndexError):
+        busy = 0.0
+    own = sum(getattr(resource.getrusage(who), f) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
+              for f in ("ru_utime", "ru_stime"))
+    return busy, own
+
+
+def measure_all(candidates: list[Candidate], path: Path, say: Callable[[str], None] = lambda _: None,
+                rounds: int = ROUNDS) -> dict:
+    """Measure every candidate (in `rounds` interleaved passes, each size
+    keeping its best rate, so a burst of other work hurts one pass only),
+    pick the best score, and cache the record unless nothing passed (then
+    the next start tries again). `others_cpu` is the share of the machine's
+    CPU that other processes used meanwhile: a busy machine measures low."""
     key = cache_key(candidates)
-    results = []
-    for c in candidates:
-        results.append(measure(c))
-        r = results[-1]
-        say(f"  {c.name:9} " + (f"score {r['score']:7.1f}  GFLOP/s at M=" +
-                                 ", ".join(f"{m}: {v}" for m, v in r["gflops"].items())
-                                 if r["ok"] else f"rejected: {r['error']}"))
+    started, (busy0, own0) = time.monotonic(), _cpu_seconds()
+    passes = [[measure(c) for c in candidates] for _ in range(rounds)]
+    (busy1, own1), wall = _cpu_seconds(), time.monotonic() - started
+    others = max(0.0, (busy1 - busy0) - (own1 - own0)) / (wall * (os.cpu_count() or 1)) if busy1 else None
+    results = [_merge([p[i] for p in passes]) for i in range(len(candidates))]
+    for r in results:
+        say(f"  {r['name']:9} " + (f"score {r['score']:7.1f}  GFLOP/s at M=" +
+                                    ", ".join(f"{m}: {v}" for m, v in r["gflops"].items())
+                                    if r["ok"] else f"rejected: {r['error']}"))
+    if others is not None and others > BUSY:
+        say(f"  other processes used {others:.0%} of the CPU meanwhile; `hearth blas --measure` on a quiet "
+            "machine measures again")
     passed = [r for r in results if r["ok"]]
     best = max(passed, key=lambda r: r["score"])["name"] if passed else None
-    record = {"key": key, "measured_at": time.time(), "shapes": [list(s) for s in SHAPES], "results": results,
-              "best": best}
+    record = {"key": key, "measured_at": time.time(), "seconds": round(wall, 2),
+              "others_cpu": None if others is None else round(others, 3),
+              "shapes": [list(s) for s in SHAPES], "results": results, "best": best}
     if best is not None:
         try:
             write_atomically(Path(path), json.dumps(record, indent=1), durable=False)  # measured again if lost
@@ -297,6 +336,7 @@ def report(cache_path: Path) -> dict:
         if record is not None:
             body["measured_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(record["measured_at"]))
             body["shapes"] = record.get("shapes")
+            body["others_cpu"] = record.get("others_cpu")
             body["candidates"] = [{k: r.get(k) for k in ("name", "library", "ok", "gflops", "score", "error")}
                                   for r in record["results"]]
     return body

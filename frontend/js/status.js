@@ -63,7 +63,8 @@ function blasCard(b) {
     ...(c.ok ? [h("td", {}, c.score.toFixed(1)), ...sizes.map((m) => h("td", {}, (c.gflops[m] ?? 0).toFixed(1)))]
       : [h("td", { colspan: sizes.length + 1, class: "error" }, `rejected: ${c.error}`)]),
     h("td", { class: "muted small" }, c.library || "bundled with MLX")));
-  const measured = b.measured_at ? new Date(b.measured_at).toLocaleString() : "not measured on this machine";
+  const busy = b.others_cpu > 0.25 ? ` (other processes used ${Math.round(100 * b.others_cpu)}% of the CPU meanwhile)` : "";
+  const measured = b.measured_at ? new Date(b.measured_at).toLocaleString() + busy : "not measured on this machine";
   return h("div", { class: "card" }, kv([["library", b.label], ["file", h("span", { style: "overflow-wrap:anywhere" }, b.library || "bundled with MLX")],
     ["chosen", CHOSEN[b.chosen_by] || b.chosen_by], ["measured", measured]]),
     rows.length ? h("div", { class: "table-wrap" }, h("table", {}, h("thead", {}, h("tr", {}, h("th", {}, "library"),

@@ -45,7 +45,11 @@ class Command(BaseCommand):
             else:
                 self.stdout.write(f"  {mark} {r['name']:10} rejected: {r['error']}")
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(record["measured_at"]))
-        self.stdout.write(f"measured {when}, cached in {path}. Score: the geometric mean of the three rates.")
+        self.stdout.write(f"measured {when} in {record.get('seconds', '?')} s, cached in {path}. "
+                          "Score: the geometric mean of the three rates.")
+        if (record.get("others_cpu") or 0) > blas.BUSY:
+            self.stdout.write(f"Other processes used {record['others_cpu']:.0%} of the CPU meanwhile, so the rates "
+                              "may be low; `hearth blas --measure` on a quiet machine measures again.")
         forced = os.environ.get("HEARTH_BLAS", "").strip().lower()
         if forced and forced != "auto":
             self.stdout.write(f"HEARTH_BLAS={forced} is set: a start uses {forced}, not the measurement.")
