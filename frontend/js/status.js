@@ -69,7 +69,8 @@ function blasCard(b) {
     ["chosen", CHOSEN[b.chosen_by] || b.chosen_by], ["measured", measured]]),
     rows.length ? h("div", { class: "table-wrap" }, h("table", {}, h("thead", {}, h("tr", {}, h("th", {}, "library"),
       h("th", {}, "score"), ...sizes.map((m) => h("th", {}, `M=${m} GFLOP/s`)), h("th", {}, "file"))),
-      h("tbody", {}, ...rows))) : h("p", { class: "muted small" }, "`hearth blas --measure` measures the installed libraries."),
+      h("tbody", {}, ...rows))) : h("p", { class: "muted small" }, h("code", {}, "hearth blas --measure"), " measures the installed libraries."),
     h("p", { class: "muted small" }, "Score: the geometric mean of MLX float32 GFLOP/s at M = 1, 8 and 32 rows "
-      + "against a 2048 x 2048 weight; the highest wins at the first start. `--blas NAME` or HEARTH_BLAS overrides it."));
+      + "against a 2048 x 2048 weight; the highest wins at the first start. ", h("code", {}, "--blas NAME"), " or ",
+      h("code", {}, "HEARTH_BLAS"), " overrides it."));
 }
