@@ -325,12 +325,12 @@ def current() -> dict:
 
 def report(cache_path: Path) -> dict:
     """The `blas` object of /stats: the library in use, how it was chosen,
-    and the measurement on file for this machine (None when there is none)."""
+    and the measurement on file for this machine (`measured_at` None and no
+    candidates when there is none, or it no longer holds)."""
     body = current()
     body["label"] = LABELS.get(body["name"] or "", body["name"])
     body["overridden"] = body["chosen_by"] in ("option", "env")
-    body["measured_at"] = None
-    body["candidates"] = []
+    body.update(measured_at=None, shapes=None, others_cpu=None, candidates=[])
     if sys.platform == "linux":
         record = read_cache(cache_path, cache_key(installed()))
         if record is not None:
