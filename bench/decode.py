@@ -264,8 +264,9 @@ def record_results(args, params: int, results: list, measurement: dict | None) -
         f"random llama {params / 1e6:.0f}M params float32, {args.tokens} tokens, median of {args.runs}.\n",
     ]
     if measurement:
-        lines += ["hearth's BLAS measurement (MLX float32 GFLOP/s against 2048 x 2048, best call of 0.25 s per "
-                  "size; score = geometric mean):\n",
+        lines += [f"hearth's BLAS measurement (MLX float32 GFLOP/s against 2048 x 2048, the best call of "
+                  f"{blas_lib.ROUNDS} rounds of {blas_lib.BUDGET_S} s per size; score = geometric mean; other "
+                  f"processes took {measurement.get('others_cpu', 0):.0%} of the CPU meanwhile):\n",
                   "| library | M=1 | M=8 | M=32 | score |", "| --- | ---: | ---: | ---: | ---: |"]
         lines += [f"| {r['name']}{' (picked)' if r['name'] == measurement['best'] else ''} | "
                   + " | ".join(str(r["gflops"].get(m, "-")) for m in ("1", "8", "32")) + f" | {r['score']} |"
