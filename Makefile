@@ -5,6 +5,12 @@ VENV := .venv
 BIN := $(VENV)/bin
 UNAME := $(shell uname -s)
 OPENBLAS := /usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 /usr/lib/aarch64-linux-gnu/openblas-pthread/libblas.so.3
+BLIS := /usr/lib/x86_64-linux-gnu/blis-pthread/libblas.so.3 /usr/lib/aarch64-linux-gnu/blis-pthread/libblas.so.3
+# The `mkl` extra: Intel MKL, one of the BLAS libraries `hearth` measures (a ~230 MB wheel; its marker
+# installs nothing off x86-64 Linux). `make MKL=0 ...` leaves it out.
+MKL ?= 1
+comma := ,
+EXTRAS := test$(if $(filter 1,$(MKL)),$(comma)mkl)
 HOST ?= 127.0.0.1
 PORT ?= 8080
 
@@ -19,16 +25,22 @@ ifeq ($(UNAME),Linux)
 	# CPU torch first: xgrammar imports torch, and a plain resolve pulls a multi-GB CUDA build.
 	$(BIN)/pip install -q torch==2.13.0
 endif
-	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q -e '.[$(EXTRAS)]'
 	touch $@
 
-# MLX's Linux CPU wheel links the slow reference BLAS; `hearth` preloads OpenBLAS when present.
+# MLX's Linux CPU wheel links the slow reference BLAS; `hearth` preloads the fastest library it measures
+# here (core/blas.py). OpenBLAS is the fallback; BLIS is a small extra candidate (Debian keeps OpenBLAS as
+# the system's libblas.so.3 either way).
 blas:
 ifeq ($(UNAME),Linux)
-	@if (for f in $(OPENBLAS); do [ -e "$$f" ] && exit 0; done; exit 1); then echo "OpenBLAS present"; \
-	elif [ "$$(id -u)" = 0 ]; then apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q libopenblas0-pthread; \
-	elif command -v sudo >/dev/null; then sudo apt-get update -q && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -q libopenblas0-pthread; \
-	else echo "warning: cannot install libopenblas0-pthread (not root); Hearth will run on the reference BLAS, slowly"; fi
+	@need=""; \
+	(for f in $(OPENBLAS); do [ -e "$$f" ] && exit 0; done; exit 1) || need="libopenblas0-pthread"; \
+	(for f in $(BLIS); do [ -e "$$f" ] && exit 0; done; exit 1) || need="$$need libblis4-pthread"; \
+	if [ -z "$$need" ]; then echo "OpenBLAS and BLIS present"; exit 0; fi; \
+	if [ "$$(id -u)" = 0 ]; then sudo=""; elif command -v sudo >/dev/null; then sudo=sudo; \
+	else echo "warning: cannot install $$need (not root); Hearth measures what is installed"; exit 0; fi; \
+	apt="$$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q"; \
+	$$sudo apt-get update -q && { $$apt $$need || $$apt libopenblas0-pthread; }
 endif
 
 # The dashboard tests drive Debian's Chromium through Playwright.

@@ -1,10 +1,15 @@
 #!/usr/bin/env python
 """Single-stream decode speed and time to first token, side by side:
 raw mlx-lm `stream_generate`, `mlx_lm.server`, and `hearth serve`, on one
-~100M-parameter random float32 llama, with and without OpenBLAS preloaded.
+~100M-parameter random float32 llama, under each BLAS named in --blas.
 
-    .venv/bin/python bench/decode.py [--tokens 128] [--runs 3] [--record]
+    .venv/bin/python bench/decode.py [--tokens 128] [--runs 3] [--blas auto,openblas,reference] [--record]
 
+`auto` is the library `hearth` picks here (core/blas.py measures the
+installed ones first, in the benchmark's own HEARTH_HOME): raw mlx-lm and
+mlx_lm.server get it preloaded, and `hearth serve` starts with a plain
+environment and chooses it itself. Under `reference` nothing is preloaded:
+that is mlx_lm.server as the wheel ships it.
 Every measurement runs in its own process (LD_PRELOAD only takes at start).
 Special tokens and lone partial-UTF-8 byte tokens are suppressed with one logit_bias,
 the same for every runner, so each run decodes exactly --tokens of printable text.
@@ -28,6 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from core import blas as blas_lib  # noqa: E402
 from core.blas import find_openblas  # noqa: E402
 
 PROMPT = [{"role": "user", "content": "Tell me a long story about a quiet house by the river."}]
@@ -54,13 +60,16 @@ def build_model(out: Path) -> int:
     return sum(v.size for v in weights.values())
 
 
-def bench_args(doc: str, tokens: int, runs: int, port: int) -> argparse.Namespace:
-    """The flags every side-by-side benchmark takes, with its own defaults."""
+def bench_args(doc: str, tokens: int, runs: int, port: int, extra=None) -> argparse.Namespace:
+    """The flags every side-by-side benchmark takes, with its own defaults
+    (`extra` adds a benchmark's own to the parser)."""
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokens", type=int, default=tokens)
     parser.add_argument("--runs", type=int, default=runs)
     parser.add_argument("--port", type=int, default=port)
     parser.add_argument("--record", action="store_true")
+    if extra is not None:
+        extra(parser)
     return parser.parse_args()
 
 
@@ -181,8 +190,37 @@ def summarize(rows: list[dict]) -> dict:
             "ttft_ms": 1000 * statistics.median(r["ttft"] for r in rows)}
 
 
+def _blas_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--blas", default="auto,openblas,reference",
+                        help=f"comma-separated, from {', '.join(blas_lib.CHOICES)} (default: %(default)s)")
+
+
+def blas_modes(names: list[str], base: dict, home: Path) -> tuple[list[tuple[str, dict, dict]], dict | None]:
+    """(label, environment of raw mlx-lm and mlx_lm.server, environment of hearth)
+    per BLAS, and the measurement behind `auto` (None without it)."""
+    installed = {c.name: c for c in blas_lib.installed()}
+    modes, seen, record = [], set(), None
+    for name in names:
+        if name == "auto":
+            choice = blas_lib.choose("auto", "option", home / "blas.json", say=print)
+            record = json.loads((home / "blas.json").read_text()) if (home / "blas.json").exists() else None
+            candidate, label = choice.candidate, f"auto: {choice.candidate.name}"
+            hearth_env = dict(base)  # hearth chooses for itself, from the cache just written
+        elif name in installed:
+            candidate, label = installed[name], name
+            hearth_env = dict(blas_lib.preload_env(candidate, base), _HEARTH_REEXEC="1")
+        else:
+            print(f"{name}: not installed here, skipped")
+            continue
+        if candidate.name in seen:
+            continue
+        seen.add(candidate.name)
+        modes.append((label, dict(blas_lib.preload_env(candidate, base), _HEARTH_REEXEC="1"), hearth_env))
+    return modes, record
+
+
 def main() -> int:
-    args = bench_args(__doc__, tokens=128, runs=3, port=18431)
+    args = bench_args(__doc__, tokens=128, runs=3, port=18431, extra=_blas_option)
 
     work = Path(tempfile.mkdtemp(prefix="hearth-bench-"))
     model = work / "bench-llama-100m"
@@ -190,43 +228,51 @@ def main() -> int:
     eos = suppressed_ids(model)
     print(f"model: {params / 1e6:.0f}M parameters, float32, at {model}", flush=True)
 
-    base = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "_HEARTH_REEXEC")}
+    base = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "_HEARTH_REEXEC", "HEARTH_BLAS")}
     base.update(HF_HUB_OFFLINE="1", HEARTH_HOME=str(work / "home"), HF_HOME=str(work / "hf"))
-    lib = find_openblas()
-    blas_modes = [("OpenBLAS", dict(base, LD_PRELOAD=lib, _HEARTH_REEXEC="1"))] if lib else []
-    blas_modes.append(("reference", dict(base, HEARTH_BLAS="reference")))
+    modes, record = blas_modes([n.strip() for n in args.blas.split(",") if n.strip()], base, work / "home")
 
     results = []
-    for blas, env in blas_modes:
+    for blas, env, hearth_env in modes:
         raw = summarize(measure_raw(model, env, args.tokens, args.runs, eos))
         mlx_server = summarize(measure_server(
             [sys.executable, "-m", "mlx_lm.server", "--model", str(model), "--port", str(args.port)],
             args.port, env, args.tokens, args.runs, eos, str(model)))
         hearth = summarize(measure_server(
             [sys.executable, "-m", "config.cli", "serve", str(model), "--port", str(args.port + 1)],
-            args.port + 1, env, args.tokens, args.runs, eos, str(model)))
+            args.port + 1, hearth_env, args.tokens, args.runs, eos, str(model)))
         for name, r in (("raw mlx-lm stream_generate", raw), ("mlx_lm.server", mlx_server), ("hearth serve", hearth)):
             results.append((blas, name, r, r["tps"] / raw["tps"]))
-            print(f"{blas:10} {name:28} {r['tps']:7.1f} tok/s  TTFT {r['ttft_ms']:7.1f} ms  "
+            print(f"{blas:14} {name:28} {r['tps']:7.1f} tok/s  TTFT {r['ttft_ms']:7.1f} ms  "
                   f"{r['tps'] / raw['tps']:.2f}x raw", flush=True)
 
     if args.record:
-        record(args, params, results)
+        record_results(args, params, results, record)
+    shutil.rmtree(work, ignore_errors=True)
     return 0
 
 
-def record(args, params: int, results: list) -> None:
+def record_results(args, params: int, results: list, measurement: dict | None) -> None:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                             text=True).stdout.strip() or "uncommitted"
-    dirty = subprocess.run(["git", "status", "--porcelain", "--", "inference", "config"], cwd=ROOT,
+    dirty = subprocess.run(["git", "status", "--porcelain", "--", "inference", "config", "core"], cwd=ROOT,
                            capture_output=True, text=True).stdout.strip()
     lines = [
         f"\n## {time.strftime('%Y-%m-%d')} · commit {commit}{' (+ local changes)' if dirty else ''}\n",
-        f"`python bench/decode.py --tokens {args.tokens} --runs {args.runs} --record` on "
-        f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}; "
+        f"`python bench/decode.py --tokens {args.tokens} --runs {args.runs} --blas {args.blas} --record` on "
+        f"{platform.machine()}, {os.cpu_count()} cores ({blas_lib.cpu_model()}), {platform.python_version()}; "
         f"random llama {params / 1e6:.0f}M params float32, {args.tokens} tokens, median of {args.runs}.\n",
-        "| BLAS | runner | decode tok/s | TTFT ms | vs raw |", "| --- | --- | ---: | ---: | ---: |",
     ]
+    if measurement:
+        lines += [f"hearth's BLAS measurement (MLX float32 GFLOP/s against 2048 x 2048, the best call of "
+                  f"{blas_lib.ROUNDS} rounds of {blas_lib.BUDGET_S} s per size; score = geometric mean; other "
+                  f"processes took {measurement.get('others_cpu', 0):.0%} of the CPU meanwhile):\n",
+                  "| library | M=1 | M=8 | M=32 | score |", "| --- | ---: | ---: | ---: | ---: |"]
+        lines += [f"| {r['name']}{' (picked)' if r['name'] == measurement['best'] else ''} | "
+                  + " | ".join(str(r["gflops"].get(m, "-")) for m in ("1", "8", "32")) + f" | {r['score']} |"
+                  if r["ok"] else f"| {r['name']} | rejected: {r['error']} | | | |" for r in measurement["results"]]
+        lines.append("")
+    lines += ["| BLAS | runner | decode tok/s | TTFT ms | vs raw |", "| --- | --- | ---: | ---: | ---: |"]
     lines += [f"| {b} | {n} | {r['tps']:.1f} | {r['ttft_ms']:.0f} | {x:.2f}x |" for b, n, r, x in results]
     with open(ROOT / "bench" / "RESULTS.md", "a") as f:
         f.write("\n".join(lines) + "\n")

@@ -10,10 +10,13 @@ without the engine, `run_huey` consumes the queue without the worker's
 zombie handling.
 
 MLX's Linux CPU wheel links the reference BLAS, several times slower than
-OpenBLAS for float32 matmuls. The dynamic loader only honours LD_PRELOAD at
-process start, so both command lines re-execute themselves once with it
-set; every child they spawn (the demo-model training, job runners)
-inherits it.
+OpenBLAS or MKL for float32 matmuls. The dynamic loader only honours
+LD_PRELOAD at process start, so both command lines re-execute themselves
+once with the library core.blas chooses (measured at the first start on a
+machine, or named with `--blas NAME` / HEARTH_BLAS) preloaded; every child
+they spawn (the job worker, router-mode engines, job runners) inherits it.
+`--blas` is taken off the command line wherever it stands, before the
+command sees its arguments.
 """
 from __future__ import annotations
 
@@ -21,7 +24,8 @@ import os
 import sys
 from difflib import get_close_matches
 
-from core.blas import find_openblas
+from core import blas
+from core.home import blas_cache
 
 # The top-level packages whose apps' management commands are Hearth's.
 HEARTH_PACKAGES = frozenset({"config", "core", "inference", "hub", "jobs", "chat", "memory"})
@@ -36,18 +40,69 @@ REFUSED = {
 EXIT_USAGE = 2
 
 
-def _reexec_with_openblas(command: list[str]) -> None:
-    """Start this process again as `python COMMAND` with OpenBLAS preloaded."""
-    if sys.platform != "linux" or os.environ.get("HEARTH_BLAS", "").lower() == "reference":
+# Commands that run no MLX: they start without choosing a BLAS (`blas` measures in its own children).
+NO_BLAS = frozenset({"help", "--help", "-h", "--version", "version", "blas"})
+
+
+class UsageError(Exception):
+    pass
+
+
+def take_blas_option(argv: list[str]) -> tuple[list[str], str | None]:
+    """`argv` without `--blas NAME` / `--blas=NAME`, and NAME (the last one given)."""
+    rest: list[str] = []
+    chosen = None
+    items = iter(argv)
+    for arg in items:
+        if arg == "--blas":
+            chosen = next(items, None)
+            if chosen is None:
+                raise UsageError(f"--blas needs one of {', '.join(blas.CHOICES)}")
+        elif arg.startswith("--blas="):
+            chosen = arg.split("=", 1)[1]
+        else:
+            rest.append(arg)
+    if chosen is not None and chosen.lower() not in blas.CHOICES:
+        raise UsageError(f"--blas must be one of {', '.join(blas.CHOICES)}, not {chosen!r}")
+    return rest, chosen.lower() if chosen is not None else None
+
+
+def _say(line: str) -> None:
+    sys.stderr.write(f"hearth: {line}\n")
+    sys.stderr.flush()
+
+
+def _reexec_with_blas(command: list[str], argv: list[str], option: str | None) -> None:
+    """Start this process again as `python COMMAND` with the chosen BLAS preloaded."""
+    if sys.platform != "linux" or os.environ.get("_HEARTH_REEXEC"):
         return
-    lib = find_openblas()
-    current = os.environ.get("LD_PRELOAD", "")
-    if lib is None or lib in current.split(":") or os.environ.get("_HEARTH_REEXEC"):
+    if not argv or argv[0] in NO_BLAS or "--help" in argv or "-h" in argv:
         return
-    env = dict(os.environ, LD_PRELOAD=f"{lib}:{current}" if current else lib, _HEARTH_REEXEC="1")
+    requested = option or os.environ.get("HEARTH_BLAS", "").strip().lower() or "auto"
+    try:
+        choice = blas.choose(requested, "option" if option else "env", blas_cache(), say=_say)
+    except ValueError as exc:
+        raise UsageError(f"HEARTH_BLAS {exc}") from None
+    if choice.note:
+        _say(choice.note)
+    if choice.measured:
+        _say(f"using {choice.candidate.label}")
+    env = blas.launch_env(choice, dict(os.environ))
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(sys.executable, [sys.executable, *command], env)
+
+
+def _start(argv: list[str], command: list[str], prog: str) -> list[str] | None:
+    """Take `--blas` off `argv` and re-execute with the BLAS chosen; the
+    arguments left, or None after a usage error (printed)."""
+    try:
+        argv, option = take_blas_option(argv)
+        _reexec_with_blas([*command, *argv], argv, option)
+    except UsageError as exc:
+        sys.stderr.write(f"{prog}: {exc}\n")
+        return None
+    return argv
 
 
 def _settings_loaded(prog: str) -> bool:
@@ -97,7 +152,9 @@ def listing(prog: str = "hearth") -> str:
              "Hearth: a local LLM platform on MLX, serving the OpenAI, Anthropic and Responses protocols.", "",
              "commands:"]
     lines += [f"  {shown:<{width}}  {summary}" for shown, summary in rows]
-    lines += ["", f"`{prog} <command> --help` shows a command's options."]
+    lines += ["", f"`{prog} <command> --help` shows a command's options. Every command also takes "
+              f"--blas {{{','.join(blas.CHOICES)}}}: the BLAS MLX runs on (default auto: the fastest measured "
+              f"here; `{prog} blas` shows the measurement)."]
     return "\n".join(lines) + "\n"
 
 
@@ -156,8 +213,10 @@ def _version() -> str:
 
 def main(argv: list[str] | None = None, prog: str = "hearth") -> int:
     """The `hearth` console script."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    _reexec_with_openblas(["-m", "config.cli", *argv])
+    started = _start(list(sys.argv[1:] if argv is None else argv), ["-m", "config.cli"], prog)
+    if started is None:
+        return EXIT_USAGE
+    argv = started
     if argv in (["--version"], ["version"]):
         sys.stdout.write(f"{prog} {_version()}\n")
         return 0
@@ -191,9 +250,11 @@ def main(argv: list[str] | None = None, prog: str = "hearth") -> int:
 def manage(argv: list[str] | None = None, script: str = "manage.py") -> int:
     """`python manage.py`: Django's flat command line over every command,
     Hearth's included, with the same preload and refusals as `hearth`."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    _reexec_with_openblas([os.path.abspath(script), *argv])
     prog = os.path.basename(script)
+    started = _start(list(sys.argv[1:] if argv is None else argv), [os.path.abspath(script)], prog)
+    if started is None:
+        return EXIT_USAGE
+    argv = started
     if not _settings_loaded(prog):
         return EXIT_USAGE
     _django_utility([prog, *argv]).execute()

@@ -62,6 +62,10 @@ def machine() -> Path:
     return root() / "machine.json"  # this machine's measured bandwidths
 
 
+def blas_cache() -> Path:
+    return root() / "blas.json"  # the BLAS libraries' measured speeds on this machine, and the pick
+
+
 def library_changed() -> Path:
     return root() / "library-changed"  # touched when a job adds models to the HF cache
 

@@ -1,13 +1,16 @@
 """What `/stats` and `/metrics` report: the engine's live state, its prompt
-cache and SSD tier, admission limits and HTTP traffic."""
+cache and SSD tier, admission limits, HTTP traffic, and the BLAS this
+process runs on."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import TYPE_CHECKING
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from core import blas, home
 from inference.engine import lanes, loader
 from inference.engine.engine import DRAFT_TOKENS, MAX_QUEUED, TRANSIENT_RESERVE, Engine
 from inference.engine.metrics import REGISTRY
@@ -30,7 +33,14 @@ def stats_body(runtime: Runtime) -> dict:
                       "insecure_no_auth": runtime.insecure_no_auth}
     if runtime.warning:
         body["warning"] = runtime.warning
+    body["blas"] = _blas()
     return body
+
+
+@functools.cache
+def _blas() -> dict:
+    """Read once: the library is fixed at process start, and so is the measurement that chose it."""
+    return blas.report(home.blas_cache())
 
 
 def _engine_stats(runtime: Runtime) -> dict:

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from core.blas import find_openblas as _find_openblas
+
 # Every test, and every server it starts, works in throwaway homes.
 _SESSION_DIR = Path(tempfile.mkdtemp(prefix="hearth-tests-"))
 os.environ["HEARTH_HOME"] = str(_SESSION_DIR / "hearth")
@@ -18,6 +20,9 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 # read them because the run allows that folder, as `--allow-path` would.
 _TMP_DIR = _SESSION_DIR / "tmp"
 os.environ["HEARTH_ALLOW_PATHS"] = str(_TMP_DIR)
+# Servers run on OpenBLAS, named, so a fresh home does not measure the BLAS
+# libraries at every start; tests/test_blas.py measures.
+os.environ.setdefault("HEARTH_BLAS", "openblas" if _find_openblas() else "reference")
 
 from tests.helpers import TINY_REPO, ServerProcess, build_tiny_model, server_env  # noqa: E402
 

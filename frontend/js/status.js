@@ -1,4 +1,4 @@
-// Live engine state (/stats) and this machine's fit for the model (/fit).
+// Live engine state (/stats), the BLAS this server runs on (/stats `blas`) and this machine's fit for the model (/fit).
 import { api, bytes, every, h } from "./util.js";
 
 function kv(pairs) {
@@ -8,9 +8,12 @@ function kv(pairs) {
 export function statusPage(main) {
   const live = h("div", { class: "grid" });
   const fit = h("div");
-  main.append(h("div", { class: "page" }, h("h1", {}, "Status"), live, h("h2", {}, "This machine"), fit));
+  const blas = h("div", { id: "blas" });
+  main.append(h("div", { class: "page" }, h("h1", {}, "Status"), live, h("h2", {}, "This machine"), fit,
+    h("h2", {}, "BLAS"), blas));
   const stopLive = every(1500, async () => {
     const s = await api("/stats");
+    if (s.blas && !blas.childElementCount) blas.replaceChildren(blasCard(s.blas));  // fixed for the process's life
     const e = s.engine || {}, b = s.batch || {}, pc = s.prompt_cache || {}, ad = s.admission || {};
     live.replaceChildren(
       h("div", { class: "card" }, h("h2", { style: "margin-top:0" }, "Model"), kv([["served", s.server?.model],
@@ -47,4 +50,28 @@ export function statusPage(main) {
   }).catch((e) => fit.replaceChildren(h("p", { class: "error" }, e.message)));
   loadFit();
   return stopLive;
+}
+
+const CHOSEN = { measurement: "chosen by measurement", option: "chosen with --blas (override)",
+  env: "chosen with HEARTH_BLAS (override)", fallback: "the fallback (nothing measured faster)",
+  platform: "the platform's own", LD_PRELOAD: "preloaded by the environment", default: "the MLX wheel's own" };
+
+// The library in use, how it was picked, and each installed library's measured GFLOP/s.
+function blasCard(b) {
+  const sizes = (b.shapes || []).map(([m]) => String(m));
+  const rows = (b.candidates || []).slice().sort((x, y) => y.score - x.score).map((c) => h("tr", {},
+    h("td", {}, c.name === b.name ? h("strong", {}, `${c.name} (in use)`) : c.name),
+    ...(c.ok ? [h("td", {}, c.score.toFixed(1)), ...sizes.map((m) => h("td", {}, (c.gflops[m] ?? 0).toFixed(1)))]
+      : [h("td", { colspan: sizes.length + 1, class: "error" }, `rejected: ${c.error}`)]),
+    h("td", { class: "muted small" }, c.library || "bundled with MLX")));
+  const busy = b.others_cpu > 0.25 ? ` (other processes used ${Math.round(100 * b.others_cpu)}% of the CPU meanwhile)` : "";
+  const measured = b.measured_at ? new Date(b.measured_at).toLocaleString() + busy : "not measured on this machine";
+  return h("div", { class: "card" }, kv([["library", b.label], ["file", h("span", { style: "overflow-wrap:anywhere" }, b.library || "bundled with MLX")],
+    ["chosen", CHOSEN[b.chosen_by] || b.chosen_by], ["measured", measured]]),
+    rows.length ? h("div", { class: "table-wrap" }, h("table", {}, h("thead", {}, h("tr", {}, h("th", {}, "library"),
+      h("th", {}, "score"), ...sizes.map((m) => h("th", {}, `M=${m} GFLOP/s`)), h("th", {}, "file"))),
+      h("tbody", {}, ...rows))) : h("p", { class: "muted small" }, h("code", {}, "hearth blas --measure"), " measures the installed libraries."),
+    h("p", { class: "muted small" }, "Score: the geometric mean of MLX float32 GFLOP/s at M = 1, 8 and 32 rows "
+      + "against a 2048 x 2048 weight; the highest wins at the first start. ", h("code", {}, "--blas NAME"), " or ",
+      h("code", {}, "HEARTH_BLAS"), " overrides it."));
 }
