@@ -17,7 +17,8 @@ export function statusPage(main) {
     const e = s.engine || {}, b = s.batch || {}, pc = s.prompt_cache || {}, ad = s.admission || {};
     live.replaceChildren(
       h("div", { class: "card" }, h("h2", { style: "margin-top:0" }, "Model"), kv([["served", s.server?.model],
-        ["dtype", e.dtype], ["lane", b.mode || b.lane], ["adapters", (s.adapters?.mounted || []).join(", ") || "none"]])),
+        ["dtype", e.dtype], ["lane", b.mode || b.lane], ["adapters", (s.adapters?.mounted || []).join(", ") || "none"],
+        ["speculation", specLine(s.speculation)]])),
       h("div", { class: "card" }, h("h2", { style: "margin-top:0" }, "Rows"), kv([["decoding", e.active],
         ["most at once", b.max_rows ? `${b.max_rows}${b.configured === "auto" ? " (auto)" : ""}, peak ${e.peak_rows}` : "—"],
         ["waiting", e.queued], ["requests", e.requests_total], ["last decode", `${e.last_decode_tokens_per_s} tok/s`]])),
@@ -74,4 +75,12 @@ function blasCard(b) {
     h("p", { class: "muted small" }, "Score: the geometric mean of MLX float32 GFLOP/s at M = 1, 8 and 32 rows "
       + "against a 2048 x 2048 weight; the highest wins at the first start. ", h("code", {}, "--blas NAME"), " or ",
       h("code", {}, "HEARTH_BLAS"), " overrides it."));
+}
+
+// The draft source and how often its guesses were kept, from /stats speculation.
+function specLine(sp) {
+  if (!sp) return "off";
+  if (sp.off) return `off (${sp.off})`;
+  const rate = sp.acceptance == null ? "no drafts yet" : `${Math.round(sp.acceptance * 100)}% of drafts kept`;
+  return `${sp.kind === "model" ? `draft model ${sp.draft_model}` : "prompt lookup"}, ${rate}`;
 }
