@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import sys
 import time
 from dataclasses import dataclass
 
+from core.blas import cpu_model
 from core.fs import write_atomically
 
 TRANSIENT_RESERVE = 256 << 20  # activations and scratch beside weights and KV (as the engine keeps)
@@ -89,17 +89,6 @@ def _ram_bytes() -> int:
         return 0
 
 
-def _chip() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def measure_bandwidth(megabytes: int = 256, rounds: int = 5) -> float:
     """GB/s of a large copy (read + write), best of `rounds`."""
     import numpy as np
@@ -117,7 +106,7 @@ def measure_bandwidth(megabytes: int = 256, rounds: int = 5) -> float:
 def machine(cache_path) -> Machine:
     """This machine, with its bandwidth measured once and then read back."""
     ram = _ram_bytes()
-    key = {"ram_bytes": ram, "cores": os.cpu_count() or 1, "chip": _chip(),
+    key = {"ram_bytes": ram, "cores": os.cpu_count() or 1, "chip": cpu_model(),
            "blas": os.environ.get("LD_PRELOAD", "")}
     try:
         cached = json.loads(cache_path.read_text())

@@ -143,6 +143,26 @@ class InProcess:
 
 
 @pytest.fixture(scope="module")
+def engines(tiny_model):
+    """Engines on the tiny model in this process, one per configuration
+    (`engines(batch=1, ...)`), kept for the module and closed after it."""
+    from inference.engine.engine import Engine, EngineConfig
+
+    made: dict = {}
+
+    def get(**kw) -> Engine:
+        key = tuple(sorted(kw.items()))
+        if key not in made:
+            made[key] = Engine(tiny_model, EngineConfig(**kw))
+            made[key].start()
+        return made[key]
+
+    yield get
+    for engine in made.values():
+        engine.close(drain_seconds=1)
+
+
+@pytest.fixture(scope="module")
 def local_engine(tiny_model):
     """An engine on the tiny model in this process, handed to the runtime as
     `hearth serve` would hand it, for one module (the previous one is put back)."""

@@ -13,22 +13,6 @@ from inference.engine.grammar import GrammarSpec
 from inference.engine.types import GenerationRequest, LogitsParams, SamplingParams
 
 
-@pytest.fixture(scope="module")
-def engines(tiny_model):
-    made = {}
-
-    def get(**kw) -> Engine:
-        key = tuple(sorted(kw.items()))
-        if key not in made:
-            made[key] = Engine(tiny_model, EngineConfig(**kw))
-            made[key].start()
-        return made[key]
-
-    yield get
-    for engine in made.values():
-        engine.close(drain_seconds=1)
-
-
 def _prompt(seed: int, length: int) -> list[int]:
     return [(seed * 31 + i * 7) % 250 + 3 for i in range(length)]
 

@@ -15,22 +15,6 @@ from inference.engine.speculate import NgramDrafter
 from inference.engine.types import GenerationRequest, LogitsParams, SamplingParams
 
 
-@pytest.fixture(scope="module")
-def engines(tiny_model):
-    made = {}
-
-    def get(**kw) -> Engine:
-        key = tuple(sorted(kw.items()))
-        if key not in made:
-            made[key] = Engine(tiny_model, EngineConfig(**kw))
-            made[key].start()
-        return made[key]
-
-    yield get
-    for engine in made.values():
-        engine.close(drain_seconds=1)
-
-
 def _copy_prompt(seed: int) -> list[int]:
     """A span said twice and begun a third time: prompt lookup has something to copy."""
     span = [(seed * 37 + i * 11) % 250 + 3 for i in range(30)]
