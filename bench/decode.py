@@ -158,6 +158,19 @@ def stream_once(port: int, tokens: int, eos: list[int], model: str, headers: dic
     return {"ttft": stamps[0] - start, "tps": (len(stamps) - 1) / (stamps[-1] - stamps[0]), "tokens": len(stamps)}
 
 
+def settle(port: int) -> None:
+    """Let a fresh `hearth serve` finish its one-time machine measurement
+    (memory bandwidth, in a background thread at the first start in a
+    HEARTH_HOME) before anything is timed: `/fit` waits for it. Other
+    servers answer 404 at once."""
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
+        conn.request("GET", "/fit")
+        conn.getresponse().read()
+    except OSError:
+        pass
+
+
 def wait_up(port: int, proc: subprocess.Popen, timeout: float = 180) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -167,6 +180,7 @@ def wait_up(port: int, proc: subprocess.Popen, timeout: float = 180) -> None:
             conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
             conn.request("GET", "/v1/models")
             if conn.getresponse().status == 200:
+                settle(port)
                 return
         except OSError:
             time.sleep(0.3)

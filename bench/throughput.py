@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """Throughput under concurrency, prompt-cache reuse and overload, side by
 side: `mlx_lm.server` and `hearth serve` on one ~100M-parameter random
-float32 llama, both on OpenBLAS (when present), in one run.
+float32 llama, both on the same BLAS (`--blas`: OpenBLAS by default, or MKL or
+BLIS when installed), in one run.
 
     .venv/bin/python bench/throughput.py [--tokens 64] [--record]
 
@@ -37,7 +38,6 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.decode import build_model, suppressed_ids, wait_up  # noqa: E402
-from core.blas import find_openblas  # noqa: E402
 
 WORDS = ("the river house quiet keeper light tower stone window garden morning evening bread tea letter "
          "road hill winter summer boat harbor lamp book chair table door field bird rain wind").split()
@@ -192,6 +192,8 @@ def main() -> int:
     parser.add_argument("--port", type=int, default=18531)
     parser.add_argument("--prefix-tokens", type=int, default=1000, help="length of the shared prefix leg")
     parser.add_argument("--legs", default="load,prefix,chat,flood", help="comma-separated legs to run")
+    parser.add_argument("--blas", default="openblas", choices=("openblas", "mkl", "blis"),
+                        help="the library preloaded for every server (default: %(default)s)")
     parser.add_argument("--record", action="store_true")
     args = parser.parse_args()
     wanted = set(args.legs.split(","))
@@ -210,9 +212,11 @@ def main() -> int:
 
     base = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "_HEARTH_REEXEC")}
     base.update(HF_HUB_OFFLINE="1", HEARTH_HOME=str(work / "home"), HF_HOME=str(work / "hf"))
-    lib = find_openblas()
-    env = dict(base, LD_PRELOAD=lib, _HEARTH_REEXEC="1") if lib else base
-    blas = "OpenBLAS" if lib else "reference"
+    from core import blas as blas_lib
+
+    chosen = {c.name: c for c in blas_lib.installed()}.get(args.blas)
+    env = dict(blas_lib.preload_env(chosen, base), _HEARTH_REEXEC="1") if chosen else base
+    blas = chosen.label if chosen else "reference"
     hearth = [sys.executable, "-m", "config.cli", "serve", str(model)]
     runs = [
         ("mlx_lm.server", [sys.executable, "-m", "mlx_lm.server", "--model", str(model)], ["load", "prefix", "chat",
@@ -242,7 +246,7 @@ def record(args, params: int, blas: str, results: dict) -> None:
     lines = [
         f"\n## {time.strftime('%Y-%m-%d')} · throughput · commit {commit}{' (+ local changes)' if dirty else ''}\n",
         f"`python bench/throughput.py --tokens {args.tokens} --prefix-tokens {args.prefix_tokens} "
-        f"--legs {args.legs} --record` on {platform.machine()}, "
+        f"--legs {args.legs} --blas {args.blas} --record` on {platform.machine()}, "
         f"{os.cpu_count()} cores; random llama {params / 1e6:.0f}M params float32, {blas} for every server.\n",
         "| server | concurrency | agg tok/s | TTFT med ms | TTFT p95 ms | errors |",
         "| --- | ---: | ---: | ---: | ---: | ---: |",
