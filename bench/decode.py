@@ -60,6 +60,12 @@ def build_model(out: Path) -> int:
     return sum(v.size for v in weights.values())
 
 
+def commit_label() -> str:
+    """The short commit a recorded run measured."""
+    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                          text=True).stdout.strip() or "uncommitted"
+
+
 def bench_args(doc: str, tokens: int, runs: int, port: int, extra=None) -> argparse.Namespace:
     """The flags every side-by-side benchmark takes, with its own defaults
     (`extra` adds a benchmark's own to the parser)."""
@@ -267,8 +273,7 @@ def main() -> int:
 
 
 def record_results(args, params: int, results: list, measurement: dict | None) -> None:
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                            text=True).stdout.strip() or "uncommitted"
+    commit = commit_label()
     dirty = subprocess.run(["git", "status", "--porcelain", "--", "inference", "config", "core"], cwd=ROOT,
                            capture_output=True, text=True).stdout.strip()
     lines = [

@@ -35,7 +35,15 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from copy_model import build_copy_model, copy_prompt  # noqa: E402
-from decode import bench_args, build_model, preloaded_env, publish, suppressed_ids, wait_up  # noqa: E402
+from decode import (  # noqa: E402
+    bench_args,
+    build_model,
+    commit_label,
+    preloaded_env,
+    publish,
+    suppressed_ids,
+    wait_up,
+)
 
 RAW = r"""
 import json, sys, time
@@ -145,8 +153,7 @@ def main() -> int:
         notes.append(f"{task}, T={temperature:g}: Hearth's text with and without prompt lookup "
                      f"{'identical' if same else 'DIFFERS'}; it begins "
                      f"{rows['hearth serve --draft-kind ngram'][-1]['text'][:60]!r}")
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                            text=True).stdout.strip() or "uncommitted"
+    commit = commit_label()
     lines = [
         f"\n## {time.strftime('%Y-%m-%d')} · speculative decoding (prompt lookup) · commit {commit}\n",
         f"`python bench/speculation.py --tokens {args.tokens} --runs {args.runs}` on {platform.machine()}, "

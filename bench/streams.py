@@ -33,6 +33,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from decode import (  # noqa: E402
     bench_args,
     build_model,
+    commit_label,
     measure_raw,
     measure_server,
     preloaded_env,
@@ -105,8 +106,7 @@ def main() -> int:
     table = {"raw mlx-lm stream_generate": raw, "mlx_lm.server": mlx_server, "hearth serve, plain stream":
              rows["plain"], "hearth serve, resumable (X-Conversation-Id)": rows["resumable"]}
     overhead = 100 * (1 - med(rows["resumable"], "tps") / med(rows["plain"], "tps"))
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                            text=True).stdout.strip() or "uncommitted"
+    commit = commit_label()
     lines = [
         f"\n## {time.strftime('%Y-%m-%d')} · resumable streams · commit {commit}\n",
         f"`python bench/streams.py --tokens {args.tokens} --runs {args.runs}` on {platform.machine()}, "

@@ -37,7 +37,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.decode import build_model, suppressed_ids, wait_up  # noqa: E402
+from bench.decode import build_model, commit_label, suppressed_ids, wait_up  # noqa: E402
 
 WORDS = ("the river house quiet keeper light tower stone window garden morning evening bread tea letter "
          "road hill winter summer boat harbor lamp book chair table door field bird rain wind").split()
@@ -239,8 +239,7 @@ def main() -> int:
 
 
 def record(args, params: int, blas: str, results: dict) -> None:
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                            text=True).stdout.strip() or "uncommitted"
+    commit = commit_label()
     dirty = subprocess.run(["git", "status", "--porcelain", "--", "inference", "config"], cwd=ROOT,
                            capture_output=True, text=True).stdout.strip()
     lines = [

@@ -139,3 +139,22 @@ def server_env(hf_home: Path, hearth_home: Path) -> dict:
 def newline_and_eos(tokenizer) -> list[int]:
     """The tokens XTC leaves alone, as mlx_lm.server picks them."""
     return list(tokenizer.encode("\n", add_special_tokens=False)) + sorted(tokenizer.eos_token_ids)
+
+
+async def collect(engine, request, abort_after: int | None = None) -> dict:
+    """Run `request` on an in-process engine: its tokens, text, logprobs
+    entries, finish reason and usage (leaving after `abort_after` tokens
+    aborts it, as a dropped client does)."""
+    tokens, text, logprobs, final = [], "", [], None
+    async for event in engine.submit(request).events():
+        assert event.error is None, event.error
+        tokens += event.token_ids
+        text += event.text
+        if event.logprobs is not None:
+            logprobs.append(event.logprobs)
+        if event.finish_reason is not None:
+            final = event
+        if abort_after is not None and len(tokens) >= abort_after:
+            break
+    return {"tokens": tokens, "text": text, "logprobs": logprobs,
+            "finish": final.finish_reason if final else None, "usage": final.usage if final else None}

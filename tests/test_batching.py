@@ -11,6 +11,7 @@ from inference.engine.engine import MAX_QUEUED, Engine, EngineConfig
 from inference.engine.errors import ContextOverBudget, QueueFull
 from inference.engine.grammar import GrammarSpec
 from inference.engine.types import GenerationRequest, LogitsParams, SamplingParams
+from tests.helpers import collect
 
 
 def _prompt(seed: int, length: int) -> list[int]:
@@ -37,27 +38,11 @@ def _requests(engine: Engine, eos: int) -> list[GenerationRequest]:
     ]
 
 
-async def _run(engine: Engine, request: GenerationRequest, abort_after: int | None = None):
-    tokens, text, logprobs, final = [], "", [], None
-    async for event in engine.submit(request).events():
-        assert event.error is None, event.error
-        tokens += event.token_ids
-        text += event.text
-        if event.logprobs is not None:
-            logprobs.append(event.logprobs)
-        if event.finish_reason is not None:
-            final = event
-        if abort_after is not None and len(tokens) >= abort_after:
-            break  # leaving the iterator aborts the row, as a dropped client does
-    return {"tokens": tokens, "text": text, "logprobs": logprobs,
-            "finish": final.finish_reason if final else None, "usage": final.usage if final else None}
-
-
 def _alone(engine_factory, eos, **kw):
     serial = engine_factory(batch=1, prompt_cache_bytes=0, **kw)
     out = []
     for req in _requests(serial, eos):
-        out.append(asyncio.run(_run(serial, req)))
+        out.append(asyncio.run(collect(serial, req)))
     return out
 
 
@@ -78,7 +63,7 @@ def test_every_batched_row_equals_the_request_served_alone(engines, eos_id):
     assert batched_engine.mode == "batch"
 
     async def together():
-        return await asyncio.gather(*[_run(batched_engine, r) for r in _requests(batched_engine, eos_id)])
+        return await asyncio.gather(*[collect(batched_engine, r) for r in _requests(batched_engine, eos_id)])
 
     batched = asyncio.run(together())
     for b, a in zip(batched, alone, strict=True):
@@ -94,7 +79,7 @@ def test_a_row_that_leaves_does_not_change_the_others(engines, eos_id):
 
     async def together():
         reqs = _requests(engine, eos_id)
-        runs = [_run(engine, r, abort_after=3 if i == 0 else None) for i, r in enumerate(reqs)]
+        runs = [collect(engine, r, abort_after=3 if i == 0 else None) for i, r in enumerate(reqs)]
         return await asyncio.gather(*runs)
 
     out = asyncio.run(together())
@@ -137,12 +122,12 @@ def test_seeded_sampling_does_not_depend_on_the_batch(engines, eos_id):
                                     sampling=SamplingParams(temperature=1.0, top_k=50, seed=1234))
     serial = engines(batch=1, prompt_cache_bytes=0)
     batched = engines(batch=8, prompt_cache_bytes=0)
-    alone = asyncio.run(_run(serial, req()))
+    alone = asyncio.run(collect(serial, req()))
 
     async def crowd():
-        noise = [_run(batched, GenerationRequest(_prompt(i, 30), max_tokens=20,
+        noise = [collect(batched, GenerationRequest(_prompt(i, 30), max_tokens=20,
                                                  sampling=SamplingParams(temperature=1.0))) for i in range(5)]
-        return await asyncio.gather(_run(batched, req()), *noise)
+        return await asyncio.gather(collect(batched, req()), *noise)
 
     assert asyncio.run(crowd())[0]["tokens"] == alone["tokens"]
 
@@ -175,7 +160,7 @@ def test_context_cap_refuses_a_prompt_without_room_and_caps_one_that_fits(engine
     async def scenario():
         with pytest.raises(ContextOverBudget) as refused:
             engine.submit(GenerationRequest(_prompt(1, 64), max_tokens=5))
-        fits = await _run(engine, GenerationRequest(_prompt(1, 50), max_tokens=1000,
+        fits = await collect(engine, GenerationRequest(_prompt(1, 50), max_tokens=1000,
                                                     logits=LogitsParams(logit_bias={eos_id: -100.0})))
         return refused.value, fits
 
@@ -201,8 +186,8 @@ def test_quantized_kv_runs_on_the_serial_lane_and_reuses_its_cache(homes):
     try:
         assert engine.mode == "serial" and "quantized" in engine.serial_reason
         prompt = _prompt(4, 200)
-        first = asyncio.run(_run(engine, GenerationRequest(prompt, max_tokens=10)))
-        again = asyncio.run(_run(engine, GenerationRequest(prompt, max_tokens=10)))
+        first = asyncio.run(collect(engine, GenerationRequest(prompt, max_tokens=10)))
+        again = asyncio.run(collect(engine, GenerationRequest(prompt, max_tokens=10)))
         assert first["usage"].lane == "serial" and first["usage"].cached_tokens == 0
         assert again["usage"].cached_tokens == len(prompt) - 1
         assert again["tokens"] == first["tokens"]
@@ -251,7 +236,7 @@ def test_flush_reports_entries_the_disk_cap_undid(tiny_model, tmp_path):
     engine = Engine(tiny_model, EngineConfig(batch=2, ssd_cache=str(tmp_path), ssd_cache_bytes=1))
     engine.start()
     try:
-        asyncio.run(_run(engine, GenerationRequest(_prompt(5, 40), max_tokens=3)))
+        asyncio.run(collect(engine, GenerationRequest(_prompt(5, 40), max_tokens=3)))
         durable, report = engine.flush_cache(30)
         assert not durable and report["notDurableEntries"] == 1 and report["entries"] == 0
     finally:
@@ -259,7 +244,7 @@ def test_flush_reports_entries_the_disk_cap_undid(tiny_model, tmp_path):
     engine = Engine(tiny_model, EngineConfig(batch=2, ssd_cache=str(tmp_path)))
     engine.start()
     try:
-        asyncio.run(_run(engine, GenerationRequest(_prompt(5, 40), max_tokens=3)))
+        asyncio.run(collect(engine, GenerationRequest(_prompt(5, 40), max_tokens=3)))
         durable, report = engine.flush_cache(30)
         assert durable and report["notDurableEntries"] == 0 and report["entries"] == 1
     finally:
@@ -385,12 +370,12 @@ def test_auto_batch_grows_with_the_requests_waiting(engines, eos_id):
     requests = [GenerationRequest(_prompt(40 + i, 6 + i), max_tokens=12, logits=no_eos) for i in range(20)]
 
     async def together():
-        return await asyncio.gather(*(_run(engine, r) for r in requests))
+        return await asyncio.gather(*(collect(engine, r) for r in requests))
 
     before = engine.stats.peak_rows
     results = asyncio.run(together())
     assert engine.stats.peak_rows == 20 > before or before >= 20
-    alone = [asyncio.run(_run(engine, GenerationRequest(list(r.prompt_tokens), max_tokens=12, logits=no_eos)))
+    alone = [asyncio.run(collect(engine, GenerationRequest(list(r.prompt_tokens), max_tokens=12, logits=no_eos)))
              for r in requests[:3]]
     assert [r["tokens"] for r in results[:3]] == [a["tokens"] for a in alone]
     assert all(len(r["tokens"]) == 12 for r in results)
@@ -411,7 +396,7 @@ def test_a_memory_budget_holds_the_batch_to_what_fits(engines, eos_id):
     requests = [GenerationRequest(_prompt(60 + i, 10), max_tokens=30, logits=no_eos) for i in range(10)]
 
     async def together():
-        return await asyncio.gather(*(_run(engine, r) for r in requests))
+        return await asyncio.gather(*(collect(engine, r) for r in requests))
 
     results = asyncio.run(together())
     assert all(r["finish"] == "length" and len(r["tokens"]) == 30 for r in results)

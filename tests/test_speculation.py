@@ -13,25 +13,13 @@ from inference.engine.errors import EngineError
 from inference.engine.grammar import GrammarSpec
 from inference.engine.speculate import NgramDrafter
 from inference.engine.types import GenerationRequest, LogitsParams, SamplingParams
+from tests.helpers import collect
 
 
 def _copy_prompt(seed: int) -> list[int]:
     """A span said twice and begun a third time: prompt lookup has something to copy."""
     span = [(seed * 37 + i * 11) % 250 + 3 for i in range(30)]
     return span + [5] + span + [5] + span[:4]
-
-
-async def _run(engine: Engine, request: GenerationRequest) -> dict:
-    tokens, text, logprobs, final = [], "", [], None
-    async for event in engine.submit(request).events():
-        assert event.error is None, event.error
-        tokens += event.token_ids
-        text += event.text
-        if event.logprobs is not None:
-            logprobs.append(event.logprobs)
-        if event.finish_reason is not None:
-            final = event
-    return {"tokens": tokens, "text": text, "logprobs": logprobs, "usage": final.usage, "finish": final.finish_reason}
 
 
 def _request(prompt, eos_id, **kw) -> GenerationRequest:
@@ -67,8 +55,8 @@ def test_greedy_output_is_token_for_token_plain_decoding(engines, eos_id, config
     drafted = accepted = 0
     for seed, kw in enumerate(cases):
         prompt = _copy_prompt(seed)
-        want = asyncio.run(_run(plain, _request(prompt, eos_id, **kw)))
-        got = asyncio.run(_run(spec, _request(prompt, eos_id, **kw)))
+        want = asyncio.run(collect(plain, _request(prompt, eos_id, **kw)))
+        got = asyncio.run(collect(spec, _request(prompt, eos_id, **kw)))
         assert got["tokens"] == want["tokens"] and got["text"] == want["text"] and got["finish"] == want["finish"]
         assert got["usage"].completion_tokens == want["usage"].completion_tokens
         for a, b in zip(got["logprobs"], want["logprobs"], strict=True):
@@ -88,8 +76,8 @@ def test_a_draft_model_gives_the_same_tokens_and_is_mostly_right_about_itself(en
     assert spec.speculation == "model" and spec.draft is not None
     for seed in range(3):
         prompt = _copy_prompt(seed + 10)
-        want = asyncio.run(_run(plain, _request(prompt, eos_id, max_tokens=30)))
-        got = asyncio.run(_run(spec, _request(prompt, eos_id, max_tokens=30)))
+        want = asyncio.run(collect(plain, _request(prompt, eos_id, max_tokens=30)))
+        got = asyncio.run(collect(spec, _request(prompt, eos_id, max_tokens=30)))
         assert got["tokens"] == want["tokens"]
         s = got["usage"].speculation
         assert s["drafted"] > 0 and s["accepted"] >= 0.8 * s["drafted"]
@@ -98,22 +86,22 @@ def test_a_draft_model_gives_the_same_tokens_and_is_mostly_right_about_itself(en
 def test_the_cache_a_speculating_row_leaves_serves_the_next_request(engines, eos_id):
     spec = engines(draft_kind="ngram")
     prompt = _copy_prompt(21)
-    first = asyncio.run(_run(spec, _request(prompt, eos_id, max_tokens=25)))
-    again = asyncio.run(_run(spec, _request(prompt, eos_id, max_tokens=25)))
+    first = asyncio.run(collect(spec, _request(prompt, eos_id, max_tokens=25)))
+    again = asyncio.run(collect(spec, _request(prompt, eos_id, max_tokens=25)))
     assert again["tokens"] == first["tokens"] and again["usage"].cached_tokens == len(prompt) - 1
     longer = prompt + first["tokens"][:-1]
-    follow = asyncio.run(_run(spec, _request(longer, eos_id, max_tokens=5)))
+    follow = asyncio.run(collect(spec, _request(longer, eos_id, max_tokens=5)))
     assert follow["usage"].cached_tokens >= len(prompt)
 
 
 def test_ineligible_and_opted_out_requests_decode_plainly(engines, eos_id):
     spec = engines(prompt_cache_bytes=0, draft_kind="ngram")
     prompt = _copy_prompt(3)
-    out = asyncio.run(_run(spec, _request(prompt, eos_id, speculative=False)))
+    out = asyncio.run(collect(spec, _request(prompt, eos_id, speculative=False)))
     assert out["usage"].speculation is None and out["usage"].lane == "batched"
     grammar = spec.loaded.grammar_compiler
     compiled = grammar.compile(GrammarSpec("regex", "[a-z]{3,12}!"))
-    out = asyncio.run(_run(spec, _request(prompt, eos_id, grammar=grammar.state(compiled))))
+    out = asyncio.run(collect(spec, _request(prompt, eos_id, grammar=grammar.state(compiled))))
     assert out["usage"].speculation is None
 
 
@@ -122,13 +110,13 @@ def test_a_second_request_moves_the_speculating_row_into_the_batch(engines, eos_
     spec = engines(prompt_cache_bytes=0, draft_kind="ngram")
     long = _request(_copy_prompt(30), eos_id, max_tokens=120)
     other = _request(_copy_prompt(31), eos_id, max_tokens=20)
-    want = [asyncio.run(_run(plain, r)) for r in (long, other)]
+    want = [asyncio.run(collect(plain, r)) for r in (long, other)]
 
     async def staggered():
-        first = asyncio.create_task(_run(spec, _request(long.prompt_tokens, eos_id, max_tokens=120)))
+        first = asyncio.create_task(collect(spec, _request(long.prompt_tokens, eos_id, max_tokens=120)))
         while not (spec.lane.row is not None and spec.lane.row.spec["targetCalls"]):  # until it has drafted
             await asyncio.sleep(0.001)
-        second = await _run(spec, _request(other.prompt_tokens, eos_id, max_tokens=20))
+        second = await collect(spec, _request(other.prompt_tokens, eos_id, max_tokens=20))
         return await first, second
 
     first, second = asyncio.run(staggered())
@@ -145,8 +133,8 @@ def test_a_seeded_sampled_request_draws_what_plain_decoding_draws(engines, eos_i
     for sampling in (SamplingParams(temperature=0.8, top_k=20, seed=5),
                      SamplingParams(temperature=0.6, top_p=0.9, min_p=0.05, seed=6),
                      SamplingParams(temperature=1.0, xtc_probability=0.5, xtc_threshold=0.1, seed=7)):
-        want = asyncio.run(_run(plain, _request(_copy_prompt(7), eos_id, sampling=sampling)))
-        got = asyncio.run(_run(spec, _request(_copy_prompt(7), eos_id, sampling=sampling)))
+        want = asyncio.run(collect(plain, _request(_copy_prompt(7), eos_id, sampling=sampling)))
+        got = asyncio.run(collect(spec, _request(_copy_prompt(7), eos_id, sampling=sampling)))
         assert got["tokens"] == want["tokens"] and got["usage"].speculation["targetCalls"] >= 1
 
 
@@ -154,7 +142,7 @@ def test_stats_count_the_drafts(engines, eos_id):
     from inference.telemetry import _speculation
 
     spec = engines(prompt_cache_bytes=0, draft_kind="ngram", draft_tokens=5)
-    asyncio.run(_run(spec, _request(_copy_prompt(40), eos_id)))
+    asyncio.run(collect(spec, _request(_copy_prompt(40), eos_id)))
     stats = _speculation(spec)
     assert stats["kind"] == "ngram" and stats["draft_tokens"] == 5 and stats["rows"] >= 1
     assert stats["target_calls"] >= 1 and stats["drafted"] >= stats["accepted"]

@@ -52,7 +52,6 @@ class BatchLane:
         from mlx_lm.generate import BatchGenerator, StopSequences
 
         self.model = model
-        self.capacity = size
         self.gen = BatchGenerator(model.model, completion_batch_size=size, prefill_batch_size=min(size, prefill_rows),
                                   prefill_step_size=prefill_chunk)
         self.eos = StopSequences([[t] for t in sorted(model.tokenizer.eos_token_ids)])
@@ -145,7 +144,6 @@ class BatchLane:
 
 class SerialLane:
     name = "serial"
-    capacity = 1
 
     def __init__(self, model: LoadedModel, kv_bits: int | None = None, kv_group: int = 64):
         self.model = model

@@ -187,7 +187,6 @@ class Speculating:
         self.totals = totals
         self.special = lanes._special_ids(model)
         self.name = inner.name
-        self.capacity = inner.capacity
         self.row: Row | None = None
         self._cache: list | None = None
         self._held = 0  # context tokens the cache holds (all but the last, once prefilled)
