@@ -602,10 +602,11 @@ class Engine:
             self._adapters.activate(group)
 
     def _start(self, row: Row) -> None:
-        """Put a row on the lane from the longest cached prefix of its context."""
+        """Put a row on the lane from the longest cached prefix of its context
+        (an image request's image part prefilled first, when not cached)."""
         tokens = row.context()
         try:
-            cache, cached = self._cache.lookup(tokens, row.req.session, row.ns)
+            cache, cached = self._cache.lookup(row.key(tokens), row.req.session, row.ns)
         except Exception:
             log.exception("prompt cache lookup failed; prefilling request %s in full", row.req.id)
             cache, cached = None, 0
@@ -614,6 +615,10 @@ class Engine:
             self.stats.cached_tokens_total += cached
             metrics.CACHED_TOKENS.inc(cached)
         try:
+            vision = self.loaded_model.vision
+            if row.req.images and vision is not None and cached < _last_image_end(row, vision.image_token_id):
+                cache, cached = vision.prefill(self.loaded_model.model, tokens, row.req.images, cache, cached,
+                                               self.config.prefill_chunk)
             self._lane.add(row, cache, cached)
         except Exception as exc:
             log.exception("could not start request %s", row.req.id)
@@ -634,7 +639,7 @@ class Engine:
             if tokens is None or cache is None or not self._adapters.current(row.adapters):
                 continue  # nothing, or KV from adapter weights that are gone
             try:
-                self._cache.publish(tokens, cache, row.req.session, row.ns)
+                self._cache.publish(row.key(tokens), cache, row.req.session, row.ns)
             except Exception:
                 log.exception("prompt cache: could not keep the cache of request %s", row.req.id)
 
@@ -759,6 +764,16 @@ class Engine:
             "elapsedMs": round((time.perf_counter() - started) * 1000),
             "entries": s["entries"], "longest_durable_prefix_tokens": s["longest_durable_prefix_tokens"],
         }
+
+
+def _last_image_end(row: Row, image_token_id: int) -> int:
+    """Where the prompt's last image run ends: a cache shorter than this
+    leaves image tokens that only the vision prefill can embed."""
+    prompt = row.req.prompt_tokens
+    for i in range(len(prompt) - 1, -1, -1):
+        if prompt[i] == image_token_id:
+            return i + 1
+    return 0
 
 
 __all__ = ["Engine", "EngineConfig", "EngineError"]

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
     from inference.engine.adapters import AdapterManager
     from inference.engine.grammar import GrammarCompiler
+    from inference.engine.vision import Vision
 
 log = logging.getLogger("hearth.engine")
 
@@ -38,6 +39,7 @@ class LoadedModel:
     config: dict
     generation_config: dict
     dtype: str
+    vision: Vision | None = None  # a vision-language model's tower and image processor (vision.py)
 
     @cached_property
     def grammar_compiler(self) -> GrammarCompiler:
@@ -210,6 +212,9 @@ def load(ref: str, keep_dtype: bool = False) -> LoadedModel:
         regular_entries(path, "model")  # config, tokenizer, weights: before mlx-lm opens any
     except PathRefused as exc:
         raise ModelLoadError(f"could not load model '{ref}': {exc}") from None
+    config = _config(path)
+    if config is not None and _is_vision(config):
+        return _load_vision(ref, model_id, path, config, keep_dtype)
     try:
         # Typed as a union of the 2- and 3-tuple; return_config=True answers the 3-tuple.
         model, tokenizer, config = cast("tuple[nn.Module, TokenizerWrapper, dict]",
@@ -220,3 +225,39 @@ def load(ref: str, keep_dtype: bool = False) -> LoadedModel:
     generation = _generation_config(path)
     log.info("loaded %s from %s (weights %s)", model_id, path, dtype)
     return LoadedModel(model_id, path, model, tokenizer, config, generation, dtype)
+
+
+def _config(path: Path) -> dict | None:
+    try:
+        found = read_json(path / "config.json", "model")
+    except (OSError, ValueError):
+        return None  # mlx-lm reports it
+    return found if isinstance(found, dict) else None
+
+
+def _is_vision(config: dict) -> bool:
+    from inference.engine.vision import is_vision_config
+
+    return is_vision_config(config)
+
+
+def _load_vision(ref: str, model_id: str, path: Path, config: dict, keep_dtype: bool) -> LoadedModel:
+    """A vision-language model: mlx-vlm loads it; the lanes run its language
+    model as an mlx-lm text model on the same weights (see vision.py)."""
+    from mlx_lm.utils import load_tokenizer
+
+    from inference.engine import vision
+
+    try:
+        tokenizer = load_tokenizer(path, eos_token_ids=config.get("eos_token_id"))
+    except Exception as exc:
+        raise ModelLoadError(f"could not load model '{ref}': {exc}") from exc
+    # The whole VLM is upcast first, so the text model shares the arrays it serves with.
+    probe = vision.load_vlm(path)
+    _upcast_for_cpu(probe, keep_dtype)
+    text, tower = vision.wrap(probe, path, config)
+    dtype = _upcast_for_cpu(text, True)  # already upcast: this only reads the dtype
+    generation = _generation_config(path)
+    log.info("loaded vision model %s from %s (weights %s, %d tokens per image)", model_id, path, dtype,
+             tower.tokens_per_image)
+    return LoadedModel(model_id, path, text, tokenizer, config, generation, dtype, vision=tower)

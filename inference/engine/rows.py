@@ -80,6 +80,15 @@ class Row:
         """The tokens its KV cache stands for once it has taken what it sampled."""
         return list(self.req.prompt_tokens) + self.generated
 
+    def key(self, tokens: list[int]) -> list[int]:
+        """The prompt-cache key of `tokens` (this row's prompt, then what it
+        generated): an image request's prompt part keyed by its images."""
+        prompt = self.req.cache_key
+        if prompt is None:
+            return tokens
+        n = len(prompt)
+        return prompt[:len(tokens)] + list(tokens[n:])
+
     @property
     def remaining(self) -> int:
         return max(self.limit - self.count, 1)

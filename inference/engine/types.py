@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from inference.engine.grammar import GrammarState
+    from inference.engine.vision import Image
 
 _ids = itertools.count(1)
 
@@ -66,6 +67,10 @@ class GenerationRequest:
     session: str | None = None  # prompt-cache session affinity key
     adapters: tuple[str, ...] | None = None  # mounted LoRA ids, () for the base; None: the server default
     speculative: bool = True  # False: never decoded speculatively, even with a draft source mounted
+    # A vision model's images, in prompt order, and the prompt's cache key (each image's run of
+    # image tokens replaced by ids from its hash; see vision.py). None: the prompt is its own key.
+    images: tuple[Image, ...] = ()
+    cache_key: list[int] | None = None
     id: int = field(default_factory=lambda: next(_ids))
 
 
