@@ -21,6 +21,7 @@ from pathlib import Path
 
 from core.paths import open_regular, read_json, read_text
 from hub.locks import is_locked
+from inference.engine.vision import SUPPORTED as VISION_TYPES  # served through mlx-vlm
 
 log = logging.getLogger("hearth.hub")
 
@@ -55,7 +56,7 @@ def support_tier(model_type: str | None) -> str | None:
     if not model_type:
         return None
     name = model_type.replace("-", "_")
-    if importlib.util.find_spec(f"mlx_lm.models.{name}") is not None:
+    if importlib.util.find_spec(f"mlx_lm.models.{name}") is not None or name in VISION_TYPES:
         return "targeted"
     try:
         from mlx_lm.utils import MODEL_REMAPPING

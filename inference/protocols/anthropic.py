@@ -51,28 +51,55 @@ def _refuse_media(block: dict, where: str) -> None:
     kind = block.get("type")
     if not isinstance(kind, str):
         raise RequestError(f"{where}.type must be a string", where)
-    if kind == "image":
-        raise RequestError("model has no vision sidecar: image blocks need a vision model", where)
     if kind in AUDIO_BLOCKS:
         raise RequestError("the Messages protocol has no audio input; send audio to /v1/chat/completions "
                            "as an input_audio part", where)
 
 
-def _tool_result_text(block: dict, where: str) -> str:
+def _image_part(block: dict, where: str) -> dict:
+    """An `image` block as the chat part the shared path reads: a base64
+    source becomes a data: URL, a url source stays a URL."""
+    source = block.get("source")
+    if not isinstance(source, dict):
+        source = {}
+    kind = source.get("type")
+    if kind == "base64" and isinstance(source.get("data"), str):
+        media = source.get("media_type") if isinstance(source.get("media_type"), str) else "image/*"
+        url = f"data:{media};base64,{source['data']}"
+    elif kind == "url" and isinstance(source.get("url"), str):
+        url = source["url"]
+    else:
+        raise RequestError(f"{where}.source must be {{\"type\": \"base64\", \"media_type\": …, \"data\": …}} or "
+                           "{\"type\": \"url\", \"url\": …}", where)
+    return {"type": "image_url", "image_url": {"url": url}, "_at": where}
+
+
+def _content(parts: list[dict]):
+    """Text and image parts as message content: a string when there is no image."""
+    if any(p["type"] == "image_url" for p in parts):
+        return parts
+    return "".join(p["text"] for p in parts)
+
+
+def _tool_result_content(block: dict, where: str):
     content = block.get("content")
     if content is None or isinstance(content, str):
         return content or ""
     if not isinstance(content, list):
         raise RequestError(f"{where}.content must be a string or a list of blocks", where)
-    texts = []
+    parts: list[dict] = []
     for i, part in enumerate(content):
+        at = f"{where}.content[{i}]"
         if not isinstance(part, dict):
-            raise RequestError(f"{where}.content[{i}] must be a block", f"{where}.content[{i}]")
-        _refuse_media(part, f"{where}.content[{i}]")
+            raise RequestError(f"{at} must be a block", at)
+        _refuse_media(part, at)
+        if part.get("type") == "image":
+            parts.append(_image_part(part, at))
+            continue
         if part.get("type") != "text" or not isinstance(part.get("text"), str):
-            raise RequestError(f"{where}.content[{i}] must be a text or image block", f"{where}.content[{i}]")
-        texts.append(part["text"])
-    return "\n".join(texts)
+            raise RequestError(f"{at} must be a text or image block", at)
+        parts.append({"type": "text", "text": ("\n" if parts else "") + part["text"]})
+    return _content(parts)
 
 
 def _messages(raw) -> list[dict]:
@@ -92,7 +119,8 @@ def _messages(raw) -> list[dict]:
             continue
         if not isinstance(content, list):
             raise RequestError(f"{where}.content must be a string or a list of content blocks", where)
-        text, calls = [], []
+        parts: list[dict] = []
+        calls: list[dict] = []
         for j, block in enumerate(content):
             at = f"{where}.content[{j}]"
             if not isinstance(block, dict):
@@ -100,7 +128,9 @@ def _messages(raw) -> list[dict]:
             kind = block.get("type")
             _refuse_media(block, at)
             if kind == "text" and isinstance(block.get("text"), str):
-                text.append(block["text"])
+                parts.append({"type": "text", "text": block["text"]})
+            elif kind == "image" and role == "user":
+                parts.append(_image_part(block, at))
             elif kind in ("thinking", "redacted_thinking"):
                 continue  # earlier turns' thinking is not replayed
             elif kind == "tool_use" and role == "assistant":
@@ -110,21 +140,24 @@ def _messages(raw) -> list[dict]:
                               "function": {"name": block["name"],
                                            "arguments": json.dumps(block.get("input", {}), ensure_ascii=False)}})
             elif kind == "tool_result" and role == "user":
-                if text:  # keep the order the client wrote
-                    out.append({"role": "user", "content": "".join(text)})
-                    text = []
-                out.append({"role": "tool", "tool_call_id": str(block.get("tool_use_id") or ""),
-                            "content": ("Error: " if block.get("is_error") else "") + _tool_result_text(block, at)})
+                if parts:  # keep the order the client wrote
+                    out.append({"role": "user", "content": _content(parts)})
+                    parts = []
+                result = _tool_result_content(block, at)
+                if block.get("is_error"):
+                    result = [{"type": "text", "text": "Error: "}, *result] if isinstance(result, list) \
+                        else "Error: " + result
+                out.append({"role": "tool", "tool_call_id": str(block.get("tool_use_id") or ""), "content": result})
             else:
                 raise RequestError(f"{at}: unsupported content block type {kind!r} in a {role} message", at)
         if role == "assistant":
-            if text or calls:
-                msg: dict = {"role": "assistant", "content": "".join(text)}
+            if parts or calls:
+                msg: dict = {"role": "assistant", "content": _content(parts)}
                 if calls:
                     msg["tool_calls"] = calls
                 out.append(msg)
-        elif text:
-            out.append({"role": "user", "content": "".join(text)})
+        elif parts:
+            out.append({"role": "user", "content": _content(parts)})
     return out
 
 

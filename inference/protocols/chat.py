@@ -21,8 +21,15 @@ REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 TOOL_CHOICES = ("none", "auto", "required")
 
 
-def text_of(content, where: str) -> str:
-    """Message content as one string: a string, null, or a list of parts."""
+IMAGE_PARTS = ("image_url", "image", "input_image")
+VIDEO_PARTS = ("video_url", "video")
+
+
+def text_of(content, where: str, images: list | None = None, marker: str = "") -> str:
+    """Message content as one string: a string, null, or a list of parts.
+    With `images` (a vision model), each image part becomes `marker` in the
+    text and (its url, its field path) is appended to `images`; without,
+    an image part is refused naming its path."""
     if content is None or isinstance(content, str):
         return content or ""
     if not isinstance(content, list):
@@ -30,15 +37,55 @@ def text_of(content, where: str) -> str:
     texts = []
     for i, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
+        marked = part.get("_at") if isinstance(part, dict) else None
+        at = marked if isinstance(marked, str) else f"{where}.content[{i}]"
         if kind in ("text", "input_text", "output_text") and isinstance(part.get("text"), str):
             texts.append(part["text"])
-        elif kind in ("image_url", "image", "input_image"):
-            raise RequestError("model has no vision sidecar", f"{where}.content[{i}]")
+        elif kind in IMAGE_PARTS:
+            if images is None:
+                raise RequestError("model has no vision sidecar", at)
+            images.append((image_url(part, at), at))
+            texts.append(marker)
+        elif kind in VIDEO_PARTS:
+            raise RequestError("video input is not supported by this model: video parts need a model with a "
+                               "video pipeline", at)
         elif kind == "input_audio":
-            raise RequestError("model has no audio tower", f"{where}.content[{i}]")
+            raise RequestError("model has no audio tower", at)
         else:
-            raise RequestError(f"{where}.content[{i}] is not a text part", f"{where}.content[{i}]")
+            raise RequestError(f"{at} is not a text part", at)
     return "".join(texts)
+
+
+def image_url(part: dict, where: str) -> str:
+    """The url (http(s) or data:) an image part points at: `image_url` as an
+    object with `url` or as a string, or (the `image` alias) `url`, or
+    base64 bytes in `data` / `image`."""
+    ref = part.get("image_url")
+    if isinstance(ref, dict):
+        ref = ref.get("url")
+    if ref is None:
+        ref = part.get("url")
+    if ref is None:
+        raw = part.get("data", part.get("image"))
+        if isinstance(raw, str) and raw:
+            ref = raw if raw.startswith(("data:", "http://", "https://")) else "data:image/*;base64," + raw
+    if not isinstance(ref, str) or not ref:
+        if part.get("file_id") is not None:
+            raise RequestError("image file ids are not supported; send the image as a data: URL or an http(s) "
+                               "URL", where)
+        raise RequestError(f"{where} needs an image: image_url.url (an http(s) or data: URL)", where)
+    return ref
+
+
+def keep_media(content, where: str):
+    """Content for a converted protocol: a string when it has no image part,
+    else the parts, each image part marked with its field path (`_at`) so a
+    refusal later names the client's own field."""
+    if not isinstance(content, list) or not any(
+            isinstance(p, dict) and p.get("type") in IMAGE_PARTS + VIDEO_PARTS for p in content):
+        return text_of(content, where)
+    return [{**p, "_at": f"{where}.content[{i}]"} if isinstance(p, dict) and p.get("type") in IMAGE_PARTS +
+            VIDEO_PARTS else p for i, p in enumerate(content)]
 
 
 def _template_tool_calls(calls, where: str) -> list[dict]:
@@ -60,7 +107,9 @@ def _template_tool_calls(calls, where: str) -> list[dict]:
     return out
 
 
-def normalize_messages(messages, limits: Limits) -> list[dict]:
+def normalize_messages(messages, limits: Limits, images: list | None = None, marker: str = "") -> list[dict]:
+    """Messages checked and flattened for the template; `images` and `marker`
+    as for `text_of`."""
     if not isinstance(messages, list) or not messages:
         raise RequestError("messages required", "messages")
     most = limits.max_messages
@@ -76,7 +125,7 @@ def normalize_messages(messages, limits: Limits) -> list[dict]:
         msg["role"] = "system" if m["role"] == "developer" else m["role"]
         if m["role"] == "user" and m.get("content") is None:  # only an assistant's may be absent (tool calls)
             raise RequestError(f"{where}.content is required for a user message", f"{where}.content")
-        msg["content"] = text_of(m.get("content"), where)
+        msg["content"] = text_of(m.get("content"), where, images, marker)
         if m["role"] == "assistant":
             # `reasoning` is an alias; an explicit reasoning_content wins, even empty.
             if "reasoning_content" not in m and isinstance(m.get("reasoning"), str):

@@ -13,7 +13,8 @@ from core import sse as core_sse
 from inference.engine.engine import Submission
 from inference.engine.loader import LoadedModel
 from inference.engine.types import EventStream, GenerationEvent, GenerationRequest, Usage
-from inference.protocols import chat, markup, params, structured, tool_choice
+from inference.engine.vision import Vision
+from inference.protocols import chat, images, markup, params, structured, tool_choice
 from inference.protocols.errors import RequestError, openai_error
 from inference.protocols.options import Options, ServerDefaults
 from inference.protocols.output import OutputParser, Piece, ToolDelta
@@ -52,6 +53,7 @@ class _Turn:
     kwargs: dict
     template: str | None  # the client's own chat template
     single_call: bool
+    images: list[tuple[str, str]] | None = None  # (url, field path) of each image part, on a vision model
 
 
 def _common(body: dict, model: LoadedModel, defaults: ServerDefaults) -> GenerationRequest:
@@ -76,7 +78,9 @@ def _common(body: dict, model: LoadedModel, defaults: ServerDefaults) -> Generat
 
 def _read_chat(body: dict, model: LoadedModel, options: Options) -> _Turn:
     limits = options.limits
-    messages = chat.normalize_messages(body.get("messages"), limits)
+    vision = model.vision
+    images: list[tuple[str, str]] | None = [] if vision is not None else None
+    messages = chat.normalize_messages(body.get("messages"), limits, images, vision.image_token if vision else "")
     kwargs, template = chat.template_kwargs(body, limits)
     source = template or getattr(chat.hf_tokenizer(model), "chat_template", None)
     kwargs = chat.with_depth(kwargs, body.get("reasoning_effort"), source if isinstance(source, str) else None)
@@ -84,7 +88,7 @@ def _read_chat(body: dict, model: LoadedModel, options: Options) -> _Turn:
     chat.check_size(messages, tools, kwargs, template, limits)
     single = not params.boolean(body, "parallel_tool_calls", True)  # at most one tool call per reply
     prepared = Prepared(_common(body, model, options.defaults))
-    return _Turn(prepared, structured.requested(body, limits), messages, tools, kwargs, template, single)
+    return _Turn(prepared, structured.requested(body, limits), messages, tools, kwargs, template, single, images)
 
 
 async def _constrain(prepared: Prepared, spec, model: LoadedModel, options: Options) -> None:
@@ -120,6 +124,8 @@ async def prepare_chat(body: dict, model: LoadedModel, options: Options) -> Prep
                                           options.limits.max_prompt_chars)
     prepared.request.prompt_tokens, think = await asyncio.to_thread(
         chat.build_prompt, model, messages, turn.tools, turn.kwargs, rendered)
+    if turn.images and model.vision is not None:
+        await asyncio.to_thread(_with_images, prepared.request, turn.images, model.vision)
     markups = markup.markups_for(model.tokenizer)
     enforced = tool_choice.forces(body, turn.tools) and await _enforce_tool_choice(prepared, body, turn.tools,
                                                                                      model, options, think)
@@ -157,6 +163,13 @@ async def _enforce_tool_choice(prepared: Prepared, body: dict, tools, model: Loa
     prepared.constraint = constraint
     prepared.request.grammar = model.grammar_compiler.state(constraint.compiled)
     return True
+
+
+def _with_images(request: GenerationRequest, refs: list[tuple[str, str]], vision: Vision) -> None:
+    """Read the turn's images and grow each image mark to the tower's run of tokens."""
+    loaded = images.load(refs, vision)
+    request.prompt_tokens, request.cache_key = images.expand(request.prompt_tokens, loaded, vision)
+    request.images = tuple(loaded)
 
 
 def _special_tokens(model: LoadedModel) -> dict:

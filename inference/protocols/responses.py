@@ -48,11 +48,10 @@ def _items(raw) -> tuple[list[dict], list[str]]:
             role = item.get("role")
             if role not in ("user", "assistant", "system", "developer"):
                 raise RequestError(f"{where}.role must be user, assistant, system or developer", f"{where}.role")
-            text = chat.text_of(item.get("content"), where)
             if role in ("system", "developer"):
-                system.append(text)
+                system.append(chat.text_of(item.get("content"), where))
             else:
-                out.append({"role": role, "content": text})
+                out.append({"role": role, "content": chat.keep_media(item.get("content"), where)})
         elif kind == "function_call":
             if not isinstance(item.get("name"), str):
                 raise RequestError(f"{where}.name required", f"{where}.name")

@@ -25,7 +25,7 @@ def served_row(runtime, engine: Engine) -> dict:
     model = engine.loaded_model
     return {
         "id": model.model_id, "object": "model", "created": runtime.started_at, "owned_by": "hearth",
-        "context_window": model.context_window, "reasoning": chat.thinks(model), "vision": False,
+        "context_window": model.context_window, "reasoning": chat.thinks(model), "vision": model.vision is not None,
         "audio": False, "batch_mode": engine.mode,
         "tools": True, "structured_output": True, "embeddings": runtime.embeddings_enabled,
         "adapters": True, "training": True,
@@ -33,7 +33,8 @@ def served_row(runtime, engine: Engine) -> dict:
             "chat_completions": bool(getattr(model.tokenizer, "chat_template", None)),
             "text_completions": True, "anthropic_messages": True, "responses": True,
             "streaming": True, "tools": True, "structured_output": True, "logprobs": True,
-            "embeddings": runtime.embeddings_enabled, "vision": False, "audio": False, "adapters": True,
+            "embeddings": runtime.embeddings_enabled, "vision": model.vision is not None, "audio": False,
+            "adapters": True,
             "training": True,
         },
         "gen_defaults": params.gen_defaults(runtime.options.defaults, model.generation_config),
