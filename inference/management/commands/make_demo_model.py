@@ -1,4 +1,4 @@
-"""`hearth make-demo-model`: build (once) the embedded demo chat model."""
+"""`hearth make-demo-model [--kind chat|vision]`: build (once) an embedded demo model."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -8,25 +8,40 @@ from django.core.management.base import BaseCommand
 from huggingface_hub import constants
 
 from core.blas import blas_in_use
+from inference.demo import vision
 from inference.demo.build import DEMO_REPO, Recipe, build
 
 
 class Command(BaseCommand):
-    help = f"Train the small demo chat model and publish it to the local HF cache as {DEMO_REPO}."
+    help = (f"Train a small demo model and publish it to the local HF cache: the chat model ({DEMO_REPO}) or, "
+            f"with --kind vision, the vision model ({vision.VISION_REPO}).")
 
     def add_arguments(self, parser):
+        parser.add_argument("--kind", choices=("chat", "vision"), default="chat")
         parser.add_argument("--force", action="store_true", help="rebuild even when a cached build exists")
-        parser.add_argument("--seed", type=int, default=Recipe.seed)
-        parser.add_argument("--steps", type=int, default=Recipe.steps)
+        parser.add_argument("--seed", type=int, default=None)
+        parser.add_argument("--steps", type=int, default=None)
 
-    def handle(self, *args, force: bool, seed: int, steps: int, **options):
-        recipe = replace(Recipe(), seed=seed, steps=steps)
-
+    def handle(self, *args, kind: str, force: bool, seed: int | None, steps: int | None, **options):
         def progress(step, total, loss, seconds):
             bar = "#" * (20 * step // total)
             self.stdout.write(f"  [{bar:<20}] step {step}/{total}  loss {loss:.3f}  {seconds:.0f}s")
 
         self.stdout.write(f"BLAS: {blas_in_use()}")
-        path, built = build(Path(constants.HF_HUB_CACHE), recipe, force=force, progress=progress)
+        cache = Path(constants.HF_HUB_CACHE)
+        if kind == "vision":
+            base = vision.VisionRecipe()
+            recipe_v = replace(base, seed=base.seed if seed is None else seed,
+                               steps=base.steps if steps is None else steps)
+            path, built, trained = vision.build(cache, recipe_v, force=force, progress=progress)
+            repo = vision.VISION_REPO
+            if trained:
+                self.stdout.write(f"trained in {trained.get('seconds')}s; held-out accuracy "
+                                  f"{trained.get('held_out_accuracy')} on {trained.get('held_out')} pictures")
+        else:
+            recipe = replace(Recipe(), seed=Recipe.seed if seed is None else seed,
+                             steps=Recipe.steps if steps is None else steps)
+            path, built = build(cache, recipe, force=force, progress=progress)
+            repo = DEMO_REPO
         verb = "built" if built else "already built"
-        self.stdout.write(self.style.SUCCESS(f"{DEMO_REPO} {verb}: {path}"))
+        self.stdout.write(self.style.SUCCESS(f"{repo} {verb}: {path}"))
