@@ -1,0 +1,203 @@
+"""Images in every protocol on the demo vision model (a tiny llava trained
+on this machine to name a drawn figure): the official openai and anthropic
+SDKs over real sockets, the prompt cache keyed by the image, batching,
+logprobs and grammar with an image in the prompt, remote image URLs under
+the media policy, and the refusal on a text-only model."""
+from __future__ import annotations
+
+import base64
+import io
+import random
+import subprocess
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import anthropic
+import httpx
+import openai
+import pytest
+
+from inference.demo.vision import VISION_REPO, draw
+from tests.helpers import HEARTH, ROOT, ServerProcess, server_env
+
+ASK = "What is in this picture?"
+
+
+def png(colour: str, shape: str, seed: int = 1) -> bytes:
+    buf = io.BytesIO()
+    draw(colour, shape, random.Random(seed)).save(buf, "PNG")
+    return buf.getvalue()
+
+
+def data_url(colour: str, shape: str, seed: int = 1) -> str:
+    return "data:image/png;base64," + base64.b64encode(png(colour, shape, seed)).decode()
+
+
+def image_turn(url: str, text: str = ASK) -> list[dict]:
+    return [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
+                                         {"type": "text", "text": text}]}]
+
+
+@pytest.fixture(scope="session")
+def vision_build(homes):
+    """`hearth make-demo-model --kind vision` once per run, into the session's HF cache."""
+    out = subprocess.run([*HEARTH, "make-demo-model", "--kind", "vision"], cwd=ROOT, env=server_env(*homes),
+                         capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stdout + out.stderr
+    return out.stdout
+
+
+@pytest.fixture(scope="module")
+def vision_server(vision_build, homes, tmp_path_factory):
+    proc = ServerProcess(server_env(*homes), VISION_REPO, log_path=tmp_path_factory.mktemp("vision") / "s.log")
+    try:
+        yield proc.wait_ready()
+    finally:
+        assert proc.stop() == 0, proc.output()
+
+
+@pytest.fixture(scope="module")
+def client(vision_server):
+    return openai.OpenAI(base_url=vision_server.url + "/v1", api_key="x", max_retries=0)
+
+
+def ask(client, url: str, **kw):
+    return client.chat.completions.create(model=VISION_REPO, messages=image_turn(url), temperature=0,
+                                          max_tokens=8, **kw)
+
+
+def test_build_reports_what_it_measured_and_is_cached(vision_build, homes):
+    print(vision_build)  # training time and held-out accuracy, for the log of the run
+    assert "held-out accuracy" in vision_build and f"{VISION_REPO} built" in vision_build
+    again = subprocess.run([*HEARTH, "make-demo-model", "--kind", "vision"], cwd=ROOT, env=server_env(*homes),
+                           capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0 and "already built" in again.stdout
+
+
+def test_models_reports_vision(vision_server):
+    row = httpx.get(vision_server.url + "/v1/models").json()["data"][0]
+    assert row["id"] == VISION_REPO and row["vision"] is True and row["capabilities"]["vision"] is True
+
+
+# The demo names the colour every time; its shape is right less often (README, "Vision"), so
+# these check the colour, which only the picture tells.
+@pytest.mark.parametrize("colour,shape", [("red", "circle"), ("blue", "square"), ("green", "triangle")])
+def test_openai_sdk_data_uri_names_the_colour(client, colour, shape):
+    r = ask(client, data_url(colour, shape))
+    assert r.choices[0].message.content.startswith(f"a {colour}"), r.choices[0].message.content
+    assert r.usage.prompt_tokens > 16  # the image's run of tokens is part of the prompt
+
+
+def test_image_alias_part_with_base64_data(client):
+    b64 = base64.b64encode(png("yellow", "circle")).decode()
+    r = client.chat.completions.create(model=VISION_REPO, temperature=0, max_tokens=8, messages=[
+        {"role": "user", "content": [{"type": "image", "data": b64}, {"type": "text", "text": ASK}]}])
+    assert r.choices[0].message.content.startswith("a yellow")
+
+
+def test_anthropic_base64_image_block(vision_server):
+    c = anthropic.Anthropic(base_url=vision_server.url, api_key="x", max_retries=0)
+    b64 = base64.b64encode(png("red", "circle")).decode()
+    msg = c.messages.create(model=VISION_REPO, max_tokens=8, messages=[{"role": "user", "content": [
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": b64}},
+        {"type": "text", "text": ASK}]}])
+    assert msg.content[0].text.startswith("a red")
+
+
+def test_responses_input_image(client):
+    r = client.responses.create(model=VISION_REPO, max_output_tokens=8, temperature=0, input=[
+        {"role": "user", "content": [{"type": "input_image", "image_url": data_url("blue", "square")},
+                                     {"type": "input_text", "text": ASK}]}])
+    assert r.output_text.startswith("a blue")
+
+
+def test_prompt_cache_keys_the_image(client):
+    first = ask(client, data_url("purple", "triangle", seed=3))
+    again = ask(client, data_url("purple", "triangle", seed=3))
+    assert again.usage.prompt_tokens_details.cached_tokens == again.usage.prompt_tokens - 1
+    assert again.choices[0].message.content == first.choices[0].message.content
+    other = ask(client, data_url("orange", "triangle", seed=3))  # the same text, another image
+    # Only the text before the image is shared.
+    assert other.usage.prompt_tokens_details.cached_tokens < 8
+    assert other.choices[0].message.content.startswith("a orange")
+
+
+def test_batched_image_rows_with_logprobs_and_grammar(client):
+    figures = [("red", "circle"), ("blue", "square"), ("green", "triangle"), ("yellow", "square")]
+
+    def one(fig):
+        return ask(client, data_url(*fig, seed=7), logprobs=True, top_logprobs=2)
+
+    with ThreadPoolExecutor(4) as pool:
+        replies = list(pool.map(one, figures))
+    for (colour, _), r in zip(figures, replies, strict=True):
+        assert r.choices[0].message.content.startswith(f"a {colour}")
+        assert r.usage.lane == "batched"
+        lp = r.choices[0].logprobs.content
+        assert lp and all(e.logprob <= 0 and len(e.top_logprobs) == 2 for e in lp)
+    forced = ask(client, data_url("red", "circle", seed=7), extra_body={"guided_choice": ["circle", "square"]})
+    assert forced.choices[0].message.content in ("circle", "square")
+
+
+def test_text_only_model_refuses_an_image_part_in_every_protocol(base_url):
+    part = {"type": "image_url", "image_url": {"url": data_url("red", "circle")}}
+    r = httpx.post(base_url + "/v1/chat/completions", timeout=60,
+                   json={"messages": [{"role": "user", "content": [part]}]})
+    assert r.status_code == 400 and r.json()["error"]["message"] == "model has no vision sidecar"
+    assert r.json()["error"]["param"] == "messages[0].content[0]"
+    block = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}}
+    r = httpx.post(base_url + "/v1/messages", timeout=60, json={"max_tokens": 4, "messages": [
+        {"role": "user", "content": [{"type": "text", "text": "hi"}, block]}]})
+    assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+    assert "model has no vision sidecar" in r.json()["error"]["message"]
+
+
+def test_bad_images_are_400s_naming_the_part(client):
+    with pytest.raises(openai.BadRequestError) as err:
+        ask(client, "data:image/png;base64," + base64.b64encode(b"not a picture").decode())
+    assert "prompt build failed: image url rejected" in err.value.message
+    assert err.value.body["param"] == "messages[0].content[0]"
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model=VISION_REPO, max_tokens=4, messages=[{"role": "user", "content": [
+            {"type": "video_url", "video_url": {"url": "data:video/mp4;base64,AAAA"}}]}])
+    assert "video" in err.value.message
+
+
+@pytest.fixture(scope="module")
+def picture_host():
+    """A local http server with one picture, at 127.0.0.1."""
+    body = png("green", "circle", seed=4)
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Type", "image/png")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    host = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=host.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{host.server_address[1]}/figure.png"
+    host.shutdown()
+
+
+def test_private_image_url_is_refused_without_the_flag(client, picture_host):
+    with pytest.raises(openai.BadRequestError) as err:
+        ask(client, picture_host)
+    assert err.value.body["message"].startswith("prompt build failed: image url rejected: ")
+    assert "loopback" in err.value.body["message"] and err.value.body["param"] == "messages[0].content[0]"
+
+
+def test_private_image_url_with_allow_private_media(vision_build, homes, picture_host, tmp_path):
+    proc = ServerProcess(server_env(*homes), VISION_REPO, "--allow-private-media", log_path=tmp_path / "s.log")
+    try:
+        proc.wait_ready()
+        c = openai.OpenAI(base_url=proc.url + "/v1", api_key="x", max_retries=0)
+        assert ask(c, picture_host).choices[0].message.content.startswith("a green")
+    finally:
+        assert proc.stop() == 0, proc.output()
