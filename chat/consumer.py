@@ -94,11 +94,10 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
 
     async def on_prompt(self, frame):
         text = _text(frame, "text", self.runtime.options.limits.max_socket_text)
-        if frame.get("images"):
-            raise _FrameError("this model takes no images")
+        images = _images(frame)
         session = await self._session()
         self._require_idle(session)
-        entry = await sync_to_async(store.ask)(session, text)
+        entry = await sync_to_async(store.ask)(session, text, images)
         await self._start_turn(entry)
 
     async def on_abort(self, frame):
@@ -434,6 +433,22 @@ def coding_permitted(scope: dict) -> bool:
     if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
         address = address.ipv4_mapped
     return address is not None and address.is_loopback
+
+
+MAX_IMAGES = 4  # pictures attached to one question
+MAX_IMAGE_CHARS = 400_000  # each, as a data: URL (the dashboard scales pictures down before sending)
+
+
+def _images(frame: dict) -> list[str]:
+    """A prompt's attached pictures: data:image/… URLs, stored with the
+    question and sent to the model as image parts."""
+    value = frame.get("images") or []
+    if not isinstance(value, list) or len(value) > MAX_IMAGES:
+        raise _FrameError(f"images must be a list of at most {MAX_IMAGES} data:image URLs")
+    for url in value:
+        if not isinstance(url, str) or not url.startswith("data:image/") or len(url) > MAX_IMAGE_CHARS:
+            raise _FrameError(f"each image must be a data:image URL of at most {MAX_IMAGE_CHARS} characters")
+    return value
 
 
 def _text(frame: dict, key: str, most: int) -> str:

@@ -214,7 +214,7 @@ def messages_for(session: ChatSession, user_entry: ChatEntry) -> list[dict]:
 
     out = [{"role": "system", "content": session.system_prompt}] if session.system_prompt else []
     for e in store.path(session, user_entry):
-        out += replay(e) if e.role == "assistant" else [{"role": e.role, "content": e.content}]
+        out += replay(e) if e.role == "assistant" else [{"role": e.role, "content": store.user_content(e)}]
     return out
 
 

@@ -144,14 +144,25 @@ def add(session: ChatSession, parent: ChatEntry | None, role: str, content: str,
     return entry
 
 
-def ask(session: ChatSession, text: str) -> ChatEntry:
-    """A new question after the leaf on show. A question left unanswered (its
+def ask(session: ChatSession, text: str, images: list[str] | None = None) -> ChatEntry:
+    """A new question after the leaf on show, with its attached pictures
+    (data: URLs, kept in its meta). A question left unanswered (its
     turn failed or was stopped at once) is not followed by another question:
     the new one becomes its sibling, so roles keep alternating."""
     leaf = session.leaf
+    meta = {"images": images} if images else None
     if leaf is not None and leaf.role == "user" and not leaf.children.exists():
-        return add(session, leaf.parent, "user", text)
-    return add(session, leaf, "user", text)
+        return add(session, leaf.parent, "user", text, meta=meta)
+    return add(session, leaf, "user", text, meta=meta)
+
+
+def user_content(entry: ChatEntry) -> str | list[dict]:
+    """A question as the model reads it: its text, after its pictures as image parts."""
+    images = _meta(entry.meta_json).get("images")
+    if not images or not isinstance(images, list):
+        return entry.content
+    return [*({"type": "image_url", "image_url": {"url": url}} for url in images if isinstance(url, str)),
+            {"type": "text", "text": entry.content}]
 
 
 def stored_sampling(session: ChatSession) -> dict:

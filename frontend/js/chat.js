@@ -3,6 +3,7 @@
 // a tab that comes back opens the last chat again and receives its running turn from the first frame.
 import { api, h, signIn, toast } from "./util.js";
 import { markdown } from "./md.js";
+import { imageAttacher, turnImages } from "./chat_images.js";
 
 const LAST_CHAT = "hearth.chat.active";  // the chat to open again after a reload
 const LIVE_POLL_MS = 2000;
@@ -54,7 +55,9 @@ export function chatPage(main) {
   } }, "System prompt");
   const sessionsToggle = h("button", { type: "button", class: "small sessions-toggle", onclick: () =>
     root.classList.toggle("show-sessions") }, "Chats");
-  const form = h("form", { onsubmit: (e) => { e.preventDefault(); submit(); } }, input, stop, send);
+  const images = imageAttacher(input);
+  const form = h("form", { onsubmit: (e) => { e.preventDefault(); submit(); } }, images.button, images.picker, input,
+    stop, send);
   const root = h("div", { class: "chat" },
     h("aside", { class: "sidebar", "aria-label": "Sessions" },
       h("button", { class: "primary", type: "button", style: "width:100%", onclick: () => frame({ type: "new_session" }) },
@@ -62,7 +65,7 @@ export function chatPage(main) {
     h("section", { class: "convo" }, messages,
       h("div", { class: "composer" },
         h("div", { class: "chatbar" }, sessionsToggle, modelName, model, thinkLabel, codingLabel, allowed, adapter, temp,
-          system, ctx), form)));
+          system, ctx), images.strip, form)));
   main.append(root);
 
   input.addEventListener("keydown", (e) => {
@@ -83,9 +86,10 @@ export function chatPage(main) {
   function submit() {
     const text = input.value.trim();
     if (!text || state.streaming) return;
-    state.items.push({ role: "user", content: text, siblingCount: 1 });
+    const pictures = images.take();
+    state.items.push({ role: "user", content: text, siblingCount: 1, images: pictures });
     render();
-    frame({ type: "prompt", text });
+    frame({ type: "prompt", text, images: pictures });
     input.value = ""; input.style.height = "auto";
   }
 
@@ -320,7 +324,7 @@ export function chatPage(main) {
   }
 
   function message(item, isLast) {
-    const body = item.role === "user" ? h("div", { class: "body" }, item.content) : h("div", { class: "body" },
+    const body = item.role === "user" ? h("div", { class: "body" }, turnImages(item), item.content) : h("div", { class: "body" },
       item.reasoning ? h("details", { class: "thinking" }, h("summary", {}, "Thinking"), markdown(item.reasoning)) : null,
       ...answerParts(item));
     const tools = h("div", { class: "tools" });
