@@ -270,7 +270,9 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         else:
             edited = await sync_to_async(self._last_user)(session)
         parent = await sync_to_async(lambda: edited.parent)()
-        entry = await sync_to_async(store.add)(session, parent, "user", text)
+        images = store.images_of(edited)  # the edited question keeps its pictures
+        meta = {"images": images} if images else None
+        entry = await sync_to_async(store.add)(session, parent, "user", text, meta=meta)
         await self._start_turn(entry)
 
     async def on_switch_sibling(self, frame):

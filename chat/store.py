@@ -156,12 +156,18 @@ def ask(session: ChatSession, text: str, images: list[str] | None = None) -> Cha
     return add(session, leaf, "user", text, meta=meta)
 
 
+def images_of(entry: ChatEntry) -> list[str]:
+    """The pictures attached to a question (data: URLs)."""
+    images = _meta(entry.meta_json).get("images")
+    return [url for url in images if isinstance(url, str)] if isinstance(images, list) else []
+
+
 def user_content(entry: ChatEntry) -> str | list[dict]:
     """A question as the model reads it: its text, after its pictures as image parts."""
-    images = _meta(entry.meta_json).get("images")
-    if not images or not isinstance(images, list):
+    images = images_of(entry)
+    if not images:
         return entry.content
-    return [*({"type": "image_url", "image_url": {"url": url}} for url in images if isinstance(url, str)),
+    return [*({"type": "image_url", "image_url": {"url": url}} for url in images),
             {"type": "text", "text": entry.content}]
 
 
