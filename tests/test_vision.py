@@ -105,6 +105,22 @@ def test_anthropic_base64_image_block(vision_server):
     assert msg.content[0].text.startswith("a red")
 
 
+def test_anthropic_url_source_and_image_in_a_tool_result(vision_server, picture_host):
+    c = anthropic.Anthropic(base_url=vision_server.url, api_key="x", max_retries=0)
+    with pytest.raises(anthropic.BadRequestError) as err:
+        c.messages.create(model=VISION_REPO, max_tokens=4, messages=[{"role": "user", "content": [
+            {"type": "image", "source": {"type": "url", "url": picture_host}}, {"type": "text", "text": ASK}]}])
+    assert err.value.body["error"]["type"] == "invalid_request_error"
+    assert err.value.body["error"]["message"].startswith("prompt build failed: image url rejected: ")
+    b64 = base64.b64encode(png("green", "square")).decode()
+    msg = c.messages.create(model=VISION_REPO, max_tokens=8, messages=[
+        {"role": "user", "content": "Take a screenshot"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "screenshot", "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": [
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": b64}}]}]}])
+    assert msg.usage.input_tokens > 16  # the picture's tokens are in the prompt
+
+
 def test_responses_input_image(client):
     r = client.responses.create(model=VISION_REPO, max_output_tokens=8, temperature=0, input=[
         {"role": "user", "content": [{"type": "input_image", "image_url": data_url("blue", "square")},
@@ -201,3 +217,29 @@ def test_private_image_url_with_allow_private_media(vision_build, homes, picture
         assert ask(c, picture_host).choices[0].message.content.startswith("a green")
     finally:
         assert proc.stop() == 0, proc.output()
+
+
+# -- the dashboard -----------------------------------------------------------------------------
+SCREENSHOTS = ROOT / "tests" / "artifacts" / "screenshots"
+
+
+def test_dashboard_attaches_an_image_and_shows_it_again(page, vision_server, tmp_path):
+    picture = tmp_path / "figure.png"
+    picture.write_bytes(png("blue", "circle", seed=9))
+    page.goto(vision_server.url + "/#/chat")
+    page.wait_for_selector(f"text={VISION_REPO}")
+    page.set_input_files("input[type=file][aria-label='Attach images']", str(picture))
+    page.wait_for_selector(".attachments img")
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.fill("textarea[aria-label=Message]", ASK)
+    page.keyboard.press("Enter")
+    page.wait_for_selector(".msg.assistant .perf", timeout=120_000)
+    assert page.locator(".msg.user .turn-images img").count() == 1
+    assert page.locator(".attachments img").count() == 0  # sent: the composer is empty again
+    assert page.inner_text(".msg.assistant .body").strip().startswith("a blue")
+    page.screenshot(path=str(SCREENSHOTS / "vision-chat-desktop.png"))
+    page.reload()
+    page.click(f".sessions button:has-text('{ASK}')")
+    page.wait_for_selector(".msg.user .turn-images img")  # stored with the session
+    page.set_viewport_size({"width": 375, "height": 740})
+    page.screenshot(path=str(SCREENSHOTS / "vision-chat-375.png"))

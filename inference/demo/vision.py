@@ -28,7 +28,7 @@ from inference.demo.files import CHAT_TEMPLATE, IM_END, PAD, publish_to_cache, t
 log = logging.getLogger("hearth.demo")
 
 VISION_REPO = "hearth/demo-vision"
-BUILDER_VERSION = 1
+BUILDER_VERSION = 2  # bump when the recipe or the pictures change, so cached builds are redone
 MARKER = "hearth_demo.json"
 IMAGE_TOKEN = "<image>"
 COLOURS = {"red": (220, 30, 30), "green": (30, 170, 40), "blue": (30, 60, 220), "yellow": (235, 215, 20),
@@ -54,19 +54,22 @@ class VisionRecipe:
     vocab_size: int = 320
     context: int = 512
     batch: int = 32
-    steps: int = 300
+    steps: int = 500
     lr: float = 3e-3
     warmup: int = 20
     images: int = 3000
+    feature_strategy: str = "default"  # llava's: "default" drops the tower's CLS token, "full" keeps it
 
 
 def draw(colour: str, shape: str, rng: random.Random, size: int = 64):
-    """A figure of one colour on a light, slightly varied background, drawn
+    """A figure of one colour on a grey, slightly varied background, drawn
     at `size` pixels (the processor scales it to the tower's input)."""
     from PIL import Image, ImageDraw
 
-    shade = rng.randint(225, 255)
-    img = Image.new("RGB", (size, size), (shade, shade, rng.randint(215, 255)))
+    # A grey near the processor's mean: the background normalizes to about zero, so what the
+    # tower sees is the figure (on white, the background dominated every patch and shape was lost).
+    grey = tuple(int(255 * m) + rng.randint(-8, 8) for m in CLIP_MEAN)
+    img = Image.new("RGB", (size, size), grey)
     d = ImageDraw.Draw(img)
     # In the middle, of one size: a tiny tower learns shape from where the edges fall.
     r = 0.36 * size
@@ -104,7 +107,7 @@ def configs(recipe: VisionRecipe, vocab: int, image_id: int, eos_id: int) -> tup
               "projection_dim": recipe.vision_hidden, "num_channels": 3, "layer_norm_eps": 1e-5}
     config = {"architectures": ["LlavaForConditionalGeneration"], "model_type": "llava", "text_config": text,
               "vision_config": vision, "image_token_index": image_id, "vision_feature_layer": -1,
-              "vision_feature_select_strategy": "default", "vocab_size": vocab, "eos_token_id": eos_id,
+              "vision_feature_select_strategy": recipe.feature_strategy, "vocab_size": vocab, "eos_token_id": eos_id,
               "max_position_embeddings": recipe.context, "torch_dtype": "float32"}
     size = recipe.image_size
     preprocessor = {"image_processor_type": "CLIPImageProcessor", "do_resize": True,
@@ -113,7 +116,7 @@ def configs(recipe: VisionRecipe, vocab: int, image_id: int, eos_id: int) -> tup
                     "do_normalize": True, "image_mean": list(CLIP_MEAN), "image_std": list(CLIP_STD),
                     "do_convert_rgb": True, "resample": 3}
     processor = {"processor_class": "LlavaProcessor", "patch_size": recipe.patch_size,
-                 "vision_feature_select_strategy": "default", "image_token": IMAGE_TOKEN,
+                 "vision_feature_select_strategy": recipe.feature_strategy, "image_token": IMAGE_TOKEN,
                  "num_additional_image_tokens": 1}
     return config, preprocessor, processor
 
@@ -165,7 +168,10 @@ def _merge(model, ids, pixels, image_id: int):
 
     embeds = model.language_model.model.embed_tokens(ids)
     *_, hidden = model.vision_tower(pixels.transpose(0, 2, 3, 1), output_hidden_states=True)
-    feats = model.multi_modal_projector(hidden[model.vision_feature_layer][:, 1:])
+    selected = hidden[model.vision_feature_layer]
+    if model.vision_feature_select_strategy == "default":
+        selected = selected[:, 1:]
+    feats = model.multi_modal_projector(selected)
     is_image = ids == image_id
     index = mx.maximum(mx.cumsum(is_image.astype(mx.int32), axis=1) - 1, 0)
     placed = mx.take_along_axis(feats, index[..., None], axis=1)
@@ -186,7 +192,7 @@ def train(recipe: VisionRecipe, out: Path, progress=None) -> dict:
     tok = train_tokenizer(texts * 4, recipe.vocab_size, markup=False)
     tok.add_special_tokens([IMAGE_TOKEN])
     image_id, pad_id, eos_id = tok.token_to_id(IMAGE_TOKEN), tok.token_to_id(PAD), tok.token_to_id(IM_END)
-    n_image = (recipe.image_size // recipe.patch_size) ** 2
+    n_image = (recipe.image_size // recipe.patch_size) ** 2 + (recipe.feature_strategy == "full")
     config, preprocessor, processor = configs(recipe, tok.get_vocab_size(), image_id, eos_id)
     mx.random.seed(recipe.seed)
     model_config = update_module_configs(llava.ModelConfig.from_dict(config), llava, config,
