@@ -243,3 +243,28 @@ def test_dashboard_attaches_an_image_and_shows_it_again(page, vision_server, tmp
     page.wait_for_selector(".msg.user .turn-images img")  # stored with the session
     page.set_viewport_size({"width": 375, "height": 740})
     page.screenshot(path=str(SCREENSHOTS / "vision-chat-375.png"))
+
+
+# -- the other lanes, in process ---------------------------------------------------------------
+@pytest.mark.parametrize("config", [{"batch": 1}, {"draft_kind": "ngram"}], ids=["serial", "speculative"])
+def test_image_rows_on_the_serial_and_speculative_lanes(vision_build, config):
+    import asyncio
+
+    from inference.demo.vision import prompt_text
+    from inference.engine.engine import Engine, EngineConfig
+    from inference.engine.types import GenerationRequest
+    from tests.helpers import collect
+
+    engine = Engine(VISION_REPO, EngineConfig(**config))
+    model = engine.start()
+    try:
+        vision = model.vision
+        picture = vision.prepare(png("purple", "square", seed=5))
+        tokens = model.tokenizer.encode(prompt_text(ASK), add_special_tokens=False)
+        tokens, key = vision.expand(tokens, [picture])
+        request = GenerationRequest(prompt_tokens=tokens, max_tokens=10, images=(picture,), cache_key=key)
+        out = asyncio.run(collect(engine, request))
+        assert out["text"].startswith("a purple"), out["text"]
+        assert out["usage"].lane.startswith("serial")
+    finally:
+        engine.close(drain_seconds=0)
