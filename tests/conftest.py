@@ -39,10 +39,11 @@ def pytest_configure(config):
 def pytest_sessionfinish(session, exitstatus):
     # Servers and models live under one temporary folder; nothing outlives the run
     # (a demo build still running because the run stopped early goes too).
-    proc = _demo.get("proc")
-    if proc is not None and proc.poll() is None:
-        proc.kill()
-        proc.wait()
+    for build in (_demo, _vision):
+        proc = build.get("proc")
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait()
     shutil.rmtree(_SESSION_DIR, ignore_errors=True)
 
 
@@ -77,21 +78,37 @@ _DEMO_HOMES = (_SESSION_DIR / "demo" / "hf", _SESSION_DIR / "demo" / "hearth")
 _demo: dict = {}
 
 
-def _start_demo_build() -> None:
+# The demo vision model (tests/test_vision.py) is built the same way, in homes of its own.
+_VISION_HOMES = (_SESSION_DIR / "vision" / "hf", _SESSION_DIR / "vision" / "hearth")
+_vision: dict = {}
+
+
+def _start_build(build: dict, name: str, homes: tuple[Path, Path], *args: str) -> None:
     import subprocess
 
     from tests.helpers import HEARTH, ROOT
 
-    out = _SESSION_DIR / "demo-build.log"
-    _demo["log"] = out
+    out = _SESSION_DIR / f"{name}-build.log"
+    build["log"] = out
     with open(out, "wb") as log:
-        _demo["proc"] = subprocess.Popen(["nice", "-n", "10", *HEARTH, "make-demo-model"], cwd=ROOT,
-                                         env=server_env(*_DEMO_HOMES), stdout=log, stderr=subprocess.STDOUT)
+        build["proc"] = subprocess.Popen(["nice", "-n", "10", *HEARTH, "make-demo-model", *args], cwd=ROOT,
+                                         env=server_env(*homes), stdout=log, stderr=subprocess.STDOUT)
+
+
+def _start_demo_build() -> None:
+    _start_build(_demo, "demo", _DEMO_HOMES)
+
+
+def _start_vision_build() -> None:
+    _start_build(_vision, "vision", _VISION_HOMES, "--kind", "vision")
 
 
 def pytest_collection_finish(session):
-    if any("demo_build" in getattr(item, "fixturenames", ()) for item in session.items):
+    used = [set(getattr(item, "fixturenames", ())) for item in session.items]
+    if any("demo_build" in names for names in used):
         _start_demo_build()
+    if any("vision_build" in names for names in used):
+        _start_vision_build()
 
 
 @pytest.fixture(scope="session")
@@ -108,6 +125,23 @@ def demo_build(demo_homes):
         _start_demo_build()
     code = _demo["proc"].wait(timeout=1200)
     output = _demo["log"].read_text(errors="replace")
+    assert code == 0, output
+    return output
+
+
+@pytest.fixture(scope="session")
+def vision_homes():
+    return _VISION_HOMES
+
+
+@pytest.fixture(scope="session")
+def vision_build(vision_homes):
+    """`hearth make-demo-model --kind vision` once per run (started in the
+    background at collection). Answers the build's output."""
+    if "proc" not in _vision:
+        _start_vision_build()
+    code = _vision["proc"].wait(timeout=1200)
+    output = _vision["log"].read_text(errors="replace")
     assert code == 0, output
     return output
 

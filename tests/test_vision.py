@@ -39,18 +39,11 @@ def image_turn(url: str, text: str = ASK) -> list[dict]:
                                          {"type": "text", "text": text}]}]
 
 
-@pytest.fixture(scope="session")
-def vision_build(homes):
-    """`hearth make-demo-model --kind vision` once per run, into the session's HF cache."""
-    out = subprocess.run([*HEARTH, "make-demo-model", "--kind", "vision"], cwd=ROOT, env=server_env(*homes),
-                         capture_output=True, text=True, timeout=900)
-    assert out.returncode == 0, out.stdout + out.stderr
-    return out.stdout
-
-
 @pytest.fixture(scope="module")
-def vision_server(vision_build, homes, tmp_path_factory):
-    proc = ServerProcess(server_env(*homes), VISION_REPO, log_path=tmp_path_factory.mktemp("vision") / "s.log")
+def vision_server(vision_build, vision_homes, tmp_path_factory):
+    # The build (conftest: `vision_build`) runs in the background from collection, in homes of its own.
+    proc = ServerProcess(server_env(*vision_homes), VISION_REPO,
+                         log_path=tmp_path_factory.mktemp("vision") / "s.log")
     try:
         yield proc.wait_ready()
     finally:
@@ -67,10 +60,10 @@ def ask(client, url: str, **kw):
                                           max_tokens=8, **kw)
 
 
-def test_build_reports_what_it_measured_and_is_cached(vision_build, homes):
+def test_build_reports_what_it_measured_and_is_cached(vision_build, vision_homes):
     print(vision_build)  # training time and held-out accuracy, for the log of the run
     assert "held-out accuracy" in vision_build and f"{VISION_REPO} built" in vision_build
-    again = subprocess.run([*HEARTH, "make-demo-model", "--kind", "vision"], cwd=ROOT, env=server_env(*homes),
+    again = subprocess.run([*HEARTH, "make-demo-model", "--kind", "vision"], cwd=ROOT, env=server_env(*vision_homes),
                            capture_output=True, text=True, timeout=120)
     assert again.returncode == 0 and "already built" in again.stdout
 
@@ -209,8 +202,9 @@ def test_private_image_url_is_refused_without_the_flag(client, picture_host):
     assert "loopback" in err.value.body["message"] and err.value.body["param"] == "messages[0].content[0]"
 
 
-def test_private_image_url_with_allow_private_media(vision_build, homes, picture_host, tmp_path):
-    proc = ServerProcess(server_env(*homes), VISION_REPO, "--allow-private-media", log_path=tmp_path / "s.log")
+def test_private_image_url_with_allow_private_media(vision_build, vision_homes, picture_host, tmp_path):
+    proc = ServerProcess(server_env(*vision_homes), VISION_REPO, "--allow-private-media",
+                         log_path=tmp_path / "s.log")
     try:
         proc.wait_ready()
         c = openai.OpenAI(base_url=proc.url + "/v1", api_key="x", max_retries=0)
@@ -219,7 +213,33 @@ def test_private_image_url_with_allow_private_media(vision_build, homes, picture
         assert proc.stop() == 0, proc.output()
 
 
-# -- the dashboard -----------------------------------------------------------------------------
+# -- the other lanes, in process ---------------------------------------------------------------
+@pytest.mark.parametrize("config", [{"batch": 1}, {"draft_kind": "ngram"}], ids=["serial", "speculative"])
+def test_image_rows_on_the_serial_and_speculative_lanes(vision_build, vision_homes, config):
+    import asyncio
+
+    from inference.demo.vision import prompt_text
+    from inference.engine.engine import Engine, EngineConfig
+    from inference.engine.types import GenerationRequest
+    from tests.helpers import collect
+
+    snapshot = next((vision_homes[0] / "hub" / "models--hearth--demo-vision" / "snapshots").iterdir())
+    engine = Engine(str(snapshot), EngineConfig(**config))
+    model = engine.start()
+    try:
+        vision = model.vision
+        picture = vision.prepare(png("purple", "square", seed=5))
+        tokens = model.tokenizer.encode(prompt_text(ASK), add_special_tokens=False)
+        tokens, key = vision.expand(tokens, [picture])
+        request = GenerationRequest(prompt_tokens=tokens, max_tokens=10, images=(picture,), cache_key=key)
+        out = asyncio.run(collect(engine, request))
+        assert out["text"].startswith("a purple"), out["text"]
+        assert out["usage"].lane.startswith("serial")
+    finally:
+        engine.close(drain_seconds=0)
+
+
+# -- the dashboard (last: the browser fixture holds an event loop in this thread until the module ends) --
 SCREENSHOTS = ROOT / "tests" / "artifacts" / "screenshots"
 
 
@@ -243,28 +263,3 @@ def test_dashboard_attaches_an_image_and_shows_it_again(page, vision_server, tmp
     page.wait_for_selector(".msg.user .turn-images img")  # stored with the session
     page.set_viewport_size({"width": 375, "height": 740})
     page.screenshot(path=str(SCREENSHOTS / "vision-chat-375.png"))
-
-
-# -- the other lanes, in process ---------------------------------------------------------------
-@pytest.mark.parametrize("config", [{"batch": 1}, {"draft_kind": "ngram"}], ids=["serial", "speculative"])
-def test_image_rows_on_the_serial_and_speculative_lanes(vision_build, config):
-    import asyncio
-
-    from inference.demo.vision import prompt_text
-    from inference.engine.engine import Engine, EngineConfig
-    from inference.engine.types import GenerationRequest
-    from tests.helpers import collect
-
-    engine = Engine(VISION_REPO, EngineConfig(**config))
-    model = engine.start()
-    try:
-        vision = model.vision
-        picture = vision.prepare(png("purple", "square", seed=5))
-        tokens = model.tokenizer.encode(prompt_text(ASK), add_special_tokens=False)
-        tokens, key = vision.expand(tokens, [picture])
-        request = GenerationRequest(prompt_tokens=tokens, max_tokens=10, images=(picture,), cache_key=key)
-        out = asyncio.run(collect(engine, request))
-        assert out["text"].startswith("a purple"), out["text"]
-        assert out["usage"].lane.startswith("serial")
-    finally:
-        engine.close(drain_seconds=0)
