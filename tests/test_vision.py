@@ -82,6 +82,13 @@ def test_openai_sdk_data_uri_names_the_colour(client, colour, shape):
     assert r.usage.prompt_tokens > 16  # the image's run of tokens is part of the prompt
 
 
+def test_streamed_reply_with_an_image(client):
+    stream = client.chat.completions.create(model=VISION_REPO, messages=image_turn(data_url("orange", "square")),
+                                            temperature=0, max_tokens=10, stream=True)
+    text = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
+    assert text.startswith("a orange"), text
+
+
 def test_image_alias_part_with_base64_data(client):
     b64 = base64.b64encode(png("yellow", "circle")).decode()
     r = client.chat.completions.create(model=VISION_REPO, temperature=0, max_tokens=8, messages=[
