@@ -109,12 +109,13 @@ class Vision:
         """Fill `cache` (a fresh one when None) with `tokens[start:-1]` as the
         VLM embeds them, images included; answers the cache and its length."""
         import mlx.core as mx
+        import numpy as np
         from mlx_lm.models.cache import make_prompt_cache
 
         if cache is None:
             cache, start = make_prompt_cache(text_model), 0
         ids = mx.array(tokens)[None]
-        pixels = mx.array(__import__("numpy").stack([image.pixels for image in images]))
+        pixels = mx.array(np.stack([image.pixels for image in images]))
         embedded = self.vlm.get_input_embeddings(ids, pixels)
         embeds = getattr(embedded, "inputs_embeds", embedded)
         end = len(tokens) - 1
