@@ -178,11 +178,39 @@ def _merge(model, ids, pixels, image_id: int):
     return mx.where(is_image[..., None], placed, embeds)
 
 
-def train(recipe: VisionRecipe, out: Path, progress=None) -> dict:
-    """Train the demo vision model into `out`; returns what was measured."""
+def _stepper(model, recipe: VisionRecipe, image_id: int):
+    """A compiled training step (AdamW on a warmup and cosine schedule, the
+    loss on the answer tokens only) and the state it updates."""
     import mlx.core as mx
     import mlx.nn as nn
     import mlx.optimizers as optim
+
+    schedule = optim.join_schedules([optim.linear_schedule(1e-5, recipe.lr, recipe.warmup),
+                                     optim.cosine_decay(recipe.lr, recipe.steps - recipe.warmup, recipe.lr * 0.05)],
+                                    [recipe.warmup])
+    optimizer = optim.AdamW(learning_rate=schedule, weight_decay=0.01)
+
+    def loss_fn(model, x, m, p):
+        h = _merge(model, x[:, :-1], p, image_id)
+        logits = model.language_model(x[:, :-1], inputs_embeds=h).logits
+        losses = nn.losses.cross_entropy(logits, x[:, 1:], reduction="none")
+        return (losses * m[:, 1:]).sum() / m[:, 1:].sum()
+
+    value_and_grad = nn.value_and_grad(model, loss_fn)
+    state = [model.state, optimizer.state]
+
+    def step_fn(x, m, p):
+        loss, grads = value_and_grad(model, x, m, p)
+        grads, _ = optim.clip_grad_norm(grads, 1.0)
+        optimizer.update(model, grads)
+        return loss
+
+    return mx.compile(step_fn, inputs=state, outputs=state), state
+
+
+def train(recipe: VisionRecipe, out: Path, progress=None) -> dict:
+    """Train the demo vision model into `out`; returns what was measured."""
+    import mlx.core as mx
     import numpy as np
     from mlx.utils import tree_flatten
     from mlx_vlm.models import llava
@@ -204,27 +232,7 @@ def train(recipe: VisionRecipe, out: Path, progress=None) -> dict:
     loss_mask = mx.array([m + [0] * (width - len(m)) for m in masks], dtype=mx.float32)
     pix = mx.array(pixels)
     held_out = recipe.images // 10  # the last tenth is only evaluated
-    schedule = optim.join_schedules([optim.linear_schedule(1e-5, recipe.lr, recipe.warmup),
-                                     optim.cosine_decay(recipe.lr, recipe.steps - recipe.warmup, recipe.lr * 0.05)],
-                                    [recipe.warmup])
-    optimizer = optim.AdamW(learning_rate=schedule, weight_decay=0.01)
-
-    def loss_fn(model, x, m, p):
-        h = _merge(model, x[:, :-1], p, image_id)
-        logits = model.language_model(x[:, :-1], inputs_embeds=h).logits
-        losses = nn.losses.cross_entropy(logits, x[:, 1:], reduction="none")
-        return (losses * m[:, 1:]).sum() / m[:, 1:].sum()
-
-    value_and_grad = nn.value_and_grad(model, loss_fn)
-    state = [model.state, optimizer.state]
-
-    def step_fn(x, m, p):
-        loss, grads = value_and_grad(model, x, m, p)
-        grads, _ = optim.clip_grad_norm(grads, 1.0)
-        optimizer.update(model, grads)
-        return loss
-
-    step_fn = mx.compile(step_fn, inputs=state, outputs=state)
+    step_fn, state = _stepper(model, recipe, image_id)
     order = np.random.default_rng(recipe.seed)
     started, loss_value = time.monotonic(), math.nan
     train_n = recipe.images - held_out
