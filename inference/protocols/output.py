@@ -7,12 +7,11 @@ is withheld and turned into `ToolCall`s when it closes (or, failing to
 parse, released as content: nothing visible is ever lost).
 
 Streams render `take_deltas()`: a call's start (id, name), then its
-arguments piece by piece as they are generated, then its end. Arguments
-stream as they come where a grammar enforces the call (`stream_arguments`:
-tool_choice over `<tool_call>` JSON, so the text is schema-valid JSON as it
-is written); anywhere else a call arrives whole when its markup closes,
-after the repair pass and the schema's coercions, which could not be taken
-back from a client that already has the raw text.
+arguments piece by piece, then its end. A `<tool_call>` JSON call whose
+name comes first streams its arguments as they are read, re-rendered as
+JSON that stays valid whatever the model writes next (argstream.py);
+the other families' calls arrive whole when their markup closes, after
+the repair pass and the schema's coercions.
 """
 from __future__ import annotations
 
@@ -21,8 +20,9 @@ import re
 import uuid
 from dataclasses import dataclass, field
 
+from inference.protocols.argstream import ArgumentStreamer
 from inference.protocols.markup import HEARTH, Markup
-from inference.protocols.toolcalls import Nesting, ToolCall
+from inference.protocols.toolcalls import ToolCall, tool_schemas
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 
@@ -46,7 +46,7 @@ class ToolDelta:
 
 
 # The start of a `<tool_call>` JSON body up to its arguments' value: the name must come first to stream.
-_ARGS_START = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"arguments"\s*:\s*(?=\{)')
+_ARGS_START = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"(?:arguments|parameters)"\s*:\s*(?=\{)')
 
 
 @dataclass
@@ -57,9 +57,7 @@ class _Streaming:
     id: str
     name: str
     at: int  # where its arguments' value starts in the markup's body
-    sent: str = ""  # the arguments' text sent so far
-    nesting: Nesting = field(default_factory=Nesting)  # read once, as it comes
-    end: int | None = None  # where the arguments' value ends, once it has
+    args: ArgumentStreamer
 
 
 @dataclass
@@ -72,7 +70,6 @@ class OutputParser:
     # Calls to tools nobody offered stay text, unless the caller answers them itself (the dashboard's
     # tool loop tells the model the tool does not exist, so it can correct itself).
     undeclared: bool = False
-    stream_arguments: bool = False  # a grammar enforces the calls: their arguments stream as written
     calls: list[ToolCall] = field(default_factory=list)
     _held: str = ""
     _tool_open: Markup | None = None  # the markup being withheld
@@ -117,7 +114,7 @@ class OutputParser:
         if self._tool_open is None:
             self._emit(out, self._held[: len(self._held) - keep])
             self._held = self._held[len(self._held) - keep:]
-        elif self.stream_arguments and self._tool_open.family == "json_tools":
+        elif self._tool_open.family == "json_tools":
             self._stream_arguments(self._held[: len(self._held) - keep])
         return out
 
@@ -126,19 +123,15 @@ class OutputParser:
         room = self.max_calls is None or len(self.calls) < self.max_calls
         if self._streaming is None:
             match = _ARGS_START.match(body)
-            if match is None or not room or match.group(1) not in self._offered():
+            if match is None or not room or _unescape(match.group(1)) not in self._offered():
                 return
-            self._streaming = _Streaming(len(self.calls), "call_" + uuid.uuid4().hex[:24], match.group(1),
-                                         match.end())
-            self._deltas.append(ToolDelta(self._streaming.index, self._streaming.id, self._streaming.name, ""))
+            name = _unescape(match.group(1))
+            self._streaming = _Streaming(len(self.calls), "call_" + uuid.uuid4().hex[:24], name, match.end(),
+                                         ArgumentStreamer(tool_schemas(self.tools).get(name, {})))
+            self._deltas.append(ToolDelta(self._streaming.index, self._streaming.id, name, ""))
         streaming = self._streaming
-        value = body[streaming.at:]
-        if streaming.end is None:
-            streaming.end = streaming.nesting.scan(value)
-        value = value[:streaming.end] if streaming.end is not None else value
-        piece = value[len(streaming.sent):]
+        piece = streaming.args.feed(body[streaming.at:])
         if piece:
-            streaming.sent = value
             self._deltas.append(ToolDelta(streaming.index, streaming.id, None, piece))
 
     def _offered(self) -> set:
@@ -197,20 +190,27 @@ class OutputParser:
 
     def _finish_streamed(self, markup: Markup, body: str, closed: bool) -> None:
         """A streamed call is a call whatever follows: its arguments are what
-        was sent when that is JSON, else what the repair pass makes of them."""
+        was sent, completed from the repair pass's reading where the reader
+        had stopped (argstream.py)."""
         streaming, self._streaming = self._streaming, None
         assert streaming is not None
-        arguments = streaming.sent
-        try:
-            json.loads(arguments)
-        except ValueError:
+
+        def repair() -> str | None:
             parsed = markup.parse(body, self.tools, closed)
-            arguments = parsed[0].arguments if parsed else "{}"
-            rest = arguments[len(streaming.sent):] if arguments.startswith(streaming.sent) else ""
-            if rest:
-                self._deltas.append(ToolDelta(streaming.index, streaming.id, None, rest))
+            return parsed[0].arguments if parsed and parsed[0].name == streaming.name else None
+
+        rest, arguments = streaming.args.close(repair)
+        if rest:
+            self._deltas.append(ToolDelta(streaming.index, streaming.id, None, rest))
         self._deltas.append(ToolDelta(streaming.index, streaming.id, None, "", done=True))
         self.calls.append(ToolCall(streaming.name, arguments, streaming.id))
+
+
+def _unescape(name: str) -> str:
+    try:
+        return json.loads(f'"{name}"')
+    except ValueError:
+        return name
 
 
 def _partial_suffix(text: str, tags: list[str]) -> int:
