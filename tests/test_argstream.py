@@ -107,3 +107,41 @@ def test_a_call_to_a_tool_nobody_offered_does_not_stream():
     out = [piece for ch in text for piece in parser.feed(ch)] + parser.finish()
     assert parser.take_deltas() == [] and parser.calls == []
     assert "".join(p.text for p in out) == text  # shown as the model wrote it, never as a call
+
+
+XML_TOOLS = [{"type": "function", "function": {"name": "edit", "parameters": {"type": "object", "properties": {
+    "path": {"type": "string"}, "text": {"type": "string"}, "line": {"type": "integer"}, "opts": {}}}}},
+    {"type": "function", "function": {"name": "ls", "parameters": {"type": "object", "properties": {}}}}]
+
+
+def _run(text: str, step: int = 1, tools=XML_TOOLS):
+    parser = OutputParser(tools=tools)
+    out = [p for end in range(0, len(text), step) for p in parser.feed(text[end:end + step])] + parser.finish()
+    return parser, parser.take_deltas(), "".join(p.text for p in out)
+
+
+XML_CALL = ("<tool_call>\n<function=edit>\n<parameter=path>\nsrc/a.py\n</parameter>\n<parameter=line>\n12\n"
+            "</parameter>\n<parameter=text>\ndef f():\n    return \"<x>\"\n\n</parameter>\n<parameter=opts>\n"
+            '{"dry": true}\n</parameter>\n</function>\n</tool_call>')
+
+
+def test_qwen_xml_calls_stream_their_parameters_and_match_the_whole_reading():
+    whole, _, _ = _run(XML_CALL, step=len(XML_CALL))
+    expected = {"path": "src/a.py", "line": 12, "text": 'def f():\n    return "<x>"\n', "opts": {"dry": True}}
+    assert json.loads(whole.calls[0].arguments) == expected
+    for step in (1, 2, 7):
+        parser, deltas, text = _run(XML_CALL, step)
+        assert text == "" and deltas[0].name == "edit" and deltas[-1].done
+        assert "".join(d.arguments for d in deltas) == parser.calls[0].arguments == whole.calls[0].arguments
+    assert len(_run(XML_CALL)[1]) > 20  # the strings went out as they came
+
+
+def test_qwen_xml_on_its_own_truncated_and_several_in_one_block():
+    parser, deltas, _ = _run("<function=edit>\n<parameter=path>\nnotes.md\n</parameter>\n<parameter=text>\nhal")
+    assert "".join(d.arguments for d in deltas) == parser.calls[0].arguments
+    assert json.loads(parser.calls[0].arguments) == {"path": "notes.md", "text": "hal"}
+    two = ("<tool_call>\n<function=ls>\n</function>\n<function=edit>\n<parameter=line>\n3\n</parameter>\n"
+           "</function>\n</tool_call>")
+    parser, deltas, _ = _run(two)
+    assert [c.name for c in parser.calls] == ["ls", "edit"] and json.loads(parser.calls[1].arguments) == {"line": 3}
+    assert parser.calls[0].arguments == "{}" and deltas[-1].done and deltas[-1].name == "edit"

@@ -30,7 +30,7 @@ import json
 import re
 from collections.abc import Callable
 
-from inference.protocols.toolcalls import Nesting, _schema_type
+from inference.protocols.toolcalls import Nesting, _schema_type, _strip_framing_newline, decode_value
 
 _WS = " \t\r\n"
 _HIGH_SURROGATE = re.compile(r"[dD][89abAB][0-9a-fA-F]{2}")
@@ -261,3 +261,106 @@ def _encode_string(raw: str) -> str | None:
     except (ValueError, UnicodeEncodeError):
         return None
     return json.dumps(value, ensure_ascii=False)[1:-1]
+
+
+_PARAMETER_OPEN = re.compile(r"<parameter=([^>\s]+)\s*>")
+_VALUE_ENDS = ("</parameter>", "<parameter=", "</function>")
+
+
+class XmlArgumentStreamer:
+    """The same for Qwen3-Coder's `<parameter=k>value</parameter>` calls
+    (`feed` takes the text after `<function=name>`). A value whose schema says
+    string streams as it comes, less the newline that frames it; any other is
+    sent once it ends, decoded by its schema as the whole-call path does."""
+
+    broken = False  # whatever comes, the whole-call path reads it the same way
+
+    def __init__(self, props: dict):
+        self.props = props
+        self.sent = ""
+        self.done = False
+        self._at = 0
+        self._members = 0
+        self._key: str | None = None  # the parameter being read
+        self._value_at = 0  # where its value starts
+        self._sent_to = 0  # a string value: how far its text has been sent
+        self._text = ""
+
+    def feed(self, text: str) -> str:
+        before, self._text = len(self.sent), text
+        while not self.done and self._step(text, final=False):
+            pass
+        return self.sent[before:]
+
+    def close(self, repair: Callable[[], str | None]) -> tuple[str, str]:
+        before = len(self.sent)
+        if not self.done:
+            while self._step(self._text, final=True):
+                pass
+            self.sent = (self.sent or "{") + "}"
+            self.done = True
+        return self.sent[before:], self.sent
+
+    def _step(self, text: str, final: bool) -> bool:
+        if self._key is not None:
+            return self._value(text, final)
+        found = _PARAMETER_OPEN.search(text, self._at)
+        closing = text.find("</function>", self._at)
+        if closing >= 0 and (found is None or closing < found.start()):
+            self.sent = (self.sent or "{") + "}"
+            self.done = True
+            return False
+        if found is None:
+            return False
+        self._key, self._at = found.group(1), found.end()
+        self._value_at = self._sent_to = found.end()
+        self.sent = (self.sent or "{") + (", " if self._members else "") + json.dumps(self._key, ensure_ascii=False)
+        self.sent += ": "
+        if self._streams():
+            self.sent += '"'
+        return True
+
+    def _streams(self) -> bool:
+        return _schema_type(self.props.get(self._key)) == "string"
+
+    def _value(self, text: str, final: bool) -> bool:
+        hits = [at for at in (text.find(tag, self._value_at) for tag in _VALUE_ENDS) if at >= 0]
+        end = min(hits) if hits else (len(text) if final else None)
+        if self._streams():
+            self._send_string(text, end)
+        if end is None:
+            return False
+        if not self._streams():
+            value = decode_value(_strip_framing_newline(text[self._value_at:end]), self.props.get(self._key))
+            self.sent += json.dumps(value, ensure_ascii=False)
+        else:
+            self.sent += '"'
+        self._at = end + len("</parameter>") if text.startswith("</parameter>", end) else end
+        self._key, self._members = None, self._members + 1
+        return True
+
+    def _send_string(self, text: str, end: int | None) -> None:
+        """Send what is settled of a string value: not the newline that may
+        frame its start or end, nor what may be the start of a closing tag."""
+        stop = end if end is not None else len(text) - _tag_prefix(text, self._value_at, _VALUE_ENDS)
+        if self._sent_to == self._value_at:  # its first character decides the opening newline
+            if stop == self._value_at:
+                return
+            if text[self._value_at] == "\n":
+                self._sent_to += 1
+        if stop > self._sent_to and text[stop - 1] == "\n":
+            stop -= 1  # perhaps the closing frame; sent once something follows it
+        if stop > self._sent_to:
+            self.sent += json.dumps(text[self._sent_to:stop], ensure_ascii=False)[1:-1]
+            self._sent_to = stop
+        if end is not None and end > self._sent_to and text[self._sent_to:end] != "\n":
+            self.sent += json.dumps(text[self._sent_to:end], ensure_ascii=False)[1:-1]
+            self._sent_to = end
+
+
+def _tag_prefix(text: str, start: int, tags: tuple[str, ...]) -> int:
+    """Length of the longest end of `text[start:]` that begins one of `tags`."""
+    for size in range(min(len(text) - start, max(len(t) for t in tags) - 1), 0, -1):
+        if any(t.startswith(text[-size:]) for t in tags):
+            return size
+    return 0

@@ -8,10 +8,11 @@ parse, released as content: nothing visible is ever lost).
 
 Streams render `take_deltas()`: a call's start (id, name), then its
 arguments piece by piece, then its end. A `<tool_call>` JSON call whose
-name comes first streams its arguments as they are read, re-rendered as
-JSON that stays valid whatever the model writes next (argstream.py);
-the other families' calls arrive whole when their markup closes, after
-the repair pass and the schema's coercions.
+name comes first, and a Qwen3-Coder `<function=name>` call, stream their
+arguments as they are read, re-rendered as JSON that stays valid whatever
+the model writes next (argstream.py); the other families' calls arrive
+whole when their markup closes, after the repair pass and the schema's
+coercions.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import re
 import uuid
 from dataclasses import dataclass, field
 
-from inference.protocols.argstream import ArgumentStreamer
+from inference.protocols.argstream import ArgumentStreamer, XmlArgumentStreamer
 from inference.protocols.markup import HEARTH, Markup
 from inference.protocols.toolcalls import ToolCall, tool_schemas
 
@@ -47,6 +48,9 @@ class ToolDelta:
 
 # The start of a `<tool_call>` JSON body up to its arguments' value: the name must come first to stream.
 _ARGS_START = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"(?:arguments|parameters)"\s*:\s*(?=\{)')
+# Qwen3-Coder's XML, inside `<tool_call>` or on its own (the markup's body then starts after `<function=`).
+_XML_START = {"json_tools": re.compile(r"\s*<function=([^>\s]+)\s*>"), "qwen3_coder": re.compile(r"([^>\s]+)\s*>")}
+STREAMED_FAMILIES = frozenset(_XML_START)
 
 
 @dataclass
@@ -57,7 +61,7 @@ class _Streaming:
     id: str
     name: str
     at: int  # where its arguments' value starts in the markup's body
-    args: ArgumentStreamer
+    args: ArgumentStreamer | XmlArgumentStreamer
 
 
 @dataclass
@@ -114,25 +118,38 @@ class OutputParser:
         if self._tool_open is None:
             self._emit(out, self._held[: len(self._held) - keep])
             self._held = self._held[len(self._held) - keep:]
-        elif self._tool_open.family == "json_tools":
+        elif self._tool_open.family in STREAMED_FAMILIES:
             self._stream_arguments(self._held[: len(self._held) - keep])
         return out
 
     def _stream_arguments(self, body: str) -> None:
-        """Send what is new of an open `<tool_call>` JSON call's arguments."""
-        room = self.max_calls is None or len(self.calls) < self.max_calls
+        """Send what is new of an open call's arguments (argstream.py)."""
         if self._streaming is None:
-            match = _ARGS_START.match(body)
-            if match is None or not room or _unescape(match.group(1)) not in self._offered():
+            self._streaming = self._start_streaming(body)
+            if self._streaming is None:
                 return
-            name = _unescape(match.group(1))
-            self._streaming = _Streaming(len(self.calls), "call_" + uuid.uuid4().hex[:24], name, match.end(),
-                                         ArgumentStreamer(tool_schemas(self.tools).get(name, {})))
-            self._deltas.append(ToolDelta(self._streaming.index, self._streaming.id, name, ""))
+            self._deltas.append(ToolDelta(self._streaming.index, self._streaming.id, self._streaming.name, ""))
         streaming = self._streaming
         piece = streaming.args.feed(body[streaming.at:])
         if piece:
             self._deltas.append(ToolDelta(streaming.index, streaming.id, None, piece))
+
+    def _start_streaming(self, body: str) -> _Streaming | None:
+        """A call whose name has been written, to an offered tool, with room for it."""
+        assert self._tool_open is not None
+        if self.max_calls is not None and len(self.calls) >= self.max_calls:
+            return None
+        streamer: type[ArgumentStreamer] | type[XmlArgumentStreamer] = ArgumentStreamer
+        match = _ARGS_START.match(body) if self._tool_open.family == "json_tools" else None
+        if match is None:
+            match, streamer = _XML_START[self._tool_open.family].match(body), XmlArgumentStreamer
+        if match is None:
+            return None
+        name = _unescape(match.group(1)) if streamer is ArgumentStreamer else match.group(1)
+        if name not in self._offered():
+            return None
+        return _Streaming(len(self.calls), "call_" + uuid.uuid4().hex[:24], name, match.end(),
+                          streamer(tool_schemas(self.tools).get(name, {})))
 
     def _offered(self) -> set:
         return {(t.get("function") or {}).get("name") for t in self.tools or []}
@@ -176,17 +193,20 @@ class OutputParser:
             self._stream_arguments(body)
             self._finish_streamed(markup, body, closed)
             return
-        calls = markup.parse(body, self.tools, closed) or []
-        offered = self._offered()
-        if not self.undeclared and any(c.name not in offered for c in calls):  # never a call the client gets
-            calls = []
-        if calls:
-            room = len(calls) if self.max_calls is None else max(self.max_calls - len(self.calls), 0)
-            for call in calls[:room]:
-                self._deltas.append(ToolDelta(len(self.calls), call.id, call.name, call.arguments, done=True))
-                self.calls.append(call)
-        else:  # unreadable: show it as the model wrote it
+        if not self._take_whole(markup.parse(body, self.tools, closed) or []):  # unreadable: shown as written
             self._emit(out, markup.start + body + (markup.end if closed else ""))
+
+    def _take_whole(self, calls: list[ToolCall]) -> bool:
+        """Calls read whole, as many as there is room for; False when there are
+        none, or one names a tool nobody offered (never a call the client gets)."""
+        offered = self._offered()
+        if not calls or (not self.undeclared and any(c.name not in offered for c in calls)):
+            return False
+        room = len(calls) if self.max_calls is None else max(self.max_calls - len(self.calls), 0)
+        for call in calls[:room]:
+            self._deltas.append(ToolDelta(len(self.calls), call.id, call.name, call.arguments, done=True))
+            self.calls.append(call)
+        return True
 
     def _finish_streamed(self, markup: Markup, body: str, closed: bool) -> None:
         """A streamed call is a call whatever follows: its arguments are what
@@ -204,6 +224,8 @@ class OutputParser:
             self._deltas.append(ToolDelta(streaming.index, streaming.id, None, rest))
         self._deltas.append(ToolDelta(streaming.index, streaming.id, None, "", done=True))
         self.calls.append(ToolCall(streaming.name, arguments, streaming.id))
+        if isinstance(streaming.args, XmlArgumentStreamer) and body.count("<function=") > 1:
+            self._take_whole((markup.parse(body, self.tools, closed) or [])[1:])  # more calls in one block
 
 
 def _unescape(name: str) -> str:
