@@ -211,8 +211,12 @@ def test_gc_deletes_only_what_no_kept_revision_needs(hub_server, double, tiny_fi
 
     plan = httpx.get(url + "/api/gc/plan").json()
     rows = {r["repo_id"]: r for r in plan["superseded"]}
+    revisions = {r["revision"]: (r["action"], r["why"]) for r in rows[repo_id].pop("revisions")}
     assert rows[repo_id] == {"repo_id": repo_id, "prune_snapshots": 1, "skipped_snapshots": 1, "dead_blobs": 1,
                              "reclaim_bytes": len(versions[0]["config.json"])}
+    assert revisions == {shas[2]: ("keep", "named by a ref (the revision downloads track)"),
+                         shas[1]: ("skip", "holds files no kept revision has"),
+                         shas[0]: ("remove", "no ref names it and a kept revision has its files")}
     assert plan["reclaim_bytes"] >= rows[repo_id]["reclaim_bytes"]
     assert _snapshot_files(root) == before  # the plan deleted nothing
     refused = httpx.post(url + "/api/gc/execute", json={})
@@ -223,8 +227,10 @@ def test_gc_deletes_only_what_no_kept_revision_needs(hub_server, double, tiny_fi
     assert set(after) == {shas[1], shas[2]}
     for sha in (shas[1], shas[2]):  # every byte a kept or skipped revision needs is still there
         assert after[sha] == before[sha]
-    assert httpx.get(url + "/api/gc/plan").json()["superseded"] == [
-        {"repo_id": repo_id, "prune_snapshots": 0, "skipped_snapshots": 1, "dead_blobs": 0, "reclaim_bytes": 0}]
+    (again,) = httpx.get(url + "/api/gc/plan").json()["superseded"]
+    assert [r["action"] for r in again.pop("revisions")] == ["keep", "skip"]
+    assert again == {"repo_id": repo_id, "prune_snapshots": 0, "skipped_snapshots": 1, "dead_blobs": 0,
+                     "reclaim_bytes": 0}
     cli = subprocess.run([*HEARTH, "gc"], cwd=ROOT, env=_env(homes_hub, double), capture_output=True, text=True,
                          timeout=60)
     assert cli.returncode == 0 and "1 kept" in cli.stdout and "--yes" in cli.stdout
