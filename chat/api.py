@@ -123,6 +123,48 @@ def forget_approval(request: HttpRequest, body: Revoke) -> dict:
     return {"ok": True, **_approvals(body.session_id)}
 
 
+class McpConfig(Schema):
+    """MCP servers, in the shape other MCP clients use (chat/mcp.py)."""
+
+    model_config = ConfigDict(extra="allow")
+    mcpServers: dict[str, dict[str, Any]] = Field(  # noqa: N815 - the name MCP clients' files use
+        default_factory=dict, description='name -> {"command", "args"?, "env"?, "cwd"?} (stdio) or '
+                                          '{"url", "headers"?} (streamable HTTP); a value shown as ******** '
+                                          "keeps the stored one")
+
+
+def _mcp_answer(servers: dict) -> dict:
+    from chat import mcp
+
+    return {"ok": True, "mcpServers": mcp.masked(servers), "status": mcp.status(), "path": str(mcp.config_path())}
+
+
+@router.get("/settings/mcp")
+async def mcp_servers(request: HttpRequest) -> dict:
+    """The configured MCP servers (secrets masked) and what each offers, or why it offers nothing."""
+    from chat import mcp
+
+    try:
+        servers = mcp.load()
+    except mcp.ConfigError as exc:
+        raise ApiError(str(exc), 409) from None
+    await mcp.ensure_listed()
+    return _mcp_answer(servers)
+
+
+@router.put("/settings/mcp")
+async def save_mcp_servers(request: HttpRequest, body: McpConfig) -> dict:
+    """Store the MCP servers and list their tools now (the answer says which started)."""
+    from chat import mcp
+
+    try:
+        servers = mcp.save({"mcpServers": body.mcpServers})
+    except mcp.ConfigError as exc:
+        raise ApiError(str(exc)) from None
+    await mcp.refresh()
+    return _mcp_answer(servers)
+
+
 @router.post("/sessions/import", openapi_extra=documented(SessionExport, {
     "application/x-ndjson": {"schema": {"type": "string", "description": "the JSONL export, one entry a line"}}}))
 def import_session(request: HttpRequest) -> dict:
