@@ -74,6 +74,12 @@ def load() -> dict[str, dict]:
     return validate(raw)
 
 
+def commands_allowed() -> bool:
+    from django.conf import settings
+
+    return bool(settings.HEARTH_MCP_COMMANDS)
+
+
 def validate(raw) -> dict[str, dict]:
     """The servers of a configuration (`mcpServers`, or `servers`), checked."""
     servers = raw.get("mcpServers", raw.get("servers", {})) if isinstance(raw, dict) else None
@@ -174,6 +180,9 @@ async def refresh() -> dict[str, ServerState]:
             servers = {}
         state: dict[str, ServerState] = {}
         for name, entry in servers.items():
+            if "command" in entry and not commands_allowed():
+                state[name] = ServerState(error="this server runs no MCP commands (HEARTH_MCP_COMMANDS=0)")
+                continue
             try:
                 state[name] = ServerState(tools=await _list(entry))
             except Exception as exc:  # a server that does not start or answer: shown in Settings, tools not offered
@@ -228,6 +237,8 @@ def _caller(server: str, tool: str):
         entry = load().get(server)
         if entry is None:
             raise ToolError(f"the MCP server {server!r} is no longer configured")
+        if "command" in entry and not commands_allowed():
+            raise ToolError("this server runs no MCP commands (HEARTH_MCP_COMMANDS=0)")
         try:
             with anyio.fail_after(CALL_TIMEOUT_S):
                 async with _client(entry) as client:

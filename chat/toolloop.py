@@ -75,6 +75,8 @@ async def run(consumer, session, messages: list[dict], state: TurnState) -> None
     runtime = consumer.runtime
     await mcp.ensure_listed()  # MCP servers' tools, listed again when mcp.json changed
     offered = await sync_to_async(chat_tools.available)(coding)
+    if not consumer.may_code:  # a gated tool (an MCP server's too) waits for an approval only such a socket gives
+        offered = {name: tool for name, tool in offered.items() if not tool.gated}
     messages = list(messages)
     sampling, consumer.next_sampling = consumer.next_sampling, {}  # "next turn" covers all of its rounds
     for round_no in range(MAX_ROUNDS):

@@ -51,6 +51,15 @@ def test_settings_store_check_mask_and_list(client, mcp_home):
         "SECRET": "s3cret"}
     assert client.get("/api/settings/mcp").json()["status"] == {"calc": {"tools": ["add", "fail", "env_value"],
                                                                         "error": None}}
+    # A stdio server is a command this machine runs: not configurable from another machine without signing in.
+    r = client.put("/api/settings/mcp", json.dumps({"mcpServers": {}}), content_type="application/json",
+                   REMOTE_ADDR="192.168.1.5")
+    assert r.status_code == 403 and "sign in" in r.json()["error"] and mcp_home.load() != {}
+    from django.test import override_settings
+
+    with override_settings(HEARTH_MCP_COMMANDS=False):
+        code, body = _put(client, {"mcpServers": {"calc": CALC}})
+        assert code == 403 and "HEARTH_MCP_COMMANDS=0" in body["error"]
     for bad, where in [({"mcpServers": {"a b": CALC}}, "name"), ({"mcpServers": {"x": {}}}, "either `command`"),
                        ({"mcpServers": {"x": {"url": "ftp://h"}}}, "http(s) URL"),
                        ({"mcpServers": {"x": {"command": "c", "args": "one"}}}, "list of strings")]:
