@@ -3,6 +3,7 @@
 // a tab that comes back opens the last chat again and receives its running turn from the first frame.
 import { api, h, signIn, toast } from "./util.js";
 import { markdown } from "./md.js";
+import { importButton, sessionMenu } from "./session_actions.js";
 
 const LAST_CHAT = "hearth.chat.active";  // the chat to open again after a reload
 const LIVE_POLL_MS = 2000;
@@ -58,7 +59,7 @@ export function chatPage(main) {
   const root = h("div", { class: "chat" },
     h("aside", { class: "sidebar", "aria-label": "Sessions" },
       h("button", { class: "primary", type: "button", style: "width:100%", onclick: () => frame({ type: "new_session" }) },
-        "New chat"), search, hits, sessionsList),
+        "New chat"), search, hits, sessionsList, importButton(frame)),
     h("section", { class: "convo" }, messages,
       h("div", { class: "composer" },
         h("div", { class: "chatbar" }, sessionsToggle, modelName, model, thinkLabel, codingLabel, allowed, adapter, temp,
@@ -247,12 +248,12 @@ export function chatPage(main) {
 
   function renderSessions(items, activePath) {
     if (activePath) { state.active = activePath; remember(activePath); }
-    sessionsList.replaceChildren(...items.map((s) => h("li", {}, h("button", {
+    sessionsList.replaceChildren(...items.map((s) => h("li", { class: "session-row" }, h("button", {
       type: "button", class: s.path === state.active ? "active" : "", title: s.title,
       "aria-current": s.path === state.active ? "true" : null,
       onclick: () => { frame({ type: "open_session", path: s.path }); root.classList.remove("show-sessions"); },
     }, state.live.has(s.path) ? h("span", { class: "spinner", role: "status", "aria-label": "generating" }) : null,
-    s.title))));
+    s.title), ...sessionMenu(s, frame))));
     // On a phone the list hides behind "Chats": the button says when a chat is generating.
     sessionsToggle.replaceChildren(state.live.size ? h("span", { class: "spinner", role: "status",
       "aria-label": "a chat is generating" }) : "", "Chats");
