@@ -400,5 +400,21 @@ def test_the_adapters_page_merges_exports_and_pushes(hub_server, homes_hub, doub
     page.wait_for_timeout(200)
     page.screenshot(path=str(ARTIFACTS / "phone-adapters-actions.png"), full_page=True)
     assert page.evaluate("document.documentElement.scrollWidth - document.documentElement.clientWidth") <= 1
+
+    # The chat's adapter picker: one for another base model is greyed out; a fitting one mounts when picked.
+    _write_adapter(root / "ui-foreign", _random_adapter(snapshot, 1, 3), 1.0, "someone/other-model", layers=1)
+    page.set_viewport_size({"width": 1280, "height": 800})
+    page.goto(url + "/#/chat")
+    picker = page.locator("select[aria-label=Adapter]")
+    page.wait_for_selector("select[aria-label=Adapter] option[value=ui-foreign]", state="attached")
+    assert picker.locator("option[value=ui-foreign]").is_disabled()
+    assert "other base model" in picker.locator("option[value=ui-foreign]").inner_text()
+    assert picker.locator("option[value=ui-alpha]").is_enabled()
+    picker.select_option("ui-alpha")
+    deadline = time.monotonic() + 15
+    while "ui-alpha" not in {a["id"] for a in httpx.get(url + "/v1/adapters").json()["adapters"]}:
+        assert time.monotonic() < deadline, "picking ui-alpha did not mount it"
+        time.sleep(0.2)
+    httpx.delete(url + "/v1/adapters/ui-alpha").raise_for_status()
     page.close()
     assert not errors, errors

@@ -40,8 +40,8 @@ export function chatPage(main) {
   coding, "Coding tools");
   // This chat's always-allowed tools, each with a button that makes the chat ask again.
   const allowed = h("span", { class: "allowed small", hidden: true, role: "group", "aria-label": "Always allowed in this chat" });
-  const adapter = h("select", { "aria-label": "Adapter", onchange: () => frame({ type: "set_adapter",
-    id: adapter.value || null }) }, h("option", { value: "" }, "server default"), h("option", { value: "none" }, "base model"));
+  const adapter = h("select", { "aria-label": "Adapter", onchange: () => pickAdapter() },
+    h("option", { value: "" }, "server default"), h("option", { value: "none" }, "base model"));
   // Router mode: which model answers this chat ("" is the server's default, sent as null).
   const model = h("select", { "aria-label": "Model for this chat", class: "model-pick", hidden: true,
     onchange: () => frame({ type: "set_model", model: model.value || null }) });
@@ -72,9 +72,29 @@ export function chatPage(main) {
   input.addEventListener("input", () => { input.style.height = "auto"; input.style.height = `${input.scrollHeight}px`; });
   let searchTimer;
   search.addEventListener("input", () => { clearTimeout(searchTimer); searchTimer = setTimeout(runSearch, 250); });
-  api("/v1/adapters").then((r) => {
-    for (const a of r.adapters) adapter.append(h("option", { value: a.id }, a.id));
+  // Mounted adapters, then the others on disk: one for the served model mounts when picked, one trained for
+  // another base model shows greyed out (/v1/adapters/available says which).
+  Promise.all([api("/v1/adapters"), api("/v1/adapters/available").catch(() => ({ adapters: [] }))]).then(([m, av]) => {
+    const mounted = new Set(m.adapters.map((a) => a.id));
+    for (const a of m.adapters) adapter.append(h("option", { value: a.id }, a.id));
+    for (const a of av.adapters.filter((x) => !mounted.has(x.id))) {
+      adapter.append(h("option", { value: a.id, disabled: !a.compatible, "data-path": a.path,
+        title: a.compatible ? "mounted when picked" : `trained for ${a.base_model || "another model"}` },
+      a.compatible ? `${a.id} (mount)` : `${a.id} (other base model)`));
+    }
+    if (state.adapter) adapter.value = state.adapter;
   }).catch(() => {});
+
+  async function pickAdapter() {
+    const option = adapter.selectedOptions[0];
+    if (option?.dataset.path) {
+      try { await api("/v1/adapters", { json: { id: option.value, path: option.dataset.path } }); }
+      catch (e) { toast(e.message); adapter.value = state.adapter || ""; return; }
+      option.textContent = option.value; delete option.dataset.path;
+    }
+    state.adapter = adapter.value || null;
+    frame({ type: "set_adapter", id: adapter.value || null });
+  }
 
   function frame(obj) {
     if (state.ws?.readyState === WebSocket.OPEN) state.ws.send(JSON.stringify(obj));
@@ -114,7 +134,7 @@ export function chatPage(main) {
     if (!s) return;
     thinking.checked = !!s.thinking;
     coding.checked = !!s.codingTools;
-    adapter.value = s.adapter || "";
+    adapter.value = s.adapter || ""; state.adapter = s.adapter || null;
     temp.value = s.sampling?.temperature ?? "";
     state.system = s.systemPrompt || "";
   }
