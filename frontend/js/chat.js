@@ -3,6 +3,7 @@
 // a tab that comes back opens the last chat again and receives its running turn from the first frame.
 import { api, h, signIn, toast } from "./util.js";
 import { markdown } from "./md.js";
+import { samplingPanel } from "./chat_settings.js";
 import { importButton, sessionMenu } from "./session_actions.js";
 
 const LAST_CHAT = "hearth.chat.active";  // the chat to open again after a reload
@@ -48,6 +49,7 @@ export function chatPage(main) {
   const temp = h("input", { type: "number", step: "0.1", min: "0", max: "2", placeholder: "temp", style: "width:5.5em",
     "aria-label": "Temperature", onchange: () => frame({ type: "set_sampling", scope: "session",
       temperature: temp.value === "" ? null : Number(temp.value) }) });
+  const sampling = samplingPanel(frame, (values) => { temp.value = values.temperature ?? ""; });
   const system = h("button", { type: "button", onclick: () => {
     const text = prompt("System prompt for this chat (empty clears it):", state.system || "");
     if (text === null) return;
@@ -63,7 +65,7 @@ export function chatPage(main) {
     h("section", { class: "convo" }, messages,
       h("div", { class: "composer" },
         h("div", { class: "chatbar" }, sessionsToggle, modelName, model, thinkLabel, codingLabel, allowed, adapter, temp,
-          system, ctx), form)));
+          sampling.toggle, system, ctx), sampling.panel, form)));
   main.append(root);
 
   input.addEventListener("keydown", (e) => {
@@ -136,6 +138,7 @@ export function chatPage(main) {
     coding.checked = !!s.codingTools;
     adapter.value = s.adapter || ""; state.adapter = s.adapter || null;
     temp.value = s.sampling?.temperature ?? "";
+    sampling.show(s.sampling || {});
     state.system = s.systemPrompt || "";
   }
 
@@ -164,6 +167,7 @@ export function chatPage(main) {
       case "ready":
         state.ready = f; state.streaming = null; setBusy(false);
         modelName.textContent = f.model || "no model";
+        sampling.defaults(f.genDefaults);
         modelName.hidden = !!f.router;
         model.hidden = !f.router;
         if (f.router) fillModels(f);
@@ -218,7 +222,8 @@ export function chatPage(main) {
       case "context":
         ctx.textContent = f.contextWindow ? `${f.tokens} / ${f.contextWindow} tokens (${f.percent}%)` : `${f.tokens} tokens`;
         break;
-      case "error": toast(f.message); if (!state.streaming) setBusy(false); break;
+      case "error": toast(f.message); if (!sampling.panel.hidden) sampling.error(f.message);
+        if (!state.streaming) setBusy(false); break;
       default: break;
     }
   }
