@@ -2,6 +2,7 @@
 (`/api/settings/tool-approvals`)."""
 from __future__ import annotations
 
+import ipaddress
 import json
 import re
 from typing import Any
@@ -121,6 +122,71 @@ def forget_approval(request: HttpRequest, body: Revoke) -> dict:
     if not store.revoke(body.session_id, body.tool):
         raise ApiError(f"{body.tool} is not always-allowed in session {body.session_id}", 404)
     return {"ok": True, **_approvals(body.session_id)}
+
+
+class McpConfig(Schema):
+    """MCP servers, in the shape other MCP clients use (chat/mcp.py)."""
+
+    model_config = ConfigDict(extra="allow")
+    mcpServers: dict[str, dict[str, Any]] = Field(  # noqa: N815 - the name MCP clients' files use
+        default_factory=dict, description='name -> {"command", "args"?, "env"?, "cwd"?} (stdio) or '
+                                          '{"url", "headers"?} (streamable HTTP); a value shown as ******** '
+                                          "keeps the stored one")
+
+
+def _mcp_answer(servers: dict) -> dict:
+    from chat import mcp
+
+    return {"ok": True, "mcpServers": mcp.masked(servers), "status": mcp.status(), "path": str(mcp.config_path())}
+
+
+@router.get("/settings/mcp")
+async def mcp_servers(request: HttpRequest) -> dict:
+    """The configured MCP servers (secrets masked) and what each offers, or why it offers nothing."""
+    from chat import mcp
+
+    try:
+        servers = mcp.load()
+    except mcp.ConfigError as exc:
+        raise ApiError(str(exc), 409) from None
+    await mcp.ensure_listed()
+    return _mcp_answer(servers)
+
+
+def may_run_commands(request: HttpRequest) -> bool:
+    """As for the chat's coding tools: signed in (a key or the dashboard's
+    session, when keys are required) or from this machine's loopback."""
+    from django.conf import settings
+
+    if getattr(request, "hearth_signed_in", False):
+        return True
+    peer = None if settings.HEARTH_BEHIND_PROXY else request.META.get("REMOTE_ADDR")
+    try:
+        address = ipaddress.ip_address(peer) if peer else None
+    except ValueError:
+        return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return address is not None and address.is_loopback
+
+
+@router.put("/settings/mcp")
+async def save_mcp_servers(request: HttpRequest, body: McpConfig) -> dict:
+    """Store the MCP servers and list their tools now (the answer says which started).
+    A stdio server is a command this machine runs: only a signed-in or local caller may set one."""
+    from chat import mcp
+
+    if not may_run_commands(request):
+        raise ApiError("MCP servers run commands on this machine: configure them from this machine, or sign in "
+                       "(start the server with --api-key)", 403)
+    if not mcp.commands_allowed() and any("command" in e for e in body.mcpServers.values() if isinstance(e, dict)):
+        raise ApiError("this server runs no MCP commands (HEARTH_MCP_COMMANDS=0): only servers with a url", 403)
+    try:
+        servers = mcp.save({"mcpServers": body.mcpServers})
+    except mcp.ConfigError as exc:
+        raise ApiError(str(exc)) from None
+    await mcp.refresh()
+    return _mcp_answer(servers)
 
 
 @router.post("/sessions/import", openapi_extra=documented(SessionExport, {

@@ -26,7 +26,7 @@ import math
 from asgiref.sync import sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
-from chat import live, store, turns
+from chat import gensettings, live, store, turns
 from chat.models import ChatEntry, ChatSession
 from core import jsonbody
 from inference.protocols import params
@@ -164,6 +164,14 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
                                       or not math.isfinite(value)):
                 raise _FrameError(f"{key} must be a finite number or null")
+        engine = self.runtime.engine if self.runtime.router is None else None
+        tokenizer = engine.loaded.tokenizer if engine is not None and engine.loaded is not None else None
+        for key in gensettings.KEYS:
+            if key in frame:
+                try:
+                    values[key] = gensettings.check(key, frame[key], tokenizer)
+                except ValueError as exc:
+                    raise _FrameError(str(exc)) from None
         if scope == "next_turn":
             self._check_sampling({**self.next_sampling, **values})
             self.next_sampling.update(values)

@@ -173,15 +173,19 @@ def user_content(entry: ChatEntry) -> str | list[dict]:
 
 def stored_sampling(session: ChatSession) -> dict:
     """The session's saved sampling values; anything that is not a finite
-    number (a NaN saved before values were checked) is left out."""
+    number (a NaN saved before values were checked) is left out, but for
+    the checked generation settings of `chat.gensettings`."""
     try:
         saved = json.loads(session.sampling_json or "{}")
     except ValueError:
         return {}
     if not isinstance(saved, dict):
         return {}
-    return {k: v for k, v in saved.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
-            and math.isfinite(v)}
+    from chat import gensettings
+
+    numbers = {k: v for k, v in saved.items() if k not in gensettings.KEYS and isinstance(v, (int, float))
+               and not isinstance(v, bool) and math.isfinite(v)}
+    return {**numbers, **gensettings.stored(saved)}
 
 
 def settings(session: ChatSession) -> dict:

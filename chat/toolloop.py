@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from asgiref.sync import sync_to_async
 
+from chat import mcp
 from chat import tools as chat_tools
 
 MAX_ROUNDS = 8
@@ -72,7 +73,10 @@ async def run(consumer, session, messages: list[dict], state: TurnState) -> None
     for the user, CancelledError when stopped."""
     coding = bool(session.coding_tools) and consumer.may_code  # never offered to an unvouched socket
     runtime = consumer.runtime
+    await mcp.ensure_listed()  # MCP servers' tools, listed again when mcp.json changed
     offered = await sync_to_async(chat_tools.available)(coding)
+    if not consumer.may_code:  # a gated tool (an MCP server's too) waits for an approval only such a socket gives
+        offered = {name: tool for name, tool in offered.items() if not tool.gated}
     messages = list(messages)
     sampling, consumer.next_sampling = consumer.next_sampling, {}  # "next turn" covers all of its rounds
     for round_no in range(MAX_ROUNDS):

@@ -205,11 +205,13 @@ class ApiKeyMiddleware(_Middleware):
         if self.is_async:
             return self._acall(request, key, by_cookie)
         if access.key_accepted(key) or (by_cookie and access.session_signed_in(request.session)):
+            request.hearth_signed_in = True  # what may run commands here asks (chat/api.py, like the socket)
             return self.get_response(request)
         return refusal(request, key)
 
     async def _acall(self, request, key, by_cookie):
         if access.key_accepted(key) or (by_cookie and await access.request_signed_in(request)):
+            request.hearth_signed_in = True
             return await self.get_response(request)
         return refusal(request, key)
 

@@ -82,6 +82,9 @@ MIDDLEWARE = [
 HEARTH_BEHIND_PROXY = env_bool("HEARTH_BEHIND_PROXY", False)
 if HEARTH_BEHIND_PROXY:
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+# MCP servers with a `command` run on this machine (chat/mcp.py); an operator can
+# forbid them, leaving only servers reached by URL.
+HEARTH_MCP_COMMANDS = env_bool("HEARTH_MCP_COMMANDS", True)
 SESSION_COOKIE_NAME = "hearth_session"  # not Django's default: other local Django apps share localhost cookies
 CSRF_COOKIE_NAME = "hearth_csrftoken"
 SESSION_COOKIE_HTTPONLY = True

@@ -96,3 +96,7 @@ def streams() -> Path:
 
 def logs() -> Path:
     return root() / "logs"  # servers that `hearth run` started for itself
+
+
+def mcp_config() -> Path:
+    return root() / "mcp.json"  # the MCP servers whose tools the dashboard chat offers

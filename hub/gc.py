@@ -24,6 +24,7 @@ class RepoPlan:
     prune: list[Path] = field(default_factory=list)
     skipped: list[Path] = field(default_factory=list)
     dead_blobs: list[Path] = field(default_factory=list)
+    kept: dict[str, str] = field(default_factory=dict)  # revision -> why it stays
 
     @property
     def reclaim_bytes(self) -> int:
@@ -31,7 +32,17 @@ class RepoPlan:
 
     def row(self) -> dict:
         return {"repo_id": self.repo_id, "prune_snapshots": len(self.prune), "skipped_snapshots": len(self.skipped),
-                "dead_blobs": len(self.dead_blobs), "reclaim_bytes": self.reclaim_bytes}
+                "dead_blobs": len(self.dead_blobs), "reclaim_bytes": self.reclaim_bytes,
+                "revisions": self.revisions()}
+
+    def revisions(self) -> list[dict]:
+        """Each revision, what the plan does with it, and why."""
+        out = [{"revision": name, "action": "keep", "why": why} for name, why in sorted(self.kept.items())]
+        out += [{"revision": s.name, "action": "skip", "why": "holds files no kept revision has"}
+                for s in self.skipped]
+        out += [{"revision": s.name, "action": "remove", "why": "no ref names it and a kept revision has its files"}
+                for s in self.prune]
+        return out
 
 
 def _has_real_files(snapshot: Path) -> bool:
@@ -70,11 +81,13 @@ def plan_repo(root: Path, in_use: frozenset = frozenset()) -> RepoPlan | None:
                 referenced.add(read_text(ref, "ref", 4096).strip())
             except (OSError, ValueError):  # a folder, or not a regular file: names nothing
                 continue
-    kept = {name for name in snapshots if name in referenced}
-    if not kept and snapshots:  # nothing names a revision: keep the newest
-        kept = {max(snapshots, key=lambda n: snapshots[n].stat().st_mtime)}
-    kept |= {name for name in snapshots if snapshots[name].resolve() in in_use}  # being served
     plan = RepoPlan(repo_id, root)
+    plan.kept = {name: "named by a ref (the revision downloads track)" for name in snapshots if name in referenced}
+    if not plan.kept and snapshots:  # nothing names a revision: keep the newest
+        plan.kept = {max(snapshots, key=lambda n: snapshots[n].stat().st_mtime): "the newest (no ref names one)"}
+    plan.kept.update({name: "being served" for name in snapshots
+                      if snapshots[name].resolve() in in_use and name not in plan.kept})
+    kept = set(plan.kept)
     kept_files = {}
     for name in kept:
         kept_files.update(_links(snapshots[name]))

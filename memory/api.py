@@ -83,11 +83,21 @@ def vaults(request: HttpRequest) -> dict:
 def status(request: HttpRequest, vault_name: str | None = Query(None, alias="vault", description=VAULT)) -> dict:
     """With no vault, a 200 that says so (`ok: false, enabled: false`, its `error` and `root`)."""
     row = service.find(vault_name)
+    model = _synthesis_model(request)
     if row is None or not Path(row.root).is_dir():
-        return {"ok": False, **_no_vault(vault_name, row)}
+        return {"ok": False, **_no_vault(vault_name, row), "synthesis_model": model}
     with _reading():
         return {"ok": True, "enabled": True, "vault": row.row(),
-                "status": vault.status(Path(row.root))}
+                "status": vault.status(Path(row.root)), "synthesis_model": model}
+
+
+def _synthesis_model(request: HttpRequest) -> dict:
+    """The model a synthesis would ask, and whether it is one of Hearth's demo
+    models, which can chat a little but cannot write articles worth keeping."""
+    from inference.demo.build import is_demo
+
+    model = request.runtime.served_model()
+    return {"model": model, "demo": bool(model and is_demo(model))}
 
 
 @router.get("/memory/list")

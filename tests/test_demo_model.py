@@ -117,3 +117,21 @@ def test_thinking_on_opens_a_reasoning_channel(demo_server):
     assert "think>" not in thinking.content and "think>" not in thinking.reasoning
     direct = ask()  # thinking is off unless asked for
     assert direct.content and not getattr(direct, "reasoning", None), direct
+
+
+def test_the_memory_page_says_synthesis_needs_a_real_model(demo_server, page):
+    import httpx
+
+    from tests.test_dashboard import ARTIFACTS
+
+    status = httpx.get(demo_server.url + "/api/memory/status").json()
+    assert status["synthesis_model"] == {"model": "hearth/demo-chat", "demo": True}
+    made = httpx.post(demo_server.url + "/api/memory/init", json={}, timeout=60)
+    assert made.json()["ok"], made.text
+    page.goto(demo_server.url + "/#/memory")
+    note = page.locator(".mem-demo")
+    note.wait_for()
+    assert "Synthesis needs a real model" in note.inner_text() and "hearth/demo-chat" in note.inner_text()
+    assert note.locator("button", has_text="Download").count() == 1
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "desktop-memory-demo-model.png"), full_page=True)

@@ -4,6 +4,8 @@
 import { api, h, signIn, toast } from "./util.js";
 import { markdown } from "./md.js";
 import { imageAttacher, turnImages } from "./chat_images.js";
+import { samplingPanel } from "./chat_settings.js";
+import { importButton, sessionMenu } from "./session_actions.js";
 
 const LAST_CHAT = "hearth.chat.active";  // the chat to open again after a reload
 const LIVE_POLL_MS = 2000;
@@ -40,14 +42,15 @@ export function chatPage(main) {
   coding, "Coding tools");
   // This chat's always-allowed tools, each with a button that makes the chat ask again.
   const allowed = h("span", { class: "allowed small", hidden: true, role: "group", "aria-label": "Always allowed in this chat" });
-  const adapter = h("select", { "aria-label": "Adapter", onchange: () => frame({ type: "set_adapter",
-    id: adapter.value || null }) }, h("option", { value: "" }, "server default"), h("option", { value: "none" }, "base model"));
+  const adapter = h("select", { "aria-label": "Adapter", onchange: () => pickAdapter() },
+    h("option", { value: "" }, "server default"), h("option", { value: "none" }, "base model"));
   // Router mode: which model answers this chat ("" is the server's default, sent as null).
   const model = h("select", { "aria-label": "Model for this chat", class: "model-pick", hidden: true,
     onchange: () => frame({ type: "set_model", model: model.value || null }) });
   const temp = h("input", { type: "number", step: "0.1", min: "0", max: "2", placeholder: "temp", style: "width:5.5em",
     "aria-label": "Temperature", onchange: () => frame({ type: "set_sampling", scope: "session",
       temperature: temp.value === "" ? null : Number(temp.value) }) });
+  const sampling = samplingPanel(frame, (values) => { temp.value = values.temperature ?? ""; });
   const system = h("button", { type: "button", onclick: () => {
     const text = prompt("System prompt for this chat (empty clears it):", state.system || "");
     if (text === null) return;
@@ -61,11 +64,11 @@ export function chatPage(main) {
   const root = h("div", { class: "chat" },
     h("aside", { class: "sidebar", "aria-label": "Sessions" },
       h("button", { class: "primary", type: "button", style: "width:100%", onclick: () => frame({ type: "new_session" }) },
-        "New chat"), search, hits, sessionsList),
+        "New chat"), search, hits, sessionsList, importButton(frame)),
     h("section", { class: "convo" }, messages,
       h("div", { class: "composer" },
         h("div", { class: "chatbar" }, sessionsToggle, modelName, model, thinkLabel, codingLabel, allowed, adapter, temp,
-          system, ctx), images.strip, form)));
+          sampling.toggle, system, ctx), sampling.panel, images.strip, form)));
   main.append(root);
 
   input.addEventListener("keydown", (e) => {
@@ -74,9 +77,29 @@ export function chatPage(main) {
   input.addEventListener("input", () => { input.style.height = "auto"; input.style.height = `${input.scrollHeight}px`; });
   let searchTimer;
   search.addEventListener("input", () => { clearTimeout(searchTimer); searchTimer = setTimeout(runSearch, 250); });
-  api("/v1/adapters").then((r) => {
-    for (const a of r.adapters) adapter.append(h("option", { value: a.id }, a.id));
+  // Mounted adapters, then the others on disk: one for the served model mounts when picked, one trained for
+  // another base model shows greyed out (/v1/adapters/available says which).
+  Promise.all([api("/v1/adapters"), api("/v1/adapters/available").catch(() => ({ adapters: [] }))]).then(([m, av]) => {
+    const mounted = new Set(m.adapters.map((a) => a.id));
+    for (const a of m.adapters) adapter.append(h("option", { value: a.id }, a.id));
+    for (const a of av.adapters.filter((x) => !mounted.has(x.id))) {
+      adapter.append(h("option", { value: a.id, disabled: !a.compatible, "data-path": a.path,
+        title: a.compatible ? "mounted when picked" : `trained for ${a.base_model || "another model"}` },
+      a.compatible ? `${a.id} (mount)` : `${a.id} (other base model)`));
+    }
+    if (state.adapter) adapter.value = state.adapter;
   }).catch(() => {});
+
+  async function pickAdapter() {
+    const option = adapter.selectedOptions[0];
+    if (option?.dataset.path) {
+      try { await api("/v1/adapters", { json: { id: option.value, path: option.dataset.path } }); }
+      catch (e) { toast(e.message); adapter.value = state.adapter || ""; return; }
+      option.textContent = option.value; delete option.dataset.path;
+    }
+    state.adapter = adapter.value || null;
+    frame({ type: "set_adapter", id: adapter.value || null });
+  }
 
   function frame(obj) {
     if (state.ws?.readyState === WebSocket.OPEN) state.ws.send(JSON.stringify(obj));
@@ -117,8 +140,9 @@ export function chatPage(main) {
     if (!s) return;
     thinking.checked = !!s.thinking;
     coding.checked = !!s.codingTools;
-    adapter.value = s.adapter || "";
+    adapter.value = s.adapter || ""; state.adapter = s.adapter || null;
     temp.value = s.sampling?.temperature ?? "";
+    sampling.show(s.sampling || {});
     state.system = s.systemPrompt || "";
   }
 
@@ -147,6 +171,7 @@ export function chatPage(main) {
       case "ready":
         state.ready = f; state.streaming = null; setBusy(false);
         modelName.textContent = f.model || "no model";
+        sampling.defaults(f.genDefaults);
         modelName.hidden = !!f.router;
         model.hidden = !f.router;
         if (f.router) fillModels(f);
@@ -201,7 +226,8 @@ export function chatPage(main) {
       case "context":
         ctx.textContent = f.contextWindow ? `${f.tokens} / ${f.contextWindow} tokens (${f.percent}%)` : `${f.tokens} tokens`;
         break;
-      case "error": toast(f.message); if (!state.streaming) setBusy(false); break;
+      case "error": toast(f.message); if (!sampling.panel.hidden) sampling.error(f.message);
+        if (!state.streaming) setBusy(false); break;
       default: break;
     }
   }
@@ -251,12 +277,12 @@ export function chatPage(main) {
 
   function renderSessions(items, activePath) {
     if (activePath) { state.active = activePath; remember(activePath); }
-    sessionsList.replaceChildren(...items.map((s) => h("li", {}, h("button", {
+    sessionsList.replaceChildren(...items.map((s) => h("li", { class: "session-row" }, h("button", {
       type: "button", class: s.path === state.active ? "active" : "", title: s.title,
       "aria-current": s.path === state.active ? "true" : null,
       onclick: () => { frame({ type: "open_session", path: s.path }); root.classList.remove("show-sessions"); },
     }, state.live.has(s.path) ? h("span", { class: "spinner", role: "status", "aria-label": "generating" }) : null,
-    s.title))));
+    s.title), ...sessionMenu(s, frame))));
     // On a phone the list hides behind "Chats": the button says when a chat is generating.
     sessionsToggle.replaceChildren(state.live.size ? h("span", { class: "spinner", role: "status",
       "aria-label": "a chat is generating" }) : "", "Chats");

@@ -1,5 +1,8 @@
 // Jobs: the list, and one job's live events with a loss curve.
+import { pushForm } from "./push.js";
 import { api, bar, every, h, toast } from "./util.js";
+
+const PUSHED = new Set(["quantize", "finetune", "dataset"]);  // kinds whose output can go to the Hub
 
 export function jobsPage(main, [jobId]) {
   if (jobId) return jobDetail(main, jobId);
@@ -55,6 +58,8 @@ function jobDetail(main, id) {
       head.replaceChildren(h("h1", {}, `${job.kind} ${job.id} `, status(job.status)),
         job.error ? h("p", { class: "error" }, job.error) : "",
         job.output_path ? h("p", { class: "small" }, "Output: ", h("code", {}, job.output_path)) : "",
+        job.status === "done" && job.output_path && PUSHED.has(job.kind) && !head.querySelector(".push")
+          ? pushForm(job.kind, { job_id: job.id }, `the output of job ${job.id}`) : head.querySelector(".push") || "",
         live ? h("button", { type: "button", onclick: async () => { await api(`/api/jobs/${id}/cancel`, { method: "POST" })
           .catch((e) => toast(e.message)); refresh(); } }, "Cancel") : "");
       progress.replaceChildren(bar(job.progress, "job progress"), h("p", { class: "muted small" },

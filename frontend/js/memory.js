@@ -85,7 +85,7 @@ async function homeView(page, off) {
   const results = h("div", { class: "mem-results", "aria-live": "polite" });
   const form = h("form", { class: "row mem-search", role: "search", onsubmit: (e) => { e.preventDefault(); search(); } },
     q, scope, h("button", { type: "submit" }, "Search"));
-  page.replaceChildren(head, statusLine, synth.el, form, results);
+  page.replaceChildren(head, statusLine, demoWarning(status.synthesis_model), synth.el, form, results);
 
   let timer = 0, seq = 0, list = null;
   q.addEventListener("input", () => { saved.q = q.value; clearTimeout(timer); timer = setTimeout(search, 300); });
@@ -198,6 +198,22 @@ export function highlight(text, ranges) {
   }
   if (at < chars.length) out.push(chars.slice(at).join(""));
   return out;
+}
+
+// The demo models can show that synthesis works, not write articles worth keeping: say so before a run.
+const REAL_MODEL = "mlx-community/Qwen3-1.7B-4bit";
+
+function demoWarning(model) {
+  if (!model?.demo) return "";
+  const get = h("button", { type: "button", onclick: async () => {
+    try { await api("/api/hub/download", { json: { repo: REAL_MODEL } }); toast(`Downloading ${REAL_MODEL}`); location.hash = "#/models"; }
+    catch (e) { toast(e.message); }
+  } }, `Download ${REAL_MODEL} (about 1 GB)`);
+  return h("div", { class: "card notice mem-demo", role: "note" },
+    h("strong", {}, "Synthesis needs a real model. "),
+    `The model being served, ${model.model}, is Hearth's tiny demo: it can chat a little, but the articles it writes ` +
+    "would be nonsense. Download a small real model, then serve it (Models page) and synthesize with it.",
+    h("div", { class: "row" }, get, h("a", { href: "#/models" }, "Open Models")));
 }
 
 // ---- synthesis: start, follow the job's SSE, show stages ------------------------------------

@@ -1,6 +1,7 @@
 // The local library with fit badges, hub search and downloads with progress. GET /models says the mode:
 // in router mode each row shows its model's live status (from /models/sse) with load, unload, pin and
 // default; in single mode the served model's row shows its status and the others offer a restart to serve them.
+import { cleanupPanel } from "./cleanup.js";
 import { api, bar, bytes, every, fitBadge, h, toast } from "./util.js";
 
 const BADGE = { loaded: "ok", loading: "warn", failed: "bad" };
@@ -14,7 +15,8 @@ export function modelsPage(main) {
     "aria-label": "Search models" });
   main.append(h("div", { class: "page" }, h("h1", {}, "Models"),
     h("form", { class: "row", onsubmit: (e) => { e.preventDefault(); search(); } }, q, h("button", { type: "submit" }, "Search")),
-    results, h("h2", {}, "Downloads"), downloads, h("h2", {}, "On this machine"), fleetLine, library));
+    results, h("h2", {}, "Downloads"), downloads, h("h2", {}, "On this machine"), fleetLine, library,
+    cleanupPanel(() => loadLibrary(true).catch(() => {}))));
 
   // fleet: what GET /models and its event stream say; views: the table row of each model id.
   const fleet = { mode: null, default: null, max: null, rows: new Map(), busy: new Set(), source: null };

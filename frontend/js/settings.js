@@ -1,4 +1,5 @@
-// Settings: the Hugging Face token, a link to the Curve Designer, and each chat's always-allowed tools.
+// Settings: the Hugging Face token, a link to the Curve Designer, MCP servers, and each chat's always-allowed tools.
+import { mcpCard } from "./mcp.js";
 import { api, h, toast } from "./util.js";
 
 export function settingsPage(main) {
@@ -18,6 +19,7 @@ export function settingsPage(main) {
     h("div", { class: "card" }, h("h2", { style: "margin-top:0" }, "Sampling lab"),
       h("p", { class: "muted small" }, "Draw a tone curve over the served model's next-token log-probabilities and compare samples drawn with it against the model's default sampling."),
       h("a", { href: "/curves", class: "curves-link" }, "Open the Curve Designer")),
+    mcpCard(),
     h("div", { class: "card" }, h("h2", { style: "margin-top:0" }, "Always-allowed tools"),
       h("p", { class: "muted small" }, "“Always allow” holds for one tool in one chat; every other chat still asks. Revoke to be asked again."),
       approvals)));

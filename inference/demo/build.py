@@ -33,6 +33,12 @@ from inference.demo.files import (
 log = logging.getLogger("hearth.demo")
 
 DEMO_REPO = "hearth/demo-chat"
+DEMO_PREFIX = "hearth/demo-"  # every model `make-demo-model` publishes
+
+
+def is_demo(model_id: str) -> bool:
+    """One of the small models Hearth trains on this machine to show its plumbing."""
+    return model_id.startswith(DEMO_PREFIX)
 BUILDER_VERSION = 2  # bump when the recipe changes so cached builds are redone
 MARKER = "hearth_demo.json"
 

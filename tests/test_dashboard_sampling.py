@@ -1,0 +1,44 @@
+"""The chat's sampling panel in headless Chromium against the session server:
+the model's defaults shown, a JSON schema checked as it is typed, every
+setting saved on the session and shown again after a reload."""
+from __future__ import annotations
+
+import json
+
+from tests.test_dashboard import ARTIFACTS, _send
+
+
+def test_the_sampling_panel_saves_every_setting(page, base_url):
+    page.goto(base_url + "/#/chat")
+    page.wait_for_selector("text=hearth-test/tiny-random")
+    page.click("text=New chat")
+    _send(page, "Settings test chat")
+    page.click("button[aria-label='Sampling settings']")
+    panel = page.locator("form.sampling-panel")
+    assert "(model)" in panel.locator("input[aria-label=temperature]").get_attribute("placeholder")
+    panel.locator("input[aria-label='max tokens']").fill("12")
+    panel.locator("input[aria-label='top k']").fill("7")
+    panel.locator("input[aria-label='Stop sequences (comma separated)']").fill("###, END")
+    panel.locator("textarea[aria-label='Logit bias by token text']").fill("the = -5")
+    panel.locator("select[aria-label='Response format']").select_option("json_schema")
+    schema = panel.locator("textarea[aria-label='JSON schema']")
+    schema.fill('{"type": "object",')
+    assert "JSON" in panel.locator("[role=status]").inner_text()  # the parse error, as typed
+    panel.locator("button", has_text="Save for this chat").click()
+    assert "does not parse" in panel.locator("[role=alert]").inner_text()
+    schema.fill(json.dumps({"type": "object", "properties": {"a": {"type": "string"}}}))
+    assert "Valid JSON schema" in panel.locator("[role=status]").inner_text()
+    panel.locator("button", has_text="Save for this chat").click()
+    page.wait_for_selector("#toast:has-text('Sampling saved')")
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "desktop-chat-sampling.png"))
+
+    page.reload()
+    page.wait_for_selector("text=Settings test chat")
+    page.click("button[aria-label='Sampling settings']")
+    assert panel.locator("input[aria-label='max tokens']").input_value() == "12"
+    assert panel.locator("input[aria-label='top k']").input_value() == "7"
+    assert panel.locator("input[aria-label='Stop sequences (comma separated)']").input_value() == "###, END"
+    bias = panel.locator("textarea[aria-label='Logit bias by token text']").input_value()
+    assert bias and all(line.split(" = ")[0].isdigit() and line.endswith("= -5") for line in bias.splitlines())
+    assert json.loads(schema.input_value())["properties"]["a"] == {"type": "string"}
