@@ -1,4 +1,5 @@
-"""`hearth make-demo-model`: build (once) the embedded demo chat model."""
+"""`hearth make-demo-model`: build (once) an embedded demo model: the chat
+model (`--kind chat`, the default) or the speech model (`--kind audio`)."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -9,24 +10,45 @@ from huggingface_hub import constants
 
 from core.blas import blas_in_use
 from inference.demo.build import DEMO_REPO, Recipe, build
+from inference.demo.whisper_build import WHISPER_REPO, WhisperRecipe
 
 
 class Command(BaseCommand):
-    help = f"Train the small demo chat model and publish it to the local HF cache as {DEMO_REPO}."
+    help = (f"Train a small demo model and publish it to the local HF cache: {DEMO_REPO} (chat, the default) or "
+            f"{WHISPER_REPO} (--kind audio: a tiny Whisper that transcribes spoken digits).")
 
     def add_arguments(self, parser):
+        parser.add_argument("--kind", choices=("chat", "audio"), default="chat")
         parser.add_argument("--force", action="store_true", help="rebuild even when a cached build exists")
-        parser.add_argument("--seed", type=int, default=Recipe.seed)
-        parser.add_argument("--steps", type=int, default=Recipe.steps)
+        parser.add_argument("--seed", type=int, default=None)
+        parser.add_argument("--steps", type=int, default=None)
 
-    def handle(self, *args, force: bool, seed: int, steps: int, **options):
-        recipe = replace(Recipe(), seed=seed, steps=steps)
-
+    def handle(self, *args, kind: str, force: bool, seed: int | None, steps: int | None, **options):
         def progress(step, total, loss, seconds):
             bar = "#" * (20 * step // total)
             self.stdout.write(f"  [{bar:<20}] step {step}/{total}  loss {loss:.3f}  {seconds:.0f}s")
 
         self.stdout.write(f"BLAS: {blas_in_use()}")
-        path, built = build(Path(constants.HF_HUB_CACHE), recipe, force=force, progress=progress)
+        cache = Path(constants.HF_HUB_CACHE)
+        if kind == "audio":
+            recipe = WhisperRecipe()
+            recipe = replace(recipe, seed=recipe.seed if seed is None else seed,
+                             steps=recipe.steps if steps is None else steps)
+            path, built, summary = _build_whisper(cache, recipe, force, progress)
+            repo = WHISPER_REPO
+            if summary:
+                self.stdout.write(f"  trained: {summary}")
+        else:
+            recipe = Recipe()
+            recipe = replace(recipe, seed=recipe.seed if seed is None else seed,
+                             steps=recipe.steps if steps is None else steps)
+            path, built = build(cache, recipe, force=force, progress=progress)
+            repo = DEMO_REPO
         verb = "built" if built else "already built"
-        self.stdout.write(self.style.SUCCESS(f"{DEMO_REPO} {verb}: {path}"))
+        self.stdout.write(self.style.SUCCESS(f"{repo} {verb}: {path}"))
+
+
+def _build_whisper(cache: Path, recipe: WhisperRecipe, force: bool, progress):
+    from inference.demo.whisper_build import build as build_whisper
+
+    return build_whisper(cache, recipe, force=force, progress=progress)
