@@ -396,7 +396,8 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         model = engine.loaded if engine is not None else None
         defaults = runtime.options.defaults
         return {"type": "ready", "model": model.model_id if model else None, "vision": False, "audio": False,
-                "thinking": chat_protocol.thinks(model) if model else False, "transcription": False,
+                "thinking": chat_protocol.thinks(model) if model else False,
+                "transcription": runtime.transcriber is not None and runtime.transcriber.available,
                 "genDefaults": params.gen_defaults(defaults, model.generation_config) if model else None,
                 "contextWindow": model.context_window if model else None, "router": False,
                 "models": [model.model_id] if model else []}

@@ -203,3 +203,56 @@ def test_without_a_whisper_model(server, clips):
     chat = httpx.post(server.url + "/v1/chat/completions", timeout=60, json={"max_tokens": 2, "messages": [
         {"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": data, "format": "wav"}}]}]})
     assert chat.status_code == 400 and "Whisper" in chat.json()["error"]["message"]
+
+
+def test_dashboard_hold_to_talk_and_audio_drop(audio_server, clips, tmp_path):
+    """The chat's microphone button streams a fake microphone (Chromium plays
+    a wav file as the capture device) to a live session and fills the prompt;
+    an audio file dropped on the chat is transcribed into it too."""
+    import shutil
+
+    from playwright.sync_api import sync_playwright
+
+    from tests.test_dashboard_tools import ARTIFACTS
+
+    looped = tmp_path / "mic.wav"  # Chromium loops the file: speech, then a second of silence
+    speech = speech_data.say("four seven one")
+    looped.write_bytes(speech_data.to_wav(np.concatenate([np.zeros(8000, np.float32), speech,
+                                                          np.zeros(16000, np.float32)])))
+    args = ["--no-sandbox", "--disable-gpu", "--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream",
+            f"--use-file-for-fake-audio-capture={looped}"]
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=shutil.which("chromium") or "/usr/bin/chromium", args=args)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 800})
+            page.goto(audio_server.url + "/#/chat")
+            mic = page.get_by_role("button", name="Hold to talk")
+            mic.wait_for(state="visible", timeout=30_000)
+            box = mic.bounding_box()
+            page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+            with page.expect_response(lambda r: r.url.endswith("/finish"), timeout=120_000) as finished:
+                page.mouse.down()
+                page.wait_for_function("document.querySelector('.mic').classList.contains('recording')")
+                page.wait_for_timeout(2500)
+                page.screenshot(path=str(ARTIFACTS / "audio-mic-recording.png"))
+                page.mouse.up()
+            assert finished.value.status == 200
+            text = finished.value.json()["text"]
+            if text.strip():
+                page.wait_for_function("document.querySelector('textarea').value.length > 0")
+                assert page.locator("textarea").input_value().strip() == text.strip()
+            page.screenshot(path=str(ARTIFACTS / "audio-mic-filled.png"))
+            # A dropped file: the same clip as an upload to /v1/audio/transcriptions.
+            data = list(clips["wav"].read_bytes())
+            with page.expect_response(lambda r: r.url.endswith("/v1/audio/transcriptions"), timeout=120_000) as up:
+                page.evaluate("""(bytes) => {
+                    const file = new File([new Uint8Array(bytes)], 'clip.wav', { type: 'audio/wav' });
+                    const dt = new DataTransfer(); dt.items.add(file);
+                    const chat = document.querySelector('.chat');
+                    const init = { dataTransfer: dt, bubbles: true, cancelable: true };
+                    chat.dispatchEvent(new DragEvent('dragover', init));
+                    chat.dispatchEvent(new DragEvent('drop', init));
+                }""", data)
+            assert up.value.status == 200
+        finally:
+            browser.close()

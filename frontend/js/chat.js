@@ -3,6 +3,7 @@
 // a tab that comes back opens the last chat again and receives its running turn from the first frame.
 import { api, h, signIn, toast } from "./util.js";
 import { markdown } from "./md.js";
+import { speechInput } from "./speech.js";
 
 const LAST_CHAT = "hearth.chat.active";  // the chat to open again after a reload
 const LIVE_POLL_MS = 2000;
@@ -64,6 +65,7 @@ export function chatPage(main) {
         h("div", { class: "chatbar" }, sessionsToggle, modelName, model, thinkLabel, codingLabel, allowed, adapter, temp,
           system, ctx), form)));
   main.append(root);
+  speechInput({ form, input, before: stop, area: root });
 
   input.addEventListener("keydown", (e) => {
     if (e.key === "Enter" && !e.shiftKey && !e.isComposing) { e.preventDefault(); submit(); }

@@ -15,13 +15,16 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
+from typing import Literal
 
 import numpy as np
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from ninja import Router
+from pydantic import BaseModel, Field
 
 from core import audio, sse
 from core.http import error_object
+from core.openapi import documented
 from inference.engine.errors import EngineError
 from inference.engine.speech import SHORTEST, WINDOW, NoWhisperModel, Options, Take, Transcriber, windows
 from inference.protocols import transcription
@@ -30,6 +33,25 @@ from inference.routes.pipeline import STREAM_HEADERS, read_body
 
 router = Router(tags=["audio"])
 WAIT_S = 600.0  # one window may wait this long for the engine
+
+
+class TranscriptionRequest(BaseModel):
+    """The fields of a transcription or translation (a JSON body, or the form fields of a multipart one)."""
+
+    file: str = Field(description="the audio: base64 or a data: URL (multipart: the uploaded file)")
+    model: str | None = Field(None, description="ignored: the server's Whisper model is used")
+    language: str | None = Field(None, description="ISO 639-1 code or name; omitted or `auto`: detected")
+    prompt: str | None = Field(None, description="text the transcription continues (vocabulary, style)")
+    response_format: Literal["json", "text", "srt", "vtt", "verbose_json"] = "json"
+    temperature: float | None = Field(None, ge=0, le=1, description="omitted: the fallback ladder 0, 0.2, … 1")
+    stream: bool = False
+
+
+MULTIPART = {"multipart/form-data": {"schema": {
+    "type": "object", "required": ["file"],
+    "properties": {"file": {"type": "string", "format": "binary"},
+                   **{k: v for k, v in TranscriptionRequest.model_json_schema()["properties"].items()
+                      if k != "file"}}}}}
 
 
 def transcriber(request: HttpRequest) -> Transcriber:
@@ -156,12 +178,12 @@ async def _transcribe(request: HttpRequest, task: str) -> HttpResponse:
     return JsonResponse(result(service, take, fmt, len(samples) / audio.RATE, timings))
 
 
-@router.post("/audio/transcriptions")
+@router.post("/audio/transcriptions", openapi_extra=documented(TranscriptionRequest, MULTIPART))
 async def transcriptions(request: HttpRequest):
     return await _transcribe(request, "transcribe")
 
 
-@router.post("/audio/translations")
+@router.post("/audio/translations", openapi_extra=documented(TranscriptionRequest, MULTIPART))
 async def translations(request: HttpRequest):
     return await _transcribe(request, "translate")
 

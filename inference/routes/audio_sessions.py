@@ -20,11 +20,14 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
+from typing import Literal
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from ninja import Router
+from pydantic import BaseModel, Field
 
 from core import audio
+from core.openapi import NO_BODY, documented
 from inference.engine.speech import MAX_SESSIONS, Session, Take
 from inference.protocols import transcription
 from inference.protocols.errors import RequestError
@@ -32,6 +35,22 @@ from inference.routes.audio import decode, result, transcriber, window
 from inference.routes.pipeline import read_body
 
 router = Router(tags=["audio"])
+
+
+class SessionRequest(BaseModel):
+    """A live session's parameters (all optional)."""
+
+    language: str | None = None
+    prompt: str | None = None
+    response_format: Literal["json", "verbose_json"] = "json"
+    temperature: float | None = Field(None, ge=0, le=1)
+
+
+CHUNK = {"requestBody": {"required": True, "content": {
+    "audio/pcm": {"schema": {"type": "string", "format": "binary",
+                             "description": "little-endian float32 mono at 16 kHz (`audio/pcm;rate=16000`)"}},
+    "application/octet-stream": {"schema": {"type": "string", "format": "binary",
+                                            "description": "any container ffmpeg reads"}}}}}
 
 
 def _session(request: HttpRequest, session_id: str, open_only: bool = True) -> Session:
@@ -43,7 +62,7 @@ def _session(request: HttpRequest, session_id: str, open_only: bool = True) -> S
     return found
 
 
-@router.post("/audio/sessions")
+@router.post("/audio/sessions", openapi_extra=documented(SessionRequest))
 async def open_session(request: HttpRequest):
     body = await read_body(request) if request.body else {}
     ask = transcription.ask(body, "transcribe", formats=("json", "verbose_json"))
@@ -57,7 +76,7 @@ async def open_session(request: HttpRequest):
             "response_format": session.response_format}
 
 
-@router.post("/audio/sessions/{session_id}/audio")
+@router.post("/audio/sessions/{session_id}/audio", openapi_extra=CHUNK)
 async def session_audio(request: HttpRequest, session_id: str):
     session = _session(request, session_id)
     service = transcriber(request)
@@ -78,7 +97,7 @@ def _params(request: HttpRequest) -> str:
     return "".join(f";{k}={v}" for k, v in request.content_params.items())
 
 
-@router.post("/audio/sessions/{session_id}/finish")
+@router.post("/audio/sessions/{session_id}/finish", openapi_extra=NO_BODY)
 async def finish_session(request: HttpRequest, session_id: str):
     session = _session(request, session_id)
     service = transcriber(request)
