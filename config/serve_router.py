@@ -4,7 +4,9 @@ on a private loopback port) when a request names it; the default model
 and pinned ones load at start.
 
 Flags every model shares (batching, context, sampling defaults, …) are
-handed to each child, the preset's per-model flags after them; the request
+handed to each child, the preset's per-model flags after them; the memory
+budget (`--memory-budget`, else three quarters of RAM) is the total, and
+each child gets an equal share of it among the models loaded at once; the request
 bounds reach the children through the environment (`core.limits.export`).
 Each child keeps its prompt cache's SSD tier under HEARTH_HOME/prompt-cache
 (or `--ssd-cache`), one folder per model, so a model unloaded to make
@@ -32,7 +34,7 @@ log = logging.getLogger("hearth.serve")
 
 # serve flags every child gets from the router's own: flag -> option key
 SHARED_FLAGS = {"--batch": "batch", "--prefill-chunk": "prefill_chunk", "--max-context": "max_context",
-                "--memory-budget": "memory_budget", "--prompt-cache-bytes": "prompt_cache_bytes",
+                "--prompt-cache-bytes": "prompt_cache_bytes",
                 "--ssd-cache-bytes": "ssd_cache_bytes", "--kv-quant": "kv_quant", "--max-tokens": "max_tokens",
                 "--temperature": "temperature", "--top-p": "top_p", "--top-k": "top_k",
                 "--hlg-sampling": "hlg_sampling", "--response-ttl": "response_ttl", "--drain-seconds": "drain_seconds",
@@ -93,7 +95,8 @@ def serve_router(opts: dict, bounds) -> None:
             request_timeout_s=opts["child_timeout"] or 600.0,
             stop_timeout_s=opts["drain_seconds"] + opts["flush_seconds"] + 15.0,
             child_args=tuple(child_args(opts)),
-            cache_root=opts["ssd_cache"] or str(home.prompt_caches()))
+            cache_root=opts["ssd_cache"] or str(home.prompt_caches()),
+            memory_total=opts["memory_budget"] or usable)
         manager = Manager(library, settings, default, usable, catalog)
     except (CatalogError, PresetError) as exc:
         raise CommandError(str(exc)) from None

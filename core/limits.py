@@ -39,6 +39,11 @@ class Limits:
     # Client chat templates (chat_template_kwargs.chat_template)
     allow_client_templates: bool = False
     template_timeout_s: float = 5.0
+    # Media named by URL in a request (core/media.py)
+    allow_private_media: bool = False  # fetch from loopback, private and link-local addresses too
+    max_media_bytes: int = 64 * MiB  # an image or audio clip, fetched or in a data: URL
+    max_video_bytes: int = 256 * MiB  # a video clip
+    media_timeout_s: float = 10.0  # one fetch, redirects included
     # The dashboard socket
     max_socket_text: int = 200_000  # characters of a prompt or system prompt sent over /ws/chat
 
@@ -53,7 +58,9 @@ ENV = {
     "max_grammar_choices": "HEARTH_MAX_GRAMMAR_CHOICES", "max_schema_depth": "HEARTH_MAX_SCHEMA_DEPTH",
     "grammar_timeout_s": "HEARTH_GRAMMAR_TIMEOUT", "grammar_cache_bytes": "HEARTH_GRAMMAR_CACHE_BYTES",
     "allow_client_templates": "HEARTH_ALLOW_CLIENT_TEMPLATES", "template_timeout_s": "HEARTH_TEMPLATE_TIMEOUT",
-    "max_socket_text": "HEARTH_MAX_SOCKET_TEXT",
+    "max_socket_text": "HEARTH_MAX_SOCKET_TEXT", "allow_private_media": "HEARTH_ALLOW_PRIVATE_MEDIA",
+    "max_media_bytes": "HEARTH_MAX_MEDIA_BYTES", "max_video_bytes": "HEARTH_MAX_VIDEO_BYTES",
+    "media_timeout_s": "HEARTH_MEDIA_TIMEOUT",
 }
 
 

@@ -207,3 +207,12 @@ def test_keys():
                     "ssd-cache", "ssd-cache-bytes", "kv-quant", "draft-model", "draft-kind", "draft-tokens",
                     "keep-dtype", "embeddings", "temperature", "top-p",
                     "top-k", "hlg-sampling", "max-tokens", "alias", "tags", "pin", "idle-unload"}
+
+
+def test_router_children_share_the_memory_budget():
+    from inference.router.slots import Settings
+
+    settings = Settings(models_max=4, memory_total=8 << 30)
+    assert settings.memory_share(1 << 30) == 2 << 30  # an equal share of the total
+    assert settings.memory_share(3 << 30) == 3 << 30  # a model larger than its share keeps its own estimate
+    assert Settings(models_max=4).memory_share(1 << 30) is None  # no total: the child decides

@@ -135,22 +135,22 @@ def test_the_enforced_tool_schema_is_always_checked_and_never_rewritten_where_ar
 
 @pytest.mark.parametrize("arguments", ['{"city": "a\\"}b", "days": 2}', '{"city":"x\\\\\\"]y","days":2}',
                                        '{"city": "{[}", "days": 2}'])
-def test_enforced_arguments_stream_as_written_escapes_and_brackets_in_strings_included(arguments):
+def test_arguments_stream_as_read_escapes_and_brackets_in_strings_included(arguments):
     from inference.protocols.toolcalls import balanced_end
 
     assert balanced_end(arguments + "} tail") == len(arguments)
     text = 'On it. <tool_call>{"name": "get_weather", "arguments": ' + arguments + "}</tool_call>"
-    streamed = OutputParser(tools=TOOLS, stream_arguments=True)
-    whole = OutputParser(tools=TOOLS)
-    for parser in (streamed, whole):
-        for ch in text:
-            parser.feed(ch)
-        parser.finish()
+    streamed, whole = OutputParser(tools=TOOLS), OutputParser(tools=TOOLS)
+    for ch in text:
+        streamed.feed(ch)
+    streamed.finish()
+    whole.feed(text)
+    whole.finish()
     deltas = streamed.take_deltas()
     assert deltas[0].name == "get_weather" and deltas[-1].done and len(deltas) > 5
-    assert "".join(d.arguments for d in deltas) == arguments == streamed.calls[0].arguments
-    (only,) = whole.take_deltas()  # not enforced: one whole call, read once it closed
-    assert only.done and only.name == "get_weather" and json.loads(only.arguments) == json.loads(arguments)
+    canonical = json.dumps(json.loads(arguments), ensure_ascii=False)
+    assert "".join(d.arguments for d in deltas) == canonical == streamed.calls[0].arguments
+    assert whole.calls[0].arguments == canonical  # one reading, however the text was cut
 
 
 class _Model:

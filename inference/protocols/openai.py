@@ -126,8 +126,7 @@ async def prepare_chat(body: dict, model: LoadedModel, options: Options) -> Prep
     if enforced:
         markups = markups[:1]  # while enforced, only the markup the grammar constrains is read as calls
     prepared.output = OutputParser(in_reasoning=think == "open", reasoning=chat.thinks(model), tools=turn.tools,
-                                   max_calls=1 if turn.single_call else None, markups=markups,
-                                   stream_arguments=enforced)
+                                   max_calls=1 if turn.single_call else None, markups=markups)
     return prepared
 
 

@@ -7,12 +7,12 @@ is withheld and turned into `ToolCall`s when it closes (or, failing to
 parse, released as content: nothing visible is ever lost).
 
 Streams render `take_deltas()`: a call's start (id, name), then its
-arguments piece by piece as they are generated, then its end. Arguments
-stream as they come where a grammar enforces the call (`stream_arguments`:
-tool_choice over `<tool_call>` JSON, so the text is schema-valid JSON as it
-is written); anywhere else a call arrives whole when its markup closes,
-after the repair pass and the schema's coercions, which could not be taken
-back from a client that already has the raw text.
+arguments piece by piece, then its end. A `<tool_call>` JSON call whose
+name comes first, and a Qwen3-Coder `<function=name>` call, stream their
+arguments as they are read, re-rendered as JSON that stays valid whatever
+the model writes next (argstream.py); the other families' calls arrive
+whole when their markup closes, after the repair pass and the schema's
+coercions.
 """
 from __future__ import annotations
 
@@ -21,8 +21,9 @@ import re
 import uuid
 from dataclasses import dataclass, field
 
+from inference.protocols.argstream import ArgumentStreamer, XmlArgumentStreamer
 from inference.protocols.markup import HEARTH, Markup
-from inference.protocols.toolcalls import Nesting, ToolCall
+from inference.protocols.toolcalls import ToolCall, tool_schemas
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 
@@ -46,7 +47,10 @@ class ToolDelta:
 
 
 # The start of a `<tool_call>` JSON body up to its arguments' value: the name must come first to stream.
-_ARGS_START = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"arguments"\s*:\s*(?=\{)')
+_ARGS_START = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"(?:arguments|parameters)"\s*:\s*(?=\{)')
+# Qwen3-Coder's XML, inside `<tool_call>` or on its own (the markup's body then starts after `<function=`).
+_XML_START = {"json_tools": re.compile(r"\s*<function=([^>\s]+)\s*>"), "qwen3_coder": re.compile(r"([^>\s]+)\s*>")}
+STREAMED_FAMILIES = frozenset(_XML_START)
 
 
 @dataclass
@@ -57,9 +61,7 @@ class _Streaming:
     id: str
     name: str
     at: int  # where its arguments' value starts in the markup's body
-    sent: str = ""  # the arguments' text sent so far
-    nesting: Nesting = field(default_factory=Nesting)  # read once, as it comes
-    end: int | None = None  # where the arguments' value ends, once it has
+    args: ArgumentStreamer | XmlArgumentStreamer
 
 
 @dataclass
@@ -72,7 +74,6 @@ class OutputParser:
     # Calls to tools nobody offered stay text, unless the caller answers them itself (the dashboard's
     # tool loop tells the model the tool does not exist, so it can correct itself).
     undeclared: bool = False
-    stream_arguments: bool = False  # a grammar enforces the calls: their arguments stream as written
     calls: list[ToolCall] = field(default_factory=list)
     _held: str = ""
     _tool_open: Markup | None = None  # the markup being withheld
@@ -117,29 +118,38 @@ class OutputParser:
         if self._tool_open is None:
             self._emit(out, self._held[: len(self._held) - keep])
             self._held = self._held[len(self._held) - keep:]
-        elif self.stream_arguments and self._tool_open.family == "json_tools":
+        elif self._tool_open.family in STREAMED_FAMILIES:
             self._stream_arguments(self._held[: len(self._held) - keep])
         return out
 
     def _stream_arguments(self, body: str) -> None:
-        """Send what is new of an open `<tool_call>` JSON call's arguments."""
-        room = self.max_calls is None or len(self.calls) < self.max_calls
+        """Send what is new of an open call's arguments (argstream.py)."""
         if self._streaming is None:
-            match = _ARGS_START.match(body)
-            if match is None or not room or match.group(1) not in self._offered():
+            self._streaming = self._start_streaming(body)
+            if self._streaming is None:
                 return
-            self._streaming = _Streaming(len(self.calls), "call_" + uuid.uuid4().hex[:24], match.group(1),
-                                         match.end())
             self._deltas.append(ToolDelta(self._streaming.index, self._streaming.id, self._streaming.name, ""))
         streaming = self._streaming
-        value = body[streaming.at:]
-        if streaming.end is None:
-            streaming.end = streaming.nesting.scan(value)
-        value = value[:streaming.end] if streaming.end is not None else value
-        piece = value[len(streaming.sent):]
+        piece = streaming.args.feed(body[streaming.at:])
         if piece:
-            streaming.sent = value
             self._deltas.append(ToolDelta(streaming.index, streaming.id, None, piece))
+
+    def _start_streaming(self, body: str) -> _Streaming | None:
+        """A call whose name has been written, to an offered tool, with room for it."""
+        assert self._tool_open is not None
+        if self.max_calls is not None and len(self.calls) >= self.max_calls:
+            return None
+        streamer: type[ArgumentStreamer] | type[XmlArgumentStreamer] = ArgumentStreamer
+        match = _ARGS_START.match(body) if self._tool_open.family == "json_tools" else None
+        if match is None:
+            match, streamer = _XML_START[self._tool_open.family].match(body), XmlArgumentStreamer
+        if match is None:
+            return None
+        name = _unescape(match.group(1)) if streamer is ArgumentStreamer else match.group(1)
+        if name not in self._offered():
+            return None
+        return _Streaming(len(self.calls), "call_" + uuid.uuid4().hex[:24], name, match.end(),
+                          streamer(tool_schemas(self.tools).get(name, {})))
 
     def _offered(self) -> set:
         return {(t.get("function") or {}).get("name") for t in self.tools or []}
@@ -183,34 +193,46 @@ class OutputParser:
             self._stream_arguments(body)
             self._finish_streamed(markup, body, closed)
             return
-        calls = markup.parse(body, self.tools, closed) or []
-        offered = self._offered()
-        if not self.undeclared and any(c.name not in offered for c in calls):  # never a call the client gets
-            calls = []
-        if calls:
-            room = len(calls) if self.max_calls is None else max(self.max_calls - len(self.calls), 0)
-            for call in calls[:room]:
-                self._deltas.append(ToolDelta(len(self.calls), call.id, call.name, call.arguments, done=True))
-                self.calls.append(call)
-        else:  # unreadable: show it as the model wrote it
+        if not self._take_whole(markup.parse(body, self.tools, closed) or []):  # unreadable: shown as written
             self._emit(out, markup.start + body + (markup.end if closed else ""))
+
+    def _take_whole(self, calls: list[ToolCall]) -> bool:
+        """Calls read whole, as many as there is room for; False when there are
+        none, or one names a tool nobody offered (never a call the client gets)."""
+        offered = self._offered()
+        if not calls or (not self.undeclared and any(c.name not in offered for c in calls)):
+            return False
+        room = len(calls) if self.max_calls is None else max(self.max_calls - len(self.calls), 0)
+        for call in calls[:room]:
+            self._deltas.append(ToolDelta(len(self.calls), call.id, call.name, call.arguments, done=True))
+            self.calls.append(call)
+        return True
 
     def _finish_streamed(self, markup: Markup, body: str, closed: bool) -> None:
         """A streamed call is a call whatever follows: its arguments are what
-        was sent when that is JSON, else what the repair pass makes of them."""
+        was sent, completed from the repair pass's reading where the reader
+        had stopped (argstream.py)."""
         streaming, self._streaming = self._streaming, None
         assert streaming is not None
-        arguments = streaming.sent
-        try:
-            json.loads(arguments)
-        except ValueError:
+
+        def repair() -> str | None:
             parsed = markup.parse(body, self.tools, closed)
-            arguments = parsed[0].arguments if parsed else "{}"
-            rest = arguments[len(streaming.sent):] if arguments.startswith(streaming.sent) else ""
-            if rest:
-                self._deltas.append(ToolDelta(streaming.index, streaming.id, None, rest))
+            return parsed[0].arguments if parsed and parsed[0].name == streaming.name else None
+
+        rest, arguments = streaming.args.close(repair)
+        if rest:
+            self._deltas.append(ToolDelta(streaming.index, streaming.id, None, rest))
         self._deltas.append(ToolDelta(streaming.index, streaming.id, None, "", done=True))
         self.calls.append(ToolCall(streaming.name, arguments, streaming.id))
+        if isinstance(streaming.args, XmlArgumentStreamer) and body.count("<function=") > 1:
+            self._take_whole((markup.parse(body, self.tools, closed) or [])[1:])  # more calls in one block
+
+
+def _unescape(name: str) -> str:
+    try:
+        return json.loads(f'"{name}"')
+    except ValueError:
+        return name
 
 
 def _partial_suffix(text: str, tags: list[str]) -> int:

@@ -352,6 +352,9 @@ class Manager:
         slot.port = None
         args = [slot.entry.ref, "--model-id", slot.id, "--host", "127.0.0.1", "--port", "0", "--no-worker",
                 *self.settings.child_args, *slot.entry.preset.child_args()]
+        share = self.settings.memory_share(slot.entry.estimated_bytes(self.usable_bytes))
+        if share and "memory-budget" not in slot.entry.preset.flags:
+            args += ["--memory-budget", str(share)]
         if self.settings.cache_root and "ssd-cache" not in slot.entry.preset.flags:
             args += ["--ssd-cache", f"{self.settings.cache_root}/{folder_name(slot.id)}"]
         holder: list[ChildProcess] = []

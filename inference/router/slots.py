@@ -54,6 +54,16 @@ class Settings:
     child_args: tuple[str, ...] = ()  # serve flags every child gets, before its preset's
     cache_root: str | None = None  # each child's SSD prompt-cache tier: <cache_root>/<model>
     memory_check: bool = True
+    memory_total: int | None = None  # what all children may take together (--memory-budget, or 3/4 of RAM)
+
+    def memory_share(self, estimate: int | None) -> int | None:
+        """A child's `--memory-budget`: an equal share of the total among the
+        models that may be loaded at once, or the model's own estimate when
+        that is larger (the router's free-memory check admits such a load),
+        so the children's batches, each sized to its budget, fit together."""
+        if not self.memory_total:
+            return None
+        return max(self.memory_total // max(self.models_max, 1), estimate or 0)
 
 
 @dataclass

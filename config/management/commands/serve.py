@@ -74,6 +74,9 @@ LIMIT_FLAGS = {  # flag: (Limits field, type, help)
     "--body-timeout": ("body_timeout_s", _seconds, "seconds a request's body may take after its headers (120)"),
     "--idle-timeout": ("idle_timeout_s", _seconds, "seconds an idle keep-alive connection stays open (60)"),
     "--max-socket-text": ("max_socket_text", _positive, "most characters in a dashboard chat message (200000)"),
+    "--max-media-bytes": ("max_media_bytes", _bytes, "largest image or audio clip named by URL or data: URL (64MiB)"),
+    "--max-video-bytes": ("max_video_bytes", _bytes, "largest video clip named by URL or data: URL (256MiB)"),
+    "--media-timeout": ("media_timeout_s", _seconds, "seconds one media URL fetch may take, redirects included (10)"),
 }
 
 
@@ -84,13 +87,17 @@ def _add_limit_flags(parser) -> None:
     group.add_argument("--allow-client-templates", dest="allow_client_templates", action="store_true", default=None,
                        help="let requests bring their own chat template (chat_template_kwargs.chat_template); "
                             "each renders in a separate process with a time budget")
+    group.add_argument("--allow-private-media", dest="allow_private_media", action="store_true", default=None,
+                       help="fetch image, audio and video URLs from loopback, private and link-local addresses "
+                            "too (a NAS, another machine on the LAN); refused by default")
 
 
 def _limits(opts: dict) -> limits.Limits:
     """The environment's bounds (HEARTH_MAX_BODY_BYTES, …), with the flags over them."""
     given = {name: opts[name] for name, *_ in LIMIT_FLAGS.values() if opts.get(name) is not None}
-    if opts.get("allow_client_templates"):
-        given["allow_client_templates"] = True
+    for switch in ("allow_client_templates", "allow_private_media"):
+        if opts.get(switch):
+            given[switch] = True
     return dataclasses.replace(limits.from_env(), **given)
 
 
