@@ -111,3 +111,43 @@ def to_wav(audio: np.ndarray, rate: int = RATE) -> bytes:
         w.setframerate(rate)
         w.writeframes((np.clip(audio, -1, 1) * 32767).astype("<i2").tobytes())
     return out.getvalue()
+
+
+@dataclass(frozen=True)
+class Voice:
+    """One speaker: each digit word as espeak-ng says it in this voice, speed and pitch."""
+
+    words: tuple[np.ndarray, ...]
+
+
+def voices(n: int, seed: int) -> list[Voice]:
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        voice = rng.choice(VOICES) + rng.choice(VARIANTS)
+        speed, pitch = rng.randint(120, 220), rng.randint(20, 80)
+        out.append(Voice(tuple(trim(say(word, voice, speed, pitch)) for word in WORDS)))
+    return out
+
+
+def compose(voice: Voice, digits: str, rng: np.random.Generator) -> tuple[np.ndarray, list[tuple[float, float]]]:
+    """`digits` said by `voice` word by word with short pauses, after some
+    silence; returns the audio and each word's (start, end) in seconds."""
+    parts, spans, at = [], [], 0
+    lead = int(rng.uniform(0.0, 0.6) * RATE)
+    parts.append(np.zeros(lead, np.float32))
+    at = lead
+    for i, d in enumerate(digits.split()):
+        if i:
+            gap = int(rng.uniform(0.03, 0.3) * RATE)
+            parts.append(np.zeros(gap, np.float32))
+            at += gap
+        word = voice.words[int(d)]
+        parts.append(word)
+        spans.append((at / RATE, (at + len(word)) / RATE))
+        at += len(word)
+    parts.append(np.zeros(int(rng.uniform(0.1, 0.5) * RATE), np.float32))
+    audio = np.concatenate(parts) * rng.uniform(0.3, 1.2)
+    if rng.random() < 0.5:
+        audio = audio + rng.normal(0, rng.uniform(0.0005, 0.01), len(audio))
+    return np.clip(audio, -1, 1).astype(np.float32), spans

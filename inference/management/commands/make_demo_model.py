@@ -11,6 +11,7 @@ from huggingface_hub import constants
 from core.blas import blas_in_use
 from inference.demo.build import DEMO_REPO, Recipe, build
 from inference.demo.whisper_build import WHISPER_REPO, WhisperRecipe
+from inference.demo.whisper_build import build as build_whisper
 
 
 class Command(BaseCommand):
@@ -34,7 +35,7 @@ class Command(BaseCommand):
             recipe = WhisperRecipe()
             recipe = replace(recipe, seed=recipe.seed if seed is None else seed,
                              steps=recipe.steps if steps is None else steps)
-            path, built, summary = _build_whisper(cache, recipe, force, progress)
+            path, built, summary = build_whisper(cache, recipe, force=force, progress=progress)
             repo = WHISPER_REPO
             if summary:
                 self.stdout.write(f"  trained: {summary}")
@@ -47,8 +48,3 @@ class Command(BaseCommand):
         verb = "built" if built else "already built"
         self.stdout.write(self.style.SUCCESS(f"{repo} {verb}: {path}"))
 
-
-def _build_whisper(cache: Path, recipe: WhisperRecipe, force: bool, progress):
-    from inference.demo.whisper_build import build as build_whisper
-
-    return build_whisper(cache, recipe, force=force, progress=progress)
