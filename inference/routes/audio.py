@@ -18,11 +18,13 @@ from collections.abc import AsyncIterator
 from typing import Literal
 
 import numpy as np
+from django.core.exceptions import BadRequest, SuspiciousOperation
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.http.multipartparser import MultiPartParserError
 from ninja import Router
 from pydantic import BaseModel, Field
 
-from core import audio, sse
+from core import audio, media, sse
 from core.http import error_object
 from core.openapi import documented
 from inference.engine.errors import EngineError
@@ -81,10 +83,13 @@ async def _form(request: HttpRequest) -> tuple[dict, bytes]:
     """The fields and the audio bytes of a multipart or JSON body; 415 for any other type."""
     kind = (request.content_type or "").lower()
     if kind == "multipart/form-data":
-        upload = request.FILES.get("file")
+        try:
+            upload = request.FILES.get("file")
+            fields = {k: request.POST.get(k) for k in request.POST}
+        except (MultiPartParserError, SuspiciousOperation, BadRequest) as exc:
+            raise RequestError(f"unreadable multipart body: {exc}") from None
         if upload is None:
             raise RequestError("a `file` part with the audio is required", "file")
-        fields = {k: request.POST.get(k) for k in request.POST}
         return fields, upload.read()
     if kind == "application/json":
         body = await read_body(request)
@@ -191,8 +196,9 @@ async def translations(request: HttpRequest):
 AUDIO_PARTS = ("input_audio", "audio", "audio_url")
 
 
-def _part_audio(part: dict, where: str) -> bytes:
-    """The bytes of one audio content part (base64 or a data: URL)."""
+async def _part_audio(part: dict, where: str) -> bytes:
+    """The bytes of one audio content part: base64, a data: URL, or an
+    http(s) URL fetched under the remote-media policy (core.media)."""
     kind = part["type"]
     if kind == "input_audio":
         inner = part.get("input_audio")
@@ -201,10 +207,13 @@ def _part_audio(part: dict, where: str) -> bytes:
         value = part.get("data")
     else:
         inner = part.get("audio_url")
-        value = inner.get("url") if isinstance(inner, dict) else inner
-        if isinstance(value, str) and not value.startswith("data:"):
-            raise RequestError("audio_url must be a data: URL (base64 audio); remote audio URLs are not fetched",
-                               where)
+        url = inner.get("url") if isinstance(inner, dict) else inner
+        if not isinstance(url, str):
+            raise RequestError(f"{where}.audio_url.url must be a data: or http(s) URL", where)
+        try:
+            return (await asyncio.to_thread(media.load_media, url, "audio"))[0]
+        except media.MediaRefused as exc:
+            raise RequestError(f"{where}.audio_url: {exc}", where) from None
     if not isinstance(value, str):
         raise RequestError(f"{where} carries no base64 audio", where)
     try:
@@ -245,5 +254,5 @@ async def audio_parts_to_text(request: HttpRequest, body: dict) -> None:
                            "server has no Whisper model (start it with `--whisper-model REPO_OR_DIR`)",
                            found[0][2])
     for message, i, where in found:
-        text = await _part_text(service, _part_audio(message["content"][i], where), where)
+        text = await _part_text(service, await _part_audio(message["content"][i], where), where)
         message["content"] = [*message["content"][:i], {"type": "text", "text": text}, *message["content"][i + 1:]]
