@@ -15,8 +15,8 @@ from inference.demo.whisper_build import build as build_whisper
 
 
 class Command(BaseCommand):
-    help = (f"Train a small demo model and publish it to the local HF cache: {DEMO_REPO} (chat, the default) or "
-            f"{WHISPER_REPO} (--kind audio: a tiny Whisper that transcribes spoken digits).")
+    help = (f"Train the small demo chat model and publish it to the local HF cache as {DEMO_REPO}; with --kind "
+            f"audio, the demo speech model instead ({WHISPER_REPO}: a tiny Whisper that transcribes spoken digits).")
 
     def add_arguments(self, parser):
         parser.add_argument("--kind", choices=("chat", "audio"), default="chat")
