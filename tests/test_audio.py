@@ -121,6 +121,7 @@ def test_bad_requests(audio_server, client):
               data={"response_format": "xml"}), 400),
         (dict(json={"file": "%%%"}), 400),
         (dict(content=b"abc", headers={"content-type": "text/plain"}), 415),
+        (dict(content=b"--b--\r\n", headers={"content-type": "multipart/form-data; boundary=b"}), 400),
     ]
     for kwargs, status in cases:
         r = httpx.post(url, timeout=60, **kwargs)
