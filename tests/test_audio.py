@@ -257,3 +257,24 @@ def test_dashboard_hold_to_talk_and_audio_drop(audio_server, clips, tmp_path):
             assert up.value.status == 200
         finally:
             browser.close()
+
+
+def test_idle_unload(monkeypatch):
+    """The Whisper model goes after `idle_unload_s` without use, and comes back on the next."""
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from inference.engine import speech
+
+    weights = object()
+    monkeypatch.setattr(speech, "load", lambda ref: weights)
+    with ThreadPoolExecutor(1) as engine_thread:
+        service = speech.Transcriber("some/whisper", engine_thread.submit, idle_unload_s=0.3)
+        assert service.submit(lambda model: model is weights).result(5)[0] is True
+        assert service.resident and service.loads == 1
+        time.sleep(1.0)
+        assert not service.resident and service.unloads == 1
+        _, load_ms = service.submit(lambda model: None).result(5)
+        assert service.resident and service.loads == 2 and load_ms >= 0
+        service.close()
+    assert speech.Transcriber(None, engine_thread.submit).stats()["model"] is None
