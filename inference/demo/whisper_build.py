@@ -37,7 +37,7 @@ from inference.demo.files import publish_to_cache
 log = logging.getLogger("hearth.demo")
 
 WHISPER_REPO = "hearth/demo-whisper"
-BUILDER_VERSION = 1
+BUILDER_VERSION = 2
 MARKER = "hearth_demo.json"
 N_VOCAB = 51865  # the multilingual tokenizer's size (99 languages)
 SEQ = 32  # training rows pad to this many tokens
@@ -178,6 +178,12 @@ def _model(recipe: WhisperRecipe, vocab: Vocab):
     table = sinusoids(1501, recipe.width) * math.sqrt(2 / recipe.width)
     weight = model.decoder.token_embedding.weight
     model.decoder.token_embedding.weight = weight.at[rows].add(table - weight[rows])
+    # The first block's cross-attention starts as that lookup: its queries and
+    # keys compare positional embeddings (sharpened), so a timestamp token
+    # attends to its place in the audio before anything is learned.
+    cross = model.decoder.blocks[0].cross_attn
+    cross.query.weight = mx.eye(recipe.width) * 4.0
+    cross.key.weight = mx.eye(recipe.width)
     # The text positions are learned; Whisper starts them near zero.
     model.decoder.positional_embedding = mx.random.normal((448, recipe.width)) * 0.01
     return model
