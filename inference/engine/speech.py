@@ -170,7 +170,6 @@ class Transcriber:
         self.loads = self.unloads = self.requests = 0
         self.last_load_ms: float | None = None
         self.last_used = time.monotonic()
-        self.open_uses = 0  # sessions holding the model (no idle unload while one is open)
         self._timer: threading.Timer | None = None
         self._lock = threading.Lock()
 
@@ -251,7 +250,7 @@ class Transcriber:
         with self._lock:
             self._timer = None
             idle = time.monotonic() - self.last_used
-            if self.open_uses > 0 or idle < self.idle_unload_s:
+            if idle < self.idle_unload_s:
                 self._arm(max(self.idle_unload_s - idle, 1.0))
                 return
         try:

@@ -27,7 +27,7 @@ from pydantic import BaseModel, Field
 from core import audio, media, sse
 from core.http import error_object
 from core.openapi import documented
-from inference.engine.errors import EngineError
+from inference.engine.errors import EngineError, EngineTimeout
 from inference.engine.speech import SHORTEST, WINDOW, NoWhisperModel, Options, Take, Transcriber, windows
 from inference.protocols import transcription
 from inference.protocols.errors import RequestError
@@ -121,7 +121,7 @@ async def window(service: Transcriber, take: Take, samples: np.ndarray, offset: 
     try:
         added, load_ms = await asyncio.wait_for(future, WAIT_S)
     except TimeoutError:
-        raise EngineError("the engine stayed busy; try again later") from None
+        raise EngineTimeout("the engine stayed busy; try again later") from None
     return added, load_ms
 
 

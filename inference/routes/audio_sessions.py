@@ -80,7 +80,7 @@ async def open_session(request: HttpRequest):
 async def session_audio(request: HttpRequest, session_id: str):
     session = _session(request, session_id)
     service = transcriber(request)
-    samples = await decode(request.body, request.content_type + _params(request))
+    samples = await decode(request.body, (request.content_type or "") + _params(request))
     async with session.lock:
         if session.finished:
             raise RequestError(f"transcription session {session_id} is finished", None, 409,
