@@ -14,7 +14,7 @@ EXTRAS := test$(if $(filter 1,$(MKL)),$(comma)mkl)
 HOST ?= 127.0.0.1
 PORT ?= 8080
 
-.PHONY: serve test lint blas browser git deps bench clean
+.PHONY: serve test lint blas browser git media deps bench clean
 
 deps: $(VENV)/.installed
 
@@ -59,12 +59,22 @@ git:
 	elif command -v sudo >/dev/null; then sudo apt-get update -q && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -q git; \
 	else echo "warning: git is not installed; memory vaults need it (apt-get install git)"; fi
 
-serve: deps blas git
+# Speech: ffmpeg decodes every audio upload; espeak-ng speaks the demo Whisper's training data (and the tests' clips).
+media:
+ifeq ($(UNAME),Linux)
+	@need=""; for tool in ffmpeg espeak-ng; do command -v $$tool >/dev/null || need="$$need $$tool"; done; \
+	if [ -z "$$need" ]; then echo "ffmpeg and espeak-ng present"; \
+	elif [ "$$(id -u)" = 0 ]; then apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$need; \
+	elif command -v sudo >/dev/null; then sudo apt-get update -q && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$need; \
+	else echo "error:$$need needed for speech to text (apt-get install ffmpeg espeak-ng)"; exit 1; fi
+endif
+
+serve: deps blas git media
 	$(BIN)/hearth make-demo-model
 	$(BIN)/hearth serve --host $(HOST) --port $(PORT)
 
 # Lint and type check first: the suite runs only on a clean tree.
-test: deps blas browser git lint
+test: deps blas browser git media lint
 	HF_HUB_OFFLINE=1 $(BIN)/pytest -q tests
 
 # ruff over everything; mypy over the files [tool.mypy] names (core, the engine, protocols and routes).

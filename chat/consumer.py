@@ -404,8 +404,10 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         engine = runtime.engine
         model = engine.loaded if engine is not None else None
         defaults = runtime.options.defaults
-        return {"type": "ready", "model": model.model_id if model else None, "vision": False, "audio": False,
-                "thinking": chat_protocol.thinks(model) if model else False, "transcription": False,
+        return {"type": "ready", "model": model.model_id if model else None,
+                "vision": model is not None and model.vision is not None, "audio": False,
+                "thinking": chat_protocol.thinks(model) if model else False,
+                "transcription": runtime.transcriber is not None and runtime.transcriber.available,
                 "genDefaults": params.gen_defaults(defaults, model.generation_config) if model else None,
                 "contextWindow": model.context_window if model else None, "router": False,
                 "models": [model.model_id] if model else []}

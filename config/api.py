@@ -22,6 +22,8 @@ from hub.api import router as hub_router
 from inference.engine.errors import EngineError
 from inference.protocols.errors import RequestError
 from inference.routes import adapters, anthropic, embeddings, errors, models, openai, responses, streams
+from inference.routes import audio as v1_audio
+from inference.routes import audio_sessions as v1_audio_sessions
 from jobs.api import router as jobs_router
 from jobs.api_dataset import router as dataset_router
 from jobs.api_push import router as push_router
@@ -46,6 +48,8 @@ def _parse_error(exc: HttpError) -> str:
 v1 = NinjaAPI(title="Hearth client protocols", version="1", urls_namespace="v1", docs_url="/docs",
               parser=StrictJson())
 for module in (openai, anthropic, responses, streams, embeddings, models, adapters):
+    v1.add_router("", module.router)
+for module in (v1_audio, v1_audio_sessions):  # speech to text
     v1.add_router("", module.router)
 v1.add_router("", memory_v1_router)
 

@@ -91,7 +91,7 @@ class CrossOriginGuardMiddleware(_Middleware):
     folder. SDK clients send no `Origin` and are not affected; the dashboard
     is same-origin."""
 
-    GUARDED = ("/api/", "/v1/", "/admin/cache/")
+    GUARDED = ("/api/", "/v1/", "/admin/cache/", "/admin/transcription/")
     SAFE = ("GET", "HEAD", "OPTIONS")
     # GETs that start work (GET /v1/memory/synthesize starts a synthesis): an <img> on
     # another site sends no Origin, but browsers mark it Sec-Fetch-Site.

@@ -32,6 +32,7 @@ urlpatterns = [
     path("models/sse", models_routes.models_sse),
     path("admin/cache/session/close", ops.cache_session_close),
     path("admin/cache/flush", ops.cache_flush),
+    path("admin/transcription/unload", ops.transcription_unload),
     path("admin/", admin.site.urls),
     path("", frontend.shell),
     path("assets/<path:name>", frontend.asset),

@@ -67,6 +67,12 @@ def _refuse(channel, status: int, reason: bytes, message: str, code: str) -> Non
 
 
 class GuardedRequest(WebRequest):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # Django reads form bodies itself; Twisted's own multipart parse would
+        # answer a malformed one with a bare 400 before the app could say why.
+        self._parsePOSTFormSubmission = False
+
     def gotLength(self, length):
         self.received = 0
         cap = current_limits().max_body_bytes

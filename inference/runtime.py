@@ -15,6 +15,7 @@ import time
 
 from inference.engine.engine import Engine
 from inference.engine.errors import EngineError
+from inference.engine.speech import Sessions, Transcriber
 from inference.protocols.options import Options
 from inference.protocols.response_store import ResponseStore
 from inference.router.manager import Manager
@@ -54,6 +55,9 @@ class Runtime:
         self.warning: str | None = None  # shown in /stats (serving off loopback with no key)
         # Adapter records on disk and in the database (jobs.adapters), wired by the composition root.
         self.adapter_records = None
+        # Speech to text beside the chat model (`hearth serve --whisper-model`); None: not offered here.
+        self.transcriber: Transcriber | None = None
+        self.audio_sessions = Sessions()  # live transcription sessions (/v1/audio/sessions)
 
     # -- engines ---------------------------------------------------------
     def add_engine(self, engine: Engine, default: bool = True) -> None:

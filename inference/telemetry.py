@@ -34,6 +34,8 @@ def stats_body(runtime: Runtime) -> dict:
     if runtime.warning:
         body["warning"] = runtime.warning
     body["blas"] = _blas()
+    if runtime.transcriber is not None:
+        body["transcription"] = runtime.transcriber.stats()
     return body
 
 

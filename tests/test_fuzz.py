@@ -62,11 +62,14 @@ def fuzz_server(tmp_path_factory):
     root = tmp_path_factory.mktemp("fuzz")
     hf_home, hearth_home = root / "hf", root / "hearth"
     build_tiny_model(hf_home / "hub")
+    from inference.demo.whisper_build import write_random
+
+    whisper = write_random(root / "whisper")  # the audio routes answer 503 without one
     env = dict(server_env(hf_home, hearth_home), HEARTH_ALLOW_PATHS=str(root),
                HF_ENDPOINT="http://127.0.0.1:9",  # no hub, even if offline mode were off
                HEARTH_MCP_COMMANDS="0")  # a generated MCP configuration never runs a generated command
     proc = ServerProcess(env, TINY_REPO, "--no-worker", "--embeddings", "--max-context", str(MAX_CONTEXT),
-                         "--max-tokens", "16", log_path=root / "server.log")
+                         "--max-tokens", "16", "--whisper-model", str(whisper), log_path=root / "server.log")
     try:
         yield proc.wait_ready()
     finally:

@@ -6,6 +6,7 @@ import { markdown } from "./md.js";
 import { imageAttacher, turnImages } from "./chat_images.js";
 import { samplingPanel } from "./chat_settings.js";
 import { importButton, sessionMenu } from "./session_actions.js";
+import { speechInput } from "./speech.js";
 
 const LAST_CHAT = "hearth.chat.active";  // the chat to open again after a reload
 const LIVE_POLL_MS = 2000;
@@ -70,6 +71,7 @@ export function chatPage(main) {
         h("div", { class: "chatbar" }, sessionsToggle, modelName, model, thinkLabel, codingLabel, allowed, adapter, temp,
           sampling.toggle, system, ctx), sampling.panel, images.strip, form)));
   main.append(root);
+  speechInput({ form, input, before: stop, area: root });
 
   input.addEventListener("keydown", (e) => {
     if (e.key === "Enter" && !e.shiftKey && !e.isComposing) { e.preventDefault(); submit(); }

@@ -19,6 +19,16 @@ ENDPOINTS = ["POST /v1/chat/completions", "POST /v1/completions", "GET /v1/model
              "GET /health", "GET /stats", "GET /metrics",
              "POST /admin/cache/session/close", "POST /admin/cache/flush", "GET /models", "POST /models/load",
              "POST /models/unload", "POST /models/pin", "POST /models/default", "GET /models/sse"]
+ENDPOINTS += ["POST /v1/audio/transcriptions", "POST /v1/audio/translations", "POST /v1/audio/sessions",
+              "POST /v1/audio/sessions/{id}/audio", "POST /v1/audio/sessions/{id}/finish",
+              "DELETE /v1/audio/sessions/{id}", "POST /admin/transcription/unload"]
+
+
+def transcription(runtime) -> bool:
+    """Whether this server transcribes speech (a Whisper model is configured):
+    the audio routes answer, and chat's audio parts are transcribed into text."""
+    service = getattr(runtime, "transcriber", None)
+    return service is not None and service.available
 
 
 def served_row(runtime, engine: Engine) -> dict:
@@ -39,6 +49,7 @@ def served_row(runtime, engine: Engine) -> dict:
         },
         "gen_defaults": params.gen_defaults(runtime.options.defaults, model.generation_config),
         "dtype": model.dtype,
+        "transcription": transcription(runtime),
     }
 
 
@@ -74,7 +85,8 @@ def _model_rows(runtime) -> list[dict]:
 def index_body(runtime) -> dict:
     """GET /v1 (and /v1/): what this server is and which routes it answers."""
     return {"name": "hearth", "version": __version__, "model": runtime.served_model(),
-            "mode": "router" if runtime.router is not None else "single", "endpoints": ENDPOINTS}
+            "mode": "router" if runtime.router is not None else "single", "endpoints": ENDPOINTS,
+            "transcription": transcription(runtime)}
 
 
 @router.get("/")

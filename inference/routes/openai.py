@@ -7,6 +7,7 @@ from ninja import Router
 from core.openapi import documented
 from inference.protocols import openai
 from inference.routes import pipeline
+from inference.routes.audio import audio_parts_to_text
 from inference.routes.bodies import ChatCompletionRequest, CompletionRequest
 
 router = Router(tags=["openai"])
@@ -15,6 +16,8 @@ router = Router(tags=["openai"])
 async def _generate(request: HttpRequest, kind: str):
     runtime = request.runtime
     body = await pipeline.read_body(request)
+    if kind == "chat":
+        await audio_parts_to_text(request, body)  # transcribed by the Whisper model (no chat model hears)
     openai.usage_apart(body)  # a bad stream_options is refused before the prompt is built
     prepare = pipeline.prepare_chat if kind == "chat" else pipeline.prepare_completion
     engine, prepared = await prepare(request, body)

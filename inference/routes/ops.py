@@ -1,5 +1,6 @@
 """The operational routes outside the ninja APIs: `/health`, `/stats`,
-`/metrics` and the prompt-cache admin routes (`/admin/cache/*`)."""
+`/metrics`, the prompt-cache admin routes (`/admin/cache/*`) and
+`/admin/transcription/unload`."""
 from __future__ import annotations
 
 import asyncio
@@ -18,7 +19,27 @@ FLUSH_TIMEOUT_S = 120.0
 
 
 def health(request: HttpRequest) -> JsonResponse:
-    return JsonResponse({"status": "ok"})
+    body: dict = {"status": "ok"}
+    if request.runtime.transcriber is not None:
+        body["transcription"] = request.runtime.transcriber.stats()
+    return JsonResponse(body)
+
+
+@csrf_exempt
+@require_POST
+async def transcription_unload(request: HttpRequest) -> JsonResponse:
+    """Page the Whisper weights out now; answers whether they were in, with the stats block."""
+    service = request.runtime.transcriber
+    if service is None:
+        return errors.render(request.path, 503, "no Whisper model is configured (`hearth serve --whisper-model`)",
+                             "model_unavailable", code="model_unavailable")
+    try:
+        unloaded = await asyncio.wait_for(asyncio.wrap_future(service.unload()), FLUSH_TIMEOUT_S)
+    except EngineError as exc:
+        return errors.engine_error(request.path, exc)
+    except TimeoutError:
+        return errors.render(request.path, 503, "the engine stayed busy; try again later", "engine_unavailable")
+    return JsonResponse({"unloaded": unloaded, **service.stats()})
 
 
 @require_GET

@@ -40,6 +40,7 @@ from inference.demo.build import DEMO_REPO, Recipe, cached_snapshot
 from inference.engine import checks, hlg
 from inference.engine.engine import Engine
 from inference.engine.errors import EngineError
+from inference.engine.speech import Transcriber
 from inference.protocols.options import Options, ServerDefaults
 from inference.protocols.response_store import ResponseStore
 from inference.router import child
@@ -219,6 +220,14 @@ class Command(BaseCommand):
                             help="answer /v1/embeddings with this model (on by default for embedding models)")
         parser.add_argument("--response-ttl", type=_non_negative(float), default=3600.0,
                             help="seconds a stored Responses turn stays available to previous_response_id")
+        speech = parser.add_argument_group("speech to text (/v1/audio/*, audio parts in chat)")
+        speech.add_argument("--whisper-model", default=None, metavar="MODEL",
+                            help="an mlx-whisper checkpoint (a repo id in the HF cache or a directory) for "
+                                 "transcription; loaded on first use (the demo: hearth/demo-whisper, built by "
+                                 "`hearth make-demo-model --kind audio`)")
+        speech.add_argument("--whisper-idle-unload", type=_non_negative(float), default=300.0, metavar="SECONDS",
+                            help="unload the Whisper model after this many idle seconds (0: keep it loaded; "
+                                 "default 300)")
         group = parser.add_argument_group("resumable streams (X-Conversation-Id, the dashboard's chat turns)")
         group.add_argument("--stream-ttl", type=_non_negative(float), default=300.0, metavar="SECONDS",
                            help="how long a stream stays replayable after its generation ended (default 300)")
@@ -322,6 +331,7 @@ class Command(BaseCommand):
         if opts["adapter"]:
             self._mount_default(engine, opts["adapter"])
         runtime.engine = engine
+        runtime.transcriber = Transcriber(opts["whisper_model"], engine.exclusive, opts["whisper_idle_unload"])
         open_streams(opts, record=not in_router)
         runtime.embeddings_enabled = opts["embeddings"] or loaded.is_embedding_model
         loaded.grammar_compiler.cache_bytes = bounds.grammar_cache_bytes

@@ -1,4 +1,5 @@
-"""`hearth make-demo-model [--kind chat|vision]`: build (once) an embedded demo model."""
+"""`hearth make-demo-model [--kind chat|vision|audio]`: build (once) an embedded demo model:
+the chat model (the default), the vision model or the speech model."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -10,14 +11,17 @@ from huggingface_hub import constants
 from core.blas import blas_in_use
 from inference.demo import vision
 from inference.demo.build import DEMO_REPO, Recipe, build
+from inference.demo.whisper_build import WHISPER_REPO, WhisperRecipe
+from inference.demo.whisper_build import build as build_whisper
 
 
 class Command(BaseCommand):
-    help = (f"Train a small demo model and publish it to the local HF cache: the chat model ({DEMO_REPO}) or, "
-            f"with --kind vision, the vision model ({vision.VISION_REPO}).")
+    help = (f"Train a small demo model and publish it to the local HF cache: the chat model ({DEMO_REPO}); "
+            f"with --kind vision, the vision model ({vision.VISION_REPO}); with --kind audio, the speech "
+            f"model ({WHISPER_REPO}: a tiny Whisper for spoken digits).")
 
     def add_arguments(self, parser):
-        parser.add_argument("--kind", choices=("chat", "vision"), default="chat")
+        parser.add_argument("--kind", choices=("chat", "vision", "audio"), default="chat")
         parser.add_argument("--force", action="store_true", help="rebuild even when a cached build exists")
         parser.add_argument("--seed", type=int, default=None)
         parser.add_argument("--steps", type=int, default=None)
@@ -38,6 +42,14 @@ class Command(BaseCommand):
             if trained:
                 self.stdout.write(f"trained in {trained.get('seconds')}s; held-out accuracy "
                                   f"{trained.get('held_out_accuracy')} on {trained.get('held_out')} pictures")
+        elif kind == "audio":
+            base_a = WhisperRecipe()
+            recipe_a = replace(base_a, seed=base_a.seed if seed is None else seed,
+                               steps=base_a.steps if steps is None else steps)
+            path, built, summary = build_whisper(cache, recipe_a, force=force, progress=progress)
+            repo = WHISPER_REPO
+            if summary:
+                self.stdout.write(f"  trained: {summary}")
         else:
             recipe = replace(Recipe(), seed=Recipe.seed if seed is None else seed,
                              steps=Recipe.steps if steps is None else steps)

@@ -1,0 +1,153 @@
+"""Spoken digit strings for the demo Whisper: espeak-ng reads digits aloud
+in many voices, speeds and pitches; the clips become 16 kHz float32 mono
+(Whisper's input) with the text they say ("4 7 1").
+
+No Django and no MLX here: plain numpy and the espeak-ng program.
+"""
+from __future__ import annotations
+
+import io
+import random
+import shutil
+import subprocess
+import wave
+from dataclasses import dataclass
+
+import numpy as np
+
+RATE = 16000
+WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
+VOICES = ("en", "en-us", "en-gb-scotland", "en-gb-x-rp", "en-029", "en-gb-x-gbclan", "en-gb-x-gbcwmd")
+VARIANTS = ("", "+m1", "+m2", "+m3", "+m4", "+m5", "+m7", "+f1", "+f2", "+f3", "+f4", "+klatt")
+
+
+class SpeechSynthesisMissing(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class Clip:
+    digits: str  # "4 7 1"
+    audio: np.ndarray  # float32, 16 kHz mono, leading and trailing silence trimmed
+
+
+def espeak() -> str:
+    path = shutil.which("espeak-ng")
+    if path is None:
+        raise SpeechSynthesisMissing("espeak-ng is not installed (apt-get install espeak-ng; `make deps` does it)")
+    return path
+
+
+def wav_to_float(data: bytes) -> tuple[np.ndarray, int]:
+    """A 16-bit PCM WAV's samples (mono mix) as float32 in [-1, 1], with its rate."""
+    with wave.open(io.BytesIO(data)) as w:
+        rate, channels, width = w.getframerate(), w.getnchannels(), w.getsampwidth()
+        frames = w.readframes(w.getnframes())
+    if width != 2:
+        raise ValueError(f"expected 16-bit PCM, got {8 * width}-bit")
+    samples = np.frombuffer(frames, "<i2").astype(np.float32) / 32768.0
+    return samples.reshape(-1, channels).mean(axis=1), rate
+
+
+def resample(audio: np.ndarray, rate: int, target: int = RATE) -> np.ndarray:
+    """Linear-interpolation resampling (enough for synthetic speech)."""
+    if rate == target or len(audio) == 0:
+        return audio.astype(np.float32)
+    n = int(round(len(audio) * target / rate))
+    return np.interp(np.linspace(0, len(audio) - 1, n), np.arange(len(audio)), audio).astype(np.float32)
+
+
+def trim(audio: np.ndarray, floor: float = 0.01) -> np.ndarray:
+    loud = np.flatnonzero(np.abs(audio) > floor)
+    return audio[loud[0]:loud[-1] + 1] if len(loud) else audio[:0]
+
+
+def say(text: str, voice: str = "en", speed: int = 160, pitch: int = 50) -> np.ndarray:
+    """`text` spoken by espeak-ng, as 16 kHz float32 mono."""
+    done = subprocess.run([espeak(), "-v", voice, "-s", str(speed), "-p", str(pitch), "--stdout", text],
+                          capture_output=True, timeout=60, check=True)
+    audio, rate = wav_to_float(done.stdout)
+    return resample(audio, rate)
+
+
+def spoken(digits: str) -> str:
+    return " ".join(WORDS[int(d)] for d in digits.split())
+
+
+def random_digits(rng: random.Random, shortest: int = 2, longest: int = 5) -> str:
+    return " ".join(str(rng.randrange(10)) for _ in range(rng.randint(shortest, longest)))
+
+
+def synthesize(n: int, seed: int, max_s: float = 3.8) -> list[Clip]:
+    """`n` clips of random digit strings, each in a random voice, speed and pitch."""
+    rng = random.Random(seed)
+    clips = []
+    while len(clips) < n:
+        digits = random_digits(rng)
+        voice = rng.choice(VOICES) + rng.choice(VARIANTS)
+        audio = trim(say(spoken(digits), voice, rng.randint(120, 220), rng.randint(20, 80)))
+        if RATE // 10 < len(audio) < max_s * RATE:
+            clips.append(Clip(digits, audio))
+    return clips
+
+
+def augment(clip: np.ndarray, rng: np.random.Generator, lead_s: float = 0.6) -> np.ndarray:
+    """A clip as a recording might hold it: some silence before, another
+    level, a little noise."""
+    lead = np.zeros(int(rng.uniform(0, lead_s) * RATE), np.float32)
+    tail = np.zeros(int(rng.uniform(0.1, 0.5) * RATE), np.float32)
+    audio = np.concatenate([lead, clip * rng.uniform(0.3, 1.2), tail])
+    if rng.random() < 0.5:
+        audio = audio + rng.normal(0, rng.uniform(0.0005, 0.01), len(audio)).astype(np.float32)
+    return np.clip(audio, -1, 1).astype(np.float32)
+
+
+def to_wav(audio: np.ndarray, rate: int = RATE) -> bytes:
+    """float32 samples as a 16-bit PCM mono WAV file."""
+    out = io.BytesIO()
+    with wave.open(out, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes((np.clip(audio, -1, 1) * 32767).astype("<i2").tobytes())
+    return out.getvalue()
+
+
+@dataclass(frozen=True)
+class Voice:
+    """One speaker: each digit word as espeak-ng says it in this voice, speed and pitch."""
+
+    words: tuple[np.ndarray, ...]
+
+
+def voices(n: int, seed: int) -> list[Voice]:
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        voice = rng.choice(VOICES) + rng.choice(VARIANTS)
+        speed, pitch = rng.randint(120, 220), rng.randint(20, 80)
+        out.append(Voice(tuple(trim(say(word, voice, speed, pitch)) for word in WORDS)))
+    return out
+
+
+def compose(voice: Voice, digits: str, rng: np.random.Generator) -> tuple[np.ndarray, list[tuple[float, float]]]:
+    """`digits` said by `voice` word by word with short pauses, after some
+    silence; returns the audio and each word's (start, end) in seconds."""
+    parts, spans, at = [], [], 0
+    lead = int(rng.uniform(0.0, 0.6) * RATE)
+    parts.append(np.zeros(lead, np.float32))
+    at = lead
+    for i, d in enumerate(digits.split()):
+        if i:
+            gap = int(rng.uniform(0.03, 0.3) * RATE)
+            parts.append(np.zeros(gap, np.float32))
+            at += gap
+        word = voice.words[int(d)]
+        parts.append(word)
+        spans.append((at / RATE, (at + len(word)) / RATE))
+        at += len(word)
+    parts.append(np.zeros(int(rng.uniform(0.1, 0.5) * RATE), np.float32))
+    audio = np.concatenate(parts) * rng.uniform(0.3, 1.2)
+    if rng.random() < 0.5:
+        audio = audio + rng.normal(0, rng.uniform(0.0005, 0.01), len(audio))
+    return np.clip(audio, -1, 1).astype(np.float32), spans

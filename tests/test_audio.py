@@ -1,0 +1,280 @@
+"""Speech to text over real sockets: `/v1/audio/transcriptions`,
+`/v1/audio/translations`, live sessions, the Whisper model's lazy load and
+unload, and audio parts in chat, driven by the official openai SDK and httpx.
+
+The server transcribes with an untrained Whisper of the demo's shape (built
+here in a second): these tests hold the plumbing — decoding, windows,
+formats, streams, sessions, errors — not the words. The audio is real speech
+from espeak-ng, the mp3 made from it by ffmpeg.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import re
+import subprocess
+
+import httpx
+import numpy as np
+import openai
+import pytest
+
+from inference.demo import speech_data
+from tests.helpers import ServerProcess, server_env
+
+SRT_CUE = re.compile(r"^\d+\n\d\d:\d\d:\d\d,\d{3} --> \d\d:\d\d:\d\d,\d{3}\n", re.M)
+
+
+@pytest.fixture(scope="module")
+def clips(tmp_path_factory) -> dict:
+    folder = tmp_path_factory.mktemp("audio")
+    speech = speech_data.say("four seven one")
+    wav = folder / "digits.wav"
+    wav.write_bytes(speech_data.to_wav(np.concatenate([np.zeros(4000, np.float32), speech])))
+    mp3 = folder / "digits.mp3"
+    subprocess.run(["ffmpeg", "-nostdin", "-loglevel", "error", "-y", "-i", str(wav), str(mp3)], check=True)
+    return {"wav": wav, "mp3": mp3}
+
+
+@pytest.fixture(scope="module")
+def audio_server(homes, tiny_model, tmp_path_factory):
+    """`hearth serve` on the tiny chat model with an untrained Whisper beside it."""
+    from inference.demo.whisper_build import write_random
+
+    whisper = write_random(tmp_path_factory.mktemp("whisper") / "tiny-whisper")
+    proc = ServerProcess(server_env(*homes), tiny_model, "--whisper-model", str(whisper),
+                         "--whisper-idle-unload", "0", log_path=tmp_path_factory.mktemp("logs") / "audio.log")
+    try:
+        yield proc.wait_ready()
+    finally:
+        assert proc.stop() == 0, proc.output()
+
+
+@pytest.fixture(scope="module")
+def client(audio_server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=audio_server.url + "/v1", api_key="x", max_retries=0, timeout=120)
+
+
+def test_sdk_transcribes_wav_and_mp3_as_text_and_srt(client, clips):
+    for kind in ("wav", "mp3"):
+        with open(clips[kind], "rb") as f:
+            text = client.audio.transcriptions.create(model="whisper-1", file=f, temperature=0)
+        assert isinstance(text.text, str)
+        with open(clips[kind], "rb") as f:
+            srt = client.audio.transcriptions.create(model="whisper-1", file=f, response_format="srt",
+                                                     temperature=0)
+        assert isinstance(srt, str)
+        assert srt == "" or SRT_CUE.match(srt), srt
+
+
+def test_verbose_json_segments_and_translation(client, clips):
+    with open(clips["wav"], "rb") as f:
+        verbose = client.audio.transcriptions.create(model="whisper-1", file=f, response_format="verbose_json",
+                                                     temperature=0, language="en")
+    body = verbose.model_dump()
+    assert body["language"] == "en" and body["task"] == "transcribe"
+    assert 1.4 < body["duration"] < 3
+    for seg in body["segments"]:
+        assert set(seg) >= {"id", "seek", "start", "end", "text", "tokens", "temperature", "avg_logprob",
+                            "compression_ratio", "no_speech_prob"}
+    with open(clips["wav"], "rb") as f:
+        vtt = client.audio.translations.create(model="whisper-1", file=f, response_format="vtt", temperature=0)
+    assert vtt.startswith("WEBVTT")
+
+
+def test_json_body_and_stream(audio_server, clips):
+    data = base64.b64encode(clips["wav"].read_bytes()).decode()
+    r = httpx.post(audio_server.url + "/v1/audio/transcriptions", timeout=120,
+                   json={"file": "data:audio/wav;base64," + data, "temperature": 0})
+    assert r.status_code == 200 and r.json()["hearth"]["timings"]["total_ms"] > 0
+    events = []
+    with httpx.stream("POST", audio_server.url + "/v1/audio/transcriptions", timeout=120,
+                      json={"file": data, "temperature": 0, "stream": True}) as s:
+        assert s.headers["content-type"].startswith("text/event-stream")
+        events = [json.loads(line[6:]) for line in s.iter_lines() if line.startswith("data: ")]
+    kinds = [e["type"] for e in events]
+    assert kinds[-1] == "transcript.text.done" and "transcript.progress" in kinds
+    assert events[-1]["text"] == "".join(e["delta"] for e in events if e["type"] == "transcript.text.delta").strip()
+
+
+def test_long_audio_goes_in_windows(audio_server, clips):
+    """A 65 s take is three windows, each reported as progress."""
+    speech = speech_data.say("four seven one")
+    take = np.zeros(65 * 16000, np.float32)
+    for start in (1, 31, 61):
+        take[start * 16000:start * 16000 + len(speech)] = speech
+    with httpx.stream("POST", audio_server.url + "/v1/audio/transcriptions", timeout=300,
+                      files={"file": ("long.wav", speech_data.to_wav(take), "audio/wav")},
+                      data={"stream": "true", "temperature": "0", "language": "en"}) as s:
+        events = [json.loads(line[6:]) for line in s.iter_lines() if line.startswith("data: ")]
+    progress = [e for e in events if e["type"] == "transcript.progress"]
+    assert [p["done"] for p in progress] == [3000, 6000, 6500] and progress[-1]["total"] == 6500
+    assert events[-1]["hearth"]["duration"] == 65.0
+
+
+def test_bad_requests(audio_server, client):
+    url = audio_server.url + "/v1/audio/transcriptions"
+    cases = [
+        (dict(files={"file": ("x.wav", b"not audio at all", "audio/wav")}), 400),
+        (dict(files={"file": ("x.wav", speech_data.to_wav(np.zeros(800, np.float32)), "audio/wav")}), 400),
+        (dict(files={"file": ("x.wav", speech_data.to_wav(np.zeros(8000, np.float32)), "audio/wav")},
+              data={"response_format": "xml"}), 400),
+        (dict(json={"file": "%%%"}), 400),
+        (dict(content=b"abc", headers={"content-type": "text/plain"}), 415),
+        (dict(content=b"--b--\r\n", headers={"content-type": "multipart/form-data; boundary=b"}), 400),
+    ]
+    for kwargs, status in cases:
+        r = httpx.post(url, timeout=60, **kwargs)
+        assert r.status_code == status, (kwargs, r.text)
+        assert r.json()["error"]["message"]
+
+
+def test_live_session(audio_server):
+    url = audio_server.url + "/v1/audio/sessions"
+    opened = httpx.post(url, json={"language": "en", "temperature": 0}, timeout=60).json()
+    sid = opened["id"]
+    speech = speech_data.say("four seven one")
+    chunk = np.zeros(16 * 16000, np.float32)
+    chunk[16000:16000 + len(speech)] = speech
+    pcm = {"content-type": "audio/pcm;rate=16000"}
+    first = httpx.post(f"{url}/{sid}/audio", content=chunk.tobytes(), headers=pcm, timeout=60).json()
+    assert first["samples"] == len(chunk) and first["segments"] == []  # no window complete yet
+    second = httpx.post(f"{url}/{sid}/audio", content=chunk.tobytes(), headers=pcm, timeout=120).json()
+    assert second["duration"] == 32.0  # the first 30 s window was transcribed on arrival
+    wav = httpx.post(f"{url}/{sid}/audio", content=speech_data.to_wav(speech), headers={"content-type": "audio/wav"},
+                     timeout=60)
+    assert wav.status_code == 200
+    done = httpx.post(f"{url}/{sid}/finish", timeout=120)
+    assert done.status_code == 200 and isinstance(done.json()["text"], str)
+    assert httpx.post(f"{url}/{sid}/finish", timeout=30).status_code == 409
+    assert httpx.post(f"{url}/{sid}/audio", content=b"\0" * 8, headers=pcm, timeout=30).status_code == 409
+    assert httpx.delete(f"{url}/{sid}", timeout=30).status_code == 204
+    assert httpx.post(f"{url}/{sid}/finish", timeout=30).status_code == 404
+    assert httpx.post(f"{url}/nope/audio", content=b"\0" * 8, headers=pcm, timeout=30).status_code == 404
+
+
+def test_at_most_64_open_sessions(audio_server):
+    url = audio_server.url + "/v1/audio/sessions"
+    with httpx.Client(timeout=60) as http:
+        ids = [http.post(url, json={}).json()["id"] for _ in range(64)]
+        refused = http.post(url, json={})
+        assert refused.status_code == 429 and refused.json()["error"]["code"] == "too_many_sessions"
+        for sid in ids:
+            assert http.delete(f"{url}/{sid}").status_code == 204
+        assert http.post(url, json={}).status_code == 200
+
+
+def test_unload_and_stats(audio_server, client, clips):
+    with open(clips["wav"], "rb") as f:
+        client.audio.transcriptions.create(model="whisper-1", file=f, temperature=0)
+    stats = httpx.get(audio_server.url + "/stats").json()["transcription"]
+    assert stats["resident"] and stats["loads"] >= 1 and stats["requests"] >= 1 and stats["idle_unload_sec"] == 0
+    out = httpx.post(audio_server.url + "/admin/transcription/unload", timeout=60).json()
+    assert out["unloaded"] is True and out["resident"] is False and out["unloads"] == stats["unloads"] + 1
+    health = httpx.get(audio_server.url + "/health").json()["transcription"]
+    assert health["resident"] is False
+    again = httpx.post(audio_server.url + "/admin/transcription/unload", timeout=60).json()
+    assert again["unloaded"] is False
+    with open(clips["wav"], "rb") as f:  # loads again on the next use
+        client.audio.transcriptions.create(model="whisper-1", file=f, temperature=0)
+    assert httpx.get(audio_server.url + "/stats").json()["transcription"]["loads"] == stats["loads"] + 1
+
+
+def test_audio_parts_in_chat(audio_server, clips):
+    data = base64.b64encode(clips["wav"].read_bytes()).decode()
+    chat = openai.OpenAI(base_url=audio_server.url + "/v1", api_key="x", max_retries=0, timeout=120)
+    for part in ({"type": "input_audio", "input_audio": {"data": data, "format": "wav"}},
+                 {"type": "audio_url", "audio_url": {"url": "data:audio/wav;base64," + data}}):
+        r = chat.chat.completions.create(model="m", max_tokens=4, temperature=0, messages=[
+            {"role": "user", "content": [{"type": "text", "text": "Say: "}, part]}])
+        assert r.choices[0].finish_reason in ("length", "stop")
+    with pytest.raises(openai.BadRequestError) as refused:
+        chat.chat.completions.create(model="m", max_tokens=4, messages=[{"role": "user", "content": [
+            {"type": "audio_url", "audio_url": {"url": "http://127.0.0.1:9/clip.wav"}}]}])
+    assert "audio_url" in str(refused.value) and "127.0.0.1" in str(refused.value)  # the media policy refused it
+
+
+def test_without_a_whisper_model(server, clips):
+    """The plain test server has none: 503 on the audio routes, a 400 naming it for audio parts in chat."""
+    r = httpx.post(server.url + "/v1/audio/transcriptions", timeout=60,
+                   files={"file": ("d.wav", clips["wav"].read_bytes(), "audio/wav")})
+    assert r.status_code == 503 and r.json()["error"]["code"] == "model_unavailable"
+    assert "--whisper-model" in r.json()["error"]["message"]
+    data = base64.b64encode(clips["wav"].read_bytes()).decode()
+    chat = httpx.post(server.url + "/v1/chat/completions", timeout=60, json={"max_tokens": 2, "messages": [
+        {"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": data, "format": "wav"}}]}]})
+    assert chat.status_code == 400 and "Whisper" in chat.json()["error"]["message"]
+
+
+def test_dashboard_hold_to_talk_and_audio_drop(audio_server, clips, tmp_path):
+    """The chat's microphone button streams a fake microphone (Chromium plays
+    a wav file as the capture device) to a live session and fills the prompt;
+    an audio file dropped on the chat is transcribed into it too."""
+    import shutil
+
+    from playwright.sync_api import sync_playwright
+
+    from tests.test_dashboard_tools import ARTIFACTS
+
+    looped = tmp_path / "mic.wav"  # Chromium loops the file: speech, then a second of silence
+    speech = speech_data.say("four seven one")
+    looped.write_bytes(speech_data.to_wav(np.concatenate([np.zeros(8000, np.float32), speech,
+                                                          np.zeros(16000, np.float32)])))
+    args = ["--no-sandbox", "--disable-gpu", "--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream",
+            f"--use-file-for-fake-audio-capture={looped}"]
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=shutil.which("chromium") or "/usr/bin/chromium", args=args)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 800})
+            page.goto(audio_server.url + "/#/chat")
+            mic = page.get_by_role("button", name="Hold to talk")
+            mic.wait_for(state="visible", timeout=30_000)
+            box = mic.bounding_box()
+            page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+            with page.expect_response(lambda r: r.url.endswith("/finish"), timeout=120_000) as finished:
+                page.mouse.down()
+                page.wait_for_function("document.querySelector('.mic').classList.contains('recording')")
+                page.wait_for_timeout(2500)
+                page.screenshot(path=str(ARTIFACTS / "audio-mic-recording.png"))
+                page.mouse.up()
+            assert finished.value.status == 200
+            text = finished.value.json()["text"]
+            if text.strip():
+                page.wait_for_function("document.querySelector('textarea').value.length > 0")
+                assert page.locator("textarea").input_value().strip() == text.strip()
+            page.screenshot(path=str(ARTIFACTS / "audio-mic-filled.png"))
+            # A dropped file: the same clip as an upload to /v1/audio/transcriptions.
+            data = list(clips["wav"].read_bytes())
+            with page.expect_response(lambda r: r.url.endswith("/v1/audio/transcriptions"), timeout=120_000) as up:
+                page.evaluate("""(bytes) => {
+                    const file = new File([new Uint8Array(bytes)], 'clip.wav', { type: 'audio/wav' });
+                    const dt = new DataTransfer(); dt.items.add(file);
+                    const chat = document.querySelector('.chat');
+                    const init = { dataTransfer: dt, bubbles: true, cancelable: true };
+                    chat.dispatchEvent(new DragEvent('dragover', init));
+                    chat.dispatchEvent(new DragEvent('drop', init));
+                }""", data)
+            assert up.value.status == 200
+        finally:
+            browser.close()
+
+
+def test_idle_unload(monkeypatch):
+    """The Whisper model goes after `idle_unload_s` without use, and comes back on the next."""
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from inference.engine import speech
+
+    weights = object()
+    monkeypatch.setattr(speech, "load", lambda ref: weights)
+    with ThreadPoolExecutor(1) as engine_thread:
+        service = speech.Transcriber("some/whisper", engine_thread.submit, idle_unload_s=0.3)
+        assert service.submit(lambda model: model is weights).result(5)[0] is True
+        assert service.resident and service.loads == 1
+        time.sleep(1.0)
+        assert not service.resident and service.unloads == 1
+        _, load_ms = service.submit(lambda model: None).result(5)
+        assert service.resident and service.loads == 2 and load_ms >= 0
+        service.close()
+    assert speech.Transcriber(None, engine_thread.submit).stats()["model"] is None
