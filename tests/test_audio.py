@@ -13,6 +13,7 @@ import base64
 import json
 import re
 import subprocess
+import threading
 
 import httpx
 import numpy as np
@@ -133,6 +134,14 @@ def test_live_session(audio_server):
     url = audio_server.url + "/v1/audio/sessions"
     opened = httpx.post(url, json={"language": "en", "temperature": 0}, timeout=60).json()
     sid = opened["id"]
+    events: list[dict] = []
+
+    def listen():  # the session's partial and final text as server-sent events, read while chunks arrive
+        with httpx.stream("GET", f"{url}/{sid}/events", timeout=300) as stream:
+            events.extend(json.loads(line[6:]) for line in stream.iter_lines() if line.startswith("data: "))
+
+    listener = threading.Thread(target=listen)
+    listener.start()
     speech = speech_data.say("four seven one")
     chunk = np.zeros(16 * 16000, np.float32)
     chunk[16000:16000 + len(speech)] = speech
@@ -146,6 +155,15 @@ def test_live_session(audio_server):
     assert wav.status_code == 200
     done = httpx.post(f"{url}/{sid}/finish", timeout=120)
     assert done.status_code == 200 and isinstance(done.json()["text"], str)
+    listener.join(timeout=60)
+    assert not listener.is_alive(), "the event stream did not end when the session finished"
+    kinds = [e["type"] for e in events]
+    assert kinds[-1] == "transcript.text.done" and events[-1]["text"] == done.json()["text"]
+    progress = [e["duration"] for e in events if e["type"] == "transcript.progress"]
+    assert progress[:2] == [16.0, 32.0]  # a receipt per chunk, as it arrived
+    deltas = [e for e in events if e["type"] == "transcript.text.delta"]
+    words = "".join(d["delta"] for d in deltas).split()
+    assert words == done.json()["text"].split()  # the partial text, piece by piece, is the final text
     assert httpx.post(f"{url}/{sid}/finish", timeout=30).status_code == 409
     assert httpx.post(f"{url}/{sid}/audio", content=b"\0" * 8, headers=pcm, timeout=30).status_code == 409
     assert httpx.delete(f"{url}/{sid}", timeout=30).status_code == 204

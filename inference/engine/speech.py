@@ -284,6 +284,16 @@ class Session:
     finished: bool = False
     touched: float = field(default_factory=time.monotonic)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one chunk at a time, in arrival order
+    events: list = field(default_factory=list)  # what the session's event stream sends, in order
+    changed: asyncio.Event = field(default_factory=asyncio.Event)  # set (and replaced) when events grow
+    closed: bool = False  # finished or deleted: its event stream ends after the last event
+
+    def publish(self, *events, close: bool = False) -> None:
+        """Add events for the session's listeners and wake them."""
+        self.events.extend(events)
+        self.closed = self.closed or close
+        self.changed.set()
+        self.changed = asyncio.Event()
 
     @property
     def samples(self) -> int:

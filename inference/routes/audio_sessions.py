@@ -11,6 +11,11 @@ it is recorded (the dashboard's hold-to-talk).
 - `POST /v1/audio/sessions/<id>/finish`: the rest is transcribed; answers
   the one-shot body and closes the session.
 - `DELETE /v1/audio/sessions/<id>`: discard (204).
+- `GET /v1/audio/sessions/<id>/events`: the session as server-sent events,
+  from its start: `transcript.text.delta` per segment as its window is
+  transcribed (partial text while the take goes on), `transcript.progress`
+  after each chunk, and `transcript.text.done` with the final body when it
+  finishes (or `transcript.closed` when it is deleted); then the stream ends.
 
 Unknown ids are 404, a finished session 409. Chunks of one session are
 taken one at a time in the order they arrive (a lock per session).
@@ -22,19 +27,20 @@ import secrets
 import time
 from typing import Literal
 
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from ninja import Router
 from pydantic import BaseModel, Field
 
-from core import audio
+from core import audio, sse
 from core.openapi import NO_BODY, documented
 from inference.engine.speech import MAX_SESSIONS, Session, Take
 from inference.protocols import transcription
 from inference.protocols.errors import RequestError
 from inference.routes.audio import decode, result, transcriber, window
-from inference.routes.pipeline import read_body
+from inference.routes.pipeline import STREAM_HEADERS, read_body
 
 router = Router(tags=["audio"])
+KEEP_ALIVE_S = 15.0  # a comment line on an idle event stream, so proxies keep it open
 
 
 class SessionRequest(BaseModel):
@@ -86,8 +92,10 @@ async def session_audio(request: HttpRequest, session_id: str):
             raise RequestError(f"transcription session {session_id} is finished", None, 409,
                                code="session_finished")
         session.add(samples)
+        before = len(session.take.segments)
         while (full := session.full_window()) is not None:
             await window(service, session.take, *full)
+        _announce(session, before)
     return {"samples": session.samples, "duration": round(session.samples / audio.RATE, 3),
             "segments": [transcription.segment(s) for s in session.take.segments]}
 
@@ -108,18 +116,53 @@ async def finish_session(request: HttpRequest, session_id: str):
                                code="session_finished")
         session.finished = True
         load_ms = 0.0
+        before = len(session.take.segments)
         rest = session.rest()
         if rest is not None:
             load_ms = (await window(service, session.take, *rest))[1]
+        _announce(session, before)
     service.requests += 1
     ms = round((time.monotonic() - started) * 1000, 1)
     timings = {"load_ms": load_ms, "transcribe_ms": ms, "total_ms": ms}
-    return JsonResponse(result(service, session.take, session.response_format, session.samples / audio.RATE,
-                               timings))
+    body = result(service, session.take, session.response_format, session.samples / audio.RATE, timings)
+    session.publish({"type": "transcript.text.done", **body}, close=True)
+    return JsonResponse(body)
+
+
+def _announce(session: Session, before: int) -> None:
+    """The segments transcribed since `before`, and how far the take is, to the session's listeners."""
+    deltas = [{"type": "transcript.text.delta", "delta": seg["text"],
+               "segment": {"id": seg["id"], "start": seg["start"], "end": seg["end"]}}
+              for seg in session.take.segments[before:]]
+    session.publish(*deltas, {"type": "transcript.progress", "samples": session.samples,
+                              "duration": round(session.samples / audio.RATE, 3)})
+
+
+@router.get("/audio/sessions/{session_id}/events")
+async def session_events(request: HttpRequest, session_id: str):
+    """The session's partial and final text as server-sent events (see the module's docstring)."""
+    session = _session(request, session_id, open_only=False)
+
+    async def frames():
+        sent = 0
+        while True:
+            changed = session.changed
+            while sent < len(session.events):
+                yield sse.frame(session.events[sent])
+                sent += 1
+            if session.closed:
+                return
+            try:
+                await asyncio.wait_for(changed.wait(), KEEP_ALIVE_S)
+            except TimeoutError:
+                yield sse.KEEP_ALIVE
+
+    return StreamingHttpResponse(frames(), content_type="text/event-stream", headers=STREAM_HEADERS)
 
 
 @router.delete("/audio/sessions/{session_id}")
 async def delete_session(request: HttpRequest, session_id: str):
-    _session(request, session_id, open_only=False)
+    session = _session(request, session_id, open_only=False)
     request.runtime.audio_sessions.drop(session_id)
+    session.publish({"type": "transcript.closed", "id": session_id}, close=True)
     return HttpResponse(status=204)
