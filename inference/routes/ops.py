@@ -20,8 +20,10 @@ FLUSH_TIMEOUT_S = 120.0
 
 def health(request: HttpRequest) -> JsonResponse:
     body: dict = {"status": "ok"}
-    if request.runtime.transcriber is not None:
-        body["transcription"] = request.runtime.transcriber.stats()
+    service = request.runtime.transcriber
+    if service is not None and service.available:
+        # /health answers without a key: the state, not which model (that is on /stats)
+        body["transcription"] = {k: v for k, v in service.stats().items() if k != "model"}
     return JsonResponse(body)
 
 
