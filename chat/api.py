@@ -125,10 +125,9 @@ def forget_approval(request: HttpRequest, body: Revoke) -> dict:
 
 
 class McpConfig(Schema):
-    """MCP servers, in the shape other MCP clients use (chat/mcp.py)."""
+    """MCP servers (chat/mcp.py): what mcp.json holds under `mcpServers`."""
 
-    model_config = ConfigDict(extra="allow")
-    mcpServers: dict[str, dict[str, Any]] = Field(  # noqa: N815 - the name MCP clients' files use
+    servers: dict[str, dict[str, Any]] = Field(
         default_factory=dict, description='name -> {"command", "args"?, "env"?, "cwd"?} (stdio) or '
                                           '{"url", "headers"?} (streamable HTTP); a value shown as ******** '
                                           "keeps the stored one")
@@ -137,7 +136,7 @@ class McpConfig(Schema):
 def _mcp_answer(servers: dict) -> dict:
     from chat import mcp
 
-    return {"ok": True, "mcpServers": mcp.masked(servers), "status": mcp.status(), "path": str(mcp.config_path())}
+    return {"ok": True, "servers": mcp.masked(servers), "status": mcp.status(), "path": str(mcp.config_path())}
 
 
 @router.get("/settings/mcp")
@@ -179,10 +178,10 @@ async def save_mcp_servers(request: HttpRequest, body: McpConfig) -> dict:
     if not may_run_commands(request):
         raise ApiError("MCP servers run commands on this machine: configure them from this machine, or sign in "
                        "(start the server with --api-key)", 403)
-    if not mcp.commands_allowed() and any("command" in e for e in body.mcpServers.values() if isinstance(e, dict)):
+    if not mcp.commands_allowed() and any("command" in e for e in body.servers.values() if isinstance(e, dict)):
         raise ApiError("this server runs no MCP commands (HEARTH_MCP_COMMANDS=0): only servers with a url", 403)
     try:
-        servers = mcp.save({"mcpServers": body.mcpServers})
+        servers = mcp.save({"mcpServers": body.servers})
     except mcp.ConfigError as exc:
         raise ApiError(str(exc)) from None
     await mcp.refresh()

@@ -38,31 +38,31 @@ def _put(client, body) -> tuple[int, dict]:
 
 
 def test_settings_store_check_mask_and_list(client, mcp_home):
-    code, body = _put(client, {"mcpServers": {"calc": CALC, "broken": {"command": "/nonexistent/server"}}})
+    code, body = _put(client, {"servers": {"calc": CALC, "broken": {"command": "/nonexistent/server"}}})
     assert code == 200 and body["ok"]
-    assert body["mcpServers"]["calc"]["env"] == {"SECRET": "********"}  # secrets never come back
+    assert body["servers"]["calc"]["env"] == {"SECRET": "********"}  # secrets never come back
     assert body["status"]["calc"] == {"tools": ["add", "fail", "env_value"], "error": None}
     assert body["status"]["broken"]["tools"] == [] and "nonexistent" in body["status"]["broken"]["error"]
     assert json.loads(mcp_home.config_path().read_text())["mcpServers"]["calc"]["env"] == {"SECRET": "s3cret"}
 
     # Sent back masked (as the page does), the stored value stays.
-    code, _ = _put(client, {"mcpServers": {"calc": body["mcpServers"]["calc"]}})
+    code, _ = _put(client, {"servers": {"calc": body["servers"]["calc"]}})
     assert code == 200 and json.loads(mcp_home.config_path().read_text())["mcpServers"]["calc"]["env"] == {
         "SECRET": "s3cret"}
     assert client.get("/api/settings/mcp").json()["status"] == {"calc": {"tools": ["add", "fail", "env_value"],
                                                                         "error": None}}
     # A stdio server is a command this machine runs: not configurable from another machine without signing in.
-    r = client.put("/api/settings/mcp", json.dumps({"mcpServers": {}}), content_type="application/json",
+    r = client.put("/api/settings/mcp", json.dumps({"servers": {}}), content_type="application/json",
                    REMOTE_ADDR="192.168.1.5")
     assert r.status_code == 403 and "sign in" in r.json()["error"] and mcp_home.load() != {}
     from django.test import override_settings
 
     with override_settings(HEARTH_MCP_COMMANDS=False):
-        code, body = _put(client, {"mcpServers": {"calc": CALC}})
+        code, body = _put(client, {"servers": {"calc": CALC}})
         assert code == 403 and "HEARTH_MCP_COMMANDS=0" in body["error"]
-    for bad, where in [({"mcpServers": {"a b": CALC}}, "name"), ({"mcpServers": {"x": {}}}, "either `command`"),
-                       ({"mcpServers": {"x": {"url": "ftp://h"}}}, "http(s) URL"),
-                       ({"mcpServers": {"x": {"command": "c", "args": "one"}}}, "list of strings")]:
+    for bad, where in [({"servers": {"a b": CALC}}, "name"), ({"servers": {"x": {}}}, "either `command`"),
+                       ({"servers": {"x": {"url": "ftp://h"}}}, "http(s) URL"),
+                       ({"servers": {"x": {"command": "c", "args": "one"}}}, "list of strings")]:
         code, body = _put(client, bad)
         assert code == 400 and where in body["error"], body
 
@@ -166,4 +166,4 @@ def test_the_settings_page_configures_a_server(page, base_url):
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(ARTIFACTS / "desktop-settings-mcp.png"), full_page=True)
     finally:
-        httpx.put(base_url + "/api/settings/mcp", json={"mcpServers": {}}, timeout=30).raise_for_status()
+        httpx.put(base_url + "/api/settings/mcp", json={"servers": {}}, timeout=30).raise_for_status()

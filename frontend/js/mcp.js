@@ -19,9 +19,9 @@ export function mcpCard() {
       h("div", { class: "row" }, save, where)), list);
 
   function show(r) {
-    text.value = JSON.stringify({ mcpServers: r.mcpServers }, null, 2);
+    text.value = JSON.stringify({ mcpServers: r.servers }, null, 2);
     where.textContent = `kept in ${r.path}`;
-    const names = Object.keys(r.mcpServers);
+    const names = Object.keys(r.servers);
     list.replaceChildren(...(names.length ? names.map((name) => {
       const s = r.status[name];
       return h("li", { "data-server": name }, h("strong", {}, name), " ",
@@ -39,7 +39,8 @@ export function mcpCard() {
     try { body = JSON.parse(text.value || "{}"); }
     catch (e) { problem.textContent = `Not JSON: ${e.message}`; problem.hidden = false; return; }
     save.setAttribute("aria-busy", "true");
-    try { show(await api("/api/settings/mcp", { method: "PUT", json: body })); toast("MCP servers saved"); }
+    const servers = body?.mcpServers ?? body?.servers ?? {};  // the file's shape, as other MCP clients write it
+    try { show(await api("/api/settings/mcp", { method: "PUT", json: { servers } })); toast("MCP servers saved"); }
     catch (e) { problem.textContent = e.message; problem.hidden = false; }
     finally { save.removeAttribute("aria-busy"); }
   }

@@ -16,8 +16,8 @@ from inference.demo.whisper_build import build as build_whisper
 
 
 class Command(BaseCommand):
-    help = (f"Train a small demo model and publish it to the local HF cache: the chat model ({DEMO_REPO}); "
-            f"with --kind vision, the vision model ({vision.VISION_REPO}); with --kind audio, the speech "
+    help = (f"Train the small demo chat model and publish it to the local HF cache as {DEMO_REPO}; with --kind "
+            f"vision, the demo vision model instead ({vision.VISION_REPO}), with --kind audio, the demo speech "
             f"model ({WHISPER_REPO}: a tiny Whisper for spoken digits).")
 
     def add_arguments(self, parser):
