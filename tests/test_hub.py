@@ -255,6 +255,69 @@ def test_push_arrives_at_the_hub(hub_server, double, tmp_path):
     assert data["ok"] and "/datasets/me/my-data" in data["url"]
 
 
+def test_the_adapters_page_merges_exports_and_pushes(hub_server, homes_hub, double, tiny_model, browser):
+    from huggingface_hub import snapshot_download
+
+    from tests.test_adapters import _random_adapter, _write_adapter
+    from tests.test_dashboard import ARTIFACTS
+
+    url = hub_server.url
+    snapshot = snapshot_download(tiny_model, local_files_only=True)
+    root = homes_hub[1] / "adapters"
+    _write_adapter(root / "ui-alpha", _random_adapter(snapshot, 2, 1), 1.5, None)
+    beta = _write_adapter(root / "ui-beta", _random_adapter(snapshot, 1, 2), 0.5, None, layers=1)
+    httpx.post(url + "/api/settings/hf-token", json={"token": "hf_test"}).raise_for_status()
+    page = browser.new_page(viewport={"width": 1280, "height": 800})
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(url + "/#/adapters")
+    page.wait_for_selector('tr[data-adapter="ui-beta"]')
+
+    page.select_option("select[aria-label='First adapter']", label="ui-alpha")
+    page.select_option("select[aria-label='Second adapter']", label="ui-beta")
+    page.click("form.merge button:has-text('Merge')")
+    merged = Path(page.locator("form.merge [role=status] code").inner_text(timeout=30_000))
+    assert (merged / "adapters.safetensors").is_file() and "scales 1.5 and 0.5" in page.inner_text("form.merge")
+    page.wait_for_selector(f'tr[data-adapter="{merged.name}"]')  # the merged adapter joined the list
+
+    page.click("button[aria-label='Export ui-alpha']")
+    exported = Path(page.locator('tr[data-adapter="ui-alpha"] .exported code').inner_text(timeout=15_000))
+    assert json.loads((exported / "manifest.json").read_text())["adapter_path"] == str(root / "ui-alpha")
+
+    page.click("button[aria-label='Push ui-beta to the Hub']")
+    page.fill("input[aria-label='Hub repo for ui-beta']", "me/ui-beta")
+    page.click('tr[data-adapter="ui-beta"] .push-form button[type=submit]')
+    page.wait_for_selector('tr[data-adapter="ui-beta"] .push a, tr[data-adapter="ui-beta"] .push .error',
+                           timeout=60_000)
+    assert page.locator('tr[data-adapter="ui-beta"] .push a').count() == 1, \
+        page.inner_text('tr[data-adapter="ui-beta"] .push')
+    assert double.uploads["me/ui-beta"]["adapters.safetensors"] == (beta / "adapters.safetensors").read_bytes()
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "desktop-adapters-actions.png"), full_page=True)
+    page.set_viewport_size({"width": 375, "height": 740})
+    page.wait_for_timeout(200)
+    page.screenshot(path=str(ARTIFACTS / "phone-adapters-actions.png"), full_page=True)
+    assert page.evaluate("document.documentElement.scrollWidth - document.documentElement.clientWidth") <= 1
+
+    # The chat's adapter picker: one for another base model is greyed out; a fitting one mounts when picked.
+    _write_adapter(root / "ui-foreign", _random_adapter(snapshot, 1, 3), 1.0, "someone/other-model", layers=1)
+    page.set_viewport_size({"width": 1280, "height": 800})
+    page.goto(url + "/#/chat")
+    picker = page.locator("select[aria-label=Adapter]")
+    page.wait_for_selector("select[aria-label=Adapter] option[value=ui-foreign]", state="attached")
+    assert picker.locator("option[value=ui-foreign]").is_disabled()
+    assert "other base model" in picker.locator("option[value=ui-foreign]").inner_text()
+    assert picker.locator("option[value=ui-alpha]").is_enabled()
+    picker.select_option("ui-alpha")
+    deadline = time.monotonic() + 15
+    while "ui-alpha" not in {a["id"] for a in httpx.get(url + "/v1/adapters").json()["adapters"]}:
+        assert time.monotonic() < deadline, "picking ui-alpha did not mount it"
+        time.sleep(0.2)
+    httpx.delete(url + "/v1/adapters/ui-alpha").raise_for_status()
+    page.close()
+    assert not errors, errors
+
+
 def test_the_models_page_shows_a_download_moving(hub_server, double, tiny_files, browser):
     double.add(Repo("mlx-community/tiny-ui", {**tiny_files, "README.md": b"shown in the browser\n"}))
     page = browser.new_page(viewport={"width": 1280, "height": 800})
@@ -357,64 +420,3 @@ def test_gc_keeps_a_served_snapshot_and_repos_no_ref_names(tmp_path):
 
     with repo_lock(root):  # a download holds the repo: GC neither plans nor touches it
         assert gc.plan(tmp_path) == [] and gc.execute(tmp_path)["snapshots"] == 0
-
-
-
-def test_the_adapters_page_merges_exports_and_pushes(hub_server, homes_hub, double, tiny_model, browser):
-    from huggingface_hub import snapshot_download
-
-    from tests.test_adapters import _random_adapter, _write_adapter
-    from tests.test_dashboard import ARTIFACTS
-
-    url = hub_server.url
-    snapshot = snapshot_download(tiny_model, local_files_only=True)
-    root = homes_hub[1] / "adapters"
-    _write_adapter(root / "ui-alpha", _random_adapter(snapshot, 2, 1), 1.5, None)
-    beta = _write_adapter(root / "ui-beta", _random_adapter(snapshot, 1, 2), 0.5, None, layers=1)
-    httpx.post(url + "/api/settings/hf-token", json={"token": "hf_test"}).raise_for_status()
-    page = browser.new_page(viewport={"width": 1280, "height": 800})
-    errors: list[str] = []
-    page.on("pageerror", lambda e: errors.append(str(e)))
-    page.goto(url + "/#/adapters")
-    page.wait_for_selector('tr[data-adapter="ui-beta"]')
-
-    page.select_option("select[aria-label='First adapter']", label="ui-alpha")
-    page.select_option("select[aria-label='Second adapter']", label="ui-beta")
-    page.click("form.merge button:has-text('Merge')")
-    merged = Path(page.locator("form.merge [role=status] code").inner_text(timeout=30_000))
-    assert (merged / "adapters.safetensors").is_file() and "scales 1.5 and 0.5" in page.inner_text("form.merge")
-    page.wait_for_selector(f'tr[data-adapter="{merged.name}"]')  # the merged adapter joined the list
-
-    page.click("button[aria-label='Export ui-alpha']")
-    exported = Path(page.locator('tr[data-adapter="ui-alpha"] .exported code').inner_text(timeout=15_000))
-    assert json.loads((exported / "manifest.json").read_text())["adapter_path"] == str(root / "ui-alpha")
-
-    page.click("button[aria-label='Push ui-beta to the Hub']")
-    page.fill("input[aria-label='Hub repo for ui-beta']", "me/ui-beta")
-    page.click('tr[data-adapter="ui-beta"] .push-form button[type=submit]')
-    page.wait_for_selector('tr[data-adapter="ui-beta"] .push a', timeout=30_000)
-    assert double.uploads["me/ui-beta"]["adapters.safetensors"] == (beta / "adapters.safetensors").read_bytes()
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(ARTIFACTS / "desktop-adapters-actions.png"), full_page=True)
-    page.set_viewport_size({"width": 375, "height": 740})
-    page.wait_for_timeout(200)
-    page.screenshot(path=str(ARTIFACTS / "phone-adapters-actions.png"), full_page=True)
-    assert page.evaluate("document.documentElement.scrollWidth - document.documentElement.clientWidth") <= 1
-
-    # The chat's adapter picker: one for another base model is greyed out; a fitting one mounts when picked.
-    _write_adapter(root / "ui-foreign", _random_adapter(snapshot, 1, 3), 1.0, "someone/other-model", layers=1)
-    page.set_viewport_size({"width": 1280, "height": 800})
-    page.goto(url + "/#/chat")
-    picker = page.locator("select[aria-label=Adapter]")
-    page.wait_for_selector("select[aria-label=Adapter] option[value=ui-foreign]", state="attached")
-    assert picker.locator("option[value=ui-foreign]").is_disabled()
-    assert "other base model" in picker.locator("option[value=ui-foreign]").inner_text()
-    assert picker.locator("option[value=ui-alpha]").is_enabled()
-    picker.select_option("ui-alpha")
-    deadline = time.monotonic() + 15
-    while "ui-alpha" not in {a["id"] for a in httpx.get(url + "/v1/adapters").json()["adapters"]}:
-        assert time.monotonic() < deadline, "picking ui-alpha did not mount it"
-        time.sleep(0.2)
-    httpx.delete(url + "/v1/adapters/ui-alpha").raise_for_status()
-    page.close()
-    assert not errors, errors
