@@ -258,8 +258,8 @@ def test_dashboard_hold_to_talk_and_audio_drop(audio_server, clips, tmp_path):
             assert finished.value.status == 200
             text = finished.value.json()["text"]
             if text.strip():
-                page.wait_for_function("document.querySelector('textarea').value.length > 0")
-                assert page.locator("textarea").input_value().strip() == text.strip()
+                page.wait_for_function("document.querySelector('textarea[aria-label=Message]').value.length > 0")
+                assert page.locator("textarea[aria-label=Message]").input_value().strip() == text.strip()
             page.screenshot(path=str(ARTIFACTS / "audio-mic-filled.png"))
             # A dropped file: the same clip as an upload to /v1/audio/transcriptions.
             data = list(clips["wav"].read_bytes())
