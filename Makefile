@@ -10,11 +10,12 @@ BLIS := /usr/lib/x86_64-linux-gnu/blis-pthread/libblas.so.3 /usr/lib/aarch64-lin
 # installs nothing off x86-64 Linux). `make MKL=0 ...` leaves it out.
 MKL ?= 1
 comma := ,
-EXTRAS := test$(if $(filter 1,$(MKL)),$(comma)mkl)
+# The suite runs Hearth on Redis too (tests/test_redis.py), so `make` installs the `redis` extra.
+EXTRAS := test$(comma)redis$(if $(filter 1,$(MKL)),$(comma)mkl)
 HOST ?= 127.0.0.1
 PORT ?= 8080
 
-.PHONY: serve test lint blas browser git media deps bench clean
+.PHONY: serve test lint blas browser git media redis deps bench clean
 
 deps: $(VENV)/.installed
 
@@ -69,12 +70,19 @@ ifeq ($(UNAME),Linux)
 	else echo "error:$$need needed for speech to text (apt-get install ffmpeg espeak-ng)"; exit 1; fi
 endif
 
+# The suite starts its own Debian redis-server on a free loopback port (tests/conftest.py).
+redis:
+	@if command -v redis-server >/dev/null; then echo "redis-server present"; \
+	elif [ "$$(id -u)" = 0 ]; then apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q redis-server; \
+	elif command -v sudo >/dev/null; then sudo apt-get update -q && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -q redis-server; \
+	else echo "error: redis-server is needed for the Redis tests; install it (apt-get install redis-server)"; exit 1; fi
+
 serve: deps blas git media
 	$(BIN)/hearth make-demo-model
 	$(BIN)/hearth serve --host $(HOST) --port $(PORT)
 
 # Lint and type check first: the suite runs only on a clean tree.
-test: deps blas browser git media lint
+test: deps blas browser git media redis lint
 	HF_HUB_OFFLINE=1 $(BIN)/pytest -q --durations=25 tests
 
 # ruff over everything; mypy over the files [tool.mypy] names (core, the engine, protocols and routes).

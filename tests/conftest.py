@@ -53,6 +53,40 @@ def homes() -> tuple[Path, Path]:
 
 
 @pytest.fixture(scope="session")
+def redis_url(tmp_path_factory):
+    """A real Debian `redis-server` on a free loopback port, nothing saved to
+    disk, for the whole session (`make test` installs it); its URL."""
+    import subprocess
+    import time
+
+    import redis
+
+    from tests.helpers import free_port
+
+    port, folder = free_port(), tmp_path_factory.mktemp("redis")
+    proc = subprocess.Popen([shutil.which("redis-server") or "redis-server", "--port", str(port), "--bind",
+                             "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(folder)],
+                            stdout=open(folder / "redis.log", "wb"), stderr=subprocess.STDOUT)
+    url = f"redis://127.0.0.1:{port}/0"
+    client = redis.Redis.from_url(url)
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            client.ping()
+            break
+        except redis.ConnectionError:
+            assert proc.poll() is None, (folder / "redis.log").read_text()
+            assert time.monotonic() < deadline, "redis-server did not answer"
+            time.sleep(0.05)
+    try:
+        yield url
+    finally:
+        client.close()
+        proc.terminate()
+        proc.wait(10)
+
+
+@pytest.fixture(scope="session")
 def tiny_model(homes) -> str:
     hf_home, _ = homes
     build_tiny_model(hf_home / "hub")
