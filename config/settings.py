@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import secrets
+import socket
 from pathlib import Path
 
 from config.env import env_bool, env_float, env_path, env_str
@@ -166,9 +167,14 @@ LOGGING = {
 }
 
 # The job queue: SQLite in its own file (the worker and the server both open
-# it), or Redis when HEARTH_REDIS_URL is set. Tasks always run in a worker
-# process; `immediate` would run them inside the request.
+# it), or Redis when HEARTH_REDIS_URL is set (with the job events and
+# worker presence: README "Redis"). Tasks
+# always run in a worker process; `immediate` would run them inside the request.
 HEARTH_REDIS_URL = env_str("HEARTH_REDIS_URL", "")
+# On Redis, workers on several hosts: the name this one goes by (pids are compared only on the same
+# name) and the seconds between its heartbeats (three missed ones and its running jobs are zombies).
+HEARTH_WORKER_HOST = env_str("HEARTH_WORKER_HOST", "") or socket.gethostname()
+HEARTH_WORKER_HEARTBEAT_S = env_float("HEARTH_WORKER_HEARTBEAT_S", 5.0, minimum=0.1)
 HEARTH_JOB_STAGE_DELAY = env_float("HEARTH_JOB_STAGE_DELAY", 0.0, minimum=0.0)  # debugging: pause after each stage
 HUEY = {
     "name": "hearth-jobs",

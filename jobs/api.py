@@ -24,7 +24,6 @@ from core.paths import (
 )
 from jobs import registry, service
 from jobs.api_bodies import DatasetFolder, ExportRequest, MergeRequest, ModelRef, PickedFolder
-from jobs.events import EventLog
 from jobs.folders import stamped
 from jobs.kinds import finetune, quantize
 from jobs.models import Job
@@ -84,7 +83,7 @@ async def job_events(job_id: str):
     if job is None:
         yield {"type": "failed", "error": "job not found"}
         return
-    log, offset, quiet = EventLog(job.log_path), 0, 0.0
+    log, offset, quiet = job.event_log(), 0, 0.0
     while True:
         # Ended means the worker recorded the end (a cancel sets the status first, then the worker finishes).
         status, ended = await sync_to_async(lambda: Job.objects.filter(id=job_id).values_list(

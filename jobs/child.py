@@ -17,15 +17,16 @@ import sys
 import traceback
 
 from core.procs import tie_to_parent
-from jobs.events import EventLog
+from jobs.events import open_log
 
 PARENT_ENV = "HEARTH_JOB_PARENT"
+REDIS_ENV = "HEARTH_REDIS_URL"  # set: the events go to the job's Redis stream
 
 
 def main(argv: list[str]) -> int:
     run_module, log_path, config_json = argv
     tie_to_parent(int(os.environ.pop(PARENT_ENV, "") or os.getppid()), signal.SIGKILL)
-    log = EventLog(log_path)
+    log = open_log(log_path, os.environ.get(REDIS_ENV, ""))
     config = json.loads(config_json)
     delay = float(os.environ.get("HEARTH_JOB_STAGE_DELAY") or 0)
     try:

@@ -1,4 +1,4 @@
-"""A job is a database row plus an NDJSON event log on disk."""
+"""A job is a database row plus an event log (an NDJSON file, or a Redis stream: jobs/events.py)."""
 from __future__ import annotations
 
 import uuid
@@ -34,6 +34,14 @@ class Job(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind} {self.id} ({self.status})"
+
+    def event_log(self):
+        """Its events: the NDJSON file at `log_path`, or a Redis stream when Hearth runs on Redis."""
+        from django.conf import settings
+
+        from jobs.events import open_log
+
+        return open_log(self.log_path, settings.HEARTH_REDIS_URL)
 
     def row(self) -> dict:
         def iso(value):

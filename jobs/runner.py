@@ -11,45 +11,68 @@ import sys
 import time
 from pathlib import Path
 
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
 from core.procs import pid_alive, started_before
-from jobs import registry
-from jobs.events import EventLog
+from jobs import presence, registry
 from jobs.models import Job
 
 log = logging.getLogger("hearth.jobs")
 POLL_S = 0.25
 
 
-def _worker_gone(job: Job) -> bool:
-    """The job's worker exited. A live pid counts only if that process was
-    already running when the job started: after a reboot or a long while the
-    number may belong to another process, and the job would stay running forever."""
-    if not pid_alive(job.worker_pid):
-        return True
-    return job.started_at is not None and not started_before(job.worker_pid, job.started_at.timestamp())
+def _worker_gone(job: Job) -> str | None:
+    """Why the job's worker is gone; None while it lives. A live pid counts
+    only if that process was already running when the job started: after a
+    reboot or a long while the number may belong to another process, and the
+    job would stay running forever. On Redis a worker on another host is
+    judged by its heartbeat (jobs/presence.py)."""
+    if presence.enabled():
+        remote = presence.owner_gone(job.id)
+        if remote is not None:
+            gone, name = remote
+            return f"its worker ({name}) stopped while it ran: no heartbeat" if gone else None
+    if pid_alive(job.worker_pid) and (job.started_at is None
+                                      or started_before(job.worker_pid, job.started_at.timestamp())):
+        return None
+    return f"its worker (pid {job.worker_pid}) stopped while it ran"
 
 
 def mark_zombies() -> int:
-    """Running jobs whose worker is gone can never finish: mark them."""
+    """Running jobs whose worker is gone can never finish: mark them. Each is
+    claimed by a conditional update, so two workers sweeping at once mark it once."""
     count = 0
     for job in Job.objects.filter(status="running"):
-        if _worker_gone(job):
-            job.status, job.ended_at = "zombie", timezone.now()
-            job.error = job.error or f"its worker (pid {job.worker_pid}) stopped while it ran"
+        reason = _worker_gone(job)
+        if reason is None:
+            continue
+        job.status, job.ended_at, job.error = "zombie", timezone.now(), job.error or reason
+        with transaction.atomic():
+            if not Job.objects.filter(id=job.id, status="running").update(
+                    status=job.status, ended_at=job.ended_at, error=job.error):
+                continue
             emit_safely(job, "failed", error=job.error)
-            end(job, ["status", "ended_at", "error"])
-            count += 1
+            after_end(job)
+        _release(job.id)
+        count += 1
     return count
+
+
+def _release(job_id: str) -> None:
+    if presence.enabled():
+        try:
+            presence.release(job_id)
+        except Exception as exc:  # the owner record only matters while the job runs
+            log.warning("job %s: could not drop its owner record: %s", job_id, exc)
 
 
 def emit_safely(job: Job, event_type: str, **fields) -> None:
     """Append to a job's event log; the row is what counts, so a log that
     cannot be written is logged here and never leaves a job stuck running."""
     try:
-        EventLog(job.log_path).emit(event_type, **fields)
+        job.event_log().emit(event_type, **fields)
     except OSError as exc:
         log.warning("job %s: could not append to its event log %s: %s", job.id, job.log_path, exc)
 
@@ -70,20 +93,25 @@ def _apply(job: Job, events: list[dict], state: dict) -> None:
 
 def run(job_id: str) -> None:
     started = timezone.now()
+    if presence.enabled():
+        presence.claim(job_id)  # before the row says running, so no sweep finds it ownerless
     if not Job.objects.filter(id=job_id, status="queued").update(status="running", started_at=started,
                                                                   worker_pid=os.getpid()):
+        _release(job_id)
         return  # cancelled (or gone) while it waited
     job = Job.objects.get(id=job_id)
-    events = EventLog(job.log_path)
-    stderr_path = Path(job.log_path).with_suffix(".stderr")
+    events = job.event_log()
+    stderr_path = Path(job.log_path).with_suffix(".stderr")  # the child's output stays on the worker's host
     child, state, code, cancelled = None, {}, None, False
     try:
         events.emit("started")
+        stderr_path.parent.mkdir(parents=True, exist_ok=True)
         with open(stderr_path, "wb") as stderr:
             child = subprocess.Popen([sys.executable, "-m", "jobs.child", registry.get(job.kind).run_module,
                                       job.log_path, job.config_json],
                                      stdout=stderr, stderr=subprocess.STDOUT, start_new_session=True,
-                                     env=dict(os.environ, HEARTH_JOB_PARENT=str(os.getpid())))
+                                     env=dict(os.environ, HEARTH_JOB_PARENT=str(os.getpid()),
+                                              HEARTH_REDIS_URL=settings.HEARTH_REDIS_URL))
         Job.objects.filter(id=job.id).update(child_pid=child.pid)
         offset = 0
         while True:
@@ -107,6 +135,7 @@ def run(job_id: str) -> None:
         emit_safely(job, "failed", error=state["failed"]["error"])
         code, cancelled = -1, False
     _finish(job, code, state, cancelled, stderr_path)
+    _release(job.id)
 
 
 def _stop(child: subprocess.Popen) -> None:

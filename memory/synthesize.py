@@ -15,7 +15,6 @@ from chat import store
 from chat.models import ChatSession
 from core import home
 from jobs import service as jobs
-from jobs.events import EventLog
 from jobs.models import Job
 from memory.models import MemoryVault, SynthesisRun
 from memory.vault import VaultError
@@ -82,7 +81,7 @@ def finished(job: Job) -> None:
     run = SynthesisRun.objects.filter(job=job).select_related("vault").first()
     if run is None:
         return
-    events, _ = EventLog(job.log_path).read()
+    events, _ = job.event_log().read()
     run.commits_json = json.dumps([{"stage": e.get("stage"), "hash": e.get("hash")}
                                    for e in events if e.get("type") == "commit"])
     run.save(update_fields=["commits_json"])

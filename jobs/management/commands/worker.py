@@ -4,7 +4,11 @@ zombie, then runs Huey's consumer until SIGINT/SIGTERM.
 A worker that `hearth serve` started finds its server's pid in
 HEARTH_WORKER_PARENT and stops (SIGTERM) when that process goes: the
 parent-death signal on Linux, a parent watch on every platform. A worker
-started by hand has no such variable and runs until it is stopped."""
+started by hand has no such variable and runs until it is stopped.
+
+On Redis (HEARTH_REDIS_URL) any number of workers, on any hosts, drain one
+queue; each keeps a heartbeat and sweeps for jobs whose worker died
+(jobs/presence.py)."""
 from __future__ import annotations
 
 import logging
@@ -27,6 +31,8 @@ class Command(BaseCommand):
         from django.utils.module_loading import autodiscover_modules
         from huey.contrib.djhuey import HUEY
 
+        from jobs import presence
+        from jobs.presence import Heartbeat
         from jobs.runner import mark_zombies
 
         autodiscover_modules("tasks")  # register every app's tasks with this consumer
@@ -38,8 +44,17 @@ class Command(BaseCommand):
         self._requeue_lost(HUEY)
         consumer = HUEY.create_consumer(workers=opts["workers"], worker_type="thread", periodic=False,
                                         check_worker_health=True)
-        log.info("job worker ready (%d slots, queue %s)", opts["workers"], type(HUEY).__name__)
-        consumer.run()
+        heartbeat = None
+        if presence.enabled():  # other hosts' workers judge this one's jobs by its heartbeat
+            heartbeat = Heartbeat()
+            heartbeat.start()
+        log.info("job worker ready (%d slots, queue %s%s)", opts["workers"], type(HUEY).__name__,
+                 f", worker {presence.me()}" if heartbeat else "")
+        try:
+            consumer.run()
+        finally:
+            if heartbeat is not None:
+                heartbeat.stop()
 
     @staticmethod
     def _tie_to_server() -> None:

@@ -65,7 +65,6 @@ class Command(BaseCommand):
 
     def _synthesize(self, vault=None, dry=False, url=None, **_):
         from jobs import runner
-        from jobs.events import EventLog
         from jobs.models import Job
         from memory import synthesize
 
@@ -73,7 +72,7 @@ class Command(BaseCommand):
         job = run.job
         self.stdout.write(f"synthesis job {job.id}: {run.session_count} session(s) to read")
         runner.run(job.id)  # here, unless a server's worker claimed it first; then follow it
-        log, offset = EventLog(job.log_path), 0
+        log, offset = job.event_log(), 0
         while True:
             events, offset = log.read(offset)
             for e in events:

@@ -1,0 +1,152 @@
+"""Hearth on a real Redis (the session's Debian redis-server): two `hearth
+worker` processes, named as two hosts, drain one queue beside a web node,
+all sharing one HEARTH_HOME (the database and the artifacts); job events go
+through a Redis stream that a second web node follows; and a killed
+worker's job is made a zombie, with a reason, by the worker that lives."""
+from __future__ import annotations
+
+import json
+import signal
+import sqlite3
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import redis
+
+from tests.helpers import HEARTH, ROOT, ServerProcess, server_env
+from tests.test_jobs import follow, wait_status
+
+HEARTBEAT_S = 0.5
+STAGE_DELAY_S = 4  # fine-tunes pause this long once training starts: long enough to overlap, or to be killed
+
+
+class Worker:
+    """`hearth worker --workers 1` as a child process, named HOST in Redis."""
+
+    def __init__(self, env: dict, host: str, log_path: Path, client: redis.Redis):
+        self.host, self.log_path = host, log_path
+        self._log = open(log_path, "wb")
+        self.proc = subprocess.Popen([*HEARTH, "worker", "--workers", "1"], cwd=ROOT,
+                                     env=dict(env, HEARTH_WORKER_HOST=host), stdout=self._log,
+                                     stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 120
+        while not client.exists(f"hearth:worker:{host}:{self.proc.pid}"):  # its first heartbeat: ready
+            assert self.proc.poll() is None, log_path.read_text(errors="replace")
+            assert time.monotonic() < deadline, log_path.read_text(errors="replace")
+            time.sleep(0.1)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+
+
+@pytest.fixture(scope="module")
+def cluster(redis_url, homes, tiny_model, tmp_path_factory):
+    """Web node A (no worker of its own) and two workers on one Redis and one HEARTH_HOME."""
+    client = redis.Redis.from_url(redis_url)
+    client.flushdb()
+    home = tmp_path_factory.mktemp("shared-home")
+    logs = tmp_path_factory.mktemp("redis-logs")
+    env = dict(server_env(homes[0], home), HEARTH_REDIS_URL=redis_url, HEARTH_WORKER_HEARTBEAT_S=str(HEARTBEAT_S),
+               HEARTH_JOB_STAGE_DELAY=str(STAGE_DELAY_S))
+    node = ServerProcess(env, tiny_model, "--no-worker", log_path=logs / "node-a.log").wait_ready()
+    workers = []
+    try:
+        for host in ("host-1", "host-2"):  # after the node: it has migrated the shared database
+            workers.append(Worker(env, host, logs / f"{host}.log", client))
+        yield {"node": node, "workers": workers, "home": home, "env": env, "redis": client, "logs": logs}
+    finally:
+        for w in workers:
+            w.stop()
+        assert node.stop() == 0, node.output()
+        client.close()
+
+
+@pytest.fixture(scope="module")
+def node_b(cluster, tiny_model):
+    """A second web node on the same Redis and database."""
+    node = ServerProcess(cluster["env"], tiny_model, "--no-worker", log_path=cluster["logs"] / "node-b.log")
+    try:
+        yield node.wait_ready()
+    finally:
+        assert node.stop() == 0, node.output()
+
+
+def _rows(home: Path, *ids: str) -> dict[str, dict]:
+    with sqlite3.connect(home / "hearth.sqlite3") as db:
+        db.row_factory = sqlite3.Row
+        rows = db.execute(f"SELECT * FROM jobs_job WHERE id IN ({','.join('?' * len(ids))})", ids).fetchall()
+    return {r["id"]: dict(r) for r in rows}
+
+
+def _finetune(url: str, tiny_model: str, data: Path) -> dict:
+    r = httpx.post(url + "/api/finetune/submit", json={"model_dir": tiny_model, "data_dir": str(data), "iters": 4,
+                                                       "batch_size": 2, "steps_per_report": 2, "rank": 4})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("ft-data")
+    row = json.dumps({"messages": [{"role": "user", "content": "Say it."}, {"role": "assistant", "content": "It."}]})
+    (folder / "train.jsonl").write_text("\n".join([row] * 4) + "\n")
+    (folder / "valid.jsonl").write_text("\n".join([row] * 2) + "\n")
+    return folder
+
+
+def test_two_workers_run_two_finetunes_at_once_into_one_home(cluster, node_b, tiny_model, data):
+    node, home, client = cluster["node"], cluster["home"], cluster["redis"]
+    jobs = [_finetune(node.url, tiny_model, data) for _ in range(2)]
+    _, first = follow(node.url, jobs[0]["job_id"], timeout=300)
+    _, second = follow(node_b.url, jobs[1]["job_id"], timeout=300)  # the other web node streams it from Redis
+    for events in (first, second):
+        assert events[0]["type"] == "started" and events[-1]["type"] == "done", events[-3:]
+        assert [e["step"] for e in events if e["type"] == "metric" and e["kind"] == "train"] == [2, 4]
+    rows = _rows(home, *(j["job_id"] for j in jobs))
+    a, b = (rows[j["job_id"]] for j in jobs)
+    assert a["status"] == b["status"] == "done"
+    assert a["worker_pid"] != b["worker_pid"]  # one job each
+    assert {a["worker_pid"], b["worker_pid"]} == {w.proc.pid for w in cluster["workers"]}
+    assert a["started_at"] < b["ended_at"] and b["started_at"] < a["ended_at"], (a, b)  # at once
+    for job in jobs:
+        # The artifacts are in the shared home, where the web node finds them; the events only in Redis.
+        adapter = Path(job["adapter_path"])
+        assert adapter.parent == home / "adapters" and (adapter / "adapters.safetensors").is_file()
+        assert not Path(rows[job["job_id"]]["log_path"]).exists()
+        assert client.xlen(f"hearth:job-events:{job['job_id']}") == len(first if job is jobs[0] else second)
+        assert not client.exists(f"hearth:job-owner:{job['job_id']}")  # released at the end
+    available = {a["path"] for a in httpx.get(node_b.url + "/v1/adapters/available").json()["adapters"]}
+    assert {str(Path(j["adapter_path"]).resolve()) for j in jobs} <= available
+
+
+def test_a_killed_worker_leaves_a_zombie_that_the_other_worker_marks(cluster, tiny_model, data):
+    node, home, client = cluster["node"], cluster["home"], cluster["redis"]
+    job_id = _finetune(node.url, tiny_model, data)["job_id"]
+    deadline = time.monotonic() + 120
+    with httpx.stream("GET", f"{node.url}/api/jobs/{job_id}/stream", timeout=120) as r:
+        for line in r.iter_lines():  # training starts, then the job pauses STAGE_DELAY_S
+            if line.startswith("data:") and json.loads(line[5:]).get("stage") == "train":
+                break
+            assert time.monotonic() < deadline
+    pid = _rows(home, job_id)[job_id]["worker_pid"]
+    owner = next(w for w in cluster["workers"] if w.proc.pid == pid)
+    assert client.get(f"hearth:job-owner:{job_id}").decode() == f"{owner.host}:{pid}"
+    time.sleep(HEARTBEAT_S * 4)  # the other worker sweeps meanwhile: a live worker's job is left alone
+    assert httpx.get(f"{node.url}/api/jobs/{job_id}").json()["job"]["status"] == "running"
+    owner.proc.send_signal(signal.SIGKILL)  # its job's child dies with it
+    owner.proc.wait()
+    job = wait_status(node.url, job_id, ("zombie", "done", "failed"), timeout=30)
+    assert job["status"] == "zombie" and f"{owner.host}:{pid}" in job["error"] and "heartbeat" in job["error"]
+    _, events = follow(node.url, job_id)
+    assert events[-1] == {**events[-1], "type": "failed", "error": job["error"]}
+    assert not client.exists(f"hearth:job-owner:{job_id}")
