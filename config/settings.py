@@ -112,8 +112,8 @@ TEMPLATES = [
 ]
 
 ASGI_APPLICATION = "config.asgi.application"
-# No CHANNEL_LAYERS: each chat socket talks to its own consumer only, and
-# nothing sends to groups of them.
+# One machine: no channel layer (each chat socket talks to its own consumer
+# only). On Redis, channels-redis, so the web nodes share one (set below).
 
 DATABASES = {
     "default": {
@@ -167,8 +167,8 @@ LOGGING = {
 }
 
 # The job queue: SQLite in its own file (the worker and the server both open
-# it), or Redis when HEARTH_REDIS_URL is set (with the job events and
-# worker presence: README "Redis"). Tasks
+# it), or Redis when HEARTH_REDIS_URL is set (with the channel layer, job
+# events, worker presence and stored Responses: README "Redis"). Tasks
 # always run in a worker process; `immediate` would run them inside the request.
 HEARTH_REDIS_URL = env_str("HEARTH_REDIS_URL", "")
 # On Redis, workers on several hosts: the name this one goes by (pids are compared only on the same
@@ -184,11 +184,12 @@ HUEY = {
 
 
 def _redis_installed() -> None:
-    """The Redis client is an optional extra: without it a Redis queue fails
-    here, at start, rather than at the first job."""
+    """The Redis client and channels-redis are an optional extra: without
+    them Hearth on Redis fails here, at start, rather than at the first job."""
     from django.core.exceptions import ImproperlyConfigured
 
     try:
+        import channels_redis  # noqa: F401
         import redis  # noqa: F401
     except ImportError:
         raise ImproperlyConfigured("HEARTH_REDIS_URL is set but the Redis client is not installed: "
@@ -198,5 +199,9 @@ def _redis_installed() -> None:
 if HEARTH_REDIS_URL:
     _redis_installed()
     HUEY.update({"huey_class": "huey.RedisHuey", "url": HEARTH_REDIS_URL})
+    # Each socket's consumer waits on its channel with a blocking pop of up to 5 s; redis-py 8's
+    # 5 s default socket timeout would cut that wait and close the socket (django/channels_redis#422).
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {
+        "hosts": [{"address": HEARTH_REDIS_URL, "socket_timeout": 30}], "prefix": "hearth:channels:"}}}
 else:
     HUEY.update({"huey_class": "huey.SqliteHuey", "filename": str(home.job_queue())})

@@ -17,7 +17,7 @@ from inference.engine.engine import Engine
 from inference.engine.errors import EngineError
 from inference.engine.speech import Sessions, Transcriber
 from inference.protocols.options import Options
-from inference.protocols.response_store import ResponseStore
+from inference.protocols.response_store import AnyResponseStore, ResponseStore
 from inference.router.manager import Manager
 from inference.streams.store import Streams
 
@@ -40,7 +40,7 @@ class Runtime:
         self.draining = False
         self.inflight = 0  # HTTP requests still being answered
         self.embeddings_enabled = False  # the served model answers /v1/embeddings
-        self.responses = ResponseStore()  # stored Responses turns (`hearth serve --response-ttl`)
+        self.responses: AnyResponseStore = ResponseStore()  # stored Responses turns (`hearth serve --response-ttl`)
         # Resumable streams (X-Conversation-Id; the dashboard's chat turns): in memory until
         # `hearth serve` opens them on disk (`--stream-ttl`, `--stream-max-bytes`, `--streams-max-bytes`).
         self.streams = Streams(None)

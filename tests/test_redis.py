@@ -1,14 +1,17 @@
 """Hearth on a real Redis (the session's Debian redis-server): two `hearth
 worker` processes, named as two hosts, drain one queue beside a web node,
 all sharing one HEARTH_HOME (the database and the artifacts); job events go
-through a Redis stream that a second web node follows; and a killed
-worker's job is made a zombie, with a reason, by the worker that lives."""
+through a Redis stream that a second web node follows; a stored Responses
+turn made on one node continues on the other; the chat socket runs over the
+channels-redis layer; and a killed worker's job is made a zombie, with a
+reason, by the worker that lives."""
 from __future__ import annotations
 
 import json
 import signal
 import sqlite3
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -127,6 +130,81 @@ def test_two_workers_run_two_finetunes_at_once_into_one_home(cluster, node_b, ti
         assert not client.exists(f"hearth:job-owner:{job['job_id']}")  # released at the end
     available = {a["path"] for a in httpx.get(node_b.url + "/v1/adapters/available").json()["adapters"]}
     assert {str(Path(j["adapter_path"]).resolve()) for j in jobs} <= available
+
+
+def test_a_response_stored_on_one_node_continues_on_another(cluster, node_b):
+    node, client = cluster["node"], cluster["redis"]
+    first = httpx.post(node.url + "/v1/responses", json={"input": "Remember the word kiwi.", "max_output_tokens": 3,
+                                                         "temperature": 0}, timeout=60)
+    assert first.status_code == 200, first.text
+    first = first.json()
+    assert client.exists(f"hearth:response:{first['id']}")
+    assert httpx.get(f"{node_b.url}/v1/responses/{first['id']}").json() == first
+    second = httpx.post(node_b.url + "/v1/responses", json={"input": "Which word?", "max_output_tokens": 3,
+                                                            "previous_response_id": first["id"]}, timeout=60)
+    assert second.status_code == 200, second.text
+    assert second.json()["previous_response_id"] == first["id"]
+    # The continued turn holds the first one's input: its prompt is longer than a fresh one.
+    fresh = httpx.post(node_b.url + "/v1/responses", json={"input": "Which word?", "max_output_tokens": 3},
+                       timeout=60).json()
+    assert second.json()["usage"]["input_tokens"] > fresh["usage"]["input_tokens"]
+    stats = httpx.get(node.url + "/stats").json()["response_store"]
+    assert stats["backend"] == "redis" and stats["entries"] >= 3
+    assert httpx.delete(f"{node_b.url}/v1/responses/{first['id']}").status_code == 200
+    assert httpx.get(f"{node.url}/v1/responses/{first['id']}").status_code == 404
+
+
+def _turn(ws, text: str) -> None:
+    ws.send(json.dumps({"type": "prompt", "text": text}))
+    while (frame := json.loads(ws.recv(timeout=60)))["type"] != "turn_end":
+        assert frame["type"] != "error", frame
+
+
+def _cross_process_group_message(env: dict) -> None:
+    """The node's configured layer (a process with its settings) gets a group message sent from another."""
+    import asyncio
+
+    from channels_redis.core import RedisChannelLayer
+
+    script = ("import asyncio, django; django.setup()\n"
+              "from channels.layers import get_channel_layer\n"
+              "async def main():\n"
+              "    layer = get_channel_layer()\n"
+              "    name = await layer.new_channel()\n"
+              "    await layer.group_add('hearth-test', name)\n"
+              "    print(type(layer).__name__, flush=True)\n"
+              "    print((await asyncio.wait_for(layer.receive(name), 30))['text'], flush=True)\n"
+              "asyncio.run(main())\n")
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, stdout=subprocess.PIPE, text=True,
+                            env=dict(env, DJANGO_SETTINGS_MODULE="config.settings"))
+    try:
+        assert proc.stdout.readline().strip() == "RedisChannelLayer"
+
+        async def send():
+            layer = RedisChannelLayer(hosts=[env["HEARTH_REDIS_URL"]], prefix="hearth:channels:")
+            await layer.group_send("hearth-test", {"type": "note", "text": "from another node"})
+            await layer.close_pools()
+
+        asyncio.run(send())
+        assert proc.stdout.readline().strip() == "from another node"
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_the_chat_socket_runs_on_the_redis_channel_layer(cluster):
+    from websockets.sync.client import connect
+
+    node = cluster["node"]
+    with connect(node.url.replace("http", "ws") + "/ws/chat", open_timeout=30) as ws:
+        assert [json.loads(ws.recv(timeout=30))["type"] for _ in range(2)] == ["ready", "sessions"]
+        ws.send(json.dumps({"type": "set_sampling", "scope": "session", "temperature": 0, "max_tokens": 4}))
+        _turn(ws, "hello")
+        idle = time.monotonic()
+        _cross_process_group_message(cluster["env"])
+        # Idle past the layer's 5 s blocking wait on the socket's channel: the socket stays up.
+        time.sleep(max(0.0, 6.0 - (time.monotonic() - idle)))
+        _turn(ws, "still there?")
 
 
 def test_a_killed_worker_leaves_a_zombie_that_the_other_worker_marks(cluster, tiny_model, data):

@@ -1,5 +1,6 @@
 """Stored Responses, for `previous_response_id` and `GET/DELETE
-/v1/responses/{id}`: per process, a time-to-live and a byte-capped LRU."""
+/v1/responses/{id}`: per process, a time-to-live and a byte-capped LRU; or
+in Redis (HEARTH_REDIS_URL), shared by every web node."""
 from __future__ import annotations
 
 import json
@@ -7,6 +8,7 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Any, Union
 
 
 @dataclass
@@ -70,3 +72,48 @@ class ResponseStore:
             self._expire()
             return {"entries": len(self._items), "bytes": self._bytes, "max_bytes": self.max_bytes,
                     "ttl_ms": int(self.ttl_s * 1000)}
+
+
+class RedisResponseStore:
+    """The same store in Redis (HEARTH_REDIS_URL), so a turn stored by one
+    web node continues on another: one key per response with the time to
+    live as its expiry. The byte cap applies per turn; the total is Redis's
+    own `maxmemory` to bound. The interface of ResponseStore."""
+
+    PREFIX = "hearth:response:"
+
+    def __init__(self, url: str, ttl_s: float = 3600.0, max_bytes: int = 32 << 20):
+        import redis
+
+        self.ttl_s, self.max_bytes = ttl_s, max_bytes
+        self._client: Any = redis.Redis.from_url(url)
+
+    def put(self, response: dict, messages: list[dict], output: list[dict], instructions: str | None,
+            system: list[str] | None = None) -> None:
+        data = json.dumps([response, messages, output, instructions, system or []], ensure_ascii=False).encode()
+        if len(data) > self.max_bytes:
+            return
+        self._client.set(self.PREFIX + response["id"], data, px=max(1, int(self.ttl_s * 1000)))
+
+    def get(self, response_id: str) -> Stored | None:
+        data = self._client.get(self.PREFIX + response_id)
+        if data is None:
+            return None
+        response, messages, output, instructions, system = json.loads(data)
+        return Stored(response, messages, output, instructions, system, len(data), 0.0)
+
+    def delete(self, response_id: str) -> bool:
+        return bool(self._client.delete(self.PREFIX + response_id))
+
+    def stats(self) -> dict:
+        """Counted key by key (what one hour of turns holds): for /stats, not a hot path."""
+        keys = list(self._client.scan_iter(match=self.PREFIX + "*", count=1000))
+        with self._client.pipeline(transaction=False) as pipe:
+            for key in keys:
+                pipe.strlen(key)
+            sizes = pipe.execute()
+        return {"entries": len(keys), "bytes": sum(sizes), "max_bytes": self.max_bytes,
+                "ttl_ms": int(self.ttl_s * 1000), "backend": "redis"}
+
+
+AnyResponseStore = Union[ResponseStore, RedisResponseStore]

@@ -16,7 +16,7 @@ from inference.protocols.errors import RequestError
 from inference.protocols.openai import Message, with_keepalive
 from inference.protocols.output import OutputParser, Piece, ToolDelta
 from inference.protocols.params import SAMPLING, integer
-from inference.protocols.response_store import ResponseStore
+from inference.protocols.response_store import AnyResponseStore
 from inference.protocols.toolcalls import ToolCall
 
 EXTRAS = (*(f for f in SAMPLING if f not in ("temperature", "top_p", "top_k")), "logit_bias",
@@ -126,7 +126,7 @@ def _text_format(text) -> dict | None:
 class Turn:
     """The chat turn a Responses request stands for."""
 
-    def __init__(self, body: dict, store: ResponseStore):
+    def __init__(self, body: dict, store: AnyResponseStore):
         previous_id = body.get("previous_response_id")
         self.previous = None
         if previous_id is not None:

@@ -42,7 +42,7 @@ from inference.engine.engine import Engine
 from inference.engine.errors import EngineError
 from inference.engine.speech import Transcriber
 from inference.protocols.options import Options, ServerDefaults
-from inference.protocols.response_store import ResponseStore
+from inference.protocols.response_store import RedisResponseStore, ResponseStore
 from inference.router import child
 
 log = logging.getLogger("hearth.serve")
@@ -358,7 +358,10 @@ class Command(BaseCommand):
             templates = TemplateSandbox(timeout_s=bounds.template_timeout_s)
             log.warning("client chat templates are allowed: each renders in its own process, at most %gs",
                         bounds.template_timeout_s)
-        runtime.responses = ResponseStore(ttl_s=opts["response_ttl"])
+        if settings.HEARTH_REDIS_URL:  # every web node on this Redis continues every stored turn
+            runtime.responses = RedisResponseStore(settings.HEARTH_REDIS_URL, ttl_s=opts["response_ttl"])
+        else:
+            runtime.responses = ResponseStore(ttl_s=opts["response_ttl"])
         return Options(
             defaults=ServerDefaults(opts["max_tokens"] or None, opts["temperature"], opts["top_p"], opts["top_k"],
                                     hlg.parse_spec(opts["hlg_sampling"]) if opts["hlg_sampling"] else None),
