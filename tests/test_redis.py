@@ -29,17 +29,20 @@ STAGE_DELAY_S = 4  # fine-tunes pause this long once training starts: long enoug
 class Worker:
     """`hearth worker --workers 1` as a child process, named HOST in Redis."""
 
-    def __init__(self, env: dict, host: str, log_path: Path, client: redis.Redis):
+    def __init__(self, env: dict, host: str, log_path: Path):
         self.host, self.log_path = host, log_path
         self._log = open(log_path, "wb")
         self.proc = subprocess.Popen([*HEARTH, "worker", "--workers", "1"], cwd=ROOT,
                                      env=dict(env, HEARTH_WORKER_HOST=host), stdout=self._log,
                                      stderr=subprocess.STDOUT)
+
+    def wait_ready(self, client: redis.Redis) -> "Worker":
         deadline = time.monotonic() + 120
-        while not client.exists(f"hearth:worker:{host}:{self.proc.pid}"):  # its first heartbeat: ready
-            assert self.proc.poll() is None, log_path.read_text(errors="replace")
-            assert time.monotonic() < deadline, log_path.read_text(errors="replace")
+        while not client.exists(f"hearth:worker:{self.host}:{self.proc.pid}"):  # its first heartbeat: ready
+            assert self.proc.poll() is None, self.log_path.read_text(errors="replace")
+            assert time.monotonic() < deadline, self.log_path.read_text(errors="replace")
             time.sleep(0.1)
+        return self
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -54,7 +57,7 @@ class Worker:
 
 @pytest.fixture(scope="module")
 def cluster(redis_url, homes, tiny_model, tmp_path_factory):
-    """Web node A (no worker of its own) and two workers on one Redis and one HEARTH_HOME."""
+    """Web nodes A and B (no worker of their own) and two workers on one Redis and one HEARTH_HOME."""
     client = redis.Redis.from_url(redis_url)
     client.flushdb()
     home = tmp_path_factory.mktemp("shared-home")
@@ -62,26 +65,36 @@ def cluster(redis_url, homes, tiny_model, tmp_path_factory):
     env = dict(server_env(homes[0], home), HEARTH_REDIS_URL=redis_url, HEARTH_WORKER_HEARTBEAT_S=str(HEARTBEAT_S),
                HEARTH_JOB_STAGE_DELAY=str(STAGE_DELAY_S))
     node = ServerProcess(env, tiny_model, "--no-worker", log_path=logs / "node-a.log").wait_ready()
-    workers = []
+    # The others start together, once node A has migrated the shared database.
+    workers = [Worker(env, host, logs / f"{host}.log") for host in ("host-1", "host-2")]
+    node_b = ServerProcess(env, tiny_model, "--no-worker", log_path=logs / "node-b.log")
     try:
-        for host in ("host-1", "host-2"):  # after the node: it has migrated the shared database
-            workers.append(Worker(env, host, logs / f"{host}.log", client))
-        yield {"node": node, "workers": workers, "home": home, "env": env, "redis": client, "logs": logs}
+        for w in workers:
+            w.wait_ready(client)
+        node_b.wait_ready()
+        yield {"node": node, "node_b": node_b, "workers": workers, "home": home, "env": env, "redis": client}
     finally:
+        procs = [node.proc, node_b.proc] + [w.proc for w in workers]
+        for proc in procs:  # all stop at once, on one SIGTERM each (a second one stops a server at once)
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
         for w in workers:
             w.stop()
-        assert node.stop() == 0, node.output()
+        codes = node.stop(), node_b.stop()
+        assert codes == (0, 0), node.output() + node_b.output()
         client.close()
 
 
 @pytest.fixture(scope="module")
-def node_b(cluster, tiny_model):
-    """A second web node on the same Redis and database."""
-    node = ServerProcess(cluster["env"], tiny_model, "--no-worker", log_path=cluster["logs"] / "node-b.log")
-    try:
-        yield node.wait_ready()
-    finally:
-        assert node.stop() == 0, node.output()
+def node_b(cluster):
+    """The second web node, on the same Redis and database."""
+    return cluster["node_b"]
 
 
 def _rows(home: Path, *ids: str) -> dict[str, dict]:
