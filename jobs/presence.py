@@ -59,7 +59,7 @@ def beat() -> None:
 
 def claim(job_id: str) -> None:
     """Record this worker as the job's owner (before its row says running)."""
-    beat()
+    ensure_heartbeat()
     _client().set(OWNER_PREFIX + job_id, me())
 
 
@@ -111,3 +111,26 @@ class Heartbeat:
             _client().delete(WORKER_PREFIX + me())
         except Exception:
             pass
+
+
+_heartbeat: Heartbeat | None = None
+_heartbeat_lock = threading.Lock()
+
+
+def ensure_heartbeat() -> None:
+    """Start this process's heartbeat unless it runs: `hearth worker` at its
+    start, and any other process the moment it runs a job (`hearth memory
+    synthesize` runs its own), so no sweep elsewhere takes its job for a zombie."""
+    global _heartbeat
+    with _heartbeat_lock:
+        if _heartbeat is None:
+            _heartbeat = Heartbeat()
+            _heartbeat.start()
+
+
+def stop_heartbeat() -> None:
+    global _heartbeat
+    with _heartbeat_lock:
+        if _heartbeat is not None:
+            _heartbeat.stop()
+            _heartbeat = None

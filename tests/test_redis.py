@@ -8,6 +8,7 @@ reason, by the worker that lives."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sqlite3
 import subprocess
@@ -241,3 +242,72 @@ def test_a_killed_worker_leaves_a_zombie_that_the_other_worker_marks(cluster, ti
     _, events = follow(node.url, job_id)
     assert events[-1] == {**events[-1], "type": "failed", "error": job["error"]}
     assert not client.exists(f"hearth:job-owner:{job_id}")
+
+
+def test_sweeps_judge_owners_by_host_pid_and_heartbeat(redis_url, homes):
+    """In this process: which running jobs a sweep on Redis takes for zombies."""
+    import django
+    from django.core.management import call_command
+    from django.test import override_settings
+
+    django.setup()
+    call_command("migrate", interactive=False, verbosity=0)
+    from jobs import presence
+    from jobs.models import Job
+    from jobs.runner import mark_zombies
+
+    client = redis.Redis.from_url(redis_url)
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    with override_settings(HEARTH_REDIS_URL=redis_url, HEARTH_WORKER_HOST="here", HEARTH_WORKER_HEARTBEAT_S=5):
+        logs = homes[1] / "jobs"
+        jobs = {name: Job.objects.create(kind="quantize", status="running", worker_pid=pid,
+                                         log_path=str(logs / f"sweep-{name}.ndjson"))
+                for name, pid in [("alive", 999_999), ("silent", 999_998), ("local", dead.pid),
+                                  ("unowned", os.getpid())]}
+        client.set(f"hearth:worker:there:{999_999}", "{}", px=5000)
+        client.set(f"hearth:job-owner:{jobs['alive'].id}", "there:999999")  # another host, beating
+        client.set(f"hearth:job-owner:{jobs['silent'].id}", "there:999998")  # another host, no heartbeat
+        client.set(f"hearth:job-owner:{jobs['local'].id}", f"here:{dead.pid}")  # this host: its pid is gone
+        # "unowned" (no owner recorded) falls back to this host's pid check: this process lives.
+        try:
+            mark_zombies()
+            for job in jobs.values():
+                job.refresh_from_db()
+            assert jobs["alive"].status == jobs["unowned"].status == "running"
+            assert jobs["silent"].status == "zombie" and "there:999998" in jobs["silent"].error
+            assert "no heartbeat" in jobs["silent"].error
+            assert jobs["local"].status == "zombie" and f"pid {dead.pid}" in jobs["local"].error
+            assert jobs["silent"].event_log().read()[0][-1]["type"] == "failed"  # in its stream, not a file
+            assert not Path(jobs["silent"].log_path).exists()
+            assert presence.owner(jobs["silent"].id) is None and presence.owner(jobs["alive"].id) == "there:999999"
+        finally:
+            Job.objects.filter(id__in=[j.id for j in jobs.values()]).update(status="done")
+            client.close()
+
+
+def test_stored_responses_and_event_streams_on_redis(redis_url):
+    from inference.protocols.response_store import RedisResponseStore
+    from jobs.events import StreamEventLog
+
+    store = RedisResponseStore(redis_url, ttl_s=0.3, max_bytes=400)
+    store.put({"id": "resp_a"}, [{"role": "user", "content": "hi"}], [], "be brief", ["sys"])
+    got = store.get("resp_a")
+    assert got is not None and got.response == {"id": "resp_a"} and got.instructions == "be brief"
+    assert got.system == ["sys"]
+    store.put({"id": "resp_big"}, [{"role": "user", "content": "x" * 500}], [], None)  # over the cap: not kept
+    assert store.get("resp_big") is None
+    time.sleep(0.4)
+    assert store.get("resp_a") is None  # expired with its time to live
+    store.put({"id": "resp_b"}, [], [], None)
+    assert store.delete("resp_b") and not store.delete("resp_b")
+
+    log = StreamEventLog("/nowhere/streamtest.ndjson", redis_url)
+    assert log.read() == ([], 0)
+    log.emit("stage", stage="a")
+    first, cursor = log.read()
+    log.emit("done", output_dir="/x")
+    rest, _ = log.read(cursor)
+    assert [e["type"] for e in first] == ["stage"] and [e["type"] for e in rest] == ["done"]
+    with pytest.raises(OSError):
+        StreamEventLog("/nowhere/x.ndjson", "redis://127.0.0.1:1/0").emit("stage")

@@ -32,7 +32,6 @@ class Command(BaseCommand):
         from huey.contrib.djhuey import HUEY
 
         from jobs import presence
-        from jobs.presence import Heartbeat
         from jobs.runner import mark_zombies
 
         autodiscover_modules("tasks")  # register every app's tasks with this consumer
@@ -44,17 +43,15 @@ class Command(BaseCommand):
         self._requeue_lost(HUEY)
         consumer = HUEY.create_consumer(workers=opts["workers"], worker_type="thread", periodic=False,
                                         check_worker_health=True)
-        heartbeat = None
         if presence.enabled():  # other hosts' workers judge this one's jobs by its heartbeat
-            heartbeat = Heartbeat()
-            heartbeat.start()
+            presence.ensure_heartbeat()
         log.info("job worker ready (%d slots, queue %s%s)", opts["workers"], type(HUEY).__name__,
-                 f", worker {presence.me()}" if heartbeat else "")
+                 f", worker {presence.me()}" if presence.enabled() else "")
         try:
             consumer.run()
         finally:
-            if heartbeat is not None:
-                heartbeat.stop()
+            if presence.enabled():
+                presence.stop_heartbeat()
 
     @staticmethod
     def _tie_to_server() -> None:
