@@ -57,14 +57,32 @@ def beat() -> None:
                                                     "at": time.time()}), px=_ttl_ms())
 
 
-def claim(job_id: str) -> None:
-    """Record this worker as the job's owner (before its row says running)."""
+def claim(job_id: str) -> bool:
+    """Record this worker as the job's owner (before its row says running).
+    False when a live worker holds it already (a queue entry delivered twice):
+    that worker runs it. An owner whose heartbeat is gone is replaced."""
     ensure_heartbeat()
-    _client().set(OWNER_PREFIX + job_id, me())
+    client, key = _client(), OWNER_PREFIX + job_id
+    if client.set(key, me(), nx=True):
+        return True
+    held = owner(job_id)
+    if held == me():
+        return True
+    if held is not None and client.exists(WORKER_PREFIX + held):
+        return False
+    client.set(key, me())
+    return True
 
 
-def release(job_id: str) -> None:
-    _client().delete(OWNER_PREFIX + job_id)
+_RELEASE_MINE = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"
+
+
+def release(job_id: str, mine_only: bool = True) -> None:
+    """Drop the job's owner record: this worker's own, or whoever's (`mine_only=False`, for a zombie)."""
+    if mine_only:
+        _client().eval(_RELEASE_MINE, 1, OWNER_PREFIX + job_id, me())
+    else:
+        _client().delete(OWNER_PREFIX + job_id)
 
 
 def owner(job_id: str) -> str | None:

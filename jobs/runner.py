@@ -55,15 +55,15 @@ def mark_zombies() -> int:
                 continue
             emit_safely(job, "failed", error=job.error)
             after_end(job)
-        _release(job.id)
+        _release(job.id, mine_only=False)
         count += 1
     return count
 
 
-def _release(job_id: str) -> None:
+def _release(job_id: str, mine_only: bool = True) -> None:
     if presence.enabled():
         try:
-            presence.release(job_id)
+            presence.release(job_id, mine_only)
         except Exception as exc:  # the owner record only matters while the job runs
             log.warning("job %s: could not drop its owner record: %s", job_id, exc)
 
@@ -93,8 +93,8 @@ def _apply(job: Job, events: list[dict], state: dict) -> None:
 
 def run(job_id: str) -> None:
     started = timezone.now()
-    if presence.enabled():
-        presence.claim(job_id)  # before the row says running, so no sweep finds it ownerless
+    if presence.enabled() and not presence.claim(job_id):  # before the row says running: never ownerless
+        return  # a live worker has it already
     if not Job.objects.filter(id=job_id, status="queued").update(status="running", started_at=started,
                                                                   worker_pid=os.getpid()):
         _release(job_id)

@@ -244,7 +244,7 @@ def test_a_killed_worker_leaves_a_zombie_that_the_other_worker_marks(cluster, ti
     assert not client.exists(f"hearth:job-owner:{job_id}")
 
 
-def test_sweeps_judge_owners_by_host_pid_and_heartbeat(redis_url, homes):
+def test_sweeps_judge_owners_by_host_pid_and_heartbeat(redis_url, homes, monkeypatch):
     """In this process: which running jobs a sweep on Redis takes for zombies."""
     import django
     from django.core.management import call_command
@@ -281,6 +281,13 @@ def test_sweeps_judge_owners_by_host_pid_and_heartbeat(redis_url, homes):
             assert jobs["silent"].event_log().read()[0][-1]["type"] == "failed"  # in its stream, not a file
             assert not Path(jobs["silent"].log_path).exists()
             assert presence.owner(jobs["silent"].id) is None and presence.owner(jobs["alive"].id) == "there:999999"
+            # A queue entry delivered twice: the live owner keeps its job; a silent owner's claim is taken over.
+            monkeypatch.setattr(presence, "ensure_heartbeat", lambda: None)  # no heartbeat thread in the suite
+            assert not presence.claim(jobs["alive"].id)
+            client.set(f"hearth:job-owner:{jobs['silent'].id}", "there:999998")
+            assert presence.claim(jobs["silent"].id) and presence.owner(jobs["silent"].id) == presence.me()
+            presence.release(jobs["alive"].id)  # not this worker's: kept
+            assert presence.owner(jobs["alive"].id) == "there:999999"
         finally:
             Job.objects.filter(id__in=[j.id for j in jobs.values()]).update(status="done")
             client.close()
