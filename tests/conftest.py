@@ -225,6 +225,18 @@ def inproc(local_engine):
 
 
 @pytest.fixture(scope="session")
+def postgres():
+    """A real PostgreSQL server (Debian's, tests/pg.py) for the session, started at first use."""
+    from tests.pg import Postgres
+
+    server = Postgres()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
 def base_url(server) -> str:
     return server.url
 
