@@ -75,55 +75,16 @@ def test_every_migration_runs_forwards_and_back(postgres, homes, tmp_path):
 @pytest.fixture(scope="module")
 def pg_server(postgres, homes, tiny_model, tmp_path_factory):
     """`hearth serve` (and the worker it supervises) on a PostgreSQL database of
-    its own; each job stage pauses 1 s, so a running job can be cancelled."""
+    its own; each job stage pauses 0.5 s, so a running job can be cancelled."""
     home = tmp_path_factory.mktemp("pg-home")
     env = dict(server_env(homes[0], home), DATABASE_URL=postgres.create_database("serve"),
-               HEARTH_JOB_STAGE_DELAY="1")
+               HEARTH_JOB_STAGE_DELAY="0.5")
     proc = ServerProcess(env, tiny_model, log_path=tmp_path_factory.mktemp("logs") / "pg-server.log")
     try:
         yield proc.wait_ready()
     finally:
         assert proc.stop() == 0, proc.output()
     assert not (home / "hearth.sqlite3").exists()  # every row went to PostgreSQL
-
-
-def _job(server, job_id: str) -> dict:
-    return httpx.get(f"{server.url}/api/jobs/{job_id}").json()["job"]
-
-
-def _wait(server, job_id: str, done, timeout: float = 90) -> dict:
-    deadline = time.monotonic() + timeout
-    while not done(job := _job(server, job_id)):
-        assert time.monotonic() < deadline, job
-        time.sleep(0.2)
-    return job
-
-
-def test_jobs_submit_stream_and_cancel_on_postgresql(pg_server, postgres, tiny_model):
-    body = {"model_id": tiny_model, "bits": 8, "group_size": 64}
-    first = httpx.post(pg_server.url + "/api/quantize/submit", json=body).json()
-    second = httpx.post(pg_server.url + "/api/quantize/submit", json=body).json()
-    assert first["ok"] and second["ok"]
-    _wait(pg_server, second["job_id"], lambda j: j["status"] == "running")
-    cancelled = httpx.post(f"{pg_server.url}/api/jobs/{second['job_id']}/cancel")
-    assert cancelled.status_code == 200 and cancelled.json()["job"]["status"] == "cancelled"
-
-    events = []
-    with httpx.stream("GET", f"{pg_server.url}/api/jobs/{first['job_id']}/stream", timeout=120) as r:
-        for line in r.iter_lines():
-            if line.startswith("data:") and line != "data: {}":
-                events.append(json.loads(line[5:]))
-    kinds = [e["type"] for e in events]
-    assert kinds[0] == "started" and "stage" in kinds and kinds[-1] == "done", kinds
-    job = _job(pg_server, first["job_id"])
-    assert job["status"] == "done" and job["progress"] == 1.0 and job["output_path"] == events[-1]["output_dir"]
-    ended = _wait(pg_server, second["job_id"], lambda j: j["ended_at"])
-    assert ended["status"] == "cancelled" and ended["error"] == "cancelled by request"
-    assert httpx.post(f"{pg_server.url}/api/jobs/{second['job_id']}/cancel").status_code == 409
-    rows = dict(postgres.query("serve", "SELECT id, status FROM jobs_job WHERE kind = 'quantize'"))
-    assert rows == {first["job_id"]: "done", second["job_id"]: "cancelled"}
-    listed = httpx.get(pg_server.url + "/api/jobs?kind=quantize&limit=5").json()["jobs"]
-    assert [j["id"] for j in listed] == [second["job_id"], first["job_id"]]  # newest first
 
 
 async def _frames_until(ws, kind: str) -> list[dict]:
@@ -149,6 +110,9 @@ def test_the_chat_socket_stores_forks_and_deletes_on_postgresql(pg_server, postg
             assert [i["content"] for i in history["items"]][:1] == ["rosemary\ufffdstew"]
             assert [i["role"] for i in history["items"]] == ["user", "assistant"]
             await _frames_until(ws, "sessions")
+            # A connection PostgreSQL drops (a restart, an idle timeout) is replaced at the next frame.
+            postgres.query("serve", "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                                    "WHERE datname = 'serve' AND pid <> pg_backend_pid()")
             await ws.send(json.dumps({"type": "fork_session", "path": session}))
             fork = json.loads(await ws.recv())
             assert fork["sessionId"] != session and [i["role"] for i in fork["items"]] == ["user", "assistant"]
@@ -177,10 +141,51 @@ def test_vaults_and_downloads_keep_their_rows_in_postgresql(pg_server, postgres)
     assert made["ok"] and made["vault"]["default"], made
     assert postgres.query("serve", "SELECT name, is_default FROM memory_memoryvault") == [
         (made["vault"]["name"], True)]
-    started = httpx.post(pg_server.url + "/api/hub/download", json={"repo": "nobody/nothing"}).json()
-    assert started["ok"], started
+    branch = "release/" + "r" * 100  # as long as a revision may be, longer than a varchar(64)
+    started = httpx.post(pg_server.url + "/api/hub/download", json={"repo": "nobody/nothing", "revision": branch})
+    assert started.json()["ok"], started.text
     deadline = time.monotonic() + 30
-    while not (rows := postgres.query("serve", "SELECT state, error FROM hub_download")) or rows[0][0] != "error":
+    while (rows := postgres.query("serve", "SELECT state, error, revision FROM hub_download"))[0][0] != "error":
         assert time.monotonic() < deadline, rows
         time.sleep(0.2)
-    assert "HF_HUB_OFFLINE" in rows[0][1]
+    assert "HF_HUB_OFFLINE" in rows[0][1] and rows[0][2] == branch
+
+
+def _job(server, job_id: str) -> dict:
+    return httpx.get(f"{server.url}/api/jobs/{job_id}").json()["job"]
+
+
+def _wait(server, job_id: str, done, timeout: float = 90) -> dict:
+    deadline = time.monotonic() + timeout
+    while not done(job := _job(server, job_id)):
+        assert time.monotonic() < deadline, job
+        time.sleep(0.2)
+    return job
+
+
+def test_jobs_submit_stream_and_cancel_on_postgresql(pg_server, postgres, tiny_model):
+    """Last in the module, so the worker started while the other tests ran."""
+    body = {"model_id": tiny_model, "bits": 8, "group_size": 64}
+    first = httpx.post(pg_server.url + "/api/quantize/submit", json=body).json()
+    second = httpx.post(pg_server.url + "/api/quantize/submit", json=body).json()
+    assert first["ok"] and second["ok"]
+    _wait(pg_server, second["job_id"], lambda j: j["status"] == "running")
+    cancelled = httpx.post(f"{pg_server.url}/api/jobs/{second['job_id']}/cancel")
+    assert cancelled.status_code == 200 and cancelled.json()["job"]["status"] == "cancelled"
+
+    events = []
+    with httpx.stream("GET", f"{pg_server.url}/api/jobs/{first['job_id']}/stream", timeout=120) as r:
+        for line in r.iter_lines():
+            if line.startswith("data:") and line != "data: {}":
+                events.append(json.loads(line[5:]))
+    kinds = [e["type"] for e in events]
+    assert kinds[0] == "started" and "stage" in kinds and kinds[-1] == "done", kinds
+    job = _job(pg_server, first["job_id"])
+    assert job["status"] == "done" and job["progress"] == 1.0 and job["output_path"] == events[-1]["output_dir"]
+    ended = _wait(pg_server, second["job_id"], lambda j: j["ended_at"])
+    assert ended["status"] == "cancelled" and ended["error"] == "cancelled by request"
+    assert httpx.post(f"{pg_server.url}/api/jobs/{second['job_id']}/cancel").status_code == 409
+    rows = dict(postgres.query("serve", "SELECT id, status FROM jobs_job WHERE kind = 'quantize'"))
+    assert rows == {first["job_id"]: "done", second["job_id"]: "cancelled"}
+    listed = httpx.get(pg_server.url + "/api/jobs?kind=quantize&limit=5").json()["jobs"]
+    assert [j["id"] for j in listed] == [second["job_id"], first["job_id"]]  # newest first
