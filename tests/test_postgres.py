@@ -75,10 +75,10 @@ def test_every_migration_runs_forwards_and_back(postgres, homes, tmp_path):
 @pytest.fixture(scope="module")
 def pg_server(postgres, homes, tiny_model, tmp_path_factory):
     """`hearth serve` (and the worker it supervises) on a PostgreSQL database of
-    its own; each job stage pauses 0.5 s, so a running job can be cancelled."""
+    its own; each job stage pauses 2 s, so a running job can be cancelled."""
     home = tmp_path_factory.mktemp("pg-home")
     env = dict(server_env(homes[0], home), DATABASE_URL=postgres.create_database("serve"),
-               HEARTH_JOB_STAGE_DELAY="0.5")
+               HEARTH_JOB_STAGE_DELAY="2")
     proc = ServerProcess(env, tiny_model, log_path=tmp_path_factory.mktemp("logs") / "pg-server.log")
     try:
         yield proc.wait_ready()
@@ -163,11 +163,13 @@ def _wait(server, job_id: str, done, timeout: float = 90) -> dict:
     return job
 
 
-def test_jobs_submit_stream_and_cancel_on_postgresql(pg_server, postgres, tiny_model):
-    """Last in the module, so the worker started while the other tests ran."""
-    body = {"model_id": tiny_model, "bits": 8, "group_size": 64}
-    first = httpx.post(pg_server.url + "/api/quantize/submit", json=body).json()
-    second = httpx.post(pg_server.url + "/api/quantize/submit", json=body).json()
+def test_jobs_submit_stream_and_cancel_on_postgresql(pg_server, postgres):
+    """Last in the module, so the worker started while the other tests ran. Dataset jobs: their
+    child imports no MLX, so the job's rows, not the work, take the time."""
+    rows = "question,answer\n" + "".join(f"What is {i}+{i}?,{2 * i}\n" for i in range(10))
+    body = {"template_id": "table-to-messages", "inputs": {"data": rows, "valid_fraction": 0.2}}
+    first = httpx.post(pg_server.url + "/api/dataset/submit", json=body).json()
+    second = httpx.post(pg_server.url + "/api/dataset/submit", json=body).json()
     assert first["ok"] and second["ok"]
     _wait(pg_server, second["job_id"], lambda j: j["status"] == "running")
     cancelled = httpx.post(f"{pg_server.url}/api/jobs/{second['job_id']}/cancel")
@@ -179,13 +181,14 @@ def test_jobs_submit_stream_and_cancel_on_postgresql(pg_server, postgres, tiny_m
             if line.startswith("data:") and line != "data: {}":
                 events.append(json.loads(line[5:]))
     kinds = [e["type"] for e in events]
-    assert kinds[0] == "started" and "stage" in kinds and kinds[-1] == "done", kinds
+    assert kinds[0] == "started" and "stage" in kinds and kinds[-1] == "done", events
+    assert events[-1]["summary"]["n_train"] == 8
     job = _job(pg_server, first["job_id"])
-    assert job["status"] == "done" and job["progress"] == 1.0 and job["output_path"] == events[-1]["output_dir"]
+    assert job["status"] == "done" and job["progress"] == 1.0 and job["output_path"] == first["output_dir"]
     ended = _wait(pg_server, second["job_id"], lambda j: j["ended_at"])
     assert ended["status"] == "cancelled" and ended["error"] == "cancelled by request"
     assert httpx.post(f"{pg_server.url}/api/jobs/{second['job_id']}/cancel").status_code == 409
-    rows = dict(postgres.query("serve", "SELECT id, status FROM jobs_job WHERE kind = 'quantize'"))
-    assert rows == {first["job_id"]: "done", second["job_id"]: "cancelled"}
-    listed = httpx.get(pg_server.url + "/api/jobs?kind=quantize&limit=5").json()["jobs"]
+    stored = dict(postgres.query("serve", "SELECT id, status FROM jobs_job WHERE kind = 'dataset'"))
+    assert stored == {first["job_id"]: "done", second["job_id"]: "cancelled"}
+    listed = httpx.get(pg_server.url + "/api/jobs?kind=dataset&limit=5").json()["jobs"]
     assert [j["id"] for j in listed] == [second["job_id"], first["job_id"]]  # newest first
