@@ -153,7 +153,7 @@ else:
                 "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
                 # Every write transaction takes the lock at its start, so a check-then-insert in
                 # `transaction.atomic()` cannot interleave with another process's (the code that relies
-                # on it takes a row lock on PostgreSQL instead: core.db).
+                # on it takes an advisory lock on PostgreSQL instead: core.db.serialize).
                 "transaction_mode": "IMMEDIATE",
                 "timeout": 20,
             },
