@@ -10,11 +10,11 @@ BLIS := /usr/lib/x86_64-linux-gnu/blis-pthread/libblas.so.3 /usr/lib/aarch64-lin
 # installs nothing off x86-64 Linux). `make MKL=0 ...` leaves it out.
 MKL ?= 1
 comma := ,
-EXTRAS := test$(if $(filter 1,$(MKL)),$(comma)mkl)
+EXTRAS := test$(comma)postgres$(if $(filter 1,$(MKL)),$(comma)mkl)
 HOST ?= 127.0.0.1
 PORT ?= 8080
 
-.PHONY: serve test lint blas browser git media deps bench clean
+.PHONY: serve test lint blas browser git media postgres deps bench clean
 
 deps: $(VENV)/.installed
 
@@ -69,12 +69,21 @@ ifeq ($(UNAME),Linux)
 	else echo "error:$$need needed for speech to text (apt-get install ffmpeg espeak-ng)"; exit 1; fi
 endif
 
+# The suite runs the platform on a real PostgreSQL too (tests/pg.py starts Debian's server in a temp dir).
+postgres:
+ifeq ($(UNAME),Linux)
+	@if ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null; then echo "PostgreSQL present"; \
+	elif [ "$$(id -u)" = 0 ]; then apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql; \
+	elif command -v sudo >/dev/null; then sudo apt-get update -q && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql; \
+	else echo "error: PostgreSQL is needed for the database tests; install it (apt-get install postgresql)"; exit 1; fi
+endif
+
 serve: deps blas git media
 	$(BIN)/hearth make-demo-model
 	$(BIN)/hearth serve --host $(HOST) --port $(PORT)
 
 # Lint and type check first: the suite runs only on a clean tree.
-test: deps blas browser git media lint
+test: deps blas browser git media postgres lint
 	HF_HUB_OFFLINE=1 $(BIN)/pytest -q --durations=25 tests
 
 # ruff over everything; mypy over the files [tool.mypy] names (core, the engine, protocols and routes).
