@@ -1,0 +1,246 @@
+"""The dashboard's assistant in a real headless Chromium: one chat and one
+socket for the whole app (on #/chat it is the page, elsewhere it sits in the
+dock), `context` frames on every route and wizard step change with a snapshot
+of the page, the `ui_navigate` / `ui_spotlight` handlers (called as the socket
+would call them: the tiny random model calls no tools), and messages queued
+while a turn streams (a scripted socket sends the server's queue frames).
+Screenshots go to tests/artifacts/screenshots."""
+from __future__ import annotations
+
+import json
+import time
+
+from tests.test_dashboard import ARTIFACTS
+
+MODEL = "text=hearth-test/tiny-random"
+UI = "async (f) => (await import('/assets/js/appctx.js')).handleUiFrame(f)"
+
+
+def _watch(page) -> dict:
+    """Every chat socket the page opens, and the frames sent and received on them."""
+    seen: dict = {"sockets": [], "sent": [], "received": []}
+
+    def opened(ws):
+        if not ws.url.endswith("/ws/chat"):
+            return
+        seen["sockets"].append(ws)
+        ws.on("framesent", lambda payload: seen["sent"].append(json.loads(payload)))
+        ws.on("framereceived", lambda payload: seen["received"].append(json.loads(payload)))
+
+    page.on("websocket", opened)
+    return seen
+
+
+def _contexts(seen: dict) -> list[dict]:
+    return [f["context"] for f in seen["sent"] if f.get("type") == "context"]
+
+
+def _wait_context(page, seen: dict, test, timeout: float = 10.0) -> dict:
+    """The first context frame sent from now on that passes `test`."""
+    start = len(_contexts(seen))
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for ctx in _contexts(seen)[start:]:
+            if test(ctx):
+                return ctx
+        page.wait_for_timeout(50)
+    raise AssertionError(f"no such context frame; sent: {_contexts(seen)[start:]}")
+
+
+def test_one_socket_follows_the_user_and_a_running_turn_keeps_streaming(page, base_url, eos_id):
+    seen = _watch(page)
+    page.goto(base_url + "/#/chat")
+    page.wait_for_selector(MODEL)
+    page.click("text=New chat")
+    page.wait_for_selector("text=Start a conversation")
+    page.click("button[aria-label='Sampling settings']")  # a long turn: the end-of-text token is never picked
+    panel = page.locator("form.sampling-panel")
+    panel.locator("input[aria-label='max tokens']").fill("4000")
+    panel.locator("textarea[aria-label='Logit bias by token text']").fill(f"{eos_id} = -100")
+    panel.locator("button", has_text="Save for this chat").click()
+    page.wait_for_selector("#toast:has-text('Sampling saved')")
+    panel.locator("button", has_text="Close").click()
+    page.fill("textarea[aria-label=Message]", "Tell me a very long story")
+    page.keyboard.press("Enter")
+    page.wait_for_selector("text=Model · writing…", timeout=30_000)
+
+    page.click(".top nav a:text-is('Status')")
+    page.wait_for_selector("#main h1")
+    assert page.locator("#main .chat").count() == 0  # the chat left the page...
+    toggle = page.locator("button.dock-toggle")
+    toggle.wait_for()
+    toggle.click()  # ...and waits in the dock, still writing
+    dock = page.locator("aside.dock")
+    assert dock.is_visible() and toggle.is_hidden()
+    dock.locator(".msg.assistant:has-text('writing…')").wait_for()
+    assert page.evaluate("document.activeElement.getAttribute('aria-label')") == "Message"  # the keyboard lands there
+    deltas = sum(f["type"] == "text_delta" for f in seen["received"])
+    deadline = time.monotonic() + 30
+    while sum(f["type"] == "text_delta" for f in seen["received"]) <= deltas and time.monotonic() < deadline:
+        page.wait_for_timeout(100)
+    assert sum(f["type"] == "text_delta" for f in seen["received"]) > deltas, "the turn stopped streaming"
+
+    page.click(".top nav a:text-is('Quantize')")
+    page.wait_for_selector("#main h1:text-is('Quantize')")
+    assert dock.is_visible()  # open stays open from page to page
+    dock.locator(".msg.assistant:has-text('writing…')").wait_for()
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "desktop-dock-streaming.png"))
+    dock.locator("button:text-is('Stop')").click()
+    dock.locator(".msg.assistant .perf").wait_for(timeout=60_000)  # the stored turn, shown in the dock
+
+    page.keyboard.press("Escape")  # focus is in the dock: Escape closes it and the button takes the focus
+    assert dock.is_hidden() and toggle.is_visible()
+    assert page.evaluate("document.activeElement.classList.contains('dock-toggle')")
+    page.reload()
+    page.wait_for_selector("#main h1:text-is('Quantize')")
+    page.wait_for_selector("button.dock-toggle")
+    assert page.locator("aside.dock").is_hidden()  # closed is remembered
+    page.click("button.dock-toggle")
+    page.reload()
+    page.wait_for_selector("aside.dock .composer")
+    assert page.locator("aside.dock").is_visible()  # and so is open
+
+    page.click(".top nav a:text-is('Chat')")
+    page.wait_for_selector("#main .chat .msg.assistant .perf")  # the same chat, back on its page
+    assert page.locator("aside.dock").is_hidden() and page.locator("button.dock-toggle").is_hidden()
+    assert len(seen["sockets"]) == 3, seen["sockets"]  # one per load of the app (three), none per page
+
+
+def test_context_frames_carry_the_route_the_wizard_step_and_a_snapshot(page, base_url):
+    seen = _watch(page)
+    page.goto(base_url + "/#/status")
+    first = _wait_context(page, seen, lambda c: c["route"] == "status")  # sent after the ready frame
+    assert any(f["type"] == "ready" for f in seen["received"])
+    assert "step" not in first and first["snapshot"]["route"] == "status" and first["snapshot"]["capturedAt"]
+    for el in first["snapshot"]["elements"]:
+        assert {"ref", "label", "kind", "selector"} <= set(el)
+        assert el["kind"] in {"input", "select", "button", "link", "textarea"}
+        assert page.locator(el["selector"]).count() >= 1, el
+        assert page.locator(f"[data-ref='{el['ref']}']").count() == 1
+    assert not any(el["label"] == "Message" for el in first["snapshot"]["elements"])  # the dock is not the page
+
+    page.click(".top nav a:text-is('Fine-tune')")
+    step0 = _wait_context(page, seen, lambda c: c["route"] == "finetune")
+    assert step0["step"] == {"index": 0, "count": 4, "label": "Model"}
+    spots = {el.get("spotlightId"): el for el in step0["snapshot"]["elements"]}
+    assert spots["finetune-model"]["kind"] == "input" and spots["finetune-model"]["label"] == "Base model"
+    assert spots["finetune-model"]["selector"] == "[data-spot=\"finetune-model\"]"
+    assert len(step0["snapshot"]["elements"]) <= 120
+    page.wait_for_function("document.querySelector('#main input').value.length > 0")
+    page.click("#main button:text-is('Next')")
+    step1 = _wait_context(page, seen, lambda c: c["route"] == "finetune" and c.get("step", {}).get("index") == 1)
+    assert step1["step"] == {"index": 1, "count": 4, "label": "Data"}
+    assert "finetune-data" in {el.get("spotlightId") for el in step1["snapshot"]["elements"]}
+    # A ref given once stays on its element: the Next button keeps the same ref from step to step.
+    nexts = [[el["ref"] for el in c["snapshot"]["elements"] if el["label"] == "Next"] for c in (step0, step1)]
+    assert nexts[0] == nexts[1] and len(nexts[0]) == 1
+
+    page.goto(base_url + "/#/status/engine")  # a sub-path is the view
+    status = _wait_context(page, seen, lambda c: c["route"] == "status")
+    assert status.get("view") == "engine" and "step" not in status
+    page.click(".top nav a:text-is('Chat')")
+    chat = _wait_context(page, seen, lambda c: c["route"] == "chat")
+    assert "chat-input" in {el.get("spotlightId") for el in chat["snapshot"]["elements"]}  # on #/chat it is the page
+    # (a server from before the app-aware assistant refuses the frame; the chat shows nothing for it)
+    refused = [f for f in seen["received"] if f["type"] == "error" and f["message"] != "unknown frame type 'context'"]
+    assert not refused, refused
+    assert page.locator("#toast:has-text('context')").count() == 0
+
+
+def test_navigate_and_spotlight_frames_move_fill_and_highlight(browser, base_url):
+    context = browser.new_context(viewport={"width": 1280, "height": 800})
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    try:
+        page.goto(base_url + "/#/chat")
+        page.wait_for_selector(MODEL)
+        page.fill("textarea[aria-label=Message]", "half-typed question")
+        page.focus("textarea[aria-label=Message]")
+        assert page.evaluate(UI, {"type": "ui_navigate", "route": "quantize"}) == {"ok": True, "route": "quantize"}
+        assert page.evaluate("location.hash") == "#/quantize"
+        page.wait_for_selector("#main h1:text-is('Quantize')")
+        dock = page.locator("aside.dock")
+        assert dock.is_visible()  # the conversation stays in view, and the typing goes on where it was
+        assert page.evaluate("document.activeElement.getAttribute('aria-label')") == "Message"
+        assert page.input_value("aside.dock textarea[aria-label=Message]") == "half-typed question"
+
+        # Bits lives on step 2: set there, the step lit in the rail, a toast that says where.
+        done = page.evaluate(UI, {"type": "ui_spotlight", "target": "quantize-bits", "value": 8})
+        assert done["ok"] and done["found"] == "step" and done["step"] == 1
+        page.wait_for_selector("#toast:has-text('Bits set to 8 (step 2, Precision)')")
+        assert page.locator(".steps span.spotlit:has-text('Precision')").count() == 1
+        assert page.evaluate("document.activeElement.getAttribute('aria-label')") == "Message"  # no focus taken
+
+        page.wait_for_function("document.querySelector('[data-spot=quantize-source]').value.length > 0")
+        page.click("#main button:text-is('Next')")
+        page.wait_for_selector("#main label:text-is('Bits')")
+        assert page.input_value("[data-spot=quantize-bits]") == "8"  # the value set off-step is there
+        done = page.evaluate(UI, {"type": "ui_spotlight", "label": "bits", "value": 4,
+                                  "message": "Four bits keeps most of the quality"})
+        assert done["ok"] and done["found"] == "page" and done["value"] == "4"
+        assert page.input_value("[data-spot=quantize-bits]") == "4"
+        assert page.locator("[data-spot=quantize-bits].spotlit").count() == 1
+        bubble = page.locator(".spot-bubble[role=status]")
+        assert bubble.inner_text() == "Four bits keeps most of the quality" and bubble.is_visible()
+        page.screenshot(path=str(ARTIFACTS / "desktop-dock-spotlight.png"))
+
+        # A ref from the last snapshot, a live CSS selector, a catalog id; a select picked by its option text.
+        snap = page.evaluate("async () => (await import('/assets/js/appctx.js')).snapshot()")
+        group = next(el for el in snap["elements"] if el.get("spotlightId") == "quantize-group")
+        assert page.evaluate(UI, {"type": "ui_spotlight", "ref": group["ref"], "value": "128"})["value"] == "128"
+        assert page.input_value("[data-spot=quantize-group]") == "128"
+        done = page.evaluate(UI, {"type": "ui_spotlight", "selector": "#main select >> nonsense",
+                                  "target": "quantize-mode", "value": "bits-per-weight target (mixed)"})
+        assert done["found"] == "page" and page.input_value("[data-spot=quantize-mode]") == "bpw"
+        assert page.evaluate(UI, {"type": "ui_spotlight", "selector": "[data-spot=quantize-group]"})["found"] == "page"
+        assert not page.evaluate(UI, {"type": "ui_spotlight", "target": "no-such-field"})["ok"]
+        page.wait_for_selector("#toast:has-text('Could not find')")
+
+        # Another page first, then its element.
+        done = page.evaluate(UI, {"type": "ui_spotlight", "route": "models", "target": "models-search",
+                                  "message": "Search the hub here"})
+        assert done["found"] == "page" and page.evaluate("location.hash") == "#/models"
+        assert page.locator("[data-spot=models-search].spotlit").is_visible()
+        done = page.evaluate(UI, {"type": "ui_spotlight", "route": "settings", "target": "settings-keys"})
+        assert done["found"] == "page"
+        assert page.evaluate(UI, {"type": "ui_navigate", "route": "nowhere"}) == {"ok": False}
+        assert page.evaluate("location.hash") == "#/settings"
+    finally:
+        context.close()
+    assert not errors, errors
+
+
+def test_the_dock_on_a_phone(browser, base_url):
+    context = browser.new_context(viewport={"width": 375, "height": 740})
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    try:
+        page.goto(base_url + "/#/quantize")
+        page.wait_for_selector("button.dock-toggle")
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "phone-dock-closed.png"))
+        page.click("button.dock-toggle")
+        dock = page.locator("aside.dock")
+        box = dock.bounding_box()
+        assert box and (box["x"], box["y"], box["width"], box["height"]) == (0, 0, 375, 740)  # the whole screen
+        overflow = page.evaluate("document.documentElement.scrollWidth - document.documentElement.clientWidth")
+        assert overflow <= 1, "the page scrolls sideways at 375px"
+        page.wait_for_selector(MODEL, state="attached")
+        page.screenshot(path=str(ARTIFACTS / "phone-dock-open.png"))
+        page.click("aside.dock button:text-is('Options')")
+        assert page.locator("aside.dock .chatbar").is_visible()
+        page.screenshot(path=str(ARTIFACTS / "phone-dock-options.png"))
+        page.click("aside.dock button:text-is('Options')")
+        # A highlight on the page: the dock steps aside so it can be seen (nobody is typing).
+        page.evaluate(UI, {"type": "ui_spotlight", "target": "quantize-source", "message": "Paste a repo id here"})
+        assert dock.is_hidden()
+        page.screenshot(path=str(ARTIFACTS / "phone-spotlight.png"))
+        page.click("button.dock-toggle")
+        page.click("aside.dock button[aria-label='Close the assistant']")
+        assert dock.is_hidden()
+    finally:
+        context.close()
+    assert not errors, errors
