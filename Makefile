@@ -75,7 +75,7 @@ serve: deps blas git media
 
 # Lint and type check first: the suite runs only on a clean tree.
 test: deps blas browser git media lint
-	HF_HUB_OFFLINE=1 $(BIN)/pytest -q tests
+	HF_HUB_OFFLINE=1 $(BIN)/pytest -q --durations=25 tests
 
 # ruff over everything; mypy over the files [tool.mypy] names (core, the engine, protocols and routes).
 lint: deps

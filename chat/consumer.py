@@ -26,7 +26,7 @@ import math
 from asgiref.sync import sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
-from chat import gensettings, live, store, turns
+from chat import appctx, gensettings, live, store, turns
 from chat.models import ChatEntry, ChatSession
 from core import jsonbody
 from inference.protocols import params
@@ -49,6 +49,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         self.session: ChatSession | None = None
         self.follower: asyncio.Task | None = None  # passes the open session's running turn on to this socket
         self.next_sampling: dict = {}
+        self.app_context: dict | None = None  # the page this socket's dashboard shows
         self.may_code = coding_permitted(self.scope)
         await self.accept()
         await self.send_json({**self._ready(), "codingTools": self.may_code})
@@ -93,12 +94,35 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             await self._error(f"{type(exc).__name__}: {exc}")
 
     async def on_prompt(self, frame):
+        """A question; while a turn runs in the chat, a message queued on it:
+        `streamingBehavior` "steer" (the default: taken after the current
+        generation and its tool calls) or "followUp" (once the turn is done)."""
         text = _text(frame, "text", self.runtime.options.limits.max_socket_text)
         images = _images(frame)
+        behavior = frame.get("streamingBehavior", "steer")
+        if behavior not in ("steer", "followUp"):
+            raise _FrameError("streamingBehavior must be steer or followUp")
         session = await self._session()
-        self._require_idle(session)
+        self._share_context()
+        turn = live.live(self.runtime, session.id)
+        if turn is not None and not turn.closed:
+            try:
+                await turn.enqueue(text, images, behavior)
+            except live.TurnBusy as exc:
+                raise _FrameError(str(exc)) from None
+            return
+        if turn is not None:  # writing its last frames: the message starts the next turn
+            await turn.ended()
         entry = await sync_to_async(store.ask)(session, text, images)
         await self._start_turn(entry)
+
+    async def on_context(self, frame):
+        """What the dashboard shows (the app-aware assistant, chat/appctx.py)."""
+        try:
+            self.app_context = appctx.check(frame.get("context"))
+        except appctx.ContextRefused as exc:
+            raise _FrameError(str(exc)) from None
+        self._share_context()
 
     async def on_abort(self, frame):
         await self._abort()
@@ -224,6 +248,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
     async def on_new_session(self, frame):
         await self._unfollow()  # a turn running in the chat left behind goes on
         self.session = await sync_to_async(store.create)()
+        self._share_context()
         await self.send_json({"type": "history", "items": [], "sessionId": self.session.id, "total": 0, "more": False})
         await self._send_sessions()
 
@@ -236,16 +261,19 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         session = await self._find(frame)
         await self._unfollow()
         self.session = session
+        self._share_context()
         turn = live.live(self.runtime, session.id)
-        await self._send_history(turn)
+        offset = turn.segment_offset if turn is not None else 0  # read before the history: see live.upto
+        await self._send_history(turn.anchor_id if turn is not None else None)
         await self._send_sessions()
         if turn is not None:
-            self._follow(turn)
+            self._follow(turn, offset)
 
     async def on_fork_session(self, frame):
         source = await self._find(frame)
         await self._unfollow()
         self.session = await sync_to_async(store.fork)(source)
+        self._share_context()
         await self._send_history()
         await self._send_sessions()
 
@@ -300,20 +328,19 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
     async def _start_turn(self, user_entry: ChatEntry) -> None:
         sampling, self.next_sampling = self.next_sampling, {}  # "next turn" covers all of its rounds
         try:
-            turn = await live.start(self.runtime, self.session, self.may_code, sampling,
-                                    lambda t: live.run(t, user_entry))
+            turn = await live.start(self.runtime, self.session, self.may_code, sampling, user_entry)
         except live.TurnBusy as exc:
             raise _FrameError(str(exc)) from None
         self._follow(turn)
 
-    def _follow(self, turn: live.LiveTurn) -> None:
+    def _follow(self, turn: live.LiveTurn, offset: int = 0) -> None:
         if self.follower is not None:
             self.follower.cancel()
-        self.follower = asyncio.ensure_future(self._pass_on(turn))
+        self.follower = asyncio.ensure_future(self._pass_on(turn, offset))
 
-    async def _pass_on(self, turn: live.LiveTurn) -> None:
+    async def _pass_on(self, turn: live.LiveTurn, offset: int) -> None:
         try:
-            async for frame in live.follow(turn.stream, turn.session.id):
+            async for frame in live.follow(turn.stream, turn.session.id, offset):
                 if frame.get("type") == "turn_end":
                     await self._send_sessions()  # the stored turn may have named the chat
                 await self.send_json(frame)
@@ -362,15 +389,16 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             raise _FrameError(f"no session {key}")
         return found
 
-    async def _send_history(self, running: live.LiveTurn | None = None) -> None:
+    async def _send_history(self, anchor_id: str | None = None) -> None:
         """The showing path in pages: `history` with the first, `history_more`
-        with the rest (`more` says whether another follows). Less the answer
-        of `running` (a turn whose replay follows), should it be stored by now."""
+        with the rest (`more` says whether another follows). With a running
+        turn's `anchor_id`: only up to it, as the replay that follows brings the rest."""
         from chat import approvals
 
         total, pages = await sync_to_async(store.history_pages)(self.session, HISTORY_PAGE_BYTES)
-        if running is not None and running.stored_id is not None:  # read after the history: both or neither
-            pages = [live.without_entry(page, running.stored_id) for page in pages]
+        if anchor_id is not None:
+            pages = live.upto(pages, anchor_id) or [[]]
+            total = len({it.get("id") for page in pages for it in page})
         settings = {**store.settings(self.session), "alwaysAllow": await sync_to_async(approvals.allowed)(
             self.session.id)}
         settings["codingTools"] = settings["codingTools"] and self.may_code  # what a turn here will offer
@@ -379,6 +407,11 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
                               "total": total, "more": len(pages) > 1})
         for i, page in enumerate(pages[1:], start=2):
             await self.send_json({"type": "history_more", "items": page, "sessionId": sid, "more": i < len(pages)})
+
+    def _share_context(self) -> None:
+        """The open session's turns see what this socket's dashboard shows."""
+        if self.app_context is not None and self.session is not None:
+            appctx.remember(self.session.id, self.app_context)
 
     def _check_sampling(self, values: dict) -> None:
         runtime = self.runtime  # router mode: the model's process checks them when a turn runs

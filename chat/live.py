@@ -9,10 +9,23 @@ the rest as they come. So a turn runs to its end, and is stored, whether or
 not anyone watches; `abort` (or `DELETE /v1/stream/<session id>`) stops it.
 
 A gated tool call waits for its approval while a socket can still answer
-it; with no socket attached for `UNATTENDED_S`, it is denied."""
+it; with no socket attached for `UNATTENDED_S`, it is denied.
+
+A message sent while a turn runs is queued on it (`queue_update` frames
+show the queue): a *steering* message is taken at the next point the turn
+can take one (after the current generation and its tool calls), a
+*follow-up* once the turn has nothing left to do. Either way the answer so
+far is stored, the message is stored as the next question, and the turn
+goes on in a new *segment* of the same stream: `turn_end` with
+`continues: true` and the stored reply, then `turn_start` with the new
+question. A socket that attaches mid-turn reads the history up to the
+current segment's anchor (the entry before it) and the stream from the
+segment's first byte, so nothing is shown twice or missed. Stopping the
+turn drops the queue and hands the dropped texts back (`dropped`)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -26,6 +39,7 @@ from core import sse
 
 log = logging.getLogger("hearth.chat")
 UNATTENDED_S = 600.0
+MAX_QUEUED = 16  # messages waiting on one turn
 
 
 class TurnBusy(Exception):
@@ -37,18 +51,45 @@ class LiveTurn:
     frame to the turn's stream; the runtime, the socket's coding permission
     and next-turn sampling are fixed when the turn starts."""
 
-    def __init__(self, runtime, session: ChatSession, may_code: bool, next_sampling: dict):
+    def __init__(self, runtime, session: ChatSession, may_code: bool, next_sampling: dict, anchor_id: str):
         self.runtime, self.session, self.may_code = runtime, session, may_code
         self.next_sampling = next_sampling
         self.approvals: dict[str, asyncio.Future] = {}  # gated tool calls waiting for the user
-        self.stored_id: str | None = None  # the assistant entry the turn stored, once it has
         self.stream = None  # its log.Stream
+        self.produced = 0  # bytes written to the stream so far
+        self.segment_offset = 0  # where the current segment's frames start in the stream
+        self.anchor_id = anchor_id  # the stored entry the current segment follows
+        self.steering: list[dict] = []  # queued messages: {"text", "images"}
+        self.follow_ups: list[dict] = []
+        self.closed = False  # past its last look at the queue: a new message starts a turn of its own
         self._frames: asyncio.Queue = asyncio.Queue()
         self._task: asyncio.Task | None = None
         self._alone_since: float | None = None  # when the last socket stopped following
 
     async def send_json(self, frame: dict) -> None:
-        self._frames.put_nowait(sse.frame(json.dumps(frame, ensure_ascii=False, allow_nan=False)))
+        data = sse.frame(json.dumps(frame, ensure_ascii=False, allow_nan=False))
+        self.produced += len(data)  # the stream appends exactly these bytes, in this order
+        self._frames.put_nowait(data)
+
+    def queue_frame(self, dropped: list[str] | None = None) -> dict:
+        frame = {"type": "queue_update", "steering": [m["text"] for m in self.steering],
+                 "followUp": [m["text"] for m in self.follow_ups]}
+        if dropped:
+            frame["dropped"] = dropped
+        return frame
+
+    async def enqueue(self, text: str, images: list[str], behavior: str) -> None:
+        """Queue a message on the running turn (the caller checked `closed`)."""
+        if len(self.steering) + len(self.follow_ups) >= MAX_QUEUED:
+            raise TurnBusy(f"{MAX_QUEUED} messages are already waiting on this turn")
+        (self.steering if behavior == "steer" else self.follow_ups).append({"text": text, "images": images})
+        await self.send_json(self.queue_frame())
+
+    async def ended(self, wait_s: float = 10.0) -> None:
+        """Wait for the stream of a closed turn to end (it is writing its last frames)."""
+        if self.stream is not None:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self.stream.done.wait()), wait_s)
 
     def unattended(self) -> bool:
         """Whether no socket has followed the turn for UNATTENDED_S."""
@@ -101,15 +142,17 @@ def error_event(session_id: str):
     return event
 
 
-async def start(runtime, session: ChatSession, may_code: bool, next_sampling: dict, run) -> LiveTurn:
-    """Start a turn in `session`; raises TurnBusy while one runs there."""
+async def start(runtime, session: ChatSession, may_code: bool, next_sampling: dict, user_entry: ChatEntry
+                ) -> LiveTurn:
+    """Start a turn answering `user_entry` in `session`; raises TurnBusy while one runs there."""
     from inference.streams.store import StreamRefused
 
     if live(runtime, session.id) is not None:
         raise TurnBusy("a turn is running in this chat; stop it first")
-    turn = LiveTurn(runtime, session, may_code, next_sampling)
+    turn = LiveTurn(runtime, session, may_code, next_sampling, user_entry.id)
     try:
-        await runtime.streams.start(session.id, "chat", session.model, turn.frames(run), turn.stop,
+        await runtime.streams.start(session.id, "chat", session.model, turn.frames(lambda t: run(t, user_entry)),
+                                    turn.stop,
                                     error_event(session.id), context=turn)
     except StreamRefused as exc:
         raise TurnBusy(exc.message) from None
@@ -125,16 +168,16 @@ def live(runtime, session_id: str) -> LiveTurn | None:
     return stream.context
 
 
-async def follow(stream, session_id: str) -> AsyncIterator[dict]:
+async def follow(stream, session_id: str, offset: int = 0) -> AsyncIterator[dict]:
     """A turn's frames from its stream, from the first. A turn longer than
     the stream's cap has lost its first frames (and a reader that fell that
     far behind, some in the middle): it goes on from the first frame still
     kept, after a `turn_start` if the one that began it is gone. What was
     skipped only misses from the live view: `turn_end` brings the stored turn."""
-    offset = 0
+    first = offset
     while True:
         if offset < stream.start:
-            if offset == 0:
+            if offset == first:
                 yield {"type": "turn_start", "sessionId": session_id, "resumed": True}
             offset = stream.start
         pending = b""
@@ -150,50 +193,121 @@ async def follow(stream, session_id: str) -> AsyncIterator[dict]:
             return
 
 
-def without_entry(items: list[dict], entry_id: str | None) -> list[dict]:
-    """History items less the one a live turn stored meanwhile (its replay brings it)."""
-    return [it for it in items if it.get("id") != entry_id] if entry_id else items
-
-
+def upto(pages: list[list[dict]], anchor_id: str) -> list[list[dict]]:
+    """History pages cut after the running segment's anchor: what the turn
+    stored since comes with the replay of its frames."""
+    ids = [it.get("id") for page in pages for it in page]
+    if anchor_id not in ids:
+        return pages
+    keep = len(ids) - ids[::-1].index(anchor_id)  # a long row comes in parts: keep them all
+    out, seen = [], 0
+    for page in pages:
+        if seen < keep:
+            out.append(page[:keep - seen])
+        seen += len(page)
+    return out
 
 
 # -- the turn ----------------------------------------------------------------
 async def run(turn: LiveTurn, user_entry: ChatEntry) -> None:
-    """Answer `user_entry`: generate (with tool rounds), store what was
-    shown (a stopped turn's too), then `turn_end`, always last."""
+    """Answer `user_entry`, then each queued message in turn (see the module
+    doc); `turn_end` without `continues` is always the last frame."""
+    session = turn.session
+    await turn.send_json({"type": "turn_start", "userEntryId": user_entry.id, "sessionId": session.id})
+    meta: dict = {"aborted": True}
+    try:
+        while True:
+            entry, meta, stopped = await _answer(turn, user_entry)
+            if stopped:
+                return
+            try:
+                question = await _next_question(turn, user_entry, entry)
+            except Exception as exc:  # e.g. the session was deleted meanwhile
+                log.warning("a queued message could not be stored: %s", exc)
+                await turn.send_json({"type": "error", "message": f"the queued message could not be stored: {exc}"})
+                return
+            if question is None:
+                return
+            answer, asked = question
+            row, user_row = await sync_to_async(_rows)(answer, asked)
+            await turn.send_json({"type": "turn_end", "lane": meta.get("lane"), "sessionId": session.id, **meta,
+                                  "continues": True, "entry": row})
+            turn.segment_offset, turn.anchor_id = turn.produced, answer.id
+            await turn.send_json({"type": "turn_start", "userEntryId": asked.id, "sessionId": session.id,
+                                  "user": user_row})
+            await turn.send_json(turn.queue_frame())
+            user_entry = asked
+    except asyncio.CancelledError:  # stopped between two answers
+        meta = {**meta, "aborted": True}
+    finally:
+        turn.closed = True
+        if turn.steering or turn.follow_ups:  # a stopped turn leaves nothing waiting: the texts go back
+            dropped = [m["text"] for m in turn.steering + turn.follow_ups]
+            turn.steering, turn.follow_ups = [], []
+            await turn.send_json(turn.queue_frame(dropped))
+        await turn.send_json({"type": "turn_end", "lane": meta.get("lane"), "sessionId": session.id, **meta})
+
+
+def _rows(*entries: ChatEntry) -> list[dict]:
+    return [store.entry_row(e) for e in entries]
+
+
+async def _answer(turn: LiveTurn, user_entry: ChatEntry) -> tuple[ChatEntry | None, dict, bool]:
+    """Generate (with tool rounds) and store what was shown, a stopped
+    answer's too: (the stored entry or None, its meta, whether it was stopped)."""
     from chat import toolloop
 
     session = turn.session
     started = time.perf_counter()
-    await turn.send_json({"type": "turn_start", "userEntryId": user_entry.id, "sessionId": session.id})
     state = toolloop.TurnState()
+    stopped = False
     try:
         messages = await sync_to_async(messages_for)(session, user_entry)
         await toolloop.run(turn, session, messages, state)
     except asyncio.CancelledError:
-        state.final = None
+        state.final, stopped = None, True
     except Exception as exc:  # RequestError, EngineError, TurnFailed
         state.final = None
         await turn.send_json({"type": "error", "message": getattr(exc, "message", None) or str(exc)})
     meta = _meta(state.final, started, state.first)
     if state.model:
         meta["model"] = state.model  # router mode: the model that answered
+    entry = None
     try:
         if state.text or state.reasoning or state.rounds:  # what was shown is kept, a stopped turn included
-            meta["aborted"] = state.final is None
+            stored = {**meta, "aborted": state.final is None}
             if state.rounds:
-                meta["toolRounds"] = state.rounds
+                stored["toolRounds"] = state.rounds
             entry = await sync_to_async(store.add)(session, user_entry, "assistant", state.text,
-                                                   state.reasoning, meta)
-            turn.stored_id = entry.id
+                                                   state.reasoning, stored)
             await turn.send_json({"type": "siblings", **await sync_to_async(store.siblings)(entry)})
         await _send_context(turn, state.final)
     except Exception as exc:  # e.g. the session was deleted meanwhile
         log.warning("chat turn could not be stored: %s", exc)
         await turn.send_json({"type": "error", "message": f"the reply could not be stored: {exc}"})
-    finally:
-        meta.pop("toolRounds", None)
-        await turn.send_json({"type": "turn_end", "lane": meta.get("lane"), "sessionId": session.id, **meta})
+    meta["aborted"] = state.final is None
+    return entry, meta, stopped
+
+
+async def _next_question(turn: LiveTurn, user_entry: ChatEntry, answer: ChatEntry | None
+                         ) -> tuple[ChatEntry, ChatEntry] | None:
+    """The queued message to answer next, stored after the answer (an empty
+    one when the turn showed nothing, so roles keep alternating): (answer,
+    question); None, and the turn takes no more, when nothing waits."""
+    if turn.steering:  # all the steering there is, as one message
+        taken, turn.steering = turn.steering, []
+    elif turn.follow_ups:
+        taken = [turn.follow_ups.pop(0)]
+    else:
+        turn.closed = True  # no await since the look at the queue: nothing can slip in between
+        return None
+    text = "\n\n".join(m["text"] for m in taken)
+    images = [url for m in taken for url in m["images"]]
+
+    def store_both() -> tuple[ChatEntry, ChatEntry]:
+        shown = answer or store.add(turn.session, user_entry, "assistant", "", meta={"aborted": False})
+        return shown, store.add(turn.session, shown, "user", text, meta={"images": images} if images else None)
+    return await sync_to_async(store_both)()
 
 
 async def _send_context(turn: LiveTurn, final) -> None:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from asgiref.sync import sync_to_async
 
-from chat import mcp
+from chat import appctx, mcp
 from chat import tools as chat_tools
 
 MAX_ROUNDS = 8
@@ -77,10 +77,13 @@ async def run(consumer, session, messages: list[dict], state: TurnState) -> None
     offered = await sync_to_async(chat_tools.available)(coding)
     if not consumer.may_code:  # a gated tool (an MCP server's too) waits for an approval only such a socket gives
         offered = {name: tool for name, tool in offered.items() if not tool.gated}
+    if appctx.latest(session.id) is not None:  # a dashboard that acts on ui_* frames shows this chat
+        offered = {**appctx.tools(), **offered}
     messages = list(messages)
     sampling, consumer.next_sampling = consumer.next_sampling, {}  # "next turn" covers all of its rounds
     for round_no in range(MAX_ROUNDS):
-        calls, round_text = await _generate(consumer, session, messages, offered, state, runtime, sampling)
+        seen = appctx.with_ambient(messages, appctx.latest(session.id))  # where the user is now
+        calls, round_text = await _generate(consumer, session, seen, offered, state, runtime, sampling)
         if not calls:
             return
         if round_no == MAX_ROUNDS - 1:
@@ -94,6 +97,8 @@ async def run(consumer, session, messages: list[dict], state: TurnState) -> None
                          "tool_calls": [_wire(c) for c in record["calls"]]})
         messages += [{"role": "tool", "tool_call_id": c["id"], "name": c["tool"], "content": c["result"]}
                      for c in record["calls"]]
+        if consumer.steering:  # the user wrote meanwhile: the turn goes on from their message (chat/live.py)
+            return
 
 
 def _args(raw: str):
@@ -187,6 +192,8 @@ async def _run_call(consumer, session_id: str, call: dict, offered: dict) -> Non
                                               "alwaysAllow": names})
             if not allowed:
                 call["result"] = UNANSWERED if answer.get("unattended") else DENIED
+            elif tool.act is not None:
+                call["ok"], call["result"] = await appctx.act(tool, call["args"], consumer)
             elif tool.stream is not None:
                 async def emit(chunk: str) -> None:
                     await consumer.send_json({"type": "tool_update", "callId": cid, "chunk": chunk})

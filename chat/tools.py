@@ -21,6 +21,7 @@ import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from chat.reaper import kill_tree
 from core.fs import write_atomically
@@ -48,6 +49,8 @@ class Tool:
     gated: bool
     run: Callable[[dict], str]
     stream: Callable[[dict, Emit], Awaitable[str]] | None = None  # async, with live output
+    # async, acting on the running turn (writing frames to its stream): the app-aware tools, chat/appctx.py
+    act: Callable[[dict, Any], Awaitable[tuple[bool, str]]] | None = None
 
     def spec(self) -> dict:
         return {"type": "function", "function": {"name": self.name, "description": self.description,

@@ -1,0 +1,223 @@
+"""The app-aware assistant: what the dashboard shows, and three tools that
+read it, move it and point into it.
+
+The browser sends a `context` frame on every route and wizard-step change:
+the route, the wizard step, and a capped list of the page's visible
+interactive elements (`{ref, label, kind, role?, selector, spotlightId?}`).
+The socket keeps the last one and shares it with the chat session it has
+open (`remember`), so a turn, which runs apart from any socket
+(`chat/live.py`), reads the newest one for its session (`latest`).
+
+While a session has a context, its turns get:
+- an ambient line first in the system prompt (`[user is on: Quantize · step 2/3]`),
+  never the whole snapshot;
+- `get_current_app_context`, `navigate_app` and `spotlight_ui`, offered
+  first and never gated: they change nothing on the machine. The last two
+  write `ui_navigate` / `ui_spotlight` frames to the turn's stream; the
+  browser moves or highlights. `spotlight_ui` may also fill a field with
+  `value` (never submits a form: starting a job stays the user's click).
+
+A route outside `ROUTES` is a tool error the model reads; it never reaches
+the browser."""
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+
+from chat.tools import Tool, check_args
+
+# The dashboard's pages (frontend/js/main.js), with the names the user sees.
+ROUTES = {"chat": "Chat", "status": "Status", "models": "Models", "memory": "Memory", "jobs": "Jobs",
+          "finetune": "Fine-tune", "quantize": "Quantize", "dataset": "Dataset", "adapters": "Adapters",
+          "settings": "Settings"}
+# Curated spotlight targets: elements the pages mark with `data-spot` (tests/test_app_aware.py
+# checks that the frontend marks every one).
+SPOTS = {
+    "quantize-source": "the model to quantize (Quantize, step 1)",
+    "quantize-mode": "uniform bits or a bits-per-weight target (Quantize, step 2)",
+    "quantize-bits": "bits per weight (Quantize, step 2)",
+    "quantize-group": "group size (Quantize, step 2)",
+    "finetune-model": "the base model (Fine-tune, step 1)",
+    "finetune-data": "the dataset folder (Fine-tune, step 2)",
+    "finetune-iters": "training iterations (Fine-tune, step 3)",
+    "finetune-rank": "LoRA rank (Fine-tune, step 3)",
+    "dataset-template": "the dataset template (Dataset, step 1)",
+    "chat-input": "the chat's message box",
+    "models-search": "search and download models (Models)",
+    "settings-keys": "API keys (Settings)",
+}
+TOOL_NAMES = ("get_current_app_context", "navigate_app", "spotlight_ui")
+MAX_ELEMENTS = 120
+MAX_TEXT = 200  # characters of any one string in a context
+MAX_RESULT = 8000  # characters of get_current_app_context's answer
+MAX_SESSIONS = 1024  # sessions whose last context is kept
+
+_latest: OrderedDict[str, dict] = OrderedDict()
+
+
+class ContextRefused(ValueError):
+    pass
+
+
+# -- the context ----------------------------------------------------------
+def check(raw) -> dict:
+    """A browser's context, normalised: known route, short strings, at most
+    MAX_ELEMENTS elements; raises ContextRefused saying what is wrong."""
+    if not isinstance(raw, dict):
+        raise ContextRefused("context must be an object")
+    route = raw.get("route")
+    if route not in ROUTES:
+        raise ContextRefused(f"context.route must be one of {', '.join(ROUTES)}")
+    out: dict = {"route": route}
+    if isinstance(raw.get("view"), str) and raw["view"]:
+        out["view"] = raw["view"][:MAX_TEXT]
+    step = raw.get("step")
+    if step is not None:
+        index, count = (step.get("index"), step.get("count")) if isinstance(step, dict) else (None, None)
+        if not (_count(index) and _count(count) and index < count):
+            raise ContextRefused("context.step needs index and count (whole numbers, index < count)")
+        out["step"] = {"index": index, "count": count, "label": _short(step.get("label"))}
+    snapshot = raw.get("snapshot")
+    if snapshot is not None:
+        elements = snapshot.get("elements") if isinstance(snapshot, dict) else None
+        if not isinstance(elements, list):
+            raise ContextRefused("context.snapshot.elements must be a list")
+        out["snapshot"] = {"route": route, "capturedAt": _short(snapshot.get("capturedAt")),
+                           "elements": [_element(e) for e in elements[:MAX_ELEMENTS] if isinstance(e, dict)]}
+    return out
+
+
+def _count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1000
+
+
+def _short(value) -> str:
+    return value[:MAX_TEXT] if isinstance(value, str) else ""
+
+
+def _element(raw: dict) -> dict:
+    keys = ("ref", "label", "kind", "role", "selector", "spotlightId")
+    return {k: raw[k][:MAX_TEXT] for k in keys if isinstance(raw.get(k), str) and raw[k]}
+
+
+def remember(session_id: str, context: dict) -> None:
+    _latest[session_id] = context
+    _latest.move_to_end(session_id)
+    while len(_latest) > MAX_SESSIONS:
+        _latest.popitem(last=False)
+
+
+def latest(session_id: str) -> dict | None:
+    return _latest.get(session_id)
+
+
+def ambient(context: dict) -> str:
+    """One line for the system prompt: where the user is, never what is on the page."""
+    where = ROUTES[context["route"]]
+    step = context.get("step")
+    if step:
+        where += f" · step {step['index'] + 1}/{step['count']}"
+    return f"[user is on: {where}]"
+
+
+def with_ambient(messages: list[dict], context: dict | None) -> list[dict]:
+    """`messages` with the ambient line first in the system message (one is added when there is none)."""
+    if context is None:
+        return messages
+    line = ambient(context)
+    if messages and messages[0].get("role") == "system" and isinstance(messages[0].get("content"), str):
+        return [{**messages[0], "content": f"{line}\n{messages[0]['content']}"}, *messages[1:]]
+    return [{"role": "system", "content": line}, *messages]
+
+
+# -- the tools ------------------------------------------------------------
+def route_of(value) -> str | None:
+    """A route id from what a model may write: `quantize`, `Quantize`, `fine-tune`, `#/jobs`."""
+    if not isinstance(value, str):
+        return None
+    key = value.strip().lower().lstrip("#/").replace("-", "").replace(" ", "").replace("_", "")
+    return key if key in ROUTES else None
+
+
+def tools() -> dict[str, Tool]:
+    return {t.name: t for t in _TOOLS}
+
+
+async def _get_context(args: dict, turn) -> tuple[bool, str]:
+    context = latest(turn.session.id)
+    if context is None:
+        return False, "error: no dashboard page has said what it shows"
+    text = json.dumps(context, ensure_ascii=False)
+    if len(text) > MAX_RESULT:  # the snapshot's tail goes first
+        cut = dict(context, snapshot=dict(context["snapshot"], elements=[]))
+        elements = context["snapshot"]["elements"]
+        while elements and len(text) > MAX_RESULT:
+            elements = elements[: len(elements) * 3 // 4]
+            cut["snapshot"]["elements"] = elements
+            text = json.dumps(cut, ensure_ascii=False)
+    return True, text
+
+
+async def _navigate(args: dict, turn) -> tuple[bool, str]:
+    raw = args.get("route", args.get("page"))
+    route = route_of(raw)
+    if route is None:
+        return False, f"error: unknown route {raw!r}; the routes are {', '.join(ROUTES)}"
+    await turn.send_json({"type": "ui_navigate", "route": route})
+    remember(turn.session.id, {"route": route})  # what the next round's ambient line says
+    return True, f"ok: the user now sees the {ROUTES[route]} page"
+
+
+async def _spotlight(args: dict, turn) -> tuple[bool, str]:
+    frame: dict = {"type": "ui_spotlight"}
+    for key in ("target", "ref", "label", "selector", "message"):
+        value = args.get(key)
+        if isinstance(value, str) and value.strip():
+            frame[key] = value.strip()[:MAX_TEXT if key != "message" else 300]
+    if not any(k in frame for k in ("target", "ref", "label", "selector")):
+        return False, "error: say what to highlight: target (one of " + ", ".join(SPOTS) + "), ref, label or selector"
+    if args.get("route") not in (None, ""):
+        route = route_of(args["route"])
+        if route is None:
+            return False, f"error: unknown route {args['route']!r}; the routes are {', '.join(ROUTES)}"
+        frame["route"] = route
+        remember(turn.session.id, {"route": route})
+    value = args.get("value")
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        value = format(value, "g")
+    if isinstance(value, str):
+        frame["value"] = value[:MAX_TEXT]
+    await turn.send_json(frame)
+    what = frame.get("target") or frame.get("ref") or frame.get("label") or frame.get("selector")
+    if "value" in frame:
+        return True, f"ok: set {what} to {frame['value']} and highlighted it"
+    return True, f"ok: highlighted {what}"
+
+
+_STRING = {"type": "string"}
+_ROUTE = {"type": "string", "enum": list(ROUTES)}
+_TOOLS = [
+    Tool("get_current_app_context",
+         "What the user sees in the Hearth dashboard now: the route, the wizard step, and the page's "
+         "visible controls as {ref, label, kind, selector, spotlightId}.",
+         {"type": "object", "properties": {}}, False, lambda args: "", act=_get_context),
+    Tool("navigate_app", "Show the user another page of the Hearth dashboard.",
+         {"type": "object", "properties": {"route": _ROUTE}}, False, lambda args: "", act=_navigate),
+    Tool("spotlight_ui",
+         "Highlight a control in the dashboard for the user, optionally with a short message; with value, "
+         "also fill the field (nothing is submitted). Name it by target (" + ", ".join(SPOTS)
+         + "), or by ref, label or selector from get_current_app_context; route moves there first.",
+         {"type": "object", "properties": {"target": _STRING, "value": {"type": ["string", "number"]},
+                                           "message": _STRING, "ref": _STRING, "label": _STRING,
+                                           "selector": _STRING, "route": _ROUTE}},
+         False, lambda args: "", act=_spotlight),
+]
+
+
+async def act(tool: Tool, args, turn) -> tuple[bool, str]:
+    """Run an app tool for a turn: (ok, what the model reads)."""
+    problem = check_args(args, tool.parameters)
+    if problem:
+        return False, f"error: {problem}"
+    assert tool.act is not None
+    return await tool.act(args, turn)
