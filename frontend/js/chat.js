@@ -241,9 +241,7 @@ export function createChat(hooks = {}) {
         ctx.textContent = f.contextWindow ? `${f.tokens} / ${f.contextWindow} tokens (${f.percent}%)` : `${f.tokens} tokens`;
         break;
       case "queue_update": queue.update(f); break;
-      case "error":
-        if (f.message === "unknown frame type 'context'") break;  // a server without the app-aware assistant
-        toast(f.message); if (!sampling.panel.hidden) sampling.error(f.message);
+      case "error": toast(f.message); if (!sampling.panel.hidden) sampling.error(f.message);
         if (!state.streaming) setBusy(false); break;
       default: hooks.onFrame?.(f); break;
     }
@@ -309,7 +307,7 @@ export function createChat(hooks = {}) {
         "aria-label": `Revoke always-allow for ${name}`, onclick: () => frame({ type: "revoke_approval", tool: name }) }, "×"))));
   }
 
-  function setBusy(on) { send.hidden = on; stop.hidden = !on; input.disabled = false; queue.busy(on); }
+  function setBusy(on) { send.hidden = on; stop.hidden = !on; input.disabled = false; queue.busy(on); form.classList.toggle("busy", on); }
 
   function renderSessions(items, activePath) {
     if (activePath) { state.active = activePath; remember(activePath); }
