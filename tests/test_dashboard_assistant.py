@@ -69,6 +69,8 @@ def test_one_socket_follows_the_user_and_a_running_turn_keeps_streaming(page, ba
     assert page.locator("#main .chat").count() == 0  # the chat left the page...
     toggle = page.locator("button.dock-toggle")
     toggle.wait_for()
+    assert toggle.locator(".spinner").is_visible()  # the closed dock says a reply is being written
+    page.screenshot(path=str(ARTIFACTS / "desktop-dock-closed-busy.png"))
     toggle.click()  # ...and waits in the dock, still writing
     dock = page.locator("aside.dock")
     assert dock.is_visible() and toggle.is_hidden()

@@ -151,7 +151,8 @@ async function spotlight(f) {
     if (item) ring(item, f.message);
     return { ok: true, found: "step", step: entry.step, value: shownValue };
   }
-  if (!el.closest(".dock")) wiring.closeDockIfCovering();
+  if (el.closest(".dock")) wiring.openDock();  // the message box, on a page other than #/chat
+  else wiring.closeDockIfCovering();
   ring(el, f.message);
   if (shownValue !== null && !f.message) toast(`${label} set to ${shownValue}`);
   return { ok: true, found: "page", ref: el.dataset.ref, value: shownValue };

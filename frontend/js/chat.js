@@ -2,7 +2,8 @@
 // queued while a turn streams. One chat lives for the whole app (dock.js shows it on #/chat or in the dock):
 // its socket stays open across pages. A turn runs on the server whether or not a socket follows it: a reload,
 // a dropped connection or a tab that comes back opens the last chat again and receives its running turn from
-// the first frame. `hooks.onReady` runs after each ready frame; frames the chat does not know go to `hooks.onFrame`.
+// the first frame. `hooks.onReady` runs after each ready frame, `hooks.onBusy(on)` when a turn starts or ends;
+// frames the chat does not know go to `hooks.onFrame`.
 import { api, h, signIn, toast } from "./util.js";
 import { markdown } from "./md.js";
 import { imageAttacher, turnImages } from "./chat_images.js";
@@ -307,7 +308,10 @@ export function createChat(hooks = {}) {
         "aria-label": `Revoke always-allow for ${name}`, onclick: () => frame({ type: "revoke_approval", tool: name }) }, "×"))));
   }
 
-  function setBusy(on) { send.hidden = on; stop.hidden = !on; input.disabled = false; queue.busy(on); form.classList.toggle("busy", on); }
+  function setBusy(on) {
+    send.hidden = on; stop.hidden = !on; input.disabled = false;
+    queue.busy(on); form.classList.toggle("busy", on); hooks.onBusy?.(on);
+  }
 
   function renderSessions(items, activePath) {
     if (activePath) { state.active = activePath; remember(activePath); }

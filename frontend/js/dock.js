@@ -20,7 +20,7 @@ function storeOpen(on) {
 export function mountDock() {
   let docked = false;
   let context = null;
-  const chat = createChat({ onReady: () => context?.push(), onFrame: (f) => { handleUiFrame(f); } });
+  const chat = createChat({ onReady: () => context?.push(), onFrame: (f) => { handleUiFrame(f); }, onBusy: busy });
   const options = h("button", { type: "button", class: "small", "aria-expanded": "false", "aria-controls": "dock-body",
     title: "Chats, model, sampling and the other chat settings", onclick: () => {
       const on = chat.root.classList.toggle("show-bar");
@@ -44,6 +44,11 @@ export function mountDock() {
     if (panel.contains(at) || !at || at === document.body) { e.preventDefault(); setOpen(false, true); }
   });
   addEventListener("resize", fitUnderHeader);
+
+  // While a reply is written the button says so (the dock may be closed).
+  function busy(on) {
+    toggle.replaceChildren(on ? h("span", { class: "spinner", role: "status", "aria-label": "writing" }) : "", "Assistant");
+  }
 
   // The panel starts under the sticky header on a wide screen (a phone gets the whole screen).
   function fitUnderHeader() {
