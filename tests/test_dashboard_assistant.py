@@ -47,7 +47,15 @@ def _wait_context(page, seen: dict, test, timeout: float = 10.0) -> dict:
     raise AssertionError(f"no such context frame; sent: {_contexts(seen)[start:]}")
 
 
-def test_one_socket_follows_the_user_and_a_running_turn_keeps_streaming(page, base_url, eos_id):
+def _blank_ids(tiny_model: str) -> list[int]:
+    """The newline's tokens: a random model that only writes newlines shows nothing."""
+    from huggingface_hub import try_to_load_from_cache
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(try_to_load_from_cache(tiny_model, "tokenizer.json")).encode("\n").ids
+
+
+def test_one_socket_follows_the_user_and_a_running_turn_keeps_streaming(page, base_url, eos_id, tiny_model):
     seen = _watch(page)
     page.goto(base_url + "/#/chat")
     page.wait_for_selector(MODEL)
@@ -56,7 +64,8 @@ def test_one_socket_follows_the_user_and_a_running_turn_keeps_streaming(page, ba
     page.click("button[aria-label='Sampling settings']")  # a long turn: the end-of-text token is never picked
     panel = page.locator("form.sampling-panel")
     panel.locator("input[aria-label='max tokens']").fill("4000")
-    panel.locator("textarea[aria-label='Logit bias by token text']").fill(f"{eos_id} = -100")
+    panel.locator("textarea[aria-label='Logit bias by token text']").fill(
+        "\n".join(f"{token} = -100" for token in [eos_id, *_blank_ids(tiny_model)]))
     panel.locator("button", has_text="Save for this chat").click()
     page.wait_for_selector("#toast:has-text('Sampling saved')")
     panel.locator("button", has_text="Close").click()
@@ -87,6 +96,9 @@ def test_one_socket_follows_the_user_and_a_running_turn_keeps_streaming(page, ba
     assert dock.is_visible()  # open stays open from page to page
     dock.locator(".msg.assistant:has-text('writing…')").wait_for()
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    shown = "document.querySelector('aside.dock .msg.assistant:last-child .body').innerText.length"
+    length = page.evaluate(shown)
+    page.wait_for_function(f"{shown} > {length}")  # the text goes on growing in the dock
     page.screenshot(path=str(ARTIFACTS / "desktop-dock-streaming.png"))
     dock.locator("button:text-is('Stop')").click()
     dock.locator(".msg.assistant .perf").wait_for(timeout=60_000)  # the stored turn, shown in the dock

@@ -81,13 +81,9 @@ window.EventSource = class extends window.EventSource {
 
 def _open_chat(page, url: str) -> None:
     """The chat page, ready (its picker filled) and with its one /v1 request answered, so closing the
-    page right after cuts no request short. The chat is built when the app loads (it lives in the dock
-    on the other pages): from another page of the app it asks for nothing more."""
-    if page.url.startswith(url + "/"):
+    page right after cuts no request short."""
+    with page.expect_response(lambda r: r.url.endswith("/v1/adapters")):
         page.goto(url + "/#/chat")
-    else:
-        with page.expect_response(lambda r: r.url.endswith("/v1/adapters")):
-            page.goto(url + "/#/chat")
     page.wait_for_selector(f"{PICKER} option:text-is('Default ({TINY_A})')", state="attached")
 
 

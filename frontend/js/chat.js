@@ -85,17 +85,20 @@ export function createChat(hooks = {}) {
   let searchTimer;
   search.addEventListener("input", () => { clearTimeout(searchTimer); searchTimer = setTimeout(runSearch, 250); });
   // Mounted adapters, then the others on disk: one for the served model mounts when picked, one trained for
-  // another base model shows greyed out (/v1/adapters/available says which).
-  Promise.all([api("/v1/adapters"), api("/v1/adapters/available").catch(() => ({ adapters: [] }))]).then(([m, av]) => {
-    const mounted = new Set(m.adapters.map((a) => a.id));
-    for (const a of m.adapters) adapter.append(h("option", { value: a.id }, a.id));
-    for (const a of av.adapters.filter((x) => !mounted.has(x.id))) {
-      adapter.append(h("option", { value: a.id, disabled: !a.compatible, "data-path": a.path,
-        title: a.compatible ? "mounted when picked" : `trained for ${a.base_model || "another model"}` },
-      a.compatible ? `${a.id} (mount)` : `${a.id} (other base model)`));
-    }
-    if (state.adapter) adapter.value = state.adapter;
-  }).catch(() => {});
+  // another base model shows greyed out (/v1/adapters/available says which). Read each time the chat shows (`shown`).
+  function loadAdapters() {
+    Promise.all([api("/v1/adapters"), api("/v1/adapters/available").catch(() => ({ adapters: [] }))]).then(([m, av]) => {
+      const mounted = new Set(m.adapters.map((a) => a.id));
+      adapter.replaceChildren(...[...adapter.options].slice(0, 2));  // server default, base model
+      for (const a of m.adapters) adapter.append(h("option", { value: a.id }, a.id));
+      for (const a of av.adapters.filter((x) => !mounted.has(x.id))) {
+        adapter.append(h("option", { value: a.id, disabled: !a.compatible, "data-path": a.path,
+          title: a.compatible ? "mounted when picked" : `trained for ${a.base_model || "another model"}` },
+        a.compatible ? `${a.id} (mount)` : `${a.id} (other base model)`));
+      }
+      adapter.value = state.adapter || "";
+    }).catch(() => {});
+  }
 
   async function pickAdapter() {
     const option = adapter.selectedOptions[0];
@@ -503,6 +506,8 @@ export function createChat(hooks = {}) {
     root, input,
     // A frame the user did not ask for (the app context): sent when the socket is open, else dropped.
     send(obj) { if (state.ws?.readyState === WebSocket.OPEN) state.ws.send(JSON.stringify(obj)); },
+    // The chat shows (its page, or the dock opened): the adapters on disk may have changed since it last did.
+    shown() { loadAdapters(); },
     // The conversation's scroll is lost when the chat moves between the page and the dock.
     moved() { messages.scrollTop = messages.scrollHeight; },
   };

@@ -63,7 +63,7 @@ export function mountDock() {
     toggle.hidden = on;
     toggle.setAttribute("aria-expanded", String(on));
     document.body.classList.toggle("dock-open", on);
-    if (on) { fitUnderHeader(); chat.moved(); }
+    if (on) { fitUnderHeader(); chat.moved(); chat.shown(); }
     if (moveFocus && on) chat.input.focus();
     else if (!on && (moveFocus || typing)) toggle.focus();
   }
@@ -78,17 +78,18 @@ export function mountDock() {
       panel.hidden = true; toggle.hidden = true;
       document.body.classList.remove("has-dock", "dock-open");
       chat.moved();
+      chat.shown();
       chat.input.focus({ preventScroll: true });
       return;
     }
-    const first = !docked;
+    const entering = !docked;
     docked = true;
     if (chat.root.parentNode !== body) {
       chat.root.classList.add("docked");
       body.append(chat.root);
     }
     document.body.classList.add("has-dock");
-    if (first) setOpen(storedOpen());
+    if (entering) setOpen(storedOpen());
     if (typing && !panel.hidden) chat.input.focus({ preventScroll: true });  // still typing in the dock
   }
 
