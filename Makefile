@@ -10,12 +10,13 @@ BLIS := /usr/lib/x86_64-linux-gnu/blis-pthread/libblas.so.3 /usr/lib/aarch64-lin
 # installs nothing off x86-64 Linux). `make MKL=0 ...` leaves it out.
 MKL ?= 1
 comma := ,
-# The suite runs Hearth on Redis too (tests/test_redis.py), so `make` installs the `redis` extra.
-EXTRAS := test$(comma)redis$(if $(filter 1,$(MKL)),$(comma)mkl)
+# The suite runs Hearth on Redis and on PostgreSQL too (tests/test_redis.py, tests/pg.py), so `make`
+# installs the `redis` and `postgres` extras.
+EXTRAS := test$(comma)redis$(comma)postgres$(if $(filter 1,$(MKL)),$(comma)mkl)
 HOST ?= 127.0.0.1
 PORT ?= 8080
 
-.PHONY: serve test lint blas browser git media redis deps bench clean
+.PHONY: serve test lint blas browser git media redis postgres deps bench clean
 
 deps: $(VENV)/.installed
 
@@ -77,12 +78,21 @@ redis:
 	elif command -v sudo >/dev/null; then sudo apt-get update -q && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -q redis-server; \
 	else echo "error: redis-server is needed for the Redis tests; install it (apt-get install redis-server)"; exit 1; fi
 
+# The suite runs the platform on a real PostgreSQL too (tests/pg.py starts Debian's server in a temp dir).
+postgres:
+ifeq ($(UNAME),Linux)
+	@if ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null; then echo "PostgreSQL present"; \
+	elif [ "$$(id -u)" = 0 ]; then apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql; \
+	elif command -v sudo >/dev/null; then sudo apt-get update -q && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql; \
+	else echo "error: PostgreSQL is needed for the database tests; install it (apt-get install postgresql)"; exit 1; fi
+endif
+
 serve: deps blas git media
 	$(BIN)/hearth make-demo-model
 	$(BIN)/hearth serve --host $(HOST) --port $(PORT)
 
 # Lint and type check first: the suite runs only on a clean tree.
-test: deps blas browser git media redis lint
+test: deps blas browser git media redis postgres lint
 	HF_HUB_OFFLINE=1 $(BIN)/pytest -q --durations=25 tests
 
 # ruff over everything; mypy over the files [tool.mypy] names (core, the engine, protocols and routes).

@@ -47,7 +47,7 @@ def search(request: HttpRequest, q: str = Query("", description="text to find, a
         raise ApiError("q is required")
     pattern = re.compile(re.escape(query), re.IGNORECASE)
     entries = ChatEntry.objects.select_related("session").order_by("-session__updated_at", "created_at")
-    if query.isascii():  # SQLite's LIKE folds ASCII case only; other queries are matched here in Python
+    if query.isascii():  # SQLite's LIKE folds ASCII case only (PostgreSQL folds more); others are matched in Python
         entries = entries.filter(content__icontains=query)
     results: dict[str, dict] = {}
     total = 0

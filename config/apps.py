@@ -1,4 +1,5 @@
 from django.apps import AppConfig
+from django.conf import settings
 
 
 class HearthConfig(AppConfig):
@@ -13,3 +14,7 @@ class HearthConfig(AppConfig):
         from jobs import adapters
 
         RUNTIME.adapter_records = adapters  # /v1/adapters records mounts and lists adapters on disk through it
+        if settings.DATABASES["default"]["ENGINE"].endswith("postgresql"):
+            from core.db import nul_safe_text
+
+            nul_safe_text()

@@ -15,6 +15,7 @@ room starts warm when it is loaded again.
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
 from django.core.management import call_command
@@ -25,9 +26,11 @@ from config.serving import Work, exit_even_if_stuck, open_streams, run_daphne, s
 from core import home
 from core.blas import blas_in_use
 from hub import fit
+from inference.router import remotes
 from inference.router.catalog import Catalog, CatalogError, Library
 from inference.router.manager import Manager
 from inference.router.presets import PresetError
+from inference.router.remotes import RemoteHost
 from inference.router.slots import RouterError, Settings
 
 log = logging.getLogger("hearth.serve")
@@ -74,6 +77,24 @@ def default_models_max(catalog: Catalog, usable: int) -> int:
     return max(1, min(MOST_BY_DEFAULT, count))
 
 
+def remote_hosts(opts: dict) -> list[RemoteHost]:
+    """`--models-remote` hosts, looked at once before the router starts (so
+    `--default-model` may name one of their models)."""
+    urls = opts.get("models_remote") or []
+    if not urls:
+        return []
+    try:
+        checked = list(dict.fromkeys(remotes.checked_url(url) for url in urls))
+    except remotes.RemoteUrlError as exc:
+        raise CommandError(str(exc)) from None
+    key = opts.get("models_remote_key") or os.environ.get("HEARTH_MODELS_REMOTE_KEY", "").strip() or None
+    if key is None and len(runtime.api_keys) == 1:
+        key = next(iter(runtime.api_keys))
+    hosts = [RemoteHost(url, key) for url in checked]
+    remotes.probe_all(hosts)
+    return hosts
+
+
 def serve_router(opts: dict, bounds) -> None:
     from config.management.commands.serve import demo_model
 
@@ -97,7 +118,8 @@ def serve_router(opts: dict, bounds) -> None:
             child_args=tuple(child_args(opts)),
             cache_root=opts["ssd_cache"] or str(home.prompt_caches()),
             memory_total=opts["memory_budget"] or usable)
-        manager = Manager(library, settings, default, usable, catalog)
+        hosts = remote_hosts(opts)
+        manager = Manager(library, settings, default, usable, catalog, hosts)
     except (CatalogError, PresetError) as exc:
         raise CommandError(str(exc)) from None
     except RouterError as exc:

@@ -115,18 +115,51 @@ ASGI_APPLICATION = "config.asgi.application"
 # One machine: no channel layer (each chat socket talks to its own consumer
 # only). On Redis, channels-redis, so the web nodes share one (set below).
 
-DATABASES = {
-    "default": {
-        "ENGINE": "django.db.backends.sqlite3",
-        "NAME": home.database(),
-        "OPTIONS": {
-            # WAL lets the server, the job worker and the admin read while one writes.
-            "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
-            "transaction_mode": "IMMEDIATE",
-            "timeout": 20,
-        },
+# The database: SQLite in HEARTH_HOME, or PostgreSQL when DATABASE_URL is set
+# (several web nodes and workers on one database; README "PostgreSQL").
+DATABASE_URL = env_str("DATABASE_URL", "")
+POSTGRES_SCHEMES = ("postgres", "postgresql", "pgsql")
+
+
+def _postgres(url: str) -> dict:
+    """DATABASE_URL through dj-database-url, PostgreSQL only: the client (psycopg 3)
+    is an optional extra, so a missing one fails here, at start, by name."""
+    from django.core.exceptions import ImproperlyConfigured
+
+    scheme = url.split("://", 1)[0].split("+", 1)[0].lower() if "://" in url else ""
+    if scheme not in POSTGRES_SCHEMES:
+        raise ImproperlyConfigured(f"DATABASE_URL must be a postgresql:// URL (got {scheme or 'no'} scheme); "
+                                   "unset it to keep the SQLite database in HEARTH_HOME")
+    try:
+        import dj_database_url
+        import psycopg  # noqa: F401
+    except ImportError:
+        raise ImproperlyConfigured("DATABASE_URL is set but the PostgreSQL client is not installed: "
+                                   "pip install 'hearth[postgres]' (in a checkout: pip install -e '.[postgres]')"
+                                   ) from None
+    # A connection per request (CONN_MAX_AGE 0): Django's advice under ASGI, where
+    # each request's sync code runs in a thread of its own.
+    return dj_database_url.parse(url, conn_max_age=0)
+
+
+if DATABASE_URL:
+    DATABASES = {"default": _postgres(DATABASE_URL)}
+else:
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": home.database(),
+            "OPTIONS": {
+                # WAL lets the server, the job worker and the admin read while one writes.
+                "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+                # Every write transaction takes the lock at its start, so a check-then-insert in
+                # `transaction.atomic()` cannot interleave with another process's (the code that relies
+                # on it takes an advisory lock on PostgreSQL instead: core.db.serialize).
+                "transaction_mode": "IMMEDIATE",
+                "timeout": 20,
+            },
+        }
     }
-}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [

@@ -6,8 +6,8 @@ renders it with `answer`, and renders ninja's own errors and anything
 unexpected the same way. Extra fields an error carries (snake_case, such as
 memory's `enabled` and `root`) sit beside `error`.
 
-The one module of `core` that uses Django (its response type); the engine
-never imports it. No imports of the project's apps."""
+Uses Django (its response type), as core/db.py does; the engine never
+imports either. No imports of the project's apps."""
 from __future__ import annotations
 
 from collections.abc import Iterator

@@ -23,6 +23,7 @@ from hub.download import check_revision
 router = Router(tags=["hub"])
 REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 SEARCH_TIMEOUT_S = 8.0
+MAX_REPO_CHARS = 256  # Download.repo_id (the hub's own ids are far shorter)
 
 
 class DownloadRequest(Schema):
@@ -86,7 +87,7 @@ def search(request: HttpRequest, q: str = Query("", description="words to look f
 def start_download(request: HttpRequest) -> dict:
     body = json_body(request)
     repo, revision = body.get("repo"), body.get("revision", "main")
-    if not isinstance(repo, str) or not REPO_ID.match(repo):
+    if not isinstance(repo, str) or not REPO_ID.match(repo) or len(repo) > MAX_REPO_CHARS:
         raise ApiError("repo required, as org/name")
     try:
         check_revision(revision if isinstance(revision, str) else "")

@@ -16,6 +16,7 @@ from pathlib import Path
 from django.db import close_old_connections, connection, transaction
 from django.utils import timezone
 
+from core import db
 from hub.download import Progress, download
 from hub.models import Download
 
@@ -44,6 +45,7 @@ def running(repo_id: str) -> Download | None:
 def create(repo_id: str, revision: str = "main") -> Download:
     """A new row owned by this process; DuplicateDownload while one runs."""
     with transaction.atomic():
+        db.serialize(f"hub.download:{repo_id}")
         if running(repo_id) is not None:
             raise DuplicateDownload(f"a download for {repo_id} is already in progress")
         for stale in Download.objects.filter(repo_id=repo_id, state__in=("queued", "active")):

@@ -8,10 +8,10 @@ class Download(models.Model):
     STATES = [(s, s) for s in ("queued", "active", "done", "error")]
 
     repo_id = models.CharField(max_length=256, db_index=True)
-    revision = models.CharField(max_length=64, default="main")  # what was asked for
+    revision = models.CharField(max_length=128, default="main")  # what was asked for
     commit = models.CharField(max_length=64, null=True, blank=True)  # what it resolved to
     state = models.CharField(max_length=16, choices=STATES, default="queued", db_index=True)
-    current_file = models.CharField(max_length=1024, null=True, blank=True)
+    current_file = models.CharField(max_length=4096, null=True, blank=True)
     received_bytes = models.BigIntegerField(default=0)
     total_bytes = models.BigIntegerField(default=0)
     files_done = models.IntegerField(default=0)
@@ -43,7 +43,7 @@ class DecodeMeasurement(models.Model):
     """A measured decode rate of one model snapshot on this machine."""
 
     repo_id = models.CharField(max_length=256, db_index=True)
-    snapshot = models.CharField(max_length=1024)  # the snapshot directory measured
+    snapshot = models.CharField(max_length=4096)  # the snapshot directory measured
     decode_tps = models.FloatField()
     tokens = models.IntegerField()
     lane = models.CharField(max_length=16, default="serial")

@@ -20,8 +20,8 @@ class Job(models.Model):
     config_json = models.TextField(default="{}")
     progress = models.FloatField(default=0.0)
     message = models.TextField(null=True, blank=True)
-    log_path = models.CharField(max_length=1024)
-    output_path = models.CharField(max_length=1024, null=True, blank=True)
+    log_path = models.CharField(max_length=4096)
+    output_path = models.CharField(max_length=4096, null=True, blank=True)
     error = models.TextField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
@@ -56,12 +56,12 @@ class Job(models.Model):
 class Adapter(models.Model):
     """A LoRA adapter on disk: written by a fine-tune job, or mounted by path."""
 
-    name = models.CharField(max_length=128, db_index=True)  # the id it mounts under by default
-    path = models.CharField(max_length=1024, unique=True)
-    base_model = models.CharField(max_length=1024, null=True, blank=True)
+    name = models.CharField(max_length=255, db_index=True)  # the id it mounts under by default
+    path = models.CharField(max_length=4096, unique=True)
+    base_model = models.CharField(max_length=4096, null=True, blank=True)
     rank = models.IntegerField(null=True, blank=True)
     scale = models.FloatField(null=True, blank=True)
-    method = models.CharField(max_length=16, null=True, blank=True)  # sft, dpo, orpo, merge
+    method = models.CharField(max_length=64, null=True, blank=True)  # sft, dpo, orpo, merge
     size_bytes = models.BigIntegerField(default=0)
     job = models.ForeignKey(Job, null=True, blank=True, on_delete=models.SET_NULL, related_name="adapters")
     created_at = models.DateTimeField(auto_now_add=True)

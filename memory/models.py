@@ -6,7 +6,7 @@ from django.db import models
 
 class MemoryVault(models.Model):
     name = models.CharField(max_length=64, unique=True)
-    root = models.CharField(max_length=1024, unique=True)
+    root = models.CharField(max_length=4096, unique=True)
     is_default = models.BooleanField(default=False)
     created_at = models.DateTimeField(auto_now_add=True)
     last_synthesized_at = models.DateTimeField(null=True, blank=True)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from django.db import transaction
 
-from core import home
+from core import db, home
 from core.paths import PathRefused, confine, holds_a_root
 from memory import index, vault
 from memory.models import MemoryVault
@@ -74,6 +74,7 @@ def init(path: str | None = None, name: str | None = None) -> tuple[MemoryVault,
     # A folder that already holds a git repository is only written to when Hearth made it (or recorded it).
     result = vault.setup(root, known=existing is not None)
     with transaction.atomic():
+        db.serialize("memory.vaults")  # one first vault, the default, however many processes create one
         row = existing or MemoryVault.objects.create(name=name, root=str(root),
                                                       is_default=not MemoryVault.objects.exists())
     index.sync(root, index_path(root))

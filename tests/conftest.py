@@ -15,6 +15,9 @@ os.environ["HEARTH_HOME"] = str(_SESSION_DIR / "hearth")
 os.environ["HF_HOME"] = str(_SESSION_DIR / "hf")
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ.pop("HF_HUB_CACHE", None)
+# SQLite in those homes, whatever database the machine running the tests is set up for
+# (tests/test_postgres.py sets DATABASE_URL for the servers it starts).
+os.environ.pop("DATABASE_URL", None)
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 # Tests keep their fixture files in pytest's temporary folders; servers may
 # read them because the run allows that folder, as `--allow-path` would.
@@ -256,6 +259,18 @@ def inproc(local_engine):
     from config.asgi import application
 
     return InProcess(application)
+
+
+@pytest.fixture(scope="session")
+def postgres():
+    """A real PostgreSQL server (Debian's, tests/pg.py) for the session, started at first use."""
+    from tests.pg import Postgres
+
+    server = Postgres()
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 @pytest.fixture(scope="session")

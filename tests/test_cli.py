@@ -25,6 +25,7 @@ COMMANDS = {  # each command and a phrase of its one line of help
     "run": "Chat with a model in the terminal",
     "memory": "Memory vaults",
     "make-demo-model": "Train the small demo chat model",
+    "generate-sharded": "sharded across the ranks mlx.launch started",
     "django": "Django's own commands",
 }
 

@@ -1,12 +1,17 @@
-// Chat over /ws/chat: sessions, streaming replies, thinking, branches, tool calls and approvals.
-// A turn runs on the server whether or not a socket follows it: a reload, a dropped connection or
-// a tab that comes back opens the last chat again and receives its running turn from the first frame.
+// Chat over /ws/chat: sessions, streaming replies, thinking, branches, tool calls and approvals, messages
+// queued while a turn streams. One chat lives for the whole app (dock.js shows it on #/chat or in the dock):
+// its socket stays open across pages. A turn runs on the server whether or not a socket follows it: a reload,
+// a dropped connection or a tab that comes back opens the last chat again and receives its running turn from
+// the first frame. `hooks.onReady` runs after each ready frame, `hooks.onBusy(on)` when a turn starts or ends;
+// frames the chat does not know go to `hooks.onFrame`.
 import { api, h, signIn, toast } from "./util.js";
 import { markdown } from "./md.js";
 import { imageAttacher, turnImages } from "./chat_images.js";
 import { samplingPanel } from "./chat_settings.js";
 import { importButton, sessionMenu } from "./session_actions.js";
 import { speechInput } from "./speech.js";
+import { toolCard } from "./chat_toolcard.js";
+import { messageQueue } from "./chat_queue.js";
 
 const LAST_CHAT = "hearth.chat.active";  // the chat to open again after a reload
 const LIVE_POLL_MS = 2000;
@@ -19,15 +24,15 @@ function remember(id) {
   try { if (id) localStorage.setItem(LAST_CHAT, id); else localStorage.removeItem(LAST_CHAT); } catch { /* private mode */ }
 }
 
-export function chatPage(main) {
-  const state = { ws: null, ready: null, active: remembered(), streaming: null, closed: false, items: [], retry: 0,
+export function createChat(hooks = {}) {
+  const state = { ws: null, ready: null, active: remembered(), streaming: null, items: [], retry: 0,
     sessions: [], live: new Set() };
   const sessionsList = h("ul", { class: "sessions", "aria-label": "Chat sessions" });
   const hits = h("div", { class: "hits", "aria-live": "polite" });
   const search = h("input", { type: "search", placeholder: "Search chats", "aria-label": "Search chats" });
   const messages = h("div", { class: "messages", "aria-live": "polite", "aria-label": "Conversation" });
   const input = h("textarea", { rows: 2, placeholder: "Message the model (Enter sends, Shift+Enter adds a line)",
-    "aria-label": "Message" });
+    "aria-label": "Message", "data-spot": "chat-input" });
   const send = h("button", { class: "primary", type: "submit" }, "Send");
   const stop = h("button", { type: "button", hidden: true, onclick: () => frame({ type: "abort" }) }, "Stop");
   const modelName = h("span", { class: "muted small" }, "connecting…");
@@ -60,8 +65,9 @@ export function chatPage(main) {
   const sessionsToggle = h("button", { type: "button", class: "small sessions-toggle", onclick: () =>
     root.classList.toggle("show-sessions") }, "Chats");
   const images = imageAttacher(input);
+  const queue = messageQueue(input, (behavior) => submit(behavior));
   const form = h("form", { onsubmit: (e) => { e.preventDefault(); submit(); } }, images.button, images.picker, input,
-    stop, send);
+    stop, ...queue.buttons, send);
   const root = h("div", { class: "chat" },
     h("aside", { class: "sidebar", "aria-label": "Sessions" },
       h("button", { class: "primary", type: "button", style: "width:100%", onclick: () => frame({ type: "new_session" }) },
@@ -69,28 +75,30 @@ export function chatPage(main) {
     h("section", { class: "convo" }, messages,
       h("div", { class: "composer" },
         h("div", { class: "chatbar" }, sessionsToggle, modelName, model, thinkLabel, codingLabel, allowed, adapter, temp,
-          sampling.toggle, system, ctx), sampling.panel, images.strip, form)));
-  main.append(root);
+          sampling.toggle, system, ctx), sampling.panel, images.strip, queue.chips, form)));
   speechInput({ form, input, before: stop, area: root });
 
   input.addEventListener("keydown", (e) => {
-    if (e.key === "Enter" && !e.shiftKey && !e.isComposing) { e.preventDefault(); submit(); }
+    if (e.key === "Enter" && !e.shiftKey && !e.isComposing) { e.preventDefault(); submit(e.altKey ? "followUp" : "steer"); }
   });
   input.addEventListener("input", () => { input.style.height = "auto"; input.style.height = `${input.scrollHeight}px`; });
   let searchTimer;
   search.addEventListener("input", () => { clearTimeout(searchTimer); searchTimer = setTimeout(runSearch, 250); });
   // Mounted adapters, then the others on disk: one for the served model mounts when picked, one trained for
-  // another base model shows greyed out (/v1/adapters/available says which).
-  Promise.all([api("/v1/adapters"), api("/v1/adapters/available").catch(() => ({ adapters: [] }))]).then(([m, av]) => {
-    const mounted = new Set(m.adapters.map((a) => a.id));
-    for (const a of m.adapters) adapter.append(h("option", { value: a.id }, a.id));
-    for (const a of av.adapters.filter((x) => !mounted.has(x.id))) {
-      adapter.append(h("option", { value: a.id, disabled: !a.compatible, "data-path": a.path,
-        title: a.compatible ? "mounted when picked" : `trained for ${a.base_model || "another model"}` },
-      a.compatible ? `${a.id} (mount)` : `${a.id} (other base model)`));
-    }
-    if (state.adapter) adapter.value = state.adapter;
-  }).catch(() => {});
+  // another base model shows greyed out (/v1/adapters/available says which). Read each time the chat shows (`shown`).
+  function loadAdapters() {
+    Promise.all([api("/v1/adapters"), api("/v1/adapters/available").catch(() => ({ adapters: [] }))]).then(([m, av]) => {
+      const mounted = new Set(m.adapters.map((a) => a.id));
+      adapter.replaceChildren(...[...adapter.options].slice(0, 2));  // server default, base model
+      for (const a of m.adapters) adapter.append(h("option", { value: a.id }, a.id));
+      for (const a of av.adapters.filter((x) => !mounted.has(x.id))) {
+        adapter.append(h("option", { value: a.id, disabled: !a.compatible, "data-path": a.path,
+          title: a.compatible ? "mounted when picked" : `trained for ${a.base_model || "another model"}` },
+        a.compatible ? `${a.id} (mount)` : `${a.id} (other base model)`));
+      }
+      adapter.value = state.adapter || "";
+    }).catch(() => {});
+  }
 
   async function pickAdapter() {
     const option = adapter.selectedOptions[0];
@@ -104,13 +112,19 @@ export function chatPage(main) {
   }
 
   function frame(obj) {
-    if (state.ws?.readyState === WebSocket.OPEN) state.ws.send(JSON.stringify(obj));
-    else toast("Not connected yet");
+    if (state.ws?.readyState === WebSocket.OPEN) { state.ws.send(JSON.stringify(obj)); return true; }
+    toast("Not connected yet");
+    return false;
   }
 
-  function submit() {
+  // While a turn streams the text goes to the server's queue: steering for this reply, or a follow-up after it.
+  function submit(behavior = "steer") {
     const text = input.value.trim();
-    if (!text || state.streaming) return;
+    if (!text) return;
+    if (state.streaming) {
+      if (frame({ type: "prompt", text, streamingBehavior: behavior })) { input.value = ""; input.style.height = "auto"; }
+      return;
+    }
     const pictures = images.take();
     state.items.push({ role: "user", content: text, siblingCount: 1, images: pictures });
     render();
@@ -119,15 +133,13 @@ export function chatPage(main) {
   }
 
   function connect() {
-    if (state.closed) return;
     clearTimeout(state.timer);
     const ws = new WebSocket(`${location.protocol === "https:" ? "wss" : "ws"}://${location.host}/ws/chat`);
     state.ws = ws;
     ws.onmessage = (e) => onFrame(JSON.parse(e.data));
     ws.onopen = () => { state.retry = 0; };
     ws.onclose = (e) => {
-      state.streaming = null; setBusy(false);  // a turn cut off by the drop is over
-      if (state.closed) return;
+      state.streaming = null; setBusy(false); queue.clear();  // a turn cut off by the drop is over
       modelName.hidden = false;
       if (e.code === 4403) { modelName.textContent = "refused: open the dashboard from the server's own address"; return; }
       if (e.code === 4401) { signIn(); return; }  // signed out, or the key changed
@@ -182,9 +194,11 @@ export function chatPage(main) {
         codingLabel.title = coding.disabled ? "Coding tools run on the server's machine: open the dashboard there, or sign in"
           : "Offer the model read, bash, edit and write in the workspace folder; bash, edit and write ask first";
         if (state.active) frame({ type: "open_session", path: state.active });
+        hooks.onReady?.(f);
         break;
       case "sessions": state.sessions = f.items; renderSessions(f.items, f.activePath); syncLive(); break;
       case "history":  // the first page; history_more frames bring the rest of a long chat
+        if (f.sessionId !== state.active) queue.clear();
         state.items = []; addItems(f.items); state.active = f.sessionId; remember(f.sessionId);
         state.streaming = null; setBusy(false);  // a turn still running there follows as frames from its first
         applySettings(f.settings);
@@ -197,6 +211,7 @@ export function chatPage(main) {
         break;
       case "turn_start":
         state.active = f.sessionId; remember(f.sessionId);
+        if (f.user) adoptUser(f.user);  // a queued message that starts this segment
         state.streaming = { parts: [], thinking: "", el: null, calls: new Map() };
         state.live.add(f.sessionId); renderSessions(state.sessions);
         setBusy(true); render(); break;
@@ -219,6 +234,7 @@ export function chatPage(main) {
         break;
       case "tool_approvals": if (!f.sessionId || f.sessionId === state.active) showAllowed(f.alwaysAllow); break;
       case "turn_end":
+        if (f.continues) { endSegment(f); break; }
         state.streaming = null; setBusy(false);
         state.live.delete(f.sessionId);
         state.turnModel = f.model || null;  // which model answered (router mode), for the reply's label
@@ -228,10 +244,30 @@ export function chatPage(main) {
       case "context":
         ctx.textContent = f.contextWindow ? `${f.tokens} / ${f.contextWindow} tokens (${f.percent}%)` : `${f.tokens} tokens`;
         break;
+      case "queue_update": queue.update(f); break;
       case "error": toast(f.message); if (!sampling.panel.hidden) sampling.error(f.message);
         if (!state.streaming) setBusy(false); break;
-      default: break;
+      default: hooks.onFrame?.(f); break;
     }
+  }
+
+  // A segment ends and a queued message goes on in the same turn: the stored reply joins the list (or, when
+  // storing failed, the text streamed), the chat stays busy, and the next turn_start brings the user's message.
+  function endSegment(f) {
+    const s = state.streaming;
+    const streamed = s ? s.parts.filter((p) => p.kind === "text").map((p) => p.text).join("") : "";
+    if (f.entry) addItems([f.entry]);
+    else if (streamed) state.items.push({ role: "assistant", content: streamed, siblingCount: 1 });
+    state.streaming = null;
+    render();
+  }
+
+  // The user row a turn_start names: the one this tab showed when it sent it, or a new one (a queued message).
+  function adoptUser(row) {
+    const last = state.items[state.items.length - 1];
+    if (last?.id && last.id === row.id) return;
+    if (last?.role === "user" && !last.id && last.content === row.content) { Object.assign(last, row); return; }
+    state.items.push(row);
   }
 
   // The model named by the last turn_end labels the reply the history brings next, when the stored row lacks it.
@@ -275,7 +311,10 @@ export function chatPage(main) {
         "aria-label": `Revoke always-allow for ${name}`, onclick: () => frame({ type: "revoke_approval", tool: name }) }, "×"))));
   }
 
-  function setBusy(on) { send.hidden = on; stop.hidden = !on; input.disabled = false; }
+  function setBusy(on) {
+    send.hidden = on; stop.hidden = !on; input.disabled = false;
+    queue.busy(on); form.classList.toggle("busy", on); hooks.onBusy?.(on);
+  }
 
   function renderSessions(items, activePath) {
     if (activePath) { state.active = activePath; remember(activePath); }
@@ -295,20 +334,20 @@ export function chatPage(main) {
   async function syncLive() {
     clearTimeout(state.liveTimer);
     const ids = state.sessions.map((s) => s.path);
-    if (!ids.length || state.closed) return;
+    if (!ids.length) return;
     let found;
     try { found = (await api("/v1/streams/lookup", { json: { conversation_ids: ids } })).data; } catch { return; }
     const live = new Set(found.filter((r) => r.status === "live").map((r) => r.conversation_id));
     const changed = live.size !== state.live.size || [...live].some((id) => !state.live.has(id));
     state.live = live;
     if (changed) renderSessions(state.sessions);
-    if (live.size && !state.closed && !document.hidden) state.liveTimer = setTimeout(syncLive, LIVE_POLL_MS);
+    if (live.size && !document.hidden) state.liveTimer = setTimeout(syncLive, LIVE_POLL_MS);
   }
 
   // A tab that shows again: reconnect at once if the socket dropped while it was hidden
   // (the open chat's running turn comes back from its first frame), and refresh the spinners.
   function onVisible() {
-    if (document.hidden || state.closed) return;
+    if (document.hidden) return;
     if (!state.ws || state.ws.readyState === WebSocket.CLOSED) { state.retry = 0; connect(); }
     syncLive();
   }
@@ -382,7 +421,7 @@ export function chatPage(main) {
       if (r.text) out.push(markdown(r.text));
       used += (r.text || "").length;
       for (const c of r.calls || []) {
-        const card = toolCard({ callId: c.id, tool: c.tool, args: c.args });
+        const card = toolCard({ callId: c.id, tool: c.tool, args: c.args }, frame);
         card.end(c.ok, c.result);
         out.push(card.el);
       }
@@ -405,61 +444,11 @@ export function chatPage(main) {
 
   function streamTool(f) {
     const s = state.streaming;
-    const card = toolCard(f, true);
+    const card = toolCard(f, frame, true);
     s.calls.set(f.callId, card);
     s.parts.push({ kind: "tool", el: card.el });
     s.el?.querySelector(".body").append(card.el);
     messages.scrollTop = messages.scrollHeight;
-  }
-
-  // A tool call as a collapsible card: name, arguments, streamed output, result; and,
-  // while a gated call waits, the approval buttons.
-  function toolCard(call, live = false) {
-    const status = h("span", { class: "tool-status" }, live ? "running…" : "");
-    const args = h("pre", { class: "tool-args" }, fmtArgs(call.args));
-    const out = h("pre", { class: "tool-output", hidden: true });
-    const result = h("pre", { class: "tool-result", hidden: true });
-    const approval = h("div", { class: "tool-approval", role: "group", "aria-label": `Approve ${call.tool}?`, hidden: true });
-    const el = h("details", { class: "toolcard running", open: live || null, "data-call": call.callId },
-      h("summary", {}, h("span", { class: "tool-name" }, call.tool), status), args, approval, out, result);
-    const answer = (decision, alwaysAllow = false) => {
-      frame({ type: "approval", callId: call.callId, decision, alwaysAllow });
-      approval.hidden = true; el.classList.remove("asking");
-      status.textContent = decision === "allow" ? "running…" : "denied";
-    };
-    return {
-      el,
-      ask(newArgs) {
-        if (newArgs !== undefined) args.textContent = fmtArgs(newArgs);
-        el.open = true; el.classList.add("asking"); status.textContent = "waiting for approval";
-        const allow = h("button", { type: "button", class: "primary", onclick: () => answer("allow") }, "Allow");
-        approval.replaceChildren(h("span", { class: "small" }, `Run ${call.tool}?`), allow,
-          h("button", { type: "button", onclick: () => answer("deny") }, "Deny"),
-          h("button", { type: "button", onclick: () => answer("allow", true),
-            title: `Run ${call.tool} without asking for the rest of this chat (revoke it in the bar below or in Settings)` },
-          "Always allow"));
-        approval.hidden = false;
-        approval.onkeydown = (e) => { if (e.key === "Escape") { e.preventDefault(); answer("deny"); } };
-        allow.focus();
-      },
-      answered(decision) {
-        approval.hidden = true; el.classList.remove("asking");
-        status.textContent = decision === "allow" ? "running…" : "denied";
-      },
-      output(chunk) { out.hidden = false; out.textContent += chunk; out.scrollTop = out.scrollHeight; },
-      end(ok, text) {
-        approval.hidden = true;
-        el.classList.remove("running", "asking");
-        el.classList.add(ok ? "ok" : "failed");
-        status.textContent = ok ? "done" : "error";
-        result.hidden = false; result.textContent = text ?? "";
-        if (ok) out.hidden = true;  // the result holds the output in full
-      },
-    };
-  }
-
-  function fmtArgs(args) {
-    return typeof args === "string" ? args : JSON.stringify(args ?? {}, null, 2);
   }
 
   function editInPlace(item, body) {
@@ -513,9 +502,13 @@ export function chatPage(main) {
 
   connect();
   render();
-  input.focus();
-  return () => {
-    state.closed = true; clearTimeout(state.timer); clearTimeout(state.liveTimer); state.ws?.close();
-    document.removeEventListener("visibilitychange", onVisible);
+  return {
+    root, input,
+    // A frame the user did not ask for (the app context): sent when the socket is open, else dropped.
+    send(obj) { if (state.ws?.readyState === WebSocket.OPEN) state.ws.send(JSON.stringify(obj)); },
+    // The chat shows (its page, or the dock opened): the adapters on disk may have changed since it last did.
+    shown() { loadAdapters(); },
+    // The conversation's scroll is lost when the chat moves between the page and the dock.
+    moved() { messages.scrollTop = messages.scrollHeight; },
   };
 }

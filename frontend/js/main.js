@@ -1,5 +1,7 @@
-// The router: hash routes, one page module each; theme and menu.
-import { chatPage } from "./chat.js";
+// The router: hash routes, one page module each; theme and menu. The chat is not torn down with its page:
+// dock.js keeps it (and its socket) for the whole app and shows it on #/chat or in the dock. Each route change
+// fires `hearth:route` on window ({ route, view }) once the page is built.
+import { mountDock } from "./dock.js";
 import { statusPage } from "./status.js";
 import { modelsPage } from "./models.js";
 import { jobsPage } from "./jobs.js";
@@ -9,19 +11,25 @@ import { wizardPage } from "./wizards.js";
 import { memoryPage } from "./memory.js";
 
 const PAGES = {
-  chat: chatPage, status: statusPage, models: modelsPage, jobs: jobsPage, adapters: adaptersPage,
+  status: statusPage, models: modelsPage, jobs: jobsPage, adapters: adaptersPage,
   settings: settingsPage, finetune: (m) => wizardPage(m, "finetune"), quantize: (m) => wizardPage(m, "quantize"),
   dataset: (m) => wizardPage(m, "dataset"), memory: memoryPage,
 };
 let cleanup = null;
+const dock = mountDock();
 
 function route() {
   const [name, ...rest] = (location.hash.replace(/^#\/?/, "") || "chat").split("/");
   const page = PAGES[name] ? name : "chat";
   if (typeof cleanup === "function") cleanup();
+  cleanup = null;
   const main = document.getElementById("main");
-  main.replaceChildren();
-  cleanup = PAGES[page](main, rest);
+  if (page === "chat") dock.place("chat", main);
+  else {
+    dock.place(page);  // the chat leaves the page before the page is emptied
+    main.replaceChildren();
+    cleanup = PAGES[page](main, rest);
+  }
   for (const a of document.querySelectorAll(".top nav a")) {
     const on = a.getAttribute("href") === `#/${page}`;
     a.classList.toggle("active", on);
@@ -29,6 +37,8 @@ function route() {
   }
   document.querySelector(".top nav").classList.remove("open");
   document.title = `Hearth · ${page[0].toUpperCase()}${page.slice(1)}`;
+  const view = rest.filter(Boolean).join("/");
+  dispatchEvent(new CustomEvent("hearth:route", { detail: view ? { route: page, view } : { route: page } }));
 }
 
 function theme() {

@@ -12,7 +12,7 @@ export function modelsPage(main) {
   const downloads = h("div");
   const results = h("div");
   const q = h("input", { type: "search", placeholder: "Search the Hugging Face Hub (MLX models)", style: "flex:1",
-    "aria-label": "Search models" });
+    "aria-label": "Search models", "data-spot": "models-search" });
   main.append(h("div", { class: "page" }, h("h1", {}, "Models"),
     h("form", { class: "row", onsubmit: (e) => { e.preventDefault(); search(); } }, q, h("button", { type: "submit" }, "Search")),
     results, h("h2", {}, "Downloads"), downloads, h("h2", {}, "On this machine"), fleetLine, library,

@@ -8,7 +8,7 @@ export function settingsPage(main) {
     style: "flex:1" });
   const approvals = h("div");
   main.append(h("div", { class: "page" }, h("h1", {}, "Settings"),
-    h("div", { class: "card" }, h("h2", { style: "margin-top:0" }, "Hugging Face token"),
+    h("div", { class: "card", "data-spot": "settings-keys" }, h("h2", { style: "margin-top:0" }, "Hugging Face token"),
       h("p", { class: "muted small" }, "Used to push models, adapters and datasets. Kept in HEARTH_HOME/hf.json, readable only by you."),
       h("p", {}, tokenState),
       h("form", { class: "row", onsubmit: async (e) => { e.preventDefault();

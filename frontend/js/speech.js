@@ -57,6 +57,7 @@ class Take {
   }
 
   async finish() {
+    await this.opening;  // a quick tap lets go before the session exists
     this.node?.disconnect();
     this.stream?.getTracks().forEach((t) => t.stop());
     await this.ctx?.close();
@@ -67,6 +68,7 @@ class Take {
   }
 
   async cancel() {
+    await this.opening?.catch(() => {});
     this.node?.disconnect();
     this.stream?.getTracks().forEach((t) => t.stop());
     if (this.ctx) await this.ctx.close();
@@ -113,10 +115,12 @@ export function speechInput({ form, input, before, area }) {
   async function down(e) {
     e.preventDefault();
     if (take || mic.disabled) return;
-    take = new Take();
+    const mine = take = new Take();
     mic.setAttribute("aria-pressed", "true"); mic.classList.add("recording");
-    try { await take.start(); } catch (err) {
-      toast(`Microphone: ${err.message}`); await take.cancel(); take = null;
+    mine.opening = mine.start();
+    try { await mine.opening; } catch (err) {
+      if (take !== mine) return;  // already let go: up() reports it
+      toast(`Microphone: ${err.message}`); await mine.cancel(); take = null;
       mic.setAttribute("aria-pressed", "false"); mic.classList.remove("recording");
     }
   }

@@ -1,5 +1,8 @@
 // Step-by-step wizards for fine-tune, quantize and dataset jobs. Each step
 // validates before the next; the last step submits and follows the job.
+// Each step shown fires `hearth:step` on window ({ index, count, label, rail });
+// the fields the assistant may point at are registered with their step (appctx.js).
+import { registerSpot } from "./appctx.js";
 import { api, h, toast } from "./util.js";
 
 function field(label, input, hint) {
@@ -15,14 +18,17 @@ function select(options, value) {
   return el;
 }
 
-function wizard(main, title, steps, finish) {
+// spots: [catalog id, field, step index, label] for the fields the assistant may spotlight.
+function wizard(main, title, steps, finish, spots = []) {
   let at = 0;
   const rail = h("div", { class: "steps", "aria-label": "Steps" });
   const body = h("div", { class: "card" });
   const error = h("p", { class: "error", role: "alert" });
   const back = h("button", { type: "button", onclick: () => { at = Math.max(0, at - 1); show(); } }, "Back");
   const next = h("button", { class: "primary", type: "button", onclick: go });
-  main.append(h("div", { class: "page" }, h("h1", {}, title), rail, body, error, h("div", { class: "row" }, back, next)));
+  const root = h("div", { class: "page" }, h("h1", {}, title), rail, body, error, h("div", { class: "row" }, back, next));
+  main.append(root);
+  for (const [id, el, step, label] of spots) registerSpot(id, el, { step, stepLabel: steps[step].name, label, wizard: { root, rail } });
   async function go() {
     error.textContent = "";
     next.disabled = true;
@@ -43,7 +49,8 @@ function wizard(main, title, steps, finish) {
     body.replaceChildren(...(typeof steps[at].view === "function" ? steps[at].view() : steps[at].view));
     back.disabled = at === 0;
     next.textContent = at === steps.length - 1 ? "Start job" : "Next";
-    body.querySelector("input, select, textarea")?.focus();
+    if (!document.activeElement?.closest(".dock")) body.querySelector("input, select, textarea")?.focus();  // not while typing to the assistant
+    dispatchEvent(new CustomEvent("hearth:step", { detail: { index: at, count: steps.length, label: steps[at].name, rail } }));
   }
   show();
 }
@@ -92,7 +99,8 @@ function finetune(main) {
     const r = await api("/api/finetune/submit", { json: body });
     toast(`Training into ${r.adapter_path}`);
     return r.job_id;
-  });
+  }, [["finetune-model", model, 0, "Base model"], ["finetune-data", data, 1, "Dataset folder"],
+    ["finetune-iters", iters, 2, "Iterations"], ["finetune-rank", rank, 2, "LoRA rank"]]);
 }
 
 function quantize(main) {
@@ -122,7 +130,8 @@ function quantize(main) {
     const r = await api("/api/quantize/submit", { json: body });
     toast(`Quantizing into ${r.output_repo}`);
     return r.job_id;
-  });
+  }, [["quantize-source", model, 0, "Model to quantize"], ["quantize-mode", mode, 1, "Mode"], ["quantize-bits", bits, 1, "Bits"],
+    ["quantize-group", group, 1, "Group size"]]);
 }
 
 function dataset(main) {
@@ -169,7 +178,7 @@ function dataset(main) {
     const r = await api("/api/dataset/submit", { json: { template_id: chosen.id, inputs: values } });
     toast(`Writing ${r.output_dir}`);
     return r.job_id;
-  });
+  }, [["dataset-template", pick, 0, "Template"]]);
 }
 
 export function wizardPage(main, kind) {

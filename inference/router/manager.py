@@ -20,14 +20,16 @@ import secrets
 import time
 from typing import Any
 
-from inference.router import presets
+from inference.router import presets, remotes
 from inference.router.catalog import DEFAULT_WORDS, Catalog, Entry, Library
 from inference.router.child import ChildProcess
+from inference.router.remotes import RemoteHost
 from inference.router.slots import (
     LoadFailed,
     ModelNotFound,
     NoCapacity,
     NotEnoughMemory,
+    RemoteModel,
     RouterError,
     Settings,
     Slot,
@@ -46,8 +48,10 @@ REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 
 class Manager:
     def __init__(self, library: Library, settings: Settings, default: str, usable_bytes: int,
-                 catalog: Catalog | None = None):
+                 catalog: Catalog | None = None, remotes: list[RemoteHost] | None = None):
         self.library = library
+        self.remotes: list[RemoteHost] = list(remotes or [])
+        self.remote_entries: dict[str, Entry] = {}  # the ids remote hosts serve, the library lacks
         self.settings = settings
         self.usable_bytes = usable_bytes
         self.key = secrets.token_urlsafe(24)  # what the children accept
@@ -56,11 +60,13 @@ class Manager:
         self.fetching: dict[str, Entry] = {}  # repo ids being downloaded by their process (POST /models/load)
         self.http: Any = None  # the connection pool to the children (httpx, made on the server's loop)
         self._sync_slots()
+        self._sync_remotes()
         self._lock: asyncio.Lock | None = None
         self._released: asyncio.Event | None = None
         self._listeners: set[asyncio.Queue] = set()
         self.loop: asyncio.AbstractEventLoop | None = None
         self._idle_task: asyncio.Task | None = None
+        self._remote_task: asyncio.Task | None = None
         self.default = ""
         self.default = self.resolve(default).id
 
@@ -79,11 +85,64 @@ class Manager:
         for model_id in [m for m in self.fetching if m in self.catalog.entries]:
             del self.fetching[model_id]  # downloaded: the library has it now
         for model_id in [m for m, s in self.slots.items()
-                         if m not in self.catalog.entries and m not in self.fetching]:
+                         if m not in self.catalog.entries and m not in self.fetching and s.remote is None]:
             slot = self.slots[model_id]
             if slot.status in ("unloaded", "failed") and not slot.users and slot.child is None:
                 del self.slots[model_id]  # removed from disk and not running
         return added
+
+    def _sync_remotes(self) -> list[Slot]:
+        """Slots for what the remote hosts serve, loaded while their host
+        answers (the changed ones returned). An id the library has, or a
+        local process still holds, stays local; of two hosts, the first serves it."""
+        changed = []
+        claimed: set[str] = set()
+        for host in self.remotes:
+            for model_id in host.models:
+                slot = self.slots.get(model_id)
+                if model_id in self.catalog.entries or model_id in claimed or (slot and slot.remote is None):
+                    continue
+                claimed.add(model_id)
+                if slot is None:
+                    entry = Entry(id=model_id, ref=host.url, preset=presets.Preset(model_id, "", tags=("remote",)))
+                    self.remote_entries[model_id] = entry
+                    slot = self.slots[model_id] = Slot(entry)
+                status, error = ("loaded", None) if host.healthy else ("failed", f"remote {host.url}: {host.error}")
+                if (slot.remote, slot.status, slot.error) != (host, status, error):
+                    slot.remote, slot.status, slot.error = host, status, error
+                    changed.append(slot)
+        for model_id in [m for m, s in self.slots.items() if s.remote is not None and m not in claimed]:
+            slot = self.slots[model_id]  # its host serves it no more, or the library has it now
+            if model_id in self.catalog.entries and not slot.users:
+                del self.remote_entries[model_id]
+                self.slots[model_id] = Slot(self.catalog.entries[model_id])
+            elif slot.status != "failed":
+                slot.status, slot.error = "failed", f"remote {slot.url} no longer serves it"
+                changed.append(slot)
+        return changed
+
+    async def _watch_remotes(self) -> None:
+        """Every remotes.CHECK_S: each host's health, models and capacity."""
+        while True:
+            await asyncio.sleep(remotes.CHECK_S)
+            client = self.client()
+            results = await asyncio.gather(*(host.probe(client) for host in self.remotes), return_exceptions=True)
+            if any(r is True for r in results):
+                for slot in self._sync_remotes():
+                    self._changed(slot)
+
+    def key_for(self, slot: Slot) -> str:
+        """The key a forwarded request carries: the remote host's, or what the local children accept."""
+        if slot.remote is not None:
+            return slot.remote.key or ""
+        return self.key
+
+    def remote_down(self, slot: Slot, message: str) -> None:
+        """A forwarded request found the remote host gone: marked failed until the next look says otherwise."""
+        if slot.remote is not None and slot.remote.healthy:
+            slot.remote.healthy, slot.remote.error = False, message
+            for changed in self._sync_remotes():
+                self._changed(changed)
 
     async def refresh(self) -> None:
         """Scan the library again (off the event loop: it reads every model's
@@ -94,7 +153,7 @@ class Manager:
             log.exception("rescanning the library failed")
             return
         self.catalog = catalog
-        for slot in self._sync_slots():
+        for slot in self._sync_slots() + self._sync_remotes():
             self._changed(slot)
 
     def resolve(self, name: str | None, fetch: bool = False) -> Entry:
@@ -105,7 +164,7 @@ class Manager:
             name = getattr(self, "default", None)
         if not isinstance(name, str):
             raise ModelNotFound("model must be a string naming a model; GET /v1/models lists the models")
-        entry = self.catalog.resolve(name) or self.fetching.get(name)
+        entry = self.catalog.resolve(name) or self.fetching.get(name) or self.remote_entries.get(name)
         if entry is None and fetch and REPO_ID.fullmatch(name):
             entry = Entry(id=name, ref=name, preset=presets.merged(self.library.table, name))
             self.fetching[name] = entry
@@ -154,13 +213,15 @@ class Manager:
             "idle_s": round(now - slot.last_used, 1) if loaded and slot.last_used and not slot.users else
             (0.0 if loaded else None),
             "inflight": slot.users, "pid": slot.child.pid if slot.child is not None else None,
+            "remote": slot.remote.status() if slot.remote is not None else None,
         }
 
     def rows(self) -> list[dict]:
         return [self.row(s) for s in list(self.slots.values())]
 
     def loaded(self) -> list[Slot]:
-        return [s for s in self.slots.values() if s.status == "loaded" and s.port is not None]
+        """The models answering now: local children, and remote hosts that answered the last look."""
+        return [s for s in self.slots.values() if s.status == "loaded" and (s.port is not None or s.remote)]
 
     def client(self):
         """One connection pool to the children, made on the server's event loop."""
@@ -176,6 +237,13 @@ class Manager:
     async def acquire(self, name: str | None, fetch: bool = False) -> Slot:
         """The slot serving `name`, loaded; the caller must `release` it."""
         slot = self.slots[self.resolve(name, fetch).id]
+        if slot.remote is not None:  # loaded or not by its own host, never from here
+            if slot.status != "loaded":
+                raise RouterError(f"model {slot.id!r} is served by {slot.remote.url}, which does not answer: "
+                                  f"{slot.remote.error}")
+            slot.users += 1
+            slot.last_used = time.time()
+            return slot
         slot.users += 1
         try:
             if slot.status != "loaded" or slot.unloading:
@@ -291,7 +359,7 @@ class Manager:
         while True:
             # A download holds no slot and no memory yet; a load in progress will soon hold its estimate.
             active = [s for s in self.slots.values()
-                      if s is not slot and s.status in ("loading", "loaded") and s.fetch is None]
+                      if s is not slot and s.status in ("loading", "loaded") and s.fetch is None and s.remote is None]
             short = self._memory_short(need, active)
             if len(active) < cap and not short:
                 return True
@@ -438,6 +506,8 @@ class Manager:
     # -- unload --------------------------------------------------------------
     async def unload(self, name: str | None) -> Slot:
         slot = self.slots[self.resolve(name).id]
+        if slot.remote is not None:
+            raise RemoteModel(f"model {slot.id!r} is served by {slot.remote.url}: unload it there")
         if slot.status in ("loaded", "loading"):
             await self._stop(slot)
         return slot
@@ -481,6 +551,8 @@ class Manager:
         """On the server's loop: the idle sweep, and the models to load now."""
         self.loop = asyncio.get_running_loop()
         self._idle_task = asyncio.ensure_future(self._sweep())
+        if self.remotes:
+            self._remote_task = asyncio.ensure_future(self._watch_remotes())
         for name in preload:
             asyncio.ensure_future(self._preload(name))
 
@@ -500,6 +572,8 @@ class Manager:
                 await self.refresh()
             now = time.time()
             for slot in list(self.slots.values()):
+                if slot.remote is not None:
+                    continue
                 limit = slot.entry.preset.idle_unload
                 limit = self.settings.idle_unload_s if limit is None else limit
                 if (limit and slot.status == "loaded" and not slot.users and not slot.pinned

@@ -9,6 +9,7 @@ from core import procs
 from inference.engine.errors import EngineError
 from inference.router.catalog import Entry
 from inference.router.child import ChildProcess
+from inference.router.remotes import RemoteHost
 
 
 class RouterError(EngineError):
@@ -41,6 +42,13 @@ class NotEnoughMemory(RouterError):
 
 class LoadFailed(RouterError):
     code = "model_load_failed"
+
+
+class RemoteModel(RouterError):
+    """Asked to load or unload a model another machine serves."""
+    status = 400
+    type = "invalid_request_error"
+    code = "remote_model"
 
 
 @dataclass(frozen=True)
@@ -85,6 +93,7 @@ class Slot:
     fetch: asyncio.Future | None = None  # its download, while the library lacks it
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     exited: asyncio.Event = field(default_factory=asyncio.Event)
+    remote: RemoteHost | None = None  # served by another machine's `hearth serve` (inference/router/remotes.py)
 
     @property
     def id(self) -> str:
@@ -92,7 +101,7 @@ class Slot:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return self.remote.url if self.remote is not None else f"http://127.0.0.1:{self.port}"
 
     def status_object(self) -> dict:
         out: dict = {"value": self.status}

@@ -110,16 +110,16 @@ def _target(request: HttpRequest) -> str:
     return path + (f"?{query}" if query else "")
 
 
-def _headers(request: HttpRequest, manager: Manager) -> dict:
+def _headers(request: HttpRequest, manager: Manager, slot: Slot) -> dict:
     out = {k: v for k, v in request.headers.items() if k.lower() not in _HOP}
-    out["authorization"] = f"Bearer {manager.key}"
+    out["authorization"] = f"Bearer {manager.key_for(slot)}"
     return out
 
 
 async def _forward(request: HttpRequest, manager: Manager, slot: Slot,
                    conversation: str | None = None) -> HttpResponse:
     client = http_client(manager)
-    headers = _headers(request, manager)
+    headers = _headers(request, manager, slot)
     token = None
     if conversation is not None:  # the model's process knows this generation by a name of its own, for its stop
         headers = {k: v for k, v in headers.items() if k.lower() != "x-conversation-id"}
@@ -130,6 +130,7 @@ async def _forward(request: HttpRequest, manager: Manager, slot: Slot,
         reply = await client.send(outgoing, stream=True)
     except httpx.HTTPError as exc:
         manager.release(slot)
+        manager.remote_down(slot, _died_message(slot, exc))
         return _died(request.path, slot, exc)
     except BaseException:  # the client went away (cancelled): the model is not busy for it any more
         manager.release(slot)
@@ -161,8 +162,8 @@ async def _record(request: HttpRequest, manager: Manager, slot: Slot, names: tup
 
     async def stop() -> None:
         try:
-            await http_client(manager).delete(f"{slot.url}/v1/stream/{token}",
-                                              headers={"authorization": f"Bearer {manager.key}"}, timeout=10.0)
+            await http_client(manager).delete(f"{slot.url}/v1/stream/{token}", timeout=10.0,
+                                              headers={"authorization": f"Bearer {manager.key_for(slot)}"})
         except httpx.HTTPError as exc:  # the process is gone: its stream has ended (or will) by itself
             log.warning("stopping %s in %s: %s", conversation, slot.id, exc)
 
@@ -219,6 +220,9 @@ class _Relay:
 
 
 def _died_message(slot: Slot, exc: Exception) -> str:
+    if slot.remote is not None:
+        return (f"model {slot.id!r} is served by {slot.remote.url}, which stopped answering "
+                f"({type(exc).__name__}); the router looks at it again every few seconds")
     if isinstance(exc, httpx.TimeoutException):
         return f"model {slot.id!r} sent nothing for longer than the router waits (--child-timeout)"
     return (f"model {slot.id!r} stopped answering ({type(exc).__name__}: its process exited or was killed); "
@@ -240,7 +244,7 @@ async def _fan_out(request: HttpRequest, manager: Manager) -> HttpResponse:
     for slot in manager.loaded():
         try:
             reply = await client.request(request.method, slot.url + _target(request), content=request.body,
-                                         headers=_headers(request, manager))
+                                         headers=_headers(request, manager, slot))
         except httpx.HTTPError:
             continue
         answers[slot.id] = reply
@@ -279,7 +283,7 @@ async def _gather(manager: Manager, path: str, read) -> dict:
 
     async def one(slot: Slot):
         try:
-            reply = await client.get(slot.url + path, headers={"authorization": f"Bearer {manager.key}"},
+            reply = await client.get(slot.url + path, headers={"authorization": f"Bearer {manager.key_for(slot)}"},
                                      timeout=5.0)
             return slot.id, read(reply) if reply.status_code == 200 else None
         except (httpx.HTTPError, ValueError):

@@ -104,7 +104,8 @@ def _limits(opts: dict) -> limits.Limits:
 ROUTER_FLAGS = {"--models-dir": "models_dir", "--models-preset": "models_preset", "--models-max": "models_max",
                 "--idle-unload": "idle_unload", "--default-model": "default_model",
                 "--child-start-timeout": "child_start_timeout", "--child-timeout": "child_timeout",
-                "--no-preload": "no_preload"}
+                "--no-preload": "no_preload", "--models-remote": "models_remote",
+                "--models-remote-key": "models_remote_key"}
 
 
 def _add_router_flags(parser) -> None:
@@ -129,6 +130,12 @@ def _add_router_flags(parser) -> None:
                        help="how long the router waits for a model's next byte of a reply (600)")
     group.add_argument("--no-preload", action="store_true", default=False,
                        help="load nothing at start (default: the default model and pinned ones load at once)")
+    group.add_argument("--models-remote", action="append", default=None, metavar="URL",
+                       help="also serve the models of another machine's `hearth serve` at URL, forwarding "
+                            "requests for them there (repeatable; looked at every 5 s: health, models, /fit)")
+    group.add_argument("--models-remote-key", default=None, metavar="KEY",
+                       help="the API key the remote hosts take (also HEARTH_MODELS_REMOTE_KEY; default: this "
+                            "server's own key when it has exactly one)")
     parser.add_argument("--model-id", default=None, help=argparse.SUPPRESS)  # the router's name for its child
     parser.add_argument("--download-only", action="store_true", help=argparse.SUPPRESS)  # the router's fetch
 
