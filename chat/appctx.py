@@ -100,6 +100,15 @@ def _element(raw: dict) -> dict:
     return {k: raw[k][:MAX_TEXT] for k in keys if isinstance(raw.get(k), str) and raw[k]}
 
 
+def offered_to(model_id: str | None) -> bool:
+    """Whether a model's turns get the ambient line and the app tools. Not
+    the demo models: they learned no app tools, and with tools on offer they
+    answer every question with a broken call (measured; see the README)."""
+    from inference.demo.build import is_demo
+
+    return model_id is not None and not is_demo(model_id)
+
+
 def remember(session_id: str, context: dict) -> None:
     _latest[session_id] = context
     _latest.move_to_end(session_id)

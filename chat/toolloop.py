@@ -77,12 +77,13 @@ async def run(consumer, session, messages: list[dict], state: TurnState) -> None
     offered = await sync_to_async(chat_tools.available)(coding)
     if not consumer.may_code:  # a gated tool (an MCP server's too) waits for an approval only such a socket gives
         offered = {name: tool for name, tool in offered.items() if not tool.gated}
-    if appctx.latest(session.id) is not None:  # a dashboard that acts on ui_* frames shows this chat
+    aware = appctx.latest(session.id) is not None and appctx.offered_to(_model_id(runtime, session))
+    if aware:  # a dashboard that acts on ui_* frames shows this chat
         offered = {**appctx.tools(), **offered}
     messages = list(messages)
     sampling, consumer.next_sampling = consumer.next_sampling, {}  # "next turn" covers all of its rounds
     for round_no in range(MAX_ROUNDS):
-        seen = appctx.with_ambient(messages, appctx.latest(session.id))  # where the user is now
+        seen = appctx.with_ambient(messages, appctx.latest(session.id)) if aware else messages  # where the user is now
         calls, round_text = await _generate(consumer, session, seen, offered, state, runtime, sampling)
         if not calls:
             return
@@ -99,6 +100,19 @@ async def run(consumer, session, messages: list[dict], state: TurnState) -> None
                      for c in record["calls"]]
         if consumer.steering:  # the user wrote meanwhile: the turn goes on from their message (chat/live.py)
             return
+
+
+def _model_id(runtime, session) -> str | None:
+    """The model a turn in `session` talks to (None: unknown, e.g. a router model that is gone)."""
+    from inference.router.slots import RouterError
+
+    if runtime.router is not None:
+        try:
+            return runtime.router.resolve(session.model).id
+        except RouterError:
+            return None
+    engine = runtime.engine
+    return engine.loaded.model_id if engine is not None and engine.loaded is not None else None
 
 
 def _args(raw: str):
