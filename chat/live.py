@@ -295,9 +295,9 @@ async def _next_question(turn: LiveTurn, user_entry: ChatEntry, answer: ChatEntr
     one when the turn showed nothing, so roles keep alternating): (answer,
     question); None, and the turn takes no more, when nothing waits."""
     if turn.steering:  # all the steering there is, as one message
-        taken, turn.steering = turn.steering, []
+        taken, turn.steering, source = turn.steering, [], "steering"
     elif turn.follow_ups:
-        taken = [turn.follow_ups.pop(0)]
+        taken, source = [turn.follow_ups.pop(0)], "follow_ups"
     else:
         turn.closed = True  # no await since the look at the queue: nothing can slip in between
         return None
@@ -307,7 +307,11 @@ async def _next_question(turn: LiveTurn, user_entry: ChatEntry, answer: ChatEntr
     def store_both() -> tuple[ChatEntry, ChatEntry]:
         shown = answer or store.add(turn.session, user_entry, "assistant", "", meta={"aborted": False})
         return shown, store.add(turn.session, shown, "user", text, meta={"images": images} if images else None)
-    return await sync_to_async(store_both)()
+    try:
+        return await sync_to_async(store_both)()
+    except BaseException:  # not stored (or stopped meanwhile): back in the queue, so the end hands it back
+        getattr(turn, source)[:0] = taken
+        raise
 
 
 async def _send_context(turn: LiveTurn, final) -> None:
