@@ -14,8 +14,10 @@ While a session has a context, its turns get:
 - `get_current_app_context`, `navigate_app` and `spotlight_ui`, offered
   first and never gated: they change nothing on the machine. The last two
   write `ui_navigate` / `ui_spotlight` frames to the turn's stream; the
-  browser moves or highlights. `spotlight_ui` may also fill a field with
-  `value` (never submits a form: starting a job stays the user's click).
+  browser moves or highlights. `spotlight_ui` may also fill one of the
+  catalog's fields (`SPOTS`) with `value`, and only those: never the chat's
+  own switches, and never submitting a form (starting a job stays the
+  user's click).
 
 A route outside `ROUTES` is a tool error the model reads; it never reaches
 the browser."""
@@ -195,6 +197,8 @@ async def _spotlight(args: dict, turn) -> tuple[bool, str]:
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         value = format(value, "g")
     if isinstance(value, str):
+        if frame.get("target") not in SPOTS:  # only the catalog's fields: never a switch of the chat itself
+            return False, "error: value fills only a named target: one of " + ", ".join(SPOTS)
         frame["value"] = value[:MAX_TEXT]
     await turn.send_json(frame)
     what = frame.get("target") or frame.get("ref") or frame.get("label") or frame.get("selector")
@@ -213,9 +217,9 @@ _TOOLS = [
     Tool("navigate_app", "Show the user another page of the Hearth dashboard.",
          {"type": "object", "properties": {"route": _ROUTE}}, False, lambda args: "", act=_navigate),
     Tool("spotlight_ui",
-         "Highlight a control in the dashboard for the user, optionally with a short message; with value, "
-         "also fill the field (nothing is submitted). Name it by target (" + ", ".join(SPOTS)
-         + "), or by ref, label or selector from get_current_app_context; route moves there first.",
+         "Highlight a control in the dashboard for the user, optionally with a short message. Name it by "
+         "target (" + ", ".join(SPOTS) + "), or by ref, label or selector from get_current_app_context; "
+         "route moves there first. With a target, value also fills that field (nothing is submitted).",
          {"type": "object", "properties": {"target": _STRING, "value": {"type": ["string", "number"]},
                                            "message": _STRING, "ref": _STRING, "label": _STRING,
                                            "selector": _STRING, "route": _ROUTE}},

@@ -129,6 +129,8 @@ def test_app_tools_write_ui_frames_and_refuse_unknown_routes(engine):
         assert ok and text == "ok: set quantize-bits to 4 and highlighted it"
         assert frames == [{"type": "ui_spotlight", "target": "quantize-bits", "message": "Bits go here",
                            "route": "quantize", "value": "4"}]
+        ok, text, frames = await call("spotlight_ui", {"selector": "#coding-tools", "value": "true"})
+        assert not ok and "value fills only a named target" in text and frames == []  # not the chat's switches
         ok, text, frames = await call("spotlight_ui", {"message": "here"})
         assert not ok and "say what to highlight" in text and frames == []
         ok, text, _ = await call("spotlight_ui", {"target": 3})

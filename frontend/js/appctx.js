@@ -215,8 +215,12 @@ function byLabel(wanted) {
 
 // Sets an input's, a textarea's or a select's value as typing would (input and change events); answers the
 // value as shown (a select's option text), or null when the element takes no value.
+// Only the catalog's fields (data-spot) are filled, never a checkbox or radio: the model must not reach
+// the chat's own controls (coding tools, model, adapter) or any switch through a selector or label.
 function setValue(el, value) {
-  if (!el.matches("input, select, textarea")) return null;
+  if (!el.matches("input, select, textarea") || !el.dataset.spot || el.type === "checkbox" || el.type === "radio") {
+    return null;
+  }
   const want = String(value);
   if (el.tagName === "SELECT") {
     const options = [...el.options];
@@ -225,8 +229,6 @@ function setValue(el, value) {
       || options.find((o) => norm(o.textContent).startsWith(norm(want)));
     if (!option) return null;
     el.value = option.value;
-  } else if (el.type === "checkbox" || el.type === "radio") {
-    el.checked = /^(true|1|on|yes)$/i.test(want);
   } else {
     el.value = want;
   }
