@@ -87,9 +87,8 @@ def remote_hosts(opts: dict) -> list[RemoteHost]:
         checked = list(dict.fromkeys(remotes.checked_url(url) for url in urls))
     except remotes.RemoteUrlError as exc:
         raise CommandError(str(exc)) from None
+    # Never this server's own key by default: that is what its clients hold, and it must not travel on.
     key = opts.get("models_remote_key") or os.environ.get("HEARTH_MODELS_REMOTE_KEY", "").strip() or None
-    if key is None and len(runtime.api_keys) == 1:
-        key = next(iter(runtime.api_keys))
     hosts = [RemoteHost(url, key) for url in checked]
     remotes.probe_all(hosts)
     return hosts

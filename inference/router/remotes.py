@@ -4,7 +4,7 @@ A remote host is another `hearth serve` (one model, or a router of its
 own). The router looks at each one every `CHECK_S`: `/health`, then
 `/v1/models` for the ids it serves and `/fit` for what it can hold (the
 context it can keep and its decode speed), with the hop's key
-(`--models-remote-key`, else the router's own). Each id becomes a slot
+(`--models-remote-key`; never the router's own, which its clients hold). Each id becomes a slot
 that is "loaded" while its host answers and "failed", with the reason,
 while it does not; requests for it are forwarded there like a local
 child's, the key replaced by the hop's. A remote model is never loaded,
@@ -35,7 +35,7 @@ def checked_url(raw: str) -> str:
     parts = urlsplit(raw.strip())
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise RemoteUrlError(f"--models-remote {raw!r}: give a URL such as http://host:8080")
-    if parts.path not in ("", "/") or parts.query or parts.fragment or parts.username:
+    if parts.path not in ("", "/") or parts.query or parts.fragment or "@" in parts.netloc:
         raise RemoteUrlError(f"--models-remote {raw!r}: give the server's base URL only (no path, query or "
                              "credentials; the key goes in --models-remote-key)")
     return f"{parts.scheme}://{parts.netloc}"

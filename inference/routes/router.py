@@ -130,7 +130,8 @@ async def _forward(request: HttpRequest, manager: Manager, slot: Slot,
         reply = await client.send(outgoing, stream=True)
     except httpx.HTTPError as exc:
         manager.release(slot)
-        manager.remote_down(slot, _died_message(slot, exc))
+        if isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout)):  # not one slow or odd reply
+            manager.remote_down(slot, _died_message(slot, exc))
         return _died(request.path, slot, exc)
     except BaseException:  # the client went away (cancelled): the model is not busy for it any more
         manager.release(slot)

@@ -134,8 +134,8 @@ def _add_router_flags(parser) -> None:
                        help="also serve the models of another machine's `hearth serve` at URL, forwarding "
                             "requests for them there (repeatable; looked at every 5 s: health, models, /fit)")
     group.add_argument("--models-remote-key", default=None, metavar="KEY",
-                       help="the API key the remote hosts take (also HEARTH_MODELS_REMOTE_KEY; default: this "
-                            "server's own key when it has exactly one)")
+                       help="the API key the remote hosts take (also HEARTH_MODELS_REMOTE_KEY; none by default: "
+                            "this server's own key is never sent on)")
     parser.add_argument("--model-id", default=None, help=argparse.SUPPRESS)  # the router's name for its child
     parser.add_argument("--download-only", action="store_true", help=argparse.SUPPRESS)  # the router's fetch
 
