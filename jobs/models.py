@@ -27,6 +27,7 @@ class Job(models.Model):
     started_at = models.DateTimeField(null=True, blank=True)
     ended_at = models.DateTimeField(null=True, blank=True)
     worker_pid = models.IntegerField(null=True, blank=True)  # the worker process running it
+    worker_host = models.CharField(max_length=255, blank=True, default="")  # and its host (HEARTH_WORKER_HOST)
     child_pid = models.IntegerField(null=True, blank=True)  # the child doing the MLX work
 
     class Meta:

@@ -96,7 +96,12 @@ def owner_gone(job_id: str) -> tuple[bool, str] | None:
     name = owner(job_id)
     if name is None or name.rpartition(":")[0] == settings.HEARTH_WORKER_HOST:
         return None
-    return not _client().exists(WORKER_PREFIX + name), name
+    return worker_gone(name), name
+
+
+def worker_gone(name: str) -> bool:
+    """Whether the worker `name` (HOST:PID) has stopped beating."""
+    return not _client().exists(WORKER_PREFIX + name)
 
 
 class Heartbeat:

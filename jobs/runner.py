@@ -31,6 +31,10 @@ def _worker_gone(job: Job) -> str | None:
     judged by its heartbeat (jobs/presence.py)."""
     if presence.enabled():
         remote = presence.owner_gone(job.id)
+        if remote is None and job.worker_host and job.worker_host != settings.HEARTH_WORKER_HOST:
+            # No owner record (Redis lost it) for another host's job: its pid means nothing here.
+            name = f"{job.worker_host}:{job.worker_pid}"
+            remote = presence.worker_gone(name), name
         if remote is not None:
             gone, name = remote
             return f"its worker ({name}) stopped while it ran: no heartbeat" if gone else None
@@ -96,7 +100,8 @@ def run(job_id: str) -> None:
     if presence.enabled() and not presence.claim(job_id):  # before the row says running: never ownerless
         return  # a live worker has it already
     if not Job.objects.filter(id=job_id, status="queued").update(status="running", started_at=started,
-                                                                  worker_pid=os.getpid()):
+                                                                  worker_pid=os.getpid(),
+                                                                  worker_host=settings.HEARTH_WORKER_HOST):
         _release(job_id)
         return  # cancelled (or gone) while it waited
     job = Job.objects.get(id=job_id)

@@ -264,7 +264,10 @@ def test_sweeps_judge_owners_by_host_pid_and_heartbeat(redis_url, homes, monkeyp
         jobs = {name: Job.objects.create(kind="quantize", status="running", worker_pid=pid,
                                          log_path=str(logs / f"sweep-{name}.ndjson"))
                 for name, pid in [("alive", 999_999), ("silent", 999_998), ("local", dead.pid),
-                                  ("unowned", os.getpid())]}
+                                  ("unowned", os.getpid()), ("lost-alive", 999_999), ("lost-silent", 999_997)]}
+        # Owner records lost (Redis restarted): another host's jobs are judged by their worker's heartbeat,
+        # never by a pid check on this host (999999 lives nowhere here).
+        Job.objects.filter(id__in=[jobs["lost-alive"].id, jobs["lost-silent"].id]).update(worker_host="there")
         client.set(f"hearth:worker:there:{999_999}", "{}", px=5000)
         client.set(f"hearth:job-owner:{jobs['alive'].id}", "there:999999")  # another host, beating
         client.set(f"hearth:job-owner:{jobs['silent'].id}", "there:999998")  # another host, no heartbeat
@@ -274,7 +277,8 @@ def test_sweeps_judge_owners_by_host_pid_and_heartbeat(redis_url, homes, monkeyp
             mark_zombies()
             for job in jobs.values():
                 job.refresh_from_db()
-            assert jobs["alive"].status == jobs["unowned"].status == "running"
+            assert jobs["alive"].status == jobs["unowned"].status == jobs["lost-alive"].status == "running"
+            assert jobs["lost-silent"].status == "zombie" and "there:999997" in jobs["lost-silent"].error
             assert jobs["silent"].status == "zombie" and "there:999998" in jobs["silent"].error
             assert "no heartbeat" in jobs["silent"].error
             assert jobs["local"].status == "zombie" and f"pid {dead.pid}" in jobs["local"].error
