@@ -129,7 +129,10 @@ def plan(cache: Path, busy: set[str] = frozenset(), in_use: frozenset | None = N
     for root in _roots(cache):
         if is_locked(root):
             continue
-        repo = plan_repo(root, in_use)
+        try:
+            repo = plan_repo(root, in_use)
+        except FileNotFoundError:  # a clean-up took the lock after the look above and is deleting it now
+            continue
         if _worth(repo, busy):
             out.append(repo)
     return out
