@@ -102,6 +102,9 @@ def test_one_socket_follows_the_user_and_a_running_turn_keeps_streaming(page, ba
         stop.click()
     dock.locator(".msg.assistant .perf").wait_for(timeout=60_000)  # the stored turn, shown in the dock
 
+    # The nav link clicked last holds the focus (Stop, had it been clicked, would have hidden itself):
+    # put it in the dock, as a user typing there would, so Escape is the dock's.
+    dock.locator("textarea[aria-label=Message]").focus()
     page.keyboard.press("Escape")  # focus is in the dock: Escape closes it and the button takes the focus
     assert dock.is_hidden() and toggle.is_visible()
     assert page.evaluate("document.activeElement.classList.contains('dock-toggle')")
