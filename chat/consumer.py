@@ -104,15 +104,14 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             raise _FrameError("streamingBehavior must be steer or followUp")
         session = await self._session()
         self._share_context()
-        turn = live.live(self.runtime, session.id)
-        if turn is not None and not turn.closed:
+        turn = await live.find(self.runtime, session.id)
+        if turn is not None:
             try:
-                await turn.enqueue(text, images, behavior)
+                if await turn.offer(text, images, behavior):
+                    return
             except live.TurnBusy as exc:
                 raise _FrameError(str(exc)) from None
-            return
-        if turn is not None:  # writing its last frames: the message starts the next turn
-            await turn.ended()
+            await turn.ended()  # writing its last frames: the message starts the next turn
         entry = await sync_to_async(store.ask)(session, text, images)
         await self._start_turn(entry)
 
@@ -145,24 +144,26 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         session = await self._session()
         session.coding_tools = enabled
         await sync_to_async(session.save)(update_fields=["coding_tools", "updated_at"])
-        running = live.live(self.runtime, session.id) is not None
+        running = await live.find(self.runtime, session.id) is not None
         await self.send_json({"type": "coding_tools", "active": enabled, "pending": running})
 
     async def on_approval(self, frame):
         """The user's answer to a tool_approval_request (from any socket on the session)."""
         if not self.may_code:  # gated calls are the coding tools: only a socket that may run them answers
             raise _FrameError(CODING_REFUSED)
-        turn = live.live(self.runtime, self.session.id) if self.session is not None else None
-        future = turn.approvals.get(frame.get("callId")) if turn is not None else None
-        if future is None or future.done():
-            raise _FrameError(f"no tool call {frame.get('callId')!r} is waiting for approval")
         if frame.get("decision") not in ("allow", "deny"):
             raise _FrameError("decision must be allow or deny")
         edited = frame.get("editedArgs")
         if edited is not None and not isinstance(edited, dict):
             raise _FrameError("editedArgs must be an object")
-        future.set_result({"decision": frame["decision"], "editedArgs": edited,
-                           "alwaysAllow": frame.get("alwaysAllow") is True})
+        turn = await live.find(self.runtime, self.session.id) if self.session is not None else None
+        answer = {"decision": frame["decision"], "editedArgs": edited, "alwaysAllow": frame.get("alwaysAllow") is True}
+        try:
+            taken = turn is not None and await turn.answer(str(frame.get("callId")), answer)
+        except live.TurnBusy as exc:
+            raise _FrameError(str(exc)) from None
+        if not taken:
+            raise _FrameError(f"no tool call {frame.get('callId')!r} is waiting for approval")
 
     async def on_revoke_approval(self, frame):
         """Ask again before running `tool` in the open session."""
@@ -262,7 +263,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         await self._unfollow()
         self.session = session
         self._share_context()
-        turn = live.live(self.runtime, session.id)
+        turn = await live.find(self.runtime, session.id)
         offset = turn.segment_offset if turn is not None else 0  # read before the history: see live.upto
         await self._send_history(turn.anchor_id if turn is not None else None)
         await self._send_sessions()
@@ -289,7 +290,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
 
     async def on_regenerate(self, frame):
         session = await self._session()
-        self._require_idle(session)
+        await self._require_idle(session)
         last_user = await sync_to_async(self._last_user)(session)
         await self._start_turn(last_user)
 
@@ -297,7 +298,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         """Ask again with new text: the last question, or the one `entryId` names."""
         text = _text(frame, "text", self.runtime.options.limits.max_socket_text)
         session = await self._session()
-        self._require_idle(session)
+        await self._require_idle(session)
         entry_id = frame.get("entryId")
         if entry_id is not None:
             edited = await sync_to_async(session.entries.filter(id=entry_id, role="user").first)()
@@ -316,7 +317,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         if not isinstance(entry_id, str):
             raise _FrameError("switch_sibling needs entryId")
         session = await self._session()
-        self._require_idle(session)
+        await self._require_idle(session)
         try:
             entry = await sync_to_async(store.switch)(session, entry_id)
         except ChatEntry.DoesNotExist:
@@ -333,14 +334,14 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             raise _FrameError(str(exc)) from None
         self._follow(turn)
 
-    def _follow(self, turn: live.LiveTurn, offset: int = 0) -> None:
+    def _follow(self, turn: live.LiveTurn | live.RemoteTurn, offset: int = 0) -> None:
         if self.follower is not None:
             self.follower.cancel()
         self.follower = asyncio.ensure_future(self._pass_on(turn, offset))
 
-    async def _pass_on(self, turn: live.LiveTurn, offset: int) -> None:
+    async def _pass_on(self, turn: live.LiveTurn | live.RemoteTurn, offset: int) -> None:
         try:
-            async for frame in live.follow(turn.stream, turn.session.id, offset):
+            async for frame in live.follow(turn.stream, turn.session_id, offset):
                 if frame.get("type") == "turn_end":
                     await self._send_sessions()  # the stored turn may have named the chat
                 await self.send_json(frame)
@@ -365,8 +366,8 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         if self.session is not None:
             await self.runtime.streams.stop(self.session.id)
 
-    def _require_idle(self, session: ChatSession) -> None:
-        if live.live(self.runtime, session.id) is not None:
+    async def _require_idle(self, session: ChatSession) -> None:
+        if await live.find(self.runtime, session.id) is not None:
             raise _FrameError("a turn is running; abort it first")
 
     # -- helpers -----------------------------------------------------------

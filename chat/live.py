@@ -21,7 +21,12 @@ goes on in a new *segment* of the same stream: `turn_end` with
 question. A socket that attaches mid-turn reads the history up to the
 current segment's anchor (the entry before it) and the stream from the
 segment's first byte, so nothing is shown twice or missed. Stopping the
-turn drops the queue and hands the dropped texts back (`dropped`)."""
+turn drops the queue and hands the dropped texts back (`dropped`).
+
+With Redis a socket on another web node finds the turn too (`find`): a
+`RemoteTurn` follows its stream from Redis and passes queued messages and
+approvals to the node that runs it (`LiveTurn.remote_call`); the current
+segment's anchor and offset are shared beside the stream."""
 from __future__ import annotations
 
 import asyncio
@@ -36,6 +41,7 @@ from asgiref.sync import sync_to_async
 from chat import store
 from chat.models import ChatEntry, ChatSession
 from core import sse
+from inference.streams.shared import RemoteStream
 
 log = logging.getLogger("hearth.chat")
 UNATTENDED_S = 600.0
@@ -53,6 +59,7 @@ class LiveTurn:
 
     def __init__(self, runtime, session: ChatSession, may_code: bool, next_sampling: dict, anchor_id: str):
         self.runtime, self.session, self.may_code = runtime, session, may_code
+        self.session_id = session.id
         self.next_sampling = next_sampling
         self.approvals: dict[str, asyncio.Future] = {}  # gated tool calls waiting for the user
         self.stream = None  # its log.Stream
@@ -78,12 +85,38 @@ class LiveTurn:
             frame["dropped"] = dropped
         return frame
 
-    async def enqueue(self, text: str, images: list[str], behavior: str) -> None:
-        """Queue a message on the running turn (the caller checked `closed`)."""
+    async def offer(self, text: str, images: list[str], behavior: str) -> bool:
+        """Queue a message on the running turn; False once it takes no more
+        (it is writing its last frames: the message starts the next turn)."""
+        if self.closed:
+            return False
         if len(self.steering) + len(self.follow_ups) >= MAX_QUEUED:
             raise TurnBusy(f"{MAX_QUEUED} messages are already waiting on this turn")
         (self.steering if behavior == "steer" else self.follow_ups).append({"text": text, "images": images})
         await self.send_json(self.queue_frame())
+        return True
+
+    async def answer(self, call_id: str, answer: dict) -> bool:
+        """The user's answer to a gated tool call; False when none waits under that id."""
+        future = self.approvals.get(call_id)
+        if future is None or future.done():
+            return False
+        future.set_result(answer)
+        return True
+
+    async def remote_call(self, args: dict) -> dict:
+        """What a socket on another web node asks of this turn (`RemoteTurn`)."""
+        try:
+            if args.get("what") == "offer":
+                return {"queued": await self.offer(str(args["text"]), list(args["images"]), str(args["behavior"]))}
+            if args.get("what") == "answer":
+                return {"ok": await self.answer(str(args["callId"]), dict(args["answer"]))}
+        except TurnBusy as exc:
+            return {"error": str(exc)}
+        return {"error": f"unknown call {args.get('what')!r}"}
+
+    def shared_state(self) -> dict:
+        return {"segment_offset": self.segment_offset, "anchor_id": self.anchor_id}
 
     async def ended(self, wait_s: float = 10.0) -> None:
         """Wait for the stream of a closed turn to end (it is writing its last frames)."""
@@ -147,7 +180,7 @@ async def start(runtime, session: ChatSession, may_code: bool, next_sampling: di
     """Start a turn answering `user_entry` in `session`; raises TurnBusy while one runs there."""
     from inference.streams.store import StreamRefused
 
-    if live(runtime, session.id) is not None:
+    if await find(runtime, session.id) is not None:
         raise TurnBusy("a turn is running in this chat; stop it first")
     turn = LiveTurn(runtime, session, may_code, next_sampling, user_entry.id)
     try:
@@ -157,15 +190,57 @@ async def start(runtime, session: ChatSession, may_code: bool, next_sampling: di
     except StreamRefused as exc:
         raise TurnBusy(exc.message) from None
     turn.stream = runtime.streams.get(session.id)
+    await runtime.streams.share(turn.stream, turn.shared_state())
     return turn
 
 
 def live(runtime, session_id: str) -> LiveTurn | None:
-    """The turn running in `session_id`, if any."""
+    """The turn running in `session_id` on this node, if any."""
     stream = runtime.streams.get(session_id)
     if stream is None or not stream.live or not isinstance(stream.context, LiveTurn):
         return None
     return stream.context
+
+
+class RemoteTurn:
+    """A turn another web node runs (Redis): what a socket here does with a
+    `LiveTurn`, passed on to that node."""
+
+    def __init__(self, stream: RemoteStream, session_id: str):
+        self.stream, self.session_id = stream, session_id
+        self.segment_offset = int(stream.ctx.get("segment_offset") or 0)
+        self.anchor_id = stream.ctx.get("anchor_id")
+
+    async def _call(self, args: dict) -> dict:
+        answer = await self.stream.call("call", args)
+        if answer is None:  # its node is gone or did not answer: the turn is over, or soon will be
+            await self.stream.refresh()
+            return {}
+        if "error" in answer:
+            raise TurnBusy(answer["error"])
+        return answer
+
+    async def offer(self, text: str, images: list[str], behavior: str) -> bool:
+        answer = await self._call({"what": "offer", "text": text, "images": images, "behavior": behavior})
+        return bool(answer.get("queued"))
+
+    async def answer(self, call_id: str, answer: dict) -> bool:
+        return bool((await self._call({"what": "answer", "callId": call_id, "answer": answer})).get("ok"))
+
+    async def ended(self, wait_s: float = 10.0) -> None:
+        await self.stream.wait_ended(wait_s)
+
+
+async def find(runtime, session_id: str) -> LiveTurn | RemoteTurn | None:
+    """The turn running in `session_id` here or, with Redis, on another web node."""
+    stream = await runtime.streams.find(session_id)
+    if stream is None or not stream.live:
+        return None
+    if isinstance(stream.context, LiveTurn):
+        return stream.context
+    if isinstance(stream, RemoteStream) and stream.meta.kind == "chat":
+        return RemoteTurn(stream, session_id)
+    return None
 
 
 async def follow(stream, session_id: str, offset: int = 0) -> AsyncIterator[dict]:
@@ -233,6 +308,7 @@ async def run(turn: LiveTurn, user_entry: ChatEntry) -> None:
             await turn.send_json({"type": "turn_end", "lane": meta.get("lane"), "sessionId": session.id, **meta,
                                   "continues": True, "entry": row})
             turn.segment_offset, turn.anchor_id = turn.produced, answer.id
+            await turn.runtime.streams.share(turn.stream, turn.shared_state())
             await turn.send_json({"type": "turn_start", "userEntryId": asked.id, "sessionId": session.id,
                                   "user": user_row})
             await turn.send_json(turn.queue_frame())

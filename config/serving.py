@@ -73,6 +73,14 @@ def open_streams(opts: dict, record: bool = True) -> None:
     runtime.streams = Streams(home.streams(), ttl_s=opts["stream_ttl"], cap=opts["stream_max_bytes"],
                               total=opts["streams_max_bytes"])
     runtime.streams.open()
+    from django.conf import settings
+
+    if settings.HEARTH_REDIS_URL:  # every web node on this Redis replays, follows and stops every stream
+        from inference.streams.shared import Shared
+
+        assert runtime.streams.owner is not None
+        runtime.streams.shared = Shared(settings.HEARTH_REDIS_URL, runtime.streams.owner.name,
+                                        ttl_s=opts["stream_ttl"], cap=opts["stream_max_bytes"])
 
 
 def start_services(no_worker: bool):

@@ -110,12 +110,12 @@ def test_a_turn_outlives_its_socket_and_is_stored(engine):
         while (await ws.receive_json_from(timeout=30))["type"] != "text_delta":
             pass
         await ws.disconnect()
-        assert RUNTIME.streams.lookup([session])[0]["status"] in ("live", "done")
+        assert (await RUNTIME.streams.lookup([session]))[0]["status"] in ("live", "done")
         for _ in range(600):
             if live.live(RUNTIME, session) is None:
                 break
             await asyncio.sleep(0.05)
-        assert RUNTIME.streams.lookup([session])[0]["status"] == "done"
+        assert (await RUNTIME.streams.lookup([session]))[0]["status"] == "done"
         ws = await _connect()
         await ws.send_json_to({"type": "open_session", "path": session})
         history = await ws.receive_json_from(timeout=10)

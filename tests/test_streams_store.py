@@ -101,10 +101,10 @@ def test_streams_are_forgotten_after_their_ttl(tmp_path):
         store = Streams(tmp_path, ttl_s=0.2)
         store.open()
         await _run(store, "c", 3)
-        assert store.lookup(["c"])[0]["status"] == "done"
+        assert (await store.lookup(["c"]))[0]["status"] == "done"
         store.writer.flush_all()
         await asyncio.sleep(0.3)
-        assert store.get("c") is None and store.lookup(["c"]) == []
+        assert store.get("c") is None and await store.lookup(["c"]) == []
         store.collect()
         assert not list(tmp_path.glob("*.sse"))
         store.shutdown()
@@ -129,7 +129,7 @@ def test_a_dead_processes_stream_is_cut_at_its_last_event_and_ended(tmp_path):
     async def scenario():
         store = Streams(tmp_path)
         store.open()
-        row = store.lookup(["c"])[0]
+        row = (await store.lookup(["c"]))[0]
         replay = b"".join([c async for c in store.get("c").follow(0)])
         store.shutdown()
         return row, replay

@@ -4,6 +4,7 @@ replays a conversation's stream from byte N and follows it live,
 says which of the ids a client names are live or replayable (never any
 other: a conversation id is as good as a password, so there is no listing).
 
+With Redis these reach every web node's streams (`inference/streams/shared.py`).
 In router mode these run in the router, which records every stream itself;
 a stop goes on to the model's process that generates."""
 from __future__ import annotations
@@ -45,7 +46,7 @@ async def replay(request: HttpRequest, conversation_id: str, offset: int = Query
     event begins, answers that event alone."""
     conversation_id = _id(conversation_id)
     streams = request.runtime.streams
-    stream = streams.get(conversation_id)
+    stream = await streams.find(conversation_id)  # with Redis, another web node's too
     if stream is None:
         raise _unknown(conversation_id)
     if offset < 0:
@@ -71,7 +72,7 @@ async def stop(request: HttpRequest, conversation_id: str):
     conversation_id = _id(conversation_id)
     streams = request.runtime.streams
     relayed = conversation_id in streams.relayed  # a router's generation in this model's process
-    known = streams.get(conversation_id)
+    known = await streams.find(conversation_id)
     was_live = relayed or (known is not None and known.live)
     stream = await streams.stop(conversation_id)
     if stream is None and not relayed:
@@ -85,7 +86,7 @@ async def stop(request: HttpRequest, conversation_id: str):
 async def lookup(request: HttpRequest, body: LookupRequest):
     """Which of `conversation_ids` have a live or replayable stream, with their lengths."""
     try:
-        found = request.runtime.streams.lookup(body.conversation_ids)
+        found = await request.runtime.streams.lookup(body.conversation_ids)
     except StreamRefused as exc:
         raise RequestError(exc.message, exc.param) from None
     return JsonResponse({"object": "list", "data": found})

@@ -16,6 +16,11 @@ died, and is ended with its `on_crash` event when the store opens. A stream
 is kept `ttl_s` after it ends, each at most `cap` bytes, all of them at most
 `total` (finished ones are dropped oldest first to make room).
 
+With Redis (`shared.Shared`, set by the server when HEARTH_REDIS_URL is
+set) every stream is also copied there as it is written, so another web
+node finds it (`find`), replays and follows it, and stops it (the command
+goes to the node that generates).
+
 Router mode's model processes pass `record=False`: the router records, and
 the model's process only keeps each conversation's generation so the
 router can stop it (`DELETE /v1/stream/<id>` there).
@@ -38,6 +43,7 @@ from pathlib import Path
 
 from core.fs import write_atomically
 from inference.streams.log import LIVE, Gone, Meta, Stream
+from inference.streams.shared import RemoteStream, Shared
 
 log = logging.getLogger("hearth.streams")
 
@@ -182,6 +188,7 @@ class Streams:
         self.writer: Writer | None = None
         self.owner: Owner | None = None
         self._gc_task: asyncio.Task | None = None
+        self.shared: Shared | None = None  # Redis: the streams of every web node
 
     # -- opening and closing ------------------------------------------------
     def open(self) -> None:
@@ -197,12 +204,18 @@ class Streams:
     def shutdown(self) -> None:
         """End every live stream with its crash event and write everything out
         (the server is stopping: nothing will finish them)."""
+        ended = []
         for stream in list(self.by_id.values()):
             if stream.live:
+                before = stream.end
                 stream.finish("interrupted", stream.meta.on_crash.encode())
+                with stream.lock:
+                    ended.append((stream, bytes(stream.mem[before - stream.mem_start:])))
                 if stream.task is not None:
                     stream.task.cancel()
                 self._dirty(stream)
+        if self.shared is not None:
+            self.shared.shutdown(ended)
         if self._gc_task is not None:
             self._gc_task.cancel()
         if self.writer is not None:
@@ -225,7 +238,12 @@ class Streams:
             if not self.record:
                 return self._relay_only(conversation_id, producer, stop)
             self._make_room()
-            return self._begin(conversation_id, kind, model, producer, stop, error_event, context)
+            stream = self._begin(conversation_id, kind, model, stop, error_event, context)
+            if self.shared is not None:
+                self.shared.run(self._command)
+                await self.shared.begin(stream)  # before its first byte: the meta, then the bytes
+            stream.task = asyncio.ensure_future(self._pump(stream, producer, error_event))
+            return stream.follow(0)
 
     def _claim(self, conversation_id: str) -> asyncio.Lock:
         lock = self._claims.get(conversation_id)
@@ -233,8 +251,8 @@ class Streams:
             lock = self._claims[conversation_id] = asyncio.Lock()
         return lock
 
-    def _begin(self, conversation_id: str, kind: str, model: str | None, producer: AsyncIterator[bytes],
-               stop: StopFn, error_event: Callable[[str], bytes], context: object) -> AsyncIterator[bytes]:
+    def _begin(self, conversation_id: str, kind: str, model: str | None, stop: StopFn,
+               error_event: Callable[[str], bytes], context: object) -> Stream:
         meta = Meta(sid=secrets.token_hex(12), conversation_id=conversation_id, kind=kind, model=model,
                     created=time.time(), owner=self.owner.name if self.owner else "",
                     on_crash=error_event(CRASH_MESSAGE).decode())
@@ -244,26 +262,35 @@ class Streams:
         if previous is not None:
             self.gone.append(previous)
         self.by_id[conversation_id] = stream
-        stream.task = asyncio.ensure_future(self._pump(stream, producer, error_event))
         self._dirty(stream)
         self._start_gc()
-        return stream.follow(0)
+        return stream
 
     async def _pump(self, stream: Stream, producer: AsyncIterator[bytes], error_event) -> None:
         try:
             async for chunk in producer:
                 stream.append(chunk)
                 self._dirty(stream)
-            stream.finish("stopped" if stream.stopping else "done")
+                if self.shared is not None:
+                    await self.shared.append(stream, chunk)
+            await self._finish(stream, "stopped" if stream.stopping else "done")
         except asyncio.CancelledError:
-            stream.finish("interrupted", stream.meta.on_crash.encode())
+            await self._finish(stream, "interrupted", stream.meta.on_crash.encode())
             raise
         except Exception as exc:  # a bug in the producer: the stream still ends, and says so
             log.exception("stream %s failed", stream.meta.conversation_id)
-            stream.finish("failed", error_event(f"the stream failed: {type(exc).__name__}: {exc}"))
+            await self._finish(stream, "failed", error_event(f"the stream failed: {type(exc).__name__}: {exc}"))
         finally:
             self._dirty(stream)
             await close_quietly(producer)
+
+    async def _finish(self, stream: Stream, state: str, tail: bytes = b"") -> None:
+        if not stream.live:
+            return
+        before = stream.end
+        stream.finish(state, tail)
+        if self.shared is not None:
+            await self.shared.finish(stream, await stream.read(before, stream.end - before) if tail else b"")
 
     def _relay_only(self, conversation_id: str, producer: AsyncIterator[bytes], stop: StopFn
                     ) -> AsyncIterator[bytes]:
@@ -280,17 +307,21 @@ class Streams:
                 await close_quietly(producer)
         return relay()
 
-    async def stop(self, conversation_id: str, wait_s: float = 10.0) -> Stream | None:
+    async def stop(self, conversation_id: str, wait_s: float = 10.0) -> Stream | RemoteStream | None:
         """Stop the conversation's live generation (if any) and wait, at most
         `wait_s`, for its stream to end. Returns its stream (None: unknown)."""
         async with self._claim(conversation_id):
             return await self._stop(conversation_id, wait_s)
 
-    async def _stop(self, conversation_id: str, wait_s: float = 10.0) -> Stream | None:
+    async def _stop(self, conversation_id: str, wait_s: float = 10.0) -> Stream | RemoteStream | None:
         relayed = self.relayed.pop(conversation_id, None)
         if relayed is not None:
             await relayed()
         stream = self.by_id.get(conversation_id)
+        if (stream is None or not stream.live) and self.shared is not None:
+            remote = await self._find_remote(conversation_id, stream)
+            if remote is not None:
+                return await self._stop_remote(remote, wait_s)
         if stream is None or not stream.live:
             return stream
         stream.stopping = True
@@ -304,11 +335,58 @@ class Streams:
                 stream.task.cancel()
             tail = stream.error_event(f"the generation did not stop within {wait_s:g}s of being asked; "
                                       "its stream ends here") if stream.error_event else b""
-            stream.finish("stopped", tail)
+            await self._finish(stream, "stopped", tail)
             self._dirty(stream)
         return stream
 
+    async def _stop_remote(self, remote: RemoteStream, wait_s: float) -> RemoteStream:
+        """Another node's live stream: that node stops it; this one waits for its end."""
+        if remote.live:
+            answer = await remote.call("stop", {"wait_s": wait_s})
+            if answer is None:  # nobody listens under its name: if its node died, the stream ends here
+                await remote.refresh()
+            await remote.wait_ended(wait_s if answer is None else 2.0)
+        return remote
+
+    async def _command(self, op: str, conversation_id: str, args: dict) -> dict:
+        """What another node asks of one of this node's streams."""
+        if op == "stop":
+            stream = await self.stop(conversation_id, float(args.get("wait_s", 10.0)))
+            return {"state": stream.meta.state if stream is not None else None}
+        stream = self.by_id.get(conversation_id)
+        handle = getattr(stream.context, "remote_call", None) if stream is not None and stream.live else None
+        if op != "call" or handle is None:
+            return {"error": "that stream is not running here"}
+        return await handle(args)
+
+    async def share(self, stream: Stream, ctx: dict) -> None:
+        """What other nodes may read of `stream` beside its bytes (its owner's state)."""
+        if self.shared is not None:
+            await self.shared.share(stream, ctx)
+
     # -- reading --------------------------------------------------------------
+    async def find(self, conversation_id: str) -> Stream | RemoteStream | None:
+        """`get`, or with Redis the conversation's latest stream on any node."""
+        local = self.get(conversation_id)
+        if self.shared is None:
+            return local
+        return await self._find_remote(conversation_id, local) or local
+
+    async def _find_remote(self, conversation_id: str, local: Stream | None) -> RemoteStream | None:
+        """The conversation's latest stream, when it is another node's (None: this node's, or none)."""
+        assert self.shared is not None
+        try:
+            found = await self.shared.find(conversation_id)
+        except Exception as exc:  # Redis away: this node's own streams still answer
+            log.warning("looking for stream %s in Redis failed: %s", conversation_id, exc)
+            return None
+        if found is None or (local is not None and found[0] == local.sid):
+            return None
+        sid, meta, ctx = found
+        if sid in {s.sid for s in self.gone}:  # this node's, already replaced here
+            return None
+        return RemoteStream(self.shared, meta, ctx)
+
     def get(self, conversation_id: str) -> Stream | None:
         self._start_gc()
         stream = self.by_id.get(conversation_id)
@@ -316,7 +394,7 @@ class Streams:
             return None
         return stream
 
-    def lookup(self, ids: list) -> list[dict]:
+    async def lookup(self, ids: list) -> list[dict]:
         """The streams of these conversations that are live or replayable; never any other's."""
         if not isinstance(ids, list) or len(ids) > MAX_LOOKUP:
             raise StreamRefused(f"conversation_ids must be a list of at most {MAX_LOOKUP} ids",
@@ -325,7 +403,7 @@ class Streams:
         for value in ids:
             if not isinstance(value, str):
                 raise StreamRefused("conversation_ids must hold strings", param="conversation_ids")
-            stream = self.get(value)
+            stream = await self.find(value)
             if stream is not None:
                 found.append(stream.meta.public())
             elif value in self.relayed:
