@@ -137,3 +137,55 @@ def test_a_dead_processes_stream_is_cut_at_its_last_event_and_ended(tmp_path):
     row, replay = asyncio.run(scenario())
     assert row["status"] == "interrupted"
     assert replay == events + _error("it died")
+
+
+def test_a_redis_that_is_away_never_fails_a_generation(tmp_path):
+    """With Redis unreachable the stream runs, ends and is found as on one node."""
+    from inference.streams.shared import Shared
+
+    async def scenario():
+        store = Streams(tmp_path)
+        store.open()
+        store.shared = Shared("redis://127.0.0.1:1/0", store.owner.name, ttl_s=60, cap=store.cap)
+        whole = await _run(store, "c", 5)
+        stream = await store.find("c")
+        assert stream is store.get("c") and stream.meta.state == "done"
+        assert b"".join([c async for c in stream.follow(0)]) == whole
+        assert (await store.lookup(["c"]))[0]["status"] == "done"
+        await store.stop("c")
+        store.shutdown()
+
+    asyncio.run(scenario())
+
+
+def test_another_node_reads_the_capped_tail_from_redis_byte_for_byte(tmp_path, redis_url):
+    """The ring in Redis keeps what the node keeps: a read from its start on
+    another node gets the same bytes; one from before it is refused."""
+    import redis
+
+    from inference.streams.shared import RemoteStream, Shared
+
+    redis.Redis.from_url(redis_url).delete(*[f"hearth:streams:conv:{c}" for c in ("capped",)])
+
+    async def scenario():
+        store = Streams(tmp_path / "a", cap=2000)
+        store.open()
+        store.shared = Shared(redis_url, store.owner.name, ttl_s=60, cap=2000)
+        await _run(store, "capped", 200)  # about 12 kB through a 2 kB cap
+        local = store.get("capped")
+        other = Shared(redis_url, "another-node", ttl_s=60, cap=2000)
+        sid, meta, _ = await other.find("capped")
+        remote = RemoteStream(other, meta, {})
+        assert sid == local.sid and (remote.start, remote.end, remote.meta.state) == (local.start, local.end, "done")
+        theirs = b"".join([c async for c in remote.follow(remote.start)])
+        ours = b"".join([c async for c in local.follow(local.start)])
+        assert theirs == ours and theirs.startswith(b"data: ")
+        middle = local.start + 333
+        assert b"".join([c async for c in remote.follow(middle)]) == ours[333:]
+        with pytest.raises(Gone):
+            remote.check_offset(remote.start - 1)
+        store.shutdown()
+        await other.redis.aclose()
+        await store.shared.redis.aclose()
+
+    asyncio.run(scenario())

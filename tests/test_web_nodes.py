@@ -99,7 +99,7 @@ def test_a_session_moves_to_the_other_node_mid_turn(nodes, eos_id):
 def test_a_follow_up_typed_on_the_other_node_is_answered_after_the_turn(nodes, eos_id):
     a, b = nodes["a"], nodes["b"]
     with _ws(a) as ws_a, _ws(b) as ws_b:
-        ws_a.send(json.dumps({"type": "set_sampling", "scope": "session", "temperature": 0, "max_tokens": 120,
+        ws_a.send(json.dumps({"type": "set_sampling", "scope": "session", "temperature": 0, "max_tokens": 400,
                               "logit_bias": {str(eos_id): -100}}))
         ws_a.send(json.dumps({"type": "prompt", "text": "Count to a hundred"}))
         session = _until(ws_a, "turn_start")["sessionId"]

@@ -81,19 +81,30 @@ class Shared:
         self.redis: Any = aioredis.Redis.from_url(url, socket_timeout=BLOCK_MS / 1000 + 10)
         self._tasks: list[asyncio.Task] = []
         self._broken: set[str] = set()  # sids whose copy stopped after a Redis error
+        self._beating: bool | None = None  # None until the first try
+        self._listening: bool | None = None
+        self._ready = asyncio.Event()
 
     # -- this node -----------------------------------------------------------
-    def run(self, handler: Handler) -> None:
-        """Beat, and answer commands sent to this node (on the running loop)."""
-        if not self._tasks:
-            self._tasks = [asyncio.ensure_future(self._beat()), asyncio.ensure_future(self._listen(handler))]
+    async def run(self, handler: Handler) -> None:
+        """Beat, and answer commands sent to this node (on the running loop).
+        The first beat and the subscription are in place when this returns:
+        a stream begun after it is never taken for a dead node's."""
+        if self._tasks:
+            return
+        self._tasks = [asyncio.ensure_future(self._beat()), asyncio.ensure_future(self._listen(handler))]
+        with contextlib.suppress(asyncio.TimeoutError):  # a Redis that hangs costs a start 10 s, once
+            await asyncio.wait_for(asyncio.shield(self._ready.wait()), 10)
 
     async def _beat(self) -> None:
         while True:
             try:
                 await self.redis.set(P + "owner:" + self.owner, "1", px=int(OWNER_TTL_S * 1000))
+                self._beating = True
             except Exception as exc:  # Redis away for a while: try again on the next beat
                 log.warning("stream heartbeat in Redis failed: %s", exc)
+                self._beating = False
+            self._mark_ready()
             await asyncio.sleep(BEAT_S)
 
     async def _listen(self, handler: Handler) -> None:
@@ -101,6 +112,8 @@ class Shared:
             try:
                 pubsub = self.redis.pubsub()
                 await pubsub.subscribe(P + "cmd:" + self.owner)
+                self._listening = True
+                self._mark_ready()
                 while True:
                     message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
                     if message is not None:
@@ -109,7 +122,13 @@ class Shared:
                 raise
             except Exception as exc:
                 log.warning("stream commands from Redis: %s; listening again", exc)
+                self._listening = False
+                self._mark_ready()  # tried: a start does not wait on a Redis that is away
                 await asyncio.sleep(1.0)
+
+    def _mark_ready(self) -> None:
+        if self._beating is not None and self._listening is not None:
+            self._ready.set()
 
     async def _answer(self, handler: Handler, data: bytes) -> None:
         try:

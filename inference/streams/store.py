@@ -240,7 +240,7 @@ class Streams:
             self._make_room()
             stream = self._begin(conversation_id, kind, model, stop, error_event, context)
             if self.shared is not None:
-                self.shared.run(self._command)
+                await self.shared.run(self._command)
                 await self.shared.begin(stream)  # before its first byte: the meta, then the bytes
             stream.task = asyncio.ensure_future(self._pump(stream, producer, error_event))
             return stream.follow(0)
