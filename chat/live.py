@@ -212,10 +212,13 @@ class RemoteTurn:
         self.anchor_id = stream.ctx.get("anchor_id")
 
     async def _call(self, args: dict) -> dict:
-        answer = await self.stream.call("call", args)
-        if answer is None:  # its node is gone or did not answer: the turn is over, or soon will be
-            await self.stream.refresh()
-            return {}
+        try:
+            answer = await self.stream.call("call", args)
+            if answer is None or answer.get("ended"):  # its node is gone, or the turn is over
+                await self.stream.refresh()
+                return {}
+        except Exception as exc:  # Redis away
+            raise TurnBusy(f"the web node that runs this turn cannot be reached: {exc}") from None
         if "error" in answer:
             raise TurnBusy(answer["error"])
         return answer

@@ -189,3 +189,36 @@ def test_another_node_reads_the_capped_tail_from_redis_byte_for_byte(tmp_path, r
         await store.shared.redis.aclose()
 
     asyncio.run(scenario())
+
+
+
+def test_redis_catches_up_missed_writes_and_a_node_taken_for_dead_stops_writing(redis_url):
+    """Bytes a write missed go with the next one; once another node has ended
+    a stream (its owner's heartbeat lapsed), the owner's writes change nothing."""
+    from inference.streams.log import Meta, Stream
+    from inference.streams.shared import RemoteStream, Shared
+
+    async def scenario():
+        owner = Shared(redis_url, "slow-node", ttl_s=60, cap=1 << 20)  # never beats: it looks dead
+        meta = Meta(sid="catch-up", conversation_id="catch-up-c", kind="openai", model="m", created=time.time(),
+                    owner="slow-node", on_crash=_error("gone").decode())
+        stream = Stream(meta, None, 1 << 20)
+        await owner.begin(stream)
+        stream.append(sse.frame({"i": 1}))  # this write never reached Redis...
+        stream.append(sse.frame({"i": 2}))
+        await owner.sync(stream)  # ...and goes with this one
+        reader = Shared(redis_url, "reader", ttl_s=60, cap=1 << 20)
+        sid, found, _ = await reader.find("catch-up-c")  # the owner has no heartbeat: ended here
+        assert found.state == "interrupted"
+        replay = b"".join([c async for c in RemoteStream(reader, found, {}).follow(0)])
+        assert replay == sse.frame({"i": 1}) + sse.frame({"i": 2}) + _error("gone")
+        stream.append(sse.frame({"i": 3}))  # the owner was only slow: what it writes now is refused
+        await owner.sync(stream)
+        stream.finish("done")
+        await owner.sync(stream, final=True)
+        again = (await reader.find("catch-up-c"))[1]
+        assert (again.state, again.end) == ("interrupted", len(replay))
+        for shared in (owner, reader):
+            await shared.redis.aclose()
+
+    asyncio.run(scenario())

@@ -68,6 +68,7 @@ class Stream:
         self.flushed = meta.end  # bytes [meta.start, flushed) are in the file
         self.rewrite = False  # the file's head must go (the cap dropped bytes)
         self.followers = 0
+        self.mirrored = meta.end  # bytes [.., mirrored) are in Redis too (shared.Shared), when it is set
         self.stopping = False
         self.deleted = False  # forgotten: the writer leaves it alone
         self.task: asyncio.Task | None = None  # the generation's pump (this process's live streams)

@@ -9,12 +9,19 @@ stop it:
 - `hearth:streams:meta:<sid>`: the stream's `log.Meta` (hash fields), plus
   `ctx`: what its owner shares of it (a chat turn's current segment).
 - `hearth:streams:data:<sid>`: its bytes as a Redis stream, one entry per
-  append, the entry's id `<end offset>-0`. A read from byte N asks for the
+  write, the entry's id `<end offset>-0`. A read from byte N asks for the
   entries after id `N-0`; the first holds byte N. Trimming to a new start
-  drops the entries that end at or before it (`XTRIM MINID`).
+  drops the entries that end at or before it (`XTRIM MINID`). An ended
+  stream's last entry is an empty marker, `<end>-1`, that wakes followers.
 - `hearth:streams:owner:<owner>`: a node's heartbeat (expires in `OWNER_TTL_S`).
   A stream still live whose owner's heartbeat is gone belonged to a node
   that died: the first reader to see it ends it with its crash event.
+
+Each write is one Lua script (`WRITE`, `ORPHAN`), so it is whole or not at
+all, and a stream ended by one node (a dead owner's, by a reader) takes no
+more bytes from another (an owner that was only slow stops copying it).
+Each node remembers how far Redis has each of its streams (`Stream.mirrored`):
+a write that failed is caught up by the next one, and the end always is.
 - `hearth:streams:cmd:<owner>`: the node's command channel (pub/sub): stop
   a stream, or pass a call to what owns it (the chat's queue and approvals),
   answered on a one-off list `hearth:streams:reply:<token>`.
@@ -40,8 +47,9 @@ from inference.streams.log import LIVE, Meta, Stream
 log = logging.getLogger("hearth.streams")
 
 P = "hearth:streams:"
-OWNER_TTL_S = 6.0
+OWNER_TTL_S = 10.0  # a node whose loop stalls longer than this minus a beat is taken for dead
 BEAT_S = 2.0
+RETRY_S = 5.0  # after a failed write, a stream's next writes wait this long (its end never does)
 LIVE_TTL_S = 3600.0
 BLOCK_MS = 1000
 CALL_WAIT_S = 10.0
@@ -49,6 +57,58 @@ INT_FIELDS = ("start", "end")
 FLOAT_FIELDS = ("created", "ended_at")
 
 Handler = Callable[[str, str, dict], Awaitable[dict]]
+
+# KEYS: meta, data, pointer. ARGV: sid, end, bytes, start, ttl, final fields (JSON, or "").
+WRITE = r"""
+if redis.call('HGET', KEYS[1], 'state') ~= 'live' then return 0 end
+if ARGV[3] ~= '' then redis.call('XADD', KEYS[2], ARGV[2] .. '-0', 'd', ARGV[3]) end
+redis.call('HSET', KEYS[1], 'end', ARGV[2], 'start', ARGV[4])
+if tonumber(ARGV[4]) > 0 then redis.call('XTRIM', KEYS[2], 'MINID', (tonumber(ARGV[4]) + 1) .. '-0') end
+if ARGV[6] ~= '' then
+  for k, v in pairs(cjson.decode(ARGV[6])) do redis.call('HSET', KEYS[1], k, v) end
+  redis.call('XADD', KEYS[2], ARGV[2] .. '-1', 'd', '')
+end
+local ttl = tonumber(ARGV[5])
+redis.call('EXPIRE', KEYS[1], ttl)
+redis.call('EXPIRE', KEYS[2], ttl)
+if redis.call('GET', KEYS[3]) == ARGV[1] then redis.call('EXPIRE', KEYS[3], ttl) end
+return 1
+"""
+
+# KEYS: meta, data, pointer. ARGV: sid, crash event, now, ttl.
+ORPHAN = r"""
+if redis.call('HGET', KEYS[1], 'state') ~= 'live' then return 0 end
+local finish = tonumber(redis.call('HGET', KEYS[1], 'end') or '0')
+local tail = ARGV[2]
+local last = redis.call('XREVRANGE', KEYS[2], '+', '-', 'COUNT', 1)
+if #last > 0 then
+  finish = tonumber(string.match(last[1][1], '^(%d+)'))
+  local d = last[1][2][2]
+  if #d > 0 and string.sub(d, -2) ~= '\n\n' then tail = '\n\n' .. tail end
+end
+finish = finish + #tail
+redis.call('XADD', KEYS[2], finish .. '-0', 'd', tail)
+redis.call('XADD', KEYS[2], finish .. '-1', 'd', '')
+redis.call('HSET', KEYS[1], 'state', 'interrupted', 'ended_at', ARGV[3], 'end', finish)
+local ttl = tonumber(ARGV[4])
+redis.call('EXPIRE', KEYS[1], ttl)
+redis.call('EXPIRE', KEYS[2], ttl)
+if redis.call('GET', KEYS[3]) == ARGV[1] then redis.call('EXPIRE', KEYS[3], ttl) end
+return 1
+"""
+
+
+def _keys(sid: str, conversation_id: str) -> list[str]:
+    return [P + "meta:" + sid, P + "data:" + sid, P + "conv:" + conversation_id]
+
+
+def _client(module: Any, url: str) -> Any:
+    """A client that fails fast: one try per command (a Redis that is away
+    must not hold a generation or a request for long)."""
+    from redis.backoff import NoBackoff
+
+    return module.Redis.from_url(url, socket_timeout=BLOCK_MS / 1000 + 4, socket_connect_timeout=3,
+                                 retry=module.retry.Retry(NoBackoff(), 0))
 
 
 def _meta_fields(meta: Meta) -> dict:
@@ -78,9 +138,13 @@ class Shared:
         import redis.asyncio as aioredis
 
         self.url, self.owner, self.ttl_s, self.cap = url, owner, ttl_s, cap
-        self.redis: Any = aioredis.Redis.from_url(url, socket_timeout=BLOCK_MS / 1000 + 10)
+        self.redis: Any = _client(aioredis, url)
+        self._write = self.redis.register_script(WRITE)
+        self._orphan = self.redis.register_script(ORPHAN)
         self._tasks: list[asyncio.Task] = []
-        self._broken: set[str] = set()  # sids whose copy stopped after a Redis error
+        self._answers: set[asyncio.Task] = set()
+        self._retry_at: dict[str, float] = {}  # sid -> when its copy is tried again after a failed write
+        self._lost: set[str] = set()  # sids another node ended (this one was taken for dead)
         self._beating: bool | None = None  # None until the first try
         self._listening: bool | None = None
         self._ready = asyncio.Event()
@@ -88,12 +152,12 @@ class Shared:
     # -- this node -----------------------------------------------------------
     async def run(self, handler: Handler) -> None:
         """Beat, and answer commands sent to this node (on the running loop).
-        The first beat and the subscription are in place when this returns:
-        a stream begun after it is never taken for a dead node's."""
-        if self._tasks:
-            return
-        self._tasks = [asyncio.ensure_future(self._beat()), asyncio.ensure_future(self._listen(handler))]
-        with contextlib.suppress(asyncio.TimeoutError):  # a Redis that hangs costs a start 10 s, once
+        The first beat and the subscription are in place when this returns
+        (or have been tried, if Redis is away): a stream begun after it is
+        never taken for a dead node's."""
+        if not self._tasks:
+            self._tasks = [asyncio.ensure_future(self._beat()), asyncio.ensure_future(self._listen(handler))]
+        with contextlib.suppress(asyncio.TimeoutError):  # a Redis that hangs costs a start 10 s
             await asyncio.wait_for(asyncio.shield(self._ready.wait()), 10)
 
     async def _beat(self) -> None:
@@ -109,15 +173,17 @@ class Shared:
 
     async def _listen(self, handler: Handler) -> None:
         while True:
+            pubsub = self.redis.pubsub()
             try:
-                pubsub = self.redis.pubsub()
                 await pubsub.subscribe(P + "cmd:" + self.owner)
                 self._listening = True
                 self._mark_ready()
                 while True:
                     message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
                     if message is not None:
-                        asyncio.ensure_future(self._answer(handler, message["data"]))
+                        task = asyncio.ensure_future(self._answer(handler, message["data"]))
+                        self._answers.add(task)
+                        task.add_done_callback(self._answers.discard)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -125,47 +191,45 @@ class Shared:
                 self._listening = False
                 self._mark_ready()  # tried: a start does not wait on a Redis that is away
                 await asyncio.sleep(1.0)
+            finally:
+                with contextlib.suppress(Exception):
+                    await pubsub.aclose()
 
     def _mark_ready(self) -> None:
         if self._beating is not None and self._listening is not None:
             self._ready.set()
 
     async def _answer(self, handler: Handler, data: bytes) -> None:
+        command: dict = {}
         try:
             command = json.loads(data)
             result = await handler(command["op"], command["cid"], command.get("args") or {})
         except Exception as exc:
             log.exception("stream command failed")
             result = {"error": f"{type(exc).__name__}: {exc}"}
-            command = command if isinstance(locals().get("command"), dict) else {}
-        reply = command.get("reply")
+        reply = command.get("reply") if isinstance(command, dict) else None
         if reply:
             with contextlib.suppress(Exception):
-                await self.redis.rpush(reply, json.dumps(result))
-                await self.redis.expire(reply, 30)
+                async with self.redis.pipeline(transaction=True) as pipe:
+                    pipe.rpush(reply, json.dumps(result))
+                    pipe.expire(reply, 30)
+                    await pipe.execute()
 
-    def shutdown(self, ended: list[tuple[Stream, bytes]]) -> None:
-        """The server stops (its loop with it): record how its live streams
-        ended (each with the tail its end added) and stop beating, with a
-        blocking client."""
+    def shutdown(self, streams: list[Stream]) -> None:
+        """The server stops (its loop with it): record how its streams that
+        were live ended, bytes and all, and stop beating, with a blocking client."""
         import redis
 
         for task in self._tasks:
             task.cancel()
-        client: Any = redis.Redis.from_url(self.url, socket_timeout=5)
+        client = _client(redis, self.url)
         try:
-            ttl = max(1, int(self.ttl_s))
-            for stream, tail in ended:
-                if stream.sid in self._broken:
-                    continue
-                meta = stream.meta
-                with client.pipeline(transaction=True) as pipe:
-                    if tail:
-                        pipe.xadd(P + "data:" + meta.sid, {"d": tail}, id=f"{meta.end}-0")
-                    pipe.hset(P + "meta:" + meta.sid, mapping=_meta_fields(meta))
-                    for key in (P + "data:" + meta.sid, P + "meta:" + meta.sid):
-                        pipe.expire(key, ttl)
-                    pipe.execute()
+            write = client.register_script(WRITE)
+            for stream in streams:
+                with stream.lock:
+                    frm = max(stream.mirrored, stream.mem_start, stream.meta.start)
+                    data = bytes(stream.mem[frm - stream.mem_start:])
+                self._run_write(write, stream, data, final=True)
             client.delete(P + "owner:" + self.owner)
         except Exception as exc:  # readers end them when this node's heartbeat has gone
             log.warning("shutdown: the streams in Redis were not all ended: %s", exc)
@@ -173,65 +237,72 @@ class Shared:
             client.close()
 
     # -- writing this node's streams --------------------------------------------
-    async def _guard(self, stream: Stream, work: Awaitable) -> None:
-        if stream.sid in self._broken:
-            work.close()  # type: ignore[attr-defined]
-            return
-        try:
-            await work
-        except Exception as exc:
-            self._broken.add(stream.sid)
-            log.warning("stream %s is no longer copied to Redis (other nodes cannot follow it): %s",
-                        stream.meta.conversation_id, exc)
+    def _args(self, stream: Stream, data: bytes, final: bool) -> tuple[list[str], list]:
+        meta = stream.meta
+        ttl = max(1, int(self.ttl_s)) if final else int(LIVE_TTL_S)
+        fields = json.dumps(_meta_fields(meta)) if final else ""
+        return _keys(meta.sid, meta.conversation_id), [meta.sid, meta.end, data, meta.start, ttl, fields]
+
+    def _run_write(self, script, stream: Stream, data: bytes, final: bool) -> None:
+        keys, args = self._args(stream, data, final)
+        if not script(keys=keys, args=args):
+            self._lost.add(stream.sid)
+        stream.mirrored = stream.meta.end
 
     async def begin(self, stream: Stream) -> None:
-        async def work():
-            meta = stream.meta
+        meta = stream.meta
+        try:
             async with self.redis.pipeline(transaction=True) as pipe:
                 pipe.hset(P + "meta:" + meta.sid, mapping=_meta_fields(meta))
                 pipe.expire(P + "meta:" + meta.sid, int(LIVE_TTL_S))
                 pipe.set(P + "conv:" + meta.conversation_id, meta.sid, ex=int(LIVE_TTL_S))
                 await pipe.execute()
-        await self._guard(stream, work())
+        except Exception as exc:
+            self._failed(stream, exc)
 
-    async def append(self, stream: Stream, data: bytes) -> None:
-        """`data` was just appended to `stream` (which may have dropped its head)."""
-        async def work():
-            meta, sid = stream.meta, stream.sid
-            async with self.redis.pipeline(transaction=True) as pipe:
-                pipe.xadd(P + "data:" + sid, {"d": data}, id=f"{meta.end}-0")
-                pipe.hset(P + "meta:" + sid, mapping={"end": meta.end, "start": meta.start})
-                if meta.start:
-                    pipe.xtrim(P + "data:" + sid, minid=f"{meta.start + 1}-0")
-                for key in (P + "data:" + sid, P + "meta:" + sid):
-                    pipe.expire(key, int(LIVE_TTL_S))
-                await pipe.execute()
-        if data:
-            await self._guard(stream, work())
+    async def sync(self, stream: Stream, final: bool = False) -> None:
+        """Copy what Redis lacks of `stream` (normally the bytes just
+        appended); `final`: it has ended, so its state and end go too, and
+        a write that failed before is tried again now."""
+        sid = stream.sid
+        if sid in self._lost:
+            if final:
+                self._lost.discard(sid)
+            return
+        if not final and time.monotonic() < self._retry_at.get(sid, 0.0):
+            return
+        if stream.mirrored == stream.end and not final:
+            return
+        try:
+            frm = max(stream.mirrored, stream.start)
+            data = await stream.read(frm, stream.end - frm) if stream.end > frm else b""
+            keys, args = self._args(stream, data, final)
+            if not await self._write(keys=keys, args=args):
+                self._lost.add(sid)
+                log.warning("stream %s was ended by another node (this one was taken for dead); it is no longer "
+                            "copied to Redis", stream.meta.conversation_id)
+            stream.mirrored = stream.end
+            self._retry_at.pop(sid, None)
+        except Exception as exc:
+            self._failed(stream, exc)
+        if final:
+            self._retry_at.pop(sid, None)
+            self._lost.discard(sid)
+
+    def _failed(self, stream: Stream, exc: Exception) -> None:
+        if stream.sid not in self._retry_at:
+            log.warning("stream %s could not be copied to Redis (other nodes cannot follow it for now): %s",
+                        stream.meta.conversation_id, exc)
+        self._retry_at[stream.sid] = time.monotonic() + RETRY_S
 
     async def share(self, stream: Stream, ctx: dict) -> None:
-        await self._guard(stream, self.redis.hset(P + "meta:" + stream.sid, "ctx", json.dumps(ctx)))
-
-    async def finish(self, stream: Stream, tail: bytes) -> None:
-        """`stream` ended; `tail`, its last bytes, may not have been copied yet."""
-        async def work():
-            meta, sid = stream.meta, stream.sid
-            ttl = max(1, int(self.ttl_s))
+        try:
             async with self.redis.pipeline(transaction=True) as pipe:
-                if tail:
-                    pipe.xadd(P + "data:" + sid, {"d": tail}, id=f"{meta.end}-0")
-                pipe.hset(P + "meta:" + sid, mapping=_meta_fields(meta))
-                for key in (P + "data:" + sid, P + "meta:" + sid):
-                    pipe.expire(key, ttl)
+                pipe.hset(P + "meta:" + stream.sid, "ctx", json.dumps(ctx))
+                pipe.expire(P + "meta:" + stream.sid, int(LIVE_TTL_S))
                 await pipe.execute()
-            await self._expire_pointer(meta.conversation_id, sid, ttl)
-        await self._guard(stream, work())
-        self._broken.discard(stream.sid)
-
-    async def _expire_pointer(self, conversation_id: str, sid: str, ttl: int) -> None:
-        key = P + "conv:" + conversation_id
-        if await self.redis.get(key) == sid.encode():  # a newer stream may have taken it meanwhile
-            await self.redis.expire(key, ttl)
+        except Exception as exc:
+            self._failed(stream, exc)
 
     # -- any node's streams -----------------------------------------------------
     async def find(self, conversation_id: str) -> tuple[str, Meta, dict] | None:
@@ -252,31 +323,11 @@ class Shared:
         return owner == self.owner or bool(await self.redis.exists(P + "owner:" + owner))
 
     async def end_orphan(self, meta: Meta) -> Meta:
-        """A live stream whose node died: end it with its crash event, once
-        (the first node to see it does it; the others read what it wrote)."""
-        sid = meta.sid
-        if await self.redis.hsetnx(P + "meta:" + sid, "ending", self.owner):
-            last = await self.redis.xrevrange(P + "data:" + sid, count=1)
-            tail = meta.on_crash.encode()
-            if last and not last[0][1][b"d"].endswith(b"\n\n"):
-                tail = b"\n\n" + tail  # after a chunk cut mid-event the error still starts an event
-            end = int(last[0][0].decode().split("-")[0]) if last else meta.end
-            meta.state, meta.ended_at, meta.end = "interrupted", time.time(), end + len(tail)
-            ttl = max(1, int(self.ttl_s))
-            async with self.redis.pipeline(transaction=True) as pipe:
-                pipe.xadd(P + "data:" + sid, {"d": tail}, id=f"{meta.end}-0")
-                pipe.hset(P + "meta:" + sid, mapping=_meta_fields(meta))
-                for key in (P + "data:" + sid, P + "meta:" + sid):
-                    pipe.expire(key, ttl)
-                await pipe.execute()
-            await self._expire_pointer(meta.conversation_id, sid, ttl)
-            return meta
-        for _ in range(50):  # another node is ending it
-            fresh = _meta(await self.redis.hgetall(P + "meta:" + sid))
-            if fresh is None or fresh.state != LIVE:
-                return fresh or meta
-            await asyncio.sleep(0.05)
-        return meta
+        """A live stream whose node died: end it with its crash event (one
+        script: the first node to see it does it, whole; the others find it ended)."""
+        await self._orphan(keys=_keys(meta.sid, meta.conversation_id),
+                           args=[meta.sid, meta.on_crash, time.time(), max(1, int(self.ttl_s))])
+        return _meta(await self.redis.hgetall(P + "meta:" + meta.sid)) or meta
 
     async def call(self, owner: str, op: str, conversation_id: str, args: dict | None = None,
                    wait_s: float = CALL_WAIT_S) -> dict | None:
@@ -299,6 +350,7 @@ class RemoteStream:
         self.cap = shared.cap
         self.followers = 0
         self.context = None
+        self.expired = False  # its keys are gone: nothing more can be read
 
     sid = property(lambda self: self.meta.sid)
     live = property(lambda self: self.meta.state == LIVE)
@@ -310,7 +362,9 @@ class RemoteStream:
     async def refresh(self) -> None:
         fresh = _meta(await self.shared.redis.hgetall(P + "meta:" + self.sid))
         if fresh is None:  # expired: nothing more will come
-            self.meta.state = self.meta.state if self.meta.state != LIVE else "interrupted"
+            self.expired = True
+            if self.live:
+                self.meta.state = "interrupted"
             return
         if fresh.state == LIVE and not await self.shared.owner_alive(fresh.owner):
             fresh = await self.shared.end_orphan(fresh)
@@ -327,27 +381,39 @@ class RemoteStream:
         return not self.live
 
     async def follow(self, offset: int) -> AsyncIterator[bytes]:
-        """As `log.Stream.follow`: the bytes from `offset`, then live until it ends."""
+        """As `log.Stream.follow`: the bytes from `offset`, then live until it
+        ends (or drops what this reader has not read: it reconnects, and
+        `start` says where the stream now starts). A Redis error ends the
+        reply where it is (the client reconnects `from=` what it has) rather
+        than leaving it hanging."""
+        try:
+            async for data in self._follow(offset):
+                yield data
+        except Exception as exc:
+            log.warning("following stream %s from Redis failed: %s", self.meta.conversation_id, exc)
+
+    async def _follow(self, offset: int) -> AsyncIterator[bytes]:
         key = P + "data:" + self.sid
         redis = self.shared.redis
+        last = f"{offset}-0"
         while True:
-            entries = await redis.xrange(key, min=f"({offset}-0", count=64)
-            if entries:
-                for entry_id, fields in entries:
-                    end = int(entry_id.decode().split("-")[0])
-                    data = fields[b"d"]
-                    begins = end - len(data)
-                    if begins > offset:
-                        return  # dropped under this reader (the cap): it reconnects
+            entries = await redis.xrange(key, min="(" + last, count=64)
+            for entry_id, fields in entries:
+                last = entry_id.decode()
+                end, data = int(last.split("-")[0]), fields[b"d"]
+                if not data:  # the end marker
+                    await self.refresh()
+                    continue
+                begins = end - len(data)
+                if begins > offset:  # dropped under this reader (the cap)
+                    await self.refresh()
+                    return
+                if end > offset:
                     yield data[offset - begins:]
                     offset = end
+            if entries:
                 continue
-            if not self.live:
-                await self.refresh()  # a last entry may have come with the end
-                if offset >= self.meta.end:
-                    return
-                continue
-            got = await redis.xread({key: f"{offset}-0"}, block=BLOCK_MS, count=1)
-            if not got:
+            if not self.live or self.expired:
+                return
+            if not await redis.xread({key: last}, block=BLOCK_MS, count=1):
                 await self.refresh()
-

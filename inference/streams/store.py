@@ -207,10 +207,8 @@ class Streams:
         ended = []
         for stream in list(self.by_id.values()):
             if stream.live:
-                before = stream.end
                 stream.finish("interrupted", stream.meta.on_crash.encode())
-                with stream.lock:
-                    ended.append((stream, bytes(stream.mem[before - stream.mem_start:])))
+                ended.append(stream)
                 if stream.task is not None:
                     stream.task.cancel()
                 self._dirty(stream)
@@ -272,7 +270,7 @@ class Streams:
                 stream.append(chunk)
                 self._dirty(stream)
                 if self.shared is not None:
-                    await self.shared.append(stream, chunk)
+                    await self.shared.sync(stream)
             await self._finish(stream, "stopped" if stream.stopping else "done")
         except asyncio.CancelledError:
             await self._finish(stream, "interrupted", stream.meta.on_crash.encode())
@@ -287,10 +285,9 @@ class Streams:
     async def _finish(self, stream: Stream, state: str, tail: bytes = b"") -> None:
         if not stream.live:
             return
-        before = stream.end
         stream.finish(state, tail)
         if self.shared is not None:
-            await self.shared.finish(stream, await stream.read(before, stream.end - before) if tail else b"")
+            await self.shared.sync(stream, final=True)
 
     def _relay_only(self, conversation_id: str, producer: AsyncIterator[bytes], stop: StopFn
                     ) -> AsyncIterator[bytes]:
@@ -341,11 +338,14 @@ class Streams:
 
     async def _stop_remote(self, remote: RemoteStream, wait_s: float) -> RemoteStream:
         """Another node's live stream: that node stops it; this one waits for its end."""
-        if remote.live:
-            answer = await remote.call("stop", {"wait_s": wait_s})
-            if answer is None:  # nobody listens under its name: if its node died, the stream ends here
-                await remote.refresh()
-            await remote.wait_ended(wait_s if answer is None else 2.0)
+        try:
+            if remote.live:
+                answer = await remote.call("stop", {"wait_s": wait_s})
+                if answer is None:  # nobody listens under its name: if its node died, the stream ends here
+                    await remote.refresh()
+                await remote.wait_ended(wait_s if answer is None else 2.0)
+        except Exception as exc:  # Redis away: the stream is answered as last seen
+            log.warning("stopping stream %s on its node failed: %s", remote.meta.conversation_id, exc)
         return remote
 
     async def _command(self, op: str, conversation_id: str, args: dict) -> dict:
@@ -355,8 +355,10 @@ class Streams:
             return {"state": stream.meta.state if stream is not None else None}
         stream = self.by_id.get(conversation_id)
         handle = getattr(stream.context, "remote_call", None) if stream is not None and stream.live else None
-        if op != "call" or handle is None:
-            return {"error": "that stream is not running here"}
+        if op != "call":
+            return {"error": f"unknown command {op!r}"}
+        if handle is None:  # it ended (the asker saw it live a moment ago): it takes nothing more
+            return {"ended": True}
         return await handle(args)
 
     async def share(self, stream: Stream, ctx: dict) -> None:
