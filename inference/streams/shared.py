@@ -28,7 +28,7 @@ a write that failed is caught up by the next one, and the end always is.
 
 Every key of a stream expires: while live after `LIVE_TTL_S` (renewed on
 each append), once ended after the store's TTL. Redis errors never fail a
-generation: the copy of that stream stops, with a warning.
+generation: its copy waits `RETRY_S` and then catches up, with a warning.
 
 No Django here, and no imports of the project's apps."""
 from __future__ import annotations
@@ -337,8 +337,13 @@ class Shared:
         command = json.dumps({"op": op, "cid": conversation_id, "args": args or {}, "reply": reply})
         if not await self.redis.publish(P + "cmd:" + owner, command):
             return None
-        answer = await self.redis.blpop([reply], timeout=wait_s)
-        return json.loads(answer[1]) if answer else None
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:  # short pops: each well inside the client's socket timeout
+            left = max(0.1, deadline - time.monotonic())
+            answer = await self.redis.blpop([reply], timeout=min(BLOCK_MS / 1000, left))
+            if answer:
+                return json.loads(answer[1])
+        return None
 
 
 class RemoteStream:
@@ -370,8 +375,8 @@ class RemoteStream:
             fresh = await self.shared.end_orphan(fresh)
         self.meta = fresh
 
-    async def call(self, op: str, args: dict | None = None) -> dict | None:
-        return await self.shared.call(self.meta.owner, op, self.meta.conversation_id, args)
+    async def call(self, op: str, args: dict | None = None, wait_s: float = CALL_WAIT_S) -> dict | None:
+        return await self.shared.call(self.meta.owner, op, self.meta.conversation_id, args, wait_s)
 
     async def wait_ended(self, wait_s: float) -> bool:
         deadline = time.monotonic() + wait_s

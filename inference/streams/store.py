@@ -340,7 +340,7 @@ class Streams:
         """Another node's live stream: that node stops it; this one waits for its end."""
         try:
             if remote.live:
-                answer = await remote.call("stop", {"wait_s": wait_s})
+                answer = await remote.call("stop", {"wait_s": wait_s}, wait_s + 5)  # its node waits up to wait_s
                 if answer is None:  # nobody listens under its name: if its node died, the stream ends here
                     await remote.refresh()
                 await remote.wait_ended(wait_s if answer is None else 2.0)
