@@ -277,7 +277,8 @@ def test_streams_survive_a_restart(own_server, tiny_model, eos_id):
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:  # both on disk by now (written behind, at most 0.25 s late)
         records = _records(own_server.home / "streams")
-        if records.get(done, {}).get("state") == "done" and records.get(cut, {}).get("end", 0) > 0:
+        # all the client was sent, not just the first (role-only) chunk, so text is on disk before the kill
+        if records.get(done, {}).get("state") == "done" and records.get(cut, {}).get("end", 0) >= len(received):
             break
         time.sleep(0.01)
     assert _lookup(first.url, cut)[cut]["status"] == "live"
