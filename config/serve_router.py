@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
+import socket
 from pathlib import Path
 
 from django.core.management import call_command
@@ -29,6 +31,7 @@ from hub import fit
 from inference.router import remotes
 from inference.router.catalog import Catalog, CatalogError, Library
 from inference.router.manager import Manager
+from inference.router.owners import Owners
 from inference.router.presets import PresetError
 from inference.router.remotes import RemoteHost
 from inference.router.slots import RouterError, Settings
@@ -94,6 +97,43 @@ def remote_hosts(opts: dict) -> list[RemoteHost]:
     return hosts
 
 
+def advertised_url(opts: dict) -> str:
+    """Where the other web nodes reach this one: --advertise-url or
+    HEARTH_ADVERTISE_URL, else the bound address and port (this machine's
+    name when bound to every address)."""
+    given = opts.get("advertise_url") or os.environ.get("HEARTH_ADVERTISE_URL", "").strip()
+    if given:
+        try:
+            return remotes.checked_url(given, "--advertise-url")
+        except remotes.RemoteUrlError as exc:
+            raise CommandError(str(exc)) from None
+    host = opts["host"]
+    if host in ("0.0.0.0", "::", ""):
+        host = socket.getfqdn()
+    return f"http://{f'[{host}]' if ':' in host else host}:{opts['port']}"
+
+
+def share_ownership(manager: Manager, opts: dict) -> None:
+    """With Redis: which node serves each model is shared with the other web
+    nodes (inference/router/owners.py), and their hop key is accepted here."""
+    from django.conf import settings
+
+    if not settings.HEARTH_REDIS_URL:
+        return
+    node = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+    owners = Owners(settings.HEARTH_REDIS_URL, node, advertised_url(opts))
+
+    def accept(key: str) -> None:
+        if runtime.api_keys:  # with no key configured every request passes already
+            runtime.api_keys = runtime.api_keys | {key}
+
+    key = owners.read_hop_key()
+    if key:
+        accept(key)
+    manager.owners, manager.on_hop_key = owners, accept
+    log.info("router: models shared with the other web nodes on Redis as %s (%s)", node, owners.advertise)
+
+
 def serve_router(opts: dict, bounds) -> None:
     from config.management.commands.serve import demo_model
 
@@ -123,6 +163,7 @@ def serve_router(opts: dict, bounds) -> None:
         raise CommandError(str(exc)) from None
     except RouterError as exc:
         raise CommandError(f"--default-model: {exc.message}") from None
+    share_ownership(manager, opts)
     runtime.router = manager
     open_streams(opts)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per forwarded request would drown the log

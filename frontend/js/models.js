@@ -206,7 +206,10 @@ export function modelsPage(main) {
 
   function detailText(value, f = {}, s = {}) {
     // (inflight is left out: a row is sent when the status changes, not when a request ends)
+    if (value === "loaded" && f.remote) return `on ${f.remote.node ? "web node" : "host"} ${f.remote.url}`;
     if (value === "loaded") return f.memory_bytes != null ? `memory ${bytes(f.memory_bytes)}` : "";
+    // Another web node (same Redis) has it loaded: requests here are passed to it.
+    if (value === "unloaded" && f.served_by) return `served by web node ${f.served_by.url}`;
     if (value === "loading") {
       const p = f.progress || {};
       const d = p.download;

@@ -20,9 +20,11 @@ import secrets
 import time
 from typing import Any
 
+from inference.router import owners as cluster
 from inference.router import presets, remotes
 from inference.router.catalog import DEFAULT_WORDS, Catalog, Entry, Library
 from inference.router.child import ChildProcess
+from inference.router.owners import Owners, Peer
 from inference.router.remotes import RemoteHost
 from inference.router.slots import (
     LoadFailed,
@@ -59,6 +61,13 @@ class Manager:
         self.slots: dict[str, Slot] = {}
         self.fetching: dict[str, Entry] = {}  # repo ids being downloaded by their process (POST /models/load)
         self.http: Any = None  # the connection pool to the children (httpx, made on the server's loop)
+        # With Redis: which node serves each model (inference/router/owners.py). `peers`: the other
+        # nodes as hosts; `held_by`: the library's models another node serves, by node.
+        self.owners: Owners | None = None
+        self.on_hop_key: Any = None  # called with the cluster's hop key once it is read
+        self.peers: dict[str, RemoteHost] = {}
+        self.held_by: dict[str, str] = {}
+        self._peer_task: asyncio.Task | None = None
         self._sync_slots()
         self._sync_remotes()
         self._lock: asyncio.Lock | None = None
@@ -97,7 +106,7 @@ class Manager:
         local process still holds, stays local; of two hosts, the first serves it."""
         changed = []
         claimed: set[str] = set()
-        for host in self.remotes:
+        for host in [*self.remotes, *self.peers.values()]:
             for model_id in host.models:
                 slot = self.slots.get(model_id)
                 if model_id in self.catalog.entries or model_id in claimed or (slot and slot.remote is None):
@@ -116,6 +125,9 @@ class Manager:
             if model_id in self.catalog.entries and not slot.users:
                 del self.remote_entries[model_id]
                 self.slots[model_id] = Slot(self.catalog.entries[model_id])
+            elif slot.remote is not None and slot.remote.node is not None and not slot.users:
+                # another web node unloaded it: no longer listed here
+                del self.remote_entries[model_id], self.slots[model_id]
             elif slot.status != "failed":
                 slot.status, slot.error = "failed", f"remote {slot.url} no longer serves it"
                 changed.append(slot)
@@ -132,13 +144,27 @@ class Manager:
                     self._changed(slot)
 
     def key_for(self, slot: Slot) -> str:
-        """The key a forwarded request carries: the remote host's, or what the local children accept."""
+        """The key a forwarded request carries: the remote host's (another
+        node's: the cluster's hop key), or what the local children accept."""
         if slot.remote is not None:
-            return slot.remote.key or ""
+            return (self.owners.hop_key if slot.remote.node and self.owners else slot.remote.key) or ""
         return self.key
+
+    def hop_headers(self, slot: Slot) -> dict:
+        """The credentials a request forwarded to `slot` carries, and, to
+        another web node, the mark that it is served there and not passed on."""
+        out = {"authorization": f"Bearer {self.key_for(slot)}"}
+        if slot.remote is not None and slot.remote.node is not None:
+            out[cluster.HOP_HEADER] = "1"
+        return out
 
     def remote_down(self, slot: Slot, message: str) -> None:
         """A forwarded request found the remote host gone: marked failed until the next look says otherwise."""
+        if slot.remote is not None and slot.remote.node is not None and self.owners is not None:
+            # Another node that stopped answering: its claim goes, so the next request loads the model here.
+            self.held_by.pop(slot.id, None)
+            self.peers.pop(slot.remote.node, None)
+            asyncio.ensure_future(self.owners.drop(slot.id, slot.remote.node))
         if slot.remote is not None and slot.remote.healthy:
             slot.remote.healthy, slot.remote.error = False, message
             for changed in self._sync_remotes():
@@ -214,7 +240,16 @@ class Manager:
             (0.0 if loaded else None),
             "inflight": slot.users, "pid": slot.child.pid if slot.child is not None else None,
             "remote": slot.remote.status() if slot.remote is not None else None,
+            "served_by": self._served_by(slot),
         }
+
+    def _served_by(self, slot: Slot) -> dict | None:
+        """The other web node that serves this library model, while it is not loaded here."""
+        node = self.held_by.get(slot.id)
+        host = self.peers.get(node) if node else None
+        if host is None or slot.remote is not None or slot.status in ("loading", "loaded"):
+            return None
+        return {"node": node, "url": host.url}
 
     def rows(self) -> list[dict]:
         return [self.row(s) for s in list(self.slots.values())]
@@ -234,9 +269,18 @@ class Manager:
         return self.http
 
     # -- use -----------------------------------------------------------------
-    async def acquire(self, name: str | None, fetch: bool = False) -> Slot:
-        """The slot serving `name`, loaded; the caller must `release` it."""
+    async def acquire(self, name: str | None, fetch: bool = False, hop: bool = False) -> Slot:
+        """The slot serving `name`, loaded; the caller must `release` it.
+        With Redis, a model another web node serves is passed to it, unless
+        this request came from another node (`hop`): that one is served here."""
         slot = self.slots[self.resolve(name, fetch).id]
+        if slot.remote is not None and slot.remote.node is not None and hop:
+            raise RouterError(f"model {slot.id!r} is not loaded on this node any more; send the request again")
+        if (self.owners is not None and slot.remote is None and slot.status in ("unloaded", "failed")
+                and not slot.users and slot.id not in self.fetching):
+            peer = await self.owners.claim(slot.id)  # None: claimed, ours to load
+            if peer is not None and not hop and slot.status in ("unloaded", "failed") and not slot.users:
+                slot = self._peer_slot(slot, peer)
         if slot.remote is not None:  # loaded or not by its own host, never from here
             if slot.status != "loaded":
                 raise RouterError(f"model {slot.id!r} is served by {slot.remote.url}, which does not answer: "
@@ -251,9 +295,25 @@ class Manager:
         except BaseException:
             slot.users -= 1
             self._wake()
+            if slot.status not in ("loading", "loaded"):
+                self._let_go(slot)
             raise
         slot.last_used = time.time()
         return slot
+
+    def _peer_slot(self, slot: Slot, peer: Peer) -> Slot:
+        """A library model another node serves: a slot forwarding there, made
+        per request (it holds no process here and is never listed)."""
+        host = self.peers.get(peer.node)
+        if host is None or host.url != peer.url:
+            host = self.peers[peer.node] = RemoteHost(peer.url, None, healthy=True, error=None, node=peer.node)
+        self.held_by[slot.id] = peer.node
+        return Slot(slot.entry, status="loaded", remote=host)
+
+    def _let_go(self, slot: Slot) -> None:
+        """This node's claim on a model it no longer loads or serves goes (Redis)."""
+        if self.owners is not None and slot.remote is None and self.slots.get(slot.id) is slot:
+            asyncio.ensure_future(self.owners.drop(slot.id))
 
     def release(self, slot: Slot) -> None:
         slot.users = max(0, slot.users - 1)
@@ -488,6 +548,7 @@ class Manager:
             slot.ready.set()
         slot.exited.set()
         self._changed(slot)
+        self._let_go(slot)
 
     def _fail(self, slot: Slot, message: str) -> None:
         slot.status, slot.error, slot.port = "failed", message, None
@@ -497,6 +558,7 @@ class Manager:
         slot.exited.set()
         self._emit("progress", {"model": slot.id, "stage": "failed", "percent": slot.percent, "message": message})
         self._changed(slot)
+        self._let_go(slot)
 
     def _start_timed_out(self, slot: Slot, child: ChildProcess) -> None:
         if slot.child is child and slot.status == "loading":
@@ -553,8 +615,38 @@ class Manager:
         self._idle_task = asyncio.ensure_future(self._sweep())
         if self.remotes:
             self._remote_task = asyncio.ensure_future(self._watch_remotes())
+        if self.owners is not None:
+            self._peer_task = asyncio.ensure_future(self._watch_peers())
         for name in preload:
             asyncio.ensure_future(self._preload(name))
+
+    def _here(self) -> tuple[list[str], list[str]]:
+        """The library's models loading or loaded here, and those loaded."""
+        local = [s for s in self.slots.values() if s.remote is None]
+        return ([s.id for s in local if s.status in ("loading", "loaded")],
+                [s.id for s in local if s.status == "loaded" and not s.unloading])
+
+    async def _watch_peers(self) -> None:
+        """Every owners.BEAT_S: this node's record and claims renewed, the
+        other nodes read (their models join the list as remote ones)."""
+        assert self.owners is not None
+        while True:
+            if await self.owners.beat(*self._here()) and self.on_hop_key is not None:
+                self.on_hop_key(self.owners.hop_key)
+            seen = self.owners.peers
+            for node, record in seen.items():
+                host = self.peers.get(node)
+                if host is None or host.url != record["url"]:
+                    host = self.peers[node] = RemoteHost(record["url"], None, node=node)
+                host.models, host.healthy, host.error, host.checked_at = record["models"], True, None, time.time()
+            for node in [n for n in self.peers if n not in seen]:
+                del self.peers[node]
+            held = await self.owners.owners(list(self.catalog.entries))
+            changed = {m for m in {*held, *self.held_by} if held.get(m) != self.held_by.get(m)}
+            self.held_by = held
+            for slot in self._sync_remotes() + [self.slots[m] for m in changed if m in self.slots]:
+                self._changed(slot)
+            await asyncio.sleep(cluster.BEAT_S)
 
     async def _preload(self, name: str) -> None:
         try:
@@ -591,6 +683,8 @@ class Manager:
     def stop_all(self, timeout_s: float) -> None:
         """Blocking, at shutdown: every child drains and flushes, or is killed."""
         children = [s.child for s in self.slots.values() if s.child is not None]
+        if self.owners is not None:
+            self.owners.leave(self._here()[0])
         for child in children:
             child.terminate()
         deadline = time.monotonic() + timeout_s

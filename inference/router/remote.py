@@ -75,7 +75,7 @@ async def chat(manager: Manager, model: str | None, body: dict) -> AsyncIterator
         request = {**body, "model": slot.id, "stream": True}
         calls: dict[int, list[str]] = {}
         async with manager.client().stream("POST", slot.url + "/v1/chat/completions", json=request,
-                                           headers={"authorization": f"Bearer {manager.key_for(slot)}"}) as reply:
+                                           headers=manager.hop_headers(slot)) as reply:
             if reply.status_code != 200:
                 raw = await reply.aread()
                 try:

@@ -30,14 +30,14 @@ class RemoteUrlError(ValueError):
     pass
 
 
-def checked_url(raw: str) -> str:
+def checked_url(raw: str, flag: str = "--models-remote") -> str:
     """`raw` as a base URL (scheme and host, no path beyond `/`), or RemoteUrlError."""
     parts = urlsplit(raw.strip())
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise RemoteUrlError(f"--models-remote {raw!r}: give a URL such as http://host:8080")
+        raise RemoteUrlError(f"{flag} {raw!r}: give a URL such as http://host:8080")
     if parts.path not in ("", "/") or parts.query or parts.fragment or "@" in parts.netloc:
-        raise RemoteUrlError(f"--models-remote {raw!r}: give the server's base URL only (no path, query or "
-                             "credentials; the key goes in --models-remote-key)")
+        raise RemoteUrlError(f"{flag} {raw!r}: give the server's base URL only (no path, query or "
+                             "credentials; a key goes in its own flag)")
     return f"{parts.scheme}://{parts.netloc}"
 
 
@@ -50,13 +50,15 @@ class RemoteHost:
     models: list[str] = field(default_factory=list)
     capacity: dict = field(default_factory=dict)  # from its /fit: context_tokens, decode_tps, model
     checked_at: float | None = None
+    node: str | None = None  # another web node of this cluster (inference/router/owners.py), not a --models-remote
+
 
     def headers(self) -> dict:
         return {"authorization": f"Bearer {self.key}"} if self.key else {}
 
     def status(self) -> dict:
         return {"url": self.url, "healthy": self.healthy, "error": self.error, "capacity": self.capacity or None,
-                "checked_at": self.checked_at}
+                "checked_at": self.checked_at, "node": self.node}
 
     async def probe(self, client: httpx.AsyncClient) -> bool:
         """Look at the host again; True when what it serves or its health changed."""

@@ -25,6 +25,7 @@ from core.http import error_object, protocol, stream_error
 from inference.protocols.errors import RequestError
 from inference.router import aggregate
 from inference.router.manager import Manager
+from inference.router.owners import HOP_HEADER
 from inference.router.slots import RouterError, Slot
 from inference.routes import errors
 from inference.routes.pipeline import conversation_id
@@ -94,11 +95,19 @@ async def dispatch(request: HttpRequest) -> HttpResponse:
         return errors.request_error(path, exc)
     if conversation is not None:
         await request.runtime.streams.stop(conversation)  # one generation per conversation, on any model
+    hop = bool(request.headers.get(HOP_HEADER))  # passed on by another web node: served here
     try:
-        slot = await manager.acquire(named)
+        slot = await manager.acquire(named, hop=hop)
+        try:
+            return await _forward(request, manager, slot, conversation)
+        except _PeerGone:  # the node that served the model is gone: it loads here
+            return await _forward(request, manager, await manager.acquire(named, hop=True), conversation)
     except RouterError as exc:
         return errors.engine_error(path, exc)
-    return await _forward(request, manager, slot, conversation)
+
+
+class _PeerGone(Exception):
+    """Another web node refused the connection before the request reached it."""
 
 
 def _target(request: HttpRequest) -> str:
@@ -112,8 +121,7 @@ def _target(request: HttpRequest) -> str:
 
 def _headers(request: HttpRequest, manager: Manager, slot: Slot) -> dict:
     out = {k: v for k, v in request.headers.items() if k.lower() not in _HOP}
-    out["authorization"] = f"Bearer {manager.key_for(slot)}"
-    return out
+    return {**out, **manager.hop_headers(slot)}
 
 
 async def _forward(request: HttpRequest, manager: Manager, slot: Slot,
@@ -132,6 +140,8 @@ async def _forward(request: HttpRequest, manager: Manager, slot: Slot,
         manager.release(slot)
         if isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout)):  # not one slow or odd reply
             manager.remote_down(slot, _died_message(slot, exc))
+            if slot.remote is not None and slot.remote.node is not None:
+                raise _PeerGone() from exc
         return _died(request.path, slot, exc)
     except BaseException:  # the client went away (cancelled): the model is not busy for it any more
         manager.release(slot)
@@ -164,7 +174,7 @@ async def _record(request: HttpRequest, manager: Manager, slot: Slot, names: tup
     async def stop() -> None:
         try:
             await http_client(manager).delete(f"{slot.url}/v1/stream/{token}", timeout=10.0,
-                                              headers={"authorization": f"Bearer {manager.key_for(slot)}"})
+                                              headers=manager.hop_headers(slot))
         except httpx.HTTPError as exc:  # the process is gone: its stream has ended (or will) by itself
             log.warning("stopping %s in %s: %s", conversation, slot.id, exc)
 
@@ -284,8 +294,7 @@ async def _gather(manager: Manager, path: str, read) -> dict:
 
     async def one(slot: Slot):
         try:
-            reply = await client.get(slot.url + path, headers={"authorization": f"Bearer {manager.key_for(slot)}"},
-                                     timeout=5.0)
+            reply = await client.get(slot.url + path, headers=manager.hop_headers(slot), timeout=5.0)
             return slot.id, read(reply) if reply.status_code == 200 else None
         except (httpx.HTTPError, ValueError):
             return slot.id, None

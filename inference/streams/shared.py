@@ -102,7 +102,7 @@ def _keys(sid: str, conversation_id: str) -> list[str]:
     return [P + "meta:" + sid, P + "data:" + sid, P + "conv:" + conversation_id]
 
 
-def _client(module: Any, url: str) -> Any:
+def fail_fast_client(module: Any, url: str) -> Any:
     """A client that fails fast: one try per command (a Redis that is away
     must not hold a generation or a request for long)."""
     from redis.backoff import NoBackoff
@@ -138,7 +138,7 @@ class Shared:
         import redis.asyncio as aioredis
 
         self.url, self.owner, self.ttl_s, self.cap = url, owner, ttl_s, cap
-        self.redis: Any = _client(aioredis, url)
+        self.redis: Any = fail_fast_client(aioredis, url)
         self._write = self.redis.register_script(WRITE)
         self._orphan = self.redis.register_script(ORPHAN)
         self._tasks: list[asyncio.Task] = []
@@ -222,7 +222,7 @@ class Shared:
 
         for task in self._tasks:
             task.cancel()
-        client = _client(redis, self.url)
+        client = fail_fast_client(redis, self.url)
         try:
             write = client.register_script(WRITE)
             for stream in streams:

@@ -105,7 +105,7 @@ ROUTER_FLAGS = {"--models-dir": "models_dir", "--models-preset": "models_preset"
                 "--idle-unload": "idle_unload", "--default-model": "default_model",
                 "--child-start-timeout": "child_start_timeout", "--child-timeout": "child_timeout",
                 "--no-preload": "no_preload", "--models-remote": "models_remote",
-                "--models-remote-key": "models_remote_key"}
+                "--models-remote-key": "models_remote_key", "--advertise-url": "advertise_url"}
 
 
 def _add_router_flags(parser) -> None:
@@ -136,6 +136,10 @@ def _add_router_flags(parser) -> None:
     group.add_argument("--models-remote-key", default=None, metavar="KEY",
                        help="the API key the remote hosts take (also HEARTH_MODELS_REMOTE_KEY; none by default: "
                             "this server's own key is never sent on)")
+    group.add_argument("--advertise-url", default=None, metavar="URL",
+                       help="with HEARTH_REDIS_URL: where the other web nodes reach this one to use the models "
+                            "it has loaded (also HEARTH_ADVERTISE_URL; default http://HOST:PORT, this machine's "
+                            "name when bound to every address)")
     parser.add_argument("--model-id", default=None, help=argparse.SUPPRESS)  # the router's name for its child
     parser.add_argument("--download-only", action="store_true", help=argparse.SUPPRESS)  # the router's fetch
 

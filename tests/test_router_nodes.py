@@ -1,0 +1,124 @@
+"""Router-mode web nodes on one Redis: which node serves each model is
+shared (inference/router/owners.py). Two routers with libraries and homes
+of their own (standing in for two machines behind one port) and the same
+API key: a model loaded on A is served by A for a client of B, and B
+starts no process for it; a model only A's library has is listed by B and
+served through it; a model A unloads is loaded by the next node asked; a
+node killed while it serves a model hands it over to the next request."""
+from __future__ import annotations
+
+import signal
+import time
+
+import httpx
+import openai
+import pytest
+import redis
+
+from tests.helpers import ServerProcess, build_tiny_model, server_env
+
+SHARED, ONLY_A = "hearth-test/tiny-shared", "hearth-test/tiny-only-a"
+KEY = "cluster-key-0123456789abcdef"
+HTTP = httpx.Client(timeout=120, headers={"authorization": f"Bearer {KEY}"})
+
+
+@pytest.fixture(scope="module")
+def nodes(redis_url, tmp_path_factory):
+    root = tmp_path_factory.mktemp("router-nodes")
+    build_tiny_model(root / "a-hf" / "hub", SHARED)
+    build_tiny_model(root / "a-hf" / "hub", ONLY_A)
+    build_tiny_model(root / "b-hf" / "hub", SHARED)
+    shared_redis = redis_url.rsplit("/", 1)[0] + "/6"  # a database of its own on the session's Redis
+    redis.Redis.from_url(shared_redis).flushdb()
+
+    def start(name: str) -> ServerProcess:
+        env = dict(server_env(root / f"{name}-hf", root / f"{name}-hearth"), HEARTH_REDIS_URL=shared_redis)
+        return ServerProcess(env, "--default-model", SHARED, "--no-preload", "--no-worker", "--api-key", KEY,
+                             log_path=root / f"{name}.log")
+    a, b = start("a"), start("b")
+    a.wait_ready(), b.wait_ready()
+    try:
+        yield {"a": a, "b": b}
+    finally:
+        a.stop(), b.stop()
+
+
+def _rows(node: ServerProcess) -> dict:
+    return {r["id"]: r for r in HTTP.get(node.url + "/models").json()["data"]}
+
+
+def _ask(node: ServerProcess, model: str, **headers) -> httpx.Response:
+    reply = HTTP.post(node.url + "/v1/chat/completions", headers=headers,
+                      json={"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+    assert reply.status_code == 200, reply.text
+    return reply
+
+
+def _until(check, what: str, timeout: float = 30):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = check()
+        if found:
+            return found
+        time.sleep(0.25)
+    raise AssertionError(f"never: {what}")
+
+
+def test_a_model_loaded_on_one_node_is_served_there_for_the_other(nodes):
+    a, b = nodes["a"], nodes["b"]
+    _ask(a, SHARED)
+    row_a = _rows(a)[SHARED]
+    assert row_a["status"]["value"] == "loaded" and row_a["pid"] and row_a["served_by"] is None
+
+    client = openai.OpenAI(base_url=b.url + "/v1", api_key=KEY, max_retries=0)
+    reply = client.chat.completions.create(model=SHARED, messages=[{"role": "user", "content": "hi"}], max_tokens=4)
+    assert reply.choices[0].finish_reason in ("stop", "length")
+    pieces = list(client.chat.completions.create(model=SHARED, messages=[{"role": "user", "content": "hi"}],
+                                                 max_tokens=4, stream=True))
+    assert pieces[-1].choices[0].finish_reason in ("stop", "length")
+    row_b = _rows(b)[SHARED]  # B started no process of its own: A answered
+    assert row_b["status"]["value"] == "unloaded" and row_b["pid"] is None
+    assert row_b["served_by"]["url"] == a.url
+    assert _rows(a)[SHARED]["status"]["value"] == "loaded"
+
+    # A model only A's library has, once loaded there, is listed by B and served through it.
+    assert ONLY_A not in _rows(b)
+    _ask(a, ONLY_A)
+    remote = _until(lambda: _rows(b).get(ONLY_A), f"{ONLY_A} listed by B")
+    assert remote["status"]["value"] == "loaded" and remote["remote"]["url"] == a.url
+    assert remote["remote"]["node"] and remote["pid"] is None
+    assert "hearth-test/tiny-only-a" in {m.id for m in client.models.list()}
+    assert client.chat.completions.create(model=ONLY_A, messages=[{"role": "user", "content": "hi"}],
+                                          max_tokens=4).choices
+
+    # A request passed on by another node is served where it lands, never passed on again.
+    _ask(b, SHARED, **{"x-hearth-hop": "1"})
+    assert _rows(b)[SHARED]["status"]["value"] == "loaded"
+    assert HTTP.post(b.url + "/models/unload", json={"model": SHARED}).status_code == 200
+
+
+def test_a_model_one_node_unloads_is_loaded_by_the_next_node_asked(nodes):
+    a, b = nodes["a"], nodes["b"]
+    _ask(a, SHARED)  # A serves it (it loaded it first, or B let it go)
+    assert _rows(a)[SHARED]["status"]["value"] == "loaded"
+    assert HTTP.post(a.url + "/models/unload", json={"model": SHARED}).status_code == 200
+    assert _rows(a)[SHARED]["status"]["value"] == "unloaded"
+    _ask(b, SHARED)
+    row_b = _rows(b)[SHARED]
+    assert row_b["status"]["value"] == "loaded" and row_b["pid"]
+    assert _rows(a)[SHARED]["status"]["value"] == "unloaded"  # B did not pass it back to A
+    _until(lambda: (_rows(a)[SHARED]["served_by"] or {}).get("url") == b.url, "A shows B serving it", 15)
+    _ask(a, SHARED)
+    assert _rows(a)[SHARED]["status"]["value"] == "unloaded"  # A passed it to B
+
+
+def test_a_node_killed_while_it_serves_a_model_hands_it_over(nodes):
+    a, b = nodes["a"], nodes["b"]
+    _ask(b, SHARED)
+    assert _rows(b)[SHARED]["status"]["value"] == "loaded"
+    b.proc.send_signal(signal.SIGKILL)
+    b.proc.wait()
+    # Its record in Redis lives on for a few seconds; the first request finds it gone and loads here.
+    _ask(a, SHARED)
+    row_a = _rows(a)[SHARED]
+    assert row_a["status"]["value"] == "loaded" and row_a["pid"] and row_a["served_by"] is None
