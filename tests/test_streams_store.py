@@ -222,3 +222,48 @@ def test_redis_catches_up_missed_writes_and_a_node_taken_for_dead_stops_writing(
             await shared.redis.aclose()
 
     asyncio.run(scenario())
+
+
+def test_two_nodes_starting_one_conversation_at_once_leave_one_running(tmp_path, redis_url):
+    """Both nodes look for a live stream, find none and begin theirs in the
+    same instant: the one Redis records second stops the other (through its
+    node), as a second start on one node stops the first."""
+    from inference.streams.shared import Shared
+
+    async def endless():
+        i = 0
+        while True:
+            yield sse.frame({"i": i})
+            i += 1
+            await asyncio.sleep(0.01)
+
+    async def scenario():
+        nodes = []
+        for name in ("a", "b"):
+            store = Streams(tmp_path / name)
+            store.open()
+            store.shared = Shared(redis_url, store.owner.name, ttl_s=60, cap=store.cap)
+            nodes.append(store)
+        stops = []
+
+        async def start(store):
+            producer = endless()
+
+            async def stop():
+                stops.append(store)
+                await producer.aclose()
+            return await store.start("at-once", "openai", "m", producer, stop, _error)
+        await asyncio.gather(*(start(store) for store in nodes))  # neither sees the other's stream yet
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and all(s.get("at-once").live for s in nodes):
+            await asyncio.sleep(0.05)
+        live = [s for s in nodes if s.get("at-once").live]
+        assert len(live) == 1 and stops == [s for s in nodes if s not in live]
+        sid, meta, _ = await nodes[0].shared.find("at-once")
+        assert sid == live[0].get("at-once").sid and meta.state == "live"  # the one still running is the latest
+        await live[0].stop("at-once")
+        for store in nodes:
+            store.shutdown()
+            await store.shared.redis.aclose()
+
+    asyncio.run(scenario())

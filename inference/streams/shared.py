@@ -98,6 +98,18 @@ return 1
 """
 
 
+# KEYS: meta, pointer. ARGV: sid, ttl, then the meta's fields and values.
+# Returns the stream the pointer named before (""), so two starts of one
+# conversation at once on two nodes are put in an order: the later one stops the other.
+BEGIN = r"""
+local before = redis.call('GET', KEYS[2])
+redis.call('HSET', KEYS[1], unpack(ARGV, 3))
+redis.call('EXPIRE', KEYS[1], tonumber(ARGV[2]))
+redis.call('SET', KEYS[2], ARGV[1], 'EX', tonumber(ARGV[2]))
+return before or ''
+"""
+
+
 def _keys(sid: str, conversation_id: str) -> list[str]:
     return [P + "meta:" + sid, P + "data:" + sid, P + "conv:" + conversation_id]
 
@@ -141,6 +153,7 @@ class Shared:
         self.redis: Any = fail_fast_client(aioredis, url)
         self._write = self.redis.register_script(WRITE)
         self._orphan = self.redis.register_script(ORPHAN)
+        self._begin = self.redis.register_script(BEGIN)
         self._tasks: list[asyncio.Task] = []
         self._answers: set[asyncio.Task] = set()
         self._retry_at: dict[str, float] = {}  # sid -> when its copy is tried again after a failed write
@@ -249,16 +262,25 @@ class Shared:
             self._lost.add(stream.sid)
         stream.mirrored = stream.meta.end
 
-    async def begin(self, stream: Stream) -> None:
+    async def begin(self, stream: Stream) -> str | None:
+        """Record `stream` as its conversation's latest; the stream that was
+        the latest before it (its sid), or None."""
         meta = stream.meta
+        fields = [x for pair in _meta_fields(meta).items() for x in pair]
         try:
-            async with self.redis.pipeline(transaction=True) as pipe:
-                pipe.hset(P + "meta:" + meta.sid, mapping=_meta_fields(meta))
-                pipe.expire(P + "meta:" + meta.sid, int(LIVE_TTL_S))
-                pipe.set(P + "conv:" + meta.conversation_id, meta.sid, ex=int(LIVE_TTL_S))
-                await pipe.execute()
+            before = await self._begin(keys=[P + "meta:" + meta.sid, P + "conv:" + meta.conversation_id],
+                                       args=[meta.sid, int(LIVE_TTL_S), *fields])
         except Exception as exc:
             self._failed(stream, exc)
+            return None
+        before = before.decode() if isinstance(before, bytes) else before
+        return before or None
+
+    async def stream(self, sid: str) -> tuple[Meta, dict] | None:
+        """One stream's meta and shared state, by its sid (None once its keys are gone)."""
+        raw = await self.redis.hgetall(P + "meta:" + sid)
+        meta = _meta(raw)
+        return None if meta is None else (meta, json.loads(raw.get(b"ctx") or b"{}"))
 
     async def sync(self, stream: Stream, final: bool = False) -> None:
         """Copy what Redis lacks of `stream` (normally the bytes just
@@ -308,13 +330,10 @@ class Shared:
     async def find(self, conversation_id: str) -> tuple[str, Meta, dict] | None:
         """The conversation's latest stream in Redis: (sid, meta, ctx), or None."""
         sid = await self.redis.get(P + "conv:" + conversation_id)
-        if sid is None:
+        found = None if sid is None else await self.stream(sid.decode())
+        if found is None:
             return None
-        raw = await self.redis.hgetall(P + "meta:" + sid.decode())
-        meta = _meta(raw)
-        if meta is None:
-            return None
-        ctx = json.loads(raw.get(b"ctx") or b"{}")
+        meta, ctx = found
         if meta.state == LIVE and not await self.owner_alive(meta.owner):
             meta = await self.end_orphan(meta)
         return meta.sid, meta, ctx

@@ -185,6 +185,7 @@ class Streams:
         self.gone: list[Stream] = []  # replaced streams, deleted once nobody follows them
         self.relayed: dict[str, StopFn] = {}  # record=False: live generations, for their stop
         self._claims: dict[str, asyncio.Lock] = {}  # one start or stop at a time per conversation
+        self._overlaps: set[asyncio.Task] = set()  # stops of another node's stream begun at the same moment
         self.writer: Writer | None = None
         self.owner: Owner | None = None
         self._gc_task: asyncio.Task | None = None
@@ -239,9 +240,29 @@ class Streams:
             stream = self._begin(conversation_id, kind, model, stop, error_event, context)
             if self.shared is not None:
                 await self.shared.run(self._command)
-                await self.shared.begin(stream)  # before its first byte: the meta, then the bytes
+                before = await self.shared.begin(stream)  # before its first byte: the meta, then the bytes
+                if before is not None and before != stream.sid:
+                    self._overlap(before)
             stream.task = asyncio.ensure_future(self._pump(stream, producer, error_event))
             return stream.follow(0)
+
+    def _overlap(self, sid: str) -> None:
+        """The conversation's stream before this one, as Redis had it: if it
+        is another node's and still live, it began at the same moment as this
+        one there (each node's `_stop` found nothing yet). This one, begun
+        later, stops it, as a second start on one node stops the first."""
+        async def stop_it() -> None:
+            assert self.shared is not None
+            try:
+                found = await self.shared.stream(sid)
+            except Exception as exc:  # Redis away: both run, as before it came back
+                log.warning("looking at stream %s in Redis failed: %s", sid, exc)
+                return
+            if found is not None and found[0].state == LIVE and found[0].owner != self.shared.owner:
+                await self._stop_remote(RemoteStream(self.shared, *found), 10.0)
+        task = asyncio.ensure_future(stop_it())
+        self._overlaps.add(task)
+        task.add_done_callback(self._overlaps.discard)
 
     def _claim(self, conversation_id: str) -> asyncio.Lock:
         lock = self._claims.get(conversation_id)
