@@ -59,6 +59,9 @@ class RouterWork(Work):
     def close(self, flush: bool) -> None:
         self.manager.stop_all(self.stop_timeout_s if flush else 5.0)
 
+    def draining(self) -> None:
+        self.manager.leave()  # the other web nodes load what this one served, rather than pass it here
+
 
 def child_args(opts: dict) -> list[str]:
     args = []

@@ -29,6 +29,9 @@ class Work:
     def close(self, flush: bool) -> None:
         """Stop; with `flush`, keep what should survive (prompt caches)."""
 
+    def draining(self) -> None:
+        """The drain begins: new requests are refused from now on."""
+
 
 class EngineWork(Work):
     def __init__(self, engine: Engine, flush_seconds: float):
@@ -209,6 +212,10 @@ def run_daphne(work: Work, host: str, port: int, drain_seconds: float, label: st
         log.info("shutting down: finishing %d running request(s), at most %.0fs",
                  runtime.inflight, drain_seconds)
         runtime.draining = True
+        try:
+            work.draining()
+        except Exception:
+            log.exception("shutdown: letting go of shared state failed")
         deadline[0] = time.monotonic() + drain_seconds
         for p in ports:
             p.stopListening()

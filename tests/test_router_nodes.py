@@ -38,7 +38,7 @@ def nodes(redis_url, tmp_path_factory):
     a, b = start("a"), start("b")
     a.wait_ready(), b.wait_ready()
     try:
-        yield {"a": a, "b": b}
+        yield {"a": a, "b": b, "redis": shared_redis}
     finally:
         a.stop(), b.stop()
 
@@ -91,10 +91,15 @@ def test_a_model_loaded_on_one_node_is_served_there_for_the_other(nodes):
     assert client.chat.completions.create(model=ONLY_A, messages=[{"role": "user", "content": "hi"}],
                                           max_tokens=4).choices
 
-    # A request passed on by another node is served where it lands, never passed on again.
+    # The hop's mark counts only with the cluster's hop key: with a client's key B still passes it to A...
     _ask(b, SHARED, **{"x-hearth-hop": "1"})
+    assert _rows(b)[SHARED]["status"]["value"] == "unloaded"
+    # ...and a request another node passed on (the hop key) is served where it lands, never passed on again.
+    hop_key = redis.Redis.from_url(nodes["redis"]).get("hearth:router:hop-key").decode()
+    _ask(b, SHARED, **{"x-hearth-hop": "1", "authorization": f"Bearer {hop_key}"})
     assert _rows(b)[SHARED]["status"]["value"] == "loaded"
     assert HTTP.post(b.url + "/models/unload", json={"model": SHARED}).status_code == 200
+    assert HTTP.get(b.url + "/stats").status_code == 200  # a fan-out never asks another node (no loop)
 
 
 def test_a_model_one_node_unloads_is_loaded_by_the_next_node_asked(nodes):

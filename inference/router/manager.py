@@ -68,6 +68,8 @@ class Manager:
         self.peers: dict[str, RemoteHost] = {}
         self.held_by: dict[str, str] = {}
         self._peer_task: asyncio.Task | None = None
+        self._drops: set[asyncio.Task] = set()
+        self._left = False
         self._sync_slots()
         self._sync_remotes()
         self._lock: asyncio.Lock | None = None
@@ -154,21 +156,34 @@ class Manager:
         """The credentials a request forwarded to `slot` carries, and, to
         another web node, the mark that it is served there and not passed on."""
         out = {"authorization": f"Bearer {self.key_for(slot)}"}
-        if slot.remote is not None and slot.remote.node is not None:
-            out[cluster.HOP_HEADER] = "1"
+        if slot.remote is not None and slot.remote.node is not None:  # the id as resolved here (aliases,
+            out[cluster.HOP_HEADER], out[cluster.MODEL_HEADER] = "1", slot.id  # the default may differ there)
         return out
 
     def remote_down(self, slot: Slot, message: str) -> None:
         """A forwarded request found the remote host gone: marked failed until the next look says otherwise."""
-        if slot.remote is not None and slot.remote.node is not None and self.owners is not None:
-            # Another node that stopped answering: its claim goes, so the next request loads the model here.
-            self.held_by.pop(slot.id, None)
-            self.peers.pop(slot.remote.node, None)
-            asyncio.ensure_future(self.owners.drop(slot.id, slot.remote.node))
+        if slot.remote is not None and slot.remote.node is not None:
+            self._track(self.peer_gone(slot))
         if slot.remote is not None and slot.remote.healthy:
             slot.remote.healthy, slot.remote.error = False, message
             for changed in self._sync_remotes():
                 self._changed(changed)
+
+    async def peer_gone(self, slot: Slot) -> None:
+        """Another web node did not take a request for `slot`'s model: its
+        claim goes (awaited), so the next acquire takes it or finds another node."""
+        if self.owners is None or slot.remote is None or slot.remote.node is None:
+            return
+        self.held_by.pop(slot.id, None)
+        self.peers.pop(slot.remote.node, None)
+        await self.owners.drop(slot.id, slot.remote.node)
+        for changed in self._sync_remotes():
+            self._changed(changed)
+
+    def _track(self, work) -> None:
+        task = asyncio.ensure_future(work)
+        self._drops.add(task)
+        task.add_done_callback(self._drops.discard)
 
     async def refresh(self) -> None:
         """Scan the library again (off the event loop: it reads every model's
@@ -254,6 +269,11 @@ class Manager:
     def rows(self) -> list[dict]:
         return [self.row(s) for s in list(self.slots.values())]
 
+    def loaded_here(self) -> list[Slot]:
+        """The loaded models but other web nodes' (what a fan-out asks: a
+        node never asks another, so two nodes never ask each other in turn)."""
+        return [s for s in self.loaded() if s.remote is None or s.remote.node is None]
+
     def loaded(self) -> list[Slot]:
         """The models answering now: local children, and remote hosts that answered the last look."""
         return [s for s in self.slots.values() if s.status == "loaded" and (s.port is not None or s.remote)]
@@ -295,7 +315,7 @@ class Manager:
         except BaseException:
             slot.users -= 1
             self._wake()
-            if slot.status not in ("loading", "loaded"):
+            if slot.status not in ("loading", "loaded") and not slot.users:
                 self._let_go(slot)
             raise
         slot.last_used = time.time()
@@ -312,8 +332,20 @@ class Manager:
 
     def _let_go(self, slot: Slot) -> None:
         """This node's claim on a model it no longer loads or serves goes (Redis)."""
-        if self.owners is not None and slot.remote is None and self.slots.get(slot.id) is slot:
-            asyncio.ensure_future(self.owners.drop(slot.id))
+        owners = self.owners
+        if owners is None or slot.remote is not None or self.slots.get(slot.id) is not slot:
+            return
+
+        async def drop() -> None:
+            if not self._holds(slot.id):  # looked at again when it runs: a reload may have begun
+                await owners.drop(slot.id)
+        self._track(drop())
+
+    def _holds(self, model: str) -> bool:
+        """Whether `model` loads, runs or waits for room here (its claim is kept)."""
+        slot = self.slots.get(model)
+        return (slot is not None and slot.remote is None and model not in self.fetching and slot.fetch is None
+                and (slot.status in ("loading", "loaded") or slot.users > 0))
 
     def release(self, slot: Slot) -> None:
         slot.users = max(0, slot.users - 1)
@@ -621,32 +653,47 @@ class Manager:
             asyncio.ensure_future(self._preload(name))
 
     def _here(self) -> tuple[list[str], list[str]]:
-        """The library's models loading or loaded here, and those loaded."""
-        local = [s for s in self.slots.values() if s.remote is None]
-        return ([s.id for s in local if s.status in ("loading", "loaded")],
-                [s.id for s in local if s.status == "loaded" and not s.unloading])
+        """The models this node holds a claim on, and those it serves now."""
+        return ([m for m in self.slots if self._holds(m)],
+                [m for m, s in self.slots.items() if s.remote is None and s.status == "loaded" and not s.unloading])
 
     async def _watch_peers(self) -> None:
         """Every owners.BEAT_S: this node's record and claims renewed, the
         other nodes read (their models join the list as remote ones)."""
-        assert self.owners is not None
-        while True:
-            if await self.owners.beat(*self._here()) and self.on_hop_key is not None:
-                self.on_hop_key(self.owners.hop_key)
-            seen = self.owners.peers
-            for node, record in seen.items():
-                host = self.peers.get(node)
-                if host is None or host.url != record["url"]:
-                    host = self.peers[node] = RemoteHost(record["url"], None, node=node)
-                host.models, host.healthy, host.error, host.checked_at = record["models"], True, None, time.time()
-            for node in [n for n in self.peers if n not in seen]:
-                del self.peers[node]
-            held = await self.owners.owners(list(self.catalog.entries))
-            changed = {m for m in {*held, *self.held_by} if held.get(m) != self.held_by.get(m)}
-            self.held_by = held
-            for slot in self._sync_remotes() + [self.slots[m] for m in changed if m in self.slots]:
-                self._changed(slot)
+        while not self._left:
+            try:
+                await self._look_at_peers()
+            except Exception:  # never the end of this node's heartbeat
+                log.exception("router ownership: looking at the other web nodes failed")
             await asyncio.sleep(cluster.BEAT_S)
+
+    async def _look_at_peers(self) -> None:
+        assert self.owners is not None
+        if await self.owners.beat(*self._here(), self._holds) and self.on_hop_key is not None:
+            self.on_hop_key(self.owners.hop_key)
+        seen = self.owners.peers
+        for node, record in seen.items():
+            host = self.peers.get(node)
+            if host is None or host.url != record["url"]:
+                host = self.peers[node] = RemoteHost(record["url"], None, node=node)
+            host.models, host.healthy, host.error, host.checked_at = record["models"], True, None, time.time()
+        for node in [n for n in self.peers if n not in seen]:
+            del self.peers[node]
+        held = await self.owners.owners(list(self.catalog.entries))
+        changed = {m for m in {*held, *self.held_by} if held.get(m) != self.held_by.get(m)}
+        self.held_by = held
+        for slot in self._sync_remotes() + [self.slots[m] for m in changed if m in self.slots]:
+            self._changed(slot)
+
+    def leave(self) -> None:
+        """At shutdown (the drain's start, on the loop): this node's record
+        and claims go, so the other nodes load what it served."""
+        if self.owners is None or self._left:
+            return
+        self._left = True
+        if self._peer_task is not None:
+            self._peer_task.cancel()
+        self.owners.leave(self._here()[0])
 
     async def _preload(self, name: str) -> None:
         try:
@@ -683,8 +730,7 @@ class Manager:
     def stop_all(self, timeout_s: float) -> None:
         """Blocking, at shutdown: every child drains and flushes, or is killed."""
         children = [s.child for s in self.slots.values() if s.child is not None]
-        if self.owners is not None:
-            self.owners.leave(self._here()[0])
+        self.leave()
         for child in children:
             child.terminate()
         deadline = time.monotonic() + timeout_s

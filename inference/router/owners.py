@@ -13,13 +13,17 @@ back and forth.
 
 Keys:
 - `hearth:router:node:<node>`: `{"url", "models"}` (JSON; the models it has
-  loaded), expires after `NODE_TTL_S`, renewed every `BEAT_S`.
+  loaded), expires after `NODE_TTL_S`, renewed every `BEAT_S`; the set
+  `hearth:router:nodes` names them (a name whose record expired is removed
+  by the next node that reads it).
 - `hearth:router:owner:<model id>`: the node that loads or serves it. Taken
   only when free or when its node's heartbeat is gone (`CLAIM`), renewed by
   its node's beat while the model loads or runs there, deleted by that node
   when the model stops (`DROP`, only while it is still the owner).
-- `hearth:router:hop-key`: the key nodes send each other (made once, by the
-  first node; each node accepts it when it has keys of its own).
+- `hearth:router:hop-key`: the key nodes send each other (made by the first
+  node, and made again by the next beat if Redis loses it; each node with
+  keys of its own accepts it, and a request only counts as passed on by
+  another node when it carries it).
 
 A Redis that is away never fails a request: a node that cannot read or take
 a claim loads the model itself, as one router alone would.
@@ -30,6 +34,8 @@ from __future__ import annotations
 import json
 import logging
 import secrets
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +47,7 @@ P = "hearth:router:"
 NODE_TTL_S = 15
 BEAT_S = 5.0
 HOP_HEADER = "x-hearth-hop"  # on a request one node passes to another: serve it there, never pass it on
+MODEL_HEADER = "x-hearth-model"  # with it: the model id as the passing node resolved the request's name
 
 # KEYS: owner:<model>. ARGV: node, ttl, node key prefix. Returns the owner after the call.
 CLAIM = r"""
@@ -73,6 +80,7 @@ class Owners:
         self.redis: Any = fail_fast_client(aioredis, url)
         self.hop_key: str | None = None
         self.peers: dict[str, dict] = {}  # node -> its record (url, models), as of the last beat
+        self.read_at = 0.0  # when the others were last read (monotonic)
         self._claim = self.redis.register_script(CLAIM)
         self._drop = self.redis.register_script(DROP)
         self._failing = False
@@ -94,41 +102,53 @@ class Owners:
         self.hop_key = value.decode() if isinstance(value, bytes) else value
         return self.hop_key
 
-    async def beat(self, holding: list[str], loaded: list[str]) -> bool:
+    async def beat(self, holding: list[str], loaded: list[str], still: Callable[[str], bool]) -> bool:
         """Renew this node's record (`loaded`: what it serves) and its claims
-        (`holding`: what loads or runs here), and read the other nodes'.
-        True when the hop key was read for the first time (Redis was away at start)."""
-        new_key = False
+        (`holding`: what loads, runs or waits for room here; each renewed only
+        if `still(model)` right before), and read the other nodes'. True when
+        the hop key changed (read for the first time, or made again by a node
+        after Redis lost it: this node then accepts and sends that one)."""
+        changed = False
         try:
-            if self.hop_key is None:
-                await self.redis.set(P + "hop-key", secrets.token_urlsafe(32), nx=True)
-                value = await self.redis.get(P + "hop-key")
-                self.hop_key = value.decode() if isinstance(value, bytes) else value
-                new_key = bool(self.hop_key)
+            await self.redis.set(P + "hop-key", self.hop_key or secrets.token_urlsafe(32), nx=True)
+            value = await self.redis.get(P + "hop-key")
+            value = value.decode() if isinstance(value, bytes) else value
+            if value and value != self.hop_key:
+                self.hop_key, changed = value, True
             record = json.dumps({"url": self.advertise, "models": loaded})
-            await self.redis.set(P + "node:" + self.node, record, ex=NODE_TTL_S)
+            async with self.redis.pipeline(transaction=False) as pipe:
+                pipe.set(P + "node:" + self.node, record, ex=NODE_TTL_S)
+                pipe.sadd(P + "nodes", self.node)
+                await pipe.execute()
             for model in holding:  # still ours, unless another node took it while this loop stalled
-                await self._claim(keys=[P + "owner:" + model], args=[self.node, NODE_TTL_S, P + "node:"])
-            self.peers = await self._read_peers()
+                if still(model):
+                    await self._claim(keys=[P + "owner:" + model], args=[self.node, NODE_TTL_S, P + "node:"])
+            self.peers, self.read_at = await self._read_peers(), time.monotonic()
             self._ok()
         except Exception as exc:  # noqa: BLE001 - any Redis trouble: models load here meanwhile
             self._failed(exc)
-        return new_key
+            if time.monotonic() - self.read_at > NODE_TTL_S:
+                self.peers = {}  # not seen for as long as a record lives: taken for gone
+        return changed
 
     async def _read_peers(self) -> dict[str, dict]:
-        out = {}
-        async for key in self.redis.scan_iter(match=P + "node:*", count=100):
-            name = (key.decode() if isinstance(key, bytes) else key)[len(P + "node:"):]
-            if name == self.node:
-                continue
-            raw = await self.redis.get(key)
+        """The live nodes' records (a node whose record expired leaves the set here)."""
+        names = sorted(n.decode() if isinstance(n, bytes) else n for n in await self.redis.smembers(P + "nodes"))
+        names = [n for n in names if n != self.node]
+        raws = await self.redis.mget([P + "node:" + n for n in names]) if names else []
+        out, gone = {}, []
+        for name, raw in zip(names, raws, strict=True):
             try:
                 record = json.loads(raw) if raw else None
             except ValueError:
                 record = None
-            if isinstance(record, dict) and isinstance(record.get("url"), str):
-                models = record.get("models")
-                out[name] = {"url": record["url"], "models": [m for m in models or [] if isinstance(m, str)]}
+            if not isinstance(record, dict) or not isinstance(record.get("url"), str):
+                gone.append(name)
+                continue
+            models = record.get("models")
+            out[name] = {"url": record["url"], "models": [m for m in models or [] if isinstance(m, str)]}
+        if gone:
+            await self.redis.srem(P + "nodes", *gone)
         return out
 
     # -- claims --------------------------------------------------------------
@@ -180,6 +200,7 @@ class Owners:
         client = fail_fast_client(redis, self.url)
         try:
             client.delete(P + "node:" + self.node)
+            client.srem(P + "nodes", self.node)
             for model in held:
                 client.eval(DROP, 1, P + "owner:" + model, self.node)
         except redis.RedisError as exc:  # they expire by themselves within NODE_TTL_S

@@ -12,7 +12,7 @@ import httpx
 
 from inference.engine.types import GenerationEvent, Usage
 from inference.router.manager import Manager
-from inference.router.slots import RouterError
+from inference.router.slots import RouterError, Slot
 
 
 class RemoteFailed(RouterError):
@@ -69,13 +69,34 @@ def _deltas(chunk: dict, calls: dict[int, list[str]]) -> list[Delta]:
 
 
 async def chat(manager: Manager, model: str | None, body: dict) -> AsyncIterator[Delta]:
-    """Stream `body` (an OpenAI chat request) through `model`'s process."""
+    """Stream `body` (an OpenAI chat request) through `model`'s process
+    (another web node's, when that node serves it; if it is gone, here)."""
     slot = await manager.acquire(model)
+    if slot.remote is not None and slot.remote.node is not None:
+        try:
+            async for delta in _chat(manager, slot, body):
+                yield delta
+            return
+        except _PeerGone:
+            await manager.peer_gone(slot)
+            slot = await manager.acquire(model, hop=True)
+    async for delta in _chat(manager, slot, body):
+        yield delta
+
+
+class _PeerGone(Exception):
+    """Another web node did not take the turn (gone, draining, or it refused the hop's key)."""
+
+
+async def _chat(manager: Manager, slot: Slot, body: dict) -> AsyncIterator[Delta]:
+    peer = slot.remote is not None and slot.remote.node is not None
     try:
         request = {**body, "model": slot.id, "stream": True}
         calls: dict[int, list[str]] = {}
         async with manager.client().stream("POST", slot.url + "/v1/chat/completions", json=request,
                                            headers=manager.hop_headers(slot)) as reply:
+            if peer and reply.status_code in (401, 403, 503):  # draining, or another hop key: served here
+                raise _PeerGone()
             if reply.status_code != 200:
                 raw = await reply.aread()
                 try:
@@ -92,6 +113,8 @@ async def chat(manager: Manager, model: str | None, body: dict) -> AsyncIterator
                 for delta in _deltas(json.loads(payload), calls):
                     yield delta
     except httpx.HTTPError as exc:
+        if peer and isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout)):
+            raise _PeerGone() from exc
         raise RemoteFailed(f"model {slot.id!r} stopped answering ({type(exc).__name__}); it is loaded again on "
                            f"the next turn") from None
     finally:

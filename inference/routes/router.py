@@ -12,6 +12,7 @@ a reply not yet started with a 502.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import logging
 import secrets
@@ -25,7 +26,7 @@ from core.http import error_object, protocol, stream_error
 from inference.protocols.errors import RequestError
 from inference.router import aggregate
 from inference.router.manager import Manager
-from inference.router.owners import HOP_HEADER
+from inference.router.owners import HOP_HEADER, MODEL_HEADER
 from inference.router.slots import RouterError, Slot
 from inference.routes import errors
 from inference.routes.pipeline import conversation_id
@@ -43,7 +44,7 @@ FAN_OUT = ("/admin/cache/flush", "/admin/cache/session/close")
 # child, which listens on another port).
 _HOP = frozenset({"host", "content-length", "connection", "keep-alive", "transfer-encoding", "te", "upgrade",
                   "proxy-authorization", "authorization", "x-api-key", "cookie", "trailer", "origin", "referer",
-                  "sec-fetch-site", "sec-fetch-mode", "sec-fetch-dest", "sec-fetch-user"})
+                  "sec-fetch-site", "sec-fetch-mode", "sec-fetch-dest", "sec-fetch-user", HOP_HEADER, MODEL_HEADER})
 _REPLY_HOP = frozenset({"content-length", "connection", "keep-alive", "transfer-encoding", "server", "date"})
 KEEPALIVE_S = 10.0
 
@@ -95,19 +96,31 @@ async def dispatch(request: HttpRequest) -> HttpResponse:
         return errors.request_error(path, exc)
     if conversation is not None:
         await request.runtime.streams.stop(conversation)  # one generation per conversation, on any model
-    hop = bool(request.headers.get(HOP_HEADER))  # passed on by another web node: served here
+    hop = _from_peer(request, manager)
+    if hop:
+        named = request.headers.get(MODEL_HEADER) or named
     try:
         slot = await manager.acquire(named, hop=hop)
         try:
             return await _forward(request, manager, slot, conversation)
-        except _PeerGone:  # the node that served the model is gone: it loads here
-            return await _forward(request, manager, await manager.acquire(named, hop=True), conversation)
+        except _PeerGone:  # its claim is dropped; served here (`hop`: never passed to a node again)
+            await manager.peer_gone(slot)
+        return await _forward(request, manager, await manager.acquire(named, hop=True), conversation)
     except RouterError as exc:
         return errors.engine_error(path, exc)
 
 
 class _PeerGone(Exception):
-    """Another web node refused the connection before the request reached it."""
+    """Another web node did not take the request (gone, draining, or it refused the hop's key)."""
+
+
+def _from_peer(request: HttpRequest, manager: Manager) -> bool:
+    """Whether another web node passed this request on (its mark, with the cluster's hop key): served here."""
+    key = manager.owners.hop_key if manager.owners is not None else None
+    if not key or not request.headers.get(HOP_HEADER):
+        return False
+    scheme, _, value = (request.headers.get("authorization") or "").partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(value.strip().encode(), key.encode())
 
 
 def _target(request: HttpRequest) -> str:
@@ -139,13 +152,18 @@ async def _forward(request: HttpRequest, manager: Manager, slot: Slot,
     except httpx.HTTPError as exc:
         manager.release(slot)
         if isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout)):  # not one slow or odd reply
-            manager.remote_down(slot, _died_message(slot, exc))
             if slot.remote is not None and slot.remote.node is not None:
                 raise _PeerGone() from exc
+            manager.remote_down(slot, _died_message(slot, exc))
         return _died(request.path, slot, exc)
     except BaseException:  # the client went away (cancelled): the model is not busy for it any more
         manager.release(slot)
         raise
+    if slot.remote is not None and slot.remote.node is not None and reply.status_code in (401, 403, 503):
+        await reply.aclose()  # another node that drains, or holds another hop key: served here instead
+        manager.release(slot)
+        log.warning("web node %s answered %d for %s; serving it here", slot.url, reply.status_code, slot.id)
+        raise _PeerGone()
     headers = {k: v for k, v in reply.headers.items() if k.lower() not in _REPLY_HOP}
     if not reply.headers.get("content-type", "").startswith("text/event-stream"):
         try:
@@ -252,7 +270,7 @@ async def _fan_out(request: HttpRequest, manager: Manager) -> HttpResponse:
     every loaded model; their answers are combined by model."""
     client = http_client(manager)
     answers: dict[str, httpx.Response] = {}
-    for slot in manager.loaded():
+    for slot in manager.loaded_here():
         try:
             reply = await client.request(request.method, slot.url + _target(request), content=request.body,
                                          headers=_headers(request, manager, slot))
@@ -290,7 +308,7 @@ async def _gather(manager: Manager, path: str, read) -> dict:
     """`path` of every loaded model, concurrently, by model id (a child that
     does not answer in time is left out)."""
     client = http_client(manager)
-    slots = manager.loaded()
+    slots = manager.loaded_here()
 
     async def one(slot: Slot):
         try:
