@@ -13,12 +13,12 @@ django_app = ASGIStaticFilesHandler(get_asgi_application())
 
 from config.runtime import RUNTIME as runtime  # noqa: E402
 from core import limits  # noqa: E402
-from core.http import error_body  # noqa: E402
+from core.http import DRAINING_HEADER, error_body  # noqa: E402
 
 
-async def _answer(send, status: int, body: bytes) -> None:
+async def _answer(send, status: int, body: bytes, extra: list | None = None) -> None:
     await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"connection", b"close")]})
+                "headers": [(b"content-type", b"application/json"), (b"connection", b"close"), *(extra or [])]})
     await send({"type": "http.response.body", "body": body})
 
 
@@ -35,7 +35,7 @@ def _declared_length(scope) -> int:
 async def _http(scope, receive, send):
     if runtime.draining:
         await _answer(send, 503, error_body(scope.get("path", "/"), 503, "server is shutting down", "shutting_down",
-                                            "engine_unavailable"))
+                                            "engine_unavailable"), [(DRAINING_HEADER.encode(), b"1")])
         return
     cap = limits.current().max_body_bytes  # daphne refuses these at the connection; other servers get it here
     if _declared_length(scope) > cap:

@@ -19,12 +19,14 @@ import os
 import secrets
 import socket
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from config.runtime import RUNTIME as runtime
 from config.serving import Work, exit_even_if_stuck, open_streams, run_daphne, start_services, stop_services
+from config.serving_access import is_loopback
 from core import home
 from core.blas import blas_in_use
 from hub import fit
@@ -130,6 +132,12 @@ def share_ownership(manager: Manager, opts: dict) -> None:
         if runtime.api_keys:  # with no key configured every request passes already
             runtime.api_keys = runtime.api_keys | {key}
 
+    advertised = urlsplit(owners.advertise)
+    if advertised.port == 0 or (is_loopback(advertised.hostname or "") and not is_loopback(opts["host"])):
+        log.warning("router: the other web nodes would reach this one at %s; give its address with "
+                    "--advertise-url", owners.advertise)
+    if advertised.hostname:  # its own name, as the others send it in Host
+        runtime.allowed_hosts = runtime.allowed_hosts | {advertised.hostname.lower()}
     key = owners.read_hop_key()
     if key:
         accept(key)

@@ -16,6 +16,8 @@ ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 40
                    404: "not_found_error", 408: "timeout_error", 413: "request_too_large",
                    429: "rate_limit_error", 503: "overloaded_error"}
 
+DRAINING_HEADER = "x-hearth-draining"  # on the 503 a draining server answers (another web node retries here)
+
 
 def anthropic_type(status: int) -> str:
     """Anthropic's error `type` for an HTTP status."""

@@ -230,9 +230,9 @@ def test_two_nodes_starting_one_conversation_at_once_leave_one_running(tmp_path,
     node), as a second start on one node stops the first."""
     from inference.streams.shared import Shared
 
-    async def endless():
+    async def endless(stopped: asyncio.Event):
         i = 0
-        while True:
+        while not stopped.is_set():
             yield sse.frame({"i": i})
             i += 1
             await asyncio.sleep(0.01)
@@ -247,12 +247,12 @@ def test_two_nodes_starting_one_conversation_at_once_leave_one_running(tmp_path,
         stops = []
 
         async def start(store):
-            producer = endless()
+            stopped = asyncio.Event()
 
             async def stop():
                 stops.append(store)
-                await producer.aclose()
-            return await store.start("at-once", "openai", "m", producer, stop, _error)
+                stopped.set()
+            return await store.start("at-once", "openai", "m", endless(stopped), stop, _error)
         await asyncio.gather(*(start(store) for store in nodes))  # neither sees the other's stream yet
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline and all(s.get("at-once").live for s in nodes):

@@ -162,8 +162,6 @@ class Manager:
 
     def remote_down(self, slot: Slot, message: str) -> None:
         """A forwarded request found the remote host gone: marked failed until the next look says otherwise."""
-        if slot.remote is not None and slot.remote.node is not None:
-            self._track(self.peer_gone(slot))
         if slot.remote is not None and slot.remote.healthy:
             slot.remote.healthy, slot.remote.error = False, message
             for changed in self._sync_remotes():
@@ -179,6 +177,16 @@ class Manager:
         await self.owners.drop(slot.id, slot.remote.node)
         for changed in self._sync_remotes():
             self._changed(changed)
+
+    async def take_over(self, name: str | None, gone: Slot) -> Slot:
+        """`gone`'s node did not take a request for `name`: the model loads
+        here (claimed, or found on a third node by the next request)."""
+        await self.peer_gone(gone)
+        try:
+            return await self.acquire(name, hop=True)
+        except ModelNotFound:  # only that node's library had it
+            raise RouterError(f"model {gone.id!r} was served by the web node at {gone.url}, which is gone or "
+                              f"stopping; no other node has it") from None
 
     def _track(self, work) -> None:
         task = asyncio.ensure_future(work)

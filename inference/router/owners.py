@@ -39,6 +39,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from core.http import DRAINING_HEADER
 from inference.streams.shared import fail_fast_client
 
 log = logging.getLogger("hearth.router")
@@ -62,6 +63,14 @@ DROP = r"""
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
 """
+
+
+def refused_hop(reply: Any) -> bool:
+    """Whether another node's answer means it did not take the request: it
+    drains (its 503 says so), or it refused the hop's key or this Host (a
+    misconfigured node). Its other errors (a model it cannot load, a busy
+    engine) are the client's answer, as from any process."""
+    return reply.status_code in (401, 403) or (reply.status_code == 503 and bool(reply.headers.get(DRAINING_HEADER)))
 
 
 @dataclass(frozen=True)

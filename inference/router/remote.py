@@ -4,14 +4,16 @@ client gets, read back into reasoning and content deltas, whole tool
 calls (put together from the stream's pieces) and the final usage."""
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 
 import httpx
 
 from inference.engine.types import GenerationEvent, Usage
 from inference.router.manager import Manager
+from inference.router.owners import refused_hop
 from inference.router.slots import RouterError, Slot
 
 
@@ -74,28 +76,29 @@ async def chat(manager: Manager, model: str | None, body: dict) -> AsyncIterator
     slot = await manager.acquire(model)
     if slot.remote is not None and slot.remote.node is not None:
         try:
-            async for delta in _chat(manager, slot, body):
-                yield delta
+            async with contextlib.aclosing(_chat(manager, slot, body)) as deltas:
+                async for delta in deltas:
+                    yield delta
             return
-        except _PeerGone:
-            await manager.peer_gone(slot)
-            slot = await manager.acquire(model, hop=True)
-    async for delta in _chat(manager, slot, body):
-        yield delta
+        except _PeerGone:  # raised before its first delta
+            slot = await manager.take_over(model, slot)
+    async with contextlib.aclosing(_chat(manager, slot, body)) as deltas:
+        async for delta in deltas:
+            yield delta
 
 
 class _PeerGone(Exception):
     """Another web node did not take the turn (gone, draining, or it refused the hop's key)."""
 
 
-async def _chat(manager: Manager, slot: Slot, body: dict) -> AsyncIterator[Delta]:
+async def _chat(manager: Manager, slot: Slot, body: dict) -> AsyncGenerator[Delta, None]:
     peer = slot.remote is not None and slot.remote.node is not None
     try:
         request = {**body, "model": slot.id, "stream": True}
         calls: dict[int, list[str]] = {}
         async with manager.client().stream("POST", slot.url + "/v1/chat/completions", json=request,
                                            headers=manager.hop_headers(slot)) as reply:
-            if peer and reply.status_code in (401, 403, 503):  # draining, or another hop key: served here
+            if peer and refused_hop(reply):  # draining, or another hop key: served here
                 raise _PeerGone()
             if reply.status_code != 200:
                 raw = await reply.aread()

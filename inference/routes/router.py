@@ -26,7 +26,7 @@ from core.http import error_object, protocol, stream_error
 from inference.protocols.errors import RequestError
 from inference.router import aggregate
 from inference.router.manager import Manager
-from inference.router.owners import HOP_HEADER, MODEL_HEADER
+from inference.router.owners import HOP_HEADER, MODEL_HEADER, refused_hop
 from inference.router.slots import RouterError, Slot
 from inference.routes import errors
 from inference.routes.pipeline import conversation_id
@@ -103,9 +103,9 @@ async def dispatch(request: HttpRequest) -> HttpResponse:
         slot = await manager.acquire(named, hop=hop)
         try:
             return await _forward(request, manager, slot, conversation)
-        except _PeerGone:  # its claim is dropped; served here (`hop`: never passed to a node again)
-            await manager.peer_gone(slot)
-        return await _forward(request, manager, await manager.acquire(named, hop=True), conversation)
+        except _PeerGone:  # its claim is dropped; served here (never passed to a node again)
+            pass
+        return await _forward(request, manager, await manager.take_over(named, slot), conversation)
     except RouterError as exc:
         return errors.engine_error(path, exc)
 
@@ -159,9 +159,11 @@ async def _forward(request: HttpRequest, manager: Manager, slot: Slot,
     except BaseException:  # the client went away (cancelled): the model is not busy for it any more
         manager.release(slot)
         raise
-    if slot.remote is not None and slot.remote.node is not None and reply.status_code in (401, 403, 503):
-        await reply.aclose()  # another node that drains, or holds another hop key: served here instead
-        manager.release(slot)
+    if slot.remote is not None and slot.remote.node is not None and refused_hop(reply):
+        try:
+            await reply.aclose()
+        finally:
+            manager.release(slot)
         log.warning("web node %s answered %d for %s; serving it here", slot.url, reply.status_code, slot.id)
         raise _PeerGone()
     headers = {k: v for k, v in reply.headers.items() if k.lower() not in _REPLY_HOP}

@@ -342,6 +342,10 @@ class Streams:
                 return await self._stop_remote(remote, wait_s)
         if stream is None or not stream.live:
             return stream
+        await self._stop_local(stream, wait_s)
+        return stream
+
+    async def _stop_local(self, stream: Stream, wait_s: float) -> None:
         stream.stopping = True
         if stream.stop_fn is not None:
             with contextlib.suppress(Exception):
@@ -355,13 +359,13 @@ class Streams:
                                       "its stream ends here") if stream.error_event else b""
             await self._finish(stream, "stopped", tail)
             self._dirty(stream)
-        return stream
 
     async def _stop_remote(self, remote: RemoteStream, wait_s: float) -> RemoteStream:
         """Another node's live stream: that node stops it; this one waits for its end."""
         try:
             if remote.live:
-                answer = await remote.call("stop", {"wait_s": wait_s}, wait_s + 5)  # its node waits up to wait_s
+                # That stream, by its sid: never what its node would find as the conversation's latest now
+                answer = await remote.call("stop", {"wait_s": wait_s, "sid": remote.sid}, wait_s + 5)
                 if answer is None:  # nobody listens under its name: if its node died, the stream ends here
                     await remote.refresh()
                 await remote.wait_ended(wait_s if answer is None else 2.0)
@@ -371,6 +375,14 @@ class Streams:
 
     async def _command(self, op: str, conversation_id: str, args: dict) -> dict:
         """What another node asks of one of this node's streams."""
+        if op == "stop" and args.get("sid"):  # one stream of this node's, only while it runs
+            async with self._claim(conversation_id):
+                own = self.by_id.get(conversation_id)
+                if own is None or own.sid != args["sid"]:
+                    return {"state": None}
+                if own.live:
+                    await self._stop_local(own, float(args.get("wait_s", 10.0)))
+                return {"state": own.meta.state}
         if op == "stop":
             stream = await self.stop(conversation_id, float(args.get("wait_s", 10.0)))
             return {"state": stream.meta.state if stream is not None else None}
