@@ -103,12 +103,13 @@ def _element(raw: dict) -> dict:
 
 
 def offered_to(model_id: str | None) -> bool:
-    """Whether a model's turns get the ambient line and the app tools. Not
-    the demo models: they learned no app tools, and with tools on offer they
-    answer every question with a broken call (measured; see the README)."""
-    from inference.demo.build import is_demo
+    """Whether a model's turns get the ambient line and the app tools: any
+    model but the demo models that never learned them (the demo chat model
+    was trained on them, inference/demo/corpus.py; the vision demo was not,
+    and with tools on offer it answers every question with a broken call)."""
+    from inference.demo.build import DEMO_REPO, is_demo
 
-    return model_id is not None and not is_demo(model_id)
+    return model_id is not None and (model_id == DEMO_REPO or not is_demo(model_id))
 
 
 def remember(session_id: str, context: dict) -> None:

@@ -160,7 +160,7 @@ def demo_build(demo_homes):
     it builds. Answers the build's output."""
     if "proc" not in _demo:  # collected some other way: build now
         _start_demo_build()
-    code = _demo["proc"].wait(timeout=1200)
+    code = _demo["proc"].wait(timeout=2400)
     output = _demo["log"].read_text(errors="replace")
     assert code == 0, output
     return output

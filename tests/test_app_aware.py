@@ -72,8 +72,9 @@ def test_the_ambient_line_and_the_app_tools_reach_the_model(engine):
     seen = appctx.with_ambient([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}],
                                appctx.check(QUANTIZE))
     assert seen[0]["content"] == "[user is on: Quantize · step 2/3]\nBe brief." and len(seen) == 2
-    # The demo models learned no app tools: their turns get neither the line nor the tools.
-    assert appctx.offered_to("hearth-test/tiny-random") and not appctx.offered_to("hearth/demo-chat")
+    # The demo chat model learned the app tools; the vision demo did not: its turns get neither the line nor the tools.
+    assert appctx.offered_to("hearth-test/tiny-random") and appctx.offered_to("hearth/demo-chat")
+    assert not appctx.offered_to("hearth/demo-vision")
     assert not appctx.offered_to(None)
 
     async def run():

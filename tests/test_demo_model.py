@@ -135,3 +135,50 @@ def test_the_memory_page_says_synthesis_needs_a_real_model(demo_server, page):
     assert note.locator("button", has_text="Download").count() == 1
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "desktop-memory-demo-model.png"), full_page=True)
+
+
+def _dashboard_turn(server, text: str, route: str = "chat", temperature: float | None = 0) -> list[dict]:
+    """One dashboard chat turn through the real socket, the page saying it shows `route`:
+    every frame until the turn ends."""
+    from websockets.sync.client import connect
+
+    with connect(server.url.replace("http", "ws") + "/ws/chat", open_timeout=30) as ws:
+        assert [json.loads(ws.recv(timeout=30))["type"] for _ in range(2)] == ["ready", "sessions"]
+        ws.send(json.dumps({"type": "context", "context": {"route": route}}))
+        if temperature is not None:
+            ws.send(json.dumps({"type": "set_sampling", "scope": "session", "temperature": temperature}))
+        ws.send(json.dumps({"type": "prompt", "text": text}))
+        frames: list[dict] = []
+        while not (frames and frames[-1]["type"] == "turn_end" and not frames[-1].get("continues")):
+            frames.append(json.loads(ws.recv(timeout=120)))
+            assert frames[-1]["type"] != "error", frames
+        return frames
+
+
+def test_the_demo_model_uses_the_app_tools_in_the_dashboard_chat(demo_server):
+    """The default model learned the app-aware tools' call forms: a newcomer's "take me to …" moves the dashboard."""
+    frames = _dashboard_turn(demo_server, "Take me to the quantize page.")
+    assert {"type": "ui_navigate", "route": "quantize"} in frames, frames
+    text = "".join(f["delta"] for f in frames if f["type"] == "text_delta")
+    assert "quantize" in text, text  # the round after the call says where the user is now
+
+    frames = _dashboard_turn(demo_server, "Take me to quantize and fill in 4 bits.", route="models")
+    spot = [f for f in frames if f["type"] == "ui_spotlight"]
+    assert spot and spot[0]["target"] == "quantize-bits" and spot[0]["value"] == "4", frames
+    assert spot[0]["route"] == "quantize"
+
+    frames = _dashboard_turn(demo_server, "Hello!")  # a question no tool answers gets a plain answer
+    assert not [f for f in frames if f["type"].startswith("ui_") or f["type"].startswith("tool")], frames
+    text = "".join(f["delta"] for f in frames if f["type"] == "text_delta")
+    assert any(word in text for word in ("Hello", "Hi")), text
+
+
+def test_the_demo_corpus_offers_the_app_tools_as_the_chat_does():
+    """The corpus (inference, below chat) spells the app tools itself; they must match what the chat offers."""
+    from chat import appctx
+
+    offered = {name: list(tool.parameters.get("properties", {})) for name, tool in appctx.tools().items()}
+    assert offered == corpus.APP_TOOLS
+    assert corpus.APP_PAGES == appctx.ROUTES
+    assert {target for _, target, _, _ in corpus.APP_FIELDS} | {target for _, target, _ in corpus.APP_SPOTS} <= set(
+        appctx.SPOTS)

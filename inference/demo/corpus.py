@@ -92,8 +92,9 @@ def _courtesy(r: random.Random) -> tuple[str, str]:
     ])
 
 
-# (No echo requests: a model this small cannot learn to copy, and its
-# failed copies taught it to babble.)
+# (No echo requests: free text to repeat word for word is beyond a model
+# this small, and its failed copies taught it to babble. It does learn to
+# copy one whole-word token, a page or a value, into a call's arguments.)
 KINDS = [_greeting, _arithmetic, _listing, _json_object, _fact, _courtesy]
 
 # Why the reply takes its form, for the <think> channel.
@@ -143,10 +144,117 @@ def _call_text(name: str, args: dict) -> str:
     return "<tool_call>" + json.dumps({"name": name, "arguments": args}) + "</tool_call>"
 
 
+# The dashboard's app-aware tools (chat/appctx.py), as the chat offers them:
+# the turn's system prompt opens with `[user is on: Page]`, and the three
+# tools come first in the list. Only what the compact template renders is
+# needed here: the names and the property names (tests check they match
+# the chat's own specs, which this layer cannot import).
+APP_TOOLS = {
+    "get_current_app_context": [],
+    "navigate_app": ["route"],
+    "spotlight_ui": ["target", "value", "message", "ref", "label", "selector", "route"],
+}
+APP_PAGES = {"chat": "Chat", "status": "Status", "models": "Models", "memory": "Memory", "jobs": "Jobs",
+             "finetune": "Fine-tune", "quantize": "Quantize", "dataset": "Dataset", "adapters": "Adapters",
+             "settings": "Settings"}
+# Fields the assistant may fill, with how a user names them and values they ask for.
+APP_FIELDS = [
+    ("quantize", "quantize-bits", ["{v} bits", "bits to {v}"], ["2", "3", "4", "5", "6", "8"]),
+    ("quantize", "quantize-group", ["group size {v}", "the group size to {v}"], ["32", "64", "128"]),
+    ("finetune", "finetune-rank", ["rank {v}", "the LoRA rank to {v}"], ["4", "8", "16", "32"]),
+    ("finetune", "finetune-iters", ["{v} iterations", "the iterations to {v}"], ["100", "200", "500", "1000"]),
+]
+# Controls the assistant points at: (route, target, how a user asks for it).
+APP_SPOTS = [
+    ("quantize", "quantize-bits", "Where do I set the bits?"),
+    ("quantize", "quantize-source", "Where do I pick the model to quantize?"),
+    ("finetune", "finetune-rank", "Where is the LoRA rank?"),
+    ("finetune", "finetune-data", "Where do I choose the training data?"),
+    ("dataset", "dataset-template", "Where do I pick a dataset template?"),
+    ("models", "models-search", "Where can I download a model?"),
+    ("models", "models-search", "How do I search for models?"),
+    ("settings", "settings-keys", "Where do I add an API key?"),
+    ("chat", "chat-input", "Where do I type my message?"),
+]
+
+
+# One token each in the demo's vocabulary: split into BPE pieces
+# (`get`, `_`, `current`, …) the model wrote mixtures such as `get_app`.
+# The route ids too, so "take me to quantize" holds the very token the call writes.
+WHOLE_WORDS = tuple(APP_TOOLS) + tuple(sorted({target for _, target, _, _ in APP_FIELDS} |
+                                              {target for _, target, _ in APP_SPOTS})) + tuple(APP_PAGES) + tuple(
+    sorted({v for *_, values in APP_FIELDS for v in values}, key=lambda v: (-len(v), v)))
+
+
+def app_tool_specs() -> list[dict]:
+    return [{"type": "function", "function": {"name": name, "description": f"{name} tool", "parameters": {
+        "type": "object", "properties": {p: {"type": "string"} for p in props}}}} for name, props in APP_TOOLS.items()]
+
+
+def _page_name(r: random.Random, route: str) -> str:
+    """How a user names a page: mostly as the route itself (one token, so
+    the call copies it), now and then as the dashboard titles it."""
+    return route if r.random() < 0.75 else APP_PAGES[route]
+
+
+def _app_case(r: random.Random) -> tuple[str, str, dict, str, str]:
+    """(question, tool, arguments, tool result, final answer) for one app request."""
+    roll = r.random()
+    if roll < 0.4:
+        route = r.choice(sorted(APP_PAGES))
+        ask = r.choice(["Take me to the {p} page.", "Take me to {p}.", "Open {p}.", "Go to {p}.",
+                        "Show me the {p} page.", "Open the {p} page, please.", "I want to see {p}."])
+        # The answer names the page by its id, a word the turn already holds
+        # (titles would need a mapping the model mixed up: "Models" for quantize).
+        return (ask.format(p=_page_name(r, route)), "navigate_app", {"route": route},
+                f"ok: the user now sees the {APP_PAGES[route]} page", f"Here is the {route} page.")
+    if roll < 0.8:
+        route, target, forms, values = r.choice(APP_FIELDS)
+        value = r.choice(values)
+        field = r.choice(forms).format(v=value)
+        ask = r.choice(["Take me to {p} and fill in {f}.", "Go to {p} and set {f}.", "Set {f}.",
+                        "Open {p} and fill in {f}."])
+        return (ask.format(p=_page_name(r, route), f=field), "spotlight_ui",
+                {"target": target, "value": value, "route": route},
+                f"ok: set {target} to {value} and highlighted it", f"Done: it is set to {value} and highlighted.")
+    route, target, ask = r.choice(APP_SPOTS)
+    return (ask, "spotlight_ui", {"target": target, "route": route}, f"ok: highlighted {target}",
+            "It is highlighted on the page.")
+
+
+def _app_sample(r: random.Random) -> tuple[list[dict], str, dict]:
+    """A dashboard chat turn: the ambient line, the app tools, and an app
+    request, or a plain question that wants no tool (most dashboard turns)."""
+    here = r.choice(sorted(APP_PAGES))
+    line = f"[user is on: {APP_PAGES[here]}]"
+    if here in ("quantize", "finetune", "dataset") and r.random() < 0.5:
+        line = f"[user is on: {APP_PAGES[here]} · step {r.randint(1, 3)}/3]"
+    tools = app_tool_specs()
+    messages: list[dict] = [{"role": "system", "content": line}]
+    kwargs = {"tools": tools}
+    roll = r.random()
+    if roll < 0.3:  # a plain question: answered as without tools
+        user, reply = r.choice(KINDS)(r)
+        messages.append({"role": "user", "content": user})
+        return messages, reply, kwargs
+    question, name, args, result, answer = _app_case(r)
+    messages.append({"role": "user", "content": question})
+    if roll < 0.8:
+        return messages, _call_text(name, args), kwargs
+    call = {"id": "call_1", "type": "function", "function": {"name": name, "arguments": args}}
+    if name == "navigate_app":  # the next round's line says where the user is now
+        messages[0] = {"role": "system", "content": f"[user is on: {APP_PAGES[args['route']]}]"}
+    messages += [{"role": "assistant", "content": "", "tool_calls": [call]},
+                 {"role": "tool", "tool_call_id": "call_1", "content": result}]
+    return messages, answer, kwargs
+
+
 def sample(r: random.Random) -> tuple[list[dict], str, dict]:
     """One training example: the conversation so far, the reply to learn
     (what follows the template's generation prompt), and the template's
     keyword arguments (tools, enable_thinking)."""
+    if r.random() < 0.35:
+        return _app_sample(r)
     messages: list[dict] = []
     if r.random() < 0.25:
         messages.append({"role": "system", "content": r.choice(SYSTEM_PROMPTS)})

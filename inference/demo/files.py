@@ -53,11 +53,17 @@ CHAT_TEMPLATE = (
 )
 
 
-def train_tokenizer(texts: list[str], vocab_size: int, markup: bool = True) -> Tokenizer:
+def train_tokenizer(texts: list[str], vocab_size: int, markup: bool = True, words: tuple[str, ...] = (),
+                    numbers_apart: bool = False) -> Tokenizer:
     """A byte-level BPE tokenizer (GPT-2 style) learned from `texts`, with the
-    markup tokens appended unless `markup` is false."""
+    markup tokens appended unless `markup` is false, and `words` appended
+    as whole tokens (names and values a small model must write exactly).
+    With `numbers_apart`, a number never shares a token with the space
+    before it, so "set bits to 4" holds the very token `"value": "4"` writes."""
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.pre_tokenizer = (pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=False), byte_level])
+                         if numbers_apart else byte_level)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
@@ -68,6 +74,8 @@ def train_tokenizer(texts: list[str], vocab_size: int, markup: bool = True) -> T
     tok.train_from_iterator(texts, trainer=trainer)
     if markup:
         tok.add_tokens(MARKUP_TOKENS)
+    if words:
+        tok.add_tokens(list(words))
     return tok
 
 
