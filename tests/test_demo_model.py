@@ -1,9 +1,12 @@
 """The embedded demo model: built by `hearth make-demo-model`, served by
 `hearth serve` with no model argument (router mode, the demo model the
 default), and its replies fit the question."""
+import asyncio
 import json
+import random
 import subprocess
 import time
+import types
 
 import openai
 import pytest
@@ -155,8 +158,22 @@ def _dashboard_turn(server, text: str, route: str = "chat", temperature: float |
         return frames
 
 
-def test_the_demo_model_uses_the_app_tools_in_the_dashboard_chat(demo_server):
+@pytest.fixture(scope="module")
+def newcomer_server(demo_build, demo_homes, tmp_path_factory):
+    """The demo model served from a Hearth home of its own: no memory vault,
+    so the chat offers the three app tools alone, as to a newcomer (with a
+    vault its tools are offered too, which the demo model never saw)."""
+    home = tmp_path_factory.mktemp("newcomer")
+    proc = ServerProcess(server_env(demo_homes[0], home / "hearth"), log_path=home / "s.log")
+    try:
+        yield proc.wait_ready()
+    finally:
+        assert proc.stop() == 0
+
+
+def test_the_demo_model_uses_the_app_tools_in_the_dashboard_chat(newcomer_server):
     """The default model learned the app-aware tools' call forms: a newcomer's "take me to …" moves the dashboard."""
+    demo_server = newcomer_server
     frames = _dashboard_turn(demo_server, "Take me to the quantize page.")
     assert {"type": "ui_navigate", "route": "quantize"} in frames, frames
     text = "".join(f["delta"] for f in frames if f["type"] == "text_delta")
@@ -177,8 +194,23 @@ def test_the_demo_corpus_offers_the_app_tools_as_the_chat_does():
     """The corpus (inference, below chat) spells the app tools itself; they must match what the chat offers."""
     from chat import appctx
 
-    offered = {name: list(tool.parameters.get("properties", {})) for name, tool in appctx.tools().items()}
-    assert offered == corpus.APP_TOOLS
+    offered = [(name, list(tool.parameters.get("properties", {}))) for name, tool in appctx.tools().items()]
+    assert offered == list(corpus.APP_TOOLS.items())  # in the order the template lists them
+    for route, title in corpus.APP_PAGES.items():  # the ambient line, as the corpus writes it
+        assert appctx.ambient({"route": route}) == f"[user is on: {title}]"
+    step = {"index": 1, "count": 3}
+    assert appctx.ambient({"route": "quantize", "step": step}) == "[user is on: Quantize · step 2/3]"
+
+    class Turn:  # what an app tool needs of a chat turn
+        session = types.SimpleNamespace(id="corpus-check")
+
+        async def send_json(self, frame):
+            pass
+
+    r = random.Random(0)
+    for _ in range(200):  # the tool results the corpus trains on are the ones the chat sends back
+        _, name, args, result, _ = corpus._app_case(r)
+        assert asyncio.run(appctx.act(appctx.tools()[name], args, Turn())) == (True, result)
     assert corpus.APP_PAGES == appctx.ROUTES
     assert {target for _, target, _, _ in corpus.APP_FIELDS} | {target for _, target, _ in corpus.APP_SPOTS} <= set(
         appctx.SPOTS)

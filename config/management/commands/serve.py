@@ -400,7 +400,7 @@ class Command(BaseCommand):
 def demo_model() -> str:
     """The demo model's repo id, built first when the cache lacks it."""
     if cached_snapshot(Path(constants.HF_HUB_CACHE), Recipe()) is None:
-        log.info("building the demo model first (about 4 minutes, once)")
+        log.info("building the demo model first (about 13 minutes, once)")
         done = subprocess.run([sys.executable, "-m", "config.cli", "make-demo-model"])
         if done.returncode != 0:
             raise CommandError("building the demo model failed; see the output above")
