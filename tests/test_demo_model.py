@@ -36,13 +36,17 @@ def test_build_uses_openblas_shows_progress_and_caches(demo_build, demo_homes):
     assert time.monotonic() - started < 60
 
 
-@pytest.fixture(scope="module")
-def demo_server(demo_build, demo_homes, tmp_path_factory):
-    proc = ServerProcess(server_env(*demo_homes), log_path=tmp_path_factory.mktemp("demo-log") / "s.log")
+def _serve(hf_home, hearth_home, log_dir):
+    proc = ServerProcess(server_env(hf_home, hearth_home), log_path=log_dir / "s.log")
     try:
         yield proc.wait_ready()
     finally:
         assert proc.stop() == 0
+
+
+@pytest.fixture(scope="module")
+def demo_server(demo_build, demo_homes, tmp_path_factory):
+    yield from _serve(*demo_homes, tmp_path_factory.mktemp("demo-log"))
 
 
 def test_plain_serve_is_the_router_with_the_demo_as_default(demo_server):
@@ -165,27 +169,22 @@ def newcomer_server(demo_build, demo_homes, tmp_path_factory):
     so the chat offers the three app tools alone, as to a newcomer (with a
     vault its tools are offered too, which the demo model never saw)."""
     home = tmp_path_factory.mktemp("newcomer")
-    proc = ServerProcess(server_env(demo_homes[0], home / "hearth"), log_path=home / "s.log")
-    try:
-        yield proc.wait_ready()
-    finally:
-        assert proc.stop() == 0
+    yield from _serve(demo_homes[0], home / "hearth", home)
 
 
 def test_the_demo_model_uses_the_app_tools_in_the_dashboard_chat(newcomer_server):
     """The default model learned the app-aware tools' call forms: a newcomer's "take me to …" moves the dashboard."""
-    demo_server = newcomer_server
-    frames = _dashboard_turn(demo_server, "Take me to the quantize page.")
+    frames = _dashboard_turn(newcomer_server, "Take me to the quantize page.")
     assert {"type": "ui_navigate", "route": "quantize"} in frames, frames
     text = "".join(f["delta"] for f in frames if f["type"] == "text_delta")
     assert "quantize" in text, text  # the round after the call says where the user is now
 
-    frames = _dashboard_turn(demo_server, "Take me to quantize and fill in 4 bits.", route="models")
+    frames = _dashboard_turn(newcomer_server, "Take me to quantize and fill in 4 bits.", route="models")
     spot = [f for f in frames if f["type"] == "ui_spotlight"]
     assert spot and spot[0]["target"] == "quantize-bits" and spot[0]["value"] == "4", frames
     assert spot[0]["route"] == "quantize"
 
-    frames = _dashboard_turn(demo_server, "Hello!")  # a question no tool answers gets a plain answer
+    frames = _dashboard_turn(newcomer_server, "Hello!")  # a question no tool answers gets a plain answer
     assert not [f for f in frames if f["type"].startswith("ui_") or f["type"].startswith("tool")], frames
     text = "".join(f["delta"] for f in frames if f["type"] == "text_delta")
     assert any(word in text for word in ("Hello", "Hi")), text
@@ -197,10 +196,10 @@ def test_the_demo_corpus_offers_the_app_tools_as_the_chat_does():
 
     offered = [(name, list(tool.parameters.get("properties", {}))) for name, tool in appctx.tools().items()]
     assert offered == list(corpus.APP_TOOLS.items())  # in the order the template lists them
-    for route, title in corpus.APP_PAGES.items():  # the ambient line, as the corpus writes it
-        assert appctx.ambient({"route": route}) == f"[user is on: {title}]"
+    for route in corpus.APP_PAGES:  # the ambient line, as the corpus writes it
+        assert appctx.ambient({"route": route}) == corpus.ambient_line(route)
     step = {"index": 1, "count": 3}
-    assert appctx.ambient({"route": "quantize", "step": step}) == "[user is on: Quantize · step 2/3]"
+    assert appctx.ambient({"route": "quantize", "step": step}) == corpus.ambient_line("quantize", 2)
 
     class Turn:  # what an app tool needs of a chat turn
         session = types.SimpleNamespace(id="corpus-check")

@@ -222,13 +222,18 @@ def _app_case(r: random.Random) -> tuple[str, str, dict, str, str]:
             "It is highlighted on the page.")
 
 
+def ambient_line(route: str, step: int | None = None, count: int = 3) -> str:
+    """The line the chat puts first in a dashboard turn's system prompt (chat/appctx.ambient)."""
+    return f"[user is on: {APP_PAGES[route]}" + (f" · step {step}/{count}]" if step else "]")
+
+
 def _app_sample(r: random.Random) -> tuple[list[dict], str, dict]:
     """A dashboard chat turn: the ambient line, the app tools, and an app
     request, or a plain question that wants no tool (most dashboard turns)."""
     here = r.choice(sorted(APP_PAGES))
-    line = f"[user is on: {APP_PAGES[here]}]"
+    line = ambient_line(here)
     if here in ("quantize", "finetune", "dataset") and r.random() < 0.5:
-        line = f"[user is on: {APP_PAGES[here]} · step {r.randint(1, 3)}/3]"
+        line = ambient_line(here, r.randint(1, 3))
     tools = app_tool_specs()
     messages: list[dict] = [{"role": "system", "content": line}]
     kwargs = {"tools": tools}
@@ -243,7 +248,7 @@ def _app_sample(r: random.Random) -> tuple[list[dict], str, dict]:
         return messages, _call_text(name, args), kwargs
     call = {"id": "call_1", "type": "function", "function": {"name": name, "arguments": args}}
     if name == "navigate_app":  # the next round's line says where the user is now
-        messages[0] = {"role": "system", "content": f"[user is on: {APP_PAGES[args['route']]}]"}
+        messages[0] = {"role": "system", "content": ambient_line(args["route"])}
     messages += [{"role": "assistant", "content": "", "tool_calls": [call]},
                  {"role": "tool", "tool_call_id": "call_1", "content": result}]
     return messages, answer, kwargs
