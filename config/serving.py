@@ -132,13 +132,14 @@ def exit_even_if_stuck(grace_s: float = 10.0) -> None:
 
 
 def _measure_machine_soon() -> None:
-    """Measure this machine's bandwidths (once; cached) off the request path."""
+    """Measure this machine's bandwidths (once, or again if the cached
+    reading was taken while the machine was busy) off the request path."""
 
     from hub.library import this_machine
 
     def measure():
         try:
-            this_machine()
+            this_machine(remeasure_busy=True)
         except Exception:
             log.exception("measuring this machine failed; /fit will try again")
 

@@ -12,6 +12,12 @@ x86 machine the second is well under the first (OpenBLAS GEMV through MLX
 reaches ~7 GB/s where a copy reaches ~18), and it is the one that predicts
 decode speed. On a Linux CPU the loader dequantizes and upcasts to float32
 when that fits, so the resident size here is what it will really be.
+
+Other work on the machine during the probe (a build, a training job, the
+server's own model load) lowers what it measures, so the probe also counts
+the CPU the rest of the machine used meanwhile. A probe taken while busy
+is kept but marked, and measured again at the next server start; as load
+only lowers a bandwidth, the higher of the two readings is kept.
 """
 from __future__ import annotations
 
@@ -41,11 +47,13 @@ class Machine:
     cores: int
     bandwidth_gbs: float  # a large memory copy
     decode_bandwidth_gbs: float  # weights streamed through MLX matrix-vector products
+    measured_while_busy: bool = False  # other work took CPU during the decode probe
 
     def row(self) -> dict:
         return {"chip": self.chip, "ram_bytes": self.ram_bytes, "usable_bytes": self.usable_bytes,
                 "cores": self.cores, "bandwidth_gbs": round(self.bandwidth_gbs, 2),
-                "decode_bandwidth_gbs": round(self.decode_bandwidth_gbs, 2)}
+                "decode_bandwidth_gbs": round(self.decode_bandwidth_gbs, 2),
+                "measured_while_busy": self.measured_while_busy}
 
 
 _PROBE = """
@@ -66,15 +74,35 @@ print(sum(w.nbytes for w in ws) / best / 1e9)
 """
 
 
-def measure_decode_bandwidth() -> float | None:
-    """GB/s of weights through MLX matrix-vector products, in a child process."""
+BUSY_CORES = 0.5  # CPU the rest of the machine may use during the probe before it counts as busy
+
+
+def measure_decode_bandwidth() -> tuple[float | None, float]:
+    """GB/s of weights through MLX matrix-vector products, in a child
+    process; and how many cores' worth of CPU everything else on the
+    machine used meanwhile (the machine's busy time less the probe's own)."""
+    import resource
     import subprocess
 
+    import psutil
+
+    def busy_seconds() -> float:
+        t = psutil.cpu_times()
+        return sum(t) - t.idle - getattr(t, "iowait", 0.0)
+
+    def child_seconds() -> float:
+        r = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return r.ru_utime + r.ru_stime
+
+    started, busy0, child0 = time.perf_counter(), busy_seconds(), child_seconds()
     try:
         done = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, timeout=180)
-        return float(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else None
+        gbs = float(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else None
     except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):
-        return None
+        gbs = None
+    wall = max(time.perf_counter() - started, 1e-3)
+    others = max(0.0, (busy_seconds() - busy0) - (child_seconds() - child0)) / wall
+    return gbs, others
 
 
 def usable_bytes() -> int:
@@ -103,26 +131,38 @@ def measure_bandwidth(megabytes: int = 256, rounds: int = 5) -> float:
     return 2 * src.nbytes / best / 1e9
 
 
-def machine(cache_path) -> Machine:
-    """This machine, with its bandwidth measured once and then read back."""
+def machine(cache_path, remeasure_busy: bool = False) -> Machine:
+    """This machine, with its bandwidths measured once and then read back.
+    With `remeasure_busy` (a server start), a reading taken while the
+    machine was busy is measured again, keeping the higher of the two."""
     ram = _ram_bytes()
     key = {"ram_bytes": ram, "cores": os.cpu_count() or 1, "chip": cpu_model(),
            "blas": os.environ.get("LD_PRELOAD", "")}
+    cached: dict = {}
     try:
-        cached = json.loads(cache_path.read_text())
-        if all(cached.get(k) == v for k, v in key.items()) and cached.get("decode_bandwidth_gbs", 0) > 0:
-            return Machine(key["chip"], ram, usable_bytes(), key["cores"], cached["bandwidth_gbs"],
-                           cached["decode_bandwidth_gbs"])
+        read = json.loads(cache_path.read_text())
+        if all(read.get(k) == v for k, v in key.items()) and read.get("decode_bandwidth_gbs", 0) > 0:
+            cached = read
     except (OSError, ValueError):
         pass
+    if cached and not (remeasure_busy and cached.get("measured_while_busy")):
+        return Machine(key["chip"], ram, usable_bytes(), key["cores"], cached["bandwidth_gbs"],
+                       cached["decode_bandwidth_gbs"], bool(cached.get("measured_while_busy")))
     bandwidth = measure_bandwidth()
-    decode = measure_decode_bandwidth() or bandwidth / 2
+    probed, others = measure_decode_bandwidth()
+    reading = {"bandwidth_gbs": bandwidth, "decode_bandwidth_gbs": probed or bandwidth / 2,
+               "measured_while_busy": others >= BUSY_CORES, "busy_cores": round(others, 2)}
+    if cached:  # a busy reading measured again. Load only lowers a bandwidth: keep the higher of
+        # each. Still busy only if this reading was busy too: a quiet one is a floor the kept value meets.
+        reading["bandwidth_gbs"] = max(bandwidth, cached["bandwidth_gbs"])
+        reading["decode_bandwidth_gbs"] = max(reading["decode_bandwidth_gbs"], cached["decode_bandwidth_gbs"])
     try:
-        write_atomically(cache_path, json.dumps({**key, "bandwidth_gbs": bandwidth, "decode_bandwidth_gbs": decode,
-                                                 "measured_at": time.time()}), durable=False)  # measured again if lost
+        write_atomically(cache_path, json.dumps({**key, **reading, "measured_at": time.time()}),
+                         durable=False)  # measured again if lost
     except OSError:
         pass
-    return Machine(key["chip"], ram, usable_bytes(), key["cores"], bandwidth, decode)
+    return Machine(key["chip"], ram, usable_bytes(), key["cores"], reading["bandwidth_gbs"],
+                   reading["decode_bandwidth_gbs"], reading["measured_while_busy"])
 
 
 def kv_bytes_per_token(config: dict, itemsize: int) -> int:

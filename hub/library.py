@@ -17,9 +17,11 @@ _cached: dict = {"at": 0.0, "stamp": None, "models": None}
 _probe_lock = threading.Lock()
 
 
-def this_machine() -> fit.Machine:
+def this_machine(remeasure_busy: bool = False) -> fit.Machine:
+    """Measured once per HEARTH_HOME; `remeasure_busy` (a server start)
+    measures again a reading taken while the machine was busy."""
     with _probe_lock:  # the first call measures; the others wait for it
-        return fit.machine(home.machine())
+        return fit.machine(home.machine(), remeasure_busy)
 
 
 def mark_changed() -> None:
