@@ -12,7 +12,8 @@ Legs, per server:
   prefix    a --prefix-tokens prompt (1,000) cold, then the same prefix with new endings
   chat      a 10-turn conversation replayed with the full history each turn
   flood     64 streaming clients at once, then 100 (beyond Hearth's queue)
-Hearth also runs the prefix and chat legs with its prompt cache off.
+Hearth also runs the prefix and chat legs with its prompt cache off, and the
+load leg with mlx-lm's own SwiGLU (HEARTH_FAST_SWIGLU=0).
 
 Every request suppresses special tokens and lone partial-UTF-8 byte tokens
 with one logit_bias, so each decodes exactly --tokens of printable text.
@@ -218,21 +219,23 @@ def main() -> int:
     env = dict(blas_lib.preload_env(chosen, base), _HEARTH_REEXEC="1") if chosen else base
     blas = chosen.label if chosen else "reference"
     hearth = [sys.executable, "-m", "config.cli", "serve", str(model)]
-    runs = [
+    runs: list[tuple[str, list[str], list[str], dict]] = [
         ("mlx_lm.server", [sys.executable, "-m", "mlx_lm.server", "--model", str(model)], ["load", "prefix", "chat",
-                                                                                         "flood"]),
-        ("hearth serve", hearth, ["load", "prefix", "chat", "flood"]),
-        ("hearth serve --batch 8", hearth + ["--batch", "8"], ["load"]),  # the fixed default before auto
-        ("hearth serve, cache off", hearth + ["--prompt-cache-bytes", "0"], ["prefix", "chat"]),
+                                                                                         "flood"], {}),
+        ("hearth serve", hearth, ["load", "prefix", "chat", "flood"], {}),
+        # mlx-lm's own SwiGLU instead of the CPU one (inference/engine/fastmath.py)
+        ("hearth serve, HEARTH_FAST_SWIGLU=0", hearth, ["load"], {"HEARTH_FAST_SWIGLU": "0"}),
+        ("hearth serve, cache off", hearth + ["--prompt-cache-bytes", "0"], ["prefix", "chat"], {}),
     ]
     results = {}
-    for i, (name, cmd, legs) in enumerate(runs):
+    for i, (name, cmd, legs, extra) in enumerate(runs):
         legs = [leg for leg in legs if leg in wanted]
         if not legs:
             continue
         port = args.port + i
         client = Client(port, str(model), suppress, args.tokens, prefix_words)
-        results[name] = run_server(name, cmd + ["--port", str(port)], port, env, client, legs, seed=i * 1000)
+        results[name] = run_server(name, cmd + ["--port", str(port)], port, {**env, **extra}, client, legs,
+                                   seed=i * 1000)
     if args.record:
         record(args, params, blas, results)
     return 0

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from core.paths import PathRefused, read_json, regular_entries
+from inference.engine import fastmath
 from inference.engine.errors import ModelLoadError, ModelNotFound
 
 if TYPE_CHECKING:
@@ -222,6 +223,7 @@ def load(ref: str, keep_dtype: bool = False) -> LoadedModel:
     except Exception as exc:  # mlx-lm raises ValueError, FileNotFoundError, KeyError...
         raise ModelLoadError(f"could not load model '{ref}': {exc}") from exc
     dtype = _upcast_for_cpu(model, keep_dtype)
+    fastmath.install(model)  # after the upcast: it serves float32 only
     generation = _generation_config(path)
     log.info("loaded %s from %s (weights %s)", model_id, path, dtype)
     return LoadedModel(model_id, path, model, tokenizer, config, generation, dtype)
