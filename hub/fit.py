@@ -14,10 +14,10 @@ decode speed. On a Linux CPU the loader dequantizes and upcasts to float32
 when that fits, so the resident size here is what it will really be.
 
 Other work on the machine during the probe (a build, a training job, the
-server's own model load) lowers what it measures, so the probe also counts
-the CPU the rest of the machine used meanwhile. A probe taken while busy
-is kept but marked, and measured again at the next server start; as load
-only lowers a bandwidth, the higher of the two readings is kept.
+rest of the server's start-up) lowers what it measures, so the probe also
+counts the CPU the rest of the machine used while it timed. A reading
+taken while busy is kept but marked, and measured again at the next server
+start; as load only lowers a bandwidth, the higher of the two is kept.
 """
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ class Machine:
 
 
 _PROBE = """
-import time, mlx.core as mx
+import resource, time, mlx.core as mx, psutil
 ws = [mx.random.normal((2816, 1024)) for _ in range(24)]
 mx.eval(ws)
 x = mx.random.normal((1, 1024))
@@ -66,43 +66,40 @@ def run():
     for w in ws:
         y = (y @ w.T)[:, :1024]
     mx.eval(y)
+def busy():  # the machine's busy CPU seconds (guest time is already in user and nice on Linux)
+    t = psutil.cpu_times()
+    return sum(t) - t.idle - sum(getattr(t, f, 0.0) for f in ("iowait", "guest", "guest_nice"))
+def mine():
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
 run()
 best = float("inf")
+started, busy0, mine0 = time.perf_counter(), busy(), mine()
 for _ in range(5):
     t = time.perf_counter(); run(); best = min(best, time.perf_counter() - t)
-print(sum(w.nbytes for w in ws) / best / 1e9)
+others = max(0.0, (busy() - busy0) - (mine() - mine0)) / max(time.perf_counter() - started, 1e-3)
+print(sum(w.nbytes for w in ws) / best / 1e9, others)
 """
 
 
-BUSY_CORES = 0.5  # CPU the rest of the machine may use during the probe before it counts as busy
+def busy_cores() -> float:
+    """CPU the rest of the machine may use during the probe before the
+    reading counts as taken while busy: half a core, or a quarter of them."""
+    return max(0.5, 0.25 * (os.cpu_count() or 1))
 
 
 def measure_decode_bandwidth() -> tuple[float | None, float]:
     """GB/s of weights through MLX matrix-vector products, in a child
     process; and how many cores' worth of CPU everything else on the
-    machine used meanwhile (the machine's busy time less the probe's own)."""
-    import resource
+    machine used while it timed them (the machine's busy time less its own)."""
     import subprocess
 
-    import psutil
-
-    def busy_seconds() -> float:
-        t = psutil.cpu_times()
-        return sum(t) - t.idle - getattr(t, "iowait", 0.0)
-
-    def child_seconds() -> float:
-        r = resource.getrusage(resource.RUSAGE_CHILDREN)
-        return r.ru_utime + r.ru_stime
-
-    started, busy0, child0 = time.perf_counter(), busy_seconds(), child_seconds()
     try:
         done = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, timeout=180)
-        gbs = float(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else None
+        gbs, others = (float(v) for v in done.stdout.strip().splitlines()[-1].split())
+        return (gbs, others) if done.returncode == 0 else (None, 0.0)
     except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):
-        gbs = None
-    wall = max(time.perf_counter() - started, 1e-3)
-    others = max(0.0, (busy_seconds() - busy0) - (child_seconds() - child0)) / wall
-    return gbs, others
+        return None, 0.0
 
 
 def usable_bytes() -> int:
@@ -131,38 +128,56 @@ def measure_bandwidth(megabytes: int = 256, rounds: int = 5) -> float:
     return 2 * src.nbytes / best / 1e9
 
 
+def _key() -> dict:
+    return {"ram_bytes": _ram_bytes(), "cores": os.cpu_count() or 1, "chip": cpu_model(),
+            "blas": os.environ.get("LD_PRELOAD", "")}
+
+
+def _read(cache_path, key: dict) -> dict:
+    try:
+        read = json.loads(cache_path.read_text())
+        if all(read.get(k) == v for k, v in key.items()) and read.get("decode_bandwidth_gbs", 0) > 0:
+            return read
+    except (OSError, ValueError):
+        pass
+    return {}
+
+
+def _machine(key: dict, reading: dict) -> Machine:
+    return Machine(key["chip"], key["ram_bytes"], usable_bytes(), key["cores"], reading["bandwidth_gbs"],
+                   reading["decode_bandwidth_gbs"], bool(reading.get("measured_while_busy")))
+
+
+def cached(cache_path) -> Machine | None:
+    """This machine as last measured here, or None when it never was (or
+    the machine or its BLAS changed since)."""
+    key = _key()
+    reading = _read(cache_path, key)
+    return _machine(key, reading) if reading else None
+
+
 def machine(cache_path, remeasure_busy: bool = False) -> Machine:
     """This machine, with its bandwidths measured once and then read back.
     With `remeasure_busy` (a server start), a reading taken while the
     machine was busy is measured again, keeping the higher of the two."""
-    ram = _ram_bytes()
-    key = {"ram_bytes": ram, "cores": os.cpu_count() or 1, "chip": cpu_model(),
-           "blas": os.environ.get("LD_PRELOAD", "")}
-    cached: dict = {}
-    try:
-        read = json.loads(cache_path.read_text())
-        if all(read.get(k) == v for k, v in key.items()) and read.get("decode_bandwidth_gbs", 0) > 0:
-            cached = read
-    except (OSError, ValueError):
-        pass
-    if cached and not (remeasure_busy and cached.get("measured_while_busy")):
-        return Machine(key["chip"], ram, usable_bytes(), key["cores"], cached["bandwidth_gbs"],
-                       cached["decode_bandwidth_gbs"], bool(cached.get("measured_while_busy")))
+    key = _key()
+    old = _read(cache_path, key)
+    if old and not (remeasure_busy and old.get("measured_while_busy")):
+        return _machine(key, old)
     bandwidth = measure_bandwidth()
     probed, others = measure_decode_bandwidth()
     reading = {"bandwidth_gbs": bandwidth, "decode_bandwidth_gbs": probed or bandwidth / 2,
-               "measured_while_busy": others >= BUSY_CORES, "busy_cores": round(others, 2)}
-    if cached:  # a busy reading measured again. Load only lowers a bandwidth: keep the higher of
+               "measured_while_busy": others >= busy_cores(), "others_cores": round(others, 2)}
+    if old:  # a busy reading measured again. Load only lowers a bandwidth: keep the higher of
         # each. Still busy only if this reading was busy too: a quiet one is a floor the kept value meets.
-        reading["bandwidth_gbs"] = max(bandwidth, cached["bandwidth_gbs"])
-        reading["decode_bandwidth_gbs"] = max(reading["decode_bandwidth_gbs"], cached["decode_bandwidth_gbs"])
+        reading["bandwidth_gbs"] = max(bandwidth, old["bandwidth_gbs"])
+        reading["decode_bandwidth_gbs"] = max(reading["decode_bandwidth_gbs"], old["decode_bandwidth_gbs"])
     try:
         write_atomically(cache_path, json.dumps({**key, **reading, "measured_at": time.time()}),
                          durable=False)  # measured again if lost
     except OSError:
         pass
-    return Machine(key["chip"], ram, usable_bytes(), key["cores"], reading["bandwidth_gbs"],
-                   reading["decode_bandwidth_gbs"], reading["measured_while_busy"])
+    return _machine(key, reading)
 
 
 def kv_bytes_per_token(config: dict, itemsize: int) -> int:

@@ -20,6 +20,10 @@ _probe_lock = threading.Lock()
 def this_machine(remeasure_busy: bool = False) -> fit.Machine:
     """Measured once per HEARTH_HOME; `remeasure_busy` (a server start)
     measures again a reading taken while the machine was busy."""
+    if not remeasure_busy:  # a reading already there serves at once, even while a start measures again
+        found = fit.cached(home.machine())
+        if found is not None:
+            return found
     with _probe_lock:  # the first call measures; the others wait for it
         return fit.machine(home.machine(), remeasure_busy)
 

@@ -11,11 +11,10 @@ from inference.engine import fastmath
 @pytest.fixture
 def restore_swiglu():
     """`install` rebinds a process-wide name: put mlx-lm's back afterwards,
-    for the tests here that compare with mlx-lm in this process."""
-    from mlx_lm.models import activations, llama
-
+    for the tests in this process that compare with mlx-lm."""
+    fastmath.restore()
     yield
-    llama.swiglu = activations.swiglu
+    fastmath.restore()
 
 
 def test_exp_and_swiglu_match_mlx_within_an_ulp_or_two():
@@ -30,6 +29,9 @@ def test_exp_and_swiglu_match_mlx_within_an_ulp_or_two():
     fast = fastmath.make_swiglu(activations.swiglu)
     diff = mx.abs(fast(gate, up) - activations.swiglu(gate, up))
     assert diff.max().item() <= 1e-6 * mx.abs(activations.swiglu(gate, up)).max().item() + 1e-30
+    far = fast(mx.array([-1e20, -90.0, -200.0, 90.0, 1e20]), mx.array([1e20, 1e30, 5.0, 1.0, 2.0]))
+    assert far.tolist()[:3] == [0.0, 0.0, 0.0]  # no overflow at the ends
+    assert far.tolist()[3:] == mx.array([90.0, 2e20]).tolist()
     # other dtypes take mlx-lm's own path, unchanged
     half = gate.astype(mx.float16), up.astype(mx.float16)
     assert mx.array_equal(fast(*half), activations.swiglu(*half)).item()
@@ -47,11 +49,14 @@ def test_install_rebinds_the_models_modules_and_keeps_greedy_tokens(tiny_model, 
     model, _ = load(snapshot_download(tiny_model, local_files_only=True))
     prompt = mx.array([list(range(3, 40))])
     before = model(prompt)
+    mx.eval(before)
     monkeypatch.setenv("HEARTH_FAST_SWIGLU", "0")
     assert not fastmath.install(model) and llama.swiglu is activations.swiglu
     monkeypatch.setenv("HEARTH_FAST_SWIGLU", "1")
     assert fastmath.install(model) and getattr(llama.swiglu, "hearth_fast", False)
     assert fastmath.install(model)  # a second model of the same family finds it in place
     after = model(prompt)
+    monkeypatch.setenv("HEARTH_FAST_SWIGLU", "0")  # and a later model told not to puts mlx-lm's back
+    assert not fastmath.install(model) and llama.swiglu is activations.swiglu
     assert mx.array_equal(before.argmax(-1), after.argmax(-1)).item()
     assert mx.abs(before - after).max().item() < 1e-4

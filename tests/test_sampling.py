@@ -24,6 +24,9 @@ def mlx_lm_tokens(reference, seed=None, sampler_args=None, processor_args=None, 
     from mlx_lm.generate import generate_step
     from mlx_lm.sample_utils import make_logits_processors, make_sampler
 
+    from inference.engine import fastmath
+
+    fastmath.restore()  # mlx-lm's own SwiGLU, whatever an in-process engine of an earlier test put in
     model, tok = reference
     if seed is not None:
         mx.random.seed(seed)

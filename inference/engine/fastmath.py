@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import threading
 import time
 from typing import Any
 
@@ -35,32 +36,38 @@ COEFFS = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.
 MIN_GAIN = 1.3  # the replacement must be this much faster than MLX's own to be used
 
 _state: dict[str, Any] = {}
+_lock = threading.Lock()  # makes the compiled pieces and the timing once, whichever thread asks first
 
 
 def _pieces():
     """The two compiled halves, made once per process."""
-    if "parts" not in _state:
-        import mlx.core as mx
+    with _lock:
+        if "pieces" not in _state:
+            _state["pieces"] = _compile_pieces()
+        return _state["pieces"]
 
-        def reduce_and_poly(x):  # e^x = p * 2^k; returns p and the float32 bits of 2^k
-            x = mx.clip(x, -87.0, 88.0)
-            k = mx.floor(x * LOG2E + 0.5)
-            r = (x - k * LN2_HI) - k * LN2_LO
-            p = COEFFS[0]
-            for c in COEFFS[1:]:
-                p = p * r + c
-            return p * r * r + r + 1.0, mx.left_shift(k.astype(mx.int32) + 127, 23)
 
-        def finish(g, u, p, two_k):  # silu(g) * u = g * u / (1 + e^-g)
-            return g * u / (1.0 + p * two_k)
+def _compile_pieces():
+    import mlx.core as mx
 
-        _state["parts"] = mx.compile(reduce_and_poly, shapeless=True)
-        _state["finish"] = mx.compile(finish, shapeless=True)
-    return _state["parts"], _state["finish"]
+    def reduce_and_poly(x):  # e^x = p * 2^k; returns p and the float32 bits of 2^k
+        x = mx.clip(x, -87.0, 89.0)  # 2^k is +inf from x = 88.4: silu(g) is then -0, as it should be
+        k = mx.floor(x * LOG2E + 0.5)
+        r = (x - k * LN2_HI) - k * LN2_LO
+        p = COEFFS[0]
+        for c in COEFFS[1:]:
+            p = p * r + c
+        return p * r * r + r + 1.0, mx.left_shift(k.astype(mx.int32) + 127, 23)
+
+    def finish(g, u, p, two_k):  # silu(g) * u = g / (1 + e^-g) * u, divided first so it cannot overflow
+        return g / (1.0 + p * two_k) * u
+
+    return mx.compile(reduce_and_poly, shapeless=True), mx.compile(finish, shapeless=True)
 
 
 def exp(x):
-    """e^x for float32 `x` without MLX's `exp`."""
+    """e^x for float32 `x` without MLX's `exp`: about 1 ulp on [-87, 88.3];
+    +inf from 88.4 (a little early); e^-87 below -87 (SwiGLU needs no less)."""
     import mlx.core as mx
 
     parts, _ = _pieces()
@@ -80,29 +87,45 @@ def make_swiglu(original):
         return finish(gate, x, p, mx.stop_gradient(bits).view(mx.float32))  # 2^k is a constant to autodiff
 
     swiglu.hearth_fast = True  # type: ignore[attr-defined]
+    swiglu.hearth_original = original  # type: ignore[attr-defined]
     return swiglu
+
+
+def restore() -> None:
+    """mlx-lm's own SwiGLU back in every module `install` gave this one."""
+    with _lock:
+        patched, _state["patched"] = _state.get("patched", set()), set()
+    for name in patched:
+        module = sys.modules.get(name)
+        original = getattr(getattr(module, "swiglu", None), "hearth_original", None)
+        if original is not None:
+            setattr(module, "swiglu", original)  # noqa: B010 (a module's global, not a declared attribute)
 
 
 def faster_here() -> float:
     """How many times faster the replacement's exp is than MLX's on this
     machine's default device (one ~0.1 s measurement, then remembered)."""
-    if "gain" not in _state:
-        import mlx.core as mx
+    with _lock:
+        gain = _state.get("gain")
+    if gain is not None:
+        return gain
+    import mlx.core as mx
 
-        x = mx.random.normal((64, 4096)) * 4
-        mx.eval(x)
+    x = mx.random.normal((64, 4096), key=mx.random.key(0)) * 4
+    mx.eval(x)
 
-        def best(fn) -> float:
-            mx.eval(fn(x))  # compiles
-            times = []
-            for _ in range(5):
-                started = time.perf_counter()
-                mx.eval(fn(x))
-                times.append(time.perf_counter() - started)
-            return min(times)
+    def best(fn) -> float:
+        mx.eval(fn(x))  # compiles
+        times = []
+        for _ in range(5):
+            started = time.perf_counter()
+            mx.eval(fn(x))
+            times.append(time.perf_counter() - started)
+        return min(times)
 
-        _state["gain"] = best(mx.exp) / max(best(exp), 1e-9)
-    return _state["gain"]
+    gain = best(mx.exp) / max(best(exp), 1e-9)
+    with _lock:
+        return _state.setdefault("gain", gain)
 
 
 def install(model) -> bool:
@@ -113,6 +136,7 @@ def install(model) -> bool:
 
     setting = os.environ.get("HEARTH_FAST_SWIGLU", "auto").strip().lower()
     if setting in ("0", "off", "false", "no"):
+        restore()  # an earlier model in this process may have put it in
         return False
     modules = {sys.modules.get(type(m).__module__) for _, m in model.named_modules()}
     targets = [m for m in modules if m is not None and getattr(m, "swiglu", None) is activations.swiglu]
@@ -129,4 +153,6 @@ def install(model) -> bool:
     fast = make_swiglu(activations.swiglu)
     for module in targets:
         setattr(module, "swiglu", fast)  # noqa: B010 (a module's global, not a declared attribute)
+    with _lock:
+        _state.setdefault("patched", set()).update(m.__name__ for m in targets)
     return True
