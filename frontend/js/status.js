@@ -35,7 +35,7 @@ export function statusPage(main) {
     fit.replaceChildren(h("div", { class: "grid" },
       h("div", { class: "card" }, h("h2", { style: "margin-top:0" }, "Hardware"), kv([["chip", f.machine.chip], ["RAM", bytes(f.machine.ram_bytes)],
         ["usable", bytes(f.machine.usable_bytes)], ["cores", f.machine.cores],
-        ["memory bandwidth", `${f.machine.bandwidth_gbs} GB/s`], ["decode bandwidth", `${f.machine.decode_bandwidth_gbs} GB/s` + (f.machine.measured_while_busy ? " (measured while the machine was busy; measured again at the next start)" : "")]])),
+        ["memory bandwidth", `${f.machine.bandwidth_gbs} GB/s`], ["decode bandwidth", `${f.machine.decode_bandwidth_gbs} GB/s` + (f.machine.measured_while_busy ? " (machine busy: measured again at next start)" : "")]])),
       h("div", { class: "card" }, h("h2", { style: "margin-top:0" }, `Fit of ${f.model}`), kv([["fits", r.fits ? "yes" : "no"], ["weights", bytes(r.weights_bytes)],
         ["KV per token", bytes(r.kv_bytes_per_token)], ["max safe context", r.max_safe_context],
         ["predicted decode", `${r.predicted_decode_tps} tok/s`],
