@@ -58,9 +58,12 @@ class WhisperRecipe:
     prompted: float = 0.2  # share of rows that carry a previous-text prompt (<|startofprev|>)
 
 
-def dimensions(recipe: WhisperRecipe) -> dict:
+TEXT_CTX = 448  # Whisper's decoder context; decoding stops at half of it
+
+
+def dimensions(recipe: WhisperRecipe, text_ctx: int = TEXT_CTX) -> dict:
     return {"n_mels": 80, "n_audio_ctx": 1500, "n_audio_state": recipe.width, "n_audio_head": recipe.heads,
-            "n_audio_layer": 0, "n_vocab": N_VOCAB, "n_text_ctx": 448, "n_text_state": recipe.width,
+            "n_audio_layer": 0, "n_vocab": N_VOCAB, "n_text_ctx": text_ctx, "n_text_state": recipe.width,
             "n_text_head": recipe.heads, "n_text_layer": recipe.decoder_layers}
 
 
@@ -162,14 +165,14 @@ def _batch(voices, vocab: Vocab, recipe: WhisperRecipe, rng: random.Random, nois
     return mx.stack(mels), mx.array(rows, dtype=mx.int32), mx.array(masks, dtype=mx.float32)
 
 
-def _model(recipe: WhisperRecipe, vocab: Vocab):
+def _model(recipe: WhisperRecipe, vocab: Vocab, text_ctx: int = TEXT_CTX):
     """mlx_whisper's Whisper with a decoder embedding over the learned tokens only."""
     import mlx.core as mx
     import mlx.nn as nn
     from mlx_whisper.whisper import ModelDimensions, Whisper, sinusoids
 
     mx.random.seed(recipe.seed)
-    model = Whisper(ModelDimensions(**dimensions(recipe)), mx.float32)
+    model = Whisper(ModelDimensions(**dimensions(recipe, text_ctx)), mx.float32)
     model.decoder.token_embedding = nn.Embedding(len(vocab.ids), recipe.width)
     # Timestamp k starts as the encoder's positional embedding of position k:
     # a query made from it finds that place in the audio from the first step.
@@ -235,7 +238,7 @@ def train(recipe: WhisperRecipe, out: Path, progress=None) -> dict:
             "train_seconds": round(time.monotonic() - trained, 1), "voices": len(voices)}
 
 
-def _write(model, vocab: Vocab, recipe: WhisperRecipe, out: Path) -> None:
+def _write(model, vocab: Vocab, recipe: WhisperRecipe, out: Path, text_ctx: int = TEXT_CTX) -> None:
     """The model as mlx_whisper loads it: config.json and weights.safetensors,
     the embedding widened back to the full vocabulary (zero rows elsewhere)."""
     import mlx.core as mx
@@ -247,7 +250,7 @@ def _write(model, vocab: Vocab, recipe: WhisperRecipe, out: Path) -> None:
     weights["decoder.token_embedding.weight"] = mx.array(full)
     out.mkdir(parents=True, exist_ok=True)
     mx.save_safetensors(str(out / "weights.safetensors"), weights)
-    (out / "config.json").write_text(json.dumps({"model_type": "whisper", **dimensions(recipe)}, indent=1))
+    (out / "config.json").write_text(json.dumps({"model_type": "whisper", **dimensions(recipe, text_ctx)}, indent=1))
     (out / MARKER).write_text(json.dumps({"builder_version": BUILDER_VERSION, "recipe": asdict(recipe)}))
     (out / "README.md").write_text(
         f"# {WHISPER_REPO}\n\nA tiny Whisper built and trained on this machine by `hearth make-demo-model "
@@ -301,8 +304,14 @@ def build(cache_dir: Path, recipe: WhisperRecipe = WhisperRecipe(), force: bool 
         shutil.rmtree(work, ignore_errors=True)
 
 
-def write_random(out: Path, seed: int = 0) -> Path:
-    """An untrained Whisper of the demo's shape (tests of the plumbing)."""
+def write_random(out: Path, seed: int = 0, text_ctx: int = 64) -> Path:
+    """An untrained Whisper of the demo's shape (tests of the plumbing).
+
+    Its decoder context is short by default: an untrained model never ends a
+    window by itself, so it decodes to Whisper's limit (half the context) and,
+    its noise failing the quality checks, again at every fallback temperature.
+    With 448 positions one chat audio part took ~18 s on a 2-core CPU; with 64,
+    under a second, through the same code paths."""
     recipe = WhisperRecipe(seed=seed, width=64, heads=2, decoder_layers=1)
-    _write(_model(recipe, Vocab()), Vocab(), recipe, out)
+    _write(_model(recipe, Vocab(), text_ctx), Vocab(), recipe, out, text_ctx)
     return out
