@@ -128,10 +128,20 @@ def test_synthesis_writes_articles_with_one_commit_per_stage(synth):
 
 
 def test_a_killed_synthesis_leaves_the_vault_at_its_last_good_commit(synth):
+    """In a vault of its own with no articles yet, so that the run writes
+    whatever the demo model is: every fact it extracts becomes a new article.
+    Beside existing articles the model picks where a fact goes, and the demo
+    model built on another CPU (its weights follow the BLAS's rounding) put
+    the one fact of a new session into an article that already said it: a
+    run with nothing to write, and nothing to kill it after."""
     client, home = synth
     add_session(client, "Bees", [("We keep two bee hives by the orchard.", "Bees like the apple blossom.")])
-    root = vault_root(client)
-    job_id = client.post("/api/memory/synthesize", json={}).json()["job_id"]
+    made = client.post("/api/memory/init", json={"name": "crash"}).json()
+    assert made["ok"], made
+    root = Path(made["vault"]["root"])
+    started = client.post("/api/memory/synthesize", json={"vault": "crash"}).json()
+    assert started["ok"] and started["sessions"] >= 1  # a new vault reads every session there is
+    job_id = started["job_id"]
     log_path = Path(client.get(f"/api/jobs/{job_id}").json()["job"]["log_path"])
     deadline, landed = time.monotonic() + 600, None
     while landed is None and time.monotonic() < deadline:
@@ -149,8 +159,8 @@ def test_a_killed_synthesis_leaves_the_vault_at_its_last_good_commit(synth):
     assert git(root, "status", "--porcelain") == ""
     assert git(root, "rev-parse", "HEAD").strip() == landed["hash"]
     assert git(root, "log", "-1", "--format=%s").startswith(f"Synthesis {landed['stage']}: ")
-    # The next run clears what the killed one left and finishes; the session is read again.
-    job = wait(client, client.post("/api/memory/synthesize", json={}).json()["job_id"])
+    # The next run clears what the killed one left and finishes; the sessions are read again.
+    job = wait(client, client.post("/api/memory/synthesize", json={"vault": "crash"}).json()["job_id"])
     assert job["status"] == "done", job["error"]
-    assert json.loads(job["message"])["sessions"] == 1
+    assert json.loads(job["message"])["sessions"] == started["sessions"]
     assert git(root, "status", "--porcelain") == "" and len(git(root, "worktree", "list").splitlines()) == 1
