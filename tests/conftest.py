@@ -140,22 +140,24 @@ def _start_vision_build() -> None:
     _start_build(_vision, "vision", _VISION_HOMES, "--kind", "vision")
 
 
+def _builds(item) -> set[str]:
+    """The background builds (`demo_build`, `vision_build`) a collected test waits for."""
+    return {"demo_build", "vision_build"} & set(getattr(item, "fixturenames", ()))
+
+
 def pytest_collection_modifyitems(session, config, items):
     """Test files that need a demo model built run last, in their usual
     order, so the build trains beside every other test instead of leaving
     the run waiting on it halfway (about ten minutes on a 2-core machine)."""
-    def needs_build(item) -> bool:
-        return bool({"demo_build", "vision_build"} & set(getattr(item, "fixturenames", ())))
-
-    late = {item.path for item in items if needs_build(item)}
+    late = {item.path for item in items if _builds(item)}
     items[:] = [item for item in items if item.path not in late] + [item for item in items if item.path in late]
 
 
 def pytest_collection_finish(session):
-    used = [set(getattr(item, "fixturenames", ())) for item in session.items]
-    if any("demo_build" in names for names in used):
+    used = set().union(*(_builds(item) for item in session.items))
+    if "demo_build" in used:
         _start_demo_build()
-    if any("vision_build" in names for names in used):
+    if "vision_build" in used:
         _start_vision_build()
 
 
