@@ -87,9 +87,10 @@ ifeq ($(UNAME),Linux)
 	else echo "error: PostgreSQL is needed for the database tests; install it (apt-get install postgresql)"; exit 1; fi
 endif
 
+# The demo chat model trains in the background on a first run: served from its first checkpoint
+# (about a minute), swapped for better ones as it trains (see README, First run).
 serve: deps blas git media
-	$(BIN)/hearth make-demo-model
-	$(BIN)/hearth serve --host $(HOST) --port $(PORT)
+	$(BIN)/hearth serve --host $(HOST) --port $(PORT) --build-demo
 
 # Lint and type check first: the suite runs only on a clean tree.
 # Bytecode for Hearth's own modules first: the suite starts a few hundred `hearth` processes, and

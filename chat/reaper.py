@@ -5,7 +5,9 @@ itself the child subreaper: a process below it whose parent exits is
 re-parented here instead of to init, so even one that left the process
 group and the session (`setsid`, a double fork) stays in this tree. When
 CMD exits, whatever it left running is killed, and the exit status is
-CMD's. Whoever started the reaper kills the whole tree with `kill_tree`.
+CMD's. Whoever started the reaper kills the whole tree with `kill_tree`;
+SIGTERM (which the server's death sends it: `core.procs.tied`) makes it
+kill the tree and exit.
 
 Runs as a script in the tool's process (no Django, no app imports);
 `chat/tools.py` imports `kill_tree` from it."""
@@ -64,7 +66,16 @@ def _subreaper() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 
 
+def _end_on_sigterm() -> None:
+    def end(signum, frame) -> None:
+        kill_tree(os.getpid(), include_root=False)
+        os._exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, end)
+
+
 def main(argv: list[str]) -> int:
+    _end_on_sigterm()
     _subreaper()
     child = os.fork()
     if child == 0:

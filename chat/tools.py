@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from chat.reaper import kill_tree
+from core import procs
 from core.fs import write_atomically
 from core.paths import PathRefused, read_text
 
@@ -191,7 +192,8 @@ async def _bash(args: dict, emit: Emit) -> str:
         raise ToolError(f"timeout must be between 1 and {BASH_TIMEOUT_MAX} seconds")
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-I", REAPER, "bash", "-lc", args["command"], cwd=workspace(), stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, start_new_session=True, env=_tool_env())
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, start_new_session=True,
+        **procs.tied(hide=procs.SECRET_ENV, on_parent_exit=signal.SIGTERM))  # the reaper ends its tree
     kept, dropped = bytearray(), 0
 
     async def pump():
@@ -311,10 +313,4 @@ async def call_streaming(tool: Tool, args, emit: Emit) -> tuple[bool, str]:
         return False, f"error: {type(exc).__name__}: {exc}"
 
 
-# The server's own credentials stay out of what a tool runs: a command the
-# model wrote (or a prompt injected into it) must not read a working key.
-SECRET_ENV = ("HEARTH_API_KEY", "HEARTH_INTERNAL_KEY", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
 
-
-def _tool_env() -> dict:
-    return {k: v for k, v in os.environ.items() if k not in SECRET_ENV}

@@ -24,7 +24,7 @@ import os
 import sys
 from difflib import get_close_matches
 
-from core import blas
+from core import blas, procs
 from core.home import blas_cache
 
 # The top-level packages whose apps' management commands are Hearth's.
@@ -217,6 +217,7 @@ def main(argv: list[str] | None = None, prog: str = "hearth") -> int:
     if started is None:
         return EXIT_USAGE
     argv = started
+    procs.tie_to_spawner()  # after the BLAS re-exec: a process Hearth started ends with its parent
     if argv in (["--version"], ["version"]):
         sys.stdout.write(f"{prog} {_version()}\n")
         return 0
@@ -255,6 +256,7 @@ def manage(argv: list[str] | None = None, script: str = "manage.py") -> int:
     if started is None:
         return EXIT_USAGE
     argv = started
+    procs.tie_to_spawner()  # after the BLAS re-exec: a process Hearth started ends with its parent
     if not _settings_loaded(prog):
         return EXIT_USAGE
     _django_utility([prog, *argv]).execute()

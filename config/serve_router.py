@@ -24,12 +24,14 @@ from urllib.parse import urlsplit
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
+from config.demo_training import DemoTraining, demo_checkpoint_step, demo_is_built
 from config.runtime import RUNTIME as runtime
 from config.serving import Work, exit_even_if_stuck, open_streams, run_daphne, start_services, stop_services
 from config.serving_access import is_loopback
 from core import home
 from core.blas import blas_in_use
 from hub import fit
+from inference.demo.build import DEMO_REPO
 from inference.router import remotes
 from inference.router.catalog import Catalog, CatalogError, Library
 from inference.router.manager import Manager
@@ -145,19 +147,29 @@ def share_ownership(manager: Manager, opts: dict) -> None:
     log.info("router: models shared with the other web nodes on Redis as %s (%s)", node, owners.advertise)
 
 
-def serve_router(opts: dict, bounds) -> None:
-    from config.management.commands.serve import demo_model
+def default_model(opts: dict) -> str | None:
+    """The model a request that names none gets: --default-model, else the
+    demo chat model once it is built, else none (nothing is trained unasked)."""
+    if opts["default_model"]:
+        return opts["default_model"]
+    return DEMO_REPO if demo_is_built() else None
 
+
+def serve_router(opts: dict, bounds) -> None:
     if opts["adapter"]:
         raise CommandError("--adapter names one model's adapter: in router mode, set `adapter = DIR` in that "
                            "model's section of --models-preset")
     log.info("BLAS: %s", blas_in_use())
     call_command("migrate", interactive=False, verbosity=0)
-    default = opts["default_model"] or demo_model()
+    default = default_model(opts)
+    training = opts["build_demo"] and not demo_is_built()
+    if training and default is None and demo_checkpoint_step():
+        default = DEMO_REPO  # a build cut short left a checkpoint: served until the new build passes it
     usable = fit.usable_bytes()
     try:
         library = Library(Path(opts["models_dir"]) if opts["models_dir"] else None,
-                          Path(opts["models_preset"]) if opts["models_preset"] else None, extra=(default,))
+                          Path(opts["models_preset"]) if opts["models_preset"] else None,
+                          extra=(default,) if default else ())
         catalog = library.scan(strict=True)
         settings = Settings(
             models_max=opts["models_max"] or default_models_max(catalog, usable),
@@ -179,15 +191,25 @@ def serve_router(opts: dict, bounds) -> None:
     open_streams(opts)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per forwarded request would drown the log
     pinned = [s.id for s in manager.slots.values() if s.pinned]
-    preload = [] if opts["no_preload"] else list(dict.fromkeys([manager.default, *pinned]))
+    preload = [] if opts["no_preload"] else [m for m in dict.fromkeys([manager.default, *pinned]) if m]
     log.info("router: %d models in the library, at most %d loaded at once, default %s",
-             len(manager.slots), settings.models_max, manager.default)
+             len(manager.slots), settings.models_max, manager.default or "none (requests must name a model)")
+    demo = DemoTraining(manager) if training else None
+    if demo is not None:
+        demo.start()
     supervisor = start_services(opts["no_worker"])
+
+    def on_start() -> None:
+        manager.start(preload)
+        if demo is not None:
+            demo.watch()
     try:
         run_daphne(RouterWork(manager, settings.stop_timeout_s), opts["host"], opts["port"], opts["drain_seconds"],
-                   f"the router ({len(manager.slots)} models, default {manager.default})",
-                   on_start=lambda: manager.start(preload))
+                   f"the router ({len(manager.slots)} models, default {manager.default or 'none'})",
+                   on_start=on_start)
     finally:
+        if demo is not None:
+            demo.stop()
         stop_services(supervisor)
     log.info("stopped")
     exit_even_if_stuck()

@@ -161,8 +161,6 @@ def run_daphne(work: Work, host: str, port: int, drain_seconds: float, label: st
 
     from config.asgi import application
     from core import http_guard
-    from core.procs import tie_to_parent
-    from inference.router import child
 
     http_guard.install()  # body caps and header/body/idle timeouts on every connection
     loop = reactor._asyncioEventloop
@@ -227,9 +225,6 @@ def run_daphne(work: Work, host: str, port: int, drain_seconds: float, label: st
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
-    parent = child.parent_pid()
-    if parent is not None:  # a router's model process drains (its SIGTERM handler above) when the router is gone
-        tie_to_parent(parent)
     if on_start is not None:
         loop.call_soon(on_start)
     server.run()

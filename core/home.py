@@ -54,6 +54,11 @@ def run() -> Path:
     return root() / "run"  # records of running worker processes
 
 
+def demo_build() -> Path:
+    """The state of a demo build that publishes checkpoints (JSON: state, step, steps, loss, served_step)."""
+    return run() / "demo-build.json"
+
+
 def serving() -> Path:
     return root() / "serving"  # which snapshot each running server serves (GC keeps them)
 

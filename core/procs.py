@@ -2,6 +2,14 @@
 tying a process's life to its parent's. No Django here, and no imports of
 the project's apps.
 
+Every process a Hearth process starts is started by `spawn`: it ends when
+its parent ends, SIGKILL of the parent included. The kernel's parent-death
+signal is asked for between fork and exec (so it holds for any program,
+and there is no moment when the child runs untied), and a Hearth child
+reads `HEARTH_PARENT` at start (`tie_to_spawner`) and also watches its
+parent, which is what holds on macOS. Secrets a child must not see are
+named once, in `SECRET_ENV`.
+
 A pid alone names a process only while it lives; once it exits the number
 may be handed to another one. Wherever a pid is remembered across restarts,
 its start time goes with it, and `same_process` checks both."""
@@ -10,12 +18,20 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import subprocess
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 log = logging.getLogger("hearth.procs")
 PR_SET_PDEATHSIG = 1
+# A child started by `spawn` finds "<parent pid>:<signal number>" here.
+PARENT_ENV = "HEARTH_PARENT"
+# The server's keys: what its clients hold, never handed to a process that did not need them.
+SERVER_KEYS = ("HEARTH_API_KEY", "HEARTH_INTERNAL_KEY")
+HUB_TOKENS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
+# What a sandbox (a client's chat template, a tool's command) never sees.
+SECRET_ENV = SERVER_KEYS + HUB_TOKENS
 START_TIME_SLACK_S = 0.05  # start times read by two processes may differ in the last digits
 
 
@@ -117,3 +133,70 @@ def tie_to_parent(parent: int, signum: int = signal.SIGTERM) -> None:
         stop()
         return
     watch_parent(parent, stop)
+
+
+def _prctl():
+    """libc's prctl, looked up before a fork (nothing may be imported or
+    loaded between fork and exec); None off Linux."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    try:
+        return ctypes.CDLL("libc.so.6", use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+def spawn(argv: Sequence[str], *, env: dict | None = None, hide: Sequence[str] = (),
+          on_parent_exit: int = signal.SIGKILL, **popen) -> subprocess.Popen:
+    """Start `argv` as a child that ends when this process ends: Popen's
+    keywords, with `env` (default: this process's) less the names in `hide`.
+
+    Linux sends the parent-death signal when the *thread* that started the
+    child exits, so call this from a thread that lives as long as the child
+    should (the main thread, the server's loop, a supervisor's own thread).
+    A Hearth child reads `PARENT_ENV` (`tie_to_spawner`): it then also
+    watches its parent, and stops with `on_parent_exit` (SIGTERM lets a
+    server drain first)."""
+    return subprocess.Popen(list(argv), **tied(env=env, hide=hide, on_parent_exit=on_parent_exit), **popen)
+
+
+def tied(*, env: dict | None = None, hide: Sequence[str] = (), on_parent_exit: int = signal.SIGKILL) -> dict:
+    """The `env` and `preexec_fn` keywords `spawn` starts a child with, for
+    what takes Popen's keywords but is not Popen (asyncio's subprocesses)."""
+    base = dict(os.environ if env is None else env)
+    for name in hide:
+        base.pop(name, None)
+    parent = os.getpid()
+    base[PARENT_ENV] = f"{parent}:{int(on_parent_exit)}"
+    prctl, signum = _prctl(), int(on_parent_exit)
+
+    def tie() -> None:  # in the child, before exec: no imports, no locks
+        if prctl is not None:
+            prctl(PR_SET_PDEATHSIG, signum, 0, 0, 0)
+        if os.getppid() != parent:  # the parent went before the signal was asked for
+            os._exit(1)
+
+    return {"env": base, "preexec_fn": tie}
+
+
+def tie_to_spawner() -> int | None:
+    """In a process `spawn` started: stop with the signal it named when the
+    parent is gone (the parent-death signal is in place already; this adds
+    the watch). The variable is removed, so this process's own children are
+    tied to it, not to its parent. Returns the parent's pid, or None when no
+    Hearth process started this one."""
+    given = os.environ.pop(PARENT_ENV, "")
+    try:
+        pid_text, _, signum_text = given.partition(":")
+        parent, signum = int(pid_text), int(signum_text or signal.SIGTERM)
+    except ValueError:
+        return None
+    tie_to_parent(parent, signum)
+    global spawner
+    spawner = parent
+    return parent
+
+
+spawner: int | None = None  # the Hearth process that started this one (`tie_to_spawner`)

@@ -58,6 +58,9 @@ class Runtime:
         # Speech to text beside the chat model (`hearth serve --whisper-model`); None: not offered here.
         self.transcriber: Transcriber | None = None
         self.audio_sessions = Sessions()  # live transcription sessions (/v1/audio/sessions)
+        # A demo model training in the background (`hearth serve --build-demo`): its state, for
+        # /health, /stats and the dashboard; None when none is.
+        self.demo_build: dict | None = None
 
     # -- engines ---------------------------------------------------------
     def add_engine(self, engine: Engine, default: bool = True) -> None:

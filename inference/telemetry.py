@@ -36,6 +36,8 @@ def stats_body(runtime: Runtime) -> dict:
     body["blas"] = _blas()
     if runtime.transcriber is not None:
         body["transcription"] = runtime.transcriber.stats()
+    if runtime.demo_build is not None:
+        body["demo_build"] = runtime.demo_build
     return body
 
 

@@ -5,8 +5,8 @@ RUN_MODULE is the module its kind registered (`jobs.registry`); its
 
 All MLX work of a job happens here, so a crash or an out-of-memory kill
 takes down this process only; the worker sees the exit and records why.
-The child dies with its worker: PR_SET_PDEATHSIG on Linux, a parent watch
-everywhere (the worker names itself in HEARTH_JOB_PARENT)."""
+The child dies with its worker (SIGKILL): the worker starts it with
+`core.procs.spawn`, and it watches its parent too (`tie_to_spawner`)."""
 from __future__ import annotations
 
 import importlib
@@ -16,16 +16,16 @@ import signal
 import sys
 import traceback
 
-from core.procs import tie_to_parent
+from core.procs import tie_to_parent, tie_to_spawner
 from jobs.events import open_log
 
-PARENT_ENV = "HEARTH_JOB_PARENT"
 REDIS_ENV = "HEARTH_REDIS_URL"  # set: the events go to the job's Redis stream
 
 
 def main(argv: list[str]) -> int:
     run_module, log_path, config_json = argv
-    tie_to_parent(int(os.environ.pop(PARENT_ENV, "") or os.getppid()), signal.SIGKILL)
+    if tie_to_spawner() is None:  # run by hand: tied to whoever started it
+        tie_to_parent(os.getppid(), signal.SIGKILL)
     log = open_log(log_path, os.environ.get(REDIS_ENV, ""))
     config = json.loads(config_json)
     delay = float(os.environ.get("HEARTH_JOB_STAGE_DELAY") or 0)

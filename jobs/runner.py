@@ -15,7 +15,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from core.procs import pid_alive, started_before
+from core.procs import pid_alive, spawn, started_before
 from jobs import presence, registry
 from jobs.models import Job
 
@@ -112,11 +112,11 @@ def run(job_id: str) -> None:
         events.emit("started")
         stderr_path.parent.mkdir(parents=True, exist_ok=True)
         with open(stderr_path, "wb") as stderr:
-            child = subprocess.Popen([sys.executable, "-m", "jobs.child", registry.get(job.kind).run_module,
-                                      job.log_path, job.config_json],
-                                     stdout=stderr, stderr=subprocess.STDOUT, start_new_session=True,
-                                     env=dict(os.environ, HEARTH_JOB_PARENT=str(os.getpid()),
-                                              HEARTH_REDIS_URL=settings.HEARTH_REDIS_URL))
+            # From this consumer thread, which lives as long as the worker (see `spawn`).
+            child = spawn([sys.executable, "-m", "jobs.child", registry.get(job.kind).run_module,
+                           job.log_path, job.config_json],
+                          stdout=stderr, stderr=subprocess.STDOUT, start_new_session=True,
+                          env=dict(os.environ, HEARTH_REDIS_URL=settings.HEARTH_REDIS_URL))
         Job.objects.filter(id=job.id).update(child_pid=child.pid)
         offset = 0
         while True:

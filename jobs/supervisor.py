@@ -1,6 +1,6 @@
 """`hearth serve` keeps one `hearth worker` process alive beside it, tied to it.
 
-The worker is told its server's pid (HEARTH_WORKER_PARENT) and stops when
+The worker is started tied to its server (`core.procs.spawn`) and stops when
 that process goes, so a killed server leaves no worker taking jobs. Each
 worker started here is also recorded in HEARTH_HOME/run/worker-<pid>.json
 (its pid and start time, and its server's), and a server that starts stops
@@ -24,12 +24,11 @@ from pathlib import Path
 
 from core import home
 from core.fs import write_atomically
-from core.procs import same_process, start_time
+from core.procs import same_process, spawn, start_time
 
 log = logging.getLogger("hearth.jobs")
 RESTART_DELAY_S = 1.0
 STRAY_GRACE_S = 5.0
-PARENT_ENV = "HEARTH_WORKER_PARENT"
 
 
 def record_worker(pid: int, folder: Path | None = None) -> Path | None:
@@ -142,8 +141,7 @@ class WorkerSupervisor:
         # The CLI module, so the worker gets the same BLAS preload as the server. It is
         # started from this thread, which lives as long as the server: Linux sends the
         # parent-death signal when the spawning thread exits, not only the process.
-        env = dict(os.environ, **{PARENT_ENV: str(os.getpid())})
-        proc = subprocess.Popen([sys.executable, "-m", "config.cli", "worker"], env=env)
+        proc = spawn([sys.executable, "-m", "config.cli", "worker"], on_parent_exit=signal.SIGTERM)
         try:
             record_worker(proc.pid)
         except OSError as exc:

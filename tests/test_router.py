@@ -533,3 +533,33 @@ def test_the_dashboards_remote_turn_puts_streamed_tool_calls_back_together():
     assert [(d.kind, d.text) for d in got if d.text] == [("reasoning", "Think. "), ("content", "Sure. ")]
     assert [d.calls for d in got if d.calls] == [[RemoteCall("call_1", "get_weather", '{"city": "Paris"}')]]
     assert got[-1].final.finish_reason == "tool_calls" and got[-1].final.usage.completion_tokens == 9
+
+
+def test_without_a_default_model_nothing_is_trained_and_a_request_must_name_one(library, tmp_path):
+    """No --default-model and no demo model built: the router answers at once,
+    trains nothing, and a request that names no model is told which it may name."""
+    import psutil
+
+    hf, hearth, preset = library
+    started = time.monotonic()
+    proc = ServerProcess(server_env(hf, hearth), "--models-preset", str(preset), "--no-worker",
+                         log_path=tmp_path / "router.log").wait_ready()
+    try:
+        assert time.monotonic() - started < 30
+        health = HTTP.get(proc.url + "/health").json()
+        assert health == {"status": "ok"}  # no demo_build: nothing trains
+        below = [" ".join(p.cmdline()) for p in psutil.Process(proc.proc.pid).children(recursive=True)]
+        assert not any("make-demo-model" in c for c in below), below
+        assert not (hf / "hub" / "models--hearth--demo-chat").exists()
+        assert HTTP.get(proc.url + "/v1/models").json().get("data") is not None
+        assert HTTP.get(proc.url + "/models").json()["default"] is None
+        refused = HTTP.post(proc.url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})
+        assert refused.status_code == 400, refused.text
+        error = refused.json()["error"]
+        assert error["code"] == "model_not_found" and error["param"] == "model"
+        assert A in error["message"] and B in error["message"] and "no default model" in error["message"]
+        named = HTTP.post(proc.url + "/v1/chat/completions",
+                          json={"model": B, "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]})
+        assert named.status_code == 200 and named.json()["model"] == B, named.text
+    finally:
+        assert proc.stop() == 0, proc.output()

@@ -2,6 +2,7 @@
 // in router mode each row shows its model's live status (from /models/sse) with load, unload, pin and
 // default; in single mode the served model's row shows its status and the others offer a restart to serve them.
 import { cleanupPanel } from "./cleanup.js";
+import { demoBuildCard } from "./demo_build.js";
 import { api, bar, bytes, every, fitBadge, h, toast } from "./util.js";
 
 const BADGE = { loaded: "ok", loading: "warn", failed: "bad" };
@@ -9,13 +10,14 @@ const BADGE = { loaded: "ok", loading: "warn", failed: "bad" };
 export function modelsPage(main) {
   const library = h("div", { class: "table-wrap" }, h("p", { class: "muted" }, "Reading the cache…"));
   const fleetLine = h("p", { class: "muted small fleet-line", hidden: true });
+  const demo = h("div");
   const downloads = h("div");
   const results = h("div");
   const q = h("input", { type: "search", placeholder: "Search the Hugging Face Hub (MLX models)", style: "flex:1",
     "aria-label": "Search models", "data-spot": "models-search" });
   main.append(h("div", { class: "page" }, h("h1", {}, "Models"),
     h("form", { class: "row", onsubmit: (e) => { e.preventDefault(); search(); } }, q, h("button", { type: "submit" }, "Search")),
-    results, h("h2", {}, "Downloads"), downloads, h("h2", {}, "On this machine"), fleetLine, library,
+    results, h("h2", {}, "Downloads"), downloads, h("h2", {}, "On this machine"), demo, fleetLine, library,
     cleanupPanel(() => loadLibrary(true).catch(() => {}))));
 
   // fleet: what GET /models and its event stream say; views: the table row of each model id.
@@ -273,6 +275,13 @@ export function modelsPage(main) {
     const done = r.downloads.filter((d) => d.state === "done").map((d) => d.repo_id + d.finished_at);
     if (done.some((k) => !seenDone.has(k))) { seenDone = new Set(done); loadLibrary(false).catch(() => {}); }
   });
+  // A demo model training in the background: its progress, and the library read again at each checkpoint.
+  let servedStep = null;
+  const stopDemo = every(2000, async () => {
+    const d = (await api("/health")).demo_build;
+    demo.replaceChildren(demoBuildCard(d));
+    if (d && d.served_step !== servedStep) { servedStep = d.served_step; loadLibrary(false).catch(() => {}); }
+  });
   loadLibrary(false).catch((e) => library.replaceChildren(h("p", { class: "error" }, e.message)));
-  return () => { stopped = true; stopDownloads(); fleet.source?.close(); fleet.source = null; };
+  return () => { stopped = true; stopDownloads(); stopDemo(); fleet.source?.close(); fleet.source = null; };
 }

@@ -1,4 +1,5 @@
 // Live engine state (/stats), the BLAS this server runs on (/stats `blas`) and this machine's fit for the model (/fit).
+import { demoBuildCard } from "./demo_build.js";
 import { api, bytes, every, h } from "./util.js";
 
 function kv(pairs) {
@@ -7,13 +8,15 @@ function kv(pairs) {
 
 export function statusPage(main) {
   const live = h("div", { class: "grid" });
+  const demo = h("div");
   const fit = h("div");
   const blas = h("div", { id: "blas" });
-  main.append(h("div", { class: "page" }, h("h1", {}, "Status"), live, h("h2", {}, "This machine"), fit,
+  main.append(h("div", { class: "page" }, h("h1", {}, "Status"), demo, live, h("h2", {}, "This machine"), fit,
     h("h2", {}, "BLAS"), blas));
   const stopLive = every(1500, async () => {
     const s = await api("/stats");
     if (s.blas && !blas.childElementCount) blas.replaceChildren(blasCard(s.blas));  // fixed for the process's life
+    demo.replaceChildren(demoBuildCard(s.demo_build));
     const e = s.engine || {}, b = s.batch || {}, pc = s.prompt_cache || {}, ad = s.admission || {};
     live.replaceChildren(
       h("div", { class: "card" }, h("h2", { style: "margin-top:0" }, "Model"), kv([["served", s.server?.model],
@@ -21,9 +24,9 @@ export function statusPage(main) {
         ["speculation", specLine(s.speculation)]])),
       h("div", { class: "card" }, h("h2", { style: "margin-top:0" }, "Rows"), kv([["decoding", e.active],
         ["most at once", b.max_rows ? `${b.max_rows}${b.configured === "auto" ? " (auto)" : ""}, peak ${e.peak_rows}` : "—"],
-        ["waiting", e.queued], ["requests", e.requests_total], ["last decode", `${e.last_decode_tokens_per_s} tok/s`]])),
+        ["waiting", e.queued], ["requests", e.requests_total], ["last decode", e.last_decode_tokens_per_s != null ? `${e.last_decode_tokens_per_s} tok/s` : null]])),
       h("div", { class: "card" }, h("h2", { style: "margin-top:0" }, "Prompt cache"), kv([["entries", pc.entries],
-        ["size", bytes(pc.bytes)], ["hits / misses", `${pc.hits} / ${pc.misses}`],
+        ["size", bytes(pc.bytes)], ["hits / misses", pc.hits != null ? `${pc.hits} / ${pc.misses}` : null],
         ["cached tokens", e.cached_tokens_total]])),
       h("div", { class: "card" }, h("h2", { style: "margin-top:0" }, "Admission"), kv([
         ["context limit", ad.max_safe_context ?? ad.enforced_context ?? "model window"],

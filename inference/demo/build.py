@@ -4,6 +4,14 @@ the local HF cache as `hearth/demo-chat`.
 
 Runs in one process that owns every MLX call (the `make-demo-model`
 command), so it imports MLX lazily and knows nothing of Django.
+
+With `checkpoints`, the model is published after the first few steps and
+again at each step of `CHECKPOINTS`, so a server can serve it within a
+minute and swap in each better one while the training goes on. Those
+snapshots carry a `checkpoint` in their marker; only the last one, the
+whole recipe trained, is the finished build (`cached_snapshot`). Training
+is the same either way: publishing reads the weights and changes nothing,
+so the finished model is the one a build without checkpoints makes.
 """
 from __future__ import annotations
 
@@ -11,6 +19,7 @@ import functools
 import json
 import logging
 import math
+import os
 import random
 import shutil
 import tempfile
@@ -41,6 +50,10 @@ def is_demo(model_id: str) -> bool:
     return model_id.startswith(DEMO_PREFIX)
 BUILDER_VERSION = 3  # bump when the recipe changes so cached builds are redone
 MARKER = "hearth_demo.json"
+# Steps after which a build with checkpoints publishes the model (the last step always does).
+# The first comes within a minute of the start on a 2-core machine: a babbling model, but one
+# that answers; the later ones are spaced as the loss falls.
+CHECKPOINTS = (8, 40, 100, 200, 300, 400)
 
 
 @dataclass(frozen=True)
@@ -63,16 +76,46 @@ class Recipe:
     examples: int = 16000
 
 
-def cached_snapshot(cache_dir: Path, recipe: Recipe) -> Path | None:
-    """The published demo snapshot, if one exists for this exact recipe."""
+def _marker(recipe: Recipe, checkpoint: dict | None = None) -> dict:
+    marker: dict = {"builder_version": BUILDER_VERSION, "recipe": asdict(recipe)}
+    if checkpoint is not None:
+        marker["checkpoint"] = checkpoint
+    return marker
+
+
+def _published(cache_dir: Path) -> tuple[Path, dict] | None:
+    """The snapshot `refs/main` names and its marker, or None."""
     repo_dir = cache_dir / ("models--" + DEMO_REPO.replace("/", "--"))
     try:
         snapshot = repo_dir / "snapshots" / read_text(repo_dir / "refs" / "main", "ref", 4096).strip()
         marker = read_json(snapshot / MARKER, "demo marker")
     except (OSError, ValueError):  # missing, unreadable, or not a regular file
         return None
-    wanted = {"builder_version": BUILDER_VERSION, "recipe": asdict(recipe)}
-    return snapshot if marker == wanted and (snapshot / "model.safetensors").exists() else None
+    if not isinstance(marker, dict) or not (snapshot / "model.safetensors").exists():
+        return None
+    return snapshot, marker
+
+
+def cached_snapshot(cache_dir: Path, recipe: Recipe) -> Path | None:
+    """The finished demo snapshot, if one exists for this exact recipe."""
+    found = _published(cache_dir)
+    return found[0] if found is not None and found[1] == _marker(recipe) else None
+
+
+def published_step(cache_dir: Path, recipe: Recipe) -> int | None:
+    """How many steps of `recipe` the published demo model was trained for
+    (`recipe.steps` when finished), or None when none of this recipe is."""
+    found = _published(cache_dir)
+    if found is None:
+        return None
+    marker = dict(found[1])
+    checkpoint = marker.pop("checkpoint", None)
+    if marker != _marker(recipe):
+        return None
+    if checkpoint is None:
+        return recipe.steps
+    step = checkpoint.get("step") if isinstance(checkpoint, dict) else None
+    return step if isinstance(step, int) else None
 
 
 @functools.lru_cache(maxsize=1)
@@ -119,8 +162,11 @@ def _batches(tok, data, recipe: Recipe, pad_id: int) -> list[tuple[list[list[int
     return batches
 
 
-def train(recipe: Recipe, out: Path, progress=None) -> dict:
-    """Train the demo model into `out`; returns a summary with the final loss."""
+def train(recipe: Recipe, out: Path, progress=None, checkpoint=None) -> dict:
+    """Train the demo model into `out`; returns a summary with the final loss.
+    `checkpoint(step, loss, write)`, when given, is called after each step
+    of CHECKPOINTS before the last; `write(folder, marker)` writes the model
+    as it is then."""
     import mlx.core as mx
     import mlx.nn as nn
     import mlx.optimizers as optim
@@ -162,6 +208,15 @@ def train(recipe: Recipe, out: Path, progress=None) -> dict:
 
     # Compiling the whole step saves about a fifth of the time on the CPU.
     step_fn = mx.compile(step_fn, inputs=state, outputs=state)
+    generation = {"eos_token_id": eos_id, "pad_token_id": pad_id, "temperature": 0.3, "top_k": 20}
+
+    def write(folder: Path, marker: dict) -> None:
+        write_model_dir(folder, dict(tree_flatten(model.parameters())), config, tok, generation)
+        (folder / MARKER).write_text(json.dumps(marker))
+        (folder / "README.md").write_text(
+            "# hearth/demo-chat\n\nA tiny llama chat model built and trained on this machine by "
+            "`hearth make-demo-model` from a synthetic corpus of templated questions and answers.\n")
+
     order = random.Random(recipe.seed)
     started, loss_value = time.monotonic(), math.nan
     for step in range(1, recipe.steps + 1):
@@ -169,31 +224,66 @@ def train(recipe: Recipe, out: Path, progress=None) -> dict:
         loss = step_fn(ids, masks)
         mx.eval(state, loss)
         loss_value = loss.item()
-        if progress and (step % 25 == 0 or step == recipe.steps):
+        if progress and (step % 5 == 0 or step == recipe.steps):
             progress(step, recipe.steps, loss_value, time.monotonic() - started)
+        if checkpoint and step in CHECKPOINTS and step < recipe.steps:
+            checkpoint(step, loss_value, write)
 
-    weights = dict(tree_flatten(model.parameters()))
-    generation = {"eos_token_id": eos_id, "pad_token_id": pad_id, "temperature": 0.3, "top_k": 20}
-    write_model_dir(out, weights, config, tok, generation)
-    (out / MARKER).write_text(json.dumps({"builder_version": BUILDER_VERSION, "recipe": asdict(recipe)}))
-    (out / "README.md").write_text(
-        "# hearth/demo-chat\n\nA tiny llama chat model built and trained on this machine by "
-        "`hearth make-demo-model` from a synthetic corpus of templated questions and answers.\n")
+    write(out, _marker(recipe))
     return {"steps": recipe.steps, "final_loss": loss_value, "seconds": time.monotonic() - started,
             "batches": len(batches)}
 
 
-def build(cache_dir: Path, recipe: Recipe = Recipe(), force: bool = False, progress=None) -> tuple[Path, bool]:
+def build(cache_dir: Path, recipe: Recipe = Recipe(), force: bool = False, progress=None,
+          published=None) -> tuple[Path, bool]:
     """Return the demo snapshot path, training it first unless cached.
-    The second value says whether a build happened."""
+    The second value says whether a build happened. With `published`, the
+    model is also published at each checkpoint that is further along than
+    what the cache holds (a build cut short before keeps serving until this
+    one passes it), and `published(step, loss, snapshot)` is told of each."""
     if not force:
         existing = cached_snapshot(cache_dir, recipe)
         if existing is not None:
             return existing, False
     work = Path(tempfile.mkdtemp(prefix="hearth-demo-"))
+
+    def checkpoint(step: int, loss: float, write) -> None:
+        if (published_step(cache_dir, recipe) or 0) >= step and not force:
+            return
+        folder = work / f"step-{step}"
+        write(folder, _marker(recipe, {"step": step, "steps": recipe.steps, "loss": round(loss, 4)}))
+        snapshot = publish_to_cache(folder, DEMO_REPO, cache_dir)
+        shutil.rmtree(folder, ignore_errors=True)
+        _prune_checkpoints(snapshot)
+        published(step, loss, snapshot)
+
     try:
-        summary = train(recipe, work, progress)
+        final = work / "final"
+        summary = train(recipe, final, progress, checkpoint if published else None)
         log.info("demo model trained: %s", summary)
-        return publish_to_cache(work, DEMO_REPO, cache_dir), True
+        snapshot = publish_to_cache(final, DEMO_REPO, cache_dir)
+        _prune_checkpoints(snapshot)
+        return snapshot, True
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _prune_checkpoints(current: Path) -> None:
+    """Remove the demo's earlier checkpoint snapshots, and the blobs only
+    they used: a served process holds its weights in memory, and a finished
+    build leaves one snapshot, as a build without checkpoints does."""
+    snapshots = current.parent
+    for other in snapshots.iterdir():
+        if other == current or not other.is_dir():
+            continue
+        try:
+            marker = read_json(other / MARKER, "demo marker")
+        except (OSError, ValueError):
+            continue
+        if isinstance(marker, dict) and "checkpoint" in marker:
+            shutil.rmtree(other, ignore_errors=True)
+    used = {(link.parent / os.readlink(link)).resolve() for snap in snapshots.iterdir() if snap.is_dir()
+            for link in snap.iterdir() if link.is_symlink()}
+    for blob in (snapshots.parent / "blobs").iterdir():
+        if blob.resolve() not in used and not blob.name.endswith(".incomplete"):
+            blob.unlink(missing_ok=True)

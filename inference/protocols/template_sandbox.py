@@ -30,19 +30,18 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+from core.procs import SECRET_ENV, spawn
 from inference.protocols.errors import RequestError
 
 log = logging.getLogger("hearth.templates")
 PARAM = "chat_template_kwargs.chat_template"
-SECRETS = ("HEARTH_API_KEY", "HEARTH_INTERNAL_KEY", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
 STARTUP_S = 60.0  # a worker's start (importing transformers) is not charged to a render's budget
 
 
 class _Worker:
     def __init__(self):
-        env = {k: v for k, v in os.environ.items() if k not in SECRETS}
-        self.proc = subprocess.Popen([sys.executable, "-m", "inference.protocols.template_worker"],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, bufsize=0)
+        self.proc = spawn([sys.executable, "-m", "inference.protocols.template_worker"], hide=SECRET_ENV,
+                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
         assert self.proc.stdin is not None and self.proc.stdout is not None  # both asked for as pipes
         self._stdin, self._stdout = self.proc.stdin, self.proc.stdout
         self._buffer = b""

@@ -7,7 +7,7 @@ It renders with transformers' own sandboxed Jinja environment, the one
 model's template would. What it cannot bound, its parent does: the parent
 kills it when a render outlives its time budget or the client leaves. It
 bounds its own memory (RLIMIT_AS) and the text it returns, and dies with
-its parent (PR_SET_PDEATHSIG on Linux).
+its parent (`core.procs.spawn`).
 
 No Django here, and no imports of the project's apps."""
 from __future__ import annotations
@@ -23,9 +23,10 @@ MEMORY_BYTES = 2 << 30
 def _confine() -> None:
     import signal
 
-    from core.procs import die_with_parent
+    from core.procs import die_with_parent, tie_to_spawner
 
-    die_with_parent(signal.SIGKILL)
+    if tie_to_spawner() is None:
+        die_with_parent(signal.SIGKILL)
     try:
         import resource
 

@@ -24,11 +24,11 @@ from core import procs
 log = logging.getLogger("hearth.router")
 
 FD_ENV = "HEARTH_ROUTER_FD"
-PARENT_ENV = "HEARTH_ROUTER_PARENT"
 MODEL_ENV = "HEARTH_ROUTER_MODEL"  # its log lines name the model
 # Settings of the router that a child must not take as its own: the child
-# answers only the router (its own key), on loopback.
-_NOT_INHERITED = ("HEARTH_API_KEY", "HEARTH_CORS_ORIGINS", "HEARTH_ALLOWED_HOSTS", "HEARTH_INTERNAL_KEY")
+# answers only the router (its own key), on loopback. It keeps the Hub
+# token: it may download its model.
+_NOT_INHERITED = (*procs.SERVER_KEYS, "HEARTH_CORS_ORIGINS", "HEARTH_ALLOWED_HOSTS")
 
 
 class ChildProcess:
@@ -39,11 +39,11 @@ class ChildProcess:
                  on_exit: Callable[[int], None], name: str = ""):
         read_fd, write_fd = os.pipe()
         env = {k: v for k, v in os.environ.items() if k not in _NOT_INHERITED}
-        env.update({FD_ENV: str(write_fd), PARENT_ENV: str(os.getpid()), "HEARTH_API_KEY": key,
-                    MODEL_ENV: name})
-        try:
-            self.proc = subprocess.Popen([sys.executable, "-m", "config.cli", "serve", *args], env=env,
-                                         pass_fds=(write_fd,), stdin=subprocess.DEVNULL, start_new_session=True)
+        env.update({FD_ENV: str(write_fd), "HEARTH_API_KEY": key, MODEL_ENV: name})
+        try:  # from the server's loop thread, which lives as long as the router (see `spawn`)
+            self.proc = procs.spawn([sys.executable, "-m", "config.cli", "serve", *args], env=env,
+                                    on_parent_exit=signal.SIGTERM, pass_fds=(write_fd,),
+                                    stdin=subprocess.DEVNULL, start_new_session=True)
         finally:
             os.close(write_fd)
         self.pid = self.proc.pid
@@ -99,8 +99,3 @@ def report(event: str, **fields) -> None:
 def is_child() -> bool:
     return bool(os.environ.get(FD_ENV))
 
-
-def parent_pid() -> int | None:
-    """The router that started this process, or None when no router did."""
-    parent = os.environ.get(PARENT_ENV)
-    return int(parent) if parent and parent.isdigit() else None

@@ -49,7 +49,7 @@ REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 
 
 class Manager:
-    def __init__(self, library: Library, settings: Settings, default: str, usable_bytes: int,
+    def __init__(self, library: Library, settings: Settings, default: str | None, usable_bytes: int,
                  catalog: Catalog | None = None, remotes: list[RemoteHost] | None = None):
         self.library = library
         self.remotes: list[RemoteHost] = list(remotes or [])
@@ -78,8 +78,10 @@ class Manager:
         self.loop: asyncio.AbstractEventLoop | None = None
         self._idle_task: asyncio.Task | None = None
         self._remote_task: asyncio.Task | None = None
-        self.default = ""
-        self.default = self.resolve(default).id
+        # The model a request that names none gets; None: such a request is refused with the list.
+        self.default: str | None = None
+        self.default = self.resolve(default).id if default else None
+        self.no_default_note = ""  # said with that refusal (a demo model being trained, say)
 
     # -- names ---------------------------------------------------------------
     def _sync_slots(self) -> list[Slot]:
@@ -211,6 +213,8 @@ class Manager:
         an entry whose process downloads it first."""
         if name is None or (isinstance(name, str) and name.strip() in DEFAULT_WORDS):
             name = getattr(self, "default", None)
+            if name is None:
+                raise self._no_default()
         if not isinstance(name, str):
             raise ModelNotFound("model must be a string naming a model; GET /v1/models lists the models")
         entry = self.catalog.resolve(name) or self.fetching.get(name) or self.remote_entries.get(name)
@@ -221,6 +225,15 @@ class Manager:
         if entry is None:
             raise ModelNotFound(f"model {name!r} not found; GET /v1/models lists the models")
         return entry
+
+    def _no_default(self) -> RouterError:
+        """The refusal of a request that names no model while there is no default."""
+        names = sorted(set(self.catalog.entries) | set(self.remote_entries))
+        listed = ", ".join(names[:20]) + (f" and {len(names) - 20} more" if len(names) > 20 else "")
+        which = f"name one of: {listed}" if names else "the library has none yet (`hearth pull REPO`)"
+        note = f" ({self.no_default_note})" if self.no_default_note else ""
+        return ModelNotFound(f"no model was named and this server has no default model{note}; {which} "
+                             "(GET /v1/models lists them; `hearth serve --default-model` sets one)")
 
     # -- events --------------------------------------------------------------
     def listen(self) -> asyncio.Queue:

@@ -24,6 +24,8 @@ def health(request: HttpRequest) -> JsonResponse:
     if service is not None and service.available:
         # /health answers without a key: the state, not which model (that is on /stats)
         body["transcription"] = {k: v for k, v in service.stats().items() if k != "model"}
+    if request.runtime.demo_build is not None:  # the demo model training in the background
+        body["demo_build"] = request.runtime.demo_build
     return JsonResponse(body)
 
 

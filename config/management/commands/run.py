@@ -36,7 +36,7 @@ from urllib.parse import urlsplit
 import httpx
 from django.core.management.base import BaseCommand
 
-from core import home
+from core import home, procs
 from hub.management import remote
 
 PROMPT = ">>> "
@@ -101,8 +101,8 @@ class StartedServer:
         command = [sys.executable, "-m", "config.cli", "serve", "--port", str(port), "--default-model", model,
                    "--no-worker"]
         with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(command, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=log,
-                                         stderr=subprocess.STDOUT, start_new_session=True)
+            self.proc = procs.spawn(command, on_parent_exit=signal.SIGTERM, cwd=ROOT, stdin=subprocess.DEVNULL,
+                                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
     def wait_ready(self) -> None:
         deadline, problem = time.monotonic() + STARTUP_S, None

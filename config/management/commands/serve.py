@@ -13,15 +13,12 @@ import argparse
 import dataclasses
 import logging
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
-from huggingface_hub import constants
 
 from config.runtime import RUNTIME as runtime
 from config.serving import (
@@ -36,7 +33,7 @@ from config.serving import (
 from config.serving_access import INSECURE_WARNING, AccessError, export_for_children, settle
 from core import argtypes, limits
 from core.blas import blas_in_use
-from inference.demo.build import DEMO_REPO, Recipe, cached_snapshot
+from inference.demo.build import DEMO_REPO
 from inference.engine import checks, hlg
 from inference.engine.engine import Engine
 from inference.engine.errors import EngineError
@@ -105,7 +102,8 @@ ROUTER_FLAGS = {"--models-dir": "models_dir", "--models-preset": "models_preset"
                 "--idle-unload": "idle_unload", "--default-model": "default_model",
                 "--child-start-timeout": "child_start_timeout", "--child-timeout": "child_timeout",
                 "--no-preload": "no_preload", "--models-remote": "models_remote",
-                "--models-remote-key": "models_remote_key", "--advertise-url": "advertise_url"}
+                "--models-remote-key": "models_remote_key", "--advertise-url": "advertise_url",
+                "--build-demo": "build_demo"}
 
 
 def _add_router_flags(parser) -> None:
@@ -123,7 +121,12 @@ def _add_router_flags(parser) -> None:
     group.add_argument("--idle-unload", type=_non_negative(float), default=None, metavar="SECONDS",
                        help="unload a model idle this long (default 0: never; pinned models stay)")
     group.add_argument("--default-model", default=None, metavar="MODEL",
-                       help=f"the model for requests that name none (default {DEMO_REPO}, built if missing)")
+                       help=f"the model for requests that name none (default: {DEMO_REPO} once it is built, "
+                            "else none: such requests are refused with the list of models)")
+    group.add_argument("--build-demo", action="store_true", default=False,
+                       help=f"train the demo chat model {DEMO_REPO} in the background if it is not built yet "
+                            "(what `make serve` does): served from its first checkpoint, in about a minute, and "
+                            "swapped for each better one as it trains")
     group.add_argument("--child-start-timeout", type=_seconds, default=None, metavar="SECONDS",
                        help="how long a model's process may take to load (600)")
     group.add_argument("--child-timeout", type=_seconds, default=None, metavar="SECONDS",
@@ -204,7 +207,7 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("model", nargs="?", default=None,
                             help="serve only this model: a local model directory or a repo id in the HF cache "
-                                 f"(without it: router mode over the library, {DEMO_REPO} the default model)")
+                                 "(without it: router mode over the library)")
         parser.add_argument("--host", default="127.0.0.1")
         parser.add_argument("--port", type=int, default=8080)
         parser.add_argument("--max-tokens", type=_non_negative(int), default=None,
@@ -326,7 +329,7 @@ class Command(BaseCommand):
         log.info("BLAS: %s", blas_in_use())
         if not in_router:  # the router migrated the database before it started this process
             call_command("migrate", interactive=False, verbosity=0)
-        model_ref = opts["model"] or self._demo_model()
+        model_ref = opts["model"]
         if in_router and opts["download_only"]:
             fetch_for_router(model_ref)
             return
@@ -392,18 +395,5 @@ class Command(BaseCommand):
         register(path, name=adapter_id, mounted=True)
         log.info("adapter %s mounted as the default (%d layers, rank %s)", adapter_id, result["mounted_layers"],
                  result["rank"])
-
-    def _demo_model(self) -> str:
-        return demo_model()
-
-
-def demo_model() -> str:
-    """The demo model's repo id, built first when the cache lacks it."""
-    if cached_snapshot(Path(constants.HF_HUB_CACHE), Recipe()) is None:
-        log.info("building the demo model first (about 13 minutes, once)")
-        done = subprocess.run([sys.executable, "-m", "config.cli", "make-demo-model"])
-        if done.returncode != 0:
-            raise CommandError("building the demo model failed; see the output above")
-    return DEMO_REPO
 
 

@@ -1,10 +1,11 @@
 """`hearth worker`: one job-queue consumer. Marks jobs whose worker died as
 zombie, then runs Huey's consumer until SIGINT/SIGTERM.
 
-A worker that `hearth serve` started finds its server's pid in
-HEARTH_WORKER_PARENT and stops (SIGTERM) when that process goes: the
-parent-death signal on Linux, a parent watch on every platform. A worker
-started by hand has no such variable and runs until it is stopped.
+A worker that `hearth serve` started is tied to it (`core.procs.spawn`,
+read by the CLI before any command runs) and stops (SIGTERM) when that
+process goes: the parent-death signal on Linux, a parent watch on every
+platform. A worker started by hand is tied to nothing and runs until it is
+stopped.
 
 On Redis (HEARTH_REDIS_URL) any number of workers, on any hosts, drain one
 queue; each keeps a heartbeat and sweeps for jobs whose worker died
@@ -12,7 +13,6 @@ queue; each keeps a heartbeat and sweeps for jobs whose worker died
 from __future__ import annotations
 
 import logging
-import os
 
 from django.core.management import call_command
 from django.core.management.base import BaseCommand
@@ -27,7 +27,10 @@ class Command(BaseCommand):
         parser.add_argument("--workers", type=int, default=2, help="jobs that may run at once")
 
     def handle(self, *args, **opts):
-        self._tie_to_server()
+        from core.procs import spawner
+
+        if spawner is not None:
+            log.info("job worker tied to its server (pid %s)", spawner)
         from django.utils.module_loading import autodiscover_modules
         from huey.contrib.djhuey import HUEY
 
@@ -52,17 +55,6 @@ class Command(BaseCommand):
         finally:
             if presence.enabled():
                 presence.stop_heartbeat()
-
-    @staticmethod
-    def _tie_to_server() -> None:
-        """Set here, in the worker itself, so it holds after the CLI's BLAS re-exec."""
-        from core.procs import tie_to_parent
-        from jobs.supervisor import PARENT_ENV
-
-        parent = os.environ.pop(PARENT_ENV, None)  # job children and their tools never see it
-        if parent and parent.isdigit():
-            tie_to_parent(int(parent))
-            log.info("job worker tied to its server (pid %s)", parent)
 
     @staticmethod
     def _requeue_lost(huey) -> None:
