@@ -17,6 +17,8 @@ import tempfile
 
 import numpy as np
 
+from core import procs
+
 RATE = 16000
 DECODE_TIMEOUT_S = 120.0
 
@@ -43,7 +45,7 @@ def decode(data: bytes, timeout_s: float = DECODE_TIMEOUT_S) -> np.ndarray:
         cmd = [ffmpeg(), "-nostdin", "-hide_banner", "-loglevel", "error", "-i", name, "-vn",
                "-f", "f32le", "-acodec", "pcm_f32le", "-ac", "1", "-ar", str(RATE), "pipe:1"]
         try:
-            done = subprocess.run(cmd, capture_output=True, timeout=timeout_s)
+            done = procs.run(cmd, capture_output=True, timeout=timeout_s)
         except subprocess.TimeoutExpired:
             raise AudioError(f"decoding the audio took more than {timeout_s:g}s") from None
     finally:

@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from core import procs
 from core.fs import write_atomically
 
 NAMES = ("openblas", "mkl", "blis", "reference")
@@ -155,8 +156,8 @@ def measure(candidate: Candidate, budget_s: float | None = None) -> dict:
     row: dict = {"name": candidate.name, "library": candidate.library, "ok": False, "gflops": {}, "score": 0.0}
     args = json.dumps({"library": candidate.library, "budget_s": budget, "shapes": SHAPES})
     try:
-        done = subprocess.run([sys.executable, PROBE, args], env=preload_env(candidate, dict(os.environ)),
-                              capture_output=True, text=True, timeout=PROBE_TIMEOUT_S)
+        done = procs.run([sys.executable, PROBE, args], env=preload_env(candidate, dict(os.environ)),
+                          capture_output=True, text=True, timeout=PROBE_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         return {**row, "error": f"no answer in {PROBE_TIMEOUT_S} s"}
     except OSError as exc:

@@ -162,6 +162,13 @@ def spawn(argv: Sequence[str], *, env: dict | None = None, hide: Sequence[str] =
     return subprocess.Popen(list(argv), **tied(env=env, hide=hide, on_parent_exit=on_parent_exit), **popen)
 
 
+def run(argv: Sequence[str], *, env: dict | None = None, hide: Sequence[str] = (),
+        on_parent_exit: int = signal.SIGKILL, **kwargs) -> subprocess.CompletedProcess:
+    """`subprocess.run` for a child started as `spawn` starts one (a probe,
+    ffmpeg, git): safe from any thread, since the caller waits for it."""
+    return subprocess.run(list(argv), **tied(env=env, hide=hide, on_parent_exit=on_parent_exit), **kwargs)
+
+
 def tied(*, env: dict | None = None, hide: Sequence[str] = (), on_parent_exit: int = signal.SIGKILL) -> dict:
     """The `env` and `preexec_fn` keywords `spawn` starts a child with, for
     what takes Popen's keywords but is not Popen (asyncio's subprocesses)."""

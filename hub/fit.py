@@ -27,6 +27,7 @@ import sys
 import time
 from dataclasses import dataclass
 
+from core import procs
 from core.blas import cpu_model
 from core.fs import write_atomically
 
@@ -95,7 +96,7 @@ def measure_decode_bandwidth() -> tuple[float | None, float]:
     import subprocess
 
     try:
-        done = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, timeout=180)
+        done = procs.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, timeout=180)
         gbs, others = (float(v) for v in done.stdout.strip().splitlines()[-1].split())
         return (gbs, others) if done.returncode == 0 else (None, 0.0)
     except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):

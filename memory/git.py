@@ -8,6 +8,8 @@ import os
 import subprocess
 from pathlib import Path
 
+from core import procs
+
 IDENTITY = ["-c", "user.name=Hearth", "-c", "user.email=hearth@localhost", "-c", "commit.gpgsign=false",
             "-c", "core.hooksPath=/dev/null",  # a vault's hooks never run for Hearth
             "-c", "core.fsmonitor=false"]  # nor a command its config names to watch files
@@ -25,9 +27,9 @@ def run(root: Path, *args: str, check: bool = True, timeout: float = TIMEOUT_S) 
     try:
         # Its own session: cancelling a job signals the job's process group, and a
         # fast-forward cut short there would leave the vault half checked out.
-        done = subprocess.run(["git", "-C", str(root), *IDENTITY, *args], capture_output=True, text=True,
-                              encoding="utf-8", errors="replace", env=env, timeout=timeout,
-                              stdin=subprocess.DEVNULL, start_new_session=True)
+        done = procs.run(["git", "-C", str(root), *IDENTITY, *args], capture_output=True, text=True,
+                         encoding="utf-8", errors="replace", env=env, timeout=timeout,
+                         stdin=subprocess.DEVNULL, start_new_session=True)
     except FileNotFoundError:
         raise GitError("git is not installed (apt-get install git)") from None
     except subprocess.TimeoutExpired:

@@ -9,11 +9,12 @@ from __future__ import annotations
 import io
 import random
 import shutil
-import subprocess
 import wave
 from dataclasses import dataclass
 
 import numpy as np
+
+from core import procs
 
 RATE = 16000
 WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
@@ -64,8 +65,8 @@ def trim(audio: np.ndarray, floor: float = 0.01) -> np.ndarray:
 
 def say(text: str, voice: str = "en", speed: int = 160, pitch: int = 50) -> np.ndarray:
     """`text` spoken by espeak-ng, as 16 kHz float32 mono."""
-    done = subprocess.run([espeak(), "-v", voice, "-s", str(speed), "-p", str(pitch), "--stdout", text],
-                          capture_output=True, timeout=60, check=True)
+    done = procs.run([espeak(), "-v", voice, "-s", str(speed), "-p", str(pitch), "--stdout", text],
+                     capture_output=True, timeout=60, check=True)
     audio, rate = wav_to_float(done.stdout)
     return resample(audio, rate)
 
@@ -81,7 +82,7 @@ def random_digits(rng: random.Random, shortest: int = 2, longest: int = 5) -> st
 def synthesize(n: int, seed: int, max_s: float = 3.8) -> list[Clip]:
     """`n` clips of random digit strings, each in a random voice, speed and pitch."""
     rng = random.Random(seed)
-    clips = []
+    clips: list[Clip] = []
     while len(clips) < n:
         digits = random_digits(rng)
         voice = rng.choice(VOICES) + rng.choice(VARIANTS)
