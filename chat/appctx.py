@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 from collections import OrderedDict
+from typing import TypeGuard
 
 from chat.tools import Tool, check_args
 
@@ -89,7 +90,7 @@ def check(raw) -> dict:
     return out
 
 
-def _count(value) -> bool:
+def _count(value) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1000
 
 

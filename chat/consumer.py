@@ -327,6 +327,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
 
     # -- turns -------------------------------------------------------------
     async def _start_turn(self, user_entry: ChatEntry) -> None:
+        assert self.session is not None  # the callers opened the session the entry is in
         sampling, self.next_sampling = self.next_sampling, {}  # "next turn" covers all of its rounds
         try:
             turn = await live.start(self.runtime, self.session, self.may_code, sampling, user_entry)
@@ -396,6 +397,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         turn's `anchor_id`: only up to it, as the replay that follows brings the rest."""
         from chat import approvals
 
+        assert self.session is not None  # the callers opened (or made) the session first
         total, pages = await sync_to_async(store.history_pages)(self.session, HISTORY_PAGE_BYTES)
         if anchor_id is not None:
             pages = live.upto(pages, anchor_id) or [[]]

@@ -78,7 +78,8 @@ def resolve(path: str) -> Path:
 
 
 # -- arguments ---------------------------------------------------------------
-_TYPES = {"string": str, "integer": int, "number": (int, float), "boolean": bool, "object": dict, "array": list}
+_TYPES: dict[str, type | tuple[type, ...]] = {
+    "string": str, "integer": int, "number": (int, float), "boolean": bool, "object": dict, "array": list}
 
 
 def check_args(args, schema: dict) -> str | None:
@@ -198,6 +199,7 @@ async def _bash(args: dict, emit: Emit) -> str:
 
     async def pump():
         nonlocal dropped
+        assert proc.stdout is not None  # stdout=PIPE
         while chunk := await proc.stdout.read(4096):
             room = OUTPUT_CAP - len(kept)
             kept.extend(chunk[:room])
@@ -305,6 +307,7 @@ async def call_streaming(tool: Tool, args, emit: Emit) -> tuple[bool, str]:
     problem = check_args(args, tool.parameters)
     if problem:
         return False, f"error: {problem}"
+    assert tool.stream is not None  # called for the tools that stream
     try:
         return True, await tool.stream(args, emit)
     except ToolError as exc:

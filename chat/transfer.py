@@ -57,7 +57,8 @@ def restore(entries: list[dict]) -> ChatSession:
                             f"args, ok, result}}]}}])")
     if not (head.get("leaf") is None or isinstance(head.get("leaf"), str)):
         raise BadExport("the session's leaf must be an entry id or null")
-    title = head.get("title") if isinstance(head.get("title"), str) else "Imported chat"
+    raw_title = head.get("title")
+    title = raw_title if isinstance(raw_title, str) else "Imported chat"
     system = head.get("systemPrompt") if isinstance(head.get("systemPrompt"), str) else None
     with transaction.atomic():
         session = ChatSession.objects.create(title=title[:200] or "Imported chat", system_prompt=system)
@@ -67,8 +68,9 @@ def restore(entries: list[dict]) -> ChatSession:
             if parent_id is not None and parent_id not in made:
                 raise BadExport(f"entries[{i}].parentId {parent_id!r} is not an earlier entry")
             message = item["message"]
+            parent = None if parent_id is None else made[parent_id]
             made[item["id"]] = ChatEntry.objects.create(
-                session=session, parent=made.get(parent_id), role=message["role"], content=message["content"],
+                session=session, parent=parent, role=message["role"], content=message["content"],
                 reasoning=message.get("reasoning") or "", meta_json=json.dumps(item.get("meta") or {}))
         leaf = head.get("leaf")
         session.leaf = made.get(leaf) if leaf in made else (list(made.values())[-1] if made else None)

@@ -50,7 +50,9 @@ def _digest_configured(wanted: str) -> bool:
 
 def key_accepted(candidate: str | None) -> bool:
     """Whether `candidate` is one of the configured keys."""
-    return bool(candidate) and _digest_configured(digest(candidate))
+    if not candidate:
+        return False
+    return _digest_configured(digest(candidate))
 
 
 def session_signed_in(session) -> bool:
@@ -117,4 +119,6 @@ def cross_origin(origin: str | None, host: str) -> bool:
 
 def origin_allowed(origin: str | None) -> bool:
     """Whether the operator allowed this origin cross-origin (`--cors-origin`)."""
-    return bool(origin) and origin.rstrip("/").lower() in runtime.cors_origins
+    if not origin:
+        return False
+    return origin.rstrip("/").lower() in runtime.cors_origins

@@ -105,9 +105,11 @@ def _api_error(request: HttpRequest, exc: Exception) -> HttpResponse:
 
 
 # Ninja looks a handler up by the exception's class first: each kind it
-# would otherwise render in its own shape is routed here.
+# would otherwise render in its own shape is routed here. (Its decorator form
+# registers the same way; add_exception_handler's typing has the handler take
+# the exception's class as well, which ninja never passes.)
 for _kind in (ApiError, NinjaValidationError, HttpError, Http404, EngineError, Exception):
-    api.add_exception_handler(_kind, _api_error)
+    api.exception_handler(_kind)(_api_error)
 
 
 @v1.exception_handler(RequestError)

@@ -11,6 +11,7 @@ behind a long non-streaming generation.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
 from urllib.parse import quote
 
 from asgiref.sync import async_to_sync, iscoroutinefunction, markcoroutinefunction
@@ -28,6 +29,9 @@ class _Middleware:
 
     sync_capable = True
     async_capable = True
+
+    if TYPE_CHECKING:  # every middleware below defines it; markcoroutinefunction wants a callable
+        def __call__(self, request): ...
 
     def __init__(self, get_response):
         self.get_response = get_response

@@ -138,7 +138,8 @@ def share_ownership(manager: Manager, opts: dict) -> None:
     if advertised.port == 0 or (is_loopback(advertised.hostname or "") and not is_loopback(opts["host"])):
         log.warning("router: the other web nodes would reach this one at %s; give its address with "
                     "--advertise-url", owners.advertise)
-    if advertised.hostname:  # its own name, as the others send it in Host
+    # Its own name, as the others send it in Host (None admits every name already).
+    if advertised.hostname and runtime.allowed_hosts is not None:
         runtime.allowed_hosts = runtime.allowed_hosts | {advertised.hostname.lower()}
     key = owners.read_hop_key()
     if key:

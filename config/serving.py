@@ -202,7 +202,7 @@ def run_daphne(work: Work, host: str, port: int, drain_seconds: float, label: st
         if idle or time.monotonic() > deadline[0]:
             finish()
         else:
-            reactor.callLater(0.05, poll)
+            http_guard.clock().callLater(0.05, poll)
 
     def drain():
         if runtime.draining:  # second signal: stop now

@@ -14,6 +14,7 @@ import logging
 import os
 import secrets
 import socket
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -46,7 +47,7 @@ def is_loopback(host: str) -> bool:
         return name.lower() == "localhost"
 
 
-def load_keys(given: list[str], files: list[str], environ: dict) -> frozenset:
+def load_keys(given: list[str], files: list[str], environ: Mapping[str, str]) -> frozenset:
     """Keys from --api-key, --api-key-file (one a line; blank lines and
     `#` comments skipped) and HEARTH_API_KEY."""
     keys = [k.strip() for k in given]
@@ -102,7 +103,7 @@ def allowed_hosts(bound: str, listed: list[str]) -> frozenset:
 
 
 def settle(host: str, keys: list[str], key_files: list[str], cors: list[str], insecure: bool,
-           environ: dict, behind_proxy: bool = False) -> Access:
+           environ: Mapping[str, str], behind_proxy: bool = False) -> Access:
     """Everything above, or an AccessError that names the fix. Behind a
     reverse proxy (HEARTH_BEHIND_PROXY) a loopback bind is no protection:
     every visitor arrives from the proxy."""

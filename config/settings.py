@@ -139,7 +139,7 @@ def _postgres(url: str) -> dict:
                                    ) from None
     # A connection per request (CONN_MAX_AGE 0): Django's advice under ASGI, where
     # each request's sync code runs in a thread of its own.
-    return dj_database_url.parse(url, conn_max_age=0)
+    return dict(dj_database_url.parse(url, conn_max_age=0))
 
 
 if DATABASE_URL:

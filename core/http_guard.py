@@ -42,7 +42,7 @@ class _Clock(Protocol):
     def callLater(self, delay: float, fn: Callable[..., object], *args: object) -> _Timer: ...
 
 
-def _clock() -> _Clock:
+def clock() -> _Clock:
     """The running reactor, as the timer source this module uses. Twisted
     types it with zope interfaces, whose methods mypy reads right only
     through the mypy-zope plugin."""
@@ -63,7 +63,7 @@ def _refuse(channel, status: int, reason: bytes, message: str, code: str) -> Non
     transport = channel.transport
     transport.write(head + body)
     transport.loseWriteConnection() if hasattr(transport, "loseWriteConnection") else transport.loseConnection()
-    _clock().callLater(LINGER_S, lambda: transport.connected and transport.abortConnection())
+    clock().callLater(LINGER_S, lambda: transport.connected and transport.abortConnection())
 
 
 class GuardedRequest(WebRequest):
@@ -131,7 +131,7 @@ class GuardedChannel(http.HTTPChannel):
 
     def _arm(self, seconds: float, what: str) -> None:
         self._disarm()
-        self._deadline = _clock().callLater(seconds, self._too_slow, seconds, what)
+        self._deadline = clock().callLater(seconds, self._too_slow, seconds, what)
 
     def _disarm(self) -> None:
         if self._deadline is not None and self._deadline.active():

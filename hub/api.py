@@ -36,11 +36,11 @@ class ServeRequest(Schema):
 
 
 class GcRequest(Schema):
-    yes: StrictBool = Field(False, description="true deletes what a fresh plan lists")
+    yes: StrictBool = Field(default=False, description="true deletes what a fresh plan lists")
 
 
 class MeasureRequest(Schema):
-    tokens: int = Field(64, ge=8, le=1024, strict=True, description="tokens to decode, 8 to 1024")
+    tokens: int = Field(default=64, ge=8, le=1024, strict=True, description="tokens to decode, 8 to 1024")
 
 
 # What an empty body means (every field at its default).

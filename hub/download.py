@@ -131,7 +131,7 @@ def _verify(path: Path, remote: RemoteFile) -> None:
         raise ValueError(f"{remote.path}: content hash {digest.hexdigest()} does not match {remote.etag}")
 
 
-def _fetch(url: str, part: Path, remote: RemoteFile, token: str | None, progress: Progress,
+def _fetch(url: str, part: Path, remote: RemoteFile, token: str | None, progress: Progress | _Reporting,
            stop: Callable[[], bool]) -> None:
     if part.is_symlink() or (part.exists() and not part.is_file()):  # a FIFO or a link put there: never opened
         part.unlink()

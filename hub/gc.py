@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeGuard
 
 from core.paths import read_text
 
@@ -99,7 +101,7 @@ def plan_repo(root: Path, in_use: frozenset = frozenset()) -> RepoPlan | None:
             plan.skipped.append(snapshot)  # holds files the kept revision lacks, or files of its own
         else:
             plan.prune.append(snapshot)
-    surviving = set()
+    surviving: set[str] = set()
     for snapshot in snapshots.values():
         if snapshot not in plan.prune:
             surviving.update(_links(snapshot).values())
@@ -114,11 +116,11 @@ def _roots(cache: Path) -> list[Path]:
     return sorted(r for r in cache.iterdir() if r.is_dir()) if cache.is_dir() else []
 
 
-def _worth(repo: RepoPlan | None, busy: set[str]) -> bool:
+def _worth(repo: RepoPlan | None, busy: Collection[str]) -> TypeGuard[RepoPlan]:
     return repo is not None and repo.repo_id not in busy and bool(repo.prune or repo.skipped or repo.dead_blobs)
 
 
-def plan(cache: Path, busy: set[str] = frozenset(), in_use: frozenset | None = None) -> list[RepoPlan]:
+def plan(cache: Path, busy: Collection[str] = frozenset(), in_use: frozenset | None = None) -> list[RepoPlan]:
     """Repos with something to reclaim or skip. Repos being downloaded (in
     `busy`, or locked by a download in any process) are left out; snapshots
     being served (`in_use`, by default every live server's) are kept."""
@@ -138,7 +140,7 @@ def plan(cache: Path, busy: set[str] = frozenset(), in_use: frozenset | None = N
     return out
 
 
-def execute(cache: Path, busy: set[str] = frozenset(), in_use: frozenset | None = None) -> dict:
+def execute(cache: Path, busy: Collection[str] = frozenset(), in_use: frozenset | None = None) -> dict:
     """Recompute the plan repo by repo under the repo's lock, and delete it."""
     from hub.locks import repo_lock, served_snapshots
 

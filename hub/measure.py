@@ -14,7 +14,7 @@ async def measure_decode(engine, tokens: int) -> tuple[float, int]:
     never_stop = {t: -100.0 for t in model.tokenizer.eos_token_ids}  # decode the full count (-100 bans)
     request = GenerationRequest(prompt_tokens=list(prompt), max_tokens=tokens,
                                 logits=LogitsParams(logit_bias=never_stop), adapters=())
-    stamps = []
+    stamps: list[float] = []
     async for event in engine.submit(request).events():
         if event.error is not None:
             raise RuntimeError(event.error)

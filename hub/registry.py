@@ -88,8 +88,8 @@ def _header_params(file: Path, quant_bits: int | None) -> int:
             count *= dim
         if name.endswith((".scales", ".biases")) and name.rsplit(".", 1)[0] + ".weight" in names:
             continue  # quantization metadata, not parameters
-        packed = name.endswith(".weight") and name[:-7] + ".scales" in names and quant_bits
-        total += count * 32 // quant_bits if packed else count
+        packed = name.endswith(".weight") and name[:-7] + ".scales" in names
+        total += count * 32 // quant_bits if packed and quant_bits else count
     return total
 
 

@@ -79,9 +79,9 @@ class ExportRequest(Schema):
 
 
 class PickedFolder(Schema):
-    folder_name: str | None = Field(None, description="a folder name from a browser's picker (models--org--name "
-                                                      "or a snapshot hash)")
-    rel_path: str | None = Field(None, description="a path, absolute or inside the HF cache")
+    folder_name: str | None = Field(default=None, description="a folder name from a browser's picker "
+                                                              "(models--org--name or a snapshot hash)")
+    rel_path: str | None = Field(default=None, description="a path, absolute or inside the HF cache")
 
 
 class DatasetRequest(Schema):

@@ -107,7 +107,8 @@ def run(job_id: str) -> None:
     job = Job.objects.get(id=job_id)
     events = job.event_log()
     stderr_path = Path(job.log_path).with_suffix(".stderr")  # the child's output stays on the worker's host
-    child, state, code, cancelled = None, {}, None, False
+    state: dict[str, dict] = {}  # "done" or "failed": the child's closing event
+    child, code, cancelled = None, None, False
     try:
         events.emit("started")
         stderr_path.parent.mkdir(parents=True, exist_ok=True)

@@ -104,7 +104,7 @@ def stop_strays(folder: Path | None = None, grace: float = STRAY_GRACE_S) -> lis
     """Stop the recorded workers whose server is gone; drop stale records.
     The pids stopped, logged one by one."""
     folder = folder or home.run()
-    stopped = []
+    stopped: list[int] = []
     if not folder.is_dir():
         return stopped
     for path in sorted(folder.glob("worker-*.json")):

@@ -24,17 +24,17 @@ VAULT = "a vault's name; default: the default vault"
 
 
 class InitRequest(Schema):
-    path: str | None = Field(None, description="the vault's folder; default: HEARTH_HOME/memory/<name>")
-    name: str | None = Field(None, description="1-64 letters, digits, '.', '_' or '-'")
+    path: str | None = Field(default=None, description="the vault's folder; default: HEARTH_HOME/memory/<name>")
+    name: str | None = Field(default=None, description="1-64 letters, digits, '.', '_' or '-'")
 
 
 class SynthesizeRequest(Schema):
     """A synthesis job's submit body (the synthesis kind's schema, registered in `memory/apps.py`)."""
 
-    vault: str | None = Field(None, description=VAULT)
-    dry: StrictBool = Field(False, description="plan only: no model calls, no writes")
-    model: str | None = Field(None, description="the model that writes the articles (router mode: an id or "
-                                                "alias); default: the served or default model")
+    vault: str | None = Field(default=None, description=VAULT)
+    dry: StrictBool = Field(default=False, description="plan only: no model calls, no writes")
+    model: str | None = Field(default=None, description="the model that writes the articles (router mode: "
+                                                        "an id or alias); default: the served or default model")
 
 
 # What an empty body means (every field at its default).

@@ -3,6 +3,7 @@ memory_list, memory_read and memory_links. They return plain text for the
 model; none of them can write."""
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 from chat.tools import ToolError
@@ -76,7 +77,7 @@ def _chat_tools() -> dict:
     for spec in specs():
         fn = spec["function"]
         out[fn["name"]] = Tool(fn["name"], fn.get("description", ""), fn.get("parameters") or {"type": "object"},
-                               gated=False, run=lambda args, _name=fn["name"]: run(_name, args))
+                               gated=False, run=functools.partial(run, fn["name"]))
     return out
 
 
@@ -87,7 +88,9 @@ def _search(root: Path, args: dict) -> str:
     scope = args.get("scope") or "all"
     if scope not in ("all", "articles", "reference"):
         raise ToolError("scope must be all, articles or reference")
-    limit = args.get("limit") if isinstance(args.get("limit"), int) and args["limit"] > 0 else 20
+    limit = args.get("limit")
+    if not isinstance(limit, int) or limit <= 0:
+        limit = 20
     from memory import service
 
     found = service.search(root, query, scope, min(limit, 200))

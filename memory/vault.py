@@ -190,7 +190,7 @@ def check_name(name) -> str:
     return name
 
 
-def resolve(root: Path, name: str, allow_reference: bool = False) -> Path:
+def resolve(root: Path, name: str | None, allow_reference: bool = False) -> Path:
     """The file of an article (exact name, then ignoring case), or a 404."""
     root = Path(root)
     folder = root / ARTICLES
@@ -247,7 +247,9 @@ def slug(title: str) -> str:
 
 def structure(text: str) -> list[dict]:
     """Headings below the title: level, title, anchor and 1-based line in the file."""
-    out, fence, seen = [], False, {}
+    out: list[dict] = []
+    fence = False
+    seen: dict[str, int] = {}
     for number, line in enumerate(text.split("\n"), 1):
         if line.lstrip().startswith(("```", "~~~")):
             fence = not fence
@@ -299,7 +301,7 @@ def wikilinks(text: str) -> list[str]:
     return list(seen)
 
 
-def read_article(root: Path, name: str) -> dict:
+def read_article(root: Path, name: str | None) -> dict:
     path = resolve(root, name, allow_reference=True)
     content = read(path)
     fields, body, _ = split_front_matter(content)
@@ -308,7 +310,7 @@ def read_article(root: Path, name: str) -> dict:
             "lead": lead(body), "series": fields.get("series") or None, "structure": structure(content)}
 
 
-def links(root: Path, name: str) -> dict:
+def links(root: Path, name: str | None) -> dict:
     root = Path(root)
     path = resolve(root, name)
     names = articles(root)
@@ -333,7 +335,7 @@ def links(root: Path, name: str) -> dict:
 REV = re.compile(r"^[0-9a-f]{4,40}$")
 
 
-def history(root: Path, name: str, limit: int) -> dict:
+def history(root: Path, name: str | None, limit: int) -> dict:
     root = Path(root)
     path = resolve(root, name)
     if not git.is_repo(root):
@@ -348,7 +350,7 @@ def history(root: Path, name: str, limit: int) -> dict:
     return {"name": path.stem, "is_git_repo": True, "entries": entries}
 
 
-def diff(root: Path, name: str, rev: str) -> dict:
+def diff(root: Path, name: str | None, rev: str | None) -> dict:
     root = Path(root)
     if not isinstance(rev, str) or not REV.match(rev):
         raise VaultError("rev must be a commit hash (4 to 40 lowercase hex digits)")

@@ -176,6 +176,7 @@ def train(recipe: Recipe, out: Path, progress=None, checkpoint=None) -> dict:
     data = corpus.samples(recipe.seed, recipe.examples)
     tok = train_tokenizer(_corpus_text(data), recipe.vocab_size, words=corpus.WHOLE_WORDS, numbers_apart=True)
     pad_id, eos_id = tok.token_to_id(PAD), tok.token_to_id(IM_END)
+    assert pad_id is not None and eos_id is not None  # special tokens train_tokenizer always adds
     batches = [(mx.array(ids, dtype=mx.int32), mx.array(masks, dtype=mx.float32))
                for ids, masks in _batches(tok, data, recipe, pad_id)]
 

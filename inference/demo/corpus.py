@@ -126,11 +126,13 @@ def tool_spec(name: str) -> dict:
 
 def _tool_case(r: random.Random, name: str) -> tuple[str, dict, str, str]:
     """(question, arguments, tool result, final answer) for one tool."""
+    args: dict[str, str | int]
     if name == "get_weather":
         args, result = {"city": r.choice(CITIES)}, r.choice(["sunny", "rainy", "cloudy", "windy"])
     elif name == "add":
-        args = {"a": r.randint(0, 50), "b": r.randint(0, 50)}
-        result = str(args["a"] + args["b"])
+        a, b = r.randint(0, 50), r.randint(0, 50)
+        args = {"a": a, "b": b}
+        result = str(a + b)
     elif name == "get_time":
         args, result = {"timezone": r.choice(CITIES + ["UTC"])}, f"{r.randint(0, 23):02d}:{r.randint(0, 59):02d}"
     else:

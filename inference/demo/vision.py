@@ -21,6 +21,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import cast
 
 from core.paths import read_json, read_text
 from inference.demo.files import CHAT_TEMPLATE, IM_END, PAD, publish_to_cache, train_tokenizer, write_tokenizer
@@ -220,6 +221,8 @@ def train(recipe: VisionRecipe, out: Path, progress=None) -> dict:
     tok = train_tokenizer(texts * 4, recipe.vocab_size, markup=False)
     tok.add_special_tokens([IMAGE_TOKEN])
     image_id, pad_id, eos_id = tok.token_to_id(IMAGE_TOKEN), tok.token_to_id(PAD), tok.token_to_id(IM_END)
+    # Special tokens train_tokenizer adds, and the image token added just above.
+    assert image_id is not None and pad_id is not None and eos_id is not None
     n_image = (recipe.image_size // recipe.patch_size) ** 2 + (recipe.feature_strategy == "full")
     config, preprocessor, processor = configs(recipe, tok.get_vocab_size(), image_id, eos_id)
     mx.random.seed(recipe.seed)
@@ -263,7 +266,7 @@ def _accuracy(model, tok, ids, loss_mask, pix, labels, rows, image_id: int) -> f
     x, m = ids[picked], loss_mask[picked]
     logits = model.language_model(x[:, :-1], inputs_embeds=_merge(model, x[:, :-1], pix[picked], image_id)).logits
     right = (mx.argmax(logits, axis=-1) == x[:, 1:]) | (m[:, 1:] == 0)
-    return round(mx.all(right, axis=1).astype(mx.float32).mean().item(), 3)
+    return round(cast(float, mx.all(right, axis=1).astype(mx.float32).mean().item()), 3)  # a float32 item
 
 
 def _write(out: Path, weights: dict, config: dict, preprocessor: dict, processor: dict, tok,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 
 import httpx
@@ -70,7 +70,7 @@ def _deltas(chunk: dict, calls: dict[int, list[str]]) -> list[Delta]:
     return out
 
 
-async def chat(manager: Manager, model: str | None, body: dict) -> AsyncIterator[Delta]:
+async def chat(manager: Manager, model: str | None, body: dict) -> AsyncGenerator[Delta, None]:
     """Stream `body` (an OpenAI chat request) through `model`'s process
     (another web node's, when that node serves it; if it is gone, here)."""
     slot = await manager.acquire(model)

@@ -209,6 +209,7 @@ def run(config: dict, log: EventLog, stage_delay: float = 0.0) -> tuple[str, dic
     if needs_model:
         log.emit("log", line=f"asking the model {config.get('model_name') or 'the server serves'}")
     if template["id"] == "qa-from-text":
+        assert model is not None  # the template needs the model (needs_llm)
         rows, skipped = _qa_from_text(inputs, model, log)
     elif template["id"] == "table-to-messages":
         rows, skipped = _table_to_messages(inputs, log)

@@ -13,6 +13,7 @@ import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any, cast
 
 from core.paths import (
     ADAPTER_FILES,
@@ -189,7 +190,8 @@ def run(config: dict, log: EventLog, stage_delay: float = 0.0) -> tuple[str, dic
     adapter_path = Path(cfg["adapter_path"]).expanduser()
     _, model_dir = resolve(cfg["model_dir"])
     log.emit("stage", stage="load", progress=0.02, message=f"loading {model_dir.name}")
-    model, wrapper = load(str(model_dir))
+    # Typed as a union of the 2- and 3-tuple; without return_config it answers the 2-tuple.
+    model, wrapper = cast("tuple[Any, Any]", load(str(model_dir)))
     hf_tokenizer = getattr(wrapper, "_tokenizer", wrapper)  # the template serving uses, as is
 
     log.emit("stage", stage="data", progress=0.05, message=f"reading {cfg['data_dir']}")
@@ -278,9 +280,11 @@ def _load_warm_start(model, weights: Path) -> None:
     import mlx.core as mx
     from mlx.utils import tree_flatten
 
-    wanted = dict(tree_flatten(model.trainable_parameters()))
+    # Without a destination, tree_flatten answers a list of (path, leaf).
+    wanted = dict(cast("list[tuple[str, Any]]", tree_flatten(model.trainable_parameters())))
     regular_file(weights, "warm_start_adapter")
-    found = mx.load(str(weights))
+    # An adapter's weights are a safetensors file (ADAPTER_FILES), which loads as a dict of arrays.
+    found = cast("dict[str, mx.array]", mx.load(str(weights)))
     missing, extra = set(wanted) - set(found), set(found) - set(wanted)
     if missing or extra:
         name = sorted(missing or extra)[0]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any, cast
 
 DTYPE_BITS = {"float32": 32, "float16": 16, "bfloat16": 16}
 
@@ -62,7 +63,9 @@ def plan(model, target_bpw: float, candidates: list[int], group: int, dtype: str
     quantizable: dict[str, int] = {}
     fixed: dict = {}
     fixed_bits = 0.0
-    for path, module in tree_flatten(model.leaf_modules(), is_leaf=nn.Module.is_module):
+    # Without a destination, tree_flatten answers a list of (path, leaf).
+    leaves = cast("list[tuple[str, Any]]", tree_flatten(model.leaf_modules(), is_leaf=nn.Module.is_module))
+    for path, module in leaves:
         if not hasattr(module, "to_quantized") or module.weight.shape[-1] % group != 0:
             continue
         rule = own(path, module) if own is not None else True
@@ -74,10 +77,9 @@ def plan(model, target_bpw: float, candidates: list[int], group: int, dtype: str
             fixed_bits += module.weight.size * (rule.get("bits", 8) + 2 * float_bits / size)
         else:
             quantizable[path] = module.weight.size
-    total = sum(v.size for _, v in tree_flatten(model.parameters()))
+    total = sum(v.size for _, v in cast("list[tuple[str, Any]]", tree_flatten(model.parameters())))
     kept_params = total - sum(quantizable.values()) - sum(
-        m.weight.size for p, m in tree_flatten(model.leaf_modules(), is_leaf=nn.Module.is_module)
-        if isinstance(fixed.get(p), dict))
+        m.weight.size for p, m in leaves if isinstance(fixed.get(p), dict))
     other_bits = kept_params * float_bits + fixed_bits
     if not quantizable:
         raise ValueError("this model has no layers that can be quantized at this group size")

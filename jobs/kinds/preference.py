@@ -9,6 +9,7 @@ policy with a frozen copy of the base model."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, cast
 
 
 class PreferencePairs:
@@ -45,7 +46,7 @@ def _cpu_device_info() -> None:
 
     info = mx.device_info()
     if "max_recommended_working_set_size" not in info:
-        mx.device_info = lambda: {**info, "max_recommended_working_set_size": 0}
+        mx.device_info = lambda d=None: {**info, "max_recommended_working_set_size": 0}
 
 
 def train(model, model_dir: str, hf_tokenizer, cfg: dict, train_rows: list[dict], valid_rows: list[dict],
@@ -60,7 +61,8 @@ def train(model, model_dir: str, hf_tokenizer, cfg: dict, train_rows: list[dict]
     if cfg["method"] == "dpo":
         from mlx_lm_lora.trainer.dpo_trainer import DPOTrainingArgs, train_dpo
 
-        reference, _ = load(model_dir)
+        # Typed as a union of the 2- and 3-tuple; without return_config it answers the 2-tuple.
+        reference, _ = cast("tuple[Any, Any]", load(model_dir))
         reference.freeze()
         args = training_args(DPOTrainingArgs, cfg, adapter_path, beta=float(cfg["dpo_beta"]), loss_type="sigmoid")
         train_dpo(model, reference, optimizer(cfg), train_set, valid_set, args=args, training_callback=reporter,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
+from typing import Any, cast
 
 from jobs.events import EventLog
 
@@ -77,7 +78,8 @@ def run(config: dict, log: EventLog, stage_delay: float = 0.0) -> tuple[str, dic
         from jobs.kinds.mixed import plan as mixed_plan
 
         stage("plan", 0.1, f"planning a mix of {candidates} bits for {target:g} bits per weight")
-        model, _ = load(str(src), lazy=True)
+        # Typed as a union of the 2- and 3-tuple; without return_config it answers the 2-tuple.
+        model, _ = cast("tuple[Any, Any]", load(str(src), lazy=True))
         plan = mixed_plan(model, target, candidates, group, str(config_in.get("torch_dtype") or "float16"))
         del model
         bits = plan.low

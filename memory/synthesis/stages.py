@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from jobs.llm import text_schema
+from jobs.llm import ServedModel, text_schema
 from memory import index, vault
 
 SEGMENT_CHARS = 360
@@ -31,8 +32,8 @@ def plain(text) -> str:
 @dataclass
 class Run:
     root: Path  # the folder this run writes (the scratch worktree), or the vault itself on a dry run
-    model: object | None  # jobs.llm.ServedModel
-    say: object  # say(message): a log line
+    model: ServedModel | None  # None on a dry run, which asks the model nothing
+    say: Callable[[str], object]  # say(message): a log line
     sessions: list[dict] = field(default_factory=list)
     segments: list[dict] = field(default_factory=list)
     facts: list[dict] = field(default_factory=list)
@@ -46,6 +47,7 @@ class Run:
 
 
 def _ask(run: Run, system: str, user: str, schema: dict, max_tokens: int) -> dict | None:
+    assert run.model is not None  # only a dry run has no model, and it asks nothing
     run.asked += 1
     text, finish = run.model.complete([{"role": "system", "content": system}, {"role": "user", "content": user}],
                                       schema, max_tokens, temperature=0.0)
@@ -89,7 +91,8 @@ def segment(run: Run, limit: int) -> str:
     for session in run.sessions:
         if len(run.segments) >= limit:
             break
-        turns, current = [], []
+        turns: list[list[dict]] = []
+        current: list[dict] = []
         for message in session["messages"]:
             if message["role"] == "user" and current:
                 turns.append(current)
@@ -194,7 +197,7 @@ def route(run: Run, index_path: Path) -> str:
 
 # -- create ----------------------------------------------------------------------
 def _sources(facts: list[dict]) -> list[str]:
-    seen = {}
+    seen: dict[str, str] = {}
     for f in facts:
         seen.setdefault(f["session"], f"- Chat “{f['title']}” ({f['date'] or 'undated'}, session {f['session']})")
     return list(seen.values())
