@@ -16,7 +16,7 @@ EXTRAS := test$(comma)redis$(comma)postgres$(if $(filter 1,$(MKL)),$(comma)mkl)
 HOST ?= 127.0.0.1
 PORT ?= 8080
 
-.PHONY: serve test lint blas browser git media redis postgres deps bench clean
+.PHONY: serve test check-demo lint blas browser git media redis postgres deps bench clean
 
 deps: $(VENV)/.installed
 
@@ -97,7 +97,13 @@ serve: deps blas git media
 # where PYTHONDONTWRITEBYTECODE is set each would compile them again (~0.3 s a start on 2 cores).
 test: deps blas browser git media redis postgres lint
 	$(BIN)/python -m compileall -q config core inference chat hub jobs memory tests > /dev/null
-	HF_HUB_OFFLINE=1 $(BIN)/pytest -q --durations=25 tests
+	HF_HUB_OFFLINE=1 $(BIN)/pytest -q --durations=15 tests --ignore=tests/demo
+
+# What the trained demo models can do (tests/demo): trains the demo chat and vision models first, in the
+# run's own homes (about 10 minutes on 2 cores), then checks their answers. CI runs it after `make test`.
+check-demo: deps blas browser git media
+	$(BIN)/python -m compileall -q config core inference chat hub jobs memory tests > /dev/null
+	HF_HUB_OFFLINE=1 $(BIN)/pytest -q --durations=15 tests/demo
 
 # ruff over everything; mypy over the files [tool.mypy] names (core, the engine, protocols and routes).
 lint: deps

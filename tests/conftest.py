@@ -115,7 +115,7 @@ _DEMO_HOMES = (_SESSION_DIR / "demo" / "hf", _SESSION_DIR / "demo" / "hearth")
 _demo: dict = {}
 
 
-# The demo vision model (tests/test_vision.py) is built the same way, in homes of its own.
+# The demo vision model (tests/demo/test_vision.py) is built the same way, in homes of its own.
 _VISION_HOMES = (_SESSION_DIR / "vision" / "hf", _SESSION_DIR / "vision" / "hearth")
 _vision: dict = {}
 
