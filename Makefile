@@ -10,7 +10,7 @@ BLIS := /usr/lib/x86_64-linux-gnu/blis-pthread/libblas.so.3 /usr/lib/aarch64-lin
 # installs nothing off x86-64 Linux). `make MKL=0 ...` leaves it out.
 MKL ?= 1
 comma := ,
-# The suite runs Hearth on Redis and on PostgreSQL too (tests/test_redis.py, tests/pg.py), so `make`
+# The suite runs Hearth on Redis and on PostgreSQL too (tests/e2e/test_redis.py, tests/pg.py), so `make`
 # installs the `redis` and `postgres` extras.
 EXTRAS := test$(comma)redis$(comma)postgres$(if $(filter 1,$(MKL)),$(comma)mkl)
 HOST ?= 127.0.0.1

@@ -33,7 +33,7 @@ from chat.tools import Tool, check_args
 ROUTES = {"chat": "Chat", "status": "Status", "models": "Models", "memory": "Memory", "jobs": "Jobs",
           "finetune": "Fine-tune", "quantize": "Quantize", "dataset": "Dataset", "adapters": "Adapters",
           "settings": "Settings"}
-# Curated spotlight targets: elements the pages mark with `data-spot` (tests/test_app_aware.py
+# Curated spotlight targets: elements the pages mark with `data-spot` (tests/chat/test_app_aware.py
 # checks that the frontend marks every one).
 SPOTS = {
     "quantize-source": "the model to quantize (Quantize, step 1)",

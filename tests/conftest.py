@@ -16,7 +16,7 @@ os.environ["HF_HOME"] = str(_SESSION_DIR / "hf")
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ.pop("HF_HUB_CACHE", None)
 # SQLite in those homes, whatever database the machine running the tests is set up for
-# (tests/test_postgres.py sets DATABASE_URL for the servers it starts).
+# (tests/e2e/test_postgres.py sets DATABASE_URL for the servers it starts).
 os.environ.pop("DATABASE_URL", None)
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 # Tests keep their fixture files in pytest's temporary folders; servers may
@@ -24,7 +24,7 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 _TMP_DIR = _SESSION_DIR / "tmp"
 os.environ["HEARTH_ALLOW_PATHS"] = str(_TMP_DIR)
 # Servers run on OpenBLAS, named, so a fresh home does not measure the BLAS
-# libraries at every start; tests/test_blas.py measures.
+# libraries at every start; tests/core/test_blas.py measures.
 os.environ.setdefault("HEARTH_BLAS", "openblas" if _find_openblas() else "reference")
 
 from tests.helpers import TINY_REPO, ServerProcess, build_tiny_model, server_env  # noqa: E402

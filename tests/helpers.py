@@ -12,6 +12,8 @@ from pathlib import Path
 import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
+# Screenshots the browser tests save, for a person to look at (ignored by git).
+ARTIFACTS = Path(__file__).parent / "artifacts" / "screenshots"
 HEARTH = [sys.executable, "-m", "config.cli"]
 TINY_REPO = "hearth-test/tiny-random"
 

@@ -130,7 +130,7 @@ def test_thinking_on_opens_a_reasoning_channel(demo_server):
 def test_the_memory_page_says_synthesis_needs_a_real_model(demo_server, page):
     import httpx
 
-    from tests.test_dashboard import ARTIFACTS
+    from tests.helpers import ARTIFACTS
 
     status = httpx.get(demo_server.url + "/api/memory/status").json()
     assert status["synthesis_model"] == {"model": "hearth/demo-chat", "demo": True}

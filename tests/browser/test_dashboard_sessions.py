@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import json
 
-from tests.test_dashboard import ARTIFACTS, _send
+from tests.browser.test_dashboard import _send
+from tests.helpers import ARTIFACTS
 
 TOPIC = "Lighthouse keepers of the north"
 

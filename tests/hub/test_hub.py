@@ -134,7 +134,7 @@ def _download_rows(hearth_home: Path, repo_id: str) -> list[dict]:
 
 
 def test_a_killed_download_resumes_from_its_partial_file(homes_hub, double, tiny_files, tmp_path):
-    from tests.test_crash import assert_no_strays
+    from tests.e2e.test_crash import assert_no_strays
 
     env = _env(homes_hub, double)
     first = ServerProcess(env, TINY_REPO, log_path=tmp_path / "first.log").wait_ready()  # with its worker
@@ -258,8 +258,8 @@ def test_push_arrives_at_the_hub(hub_server, double, tmp_path):
 def test_the_adapters_page_merges_exports_and_pushes(hub_server, homes_hub, double, tiny_model, browser):
     from huggingface_hub import snapshot_download
 
-    from tests.test_adapters import _random_adapter, _write_adapter
-    from tests.test_dashboard import ARTIFACTS
+    from tests.api.test_adapters import _random_adapter, _write_adapter
+    from tests.helpers import ARTIFACTS
 
     url = hub_server.url
     snapshot = snapshot_download(tiny_model, local_files_only=True)

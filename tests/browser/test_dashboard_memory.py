@@ -12,9 +12,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.helpers import ServerProcess, server_env
+from tests.helpers import ARTIFACTS, ServerProcess, server_env
 
-ARTIFACTS = Path(__file__).parent / "artifacts" / "screenshots"
 GIT_ID = ["-c", "user.name=Hearth Tests", "-c", "user.email=tests@hearth.invalid", "-c", "commit.gpgsign=false"]
 
 LIGHTHOUSE = """---

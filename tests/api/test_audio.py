@@ -232,7 +232,7 @@ def test_dashboard_hold_to_talk_and_audio_drop(audio_server, clips, tmp_path):
 
     from playwright.sync_api import sync_playwright
 
-    from tests.test_dashboard_tools import ARTIFACTS
+    from tests.helpers import ARTIFACTS
 
     looped = tmp_path / "mic.wav"  # Chromium loops the file: speech, then a second of silence
     speech = speech_data.say("four seven one")

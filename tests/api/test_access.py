@@ -344,7 +344,7 @@ def test_key_settings_that_cannot_work_stop_start_up(homes, tmp_path):
 # -- the dashboard ---------------------------------------------------------------------------------
 
 def test_dashboard_sign_in_chat_and_sign_out(page, keyed):
-    from tests.test_dashboard import ARTIFACTS
+    from tests.helpers import ARTIFACTS
 
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     page.goto(keyed.url + "/#/chat")

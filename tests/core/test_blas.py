@@ -16,11 +16,10 @@ import httpx
 import pytest
 
 from core import blas
-from tests.helpers import HEARTH, ROOT, ServerProcess, server_env
+from tests.helpers import ARTIFACTS, HEARTH, ROOT, ServerProcess, server_env
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the BLAS is chosen on Linux only")
 QUICK = "0.01"
-ARTIFACTS = Path(__file__).parent / "artifacts" / "screenshots"
 SHOW = "import json; from core import blas; print('BLAS=' + json.dumps(blas.current()))"
 BAD_SGEMM = """
 void cblas_sgemm(int order, int ta, int tb, int m, int n, int k, float alpha, const float *a, int lda,

@@ -12,14 +12,12 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.helpers import ServerProcess, build_tiny_model, server_env
+from tests.helpers import ARTIFACTS, ServerProcess, build_tiny_model, server_env
 
-ARTIFACTS = Path(__file__).parent / "artifacts" / "screenshots"
 TINY_A = "hearth-test/tiny-a"
 TINY_B = "hearth-test/tiny-b"
 PICKER = "select[aria-label='Model for this chat']"

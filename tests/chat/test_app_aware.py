@@ -8,14 +8,13 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from pathlib import Path
 
 import pytest
 from channels.testing import WebsocketCommunicator
 
-from tests.test_chat_ws import _app, _connect, _turn
+from tests.chat.test_chat_ws import _app, _connect, _turn
+from tests.helpers import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 QUANTIZE = {"route": "quantize", "step": {"index": 1, "count": 3, "label": "Precision"},
             "snapshot": {"route": "quantize", "capturedAt": "2026-12-02T20:00:00Z",
                          "elements": [{"ref": "e1", "label": "Bits", "kind": "select", "selector": "#f-bits",

@@ -7,9 +7,9 @@ Screenshots go to tests/artifacts/screenshots."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
-ARTIFACTS = Path(__file__).parent / "artifacts" / "screenshots"
+from tests.helpers import ARTIFACTS
+
 ROUNDS = [{"text": "Let me look. ", "calls": [
     {"id": "c1", "tool": "read", "args": {"path": "notes.txt"}, "ok": True, "result": "     1\talpha"},
     {"id": "c2", "tool": "bash", "args": {"command": "ls"}, "ok": True, "result": "a.txt\n"}]}]

@@ -6,12 +6,12 @@ widths in tests/artifacts/screenshots (look at them)."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import httpx
 import pytest
 
-ARTIFACTS = Path(__file__).parent / "artifacts" / "screenshots"
+from tests.helpers import ARTIFACTS
+
 PAGES = ("chat", "status", "models", "jobs", "finetune", "quantize", "dataset", "adapters", "settings")
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 
-from tests import test_chat_ws as _ws
+from tests.chat import test_chat_ws as _ws
 
 client, django_ready, engine = _ws.client, _ws.django_ready, _ws.engine
 SCHEMA = {"type": "object", "properties": {"colour": {"enum": ["red", "blue"]}}, "required": ["colour"],

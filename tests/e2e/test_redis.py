@@ -21,7 +21,7 @@ import pytest
 import redis
 
 from tests.helpers import HEARTH, ROOT, ServerProcess, server_env
-from tests.test_jobs import follow, wait_status
+from tests.jobs.test_jobs import follow, wait_status
 
 HEARTBEAT_S = 0.5
 STAGE_DELAY_S = 4  # fine-tunes pause this long once training starts: long enough to overlap, or to be killed

@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 
-from tests.test_dashboard import ARTIFACTS
+from tests.helpers import ARTIFACTS
 
 OLD, NEW = "a1" * 20, "b2" * 20
 

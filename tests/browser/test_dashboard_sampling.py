@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import json
 
-from tests.test_dashboard import ARTIFACTS, _send
+from tests.browser.test_dashboard import _send
+from tests.helpers import ARTIFACTS
 
 
 def test_the_sampling_panel_saves_every_setting(page, base_url):

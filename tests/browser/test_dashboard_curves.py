@@ -3,7 +3,7 @@ signal drawn under the curve, points added, dragged and kept monotone,
 samples side by side; screenshots at desktop and phone widths."""
 from __future__ import annotations
 
-from tests.test_dashboard import ARTIFACTS
+from tests.helpers import ARTIFACTS
 
 
 def _plot_point(page, x: float, y: float) -> tuple[float, float]:

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from tests import test_chat_tools as _tools
-from tests import test_chat_ws as _ws
+from tests.chat import test_chat_tools as _tools
+from tests.chat import test_chat_ws as _ws
 
 client, django_ready, engine = _ws.client, _ws.django_ready, _ws.engine
 workspace, steer, approvals = _tools.workspace, _tools.steer, _tools.approvals

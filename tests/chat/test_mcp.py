@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from tests import test_chat_tools as _tools
-from tests import test_chat_ws as _ws
+from tests.chat import test_chat_tools as _tools
+from tests.chat import test_chat_ws as _ws
 
 client, django_ready, engine = _ws.client, _ws.django_ready, _ws.engine
 steer, approvals, workspace = _tools.steer, _tools.approvals, _tools.workspace
-SERVER = str(Path(__file__).with_name("mcp_server.py"))
+SERVER = str(Path(__file__).parents[1] / "mcp_server.py")
 CALC = {"command": sys.executable, "args": [SERVER], "env": {"SECRET": "s3cret"}}
 
 
@@ -149,7 +149,7 @@ def test_the_chat_calls_an_mcp_tool_after_approval(engine, workspace, steer, app
 def test_the_settings_page_configures_a_server(page, base_url):
     import httpx
 
-    from tests.test_dashboard import ARTIFACTS
+    from tests.helpers import ARTIFACTS
 
     page.goto(base_url + "/#/settings")
     page.wait_for_selector(".mcp .mcp-status li")

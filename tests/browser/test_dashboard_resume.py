@@ -6,14 +6,12 @@ from __future__ import annotations
 
 import time
 import uuid
-from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.helpers import ServerProcess, server_env
+from tests.helpers import ARTIFACTS, ServerProcess, server_env
 
-ARTIFACTS = Path(__file__).parent / "artifacts" / "screenshots"
 BLOCKERS = 40  # 80,000 tokens queued: far longer than the test takes, on any machine
 
 

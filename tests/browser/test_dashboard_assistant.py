@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import time
 
-from tests.test_dashboard import ARTIFACTS
+from tests.helpers import ARTIFACTS
 
 MODEL = "text=hearth-test/tiny-random"
 UI = "async (f) => (await import('/assets/js/appctx.js')).handleUiFrame(f)"

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests import test_chat_ws as _ws
+from tests.chat import test_chat_ws as _ws
 
 # The in-process engine and Django fixtures of the chat socket's tests.
 client, django_ready, engine = _ws.client, _ws.django_ready, _ws.engine

@@ -1,0 +1,1 @@
+"""The dashboard and the API docs in a real headless Chromium."""

@@ -1,0 +1,1 @@
+"""The dashboard chat over /ws/chat: turns, tools, approvals, MCP and the app-aware assistant."""

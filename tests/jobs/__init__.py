@@ -1,0 +1,1 @@
+"""Jobs: kinds, the worker, quantize and fine-tune end to end."""

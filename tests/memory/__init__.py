@@ -1,0 +1,1 @@
+"""Memory vaults through /api/memory and the chat tools."""

@@ -1,0 +1,1 @@
+"""Router mode: model processes, presets, several web nodes and remote hosts."""
