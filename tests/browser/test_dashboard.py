@@ -10,20 +10,14 @@ import json
 import httpx
 import pytest
 
+from tests.browser import pages
 from tests.helpers import ARTIFACTS
 
 PAGES = ("chat", "status", "models", "jobs", "finetune", "quantize", "dataset", "adapters", "settings")
 
 
-def _send(page, text: str) -> None:
-    page.fill("textarea[aria-label=Message]", text)
-    page.keyboard.press("Enter")
-    page.wait_for_selector("article.msg.assistant .perf", timeout=120_000)  # the stored turn is shown
-
-
 def test_chat_streams_a_reply_and_sessions_survive_a_reload(page, base_url):
-    page.goto(base_url + "/#/chat")
-    page.wait_for_selector("text=hearth-test/tiny-random")
+    pages.open_chat(page, base_url)
     page.fill("textarea[aria-label=Message]", "Tell me about lighthouses")
     page.keyboard.press("Enter")
     page.wait_for_selector("text=Model · writing…", timeout=30_000)  # streaming shows before the turn ends
@@ -36,7 +30,7 @@ def test_chat_streams_a_reply_and_sessions_survive_a_reload(page, base_url):
 
     page.click("text=New chat")
     page.wait_for_selector("text=Start a conversation")
-    _send(page, "A second conversation about otters")
+    pages.send(page, "A second conversation about otters")
     page.wait_for_selector(".sessions button:has-text('A second conversation')")
     page.click(".sessions button:has-text('Tell me about lighthouses')")
     page.wait_for_selector(".msg.user:has-text('Tell me about lighthouses')")
@@ -154,8 +148,7 @@ def test_a_chat_larger_than_one_socket_frame_opens_whole(page, base_url):
                         "message": {"role": "user" if i % 2 == 0 else "assistant", "content": content}})
     r = httpx.post(base_url + "/api/sessions/import", json={"entries": entries}, timeout=60)
     assert r.status_code == 200, r.text
-    page.goto(base_url + "/#/chat")
-    page.wait_for_selector("text=hearth-test/tiny-random")
+    pages.open_chat(page, base_url)
     page.click(".sessions button:has-text('A very long chat')")
     page.wait_for_selector(".msg.user:has-text('turn 4:')", timeout=60_000)  # the last page arrived
     assert page.locator(".msg").count() == 6

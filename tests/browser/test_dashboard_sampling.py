@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import json
 
-from tests.browser.test_dashboard import _send
+from tests.browser import pages
 from tests.helpers import ARTIFACTS
 
 
 def test_the_sampling_panel_saves_every_setting(page, base_url):
-    page.goto(base_url + "/#/chat")
-    page.wait_for_selector("text=hearth-test/tiny-random")
+    pages.open_chat(page, base_url)
     page.click("text=New chat")
-    _send(page, "Settings test chat")
+    pages.send(page, "Settings test chat")
     page.click("button[aria-label='Sampling settings']")
     panel = page.locator("form.sampling-panel")
     assert "(model)" in panel.locator("input[aria-label=temperature]").get_attribute("placeholder")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from tests.browser.test_dashboard import _send
+from tests.browser import pages
 from tests.helpers import ARTIFACTS
 
 TOPIC = "Lighthouse keepers of the north"
@@ -16,10 +16,9 @@ def _rows(page, text: str):
 
 
 def test_fork_export_delete_and_import_a_chat(page, base_url, tmp_path):
-    page.goto(base_url + "/#/chat")
-    page.wait_for_selector("text=hearth-test/tiny-random")
+    pages.open_chat(page, base_url)
     page.click("text=New chat")
-    _send(page, TOPIC)
+    pages.send(page, TOPIC)
     original = _rows(page, TOPIC).first
     original.wait_for()
     count = _rows(page, TOPIC).count()

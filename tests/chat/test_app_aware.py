@@ -12,7 +12,7 @@ import re
 import pytest
 from channels.testing import WebsocketCommunicator
 
-from tests.chat.test_chat_ws import _app, _connect, _turn
+from tests.chat import chatws
 from tests.helpers import ROOT
 
 QUANTIZE = {"route": "quantize", "step": {"index": 1, "count": 3, "label": "Precision"},
@@ -50,7 +50,7 @@ async def _long_turns(ws, eos_id: int) -> None:
 
 def test_context_frames_are_checked(engine):
     async def run():
-        ws = await _connect()
+        ws = await chatws.connect()
         for bad, says in [({"route": "nowhere"}, "context.route"), ("quantize", "context must be an object"),
                           ({"route": "quantize", "step": {"index": 3, "count": 3}}, "context.step"),
                           ({"route": "chat", "snapshot": {"elements": "x"}}, "elements")]:
@@ -77,9 +77,10 @@ def test_the_ambient_line_and_the_app_tools_reach_the_model(engine):
     assert not appctx.offered_to(None)
 
     async def run():
-        ws = await _connect()
+        ws = await chatws.connect()
         await ws.send_json_to({"type": "set_sampling", "scope": "session", "temperature": 0, "max_tokens": 4})
-        plain = [f for f in await _turn(ws, {"type": "prompt", "text": "where am I"}) if f["type"] == "turn_end"][0]
+        plain = [f for f in await chatws.turn(ws, {"type": "prompt", "text": "where am I"})
+                 if f["type"] == "turn_end"][0]
         await ws.send_json_to({"type": "context", "context": QUANTIZE})
         await ws.send_json_to({"type": "regenerate"})
         aware = await _frames_until(ws, _final)
@@ -149,7 +150,7 @@ def test_every_spotlight_target_is_marked_in_the_dashboard():
 
 def test_a_follow_up_sent_mid_turn_is_answered_after_it(engine, eos_id):
     async def run():
-        ws = await _connect()
+        ws = await chatws.connect()
         await ws.send_json_to({"type": "new_session"})
         await _frames_until(ws, lambda f: f["type"] == "sessions")
         await _long_turns(ws, eos_id)
@@ -182,7 +183,7 @@ def test_a_follow_up_sent_mid_turn_is_answered_after_it(engine, eos_id):
 
 def test_steering_goes_first_and_a_second_socket_sees_each_entry_once(engine, eos_id):
     async def run():
-        ws = await _connect()
+        ws = await chatws.connect()
         await ws.send_json_to({"type": "new_session"})
         sid = (await _frames_until(ws, lambda f: f["type"] == "history"))[-1]["sessionId"]
         await _long_turns(ws, eos_id)
@@ -193,7 +194,7 @@ def test_steering_goes_first_and_a_second_socket_sees_each_entry_once(engine, eo
         await ws.send_json_to({"type": "prompt", "text": "also now", "streamingBehavior": "steer"})
         await _frames_until(ws, lambda f: f["type"] == "turn_end")  # the first answer's seam
         # A second socket opens the chat in the middle of the queue: history, then the replay of the running segment.
-        other = WebsocketCommunicator(_app(), "/ws/chat", headers=[(b"host", b"testserver")])
+        other = WebsocketCommunicator(chatws.asgi_app(), "/ws/chat", headers=[(b"host", b"testserver")])
         other.scope["client"] = ["127.0.0.1", 50001]
         assert (await other.connect())[0]
         await _frames_until(other, lambda f: f["type"] == "sessions")
@@ -221,7 +222,7 @@ def test_steering_goes_first_and_a_second_socket_sees_each_entry_once(engine, eo
 
 def test_stop_hands_queued_messages_back(engine, eos_id):
     async def run():
-        ws = await _connect()
+        ws = await chatws.connect()
         await ws.send_json_to({"type": "new_session"})
         await _frames_until(ws, lambda f: f["type"] == "sessions")
         await _long_turns(ws, eos_id)

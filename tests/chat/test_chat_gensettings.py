@@ -6,9 +6,8 @@ from __future__ import annotations
 import asyncio
 import json
 
-from tests.chat import test_chat_ws as _ws
+from tests.chat import chatws
 
-client, django_ready, engine = _ws.client, _ws.django_ready, _ws.engine
 SCHEMA = {"type": "object", "properties": {"colour": {"enum": ["red", "blue"]}}, "required": ["colour"],
           "additionalProperties": False}
 
@@ -44,7 +43,7 @@ def test_settings_are_checked_stored_and_used_by_a_turn(engine):
         assert stored["logit_bias"] == {**{i: -100.0 for i in blanks}, "7": 2.0}  # text became its token ids
         assert stored["response_format"]["json_schema"]["schema"] == SCHEMA
         await ws.receive_json_from(timeout=10)  # sessions
-        frames = await _ws._turn(ws, {"type": "prompt", "text": "what colour?"})
+        frames = await chatws.turn(ws, {"type": "prompt", "text": "what colour?"})
         answer = "".join(f["delta"] for f in frames if f["type"] == "text_delta")
         assert json.loads(answer)["colour"] in ("red", "blue")  # held to the schema
         await ws.send_json_to({"type": "set_sampling", "scope": "session", "response_format": None,
@@ -52,7 +51,7 @@ def test_settings_are_checked_stored_and_used_by_a_turn(engine):
         stored = await _settings(ws, session)
         assert "response_format" not in stored and "stop" not in stored and stored["max_tokens"] == 3
         await ws.receive_json_from(timeout=10)  # sessions
-        frames = await _ws._turn(ws, {"type": "prompt", "text": "and now?"})
+        frames = await chatws.turn(ws, {"type": "prompt", "text": "and now?"})
         assert next(f for f in frames if f["type"] == "turn_end")
         await ws.send_json_to({"type": "open_session", "path": session})
         history = await ws.receive_json_from(timeout=10)
@@ -64,7 +63,7 @@ def test_settings_are_checked_stored_and_used_by_a_turn(engine):
 
 
 async def _connect_new():
-    ws = await _ws._connect()
+    ws = await chatws.connect()
     await ws.send_json_to({"type": "new_session"})
     history = await ws.receive_json_from(timeout=10)
     ws.session = history["sessionId"]

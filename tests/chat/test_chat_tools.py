@@ -7,84 +7,11 @@ ask for approval, run the tool, feed the result back, generate again."""
 from __future__ import annotations
 
 import asyncio
-import json
 import os
-from pathlib import Path
 
-import pytest
-
-from tests.chat import test_chat_ws as _ws
+from tests.chat import chatws
 
 # The in-process engine and Django fixtures of the chat socket's tests.
-client, django_ready, engine = _ws.client, _ws.django_ready, _ws.engine
-_connect, _turn = _ws._connect, _ws._turn
-
-
-def forced(text: str) -> str:
-    return "root ::= " + json.dumps(text)
-
-
-def markup(name: str, args: dict) -> str:
-    return "<tool_call>" + json.dumps({"name": name, "arguments": args}) + "</tool_call>"
-
-
-@pytest.fixture
-def workspace(tmp_path, monkeypatch, django_ready) -> Path:
-    from django.conf import settings
-
-    root = tmp_path / "ws"
-    root.mkdir()
-    monkeypatch.setattr(settings, "CHAT_WORKSPACE", root)  # HEARTH_CHAT_WORKSPACE, read at start
-    return root
-
-
-@pytest.fixture
-def steer(monkeypatch):
-    """`steer(name, args)`: each turn calls that tool until a tool result
-    comes back, then answers "Done.". Returns the messages of every round."""
-    import chat.turns
-
-    seen: list[list[dict]] = []
-    original = chat.turns.body
-
-    def setup(name: str, args: dict, always: bool = False):
-        def body(session, messages, next_turn, tools=None):
-            seen.append(list(messages))
-            out = original(session, messages, next_turn, tools)
-            done = messages[-1]["role"] == "tool" and not always
-            out["guided_grammar"] = forced("Done." if done else markup(name, args))
-            out["max_tokens"] = 200
-            return out
-
-        monkeypatch.setattr(chat.turns, "body", body)
-        return seen
-
-    return setup
-
-
-@pytest.fixture
-def approvals(django_ready):
-    from chat.models import ToolApproval
-
-    ToolApproval.objects.all().delete()
-    yield
-    ToolApproval.objects.all().delete()
-
-
-async def _until(ws, kind: str, timeout: float = 60) -> list[dict]:
-    frames = []
-    while not frames or frames[-1]["type"] != kind:
-        frames.append(await ws.receive_json_from(timeout=timeout))
-    return frames
-
-
-async def _coding(ws, enabled: bool = True) -> None:
-    await ws.send_json_to({"type": "set_coding_tools", "enabled": enabled})
-    assert await ws.receive_json_from(timeout=10) == {"type": "coding_tools", "active": enabled, "pending": False}
-
-
-def _kinds(frames):
-    return [f["type"] for f in frames]
 
 
 def test_ungated_tool_round_trip_is_stored_and_replayed(engine, workspace, steer):
@@ -92,10 +19,10 @@ def test_ungated_tool_round_trip_is_stored_and_replayed(engine, workspace, steer
     seen = steer("read", {"path": "notes.txt"})
 
     async def run():
-        ws = await _connect()
-        await _coding(ws)
-        frames = await _turn(ws, {"type": "prompt", "text": "read my notes"})
-        kinds = _kinds(frames)
+        ws = await chatws.connect()
+        await chatws.coding(ws)
+        frames = await chatws.turn(ws, {"type": "prompt", "text": "read my notes"})
+        kinds = chatws.kinds(frames)
         assert kinds[:3] == ["turn_start", "tool_start", "tool_end"], kinds
         assert "tool_approval_request" not in kinds and kinds.count("turn_start") == 1
         start, end = frames[1], frames[2]
@@ -120,11 +47,11 @@ def test_ungated_tool_round_trip_is_stored_and_replayed(engine, workspace, steer
         await ws.receive_json_from()  # sessions
 
         # A later turn replays the tool round to the model; regenerate branches as before.
-        await _turn(ws, {"type": "prompt", "text": "again"})
+        await chatws.turn(ws, {"type": "prompt", "text": "again"})
         replayed = seen[2]
         assert [m["role"] for m in replayed] == ["user", "assistant", "tool", "assistant", "user"]
         assert replayed[3]["content"] == "Done." and replayed[2]["content"] == end["result"]
-        frames = await _turn(ws, {"type": "regenerate"})
+        frames = await chatws.turn(ws, {"type": "regenerate"})
         assert next(f for f in frames if f["type"] == "siblings")["count"] == 2
         await ws.disconnect()
 
@@ -136,16 +63,16 @@ def test_gated_tool_deny_allow_and_always_allow(engine, workspace, steer, client
 
     async def ask(ws, answer: dict | None) -> list[dict]:
         await ws.send_json_to({"type": "prompt", "text": "write it"})
-        frames = await _until(ws, "tool_approval_request" if answer else "tool_end")
+        frames = await chatws.until(ws, "tool_approval_request" if answer else "tool_end")
         if answer:
             request = frames[-1]
             assert request["tool"] == "write" and request["args"] == {"path": "out/a.txt", "content": "hi"}
             await ws.send_json_to({"type": "approval", "callId": request["callId"], **answer})
-        return frames + await _until(ws, "turn_end")
+        return frames + await chatws.until(ws, "turn_end")
 
     async def run():
-        ws = await _connect()
-        await _coding(ws)
+        ws = await chatws.connect()
+        await chatws.coding(ws)
         frames = await ask(ws, {"decision": "deny"})
         end = next(f for f in frames if f["type"] == "tool_end")
         assert end["ok"] is False and "denied" in end["result"] and not (workspace / "out/a.txt").exists()
@@ -154,7 +81,7 @@ def test_gated_tool_deny_allow_and_always_allow(engine, workspace, steer, client
         frames = await ask(ws, {"decision": "allow", "editedArgs": {"path": "out/a.txt", "content": "edited"}})
         assert next(f for f in frames if f["type"] == "tool_end")["ok"] is True
         assert (workspace / "out/a.txt").read_text() == "edited"
-        assert "tool_approvals" not in _kinds(frames)
+        assert "tool_approvals" not in chatws.kinds(frames)
 
         frames = await ask(ws, {"decision": "allow", "alwaysAllow": True})
         session = next(f for f in frames if f["type"] == "turn_start")["sessionId"]
@@ -168,7 +95,7 @@ def test_gated_tool_deny_allow_and_always_allow(engine, workspace, steer, client
                                          "always_allow": ["write"]} in listed["sessions"]
 
         frames = await ask(ws, None)  # asked no more
-        assert "tool_approval_request" not in _kinds(frames)
+        assert "tool_approval_request" not in chatws.kinds(frames)
         assert next(f for f in frames if f["type"] == "tool_end")["ok"] is True
         await ws.disconnect()
 
@@ -180,22 +107,22 @@ def test_bash_streams_output_and_abort_kills_it(engine, workspace, steer, approv
                               "echo started; wait"})
 
     async def run():
-        ws = await _connect()
-        await _coding(ws)
+        ws = await chatws.connect()
+        await chatws.coding(ws)
         await ws.send_json_to({"type": "prompt", "text": "run it"})
-        request = (await _until(ws, "tool_approval_request"))[-1]
+        request = (await chatws.until(ws, "tool_approval_request"))[-1]
         await ws.send_json_to({"type": "approval", "callId": request["callId"], "decision": "allow"})
-        update = (await _until(ws, "tool_update"))[-1]
+        update = (await chatws.until(ws, "tool_update"))[-1]
         assert update == {"type": "tool_update", "callId": request["callId"], "chunk": "started\n"}
         escaped = int((workspace / "setsid.pid").read_text())
-        assert not _gone(escaped, tries=1)  # it runs in a session of its own
+        assert not chatws.gone(escaped, 0)  # it runs in a session of its own
         await ws.send_json_to({"type": "abort"})
-        frames = await _until(ws, "turn_end")
+        frames = await chatws.until(ws, "turn_end")
         end = next(f for f in frames if f["type"] == "tool_end")
         assert end["ok"] is False and "stopped" in end["result"]
         assert frames[-1]["aborted"] is True
         pid = int((workspace / "sleep.pid").read_text())
-        assert _gone(pid) and _gone(escaped)
+        assert chatws.gone(pid) and chatws.gone(escaped)
         await ws.disconnect()
 
     asyncio.run(run())
@@ -207,49 +134,35 @@ def test_a_turn_waiting_for_approval_waits_for_a_socket_that_comes_back(engine, 
     steer("bash", {"command": "touch ran"})
 
     async def run():
-        ws = await _connect()
-        await _coding(ws)
+        ws = await chatws.connect()
+        await chatws.coding(ws)
         await ws.send_json_to({"type": "prompt", "text": "run it"})
-        start = await _until(ws, "tool_approval_request")
+        start = await chatws.until(ws, "tool_approval_request")
         session = next(f for f in start if f["type"] == "turn_start")["sessionId"]
         await ws.disconnect()
         await asyncio.sleep(0.3)
         assert engine.active_rows == 0 and not (workspace / "ran").exists()  # nothing runs unapproved
-        remote = await _connect(client=("192.168.1.9", 40000))  # may not run coding tools: may not approve them
+        remote = await chatws.connect(client=("192.168.1.9", 40000))  # may not run coding tools: may not approve them
         await remote.send_json_to({"type": "open_session", "path": session})
-        asked = await _until(remote, "tool_approval_request")
+        asked = await chatws.until(remote, "tool_approval_request")
         await remote.send_json_to({"type": "approval", "callId": asked[-1]["callId"], "decision": "allow",
                                    "editedArgs": {"command": "touch other"}})
-        refused = await _until(remote, "error")
+        refused = await chatws.until(remote, "error")
         assert "loopback" in refused[-1]["message"] and not (workspace / "other").exists()
         await remote.disconnect()
-        ws = await _connect()
+        ws = await chatws.connect()
         await ws.send_json_to({"type": "open_session", "path": session})
-        replayed = await _until(ws, "tool_approval_request")  # the turn's frames from its first
+        replayed = await chatws.until(ws, "tool_approval_request")  # the turn's frames from its first
         kinds = [f["type"] for f in replayed]
         assert kinds[:3] == ["history", "sessions", "turn_start"] and "tool_start" in kinds
         await ws.send_json_to({"type": "approval", "callId": replayed[-1]["callId"], "decision": "allow"})
-        end = await _until(ws, "tool_end")
+        end = await chatws.until(ws, "tool_end")
         assert end[-1]["ok"] is True and (workspace / "ran").exists()
         assert [f["decision"] for f in end if f["type"] == "tool_approval_answered"] == ["allow"]
-        await _until(ws, "turn_end")
+        await chatws.until(ws, "turn_end")
         await ws.disconnect()
 
     asyncio.run(run())
-
-
-def _gone(pid: int, tries: int = 50) -> bool:
-    for _ in range(tries):
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0]
-        except (FileNotFoundError, IndexError):
-            return True
-        if state in "ZX":  # killed, waiting for whoever inherited it to reap it
-            return True
-        import time
-
-        time.sleep(0.05)
-    return False
 
 
 def test_path_escape_refused_and_frame_errors(engine, workspace, steer):
@@ -262,19 +175,19 @@ def test_path_escape_refused_and_frame_errors(engine, workspace, steer):
     steer("read", {"path": "link.txt"})
 
     async def run():
-        ws = await _connect()
+        ws = await chatws.connect()
         await ws.send_json_to({"type": "approval", "callId": "call_nope", "decision": "allow"})
         error = await ws.receive_json_from(timeout=10)
         assert error["type"] == "error" and "call_nope" in error["message"]
         await ws.send_json_to({"type": "set_coding_tools", "enabled": "yes"})
         assert (await ws.receive_json_from(timeout=10))["type"] == "error"
 
-        frames = await _turn(ws, {"type": "prompt", "text": "read it"})  # coding tools are off
+        frames = await chatws.turn(ws, {"type": "prompt", "text": "read it"})  # coding tools are off
         end = next(f for f in frames if f["type"] == "tool_end")  # told so, the model can correct itself
         assert end["ok"] is False and "unknown tool 'read'" in end["result"]
 
-        await _coding(ws)
-        frames = await _turn(ws, {"type": "prompt", "text": "read it"})
+        await chatws.coding(ws)
+        frames = await chatws.turn(ws, {"type": "prompt", "text": "read it"})
         end = next(f for f in frames if f["type"] == "tool_end")
         assert end["ok"] is False and "outside the workspace" in end["result"] and "top secret" not in end["result"]
         await ws.disconnect()
@@ -289,11 +202,11 @@ def test_rounds_are_capped(engine, workspace, steer):
     async def run():
         from chat.toolloop import MAX_ROUNDS
 
-        ws = await _connect()
-        await _coding(ws)
-        frames = await _turn(ws, {"type": "prompt", "text": "loop"})
+        ws = await chatws.connect()
+        await chatws.coding(ws)
+        frames = await chatws.turn(ws, {"type": "prompt", "text": "loop"})
         assert len(seen) == MAX_ROUNDS
-        assert _kinds(frames).count("tool_end") == MAX_ROUNDS - 1
+        assert chatws.kinds(frames).count("tool_end") == MAX_ROUNDS - 1
         assert any(f["type"] == "error" and "tool-call rounds" in f["message"] for f in frames)
         assert frames[-1]["type"] == "turn_end"
         await ws.disconnect()
@@ -313,11 +226,11 @@ def test_a_real_memory_tool_runs(engine, steer):
     steer("memory_list", {})
 
     async def run():
-        ws = await _connect()
-        frames = await _turn(ws, {"type": "prompt", "text": "what do you remember?"})
+        ws = await chatws.connect()
+        frames = await chatws.turn(ws, {"type": "prompt", "text": "what do you remember?"})
         end = next(f for f in frames if f["type"] == "tool_end")
         assert end["ok"] is True and end["result"].startswith("Articles (")
-        assert "tool_approval_request" not in _kinds(frames)
+        assert "tool_approval_request" not in chatws.kinds(frames)
         await ws.disconnect()
 
     asyncio.run(run())

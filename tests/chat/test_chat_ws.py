@@ -6,63 +6,9 @@ from __future__ import annotations
 
 import asyncio
 
-import pytest
 from channels.testing import WebsocketCommunicator
 
-
-@pytest.fixture(scope="module")
-def django_ready():
-    """Django in this process, on the session's real SQLite database."""
-    import django
-    from django.core.management import call_command
-
-    django.setup()
-    call_command("migrate", interactive=False, verbosity=0)
-
-
-@pytest.fixture(scope="module")
-def client(django_ready):
-    from django.test import Client
-
-    return Client()
-
-
-@pytest.fixture(scope="module")
-def engine(local_engine, django_ready):
-    return local_engine
-
-
-def _app():
-    from config.asgi import application
-
-    return application
-
-
-LOOPBACK = ("127.0.0.1", 50000)
-
-
-async def _connect(headers=None, client=LOOPBACK, app=None, **scope) -> WebsocketCommunicator:
-    """A socket from `client` (loopback unless told; Channels' communicator sets
-    no peer), with any further scope keys given."""
-    ws = WebsocketCommunicator(app or _app(), "/ws/chat", headers=headers or [(b"host", b"testserver")])
-    ws.scope.update(scope, client=list(client) if client else None)
-    connected, _ = await ws.connect()
-    assert connected
-    ready = await ws.receive_json_from(timeout=10)
-    assert ready["type"] == "ready" and ready["model"] and "genDefaults" in ready
-    assert (await ws.receive_json_from())["type"] == "sessions"
-    return ws
-
-
-async def _turn(ws, frame: dict) -> list[dict]:
-    """Send a frame and collect frames up to turn_end, which comes last."""
-    await ws.send_json_to(frame)
-    frames = []
-    while True:
-        f = await ws.receive_json_from(timeout=60)
-        frames.append(f)
-        if f["type"] == "turn_end":
-            return frames
+from tests.chat import chatws
 
 
 def _active(frames: list[dict]) -> str:
@@ -71,9 +17,9 @@ def _active(frames: list[dict]) -> str:
 
 def test_a_turn_streams_and_is_stored(engine):
     async def run():
-        ws = await _connect()
+        ws = await chatws.connect()
         await ws.send_json_to({"type": "set_sampling", "temperature": 0, "scope": "session"})
-        frames = await _turn(ws, {"type": "prompt", "text": "hello there"})
+        frames = await chatws.turn(ws, {"type": "prompt", "text": "hello there"})
         kinds = [f["type"] for f in frames]
         assert kinds[0] == "turn_start" and "text_delta" in kinds and "turn_end" in kinds and "context" in kinds
         end = next(f for f in frames if f["type"] == "turn_end")
@@ -101,7 +47,7 @@ def test_a_turn_outlives_its_socket_and_is_stored(engine):
     from config.runtime import RUNTIME
 
     async def run():
-        ws = await _connect()
+        ws = await chatws.connect()
         await ws.send_json_to({"type": "set_sampling", "temperature": 0, "scope": "session"})
         await ws.send_json_to({"type": "prompt", "text": "tell me a long story " * 5})
         start = await ws.receive_json_from(timeout=10)
@@ -116,7 +62,7 @@ def test_a_turn_outlives_its_socket_and_is_stored(engine):
                 break
             await asyncio.sleep(0.05)
         assert (await RUNTIME.streams.lookup([session]))[0]["status"] == "done"
-        ws = await _connect()
+        ws = await chatws.connect()
         await ws.send_json_to({"type": "open_session", "path": session})
         history = await ws.receive_json_from(timeout=10)
         assert [i["role"] for i in history["items"]] == ["user", "assistant"]
@@ -139,7 +85,7 @@ def test_set_sampling_takes_every_sampling_field_the_http_routes_take(engine):
     assert set(values) == set(SAMPLING)
 
     async def run():
-        ws = await _connect()
+        ws = await chatws.connect()
         await ws.send_json_to({"type": "new_session"})
         history = await ws.receive_json_from(timeout=10)
         await ws.send_json_to({"type": "set_sampling", "scope": "session", **values})
@@ -154,13 +100,13 @@ def test_set_sampling_takes_every_sampling_field_the_http_routes_take(engine):
 
 def test_regenerate_edit_and_switch_make_sibling_branches(engine):
     async def run():
-        ws = await _connect()
-        await _turn(ws, {"type": "prompt", "text": "first question"})
-        frames = await _turn(ws, {"type": "regenerate"})
+        ws = await chatws.connect()
+        await chatws.turn(ws, {"type": "prompt", "text": "first question"})
+        frames = await chatws.turn(ws, {"type": "regenerate"})
         siblings = next(f for f in frames if f["type"] == "siblings")
         assert siblings["count"] == 2 and siblings["index"] == 1
         first_answer = siblings["siblingIds"][0]
-        frames = await _turn(ws, {"type": "edit_resend", "text": "a better question"})
+        frames = await chatws.turn(ws, {"type": "edit_resend", "text": "a better question"})
         await ws.send_json_to({"type": "open_session", "path": _active(frames)})
         history = (await ws.receive_json_from(timeout=10))["items"]
         assert history[0]["content"] == "a better question" and history[0]["siblingCount"] == 2
@@ -181,7 +127,7 @@ def test_regenerate_edit_and_switch_make_sibling_branches(engine):
 
 def test_abort_keeps_what_was_shown_and_frees_the_engine(engine):
     async def run():
-        ws = await _connect()
+        ws = await chatws.connect()
         await ws.send_json_to({"type": "set_sampling", "scope": "next_turn", "temperature": 1.0})
         await ws.send_json_to({"type": "prompt", "text": "tell me a long story " * 5})
         assert (await ws.receive_json_from(timeout=10))["type"] == "turn_start"
@@ -204,8 +150,8 @@ def test_abort_keeps_what_was_shown_and_frees_the_engine(engine):
 
 def test_sessions_fork_delete_and_refusals(engine):
     async def run():
-        ws = await _connect()
-        frames = await _turn(ws, {"type": "prompt", "text": "zebra crossing facts"})
+        ws = await chatws.connect()
+        frames = await chatws.turn(ws, {"type": "prompt", "text": "zebra crossing facts"})
         original = _active(frames)
         await ws.send_json_to({"type": "fork_session", "path": original})
         history = await ws.receive_json_from(timeout=10)
@@ -228,10 +174,10 @@ def test_sessions_fork_delete_and_refusals(engine):
         await ws.receive_json_from(timeout=10)
         await ws.receive_json_from()
         await ws.send_json_to({"type": "set_adapter", "id": "ghost"})
-        frames = await _turn(ws, {"type": "prompt", "text": "first try"})
+        frames = await chatws.turn(ws, {"type": "prompt", "text": "first try"})
         assert any(f["type"] == "error" and "ghost" in f["message"] for f in frames)
         await ws.send_json_to({"type": "set_adapter", "id": None})
-        frames = await _turn(ws, {"type": "prompt", "text": "second try"})
+        frames = await chatws.turn(ws, {"type": "prompt", "text": "second try"})
         await ws.send_json_to({"type": "open_session", "path": _active(frames)})
         history = await ws.receive_json_from(timeout=10)
         assert [i["role"] for i in history["items"]] == ["user", "assistant"]
@@ -240,7 +186,7 @@ def test_sessions_fork_delete_and_refusals(engine):
         await ws.receive_json_from()
         await ws.disconnect()
 
-        foreign = WebsocketCommunicator(_app(), "/ws/chat",
+        foreign = WebsocketCommunicator(chatws.asgi_app(), "/ws/chat",
                                         headers=[(b"host", b"testserver"), (b"origin", b"http://evil.example")])
         connected, _ = await foreign.connect()  # accepted, then closed with the reason's code
         assert connected and await foreign.receive_output(timeout=10) == {"type": "websocket.close", "code": 4403}
@@ -250,13 +196,13 @@ def test_sessions_fork_delete_and_refusals(engine):
 
 def test_search_and_export_read_the_stored_sessions(engine, client):
     async def run():
-        ws = await _connect()
-        await _turn(ws, {"type": "prompt", "text": "Tell me about Rosemary and thyme in a stew"})
+        ws = await chatws.connect()
+        await chatws.turn(ws, {"type": "prompt", "text": "Tell me about Rosemary and thyme in a stew"})
         # A session of its own: the random model's first answer may fill the context window.
         await ws.send_json_to({"type": "new_session"})
         await ws.receive_json_from(timeout=10)  # history
         await ws.receive_json_from()  # sessions
-        await _turn(ws, {"type": "prompt", "text": "So viel ÄRGER im Büro"})
+        await chatws.turn(ws, {"type": "prompt", "text": "So viel ÄRGER im Büro"})
         await ws.disconnect()
 
     asyncio.run(run())

@@ -14,11 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.chat import test_chat_tools as _tools
-from tests.chat import test_chat_ws as _ws
+from tests.chat import chatws
 
-client, django_ready, engine = _ws.client, _ws.django_ready, _ws.engine
-steer, approvals, workspace = _tools.steer, _tools.approvals, _tools.workspace
 SERVER = str(Path(__file__).parents[1] / "mcp_server.py")
 CALC = {"command": sys.executable, "args": [SERVER], "env": {"SECRET": "s3cret"}}
 
@@ -131,13 +128,13 @@ def test_the_chat_calls_an_mcp_tool_after_approval(engine, workspace, steer, app
     seen = steer("calc__add", {"a": 19, "b": 23})
 
     async def run():
-        ws = await _ws._connect()
+        ws = await chatws.connect()
         await ws.send_json_to({"type": "prompt", "text": "add 19 and 23"})
-        frames = await _tools._until(ws, "tool_approval_request")
+        frames = await chatws.until(ws, "tool_approval_request")
         request = frames[-1]
         assert request["tool"] == "calc__add" and request["args"] == {"a": 19, "b": 23}
         await ws.send_json_to({"type": "approval", "callId": request["callId"], "decision": "allow"})
-        frames += await _tools._until(ws, "turn_end")
+        frames += await chatws.until(ws, "turn_end")
         end = next(f for f in frames if f["type"] == "tool_end")
         assert end["ok"] is True and end["result"] == "42"
         assert seen[-1][-1] == {"role": "tool", "tool_call_id": end["callId"], "name": "calc__add", "content": "42"}

@@ -20,12 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.chat import test_chat_tools as _tools
-from tests.chat import test_chat_ws as _ws
+from tests.chat import chatws
 
-client, django_ready, engine = _ws.client, _ws.django_ready, _ws.engine
-workspace, steer, approvals = _tools.workspace, _tools.steer, _tools.approvals
-_connect, _turn, _until, _coding, _kinds = _ws._connect, _ws._turn, _tools._until, _tools._coding, _tools._kinds
 REMOTE = ("192.0.2.7", 41000)
 # A new session, then a double fork: the grandchild is nobody's child in the tool's tree.
 ESCAPE = f"{sys.executable} escape.py"
@@ -45,19 +41,6 @@ def escape(workspace) -> Path:
     return workspace
 
 
-def _gone(pid: int, seconds: float = 5) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1][0]
-        except (FileNotFoundError, IndexError):
-            return True
-        if state in "ZX":
-            return True
-        time.sleep(0.05)
-    return False
-
-
 def _pid(folder: Path, name: str) -> int:
     for _ in range(100):
         text = (folder / name).read_text() if (folder / name).exists() else ""
@@ -71,12 +54,12 @@ async def _prompt(ws, answer: dict | None) -> list[dict]:
     """One turn of the steered write; `answer` replies to the approval card,
     None asserts that no card came."""
     await ws.send_json_to({"type": "prompt", "text": "write it"})
-    frames = await _until(ws, "tool_approval_request" if answer else "tool_end")
+    frames = await chatws.until(ws, "tool_approval_request" if answer else "tool_end")
     if answer:
         await ws.send_json_to({"type": "approval", "callId": frames[-1]["callId"], **answer})
     else:
-        assert "tool_approval_request" not in _kinds(frames)
-    return frames + await _until(ws, "turn_end")
+        assert "tool_approval_request" not in chatws.kinds(frames)
+    return frames + await chatws.until(ws, "turn_end")
 
 
 async def _open(ws, session: str) -> dict:
@@ -94,8 +77,8 @@ def test_always_allow_holds_in_one_session(engine, workspace, steer, approvals, 
     steer("write", {"path": "a.txt", "content": "hi"})
 
     async def run():
-        ws = await _connect()
-        await _coding(ws)
+        ws = await chatws.connect()
+        await chatws.coding(ws)
         frames = await _prompt(ws, {"decision": "allow", "alwaysAllow": True})
         first = next(f for f in frames if f["type"] == "turn_start")["sessionId"]
         assert next(f for f in frames if f["type"] == "tool_approvals") == {
@@ -105,13 +88,13 @@ def test_always_allow_holds_in_one_session(engine, workspace, steer, approvals, 
         await ws.send_json_to({"type": "new_session"})
         assert (await ws.receive_json_from(timeout=10))["type"] == "history"
         await ws.receive_json_from()  # sessions
-        await _coding(ws)
+        await chatws.coding(ws)
         frames = await _prompt(ws, {"decision": "deny"})  # a new session asks again
         second = next(f for f in frames if f["type"] == "turn_start")["sessionId"]
         assert second != first
         await ws.disconnect()
 
-        other = await _connect()  # a new socket on another session asks too
+        other = await chatws.connect()  # a new socket on another session asks too
         history = await _open(other, second)
         assert history["settings"]["alwaysAllow"] == [] and history["settings"]["codingTools"] is True
         await _prompt(other, {"decision": "deny"})
@@ -197,30 +180,30 @@ def test_coding_tools_need_loopback_or_sign_in(engine, workspace, steer, approva
         await ws.send_json_to({"type": "set_coding_tools", "enabled": True})
         error = await ws.receive_json_from(timeout=10)
         assert error["type"] == "error" and "loopback" in error["message"] and "sign in" in error["message"]
-        await _coding(ws, False)  # turning them off is always allowed
+        await chatws.coding(ws, False)  # turning them off is always allowed
         history = await _open(ws, stored.id)
         assert history["settings"]["codingTools"] is False
-        frames = await _turn(ws, {"type": "prompt", "text": "read my notes"})
+        frames = await chatws.turn(ws, {"type": "prompt", "text": "read my notes"})
         assert not {"read", "bash", "edit", "write"} & offered[-1]
         assert not [f for f in frames if f["type"] == "tool_end" and f["ok"]]  # the markup, if parsed, ran nothing
 
     async def run():
-        ws = await _connect(client=REMOTE)
+        ws = await chatws.connect(client=REMOTE)
         await remote_socket(ws)
         await ws.disconnect()
-        ws = await _connect(client=None)  # no known peer
+        ws = await chatws.connect(client=None)  # no known peer
         await ws.send_json_to({"type": "set_coding_tools", "enabled": True})
         assert (await ws.receive_json_from(timeout=10))["type"] == "error"
         await ws.disconnect()
 
         # Vouched for by the auth layer: a key or a signed-in dashboard.
         app = URLRouter([path("ws/chat", ChatConsumer.as_asgi())])
-        ws = await _connect(client=REMOTE, app=app, hearth_signed_in=True, runtime=RUNTIME)
-        await _coding(ws)
+        ws = await chatws.connect(client=REMOTE, app=app, hearth_signed_in=True, runtime=RUNTIME)
+        await chatws.coding(ws)
         stored_history = await _open(ws, stored.id)
         assert stored_history["settings"]["codingTools"] is True
         before = len(offered)
-        frames = await _turn(ws, {"type": "prompt", "text": "read my notes"})
+        frames = await chatws.turn(ws, {"type": "prompt", "text": "read my notes"})
         assert {"read", "bash", "edit", "write"} <= offered[before]
         end = next(f for f in frames if f["type"] == "tool_end")
         assert end["ok"] is True and "alpha" in end["result"]
@@ -250,7 +233,7 @@ def test_bash_timeout_kills_processes_that_left_the_session(escape):
     ok, text = call_sync(CODING_TOOLS["bash"], {"command": command, "timeout": 2})
     assert not ok and "killed after 2 s" in text and time.monotonic() - started < 20
     for name in ("setsid.pid", "daemon.pid"):
-        assert _gone(_pid(escape, name)), name
+        assert chatws.gone(_pid(escape, name)), name
 
 
 def test_bash_leaves_nothing_running_when_it_returns(escape):
@@ -261,7 +244,7 @@ def test_bash_leaves_nothing_running_when_it_returns(escape):
     assert call_sync(CODING_TOOLS["bash"], {"command": command}) == (True, "done\n")
     assert time.monotonic() - started < 20  # not held open by the child that kept the output pipe
     for name in ("setsid.pid", "daemon.pid"):
-        assert _gone(_pid(escape, name)), name
+        assert chatws.gone(_pid(escape, name)), name
 
 
 def test_a_closed_socket_leaves_the_bash_running_and_abort_kills_it(engine, escape, steer, approvals):
@@ -277,21 +260,21 @@ def test_a_closed_socket_leaves_the_bash_running_and_abort_kills_it(engine, esca
     steer("bash", {"command": f"setsid sleep 1000 & echo $! > setsid.pid; {ESCAPE}; echo started; sleep 60"})
 
     async def run():
-        ws = await _connect()
+        ws = await chatws.connect()
         await _open(ws, session.id)
         await ws.send_json_to({"type": "prompt", "text": "run it"})
-        frames = await _until(ws, "tool_update")
-        assert "tool_approval_request" not in _kinds(frames)
+        frames = await chatws.until(ws, "tool_update")
+        assert "tool_approval_request" not in chatws.kinds(frames)
         escaped, daemon = _pid(escape, "setsid.pid"), _pid(escape, "daemon.pid")
-        assert not _gone(escaped, 0.2) and not _gone(daemon, 0.2)
+        assert not chatws.gone(escaped, 0.2) and not chatws.gone(daemon, 0.2)
         await ws.disconnect()
-        assert not _gone(escaped, 2) and not _gone(daemon, 2)  # the turn goes on
-        ws = await _connect()
+        assert not chatws.gone(escaped, 2) and not chatws.gone(daemon, 2)  # the turn goes on
+        ws = await chatws.connect()
         await _open(ws, session.id)
         await ws.send_json_to({"type": "abort"})
-        end = await _until(ws, "turn_end")
+        end = await chatws.until(ws, "turn_end")
         assert end[-1]["aborted"] is True
-        assert _gone(escaped) and _gone(daemon)
+        assert chatws.gone(escaped) and chatws.gone(daemon)
         await ws.disconnect()
 
     asyncio.run(run())
