@@ -6,8 +6,8 @@ re-parented here instead of to init, so even one that left the process
 group and the session (`setsid`, a double fork) stays in this tree. When
 CMD exits, whatever it left running is killed, and the exit status is
 CMD's. Whoever started the reaper kills the whole tree with `kill_tree`;
-SIGTERM (which the server's death sends it: `core.procs.tied`) makes it
-kill the tree and exit.
+SIGTERM (which the server's death sends it: the parent-death signal it
+asks for at start) makes it kill the tree and exit.
 
 Runs as a script in the tool's process (no Django, no app imports);
 `chat/tools.py` imports `kill_tree` from it."""
@@ -17,6 +17,7 @@ import os
 import signal
 import sys
 
+PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 
 
@@ -66,16 +67,26 @@ def _subreaper() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 
 
-def _end_on_sigterm() -> None:
+def _end_with_parent() -> None:
+    """SIGTERM kills the tree and exits; the server that started this process
+    (named in HEARTH_PARENT, as `core.procs.tied` sets it) sends it by dying."""
     def end(signum, frame) -> None:
         kill_tree(os.getpid(), include_root=False)
         os._exit(128 + signum)
 
     signal.signal(signal.SIGTERM, end)
+    parent = os.environ.pop("HEARTH_PARENT", "").partition(":")[0]
+    if not parent.isdigit() or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    if os.getppid() != int(parent):  # gone before the signal was asked for
+        os._exit(128 + signal.SIGTERM)
 
 
 def main(argv: list[str]) -> int:
-    _end_on_sigterm()
+    _end_with_parent()
     _subreaper()
     child = os.fork()
     if child == 0:

@@ -4,10 +4,10 @@ the project's apps.
 
 Every process a Hearth process starts is started by `spawn`: it ends when
 its parent ends, SIGKILL of the parent included. The kernel's parent-death
-signal is asked for between fork and exec (so it holds for any program,
-and there is no moment when the child runs untied), and a Hearth child
-reads `HEARTH_PARENT` at start (`tie_to_spawner`) and also watches its
-parent, which is what holds on macOS. Secrets a child must not see are
+signal is asked for in the child before the program runs (`setpriv
+--pdeathsig`, util-linux), and a Hearth child reads `HEARTH_PARENT` at
+start (`tie_to_spawner`) and also watches its parent, which is what holds
+on macOS. Secrets a child must not see are
 named once, in `SECRET_ENV`.
 
 A pid alone names a process only while it lives; once it exits the number
@@ -15,8 +15,10 @@ may be handed to another one. Wherever a pid is remembered across restarts,
 its start time goes with it, and `same_process` checks both."""
 from __future__ import annotations
 
+import functools
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -135,17 +137,22 @@ def tie_to_parent(parent: int, signum: int = signal.SIGTERM) -> None:
     watch_parent(parent, stop)
 
 
-def _prctl():
-    """libc's prctl, looked up before a fork (nothing may be imported or
-    loaded between fork and exec); None off Linux."""
-    if not sys.platform.startswith("linux"):
-        return None
-    import ctypes
+def _tied_argv(argv: Sequence[str], signum: int) -> list[str]:
+    """`argv` run under util-linux's `setpriv --pdeathsig`, where there is one:
+    the parent-death signal is asked for in the child, before the program
+    starts. (Not `preexec_fn`: it makes Python fork where it would vfork, and
+    a fork runs OpenBLAS's at-fork handler, which tears down its thread pool
+    under a matrix product another thread has running: that product never
+    ends.)"""
+    setpriv = _setpriv()
+    if setpriv is None:
+        return list(argv)
+    return [setpriv, "--pdeathsig", signal.Signals(signum).name.removeprefix("SIG"), "--", *argv]
 
-    try:
-        return ctypes.CDLL("libc.so.6", use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
+
+@functools.cache
+def _setpriv() -> str | None:
+    return shutil.which("setpriv") if sys.platform.startswith("linux") else None
 
 
 def spawn(argv: Sequence[str], *, env: dict | None = None, hide: Sequence[str] = (),
@@ -157,35 +164,30 @@ def spawn(argv: Sequence[str], *, env: dict | None = None, hide: Sequence[str] =
     child exits, so call this from a thread that lives as long as the child
     should (the main thread, the server's loop, a supervisor's own thread).
     A Hearth child reads `PARENT_ENV` (`tie_to_spawner`): it then also
-    watches its parent, and stops with `on_parent_exit` (SIGTERM lets a
-    server drain first)."""
-    return subprocess.Popen(list(argv), **tied(env=env, hide=hide, on_parent_exit=on_parent_exit), **popen)
+    watches its parent, which covers a parent gone before the signal was
+    asked for and platforms without one; it stops with `on_parent_exit`
+    (SIGTERM lets a server drain first)."""
+    return subprocess.Popen(_tied_argv(argv, on_parent_exit),
+                            **tied(env=env, hide=hide, on_parent_exit=on_parent_exit), **popen)
 
 
 def run(argv: Sequence[str], *, env: dict | None = None, hide: Sequence[str] = (),
         on_parent_exit: int = signal.SIGKILL, **kwargs) -> subprocess.CompletedProcess:
     """`subprocess.run` for a child started as `spawn` starts one (a probe,
     ffmpeg, git): safe from any thread, since the caller waits for it."""
-    return subprocess.run(list(argv), **tied(env=env, hide=hide, on_parent_exit=on_parent_exit), **kwargs)
+    return subprocess.run(_tied_argv(argv, on_parent_exit),
+                          **tied(env=env, hide=hide, on_parent_exit=on_parent_exit), **kwargs)
 
 
 def tied(*, env: dict | None = None, hide: Sequence[str] = (), on_parent_exit: int = signal.SIGKILL) -> dict:
-    """The `env` and `preexec_fn` keywords `spawn` starts a child with, for
-    what takes Popen's keywords but is not Popen (asyncio's subprocesses)."""
+    """The environment `spawn` starts a child with: `env` less `hide`, and
+    `PARENT_ENV` naming this process and the signal. For a Hearth program
+    started another way (asyncio's subprocesses), which ties itself with it."""
     base = dict(os.environ if env is None else env)
     for name in hide:
         base.pop(name, None)
-    parent = os.getpid()
-    base[PARENT_ENV] = f"{parent}:{int(on_parent_exit)}"
-    prctl, signum = _prctl(), int(on_parent_exit)
-
-    def tie() -> None:  # in the child, before exec: no imports, no locks
-        if prctl is not None:
-            prctl(PR_SET_PDEATHSIG, signum, 0, 0, 0)
-        if os.getppid() != parent:  # the parent went before the signal was asked for
-            os._exit(1)
-
-    return {"env": base, "preexec_fn": tie}
+    base[PARENT_ENV] = f"{os.getpid()}:{int(on_parent_exit)}"
+    return {"env": base}
 
 
 def tie_to_spawner() -> int | None:

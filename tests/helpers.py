@@ -1,6 +1,7 @@
 """Building tiny models and running real `hearth serve` processes for tests."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -10,6 +11,7 @@ import time
 from pathlib import Path
 
 import httpx
+import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
 # Screenshots the browser tests save, for a person to look at (ignored by git).
@@ -160,3 +162,88 @@ async def collect(engine, request, abort_after: int | None = None) -> dict:
             break
     return {"tokens": tokens, "text": text, "logprobs": logprobs,
             "finish": final.finish_reason if final else None, "usage": final.usage if final else None}
+
+
+# -- jobs, adapters and leftover processes, shared by the tests of several folders ----------------------
+STRAY_WINDOW_S = 5.0  # how soon a worker or job child must be gone once its parent is
+
+
+def follow_job(url: str, job_id: str, timeout: float = 120) -> tuple[list[str], list[dict]]:
+    """A job's event stream read to its end: the raw lines and the events' data."""
+    lines, events = [], []
+    with httpx.stream("GET", f"{url}/api/jobs/{job_id}/stream", timeout=timeout) as r:
+        assert r.headers["content-type"].startswith("text/event-stream")
+        for line in r.iter_lines():
+            if not line:
+                continue
+            lines.append(line)
+            if line.startswith("data:") and lines[-2:-1] != ["event: end"]:
+                events.append(json.loads(line[5:]))
+    return lines, events
+
+
+def wait_job_status(url: str, job_id: str, statuses: tuple, timeout: float = 60) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        job = httpx.get(f"{url}/api/jobs/{job_id}").json()["job"]
+        if job["status"] in statuses:
+            return job
+        time.sleep(0.2)
+    raise AssertionError(f"job {job_id} never reached {statuses}: {job}")
+
+
+def write_adapter(folder: Path, tensors: dict, scale: float, base_model: str | None, layers: int = 2) -> Path:
+    """A LoRA adapter folder as mlx-lm's tuner writes one."""
+    import mlx.core as mx
+
+    folder.mkdir(parents=True, exist_ok=True)
+    mx.save_safetensors(str(folder / "adapters.safetensors"), tensors)
+    rank = next(v.shape[1] for k, v in tensors.items() if k.endswith("lora_a"))
+    config = {"fine_tune_type": "lora", "num_layers": layers,
+              "lora_parameters": {"rank": rank, "scale": scale, "dropout": 0.0}}
+    if base_model:
+        config["base_model"] = base_model
+    (folder / "adapter_config.json").write_text(json.dumps(config))
+    return folder
+
+
+def random_adapter(snapshot: str, layers: int, seed: int) -> dict:
+    """Random LoRA weights for the model at `snapshot`, from a seed."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_lm import load
+    from mlx_lm.tuner.utils import linear_to_lora_layers
+
+    model, _ = load(snapshot)
+    model.freeze()
+    linear_to_lora_layers(model, layers, {"rank": 4, "scale": 1.0, "dropout": 0.0})
+    mx.random.seed(seed)
+    return {k: mx.random.normal(v.shape) * 0.3 for k, v in tree_flatten(model.trainable_parameters())}
+
+
+def own_processes(home: Path) -> list[psutil.Process]:
+    """Job workers and job children working on HEARTH_HOME `home`."""
+    found = []
+    for proc in psutil.process_iter(["cmdline", "environ"]):
+        command = " ".join(proc.info["cmdline"] or [])
+        if ("config.cli worker" in command or "jobs.child" in command) and \
+                (proc.info["environ"] or {}).get("HEARTH_HOME") == str(home):
+            found.append(proc)
+    return found
+
+
+def exited(proc: psutil.Process) -> bool:
+    """Gone, or exited and waiting to be reaped by whoever adopted it."""
+    try:
+        return not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def assert_no_strays(home: Path, within: float = STRAY_WINDOW_S) -> float:
+    """Every worker and job child of `home` is gone within `within` s; how long it took."""
+    started = time.monotonic()
+    while left := [p for p in own_processes(home) if not exited(p)]:
+        assert time.monotonic() - started < within, [" ".join(p.cmdline()) for p in left]
+        time.sleep(0.05)
+    return time.monotonic() - started

@@ -5,43 +5,15 @@ checks that mount nothing, prompt-cache namespaces and mixed-adapter
 batches."""
 from __future__ import annotations
 
-import json
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.helpers import ServerProcess, server_env
+from tests.helpers import ServerProcess, random_adapter, server_env, write_adapter
 
 PROMPT = "the cat sat on the"
-
-
-def _write_adapter(folder: Path, tensors: dict, scale: float, base_model: str | None, layers: int = 2) -> Path:
-    import mlx.core as mx
-
-    folder.mkdir(parents=True, exist_ok=True)
-    mx.save_safetensors(str(folder / "adapters.safetensors"), tensors)
-    rank = next(v.shape[1] for k, v in tensors.items() if k.endswith("lora_a"))
-    config = {"fine_tune_type": "lora", "num_layers": layers,
-              "lora_parameters": {"rank": rank, "scale": scale, "dropout": 0.0}}
-    if base_model:
-        config["base_model"] = base_model
-    (folder / "adapter_config.json").write_text(json.dumps(config))
-    return folder
-
-
-def _random_adapter(snapshot: str, layers: int, seed: int) -> dict:
-    import mlx.core as mx
-    from mlx.utils import tree_flatten
-    from mlx_lm import load
-    from mlx_lm.tuner.utils import linear_to_lora_layers
-
-    model, _ = load(snapshot)
-    model.freeze()
-    linear_to_lora_layers(model, layers, {"rank": 4, "scale": 1.0, "dropout": 0.0})
-    mx.random.seed(seed)
-    return {k: mx.random.normal(v.shape) * 0.3 for k, v in tree_flatten(model.trainable_parameters())}
 
 
 def _stacked(first: dict, second: dict, scales: tuple[float, float]) -> dict:
@@ -71,13 +43,13 @@ def adapters(tiny_model, tmp_path_factory) -> dict:
 
     snapshot = snapshot_download(tiny_model, local_files_only=True)
     root = tmp_path_factory.mktemp("adapters")
-    a, b = _random_adapter(snapshot, 2, 1), _random_adapter(snapshot, 1, 2)
+    a, b = random_adapter(snapshot, 2, 1), random_adapter(snapshot, 1, 2)
     return {"snapshot": snapshot,
-            "a": _write_adapter(root / "alpha", a, 1.5, snapshot),
-            "b": _write_adapter(root / "beta", b, 0.5, None, layers=1),
-            "ab": _write_adapter(root / "alpha-beta", _stacked(a, b, (1.5, 0.5)), 1.0, None),
-            "foreign": _write_adapter(root / "foreign", a, 1.0, "someone/other-model"),
-            "bad": _write_adapter(root / "bad", {**a, sorted(a)[-1]: a[sorted(a)[-1]][:, :7]}, 1.0, None)}
+            "a": write_adapter(root / "alpha", a, 1.5, snapshot),
+            "b": write_adapter(root / "beta", b, 0.5, None, layers=1),
+            "ab": write_adapter(root / "alpha-beta", _stacked(a, b, (1.5, 0.5)), 1.0, None),
+            "foreign": write_adapter(root / "foreign", a, 1.0, "someone/other-model"),
+            "bad": write_adapter(root / "bad", {**a, sorted(a)[-1]: a[sorted(a)[-1]][:, :7]}, 1.0, None)}
 
 
 @pytest.fixture(scope="module")

@@ -24,37 +24,7 @@ import httpx
 import psutil
 import pytest
 
-from tests.helpers import HEARTH, ROOT, ServerProcess, server_env
-
-STRAY_WINDOW_S = 5.0
-
-
-def own_processes(home: Path) -> list[psutil.Process]:
-    """Job workers and job children working on HEARTH_HOME `home`."""
-    found = []
-    for proc in psutil.process_iter(["cmdline", "environ"]):
-        command = " ".join(proc.info["cmdline"] or [])
-        if ("config.cli worker" in command or "jobs.child" in command) and \
-                (proc.info["environ"] or {}).get("HEARTH_HOME") == str(home):
-            found.append(proc)
-    return found
-
-
-def exited(proc: psutil.Process) -> bool:
-    """Gone, or exited and waiting to be reaped by whoever adopted it."""
-    try:
-        return not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
-
-
-def assert_no_strays(home: Path, within: float = STRAY_WINDOW_S) -> float:
-    """Every worker and job child of `home` is gone within `within` s; how long it took."""
-    started = time.monotonic()
-    while left := [p for p in own_processes(home) if not exited(p)]:
-        assert time.monotonic() - started < within, [" ".join(p.cmdline()) for p in left]
-        time.sleep(0.05)
-    return time.monotonic() - started
+from tests.helpers import HEARTH, ROOT, STRAY_WINDOW_S, ServerProcess, assert_no_strays, exited, server_env
 
 
 def sigkill(server: ServerProcess) -> None:

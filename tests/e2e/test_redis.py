@@ -20,8 +20,7 @@ import httpx
 import pytest
 import redis
 
-from tests.helpers import HEARTH, ROOT, ServerProcess, server_env
-from tests.jobs.test_jobs import follow, wait_status
+from tests.helpers import HEARTH, ROOT, ServerProcess, follow_job, server_env, wait_job_status
 
 HEARTBEAT_S = 0.5
 STAGE_DELAY_S = 4  # fine-tunes pause this long once training starts: long enough to overlap, or to be killed
@@ -124,8 +123,8 @@ def data(tmp_path_factory) -> Path:
 def test_two_workers_run_two_finetunes_at_once_into_one_home(cluster, node_b, tiny_model, data):
     node, home, client = cluster["node"], cluster["home"], cluster["redis"]
     jobs = [_finetune(node.url, tiny_model, data) for _ in range(2)]
-    _, first = follow(node.url, jobs[0]["job_id"], timeout=300)
-    _, second = follow(node_b.url, jobs[1]["job_id"], timeout=300)  # the other web node streams it from Redis
+    _, first = follow_job(node.url, jobs[0]["job_id"], timeout=300)
+    _, second = follow_job(node_b.url, jobs[1]["job_id"], timeout=300)  # the other web node streams it from Redis
     for events in (first, second):
         assert events[0]["type"] == "started" and events[-1]["type"] == "done", events[-3:]
         assert [e["step"] for e in events if e["type"] == "metric" and e["kind"] == "train"] == [2, 4]
@@ -237,9 +236,9 @@ def test_a_killed_worker_leaves_a_zombie_that_the_other_worker_marks(cluster, ti
     assert httpx.get(f"{node.url}/api/jobs/{job_id}").json()["job"]["status"] == "running"
     owner.proc.send_signal(signal.SIGKILL)  # its job's child dies with it
     owner.proc.wait()
-    job = wait_status(node.url, job_id, ("zombie", "done", "failed"), timeout=30)
+    job = wait_job_status(node.url, job_id, ("zombie", "done", "failed"), timeout=30)
     assert job["status"] == "zombie" and f"{owner.host}:{pid}" in job["error"] and "heartbeat" in job["error"]
-    _, events = follow(node.url, job_id)
+    _, events = follow_job(node.url, job_id)
     assert events[-1] == {**events[-1], "type": "failed", "error": job["error"]}
     assert not client.exists(f"hearth:job-owner:{job_id}")
 

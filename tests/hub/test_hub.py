@@ -134,7 +134,7 @@ def _download_rows(hearth_home: Path, repo_id: str) -> list[dict]:
 
 
 def test_a_killed_download_resumes_from_its_partial_file(homes_hub, double, tiny_files, tmp_path):
-    from tests.e2e.test_crash import assert_no_strays
+    from tests.helpers import assert_no_strays
 
     env = _env(homes_hub, double)
     first = ServerProcess(env, TINY_REPO, log_path=tmp_path / "first.log").wait_ready()  # with its worker
@@ -258,14 +258,13 @@ def test_push_arrives_at_the_hub(hub_server, double, tmp_path):
 def test_the_adapters_page_merges_exports_and_pushes(hub_server, homes_hub, double, tiny_model, browser):
     from huggingface_hub import snapshot_download
 
-    from tests.api.test_adapters import _random_adapter, _write_adapter
-    from tests.helpers import ARTIFACTS
+    from tests.helpers import ARTIFACTS, random_adapter, write_adapter
 
     url = hub_server.url
     snapshot = snapshot_download(tiny_model, local_files_only=True)
     root = homes_hub[1] / "adapters"
-    _write_adapter(root / "ui-alpha", _random_adapter(snapshot, 2, 1), 1.5, None)
-    beta = _write_adapter(root / "ui-beta", _random_adapter(snapshot, 1, 2), 0.5, None, layers=1)
+    write_adapter(root / "ui-alpha", random_adapter(snapshot, 2, 1), 1.5, None)
+    beta = write_adapter(root / "ui-beta", random_adapter(snapshot, 1, 2), 0.5, None, layers=1)
     httpx.post(url + "/api/settings/hf-token", json={"token": "hf_test"}).raise_for_status()
     page = browser.new_page(viewport={"width": 1280, "height": 800})
     errors: list[str] = []
@@ -300,7 +299,7 @@ def test_the_adapters_page_merges_exports_and_pushes(hub_server, homes_hub, doub
     assert page.evaluate("document.documentElement.scrollWidth - document.documentElement.clientWidth") <= 1
 
     # The chat's adapter picker: one for another base model is greyed out; a fitting one mounts when picked.
-    _write_adapter(root / "ui-foreign", _random_adapter(snapshot, 1, 3), 1.0, "someone/other-model", layers=1)
+    write_adapter(root / "ui-foreign", random_adapter(snapshot, 1, 3), 1.0, "someone/other-model", layers=1)
     page.set_viewport_size({"width": 1280, "height": 800})
     page.goto(url + "/#/chat")
     picker = page.locator("select[aria-label=Adapter]")

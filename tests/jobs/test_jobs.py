@@ -14,30 +14,7 @@ import httpx
 import openai
 import pytest
 
-from tests.helpers import ServerProcess, server_env
-
-
-def follow(url: str, job_id: str, timeout: float = 120) -> tuple[list[str], list[dict]]:
-    lines, events = [], []
-    with httpx.stream("GET", f"{url}/api/jobs/{job_id}/stream", timeout=timeout) as r:
-        assert r.headers["content-type"].startswith("text/event-stream")
-        for line in r.iter_lines():
-            if not line:
-                continue
-            lines.append(line)
-            if line.startswith("data:") and lines[-2:-1] != ["event: end"]:
-                events.append(json.loads(line[5:]))
-    return lines, events
-
-
-def wait_status(url: str, job_id: str, statuses: tuple, timeout: float = 60) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        job = httpx.get(f"{url}/api/jobs/{job_id}").json()["job"]
-        if job["status"] in statuses:
-            return job
-        time.sleep(0.2)
-    raise AssertionError(f"job {job_id} never reached {statuses}: {job}")
+from tests.helpers import ServerProcess, follow_job, server_env, wait_job_status
 
 
 def pids_matching(text: str) -> list[int]:
@@ -51,7 +28,7 @@ def test_quantize_job_streams_to_done_and_its_output_serves(base_url, tiny_model
     submitted = httpx.post(base_url + "/api/quantize/submit",
                            json={"model_id": tiny_model, "bits": 4, "group_size": 32}).json()
     assert submitted["ok"] and submitted["output_repo"] == tiny_model + "-hearth-4bit"
-    lines, events = follow(base_url, submitted["job_id"])
+    lines, events = follow_job(base_url, submitted["job_id"])
     assert lines[0] == "retry: 1500" and lines[-2:] == ["event: end", "data: {}"]
     kinds = [e["type"] for e in events]
     assert kinds[0] == "started" and kinds[-1] == "done" and "stage" in kinds
@@ -81,7 +58,7 @@ def test_quantize_to_a_bits_per_weight_target_mixes_widths(base_url, tiny_model)
     body = {"model_id": tiny_model, "target_bpw": 7, "candidate_bits": [4, 8], "group_size": 32}
     submitted = httpx.post(base_url + "/api/quantize/submit", json=body).json()
     assert submitted["output_repo"] == tiny_model + "-hearth-mixed-7bpw"
-    _, events = follow(base_url, submitted["job_id"])
+    _, events = follow_job(base_url, submitted["job_id"])
     assert events[-1]["type"] == "done", events[-3:]
     summary = events[-1]["summary"]
     assert summary["target_bpw"] == 7 and set(summary["layers_by_bits"]) == {"4", "8"}
@@ -106,7 +83,7 @@ def test_quantize_submit_refusals(base_url, body, needle):
 def test_job_routes_errors(base_url):
     missing = httpx.get(base_url + "/api/jobs/nope")
     assert missing.status_code == 404 and missing.json() == {"ok": False, "error": "job not found"}
-    lines, events = follow(base_url, "nope")
+    lines, events = follow_job(base_url, "nope")
     assert events == [{"type": "failed", "error": "job not found"}] and lines[-2:] == ["event: end", "data: {}"]
     assert httpx.get(base_url + "/api/jobs?kind=bake").status_code == 400
     assert httpx.post(base_url + "/api/jobs/nope/cancel").status_code == 404
@@ -127,7 +104,7 @@ def slow_server(homes, tiny_model, tmp_path_factory):
 def _submit_slow(server, tiny_model) -> str:
     r = httpx.post(server.url + "/api/quantize/submit", json={"model_id": tiny_model, "bits": 8, "group_size": 64})
     job_id = r.json()["job_id"]
-    wait_status(server.url, job_id, ("running",))
+    wait_job_status(server.url, job_id, ("running",))
     deadline = time.monotonic() + 30
     while not pids_matching(f"jobs.child jobs.kinds.quantize .*{job_id}"):
         assert time.monotonic() < deadline, "the job's child never started"
@@ -139,9 +116,9 @@ def test_a_killed_child_fails_the_job_with_a_reason(slow_server, tiny_model):
     job_id = _submit_slow(slow_server, tiny_model)
     for pid in pids_matching(f"jobs.child jobs.kinds.quantize .*{job_id}"):
         os.kill(pid, signal.SIGKILL)
-    job = wait_status(slow_server.url, job_id, ("failed", "done"))
+    job = wait_job_status(slow_server.url, job_id, ("failed", "done"))
     assert job["status"] == "failed" and "killed by signal 9" in job["error"]
-    _, events = follow(slow_server.url, job_id)
+    _, events = follow_job(slow_server.url, job_id)
     assert events[-1]["type"] == "failed" and "signal 9" in events[-1]["error"]
 
 
@@ -167,12 +144,12 @@ def test_a_worker_that_dies_leaves_a_zombie_and_is_restarted(slow_server, tiny_m
                open(f"/proc/{p}/stat").read().split(")")[-1].split()[1:2]]
     assert len(workers) == 1
     os.kill(workers[0], signal.SIGKILL)  # the child dies with it
-    job = wait_status(slow_server.url, job_id, ("zombie",), timeout=60)  # the restarted worker finds it
+    job = wait_job_status(slow_server.url, job_id, ("zombie",), timeout=60)  # the restarted worker finds it
     assert str(workers[0]) in job["error"]
     # the new worker runs jobs again
     r = httpx.post(slow_server.url + "/api/quantize/submit", json={"model_id": tiny_model, "bits": 8,
                                                                    "group_size": 64})
-    assert wait_status(slow_server.url, r.json()["job_id"], ("done", "failed"), timeout=90)["status"] == "done"
+    assert wait_job_status(slow_server.url, r.json()["job_id"], ("done", "failed"), timeout=90)["status"] == "done"
 
 
 TAUGHT = "Zebra!"
@@ -201,7 +178,7 @@ def test_finetune_teaches_a_reply_and_streams_its_loss(base_url, tiny_model, tmp
         "model_dir": tiny_model, "data_dir": str(data), "adapter_path": str(adapter), "iters": 80,
         "learning_rate": 1e-3, "rank": 16, "batch_size": 4, "steps_per_report": 10, "sft_scope": "response"}).json()
     assert submitted["ok"] and submitted["adapter_path"] == str(adapter)
-    _, events = follow(base_url, submitted["job_id"], timeout=300)
+    _, events = follow_job(base_url, submitted["job_id"], timeout=300)
     assert events[-1]["type"] == "done", events[-3:]
     train = [e for e in events if e["type"] == "metric" and e["kind"] == "train"]
     val = [e for e in events if e["type"] == "metric" and e["kind"] == "val"]
@@ -225,7 +202,7 @@ def test_finetune_teaches_a_reply_and_streams_its_loss(base_url, tiny_model, tmp
     submitted = httpx.post(base_url + "/api/finetune/submit", json={
         "model_dir": tiny_model, "data_dir": str(data), "adapter_path": str(resumed), "iters": 2, "rank": 4,
         "learning_rate": 1e-6, "batch_size": 4, "warm_start_adapter": str(adapter)}).json()
-    _, events = follow(base_url, submitted["job_id"], timeout=300)
+    _, events = follow_job(base_url, submitted["job_id"], timeout=300)
     assert events[-1]["type"] == "done" and events[-1]["summary"]["rank"] == 16, events[-3:]
     assert any("warm start" in e.get("line", "") for e in events)
     httpx.post(base_url + "/v1/adapters", json={"id": "resumed", "path": str(resumed)}).raise_for_status()
@@ -235,7 +212,7 @@ def test_finetune_teaches_a_reply_and_streams_its_loss(base_url, tiny_model, tmp
         httpx.delete(base_url + "/v1/adapters/resumed")
     bad = httpx.post(base_url + "/api/finetune/submit", json={
         "model_dir": tiny_model, "data_dir": str(data), "warm_start_adapter": str(tmp_path)}).json()
-    job = wait_status(base_url, bad["job_id"], ("failed", "done"))
+    job = wait_job_status(base_url, bad["job_id"], ("failed", "done"))
     assert job["status"] == "failed" and "warm_start_adapter" in job["error"]
 
 
@@ -244,7 +221,7 @@ def test_finetune_config_errors_fail_the_job(base_url, tiny_model, tmp_path):
     (tmp_path / "train.jsonl").write_text(json.dumps({"text": "hi"}) + "\n")
     r = httpx.post(base_url + "/api/finetune/submit", json={"model_dir": tiny_model, "data_dir": str(tmp_path),
                                                              "sft_scope": "everything"}).json()
-    job = wait_status(base_url, r["job_id"], ("failed", "done"))
+    job = wait_job_status(base_url, r["job_id"], ("failed", "done"))
     assert job["status"] == "failed" and "sft_scope" in job["error"]
     assert "/adapters/adapter-" in r["adapter_path"]  # defaulted under HEARTH_HOME
 
@@ -305,7 +282,7 @@ def test_preference_training_raises_the_chosen_reply(base_url, tiny_model, tmp_p
     submitted = httpx.post(base_url + "/api/finetune/submit", json={
         "model_dir": tiny_model, "data_dir": str(tmp_path), "adapter_path": str(adapter), "method": method,
         "iters": 20, "learning_rate": 1e-3, "rank": 8, "batch_size": 2, "steps_per_report": 5}).json()
-    _, events = follow(base_url, submitted["job_id"], timeout=300)
+    _, events = follow_job(base_url, submitted["job_id"], timeout=300)
     assert events[-1]["type"] == "done", events[-3:]
     train = [e for e in events if e["type"] == "metric" and e["kind"] == "train"]
     assert [e["step"] for e in train] == [5, 10, 15, 20] and "chosen_reward" in train[-1]
@@ -324,7 +301,7 @@ def test_preference_methods_need_preference_rows(base_url, tiny_model, tmp_path)
     (tmp_path / "train.jsonl").write_text(json.dumps({"text": "hi"}) + "\n")
     r = httpx.post(base_url + "/api/finetune/submit", json={"model_dir": tiny_model, "data_dir": str(tmp_path),
                                                              "method": "dpo"}).json()
-    job = wait_status(base_url, r["job_id"], ("failed", "done"))
+    job = wait_job_status(base_url, r["job_id"], ("failed", "done"))
     assert job["status"] == "failed" and "prompt/chosen/rejected" in job["error"]
 
 
@@ -346,7 +323,7 @@ def test_dataset_templates_describe_their_fields(base_url):
 def _built(base_url: str, body: dict) -> tuple[dict, list[dict]]:
     r = httpx.post(base_url + "/api/dataset/submit", json=body).json()
     assert r["ok"] and "/datasets/dataset-" in r["output_dir"]
-    _, events = follow(base_url, r["job_id"], timeout=300)
+    _, events = follow_job(base_url, r["job_id"], timeout=300)
     assert events[-1]["type"] == "done", [e for e in events if e["type"] in ("log", "failed")]
     return r, events
 
@@ -367,7 +344,7 @@ def test_dataset_converter_writes_a_trainable_folder(base_url, tmp_path):
     assert events[-1]["summary"]["n_train"] == 1
     bad = httpx.post(base_url + "/api/dataset/submit", json={"template_id": "table-to-messages",
                                                               "inputs": {"data": "a,b\n1,2\n"}}).json()
-    job = wait_status(base_url, bad["job_id"], ("failed", "done"))
+    job = wait_job_status(base_url, bad["job_id"], ("failed", "done"))
     assert job["status"] == "failed" and "no prompt column" in job["error"]
 
 
