@@ -70,8 +70,9 @@ class DemoTraining:
         runtime.demo_build = {"state": "starting", "step": 0, "steps": Recipe().steps, "served_step": self.served_step,
                               "model": DEMO_REPO, "pid": self.proc.pid}
         if self.manager.default is None:
-            self.manager.no_default_note = (f"the demo model {DEMO_REPO} is being trained; it is served from its "
-                                            "first checkpoint, in about a minute (GET /health shows the progress)")
+            self.manager.no_default_note = (f"the demo model {DEMO_REPO} is training and is served from its first "
+                                            "checkpoint, about a minute after the start (GET /health shows the "
+                                            "progress)")
         log.info("training the demo model %s in the background (pid %d): served from its first checkpoint, "
                  "in about a minute, and swapped for each better one as it trains (about 10 minutes in all)",
                  DEMO_REPO, self.proc.pid)

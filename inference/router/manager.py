@@ -227,12 +227,16 @@ class Manager:
         return entry
 
     def _no_default(self) -> RouterError:
-        """The refusal of a request that names no model while there is no default."""
+        """The refusal of a request that names no model while there is no
+        default: a 400 that lists the models it may name, or, while the demo
+        model trains towards its first checkpoint, a 503 that says so."""
         names = sorted(set(self.catalog.entries) | set(self.remote_entries))
         listed = ", ".join(names[:20]) + (f" and {len(names) - 20} more" if len(names) > 20 else "")
         which = f"name one of: {listed}" if names else "the library has none yet (`hearth pull REPO`)"
-        note = f" ({self.no_default_note})" if self.no_default_note else ""
-        return ModelNotFound(f"no model was named and this server has no default model{note}; {which} "
+        if self.no_default_note:
+            return RouterError(f"no model was named and the default model is not ready: {self.no_default_note}; "
+                               f"or {which}")
+        return ModelNotFound(f"no model was named and this server has no default model; {which} "
                              "(GET /v1/models lists them; `hearth serve --default-model` sets one)")
 
     # -- events --------------------------------------------------------------

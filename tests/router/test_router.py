@@ -563,3 +563,21 @@ def test_without_a_default_model_nothing_is_trained_and_a_request_must_name_one(
         assert named.status_code == 200 and named.json()["model"] == B, named.text
     finally:
         assert proc.stop() == 0, proc.output()
+
+
+def test_a_request_naming_no_model_is_told_what_to_name(tiny_model):
+    """In this process: with no default model a request that names none gets a 400 that lists the
+    library; while the demo model trains towards its first checkpoint, a 503 that says so."""
+    from inference.router.catalog import Library
+    from inference.router.manager import Manager
+    from inference.router.slots import ModelNotFound, RouterError, Settings
+
+    manager = Manager(Library(None, None), Settings(models_max=1), None, 1 << 30)
+    with pytest.raises(ModelNotFound) as refused:
+        manager.resolve(None)
+    assert refused.value.status == 400 and tiny_model in refused.value.message
+    manager.no_default_note = "the demo model hearth/demo-chat is training"
+    with pytest.raises(RouterError) as waiting:
+        manager.resolve("default")
+    assert waiting.value.status == 503 and "is training" in waiting.value.message
+    assert tiny_model in waiting.value.message
