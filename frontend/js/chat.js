@@ -170,6 +170,23 @@ export function createChat(hooks = {}) {
     model.replaceChildren(h("option", { value: "" }, `Default (${ready.model || "none"})`),
       ...ids.map((id) => h("option", { value: id }, id)));
     pickModel();
+    if (!ready.model) setTimeout(() => awaitDefault(ready), 3000);
+  }
+
+  // A router with no default model yet (the demo model training towards its first checkpoint):
+  // the picker names the default once there is one.
+  async function awaitDefault(ready) {
+    if (state.ready !== ready || !model.isConnected) return;
+    try {
+      const m = await api("/models");
+      if (m.default && state.ready === ready) {
+        ready.model = m.default;
+        modelName.textContent = m.default;
+        fillModels({ ...ready, models: (m.data || []).map((d) => d.id) });
+        return;
+      }
+    } catch { /* asked again below */ }
+    setTimeout(() => awaitDefault(ready), 3000);
   }
 
   function pickModel() {

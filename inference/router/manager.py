@@ -234,8 +234,8 @@ class Manager:
         listed = ", ".join(names[:20]) + (f" and {len(names) - 20} more" if len(names) > 20 else "")
         which = f"name one of: {listed}" if names else "the library has none yet (`hearth pull REPO`)"
         if self.no_default_note:
-            return RouterError(f"no model was named and the default model is not ready: {self.no_default_note}; "
-                               f"or {which}")
+            return RouterError(f"no model was named and the default model is not ready: {self.no_default_note}"
+                               + (f"; or name one of: {listed}" if names else ""))
         return ModelNotFound(f"no model was named and this server has no default model; {which} "
                              "(GET /v1/models lists them; `hearth serve --default-model` sets one)")
 
