@@ -8,8 +8,9 @@ checkpoint the build publishes, the router takes the model into its
 library, makes it the default when there is none yet, and swaps the new
 weights in: a loaded demo process is restarted once no request is running
 on it (the next request loads the new snapshot). The first checkpoint
-comes within a minute; what is served only gets better from then on, and
-the last is the finished model, the same one a plain build makes.
+is the untrained model, seconds after the start (it answers, in babble);
+what is served only gets better from then on, and the last is the
+finished model, the same one a plain build makes.
 
 The progress is on `/health` and `/stats` (`demo_build`), the dashboard's
 Status and Models pages, and the log.
@@ -71,10 +72,9 @@ class DemoTraining:
                               "model": DEMO_REPO, "pid": self.proc.pid}
         if self.manager.default is None:
             self.manager.no_default_note = (f"the demo model {DEMO_REPO} is training and is served from its first "
-                                            "checkpoint, about a minute after the start (GET /health shows the "
-                                            "progress)")
+                                            "checkpoint, seconds after the start (GET /health shows the progress)")
         log.info("training the demo model %s in the background (pid %d): served from its first checkpoint, "
-                 "in about a minute, and swapped for each better one as it trains (about 10 minutes in all)",
+                 "seconds from now, and swapped for each better one as it trains (about 10 minutes in all)",
                  DEMO_REPO, self.proc.pid)
 
     def watch(self) -> None:
@@ -120,8 +120,8 @@ class DemoTraining:
             self.manager.set_default(DEMO_REPO)
             self.manager.no_default_note = ""
         finished = step == state.get("steps")
-        log.info("demo model: %s at step %d of %s (loss %s)", "finished" if finished else "checkpoint",
-                 step, state.get("steps"), state.get("loss"))
+        log.info("demo model: %s at step %d of %s%s", "finished" if finished else "checkpoint", step,
+                 state.get("steps"), f" (loss {state['loss']})" if step and state.get("loss") is not None else "")
         self.swap_pending = True
 
     async def _swap(self) -> None:
@@ -152,7 +152,7 @@ class DemoTraining:
         runtime.demo_build = {**state, "state": "failed", "error": error}
         self.manager.no_default_note = ""
         log.error("demo model: training failed (%s); `hearth make-demo-model` shows why. %s", error,
-                  "The last checkpoint stays served." if self.served_step else "")
+                  "The last checkpoint stays served." if self.served_step is not None else "")
 
     def stop(self) -> None:
         if self.task is not None:

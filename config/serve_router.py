@@ -164,7 +164,7 @@ def serve_router(opts: dict, bounds) -> None:
     call_command("migrate", interactive=False, verbosity=0)
     default = default_model(opts)
     training = opts["build_demo"] and not demo_is_built()
-    if training and default is None and demo_checkpoint_step():
+    if training and default is None and demo_checkpoint_step() is not None:
         default = DEMO_REPO  # a build cut short left a checkpoint: served until the new build passes it
     usable = fit.usable_bytes()
     try:

@@ -5,9 +5,11 @@ the local HF cache as `hearth/demo-chat`.
 Runs in one process that owns every MLX call (the `make-demo-model`
 command), so it imports MLX lazily and knows nothing of Django.
 
-With `checkpoints`, the model is published after the first few steps and
-again at each step of `CHECKPOINTS`, so a server can serve it within a
-minute and swap in each better one while the training goes on. Those
+With `checkpoints`, the model is published before its first step (the
+trained tokenizer, the initial weights: it answers, in babble, seconds
+after the build starts) and again at each step of `CHECKPOINTS`, so a
+server can serve it at once and swap in each better one while the
+training goes on. Those
 snapshots carry a `checkpoint` in their marker; only the last one, the
 whole recipe trained, is the finished build (`cached_snapshot`). Training
 is the same either way: publishing reads the weights and changes nothing,
@@ -51,9 +53,10 @@ def is_demo(model_id: str) -> bool:
 BUILDER_VERSION = 3  # bump when the recipe changes so cached builds are redone
 MARKER = "hearth_demo.json"
 # Steps after which a build with checkpoints publishes the model (the last step always does).
-# The first comes within a minute of the start on a 2-core machine: a babbling model, but one
-# that answers; the later ones are spaced as the loss falls.
-CHECKPOINTS = (8, 40, 100, 200, 300, 400)
+# Step 0 is the untrained model, out seconds after the start so that a server answers at once
+# (babble, as any model of the first few dozen steps would); step 40 answers in the right form
+# about a minute later on 2 cores; the later ones are spaced as the loss falls.
+CHECKPOINTS = (0, 40, 100, 200, 300, 400)
 
 
 @dataclass(frozen=True)
@@ -165,8 +168,8 @@ def _batches(tok, data, recipe: Recipe, pad_id: int) -> list[tuple[list[list[int
 def train(recipe: Recipe, out: Path, progress=None, checkpoint=None) -> dict:
     """Train the demo model into `out`; returns a summary with the final loss.
     `checkpoint(step, loss, write)`, when given, is called after each step
-    of CHECKPOINTS before the last; `write(folder, marker)` writes the model
-    as it is then."""
+    of CHECKPOINTS before the last (step 0: before the first, the loss
+    None); `write(folder, marker)` writes the model as it is then."""
     import mlx.core as mx
     import mlx.nn as nn
     import mlx.optimizers as optim
@@ -220,6 +223,8 @@ def train(recipe: Recipe, out: Path, progress=None, checkpoint=None) -> dict:
 
     order = random.Random(recipe.seed)
     started, loss_value = time.monotonic(), math.nan
+    if checkpoint and 0 in CHECKPOINTS:
+        checkpoint(0, None, write)
     for step in range(1, recipe.steps + 1):
         ids, masks = batches[order.randrange(len(batches))]
         loss = step_fn(ids, masks)
@@ -248,11 +253,13 @@ def build(cache_dir: Path, recipe: Recipe = Recipe(), force: bool = False, progr
             return existing, False
     work = Path(tempfile.mkdtemp(prefix="hearth-demo-"))
 
-    def checkpoint(step: int, loss: float, write) -> None:
-        if (published_step(cache_dir, recipe) or 0) >= step and not force:
+    def checkpoint(step: int, loss: float | None, write) -> None:
+        served = published_step(cache_dir, recipe)
+        if served is not None and served >= step and not force:
             return
         folder = work / f"step-{step}"
-        write(folder, _marker(recipe, {"step": step, "steps": recipe.steps, "loss": round(loss, 4)}))
+        write(folder, _marker(recipe, {"step": step, "steps": recipe.steps,
+                                       "loss": None if loss is None else round(loss, 4)}))
         snapshot = publish_to_cache(folder, DEMO_REPO, cache_dir)
         shutil.rmtree(folder, ignore_errors=True)
         _prune_checkpoints(snapshot)

@@ -42,11 +42,11 @@ def test_checkpoints_are_published_as_the_training_goes(plain, tmp_path):
     def published(step, loss, snapshot):
         seen.append((step, _weights(snapshot), demo.published_step(tmp_path, SMALL),
                      demo.cached_snapshot(tmp_path, SMALL)))
-        assert loss > 0 and _snapshots(tmp_path) == [snapshot]  # the earlier checkpoint went
+        assert (loss is None) == (step == 0) and _snapshots(tmp_path) == [snapshot]  # the earlier one went
 
     snapshot, built = demo.build(tmp_path, SMALL, published=published)
     first = min(demo.CHECKPOINTS)
-    assert built and [s[0] for s in seen] == [first]  # 12 steps: only the first checkpoint comes before the end
+    assert built and first == 0 and [s[0] for s in seen] == [0]  # untrained, then the finished model at 12
     assert seen[0][2] == first and seen[0][3] is None  # served, and not taken for a finished build
     assert seen[0][1] != _weights(snapshot)
     marker = json.loads((snapshot / demo.MARKER).read_text())
@@ -59,10 +59,10 @@ def test_checkpoints_are_published_as_the_training_goes(plain, tmp_path):
 
 
 def test_a_build_does_not_publish_over_a_checkpoint_further_along(tmp_path):
-    longer = replace(SMALL, steps=45)  # checkpoints at steps 8 and 40, then the finished model
+    longer = replace(SMALL, steps=45)  # checkpoints at steps 0 and 40, then the finished model
     published: list[int] = []
     demo.build(tmp_path, longer, published=lambda step, loss, snap: published.append(step))
-    assert published == [8, 40]
+    assert published == [0, 40]
     # Make what the cache holds a step-40 checkpoint, as a build stopped there leaves it.
     repo = tmp_path / "models--hearth--demo-chat"
     marker = repo / "snapshots" / (repo / "refs" / "main").read_text() / demo.MARKER
@@ -72,7 +72,7 @@ def test_a_build_does_not_publish_over_a_checkpoint_further_along(tmp_path):
     blob.unlink()
     marker.write_text(json.dumps({**finished, "checkpoint": {"step": 40, "steps": 45, "loss": 1.0}}))
     assert demo.published_step(tmp_path, longer) == 40 and demo.cached_snapshot(tmp_path, longer) is None
-    # The next build serves that one until it passes it: no checkpoint at 8 or 40, then the finished one.
+    # The next build serves that one until it passes it: no checkpoint at 0 or 40, then the finished one.
     again: list[int] = []
     _, built = demo.build(tmp_path, longer, published=lambda step, loss, snap: again.append(step))
     assert built and again == [] and demo.published_step(tmp_path, longer) == 45

@@ -57,7 +57,8 @@ class Command(BaseCommand):
 
         def published(step, loss, snapshot):
             save(served_step=step)
-            self.stdout.write(f"  checkpoint at step {step} (loss {loss:.3f}) published: {snapshot}")
+            how = "untrained" if loss is None else f"loss {loss:.3f}"
+            self.stdout.write(f"  checkpoint at step {step} ({how}) published: {snapshot}")
 
         self.stdout.write(f"BLAS: {blas_in_use()}")
         cache = Path(constants.HF_HUB_CACHE)
