@@ -64,9 +64,9 @@ class DemoTraining:
         """Start the build (from the main thread, which lives as long as the
         server: see `core.procs.spawn`). Call before the server listens."""
         self._progress.unlink(missing_ok=True)
-        nice = [shutil.which("nice") or "nice", "-n", "10"] if shutil.which("nice") else []
-        self.proc = procs.spawn([*nice, sys.executable, "-m", "config.cli", "make-demo-model", "--checkpoints"],
-                                stdin=subprocess.DEVNULL)
+        nice = shutil.which("nice")  # the server's requests come first
+        self.proc = procs.spawn([*([nice, "-n", "10"] if nice else []), sys.executable, "-m", "config.cli",
+                                 "make-demo-model", "--checkpoints"], stdin=subprocess.DEVNULL)
         self.served_step = demo_checkpoint_step()  # a build cut short before left one
         runtime.demo_build = {"state": "starting", "step": 0, "steps": Recipe().steps, "served_step": self.served_step,
                               "model": DEMO_REPO, "pid": self.proc.pid}

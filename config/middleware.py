@@ -89,14 +89,17 @@ class RequestMetricsMiddleware(_ResponseHook):
 
 class CrossOriginGuardMiddleware(_Middleware):
     """Refuse requests for a Host name that is not this server's (DNS
-    rebinding), and state-changing requests that a web page on another
-    origin makes (a browser always sends `Origin` on those): without it, any
-    site the user visits could mount adapters, save a Hub token or push a
-    folder. SDK clients send no `Origin` and are not affected; the dashboard
-    is same-origin."""
+    rebinding), and every state-changing request that a web page on another
+    origin makes, on every route (a browser always sends `Origin` on those,
+    whatever the content type: a `text/plain` or form body needs no
+    preflight): without it, any site the user visits could load and unload
+    models, mount adapters, save a Hub token or push a folder. SDK clients
+    send no `Origin` and are not affected; the dashboard is same-origin;
+    origins named with `--cors-origin` pass."""
 
-    GUARDED = ("/api/", "/v1/", "/admin/cache/", "/admin/transcription/")
     SAFE = ("GET", "HEAD", "OPTIONS")
+    # Answered for any origin on purpose (inference/routes/curves.py): they compute, and change nothing.
+    ANY_ORIGIN = ("/signal", "/generate")
     # GETs that start work (GET /v1/memory/synthesize starts a synthesis): an <img> on
     # another site sends no Origin, but browsers mark it Sec-Fetch-Site.
     ACTING_GETS = ("/v1/memory/synthesize",)
@@ -120,7 +123,7 @@ class CrossOriginGuardMiddleware(_Middleware):
             if not foreign and request.headers.get("Sec-Fetch-Site") not in ("cross-site", "same-site"):
                 return None
             message = f"{request.path} from another site refused"
-        elif request.method in self.SAFE or not request.path.startswith(self.GUARDED) or not foreign:
+        elif request.method in self.SAFE or request.path in self.ANY_ORIGIN or not foreign:
             return None
         else:
             message = f"cross-origin {request.method} from {origin} refused"
