@@ -156,8 +156,11 @@ class Manager:
 
     def hop_headers(self, slot: Slot) -> dict:
         """The credentials a request forwarded to `slot` carries, and, to
-        another web node, the mark that it is served there and not passed on."""
-        out = {"authorization": f"Bearer {self.key_for(slot)}"}
+        another web node, the mark that it is served there and not passed on.
+        A remote host run without a key gets no `Authorization` at all (an
+        empty `Bearer ` is a malformed header its server refuses)."""
+        key = self.key_for(slot)
+        out = {"authorization": f"Bearer {key}"} if key else {}
         if slot.remote is not None and slot.remote.node is not None:  # the id as resolved here (aliases,
             out[cluster.HOP_HEADER], out[cluster.MODEL_HEADER] = "1", slot.id  # the default may differ there)
         return out

@@ -581,3 +581,20 @@ def test_a_request_naming_no_model_is_told_what_to_name(tiny_model):
         manager.resolve("default")
     assert waiting.value.status == 503 and "is training" in waiting.value.message
     assert tiny_model in waiting.value.message
+
+
+def test_a_host_without_a_key_gets_no_authorization_header(tiny_model):
+    """In this process: `--models-remote URL` with no `--models-remote-key` forwards with no
+    `Authorization` (an empty `Bearer ` failed every forwarded request); a host with a key gets it."""
+    from inference.router.catalog import Library
+    from inference.router.manager import Manager
+    from inference.router.remotes import RemoteHost
+    from inference.router.slots import Settings, Slot
+
+    manager = Manager(Library(None, None), Settings(models_max=1), tiny_model, 1 << 30)
+    local = manager.slots[tiny_model]
+    keyless = Slot(local.entry, status="loaded", remote=RemoteHost("http://127.0.0.1:9", None))
+    keyed = Slot(local.entry, status="loaded", remote=RemoteHost("http://127.0.0.1:9", "k"))
+    assert "authorization" not in {k.lower() for k in manager.hop_headers(keyless)}
+    assert manager.hop_headers(keyed)["authorization"] == "Bearer k"
+    assert manager.hop_headers(local)["authorization"] == f"Bearer {manager.key}"  # the children's own key

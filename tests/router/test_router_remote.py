@@ -140,3 +140,4 @@ def test_a_bad_remote_url_is_refused_at_start(homes):
     done = subprocess.run([*HEARTH, "serve", "--default-model", LOCAL, "--no-worker", "--models-remote",
                            "ftp://example/x"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode != 0 and "give a URL such as http://host:8080" in done.stderr
+
