@@ -201,7 +201,8 @@ async def _record(request: HttpRequest, manager: Manager, slot: Slot, names: tup
     chunks = relay.__aiter__()
     try:
         frames = await request.runtime.streams.start(conversation, protocol(path), slot.id, chunks, stop,
-                                                     lambda message: stream_error(path, message))
+                                                     lambda message: stream_error(path, message),
+                                                     failed=lambda: relay.broke)
     except StreamRefused as exc:
         await close_quietly(chunks)
         relay.close()
@@ -223,6 +224,7 @@ class _Relay:
         self.path, self.manager, self.slot, self.reply = path, manager, slot, reply
         self.loop = asyncio.get_running_loop()
         self.done = False
+        self.broke = False  # the model's stream broke off: it ends with an error event of ours
 
     def __aiter__(self):
         return self._chunks()
@@ -235,6 +237,7 @@ class _Relay:
                 yield chunk
         except httpx.HTTPError as exc:
             log.warning("%s: the stream from %s broke: %s", self.path, self.slot.id, exc)
+            self.broke = True
             yield (b"" if ended else b"\n\n") + stream_error(self.path, _died_message(self.slot, exc))
         finally:
             self._finish()

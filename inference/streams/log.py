@@ -75,6 +75,9 @@ class Stream:
         self.stop_fn: Callable[[], Awaitable[None]] | None = None  # asks the generation to stop
         self.context: object = None  # what its owner keeps with it (a chat turn)
         self.error_event: Callable[[str], bytes] | None = None  # an event of its protocol that ends it failed
+        # Asked once its producer ends: whether that end was a failure the producer wrote into the
+        # stream itself (a model's process that died mid-reply), so it ends `failed`, not `done`.
+        self.failed_fn: Callable[[], bool] | None = None
         self.done = asyncio.Event()
         if meta.state != LIVE:
             self.done.set()

@@ -225,12 +225,14 @@ class Streams:
     # -- starting and stopping ------------------------------------------------
     async def start(self, conversation_id: str, kind: str, model: str | None, producer: AsyncIterator[bytes],
                     stop: StopFn, error_event: Callable[[str], bytes],
-                    context: object = None) -> AsyncIterator[bytes]:
+                    context: object = None, failed: Callable[[], bool] | None = None) -> AsyncIterator[bytes]:
         """Run `producer` to its end whatever its reader does; answer what the
         request's reader gets (every byte, from the first). `stop` asks the
         generation to end early; `error_event(message)` is an event in the
         stream's protocol that ends it with an error. `context` is kept on the
-        stream for its owner (the chat keeps its running turn there)."""
+        stream for its owner (the chat keeps its running turn there).
+        `failed()`, asked when the producer ends, says it ended on an error
+        event of its own (the stream then ends `failed`)."""
         check_id(conversation_id)
         async with self._claim(conversation_id):  # two POSTs at once: the second stops the first
             await self._stop(conversation_id)
@@ -238,6 +240,7 @@ class Streams:
                 return self._relay_only(conversation_id, producer, stop)
             self._make_room()
             stream = self._begin(conversation_id, kind, model, stop, error_event, context)
+            stream.failed_fn = failed
             if self.shared is not None:
                 await self.shared.run(self._command)
                 before = await self.shared.begin(stream)  # before its first byte: the meta, then the bytes
@@ -292,7 +295,8 @@ class Streams:
                 self._dirty(stream)
                 if self.shared is not None:
                     await self.shared.sync(stream)
-            await self._finish(stream, "stopped" if stream.stopping else "done")
+            failed = stream.failed_fn is not None and stream.failed_fn()
+            await self._finish(stream, "stopped" if stream.stopping else "failed" if failed else "done")
         except asyncio.CancelledError:
             await self._finish(stream, "interrupted", stream.meta.on_crash.encode())
             raise

@@ -222,7 +222,8 @@ def test_a_killed_child_fails_its_stream_then_loads_again(two, library):
     body = {"model": B, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 2000, "stream": True,
             "logit_bias": {str(_eos(library, B)): -100}}  # it runs until the kill
     frames = []
-    with httpx.stream("POST", two.url + "/v1/chat/completions", json=body, timeout=60) as r:
+    with httpx.stream("POST", two.url + "/v1/chat/completions", json=body, timeout=60,
+                      headers={"X-Conversation-Id": "killed-child"}) as r:
         assert r.status_code == 200
         for line in r.iter_lines():
             if line.startswith("data: "):
@@ -231,6 +232,12 @@ def test_a_killed_child_fails_its_stream_then_loads_again(two, library):
                     os.kill(pid, signal.SIGKILL)
     error = json.loads(frames[-1])["error"]
     assert "tiny-b" in error["message"] and "loaded again" in error["message"]
+    deadline = time.monotonic() + 30  # the recorded stream ends just after its last bytes went out
+    while HTTP.get(f"{two.url}/v1/stream/killed-child").headers["x-stream-status"] == "live":
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    replay = HTTP.get(f"{two.url}/v1/stream/killed-child")  # and says how it ended
+    assert replay.headers["x-stream-status"] == "failed" and b"loaded again" in replay.content
     row = _wait_status(two.url, B, "unloaded")
     assert "SIGKILL" in row["status"]["error"] and row["pid"] is None
     assert _rows(two.url)[A]["status"]["value"] == "loaded"  # the other model never noticed
