@@ -63,24 +63,29 @@ BIG_BODY = 1 << 20  # bodies this large are parsed off the event loop
 
 def _named_model(request: HttpRequest) -> tuple[str | None, bool]:
     """The `model` a request names (a JSON body's field, a form field, or the
-    query string's), and whether its JSON body asks for a stream."""
+    query string's), and whether its JSON body asks for a stream. A body is
+    read as the model's process reads it: as JSON whatever its content type
+    says (`curl -d` labels JSON a form), a form only when it is not JSON."""
     content_type = request.content_type or ""
     if request.method in ("POST", "PUT", "PATCH") and request.body:
-        if content_type.startswith("multipart/") or content_type == "application/x-www-form-urlencoded":
+        if content_type.startswith("multipart/"):
             return request.POST.get("model"), False  # parsed from the body bytes kept above, which go on intact
-        return _fields_of(request.body)
+        body = _json_object(request.body)
+        if body is None and content_type == "application/x-www-form-urlencoded":
+            return request.POST.get("model"), False
+        if body is None:
+            return None, False  # the child answers the bad body in its protocol
+        value = body.get("model")
+        return (value if value is None or isinstance(value, str) else repr(value)), body.get("stream") is True
     return request.GET.get("model"), False
 
 
-def _fields_of(raw: bytes) -> tuple[str | None, bool]:
+def _json_object(raw: bytes) -> dict | None:
     try:
         body = json.loads(raw)
     except ValueError:
-        return None, False  # the child answers the bad body in its protocol
-    if not isinstance(body, dict):
-        return None, False
-    value = body.get("model")
-    return (value if value is None or isinstance(value, str) else repr(value)), body.get("stream") is True
+        return None
+    return body if isinstance(body, dict) else None
 
 
 async def dispatch(request: HttpRequest) -> HttpResponse:

@@ -216,6 +216,19 @@ def _eos(library, model: str) -> int:
     return json.loads(config.read_text())["eos_token_id"]
 
 
+def test_a_json_body_labelled_a_form_goes_to_the_model_it_names(two):
+    """`curl -d` without a content type labels a JSON body a form: the router reads it as the model's
+    process does (JSON), so the model it names answers, never the default."""
+    body = json.dumps({"model": B, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 2})
+    for stream in (False, True):
+        raw = body if not stream else body[:-1] + ', "stream": true}'
+        reply = HTTP.post(two.url + "/v1/chat/completions", content=raw,
+                          headers={"content-type": "application/x-www-form-urlencoded"})
+        assert reply.status_code == 200, reply.text
+        model = reply.json()["model"] if not stream else json.loads(reply.text.split("data: ")[1])["model"]
+        assert model == B, (stream, reply.text[:300])
+
+
 def test_a_killed_child_fails_its_stream_then_loads_again(two, library):
     _chat(two.url, B)
     pid = _rows(two.url)[B]["pid"]
