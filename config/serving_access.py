@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from core import paths
+
 log = logging.getLogger("hearth.serve")
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 SHORT_KEY = 16
@@ -126,11 +128,14 @@ def settle(host: str, keys: list[str], key_files: list[str], cors: list[str], in
                   internal_key=internal)
 
 
-def export_for_children(access: Access, allow_paths: list[str]) -> None:
+def export_for_children(access: Access, allow_paths: list[str], key_files: list[str]) -> None:
     """What the job worker and its children inherit: the key for this
-    server's own /v1 routes, and the folders requests may name."""
+    server's own /v1 routes, the folders requests may name, and the key
+    files no request may name (core.paths.is_secret)."""
     if access.internal_key:
         os.environ["HEARTH_INTERNAL_KEY"] = access.internal_key
+    if key_files:
+        os.environ[paths.SECRET_FILES_ENV] = os.pathsep.join(str(Path(f).expanduser().resolve()) for f in key_files)
     if allow_paths:
         current = [p for p in os.environ.get("HEARTH_ALLOW_PATHS", "").split(os.pathsep) if p]
         folders = [str(Path(p).expanduser().resolve()) for p in allow_paths]

@@ -65,8 +65,28 @@ def refusal(what: str) -> str:
     return f"{what} must be inside HEARTH_HOME, the Hugging Face cache or a folder allowed with --allow-path"
 
 
+# Files of HEARTH_HOME that hold secrets (named as core/home.py names them): the Hub token, Django's
+# secret key (it signs sign-in sessions), the database (sessions, tool approvals) and the MCP servers'
+# settings (their environment). No request names one as a job's, tool's or upload's input, nor as a
+# file to push, directly or through a symlink.
+SECRET_FILES = ("hf.json", "secret_key", "mcp.json", "hearth.sqlite3", "hearth.sqlite3-wal", "hearth.sqlite3-shm",
+                "hearth.sqlite3-journal")
+SECRET_FILES_ENV = "HEARTH_SECRET_FILES"  # more of them, anywhere (the server's --api-key-file files)
+SECRET_REFUSAL = "{what} names one of Hearth's secrets (the Hub token, the secret key, the database, a key file)"
+
+
+def is_secret(path: Path) -> bool:
+    """True when the already-resolved `path` is one of Hearth's secrets."""
+    if path.parent == hearth_home() and path.name in SECRET_FILES:
+        return True
+    return any(path == Path(p) for p in os.environ.get(SECRET_FILES_ENV, "").split(os.pathsep) if p)
+
+
 def is_inside(path: Path, roots: list[Path] | None = None) -> bool:
-    """True when the already-resolved `path` is one of `roots` or below one."""
+    """True when the already-resolved `path` is one of `roots` or below one,
+    and not one of Hearth's secrets."""
+    if is_secret(path):
+        return False
     return any(path == root or path.is_relative_to(root) for root in (roots or allowed_roots()))
 
 
@@ -86,6 +106,8 @@ def confine(raw, what: str = "path") -> Path:
         resolved = path.resolve()  # follows every symlink, existing or not
     except (OSError, RuntimeError):  # a symlink loop
         raise PathRefused(refusal(what)) from None
+    if is_secret(resolved):
+        raise PathRefused(SECRET_REFUSAL.format(what=what))
     if not is_inside(resolved):
         raise PathRefused(refusal(what))
     return resolved

@@ -452,3 +452,42 @@ def test_the_coding_tools_refuse_a_fifo_in_the_workspace(tmp_path, monkeypatch):
     ok, text = _within(5, lambda: tools.call_sync(tools.CODING_TOOLS["read"], {"path": "pipe.txt"}), fifo)
     assert not ok and "is not a regular file" in text
     assert tools.call_sync(tools.CODING_TOOLS["read"], {"path": "notes.txt"}) == (True, "     1\tone\n     2\ttwo")
+
+
+def test_hearths_own_secrets_are_never_an_input_nor_pushed(confined, hub, tmp_path):
+    """The Hub token (and the secret key, the database, MCP settings) under HEARTH_HOME: refused as a
+    job's input, and never pushed, even through a symlink in an artifact's folder."""
+    url = confined.url
+    httpx.post(url + "/api/settings/hf-token", json={"token": "hf_owner_secret"}).raise_for_status()
+    try:
+        token_file = confined.hearth_home / "hf.json"
+        assert token_file.is_file()
+        for secret in (token_file, confined.hearth_home / "secret_key", confined.hearth_home / "hearth.sqlite3"):
+            r = httpx.post(url + "/api/dataset/submit", json={"template_id": "table-to-messages",
+                                                              "inputs": {"path": str(secret)}})
+            assert r.status_code == 400 and "secrets" in r.json()["error"], (secret, r.text)
+        folder = tmp_path / "dataset"
+        folder.mkdir()
+        (folder / "train.jsonl").write_text('{"messages": []}\n')
+        (folder / "valid.jsonl").symlink_to(token_file)  # a link into HEARTH_HOME's secrets
+        r = httpx.post(url + "/api/dataset/push", json={"repo_id": "me/data", "source_path": str(folder)})
+        assert r.status_code == 200 and r.json()["ok"], r.text
+        assert set(hub.uploads["me/data"]) == {"train.jsonl"}
+        assert not any(b"hf_owner_secret" in content for files in hub.uploads.values() for content in files.values())
+    finally:
+        httpx.delete(url + "/api/settings/hf-token")
+
+
+def test_the_servers_key_files_are_secrets_too(tmp_path, monkeypatch):
+    """`--api-key-file` files (exported to the server's children) are refused wherever they are."""
+    from core import paths
+
+    keys = tmp_path / "keys.txt"  # inside the run's allowed folder
+    keys.write_text("sk-1\n")
+    assert paths.confine(str(keys)) == keys.resolve()
+    monkeypatch.setenv(paths.SECRET_FILES_ENV, str(keys.resolve()))
+    link = tmp_path / "innocent.csv"
+    link.symlink_to(keys)
+    for named in (keys, link):
+        with pytest.raises(paths.PathRefused, match="secrets"):
+            paths.confine(str(named))

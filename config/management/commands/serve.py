@@ -297,7 +297,7 @@ class Command(BaseCommand):
         try:
             access = settle(opts["host"], opts["api_key"], opts["api_key_file"], opts["cors_origin"],
                             opts["insecure_no_auth"], os.environ, settings.HEARTH_BEHIND_PROXY)
-            export_for_children(access, opts["allow_path"])
+            export_for_children(access, opts["allow_path"], opts["api_key_file"])
         except AccessError as exc:
             raise CommandError(str(exc)) from None
         if access.insecure_no_auth:
