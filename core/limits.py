@@ -44,6 +44,8 @@ class Limits:
     max_media_bytes: int = 64 * MiB  # an image or audio clip, fetched or in a data: URL
     max_video_bytes: int = 256 * MiB  # a video clip
     media_timeout_s: float = 10.0  # one fetch, redirects included
+    # Audio (uploads, URLs, chat audio parts, live sessions): decoded no further than this
+    max_audio_seconds: float = 1800.0
     # The dashboard socket
     max_socket_text: int = 200_000  # characters of a prompt or system prompt sent over /ws/chat
 
@@ -60,6 +62,7 @@ ENV = {
     "allow_client_templates": "HEARTH_ALLOW_CLIENT_TEMPLATES", "template_timeout_s": "HEARTH_TEMPLATE_TIMEOUT",
     "max_socket_text": "HEARTH_MAX_SOCKET_TEXT", "allow_private_media": "HEARTH_ALLOW_PRIVATE_MEDIA",
     "max_media_bytes": "HEARTH_MAX_MEDIA_BYTES", "max_video_bytes": "HEARTH_MAX_VIDEO_BYTES",
+    "max_audio_seconds": "HEARTH_MAX_AUDIO_SECONDS",
     "media_timeout_s": "HEARTH_MEDIA_TIMEOUT",
 }
 

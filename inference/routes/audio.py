@@ -75,6 +75,8 @@ async def decode(data: bytes, content_type: str | None = None) -> np.ndarray:
                                        "to have it resampled")
             return audio.pcm(data)
         return await asyncio.to_thread(audio.decode, data)
+    except audio.AudioTooLong as exc:
+        raise RequestError(str(exc), "file", 413, code="audio_too_long") from None
     except audio.AudioError as exc:
         raise RequestError(str(exc), "file") from None
 

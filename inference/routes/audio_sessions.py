@@ -31,7 +31,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpRe
 from ninja import Router
 from pydantic import BaseModel, Field
 
-from core import audio, sse
+from core import audio, limits, sse
 from core.openapi import NO_BODY, documented
 from inference.engine.speech import MAX_SESSIONS, Session, Take
 from inference.protocols import transcription
@@ -91,6 +91,9 @@ async def session_audio(request: HttpRequest, session_id: str):
         if session.finished:
             raise RequestError(f"transcription session {session_id} is finished", None, 409,
                                code="session_finished")
+        if session.samples + len(samples) > limits.current().max_audio_seconds * audio.RATE:
+            raise RequestError(str(audio.too_long((session.samples + len(samples)) / audio.RATE)), None, 413,
+                               code="audio_too_long")
         session.add(samples)
         before = len(session.take.segments)
         while (full := session.full_window()) is not None:

@@ -74,6 +74,8 @@ LIMIT_FLAGS = {  # flag: (Limits field, type, help)
     "--max-media-bytes": ("max_media_bytes", _bytes, "largest image or audio clip named by URL or data: URL (64MiB)"),
     "--max-video-bytes": ("max_video_bytes", _bytes, "largest video clip named by URL or data: URL (256MiB)"),
     "--media-timeout": ("media_timeout_s", _seconds, "seconds one media URL fetch may take, redirects included (10)"),
+    "--max-audio-seconds": ("max_audio_seconds", _seconds,
+                            "longest audio decoded from one upload, URL, chat part or live session (1800)"),
 }
 
 
