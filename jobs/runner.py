@@ -44,13 +44,42 @@ def _worker_gone(job: Job) -> str | None:
     return f"its worker (pid {job.worker_pid}) stopped while it ran"
 
 
+def _finished_on_disk(job: Job) -> dict | None:
+    """The `done` its child wrote, when that is how its event log ends and
+    the output it names is on disk: the job finished, and only its worker
+    died before recording it (a quantize killed just after publishing)."""
+    try:
+        events, _ = job.event_log().read(0)
+    except Exception:  # an unreadable log, or a Redis that is away: no evidence of an end
+        return None
+    last = next((e for e in reversed(events) if e.get("type") in ("done", "failed")), None)
+    if last is None or last.get("type") != "done":
+        return None
+    output = last.get("output_dir")
+    return last if not output or Path(output).exists() else None
+
+
 def mark_zombies() -> int:
-    """Running jobs whose worker is gone can never finish: mark them. Each is
-    claimed by a conditional update, so two workers sweeping at once mark it once."""
+    """Running jobs whose worker is gone can never finish: mark them, from
+    what is on disk: `done` when the child finished and its output is there,
+    else `zombie`. Each is claimed by a conditional update, so two workers
+    sweeping at once mark it once."""
     count = 0
     for job in Job.objects.filter(status="running"):
         reason = _worker_gone(job)
         if reason is None:
+            continue
+        done = _finished_on_disk(job)
+        if done is not None:
+            job.status, job.ended_at, job.progress = "done", timezone.now(), 1.0
+            job.output_path, job.message, job.error = done.get("output_dir"), json.dumps(done.get("summary", {})), None
+            with transaction.atomic():
+                if Job.objects.filter(id=job.id, status="running").update(
+                        status=job.status, ended_at=job.ended_at, progress=job.progress, output_path=job.output_path,
+                        message=job.message, error=None):
+                    after_end(job)
+                    count += 1
+            _release(job.id, mine_only=False)
             continue
         job.status, job.ended_at, job.error = "zombie", timezone.now(), job.error or reason
         with transaction.atomic():

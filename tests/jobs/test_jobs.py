@@ -442,3 +442,40 @@ def test_a_job_whose_event_log_cannot_be_written_still_ends(homes, tmp_path):
     queued.refresh_from_db()
     assert queued.status == "failed" and queued.ended_at
     assert "the worker failed while running the job" in queued.error and "not-a-folder" in queued.error
+
+
+def test_a_job_whose_worker_died_after_it_finished_is_done(homes, tmp_path):
+    """Whether a job whose worker is gone finished is read from disk: a child that wrote `done` with its
+    output in place (a quantize killed just after publishing) makes the job done, with no `failed`
+    event after it; a `done` whose output is gone, or no `done`, makes it a zombie."""
+    import django
+    from django.core.management import call_command
+
+    django.setup()
+    call_command("migrate", interactive=False, verbosity=0)
+    from jobs.events import open_log
+    from jobs.models import Job
+    from jobs.runner import mark_zombies
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    output = tmp_path / "published"
+    output.mkdir()
+    jobs = {}
+    for name, out in (("finished", output), ("output-gone", tmp_path / "removed"), ("cut", None)):
+        log_path = tmp_path / f"{name}.ndjson"
+        events = open_log(str(log_path))
+        events.emit("started")
+        if out is not None:
+            events.emit("done", output_dir=str(out), summary={"bits": 4})
+        jobs[name] = Job.objects.create(kind="quantize", status="running", worker_pid=dead.pid,
+                                        log_path=str(log_path))
+    assert mark_zombies() >= 3
+    for job in jobs.values():
+        job.refresh_from_db()
+    assert jobs["finished"].status == "done" and jobs["finished"].output_path == str(output)
+    assert jobs["finished"].error is None and json.loads(jobs["finished"].message) == {"bits": 4}
+    assert [e["type"] for e in open_log(jobs["finished"].log_path).read(0)[0]] == ["started", "done"]
+    for name in ("output-gone", "cut"):
+        assert jobs[name].status == "zombie" and "stopped while it ran" in jobs[name].error, name
+        assert open_log(jobs[name].log_path).read(0)[0][-1]["type"] == "failed"
