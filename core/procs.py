@@ -7,8 +7,7 @@ its parent ends, SIGKILL of the parent included. The kernel's parent-death
 signal is asked for in the child before the program runs (`setpriv
 --pdeathsig`, util-linux), and a Hearth child reads `HEARTH_PARENT` at
 start (`tie_to_spawner`) and also watches its parent, which is what holds
-on macOS. Secrets a child must not see are
-named once, in `SECRET_ENV`.
+on macOS. Secrets a child must not see are named once, in `SECRET_ENV`.
 
 A pid alone names a process only while it lives; once it exits the number
 may be handed to another one. Wherever a pid is remembered across restarts,
@@ -145,7 +144,7 @@ def _tied_argv(argv: Sequence[str], signum: int) -> list[str]:
     under a matrix product another thread has running: that product never
     ends.)"""
     setpriv = _setpriv()
-    if setpriv is None:
+    if setpriv is None or shutil.which(argv[0]) is None:  # a program not found fails as Popen says it
         return list(argv)
     return [setpriv, "--pdeathsig", signal.Signals(signum).name.removeprefix("SIG"), "--", *argv]
 

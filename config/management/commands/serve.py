@@ -127,8 +127,8 @@ def _add_router_flags(parser) -> None:
                             "else none: such requests are refused with the list of models)")
     group.add_argument("--build-demo", action="store_true", default=False,
                        help=f"train the demo chat model {DEMO_REPO} in the background if it is not built yet "
-                            "(what `make serve` does): served from its first checkpoint, in about a minute, and "
-                            "swapped for each better one as it trains")
+                            "(what `make serve` does): served from its first checkpoint, seconds after the start, "
+                            "and swapped for each better one as it trains")
     group.add_argument("--child-start-timeout", type=_seconds, default=None, metavar="SECONDS",
                        help="how long a model's process may take to load (600)")
     group.add_argument("--child-timeout", type=_seconds, default=None, metavar="SECONDS",
