@@ -9,11 +9,11 @@ With `checkpoints`, the model is published before its first step (the
 trained tokenizer, the initial weights: it answers, in babble, seconds
 after the build starts) and again at each step of `CHECKPOINTS`, so a
 server can serve it at once and swap in each better one while the
-training goes on. Those
-snapshots carry a `checkpoint` in their marker; only the last one, the
-whole recipe trained, is the finished build (`cached_snapshot`). Training
-is the same either way: publishing reads the weights and changes nothing,
-so the finished model is the one a build without checkpoints makes.
+training goes on. Those snapshots carry a `checkpoint` in their marker;
+only the last one, the whole recipe trained, is the finished build
+(`cached_snapshot`). Training is the same either way: publishing reads the
+weights and changes nothing, so the finished model is the one a build
+without checkpoints makes.
 """
 from __future__ import annotations
 
