@@ -55,8 +55,8 @@ class Command(BaseCommand):
             bar = "#" * (20 * step // total)
             self.stdout.write(f"  [{bar:<20}] step {step}/{total}  loss {loss:.3f}  {seconds:.0f}s")
 
-        def published(step, loss, snapshot):
-            save(served_step=step)
+        def published(step, loss, snapshot):  # a checkpoint before the last: training is under way
+            save(state="training", served_step=step)
             how = "untrained" if loss is None else f"loss {loss:.3f}"
             self.stdout.write(f"  checkpoint at step {step} ({how}) published: {snapshot}")
 
