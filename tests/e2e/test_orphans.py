@@ -20,7 +20,7 @@ import httpx
 import psutil
 import pytest
 
-from tests.helpers import ROOT, TINY_REPO, ServerProcess, build_tiny_model, server_env
+from tests.helpers import ROOT, TINY_REPO, ServerProcess, build_tiny_model, exited, server_env
 
 GONE_WITHIN_S = 10.0  # a model process drains and flushes its prompt cache first (SIGTERM)
 
@@ -28,12 +28,7 @@ GONE_WITHIN_S = 10.0  # a model process drains and flushes its prompt cache firs
 def _gone(procs: list[psutil.Process], within: float = GONE_WITHIN_S) -> None:
     deadline = time.monotonic() + within
     for proc in procs:
-        while True:
-            try:
-                if not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE:
-                    break
-            except psutil.NoSuchProcess:
-                break
+        while not exited(proc):
             assert time.monotonic() < deadline, f"outlived its parent: {' '.join(proc.cmdline())}"
             time.sleep(0.05)
 
