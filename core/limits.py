@@ -34,7 +34,7 @@ class Limits:
     max_grammar_bytes: int = 64 * 1024  # a schema, grammar or regex, as text
     max_grammar_choices: int = 1024  # guided_choice entries
     max_schema_depth: int = 32  # JSON nesting of a JSON schema
-    grammar_timeout_s: float = 10.0  # how long a request waits for its grammar to compile
+    grammar_timeout_s: float = 10.0  # how long a grammar may take to compile; past it, its process is killed
     grammar_cache_bytes: int = 256 * MiB  # compiled grammars kept for reuse
     # Client chat templates (chat_template_kwargs.chat_template)
     allow_client_templates: bool = False

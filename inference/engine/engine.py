@@ -225,6 +225,8 @@ class Engine:
                 self._idle.wait(0.05)
         self._inbox.put(None)
         self._thread.join(timeout=10)
+        if self.loaded is not None and "grammar_compiler" in vars(self.loaded):  # compiles never hold up an exit
+            self.loaded.grammar_compiler.close()
 
     # -- asyncio side ----------------------------------------------------
     def submit(self, request: GenerationRequest) -> Submission:

@@ -1,23 +1,27 @@
 """Grammar-constrained decoding with xgrammar.
 
 `GrammarCompiler` turns a constraint (JSON schema, EBNF, regex, choice,
-structural tag)
-into a compiled grammar, caching by source. `GrammarState` is one request's
-matcher: a logits processor that masks every token the grammar forbids,
-after the other processors, and notes when the grammar is complete.
+structural tag) into a compiled grammar, caching by source. `GrammarState`
+is one request's matcher: a logits processor that masks every token the
+grammar forbids, after the other processors, and notes when the grammar is
+complete.
 
 xgrammar (and the torch it imports) loads on first use only.
 """
 from __future__ import annotations
 
 import json
+import math
 import re
+import sys
 import threading
+import time
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
+from core.workers import WorkerPool
 from inference.engine.errors import EngineError
 
 if TYPE_CHECKING:
@@ -26,6 +30,16 @@ if TYPE_CHECKING:
 
 class GrammarCompileError(ValueError):
     """The constraint could not be compiled; callers degrade, never fail."""
+
+
+class GrammarTimeout(EngineError):
+    """The constraint did not compile within its time budget, and its compile
+    was stopped; callers fail the request (the grammar cannot be enforced,
+    and dropping it silently would break the client's parser)."""
+
+    status = 400
+    type = "invalid_request_error"
+    code = "grammar_timeout"
 
 
 @dataclass(frozen=True)
@@ -45,8 +59,10 @@ class GrammarBusy(EngineError):
 
 
 SMALL_SOURCE = 4096  # specs up to this many characters compile on their own workers, never behind big ones
+WORKERS = (2, 1)  # compile processes for short and for long specs
 MAX_PENDING = (8, 4)  # short and long compiles running or queued; beyond, new ones are refused
 FAILED_KEPT = 256  # specs that did not compile, remembered so a retry is not another compile
+TIMEOUT_KEPT_S = 60.0  # a spec that ran out of time is refused at once for this long (load may have caused it)
 
 
 class GrammarCompiler:
@@ -54,43 +70,56 @@ class GrammarCompiler:
     byte-capped LRU.
 
     `submit` answers a future at once: done for a cached spec, shared by
-    every request waiting for the same spec. Compiles run on two small
-    thread pools (xgrammar releases the GIL while it works): one for short
-    specs, one for long ones, so a trivial schema never waits behind a
-    huge `guided_choice`, and no lock is held over a compile. Both are
-    bounded: at most MAX_PENDING running or queued, refused with
-    `GrammarBusy` beyond, and a spec that failed is remembered (so asking
-    again costs nothing). A request that stops waiting (its time budget,
-    its client leaving) leaves the compile to finish and be cached."""
+    every request waiting for the same spec. xgrammar cannot stop a compile
+    it has begun, and a small spec can take minutes to compile, so compiles
+    run in processes of their own (`grammar_worker`, in two
+    `core.workers.WorkerPool`s, started at the first compile): two for short
+    specs and one for long ones, so a trivial schema never waits behind a
+    huge `guided_choice`. A compile has a time budget counted from its
+    submission (queueing included); past it, its process is killed, the
+    future fails with `GrammarTimeout` and the spec is refused at once for
+    a minute. Both queues are bounded: at most MAX_PENDING running or
+    queued, refused with `GrammarBusy` beyond, and a spec that failed is
+    remembered (so asking again costs nothing). The compiled grammar comes
+    back serialized and is rebuilt here against this process's tokenizer
+    description."""
 
-    def __init__(self, hf_tokenizer, vocab_size: int, stop_ids: list[int], cache_bytes: int = 256 << 20):
+    def __init__(self, hf_tokenizer, vocab_size: int, stop_ids: list[int], cache_bytes: int = 256 << 20,
+                 timeout_s: float = 10.0):
         self._args = (hf_tokenizer, vocab_size, stop_ids)
-        self._compiler: xgr.GrammarCompiler | None = None
+        self._info: xgr.TokenizerInfo | None = None
+        self._workers: tuple[WorkerPool, ...] = ()
         self._cache: OrderedDict[GrammarSpec, tuple[object, int]] = OrderedDict()
         self._inflight: dict[GrammarSpec, Future] = {}
-        self._failed: OrderedDict[GrammarSpec, GrammarCompileError] = OrderedDict()
+        self._failed: OrderedDict[GrammarSpec, tuple[Exception, float]] = OrderedDict()  # error, until when
         self._lock = threading.Lock()  # the cache, the in-flight map and the counters; never held over a compile
         self._setup_lock = threading.Lock()
-        self._pools = (ThreadPoolExecutor(2, thread_name_prefix="hearth-grammar"),
-                       ThreadPoolExecutor(1, thread_name_prefix="hearth-grammar-big"))
+        self._pools = tuple(ThreadPoolExecutor(n, thread_name_prefix="hearth-grammar") for n in WORKERS)
         self.cache_bytes = cache_bytes
+        self.timeout_s = timeout_s
         self.vocab_size = vocab_size
         self.stop_ids = stop_ids
-        self.hits = self.misses = self.failures = self.refused = 0
+        self.hits = self.misses = self.failures = self.refused = self.timeouts = 0
         self._bytes = 0
         self._pending = [0, 0]  # short, long
+        self._closed = False
 
-    def _xgr(self) -> xgr.GrammarCompiler:
+    def _setup(self) -> tuple[xgr.TokenizerInfo, tuple[WorkerPool, ...]]:
         import xgrammar as xgr
 
         with self._setup_lock:
-            if self._compiler is None:
+            if self._info is None:
                 tokenizer, vocab_size, stop_ids = self._args
                 info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=stop_ids)
-                self._compiler = xgr.GrammarCompiler(info, cache_enabled=False)  # the LRU here is byte-capped
-            return self._compiler
+                hello = (info.serialize_json() + "\n").encode()
+                argv = [sys.executable, "-m", "inference.engine.grammar_worker"]
+                self._workers = tuple(WorkerPool(argv, n, hello=hello, warm=False) for n in WORKERS)
+                self._info = info
+            return self._info, self._workers
 
-    def submit(self, spec: GrammarSpec) -> Future:
+    def submit(self, spec: GrammarSpec, timeout_s: float | None = None) -> Future:
+        """The compile of `spec` (shared with any other caller of the same
+        spec); a new compile gets `timeout_s` (default `self.timeout_s`)."""
         with self._lock:
             if spec in self._cache:
                 self._cache.move_to_end(spec)
@@ -101,10 +130,13 @@ class GrammarCompiler:
             if spec in self._inflight:
                 return self._inflight[spec]
             if spec in self._failed:
-                self.hits += 1
-                failed: Future = Future()
-                failed.set_exception(self._failed[spec])
-                return failed
+                error, until = self._failed[spec]
+                if time.monotonic() < until:
+                    self.hits += 1
+                    failed: Future = Future()
+                    failed.set_exception(error)
+                    return failed
+                del self._failed[spec]
             big = int(len(spec.source) > SMALL_SOURCE)
             if self._pending[big] >= MAX_PENDING[big]:
                 self.refused += 1
@@ -112,24 +144,34 @@ class GrammarCompiler:
                                   "retry shortly")
             self.misses += 1
             self._pending[big] += 1
-            future = self._pools[big].submit(self._run, spec, big)
+            budget = self.timeout_s if timeout_s is None else timeout_s
+            future = self._pools[big].submit(self._run, spec, big, budget, time.monotonic())
             self._inflight[spec] = future
             return future
 
     def compile(self, spec: GrammarSpec, timeout: float | None = None):
-        """`submit(spec).result(timeout)`, for callers off the event loop."""
-        return self.submit(spec).result(timeout)
+        """`submit(spec, timeout).result()`, for callers off the event loop."""
+        return self.submit(spec, timeout).result()
 
-    def _run(self, spec: GrammarSpec, big: int):
+    def _run(self, spec: GrammarSpec, big: int, budget: float, queued: float):
+        import xgrammar as xgr
+
         try:
-            compiled = self._compile(self._xgr(), spec)
-        except GrammarCompileError as exc:
-            self._remember_failure(spec, big, exc)
-            raise
-        except Exception as exc:  # xgrammar raises RuntimeError/ValueError with a reason
-            error = GrammarCompileError(clean_reason(exc))
-            self._remember_failure(spec, big, error)
-            raise error from exc
+            info, workers = self._setup()
+            answer = workers[big].run(asdict(spec), budget, queued=queued)
+        except Exception as exc:  # the tokenizer description failed: nothing can compile
+            answer = {"error": clean_reason(exc)}
+        if answer is None:
+            error: Exception = GrammarTimeout(
+                "the grammar did not compile within %g s (--grammar-timeout); its compile was stopped. Simplify it, "
+                "or ask the operator for a longer budget" % budget if not self._closed else "the server is stopping")
+            self._remember_failure(spec, big, error, time.monotonic() + TIMEOUT_KEPT_S, timeout=True)
+            raise error
+        if "error" in answer:
+            failure = GrammarCompileError(answer["error"])
+            self._remember_failure(spec, big, failure, math.inf)
+            raise failure
+        compiled = xgr.CompiledGrammar.deserialize_json(answer["grammar"], info)
         size = int(getattr(compiled, "memory_size_bytes", 0) or 0) + len(spec.source)
         with self._lock:
             self._inflight.pop(spec, None)
@@ -142,12 +184,14 @@ class GrammarCompiler:
                     self._bytes -= dropped
         return compiled
 
-    def _remember_failure(self, spec: GrammarSpec, big: int, error: GrammarCompileError) -> None:
+    def _remember_failure(self, spec: GrammarSpec, big: int, error: Exception, until: float,
+                          timeout: bool = False) -> None:
         with self._lock:
             self._inflight.pop(spec, None)
             self._pending[big] -= 1
             self.failures += 1
-            self._failed[spec] = error
+            self.timeouts += timeout
+            self._failed[spec] = (error, until)
             while len(self._failed) > FAILED_KEPT:
                 self._failed.popitem(last=False)
 
@@ -155,28 +199,37 @@ class GrammarCompiler:
         with self._lock:
             return {"entries": len(self._cache), "bytes": self._bytes, "max_bytes": self.cache_bytes,
                     "hits": self.hits, "misses": self.misses, "failures": self.failures,
-                    "compiling": len(self._inflight), "refused_busy": self.refused}
+                    "compiling": len(self._inflight), "refused_busy": self.refused, "timeouts": self.timeouts,
+                    "timeout_s": self.timeout_s, "workers": sum(p.alive() for p in self._workers)}
 
-    @staticmethod
-    def _compile(compiler, spec: GrammarSpec):
-        if spec.kind == "json":
-            return compiler.compile_builtin_json_grammar()
-        if spec.kind == "json_schema":
-            return compiler.compile_json_schema(spec.source, any_whitespace=spec.any_whitespace,
-                                                strict_mode=spec.strict)
-        if spec.kind == "ebnf":
-            return compiler.compile_grammar(spec.source)
-        if spec.kind == "regex":
-            return compiler.compile_regex(spec.source)
-        if spec.kind == "structural_tag":  # tool-call markup with schema-checked arguments
-            return compiler.compile_structural_tag(spec.source)
-        if spec.kind == "choice":
-            choices = json.loads(spec.source)
-            return compiler.compile_grammar("root ::= " + " | ".join(json.dumps(c) for c in choices))
-        raise GrammarCompileError(f"unknown constraint kind {spec.kind!r}")
+    def close(self) -> None:
+        """Stop every compile now (their futures fail) and the compile processes; never waits on one."""
+        self._closed = True
+        for pool in self._pools:
+            pool.shutdown(wait=False, cancel_futures=True)
+        for workers in self._workers:
+            workers.close()
 
     def state(self, compiled) -> GrammarState:
         return GrammarState(compiled, self.vocab_size, self.stop_ids)
+
+
+def compile_spec(compiler: xgr.GrammarCompiler, spec: GrammarSpec):
+    """`spec` compiled by an xgrammar compiler (in a `grammar_worker`)."""
+    if spec.kind == "json":
+        return compiler.compile_builtin_json_grammar()
+    if spec.kind == "json_schema":
+        return compiler.compile_json_schema(spec.source, any_whitespace=spec.any_whitespace, strict_mode=spec.strict)
+    if spec.kind == "ebnf":
+        return compiler.compile_grammar(spec.source)
+    if spec.kind == "regex":
+        return compiler.compile_regex(spec.source)
+    if spec.kind == "structural_tag":  # tool-call markup with schema-checked arguments
+        return compiler.compile_structural_tag(spec.source)
+    if spec.kind == "choice":
+        choices = json.loads(spec.source)
+        return compiler.compile_grammar("root ::= " + " | ".join(json.dumps(c) for c in choices))
+    raise GrammarCompileError(f"unknown constraint kind {spec.kind!r}")
 
 
 _SOURCE_PREFIX = re.compile(r"^\s*(\[[^\]]*\]\s*)?(\S+\.(cc|cpp|h|hpp|py):\d+:\s*)?")

@@ -4,8 +4,9 @@ header when it cannot be enforced. A constraint is never silently dropped.
 
 Every spec is bounded before it reaches the compiler (`limits`): its text
 (`max_grammar_bytes`), the number of choices, and a JSON schema's nesting;
-a request waits at most `grammar_timeout_s` for its compile, which goes on
-and is cached for the next request that asks."""
+a compile runs for at most `grammar_timeout_s` (in a process that is killed
+past it, see `inference.engine.grammar`), and a request fails with a 400
+naming the limit when its grammar ran out of time."""
 from __future__ import annotations
 
 import asyncio
@@ -14,7 +15,8 @@ from dataclasses import dataclass
 
 from core import jsonbody
 from core.limits import Limits
-from inference.engine.grammar import GrammarCompileError, GrammarSpec
+from core.workers import STARTUP_S
+from inference.engine.grammar import GrammarCompileError, GrammarSpec, GrammarTimeout
 from inference.protocols.errors import RequestError
 
 RESPONSE_FORMATS = ("text", "json_object", "json_schema")
@@ -172,24 +174,23 @@ def _requested(body: dict, limits: Limits) -> tuple[GrammarSpec | None, str]:
 
 async def resolve(spec: GrammarSpec | None, compiler, enabled: bool, limits: Limits) -> Constraint | None:
     """Compile the requested constraint, or mark it unenforced with a reason.
-    Waits on the event loop (no thread is held) for at most the grammar
-    timeout; a request that gives up leaves the compile to finish and be
-    cached."""
+    Waits on the event loop (no thread is held); the compiler bounds the
+    compile by the grammar timeout (the wait here only adds the compile
+    process's own start, which the budget does not count)."""
     if spec is None:
         return None
     if not enabled:
         return Constraint(spec, warning="grammar not enforced: grammar compilation disabled by HEARTH_GRAMMAR=0")
     timeout = limits.grammar_timeout_s
-    future = asyncio.wrap_future(compiler.submit(spec))  # GrammarBusy (429) when too many big ones wait
+    future = asyncio.wrap_future(compiler.submit(spec, timeout))  # GrammarBusy (429) when too many big ones wait
     future.add_done_callback(_consume)
-    done, _ = await asyncio.wait({future}, timeout=timeout)
-    if not done:
-        # 503: SDKs retry it, and the retry finds the grammar compiled.
-        raise RequestError(f"the grammar did not compile within {timeout:g} s (HEARTH_GRAMMAR_TIMEOUT); it is still "
-                           "compiling and a retry will find it ready, or simplify it", FIELD_OF[spec.kind],
-                           status=503, kind="engine_unavailable", code="grammar_timeout")
+    done, _ = await asyncio.wait({future}, timeout=timeout + STARTUP_S)
     try:
+        if not done:
+            raise GrammarTimeout(f"the grammar did not compile within {timeout:g} s (--grammar-timeout)")
         return Constraint(spec, compiled=future.result())
+    except GrammarTimeout as exc:
+        raise RequestError(str(exc), FIELD_OF[spec.kind], code=exc.code) from None
     except GrammarCompileError as exc:
         return Constraint(spec, warning=f"grammar not enforced: {exc}")
 

@@ -131,17 +131,86 @@ def test_malformed_constraint_fields_are_400(inproc, fields, param):
     assert r.status_code == 400 and r.json()["error"]["param"] == param
 
 
-def test_compiled_grammars_are_cached(tiny_model):
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model):
     from huggingface_hub import snapshot_download
     from mlx_lm import load
 
-    from inference.engine.grammar import GrammarCompiler, GrammarSpec
+    return load(snapshot_download(tiny_model, local_files_only=True))[1]
 
-    _, tok = load(snapshot_download(tiny_model, local_files_only=True))
-    compiler = GrammarCompiler(tok._tokenizer, len(tok.get_vocab()), sorted(tok.eos_token_ids))
-    spec = GrammarSpec("regex", "[ab]+")
-    first = compiler.compile(spec)
-    assert compiler.compile(GrammarSpec("regex", "[ab]+")) is first and compiler.hits == 1
+
+def _compiler(tok, **kw):
+    from inference.engine.grammar import GrammarCompiler
+
+    return GrammarCompiler(tok._tokenizer, len(tok.get_vocab()), sorted(tok.eos_token_ids), **kw)
+
+
+def _compile_workers() -> set:
+    import psutil
+
+    return {p for p in psutil.process_iter(["cmdline"])
+            if "inference.engine.grammar_worker" in " ".join(p.info["cmdline"] or [])}
+
+
+# Seconds to compile on any machine (a JSON grammar takes hundredths), and a tenth of a megabyte of source.
+SLOW_CHOICES = json.dumps([f"option {i} of many" for i in range(20_000)])
+
+
+def test_compiled_grammars_are_cached(tokenizer):
+    from inference.engine.grammar import GrammarSpec
+
+    compiler = _compiler(tokenizer)
+    try:
+        spec = GrammarSpec("regex", "[ab]+")
+        first = compiler.compile(spec)
+        assert compiler.compile(GrammarSpec("regex", "[ab]+")) is first and compiler.hits == 1
+    finally:
+        compiler.close()
+
+
+def test_a_compile_past_its_budget_is_stopped_and_refused_again_at_once(tokenizer):
+    """xgrammar cannot interrupt a compile, so it runs in a process that is
+    killed once the budget is spent: no core stays busy on a grammar nobody
+    waits for, and asking again is refused without another compile."""
+    from inference.engine.grammar import GrammarSpec, GrammarTimeout
+
+    before = _compile_workers()
+    compiler = _compiler(tokenizer, timeout_s=0.5)
+    try:
+        slow = GrammarSpec("choice", SLOW_CHOICES)
+        with pytest.raises(GrammarTimeout, match="did not compile within 0.5 s"):
+            compiler.compile(slow)
+        assert compiler.stats()["timeouts"] == 1 and compiler.stats()["compiling"] == 0
+        killed = [p for p in _compile_workers() - before if p.status() != "zombie"]
+        assert compiler.stats()["workers"] == 0 and not killed, "the compile outlived its budget"
+        misses = compiler.misses
+        with pytest.raises(GrammarTimeout):
+            compiler.compile(slow)
+        assert compiler.misses == misses  # no second compile
+        assert compiler.compile(GrammarSpec("json")) is not None  # a fresh process serves the next one
+    finally:
+        compiler.close()
+
+
+def test_closing_the_compiler_stops_a_running_compile_at_once(tokenizer):
+    """Shutdown never waits on a compile: closing fails the compiles under way and kills their processes."""
+    import time
+
+    from inference.engine.grammar import GrammarSpec, GrammarTimeout
+
+    before = _compile_workers()
+    compiler = _compiler(tokenizer, timeout_s=60)
+    future = compiler.submit(GrammarSpec("choice", SLOW_CHOICES))
+    deadline = time.monotonic() + 60
+    while not compiler.stats()["workers"]:  # the compile process is up and working
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    started = time.monotonic()
+    compiler.close()
+    with pytest.raises(GrammarTimeout, match="stopping"):
+        future.result(timeout=5)
+    assert time.monotonic() - started < 5
+    assert not [p for p in _compile_workers() - before if p.is_running() and p.status() != "zombie"]
 
 
 def test_bounded_strings_never_admit_control_characters():

@@ -64,7 +64,7 @@ LIMIT_FLAGS = {  # flag: (Limits field, type, help)
     "--max-grammar-bytes": ("max_grammar_bytes", _bytes, "largest schema, grammar or regex (64KiB)"),
     "--max-grammar-choices": ("max_grammar_choices", _positive, "most guided_choice entries (1024)"),
     "--max-schema-depth": ("max_schema_depth", _positive, "deepest nesting of a JSON schema (32)"),
-    "--grammar-timeout": ("grammar_timeout_s", _seconds, "seconds a request waits for its grammar to compile (10)"),
+    "--grammar-timeout": ("grammar_timeout_s", _seconds, "seconds a grammar may take to compile, queueing included; past it the compile is stopped (10)"),
     "--grammar-cache-bytes": ("grammar_cache_bytes", _bytes, "RAM for compiled grammars (256MiB)"),
     "--template-timeout": ("template_timeout_s", _seconds, "seconds a client chat template may take to render (5)"),
     "--header-timeout": ("header_timeout_s", _seconds, "seconds a request's headers may take to arrive (30)"),
@@ -351,6 +351,7 @@ class Command(BaseCommand):
         open_streams(opts, record=not in_router)
         runtime.embeddings_enabled = opts["embeddings"] or loaded.is_embedding_model
         loaded.grammar_compiler.cache_bytes = bounds.grammar_cache_bytes
+        loaded.grammar_compiler.timeout_s = bounds.grammar_timeout_s
         log.info("model %s ready (%s, context %s)", loaded.model_id, loaded.dtype, loaded.context_window)
         child.report("stage", stage="starting server", percent=90)
         from hub.locks import record_serving
