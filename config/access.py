@@ -14,6 +14,12 @@ Rules:
   timing nor length tells how close a guess was.
 - A session remembers the digest of the key it signed in with: removing a
   key from the configuration signs its sessions out.
+- What a request makes that can be fetched again later by id (a resumable
+  stream, a stored Response) belongs to the key it came with: its *holder*,
+  a one-way name of that key (core/holders.py). Another key gets a 404 for it.
+  A router (and a web node passing a request to another) states the holder
+  of a request it forwards in `X-Hearth-Holder`; only a request that
+  authenticated with one of `runtime.hop_keys` may state it.
 """
 from __future__ import annotations
 
@@ -22,6 +28,7 @@ import hmac
 from urllib.parse import urlsplit
 
 from config.runtime import RUNTIME as runtime
+from core import holders
 
 SESSION_KEY = "hearth_key"
 # Reachable without a key: health checks, and what the sign-in page needs.
@@ -68,6 +75,22 @@ async def request_signed_in(request) -> bool:
     if not request.COOKIES.get(settings.SESSION_COOKIE_NAME):
         return False
     return session_signed_in({SESSION_KEY: await request.session.aget(SESSION_KEY)})
+
+
+def holder(key: str | None, session_digest: str | None, stated: str | None) -> str:
+    """The holder (core/holders.py) of a request that passed the key check:
+    the key's, the signed-in session's, or the one a hop states (a request
+    made with a hop key); "" when no key is required."""
+    if not keys_required():
+        return ""
+    if key:
+        hop = False
+        for hop_key in runtime.hop_keys:  # constant time against every hop key
+            hop |= hmac.compare_digest(digest(key), digest(hop_key))
+        if hop and stated is not None:
+            return stated if holders.well_formed(stated) else ""
+        return holders.holder_of(digest(key))
+    return holders.holder_of(session_digest) if session_digest else ""
 
 
 def presented_key(headers) -> str | None:

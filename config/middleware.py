@@ -20,6 +20,7 @@ from django.urls import Resolver404, resolve
 
 from config import access
 from config.runtime import RUNTIME as runtime
+from core import holders
 from core.http import error_object
 from inference.routes import router
 
@@ -212,15 +213,20 @@ class ApiKeyMiddleware(_Middleware):
         if self.is_async:
             return self._acall(request, key, by_cookie)
         if access.key_accepted(key) or (by_cookie and access.session_signed_in(request.session)):
-            request.hearth_signed_in = True  # what may run commands here asks (chat/api.py, like the socket)
+            self._admit(request, key, request.session.get(access.SESSION_KEY) if key is None else None)
             return self.get_response(request)
         return refusal(request, key)
 
     async def _acall(self, request, key, by_cookie):
         if access.key_accepted(key) or (by_cookie and await access.request_signed_in(request)):
-            request.hearth_signed_in = True
+            self._admit(request, key, await request.session.aget(access.SESSION_KEY) if key is None else None)
             return await self.get_response(request)
         return refusal(request, key)
+
+    @staticmethod
+    def _admit(request, key: str | None, session_digest: str | None) -> None:
+        request.hearth_signed_in = True  # what may run commands here asks (chat/api.py, like the socket)
+        request.hearth_holder = access.holder(key, session_digest, request.headers.get(holders.HEADER))
 
 
 def refusal(request, key: str | None):

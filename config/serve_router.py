@@ -133,6 +133,7 @@ def share_ownership(manager: Manager, opts: dict) -> None:
     def accept(key: str) -> None:
         if runtime.api_keys:  # with no key configured every request passes already
             runtime.api_keys = runtime.api_keys | {key}
+        runtime.hop_keys = runtime.hop_keys | {key}  # another node states the holder of what it passes on
 
     advertised = urlsplit(owners.advertise)
     if advertised.port == 0 or (is_loopback(advertised.hostname or "") and not is_loopback(opts["host"])):

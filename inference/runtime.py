@@ -50,6 +50,9 @@ class Runtime:
         # required), origins allowed cross-origin (CORS), and whether the operator
         # chose to serve off loopback with no key.
         self.api_keys: frozenset = frozenset()
+        # Keys whose requests may state their holder (X-Hearth-Holder, config/access.py): the router's,
+        # in its model processes, and the cluster's hop key on a web node.
+        self.hop_keys: frozenset = frozenset()
         self.cors_origins: frozenset = frozenset()
         self.insecure_no_auth = False
         self.warning: str | None = None  # shown in /stats (serving off loopback with no key)

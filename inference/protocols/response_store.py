@@ -1,6 +1,8 @@
 """Stored Responses, for `previous_response_id` and `GET/DELETE
 /v1/responses/{id}`: per process, a time-to-live and a byte-capped LRU; or
-in Redis (HEARTH_REDIS_URL), shared by every web node."""
+in Redis (HEARTH_REDIS_URL), shared by every web node. Each belongs to the
+key that made it (its holder, core/holders.py): asked for by another key,
+it is not there."""
 from __future__ import annotations
 
 import json
@@ -9,6 +11,8 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Union
+
+from core import holders
 
 
 @dataclass
@@ -20,6 +24,7 @@ class Stored:
     system: list[str]  # system/developer input items of this and earlier turns
     nbytes: int
     expires: float
+    holder: str = ""  # the key that made it; "" is everyone's
 
 
 class ResponseStore:
@@ -30,30 +35,32 @@ class ResponseStore:
         self._lock = threading.Lock()
 
     def put(self, response: dict, messages: list[dict], output: list[dict], instructions: str | None,
-            system: list[str] | None = None) -> None:
+            system: list[str] | None = None, holder: str = "") -> None:
         size = len(json.dumps([response, messages, output, instructions, system], ensure_ascii=False).encode())
         if size > self.max_bytes:
             return
         with self._lock:
             self._drop(response["id"])
             self._items[response["id"]] = Stored(response, messages, output, instructions, system or [], size,
-                                                 self.clock() + self.ttl_s)
+                                                 self.clock() + self.ttl_s, holder)
             self._bytes += size
             while self._bytes > self.max_bytes:
                 self._drop(next(iter(self._items)))
 
-    def get(self, response_id: str) -> Stored | None:
+    def get(self, response_id: str, holder: str = "") -> Stored | None:
         with self._lock:
             self._expire()
             item = self._items.get(response_id)
-            if item is not None:
-                self._items.move_to_end(response_id)
+            if item is None or not holders.may_see(item.holder, holder):
+                return None
+            self._items.move_to_end(response_id)
             return item
 
-    def delete(self, response_id: str) -> bool:
+    def delete(self, response_id: str, holder: str = "") -> bool:
         with self._lock:
             self._expire()
-            return self._drop(response_id)
+            item = self._items.get(response_id)
+            return item is not None and holders.may_see(item.holder, holder) and self._drop(response_id)
 
     def _drop(self, response_id: str) -> bool:
         item = self._items.pop(response_id, None)
@@ -89,20 +96,24 @@ class RedisResponseStore:
         self._client: Any = redis.Redis.from_url(url)
 
     def put(self, response: dict, messages: list[dict], output: list[dict], instructions: str | None,
-            system: list[str] | None = None) -> None:
-        data = json.dumps([response, messages, output, instructions, system or []], ensure_ascii=False).encode()
+            system: list[str] | None = None, holder: str = "") -> None:
+        data = json.dumps([response, messages, output, instructions, system or [], holder],
+                          ensure_ascii=False).encode()
         if len(data) > self.max_bytes:
             return
         self._client.set(self.PREFIX + response["id"], data, px=max(1, int(self.ttl_s * 1000)))
 
-    def get(self, response_id: str) -> Stored | None:
+    def get(self, response_id: str, holder: str = "") -> Stored | None:
         data = self._client.get(self.PREFIX + response_id)
         if data is None:
             return None
-        response, messages, output, instructions, system = json.loads(data)
-        return Stored(response, messages, output, instructions, system, len(data), 0.0)
+        response, messages, output, instructions, system, *rest = json.loads(data)
+        item = Stored(response, messages, output, instructions, system, len(data), 0.0, rest[0] if rest else "")
+        return item if holders.may_see(item.holder, holder) else None
 
-    def delete(self, response_id: str) -> bool:
+    def delete(self, response_id: str, holder: str = "") -> bool:
+        if self.get(response_id, holder) is None:
+            return False
         return bool(self._client.delete(self.PREFIX + response_id))
 
     def stats(self) -> dict:

@@ -126,13 +126,13 @@ def _text_format(text) -> dict | None:
 class Turn:
     """The chat turn a Responses request stands for."""
 
-    def __init__(self, body: dict, store: AnyResponseStore):
+    def __init__(self, body: dict, store: AnyResponseStore, holder: str = ""):
         previous_id = body.get("previous_response_id")
         self.previous = None
         if previous_id is not None:
             if not isinstance(previous_id, str):
                 raise RequestError("previous_response_id must be a string", "previous_response_id")
-            self.previous = store.get(previous_id)
+            self.previous = store.get(previous_id, holder)  # another key's is not there
             if self.previous is None:
                 raise RequestError(f"Response with id '{previous_id}' not found (unknown or expired)",
                                    "previous_response_id", status=404, code="response_not_found")

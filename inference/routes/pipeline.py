@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Callable
 
 from django.http import HttpResponse, JsonResponse, StreamingHttpResponse
 
+from core import holders
 from core.http import error_object, protocol, stream_error
 from inference.engine.engine import Engine, Submission
 from inference.engine.errors import ContextLengthExceeded
@@ -98,7 +99,8 @@ async def resumable(request, conversation: str, model: str, frames: AsyncIterato
 
     try:
         return await request.runtime.streams.start(conversation, protocol(path), model, frames, stop,
-                                                   lambda message: stream_error(path, message))
+                                                   lambda message: stream_error(path, message),
+                                                   holder=holders.of(request))
     except StreamRefused as exc:
         submission.abort()
         await close_quietly(frames)

@@ -1,10 +1,11 @@
 """`/v1/responses`: the OpenAI Responses surface, with stored turns for
-`previous_response_id`."""
+`previous_response_id`; each stored turn is its API key's."""
 from __future__ import annotations
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from ninja import Router
 
+from core import holders
 from core.openapi import documented
 from inference.protocols import responses
 from inference.protocols.errors import RequestError
@@ -26,14 +27,16 @@ async def create(request: HttpRequest) -> HttpResponse:
     store = body.get("store", True)
     if not isinstance(store, bool):
         raise RequestError("store must be a boolean", "store")
-    turn = responses.Turn(body, store_them)
+    holder = holders.of(request)  # what this request stores is its key's (core/holders.py)
+    turn = responses.Turn(body, store_them, holder)
     engine, prepared = await pipeline.prepare_chat(request, turn.chat_body(body))
     model = engine.loaded_model
     reply = responses.Reply(model.model_id, body, turn, model.tokenizer)
 
     def keep(message, response: dict) -> None:
         if store:
-            store_them.put(response, turn.messages, responses.chat_output(message), turn.instructions, turn.system)
+            store_them.put(response, turn.messages, responses.chat_output(message), turn.instructions, turn.system,
+                           holder)
 
     def complete(message, logprobs, final) -> dict:
         response = reply.complete(message, final)
@@ -49,7 +52,7 @@ async def create(request: HttpRequest) -> HttpResponse:
 
 @router.get("/responses/{response_id}")
 def retrieve(request: HttpRequest, response_id: str) -> HttpResponse:
-    stored = request.runtime.responses.get(response_id)
+    stored = request.runtime.responses.get(response_id, holders.of(request))
     if stored is None:
         raise _not_found(response_id)
     return JsonResponse(stored.response)
@@ -57,6 +60,6 @@ def retrieve(request: HttpRequest, response_id: str) -> HttpResponse:
 
 @router.delete("/responses/{response_id}")
 def delete(request: HttpRequest, response_id: str) -> HttpResponse:
-    if not request.runtime.responses.delete(response_id):
+    if not request.runtime.responses.delete(response_id, holders.of(request)):
         raise _not_found(response_id)
     return JsonResponse({"id": response_id, "object": "response", "deleted": True})

@@ -21,7 +21,7 @@ from urllib.parse import quote
 import httpx
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 
-from core import sse
+from core import holders, sse
 from core.http import error_object, protocol, stream_error
 from inference.protocols.errors import RequestError
 from inference.router import aggregate
@@ -30,7 +30,7 @@ from inference.router.owners import HOP_HEADER, MODEL_HEADER, refused_hop
 from inference.router.slots import RouterError, Slot
 from inference.routes import errors
 from inference.routes.pipeline import conversation_id
-from inference.streams.store import StreamRefused, close_quietly
+from inference.streams.store import TAKEN, StreamRefused, close_quietly
 
 log = logging.getLogger("hearth.router")
 
@@ -44,7 +44,8 @@ FAN_OUT = ("/admin/cache/flush", "/admin/cache/session/close")
 # child, which listens on another port).
 _HOP = frozenset({"host", "content-length", "connection", "keep-alive", "transfer-encoding", "te", "upgrade",
                   "proxy-authorization", "authorization", "x-api-key", "cookie", "trailer", "origin", "referer",
-                  "sec-fetch-site", "sec-fetch-mode", "sec-fetch-dest", "sec-fetch-user", HOP_HEADER, MODEL_HEADER})
+                  "sec-fetch-site", "sec-fetch-mode", "sec-fetch-dest", "sec-fetch-user", HOP_HEADER, MODEL_HEADER,
+                  holders.HEADER.lower()})
 _REPLY_HOP = frozenset({"content-length", "connection", "keep-alive", "transfer-encoding", "server", "date"})
 KEEPALIVE_S = 10.0
 
@@ -100,7 +101,10 @@ async def dispatch(request: HttpRequest) -> HttpResponse:
     except RequestError as exc:
         return errors.request_error(path, exc)
     if conversation is not None:
-        await request.runtime.streams.stop(conversation)  # one generation per conversation, on any model
+        holder = holders.of(request)
+        if await request.runtime.streams.taken(conversation, holder):
+            return errors.render(path, 409, TAKEN, param="X-Conversation-Id")
+        await request.runtime.streams.stop(conversation, holder=holder)  # one generation per conversation
     hop = _from_peer(request, manager)
     if hop:
         named = request.headers.get(MODEL_HEADER) or named
@@ -138,7 +142,14 @@ def _target(request: HttpRequest) -> str:
 
 
 def _headers(request: HttpRequest, manager: Manager, slot: Slot) -> dict:
+    """What a forwarded request carries: the client's headers less the hop's,
+    the credentials for `slot`, and to a model process of ours or another web
+    node (which take it from our key), the request's holder. A remote host
+    (--models-remote) holds what we send it under the key we send."""
     out = {k: v for k, v in request.headers.items() if k.lower() not in _HOP}
+    holder = holders.of(request)
+    if holder and (slot.remote is None or slot.remote.node is not None):
+        out[holders.HEADER] = holder
     return {**out, **manager.hop_headers(slot)}
 
 
@@ -207,7 +218,7 @@ async def _record(request: HttpRequest, manager: Manager, slot: Slot, names: tup
     try:
         frames = await request.runtime.streams.start(conversation, protocol(path), slot.id, chunks, stop,
                                                      lambda message: stream_error(path, message),
-                                                     failed=lambda: relay.broke)
+                                                     failed=lambda: relay.broke, holder=holders.of(request))
     except StreamRefused as exc:
         await close_quietly(chunks)
         relay.close()

@@ -3,6 +3,8 @@ replays a conversation's stream from byte N and follows it live,
 `DELETE /v1/stream/{id}` stops its generation, `POST /v1/streams/lookup`
 says which of the ids a client names are live or replayable (never any
 other: a conversation id is as good as a password, so there is no listing).
+With several API keys a stream is its key's (core/holders.py): another key
+is answered as if it did not exist.
 
 With Redis these reach every web node's streams (`inference/streams/shared.py`).
 In router mode these run in the router, which records every stream itself;
@@ -13,6 +15,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpRe
 from ninja import Query, Router, Schema
 from pydantic import Field
 
+from core import holders
 from inference.protocols.errors import RequestError
 from inference.routes.pipeline import STREAM_HEADERS
 from inference.streams.store import MAX_LOOKUP, Gone, StreamRefused, check_id
@@ -46,7 +49,7 @@ async def replay(request: HttpRequest, conversation_id: str, offset: int = Query
     event begins, answers that event alone."""
     conversation_id = _id(conversation_id)
     streams = request.runtime.streams
-    stream = await streams.find(conversation_id)  # with Redis, another web node's too
+    stream = await streams.find(conversation_id, holders.of(request))  # with Redis, another web node's too
     if stream is None:
         raise _unknown(conversation_id)
     if offset < 0:
@@ -72,9 +75,10 @@ async def stop(request: HttpRequest, conversation_id: str):
     conversation_id = _id(conversation_id)
     streams = request.runtime.streams
     relayed = conversation_id in streams.relayed  # a router's generation in this model's process
-    known = await streams.find(conversation_id)
+    holder = holders.of(request)
+    known = await streams.find(conversation_id, holder)
     was_live = relayed or (known is not None and known.live)
-    stream = await streams.stop(conversation_id)
+    stream = await streams.stop(conversation_id, holder=holder)
     if stream is None and not relayed:
         raise _unknown(conversation_id)
     body = stream.meta.public() if stream is not None else {"conversation_id": conversation_id,
@@ -86,7 +90,7 @@ async def stop(request: HttpRequest, conversation_id: str):
 async def lookup(request: HttpRequest, body: LookupRequest):
     """Which of `conversation_ids` have a live or replayable stream, with their lengths."""
     try:
-        found = await request.runtime.streams.lookup(body.conversation_ids)
+        found = await request.runtime.streams.lookup(body.conversation_ids, holders.of(request))
     except StreamRefused as exc:
         raise RequestError(exc.message, exc.param) from None
     return JsonResponse({"object": "list", "data": found})

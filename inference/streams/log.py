@@ -47,6 +47,7 @@ class Meta:
     owner: str  # the serving process's lock file name (`store.Owner`)
     on_crash: str  # the event that ends it if its process dies first
     state: str = LIVE
+    holder: str = ""  # the key that made it (core/holders.py); "" is everyone's
     ended_at: float | None = None
     start: int = 0
     end: int = 0

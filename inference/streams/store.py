@@ -41,6 +41,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
+from core import holders
 from core.fs import write_atomically
 from inference.streams.log import LIVE, Gone, Meta, Stream
 from inference.streams.shared import RemoteStream, Shared
@@ -56,6 +57,9 @@ CRASH_MESSAGE = ("the server stopped before this generation ended (it crashed, w
                  "what it generated until then is above")
 
 StopFn = Callable[[], Awaitable[None]]
+
+
+TAKEN = "this X-Conversation-Id is taken by another API key's stream; choose another"
 
 
 class StreamRefused(Exception):
@@ -225,21 +229,26 @@ class Streams:
     # -- starting and stopping ------------------------------------------------
     async def start(self, conversation_id: str, kind: str, model: str | None, producer: AsyncIterator[bytes],
                     stop: StopFn, error_event: Callable[[str], bytes],
-                    context: object = None, failed: Callable[[], bool] | None = None) -> AsyncIterator[bytes]:
+                    context: object = None, failed: Callable[[], bool] | None = None,
+                    holder: str = "") -> AsyncIterator[bytes]:
         """Run `producer` to its end whatever its reader does; answer what the
         request's reader gets (every byte, from the first). `stop` asks the
         generation to end early; `error_event(message)` is an event in the
         stream's protocol that ends it with an error. `context` is kept on the
         stream for its owner (the chat keeps its running turn there).
         `failed()`, asked when the producer ends, says it ended on an error
-        event of its own (the stream then ends `failed`)."""
+        event of its own (the stream then ends `failed`). The stream belongs
+        to `holder` (core/holders.py): a conversation whose stream another
+        key holds is refused (409), never stopped or replaced."""
         check_id(conversation_id)
         async with self._claim(conversation_id):  # two POSTs at once: the second stops the first
+            if self.record and await self.taken(conversation_id, holder):
+                raise StreamRefused(TAKEN, status=409, param="X-Conversation-Id")
             await self._stop(conversation_id)
             if not self.record:
                 return self._relay_only(conversation_id, producer, stop)
             self._make_room()
-            stream = self._begin(conversation_id, kind, model, stop, error_event, context)
+            stream = self._begin(conversation_id, kind, model, stop, error_event, context, holder)
             stream.failed_fn = failed
             if self.shared is not None:
                 await self.shared.run(self._command)
@@ -274,10 +283,10 @@ class Streams:
         return lock
 
     def _begin(self, conversation_id: str, kind: str, model: str | None, stop: StopFn,
-               error_event: Callable[[str], bytes], context: object) -> Stream:
+               error_event: Callable[[str], bytes], context: object, holder: str) -> Stream:
         meta = Meta(sid=secrets.token_hex(12), conversation_id=conversation_id, kind=kind, model=model,
                     created=time.time(), owner=self.owner.name if self.owner else "",
-                    on_crash=error_event(CRASH_MESSAGE).decode())
+                    on_crash=error_event(CRASH_MESSAGE).decode(), holder=holder)
         stream = Stream(meta, self.folder, self.cap)
         stream.stop_fn, stream.context, stream.error_event = stop, context, error_event
         previous = self.by_id.get(conversation_id)
@@ -329,10 +338,21 @@ class Streams:
                 await close_quietly(producer)
         return relay()
 
-    async def stop(self, conversation_id: str, wait_s: float = 10.0) -> Stream | RemoteStream | None:
+    async def taken(self, conversation_id: str, holder: str) -> bool:
+        """Whether the conversation has a stream another key than `holder`'s holds."""
+        before = await self.find(conversation_id)
+        return before is not None and not holders.may_see(before.meta.holder, holder)
+
+    async def stop(self, conversation_id: str, wait_s: float = 10.0,
+                   holder: str | None = None) -> Stream | RemoteStream | None:
         """Stop the conversation's live generation (if any) and wait, at most
-        `wait_s`, for its stream to end. Returns its stream (None: unknown)."""
+        `wait_s`, for its stream to end. Returns its stream (None: unknown,
+        or held by another key than `holder`'s when one is given)."""
         async with self._claim(conversation_id):
+            if holder is not None:
+                known = await self.find(conversation_id)
+                if known is not None and not holders.may_see(known.meta.holder, holder):
+                    return None
             return await self._stop(conversation_id, wait_s)
 
     async def _stop(self, conversation_id: str, wait_s: float = 10.0) -> Stream | RemoteStream | None:
@@ -404,12 +424,16 @@ class Streams:
             await self.shared.share(stream, ctx)
 
     # -- reading --------------------------------------------------------------
-    async def find(self, conversation_id: str) -> Stream | RemoteStream | None:
-        """`get`, or with Redis the conversation's latest stream on any node."""
+    async def find(self, conversation_id: str, holder: str | None = None) -> Stream | RemoteStream | None:
+        """`get`, or with Redis the conversation's latest stream on any node;
+        None for a stream another key than `holder`'s holds, when one is given."""
         local = self.get(conversation_id)
-        if self.shared is None:
-            return local
-        return await self._find_remote(conversation_id, local) or local
+        found: Stream | RemoteStream | None = local
+        if self.shared is not None:
+            found = await self._find_remote(conversation_id, local) or local
+        if found is not None and holder is not None and not holders.may_see(found.meta.holder, holder):
+            return None
+        return found
 
     async def _find_remote(self, conversation_id: str, local: Stream | None) -> RemoteStream | None:
         """The conversation's latest stream, when it is another node's (None: this node's, or none)."""
@@ -433,8 +457,9 @@ class Streams:
             return None
         return stream
 
-    async def lookup(self, ids: list) -> list[dict]:
-        """The streams of these conversations that are live or replayable; never any other's."""
+    async def lookup(self, ids: list, holder: str = "") -> list[dict]:
+        """The streams of these conversations that are live or replayable and
+        `holder` may see; never any other's."""
         if not isinstance(ids, list) or len(ids) > MAX_LOOKUP:
             raise StreamRefused(f"conversation_ids must be a list of at most {MAX_LOOKUP} ids",
                                 param="conversation_ids")
@@ -442,7 +467,7 @@ class Streams:
         for value in ids:
             if not isinstance(value, str):
                 raise StreamRefused("conversation_ids must hold strings", param="conversation_ids")
-            stream = await self.find(value)
+            stream = await self.find(value, holder)
             if stream is not None:
                 found.append(stream.meta.public())
             elif value in self.relayed:

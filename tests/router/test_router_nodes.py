@@ -4,7 +4,9 @@ of their own (standing in for two machines behind one port) and the same
 API key: a model loaded on A is served by A for a client of B, and B
 starts no process for it; a model only A's library has is listed by B and
 served through it; a model A unloads is loaded by the next node asked; a
-node killed while it serves a model hands it over to the next request."""
+node killed while it serves a model hands it over to the next request.
+With two keys, a Response or a stream one key made through either node is
+not the other key's (the holder travels with each hop)."""
 from __future__ import annotations
 
 import signal
@@ -19,6 +21,7 @@ from tests.helpers import ServerProcess, build_tiny_model, server_env
 
 SHARED, ONLY_A = "hearth-test/tiny-shared", "hearth-test/tiny-only-a"
 KEY = "cluster-key-0123456789abcdef"
+OTHER = "cluster-key-two-0123456789ab"  # a second user's key: what KEY makes is not OTHER's
 HTTP = httpx.Client(timeout=120, headers={"authorization": f"Bearer {KEY}"})
 
 
@@ -34,7 +37,7 @@ def nodes(redis_url, tmp_path_factory):
     def start(name: str) -> ServerProcess:
         env = dict(server_env(root / f"{name}-hf", root / f"{name}-hearth"), HEARTH_REDIS_URL=shared_redis)
         return ServerProcess(env, "--default-model", SHARED, "--no-preload", "--no-worker", "--api-key", KEY,
-                             log_path=root / f"{name}.log")
+                             "--api-key", OTHER, log_path=root / f"{name}.log")
     a, b = start("a"), start("b")
     a.wait_ready(), b.wait_ready()
     try:
@@ -100,6 +103,34 @@ def test_a_model_loaded_on_one_node_is_served_there_for_the_other(nodes):
     assert _rows(b)[SHARED]["status"]["value"] == "loaded"
     assert HTTP.post(b.url + "/models/unload", json={"model": SHARED}).status_code == 200
     assert HTTP.get(b.url + "/stats").status_code == 200  # a fan-out never asks another node (no loop)
+
+
+def test_what_one_key_makes_through_a_node_is_not_another_keys(nodes):
+    """B passes the request to A's model process (A has it loaded): the
+    holder goes with both hops, so the Response A's process stores and the
+    stream B records are KEY's alone, on either node."""
+    a, b = nodes["a"], nodes["b"]
+    other = {"authorization": f"Bearer {OTHER}"}
+    _ask(a, SHARED)
+    made = HTTP.post(b.url + "/v1/responses", json={"model": SHARED, "input": "hi", "max_output_tokens": 4})
+    assert made.status_code == 200, made.text
+    rid = made.json()["id"]
+    assert HTTP.get(a.url + f"/v1/responses/{rid}").json()["id"] == rid
+    assert HTTP.get(a.url + f"/v1/responses/{rid}", headers=other).status_code == 404
+    follow = HTTP.post(a.url + "/v1/responses", headers=other,
+                       json={"model": SHARED, "input": "more", "max_output_tokens": 4, "previous_response_id": rid})
+    assert follow.status_code == 404, follow.text
+
+    streamed = HTTP.post(b.url + "/v1/chat/completions", headers={"x-conversation-id": "nodes-scope"},
+                         json={"model": SHARED, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
+                               "stream": True})
+    assert streamed.status_code == 200 and "[DONE]" in streamed.text
+    assert HTTP.get(a.url + "/v1/stream/nodes-scope").text == streamed.text  # through Redis
+    assert HTTP.get(a.url + "/v1/stream/nodes-scope", headers=other).status_code == 404
+    taken = HTTP.post(a.url + "/v1/chat/completions", headers={**other, "x-conversation-id": "nodes-scope"},
+                      json={"model": SHARED, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
+                            "stream": True})
+    assert taken.status_code == 409, taken.text
 
 
 def test_a_model_one_node_unloads_is_loaded_by_the_next_node_asked(nodes):

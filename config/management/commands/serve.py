@@ -64,7 +64,7 @@ LIMIT_FLAGS = {  # flag: (Limits field, type, help)
     "--max-grammar-bytes": ("max_grammar_bytes", _bytes, "largest schema, grammar or regex (64KiB)"),
     "--max-grammar-choices": ("max_grammar_choices", _positive, "most guided_choice entries (1024)"),
     "--max-schema-depth": ("max_schema_depth", _positive, "deepest nesting of a JSON schema (32)"),
-    "--grammar-timeout": ("grammar_timeout_s", _seconds, "seconds a grammar may take to compile, queueing included; past it the compile is stopped (10)"),
+    "--grammar-timeout": ("grammar_timeout_s", _seconds, "seconds a grammar may compile, then stopped (10)"),
     "--grammar-cache-bytes": ("grammar_cache_bytes", _bytes, "RAM for compiled grammars (256MiB)"),
     "--template-timeout": ("template_timeout_s", _seconds, "seconds a client chat template may take to render (5)"),
     "--header-timeout": ("header_timeout_s", _seconds, "seconds a request's headers may take to arrive (30)"),
@@ -316,6 +316,8 @@ class Command(BaseCommand):
                                f"--stream-max-bytes ({opts['stream_max_bytes']}): no resumable stream would fit")
         runtime.options = self._options(opts, bounds)
         in_router = child.is_child()
+        if in_router:  # the router's key: it states the holder of each request it passes on (config/access.py)
+            runtime.hop_keys = access.api_keys - {access.internal_key}
         if opts["model"] is None and not in_router:
             from config.serve_router import serve_router
 
