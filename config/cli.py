@@ -24,7 +24,7 @@ import os
 import sys
 from difflib import get_close_matches
 
-from core import blas, procs
+from core import blas, procs, torchless
 from core.home import blas_cache
 
 # The top-level packages whose apps' management commands are Hearth's.
@@ -218,6 +218,7 @@ def main(argv: list[str] | None = None, prog: str = "hearth") -> int:
         return EXIT_USAGE
     argv = started
     procs.tie_to_spawner()  # after the BLAS re-exec: a process Hearth started ends with its parent
+    torchless.install()  # transformers without torch: about 2 s off every start (core/torchless.py)
     if argv in (["--version"], ["version"]):
         sys.stdout.write(f"{prog} {_version()}\n")
         return 0

@@ -16,6 +16,7 @@ import signal
 import sys
 import traceback
 
+from core import torchless
 from core.procs import tie_to_parent, tie_to_spawner
 from jobs.events import open_log
 
@@ -26,6 +27,7 @@ def main(argv: list[str]) -> int:
     run_module, log_path, config_json = argv
     if tie_to_spawner() is None:  # run by hand: tied to whoever started it
         tie_to_parent(os.getppid(), signal.SIGKILL)
+    torchless.install()  # transformers without torch (core/torchless.py)
     log = open_log(log_path, os.environ.get(REDIS_ENV, ""))
     config = json.loads(config_json)
     delay = float(os.environ.get("HEARTH_JOB_STAGE_DELAY") or 0)

@@ -7,7 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from core import torchless
 from core.blas import find_openblas as _find_openblas
+
+torchless.install()  # as every hearth process does (core/torchless.py)
 
 # Every test, and every server it starts, works in throwaway homes.
 _SESSION_DIR = Path(tempfile.mkdtemp(prefix="hearth-tests-"))

@@ -56,6 +56,9 @@ def render(job: dict) -> dict:
 
 def main() -> int:
     _confine()
+    from core import torchless
+
+    torchless.install()  # transformers without torch: its Jinja environment needs none
     out = os.fdopen(os.dup(sys.stdout.fileno()), "w", encoding="utf-8")
     sys.stdout = sys.stderr  # nothing but answers on the answer channel
     from transformers.utils import chat_template_utils  # noqa: F401  (loaded before the first request)

@@ -1,0 +1,43 @@
+"""core/torchless.py: Hearth's processes load tokenizers without importing
+torch (about 2 s of every start), and xgrammar still gets torch when a
+grammar needs it; HEARTH_TRANSFORMERS_TORCH=1 leaves transformers as it is."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from tests.helpers import ROOT
+
+PROBE = """
+import json, sys
+from core import torchless
+torchless.install()
+from huggingface_hub import snapshot_download
+from mlx_lm import load
+_, tok = load(snapshot_download(sys.argv[1], local_files_only=True))
+text = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
+before = "torch" in sys.modules
+import xgrammar
+from inference.engine.grammar import GrammarCompiler, GrammarSpec
+compiler = GrammarCompiler(tok._tokenizer, len(tok.get_vocab()), sorted(tok.eos_token_ids))
+compiled = compiler.compile(GrammarSpec("json")) is not None
+compiler.close()
+print(json.dumps({"torch_at_load": before, "text": bool(text), "grammar": compiled}))
+"""
+
+
+def _probe(tiny_model, **env) -> dict:
+    done = subprocess.run([sys.executable, "-c", PROBE, tiny_model], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, **env}, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_tokenizers_load_without_torch_and_grammars_still_compile(tiny_model):
+    assert _probe(tiny_model) == {"torch_at_load": False, "text": True, "grammar": True}
+
+
+def test_the_switch_leaves_transformers_as_it_is(tiny_model):
+    assert _probe(tiny_model, HEARTH_TRANSFORMERS_TORCH="1")["torch_at_load"] is True
