@@ -148,12 +148,20 @@ def _builds(item) -> set[str]:
     return {"demo_build", "vision_build"} & set(getattr(item, "fixturenames", ()))
 
 
+HEAVY_FIRST = {name: rank for rank, name in enumerate(
+    ("e2e", "router", "browser", "hub", "jobs", "api", "chat", "engine", "protocols", "core", "memory"))}
+
+
 def pytest_collection_modifyitems(session, config, items):
     """Test files that need a demo model built run last, in their usual
     order, so the build trains beside every other test instead of leaving
     the run waiting on it halfway (about ten minutes on a 2-core machine)."""
     late = {item.path for item in items if _builds(item)}
     items[:] = [item for item in items if item.path not in late] + [item for item in items if item.path in late]
+    if getattr(config, "workerinput", None) is not None or config.getoption("numprocesses", None):
+        # In parallel (pytest-xdist hands out whole files, in this order): the folders whose files take
+        # longest go first, so no worker is left with a long file at the end while the other idles.
+        items.sort(key=lambda item: HEAVY_FIRST.get(item.path.parent.name, len(HEAVY_FIRST)))
 
 
 def pytest_collection_finish(session):

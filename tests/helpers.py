@@ -232,6 +232,18 @@ def own_processes(home: Path) -> list[psutil.Process]:
     return found
 
 
+def children_running(pid: int, module: str) -> set[psutil.Process]:
+    """The descendants of process `pid` that run `python -m module`."""
+    found = set()
+    for proc in psutil.Process(pid).children(recursive=True):
+        try:
+            if module in " ".join(proc.cmdline()):
+                found.add(proc)
+        except psutil.NoSuchProcess:
+            pass
+    return found
+
+
 def exited(proc: psutil.Process) -> bool:
     """Gone, or exited and waiting to be reaped by whoever adopted it."""
     try:

@@ -146,10 +146,11 @@ def _compiler(tok, **kw):
 
 
 def _compile_workers() -> set:
-    import psutil
+    import os
 
-    return {p for p in psutil.process_iter(["cmdline"])
-            if "inference.engine.grammar_worker" in " ".join(p.info["cmdline"] or [])}
+    from tests.helpers import children_running
+
+    return children_running(os.getpid(), "inference.engine.grammar_worker")
 
 
 # Seconds to compile on any machine (a JSON grammar takes hundredths), and a tenth of a megabyte of source.
