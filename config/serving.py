@@ -40,6 +40,9 @@ class EngineWork(Work):
     def busy(self) -> bool:
         return self.engine.busy
 
+    def draining(self) -> None:
+        self.engine.stop_grammar_compiles()  # a request waiting for its grammar is answered now, not at its budget
+
     def close(self, flush: bool) -> None:
         engine = self.engine
         try:

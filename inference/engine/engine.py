@@ -225,7 +225,12 @@ class Engine:
                 self._idle.wait(0.05)
         self._inbox.put(None)
         self._thread.join(timeout=10)
-        if self.loaded is not None and "grammar_compiler" in vars(self.loaded):  # compiles never hold up an exit
+        self.stop_grammar_compiles()
+
+    def stop_grammar_compiles(self) -> None:
+        """Kill the grammar compiles in progress (their requests fail at once)
+        and the compile processes: a stopping server never waits on one."""
+        if self.loaded is not None and "grammar_compiler" in vars(self.loaded):
             self.loaded.grammar_compiler.close()
 
     # -- asyncio side ----------------------------------------------------

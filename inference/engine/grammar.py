@@ -50,6 +50,14 @@ class GrammarSpec:
     strict: bool = True
 
 
+class GrammarStopped(GrammarTimeout):
+    """The server is stopping: compiles in progress were stopped with it."""
+
+    status = 503
+    type = "engine_unavailable"
+    code = "server_stopping"
+
+
 class GrammarBusy(EngineError):
     """Too many large grammars are waiting to compile; retry later."""
 
@@ -162,10 +170,13 @@ class GrammarCompiler:
             answer = workers[big].run(asdict(spec), budget, queued=queued + time.monotonic() - began)
         except Exception as exc:  # the tokenizer description failed: nothing can compile
             answer = {"error": clean_reason(exc)}
+        if answer is None and self._closed:
+            self._remember_failure(spec, big, GrammarStopped("the server is stopping"), math.inf)
+            raise GrammarStopped("the server is stopping; retry on another server or once it is back")
         if answer is None:
             error: Exception = GrammarTimeout(
                 "the grammar did not compile within %g s (--grammar-timeout); its compile was stopped. Simplify it, "
-                "or ask the operator for a longer budget" % budget if not self._closed else "the server is stopping")
+                "or ask the operator for a longer budget" % budget)
             self._remember_failure(spec, big, error, time.monotonic() + TIMEOUT_KEPT_S, timeout=True)
             raise error
         if "error" in answer:

@@ -189,8 +189,8 @@ async def resolve(spec: GrammarSpec | None, compiler, enabled: bool, limits: Lim
         if not done:
             raise GrammarTimeout(f"the grammar did not compile within {timeout:g} s (--grammar-timeout)")
         return Constraint(spec, compiled=future.result())
-    except GrammarTimeout as exc:
-        raise RequestError(str(exc), FIELD_OF[spec.kind], code=exc.code) from None
+    except GrammarTimeout as exc:  # 400 past the budget; 503 when the server stopped it (GrammarStopped)
+        raise RequestError(str(exc), FIELD_OF[spec.kind], status=exc.status, kind=exc.type, code=exc.code) from None
     except GrammarCompileError as exc:
         return Constraint(spec, warning=f"grammar not enforced: {exc}")
 

@@ -53,25 +53,44 @@ def test_client_disconnect_stops_generation(base_url, eos_id):
 
 
 def test_sigterm_finishes_running_requests_then_exits_zero(homes, tiny_model, tmp_path, eos_id):
-    proc = ServerProcess(server_env(*homes), tiny_model, "--drain-seconds", "60",
-                         log_path=tmp_path / "serve.log").wait_ready()
+    """A generating request is finished; a request still waiting for its
+    grammar to compile is answered at once (503), its compile killed: the
+    drain never waits on a compile (a 60 s budget cannot explain the answer)."""
+    env = dict(server_env(*homes), HEARTH_GRAMMAR_TIMEOUT="60")
+    proc = ServerProcess(env, tiny_model, "--drain-seconds", "60", "--max-grammar-choices", "100000",
+                         "--max-grammar-bytes", "4MiB", log_path=tmp_path / "serve.log").wait_ready()
     result = {}
 
     def stream():
         body = {"prompt": "Hi", "max_tokens": 300, "stream": True, "logit_bias": {str(eos_id): -100}}
         result["raw"] = httpx.post(proc.url + "/v1/completions", json=body, timeout=60).text
 
-    worker = threading.Thread(target=stream)
-    worker.start()
-    deadline = time.monotonic() + 10
-    while not httpx.get(proc.url + "/stats").json()["engine"]["active"] and time.monotonic() < deadline:
+    def constrained():
+        body = {"messages": [{"role": "user", "content": "Pick"}], "max_tokens": 4,
+                "guided_choice": [f"option {i} of very many" for i in range(60_000)]}
+        started = time.monotonic()
+        result["grammar"] = httpx.post(proc.url + "/v1/chat/completions", json=body, timeout=120)
+        result["grammar_s"] = time.monotonic() - started
+
+    workers = [threading.Thread(target=stream), threading.Thread(target=constrained)]
+    for worker in workers:
+        worker.start()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        stats = httpx.get(proc.url + "/stats").json()
+        if stats["engine"]["active"] and stats["grammar"]["workers"] and stats["grammar"]["compiling"]:
+            break
         time.sleep(0.02)
     code = proc.stop(timeout=60)
-    worker.join(10)
+    for worker in workers:
+        worker.join(10)
     assert code == 0, proc.output()
     assert result["raw"].endswith("data: [DONE]\n\n")
     assert '"completion_tokens": 300' in result["raw"]
     assert "shutting down" in proc.output()
+    stopped = result["grammar"]
+    assert stopped.status_code == 503 and stopped.json()["error"]["code"] == "server_stopping", stopped.text
+    assert result["grammar_s"] < 30
 
 
 def test_sigterm_while_idle_exits_promptly(homes, tiny_model, tmp_path):

@@ -197,7 +197,7 @@ def test_closing_the_compiler_stops_a_running_compile_at_once(tokenizer):
     """Shutdown never waits on a compile: closing fails the compiles under way and kills their processes."""
     import time
 
-    from inference.engine.grammar import GrammarSpec, GrammarTimeout
+    from inference.engine.grammar import GrammarSpec, GrammarStopped
 
     before = _compile_workers()
     compiler = _compiler(tokenizer, timeout_s=60)
@@ -208,7 +208,7 @@ def test_closing_the_compiler_stops_a_running_compile_at_once(tokenizer):
         time.sleep(0.05)
     started = time.monotonic()
     compiler.close()
-    with pytest.raises(GrammarTimeout, match="stopping"):
+    with pytest.raises(GrammarStopped, match="stopping"):
         future.result(timeout=5)
     assert time.monotonic() - started < 5
     assert not [p for p in _compile_workers() - before if p.is_running() and p.status() != "zombie"]
