@@ -95,19 +95,20 @@ serve: deps blas git media
 # Lint and type check first: the suite runs only on a clean tree.
 # Bytecode for Hearth's own modules first: the suite starts a few hundred `hearth` processes, and
 # where PYTHONDONTWRITEBYTECODE is set each would compile them again (~0.3 s a start on 2 cores).
-# The suite runs in parallel, one pytest-xdist worker per core (at most 4), a whole file to a worker;
-# then the few tests that time this machine (the `serial` mark) run alone.
+# The suite runs in parallel, one pytest-xdist worker per core (at most 4), a whole file to a worker.
+# The few tests that time this machine (the `serial` mark) need it to themselves: check-demo runs them.
 test: deps blas browser git media redis postgres lint
 	$(BIN)/python -m compileall -q config core inference chat hub jobs memory tests > /dev/null
 	HF_HUB_OFFLINE=1 $(BIN)/pytest -q -n auto --maxprocesses=4 --dist loadfile --durations=15 -m "not serial" \
 		tests --ignore=tests/demo
-	HF_HUB_OFFLINE=1 $(BIN)/pytest -q -m serial tests --ignore=tests/demo
 
 # What the trained demo models can do (tests/demo): trains the demo chat and vision models first, in the
-# run's own homes (about 10 minutes on 2 cores), then checks their answers. CI runs it after `make test`.
+# run's own homes (about 10 minutes on 2 cores), then checks their answers; then the tests that time this
+# machine (the `serial` mark), alone. CI runs it after `make test`.
 check-demo: deps blas browser git media
 	$(BIN)/python -m compileall -q config core inference chat hub jobs memory tests > /dev/null
 	HF_HUB_OFFLINE=1 $(BIN)/pytest -q --durations=15 tests/demo
+	HF_HUB_OFFLINE=1 $(BIN)/pytest -q -m serial tests --ignore=tests/demo
 
 # ruff over everything; mypy over the files [tool.mypy] names (core, the engine, protocols and routes).
 lint: deps

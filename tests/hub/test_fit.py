@@ -3,8 +3,8 @@ model. Decoding one token reads every weight once, so a model large enough
 to be bandwidth-bound (the 103M-parameter float32 llama of bench/decode.py,
 about 410 MB) should decode within 3x of bandwidth / weight bytes. The
 tiny test models are overhead-bound and are not used for this check.
-Both tests time this machine, so they run alone, after the parallel part
-of `make test` (the `serial` mark)."""
+Both tests time this machine, so they run alone (the `serial` mark), in
+`make check-demo`, not in the parallel `make test`."""
 from __future__ import annotations
 
 import json
