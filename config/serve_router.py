@@ -26,7 +26,7 @@ from django.core.management.base import CommandError
 
 from config.demo_training import DemoTraining, demo_checkpoint_step, demo_is_built
 from config.runtime import RUNTIME as runtime
-from config.serving import Work, exit_even_if_stuck, open_streams, run_daphne, start_services, stop_services
+from config.serving import Work, exit_now, open_streams, run_daphne, start_services, stop_services
 from config.serving_access import is_loopback
 from core import home
 from core.blas import blas_in_use
@@ -214,4 +214,4 @@ def serve_router(opts: dict, bounds) -> None:
             demo.stop()
         stop_services(supervisor)
     log.info("stopped")
-    exit_even_if_stuck()
+    exit_now()

@@ -24,7 +24,7 @@ from config.runtime import RUNTIME as runtime
 from config.serving import (
     EngineWork,
     engine_config,
-    exit_even_if_stuck,
+    exit_now,
     open_streams,
     run_daphne,
     start_services,
@@ -367,7 +367,7 @@ class Command(BaseCommand):
             marker.unlink(missing_ok=True)
             stop_services(supervisor)
         log.info("stopped")
-        exit_even_if_stuck()
+        exit_now()
 
     def _options(self, opts: dict, bounds: limits.Limits) -> Options:
         templates = None
