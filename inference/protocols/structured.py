@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from core import jsonbody
 from core.limits import Limits
 from core.workers import STARTUP_S
-from inference.engine.grammar import GrammarCompileError, GrammarSpec, GrammarTimeout
+from inference.engine.grammar import GrammarCompileError, GrammarSpec, GrammarStopped, GrammarTimeout
 from inference.protocols.errors import RequestError
 
 RESPONSE_FORMATS = ("text", "json_object", "json_schema")
@@ -188,6 +188,8 @@ async def resolve(spec: GrammarSpec | None, compiler, enabled: bool, limits: Lim
     try:
         if not done:
             raise GrammarTimeout(f"the grammar did not compile within {timeout:g} s (--grammar-timeout)")
+        if future.cancelled():  # still queued when the server began to stop (GrammarCompiler.close)
+            raise GrammarStopped("the server is stopping; retry on another server or once it is back")
         return Constraint(spec, compiled=future.result())
     except GrammarTimeout as exc:  # 400 past the budget; 503 when the server stopped it (GrammarStopped)
         raise RequestError(str(exc), FIELD_OF[spec.kind], status=exc.status, kind=exc.type, code=exc.code) from None
