@@ -183,3 +183,20 @@ class WorkerPool:
         """How many of its processes are running."""
         with self._lock:
             return sum(w.proc.poll() is None for w in [*self._idle, *self._busy])
+
+
+def confine(memory_bytes: int) -> None:
+    """In a worker process, first thing: end with the parent (SIGKILL), and
+    cap its address space at `memory_bytes` where the OS allows it."""
+    import signal
+
+    from core.procs import die_with_parent, tie_to_spawner
+
+    if tie_to_spawner() is None:
+        die_with_parent(signal.SIGKILL)
+    try:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
+    except (ImportError, ValueError, OSError):
+        pass

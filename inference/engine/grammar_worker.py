@@ -17,26 +17,13 @@ import json
 import os
 import sys
 
+from core.workers import confine
+
 MEMORY_BYTES = 8 << 30  # address space, torch's reservations included
 
 
-def _confine() -> None:
-    import signal
-
-    from core.procs import die_with_parent, tie_to_spawner
-
-    if tie_to_spawner() is None:
-        die_with_parent(signal.SIGKILL)
-    try:
-        import resource
-
-        resource.setrlimit(resource.RLIMIT_AS, (MEMORY_BYTES, MEMORY_BYTES))
-    except (ImportError, ValueError, OSError):
-        pass
-
-
 def main() -> int:
-    _confine()
+    confine(MEMORY_BYTES)
     out = os.fdopen(os.dup(sys.stdout.fileno()), "w", encoding="utf-8")
     sys.stdout = sys.stderr  # nothing but answers on the answer channel
     import xgrammar as xgr

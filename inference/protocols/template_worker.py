@@ -17,22 +17,9 @@ import os
 import sys
 from typing import cast
 
+from core.workers import confine
+
 MEMORY_BYTES = 2 << 30
-
-
-def _confine() -> None:
-    import signal
-
-    from core.procs import die_with_parent, tie_to_spawner
-
-    if tie_to_spawner() is None:
-        die_with_parent(signal.SIGKILL)
-    try:
-        import resource
-
-        resource.setrlimit(resource.RLIMIT_AS, (MEMORY_BYTES, MEMORY_BYTES))
-    except (ImportError, ValueError, OSError):
-        pass
 
 
 def render(job: dict) -> dict:
@@ -55,7 +42,7 @@ def render(job: dict) -> dict:
 
 
 def main() -> int:
-    _confine()
+    confine(MEMORY_BYTES)
     from core import torchless
 
     torchless.install()  # transformers without torch: its Jinja environment needs none
