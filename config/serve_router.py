@@ -18,6 +18,7 @@ import logging
 import os
 import secrets
 import socket
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -157,7 +158,17 @@ def default_model(opts: dict) -> str | None:
     return DEMO_REPO if demo_is_built() else None
 
 
-def serve_router(opts: dict, bounds) -> None:
+@dataclass
+class RouterPlan:
+    """What a router serves, settled before it starts anything."""
+    manager: Manager
+    settings: Settings
+    training: bool  # the demo model trains in the background (`--build-demo`, not built yet)
+
+
+def plan_router(opts: dict) -> RouterPlan:
+    """Check router mode's flags and read the library: CommandError names
+    the first that cannot work (a bad preset line, an unknown default)."""
     if opts["adapter"]:
         raise CommandError("--adapter names one model's adapter: in router mode, set `adapter = DIR` in that "
                            "model's section of --models-preset")
@@ -188,6 +199,11 @@ def serve_router(opts: dict, bounds) -> None:
         raise CommandError(str(exc)) from None
     except RouterError as exc:
         raise CommandError(f"--default-model: {exc.message}") from None
+    return RouterPlan(manager, settings, training)
+
+
+def serve_router(plan: RouterPlan, opts: dict) -> None:
+    manager, settings, training = plan.manager, plan.settings, plan.training
     share_ownership(manager, opts)
     runtime.router = manager
     open_streams(opts)

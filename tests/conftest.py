@@ -207,36 +207,6 @@ def vision_build(vision_homes):
     return output
 
 
-class InProcess:
-    """The whole ASGI application (`config.asgi`) in the test process, called
-    through httpx without a socket or a server process: for tests of protocol
-    shapes, which need the routes, the protocol modules and an engine, not a
-    daphne. Answers are read to the end before they are returned."""
-
-    def __init__(self, app):
-        self.app = app
-
-    def request(self, method: str, path: str, **kwargs):
-        import asyncio
-
-        import httpx
-
-        async def call():
-            transport = httpx.ASGITransport(app=self.app, client=("127.0.0.1", 40000))
-            async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1:8080", timeout=60) as c:
-                answer = await c.request(method, path, **kwargs)
-                await answer.aread()
-                return answer
-
-        return asyncio.run(call())
-
-    def get(self, path: str, **kwargs):
-        return self.request("GET", path, **kwargs)
-
-    def post(self, path: str, **kwargs):
-        return self.request("POST", path, **kwargs)
-
-
 @pytest.fixture(scope="module")
 def engines(tiny_model):
     """Engines on the tiny model in this process, one per configuration
@@ -279,10 +249,35 @@ def local_engine(tiny_model):
 
 @pytest.fixture(scope="module")
 def inproc(local_engine):
-    """The serving stack in this process (see `InProcess`)."""
+    """The serving stack in this process (`tests.inproc.InProcess`) on `local_engine`."""
     from config.asgi import application
+    from tests.inproc import InProcess
 
     return InProcess(application)
+
+
+@pytest.fixture(scope="module")
+def served(tiny_model):
+    """`served(*flags)`: `hearth serve TINY FLAGS` in this process
+    (`tests.inproc.serving`), as an `InProcess`, kept while the module asks
+    for the same flags. One at a time: asking for others closes it first."""
+    import contextlib
+
+    from tests.inproc import serving
+
+    stack = contextlib.ExitStack()
+    current: dict = {}
+
+    def start(*flags: str, model: str = tiny_model):
+        key = (model, *flags)
+        if current.get("key") != key:
+            current.clear()
+            stack.close()
+            current.update(key=key, app=stack.enter_context(serving(model, *flags)))
+        return current["app"]
+
+    with stack:
+        yield start
 
 
 @pytest.fixture(scope="session")

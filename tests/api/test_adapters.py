@@ -1,4 +1,4 @@
-"""LoRA hot-swap on a real server: `--adapter` as the default, mounting and
+"""LoRA hot-swap through the app: `--adapter` as the default, mounting and
 unmounting over /v1/adapters, per-request `adapter` ("none", "a+b")
 checked token for token against mlx-lm loading the same adapter, shape
 checks that mount nothing, prompt-cache namespaces and mixed-adapter
@@ -8,10 +8,9 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import httpx
 import pytest
 
-from tests.helpers import ServerProcess, random_adapter, server_env, write_adapter
+from tests.helpers import random_adapter, write_adapter
 
 PROMPT = "the cat sat on the"
 
@@ -52,15 +51,9 @@ def adapters(tiny_model, tmp_path_factory) -> dict:
             "bad": write_adapter(root / "bad", {**a, sorted(a)[-1]: a[sorted(a)[-1]][:, :7]}, 1.0, None)}
 
 
-@pytest.fixture(scope="module")
-def served(homes, tiny_model, adapters, tmp_path_factory):
-    log = tmp_path_factory.mktemp("logs") / "adapters.log"
-    proc = ServerProcess(server_env(*homes), tiny_model, "--adapter", str(adapters["a"]), "--no-worker",
-                         log_path=log)
-    try:
-        yield proc.wait_ready()
-    finally:
-        assert proc.stop() == 0, proc.output()
+@pytest.fixture
+def app(served, adapters):
+    return served("--adapter", str(adapters["a"]), "--no-worker")
 
 
 def _reference(snapshot: str, adapter: Path | None) -> str:
@@ -70,114 +63,113 @@ def _reference(snapshot: str, adapter: Path | None) -> str:
     return generate(model, tokenizer, PROMPT, max_tokens=10, verbose=False)
 
 
-def _complete(url: str, **extra) -> dict:
-    r = httpx.post(url + "/v1/completions", json={"prompt": PROMPT, "max_tokens": 10, "temperature": 0, **extra},
-                   timeout=60)
+def _complete(app, **extra) -> dict:
+    r = app.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 10, "temperature": 0, **extra}, timeout=60)
     assert r.status_code == 200, r.text
     return r.json()
 
 
-def test_requests_pick_adapters_and_match_mlx_lm(served, adapters):
+def test_requests_pick_adapters_and_match_mlx_lm(app, adapters):
     snapshot = adapters["snapshot"]
     base, alpha, both = (_reference(snapshot, p) for p in (None, adapters["a"], adapters["ab"]))
     assert len({base, alpha, both}) == 3, "the test adapters must change the greedy reply"
 
-    listed = httpx.get(served.url + "/v1/adapters").json()
+    listed = app.get("/v1/adapters").json()
     assert [a["id"] for a in listed["adapters"]] == ["alpha"] and listed["default"] == "alpha"
     assert listed["adapters"][0]["mounted_layers"] == 14 and listed["adapters"][0]["ram_bytes"] > 0
 
-    assert _complete(served.url)["choices"][0]["text"] == alpha  # --adapter is the default
-    assert _complete(served.url, adapter="none")["choices"][0]["text"] == base
-    mounted = httpx.post(served.url + "/v1/adapters", json={"id": "beta", "path": str(adapters["b"])}).json()
+    assert _complete(app)["choices"][0]["text"] == alpha  # --adapter is the default
+    assert _complete(app, adapter="none")["choices"][0]["text"] == base
+    mounted = app.post("/v1/adapters", json={"id": "beta", "path": str(adapters["b"])}).json()
     assert mounted == {"id": "beta", "mounted_layers": 7, "rank": 4, "scale": 0.5, "ram_bytes": mounted["ram_bytes"]}
-    assert _complete(served.url, adapter="alpha+beta")["choices"][0]["text"] == both
-    assert _complete(served.url, adapter="alpha,beta")["choices"][0]["text"] == both
-    assert _complete(served.url, adapter="alpha")["choices"][0]["text"] == alpha
+    assert _complete(app, adapter="alpha+beta")["choices"][0]["text"] == both
+    assert _complete(app, adapter="alpha,beta")["choices"][0]["text"] == both
+    assert _complete(app, adapter="alpha")["choices"][0]["text"] == alpha
 
-    chat = httpx.post(served.url + "/v1/chat/completions", json={
+    chat = app.post("/v1/chat/completions", json={
         "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "adapter": "beta"}).json()
     assert chat["choices"][0]["message"]["role"] == "assistant"
-    msg = httpx.post(served.url + "/v1/messages", json={
+    msg = app.post("/v1/messages", json={
         "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "adapter": "alpha+beta"})
     assert msg.status_code == 200 and msg.json()["type"] == "message"
-    resp = httpx.post(served.url + "/v1/responses", json={"input": "hi", "max_output_tokens": 4, "adapter": "none"})
+    resp = app.post("/v1/responses", json={"input": "hi", "max_output_tokens": 4, "adapter": "none"})
     assert resp.status_code == 200 and resp.json()["object"] == "response"
 
 
-def test_mount_refusals_mount_nothing(served, adapters):
-    before = httpx.get(served.url + "/v1/adapters").json()["adapters"]
+def test_mount_refusals_mount_nothing(app, adapters):
+    before = app.get("/v1/adapters").json()["adapters"]
     for body, needle in [({"id": "x"}, "id and path required"), ({"path": str(adapters["b"])}, "id and path"),
                          ({"id": "bad", "path": str(adapters["bad"])}, "do not fit"),
                          ({"id": "gone", "path": str(adapters["a"].parent / "no-such-folder")},
                           "holds no adapters.safetensors"),
                          ({"id": "none", "path": str(adapters["b"])}, "adapter id must")]:
-        r = httpx.post(served.url + "/v1/adapters", json=body)
+        r = app.post("/v1/adapters", json=body)
         assert r.status_code == 400 and needle in r.json()["error"]["message"], (body, r.text)
-    assert httpx.get(served.url + "/v1/adapters").json()["adapters"] == before
-    assert httpx.delete(served.url + "/v1/adapters/nobody").json() == {
+    assert app.get("/v1/adapters").json()["adapters"] == before
+    assert app.delete("/v1/adapters/nobody").json() == {
         "error": {"message": "adapter nobody not mounted", "type": "invalid_request_error",
                   "param": "adapter", "code": "adapter_not_mounted"}}
-    unknown = httpx.post(served.url + "/v1/completions", json={"prompt": "x", "adapter": "alpha+ghost"})
+    unknown = app.post("/v1/completions", json={"prompt": "x", "adapter": "alpha+ghost"})
     assert unknown.status_code == 400 and "ghost" in unknown.json()["error"]["message"]
-    assert httpx.post(served.url + "/v1/completions", json={"prompt": "x", "adapter": 3}).status_code == 400
+    assert app.post("/v1/completions", json={"prompt": "x", "adapter": 3}).status_code == 400
 
 
-def test_available_lists_folders_with_compatibility(served, adapters, homes):
+def test_available_lists_folders_with_compatibility(app, adapters, homes):
     _, hearth_home = homes
     on_disk = hearth_home / "adapters" / "from-a-job"
     on_disk.mkdir(parents=True, exist_ok=True)
     for name in ("adapters.safetensors", "adapter_config.json"):
         (on_disk / name).write_bytes((adapters["a"] / name).read_bytes())
-    httpx.post(served.url + "/v1/adapters", json={"id": "foreign", "path": str(adapters["foreign"])})
-    rows = {a["id"]: a for a in httpx.get(served.url + "/v1/adapters/available").json()["adapters"]}
+    app.post("/v1/adapters", json={"id": "foreign", "path": str(adapters["foreign"])})
+    rows = {a["id"]: a for a in app.get("/v1/adapters/available").json()["adapters"]}
     assert rows["alpha"]["mounted"] and rows["alpha"]["compatible"]
     assert rows["from-a-job"]["compatible"] and not rows["from-a-job"]["mounted"]
     assert rows["foreign"]["mounted"] and not rows["foreign"]["compatible"]
     assert rows["foreign"]["base_model"] == "someone/other-model"
-    httpx.delete(served.url + "/v1/adapters/foreign")
+    app.delete("/v1/adapters/foreign")
 
 
-def test_cache_namespaces_and_mixed_batches(served, adapters):
+def test_cache_namespaces_and_mixed_batches(app, adapters):
     prompt = "one two three four five six seven eight nine ten " * 3
-    first = _complete(served.url, prompt=prompt, adapter="none", max_tokens=2)
-    again = _complete(served.url, prompt=prompt, adapter="none", max_tokens=2)
-    other = _complete(served.url, prompt=prompt, adapter="alpha", max_tokens=2)
+    first = _complete(app, prompt=prompt, adapter="none", max_tokens=2)
+    again = _complete(app, prompt=prompt, adapter="none", max_tokens=2)
+    other = _complete(app, prompt=prompt, adapter="alpha", max_tokens=2)
     assert again["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
     assert other["usage"]["prompt_tokens_details"]["cached_tokens"] == 0  # base KV is not alpha's
     assert first["choices"][0]["text"] == again["choices"][0]["text"]
 
     specs = ["none", "alpha", "beta", "alpha+beta"] * 3
-    solo = {spec: _complete(served.url, adapter=spec)["choices"][0]["text"] for spec in set(specs)}
+    solo = {spec: _complete(app, adapter=spec)["choices"][0]["text"] for spec in set(specs)}
     with ThreadPoolExecutor(len(specs)) as pool:
-        mixed = list(pool.map(lambda s: _complete(served.url, adapter=s)["choices"][0]["text"], specs))
+        mixed = list(pool.map(lambda s: _complete(app, adapter=s)["choices"][0]["text"], specs))
     assert mixed == [solo[s] for s in specs]
 
     # Replacing an adapter under the same id never reuses KV computed with the old weights.
-    httpx.post(served.url + "/v1/adapters", json={"id": "beta", "path": str(adapters["a"])}).raise_for_status()
-    assert _complete(served.url, adapter="beta")["choices"][0]["text"] == solo["alpha"]
-    removed = httpx.delete(served.url + "/v1/adapters/beta").json()
+    app.post("/v1/adapters", json={"id": "beta", "path": str(adapters["a"])}).raise_for_status()
+    assert _complete(app, adapter="beta")["choices"][0]["text"] == solo["alpha"]
+    removed = app.delete("/v1/adapters/beta").json()
     assert removed == {"id": "beta", "removed_layers": 14}
-    assert httpx.post(served.url + "/v1/completions", json={"prompt": "x", "adapter": "beta"}).status_code == 400
-    stats = httpx.get(served.url + "/stats").json()["adapters"]
+    assert app.post("/v1/completions", json={"prompt": "x", "adapter": "beta"}).status_code == 400
+    stats = app.get("/stats").json()["adapters"]
     assert stats["mounted"] == ["alpha"] and stats["default"] == "alpha"
 
 
-def test_merge_folds_two_adapters_into_their_stack(served, adapters):
-    httpx.post(served.url + "/v1/adapters", json={"id": "beta2", "path": str(adapters["b"])}).raise_for_status()
-    stacked = _complete(served.url, adapter="alpha+beta2")["choices"][0]["text"]
-    r = httpx.post(served.url + "/api/finetune/merge",
+def test_merge_folds_two_adapters_into_their_stack(app, adapters):
+    app.post("/v1/adapters", json={"id": "beta2", "path": str(adapters["b"])}).raise_for_status()
+    stacked = _complete(app, adapter="alpha+beta2")["choices"][0]["text"]
+    r = app.post("/api/finetune/merge",
                    json={"adapter_a": str(adapters["a"]), "adapter_b": str(adapters["b"])}).json()
     assert r["ok"] and r["stats"]["scales"] == [1.5, 0.5]  # each adapter's own scale by default
     assert r["stats"]["layers_merged"] == 7 and r["stats"]["layers_only_in_one"] == 7
     assert r["stats"]["total_keys_out"] == 28
-    httpx.post(served.url + "/v1/adapters", json={"id": "merged", "path": r["merged_path"]}).raise_for_status()
-    assert _complete(served.url, adapter="merged")["choices"][0]["text"] == stacked
+    app.post("/v1/adapters", json={"id": "merged", "path": r["merged_path"]}).raise_for_status()
+    assert _complete(app, adapter="merged")["choices"][0]["text"] == stacked
     assert _reference(adapters["snapshot"], Path(r["merged_path"])) == stacked  # mlx-lm loads it too
     for body, needle in [({"adapter_a": str(adapters["a"])}, "adapter_a and adapter_b required"),
                          ({"adapter_a": str(adapters["a"]), "adapter_b": str(adapters["a"].parent / "nowhere")},
                           "holds no adapters"),
                          ({"adapter_a": str(adapters["a"]), "adapter_b": str(adapters["b"]), "scales": [1]}, "two")]:
-        bad = httpx.post(served.url + "/api/finetune/merge", json=body)
+        bad = app.post("/api/finetune/merge", json=body)
         assert bad.status_code == 400 and needle in bad.json()["error"] and not bad.json()["ok"]
     for name in ("merged", "beta2"):
-        httpx.delete(f"{served.url}/v1/adapters/{name}").raise_for_status()
+        app.delete(f"/v1/adapters/{name}").raise_for_status()

@@ -1,11 +1,11 @@
-"""The prompt cache, admission and observability through a real server:
+"""The prompt cache, admission and observability through the app:
 multi-turn reuse over the openai SDK, session affinity, the admin routes,
-/stats and /metrics, 429 and context_over_budget shapes, and an SSD-cached
-prefix found again after a real restart."""
+/stats and /metrics, 429 and context_over_budget shapes; and, on real
+servers, an SSD-cached prefix found again after a restart."""
 from __future__ import annotations
 
-import asyncio
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import openai
@@ -17,17 +17,20 @@ from tests.helpers import ServerProcess, server_env
 LONG_TEXT = " ".join(f"fact {i}: the fox jumps over the lazy dog." for i in range(30))
 
 
-def _stats(url: str) -> dict:
-    return httpx.get(url + "/stats").json()
+def _stats(http) -> dict:
+    """/stats, through anything with httpx's `get` (the app in this process, a client of a server)."""
+    return http.get("/stats").json()
 
 
-def _client(url: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=url + "/v1", api_key="local", max_retries=0)
+@pytest.fixture
+def app(served):
+    """The serving stack in this process, with `hearth serve`'s defaults."""
+    return served()
 
 
-def test_multi_turn_chat_reuses_the_shared_prefix(base_url, tiny_model):
-    client = _client(base_url)
-    before = _stats(base_url)["prompt_cache"]
+def test_multi_turn_chat_reuses_the_shared_prefix(app, tiny_model):
+    client = app.openai()
+    before = _stats(app)["prompt_cache"]
     history = [{"role": "system", "content": "You answer briefly. " + LONG_TEXT},
                {"role": "user", "content": "Hello there!"}]
     first = client.chat.completions.create(model=tiny_model, messages=history, max_tokens=8)
@@ -41,13 +44,13 @@ def test_multi_turn_chat_reuses_the_shared_prefix(base_url, tiny_model):
     # Everything up to the first turn's generation prompt comes from the cache (the
     # template renders that prompt's tail differently once the turn is history).
     assert first.usage.prompt_tokens - 32 <= cached < second.usage.prompt_tokens
-    after = _stats(base_url)["prompt_cache"]
+    after = _stats(app)["prompt_cache"]
     assert after["hits"] >= before["hits"] + 1
     assert after["entries"] >= 1 and 0 < after["bytes"] <= after["max_bytes"]
 
 
-def test_streaming_usage_reports_cached_tokens_and_lane(base_url, tiny_model):
-    client = _client(base_url)
+def test_streaming_usage_reports_cached_tokens_and_lane(app, tiny_model):
+    client = app.openai()
     messages = [{"role": "user", "content": "Stream this please. " + LONG_TEXT}]
     for _ in range(2):
         stream = client.chat.completions.create(model=tiny_model, messages=messages, max_tokens=6, stream=True,
@@ -57,29 +60,29 @@ def test_streaming_usage_reports_cached_tokens_and_lane(base_url, tiny_model):
     assert usage.model_extra["lane"] == "batched"
 
 
-def test_session_affinity_in_body_and_headers(base_url, tiny_model):
-    client = _client(base_url)
+def test_session_affinity_in_body_and_headers(app, tiny_model):
+    client = app.openai()
     messages = [{"role": "user", "content": "Session probe. " + LONG_TEXT}]
-    before = _stats(base_url)["prompt_cache"]
+    before = _stats(app)["prompt_cache"]
     client.chat.completions.create(model=tiny_model, messages=messages, max_tokens=4,
                                    extra_body={"session_id": "agent-42"})
     client.chat.completions.create(model=tiny_model, messages=messages, max_tokens=4,
                                    extra_body={"session_id": "agent-42"})
-    mid = _stats(base_url)["prompt_cache"]
+    mid = _stats(app)["prompt_cache"]
     assert mid["session_hits"] == before["session_hits"] + 1  # the second call found its session's entry
     assert mid["session_misses"] == before["session_misses"] + 1  # the first had none yet
     client.chat.completions.create(model=tiny_model, messages=messages, max_tokens=4,
                                    extra_headers={"x-session-affinity": "agent-42"})
-    assert _stats(base_url)["prompt_cache"]["session_hits"] == mid["session_hits"] + 1
+    assert _stats(app)["prompt_cache"]["session_hits"] == mid["session_hits"] + 1
 
-    closed = httpx.post(base_url + "/admin/cache/session/close", json={"session_id": "agent-42"})
+    closed = app.post("/admin/cache/session/close", json={"session_id": "agent-42"})
     assert closed.status_code == 200 and closed.json() == {"closed": True}
-    assert httpx.post(base_url + "/admin/cache/session/close", json={}).json() == {"closed": False}
-    bad = httpx.post(base_url + "/admin/cache/session/close", content=b"[1")
+    assert app.post("/admin/cache/session/close", json={}).json() == {"closed": False}
+    bad = app.post("/admin/cache/session/close", content=b"[1")
     assert bad.status_code == 400 and "invalid JSON" in bad.json()["error"]["message"]
     client.chat.completions.create(model=tiny_model, messages=messages, max_tokens=4,
                                    extra_body={"session_id": "agent-42"})
-    after = _stats(base_url)["prompt_cache"]
+    after = _stats(app)["prompt_cache"]
     assert after["session_misses"] == mid["session_misses"] + 1  # closed: a fresh association
     with pytest.raises(openai.BadRequestError) as bad_key:
         client.chat.completions.create(model=tiny_model, messages=messages, max_tokens=4,
@@ -87,9 +90,9 @@ def test_session_affinity_in_body_and_headers(base_url, tiny_model):
     assert bad_key.value.body["param"] == "session_id"
 
 
-def test_stats_blocks(base_url, tiny_model):
-    _client(base_url).completions.create(model=tiny_model, prompt="Count me", max_tokens=2)
-    body = _stats(base_url)
+def test_stats_blocks(app, tiny_model):
+    app.openai().completions.create(model=tiny_model, prompt="Count me", max_tokens=2)
+    body = _stats(app)
     assert body["server"]["owner"] == "serve" and body["server"]["model"]
     assert body["batch"]["configured"] == "auto" and body["batch"]["mode"] == "batch" and body["batch"]["batched"]
     assert body["batch"]["max_rows"] == 64 and body["batch"]["kv_budget_bytes"] > 0
@@ -102,14 +105,14 @@ def test_stats_blocks(base_url, tiny_model):
     assert admission["weights_bytes"] > 0 and admission["usable_bytes"] > admission["weights_bytes"]
     assert 0 < admission["max_safe_context"] <= 2048
     assert "ssd_cache" not in body
-    flush = httpx.post(base_url + "/admin/cache/flush")
+    flush = app.post("/admin/cache/flush")
     assert flush.status_code == 200 and flush.json()["durable"] and flush.json()["entries"] == 0
-    assert httpx.get(base_url + "/admin/cache/flush").status_code == 405
+    assert app.get("/admin/cache/flush").status_code == 405
 
 
-def test_metrics_in_prometheus_text(base_url, tiny_model):
-    _client(base_url).completions.create(model=tiny_model, prompt="Hello", max_tokens=3)
-    text = httpx.get(base_url + "/metrics")
+def test_metrics_in_prometheus_text(app, tiny_model):
+    app.openai().completions.create(model=tiny_model, prompt="Hello", max_tokens=3)
+    text = app.get("/metrics")
     assert text.status_code == 200 and text.headers["content-type"].startswith("text/plain")
     body = text.text
     assert 'hearth_http_requests_total{method="POST",route="v1/completions",status="200"}' in body
@@ -119,38 +122,27 @@ def test_metrics_in_prometheus_text(base_url, tiny_model):
         assert name in body, name
 
 
-@pytest.fixture(scope="module")
-def narrow_server(homes, tiny_model, tmp_path_factory):
+@pytest.fixture
+def narrow(served):
     """One row at a time and a 1,800-token context cap."""
-    proc = ServerProcess(server_env(*homes), tiny_model, "--batch", "1", "--max-context", "1800",
-                         log_path=tmp_path_factory.mktemp("logs") / "narrow.log")
-    try:
-        yield proc.wait_ready()
-    finally:
-        assert proc.stop() == 0, proc.output()
+    return served("--batch", "1", "--max-context", "1800")
 
 
-def test_queue_full_answers_429_in_the_openai_shape(narrow_server, tiny_model, eos_id):
-    url = narrow_server.url + "/v1/chat/completions"
-
-    async def scenario():
-        async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=100)) as http:
-            hold = {"model": tiny_model, "messages": [{"role": "user", "content": "hold"}], "max_tokens": 1700,
-                    "logit_bias": {str(eos_id): -100}, "stream": True}
-            async with http.stream("POST", url, json=hold) as holder:
-                lines = holder.aiter_lines()  # held: a collected iterator would close the stream
-                await lines.__anext__()  # the one row is busy now
-                quick = {"model": tiny_model, "messages": [{"role": "user", "content": "wait"}], "max_tokens": 1}
-                waiting = [asyncio.create_task(http.post(url, json=quick)) for _ in range(MAX_QUEUED)]
-                deadline = time.monotonic() + 30
-                while (await http.get(narrow_server.url + "/stats")).json()["admission"]["queued"] < MAX_QUEUED:
-                    assert time.monotonic() < deadline, "the queue never filled"
-                    await asyncio.sleep(0.05)
-                refused = await http.post(url, json=quick)
-            done = await asyncio.gather(*waiting)  # the holder left; everyone waiting is served
-            return refused, done
-
-    refused, done = asyncio.run(scenario())
+def test_queue_full_answers_429_in_the_openai_shape(narrow, tiny_model, eos_id):
+    url = "/v1/chat/completions"
+    hold = {"model": tiny_model, "messages": [{"role": "user", "content": "hold"}], "max_tokens": 1700,
+            "logit_bias": {str(eos_id): -100}, "stream": True}
+    quick = {"model": tiny_model, "messages": [{"role": "user", "content": "wait"}], "max_tokens": 1}
+    with ThreadPoolExecutor(MAX_QUEUED) as pool:
+        with narrow.stream("POST", url, json=hold) as holder:
+            next(holder.iter_lines())  # the one row is busy now
+            waiting = [pool.submit(narrow.post, url, json=quick) for _ in range(MAX_QUEUED)]
+            deadline = time.monotonic() + 30
+            while _stats(narrow)["admission"]["queued"] < MAX_QUEUED:
+                assert time.monotonic() < deadline, "the queue never filled"
+                time.sleep(0.05)
+            refused = narrow.post(url, json=quick)
+        done = [w.result() for w in waiting]  # the holder left; everyone waiting is served
     assert refused.status_code == 429
     error = refused.json()["error"]
     assert (error["type"], error["code"]) == ("resource_admission", "queue_full") and error["message"]
@@ -158,14 +150,14 @@ def test_queue_full_answers_429_in_the_openai_shape(narrow_server, tiny_model, e
     assert all(r.json()["usage"]["lane"] == "serial" for r in done)
 
 
-def test_context_over_budget_and_capped_max_tokens(narrow_server, tiny_model):
-    client = _client(narrow_server.url)
+def test_context_over_budget_and_capped_max_tokens(narrow, tiny_model):
+    client = narrow.openai()
     with pytest.raises(openai.BadRequestError) as refused:
         client.completions.create(model=tiny_model, prompt=LONG_TEXT * 3, max_tokens=5)
     error = refused.value.body
     assert (error["type"], error["code"]) == ("memory_admission", "context_over_budget")
     assert "1800" in error["message"]
-    assert _stats(narrow_server.url)["admission"]["enforced_context_tokens"] == 1800
+    assert _stats(narrow)["admission"]["enforced_context_tokens"] == 1800
     fits = client.completions.create(model=tiny_model, prompt=LONG_TEXT * 2, max_tokens=5000,
                                      extra_body={"logit_bias": {}})
     assert fits.usage.prompt_tokens + fits.usage.completion_tokens <= 1800
@@ -179,7 +171,7 @@ def test_ssd_cache_survives_a_restart(homes, tiny_model, tmp_path):
 
     server = ServerProcess(server_env(*homes), *args, log_path=tmp_path / "a.log").wait_ready()
     try:
-        client = _client(server.url)
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="local", max_retries=0)
         cold = client.completions.create(model=tiny_model, prompt=first_prompt, max_tokens=4)
         assert cold.usage.prompt_tokens_details.cached_tokens == 0
         flush = httpx.post(server.url + "/admin/cache/flush", timeout=60)
@@ -194,14 +186,15 @@ def test_ssd_cache_survives_a_restart(homes, tiny_model, tmp_path):
 
     server = ServerProcess(server_env(*homes), *args, log_path=tmp_path / "b.log").wait_ready()
     try:
-        client = _client(server.url)
-        assert _stats(server.url)["ssd_cache"]["entries"] == 2
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="local", max_retries=0)
+        remote = httpx.Client(base_url=server.url)
+        assert _stats(remote)["ssd_cache"]["entries"] == 2
         warm = client.completions.create(model=tiny_model, prompt=first_prompt, max_tokens=4)
         assert warm.usage.prompt_tokens_details.cached_tokens == warm.usage.prompt_tokens - 1
         assert warm.choices[0].text == cold.choices[0].text
         again = client.completions.create(model=tiny_model, prompt=second_prompt, max_tokens=4)
         assert again.usage.prompt_tokens_details.cached_tokens == again.usage.prompt_tokens - 1
-        ssd_stats = _stats(server.url)["ssd_cache"]
+        ssd_stats = _stats(remote)["ssd_cache"]
         assert ssd_stats["restores"] == 2 and ssd_stats["failed_spills"] == 0
     finally:
         assert server.stop() == 0, server.output()

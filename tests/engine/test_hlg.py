@@ -1,16 +1,15 @@
 """HLG tone-curve sampling: the curve itself (monotone, rank-keeping, the
-formula), and the `hlg` request field on real servers: both lanes, every
+formula), and the `hlg` request field through the app: both lanes, every
 protocol, the server's --hlg-sampling defaults merged under it, and its 400s."""
 from __future__ import annotations
 
 import concurrent.futures
 import math
-import subprocess
 
-import httpx
 import pytest
 
-from tests.helpers import HEARTH, ROOT, ServerProcess, free_port, server_env
+from tests.helpers import free_port
+from tests.inproc import refusal
 
 PROMPT = "The quick brown"
 PLATEAU = {"width": 4, "shoulder": 4, "toe": 0, "pivot_offset": 6}  # compresses near-ties only
@@ -95,19 +94,23 @@ def test_the_router_hands_the_flag_to_every_model():
     assert args[args.index("--hlg-sampling") + 1] == spec
 
 
-def test_a_bad_flag_stops_serve_before_loading(homes, tmp_path):
-    done = subprocess.run([*HEARTH, "serve", "some/model", "--hlg-sampling", "width=99", "--port", str(free_port())],
-                          cwd=ROOT, env=server_env(homes[0], tmp_path / "home"), capture_output=True, text=True,
-                          timeout=120)
-    assert done.returncode != 0 and "--hlg-sampling" in done.stderr and "between 0 and 64" in done.stderr
+def test_a_bad_flag_stops_serve_before_loading():
+    message = refusal("some/model", "--hlg-sampling", "width=99", "--port", str(free_port()))
+    assert "--hlg-sampling" in message and "between 0 and 64" in message
 
 
 # -- on a server ----------------------------------------------------------------------------------
 
-def first_step(url: str, **fields) -> tuple[list[int], list[float], int]:
+@pytest.fixture
+def app(served):
+    """The serving stack in this process, with `hearth serve`'s defaults."""
+    return served()
+
+
+def first_step(app, **fields) -> tuple[list[int], list[float], int]:
     """The first token's top-11 ids and logprobs (after the processors), and the greedy text's ids."""
     body = {"prompt": PROMPT, "max_tokens": 6, "temperature": 0, "top_logprobs": 11, **fields}
-    r = httpx.post(url + "/v1/completions", json=body, timeout=60)
+    r = app.post("/v1/completions", json=body, timeout=60)
     assert r.status_code == 200, r.text
     content = r.json()["choices"][0]["logprobs"]["content"]
     top = content[0]["top_logprobs"]
@@ -120,10 +123,10 @@ def check_curve(plain: list[float], shaped: list[float], params: dict) -> None:
     assert [p - shaped[0] for p in shaped[1:]] == pytest.approx(depths(gaps, params), abs=2e-3)
 
 
-def test_hlg_reshapes_the_distribution_and_keeps_greedy(base_url):
-    ids, plain, greedy = first_step(base_url)
-    flat_ids, flat, flat_greedy = first_step(base_url, hlg=PLATEAU)
-    toe_ids, toed, toe_greedy = first_step(base_url, hlg=TOE)
+def test_hlg_reshapes_the_distribution_and_keeps_greedy(app):
+    ids, plain, greedy = first_step(app)
+    flat_ids, flat, flat_greedy = first_step(app, hlg=PLATEAU)
+    toe_ids, toed, toe_greedy = first_step(app, hlg=TOE)
     assert flat_ids == ids == toe_ids  # the ranking is kept ...
     assert flat_greedy == greedy == toe_greedy  # ... so greedy decoding is unchanged
     check_curve(plain, flat, PLATEAU)
@@ -132,14 +135,14 @@ def test_hlg_reshapes_the_distribution_and_keeps_greedy(base_url):
     # tail's share away: it gets more.
     assert flat[0] < plain[0] - 0.05 and flat[1] - flat[0] > plain[1] - plain[0]
     assert toed[0] > plain[0] + 0.05
-    assert first_step(base_url, hlg={**PLATEAU, "enabled": False})[1] == pytest.approx(plain, abs=1e-4)
+    assert first_step(app, hlg={**PLATEAU, "enabled": False})[1] == pytest.approx(plain, abs=1e-4)
 
 
-def test_rows_of_one_batch_keep_their_own_curves(base_url):
+def test_rows_of_one_batch_keep_their_own_curves(app):
     """Sent together, the rows share batched steps; each gets its own processor."""
     asks = [{}, {"hlg": PLATEAU}, {"hlg": TOE}, {}, {"hlg": PLATEAU}, {"hlg": TOE}]
     with concurrent.futures.ThreadPoolExecutor(len(asks)) as pool:
-        got = list(pool.map(lambda fields: first_step(base_url, max_tokens=40, **fields)[1], asks))
+        got = list(pool.map(lambda fields: first_step(app, max_tokens=40, **fields)[1], asks))
     plain = got[0]
     for fields, shaped in zip(asks, got, strict=True):
         if "hlg" in fields:
@@ -149,17 +152,17 @@ def test_rows_of_one_batch_keep_their_own_curves(base_url):
 
 
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/responses"])
-def test_every_protocol_takes_hlg_and_names_the_bad_field(base_url, path):
+def test_every_protocol_takes_hlg_and_names_the_bad_field(app, path):
     body = {"messages": [{"role": "user", "content": "hi"}], "prompt": "hi", "input": "hi", "max_tokens": 3,
             "max_output_tokens": 3}
-    ok = httpx.post(base_url + path, json={**body, "hlg": {"enabled": True, "width": 2}}, timeout=60)
+    ok = app.post(path, json={**body, "hlg": {"enabled": True, "width": 2}}, timeout=60)
     assert ok.status_code == 200, ok.text
     for hlg, name, message in (({"width": -1}, "hlg.width", "hlg.width must be between 0 and 64"),
                                ({"toe": "big"}, "hlg.toe", "hlg.toe must be a finite number"),
                                ({"enabled": 1}, "hlg.enabled", "hlg.enabled must be a boolean"),
                                ({"depth": 2}, "hlg.depth", "hlg.depth is not an hlg field"),
                                ("on", "hlg", "hlg must be an object")):
-        r = httpx.post(base_url + path, json={**body, "hlg": hlg}, timeout=60)
+        r = app.post(path, json={**body, "hlg": hlg}, timeout=60)
         assert r.status_code == 400, (hlg, r.text)
         error = r.json()["error"]
         assert message in error["message"], (hlg, error)
@@ -169,37 +172,25 @@ def test_every_protocol_takes_hlg_and_names_the_bad_field(base_url, path):
             assert error["param"] == name
 
 
-@pytest.fixture(scope="module")
-def defaults_server(homes, tiny_model, tmp_path_factory):
+def test_request_fields_merge_over_the_server_defaults(served):
     """The serial lane, with server defaults that leave the top alone and push the tail down."""
-    env = server_env(homes[0], tmp_path_factory.mktemp("hlg-home"))
-    spec = ",".join(f"{k}={v}" for k, v in TOE.items())
-    proc = ServerProcess(env, tiny_model, "--no-worker", "--batch", "1", "--hlg-sampling", spec,
-                         log_path=tmp_path_factory.mktemp("logs") / "hlg.log")
-    try:
-        yield proc.wait_ready().url
-    finally:
-        assert proc.stop() == 0, proc.output()
-
-
-def test_request_fields_merge_over_the_server_defaults(defaults_server):
-    url = defaults_server
-    ids, plain, greedy = first_step(url, hlg={"enabled": False})  # off for this request
-    assert first_step(url)[1:] == first_step(url, hlg={})[1:]  # no field, or an empty one: the defaults
-    default_ids, shaped, default_greedy = first_step(url)
+    app = served("--no-worker", "--batch", "1", "--hlg-sampling", ",".join(f"{k}={v}" for k, v in TOE.items()))
+    ids, plain, greedy = first_step(app, hlg={"enabled": False})  # off for this request
+    assert first_step(app)[1:] == first_step(app, hlg={})[1:]  # no field, or an empty one: the defaults
+    default_ids, shaped, default_greedy = first_step(app)
     assert default_ids == ids and default_greedy == greedy  # the serial lane keeps greedy too
     check_curve(plain, shaped, TOE)
     # One field over the defaults: the other three stay the server's.
-    _, merged, _ = first_step(url, hlg={"toe": 3})
+    _, merged, _ = first_step(app, hlg={"toe": 3})
     check_curve(plain, merged, {**TOE, "toe": 3})
-    _, identity, _ = first_step(url, hlg={"toe": 0})  # width 0, shoulder 0, no toe: the curve is the identity
+    _, identity, _ = first_step(app, hlg={"toe": 0})  # width 0, shoulder 0, no toe: the curve is the identity
     assert identity == pytest.approx(plain, abs=1e-4)
-    chat = httpx.post(url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
-                                                          "max_tokens": 3, "hlg": {"enabled": False}}, timeout=60)
+    chat = app.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
+                                                   "max_tokens": 3, "hlg": {"enabled": False}}, timeout=60)
     assert chat.status_code == 200
 
 
-def test_the_curve_runs_after_the_grammar_mask(base_url):
+def test_the_curve_runs_after_the_grammar_mask(app):
     """With the curve on, the grammar's masked tokens stay masked: constrained
     output is still one of the choices."""
     choices = ["alpha", "beta", "gamma delta"]
@@ -208,7 +199,7 @@ def test_the_curve_runs_after_the_grammar_mask(base_url):
         body = {"messages": [{"role": "user", "content": "Pick one"}], "max_tokens": 20, "seed": seed,
                 "temperature": 1.5, "guided_choice": choices,
                 "hlg": {"width": 6, "shoulder": 1, "toe": 2, "pivot_offset": 8}}
-        r = httpx.post(base_url + "/v1/chat/completions", json=body, timeout=120)
+        r = app.post("/v1/chat/completions", json=body, timeout=120)
         assert r.status_code == 200, r.text
         seen.add(r.json()["choices"][0]["message"]["content"])
     assert seen <= set(choices) and seen

@@ -160,23 +160,9 @@ def test_draft_settings_that_cannot_work_are_refused_at_start(tiny_model, config
         Engine(tiny_model, EngineConfig(**config)).start()
 
 
-@pytest.fixture(scope="module")
-def spec_server(homes, tiny_model, tmp_path_factory):
-    from tests.helpers import ServerProcess, server_env
-
-    proc = ServerProcess(server_env(*homes), tiny_model, "--no-worker", "--draft-kind", "ngram",
-                         log_path=tmp_path_factory.mktemp("logs") / "spec.log")
-    try:
-        yield proc.wait_ready(timeout=240)
-    finally:
-        proc.stop()
-
-
-def test_the_openai_usage_carries_the_speculation_counts(spec_server, tiny_model, eos_id):
-    import httpx
-    import openai
-
-    client = openai.OpenAI(base_url=spec_server.url + "/v1", api_key="x")
+def test_the_openai_usage_carries_the_speculation_counts(served, tiny_model, eos_id):
+    spec_server = served("--no-worker", "--draft-kind", "ngram")
+    client = spec_server.openai()
     text = "one two three four five six seven eight nine ten " * 3
     bias = {str(eos_id): -100}
     done = client.completions.create(model=tiny_model, prompt=text, max_tokens=24, temperature=0, logit_bias=bias)
@@ -190,8 +176,8 @@ def test_the_openai_usage_carries_the_speculation_counts(spec_server, tiny_model
     plain = client.completions.create(model=tiny_model, prompt=text, max_tokens=24, temperature=0, logit_bias=bias,
                                       extra_body={"speculative": False})
     assert "speculation" not in plain.usage.model_dump() and plain.choices[0].text == done.choices[0].text
-    bad = httpx.post(spec_server.url + "/v1/completions", timeout=30,
+    bad = spec_server.post("/v1/completions", timeout=30,
                      json={"model": tiny_model, "prompt": "x", "speculative": "no"})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "speculative"
-    stats = httpx.get(spec_server.url + "/stats", timeout=30).json()["speculation"]
+    stats = spec_server.get("/stats", timeout=30).json()["speculation"]
     assert stats["kind"] == "ngram" and stats["rows"] >= 2 and stats["target_calls"] >= 2

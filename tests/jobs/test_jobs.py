@@ -11,7 +11,6 @@ import subprocess
 import time
 
 import httpx
-import openai
 import pytest
 
 from tests.helpers import ServerProcess, follow_job, server_env, wait_job_status
@@ -22,7 +21,7 @@ def pids_matching(text: str) -> list[int]:
     return [int(p) for p in out if int(p) != os.getpid()]
 
 
-def test_quantize_job_streams_to_done_and_its_output_serves(base_url, tiny_model, homes, tmp_path):
+def test_quantize_job_streams_to_done_and_its_output_serves(base_url, tiny_model, served):
     inspect = httpx.post(base_url + "/api/quantize/inspect", json={"model_id": tiny_model}).json()
     assert inspect["ok"] and inspect["arch"] == "llama" and inspect["support"] and not inspect["quantized"]
     submitted = httpx.post(base_url + "/api/quantize/submit",
@@ -38,16 +37,11 @@ def test_quantize_job_streams_to_done_and_its_output_serves(base_url, tiny_model
     listed = httpx.get(base_url + "/api/jobs?kind=quantize&limit=5").json()
     assert listed["ok"] and listed["jobs"][0]["id"] == submitted["job_id"]
 
-    served = ServerProcess(server_env(*homes), submitted["output_repo"], "--no-worker",
-                           log_path=tmp_path / "quantized.log").wait_ready()
-    try:
-        client = openai.OpenAI(base_url=served.url + "/v1", api_key="x", max_retries=0)
-        reply = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Hi"}], max_tokens=4)
-        assert reply.usage.completion_tokens >= 1
-        config = json.loads(open(os.path.join(job["output_path"], "config.json")).read())
-        assert config["quantization"]["bits"] == 4 and config["quantization"]["group_size"] == 32
-    finally:
-        assert served.stop() == 0, served.output()
+    client = served("--no-worker", model=submitted["output_repo"]).openai()
+    reply = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Hi"}], max_tokens=4)
+    assert reply.usage.completion_tokens >= 1
+    config = json.loads(open(os.path.join(job["output_path"], "config.json")).read())
+    assert config["quantization"]["bits"] == 4 and config["quantization"]["group_size"] == 32
 
 
 def test_quantize_to_a_bits_per_weight_target_mixes_widths(base_url, tiny_model):

@@ -15,7 +15,6 @@ import pytest
 
 from inference.protocols import anthropic as messages_protocol
 from inference.protocols.errors import RequestError
-from tests.helpers import ServerProcess, server_env
 
 # Over 2,048 tokens (the tiny model's window) in every protocol.
 LONG = " ".join(f"fact {i}: the fox jumps over the lazy dog." for i in range(200))
@@ -34,18 +33,24 @@ def forced(text: str) -> dict:
     return {"guided_grammar": "root ::= " + json.dumps(text)}
 
 
-@pytest.fixture(scope="module")
-def oai(base_url):
-    return openai.OpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0)
+@pytest.fixture
+def app(served):
+    """The serving stack in this process, with `hearth serve`'s defaults."""
+    return served()
 
 
-@pytest.fixture(scope="module")
-def claude(base_url):
-    return anthropic.Anthropic(base_url=base_url, api_key="unused", max_retries=0)
+@pytest.fixture
+def oai(app):
+    return app.openai()
 
 
-def _requests_total(url: str) -> int:
-    return httpx.get(url + "/stats").json()["engine"]["requests_total"]
+@pytest.fixture
+def claude(app):
+    return app.anthropic()
+
+
+def _requests_total(app) -> int:
+    return app.get("/stats").json()["engine"]["requests_total"]
 
 
 # -- Claude Code's system turns ---------------------------------------------
@@ -105,24 +110,24 @@ def _openai_refusal(response: httpx.Response, param: str) -> int:
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_too_long_chat_is_refused_before_prefill(base_url, claude, tiny_model, stream):
+def test_too_long_chat_is_refused_before_prefill(app, claude, tiny_model, stream):
     n = _long_count(claude)
-    before = _requests_total(base_url)
+    before = _requests_total(app)
     body = {"model": tiny_model, "messages": [{"role": "user", "content": LONG}], "max_tokens": 5,
             "stream": stream}
-    with httpx.stream("POST", base_url + "/v1/chat/completions", json=body, timeout=60) as r:
+    with app.stream("POST", "/v1/chat/completions", json=body, timeout=60) as r:
         r.read()
     assert _openai_refusal(r, "messages") == n
-    assert _requests_total(base_url) == before  # never queued, never prefilled
+    assert _requests_total(app) == before  # never queued, never prefilled
 
 
-def test_too_long_completion_and_responses(base_url, oai, tiny_model):
+def test_too_long_completion_and_responses(app, oai, tiny_model):
     with pytest.raises(openai.BadRequestError) as refused:
         oai.completions.create(model=tiny_model, prompt=LONG, max_tokens=5)
     assert refused.value.code == "context_length_exceeded" and refused.value.param == "prompt"
     for stream in (False, True):
         body = {"model": tiny_model, "input": LONG, "max_output_tokens": 5, "stream": stream}
-        with httpx.stream("POST", base_url + "/v1/responses", json=body, timeout=60) as r:
+        with app.stream("POST", "/v1/responses", json=body, timeout=60) as r:
             r.read()
         assert _openai_refusal(r, "input") > WINDOW
     with pytest.raises(openai.BadRequestError) as sdk:
@@ -131,10 +136,10 @@ def test_too_long_completion_and_responses(base_url, oai, tiny_model):
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_too_long_message_says_prompt_is_too_long(base_url, claude, stream):
+def test_too_long_message_says_prompt_is_too_long(app, claude, stream):
     n = _long_count(claude)
     body = {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": LONG}], "stream": stream}
-    with httpx.stream("POST", base_url + "/v1/messages", json=body, timeout=60) as r:
+    with app.stream("POST", "/v1/messages", json=body, timeout=60) as r:
         r.read()
     assert r.status_code == 400
     assert r.json() == {"type": "error", "error": {"type": "invalid_request_error",
@@ -145,32 +150,23 @@ def test_too_long_message_says_prompt_is_too_long(base_url, claude, stream):
 
 
 # -- the operator's cap ------------------------------------------------------
-@pytest.fixture(scope="module")
-def capped(homes, tiny_model, tmp_path_factory):
-    proc = ServerProcess(server_env(*homes), tiny_model, "--max-context", "300",
-                         log_path=tmp_path_factory.mktemp("logs") / "capped.log")
-    try:
-        yield proc.wait_ready()
-    finally:
-        assert proc.stop() == 0, proc.output()
-
-
-def test_operator_cap_keeps_its_type_and_speaks_anthropic(capped, tiny_model):
+def test_operator_cap_keeps_its_type_and_speaks_anthropic(served, tiny_model):
+    capped = served("--max-context", "300")
     text = " ".join(f"fact {i}: the fox jumps over the lazy dog." for i in range(40))
     for stream in (False, True):
         body = {"model": tiny_model, "messages": [{"role": "user", "content": text}], "stream": stream}
-        r = httpx.post(capped.url + "/v1/chat/completions", json=body, timeout=60)
+        r = capped.post("/v1/chat/completions", json=body, timeout=60)
         assert r.status_code == 400, r.text
         error = r.json()["error"]
         assert (error["type"], error["code"], error["param"]) == ("memory_admission", "context_over_budget", None)
         assert "300" in error["message"]
-    claude = anthropic.Anthropic(base_url=capped.url, api_key="unused", max_retries=0)
+    claude = capped.anthropic()
     ask = [{"role": "user", "content": text}]
     n = claude.messages.count_tokens(model="m", messages=ask).input_tokens
     assert 300 <= n < WINDOW
     for stream in (False, True):
-        r = httpx.post(capped.url + "/v1/messages", json={"model": "m", "max_tokens": 5, "messages": ask,
-                                                          "stream": stream}, timeout=60)
+        r = capped.post("/v1/messages", json={"model": "m", "max_tokens": 5, "messages": ask, "stream": stream},
+                        timeout=60)
         assert r.status_code == 400
         assert r.json()["error"] == {"type": "invalid_request_error",
                                      "message": f"prompt is too long: {n} tokens > 299 maximum"}
@@ -217,7 +213,7 @@ def test_responses_fields_and_store_false(oai, tiny_model):
         oai.responses.retrieve(gone.id)
 
 
-def test_claude_code_shapes_are_accepted(claude, base_url):
+def test_claude_code_shapes_are_accepted(claude, app):
     tool = {**WEATHER, "cache_control": EPHEMERAL}
     history = [
         {"role": "user", "content": [{"type": "text", "text": "Weather in Paris?", "cache_control": EPHEMERAL}]},
@@ -249,18 +245,16 @@ def test_claude_code_shapes_are_accepted(claude, base_url):
                "anthropic-dangerous-direct-browser-access": "true", "x-app": "cli"}
     body = {**shape, "stream": True, "service_tier": "auto", "context_management": {"edits": []},
             "tool_choice": {"type": "auto"}}
-    with httpx.stream("POST", base_url + "/v1/messages?beta=true", json=body, headers=headers, timeout=60) as r:
+    with app.stream("POST", "/v1/messages?beta=true", json=body, headers=headers, timeout=60) as r:
         text = r.read().decode()
     assert r.status_code == 200 and "event: message_stop" in text
 
 
-def test_wire_details_real_clients_read(base_url, oai, tiny_model):
+def test_wire_details_real_clients_read(app, oai, tiny_model):
     """A user message without content is a 400 naming it; include_usage sends
     the usage in a chunk of its own with no choices; a Responses reply cut by
     max_output_tokens marks its message item incomplete too."""
-    import httpx
-
-    missing = httpx.post(base_url + "/v1/chat/completions", timeout=30,
+    missing = app.post("/v1/chat/completions", timeout=30,
                          json={"model": tiny_model, "messages": [{"role": "user"}]})
     assert missing.status_code == 400 and missing.json()["error"]["param"] == "messages[0].content"
     chunks = list(oai.chat.completions.create(model=tiny_model, messages=[{"role": "user", "content": "Hi"}],
@@ -270,7 +264,7 @@ def test_wire_details_real_clients_read(base_url, oai, tiny_model):
     plain = list(oai.chat.completions.create(model=tiny_model, messages=[{"role": "user", "content": "Hi"}],
                                              max_tokens=5, stream=True))
     assert plain[-1].choices and plain[-1].usage is not None  # without it, the usage rides on the last chunk
-    bad = httpx.post(base_url + "/v1/chat/completions", timeout=30, json={
+    bad = app.post("/v1/chat/completions", timeout=30, json={
         "model": tiny_model, "messages": [{"role": "user", "content": "Hi"}], "stream": True,
         "stream_options": {"include_usage": "yes"}})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "stream_options.include_usage"

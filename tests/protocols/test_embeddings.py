@@ -8,20 +8,12 @@ import base64
 import httpx
 import mlx.core as mx
 import numpy as np
-import openai
 import pytest
-
-from tests.helpers import ServerProcess, server_env
 
 
 @pytest.fixture(scope="module")
-def embed_server(homes, tiny_model, tmp_path_factory):
-    proc = ServerProcess(server_env(*homes), tiny_model, "--embeddings",
-                         log_path=tmp_path_factory.mktemp("logs") / "embed.log")
-    try:
-        yield proc.wait_ready()
-    finally:
-        assert proc.stop() == 0, proc.output()
+def embed_server(served):
+    return served("--embeddings")
 
 
 def direct(tiny_model, text: str) -> np.ndarray:
@@ -33,7 +25,7 @@ def direct(tiny_model, text: str) -> np.ndarray:
 
 
 def test_vectors_match_a_direct_forward(embed_server, tiny_model):
-    client = openai.OpenAI(base_url=embed_server.url + "/v1", api_key="x", max_retries=0)
+    client = embed_server.openai()
     texts = ["the cat sat on the mat", "a kitten by the window, and a much longer sentence than the first"]
     for fmt in ("float", "base64"):
         r = client.embeddings.create(model="m", input=texts, encoding_format=fmt)
@@ -48,8 +40,8 @@ def test_vectors_match_a_direct_forward(embed_server, tiny_model):
 
 
 def test_instruction_format(embed_server, tiny_model):
-    r = httpx.post(embed_server.url + "/v1/embeddings",
-                   json={"input": "cats", "instruction": "Find pets"}).json()
+    r = embed_server.post("/v1/embeddings",
+                           json={"input": "cats", "instruction": "Find pets"}).json()
     np.testing.assert_allclose(r["data"][0]["embedding"], direct(tiny_model, "Instruct: Find pets\nQuery:cats"),
                                atol=1e-5)
 
@@ -60,7 +52,7 @@ def test_instruction_format(embed_server, tiny_model):
     ({"input": "x", "dimensions": 8}, "dimensions"),
 ])
 def test_bad_input(embed_server, body, param):
-    r = httpx.post(embed_server.url + "/v1/embeddings", json=body)
+    r = embed_server.post("/v1/embeddings", json=body)
     assert r.status_code == 400 and r.json()["error"]["param"] == param
 
 

@@ -296,6 +296,41 @@ class Command(BaseCommand):
                           help="most drafted tokens per step (default 8 for ngram, 3 for a draft model)")
 
     def handle(self, *args, **opts):
+        bounds = self.settle(opts)
+        router = self.preflight(opts)
+        if router is not None:
+            from config.serve_router import serve_router
+
+            serve_router(router, opts)
+            return
+        in_router = child.is_child()
+        log.info("BLAS: %s", blas_in_use())
+        if not in_router:  # the router migrated the database before it started this process
+            call_command("migrate", interactive=False, verbosity=0)
+        if in_router and opts["download_only"]:
+            fetch_for_router(opts["model"])
+            return
+        engine = self.load(opts, bounds)
+        loaded = engine.loaded
+        assert loaded is not None  # started
+        child.report("stage", stage="starting server", percent=90)
+        from hub.locks import record_serving
+
+        marker = record_serving(loaded.path)  # GC in any process keeps this snapshot
+        supervisor = None if in_router else start_services(opts["no_worker"])
+        try:
+            run_daphne(EngineWork(engine, opts["flush_seconds"]), opts["host"], opts["port"], opts["drain_seconds"],
+                       loaded.model_id, on_listen=_report_ready(engine) if in_router else None)
+        finally:
+            marker.unlink(missing_ok=True)
+            stop_services(supervisor)
+        log.info("stopped")
+        exit_now()
+
+    def settle(self, opts: dict) -> limits.Limits:
+        """What serving settles first, in either mode: who may call, the bounds
+        on a request (this process's and its children's), and the runtime's
+        options. Answers the bounds; CommandError when a flag is refused."""
         try:
             access = settle(opts["host"], opts["api_key"], opts["api_key_file"], opts["cors_origin"],
                             opts["insecure_no_auth"], os.environ, settings.HEARTH_BEHIND_PROXY)
@@ -315,30 +350,33 @@ class Command(BaseCommand):
             raise CommandError(f"--streams-max-bytes ({opts['streams_max_bytes']}) is less than one stream's "
                                f"--stream-max-bytes ({opts['stream_max_bytes']}): no resumable stream would fit")
         runtime.options = self._options(opts, bounds)
+        if child.is_child():  # the router's key: it states the holder of each request it passes on
+            runtime.hop_keys = access.api_keys - {access.internal_key}  # (config/access.py)
+        return bounds
+
+    def preflight(self, opts: dict):
+        """The checks of the mode's own flags, after `settle`. In router mode
+        (no MODEL) answers the router's plan (`config.serve_router.plan_router`),
+        else None. CommandError when a flag cannot work."""
         in_router = child.is_child()
-        if in_router:  # the router's key: it states the holder of each request it passes on (config/access.py)
-            runtime.hop_keys = access.api_keys - {access.internal_key}
         if opts["model"] is None and not in_router:
-            from config.serve_router import serve_router
+            from config.serve_router import plan_router
 
             if opts["draft_model"]:
                 raise CommandError("--draft-model belongs to one model: in router mode set draft-model in that "
                                    "model's section of --models-preset (--draft-kind ngram applies to all)")
-
-            serve_router(opts, bounds)
-            return
+            return plan_router(opts)
         router_only = [flag for flag, key in ROUTER_FLAGS.items() if opts.get(key) not in (None, False)]
         if router_only and not in_router:
             raise CommandError(f"{router_only[0]} is for router mode: run `hearth serve` without a MODEL")
-        log.info("BLAS: %s", blas_in_use())
-        if not in_router:  # the router migrated the database before it started this process
-            call_command("migrate", interactive=False, verbosity=0)
-        model_ref = opts["model"]
-        if in_router and opts["download_only"]:
-            fetch_for_router(model_ref)
-            return
+        return None
+
+    def load(self, opts: dict, bounds: limits.Limits) -> Engine:
+        """Load the model (`opts["model"]`) and fill the runtime with it: the
+        engine, Whisper beside it, the resumable streams, embeddings and the
+        grammar bounds. Answers the started engine."""
         child.report("stage", stage="loading", percent=5)
-        engine = Engine(model_ref, engine_config(opts))
+        engine = Engine(opts["model"], engine_config(opts))
         try:
             loaded = engine.start()
         except EngineError as exc:
@@ -350,24 +388,12 @@ class Command(BaseCommand):
             self._mount_default(engine, opts["adapter"])
         runtime.engine = engine
         runtime.transcriber = Transcriber(opts["whisper_model"], engine.exclusive, opts["whisper_idle_unload"])
-        open_streams(opts, record=not in_router)
+        open_streams(opts, record=not child.is_child())
         runtime.embeddings_enabled = opts["embeddings"] or loaded.is_embedding_model
         loaded.grammar_compiler.cache_bytes = bounds.grammar_cache_bytes
         loaded.grammar_compiler.timeout_s = bounds.grammar_timeout_s
         log.info("model %s ready (%s, context %s)", loaded.model_id, loaded.dtype, loaded.context_window)
-        child.report("stage", stage="starting server", percent=90)
-        from hub.locks import record_serving
-
-        marker = record_serving(loaded.path)  # GC in any process keeps this snapshot
-        supervisor = None if in_router else start_services(opts["no_worker"])
-        try:
-            run_daphne(EngineWork(engine, opts["flush_seconds"]), opts["host"], opts["port"], opts["drain_seconds"],
-                       loaded.model_id, on_listen=_report_ready(engine) if in_router else None)
-        finally:
-            marker.unlink(missing_ok=True)
-            stop_services(supervisor)
-        log.info("stopped")
-        exit_now()
+        return engine
 
     def _options(self, opts: dict, bounds: limits.Limits) -> Options:
         templates = None
