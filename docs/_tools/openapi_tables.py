@@ -87,8 +87,8 @@ def _inputs(op: dict, components: dict) -> str:
         content = body.get("content", {})
         kind = next(iter(content), "application/json")
         schema = _resolve(content.get(kind, {}).get("schema", {}), components)
-        fields = list(schema.get("properties", {}))
         required = set(schema.get("required", []))
+        fields = sorted(schema.get("properties", {}), key=lambda f: f not in required)  # required ones first
         names = [f"`{f}`" + ("\\*" if f in required else "") for f in fields[:MAX_FIELDS]]
         if len(fields) > MAX_FIELDS:
             names.append(f"and {len(fields) - MAX_FIELDS} more")
