@@ -16,7 +16,7 @@ EXTRAS := test$(comma)redis$(comma)postgres$(if $(filter 1,$(MKL)),$(comma)mkl)
 HOST ?= 127.0.0.1
 PORT ?= 8080
 
-.PHONY: serve test check-demo lint blas browser git media redis postgres deps bench clean
+.PHONY: serve test check-demo lint docs blas browser git media redis postgres deps bench clean
 
 deps: $(VENV)/.installed
 
@@ -88,7 +88,7 @@ ifeq ($(UNAME),Linux)
 endif
 
 # The demo chat model trains in the background on a first run: served from its first checkpoint
-# (about a minute), swapped for better ones as it trains (see README, First run).
+# (about a minute), swapped for better ones as it trains (see docs/using/first-run.md).
 serve: deps blas git media
 	$(BIN)/hearth serve --host $(HOST) --port $(PORT) --build-demo
 
@@ -115,9 +115,14 @@ lint: deps
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
+# The manual (docs/, mkdocs.yml) as a site in site/; strict, so a dead link or anchor, a page left out of the
+# nav or a route no page shows fails it (tests/core/test_docs_site.py builds it in the suite too).
+docs: deps
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+
 bench: deps blas
 	$(BIN)/python bench/decode.py
 	$(BIN)/python bench/throughput.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) .pytest_cache site

@@ -116,7 +116,7 @@ ASGI_APPLICATION = "config.asgi.application"
 # only). On Redis, channels-redis, so the web nodes share one (set below).
 
 # The database: SQLite in HEARTH_HOME, or PostgreSQL when DATABASE_URL is set
-# (several web nodes and workers on one database; README "PostgreSQL").
+# (several web nodes and workers on one database; docs/serving/postgresql.md).
 DATABASE_URL = env_str("DATABASE_URL", "")
 POSTGRES_SCHEMES = ("postgres", "postgresql", "pgsql")
 
@@ -174,7 +174,7 @@ USE_TZ = True
 STATIC_URL = "static/"
 # The admin's and the API docs' files come straight from the installed apps
 # through Django's ASGI static handler (config/asgi.py), no collectstatic
-# step; the dashboard's from config/frontend.py. README "Static files" says
+# step; the dashboard's from config/frontend.py. docs/using/dashboard.md, "Static files", says
 # why not WhiteNoise. STATIC_ROOT is only where `hearth django collectstatic`
 # gathers them for a reverse proxy that serves them itself.
 STATIC_ROOT = home.static()
@@ -201,7 +201,7 @@ LOGGING = {
 
 # The job queue: SQLite in its own file (the worker and the server both open
 # it), or Redis when HEARTH_REDIS_URL is set (with the channel layer, job
-# events, worker presence and stored Responses: README "Redis"). Tasks
+# events, worker presence and stored Responses: docs/serving/redis.md). Tasks
 # always run in a worker process; `immediate` would run them inside the request.
 HEARTH_REDIS_URL = env_str("HEARTH_REDIS_URL", "")
 # On Redis, workers on several hosts: the name this one goes by (pids are compared only on the same

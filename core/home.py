@@ -1,6 +1,6 @@
 """The layout of HEARTH_HOME, in one place: every file and folder Hearth
 keeps there. A new kind of state gets a function here, so the whole layout
-reads at a glance (and the README's Settings table can name it).
+reads at a glance (and the Settings table, docs/serving/settings.md, can name it).
 
 The root is `core.paths.hearth_home()`: HEARTH_HOME (default ~/.hearth),
 symlinks resolved, the one the request checks confine to; Django's

@@ -23,7 +23,7 @@ class _Body(Schema):
 
 class Sampling(_Body):
     """The sampling fields every surface reads (`params.SAMPLING`, in its
-    order; see the README's Limits for their ranges)."""
+    order; see docs/serving/limits.md for their ranges)."""
 
     temperature: float | None = Field(None, description="0 = greedy; 0 to 2")
     top_p: float | None = Field(None, description="nucleus sampling, 0 to 1 (0 or 1 = off)")

@@ -73,7 +73,7 @@ def test_models_reports_vision(vision_server):
     assert row["id"] == VISION_REPO and row["vision"] is True and row["capabilities"]["vision"] is True
 
 
-# The demo names the colour every time; its shape is right less often (README, "Vision"), so
+# The demo names the colour every time; its shape is right less often (docs/using/vision.md), so
 # these check the colour, which only the picture tells.
 @pytest.mark.parametrize("colour,shape", [("red", "circle"), ("blue", "square"), ("green", "triangle")])
 def test_openai_sdk_data_uri_names_the_colour(client, colour, shape):

@@ -80,7 +80,7 @@ LIMIT_FLAGS = {  # flag: (Limits field, type, help)
 
 
 def _add_limit_flags(parser) -> None:
-    group = parser.add_argument_group("limits (each also an environment variable; see README, Security)")
+    group = parser.add_argument_group("limits (each also an environment variable; see docs/serving/limits.md)")
     for flag, (name, kind, text) in LIMIT_FLAGS.items():
         group.add_argument(flag, dest=name, type=kind, default=None, help=text)
     group.add_argument("--allow-client-templates", dest="allow_client_templates", action="store_true", default=None,
@@ -116,7 +116,7 @@ def _add_router_flags(parser) -> None:
                             "relative to DIR)")
     group.add_argument("--models-preset", default=None, metavar="FILE",
                        help="per-model settings: an INI file with a [model] section each and [*] for all "
-                            "(see README, Router mode)")
+                            "(see docs/serving/router.md, Presets)")
     group.add_argument("--models-max", type=_positive, default=None, metavar="N",
                        help="most models loaded at once; the least recently used idle one is unloaded to load "
                             "another (default: how many of the library's models fit in memory together)")
