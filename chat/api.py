@@ -8,14 +8,15 @@ import re
 from typing import Any
 
 from django.http import HttpRequest, HttpResponse
-from ninja import Query, Router, Schema
+from ninja import Query, Schema
 from pydantic import ConfigDict, Field
 
 from chat.models import ChatEntry, ChatSession
 from core.api import ApiError
 from core.openapi import documented
+from core.surfaces import API
 
-router = Router(tags=["sessions"])
+router = API.router(tags=["sessions"])
 MAX_MATCHES, PER_SESSION, CONTEXT = 50, 10, 60
 
 

@@ -29,6 +29,7 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from chat import appctx, gensettings, live, store, turns
 from chat.models import ChatEntry, ChatSession
 from core import jsonbody
+from core.surfaces import SOCKET
 from inference.protocols import params
 from inference.router.slots import RouterError
 
@@ -429,7 +430,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
                               "activePath": self.session.id if self.session else None})
 
     async def _error(self, message: str) -> None:
-        await self.send_json({"type": "error", "message": message})
+        await self.send_json(SOCKET.error(400, message))
 
     def _ready(self) -> dict:
         from inference.protocols import chat as chat_protocol

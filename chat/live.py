@@ -41,6 +41,7 @@ from asgiref.sync import sync_to_async
 from chat import store
 from chat.models import ChatEntry, ChatSession
 from core import sse
+from core.surfaces import SOCKET
 from inference.streams.shared import RemoteStream
 
 log = logging.getLogger("hearth.chat")
@@ -170,7 +171,7 @@ async def cancel(task: asyncio.Task | None) -> None:
 
 def error_event(session_id: str):
     def event(message: str) -> bytes:
-        return sse.frame({"type": "error", "message": message}) + sse.frame(
+        return SOCKET.stream_error(message) + sse.frame(
             {"type": "turn_end", "sessionId": session_id, "aborted": True, "lane": None})
     return event
 
@@ -302,7 +303,7 @@ async def run(turn: LiveTurn, user_entry: ChatEntry) -> None:
                 question = await _next_question(turn, user_entry, entry)
             except Exception as exc:  # e.g. the session was deleted meanwhile
                 log.warning("a queued message could not be stored: %s", exc)
-                await turn.send_json({"type": "error", "message": f"the queued message could not be stored: {exc}"})
+                await turn.send_json(SOCKET.error(500, f"the queued message could not be stored: {exc}"))
                 return
             if question is None:
                 return
@@ -347,7 +348,7 @@ async def _answer(turn: LiveTurn, user_entry: ChatEntry) -> tuple[ChatEntry | No
         state.final, stopped = None, True
     except Exception as exc:  # RequestError, EngineError, TurnFailed
         state.final = None
-        await turn.send_json({"type": "error", "message": getattr(exc, "message", None) or str(exc)})
+        await turn.send_json(SOCKET.error(400, getattr(exc, "message", None) or str(exc)))
     meta = _meta(state.final, started, state.first)
     if state.model:
         meta["model"] = state.model  # router mode: the model that answered
@@ -363,7 +364,7 @@ async def _answer(turn: LiveTurn, user_entry: ChatEntry) -> tuple[ChatEntry | No
         await _send_context(turn, state.final)
     except Exception as exc:  # e.g. the session was deleted meanwhile
         log.warning("chat turn could not be stored: %s", exc)
-        await turn.send_json({"type": "error", "message": f"the reply could not be stored: {exc}"})
+        await turn.send_json(SOCKET.error(500, f"the reply could not be stored: {exc}"))
     meta["aborted"] = state.final is None
     return entry, meta, stopped
 

@@ -3,10 +3,9 @@ from __future__ import annotations
 
 from django.http import HttpRequest, JsonResponse
 
+from core.surfaces import API
+
 
 def ws_chat_upgrade_required(request: HttpRequest) -> JsonResponse:
-    response = JsonResponse({"ok": False, "error": "/ws/chat is a WebSocket: connect with an Upgrade header"},
-                            status=426)
-    response["Upgrade"] = "websocket"
-    response["Connection"] = "Upgrade"
-    return response
+    return API.response(426, "/ws/chat is a WebSocket: connect with an Upgrade header",
+                        headers={"Upgrade": "websocket", "Connection": "Upgrade"})

@@ -16,7 +16,7 @@ from ninja.errors import ValidationError as NinjaValidationError
 from ninja.parser import Parser
 
 from chat.api import router as sessions_router
-from core import jsonbody, limits
+from core import jsonbody, limits, surfaces
 from core.api import ApiError, answer
 from hub.api import router as hub_router
 from inference.engine.errors import EngineError
@@ -114,12 +114,12 @@ for _kind in (ApiError, NinjaValidationError, HttpError, Http404, EngineError, E
 
 @v1.exception_handler(RequestError)
 def _request_error(request, exc: RequestError):
-    return errors.request_error(request.path, exc)
+    return errors.request_error(surfaces.of(request), exc)
 
 
 @v1.exception_handler(EngineError)
 def _engine_error(request, exc: EngineError):
-    return errors.engine_error(request.path, exc)
+    return errors.engine_error(surfaces.of(request), exc)
 
 
 @v1.exception_handler(NinjaValidationError)
@@ -127,14 +127,14 @@ def _validation_error(request, exc: NinjaValidationError):
     first = exc.errors[0] if exc.errors else {}
     loc = [str(part) for part in first.get("loc", ())]
     param = ".".join(loc[2:] if loc[:1] == ["body"] else loc[1:]) or None  # a body field by its path in the body
-    return errors.render(request.path, 400, f"{param or 'request'}: {first.get('msg', 'invalid')}", param=param)
+    return errors.render(surfaces.of(request), 400, f"{param or 'request'}: {first.get('msg', 'invalid')}", param=param)
 
 
 @v1.exception_handler(HttpError)
 def _http_error(request, exc: HttpError):
-    return errors.render(request.path, exc.status_code, _parse_error(exc))
+    return errors.render(surfaces.of(request), exc.status_code, _parse_error(exc))
 
 
 @v1.exception_handler(Exception)
 def _unexpected(request, exc: Exception):
-    return errors.unexpected(request.path, exc)
+    return errors.unexpected(surfaces.of(request), exc, request.path)

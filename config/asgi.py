@@ -12,8 +12,7 @@ from django.core.asgi import get_asgi_application  # noqa: E402
 django_app = ASGIStaticFilesHandler(get_asgi_application())
 
 from config.runtime import RUNTIME as runtime  # noqa: E402
-from core import limits  # noqa: E402
-from core.http import DRAINING_HEADER, error_body  # noqa: E402
+from core import limits, surfaces  # noqa: E402
 
 
 async def _answer(send, status: int, body: bytes, extra: list | None = None) -> None:
@@ -34,13 +33,15 @@ def _declared_length(scope) -> int:
 
 async def _http(scope, receive, send):
     if runtime.draining:
-        await _answer(send, 503, error_body(scope.get("path", "/"), 503, "server is shutting down", "shutting_down",
-                                            "engine_unavailable"), [(DRAINING_HEADER.encode(), b"1")])
+        body = surfaces.for_path(scope.get("path", "/")).error_bytes(503, "server is shutting down", "shutting_down",
+                                                                    "engine_unavailable")
+        await _answer(send, 503, body, [(surfaces.DRAINING_HEADER.encode(), b"1")])
         return
     cap = limits.current().max_body_bytes  # daphne refuses these at the connection; other servers get it here
     if _declared_length(scope) > cap:
         message = f"the request body is over {cap} bytes (--max-body-bytes)"
-        await _answer(send, 413, error_body(scope.get("path", "/"), 413, message, "request_too_large"))
+        body = surfaces.for_path(scope.get("path", "/")).error_bytes(413, message, "request_too_large")
+        await _answer(send, 413, body)
         return
     runtime.inflight += 1  # a draining server waits for these to finish
     try:

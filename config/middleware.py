@@ -15,13 +15,12 @@ from typing import TYPE_CHECKING
 from urllib.parse import quote
 
 from asgiref.sync import async_to_sync, iscoroutinefunction, markcoroutinefunction
-from django.http import HttpResponse, HttpResponseRedirect, JsonResponse
+from django.http import HttpResponse, HttpResponseRedirect
 from django.urls import Resolver404, resolve
 
 from config import access
 from config.runtime import RUNTIME as runtime
-from core import holders
-from core.http import error_object
+from core import holders, surfaces
 from inference.routes import router
 
 
@@ -73,8 +72,7 @@ class JsonErrorMiddleware(_ResponseHook):
             allowed = response.get("Allow", "")
             message = f"method {request.method} not allowed on {request.path}" + (
                 f" (allowed: {allowed})" if allowed else "")
-            return JsonResponse(error_object(request.path, 405, message, "method_not_allowed"), status=405,
-                                headers={"Allow": allowed})
+            return surfaces.of(request).response(405, message, "method_not_allowed", headers={"Allow": allowed})
         return response
 
 
@@ -128,7 +126,7 @@ class CrossOriginGuardMiddleware(_Middleware):
             return None
         else:
             message = f"cross-origin {request.method} from {origin} refused"
-        return JsonResponse(error_object(request.path, 403, message, "cross_origin", "permission_error"), status=403)
+        return surfaces.of(request).response(403, message, "cross_origin", "permission_error")
 
 
 class SecureCookiesOverTlsMiddleware(_ResponseHook):
@@ -237,8 +235,8 @@ def refusal(request, key: str | None):
     if request.method == "GET" and not path.startswith(("/v1", "/api/")) \
             and "text/html" in request.headers.get("Accept", ""):
         return HttpResponseRedirect("/signin?next=" + quote(request.get_full_path(), safe="/"))
-    return JsonResponse(error_object(path, 401, message, "invalid_api_key"), status=401,
-                        headers={"WWW-Authenticate": 'Bearer realm="hearth"'})
+    return surfaces.of(request).response(401, message, "invalid_api_key",
+                                         headers={"WWW-Authenticate": 'Bearer realm="hearth"'})
 
 
 class RouterMiddleware(_Middleware):

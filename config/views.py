@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from django.http import HttpRequest, JsonResponse
 
-from core.http import error_object
+from core import surfaces
 
 
 def not_found(request: HttpRequest, exception=None) -> JsonResponse:
-    return JsonResponse(error_object(request.path, 404, "not found", "not_found"), status=404)
+    return surfaces.of(request).response(404, "not found", "not_found")

@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from django.http import HttpRequest, JsonResponse
 
 from core import jsonbody, limits
+from core.surfaces import API
 
 
 class ApiError(Exception):
@@ -27,8 +28,8 @@ class ApiError(Exception):
 
 
 def answer(exc: ApiError) -> JsonResponse:
-    """The `/api` answer for `exc`."""
-    return JsonResponse({"ok": False, "error": exc.message, **exc.fields}, status=exc.status)
+    """The `/api` answer for `exc` (its shape is `core.surfaces.API`'s)."""
+    return JsonResponse(API.error(exc.status, exc.message, **exc.fields), status=exc.status)
 
 
 @contextmanager

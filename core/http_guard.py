@@ -26,7 +26,7 @@ from twisted.internet.protocol import connectionDone
 from twisted.python.failure import Failure
 from twisted.web import http
 
-from core.http import error_body
+from core import surfaces
 from core.limits import current as current_limits
 
 LINGER_S = 5.0  # after a refusal, how long the rest of a body may still arrive before the connection is cut
@@ -54,7 +54,7 @@ def clock() -> _Clock:
 def _refuse(channel, status: int, reason: bytes, message: str, code: str) -> None:
     """Write a complete answer and close: nothing more is read into memory."""
     path = (getattr(channel, "_path", b"") or b"/").split(b"?", 1)[0].decode("latin-1")
-    body = error_body(path, status, message, code)
+    body = surfaces.for_path(path).error_bytes(status, message, code)
     head = (f"HTTP/1.1 {status} ".encode() + reason + b"\r\nContent-Type: application/json\r\n"
             + f"Content-Length: {len(body)}\r\n".encode() + b"Connection: close\r\n\r\n")
     channel.refused = True

@@ -12,15 +12,16 @@ from pathlib import Path
 
 from asgiref.sync import sync_to_async
 from django.http import HttpRequest
-from ninja import Query, Router, Schema
+from ninja import Query, Schema
 from pydantic import Field, StrictBool
 
 from core.api import ApiError, json_body
 from core.openapi import documented
+from core.surfaces import API
 from hub import downloads, fit, gc, library
 from hub.download import check_revision
 
-router = Router(tags=["hub"])
+router = API.router(tags=["hub"])
 REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 SEARCH_TIMEOUT_S = 8.0
 MAX_REPO_CHARS = 256  # Download.repo_id (the hub's own ids are far shorter)
@@ -103,11 +104,12 @@ def start_download(request: HttpRequest) -> dict:
 @router.post("/hub/serve")
 async def serve(request: HttpRequest, body: ServeRequest) -> dict:
     """Router mode: load the model and make it the default, live. One
-    model's server cannot switch: `ok: false` (a 200) with the command that
-    serves the model (or how to start the router)."""
+    model's server cannot switch: 409, with the command that serves the
+    model (or how to start the router)."""
     if request.runtime.router is None:
-        return {"ok": False, "restart_required": True, "command": f"hearth serve {body.model}",
-                "router_command": "hearth serve"}
+        raise ApiError(f"this server serves one model and cannot switch: restart it with `hearth serve {body.model}`,"
+                       " or run the router (`hearth serve`) to switch live", 409, restart_required=True,
+                       command=f"hearth serve {body.model}", router_command="hearth serve")
     return await request.runtime.switch_model(body.model)
 
 

@@ -5,7 +5,7 @@ from asgiref.sync import sync_to_async
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.http import require_GET
 
-from core.http import error_object
+from core import surfaces
 from hub import fit, library, registry
 
 
@@ -38,8 +38,8 @@ async def library_view(request: HttpRequest) -> JsonResponse:
 async def fit_view(request: HttpRequest) -> JsonResponse:
     loaded = _served(request)
     if loaded is None:
-        return JsonResponse(error_object(request.path, 503, "no model is loaded in this process", "no_model_loaded",
-                                         "engine_unavailable"), status=503)
+        return surfaces.of(request).response(503, "no model is loaded in this process", "no_model_loaded",
+                                             "engine_unavailable")
     return JsonResponse(await sync_to_async(fit_body)(loaded))
 
 

@@ -6,8 +6,8 @@ import importlib.util
 import json
 
 from asgiref.sync import sync_to_async
-from django.http import HttpRequest, StreamingHttpResponse
-from ninja import Query, Router
+from django.http import HttpRequest
+from ninja import Query
 
 from core import home, sse
 from core.api import ApiError, json_body, refused
@@ -22,13 +22,14 @@ from core.paths import (
     read_json,
     regular_entries,
 )
+from core.surfaces import API
 from jobs import registry, service
 from jobs.api_bodies import DatasetFolder, ExportRequest, MergeRequest, ModelRef, PickedFolder
 from jobs.folders import stamped
 from jobs.kinds import finetune, quantize
 from jobs.models import Job
 
-router = Router(tags=["jobs"])
+router = API.router(tags=["jobs"])
 NOTHING_PICKED = PickedFolder()  # what an empty body means
 STREAM_POLL_S = 0.3
 KEEPALIVE_S = 10.0
@@ -112,13 +113,13 @@ async def _follow(job_id: str):
 
 @router.get("/jobs/{job_id}/stream")
 async def stream_job(request: HttpRequest, job_id: str):
-    return StreamingHttpResponse(_follow(job_id), content_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    return API.sse(_follow(job_id))
 
 
 @router.post("/quantize/inspect", openapi_extra=documented(ModelRef))
 def quantize_inspect(request: HttpRequest) -> dict:
-    """A verdict on the model: `ok: false` with its `error` (a 200) when it cannot be read."""
+    """What the model is and whether mlx-lm can quantize it: 404 (with its `model_id`) when there is no
+    such model, 422 when it cannot be read."""
     from inference.engine.errors import ModelNotFound
     from inference.engine.loader import resolve
 
@@ -126,7 +127,7 @@ def quantize_inspect(request: HttpRequest) -> dict:
     try:
         _, path = resolve(model_id)
     except ModelNotFound as exc:
-        return {"ok": False, "model_id": model_id, "error": str(exc)}
+        raise ApiError(str(exc), 404, model_id=model_id) from None
     try:
         with refused(PathRefused):
             confine_members(path, ["config.json"], "model_id")
@@ -135,7 +136,7 @@ def quantize_inspect(request: HttpRequest) -> dict:
             raise ValueError("config.json is not a JSON object")
         size = sum(p.stat().st_size for p in path.iterdir() if p.is_file())
     except (OSError, ValueError) as exc:
-        return {"ok": False, "model_id": model_id, "error": f"unreadable model: {exc}"}
+        raise ApiError(f"unreadable model: {exc}", 422, model_id=model_id) from None
     arch = config.get("model_type")
     support = False
     if isinstance(arch, str) and arch.replace("_", "").isalnum():
@@ -164,8 +165,10 @@ def quantize_submit(request: HttpRequest) -> dict:
 
 @router.post("/finetune/inspect-dataset")
 def finetune_inspect(request: HttpRequest, body: DatasetFolder) -> dict:
-    """A verdict on the folder: `ok: false` with its `error` (a 200) when it holds no usable data."""
-    with refused(PathRefused):
+    """What the folder's `train.jsonl` (and `valid.jsonl`) hold: 404 when there is no `train.jsonl`,
+    422 when the rows cannot be read."""
+    # PathRefused is a ValueError: the innermost refusal answers it first, with its 400.
+    with refused(FileNotFoundError, status=404), refused(ValueError, status=422), refused(PathRefused):
         return finetune.inspect(str(confine(body.path, "path")))
 
 
@@ -217,14 +220,14 @@ def model_resolve_folder(request: HttpRequest, body: PickedFolder = NOTHING_PICK
 
 
 def _resolve_folder(body: PickedFolder) -> dict:
-    """The model a picked folder names, or a verdict (`ok: false`, a 200) that it names none."""
+    """The model a picked folder names; 404 when it names none this server can find."""
     from pathlib import Path
 
     from huggingface_hub import constants
 
-    from jobs.folders import resolve_folder
+    from jobs.folders import FolderNotFound, resolve_folder
 
-    with refused(PathRefused):
+    with refused(PathRefused), refused(FolderNotFound, status=404):
         return resolve_folder(Path(constants.HF_HUB_CACHE), body.folder_name, body.rel_path)
 
 

@@ -2,16 +2,16 @@
 from __future__ import annotations
 
 from django.http import HttpRequest
-from ninja import Router
 
 from core import home
 from core.api import ApiError, refused
+from core.surfaces import API
 from jobs import service
 from jobs.api_bodies import DatasetRequest
 from jobs.folders import stamped
 from jobs.kinds import dataset
 
-router = Router(tags=["dataset"])
+router = API.router(tags=["dataset"])
 
 
 @router.get("/dataset/templates")

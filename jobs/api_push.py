@@ -5,16 +5,16 @@ import re
 from pathlib import Path
 
 from django.http import HttpRequest
-from ninja import Router
 
 from core.api import ApiError, json_body, refused
 from core.openapi import NO_BODY, documented
 from core.paths import PathRefused, confine, holds_a_root
+from core.surfaces import API
 from hub import hf
 from jobs.api_bodies import PushRequest, TokenRequest
 from jobs.models import Job
 
-router = Router(tags=["push"])
+router = API.router(tags=["push"])
 REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 

@@ -8,12 +8,16 @@ from pathlib import Path
 from core.paths import PathRefused, is_inside, read_json, read_text, refusal
 
 NOT_FOUND = "Couldn't locate this folder on disk — paste the path instead."
+
+
+class FolderNotFound(Exception):
+    """The picked folder names no model this server can find."""
 _HASH = re.compile(r"^[0-9a-f]{40}$")
 
 
 def _answer(path: Path, repo_id: str | None) -> dict:
     if not is_inside(path.resolve()):  # a snapshot found through a ref or link that leads out
-        return {"ok": False, "error": NOT_FOUND}
+        raise FolderNotFound(NOT_FOUND)
     out: dict = {"ok": True, "path": str(path)}
     if repo_id:
         out["repo_id"] = repo_id
@@ -47,7 +51,7 @@ def _repo_id(repo_dir_name: str) -> str | None:
 
 
 def resolve_folder(hub_cache: Path, folder_name: str | None, rel_path: str | None) -> dict:
-    """The model a picked folder names. A name that resolves outside the
+    """The model a picked folder names (FolderNotFound when none). A name that resolves outside the
     allowed roots (core.paths) raises PathRefused, whether or not it exists."""
     for raw, what in ((rel_path, "rel_path"), (folder_name, "folder_name")):
         if not raw or not isinstance(raw, str) or "\x00" in raw:
@@ -72,7 +76,7 @@ def resolve_folder(hub_cache: Path, folder_name: str | None, rel_path: str | Non
         for snap in hub_cache.glob(f"models--*/snapshots/{folder_name}"):
             if (snap / "config.json").is_file():
                 return _answer(snap, _repo_id(snap.parent.parent.name))
-    return {"ok": False, "error": NOT_FOUND}
+    raise FolderNotFound(NOT_FOUND)
 
 
 def stamped(root: Path, prefix: str) -> Path:

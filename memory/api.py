@@ -9,16 +9,17 @@ from pathlib import Path
 from typing import Literal
 
 from django.http import HttpRequest
-from ninja import Query, Router, Schema
+from ninja import Query, Schema
 from pydantic import Field, StrictBool
 
 from core import home, sse
 from core.api import ApiError
 from core.paths import PathRefused
+from core.surfaces import API, OPENAI
 from memory import git, service, vault
 from memory.models import MemoryVault
 
-router = Router(tags=["memory"])
+router = API.router(tags=["memory"])
 MAX_LIMIT = 200
 VAULT = "a vault's name; default: the default vault"
 
@@ -81,11 +82,14 @@ def vaults(request: HttpRequest) -> dict:
 
 @router.get("/memory/status")
 def status(request: HttpRequest, vault_name: str | None = Query(None, alias="vault", description=VAULT)) -> dict:
-    """With no vault, a 200 that says so (`ok: false, enabled: false`, its `error` and `root`)."""
+    """With no vault, memory is off: a 200 with `enabled: false`, the `reason` and the `root` a vault
+    would get (a state the dashboard shows, not an error)."""
     row = service.find(vault_name)
     model = _synthesis_model(request)
     if row is None or not Path(row.root).is_dir():
-        return {"ok": False, **_no_vault(vault_name, row), "synthesis_model": model}
+        missing = _no_vault(vault_name, row)
+        return {"ok": True, "enabled": False, "reason": missing["error"], "root": missing["root"],
+                "synthesis_model": model}
     with _reading():
         return {"ok": True, "enabled": True, "vault": row.row(),
                 "status": vault.status(Path(row.root)), "synthesis_model": model}
@@ -192,7 +196,7 @@ def synthesize_job(request: HttpRequest, body: SynthesizeRequest = DEFAULT_SYNTH
 
 
 # `GET /v1/memory/synthesize`: the same job, its progress as SSE frames (`stage`, `done`, `error`).
-v1_router = Router(tags=["memory"])
+v1_router = OPENAI.router(tags=["memory"])
 
 
 async def _synthesis_frames(job_id: str, dry: bool):
@@ -230,13 +234,8 @@ def synthesize_stream(request: HttpRequest, dry: bool = Query(False, description
                       vault_name: str | None = Query(None, alias="vault", description=VAULT),
                       model: str | None = Query(None, description="the model that writes (router mode)")):
     """A refusal in the OpenAI error shape, as everywhere on `/v1`."""
-    from django.http import JsonResponse, StreamingHttpResponse
-
-    from inference.protocols.errors import openai_error
-
     try:
         run = _start(request, vault_name or None, dry, model)
     except ApiError as exc:
-        return JsonResponse(openai_error(exc.message), status=exc.status)
-    return StreamingHttpResponse(_synthesis_frames(run.job_id, dry), content_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return OPENAI.response(exc.status, exc.message)
+    return OPENAI.sse(_synthesis_frames(run.job_id, dry))

@@ -164,7 +164,7 @@ function consent(page, title, status, off) {
       h("label", { for: "mem-path" }, "Folder"), path,
       h("div", { class: "hint" }, "Under the default root or the system temp folder."),
       h("label", { for: "mem-name" }, "Name"), name),
-    status.error && status.error !== "no memory vault yet" ? h("p", { class: "error" }, status.error) : "",
+    status.reason && status.reason !== "no memory vault yet" ? h("p", { class: "error" }, status.reason) : "",
     h("div", { class: "row" }, create), error));
 }
 

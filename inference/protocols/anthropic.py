@@ -13,6 +13,7 @@ import uuid
 from collections.abc import AsyncIterator
 
 from core import sse
+from core.surfaces import ANTHROPIC
 from inference.engine.types import EventStream, GenerationEvent, Usage
 from inference.protocols.errors import RequestError
 from inference.protocols.openai import Message, with_keepalive
@@ -26,11 +27,6 @@ AUDIO_BLOCKS = {"input_audio", "audio", "audio_url"}
 EXTRAS = (*(f for f in SAMPLING if f not in ("temperature", "top_p", "top_k")),
           "session_id", "prompt_cache_key", "response_format", "structured_outputs", "guided_grammar",
           "guided_regex", "guided_choice", "chat_template_kwargs", "adapter", "hlg")
-
-
-def error_event(message: str, kind: str = "invalid_request_error") -> dict:
-    """An `error` event of a Messages stream."""
-    return {"type": "error", "error": {"type": kind, "message": message}}
 
 
 # -- request ---------------------------------------------------------------
@@ -426,7 +422,7 @@ async def stream(reply: Reply, events: EventStream, output: OutputParser, keepal
             yield PING
             continue
         if event.error is not None:
-            yield frame(error_event(event.error, "api_error"))
+            yield ANTHROPIC.stream_error(event.error)
             return
         pieces = output.feed(event.text)
         if event.finish_reason is not None:

@@ -1,10 +1,6 @@
 """Errors raised while reading a request, rendered in the caller's shape."""
 from __future__ import annotations
 
-from core.http import openai_error
-
-__all__ = ["RequestError", "openai_error"]
-
 
 class RequestError(Exception):
     """A bad request: 400 unless said otherwise, naming the field at fault."""

@@ -10,12 +10,13 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from core import sse as core_sse
+from core.surfaces import OPENAI
 from inference.engine.engine import Submission
 from inference.engine.loader import LoadedModel
 from inference.engine.types import EventStream, GenerationEvent, GenerationRequest, Usage
 from inference.engine.vision import Vision
 from inference.protocols import chat, images, markup, params, structured, tool_choice
-from inference.protocols.errors import RequestError, openai_error
+from inference.protocols.errors import RequestError
 from inference.protocols.options import Options, ServerDefaults
 from inference.protocols.output import OutputParser, Piece, ToolDelta
 
@@ -371,7 +372,7 @@ async def stream(reply: Reply, events: EventStream, output: OutputParser | None 
             yield KEEP_ALIVE
             continue
         if event.error is not None:
-            yield sse(openai_error(event.error, "server_error"))
+            yield OPENAI.stream_error(event.error)
             return
         pieces = ([Piece("content", event.text)] if output is None else output.feed(event.text))
         if event.finish_reason is not None and output is not None:

@@ -10,6 +10,7 @@ import uuid
 from collections.abc import AsyncIterator
 
 from core import sse
+from core.surfaces import RESPONSES
 from inference.engine.types import EventStream, GenerationEvent
 from inference.protocols import chat
 from inference.protocols.errors import RequestError
@@ -361,7 +362,8 @@ async def stream(reply: Reply, events: EventStream, output: OutputParser, keepal
             yield sse.KEEP_ALIVE
             continue
         if event.error is not None:
-            yield chain.emit("error", code="server_error", message=event.error, param=None)
+            failed = RESPONSES.stream_error_event(event.error)
+            yield chain.emit("error", **{k: v for k, v in failed.items() if k != "type"})
             return
         pieces = output.feed(event.text)
         if event.finish_reason is not None:

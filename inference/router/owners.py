@@ -39,7 +39,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from core.http import DRAINING_HEADER
+from core.surfaces import DRAINING_HEADER
 from inference.streams.shared import fail_fast_client
 
 log = logging.getLogger("hearth.router")

@@ -8,16 +8,16 @@ from pathlib import Path
 
 from asgiref.sync import sync_to_async
 from django.http import HttpRequest, JsonResponse
-from ninja import Router
 
 from core.openapi import documented
 from core.paths import ADAPTER_FILES, PathRefused, confine, confine_members
+from core.surfaces import OPENAI
 from inference.engine.errors import EngineTimeout
 from inference.protocols.errors import RequestError
 from inference.routes import pipeline
 from inference.routes.bodies import AdapterMount
 
-router = Router(tags=["adapters"])
+router = OPENAI.router(tags=["adapters"])
 MOUNT_TIMEOUT_S = 120.0
 
 

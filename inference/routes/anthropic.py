@@ -3,14 +3,14 @@ surface. Errors, raised or not, answer in Anthropic's shape (`errors.py`)."""
 from __future__ import annotations
 
 from django.http import HttpRequest, JsonResponse
-from ninja import Router
 
 from core.openapi import documented
+from core.surfaces import ANTHROPIC
 from inference.protocols import anthropic
 from inference.routes import pipeline
 from inference.routes.bodies import CountTokensRequest, MessagesRequest
 
-router = Router(tags=["anthropic"])
+router = ANTHROPIC.router(tags=["anthropic"])
 
 
 @router.post("/messages", openapi_extra=documented(MessagesRequest))

@@ -19,21 +19,20 @@ from typing import Literal
 
 import numpy as np
 from django.core.exceptions import BadRequest, SuspiciousOperation
-from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.http.multipartparser import MultiPartParserError
-from ninja import Router
 from pydantic import BaseModel, Field
 
 from core import audio, media, sse
-from core.http import error_object
 from core.openapi import documented
+from core.surfaces import OPENAI
 from inference.engine.errors import EngineError, EngineTimeout
 from inference.engine.speech import SHORTEST, WINDOW, NoWhisperModel, Options, Take, Transcriber, windows
 from inference.protocols import transcription
 from inference.protocols.errors import RequestError
-from inference.routes.pipeline import STREAM_HEADERS, read_body
+from inference.routes.pipeline import read_body
 
-router = Router(tags=["audio"])
+router = OPENAI.router(tags=["audio"])
 WAIT_S = 600.0  # one window may wait this long for the engine
 
 
@@ -156,7 +155,7 @@ async def _frames(service: Transcriber, take: Take, samples: np.ndarray, fmt: st
                       _timings(load_ms, started, decoded))
         yield sse.frame({"type": "transcript.text.done", **done})
     except EngineError as exc:
-        yield sse.frame({"type": "error", "error": error_object(path, exc.status, str(exc))["error"]})
+        yield sse.frame({"type": "error", **OPENAI.error(exc.status, str(exc))})
 
 
 async def _transcribe(request: HttpRequest, task: str) -> HttpResponse:
@@ -172,7 +171,7 @@ async def _transcribe(request: HttpRequest, task: str) -> HttpResponse:
     take = Take(ask.options)
     if ask.stream:
         frames = _frames(service, take, samples, ask.response_format, started, decoded, request.path)
-        return StreamingHttpResponse(frames, content_type="text/event-stream", headers=STREAM_HEADERS)
+        return OPENAI.sse(frames)
     load_ms = 0.0
     for offset in windows(len(samples)):
         load_ms += (await window(service, take, samples[offset:offset + WINDOW], offset))[1]

@@ -27,19 +27,19 @@ import secrets
 import time
 from typing import Literal
 
-from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
-from ninja import Router
+from django.http import HttpRequest, HttpResponse, JsonResponse
 from pydantic import BaseModel, Field
 
 from core import audio, limits, sse
 from core.openapi import NO_BODY, documented
+from core.surfaces import OPENAI
 from inference.engine.speech import MAX_SESSIONS, Session, Take
 from inference.protocols import transcription
 from inference.protocols.errors import RequestError
 from inference.routes.audio import decode, result, transcriber, window
-from inference.routes.pipeline import STREAM_HEADERS, read_body
+from inference.routes.pipeline import read_body
 
-router = Router(tags=["audio"])
+router = OPENAI.router(tags=["audio"])
 KEEP_ALIVE_S = 15.0  # a comment line on an idle event stream, so proxies keep it open
 
 
@@ -160,7 +160,7 @@ async def session_events(request: HttpRequest, session_id: str):
             except TimeoutError:
                 yield sse.KEEP_ALIVE
 
-    return StreamingHttpResponse(frames(), content_type="text/event-stream", headers=STREAM_HEADERS)
+    return OPENAI.sse(frames())
 
 
 @router.delete("/audio/sessions/{session_id}")

@@ -19,6 +19,7 @@ import logging
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
+from core.surfaces import OPENAI
 from inference.engine import curves as engine_curves
 from inference.engine.engine import Engine
 from inference.engine.errors import EngineError
@@ -37,8 +38,9 @@ def _answer(body: dict, status: int = 200) -> JsonResponse:
     return JsonResponse(body, status=status, headers=CORS)
 
 
-def _refuse(message: str, status: int = 400) -> JsonResponse:
-    return _answer({"error": message}, status)
+def _refuse(message: str, status: int = 400, code: str | None = None) -> JsonResponse:
+    """A refusal in OpenAI's error shape (the Curve Designer reads `error.message`)."""
+    return OPENAI.response(status, message, code, headers=CORS)
 
 
 def prompt_tokens(model: LoadedModel, text: str) -> list[int]:
@@ -89,7 +91,7 @@ def _view(work):
         if request.method == "OPTIONS":
             return HttpResponse(status=204, headers=CORS)
         if request.method != "POST":
-            return _answer({"error": f"method {request.method} not allowed; use POST"}, 405)
+            return _refuse(f"method {request.method} not allowed; use POST", 405, "method_not_allowed")
         try:
             return _answer(await work(request))
         except curves.CurveError as exc:

@@ -6,16 +6,16 @@ from __future__ import annotations
 import asyncio
 
 from django.http import HttpRequest, JsonResponse
-from ninja import Router
 
 from core.openapi import documented
+from core.surfaces import OPENAI
 from inference.engine.embed import embed
 from inference.protocols import embeddings
 from inference.protocols.errors import RequestError
 from inference.routes import pipeline
 from inference.routes.bodies import EmbeddingsRequest
 
-router = Router(tags=["embeddings"])
+router = OPENAI.router(tags=["embeddings"])
 CALL_TOKENS = 2048  # tokens embedded per turn of the engine thread
 
 

@@ -2,14 +2,14 @@
 from __future__ import annotations
 
 from django.http import HttpRequest, JsonResponse
-from ninja import Router
 
+from core.surfaces import OPENAI
 from hub.registry import servable_models
 from inference import __version__
 from inference.engine.engine import Engine
 from inference.protocols import chat, params
 
-router = Router(tags=["models"])
+router = OPENAI.router(tags=["models"])
 
 ENDPOINTS = ["POST /v1/chat/completions", "POST /v1/completions", "GET /v1/models",
              "GET /v1/models/{id}", "POST /v1/messages",

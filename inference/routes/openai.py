@@ -2,15 +2,15 @@
 from __future__ import annotations
 
 from django.http import HttpRequest
-from ninja import Router
 
 from core.openapi import documented
+from core.surfaces import OPENAI
 from inference.protocols import openai
 from inference.routes import pipeline
 from inference.routes.audio import audio_parts_to_text
 from inference.routes.bodies import ChatCompletionRequest, CompletionRequest
 
-router = Router(tags=["openai"])
+router = OPENAI.router(tags=["openai"])
 
 
 async def _generate(request: HttpRequest, kind: str):

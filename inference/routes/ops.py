@@ -9,6 +9,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_POST
 
+from core import surfaces
 from inference import telemetry
 from inference.engine.errors import EngineError
 from inference.protocols import params
@@ -35,14 +36,15 @@ async def transcription_unload(request: HttpRequest) -> JsonResponse:
     """Page the Whisper weights out now; answers whether they were in, with the stats block."""
     service = request.runtime.transcriber
     if service is None:
-        return errors.render(request.path, 503, "no Whisper model is configured (`hearth serve --whisper-model`)",
-                             "model_unavailable", code="model_unavailable")
+        return errors.render(surfaces.of(request), 503,
+                             "no Whisper model is configured (`hearth serve --whisper-model`)", "model_unavailable",
+                             code="model_unavailable")
     try:
         unloaded = await asyncio.wait_for(asyncio.wrap_future(service.unload()), FLUSH_TIMEOUT_S)
     except EngineError as exc:
-        return errors.engine_error(request.path, exc)
+        return errors.engine_error(surfaces.of(request), exc)
     except TimeoutError:
-        return errors.render(request.path, 503, "the engine stayed busy; try again later", "engine_unavailable")
+        return errors.render(surfaces.of(request), 503, "the engine stayed busy; try again later", "engine_unavailable")
     return JsonResponse({"unloaded": unloaded, **service.stats()})
 
 
@@ -68,7 +70,7 @@ def cache_session_close(request: HttpRequest) -> JsonResponse:
     try:
         body = params.parse_json_body(request.body or b"{}", request.runtime.options.limits.max_json_depth)
     except RequestError as exc:
-        return errors.request_error(request.path, exc)
+        return errors.request_error(surfaces.of(request), exc)
     session = body.get("session_id")
     if not isinstance(session, str) or not session:
         return JsonResponse({"closed": False})
@@ -85,5 +87,5 @@ async def cache_flush(request: HttpRequest) -> JsonResponse:
         engine = request.runtime.require_engine()
         durable, body = await asyncio.to_thread(engine.flush_cache, FLUSH_TIMEOUT_S)
     except EngineError as exc:  # no model, or the engine stopped or did not answer in time
-        return errors.engine_error(request.path, exc)
+        return errors.engine_error(surfaces.of(request), exc)
     return JsonResponse(body, status=200 if durable else 503)

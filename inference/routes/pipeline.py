@@ -6,10 +6,9 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 
-from django.http import HttpResponse, JsonResponse, StreamingHttpResponse
+from django.http import HttpResponse, JsonResponse
 
-from core import holders
-from core.http import error_object, protocol, stream_error
+from core import holders, surfaces
 from inference.engine.engine import Engine, Submission
 from inference.engine.errors import ContextLengthExceeded
 from inference.engine.types import EventStream, GenerationEvent, GenerationRequest
@@ -17,8 +16,6 @@ from inference.protocols import openai, params
 from inference.protocols.errors import RequestError
 from inference.protocols.openai import Message, Prepared
 from inference.streams.store import StreamRefused, check_id, close_quietly
-
-STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 def submit(engine: Engine, request: GenerationRequest, param: str) -> Submission:
@@ -66,15 +63,15 @@ async def respond(request, engine: Engine, prepared: Prepared, param: str, strea
     submission = prepared.submission = submit(engine, prepared.request, param)
     if streaming:
         frames = stream(submission.events())
-        headers = {**STREAM_HEADERS, **prepared.headers}
+        headers = dict(prepared.headers)
         if conversation is not None:  # the generation runs to its end whoever reads; replayable
             frames = await resumable(request, conversation, engine.loaded_model.model_id, frames, submission)
             headers["X-Conversation-Id"] = conversation
-        return StreamingHttpResponse(frames, content_type="text/event-stream", headers=headers)
+        return surfaces.of(request).sse(frames, headers)
     message, logprobs, final = await openai.collect(submission.events(), prepared.output)
     if final.error is not None:
         status = final.error_status
-        return JsonResponse(error_object(request.path, status, final.error, param=final.error_param), status=status)
+        return surfaces.of(request).response(status, final.error, param=final.error_param)
     return JsonResponse(complete(message, logprobs, final), headers=prepared.headers)
 
 
@@ -92,14 +89,14 @@ def conversation_id(request) -> str | None:
 async def resumable(request, conversation: str, model: str, frames: AsyncIterator[bytes],
                     submission: Submission) -> AsyncIterator[bytes]:
     """Hand `frames` to the runtime's resumable streams; the reply follows them."""
-    path = request.path
+    surface = surfaces.of(request)
 
     async def stop() -> None:
         submission.stop()
 
     try:
-        return await request.runtime.streams.start(conversation, protocol(path), model, frames, stop,
-                                                   lambda message: stream_error(path, message),
+        return await request.runtime.streams.start(conversation, surface.name, model, frames, stop,
+                                                   surface.stream_error,
                                                    holder=holders.of(request))
     except StreamRefused as exc:
         submission.abort()

@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
-from ninja import Router
 
 from core import holders
 from core.openapi import documented
+from core.surfaces import RESPONSES
 from inference.protocols import responses
 from inference.protocols.errors import RequestError
 from inference.routes import pipeline
 from inference.routes.bodies import ResponsesRequest
 
-router = Router(tags=["responses"])
+router = RESPONSES.router(tags=["responses"])
 
 
 def _not_found(response_id: str) -> RequestError:

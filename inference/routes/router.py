@@ -21,8 +21,7 @@ from urllib.parse import quote
 import httpx
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 
-from core import holders, sse
-from core.http import error_object, protocol, stream_error
+from core import holders, sse, surfaces
 from inference.protocols.errors import RequestError
 from inference.router import aggregate
 from inference.router.manager import Manager
@@ -99,11 +98,11 @@ async def dispatch(request: HttpRequest) -> HttpResponse:
     try:
         conversation = conversation_id(request) if streaming and request.method == "POST" else None
     except RequestError as exc:
-        return errors.request_error(path, exc)
+        return errors.request_error(surfaces.for_path(path), exc)
     if conversation is not None:
         holder = holders.of(request)
         if await request.runtime.streams.taken(conversation, holder):
-            return errors.render(path, 409, TAKEN, param="X-Conversation-Id")
+            return errors.render(surfaces.for_path(path), 409, TAKEN, param="X-Conversation-Id")
         await request.runtime.streams.stop(conversation, holder=holder)  # one generation per conversation
     hop = _from_peer(request, manager)
     if hop:
@@ -116,7 +115,7 @@ async def dispatch(request: HttpRequest) -> HttpResponse:
             pass
         return await _forward(request, manager, await manager.take_over(named, slot), conversation)
     except RouterError as exc:
-        return errors.engine_error(path, exc)
+        return errors.engine_error(surfaces.for_path(path), exc)
 
 
 class _PeerGone(Exception):
@@ -216,13 +215,13 @@ async def _record(request: HttpRequest, manager: Manager, slot: Slot, names: tup
 
     chunks = relay.__aiter__()
     try:
-        frames = await request.runtime.streams.start(conversation, protocol(path), slot.id, chunks, stop,
-                                                     lambda message: stream_error(path, message),
+        frames = await request.runtime.streams.start(conversation, surfaces.for_path(path).name, slot.id, chunks, stop,
+                                                     surfaces.for_path(path).stream_error,
                                                      failed=lambda: relay.broke, holder=holders.of(request))
     except StreamRefused as exc:
         await close_quietly(chunks)
         relay.close()
-        return errors.render(path, exc.status, exc.message, param=exc.param)
+        return errors.render(surfaces.for_path(path), exc.status, exc.message, param=exc.param)
     except BaseException:  # the client left while an earlier generation stopped: this one goes too
         await close_quietly(chunks)
         relay.close()
@@ -254,7 +253,8 @@ class _Relay:
         except httpx.HTTPError as exc:
             log.warning("%s: the stream from %s broke: %s", self.path, self.slot.id, exc)
             self.broke = True
-            yield (b"" if ended else b"\n\n") + stream_error(self.path, _died_message(self.slot, exc))
+            failed = surfaces.for_path(self.path).stream_error(_died_message(self.slot, exc))
+            yield (b"" if ended else b"\n\n") + failed
         finally:
             self._finish()
 
@@ -282,7 +282,7 @@ def _died_message(slot: Slot, exc: Exception) -> str:
 def _died(path: str, slot: Slot, exc: Exception) -> JsonResponse:
     status, code = (504, "model_timeout") if isinstance(exc, httpx.TimeoutException) else \
         (502, "model_process_exited")
-    return JsonResponse(error_object(path, status, _died_message(slot, exc), code, "server_error"), status=status)
+    return surfaces.for_path(path).response(status, _died_message(slot, exc), code, "server_error")
 
 
 async def _fan_out(request: HttpRequest, manager: Manager) -> HttpResponse:
@@ -306,8 +306,8 @@ async def _fan_out(request: HttpRequest, manager: Manager) -> HttpResponse:
         return JsonResponse({"models": bodies}, status=status)
     if answers:
         return _copy(next(iter(answers.values())))
-    return JsonResponse(error_object(request.path, 404, f"no stored response {request.path.rsplit('/', 1)[-1]!r}",
-                                     "not_found", "invalid_request_error"), status=404)
+    return surfaces.for_path(request.path).response(404, f"no stored response {request.path.rsplit('/', 1)[-1]!r}",
+                                                    "not_found", "invalid_request_error")
 
 
 def _copy(reply: httpx.Response) -> HttpResponse:
@@ -359,7 +359,7 @@ async def metrics(request: HttpRequest, own: bytes, content_type: str) -> HttpRe
 def _single(request: HttpRequest) -> JsonResponse:
     message = ("this server serves one model (started as `hearth serve MODEL`); start `hearth serve` without a "
                "model to load, unload and switch models")
-    return JsonResponse(error_object(request.path, 400, message, "router_mode_off"), status=400)
+    return surfaces.for_path(request.path).response(400, message, "router_mode_off")
 
 
 class _BadBody(RouterError):
@@ -412,11 +412,11 @@ async def _manage(request: HttpRequest, act) -> JsonResponse:
     if manager is None:
         return _single(request)
     if request.method != "POST":
-        return JsonResponse(error_object(request.path, 405, "use POST", "method_not_allowed"), status=405)
+        return surfaces.for_path(request.path).response(405, "use POST", "method_not_allowed")
     try:
         return JsonResponse(await act(manager, _body(request)))
     except RouterError as exc:
-        return errors.engine_error(request.path, exc)
+        return errors.engine_error(surfaces.for_path(request.path), exc)
 
 
 async def models_load(request: HttpRequest) -> JsonResponse:
@@ -480,5 +480,4 @@ async def models_sse(request: HttpRequest) -> HttpResponse:
         finally:
             manager.unlisten(queue)
 
-    return StreamingHttpResponse(events(), content_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    return surfaces.OPENAI.sse(events())

@@ -11,16 +11,16 @@ In router mode these run in the router, which records every stream itself;
 a stop goes on to the model's process that generates."""
 from __future__ import annotations
 
-from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
-from ninja import Query, Router, Schema
+from django.http import HttpRequest, JsonResponse
+from ninja import Query, Schema
 from pydantic import Field
 
-from core import holders
+from core import holders, surfaces
+from core.surfaces import OPENAI
 from inference.protocols.errors import RequestError
-from inference.routes.pipeline import STREAM_HEADERS
 from inference.streams.store import MAX_LOOKUP, Gone, StreamRefused, check_id
 
-router = Router(tags=["streams"])
+router = OPENAI.router(tags=["streams"])
 
 
 class LookupRequest(Schema):
@@ -54,18 +54,18 @@ async def replay(request: HttpRequest, conversation_id: str, offset: int = Query
         raise _unknown(conversation_id)
     if offset < 0:
         raise RequestError("from must be a byte offset, 0 or more", "from")
-    headers = {**STREAM_HEADERS, "X-Conversation-Id": conversation_id, "X-Stream-Status": stream.meta.state,
+    headers = {"X-Conversation-Id": conversation_id, "X-Stream-Status": stream.meta.state,
                "X-Stream-Start": str(stream.start), "X-Stream-Bytes": str(stream.end)}
     crashed = stream.after_crash(offset)
     if crashed is not None:  # the client got bytes the disk never did: the event that says why it ended
-        return HttpResponse(crashed, content_type="text/event-stream", headers=headers)
+        return surfaces.of(request).sse(crashed, headers)
     try:
         stream.check_offset(offset)
     except Gone as exc:
         raise RequestError(str(exc), "from", status=410, code="stream_bytes_gone") from None
     except ValueError as exc:
         raise RequestError(str(exc), "from", status=416, code="stream_offset_past_end") from None
-    return StreamingHttpResponse(stream.follow(offset), content_type="text/event-stream", headers=headers)
+    return surfaces.of(request).sse(stream.follow(offset), headers)
 
 
 @router.delete("/stream/{conversation_id}")

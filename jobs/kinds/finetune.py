@@ -133,17 +133,15 @@ def data_format(rows: list[dict]) -> str:
 
 
 def inspect(data_dir: str) -> dict:
-    """What a dataset folder holds; `data_dir` is already confined (core.paths)."""
+    """What a dataset folder holds; `data_dir` is already confined (core.paths). FileNotFoundError
+    without a train.jsonl, ValueError when its rows cannot be read."""
     root = Path(data_dir)
     confine_members(root, DATA_FILES, "path")
     train, valid = root / "train.jsonl", root / "valid.jsonl"
     if not train.is_file():
-        return {"ok": False, "error": f"{train} not found"}
-    try:
-        rows = read_jsonl(train)
-        n_valid = len(read_jsonl(valid)) if valid.is_file() else 0
-    except ValueError as exc:
-        return {"ok": False, "error": str(exc)}
+        raise FileNotFoundError(f"{train} not found")
+    rows = read_jsonl(train)
+    n_valid = len(read_jsonl(valid)) if valid.is_file() else 0
     return {"ok": True, "n_train": len(rows), "n_valid": n_valid, "format": data_format(rows)}
 
 

@@ -56,7 +56,8 @@ def test_signal_is_the_next_token_histogram(base_url, tiny_model):
 ])
 def test_signal_refusals(base_url, raw, status, message):
     r = HTTP.post(base_url + "/signal", content=raw, headers={"content-type": "application/json"})
-    assert r.status_code == status and r.json() == {"error": message}
+    error = r.json()["error"]
+    assert r.status_code == status and error["message"] == message and error["type"] == "invalid_request_error"
     assert r.headers["access-control-allow-origin"] == "*"
 
 
@@ -114,13 +115,13 @@ def test_curve_mode_samples_with_the_drawn_curve(base_url):
 def test_generate_refusals(base_url, fields, message):
     r = HTTP.post(base_url + "/generate", json={"prompt": PROMPT, **fields})
     assert r.status_code == 400, r.text
-    assert set(r.json()) == {"error"} and r.json()["error"].startswith(message), r.json()
+    assert set(r.json()) == {"error"} and r.json()["error"]["message"].startswith(message), r.json()
     assert r.headers["access-control-allow-origin"] == "*"
 
 
 def test_a_prompt_over_the_context_is_refused(base_url):
     r = HTTP.post(base_url + "/generate", json={"prompt": "tides and moons " * 2000, "max_tokens": 8})
-    assert r.status_code == 400 and "does not fit this model's context" in r.json()["error"]
+    assert r.status_code == 400 and "does not fit this model's context" in r.json()["error"]["message"]
 
 
 def test_junk_heuristic():

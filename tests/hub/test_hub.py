@@ -381,8 +381,10 @@ def test_search_filters_to_mlx_and_survives_the_hub_going_away(hub_server, doubl
     assert "mlx-community/tiny-a" in ids and all(r["size_estimate"] is None for r in found["results"])
     assert not {r["id"] for r in httpx.get(url + "/api/hub/search", params={"q": "torch"}).json()["results"]}
     assert httpx.get(url + "/api/hub/search").status_code == 400
-    assert httpx.post(url + "/api/hub/serve", json={"model": "mlx-community/tiny-a"}).json() == {
-        "ok": False, "restart_required": True, "command": "hearth serve mlx-community/tiny-a",
+    one_model = httpx.post(url + "/api/hub/serve", json={"model": "mlx-community/tiny-a"})
+    assert one_model.status_code == 409 and "cannot switch" in one_model.json().pop("error")
+    assert one_model.json() | {"error": ""} == {
+        "ok": False, "error": "", "restart_required": True, "command": "hearth serve mlx-community/tiny-a",
         "router_command": "hearth serve"}
     double.stop()
     gone = httpx.get(url + "/api/hub/search", params={"q": "tiny"})

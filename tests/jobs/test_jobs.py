@@ -165,7 +165,8 @@ def test_finetune_teaches_a_reply_and_streams_its_loss(base_url, tiny_model, tmp
     (data / "valid.jsonl").write_text("\n".join([row] * 4) + "\n")
     probe = httpx.post(base_url + "/api/finetune/inspect-dataset", json={"path": str(data)}).json()
     assert probe == {"ok": True, "n_train": 8, "n_valid": 4, "format": "messages"}
-    assert not httpx.post(base_url + "/api/finetune/inspect-dataset", json={"path": str(tmp_path)}).json()["ok"]
+    empty = httpx.post(base_url + "/api/finetune/inspect-dataset", json={"path": str(tmp_path)})
+    assert empty.status_code == 404 and not empty.json()["ok"] and "train.jsonl not found" in empty.json()["error"]
 
     adapter = tmp_path / "adapter"
     submitted = httpx.post(base_url + "/api/finetune/submit", json={
@@ -233,7 +234,7 @@ def test_resolve_folder_finds_models_the_browser_names(base_url, tiny_model):
             assert r["model_type"] == "llama"
             assert r["repo_id"] == tiny_model
     missing = httpx.post(base_url + "/api/model/resolve-folder", json={"folder_name": "models--no--where"})
-    assert missing.status_code == 200 and missing.json() == {
+    assert missing.status_code == 404 and missing.json() == {
         "ok": False, "error": "Couldn't locate this folder on disk — paste the path instead."}
 
 

@@ -1,0 +1,87 @@
+"""Every route answers a bad body in its surface's shape (core/surfaces.py):
+Anthropic's on Messages, OpenAI's on the rest of `/v1` and the routes
+outside the APIs, `{"ok": false}` on `/api`, never with a 2xx and never a
+500; and each ninja route hangs on the router of the surface it speaks."""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from core import surfaces
+
+BAD_BODIES = [b"[1", b'{"a": ' * 100 + b"1" + b"}" * 100, b"[]", b'"text"']
+WITH_BODY = ("post", "put", "patch", "delete")
+# Plain Django routes that take a body (config/urls.py), answered in OpenAI's shape.
+PLAIN = ["/models/load", "/models/unload", "/models/pin", "/models/default", "/admin/cache/session/close",
+         "/signal", "/generate"]
+
+
+@pytest.fixture(scope="module")
+def app(served):
+    return served("--no-worker")
+
+
+def _routes(api, prefix: str) -> list[tuple[str, str]]:
+    doc = api.get_openapi_schema(path_prefix=prefix)
+    return [(method, re.sub(r"\{[^}]+\}", "x", path)) for path, ops in doc["paths"].items()
+            for method, op in ops.items() if method in WITH_BODY and "requestBody" in op]
+
+
+def _check(answer, surface: surfaces.Surface, where: str) -> None:
+    assert 400 <= answer.status_code < 500, (where, answer.status_code, answer.text[:300])
+    body = answer.json()
+    if surface is surfaces.ANTHROPIC:
+        assert body["type"] == "error" and set(body["error"]) == {"type", "message"}, (where, body)
+    elif surface is surfaces.API:
+        assert body["ok"] is False and isinstance(body["error"], str) and body["error"], (where, body)
+    else:
+        assert set(body["error"]) == {"message", "type", "param", "code"}, (where, body)
+        assert body["error"]["message"], (where, body)
+
+
+def test_every_route_answers_a_bad_body_in_its_surfaces_shape(app):
+    from config.api import api, v1
+
+    routes = [*_routes(v1, "/v1/"), *_routes(api, "/api/"), *(("post", path) for path in PLAIN)]
+    assert len(routes) > 40, routes
+    for method, path in routes:
+        surface = surfaces.for_path(path)
+        for body in BAD_BODIES:
+            answer = app.request(method.upper(), path, content=body, headers={"content-type": "application/json"})
+            _check(answer, surface, f"{method.upper()} {path} {body[:10]!r}")
+
+
+def test_each_ninja_route_hangs_on_its_surfaces_router():
+    """The surface comes from the router a route is on (the shapes above), and
+    the routers are the ones the protocols' paths call for."""
+    from config.api import api, v1
+
+    seen = {}
+    for ninja_api in (v1, api):
+        for _, router in ninja_api._routers:
+            marks = [deco for deco, mode in router._decorators if mode == "view"]
+            for path in router.path_operations:
+                owner = {m.__self__ for m in marks if isinstance(getattr(m, "__self__", None), surfaces.Surface)}
+                seen[path] = owner
+    assert seen and all(len(owner) == 1 for owner in seen.values()), seen
+    by_path = {path: next(iter(owner)) for path, owner in seen.items()}
+    assert by_path["/messages"] is surfaces.ANTHROPIC and by_path["/messages/count_tokens"] is surfaces.ANTHROPIC
+    assert by_path["/responses"] is surfaces.RESPONSES and by_path["/chat/completions"] is surfaces.OPENAI
+    assert by_path["/jobs"] is surfaces.API
+
+
+def test_a_stream_error_ends_each_protocols_stream_in_its_shape():
+    import json
+
+    def data(frame: bytes) -> dict:
+        return json.loads(frame.decode().split("data: ", 1)[1])
+
+    assert data(surfaces.OPENAI.stream_error("boom")) == {"error": {"message": "boom", "type": "server_error",
+                                                                    "param": None, "code": "server_error"}}
+    anthropic = surfaces.ANTHROPIC.stream_error("boom")
+    assert anthropic.startswith(b"event: error\n") and data(anthropic)["error"] == {"type": "api_error",
+                                                                                   "message": "boom"}
+    responses = surfaces.RESPONSES.stream_error("boom")
+    assert responses.startswith(b"event: error\n") and data(responses)["code"] == "server_error"
+    assert data(surfaces.SOCKET.stream_error("boom")) == {"type": "error", "message": "boom"}
