@@ -101,7 +101,8 @@ def test_init_refuses_paths_outside_the_vault_roots(client, tmp_path):
 
 def test_a_missing_vault_answers_enabled_false(client):
     r = client.get("/api/memory/status", {"vault": "nope"})
-    assert r.status_code == 200 and r.json()["enabled"] is False and r.json()["reason"] == "no memory vault named 'nope'"
+    assert r.status_code == 200 and r.json()["enabled"] is False
+    assert r.json()["reason"] == "no memory vault named 'nope'"
     for route in ("list", "search", "article", "links", "history", "diff"):
         r = client.get(f"/api/memory/{route}", {"vault": "nope", "q": "x", "name": "x", "rev": "abcd"})
         assert r.status_code == 404 and r.json()["enabled"] is False and "root" in r.json(), route
