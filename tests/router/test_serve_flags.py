@@ -4,10 +4,13 @@ keys of a `--models-preset` file, and the flags the router hands every
 model's process. In this process, on the parser the command builds."""
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from inference import serve_flags
 from inference.router import presets
+from tests.helpers import ROOT
 
 ROUTER_OWN = {"alias", "tags", "pin"}  # preset keys that are no serve flag
 
@@ -78,3 +81,13 @@ def test_the_router_hands_every_shared_flag_with_its_own_value(parser):
         assert child[flag.target] == expected, flag.name
     assert not {"--memory-budget", "--ssd-cache", "--models-max"} & set(args)  # each model's own, or the router's
 
+
+def test_the_manual_names_every_flag_and_every_preset_key():
+    settings = (ROOT / "docs/serving/settings.md").read_text()
+    limits = (ROOT / "docs/serving/limits.md").read_text()
+    for flag in serve_flags.FLAGS:
+        if not flag.hidden:
+            assert all(f"`{name}" in (limits if flag.limit else settings) for name in flag.names), flag.name
+    router = (ROOT / "docs/serving/router.md").read_text()
+    keys = re.search(r"^Keys: (.*?)\.$", router, re.S | re.M)
+    assert keys and set(re.findall(r"`([a-z-]+)`", keys.group(1))) == presets.KEYS
