@@ -1,5 +1,6 @@
-"""`/api/sessions/search`, `/export`, `/import`, and the sessions' tool approvals
-(`/api/settings/tool-approvals`)."""
+"""`/api/sessions/search`, `/export`, `/import`, the sessions' tool approvals
+(`/api/settings/tool-approvals`), and the numbers a chat's sampling settings
+take (`/api/sampling-fields`)."""
 from __future__ import annotations
 
 import ipaddress
@@ -11,10 +12,12 @@ from django.http import HttpRequest, HttpResponse
 from ninja import Query, Schema
 from pydantic import ConfigDict, Field
 
+from chat import gensettings
 from chat.models import ChatEntry, ChatSession
 from core.api import ApiError
 from core.openapi import documented
 from core.surfaces import API
+from inference.protocols import params
 
 router = API.router(tags=["sessions"])
 MAX_MATCHES, PER_SESSION, CONTEXT = 50, 10, 60
@@ -30,6 +33,17 @@ class SessionExport(Schema):
 
     model_config = ConfigDict(extra="allow")
     entries: list[dict[str, Any]]
+
+
+@router.get("/sampling-fields")
+def sampling_fields(request: HttpRequest) -> dict:
+    """The numbers a chat's `set_sampling` frame takes, in order: every
+    sampling field of the HTTP routes (`params.FIELDS`), then `max_tokens`;
+    each with its JSON type, range (null: none fixed) and what it does. The
+    dashboard draws its sampling panel from this."""
+    return {"ok": True, "fields": [{"name": f.name, "type": "integer" if f.kind is int else "number",
+                                    "minimum": f.minimum, "maximum": f.maximum, "description": f.description}
+                                   for f in (*params.FIELDS, gensettings.MAX_TOKENS)]}
 
 
 def _snippet(text: str, start: int, end: int) -> dict:

@@ -1,4 +1,4 @@
-"""The chat's generation settings that are not plain numbers: `max_tokens`,
+"""The chat's generation settings beside the sampling fields: `max_tokens`,
 `stop`, `logit_bias` (by token id, or by token text turned into ids with
 the served model's tokenizer) and `response_format`. Checked when a
 `set_sampling` frame sets them, stored with the session's sampling values,
@@ -8,8 +8,13 @@ from __future__ import annotations
 import json
 
 from core import limits
+from inference.protocols.params import NumberField
 
 KEYS = ("max_tokens", "stop", "logit_bias", "response_format")
+# The one number of these, declared as the sampling fields are (`params.FIELDS`): the
+# dashboard's panel draws both from `GET /api/sampling-fields`.
+FEWEST_TOKENS, MOST_TOKENS = 1, 1_000_000
+MAX_TOKENS = NumberField("max_tokens", int, FEWEST_TOKENS, MOST_TOKENS, "most tokens a reply may have")
 MOST_STOPS, MOST_STOP_CHARS, MOST_BIASES = 4, 256, 300
 FORMATS = ("text", "json_object", "json_schema")
 
@@ -25,8 +30,8 @@ def check(key: str, value, tokenizer=None):
 
 
 def _max_tokens(value, _):
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 1_000_000:
-        raise ValueError("max_tokens must be a whole number from 1 to 1000000, or null")
+    if isinstance(value, bool) or not isinstance(value, int) or not FEWEST_TOKENS <= value <= MOST_TOKENS:
+        raise ValueError(f"max_tokens must be a whole number from {FEWEST_TOKENS} to {MOST_TOKENS}, or null")
     return value
 
 

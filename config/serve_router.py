@@ -3,8 +3,9 @@ one port, each loaded into a process of its own (a `hearth serve MODEL`
 on a private loopback port) when a request names it; the default model
 and pinned ones load at start.
 
-Flags every model shares (batching, context, sampling defaults, …) are
-handed to each child, the preset's per-model flags after them; the memory
+Flags every model shares (batching, context, sampling defaults, …; those
+marked `shared` in `inference/serve_flags.py`) are handed to each child,
+the preset's per-model flags after them; the memory
 budget (`--memory-budget`, else three quarters of RAM) is the total, and
 each child gets an equal share of it among the models loaded at once; the request
 bounds reach the children through the environment (`core.limits.export`).
@@ -32,6 +33,7 @@ from config.serving_access import is_loopback
 from core import home
 from core.blas import blas_in_use
 from hub import fit
+from inference import serve_flags
 from inference.demo.build import DEMO_REPO
 from inference.router import remotes
 from inference.router.catalog import Catalog, CatalogError, Library
@@ -43,14 +45,6 @@ from inference.router.slots import RouterError, Settings
 
 log = logging.getLogger("hearth.serve")
 
-# serve flags every child gets from the router's own: flag -> option key
-SHARED_FLAGS = {"--batch": "batch", "--prefill-chunk": "prefill_chunk", "--max-context": "max_context",
-                "--prompt-cache-bytes": "prompt_cache_bytes",
-                "--ssd-cache-bytes": "ssd_cache_bytes", "--kv-quant": "kv_quant", "--max-tokens": "max_tokens",
-                "--temperature": "temperature", "--top-p": "top_p", "--top-k": "top_k",
-                "--hlg-sampling": "hlg_sampling", "--response-ttl": "response_ttl", "--drain-seconds": "drain_seconds",
-                "--flush-seconds": "flush_seconds", "--draft-kind": "draft_kind", "--draft-tokens": "draft_tokens"}
-SHARED_SWITCHES = {"--keep-dtype": "keep_dtype", "--embeddings": "embeddings"}
 MOST_BY_DEFAULT = 8
 
 
@@ -69,11 +63,16 @@ class RouterWork(Work):
 
 
 def child_args(opts: dict) -> list[str]:
+    """The router's own values of the flags every model's process shares
+    (`inference.serve_flags`, those marked `shared`), as that process's flags."""
     args = []
-    for flag, key in SHARED_FLAGS.items():
-        if opts.get(key) is not None:
-            args += [flag, str(opts[key])]
-    return args + [flag for flag, key in SHARED_SWITCHES.items() if opts.get(key)]
+    for flag in serve_flags.SHARED:
+        value = opts.get(flag.target)
+        if flag.switch:
+            args += [flag.name] if value else []
+        elif value is not None:
+            args += [flag.name, str(value)]
+    return args
 
 
 def default_models_max(catalog: Catalog, usable: int) -> int:

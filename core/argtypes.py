@@ -7,6 +7,7 @@ the file and line."""
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 from collections.abc import Callable
 
@@ -41,6 +42,23 @@ def positive(text):
     if value < 1:
         raise ValueError(f"must be at least 1, got {text}")
     return value
+
+
+def _checked(kind: type, expected: str, parse: Callable[[str], object]) -> Callable[[str], object]:
+    """`parse` behind a check that the text is a `kind` at all, whose message reads better than
+    int()'s `invalid literal for int() with base 10`."""
+    def checked(text: str) -> object:
+        try:
+            kind(text)
+        except ValueError:
+            raise ValueError(f"expected {expected}, got {text!r}") from None
+        return parse(text)
+    checked.__name__ = getattr(parse, "__name__", "value")
+    return checked
+
+
+whole = functools.partial(_checked, int, "a whole number")  # whole(parse): an int's text, then `parse`
+number = functools.partial(_checked, float, "a number")  # number(parse): a float's text, then `parse`
 
 
 def choice(*names: str) -> Callable:

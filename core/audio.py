@@ -87,7 +87,7 @@ def decode(data: bytes, timeout_s: float = DECODE_TIMEOUT_S) -> np.ndarray:
                "-f", kind, "-i", name, "-vn", "-t", f"{cap + 1 / RATE:.6f}",
                "-f", "f32le", "-acodec", "pcm_f32le", "-ac", "1", "-ar", str(RATE), "pipe:1"]
         try:
-            done = procs.run(cmd, capture_output=True, timeout=timeout_s)
+            done = procs.run(cmd, hide=procs.SECRET_ENV, capture_output=True, timeout=timeout_s)
         except subprocess.TimeoutExpired:
             raise AudioError(f"decoding the audio took more than {timeout_s:g}s") from None
     finally:

@@ -28,11 +28,15 @@ log = logging.getLogger("hearth.procs")
 PR_SET_PDEATHSIG = 1
 # A child started by `spawn` finds "<parent pid>:<signal number>" here.
 PARENT_ENV = "HEARTH_PARENT"
-# The server's keys: what its clients hold, never handed to a process that did not need them.
+# The secrets Hearth reads from its environment, named here only (a test holds every other module to
+# that), never handed to a process that does not need them. The server's keys: what its clients hold.
 SERVER_KEYS = ("HEARTH_API_KEY", "HEARTH_INTERNAL_KEY")
+REMOTE_KEYS = ("HEARTH_MODELS_REMOTE_KEY",)  # what the router's remote hosts take (--models-remote-key)
 HUB_TOKENS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
-# What a sandbox (a client's chat template, a tool's command) never sees.
-SECRET_ENV = SERVER_KEYS + HUB_TOKENS
+SITE_KEYS = ("HEARTH_SECRET_KEY",)  # signs the dashboard's sign-in sessions
+# What a program that is not Hearth's own never sees: a client's chat template or a grammar compile (their
+# worker processes), a tool's command, ffmpeg, git.
+SECRET_ENV = SERVER_KEYS + REMOTE_KEYS + HUB_TOKENS + SITE_KEYS
 START_TIME_SLACK_S = 0.05  # start times read by two processes may differ in the last digits
 
 

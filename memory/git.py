@@ -28,7 +28,7 @@ def run(root: Path, *args: str, check: bool = True, timeout: float = TIMEOUT_S) 
         # Its own session: cancelling a job signals the job's process group, and a
         # fast-forward cut short there would leave the vault half checked out.
         done = procs.run(["git", "-C", str(root), *IDENTITY, *args], capture_output=True, text=True,
-                         encoding="utf-8", errors="replace", env=env, timeout=timeout,
+                         encoding="utf-8", errors="replace", env=env, hide=procs.SECRET_ENV, timeout=timeout,
                          stdin=subprocess.DEVNULL, start_new_session=True)
     except FileNotFoundError:
         raise GitError("git is not installed (apt-get install git)") from None

@@ -7,7 +7,7 @@
 import { api, h, signIn, toast } from "./util.js";
 import { markdown } from "./md.js";
 import { imageAttacher, turnImages } from "./chat_images.js";
-import { samplingPanel } from "./chat_settings.js";
+import { samplingFields, samplingPanel } from "./chat_settings.js";
 import { importButton, sessionMenu } from "./session_actions.js";
 import { speechInput } from "./speech.js";
 import { toolCard } from "./chat_toolcard.js";
@@ -53,9 +53,13 @@ export function createChat(hooks = {}) {
   // Router mode: which model answers this chat ("" is the server's default, sent as null).
   const model = h("select", { "aria-label": "Model for this chat", class: "model-pick", hidden: true,
     onchange: () => frame({ type: "set_model", model: model.value || null }) });
-  const temp = h("input", { type: "number", step: "0.1", min: "0", max: "2", placeholder: "temp", style: "width:5.5em",
+  const temp = h("input", { type: "number", step: "0.1", placeholder: "temp", style: "width:5.5em",
     "aria-label": "Temperature", onchange: () => frame({ type: "set_sampling", scope: "session",
       temperature: temp.value === "" ? null : Number(temp.value) }) });
+  samplingFields().then((fields) => {
+    const field = fields.find((f) => f.name === "temperature");
+    Object.assign(temp, { min: field.minimum, max: field.maximum, title: field.description });
+  }).catch(() => {});  // the sampling panel says why
   const sampling = samplingPanel(frame, (values) => { temp.value = values.temperature ?? ""; });
   const system = h("button", { type: "button", onclick: () => {
     const text = prompt("System prompt for this chat (empty clears it):", state.system || "");

@@ -2,20 +2,29 @@
 // (the model's defaults shown where a field is empty), max tokens, stop sequences, logit bias by token text,
 // and a response format with a JSON schema editor that checks the schema as it is typed. Saved on the session
 // with one `set_sampling` frame; an empty field is sent as null (the server's default).
-import { h, toast } from "./util.js";
+// The number fields are the server's list (`GET /api/sampling-fields`: name, type, range, what each does),
+// read once per page.
+import { api, h, toast } from "./util.js";
 
-const NUMBERS = [
-  ["temperature", "temperature", 0, 2, 0.05], ["top_p", "top p", 0, 1, 0.01], ["top_k", "top k", 0, null, 1],
-  ["min_p", "min p", 0, 1, 0.01], ["repetition_penalty", "repetition penalty", 0, null, 0.01],
-  ["repetition_context_size", "repetition window", 0, null, 1], ["presence_penalty", "presence penalty", null, null, 0.1],
-  ["presence_context_size", "presence window", 0, null, 1], ["frequency_penalty", "frequency penalty", null, null, 0.1],
-  ["frequency_context_size", "frequency window", 0, null, 1], ["seed", "seed", null, null, 1],
-  ["max_tokens", "max tokens", 1, null, 1],
-];
+let asked = null;
+
+// The numbers `set_sampling` takes, in the server's order; asked again after a failure.
+export function samplingFields() {
+  asked ??= api("/api/sampling-fields").then((r) => r.fields).catch((e) => { asked = null; throw e; });
+  return asked;
+}
+
+function numberInput(field) {
+  const label = field.name.replaceAll("_", " ");
+  const input = h("input", { type: "number", step: field.type === "integer" ? 1 : 0.01, min: field.minimum ?? false,
+    max: field.maximum ?? false, "aria-label": label, "data-key": field.name, title: field.description });
+  return [input, h("label", { title: field.description }, h("span", {}, label), input)];
+}
 
 export function samplingPanel(frame, onSaved) {
-  const inputs = Object.fromEntries(NUMBERS.map(([key, label, min, max, step]) => [key, h("input", {
-    type: "number", step, min: min ?? false, max: max ?? false, "aria-label": label, "data-key": key })]));
+  const inputs = {};
+  const grid = h("div", { class: "sampling-grid" });
+  let modelDefaults = null, stored = null;  // shown once the fields are drawn
   const stop = h("input", { placeholder: "e.g. ###, END", "aria-label": "Stop sequences (comma separated)" });
   const bias = h("textarea", { rows: 2, placeholder: "one per line: token text = bias (-100 to 100)",
     "aria-label": "Logit bias by token text" });
@@ -26,7 +35,7 @@ export function samplingPanel(frame, onSaved) {
   const schemaNote = h("p", { class: "small", role: "status" });
   const problem = h("p", { class: "error small", role: "alert", hidden: true });
   const panel = h("form", { class: "card sampling-panel", hidden: true, onsubmit: (e) => { e.preventDefault(); save(); } },
-    h("div", { class: "sampling-grid" }, ...NUMBERS.map(([key, label]) => h("label", {}, h("span", {}, label), inputs[key]))),
+    grid,
     h("div", { class: "sampling-grid wide" }, h("label", {}, h("span", {}, "stop"), stop),
       h("label", {}, h("span", {}, "logit bias"), bias),
       h("label", {}, h("span", {}, "response format"), format)),
@@ -38,6 +47,27 @@ export function samplingPanel(frame, onSaved) {
     onclick: () => { panel.hidden = !panel.hidden; toggle.setAttribute("aria-expanded", String(!panel.hidden)); } }, "Sampling…");
   format.addEventListener("change", () => { schema.hidden = format.value !== "json_schema"; checkSchema(); });
   schema.addEventListener("input", checkSchema);
+  samplingFields().then((fields) => {
+    for (const field of fields) {
+      const [input, label] = numberInput(field);
+      inputs[field.name] = input;
+      grid.append(label);
+    }
+    placeholders();
+    showNumbers();
+  }).catch((e) => error(`The sampling fields did not load: ${e.message}`));
+
+  function placeholders() {
+    for (const [key, input] of Object.entries(inputs)) {
+      input.placeholder = modelDefaults?.[key] != null ? `${modelDefaults[key]} (model)` : "default";
+    }
+  }
+
+  function showNumbers() {
+    for (const [key, input] of Object.entries(inputs)) input.value = stored?.[key] ?? "";
+  }
+
+  function error(message) { problem.textContent = message; problem.hidden = false; }
 
   function checkSchema() {
     if (format.value !== "json_schema") { schemaNote.textContent = ""; return null; }
@@ -72,7 +102,7 @@ export function samplingPanel(frame, onSaved) {
       if (parsed === undefined) throw new Error("the JSON schema does not parse");
       values.response_format = format.value === "json_schema" ? { type: "json_schema", json_schema: { name: "reply", schema: parsed } }
         : format.value === "json_object" ? { type: "json_object" } : null;
-    } catch (e) { problem.textContent = e.message; problem.hidden = false; return; }
+    } catch (e) { error(e.message); return; }
     frame({ type: "set_sampling", scope: "session", ...values });
     onSaved?.(values);
     toast("Sampling saved for this chat");
@@ -81,12 +111,11 @@ export function samplingPanel(frame, onSaved) {
   return {
     toggle, panel,
     // The model's defaults as placeholders (from the ready frame).
-    defaults(gen) {
-      for (const [key, input] of Object.entries(inputs)) input.placeholder = gen?.[key] != null ? `${gen[key]} (model)` : "default";
-    },
+    defaults(gen) { modelDefaults = gen; placeholders(); },
     // The session's stored values (from its history frame).
     show(sampling = {}) {
-      for (const [key, input] of Object.entries(inputs)) input.value = sampling[key] ?? "";
+      stored = sampling;
+      showNumbers();
       stop.value = (sampling.stop || []).join(", ");
       bias.value = Object.entries(sampling.logit_bias || {}).map(([k, v]) => `${k} = ${v}`).join("\n");
       const rf = sampling.response_format;
@@ -95,6 +124,6 @@ export function samplingPanel(frame, onSaved) {
       schema.value = rf?.json_schema ? JSON.stringify(rf.json_schema.schema, null, 2) : "";
       checkSchema();
     },
-    error(message) { problem.textContent = message; problem.hidden = false; },
+    error,
   };
 }

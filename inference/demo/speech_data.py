@@ -66,7 +66,7 @@ def trim(audio: np.ndarray, floor: float = 0.01) -> np.ndarray:
 def say(text: str, voice: str = "en", speed: int = 160, pitch: int = 50) -> np.ndarray:
     """`text` spoken by espeak-ng, as 16 kHz float32 mono."""
     done = procs.run([espeak(), "-v", voice, "-s", str(speed), "-p", str(pitch), "--stdout", text],
-                     capture_output=True, timeout=60, check=True)
+                     hide=procs.SECRET_ENV, capture_output=True, timeout=60, check=True)
     audio, rate = wav_to_float(done.stdout)
     return resample(audio, rate)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, TypeGuard
 
 from core import jsonbody
@@ -17,13 +17,52 @@ from inference.protocols.errors import RequestError
 from inference.protocols.options import ServerDefaults
 
 MAX_STOP_SEQUENCES = checks.MAX_STOP_SEQUENCES
+
+
+@dataclass(frozen=True)
+class NumberField:
+    """A number a request may set: its wire name, JSON type, the range the
+    engine runs (None: no fixed bound; `top_k`'s is the model's vocabulary)
+    and what it does. The OpenAPI documents, the chat socket, the dashboard's
+    sampling panel (`GET /api/sampling-fields`) and `hearth run`'s `/set`
+    read these."""
+
+    name: str
+    kind: type[int] | type[float]
+    minimum: float | None
+    maximum: float | None
+    description: str
+
+
 # Every sampling field a request may set, by the name every surface uses
-# (chat, completions, Messages, Responses, the chat socket's set_sampling).
-# A new one goes here, in `sampling`/`logits_params` below, and in engine/checks.py. The one
-# sampling field that is an object, `hlg`, is read by `hlg` below.
-SAMPLING = ("temperature", "top_p", "top_k", "min_p", "xtc_probability", "xtc_threshold", "seed",
-            "repetition_penalty", "repetition_context_size", "presence_penalty", "presence_context_size",
-            "frequency_penalty", "frequency_context_size")
+# (chat, completions, Messages, Responses, the chat socket's set_sampling),
+# with the engine's bounds (`inference/engine/checks.py`; a test holds them
+# to what `checked` refuses). A new one goes here, in `sampling`/`logits_params`
+# below, and in engine/checks.py. The one sampling field that is an object,
+# `hlg`, is read by `hlg` below.
+FIELDS = (
+    NumberField("temperature", float, 0.0, checks.MAX_TEMPERATURE, "0 = greedy"),
+    NumberField("top_p", float, 0.0, 1.0, "nucleus sampling (0 or 1 = off)"),
+    NumberField("top_k", int, 0, None, "the k likeliest tokens, below the vocabulary size (0 = off)"),
+    NumberField("min_p", float, 0.0, 1.0, "drops tokens less likely than this times the likeliest (0 = off)"),
+    NumberField("xtc_probability", float, 0.0, 1.0, "XTC: the chance, per token, that likely ones are cut (0 = off)"),
+    NumberField("xtc_threshold", float, 0.0, checks.MAX_XTC_THRESHOLD,
+                "XTC: a token above this probability is likely; all but the least likely are cut (default 0.1)"),
+    NumberField("seed", int, 0, checks.MAX_SEED, "the same seed repeats the output"),
+    NumberField("repetition_penalty", float, 0.0, checks.MAX_PENALTY,
+                "above 1 makes tokens in the window less likely (1 = off)"),
+    NumberField("repetition_context_size", int, 0, checks.MAX_WINDOW,
+                "tokens the repetition penalty looks back over (default 20)"),
+    NumberField("presence_penalty", float, -checks.MAX_PENALTY, checks.MAX_PENALTY,
+                "subtracted from the logit of each token in the window"),
+    NumberField("presence_context_size", int, 0, checks.MAX_WINDOW,
+                "tokens the presence penalty looks back over (default 20)"),
+    NumberField("frequency_penalty", float, -checks.MAX_PENALTY, checks.MAX_PENALTY,
+                "subtracted from a token's logit once per time it is in the window"),
+    NumberField("frequency_context_size", int, 0, checks.MAX_WINDOW,
+                "tokens the frequency penalty looks back over (default 20)"),
+)
+SAMPLING = tuple(f.name for f in FIELDS)
 
 
 def parse_json_body(raw: bytes, max_depth: int) -> dict:

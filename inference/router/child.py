@@ -26,9 +26,10 @@ log = logging.getLogger("hearth.router")
 FD_ENV = "HEARTH_ROUTER_FD"
 MODEL_ENV = "HEARTH_ROUTER_MODEL"  # its log lines name the model
 # Settings of the router that a child must not take as its own: the child
-# answers only the router (its own key), on loopback. It keeps the Hub
-# token: it may download its model.
-_NOT_INHERITED = (*procs.SERVER_KEYS, "HEARTH_CORS_ORIGINS", "HEARTH_ALLOWED_HOSTS")
+# answers only the router (its own key), on loopback, and forwards to no
+# remote host. It keeps the Hub token (it may download its model) and the
+# site's key (it is a process of the same site).
+_NOT_INHERITED = (*procs.SERVER_KEYS, *procs.REMOTE_KEYS, "HEARTH_CORS_ORIGINS", "HEARTH_ALLOWED_HOSTS")
 
 
 class ChildProcess:

@@ -8,8 +8,11 @@ with `FILE:LINE: `:
 - `[name]`: any non-empty text without `]`, spaces around it stripped; each
   section at most once.
 - `key = value`: a key from `KEYS`, inside a section, at most once per
-  section, with a non-empty value its key's parser accepts (the parsers of
-  `hearth serve`'s flags, `core.argtypes`).
+  section, with a non-empty value its key's parser accepts. The keys are
+  the `hearth serve` flags marked `preset` in their one declaration
+  (`inference.serve_flags`), named without the dashes and read by the same
+  parser as the flag (`true`/`false` for an on/off flag), and the router's
+  own `alias`, `tags` and `pin`.
 - `#` or `;` at the start of a line or after whitespace starts a comment;
   blank lines are skipped; any other line is an error.
 - Paths (`adapter`, `ssd-cache`) expand `~` and are relative to the file's
@@ -19,13 +22,13 @@ with `FILE:LINE: `:
   is refused in `[*]`, since an alias names one model.
 
 Serve options become the child process's flags (`Preset.child_args`); the
-router's own keys (`alias`, `tags`, `pin`, `idle-unload`) become fields.
+router's own keys (`alias`, `tags`, `pin`) and its settings per model
+(`idle-unload`, a flag marked `SETTING`) become fields.
 Parsed by hand: configparser reports no line for a bad value and accepts more
 (continuation lines, `:` for `=`, keys in any case).
 """
 from __future__ import annotations
 
-import functools
 import os
 import re
 from collections.abc import Callable
@@ -34,8 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from core import argtypes
-from inference.engine import hlg
-from inference.engine.checks import MAX_TEMPERATURE
+from inference import serve_flags
 
 
 class PresetError(ValueError):
@@ -64,34 +66,6 @@ class Preset:
         return args
 
 
-def _checked(kind: type, expected: str, parse: Callable[[str], object]) -> Callable[[str], object]:
-    """`parse` behind a check that the text is a `kind` at all, whose message reads better than
-    int()'s `invalid literal for int() with base 10`."""
-    def checked(text: str) -> object:
-        try:
-            kind(text)
-        except ValueError:
-            raise ValueError(f"expected {expected}, got {text!r}") from None
-        return parse(text)
-    return checked
-
-
-_whole = functools.partial(_checked, int, "a whole number")
-_number = functools.partial(_checked, float, "a number")
-
-
-def _rows(text: str) -> int | str:
-    """`auto` kept as written (the child's flag reads it again), or a row count."""
-    rows = argtypes.rows(text)
-    return "auto" if rows is None else rows
-
-
-def _kv_bits(text: str) -> int:
-    if int(text) not in (4, 8):
-        raise ValueError(f"must be 4 or 8, got {text}")
-    return int(text)
-
-
 def _names(text: str) -> tuple[str, ...]:
     names = tuple(dict.fromkeys(part.strip() for part in text.split(",") if part.strip()))
     if not names:
@@ -99,35 +73,14 @@ def _names(text: str) -> tuple[str, ...]:
     return names
 
 
-# Serve options, in the order `hearth serve --help` lists them; paths are in _PATHS.
-_SERVE: dict[str, Callable[[str], object]] = {
-    "batch": _rows,
-    "prefill-chunk": _whole(argtypes.positive),
-    "max-context": _whole(argtypes.positive),
-    "memory-budget": argtypes.byte_count,
-    "prompt-cache-bytes": argtypes.byte_count,
-    "ssd-cache-bytes": argtypes.byte_count,
-    "kv-quant": _whole(_kv_bits),
-    "draft-model": str,
-    "draft-kind": argtypes.choice("ngram", "model"),
-    "draft-tokens": _whole(argtypes.positive),
-    "keep-dtype": argtypes.boolean,
-    "embeddings": argtypes.boolean,
-    "temperature": _number(argtypes.non_negative(float, MAX_TEMPERATURE)),
-    "top-p": _number(argtypes.unit),
-    "top-k": _whole(argtypes.non_negative(int)),
-    "hlg-sampling": hlg.canonical,
-    "max-tokens": _whole(argtypes.non_negative(int)),
-}
-_PATHS = frozenset({"adapter", "ssd-cache"})
-# Router keys -> (Preset field, parser).
+# Keys of the router's own that are no `hearth serve` flag -> (Preset field, parser).
 _ROUTER: dict[str, tuple[str, Callable[[str], object]]] = {
     "alias": ("aliases", _names),
     "tags": ("tags", _names),
     "pin": ("pinned", argtypes.boolean),
-    "idle-unload": ("idle_unload", _number(argtypes.non_negative(float))),
 }
-KEYS: frozenset[str] = frozenset(_SERVE) | _PATHS | frozenset(_ROUTER)
+# Every key: the serve flags a preset may set (`inference.serve_flags`, those marked `preset`) and the router's own.
+KEYS: frozenset[str] = frozenset(serve_flags.PRESET_KEYS) | frozenset(_ROUTER)
 
 _COMMENT = re.compile(r"(?:^|\s)[#;]")
 _SECTION = re.compile(r"\[([^\]]*)\]")
@@ -135,12 +88,18 @@ _KEY = re.compile(r"[a-z][a-z0-9-]*")
 
 
 def _value(key: str, text: str, base: Path) -> object:
-    if key in _PATHS:
+    if key in _ROUTER:
+        return _ROUTER[key][1](text)
+    flag = serve_flags.PRESET_KEYS[key]
+    if flag.path:
         path = os.path.abspath(base / Path(text).expanduser())  # an absolute `text` replaces `base`
         if key == "adapter" and not os.path.isdir(path):
             raise ValueError(f"no such directory: {path}")
         return path
-    return _SERVE[key](text) if key in _SERVE else _ROUTER[key][1](text)
+    if flag.switch:
+        return argtypes.boolean(text)
+    parse = flag.preset_parse or flag.parse
+    return text if parse is None else parse(text)
 
 
 def _read(file: str) -> str:
@@ -212,6 +171,8 @@ def _setting(section: _Section | None, line: str, where: str, number: int, base:
     section.lines[key] = number
     if key in _ROUTER:
         section.fields[_ROUTER[key][0]] = value
+    elif serve_flags.PRESET_KEYS[key].preset == serve_flags.SETTING:
+        section.fields[serve_flags.PRESET_KEYS[key].target] = value
     else:
         section.flags[key] = value
 

@@ -9,10 +9,12 @@ allows fields it does not list (clients send many), and types stay loose
 where the protocol takes several shapes."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 from ninja import Schema
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, create_model
+
+from inference.protocols import params
 
 Json = Any  # a value the protocol module checks itself
 
@@ -21,23 +23,35 @@ class _Body(Schema):
     model_config = ConfigDict(extra="allow")
 
 
-class Sampling(_Body):
-    """The sampling fields every surface reads (`params.SAMPLING`, in its
-    order; see docs/serving/limits.md for their ranges)."""
+_S = TypeVar("_S", bound=_Body)
 
-    temperature: float | None = Field(None, description="0 = greedy; 0 to 2")
-    top_p: float | None = Field(None, description="nucleus sampling, 0 to 1 (0 or 1 = off)")
-    top_k: int | None = Field(None, description="below the vocabulary size; 0 = off")
-    min_p: float | None = None
-    xtc_probability: float | None = None
-    xtc_threshold: float | None = Field(None, description="0 to 0.5")
-    seed: int | None = Field(None, description="0 to 2^64-1: the same seed repeats the output")
-    repetition_penalty: float | None = None
-    repetition_context_size: int | None = None
-    presence_penalty: float | None = None
-    presence_context_size: int | None = None
-    frequency_penalty: float | None = None
-    frequency_context_size: int | None = None
+
+def _numbers(fields: tuple[params.NumberField, ...]):
+    """A class decorator: the schema with a field per `fields` entry (type,
+    range and description); absent, each is null."""
+    def with_fields(schema: type[_S]) -> type[_S]:
+        defined: dict[str, Any] = {f.name: (f.kind | None, Field(None, description=_described(f))) for f in fields}
+        return create_model(schema.__name__, __base__=schema, __module__=schema.__module__,
+                            __doc__=schema.__doc__, **defined)
+    return with_fields
+
+
+def _described(field: params.NumberField) -> str:
+    """The field's description with its range."""
+    def shown(value: float) -> str:
+        return str(int(value)) if field.kind is int else f"{value:g}"
+
+    if field.minimum is None:
+        return field.description
+    if field.maximum is None:
+        return f"{field.description}; at least {shown(field.minimum)}"
+    return f"{field.description}; {shown(field.minimum)} to {shown(field.maximum)}"
+
+
+@_numbers(params.FIELDS)
+class Sampling(_Body):
+    """The sampling fields every surface reads (`params.FIELDS`, in its
+    order; see docs/serving/limits.md for their ranges)."""
 
 
 class Hlg(_Body):

@@ -1,9 +1,12 @@
 """The chat's sampling panel in headless Chromium against the session server:
-the model's defaults shown, a JSON schema checked as it is typed, every
-setting saved on the session and shown again after a reload."""
+its number fields drawn from the server's list (`/api/sampling-fields`), the
+model's defaults shown, a JSON schema checked as it is typed, every setting
+saved on the session and shown again after a reload."""
 from __future__ import annotations
 
 import json
+
+import httpx
 
 from tests.browser import pages
 from tests.helpers import ARTIFACTS
@@ -42,3 +45,25 @@ def test_the_sampling_panel_saves_every_setting(page, base_url):
     bias = panel.locator("textarea[aria-label='Logit bias by token text']").input_value()
     assert bias and all(line.split(" = ")[0].isdigit() and line.endswith("= -5") for line in bias.splitlines())
     assert json.loads(schema.input_value())["properties"]["a"] == {"type": "string"}
+
+
+def test_the_panel_draws_the_fields_the_server_lists(page, base_url):
+    """No list of fields in the page: one more field listed is one more input, with the listed range."""
+    listed = httpx.get(base_url + "/api/sampling-fields").json()["fields"]
+    probe = {"name": "probe_level", "type": "integer", "minimum": 3, "maximum": 9, "description": "a made-up field"}
+    page.route("**/api/sampling-fields", lambda route: route.fulfill(json={"ok": True, "fields": [*listed, probe]}))
+    pages.open_chat(page, base_url)
+    page.click("button[aria-label='Sampling settings']")
+    panel = page.locator("form.sampling-panel")
+    panel.locator("input[aria-label='probe level']").wait_for()
+    keys = panel.locator("input[data-key]").evaluate_all("inputs => inputs.map((i) => i.dataset.key)")
+    assert keys == [f["name"] for f in listed] + ["probe_level"]
+    temperature = next(f for f in listed if f["name"] == "temperature")
+    for field in (temperature, probe):
+        shown = panel.locator(f"input[data-key={field['name']}]")
+        assert (shown.get_attribute("min"), shown.get_attribute("max")) == (f"{field['minimum']:g}",
+                                                                            f"{field['maximum']:g}")
+        assert shown.get_attribute("title") == field["description"]
+    assert page.locator(".chatbar input[aria-label=Temperature]").get_attribute("max") == f"{temperature['maximum']:g}"
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "desktop-chat-sampling-fields.png"))

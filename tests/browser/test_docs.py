@@ -26,13 +26,6 @@ def test_every_route_with_a_body_documents_it(base_url, api):
         assert "messages" in schema["required"] and "temperature" in schema["properties"]
 
 
-def test_the_documented_sampling_fields_are_the_ones_every_surface_reads():
-    from inference.protocols.params import SAMPLING
-    from inference.routes.bodies import Sampling
-
-    assert list(Sampling.model_fields) == list(SAMPLING)
-
-
 def test_the_docs_pages_use_only_this_server(base_url, page):
     html = httpx.get(base_url + "/v1/docs").text
     scripts = re.findall(r'(?:src|href)="([^"]+)"', html)

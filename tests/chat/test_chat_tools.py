@@ -264,3 +264,15 @@ def test_workspace_paths_and_file_tools(workspace):
     assert not ok and str(workspace) in text and "killed after 3 s" in text
     ok, text = call("bash", {"command": "head -c 50000 /dev/zero | tr '\\0' a"})
     assert ok and text.endswith("(30000 more bytes of output dropped)")
+
+
+def test_bash_sees_none_of_the_secrets(workspace, monkeypatch):
+    """Every name in the one list (`core.procs.SECRET_ENV`) is kept from a tool's command."""
+    from chat.tools import CODING_TOOLS, call_sync
+    from core.procs import SECRET_ENV
+
+    for name in (*SECRET_ENV, "HEARTH_NOT_A_SECRET"):
+        monkeypatch.setenv(name, f"value-of-{name}")
+    ok, text = call_sync(CODING_TOOLS["bash"], {"command": "env"})
+    assert ok and "value-of-HEARTH_NOT_A_SECRET" in text
+    assert [name for name in SECRET_ENV if f"value-of-{name}" in text] == []

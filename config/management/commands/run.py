@@ -28,6 +28,7 @@ import signal
 import socket
 import subprocess
 import sys
+import textwrap
 import threading
 import time
 from pathlib import Path
@@ -36,17 +37,21 @@ from urllib.parse import urlsplit
 import httpx
 from django.core.management.base import BaseCommand
 
+from chat import gensettings
 from core import home, procs
 from hub.management import remote
+from inference.protocols import params
 
 PROMPT = ">>> "
 STARTUP_S = 300.0
 STOP_S = 30.0
 LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
 DIM, RESET = "\x1b[2m", "\x1b[0m"
-SETTINGS = {"temperature": float, "top_p": float, "top_k": int, "max_tokens": int, "seed": int}
-HELP = """Commands:
-  /set temperature|top_p|top_k|max_tokens|seed VALUE   a sampling setting for the next replies
+# What `/set NAME VALUE` takes: the sampling fields every route reads, then max_tokens.
+SETTINGS = {f.name: f.kind for f in (*params.FIELDS, gensettings.MAX_TOKENS)}
+HELP = f"""Commands:
+  /set NAME VALUE    a sampling setting for the next replies; NAME is one of
+{textwrap.fill(", ".join(SETTINGS), width=78, initial_indent=" " * 21, subsequent_indent=" " * 21)}
   /set system TEXT   a system message for the conversation
   /clear             forget the conversation (the system message stays)
   /help              this list
@@ -248,7 +253,7 @@ class Chat:
             try:
                 self.settings[key] = SETTINGS[key](value)
             except ValueError:
-                self.say(f"{key} takes a number, not {value!r}.")
+                self.say(f"{key} takes {'a whole number' if SETTINGS[key] is int else 'a number'}, not {value!r}.")
                 return
             self.say(f"Set {key} to {value}.")
         else:
