@@ -1,8 +1,8 @@
 // Caches the app shell only, for installability and a fast first paint.
 // Everything dynamic (/api, /v1, /ws, /library, /downloads, ...) always goes to the network.
-const CACHE = "hearth-shell-v2";
-const SHELL = ["/", "/assets/app.css", "/assets/js/main.js", "/assets/vendor/marked.js", "/assets/vendor/hljs.js",
-  "/assets/vendor/hljs-light.css", "/assets/vendor/hljs-dark.css", "/assets/icon.svg"];
+const CACHE = "hearth-shell-v3";
+const SHELL = ["/", "/assets/app.css", "/assets/js/main.js", "/assets/icon.svg", "/assets/vendor/marked-15.0.12.js",
+  "/assets/vendor/hljs-11.12.0.js", "/assets/vendor/hljs-light-11.12.0.css", "/assets/vendor/hljs-dark-11.12.0.css"];
 
 self.addEventListener("install", (e) => e.waitUntil(caches.open(CACHE).then((c) => c.addAll(SHELL))));
 self.addEventListener("activate", (e) => e.waitUntil(

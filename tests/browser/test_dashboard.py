@@ -127,7 +127,7 @@ def test_shell_files_and_legacy_paths(base_url):
     assert js.headers["content-type"].startswith("text/javascript") and js.headers["cache-control"] == "no-cache"
     again = httpx.get(base_url + "/assets/js/main.js", headers={"If-Modified-Since": js.headers["last-modified"]})
     assert again.status_code == 304  # revalidated, not refetched
-    assert "max-age=3600" in httpx.get(base_url + "/assets/vendor/marked.js").headers["cache-control"]
+    assert "max-age=3600" in httpx.get(base_url + "/assets/vendor/marked-15.0.12.js").headers["cache-control"]
     assert httpx.get(base_url + "/sw.js").headers["cache-control"] == "no-store"
     manifest = httpx.get(base_url + "/manifest.webmanifest")
     assert manifest.json()["start_url"] == "/"
