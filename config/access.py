@@ -4,10 +4,13 @@ the Host names it answers to, and the origins allowed cross-origin.
 Rules:
 - With no key configured every request passes (the bind policy in `hearth
   serve` allows that only on loopback, or with --insecure-no-auth).
-- With keys, every route needs one except the few in PUBLIC (health, the
-  sign-in page and the files it is drawn with): a route added later is
-  covered without being listed anywhere. The one other exception is the
-  CORS preflight (OPTIONS) of the two routes that answer any origin.
+- With keys, every route needs one except the few in PUBLIC (health and
+  the sign-in page): a route added later is covered without being listed
+  anywhere. The one other exception is the CORS preflight (OPTIONS) of the
+  two routes that answer any origin. The static files (the dashboard's
+  modules, styles and vendored libraries, which the sign-in page is drawn
+  with too, and the admin's) are public: WhiteNoise serves them beside
+  Django (config/static.py), after the Host check only.
 - A key is accepted as `Authorization: Bearer KEY` or `x-api-key: KEY`, or
   through the session cookie the sign-in page sets. Keys are compared as
   SHA-256 digests with `hmac.compare_digest`, against every key, so neither
@@ -31,8 +34,8 @@ from config.runtime import RUNTIME as runtime
 from core import holders
 
 SESSION_KEY = "hearth_key"
-# Reachable without a key: health checks, and what the sign-in page needs.
-PUBLIC = ("/health", "/signin", "/signout", "/auth", "/assets/", "/manifest.webmanifest", "/sw.js")
+# Reachable without a key: health checks, and the sign-in page.
+PUBLIC = ("/health", "/signin", "/signout", "/auth")
 # Routes that answer any origin (the Curve Designer's): a browser's preflight never carries a key,
 # so their OPTIONS passes unchecked (it does nothing but state the CORS headers); POST needs the key.
 OPEN_PREFLIGHT = ("/signal", "/generate")
@@ -105,7 +108,7 @@ def presented_key(headers) -> str | None:
 def is_public(path: str, method: str = "GET") -> bool:
     if method == "OPTIONS" and path in OPEN_PREFLIGHT:
         return True
-    return any(path == p or (p.endswith("/") and path.startswith(p)) for p in PUBLIC)
+    return path in PUBLIC
 
 
 def _hostname(authority: str) -> str | None:
@@ -126,6 +129,11 @@ def host_allowed(host: str) -> bool:
         return False
     allowed = runtime.allowed_hosts
     return allowed is None or name in allowed
+
+
+def refused_host(host: str) -> str:
+    """Why a request for a Host name `host_allowed` refuses is refused."""
+    return f"requests for host {host!r} are refused (not this server's name)"
 
 
 def cross_origin(origin: str | None, host: str) -> bool:

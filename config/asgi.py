@@ -1,18 +1,24 @@
 """ASGI entry point: Django for HTTP, wrapped so a draining server refuses
-new requests, and the dashboard chat's WebSocket at /ws/chat, behind the
-same Host check and API key rule as HTTP (see config/access.py)."""
+new requests; the static files (the dashboard's, the admin's) by WhiteNoise
+beside Django, for their prefixes only (config/static.py); and the
+dashboard chat's WebSocket at /ws/chat, behind the same Host check and API
+key rule as HTTP (see config/access.py)."""
+import asyncio
+import contextvars
 import os
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
+from asgiref.sync import ThreadSensitiveContext  # noqa: E402
 from channels.routing import ProtocolTypeRouter  # noqa: E402
-from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 from django.core.asgi import get_asgi_application  # noqa: E402
 
-django_app = ASGIStaticFilesHandler(get_asgi_application())
+django_app = get_asgi_application()
 
+from config import access, static  # noqa: E402
 from config.runtime import RUNTIME as runtime  # noqa: E402
 from core import limits, surfaces  # noqa: E402
+from inference.telemetry import count_request  # noqa: E402
 
 
 async def _answer(send, status: int, body: bytes, extra: list | None = None) -> None:
@@ -21,14 +27,50 @@ async def _answer(send, status: int, body: bytes, extra: list | None = None) -> 
     await send({"type": "http.response.body", "body": body})
 
 
+def _header(scope, name: bytes) -> str | None:
+    for key, value in scope.get("headers") or []:
+        if key.lower() == name:
+            return value.decode("latin-1")
+    return None
+
+
 def _declared_length(scope) -> int:
-    for name, value in scope.get("headers") or []:
-        if name.lower() == b"content-length":
-            try:
-                return int(value)
-            except ValueError:
-                return 0
-    return 0
+    try:
+        return int(_header(scope, b"content-length") or 0)
+    except ValueError:
+        return 0
+
+
+async def _static(scope, receive, send):
+    """A static file: WhiteNoise, in a thread of this request's own (as
+    Django runs a sync view), after the Host check every request passes
+    (CrossOriginGuardMiddleware's), for GET and HEAD; counted for /metrics
+    as Django's routes are."""
+    path, method = scope["path"], scope["method"]
+    host = _header(scope, b"host") or ""
+    answered = {"status": 500}
+    own = contextvars.copy_context()
+
+    async def counted(message):
+        if message["type"] == "http.response.start":
+            answered["status"] = message["status"]
+        # WsgiToAsgi sends from its thread through AsyncToSync, in a context naming that call's executor;
+        # daphne starts the connection's next request inside the last send, and that request would inherit
+        # the executor, gone by then (django/asgiref#491): the server is sent to from this request's context.
+        await own.run(asyncio.ensure_future, send(message))
+
+    surface = surfaces.for_path(path)
+    if not access.host_allowed(host):
+        await _answer(counted, 403, surface.error_bytes(403, access.refused_host(host), "cross_origin",
+                                                        "permission_error"))
+    elif method not in ("GET", "HEAD"):
+        message = f"method {method} not allowed on {path} (allowed: GET, HEAD)"
+        await _answer(counted, 405, surface.error_bytes(405, message, "method_not_allowed"),
+                      [(b"allow", b"GET, HEAD")])
+    else:
+        async with ThreadSensitiveContext():
+            await static.application(scope, receive, counted)
+    count_request(static.route(path), method, answered["status"])
 
 
 async def _http(scope, receive, send):
@@ -45,7 +87,10 @@ async def _http(scope, receive, send):
         return
     runtime.inflight += 1  # a draining server waits for these to finish
     try:
-        await django_app(scope, receive, send)
+        if static.serves(scope.get("path", "")):
+            await _static(scope, receive, send)
+        else:
+            await django_app(scope, receive, send)
     finally:
         runtime.inflight -= 1
 
@@ -54,7 +99,6 @@ from channels.routing import URLRouter  # noqa: E402
 from django.urls import path  # noqa: E402
 
 from chat.consumer import ChatConsumer  # noqa: E402
-from config import access  # noqa: E402
 
 sockets = URLRouter([path("ws/chat", ChatConsumer.as_asgi())])
 

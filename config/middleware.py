@@ -117,7 +117,7 @@ class CrossOriginGuardMiddleware(_Middleware):
         host = request.headers.get("Host", "")
         foreign = access.cross_origin(origin, host) and not access.origin_allowed(origin)
         if not access.host_allowed(host):  # every request: a rebound page could otherwise read chats and settings
-            message = f"requests for host {host!r} are refused (not this server's name)"
+            message = access.refused_host(host)
         elif request.path in self.ACTING_GETS:
             if not foreign and request.headers.get("Sec-Fetch-Site") not in ("cross-site", "same-site"):
                 return None

@@ -172,11 +172,10 @@ USE_I18N = True
 USE_TZ = True
 
 STATIC_URL = "static/"
-# The admin's and the API docs' files come straight from the installed apps
-# through Django's ASGI static handler (config/asgi.py), no collectstatic
-# step; the dashboard's from config/frontend.py. docs/using/dashboard.md, "Static files", says
-# why not WhiteNoise. STATIC_ROOT is only where `hearth django collectstatic`
-# gathers them for a reverse proxy that serves them itself.
+# The admin's and the API docs' files, like the dashboard's, are served by
+# WhiteNoise beside Django (config/static.py), from copies it makes under
+# HEARTH_HOME, no collectstatic step. STATIC_ROOT is only where `hearth
+# django collectstatic` gathers them for a reverse proxy that serves them itself.
 STATIC_ROOT = home.static()
 
 # Body size is capped before Django reads a body (core/http_guard.py at the

@@ -27,7 +27,11 @@ def secret_key() -> Path:
 
 
 def static() -> Path:
-    return root() / "static"  # collected static files
+    return root() / "static"  # collected static files (`hearth django collectstatic`, for a reverse proxy)
+
+
+def static_cache() -> Path:
+    return root() / "static-cache"  # the copies WhiteNoise serves, with their gzip variants (config/static.py)
 
 
 def workspace() -> Path:

@@ -120,25 +120,6 @@ def test_markdown_never_runs_html_from_a_reply(page, base_url):
     assert found == {"pwned": 0, "imgs": 0, "hrefs": ["#"], "strong": 1}, found
 
 
-def test_shell_files_and_legacy_paths(base_url):
-    shell = httpx.get(base_url + "/")
-    assert shell.status_code == 200 and "/assets/js/main.js" in shell.text
-    js = httpx.get(base_url + "/assets/js/main.js")
-    assert js.headers["content-type"].startswith("text/javascript") and js.headers["cache-control"] == "no-cache"
-    again = httpx.get(base_url + "/assets/js/main.js", headers={"If-Modified-Since": js.headers["last-modified"]})
-    assert again.status_code == 304  # revalidated, not refetched
-    assert "max-age=3600" in httpx.get(base_url + "/assets/vendor/marked-15.0.12.js").headers["cache-control"]
-    assert httpx.get(base_url + "/sw.js").headers["cache-control"] == "no-store"
-    manifest = httpx.get(base_url + "/manifest.webmanifest")
-    assert manifest.json()["start_url"] == "/"
-    assert manifest.headers["content-type"].startswith("application/manifest+json")
-    for page in ("status", "chat", "quantize", "finetune", "dataset"):
-        r = httpx.get(f"{base_url}/{page}")
-        assert r.status_code == 302 and r.headers["location"] == f"/#/{page}"
-    assert httpx.get(base_url + "/assets/../config/settings.py").status_code == 404
-    assert httpx.get(base_url + "/assets/nope.js").status_code == 404
-
-
 def test_a_chat_larger_than_one_socket_frame_opens_whole(page, base_url):
     big = "A long answer about tides. " * 50_000  # 1.35 MB in one entry; the socket's frames stop at 1 MiB
     entries = [{"type": "session", "title": "A very long chat"}]
