@@ -49,6 +49,7 @@ def cases(base: str) -> list[tuple[str, str, bool]]:
         (f"vendored `{vendored.group(1)}`", vendored.group(1), False),
         ("vendored, revalidated (304)", vendored.group(1), True),
         ("admin `/static/admin/css/base.css`", "/static/admin/css/base.css", False),
+        ("API docs' `/static/ninja/swagger-ui-bundle.js` (1.5 MB)", "/static/ninja/swagger-ui-bundle.js", False),
         ("`/health` (Django JSON route)", "/health", False),
     ]
 
