@@ -322,12 +322,25 @@ def browser():
 
 @pytest.fixture
 def page(browser):
-    """A desktop-sized page; any page error or console error fails the test."""
+    """A desktop-sized page; any page error or console error fails the test,
+    but the browser's own line for a 4xx from a path in `page.refusals_expected`
+    (a test that provokes a refusal adds its path there)."""
+    from urllib.parse import urlsplit
+
     context = browser.new_context(viewport={"width": 1280, "height": 800})
     page = context.new_page()
+    page.refusals_expected = set()
     errors: list[str] = []
+
+    def console(message) -> None:
+        if message.type != "error":
+            return
+        path = urlsplit((message.location or {}).get("url", "")).path
+        if not (message.text.startswith("Failed to load resource") and path in page.refusals_expected):
+            errors.append(message.text)
+
     page.on("pageerror", lambda e: errors.append(str(e)))
-    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("console", console)
     yield page
     context.close()
     assert not errors, errors

@@ -48,6 +48,7 @@ def test_finetune_wizard_starts_a_job_that_reaches_done(page, base_url, tiny_mod
     page.wait_for_function("document.querySelector('#main input').value.length > 0")
     page.click("text=Next")
     page.fill("#main input", str(tmp_path / "no-such-folder"))
+    page.refusals_expected.add("/api/finetune/inspect-dataset")  # a 404: no train.jsonl there
     page.click("text=Next")
     page.wait_for_selector("[role=alert]:has-text('not found')")  # validated before going on
     page.fill("#main input", str(data))
