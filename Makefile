@@ -98,7 +98,7 @@ serve: deps blas git media
 # The suite runs in parallel, one pytest-xdist worker per core (at most 4), a whole file to a worker.
 # The few tests that time this machine (the `serial` mark) need it to themselves: check-demo runs them.
 test: deps blas browser git media redis postgres lint
-	$(BIN)/python -m compileall -q config core inference chat hub jobs memory tests > /dev/null
+	$(BIN)/python -m compileall -q core inference hub serving jobs chat memory hearth config tests > /dev/null
 	HF_HUB_OFFLINE=1 $(BIN)/pytest -q -n auto --maxprocesses=4 --dist loadfile --durations=15 -m "not serial" \
 		tests --ignore=tests/demo
 
@@ -106,7 +106,7 @@ test: deps blas browser git media redis postgres lint
 # run's own homes (about 10 minutes on 2 cores), then checks their answers; then the tests that time this
 # machine (the `serial` mark), alone. CI runs it after `make test`.
 check-demo: deps blas browser git media
-	$(BIN)/python -m compileall -q config core inference chat hub jobs memory tests > /dev/null
+	$(BIN)/python -m compileall -q core inference hub serving jobs chat memory hearth config tests > /dev/null
 	HF_HUB_OFFLINE=1 $(BIN)/pytest -q --durations=15 tests/demo
 	HF_HUB_OFFLINE=1 $(BIN)/pytest -q -m serial tests --ignore=tests/demo
 

@@ -79,7 +79,7 @@ def _train(out: Path, steps: int, progress) -> None:
     from mlx.utils import tree_flatten
     from mlx_lm.models.llama import Model, ModelArgs
 
-    from inference.demo.files import IM_END, llama_config, train_tokenizer, write_model_dir
+    from serving.demo.files import IM_END, llama_config, train_tokenizer, write_model_dir
 
     s = SETTINGS
     rng = random.Random(s["seed"])

@@ -45,9 +45,9 @@ def build_model(out: Path) -> int:
     from mlx.utils import tree_flatten
     from mlx_lm.models.llama import Model, ModelArgs
 
-    from inference.demo import corpus
-    from inference.demo.build import _corpus_text
-    from inference.demo.files import IM_END, llama_config, train_tokenizer, write_model_dir
+    from serving.demo import corpus
+    from serving.demo.build import _corpus_text
+    from serving.demo.files import IM_END, llama_config, train_tokenizer, write_model_dir
 
     # No markup tokens: mlx-lm would see <think> in the vocabulary and render every
     # prompt with thinking on, so the runners would not decode the same prompt.
@@ -259,7 +259,7 @@ def main() -> int:
             [sys.executable, "-m", "mlx_lm.server", "--model", str(model), "--port", str(args.port)],
             args.port, env, args.tokens, args.runs, eos, str(model)))
         hearth = summarize(measure_server(
-            [sys.executable, "-m", "config.cli", "serve", str(model), "--port", str(args.port + 1)],
+            [sys.executable, "-m", "hearth.cli", "serve", str(model), "--port", str(args.port + 1)],
             args.port + 1, hearth_env, args.tokens, args.runs, eos, str(model)))
         for name, r in (("raw mlx-lm stream_generate", raw), ("mlx_lm.server", mlx_server), ("hearth serve", hearth)):
             results.append((blas, name, r, r["tps"] / raw["tps"]))

@@ -53,8 +53,8 @@ def main() -> None:
     from mlx_lm import generate, load
     from mlx_lm.sample_utils import make_sampler
 
-    from inference.demo import corpus
-    from inference.demo.build import render
+    from serving.demo import corpus
+    from serving.demo.build import render
 
     model, tok = load(glob.glob(sys.argv[1] + "/hub/models--hearth--demo-chat/snapshots/*")[0])
     app = corpus.app_tool_specs()

@@ -76,7 +76,7 @@ def main() -> int:
     print(f"model: {params / 1e6:.0f}M parameters, float32, {blas}", flush=True)
 
     raw = measure_raw(models / "m1", env, args.tokens, args.runs, eos)
-    hearth = [sys.executable, "-m", "config.cli", "serve", "--no-worker"]
+    hearth = [sys.executable, "-m", "hearth.cli", "serve", "--no-worker"]
     single_port, router_port = args.port, args.port + 1
     single = start([*hearth, str(models / "m1"), "--port", str(single_port)], single_port, env, work / "single.log")
     router = start([*hearth, "--models-dir", str(models), "--default-model", "m1", "--models-max", "1",

@@ -49,7 +49,7 @@ def port_pair(n: int) -> int:
 
 
 def run_once(model: Path, ranks: int, tokens: int, env: dict) -> dict:
-    command = [sys.executable, "-m", "config.cli", "generate-sharded", str(model), "--prompt", PROMPT,
+    command = [sys.executable, "-m", "hearth.cli", "generate-sharded", str(model), "--prompt", PROMPT,
                "--raw", "--max-tokens", str(tokens), "--json"]
     if ranks > 1:
         command = [LAUNCH, "--backend", "ring", "-n", str(ranks), "--starting-port", str(port_pair(ranks)), "--",

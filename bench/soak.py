@@ -177,7 +177,7 @@ def caches(url: str) -> dict:
 
 
 def start_server(port: int) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-m", "config.cli", "serve", "--embeddings", "--port", str(port)],
+    proc = subprocess.Popen([sys.executable, "-m", "hearth.cli", "serve", "--embeddings", "--port", str(port)],
                             cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"}, stdout=subprocess.DEVNULL,
                             stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 600

@@ -129,7 +129,7 @@ def main() -> int:
     for task, model, temperature in legs:
         prompt = copy_prompt(1)
         suppress = suppressed_ids(model)
-        hearth = [sys.executable, "-m", "config.cli", "serve", str(model), "--no-worker", "--port", str(args.port)]
+        hearth = [sys.executable, "-m", "hearth.cli", "serve", str(model), "--no-worker", "--port", str(args.port)]
         t = (temperature, f"{task}-{temperature}")
         rows = {
             "raw mlx-lm stream_generate": raw(model, env, prompt, args.tokens, args.runs, suppress, temperature),

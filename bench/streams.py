@@ -70,7 +70,7 @@ def main() -> int:
     raw = measure_raw(model, env, args.tokens, args.runs, eos)
     mlx_server = measure_server([sys.executable, "-m", "mlx_lm.server", "--model", str(model), "--port",
                                  str(args.port + 1)], args.port + 1, env, args.tokens, args.runs, eos, str(model))
-    cmd = [sys.executable, "-m", "config.cli", "serve", str(model), "--no-worker", "--port", str(args.port)]
+    cmd = [sys.executable, "-m", "hearth.cli", "serve", str(model), "--no-worker", "--port", str(args.port)]
     rows: dict[str, list[dict]] = {"plain": [], "resumable": []}
     replays: dict[str, list[float]] = {"memory": [], "disk": []}
     conversations = []

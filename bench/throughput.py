@@ -218,7 +218,7 @@ def main() -> int:
     chosen = {c.name: c for c in blas_lib.installed()}.get(args.blas)
     env = dict(blas_lib.preload_env(chosen, base), _HEARTH_REEXEC="1") if chosen else base
     blas = chosen.label if chosen else "reference"
-    hearth = [sys.executable, "-m", "config.cli", "serve", str(model)]
+    hearth = [sys.executable, "-m", "hearth.cli", "serve", str(model)]
     runs: list[tuple[str, list[str], list[str], dict]] = [
         ("mlx_lm.server", [sys.executable, "-m", "mlx_lm.server", "--model", str(model)], ["load", "prefix", "chat",
                                                                                          "flood"], {}),

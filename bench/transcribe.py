@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.decode import commit_label, preloaded_env, publish  # noqa: E402
-from inference.demo import speech_data  # noqa: E402
+from serving.demo import speech_data  # noqa: E402
 
 RAW = r"""
 import json, sys, time

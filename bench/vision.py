@@ -36,8 +36,8 @@ def clip_b_model(out: Path) -> Path:
     from mlx_vlm.models import llava
     from mlx_vlm.utils import update_module_configs
 
-    from inference.demo import vision
-    from inference.demo.files import train_tokenizer, write_tokenizer
+    from serving.demo import vision
+    from serving.demo.files import train_tokenizer, write_tokenizer
 
     tok = train_tokenizer(["a red circle, a blue square"] * 20, 300, markup=False)
     tok.add_special_tokens([vision.IMAGE_TOKEN])
@@ -61,8 +61,8 @@ def measure(ref: str, runs: int) -> dict:
     import mlx.core as mx
     from mlx_lm.models.cache import make_prompt_cache
 
-    from inference.demo.vision import draw, prompt_text
     from inference.engine import loader
+    from serving.demo.vision import draw, prompt_text
 
     model = loader.load(ref)
     vision = model.vision

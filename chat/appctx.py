@@ -106,9 +106,9 @@ def _element(raw: dict) -> dict:
 def offered_to(model_id: str | None) -> bool:
     """Whether a model's turns get the ambient line and the app tools: any
     model but the demo models that never learned them (the demo chat model
-    was trained on them, inference/demo/corpus.py; the vision demo was not,
+    was trained on them, serving/demo/corpus.py; the vision demo was not,
     and with tools on offer it answers every question with a broken call)."""
-    from inference.demo.build import DEMO_REPO, is_demo
+    from serving.demo.build import DEMO_REPO, is_demo
 
     return model_id is not None and (model_id == DEMO_REPO or not is_demo(model_id))
 

@@ -31,7 +31,7 @@ from chat.models import ChatEntry, ChatSession
 from core import jsonbody
 from core.surfaces import SOCKET
 from inference.protocols import params
-from inference.router.slots import RouterError
+from serving.router.slots import RouterError
 
 log = logging.getLogger("hearth.chat")
 HISTORY_PAGE_BYTES = 256 << 10  # far below the socket's message limit (4 MiB, set where daphne starts)
@@ -46,7 +46,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         return self.scope["runtime"]
 
     async def connect(self):
-        # The Host, Origin and key checks ran before the socket reached here (config/asgi.py).
+        # The Host, Origin and key checks ran before the socket reached here (hearth/asgi.py).
         self.session: ChatSession | None = None
         self.follower: asyncio.Task | None = None  # passes the open session's running turn on to this socket
         self.next_sampling: dict = {}

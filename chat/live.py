@@ -42,7 +42,7 @@ from chat import store
 from chat.models import ChatEntry, ChatSession
 from core import sse
 from core.surfaces import SOCKET
-from inference.streams.shared import RemoteStream
+from serving.streams.shared import RemoteStream
 
 log = logging.getLogger("hearth.chat")
 UNATTENDED_S = 600.0
@@ -179,7 +179,7 @@ def error_event(session_id: str):
 async def start(runtime, session: ChatSession, may_code: bool, next_sampling: dict, user_entry: ChatEntry
                 ) -> LiveTurn:
     """Start a turn answering `user_entry` in `session`; raises TurnBusy while one runs there."""
-    from inference.streams.store import StreamRefused
+    from serving.streams.store import StreamRefused
 
     if await find(runtime, session.id) is not None:
         raise TurnBusy("a turn is running in this chat; stop it first")
@@ -418,7 +418,7 @@ def messages_for(session: ChatSession, user_entry: ChatEntry) -> list[dict]:
 
 def model_info(runtime, model: str | None) -> dict:
     """Router mode: what `model`'s process said of itself when it loaded ({} before)."""
-    from inference.router.slots import RouterError
+    from serving.router.slots import RouterError
 
     router = runtime.router
     try:

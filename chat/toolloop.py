@@ -104,7 +104,7 @@ async def run(consumer, session, messages: list[dict], state: TurnState) -> None
 
 def _model_id(runtime, session) -> str | None:
     """The model a turn in `session` talks to (None: unknown, e.g. a router model that is gone)."""
-    from inference.router.slots import RouterError
+    from serving.router.slots import RouterError
 
     if runtime.router is not None:
         try:
@@ -149,8 +149,8 @@ async def _generate_remote(consumer, session, messages, offered, state: TurnStat
     """Router mode: the same turn, run by the session's model's process over
     its /v1 stream (which parses reasoning and tool calls there)."""
     from chat.turns import body
-    from inference.router import remote
-    from inference.router.slots import RouterError
+    from serving.router import remote
+    from serving.router.slots import RouterError
 
     request = body(session, messages, sampling, chat_tools.specs(offered) or None)
     calls: list = []

@@ -5,8 +5,8 @@ import secrets
 import socket
 from pathlib import Path
 
-from config.env import env_bool, env_float, env_path, env_str
 from core import home
+from core.env import env_bool, env_float, env_path, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 # HEARTH_HOME as core.home lays it out and core.paths confines requests to it (resolved).
@@ -48,25 +48,25 @@ INSTALLED_APPS = [
     "channels",
     "ninja",  # its docs pages then load Swagger UI from its own static files, never a CDN
     "huey.contrib.djhuey",
-    "inference",
+    "serving",
     "jobs",
     "hub",
     "chat",
     "memory",
-    "config.apps.HearthConfig",  # last: the composition root (the serve command, the runtime's wiring)
+    "hearth.apps.HearthConfig",  # last: the composition root (the serve command, the runtime's wiring)
 ]
 
 MIDDLEWARE = [
-    "config.middleware.RuntimeMiddleware",
+    "hearth.middleware.RuntimeMiddleware",
     "django.middleware.security.SecurityMiddleware",
-    "config.middleware.RequestMetricsMiddleware",
-    "config.middleware.JsonErrorMiddleware",
-    "config.middleware.CrossOriginGuardMiddleware",
-    "config.middleware.CorsMiddleware",
-    "config.middleware.SecureCookiesOverTlsMiddleware",
+    "hearth.middleware.RequestMetricsMiddleware",
+    "hearth.middleware.JsonErrorMiddleware",
+    "hearth.middleware.CrossOriginGuardMiddleware",
+    "hearth.middleware.CorsMiddleware",
+    "hearth.middleware.SecureCookiesOverTlsMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
-    "config.middleware.ApiKeyMiddleware",
-    "config.middleware.RouterMiddleware",
+    "hearth.middleware.ApiKeyMiddleware",
+    "hearth.middleware.RouterMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
@@ -111,7 +111,7 @@ TEMPLATES = [
     }
 ]
 
-ASGI_APPLICATION = "config.asgi.application"
+ASGI_APPLICATION = "hearth.asgi.application"
 # One machine: no channel layer (each chat socket talks to its own consumer
 # only). On Redis, channels-redis, so the web nodes share one (set below).
 
@@ -173,13 +173,13 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 # The admin's and the API docs' files, like the dashboard's, are served by
-# WhiteNoise beside Django (config/static.py), from copies it makes under
+# WhiteNoise beside Django (hearth/static.py), from copies it makes under
 # HEARTH_HOME, no collectstatic step. STATIC_ROOT is only where `hearth
 # django collectstatic` gathers them for a reverse proxy that serves them itself.
 STATIC_ROOT = home.static()
 
 # Body size is capped before Django reads a body (core/http_guard.py at the
-# connection, config/asgi.py for other servers), at HEARTH_MAX_BODY_BYTES;
+# connection, hearth/asgi.py for other servers), at HEARTH_MAX_BODY_BYTES;
 # Django's own 2.5 MB default would refuse ordinary long conversations.
 DATA_UPLOAD_MAX_MEMORY_SIZE = None
 

@@ -1,7 +1,7 @@
 """The one error type of `/api` (the dashboard API) and its answer:
 `{"ok": false, "error": message}` with its status.
 
-Routes raise `ApiError`; the `/api` exception handler (config/api.py)
+Routes raise `ApiError`; the `/api` exception handler (hearth/api.py)
 renders it with `answer`, and renders ninja's own errors and anything
 unexpected the same way. Extra fields an error carries (snake_case, such as
 memory's `enabled` and `root`) sit beside `error`.

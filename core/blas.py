@@ -2,7 +2,7 @@
 
 MLX's Linux CPU wheel links the reference BLAS, which runs float32 matmuls
 at a few GFLOP/s. `hearth` re-executes itself once with a faster library
-in LD_PRELOAD (config/cli.py), chosen here among the ones installed:
+in LD_PRELOAD (hearth/cli.py), chosen here among the ones installed:
 
 - `openblas`: Debian's libopenblas0-pthread (`make` installs it);
 - `mkl`: Intel's libmkl_rt from the `mkl` wheel (the `mkl` extra, x86-64

@@ -1,7 +1,7 @@
 """Who holds what a request made: with API keys, a resumable stream or a
 stored Response belongs to the key that made it (its *holder*, a one-way
 name of the key), and a request with another key is answered as if it did
-not exist. `config/access.py` names each request's holder as it checks the
+not exist. `hearth/access.py` names each request's holder as it checks the
 key (`request.hearth_holder`); the stores and routes below it ask here.
 
 No Django here, and no imports of the project's apps."""

@@ -31,7 +31,7 @@ def static() -> Path:
 
 
 def static_cache() -> Path:
-    return root() / "static-cache"  # the copies WhiteNoise serves, with their gzip variants (config/static.py)
+    return root() / "static-cache"  # the copies WhiteNoise serves, with their gzip variants (hearth/static.py)
 
 
 def workspace() -> Path:

@@ -1,7 +1,3 @@
-"""Serving: the engine, the protocol layer and the `/v1` routes."""
-from importlib.metadata import PackageNotFoundError, version
-
-try:
-    __version__ = version("hearth")
-except PackageNotFoundError:  # running from a checkout that was never installed
-    __version__ = "0.0.0"
+"""The model work below the library: the engine (`engine/`, no Django: MLX,
+batching, the prompt cache, grammars) and the protocol layer (`protocols/`:
+wire JSON to engine requests and engine events back to wire JSON)."""

@@ -141,7 +141,7 @@ class WorkerSupervisor:
         # The CLI module, so the worker gets the same BLAS preload as the server. It is
         # started from this thread, which lives as long as the server: Linux sends the
         # parent-death signal when the spawning thread exits, not only the process.
-        proc = spawn([sys.executable, "-m", "config.cli", "worker"], on_parent_exit=signal.SIGTERM)
+        proc = spawn([sys.executable, "-m", "hearth.cli", "worker"], on_parent_exit=signal.SIGTERM)
         try:
             record_worker(proc.pid)
         except OSError as exc:

@@ -98,7 +98,7 @@ def status(request: HttpRequest, vault_name: str | None = Query(None, alias="vau
 def _synthesis_model(request: HttpRequest) -> dict:
     """The model a synthesis would ask, and whether it is one of Hearth's demo
     models, which can chat a little but cannot write articles worth keeping."""
-    from inference.demo.build import is_demo
+    from serving.demo.build import is_demo
 
     model = request.runtime.served_model()
     return {"model": model, "demo": bool(model and is_demo(model))}

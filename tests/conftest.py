@@ -234,7 +234,7 @@ def local_engine(tiny_model):
     import django
 
     django.setup()
-    from config.runtime import RUNTIME
+    from hearth.root import RUNTIME
     from inference.engine.engine import Engine
 
     engine = Engine(tiny_model)
@@ -250,7 +250,7 @@ def local_engine(tiny_model):
 @pytest.fixture(scope="module")
 def inproc(local_engine):
     """The serving stack in this process (`tests.inproc.InProcess`) on `local_engine`."""
-    from config.asgi import application
+    from hearth.asgi import application
     from tests.inproc import InProcess
 
     return InProcess(application)

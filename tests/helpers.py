@@ -16,7 +16,7 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 # Screenshots the browser tests save, for a person to look at (ignored by git).
 ARTIFACTS = Path(__file__).parent / "artifacts" / "screenshots"
-HEARTH = [sys.executable, "-m", "config.cli"]
+HEARTH = [sys.executable, "-m", "hearth.cli"]
 TINY_REPO = "hearth-test/tiny-random"
 
 # Renders a chat_template_kwargs value, and any reasoning_content in the
@@ -43,7 +43,7 @@ def build_tiny_model(cache_dir: Path, repo_id: str = TINY_REPO, dtype: str = "fl
     from mlx.utils import tree_flatten
     from mlx_lm.models.llama import Model, ModelArgs
 
-    from inference.demo.files import (
+    from serving.demo.files import (
         CHAT_TEMPLATE,
         IM_END,
         llama_config,
@@ -226,7 +226,7 @@ def own_processes(home: Path) -> list[psutil.Process]:
     found = []
     for proc in psutil.process_iter(["cmdline", "environ"]):
         command = " ".join(proc.info["cmdline"] or [])
-        if ("config.cli worker" in command or "jobs.child" in command) and \
+        if ("hearth.cli worker" in command or "jobs.child" in command) and \
                 (proc.info["environ"] or {}).get("HEARTH_HOME") == str(home):
             found.append(proc)
     return found

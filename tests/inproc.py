@@ -10,7 +10,7 @@ thread, and a response's body is handed over chunk by chunk as the app
 sends it; closing the response early is a client disconnect to the app.
 
 `serving(argv)` fills the process's runtime from `hearth serve` flags, as
-the command does before it starts daphne (`config.management.commands.serve`),
+the command does before it starts daphne (`hearth.management.commands.serve`),
 and puts everything back afterwards.
 """
 from __future__ import annotations
@@ -128,7 +128,7 @@ Bridge = _transport(httpx)
 
 
 class InProcess:
-    """The whole ASGI application (`config.asgi`) called in this process:
+    """The whole ASGI application (`hearth.asgi`) called in this process:
     `get`, `post`, `request` and `stream` as on an httpx client at
     `BASE_URL`, and the official SDKs' clients on the same transport."""
 
@@ -177,8 +177,8 @@ class InProcess:
 @contextlib.contextmanager
 def _kept():
     """The runtime, the environment and the bounds as they were, put back when the block ends."""
-    from config.runtime import RUNTIME
     from core import limits
+    from hearth.root import RUNTIME
 
     runtime_was, env_was, limits_was = dict(vars(RUNTIME)), dict(os.environ), limits._current
     try:
@@ -195,7 +195,7 @@ def _serve_command():
     import django
 
     django.setup()
-    from config.management.commands.serve import Command
+    from hearth.management.commands.serve import Command
 
     return Command()
 
@@ -216,7 +216,7 @@ def serving(*argv: str):
         try:
             bounds = command.settle(opts)
             engine = command.load(opts, bounds)
-            from config.asgi import application
+            from hearth.asgi import application
 
             yield InProcess(application)
         finally:

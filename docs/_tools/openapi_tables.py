@@ -48,7 +48,7 @@ def _load() -> None:
     from django.urls import URLPattern, URLResolver
 
     from config import urls
-    from config.api import api, v1
+    from hearth.api import api, v1
 
     _schemas["v1"] = v1.get_openapi_schema()
     _schemas["api"] = api.get_openapi_schema()

@@ -54,7 +54,7 @@ def _routes() -> list[str]:
 
 
 def test_every_route_but_the_public_ones_needs_the_key(keyed):
-    from config.access import is_public
+    from hearth.access import is_public
 
     routes = _routes()
     assert "/v1/chat/completions" in routes and "/api/jobs" in routes and "/stats" in routes
@@ -213,13 +213,13 @@ def test_jobs_reach_the_served_model_with_a_key(keyed, monkeypatch):
 def _socket(headers):
     from channels.testing import WebsocketCommunicator
 
-    from config.asgi import application
+    from hearth.asgi import application
 
     return WebsocketCommunicator(application, "/ws/chat", headers=headers)
 
 
 def _with_keys(keys):
-    from config.runtime import RUNTIME as runtime
+    from hearth.root import RUNTIME as runtime
 
     before = runtime.api_keys
     runtime.api_keys = frozenset(keys)
@@ -230,8 +230,8 @@ def test_the_chat_socket_needs_the_key_or_a_signed_in_session(django_db_ready):
     from django.conf import settings
     from django.contrib.sessions.backends.db import SessionStore
 
-    from config.access import SESSION_KEY, digest
-    from config.runtime import RUNTIME as runtime
+    from hearth.access import SESSION_KEY, digest
+    from hearth.root import RUNTIME as runtime
 
     async def attempt(headers):
         """The close code the socket was refused with, or None when it stayed open."""

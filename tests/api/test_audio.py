@@ -20,7 +20,7 @@ import numpy as np
 import openai
 import pytest
 
-from inference.demo import speech_data
+from serving.demo import speech_data
 from tests.helpers import ServerProcess, server_env
 
 SRT_CUE = re.compile(r"^\d+\n\d\d:\d\d:\d\d,\d{3} --> \d\d:\d\d:\d\d,\d{3}\n", re.M)
@@ -40,7 +40,7 @@ def clips(tmp_path_factory) -> dict:
 @pytest.fixture(scope="module")
 def audio_server(homes, tiny_model, tmp_path_factory):
     """`hearth serve` on the tiny chat model with an untrained Whisper beside it."""
-    from inference.demo.whisper_build import write_random
+    from serving.demo.whisper_build import write_random
 
     whisper = write_random(tmp_path_factory.mktemp("whisper") / "tiny-whisper")
     proc = ServerProcess(server_env(*homes), tiny_model, "--whisper-model", str(whisper),

@@ -125,7 +125,7 @@ def test_a_prompt_over_the_context_is_refused(base_url):
 
 
 def test_junk_heuristic():
-    from inference.protocols.curves import junk
+    from inference.protocols.curve_bodies import junk
 
     assert not junk("The tide comes in twice a day, pulled by the moon.")
     for text in ("", "   \n", "abc \ufffd def", "the the the the the", "lalalalalala", "#$%^&*@!~`|<>{}[] ok"):

@@ -62,7 +62,7 @@ def fuzz_server(tmp_path_factory):
     root = tmp_path_factory.mktemp("fuzz")
     hf_home, hearth_home = root / "hf", root / "hearth"
     build_tiny_model(hf_home / "hub")
-    from inference.demo.whisper_build import write_random
+    from serving.demo.whisper_build import write_random
 
     whisper = write_random(root / "whisper")  # the audio routes answer 503 without one
     env = dict(server_env(hf_home, hearth_home), HEARTH_ALLOW_PATHS=str(root),

@@ -19,7 +19,7 @@ def _as(key: str, **extra) -> dict:
 
 @pytest.fixture
 def two_keys(inproc):
-    from config.runtime import RUNTIME
+    from hearth.root import RUNTIME
 
     before = RUNTIME.api_keys, RUNTIME.hop_keys
     RUNTIME.api_keys, RUNTIME.hop_keys = frozenset({A, B, HOP}), frozenset({HOP})
@@ -30,8 +30,8 @@ def two_keys(inproc):
 
 
 def _holder(key: str) -> str:
-    from config.access import digest
     from core.holders import holder_of
+    from hearth.access import digest
 
     return holder_of(digest(key))
 

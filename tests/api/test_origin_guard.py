@@ -1,4 +1,4 @@
-"""One guard for every state-changing route (config/middleware.py,
+"""One guard for every state-changing route (hearth/middleware.py,
 `CrossOriginGuardMiddleware`), in this process: every URL pattern the
 project serves, walked from the URL conf, refuses a POST, PUT, PATCH or
 DELETE that a page on another origin sends, with any content type (a

@@ -1,4 +1,4 @@
-"""The static files, in this process (config/static.py): WhiteNoise
+"""The static files, in this process (hearth/static.py): WhiteNoise
 answers for the static prefixes only, never for `/v1` or any other route;
 a year's `immutable` cache for the vendored files whose names carry their
 version, `no-cache` with ETag and Last-Modified (a 304 when unchanged) for
@@ -66,7 +66,7 @@ def test_each_kind_of_file_has_its_cache_control(app):
 
 def test_a_vendored_file_is_named_by_its_version(app):
     """So a year's `immutable` is right: a new version is a new URL."""
-    from config.static import VERSIONED
+    from hearth.static import VERSIONED
 
     licenses = (FRONTEND / "vendor" / "LICENSES.txt").read_text()
     vendored = sorted(p for p in (FRONTEND / "vendor").iterdir() if p.name != "LICENSES.txt")
@@ -109,8 +109,8 @@ def test_an_unchanged_file_is_a_304(app):
 
 
 def test_whitenoise_answers_for_the_static_prefixes_and_nothing_else(app, monkeypatch):
-    import config.asgi
-    from config import static
+    import hearth.asgi
+    from hearth import static
 
     reached = {"whitenoise": [], "django": []}
 
@@ -121,7 +121,7 @@ def test_whitenoise_answers_for_the_static_prefixes_and_nothing_else(app, monkey
         return call
 
     monkeypatch.setattr(static, "application", spy("whitenoise", static.application))
-    monkeypatch.setattr(config.asgi, "django_app", spy("django", config.asgi.django_app))
+    monkeypatch.setattr(hearth.asgi, "django_app", spy("django", hearth.asgi.django_app))
     files = ["/assets/js/main.js", "/static/admin/css/base.css", "/sw.js", "/manifest.webmanifest",
              "/assets/nope.js"]
     for path in files:
@@ -183,8 +183,8 @@ def test_copies_are_made_once_under_hearth_home_and_never_in_the_source_tree(app
 
 
 def test_a_copy_is_kept_while_its_sources_are_unchanged(tmp_path, monkeypatch):
-    from config import static
     from core import home
+    from hearth import static
 
     monkeypatch.setattr(home, "static_cache", lambda: tmp_path / "cache")
     source = tmp_path / "source.js"

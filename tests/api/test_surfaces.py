@@ -41,7 +41,7 @@ def _check(answer, surface: surfaces.Surface, where: str) -> None:
 
 
 def test_every_route_answers_a_bad_body_in_its_surfaces_shape(app):
-    from config.api import api, v1
+    from hearth.api import api, v1
 
     routes = [*_routes(v1, "/v1/"), *_routes(api, "/api/"), *(("post", path) for path in PLAIN)]
     assert len(routes) > 40, routes
@@ -55,7 +55,7 @@ def test_every_route_answers_a_bad_body_in_its_surfaces_shape(app):
 def test_each_ninja_route_hangs_on_its_surfaces_router():
     """The surface comes from the router a route is on (the shapes above), and
     the routers are the ones the protocols' paths call for."""
-    from config.api import api, v1
+    from hearth.api import api, v1
 
     seen = {}
     for ninja_api in (v1, api):

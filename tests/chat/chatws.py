@@ -18,7 +18,7 @@ def markup(name: str, args: dict) -> str:
 
 
 def asgi_app():
-    from config.asgi import application
+    from hearth.asgi import application
 
     return application
 

@@ -44,7 +44,7 @@ def test_a_turn_outlives_its_socket_and_is_stored(engine):
     stored, and the next socket on the chat finds it (and, while it runs, the
     session's stream is live for the sidebar's lookup)."""
     from chat import live
-    from config.runtime import RUNTIME
+    from hearth.root import RUNTIME
 
     async def run():
         ws = await chatws.connect()

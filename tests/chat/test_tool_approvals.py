@@ -160,7 +160,7 @@ def test_coding_tools_need_loopback_or_sign_in(engine, workspace, steer, approva
     import chat.turns
     from chat import store
     from chat.consumer import ChatConsumer
-    from config.runtime import RUNTIME
+    from hearth.root import RUNTIME
 
     (workspace / "notes.txt").write_text("alpha")
     steer("read", {"path": "notes.txt"})

@@ -1,6 +1,6 @@
 import pytest
 
-from config.env import SettingError, env_bool, env_float, env_int, env_path
+from core.env import SettingError, env_bool, env_float, env_int, env_path
 
 
 def test_typed_helpers_parse_and_default(monkeypatch, tmp_path):

@@ -1,7 +1,7 @@
 """The layer order of the project, held by its imports.
 
 Lowest first: core -> inference/engine -> inference/protocols -> hub ->
-inference (runtime, routes) -> jobs -> chat -> memory -> config. A unit
+serving -> jobs -> chat -> memory -> hearth -> config. A unit
 never imports a unit above it, at module level or inside a function, so no
 two units import each other; a higher app extends a lower one by
 registering into it. The engine imports no web framework, and of `core`
@@ -15,15 +15,16 @@ from tests.helpers import ROOT as PROJECT
 
 ROOT = PROJECT  # rebound by the test that runs the checks on a made-up tree
 
-ORDER = ["core", "inference/engine", "inference/protocols", "hub", "inference", "jobs", "chat", "memory", "config"]
-PACKAGES = ("core", "hub", "inference", "jobs", "chat", "memory", "config")
+ORDER = ["core", "inference/engine", "inference/protocols", "hub", "serving", "jobs", "chat", "memory", "hearth",
+         "config"]
+PACKAGES = ("core", "inference", "hub", "serving", "jobs", "chat", "memory", "hearth", "config")
 WEB = ("django", "ninja", "channels", "daphne", "twisted", "huey")
 
 
 def unit(module: str) -> str | None:
     parts = module.split(".")
-    if parts[0] == "inference" and len(parts) > 1 and parts[1] in ("engine", "protocols"):
-        return f"inference/{parts[1]}"
+    if parts[0] == "inference":  # two units: the engine below the protocol layer
+        return f"inference/{parts[1]}" if len(parts) > 1 and parts[1] in ("engine", "protocols") else None
     return parts[0] if parts[0] in PACKAGES else None
 
 
@@ -67,8 +68,7 @@ def arrows(sources=None) -> dict[tuple[str, str], list[str]]:
         seen = set()
         for module, line in _imports(path):
             dst = unit(module)
-            if dst is None or dst == src or (src == "inference" and dst.startswith("inference/")) \
-                    or (dst, line) in seen:
+            if dst is None or dst == src or (dst, line) in seen:
                 continue
             seen.add((dst, line))
             found.setdefault((src, dst), []).append(f"{rel}:{line} imports {module}")
@@ -132,8 +132,17 @@ def test_the_check_sees_an_up_arrow_inside_a_function(tmp_path):
 
 
 def test_the_check_resolves_relative_imports(tmp_path):
-    found = _arrows_of(tmp_path, "inference/protocols/openai.py", "from ..runtime import Runtime\n")
-    assert against_the_order(found) == ["inference/protocols/openai.py:1 imports inference.runtime"]
+    found = _arrows_of(tmp_path, "inference/protocols/openai.py", "from ..engine.types import Usage\n")
+    assert found == {("inference/protocols", "inference/engine"): ["inference/protocols/openai.py:1 imports "
+                                                                   "inference.engine.types"]}
+    found = _arrows_of(tmp_path, "inference/engine/engine.py", "from ..protocols.output import parse\n")
+    assert against_the_order(found) == ["inference/engine/engine.py:1 imports inference.protocols.output"]
+
+
+def test_the_inference_package_holds_only_the_two_units_below_the_library():
+    """What sits above `hub` lives in `serving`, not beside the engine."""
+    inside = {path.name for path in (ROOT / "inference").iterdir() if not path.name.startswith((".", "__"))}
+    assert inside == {"engine", "protocols"}
 
 
 def _engine_files() -> list[Path]:

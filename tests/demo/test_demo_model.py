@@ -12,9 +12,9 @@ import types
 import openai
 import pytest
 
-from inference.demo import corpus
-from inference.demo.build import Recipe, _corpus_text
-from inference.demo.files import train_tokenizer
+from serving.demo import corpus
+from serving.demo.build import Recipe, _corpus_text
+from serving.demo.files import train_tokenizer
 from tests.helpers import HEARTH, ROOT, ServerProcess, server_env
 
 

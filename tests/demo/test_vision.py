@@ -18,7 +18,7 @@ import httpx
 import openai
 import pytest
 
-from inference.demo.vision import VISION_REPO, draw
+from serving.demo.vision import VISION_REPO, draw
 from tests.helpers import HEARTH, ROOT, ServerProcess, server_env
 
 ASK = "What is in this picture?"
@@ -225,9 +225,9 @@ def test_private_image_url_with_allow_private_media(vision_build, vision_homes, 
 def test_image_rows_on_the_serial_and_speculative_lanes(vision_build, vision_homes, config):
     import asyncio
 
-    from inference.demo.vision import prompt_text
     from inference.engine.engine import Engine, EngineConfig
     from inference.engine.types import GenerationRequest
+    from serving.demo.vision import prompt_text
     from tests.helpers import collect
 
     snapshot = next((vision_homes[0] / "hub" / "models--hearth--demo-vision" / "snapshots").iterdir())

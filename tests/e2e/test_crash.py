@@ -106,7 +106,7 @@ def test_a_supervised_worker_exits_within_seconds_of_its_server_being_killed(ser
     record = worker_record(crash_home)
     worker = psutil.Process(record["worker_pid"])
     assert worker.ppid() == server.proc.pid == record["server_pid"]
-    assert abs(worker.create_time() - record["worker_started"]) < 0.05 and "config.cli worker" in " ".join(
+    assert abs(worker.create_time() - record["worker_started"]) < 0.05 and "hearth.cli worker" in " ".join(
         worker.cmdline())
     deadline = time.monotonic() + 30  # the worker ties itself to the server once Django is up
     while "tied to its server" not in server.output():

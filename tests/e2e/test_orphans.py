@@ -100,7 +100,7 @@ def test_every_kind_of_parent_killed_leaves_no_child(router, tmp_path):
             "iters": 20, "learning_rate": 1e-3, "rank": 8, "batch_size": 4, "steps_per_report": 5}
     answer = httpx.post(url + "/api/finetune/submit", json=body)
     assert answer.status_code == 200, answer.text
-    worker = _named(top.children(), "config.cli worker")[0]
+    worker = _named(top.children(), "hearth.cli worker")[0]
     job_child = _wait("the job's child", lambda: _named(worker.children(), "jobs.child"))
     _gone(_kill(worker))
     assert job_child
@@ -118,7 +118,7 @@ def test_every_kind_of_parent_killed_leaves_no_child(router, tmp_path):
 
     # The router: the build, the new worker, the demo's process and every sandbox go with it.
     below = top.children(recursive=True)
-    for kind in ("make-demo-model", "config.cli worker", "serve hearth/demo-chat", "template_worker"):
+    for kind in ("make-demo-model", "hearth.cli worker", "serve hearth/demo-chat", "template_worker"):
         assert _named(below, kind), (kind, [" ".join(p.cmdline()) for p in below])
     _gone(_kill(top))
 

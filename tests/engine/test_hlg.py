@@ -87,7 +87,7 @@ def test_the_server_flag_spec():
 
 
 def test_the_router_hands_the_flag_to_every_model():
-    from config.serve_router import child_args
+    from hearth.router_mode import child_args
 
     spec = "enabled=true,width=3,shoulder=4,toe=6,pivot_offset=6"
     args = child_args({"hlg_sampling": spec, "batch": 2})

@@ -139,7 +139,7 @@ def test_a_seeded_sampled_request_draws_what_plain_decoding_draws(engines, eos_i
 
 
 def test_stats_count_the_drafts(engines, eos_id):
-    from inference.telemetry import _speculation
+    from serving.telemetry import _speculation
 
     spec = engines(prompt_cache_bytes=0, draft_kind="ngram", draft_tokens=5)
     asyncio.run(collect(spec, _request(_copy_prompt(40), eos_id)))

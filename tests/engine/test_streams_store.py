@@ -11,8 +11,8 @@ import time
 import pytest
 
 from core import sse
-from inference.streams.log import Gone
-from inference.streams.store import Owner, StreamRefused, Streams
+from serving.streams.log import Gone
+from serving.streams.store import Owner, StreamRefused, Streams
 
 
 async def _events(n: int, size: int = 40):
@@ -141,7 +141,7 @@ def test_a_dead_processes_stream_is_cut_at_its_last_event_and_ended(tmp_path):
 
 def test_a_redis_that_is_away_never_fails_a_generation(tmp_path):
     """With Redis unreachable the stream runs, ends and is found as on one node."""
-    from inference.streams.shared import Shared
+    from serving.streams.shared import Shared
 
     async def scenario():
         store = Streams(tmp_path)
@@ -163,7 +163,7 @@ def test_another_node_reads_the_capped_tail_from_redis_byte_for_byte(tmp_path, r
     another node gets the same bytes; one from before it is refused."""
     import redis
 
-    from inference.streams.shared import RemoteStream, Shared
+    from serving.streams.shared import RemoteStream, Shared
 
     redis.Redis.from_url(redis_url).delete(*[f"hearth:streams:conv:{c}" for c in ("capped",)])
 
@@ -195,8 +195,8 @@ def test_another_node_reads_the_capped_tail_from_redis_byte_for_byte(tmp_path, r
 def test_redis_catches_up_missed_writes_and_a_node_taken_for_dead_stops_writing(redis_url):
     """Bytes a write missed go with the next one; once another node has ended
     a stream (its owner's heartbeat lapsed), the owner's writes change nothing."""
-    from inference.streams.log import Meta, Stream
-    from inference.streams.shared import RemoteStream, Shared
+    from serving.streams.log import Meta, Stream
+    from serving.streams.shared import RemoteStream, Shared
 
     async def scenario():
         owner = Shared(redis_url, "slow-node", ttl_s=60, cap=1 << 20)  # never beats: it looks dead
@@ -228,7 +228,7 @@ def test_two_nodes_starting_one_conversation_at_once_leave_one_running(tmp_path,
     """Both nodes look for a live stream, find none and begin theirs in the
     same instant: the one Redis records second stops the other (through its
     node), as a second start on one node stops the first."""
-    from inference.streams.shared import Shared
+    from serving.streams.shared import Shared
 
     async def endless(stopped: asyncio.Event):
         i = 0

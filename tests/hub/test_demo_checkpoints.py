@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from inference.demo import build as demo
+from serving.demo import build as demo
 
 SMALL = replace(demo.Recipe(), hidden=32, layers=1, heads=2, intermediate=64, batch=8, steps=12, warmup=2,
                 examples=400)

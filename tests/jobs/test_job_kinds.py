@@ -51,7 +51,7 @@ def test_the_fine_tune_body_lists_every_setting_the_trainer_defaults(registry):
 
 
 def test_the_submit_routes_document_their_kinds_schema(registry):
-    from config.api import api
+    from hearth.api import api
 
     doc = api.get_openapi_schema(path_prefix="/api")
     for path, kind in (("/api/finetune/submit", "finetune"), ("/api/quantize/submit", "quantize")):

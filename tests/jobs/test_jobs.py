@@ -134,7 +134,7 @@ def test_cancel_kills_the_child(slow_server, tiny_model):
 
 def test_a_worker_that_dies_leaves_a_zombie_and_is_restarted(slow_server, tiny_model):
     job_id = _submit_slow(slow_server, tiny_model)
-    workers = [p for p in pids_matching("config.cli worker") if str(slow_server.proc.pid) in
+    workers = [p for p in pids_matching("hearth.cli worker") if str(slow_server.proc.pid) in
                open(f"/proc/{p}/stat").read().split(")")[-1].split()[1:2]]
     assert len(workers) == 1
     os.kill(workers[0], signal.SIGKILL)  # the child dies with it

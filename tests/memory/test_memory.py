@@ -238,7 +238,7 @@ def test_sessions_round_trip_through_export_and_import(client):
 def test_hybrid_search_fuses_vectors_when_the_model_embeds(client, vault_root, tiny_model):
     import sqlite3
 
-    from config.runtime import RUNTIME as runtime
+    from hearth.root import RUNTIME as runtime
     from inference.engine.engine import Engine
     from memory import service
 

@@ -161,7 +161,7 @@ def test_bad_requests(inproc, body, param):
 
 def test_stored_turns_expire(inproc):
     """A store with a one-second lifetime (`hearth serve --response-ttl 1`), in process."""
-    from config.runtime import RUNTIME
+    from hearth.root import RUNTIME
     from inference.protocols.response_store import ResponseStore
 
     def create(**fields):

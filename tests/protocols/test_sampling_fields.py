@@ -42,7 +42,7 @@ def test_the_engine_runs_each_field_over_the_declared_range(field):
 
 
 def test_the_openapi_schema_lists_the_declared_fields():
-    from inference.routes.bodies import ChatCompletionRequest, MessagesRequest, ResponsesRequest, Sampling
+    from serving.routes.bodies import ChatCompletionRequest, MessagesRequest, ResponsesRequest, Sampling
 
     assert list(Sampling.model_fields) == list(params.SAMPLING)
     for field in params.FIELDS:
@@ -59,7 +59,7 @@ def test_hearth_run_sets_the_declared_fields():
 
     django.setup()
     from chat.gensettings import MAX_TOKENS
-    from config.management.commands import run
+    from hearth.management.commands import run
 
     assert list(run.SETTINGS.items()) == [(f.name, f.kind) for f in (*params.FIELDS, MAX_TOKENS)]
     assert all(name in run.HELP for name in run.SETTINGS)

@@ -1,4 +1,4 @@
-"""Preset files of router mode (`inference/router/presets.py`): a table of
+"""Preset files of router mode (`serving/router/presets.py`): a table of
 good files with what they parse to, and a table of bad files with the
 `FILE:LINE: ` message each must give. Paths in the tables are relative to
 the file's folder, `tmp_path`, where an `adapter` directory exists."""
@@ -8,8 +8,8 @@ import os
 
 import pytest
 
-from inference.router import presets
-from inference.router.presets import KEYS, Preset, PresetError
+from serving.router import presets
+from serving.router.presets import KEYS, Preset, PresetError
 
 EVERY_KEY = """\
 [vendor/model]
@@ -210,7 +210,7 @@ def test_keys():
 
 
 def test_router_children_share_the_memory_budget():
-    from inference.router.slots import Settings
+    from serving.router.slots import Settings
 
     settings = Settings(models_max=4, memory_total=8 << 30)
     assert settings.memory_share(1 << 30) == 2 << 30  # an equal share of the total

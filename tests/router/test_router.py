@@ -392,7 +392,7 @@ def test_named_model_from_json_form_and_query():
 
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
     django.setup()
-    from inference.routes.router import _named_model, routed
+    from serving.routes.proxy import _named_model, routed
 
     factory = RequestFactory()
     def named(request):
@@ -533,7 +533,7 @@ def test_resumable_streams_through_the_router(two, library):
 def test_the_dashboards_remote_turn_puts_streamed_tool_calls_back_together():
     """A model's process streams a call's arguments piece by piece; the
     router's chat turn gets it whole, with the finish reason."""
-    from inference.router.remote import RemoteCall, _deltas
+    from serving.router.remote import RemoteCall, _deltas
 
     def chunk(delta=None, finish=None, usage=None):
         out = {"choices": [{"index": 0, "delta": delta or {}, "finish_reason": finish}]}
@@ -586,9 +586,9 @@ def test_without_a_default_model_nothing_is_trained_and_a_request_must_name_one(
 def test_a_request_naming_no_model_is_told_what_to_name(tiny_model):
     """In this process: with no default model a request that names none gets a 400 that lists the
     library; while the demo model trains towards its first checkpoint, a 503 that says so."""
-    from inference.router.catalog import Library
-    from inference.router.manager import Manager
-    from inference.router.slots import ModelNotFound, RouterError, Settings
+    from serving.router.catalog import Library
+    from serving.router.manager import Manager
+    from serving.router.slots import ModelNotFound, RouterError, Settings
 
     manager = Manager(Library(None, None), Settings(models_max=1), None, 1 << 30)
     with pytest.raises(ModelNotFound) as refused:
@@ -604,10 +604,10 @@ def test_a_request_naming_no_model_is_told_what_to_name(tiny_model):
 def test_a_host_without_a_key_gets_no_authorization_header(tiny_model):
     """In this process: `--models-remote URL` with no `--models-remote-key` forwards with no
     `Authorization` (an empty `Bearer ` failed every forwarded request); a host with a key gets it."""
-    from inference.router.catalog import Library
-    from inference.router.manager import Manager
-    from inference.router.remotes import RemoteHost
-    from inference.router.slots import Settings, Slot
+    from serving.router.catalog import Library
+    from serving.router.manager import Manager
+    from serving.router.remotes import RemoteHost
+    from serving.router.slots import Settings, Slot
 
     manager = Manager(Library(None, None), Settings(models_max=1), tiny_model, 1 << 30)
     local = manager.slots[tiny_model]

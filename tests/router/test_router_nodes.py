@@ -1,5 +1,5 @@
 """Router-mode web nodes on one Redis: which node serves each model is
-shared (inference/router/owners.py). Two routers with libraries and homes
+shared (serving/router/owners.py). Two routers with libraries and homes
 of their own (standing in for two machines behind one port) and the same
 API key: a model loaded on A is served by A for a client of B, and B
 starts no process for it; a model only A's library has is listed by B and

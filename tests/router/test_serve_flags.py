@@ -1,4 +1,4 @@
-"""`hearth serve`'s flags, declared once (`inference/serve_flags.py`), against
+"""`hearth serve`'s flags, declared once (`serving/serve_flags.py`), against
 their three readers and the manual: the command's parser and `--help`, the
 keys of a `--models-preset` file, and the flags the router hands every
 model's process. In this process, on the parser the command builds."""
@@ -8,8 +8,8 @@ import re
 
 import pytest
 
-from inference import serve_flags
-from inference.router import presets
+from serving import serve_flags
+from serving.router import presets
 from tests.helpers import ROOT
 
 ROUTER_OWN = {"alias", "tags", "pin"}  # preset keys that are no serve flag
@@ -20,7 +20,7 @@ def parser():
     import django
 
     django.setup()
-    from config.management.commands.serve import Command
+    from hearth.management.commands.serve import Command
 
     return Command().create_parser("hearth", "serve")
 
@@ -65,7 +65,7 @@ def test_a_preset_hands_its_model_flags_that_its_process_reads_back(parser, tmp_
 
 
 def test_the_router_hands_every_shared_flag_with_its_own_value(parser):
-    from config.serve_router import child_args
+    from hearth.router_mode import child_args
 
     given = ["--batch", "3", "--max-tokens", "7", "--temperature", "0.4", "--top-p", "0.8", "--top-k", "5",
              "--hlg-sampling", "on", "--keep-dtype", "--embeddings", "--drain-seconds", "4", "--flush-seconds", "6",

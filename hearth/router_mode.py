@@ -1,0 +1,232 @@
+"""`hearth serve` without a MODEL: the router. Every model in the library on
+one port, each loaded into a process of its own (a `hearth serve MODEL`
+on a private loopback port) when a request names it; the default model
+and pinned ones load at start.
+
+Flags every model shares (batching, context, sampling defaults, …; those
+marked `shared` in `serving/serve_flags.py`) are handed to each child,
+the preset's per-model flags after them; the memory
+budget (`--memory-budget`, else three quarters of RAM) is the total, and
+each child gets an equal share of it among the models loaded at once; the request
+bounds reach the children through the environment (`core.limits.export`).
+Each child keeps its prompt cache's SSD tier under HEARTH_HOME/prompt-cache
+(or `--ssd-cache`), one folder per model, so a model unloaded to make
+room starts warm when it is loaded again.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from django.core.management import call_command
+from django.core.management.base import CommandError
+
+from core import home
+from core.blas import blas_in_use
+from hearth.access_settings import is_loopback
+from hearth.demo_training import DemoTraining, demo_checkpoint_step, demo_is_built
+from hearth.process import Work, exit_now, open_streams, run_daphne, start_services, stop_services
+from hearth.root import RUNTIME as runtime
+from hub import fit
+from serving import serve_flags
+from serving.demo.build import DEMO_REPO
+from serving.router import remotes
+from serving.router.catalog import Catalog, CatalogError, Library
+from serving.router.manager import Manager
+from serving.router.owners import Owners
+from serving.router.presets import PresetError
+from serving.router.remotes import RemoteHost
+from serving.router.slots import RouterError, Settings
+
+log = logging.getLogger("hearth.serve")
+
+MOST_BY_DEFAULT = 8
+
+
+class RouterWork(Work):
+    def __init__(self, manager: Manager, stop_timeout_s: float):
+        self.manager, self.stop_timeout_s = manager, stop_timeout_s
+
+    def busy(self) -> bool:
+        return any(s.users for s in self.manager.slots.values())
+
+    def close(self, flush: bool) -> None:
+        self.manager.stop_all(self.stop_timeout_s if flush else 5.0)
+
+    def draining(self) -> None:
+        self.manager.leave()  # the other web nodes load what this one served, rather than pass it here
+
+
+def child_args(opts: dict) -> list[str]:
+    """The router's own values of the flags every model's process shares
+    (`serving.serve_flags`, those marked `shared`), as that process's flags."""
+    args = []
+    for flag in serve_flags.SHARED:
+        value = opts.get(flag.target)
+        if flag.switch:
+            args += [flag.name] if value else []
+        elif value is not None:
+            args += [flag.name, str(value)]
+    return args
+
+
+def default_models_max(catalog: Catalog, usable: int) -> int:
+    """How many of the library's models fit in memory together, smallest
+    first (what /fit says of each), at least 1 and at most 8."""
+    sizes = sorted(b for b in (e.estimated_bytes(usable) for e in catalog.entries.values()) if b)
+    count, total = 0, 0
+    for size in sizes:
+        if total + size > usable:
+            break
+        count, total = count + 1, total + size
+    return max(1, min(MOST_BY_DEFAULT, count))
+
+
+def remote_hosts(opts: dict) -> list[RemoteHost]:
+    """`--models-remote` hosts, looked at once before the router starts (so
+    `--default-model` may name one of their models)."""
+    urls = opts.get("models_remote") or []
+    if not urls:
+        return []
+    try:
+        checked = list(dict.fromkeys(remotes.checked_url(url) for url in urls))
+    except remotes.RemoteUrlError as exc:
+        raise CommandError(str(exc)) from None
+    # Never this server's own key by default: that is what its clients hold, and it must not travel on.
+    key = opts.get("models_remote_key") or os.environ.get("HEARTH_MODELS_REMOTE_KEY", "").strip() or None
+    hosts = [RemoteHost(url, key) for url in checked]
+    remotes.probe_all(hosts)
+    return hosts
+
+
+def advertised_url(opts: dict) -> str:
+    """Where the other web nodes reach this one: --advertise-url or
+    HEARTH_ADVERTISE_URL, else the bound address and port (this machine's
+    name when bound to every address)."""
+    given = opts.get("advertise_url") or os.environ.get("HEARTH_ADVERTISE_URL", "").strip()
+    if given:
+        try:
+            return remotes.checked_url(given, "--advertise-url")
+        except remotes.RemoteUrlError as exc:
+            raise CommandError(str(exc)) from None
+    host = opts["host"]
+    if host in ("0.0.0.0", "::", ""):
+        host = socket.getfqdn()
+    return f"http://{f'[{host}]' if ':' in host else host}:{opts['port']}"
+
+
+def share_ownership(manager: Manager, opts: dict) -> None:
+    """With Redis: which node serves each model is shared with the other web
+    nodes (serving/router/owners.py), and their hop key is accepted here."""
+    from django.conf import settings
+
+    if not settings.HEARTH_REDIS_URL:
+        return
+    node = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+    owners = Owners(settings.HEARTH_REDIS_URL, node, advertised_url(opts))
+
+    def accept(key: str) -> None:
+        if runtime.api_keys:  # with no key configured every request passes already
+            runtime.api_keys = runtime.api_keys | {key}
+        runtime.hop_keys = runtime.hop_keys | {key}  # another node states the holder of what it passes on
+
+    advertised = urlsplit(owners.advertise)
+    if advertised.port == 0 or (is_loopback(advertised.hostname or "") and not is_loopback(opts["host"])):
+        log.warning("router: the other web nodes would reach this one at %s; give its address with "
+                    "--advertise-url", owners.advertise)
+    # Its own name, as the others send it in Host (None admits every name already).
+    if advertised.hostname and runtime.allowed_hosts is not None:
+        runtime.allowed_hosts = runtime.allowed_hosts | {advertised.hostname.lower()}
+    key = owners.read_hop_key()
+    if key:
+        accept(key)
+    manager.owners, manager.on_hop_key = owners, accept
+    log.info("router: models shared with the other web nodes on Redis as %s (%s)", node, owners.advertise)
+
+
+def default_model(opts: dict) -> str | None:
+    """The model a request that names none gets: --default-model, else the
+    demo chat model once it is built, else none (nothing is trained unasked)."""
+    if opts["default_model"]:
+        return opts["default_model"]
+    return DEMO_REPO if demo_is_built() else None
+
+
+@dataclass
+class RouterPlan:
+    """What a router serves, settled before it starts anything."""
+    manager: Manager
+    settings: Settings
+    training: bool  # the demo model trains in the background (`--build-demo`, not built yet)
+
+
+def plan_router(opts: dict) -> RouterPlan:
+    """Check router mode's flags and read the library: CommandError names
+    the first that cannot work (a bad preset line, an unknown default)."""
+    if opts["adapter"]:
+        raise CommandError("--adapter names one model's adapter: in router mode, set `adapter = DIR` in that "
+                           "model's section of --models-preset")
+    log.info("BLAS: %s", blas_in_use())
+    call_command("migrate", interactive=False, verbosity=0)
+    default = default_model(opts)
+    training = opts["build_demo"] and not demo_is_built()
+    if training and default is None and demo_checkpoint_step() is not None:
+        default = DEMO_REPO  # a build cut short left a checkpoint: served until the new build passes it
+    usable = fit.usable_bytes()
+    try:
+        library = Library(Path(opts["models_dir"]) if opts["models_dir"] else None,
+                          Path(opts["models_preset"]) if opts["models_preset"] else None,
+                          extra=(default,) if default else ())
+        catalog = library.scan(strict=True)
+        settings = Settings(
+            models_max=opts["models_max"] or default_models_max(catalog, usable),
+            idle_unload_s=opts["idle_unload"] or 0.0,
+            start_timeout_s=opts["child_start_timeout"] or 600.0,
+            request_timeout_s=opts["child_timeout"] or 600.0,
+            stop_timeout_s=opts["drain_seconds"] + opts["flush_seconds"] + 15.0,
+            child_args=tuple(child_args(opts)),
+            cache_root=opts["ssd_cache"] or str(home.prompt_caches()),
+            memory_total=opts["memory_budget"] or usable)
+        hosts = remote_hosts(opts)
+        manager = Manager(library, settings, default, usable, catalog, hosts)
+    except (CatalogError, PresetError) as exc:
+        raise CommandError(str(exc)) from None
+    except RouterError as exc:
+        raise CommandError(f"--default-model: {exc.message}") from None
+    return RouterPlan(manager, settings, training)
+
+
+def serve_router(plan: RouterPlan, opts: dict) -> None:
+    manager, settings, training = plan.manager, plan.settings, plan.training
+    share_ownership(manager, opts)
+    runtime.router = manager
+    open_streams(opts)
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per forwarded request would drown the log
+    pinned = [s.id for s in manager.slots.values() if s.pinned]
+    preload = [] if opts["no_preload"] else [m for m in dict.fromkeys([manager.default, *pinned]) if m]
+    log.info("router: %d models in the library, at most %d loaded at once, default %s",
+             len(manager.slots), settings.models_max, manager.default or "none (requests must name a model)")
+    demo = DemoTraining(manager) if training else None
+    if demo is not None:
+        demo.start()
+    supervisor = start_services(opts["no_worker"])
+
+    def on_start() -> None:
+        manager.start(preload)
+        if demo is not None:
+            demo.watch()
+    try:
+        run_daphne(RouterWork(manager, settings.stop_timeout_s), opts["host"], opts["port"], opts["drain_seconds"],
+                   f"the router ({len(manager.slots)} models, default {manager.default or 'none'})",
+                   on_start=on_start)
+    finally:
+        if demo is not None:
+            demo.stop()
+        stop_services(supervisor)
+    log.info("stopped")
+    exit_now()

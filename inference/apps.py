@@ -1,6 +1,0 @@
-from django.apps import AppConfig
-
-
-class InferenceConfig(AppConfig):
-    name = "inference"
-    verbose_name = "Inference"

@@ -1,0 +1,222 @@
+"""OpenAI Responses, the reply: the engine's events, split by the shared
+OutputParser, become output items, the Response object and the Responses
+stream event chain."""
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+
+from core import sse
+from core.surfaces import RESPONSES
+from inference.engine.types import EventStream, GenerationEvent
+from inference.protocols.openai import Message, with_keepalive
+from inference.protocols.output import OutputParser, Piece, ToolDelta
+from inference.protocols.responses import Turn, new_id
+from inference.protocols.toolcalls import ToolCall
+
+
+class Reply:
+    def __init__(self, model_id: str, body: dict, turn: Turn, tokenizer):
+        self.id = new_id("resp_")
+        self.created = int(time.time())
+        self.model_id, self.body, self.turn, self.tokenizer = model_id, body, turn, tokenizer
+        self.new_item_ids()
+
+    def new_item_ids(self) -> None:
+        self.reasoning_id, self.message_id = new_id("rs_"), new_id("msg_")
+
+    def envelope(self, status: str, output: list[dict], usage: dict | None = None,
+                 incomplete: str | None = None) -> dict:
+        b = self.body
+        return {
+            "id": self.id, "object": "response", "created_at": self.created, "status": status,
+            "model": self.model_id, "output": output, "usage": usage, "error": None,
+            "incomplete_details": {"reason": incomplete} if incomplete else None,
+            "instructions": self.turn.instructions, "previous_response_id": b.get("previous_response_id"),
+            "max_output_tokens": b.get("max_output_tokens"), "temperature": b.get("temperature"),
+            "top_p": b.get("top_p"), "tools": b.get("tools") or [], "tool_choice": b.get("tool_choice") or "auto",
+            "parallel_tool_calls": b.get("parallel_tool_calls", True), "text": b.get("text") or {"format": {
+                "type": "text"}}, "metadata": b.get("metadata") or {}, "store": b.get("store", True),
+        }
+
+    def reasoning_item(self, text: str, status: str = "completed") -> dict:
+        return {"type": "reasoning", "id": self.reasoning_id, "status": status,
+                "summary": [{"type": "summary_text", "text": text}]}
+
+    def message_item(self, text: str, status: str = "completed") -> dict:
+        """`in_progress` (just added: no content yet), `completed`, or `incomplete` (cut by max_output_tokens)."""
+        return {"type": "message", "id": self.message_id, "role": "assistant", "status": status,
+                "content": [] if status == "in_progress" else [{"type": "output_text", "text": text,
+                                                                 "annotations": []}]}
+
+    @staticmethod
+    def call_item(call, status: str = "completed") -> dict:
+        return {"type": "function_call", "id": "fc_" + call.id.removeprefix("call_"), "call_id": call.id,
+                "name": call.name, "arguments": call.arguments if status == "completed" else "", "status": status}
+
+    def output(self, message: Message, status: str = "completed") -> list[dict]:
+        """The output items; `status` is the last text item's (`incomplete` when the reply was cut)."""
+        has_message = bool(message.content) or not (message.tool_calls or message.reasoning)  # as streamed
+        items = [self.reasoning_item(message.reasoning, "completed" if has_message else status)] \
+            if message.reasoning else []
+        if has_message:
+            items.append(self.message_item(message.content, status))
+        return items + [self.call_item(c) for c in message.tool_calls]
+
+    def usage(self, event: GenerationEvent, reasoning: str) -> dict:
+        u = event.final_usage
+        thought = len(self.tokenizer.encode(reasoning)) if reasoning else 0
+        return {"input_tokens": u.prompt_tokens, "input_tokens_details": {"cached_tokens": u.cached_tokens},
+                "output_tokens": u.completion_tokens,
+                "output_tokens_details": {"reasoning_tokens": min(thought, u.completion_tokens)},
+                "total_tokens": u.total_tokens, "lane": u.lane}
+
+    def complete(self, message: Message, event: GenerationEvent) -> dict:
+        status = cut(event, message)
+        return self.envelope(status, self.output(message, status), self.usage(event, message.reasoning),
+                             "max_output_tokens" if status == "incomplete" else None)
+
+
+def cut(event: GenerationEvent, message: Message) -> str:
+    """`incomplete` for a reply its token limit cut short, else `completed`."""
+    return "incomplete" if event.finish_reason == "length" and not message.tool_calls else "completed"
+
+
+def chat_output(message: Message) -> list[dict]:
+    """The reply as chat messages, for the next turn of a stored conversation."""
+    if not (message.content or message.tool_calls):
+        return [{"role": "assistant", "content": ""}]
+    msg: dict = {"role": "assistant", "content": message.content}
+    if message.tool_calls:
+        msg["tool_calls"] = [c.wire() for c in message.tool_calls]
+    return [msg]
+
+
+class _Chain:
+    """One Responses stream: the `sequence_number`ed event chain, the output
+    items it has closed, and the item open now (reasoning or message text)."""
+
+    def __init__(self, reply: Reply):
+        self.reply = reply
+        self.seq = 0
+        self.items: list[dict] = []
+        self.open_kind: str | None = None  # "reasoning" | "content" while an item is open
+        self.text = ""  # the open item's text
+        self.calling: ToolCall | None = None  # the function call being streamed
+
+    def emit(self, kind: str, **fields) -> bytes:
+        event = {"type": kind, "sequence_number": self.seq, **fields}
+        self.seq += 1
+        return sse.frame(event, kind)
+
+    def open(self, kind: str) -> list[bytes]:
+        reply, index = self.reply, len(self.items)
+        self.open_kind, self.text = kind, ""
+        reply.new_item_ids()  # every item its own id
+        if kind == "reasoning":
+            item = {"type": "reasoning", "id": reply.reasoning_id, "summary": []}
+            return [self.emit("response.output_item.added", output_index=index, item=item),
+                    self.emit("response.reasoning_summary_part.added", item_id=reply.reasoning_id,
+                              output_index=index, summary_index=0, part={"type": "summary_text", "text": ""})]
+        return [self.emit("response.output_item.added", output_index=index,
+                          item=reply.message_item("", "in_progress")),
+                self.emit("response.content_part.added", item_id=reply.message_id, output_index=index,
+                          content_index=0, part={"type": "output_text", "text": "", "annotations": []})]
+
+    def close(self, status: str = "completed") -> list[bytes]:
+        """Close the open item; `status` is its own (`incomplete` for the last one of a cut reply)."""
+        reply, index, text, frames = self.reply, len(self.items), self.text, []
+        if self.open_kind == "reasoning":
+            frames.append(self.emit("response.reasoning_summary_text.done", item_id=reply.reasoning_id,
+                                    output_index=index, summary_index=0, text=text))
+            frames.append(self.emit("response.reasoning_summary_part.done", item_id=reply.reasoning_id,
+                                    output_index=index, summary_index=0, part={"type": "summary_text", "text": text}))
+            self.items.append(reply.reasoning_item(text, status))
+        elif self.open_kind == "content":
+            frames.append(self.emit("response.output_text.done", item_id=reply.message_id, output_index=index,
+                                    content_index=0, text=text))
+            frames.append(self.emit("response.content_part.done", item_id=reply.message_id, output_index=index,
+                                    content_index=0, part={"type": "output_text", "text": text, "annotations": []}))
+            self.items.append(reply.message_item(text, status))
+        if self.open_kind is not None:
+            frames.append(self.emit("response.output_item.done", output_index=index, item=self.items[-1]))
+        self.open_kind = None
+        return frames
+
+    def piece(self, piece: Piece, message: Message) -> list[bytes]:
+        frames = [] if self.open_kind == piece.kind else self.close() + self.open(piece.kind)
+        index = len(self.items)
+        self.text += piece.text
+        if piece.kind == "reasoning":
+            message.reasoning += piece.text
+            frames.append(self.emit("response.reasoning_summary_text.delta", item_id=self.reply.reasoning_id,
+                                    output_index=index, summary_index=0, delta=piece.text))
+        else:
+            message.content += piece.text
+            frames.append(self.emit("response.output_text.delta", item_id=self.reply.message_id, output_index=index,
+                                    content_index=0, delta=piece.text))
+        return frames
+
+    def call(self, delta: ToolDelta, calls: list) -> list[bytes]:
+        """A function_call item: added on the call's first delta, its
+        arguments as they come, done (with them whole) on its last."""
+        frames: list[bytes] = []
+        if delta.name is not None:
+            frames, self.calling = self.close(), ToolCall(delta.name, "", delta.id)
+            frames.append(self.emit("response.output_item.added", output_index=len(self.items),
+                                    item=self.reply.call_item(self.calling, "in_progress")))
+        calling, index = self.calling, len(self.items)
+        assert calling is not None
+        item_id = "fc_" + calling.id.removeprefix("call_")
+        if delta.arguments:
+            frames.append(self.emit("response.function_call_arguments.delta", item_id=item_id, output_index=index,
+                                    delta=delta.arguments))
+            self.calling = calling = ToolCall(calling.name, calling.arguments + delta.arguments, calling.id)
+        if delta.done:
+            whole = calls[delta.index] if delta.index < len(calls) else calling  # as the parser settled it
+            frames.append(self.emit("response.function_call_arguments.done", item_id=item_id, output_index=index,
+                                    arguments=whole.arguments))
+            item = self.reply.call_item(whole)
+            self.items.append(item)
+            self.calling = None
+            frames.append(self.emit("response.output_item.done", output_index=index, item=item))
+        return frames
+
+
+async def stream(reply: Reply, events: EventStream, output: OutputParser, keepalive: float,
+                 on_done) -> AsyncIterator[bytes]:
+    """The Responses event chain: created, in_progress, then per output item
+    added → (content part, text deltas | argument deltas) → done, and
+    completed (or incomplete). `on_done(message, response)` stores the turn."""
+    chain = _Chain(reply)
+    yield chain.emit("response.created", response=reply.envelope("in_progress", []))
+    yield chain.emit("response.in_progress", response=reply.envelope("in_progress", []))
+    message = Message()  # the whole reply, for the stored turn
+    async for event in with_keepalive(events, output, keepalive):
+        if event is None:
+            yield sse.KEEP_ALIVE
+            continue
+        if event.error is not None:
+            failed = RESPONSES.stream_error_event(event.error)
+            yield chain.emit("error", **{k: v for k, v in failed.items() if k != "type"})
+            return
+        pieces = output.feed(event.text)
+        if event.finish_reason is not None:
+            pieces += output.finish()
+        for piece in pieces:
+            for frame in chain.piece(piece, message) if piece.text else []:
+                yield frame
+        for delta in output.take_deltas():
+            for frame in chain.call(delta, output.calls):
+                yield frame
+        message.tool_calls = list(output.calls)
+        if event.finish_reason is not None:
+            frames = chain.open("content") if not chain.items and chain.open_kind is None else []  # one message
+            for frame in frames + chain.close(cut(event, message)):
+                yield frame
+            final = reply.complete(message, event)
+            final["output"] = chain.items
+            on_done(message, final)
+            kind = "response.completed" if final["status"] == "completed" else "response.incomplete"
+            yield chain.emit(kind, response=final)
+            return

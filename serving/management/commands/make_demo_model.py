@@ -1,0 +1,96 @@
+"""`hearth make-demo-model [--kind chat|vision|audio]`: build (once) an embedded demo model:
+the chat model (the default), the vision model or the speech model.
+
+With `--checkpoints` (what `hearth serve --build-demo` runs in the
+background) the chat model is published at each checkpoint too, and the
+build's state is kept in `home.demo_build()` for the server to show and act on."""
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from django.core.management.base import BaseCommand
+from huggingface_hub import constants
+
+from core import home
+from core.blas import blas_in_use
+from core.fs import write_atomically
+from serving.demo import vision
+from serving.demo.build import DEMO_REPO, Recipe, build
+from serving.demo.whisper_build import WHISPER_REPO, WhisperRecipe
+from serving.demo.whisper_build import build as build_whisper
+
+
+class Command(BaseCommand):
+    help = (f"Train the small demo chat model and publish it to the local HF cache as {DEMO_REPO}; with --kind "
+            f"vision, the demo vision model instead ({vision.VISION_REPO}), with --kind audio, the demo speech "
+            f"model ({WHISPER_REPO}: a tiny Whisper for spoken digits).")
+
+    def add_arguments(self, parser):
+        parser.add_argument("--kind", choices=("chat", "vision", "audio"), default="chat")
+        parser.add_argument("--force", action="store_true", help="rebuild even when a cached build exists")
+        parser.add_argument("--seed", type=int, default=None)
+        parser.add_argument("--steps", type=int, default=None)
+        parser.add_argument("--checkpoints", action="store_true",
+                            help="chat model: publish it after the first few steps and at each checkpoint, "
+                                 "so a server can serve it while it trains")
+
+    def handle(self, *args, kind: str, force: bool, seed: int | None, steps: int | None, checkpoints: bool,
+               **options):
+        state: dict = {"pid": os.getpid(), "state": "starting", "step": 0, "steps": None, "loss": None,
+                       "seconds": 0.0, "served_step": None, "started_at": time.time()}
+
+        def save(**changes) -> None:
+            state.update(changes, updated_at=time.time())
+            if checkpoints:
+                write_atomically(home.demo_build(), json.dumps(state), durable=False)
+
+        def progress(step, total, loss, seconds):
+            save(state="training", step=step, steps=total, loss=round(loss, 4), seconds=round(seconds, 1))
+            if step % 25 and step != total:
+                return
+            bar = "#" * (20 * step // total)
+            self.stdout.write(f"  [{bar:<20}] step {step}/{total}  loss {loss:.3f}  {seconds:.0f}s")
+
+        def published(step, loss, snapshot):  # a checkpoint before the last: training is under way
+            save(state="training", served_step=step)
+            how = "untrained" if loss is None else f"loss {loss:.3f}"
+            self.stdout.write(f"  checkpoint at step {step} ({how}) published: {snapshot}")
+
+        self.stdout.write(f"BLAS: {blas_in_use()}")
+        cache = Path(constants.HF_HUB_CACHE)
+        if kind == "vision":
+            base = vision.VisionRecipe()
+            recipe_v = replace(base, seed=base.seed if seed is None else seed,
+                               steps=base.steps if steps is None else steps)
+            path, built, trained = vision.build(cache, recipe_v, force=force, progress=progress)
+            repo = vision.VISION_REPO
+            if trained:
+                self.stdout.write(f"trained in {trained.get('seconds')}s; held-out accuracy "
+                                  f"{trained.get('held_out_accuracy')} on {trained.get('held_out')} pictures")
+        elif kind == "audio":
+            base_a = WhisperRecipe()
+            recipe_a = replace(base_a, seed=base_a.seed if seed is None else seed,
+                               steps=base_a.steps if steps is None else steps)
+            path, built, summary = build_whisper(cache, recipe_a, force=force, progress=progress)
+            repo = WHISPER_REPO
+            if summary:
+                self.stdout.write(f"  trained: {summary}")
+        else:
+            recipe = replace(Recipe(), seed=Recipe.seed if seed is None else seed,
+                             steps=Recipe.steps if steps is None else steps)
+            save(steps=recipe.steps)
+            try:
+                path, built = build(cache, recipe, force=force, progress=progress,
+                                    published=published if checkpoints else None)
+            except BaseException as exc:
+                save(state="failed", error=f"{type(exc).__name__}: {exc}")
+                raise
+            save(state="done", step=recipe.steps, served_step=recipe.steps)
+            repo = DEMO_REPO
+        verb = "built" if built else "already built"
+        self.stdout.write(self.style.SUCCESS(f"{repo} {verb}: {path}"))
+

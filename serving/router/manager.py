@@ -1,0 +1,769 @@
+"""Which models are loaded, in which process, and what may load next.
+
+Runs on the server's event loop: every decision about a slot happens
+between two awaits, so it is atomic without a lock; the one lock orders
+loads, so capacity is checked, a victim evicted and the new slot
+reserved as one step (many requests for different models never load more
+than `models_max`, and two requests for one model start one process).
+
+A slot's life: unloaded -> loading -> loaded -> (unloading) -> unloaded,
+or loading -> failed. A child that exits, however it exits, leaves its
+slot unloaded (failed when it never became ready), its waiters and
+in-flight requests get an error, and the next request loads it again.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import secrets
+import time
+from typing import Any
+
+from serving.router import owners as cluster
+from serving.router import presets, remotes
+from serving.router.catalog import DEFAULT_WORDS, Catalog, Entry, Library
+from serving.router.child import ChildProcess
+from serving.router.owners import Owners, Peer
+from serving.router.remotes import RemoteHost
+from serving.router.slots import (
+    LoadFailed,
+    ModelNotFound,
+    NoCapacity,
+    NotEnoughMemory,
+    RemoteModel,
+    RouterError,
+    Settings,
+    Slot,
+    available_memory,
+    exit_reason,
+    folder_name,
+    gib,
+    held,
+    settle,
+)
+
+log = logging.getLogger("hearth.router")
+SCAN_S = 5  # seconds between looks at the library (downloads, `hearth rm`, new folders)
+REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+
+
+class Manager:
+    def __init__(self, library: Library, settings: Settings, default: str | None, usable_bytes: int,
+                 catalog: Catalog | None = None, remotes: list[RemoteHost] | None = None):
+        self.library = library
+        self.remotes: list[RemoteHost] = list(remotes or [])
+        self.remote_entries: dict[str, Entry] = {}  # the ids remote hosts serve, the library lacks
+        self.settings = settings
+        self.usable_bytes = usable_bytes
+        self.key = secrets.token_urlsafe(24)  # what the children accept
+        self.catalog: Catalog = catalog if catalog is not None else library.scan(strict=True)
+        self.slots: dict[str, Slot] = {}
+        self.fetching: dict[str, Entry] = {}  # repo ids being downloaded by their process (POST /models/load)
+        self.http: Any = None  # the connection pool to the children (httpx, made on the server's loop)
+        # With Redis: which node serves each model (serving/router/owners.py). `peers`: the other
+        # nodes as hosts; `held_by`: the library's models another node serves, by node.
+        self.owners: Owners | None = None
+        self.on_hop_key: Any = None  # called with the cluster's hop key once it is read
+        self.peers: dict[str, RemoteHost] = {}
+        self.held_by: dict[str, str] = {}
+        self._peer_task: asyncio.Task | None = None
+        self._drops: set[asyncio.Task] = set()
+        self._left = False
+        self._sync_slots()
+        self._sync_remotes()
+        self._lock: asyncio.Lock | None = None
+        self._released: asyncio.Event | None = None
+        self._listeners: set[asyncio.Queue] = set()
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._idle_task: asyncio.Task | None = None
+        self._remote_task: asyncio.Task | None = None
+        # The model a request that names none gets; None: such a request is refused with the list.
+        self.default: str | None = None
+        self.default = self.resolve(default).id if default else None
+        self.no_default_note = ""  # said with that refusal (a demo model being trained, say)
+
+    # -- names ---------------------------------------------------------------
+    def _sync_slots(self) -> list[Slot]:
+        """Slots for the catalog's models (the new ones returned); a model
+        gone from disk loses its slot once nothing runs or waits on it."""
+        added = []
+        for model_id, entry in self.catalog.entries.items():
+            slot = self.slots.get(model_id)
+            if slot is None:
+                slot = self.slots[model_id] = Slot(entry, pinned=bool(entry.preset.pinned))
+                added.append(slot)
+            else:
+                slot.entry = entry
+        for model_id in [m for m in self.fetching if m in self.catalog.entries]:
+            del self.fetching[model_id]  # downloaded: the library has it now
+        for model_id in [m for m, s in self.slots.items()
+                         if m not in self.catalog.entries and m not in self.fetching and s.remote is None]:
+            slot = self.slots[model_id]
+            if slot.status in ("unloaded", "failed") and not slot.users and slot.child is None:
+                del self.slots[model_id]  # removed from disk and not running
+        return added
+
+    def _sync_remotes(self) -> list[Slot]:
+        """Slots for what the remote hosts serve, loaded while their host
+        answers (the changed ones returned). An id the library has, or a
+        local process still holds, stays local; of two hosts, the first serves it."""
+        changed = []
+        claimed: set[str] = set()
+        for host in [*self.remotes, *self.peers.values()]:
+            for model_id in host.models:
+                slot = self.slots.get(model_id)
+                if model_id in self.catalog.entries or model_id in claimed or (slot and slot.remote is None):
+                    continue
+                claimed.add(model_id)
+                if slot is None:
+                    entry = Entry(id=model_id, ref=host.url, preset=presets.Preset(model_id, "", tags=("remote",)))
+                    self.remote_entries[model_id] = entry
+                    slot = self.slots[model_id] = Slot(entry)
+                status, error = ("loaded", None) if host.healthy else ("failed", f"remote {host.url}: {host.error}")
+                if (slot.remote, slot.status, slot.error) != (host, status, error):
+                    slot.remote, slot.status, slot.error = host, status, error
+                    changed.append(slot)
+        for model_id in [m for m, s in self.slots.items() if s.remote is not None and m not in claimed]:
+            slot = self.slots[model_id]  # its host serves it no more, or the library has it now
+            if model_id in self.catalog.entries and not slot.users:
+                del self.remote_entries[model_id]
+                self.slots[model_id] = Slot(self.catalog.entries[model_id])
+            elif slot.remote is not None and slot.remote.node is not None and not slot.users:
+                # another web node unloaded it: no longer listed here
+                del self.remote_entries[model_id], self.slots[model_id]
+            elif slot.status != "failed":
+                slot.status, slot.error = "failed", f"remote {slot.url} no longer serves it"
+                changed.append(slot)
+        return changed
+
+    async def _watch_remotes(self) -> None:
+        """Every remotes.CHECK_S: each host's health, models and capacity."""
+        while True:
+            await asyncio.sleep(remotes.CHECK_S)
+            client = self.client()
+            results = await asyncio.gather(*(host.probe(client) for host in self.remotes), return_exceptions=True)
+            if any(r is True for r in results):
+                for slot in self._sync_remotes():
+                    self._changed(slot)
+
+    def key_for(self, slot: Slot) -> str:
+        """The key a forwarded request carries: the remote host's (another
+        node's: the cluster's hop key), or what the local children accept."""
+        if slot.remote is not None:
+            return (self.owners.hop_key if slot.remote.node and self.owners else slot.remote.key) or ""
+        return self.key
+
+    def hop_headers(self, slot: Slot) -> dict:
+        """The credentials a request forwarded to `slot` carries, and, to
+        another web node, the mark that it is served there and not passed on.
+        A remote host run without a key gets no `Authorization` at all (an
+        empty `Bearer ` is a malformed header its server refuses)."""
+        key = self.key_for(slot)
+        out = {"authorization": f"Bearer {key}"} if key else {}
+        if slot.remote is not None and slot.remote.node is not None:  # the id as resolved here (aliases,
+            out[cluster.HOP_HEADER], out[cluster.MODEL_HEADER] = "1", slot.id  # the default may differ there)
+        return out
+
+    def remote_down(self, slot: Slot, message: str) -> None:
+        """A forwarded request found the remote host gone: marked failed until the next look says otherwise."""
+        if slot.remote is not None and slot.remote.healthy:
+            slot.remote.healthy, slot.remote.error = False, message
+            for changed in self._sync_remotes():
+                self._changed(changed)
+
+    async def peer_gone(self, slot: Slot) -> None:
+        """Another web node did not take a request for `slot`'s model: its
+        claim goes (awaited), so the next acquire takes it or finds another node."""
+        if self.owners is None or slot.remote is None or slot.remote.node is None:
+            return
+        self.held_by.pop(slot.id, None)
+        self.peers.pop(slot.remote.node, None)
+        await self.owners.drop(slot.id, slot.remote.node)
+        for changed in self._sync_remotes():
+            self._changed(changed)
+
+    async def take_over(self, name: str | None, gone: Slot) -> Slot:
+        """`gone`'s node did not take a request for `name`: the model loads
+        here (claimed, or found on a third node by the next request)."""
+        await self.peer_gone(gone)
+        try:
+            return await self.acquire(name, hop=True)
+        except ModelNotFound:  # only that node's library had it
+            raise RouterError(f"model {gone.id!r} was served by the web node at {gone.url}, which is gone or "
+                              f"stopping; no other node has it") from None
+
+    def _track(self, work) -> None:
+        task = asyncio.ensure_future(work)
+        self._drops.add(task)
+        task.add_done_callback(self._drops.discard)
+
+    async def refresh(self) -> None:
+        """Scan the library again (off the event loop: it reads every model's
+        headers) and take in what appeared or went (a download, `hearth rm`)."""
+        try:
+            catalog = await asyncio.to_thread(self.library.scan)
+        except Exception:  # a half-written download must not break the router
+            log.exception("rescanning the library failed")
+            return
+        self.catalog = catalog
+        for slot in self._sync_slots() + self._sync_remotes():
+            self._changed(slot)
+
+    def resolve(self, name: str | None, fetch: bool = False) -> Entry:
+        """The entry `name` (an id or alias; None or "default": the default
+        model) stands for. With `fetch`, a repo id the library lacks becomes
+        an entry whose process downloads it first."""
+        if name is None or (isinstance(name, str) and name.strip() in DEFAULT_WORDS):
+            name = getattr(self, "default", None)
+            if name is None:
+                raise self._no_default()
+        if not isinstance(name, str):
+            raise ModelNotFound("model must be a string naming a model; GET /v1/models lists the models")
+        entry = self.catalog.resolve(name) or self.fetching.get(name) or self.remote_entries.get(name)
+        if entry is None and fetch and REPO_ID.fullmatch(name):
+            entry = Entry(id=name, ref=name, preset=presets.merged(self.library.table, name))
+            self.fetching[name] = entry
+            self.slots.setdefault(name, Slot(entry))
+        if entry is None:
+            raise ModelNotFound(f"model {name!r} not found; GET /v1/models lists the models")
+        return entry
+
+    def _no_default(self) -> RouterError:
+        """The refusal of a request that names no model while there is no
+        default: a 400 that lists the models it may name, or, while the demo
+        model trains towards its first checkpoint, a 503 that says so."""
+        names = sorted(set(self.catalog.entries) | set(self.remote_entries))
+        listed = ", ".join(names[:20]) + (f" and {len(names) - 20} more" if len(names) > 20 else "")
+        which = f"name one of: {listed}" if names else "the library has none yet (`hearth pull REPO`)"
+        if self.no_default_note:
+            return RouterError(f"no model was named and the default model is not ready: {self.no_default_note}"
+                               + (f"; or name one of: {listed}" if names else ""))
+        return ModelNotFound(f"no model was named and this server has no default model; {which} "
+                             "(GET /v1/models lists them; `hearth serve --default-model` sets one)")
+
+    # -- events --------------------------------------------------------------
+    def listen(self) -> asyncio.Queue:
+        queue: asyncio.Queue = asyncio.Queue(maxsize=1000)
+        self._listeners.add(queue)
+        return queue
+
+    def listening(self, queue: asyncio.Queue) -> bool:
+        """False once the router gave up on a listener that stopped reading."""
+        return queue in self._listeners
+
+    def unlisten(self, queue: asyncio.Queue) -> None:
+        self._listeners.discard(queue)
+
+    def _emit(self, kind: str, data: dict) -> None:
+        for queue in list(self._listeners):
+            if queue.full():  # a listener that stopped reading loses its stream, not the router its memory
+                self._listeners.discard(queue)
+                continue
+            queue.put_nowait((kind, data))
+
+    def _changed(self, slot: Slot) -> None:
+        self._emit("model", self.row(slot))
+
+    # -- rows ----------------------------------------------------------------
+    def row(self, slot: Slot) -> dict:
+        entry = slot.entry
+        now = time.time()
+        loaded = slot.status == "loaded"
+        return {
+            "id": entry.id, "object": "model", "aliases": list(entry.aliases), "tags": list(entry.tags),
+            "pinned": slot.pinned, "default": entry.id == self.default, "status": slot.status_object(),
+            "memory_bytes": slot.child.rss_bytes() if loaded and slot.child is not None else None,
+            "estimated_bytes": entry.estimated_bytes(self.usable_bytes), "size_bytes": entry.size_bytes,
+            "quant_bits": entry.quant_bits,
+            "fits": (entry.estimated_bytes(self.usable_bytes) or 0) <= self.usable_bytes
+            if entry.weights_bytes else None,
+            "last_used": slot.last_used, "loaded_at": slot.loaded_at if loaded else None,
+            "idle_s": round(now - slot.last_used, 1) if loaded and slot.last_used and not slot.users else
+            (0.0 if loaded else None),
+            "inflight": slot.users, "pid": slot.child.pid if slot.child is not None else None,
+            "remote": slot.remote.status() if slot.remote is not None else None,
+            "served_by": self._served_by(slot),
+        }
+
+    def _served_by(self, slot: Slot) -> dict | None:
+        """The other web node that serves this library model, while it is not loaded here."""
+        node = self.held_by.get(slot.id)
+        host = self.peers.get(node) if node else None
+        if host is None or slot.remote is not None or slot.status in ("loading", "loaded"):
+            return None
+        return {"node": node, "url": host.url}
+
+    def rows(self) -> list[dict]:
+        return [self.row(s) for s in list(self.slots.values())]
+
+    def loaded_here(self) -> list[Slot]:
+        """The loaded models but other web nodes' (what a fan-out asks: a
+        node never asks another, so two nodes never ask each other in turn)."""
+        return [s for s in self.loaded() if s.remote is None or s.remote.node is None]
+
+    def loaded(self) -> list[Slot]:
+        """The models answering now: local children, and remote hosts that answered the last look."""
+        return [s for s in self.slots.values() if s.status == "loaded" and (s.port is not None or s.remote)]
+
+    def client(self):
+        """One connection pool to the children, made on the server's event loop."""
+        if self.http is None:
+            import httpx
+
+            timeout = httpx.Timeout(connect=10.0, read=self.settings.request_timeout_s, write=60.0, pool=None)
+            self.http = httpx.AsyncClient(timeout=timeout, limits=httpx.Limits(max_connections=None,
+                                                                               max_keepalive_connections=64))
+        return self.http
+
+    # -- use -----------------------------------------------------------------
+    async def acquire(self, name: str | None, fetch: bool = False, hop: bool = False) -> Slot:
+        """The slot serving `name`, loaded; the caller must `release` it.
+        With Redis, a model another web node serves is passed to it, unless
+        this request came from another node (`hop`): that one is served here."""
+        slot = self.slots[self.resolve(name, fetch).id]
+        if slot.remote is not None and slot.remote.node is not None and hop:
+            raise RouterError(f"model {slot.id!r} is not loaded on this node any more; send the request again")
+        if (self.owners is not None and slot.remote is None and slot.status in ("unloaded", "failed")
+                and not slot.users and slot.id not in self.fetching):
+            peer = await self.owners.claim(slot.id)  # None: claimed, ours to load
+            if peer is not None and not hop and slot.status in ("unloaded", "failed") and not slot.users:
+                slot = self._peer_slot(slot, peer)
+        if slot.remote is not None:  # loaded or not by its own host, never from here
+            if slot.status != "loaded":
+                raise RouterError(f"model {slot.id!r} is served by {slot.remote.url}, which does not answer: "
+                                  f"{slot.remote.error}")
+            slot.users += 1
+            slot.last_used = time.time()
+            return slot
+        slot.users += 1
+        try:
+            if slot.status != "loaded" or slot.unloading:
+                await self._load(slot)
+        except BaseException:
+            slot.users -= 1
+            self._wake()
+            if slot.status not in ("loading", "loaded") and not slot.users:
+                self._let_go(slot)
+            raise
+        slot.last_used = time.time()
+        return slot
+
+    def _peer_slot(self, slot: Slot, peer: Peer) -> Slot:
+        """A library model another node serves: a slot forwarding there, made
+        per request (it holds no process here and is never listed)."""
+        host = self.peers.get(peer.node)
+        if host is None or host.url != peer.url:
+            host = self.peers[peer.node] = RemoteHost(peer.url, None, healthy=True, error=None, node=peer.node)
+        self.held_by[slot.id] = peer.node
+        return Slot(slot.entry, status="loaded", remote=host)
+
+    def _let_go(self, slot: Slot) -> None:
+        """This node's claim on a model it no longer loads or serves goes (Redis)."""
+        owners = self.owners
+        if owners is None or slot.remote is not None or self.slots.get(slot.id) is not slot:
+            return
+
+        async def drop() -> None:
+            if not self._holds(slot.id):  # looked at again when it runs: a reload may have begun
+                await owners.drop(slot.id)
+        self._track(drop())
+
+    def _holds(self, model: str) -> bool:
+        """Whether `model` loads, runs or waits for room here (its claim is kept)."""
+        slot = self.slots.get(model)
+        return (slot is not None and slot.remote is None and model not in self.fetching and slot.fetch is None
+                and (slot.status in ("loading", "loaded") or slot.users > 0))
+
+    def release(self, slot: Slot) -> None:
+        slot.users = max(0, slot.users - 1)
+        slot.last_used = time.time()
+        if not slot.users:
+            self._wake()  # a load waiting for a slot may evict this one now
+
+    def _wake(self) -> None:
+        """Loads waiting for room look again (a request ended, a model went away)."""
+        if self._released is not None:
+            self._released.set()
+
+    async def load(self, name: str | None, fetch: bool = False) -> Slot:
+        slot = await self.acquire(name, fetch)
+        self.release(slot)
+        return slot
+
+    async def _load(self, slot: Slot) -> None:
+        if self._lock is None:
+            self._lock, self._released = asyncio.Lock(), asyncio.Event()
+        if slot.id in self.fetching:  # not in the library yet: download first, taking no model slot
+            await self._download(slot)
+        deadline = time.monotonic() + self.settings.slot_wait_s
+        while slot.status != "loaded" or slot.unloading:
+            if slot.status == "loading":
+                await self._wait_ready(slot)
+                continue
+            room = True
+            async with self._lock:
+                if slot.status == "loaded" and not slot.unloading:
+                    return
+                if slot.unloading:
+                    await self._wait_exit(slot)
+                if slot.status in ("unloaded", "failed"):
+                    room = await self._make_room(slot, deadline)
+                    if room:
+                        self._start(slot)  # reserved: counted as loading before the lock is let go
+            if not room:  # every model is busy: wait, without the lock, for one to finish a request
+                await self._next_release(deadline)
+                continue
+            await self._wait_ready(slot)
+
+    async def _download(self, slot: Slot) -> None:
+        """Fetch a repo the library lacks in a process of its own (its
+        progress reported like a load's), then find it in the library."""
+        if slot.fetch is None:
+            slot.fetch = asyncio.ensure_future(self._run_download(slot))
+        task = slot.fetch
+        try:
+            await asyncio.shield(task)
+        finally:
+            if task.done() and slot.fetch is task:
+                slot.fetch = None
+
+    async def _run_download(self, slot: Slot) -> None:
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future = loop.create_future()
+        slot.status, slot.stage, slot.percent, slot.error, slot.exit_code = "loading", "downloading", 0, None, None
+        holder: list[ChildProcess] = []
+
+        def on_line(line: dict) -> None:
+            loop.call_soon_threadsafe(self._on_line, slot, holder, line)
+
+        def on_exit(code: int) -> None:
+            loop.call_soon_threadsafe(settle, done, code)
+
+        try:
+            child = ChildProcess([slot.entry.ref, "--download-only"], self.key, on_line, on_exit, slot.id)
+        except OSError as exc:
+            self.fetching.pop(slot.id, None)
+            self._fail(slot, f"could not start its download: {exc}")
+            raise LoadFailed(f"model {slot.id!r}: {slot.error}") from None
+        holder.append(child)
+        slot.child = child
+        self._changed(slot)
+        code = await done
+        slot.child = None
+        if code != 0:
+            self.fetching.pop(slot.id, None)  # gone from the list at the next scan
+            self._fail(slot, slot.error or f"downloading it failed ({exit_reason(code)})")
+            raise LoadFailed(f"model {slot.id!r} could not be downloaded: {slot.error}")
+        slot.status, slot.stage = "unloaded", None
+        await self.refresh()  # the library has it now: its entry describes the files on disk
+        self._changed(slot)
+
+    async def _wait_ready(self, slot: Slot) -> None:
+        try:
+            await asyncio.wait_for(slot.ready.wait(), self.settings.start_timeout_s + 5)
+        except asyncio.TimeoutError:
+            raise LoadFailed(f"model {slot.id!r} did not load within {self.settings.start_timeout_s:g}s") from None
+        if slot.status == "failed":
+            raise LoadFailed(f"model {slot.id!r} failed to load: {slot.error}")
+
+    async def _make_room(self, slot: Slot, deadline: float) -> bool:
+        """Evict least-recently-used idle models until one more fits the cap
+        and, by estimate, the free memory. False: every candidate is busy,
+        wait for a release and try again; refused when none can ever go."""
+        cap = self.settings.models_max
+        need = slot.entry.estimated_bytes(self.usable_bytes)
+        if need and need > self.usable_bytes:
+            raise NotEnoughMemory(f"cannot load {slot.id!r}: it needs about {gib(need)}, more than the "
+                                  f"{gib(self.usable_bytes)} a model may take on this machine")
+        while True:
+            # A download holds no slot and no memory yet; a load in progress will soon hold its estimate.
+            active = [s for s in self.slots.values()
+                      if s is not slot and s.status in ("loading", "loaded") and s.fetch is None and s.remote is None]
+            short = self._memory_short(need, active)
+            if len(active) < cap and not short:
+                return True
+            if short and need and need > (self._free(active) or 0) + sum(held(s) for s in active if not s.pinned):
+                raise NotEnoughMemory(f"cannot load {slot.id!r}: it needs about {gib(need)} and only "
+                                      f"{gib(self._free(active))} of memory is free, even with every unpinned "
+                                      f"model unloaded; free memory first")  # nothing is unloaded in vain
+            victims = sorted((s for s in active if s.status == "loaded" and not s.users and not s.pinned),
+                             key=lambda s: s.last_used or 0)
+            if not victims:
+                # A busy or loading model that is not pinned can go once its requests end.
+                if any(not s.pinned for s in active) and time.monotonic() < deadline:
+                    assert self._released is not None
+                    self._released.clear()  # set again by the next request that ends
+                    return False
+                if len(active) >= cap:
+                    busy = ", ".join(sorted(s.id for s in active))
+                    raise NoCapacity(f"cannot load {slot.id!r}: all {cap} model slots (--models-max) are busy or "
+                                     f"pinned ({busy}); try again when one is idle, unload one with POST "
+                                     f"/models/unload, or start the server with a higher --models-max")
+                raise NotEnoughMemory(f"cannot load {slot.id!r}: it needs about {gib(need)} and only "
+                                      f"{gib(self._free(active))} of memory is free; unload a model "
+                                      f"(POST /models/unload) or free memory first")
+            log.info("unloading %s (least recently used) to load %s", victims[0].id, slot.id)
+            await self._stop(victims[0])
+
+    async def _next_release(self, deadline: float) -> None:
+        assert self._released is not None
+        try:
+            await asyncio.wait_for(self._released.wait(), max(0.0, deadline - time.monotonic()))
+        except asyncio.TimeoutError:
+            pass
+
+    def _free(self, active: list[Slot]) -> int | None:
+        """Free memory, less what loads in progress are about to take (each
+        one's estimate, less what its process already holds)."""
+        free = available_memory()
+        if free is None:
+            return None
+        for s in active:
+            if s.status == "loading":
+                expected = s.entry.estimated_bytes(self.usable_bytes) or 0
+                held = s.child.rss_bytes() or 0 if s.child is not None else 0
+                free -= max(0, expected - held)
+        return free
+
+    def _memory_short(self, need: int | None, active: list[Slot]) -> bool:
+        if not self.settings.memory_check or not need:
+            return False
+        free = self._free(active)
+        return free is not None and need > free
+
+    def _start(self, slot: Slot) -> None:
+        loop = asyncio.get_running_loop()
+        slot.status, slot.stage, slot.percent, slot.error, slot.exit_code = "loading", "starting", 0, None, None
+        slot.ready = asyncio.Event()
+        slot.exited = asyncio.Event()
+        slot.port = None
+        args = [slot.entry.ref, "--model-id", slot.id, "--host", "127.0.0.1", "--port", "0", "--no-worker",
+                *self.settings.child_args, *slot.entry.preset.child_args()]
+        share = self.settings.memory_share(slot.entry.estimated_bytes(self.usable_bytes))
+        if share and "memory-budget" not in slot.entry.preset.flags:
+            args += ["--memory-budget", str(share)]
+        if self.settings.cache_root and "ssd-cache" not in slot.entry.preset.flags:
+            args += ["--ssd-cache", f"{self.settings.cache_root}/{folder_name(slot.id)}"]
+        holder: list[ChildProcess] = []
+
+        def on_line(line: dict) -> None:
+            loop.call_soon_threadsafe(self._on_line, slot, holder, line)
+
+        def on_exit(code: int) -> None:
+            loop.call_soon_threadsafe(self._on_exit, slot, holder, code)
+
+        try:
+            child = ChildProcess(args, self.key, on_line, on_exit, slot.id)
+        except OSError as exc:
+            self._fail(slot, f"could not start its process: {exc}")
+            return
+        holder.append(child)
+        slot.child = child
+        log.info("loading %s (pid %d)", slot.id, child.pid)
+        self._changed(slot)
+        loop.call_later(self.settings.start_timeout_s, self._start_timed_out, slot, child)
+
+    def _on_line(self, slot: Slot, holder: list, line: dict) -> None:
+        if slot.child is not (holder[0] if holder else None):
+            return  # an earlier process of this slot
+        event = line.get("event")
+        if event == "ready" and isinstance(line.get("port"), int):
+            slot.port = line["port"]
+            model = line.get("model")
+            slot.info = model if isinstance(model, dict) else {}
+            slot.status, slot.stage, slot.percent = "loaded", "ready", 100
+            slot.loaded_at = slot.last_used = time.time()
+            slot.ready.set()
+            log.info("%s loaded (port %d)", slot.id, slot.port)
+            self._emit("progress", {"model": slot.id, "stage": "ready", "percent": 100})
+            self._changed(slot)
+        elif event == "stage":
+            slot.stage = str(line.get("stage") or slot.stage)
+            percent = line.get("percent")
+            slot.percent = max(0, min(100, int(percent))) if isinstance(percent, (int, float)) else slot.percent
+            data = {"model": slot.id, "stage": slot.stage, "percent": slot.percent}
+            for key in ("message", "download"):
+                if key in line:
+                    data[key] = line[key]
+            self._emit("progress", data)
+        elif event == "error":
+            slot.error = str(line.get("message") or "unknown error")
+
+    def _on_exit(self, slot: Slot, holder: list, code: int) -> None:
+        child = holder[0] if holder else None
+        if slot.child is not child:
+            return
+        was, asked = slot.status, slot.unloading
+        slot.child, slot.port, slot.exit_code, slot.unloading = None, None, code, False
+        self._wake()
+        if was == "loading" and not asked:
+            reason = slot.error or exit_reason(code)
+            self._fail(slot, f"its process exited before it was ready ({reason})")
+        else:
+            if code not in (0, None) and not slot.error and not asked:
+                slot.error = f"its process exited ({exit_reason(code)})"
+                log.warning("%s: %s", slot.id, slot.error)
+            slot.status = "unloaded"
+            slot.ready.set()
+        slot.exited.set()
+        self._changed(slot)
+        self._let_go(slot)
+
+    def _fail(self, slot: Slot, message: str) -> None:
+        slot.status, slot.error, slot.port = "failed", message, None
+        self._wake()
+        log.warning("loading %s failed: %s", slot.id, message)
+        slot.ready.set()
+        slot.exited.set()
+        self._emit("progress", {"model": slot.id, "stage": "failed", "percent": slot.percent, "message": message})
+        self._changed(slot)
+        self._let_go(slot)
+
+    def _start_timed_out(self, slot: Slot, child: ChildProcess) -> None:
+        if slot.child is child and slot.status == "loading":
+            slot.error = f"it did not load within {self.settings.start_timeout_s:g}s (--child-start-timeout)"
+            child.kill()
+
+    # -- unload --------------------------------------------------------------
+    async def unload(self, name: str | None) -> Slot:
+        slot = self.slots[self.resolve(name).id]
+        if slot.remote is not None:
+            raise RemoteModel(f"model {slot.id!r} is served by {slot.remote.url}: unload it there")
+        if slot.status in ("loaded", "loading"):
+            await self._stop(slot)
+        return slot
+
+    async def _stop(self, slot: Slot) -> None:
+        child = slot.child
+        if child is None:
+            return
+        slot.unloading = True
+        self._changed(slot)
+        child.terminate()  # drains, writes its prompt cache to the SSD tier, exits
+        await self._wait_exit(slot)
+
+    async def _wait_exit(self, slot: Slot) -> None:
+        child = slot.child
+        try:
+            await asyncio.wait_for(slot.exited.wait(), self.settings.stop_timeout_s)
+        except asyncio.TimeoutError:
+            log.warning("%s did not stop within %.0fs; killing it", slot.id, self.settings.stop_timeout_s)
+            if child is not None:
+                child.kill()
+            await slot.exited.wait()
+
+    def set_pinned(self, name: str | None, pinned: bool) -> Slot:
+        slot = self.slots[self.resolve(name).id]
+        slot.pinned = pinned
+        self._changed(slot)
+        return slot
+
+    def set_default(self, name: str | None) -> Entry:
+        entry = self.resolve(name)
+        old = self.default
+        self.default = entry.id
+        for model_id in {old, entry.id}:
+            if model_id in self.slots:
+                self._changed(self.slots[model_id])
+        return entry
+
+    # -- background ----------------------------------------------------------
+    def start(self, preload: list[str]) -> None:
+        """On the server's loop: the idle sweep, and the models to load now."""
+        self.loop = asyncio.get_running_loop()
+        self._idle_task = asyncio.ensure_future(self._sweep())
+        if self.remotes:
+            self._remote_task = asyncio.ensure_future(self._watch_remotes())
+        if self.owners is not None:
+            self._peer_task = asyncio.ensure_future(self._watch_peers())
+        for name in preload:
+            asyncio.ensure_future(self._preload(name))
+
+    def _here(self) -> tuple[list[str], list[str]]:
+        """The models this node holds a claim on, and those it serves now."""
+        return ([m for m in self.slots if self._holds(m)],
+                [m for m, s in self.slots.items() if s.remote is None and s.status == "loaded" and not s.unloading])
+
+    async def _watch_peers(self) -> None:
+        """Every owners.BEAT_S: this node's record and claims renewed, the
+        other nodes read (their models join the list as remote ones)."""
+        while not self._left:
+            try:
+                await self._look_at_peers()
+            except Exception:  # never the end of this node's heartbeat
+                log.exception("router ownership: looking at the other web nodes failed")
+            await asyncio.sleep(cluster.BEAT_S)
+
+    async def _look_at_peers(self) -> None:
+        assert self.owners is not None
+        if await self.owners.beat(*self._here(), self._holds) and self.on_hop_key is not None:
+            self.on_hop_key(self.owners.hop_key)
+        seen = self.owners.peers
+        for node, record in seen.items():
+            host = self.peers.get(node)
+            if host is None or host.url != record["url"]:
+                host = self.peers[node] = RemoteHost(record["url"], None, node=node)
+            host.models, host.healthy, host.error, host.checked_at = record["models"], True, None, time.time()
+        for node in [n for n in self.peers if n not in seen]:
+            del self.peers[node]
+        held = await self.owners.owners(list(self.catalog.entries))
+        changed = {m for m in {*held, *self.held_by} if held.get(m) != self.held_by.get(m)}
+        self.held_by = held
+        for slot in self._sync_remotes() + [self.slots[m] for m in changed if m in self.slots]:
+            self._changed(slot)
+
+    def leave(self) -> None:
+        """At shutdown (the drain's start, on the loop): this node's record
+        and claims go, so the other nodes load what it served."""
+        if self.owners is None or self._left:
+            return
+        self._left = True
+        if self._peer_task is not None:
+            self._peer_task.cancel()
+        self.owners.leave(self._here()[0])
+
+    async def _preload(self, name: str) -> None:
+        try:
+            await self.load(name)
+        except RouterError as exc:
+            log.warning("preloading %s: %s", name, exc.message)
+
+    async def _sweep(self) -> None:
+        """Every second: unload idle models; every SCAN_S: look at the library again."""
+        ticks = 0
+        while True:
+            await asyncio.sleep(1.0)
+            ticks += 1
+            if ticks % SCAN_S == 0:
+                await self.refresh()
+            now = time.time()
+            for slot in list(self.slots.values()):
+                if slot.remote is not None:
+                    continue
+                limit = slot.entry.preset.idle_unload
+                limit = self.settings.idle_unload_s if limit is None else limit
+                if (limit and slot.status == "loaded" and not slot.users and not slot.pinned
+                        and not slot.unloading and now - (slot.last_used or now) >= limit):
+                    asyncio.ensure_future(self._idle_stop(slot, limit))
+
+    async def _idle_stop(self, slot: Slot, limit: float) -> None:
+        idle = time.time() - (slot.last_used or time.time())
+        # Checked again here, where nothing can come between the check and the stop.
+        if slot.status != "loaded" or slot.users or slot.pinned or slot.unloading or idle < limit:
+            return
+        log.info("unloading %s: idle for %.0fs (--idle-unload)", slot.id, idle)
+        await self._stop(slot)
+
+    def stop_all(self, timeout_s: float) -> None:
+        """Blocking, at shutdown: every child drains and flushes, or is killed."""
+        children = [s.child for s in self.slots.values() if s.child is not None]
+        self.leave()
+        for child in children:
+            child.terminate()
+        deadline = time.monotonic() + timeout_s
+        for child in children:
+            try:
+                child.proc.wait(max(0.1, deadline - time.monotonic()))
+            except Exception:
+                child.kill()

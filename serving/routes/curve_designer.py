@@ -1,0 +1,149 @@
+"""`POST /signal` and `POST /generate`: the Curve Designer's backends (the
+page is `GET /curves`, hearth/pages.py).
+
+Both answer any origin (`access-control-allow-origin: *`, preflights
+included) so the page works opened from a file or another host; the API
+key is still needed where keys are configured, sent as a header (a
+preflight carries none, so hearth/access.py lets these two through
+unchecked). Both run through `Engine.exclusive`: admission of serving
+requests pauses, the rows running finish, and the work runs alone on the
+engine thread (inference/engine/solo.py). In router mode the router
+forwards them to the process of the model the body names (`model`, else
+the default), like a /v1 request.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.views.decorators.csrf import csrf_exempt
+
+from core.surfaces import OPENAI
+from inference.engine import curve_sampler
+from inference.engine.engine import Engine
+from inference.engine.errors import EngineError
+from inference.engine.loader import LoadedModel
+from inference.protocols import chat, curve_bodies, params
+from inference.protocols.errors import RequestError
+
+log = logging.getLogger("hearth.api")
+
+CORS = {"Access-Control-Allow-Origin": "*", "Access-Control-Allow-Methods": "POST, OPTIONS",
+        "Access-Control-Allow-Headers": "authorization, x-api-key, content-type", "Access-Control-Max-Age": "600"}
+WAIT_S = 300.0  # how long a call waits for the running requests to finish before it gives up
+
+
+def _answer(body: dict, status: int = 200) -> JsonResponse:
+    return JsonResponse(body, status=status, headers=CORS)
+
+
+def _refuse(message: str, status: int = 400, code: str | None = None) -> JsonResponse:
+    """A refusal in OpenAI's error shape (the Curve Designer reads `error.message`)."""
+    return OPENAI.response(status, message, code, headers=CORS)
+
+
+def prompt_tokens(model: LoadedModel, text: str) -> list[int]:
+    """The prompt as one user turn in the model's chat template (the raw text
+    for a model without one)."""
+    if not getattr(chat.hf_tokenizer(model), "chat_template", None):
+        return list(model.tokenizer.encode(text))
+    try:
+        tokens, _ = chat.build_prompt(model, [{"role": "user", "content": text}], None, {})
+    except RequestError as exc:
+        raise curve_bodies.CurveError(exc.message) from None
+    return tokens
+
+
+def _check_room(engine: Engine, model: LoadedModel, tokens: list[int], generated: int) -> None:
+    caps = [c for c in (model.context_window, engine.enforced_context) if c]
+    if caps and len(tokens) + generated > min(caps):
+        raise curve_bodies.CurveError(f"the prompt has {len(tokens)} tokens; with {generated} more it does not fit "
+                                f"this model's context of {min(caps)} tokens")
+
+
+async def _read(request: HttpRequest) -> dict:
+    try:
+        return await params.read_json_body(request.body, request.runtime.options.limits.max_json_depth)
+    except RequestError:
+        raise curve_bodies.CurveError("invalid JSON") from None
+
+
+async def _alone(engine: Engine, fn):
+    """`fn()` run with the model to itself; gives up (503) after WAIT_S."""
+    future = asyncio.wrap_future(engine.exclusive(fn))
+    try:
+        return await asyncio.wait_for(future, WAIT_S)
+    except TimeoutError:
+        raise curve_bodies.CurveError("the model stayed busy with other requests; try again later", 503) from None
+
+
+def _engine(request: HttpRequest) -> Engine:
+    engine = request.runtime.engine
+    if engine is None or engine.loaded is None:
+        raise curve_bodies.CurveError("no model is loaded in this process; start it with `hearth serve`", 503)
+    return engine
+
+
+def _view(work):
+    """An OPTIONS-answering, CORS-sending, POST-only view around `work`."""
+    async def view(request: HttpRequest) -> HttpResponse:
+        if request.method == "OPTIONS":
+            return HttpResponse(status=204, headers=CORS)
+        if request.method != "POST":
+            return _refuse(f"method {request.method} not allowed; use POST", 405, "method_not_allowed")
+        try:
+            return _answer(await work(request))
+        except curve_bodies.CurveError as exc:
+            return _refuse(exc.message, exc.status)
+        except EngineError as exc:  # closed, or too many calls waiting
+            return _refuse(str(exc), exc.status)
+    view.__name__ = work.__name__
+    view.__doc__ = work.__doc__
+    return csrf_exempt(view)
+
+
+async def _signal(request: HttpRequest) -> dict:
+    """`{"prompt"}` -> the next-token log-probability histogram."""
+    body = await _read(request)
+    text = curve_bodies.prompt(body, request.runtime.options.limits.max_prompt_chars)
+    engine = _engine(request)
+    model = engine.loaded_model
+    tokens = await asyncio.to_thread(prompt_tokens, model, text)
+    _check_room(engine, model, tokens, 0)
+    try:
+        return await _alone(engine, lambda: curve_sampler.signal(model, tokens))
+    except (curve_bodies.CurveError, EngineError):
+        raise
+    except Exception as exc:
+        log.exception("/signal failed")
+        raise curve_bodies.CurveError(f"signal failed: {exc}", 500) from None
+
+
+async def _generate(request: HttpRequest) -> dict:
+    """n samples with the drawn curve, or the model's default recipe."""
+    body = await _read(request)
+    ask = curve_bodies.ask(body, request.runtime.options.limits.max_prompt_chars)
+    engine = _engine(request)
+    model = engine.loaded_model
+    tokens = await asyncio.to_thread(prompt_tokens, model, ask.prompt)
+    _check_room(engine, model, tokens, ask.max_tokens)
+    recipe = curve_bodies.recipe(request.runtime.options.defaults, model.generation_config, model.vocab_size)
+    try:
+        samples = await _alone(engine, lambda: curve_sampler.generate(
+            model, tokens, ask.n, ask.max_tokens, ask.seed, ask.curve, recipe))
+    except (curve_bodies.CurveError, EngineError):
+        raise
+    except Exception as exc:
+        log.exception("/generate failed")
+        raise curve_bodies.CurveError(f"generate failed: {exc}", 500) from None
+    texts = [model.tokenizer.decode(ids) for ids in samples]
+    out: dict = {"mode": "default" if ask.curve is None else "curve"}
+    if ask.curve is None:
+        out["recipe"] = curve_bodies.recipe_json(recipe)
+    return {**out, "n": ask.n, "seed": ask.seed,
+            "samples": [{"text": t, "junk": curve_bodies.junk(t)} for t in texts]}
+
+
+signal = _view(_signal)
+generate = _view(_generate)

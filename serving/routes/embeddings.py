@@ -1,0 +1,44 @@
+"""`POST /v1/embeddings`, when the served model is an embedding model.
+The forward runs on the engine thread, a few inputs per turn, between
+decode steps."""
+from __future__ import annotations
+
+import asyncio
+
+from django.http import HttpRequest, JsonResponse
+
+from core.openapi import documented
+from core.surfaces import OPENAI
+from inference.engine.embed import embed
+from inference.protocols import embeddings
+from inference.protocols.errors import RequestError
+from serving.routes import pipeline
+from serving.routes.bodies import EmbeddingsRequest
+
+router = OPENAI.router(tags=["embeddings"])
+CALL_TOKENS = 2048  # tokens embedded per turn of the engine thread
+
+
+@router.post("/embeddings", openapi_extra=documented(EmbeddingsRequest))
+async def create(request: HttpRequest):
+    runtime = request.runtime
+    body = await pipeline.read_body(request)
+    engine = runtime.require_engine(body.get("model"))
+    model = engine.loaded
+    if not runtime.embeddings_enabled:
+        raise RequestError(f"{model.model_id} is not an embedding model; serve one (its name or config says "
+                           "embedding) or start `hearth serve --embeddings` to embed with this model", "model")
+    items = embeddings.texts(body, runtime.options.limits)
+    fmt = embeddings.encoding(body)
+    tokens = await asyncio.to_thread(lambda: [model.tokenizer.encode(text) for text in items])
+    window = model.context_window
+    for i, t in enumerate(tokens):
+        if window and len(t) > window:
+            raise RequestError(f"input[{i}] has {len(t)} tokens, over the model's context of {window}", "input")
+    vectors: list = []
+    # A few inputs per engine call, so decode steps of running generations go on in between
+    # (and a client that leaves stops the rest).
+    for part in embeddings.chunks(tokens, CALL_TOKENS):
+        vectors += await asyncio.to_thread(
+            engine.call, lambda part=part: model.adapters.base_only(lambda: embed(model.model, part)), 300.0)
+    return JsonResponse(embeddings.reply(vectors, model.model_id, sum(len(t) for t in tokens), fmt))

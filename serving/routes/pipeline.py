@@ -1,0 +1,109 @@
+"""The one generation pipeline every protocol route runs: prepare the chat
+turn (or the raw prompt), submit it, then stream the protocol's frames or
+collect the reply and render it. The protocol module says how to read its
+body and how to render; nothing else differs between the surfaces."""
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+
+from django.http import HttpResponse, JsonResponse
+
+from core import holders, surfaces
+from inference.engine.engine import Engine, Submission
+from inference.engine.errors import ContextLengthExceeded
+from inference.engine.types import EventStream, GenerationEvent, GenerationRequest
+from inference.protocols import openai, params
+from inference.protocols.errors import RequestError
+from inference.protocols.openai import Message, Prepared
+from serving.streams.store import StreamRefused, check_id, close_quietly
+
+
+def submit(engine: Engine, request: GenerationRequest, param: str) -> Submission:
+    """`engine.submit`, naming the request field (`messages`, `prompt`,
+    `input`) a prompt too long for the model's window comes from. It raises
+    before a streaming reply starts, so every refusal is a plain HTTP error."""
+    try:
+        return engine.submit(request)
+    except ContextLengthExceeded as exc:
+        exc.param = param
+        raise
+
+
+async def read_body(request) -> dict:
+    """The request's JSON object, within the runtime's bounds."""
+    return await params.read_json_body(request.body, request.runtime.options.limits.max_json_depth)
+
+
+async def prepare_chat(request, chat_body: dict) -> tuple[Engine, Prepared]:
+    """The chat turn a protocol's body stands for, on the runtime's engine."""
+    runtime = request.runtime
+    engine = runtime.require_engine(chat_body.get("model"))
+    session = params.session_key(chat_body, request.headers)
+    prepared = await openai.prepare_chat(chat_body, engine.loaded_model, runtime.options)
+    prepared.request.session = session
+    return engine, prepared
+
+
+async def prepare_completion(request, body: dict) -> tuple[Engine, Prepared]:
+    """The raw-prompt completion a body stands for, on the runtime's engine."""
+    runtime = request.runtime
+    engine = runtime.require_engine(body.get("model"))
+    prepared = await openai.prepare_completion(body, engine.loaded_model, runtime.options)
+    prepared.request.session = params.session_key(body, request.headers)
+    return engine, prepared
+
+
+async def respond(request, engine: Engine, prepared: Prepared, param: str, streaming: bool, *,
+                  stream: Callable[[EventStream], AsyncIterator[bytes]],
+                  complete: Callable[[Message, list[dict], GenerationEvent], dict]) -> HttpResponse:
+    """Submit, then stream `stream(events)` as SSE, or collect the reply and
+    answer `complete(message, logprobs, final)`, or the route's error shape
+    for a generation that failed."""
+    conversation = conversation_id(request) if streaming else None
+    submission = prepared.submission = submit(engine, prepared.request, param)
+    if streaming:
+        frames = stream(submission.events())
+        headers = dict(prepared.headers)
+        if conversation is not None:  # the generation runs to its end whoever reads; replayable
+            frames = await resumable(request, conversation, engine.loaded_model.model_id, frames, submission)
+            headers["X-Conversation-Id"] = conversation
+        return surfaces.of(request).sse(frames, headers)
+    message, logprobs, final = await openai.collect(submission.events(), prepared.output)
+    if final.error is not None:
+        status = final.error_status
+        return surfaces.of(request).response(status, final.error, param=final.error_param)
+    return JsonResponse(complete(message, logprobs, final), headers=prepared.headers)
+
+
+def conversation_id(request) -> str | None:
+    """The request's `X-Conversation-Id` (None: absent or empty), checked."""
+    value = request.headers.get("X-Conversation-Id", "").strip()
+    if not value:
+        return None
+    try:
+        return check_id(value)
+    except StreamRefused as exc:
+        raise RequestError(exc.message, "X-Conversation-Id") from None
+
+
+async def resumable(request, conversation: str, model: str, frames: AsyncIterator[bytes],
+                    submission: Submission) -> AsyncIterator[bytes]:
+    """Hand `frames` to the runtime's resumable streams; the reply follows them."""
+    surface = surfaces.of(request)
+
+    async def stop() -> None:
+        submission.stop()
+
+    try:
+        return await request.runtime.streams.start(conversation, surface.name, model, frames, stop,
+                                                   surface.stream_error,
+                                                   holder=holders.of(request))
+    except StreamRefused as exc:
+        submission.abort()
+        await close_quietly(frames)
+        raise RequestError(exc.message, exc.param, status=exc.status,
+                           kind="server_error" if exc.status >= 500 else "invalid_request_error") from None
+    except BaseException:  # the client left while an earlier generation stopped: this one goes too
+        submission.abort()
+        await close_quietly(frames)
+        raise

@@ -1,0 +1,65 @@
+"""`/v1/responses`: the OpenAI Responses surface, with stored turns for
+`previous_response_id`; each stored turn is its API key's."""
+from __future__ import annotations
+
+from django.http import HttpRequest, HttpResponse, JsonResponse
+
+from core import holders
+from core.openapi import documented
+from core.surfaces import RESPONSES
+from inference.protocols import responses, responses_reply
+from inference.protocols.errors import RequestError
+from serving.routes import pipeline
+from serving.routes.bodies import ResponsesRequest
+
+router = RESPONSES.router(tags=["responses"])
+
+
+def _not_found(response_id: str) -> RequestError:
+    return RequestError(f"Response with id '{response_id}' not found (unknown or expired)", status=404,
+                        code="response_not_found")
+
+
+@router.post("/responses", openapi_extra=documented(ResponsesRequest))
+async def create(request: HttpRequest) -> HttpResponse:
+    store_them = request.runtime.responses
+    body = await pipeline.read_body(request)
+    store = body.get("store", True)
+    if not isinstance(store, bool):
+        raise RequestError("store must be a boolean", "store")
+    holder = holders.of(request)  # what this request stores is its key's (core/holders.py)
+    turn = responses.Turn(body, store_them, holder)
+    engine, prepared = await pipeline.prepare_chat(request, turn.chat_body(body))
+    model = engine.loaded_model
+    reply = responses_reply.Reply(model.model_id, body, turn, model.tokenizer)
+
+    def keep(message, response: dict) -> None:
+        if store:
+            store_them.put(response, turn.messages, responses_reply.chat_output(message), turn.instructions,
+                           turn.system, holder)
+
+    def complete(message, logprobs, final) -> dict:
+        response = reply.complete(message, final)
+        keep(message, response)
+        return response
+
+    keepalive = request.runtime.options.sse_keepalive
+    return await pipeline.respond(
+        request, engine, prepared, "input", bool(body.get("stream")),
+        stream=lambda events: responses_reply.stream(reply, events, prepared.chat_output, keepalive, keep),
+        complete=complete)
+
+
+@router.get("/responses/{response_id}")
+def retrieve(request: HttpRequest, response_id: str) -> HttpResponse:
+    stored = request.runtime.responses.get(response_id, holders.of(request))
+    if stored is None:
+        raise _not_found(response_id)
+    return JsonResponse(stored.response)
+
+
+@router.delete("/responses/{response_id}")
+def delete(request: HttpRequest, response_id: str) -> HttpResponse:
+    if not request.runtime.responses.delete(response_id, holders.of(request)):
+        raise _not_found(response_id)
+    return JsonResponse({"id": response_id, "object": "response", "deleted": True})

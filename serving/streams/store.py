@@ -1,0 +1,616 @@
+"""Resumable streams: generations that outlive the request that started
+them, replayable from any byte, kept on disk so a restart loses nothing.
+
+A client opts in per request (`X-Conversation-Id` on a streaming POST; the
+dashboard's chat turns always do). `Streams.start` runs the generation's
+byte stream in a task of its own, so it ends whether or not anyone reads,
+and appends every byte to the conversation's `Stream`; the HTTP reply, and
+any later `GET /v1/stream/<id>?from=N`, only follow it. One live stream per
+conversation: starting another stops the previous one.
+
+On disk (HEARTH_HOME/streams): `<sid>.sse` (the bytes kept) and
+`<sid>.json` (`log.Meta`), written behind the stream by one thread, at most
+`FLUSH_S` later. Each serving process holds a lock file (`owners/`); a stream
+still marked live whose owner's lock is free belonged to a process that
+died, and is ended with its `on_crash` event when the store opens. A stream
+is kept `ttl_s` after it ends, each at most `cap` bytes, all of them at most
+`total` (finished ones are dropped oldest first to make room).
+
+With Redis (`shared.Shared`, set by the server when HEARTH_REDIS_URL is
+set) every stream is also copied there as it is written, so another web
+node finds it (`find`), replays and follows it, and stops it (the command
+goes to the node that generates).
+
+Router mode's model processes pass `record=False`: the router records, and
+the model's process only keeps each conversation's generation so the
+router can stop it (`DELETE /v1/stream/<id>` there).
+
+No Django here, and no imports of the project's apps."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import re
+import secrets
+import threading
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+
+from core import holders
+from core.fs import write_atomically
+from serving.streams.log import LIVE, Gone, Meta, Stream
+from serving.streams.shared import RemoteStream, Shared
+
+log = logging.getLogger("hearth.streams")
+
+FLUSH_S = 0.25  # the most a byte waits before it is written
+GC_EVERY_S = 5.0
+MAX_ID_CHARS = 256
+ID = re.compile(r"[A-Za-z0-9._:-]{1,%d}" % MAX_ID_CHARS)  # a path segment as it is: no escaping, no `/`
+MAX_LOOKUP = 1000
+CRASH_MESSAGE = ("the server stopped before this generation ended (it crashed, was killed or shut down); "
+                 "what it generated until then is above")
+
+StopFn = Callable[[], Awaitable[None]]
+
+
+TAKEN = "this X-Conversation-Id is taken by another API key's stream; choose another"
+
+
+class StreamRefused(Exception):
+    """A request the store cannot take, with the HTTP status to answer."""
+
+    def __init__(self, message: str, status: int = 400, param: str | None = None):
+        super().__init__(message)
+        self.message, self.status, self.param = message, status, param
+
+
+def check_id(value: str, what: str = "X-Conversation-Id") -> str:
+    if not ID.fullmatch(value):
+        raise StreamRefused(f"{what} must be 1 to {MAX_ID_CHARS} letters, digits, '.', '_', ':' or '-' (a random "
+                            "UUID is best: it is all that keeps others from reading the stream)", param=what)
+    return value
+
+
+class Owner:
+    """This process's claim on its live streams: an flock the kernel lets go when the process dies."""
+
+    def __init__(self, folder: Path):
+        owners = folder / "owners"
+        owners.mkdir(parents=True, exist_ok=True)
+        self.name = f"{os.getpid()}-{secrets.token_hex(4)}"
+        self.path = owners / f"{self.name}.lock"
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o600)
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+
+    @staticmethod
+    def gone(folder: Path, name: str) -> bool:
+        """Whether the process that held `name` is gone (its lock is free)."""
+        path = folder / "owners" / f"{name}.lock"
+        try:
+            fd = os.open(path, os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
+        except FileNotFoundError:
+            return True
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        finally:
+            os.close(fd)
+        return True
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            os.close(self.fd)
+            self.path.unlink()
+
+
+class Writer(threading.Thread):
+    """Copies new bytes to disk behind the streams, and writes their meta."""
+
+    def __init__(self):
+        super().__init__(name="hearth-streams", daemon=True)
+        self.dirty: set[Stream] = set()
+        self.lock = threading.Lock()
+        self.wake = threading.Event()
+        self.closing = False
+
+    def mark(self, stream: Stream) -> None:
+        with self.lock:
+            self.dirty.add(stream)
+
+    def run(self) -> None:
+        while not self.closing:
+            self.wake.wait(FLUSH_S)
+            self.wake.clear()
+            self.flush_all()
+
+    def flush_all(self) -> None:
+        with self.lock:
+            streams, self.dirty = self.dirty, set()
+        for stream in streams:
+            try:
+                flush(stream)
+            except OSError as exc:
+                log.warning("stream %s could not be written: %s", stream.meta.conversation_id, exc)
+
+    def close(self) -> None:
+        self.closing = True
+        self.wake.set()
+        if self.is_alive():
+            self.join(10)
+        self.flush_all()
+
+
+def flush(stream: Stream) -> None:
+    """Write what `stream` has that its file lacks, then its meta (writer thread or shutdown)."""
+    data_path, meta_path = stream.path(".sse"), stream.path(".json")
+    assert data_path is not None and meta_path is not None
+    if stream.deleted:
+        return
+    with stream.lock:
+        if stream.rewrite:
+            data, append = bytes(stream.mem), False
+            stream.rewrite = False
+        else:
+            data, append = bytes(stream.mem[stream.flushed - stream.mem_start:]), True
+        upto = stream.meta.end
+        meta = json.dumps(stream.meta.__dict__)
+    try:
+        if append:
+            with open(data_path, "ab") as f:
+                f.write(data)
+        else:
+            write_atomically(data_path, data, durable=False)
+    except OSError:
+        with stream.lock:
+            stream.rewrite = True  # the file may hold part of it: written whole next time
+        raise
+    with stream.lock:
+        stream.flushed = max(stream.flushed, upto) if append else upto
+    write_atomically(meta_path, meta, durable=False)
+    if stream.deleted:  # forgotten while this was written: it stays forgotten
+        delete_files(stream)
+        return
+    if stream.meta.state != LIVE:
+        stream.release_memory()
+
+
+class Streams:
+    def __init__(self, folder: Path | None, ttl_s: float = 300.0, cap: int = 4 << 20, total: int = 256 << 20,
+                 record: bool = True):
+        self.folder, self.ttl_s, self.cap, self.total, self.record = folder, ttl_s, cap, total, record
+        self.by_id: dict[str, Stream] = {}  # conversation id -> its latest stream
+        self.gone: list[Stream] = []  # replaced streams, deleted once nobody follows them
+        self.relayed: dict[str, StopFn] = {}  # record=False: live generations, for their stop
+        self._claims: dict[str, asyncio.Lock] = {}  # one start or stop at a time per conversation
+        self._overlaps: set[asyncio.Task] = set()  # stops of another node's stream begun at the same moment
+        self.writer: Writer | None = None
+        self.owner: Owner | None = None
+        self._gc_task: asyncio.Task | None = None
+        self.shared: Shared | None = None  # Redis: the streams of every web node
+
+    # -- opening and closing ------------------------------------------------
+    def open(self) -> None:
+        """Take the folder: recover what earlier processes left, start the writer."""
+        if not self.record or self.folder is None:
+            return
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.owner = Owner(self.folder)
+        self._recover()
+        self.writer = Writer()
+        self.writer.start()
+
+    def shutdown(self) -> None:
+        """End every live stream with its crash event and write everything out
+        (the server is stopping: nothing will finish them)."""
+        ended = []
+        for stream in list(self.by_id.values()):
+            if stream.live:
+                stream.finish("interrupted", stream.meta.on_crash.encode())
+                ended.append(stream)
+                if stream.task is not None:
+                    stream.task.cancel()
+                self._dirty(stream)
+        if self.shared is not None:
+            self.shared.shutdown(ended)
+        if self._gc_task is not None:
+            self._gc_task.cancel()
+        if self.writer is not None:
+            self.writer.close()
+        if self.owner is not None:
+            self.owner.close()
+
+    # -- starting and stopping ------------------------------------------------
+    async def start(self, conversation_id: str, kind: str, model: str | None, producer: AsyncIterator[bytes],
+                    stop: StopFn, error_event: Callable[[str], bytes],
+                    context: object = None, failed: Callable[[], bool] | None = None,
+                    holder: str = "") -> AsyncIterator[bytes]:
+        """Run `producer` to its end whatever its reader does; answer what the
+        request's reader gets (every byte, from the first). `stop` asks the
+        generation to end early; `error_event(message)` is an event in the
+        stream's protocol that ends it with an error. `context` is kept on the
+        stream for its owner (the chat keeps its running turn there).
+        `failed()`, asked when the producer ends, says it ended on an error
+        event of its own (the stream then ends `failed`). The stream belongs
+        to `holder` (core/holders.py): a conversation whose stream another
+        key holds is refused (409), never stopped or replaced."""
+        check_id(conversation_id)
+        async with self._claim(conversation_id):  # two POSTs at once: the second stops the first
+            if self.record and await self.taken(conversation_id, holder):
+                raise StreamRefused(TAKEN, status=409, param="X-Conversation-Id")
+            await self._stop(conversation_id)
+            if not self.record:
+                return self._relay_only(conversation_id, producer, stop)
+            self._make_room()
+            stream = self._begin(conversation_id, kind, model, stop, error_event, context, holder)
+            stream.failed_fn = failed
+            if self.shared is not None:
+                await self.shared.run(self._command)
+                before = await self.shared.begin(stream)  # before its first byte: the meta, then the bytes
+                if before is not None and before != stream.sid:
+                    self._overlap(before)
+            stream.task = asyncio.ensure_future(self._pump(stream, producer, error_event))
+            return stream.follow(0)
+
+    def _overlap(self, sid: str) -> None:
+        """The conversation's stream before this one, as Redis had it: if it
+        is another node's and still live, it began at the same moment as this
+        one there (each node's `_stop` found nothing yet). This one, begun
+        later, stops it, as a second start on one node stops the first."""
+        async def stop_it() -> None:
+            assert self.shared is not None
+            try:
+                found = await self.shared.stream(sid)
+            except Exception as exc:  # Redis away: both run, as before it came back
+                log.warning("looking at stream %s in Redis failed: %s", sid, exc)
+                return
+            if found is not None and found[0].state == LIVE and found[0].owner != self.shared.owner:
+                await self._stop_remote(RemoteStream(self.shared, *found), 10.0)
+        task = asyncio.ensure_future(stop_it())
+        self._overlaps.add(task)
+        task.add_done_callback(self._overlaps.discard)
+
+    def _claim(self, conversation_id: str) -> asyncio.Lock:
+        lock = self._claims.get(conversation_id)
+        if lock is None:
+            lock = self._claims[conversation_id] = asyncio.Lock()
+        return lock
+
+    def _begin(self, conversation_id: str, kind: str, model: str | None, stop: StopFn,
+               error_event: Callable[[str], bytes], context: object, holder: str) -> Stream:
+        meta = Meta(sid=secrets.token_hex(12), conversation_id=conversation_id, kind=kind, model=model,
+                    created=time.time(), owner=self.owner.name if self.owner else "",
+                    on_crash=error_event(CRASH_MESSAGE).decode(), holder=holder)
+        stream = Stream(meta, self.folder, self.cap)
+        stream.stop_fn, stream.context, stream.error_event = stop, context, error_event
+        previous = self.by_id.get(conversation_id)
+        if previous is not None:
+            self.gone.append(previous)
+        self.by_id[conversation_id] = stream
+        self._dirty(stream)
+        self._start_gc()
+        return stream
+
+    async def _pump(self, stream: Stream, producer: AsyncIterator[bytes], error_event) -> None:
+        try:
+            async for chunk in producer:
+                stream.append(chunk)
+                self._dirty(stream)
+                if self.shared is not None:
+                    await self.shared.sync(stream)
+            failed = stream.failed_fn is not None and stream.failed_fn()
+            await self._finish(stream, "stopped" if stream.stopping else "failed" if failed else "done")
+        except asyncio.CancelledError:
+            await self._finish(stream, "interrupted", stream.meta.on_crash.encode())
+            raise
+        except Exception as exc:  # a bug in the producer: the stream still ends, and says so
+            log.exception("stream %s failed", stream.meta.conversation_id)
+            await self._finish(stream, "failed", error_event(f"the stream failed: {type(exc).__name__}: {exc}"))
+        finally:
+            self._dirty(stream)
+            await close_quietly(producer)
+
+    async def _finish(self, stream: Stream, state: str, tail: bytes = b"") -> None:
+        if not stream.live:
+            return
+        stream.finish(state, tail)
+        if self.shared is not None:
+            await self.shared.sync(stream, final=True)
+
+    def _relay_only(self, conversation_id: str, producer: AsyncIterator[bytes], stop: StopFn
+                    ) -> AsyncIterator[bytes]:
+        """The generation's bytes straight to its one reader; stoppable by id meanwhile."""
+        self.relayed[conversation_id] = stop
+
+        async def relay():
+            try:
+                async for chunk in producer:
+                    yield chunk
+            finally:
+                if self.relayed.get(conversation_id) is stop:
+                    del self.relayed[conversation_id]
+                await close_quietly(producer)
+        return relay()
+
+    async def taken(self, conversation_id: str, holder: str) -> bool:
+        """Whether the conversation has a stream another key than `holder`'s holds."""
+        before = await self.find(conversation_id)
+        return before is not None and not holders.may_see(before.meta.holder, holder)
+
+    async def stop(self, conversation_id: str, wait_s: float = 10.0,
+                   holder: str | None = None) -> Stream | RemoteStream | None:
+        """Stop the conversation's live generation (if any) and wait, at most
+        `wait_s`, for its stream to end. Returns its stream (None: unknown,
+        or held by another key than `holder`'s when one is given)."""
+        async with self._claim(conversation_id):
+            if holder is not None:
+                known = await self.find(conversation_id)
+                if known is not None and not holders.may_see(known.meta.holder, holder):
+                    return None
+            return await self._stop(conversation_id, wait_s)
+
+    async def _stop(self, conversation_id: str, wait_s: float = 10.0) -> Stream | RemoteStream | None:
+        relayed = self.relayed.pop(conversation_id, None)
+        if relayed is not None:
+            await relayed()
+        stream = self.by_id.get(conversation_id)
+        if (stream is None or not stream.live) and self.shared is not None:
+            remote = await self._find_remote(conversation_id, stream)
+            if remote is not None:
+                return await self._stop_remote(remote, wait_s)
+        if stream is None or not stream.live:
+            return stream
+        await self._stop_local(stream, wait_s)
+        return stream
+
+    async def _stop_local(self, stream: Stream, wait_s: float) -> None:
+        stream.stopping = True
+        if stream.stop_fn is not None:
+            with contextlib.suppress(Exception):
+                await stream.stop_fn()
+        try:
+            await asyncio.wait_for(asyncio.shield(stream.done.wait()), wait_s)
+        except asyncio.TimeoutError:  # the generation did not answer the stop: end it here
+            if stream.task is not None:
+                stream.task.cancel()
+            tail = stream.error_event(f"the generation did not stop within {wait_s:g}s of being asked; "
+                                      "its stream ends here") if stream.error_event else b""
+            await self._finish(stream, "stopped", tail)
+            self._dirty(stream)
+
+    async def _stop_remote(self, remote: RemoteStream, wait_s: float) -> RemoteStream:
+        """Another node's live stream: that node stops it; this one waits for its end."""
+        try:
+            if remote.live:
+                # That stream, by its sid: never what its node would find as the conversation's latest now
+                answer = await remote.call("stop", {"wait_s": wait_s, "sid": remote.sid}, wait_s + 5)
+                if answer is None:  # nobody listens under its name: if its node died, the stream ends here
+                    await remote.refresh()
+                await remote.wait_ended(wait_s if answer is None else 2.0)
+        except Exception as exc:  # Redis away: the stream is answered as last seen
+            log.warning("stopping stream %s on its node failed: %s", remote.meta.conversation_id, exc)
+        return remote
+
+    async def _command(self, op: str, conversation_id: str, args: dict) -> dict:
+        """What another node asks of one of this node's streams."""
+        if op == "stop" and args.get("sid"):  # one stream of this node's, only while it runs
+            async with self._claim(conversation_id):
+                own = self.by_id.get(conversation_id)
+                if own is None or own.sid != args["sid"]:
+                    return {"state": None}
+                if own.live:
+                    await self._stop_local(own, float(args.get("wait_s", 10.0)))
+                return {"state": own.meta.state}
+        if op == "stop":
+            stream = await self.stop(conversation_id, float(args.get("wait_s", 10.0)))
+            return {"state": stream.meta.state if stream is not None else None}
+        stream = self.by_id.get(conversation_id)
+        handle = getattr(stream.context, "remote_call", None) if stream is not None and stream.live else None
+        if op != "call":
+            return {"error": f"unknown command {op!r}"}
+        if handle is None:  # it ended (the asker saw it live a moment ago): it takes nothing more
+            return {"ended": True}
+        return await handle(args)
+
+    async def share(self, stream: Stream, ctx: dict) -> None:
+        """What other nodes may read of `stream` beside its bytes (its owner's state)."""
+        if self.shared is not None:
+            await self.shared.share(stream, ctx)
+
+    # -- reading --------------------------------------------------------------
+    async def find(self, conversation_id: str, holder: str | None = None) -> Stream | RemoteStream | None:
+        """`get`, or with Redis the conversation's latest stream on any node;
+        None for a stream another key than `holder`'s holds, when one is given."""
+        local = self.get(conversation_id)
+        found: Stream | RemoteStream | None = local
+        if self.shared is not None:
+            found = await self._find_remote(conversation_id, local) or local
+        if found is not None and holder is not None and not holders.may_see(found.meta.holder, holder):
+            return None
+        return found
+
+    async def _find_remote(self, conversation_id: str, local: Stream | None) -> RemoteStream | None:
+        """The conversation's latest stream, when it is another node's (None: this node's, or none)."""
+        assert self.shared is not None
+        try:
+            found = await self.shared.find(conversation_id)
+        except Exception as exc:  # Redis away: this node's own streams still answer
+            log.warning("looking for stream %s in Redis failed: %s", conversation_id, exc)
+            return None
+        if found is None or (local is not None and found[0] == local.sid):
+            return None
+        sid, meta, ctx = found
+        if sid in {s.sid for s in self.gone}:  # this node's, already replaced here
+            return None
+        return RemoteStream(self.shared, meta, ctx)
+
+    def get(self, conversation_id: str) -> Stream | None:
+        self._start_gc()
+        stream = self.by_id.get(conversation_id)
+        if stream is not None and self._expired(stream, time.time()):
+            return None
+        return stream
+
+    async def lookup(self, ids: list, holder: str = "") -> list[dict]:
+        """The streams of these conversations that are live or replayable and
+        `holder` may see; never any other's."""
+        if not isinstance(ids, list) or len(ids) > MAX_LOOKUP:
+            raise StreamRefused(f"conversation_ids must be a list of at most {MAX_LOOKUP} ids",
+                                param="conversation_ids")
+        found = []
+        for value in ids:
+            if not isinstance(value, str):
+                raise StreamRefused("conversation_ids must hold strings", param="conversation_ids")
+            stream = await self.find(value, holder)
+            if stream is not None:
+                found.append(stream.meta.public())
+            elif value in self.relayed:
+                found.append({"conversation_id": value, "status": LIVE})
+        return found
+
+    def live_count(self) -> int:
+        return sum(1 for s in self.by_id.values() if s.live) + len(self.relayed)
+
+    def stats(self) -> dict:
+        kept = [s for s in self.by_id.values() if not s.live]
+        return {"live": self.live_count(), "stored": len(kept), "bytes": self._bytes(),
+                "following": sum(s.followers for s in self.by_id.values()),
+                "ttl_s": self.ttl_s, "max_stream_bytes": self.cap, "max_total_bytes": self.total,
+                "durable": self.folder is not None and self.record}
+
+    # -- keeping within bounds --------------------------------------------------
+    def _bytes(self) -> int:
+        return sum(s.end - s.start for s in [*self.by_id.values(), *self.gone])
+
+    def _expired(self, stream: Stream, now: float) -> bool:
+        return not stream.live and stream.meta.ended_at is not None and now - stream.meta.ended_at > self.ttl_s
+
+    def _make_room(self) -> None:
+        """Drop finished streams, oldest first, until the total is under its cap;
+        refuse a new one when live streams alone hold it."""
+        excess = self._bytes() + self.cap - self.total
+        if excess <= 0:
+            return
+        for stream in sorted((s for s in self.by_id.values() if not s.live and s.followers == 0),
+                             key=lambda s: s.meta.ended_at or 0):
+            if excess <= 0:
+                break
+            excess -= stream.end - stream.start
+            self._forget(stream)
+        if excess > 0 and self._bytes() + self.cap > self.total:
+            raise StreamRefused(f"resumable streams hold {self._bytes()} bytes and each may grow to {self.cap}: "
+                                f"over the total cap ({self.total}); retry later or without X-Conversation-Id",
+                                status=503)
+
+    def _forget(self, stream: Stream) -> None:
+        if self.by_id.get(stream.meta.conversation_id) is stream:
+            del self.by_id[stream.meta.conversation_id]
+        self._delete_files(stream)
+
+    def _delete_files(self, stream: Stream) -> None:
+        stream.deleted = True
+        delete_files(stream)
+
+    def _dirty(self, stream: Stream) -> None:
+        if self.writer is not None:
+            self.writer.mark(stream)
+
+    def _start_gc(self) -> None:
+        """Run the collector on the event loop while there is anything to collect."""
+        if (self._gc_task is None or self._gc_task.done()) and (self.by_id or self.gone):
+            self._gc_task = asyncio.ensure_future(self._gc_loop())
+
+    async def _gc_loop(self) -> None:
+        while self.by_id or self.gone:
+            await asyncio.sleep(GC_EVERY_S)
+            self.collect()
+
+    def collect(self) -> None:
+        """Forget streams past their time, and replaced ones nobody follows."""
+        now = time.time()
+        for stream in list(self.by_id.values()):
+            if self._expired(stream, now) and stream.followers == 0:
+                self._forget(stream)
+        for stream in list(self.gone):
+            if not stream.live and stream.followers == 0:
+                self.gone.remove(stream)
+                self._delete_files(stream)
+        for conversation_id, lock in list(self._claims.items()):
+            if not lock.locked():
+                del self._claims[conversation_id]
+
+    # -- after a restart --------------------------------------------------------
+    def _recover(self) -> None:
+        assert self.folder is not None
+        now = time.time()
+        for meta_path in sorted(self.folder.glob("*.json")):
+            try:
+                meta = Meta(**json.loads(meta_path.read_text()))
+            except (OSError, ValueError, TypeError) as exc:
+                log.warning("stream record %s is unreadable (%s); removed", meta_path.name, exc)
+                meta_path.unlink(missing_ok=True)
+                meta_path.with_suffix(".sse").unlink(missing_ok=True)
+                continue
+            if meta.state == LIVE:
+                if not Owner.gone(self.folder, meta.owner):
+                    continue  # another running server's stream
+                _end_orphan(self.folder, meta)
+            stream = Stream(meta, self.folder, self.cap)
+            current = self.by_id.get(meta.conversation_id)
+            if self._expired(stream, now) or (current is not None and current.meta.created > meta.created):
+                self._delete_files(stream)
+                continue
+            if current is not None:
+                self._delete_files(current)
+            self.by_id[meta.conversation_id] = stream
+        for data in self.folder.glob("*.sse"):
+            if not data.with_suffix(".json").exists():  # its record was never written, or was removed
+                data.unlink(missing_ok=True)
+        for lock in (self.folder / "owners").glob("*.lock"):
+            if Owner.gone(self.folder, lock.stem):
+                lock.unlink(missing_ok=True)
+        if self.by_id:
+            log.info("resumable streams: %d kept from before this start", len(self.by_id))
+
+
+def delete_files(stream: Stream) -> None:
+    for suffix in (".sse", ".json"):
+        path = stream.path(suffix)
+        if path is not None:
+            with contextlib.suppress(OSError):
+                path.unlink()
+
+
+async def close_quietly(chunks: AsyncIterator[bytes]) -> None:
+    """Close an async generator (its `finally` blocks run now); what closing raises is of no use here."""
+    close = getattr(chunks, "aclose", None)
+    if close is not None:
+        with contextlib.suppress(Exception):
+            await close()
+
+
+def _end_orphan(folder: Path, meta: Meta) -> None:
+    """A stream whose process died mid-generation: cut it at its last whole
+    event, add its crash event, and record it as ended now (so it stays
+    replayable for the TTL after this start, however long the server was down)."""
+    data_path = folder / f"{meta.sid}.sse"
+    ended_at = time.time()
+    try:
+        data = data_path.read_bytes()
+    except FileNotFoundError:
+        data = b""
+    whole = data.rfind(b"\n\n")
+    data = data[:whole + 2] if whole >= 0 else b""
+    data += meta.on_crash.encode()
+    write_atomically(data_path, data, durable=False)
+    meta.state, meta.ended_at, meta.end = "interrupted", ended_at, meta.start + len(data)
+    write_atomically(folder / f"{meta.sid}.json", json.dumps(meta.__dict__), durable=False)
+
+
+__all__ = ["Gone", "Stream", "StreamRefused", "Streams", "check_id", "close_quietly"]
