@@ -43,11 +43,11 @@ def build_tiny_model(cache_dir: Path, repo_id: str = TINY_REPO, dtype: str = "fl
     from mlx.utils import tree_flatten
     from mlx_lm.models.llama import Model, ModelArgs
 
+    from hub.publish import publish_to_cache
     from serving.demo.files import (
         CHAT_TEMPLATE,
         IM_END,
         llama_config,
-        publish_to_cache,
         train_tokenizer,
         write_model_dir,
     )

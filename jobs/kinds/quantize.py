@@ -48,8 +48,8 @@ def run(config: dict, log: EventLog, stage_delay: float = 0.0) -> tuple[str, dic
     from mlx_lm import convert
 
     from core.paths import confine_members, confine_model_ref, read_json, regular_entries
+    from hub.publish import publish_to_cache
     from inference.engine.loader import resolve
-    from serving.demo.files import publish_to_cache
 
     def stage(name: str, progress: float, message: str) -> None:
         log.emit("stage", stage=name, progress=progress, message=message)

@@ -30,13 +30,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from core.paths import read_json, read_text
+from hub.publish import publish_to_cache
 from serving.demo import corpus
 from serving.demo.files import (
     CHAT_TEMPLATE,
     IM_END,
     PAD,
     llama_config,
-    publish_to_cache,
     train_tokenizer,
     write_model_dir,
 )

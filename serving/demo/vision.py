@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import cast
 
 from core.paths import read_json, read_text
-from serving.demo.files import CHAT_TEMPLATE, IM_END, PAD, publish_to_cache, train_tokenizer, write_tokenizer
+from hub.publish import publish_to_cache
+from serving.demo.files import CHAT_TEMPLATE, IM_END, PAD, train_tokenizer, write_tokenizer
 
 log = logging.getLogger("hearth.demo")
 

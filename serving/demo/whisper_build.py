@@ -31,8 +31,8 @@ from pathlib import Path
 import numpy as np
 
 from core.paths import read_json, read_text
+from hub.publish import publish_to_cache
 from serving.demo import speech_data
-from serving.demo.files import publish_to_cache
 
 log = logging.getLogger("hearth.demo")
 
