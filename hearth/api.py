@@ -1,9 +1,13 @@
-"""The two ninja APIs and how each renders errors.
+"""The three ninja APIs and how each renders errors.
 
-`/v1` speaks the client protocols (OpenAI shape here); `/api` serves the
-dashboard and answers every error as `{"ok": false, "error": message}`
-(core.api). Typed errors map to their status; anything unexpected is a 500
-with the message only and the stack in the log.
+`/v1` speaks the client protocols (each route in its surface's shape:
+OpenAI's, Anthropic's, Responses'); the operations API answers the routes
+outside both prefixes (`/health`, `/stats`, `/metrics`, `/models/*`,
+`/admin/*` but Django's admin, the Curve Designer's `/signal` and
+`/generate`) in OpenAI's shape; `/api` serves the dashboard and answers
+every error as `{"ok": false, "error": message}` (core.api). Typed errors
+map to their status; anything unexpected is a 500 with the message only
+and the stack in the log.
 """
 from __future__ import annotations
 
@@ -26,7 +30,19 @@ from jobs.api_dataset import router as dataset_router
 from jobs.api_push import router as push_router
 from memory.api import router as memory_router
 from memory.api import v1_router as memory_v1_router
-from serving.routes import adapters, anthropic, embeddings, errors, listing, openai, responses, streams
+from serving.routes import (
+    adapters,
+    anthropic,
+    curve_designer,
+    embeddings,
+    errors,
+    listing,
+    model_slots,
+    openai,
+    ops,
+    responses,
+    streams,
+)
 from serving.routes import audio as v1_audio
 from serving.routes import audio_sessions as v1_audio_sessions
 
@@ -112,17 +128,14 @@ for _kind in (ApiError, NinjaValidationError, HttpError, Http404, EngineError, E
     api.exception_handler(_kind)(_api_error)
 
 
-@v1.exception_handler(RequestError)
 def _request_error(request, exc: RequestError):
     return errors.request_error(surfaces.of(request), exc)
 
 
-@v1.exception_handler(EngineError)
 def _engine_error(request, exc: EngineError):
     return errors.engine_error(surfaces.of(request), exc)
 
 
-@v1.exception_handler(NinjaValidationError)
 def _validation_error(request, exc: NinjaValidationError):
     first = exc.errors[0] if exc.errors else {}
     loc = [str(part) for part in first.get("loc", ())]
@@ -130,11 +143,22 @@ def _validation_error(request, exc: NinjaValidationError):
     return errors.render(surfaces.of(request), 400, f"{param or 'request'}: {first.get('msg', 'invalid')}", param=param)
 
 
-@v1.exception_handler(HttpError)
 def _http_error(request, exc: HttpError):
     return errors.render(surfaces.of(request), exc.status_code, _parse_error(exc))
 
 
-@v1.exception_handler(Exception)
 def _unexpected(request, exc: Exception):
     return errors.unexpected(surfaces.of(request), exc, request.path)
+
+
+# The operations routes take JSON objects only, like /api; they answer in OpenAI's shape, like /v1.
+ops_api = NinjaAPI(title="Hearth operations", version="1", urls_namespace="ops", docs_url=None, openapi_url=None,
+                   parser=StrictJsonObject())
+for module in (ops, model_slots, curve_designer):
+    ops_api.add_router("", module.router)
+
+for protocol_api in (v1, ops_api):
+    for kind, handler in ((RequestError, _request_error), (EngineError, _engine_error),
+                          (NinjaValidationError, _validation_error), (HttpError, _http_error),
+                          (Exception, _unexpected)):
+        protocol_api.exception_handler(kind)(handler)

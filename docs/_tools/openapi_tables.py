@@ -10,7 +10,8 @@ The hook loads Django in this process (`config.settings`, in a throwaway
 HEARTH_HOME), reads `get_openapi_schema()` of each ninja API and puts a
 method / path / summary / parameters table in the line's place. A route
 that no page shows, a tag that matches nothing, or a plain Django route of
-`config/urls.py` that no page names is a warning, so `mkdocs build --strict`
+`config/urls.py` or an operations route (`/health`, `/models/*`, ...) that
+no page names is a warning, so `mkdocs build --strict`
 fails until the manual covers it."""
 from __future__ import annotations
 
@@ -48,10 +49,12 @@ def _load() -> None:
     from django.urls import URLPattern, URLResolver
 
     from config import urls
-    from hearth.api import api, v1
+    from hearth.api import api, ops_api, v1
 
     _schemas["v1"] = v1.get_openapi_schema()
     _schemas["api"] = api.get_openapi_schema()
+    # The operations API serves no document of its own: its routes are named in the prose, like plain ones.
+    _plain_routes.extend(ops_api.get_openapi_schema(path_prefix="/")["paths"])
     for pattern in urls.urlpatterns:
         route = str(pattern.pattern)
         if isinstance(pattern, URLResolver) or not isinstance(pattern, URLPattern):

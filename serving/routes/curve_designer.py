@@ -17,7 +17,6 @@ import asyncio
 import logging
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
-from django.views.decorators.csrf import csrf_exempt
 
 from core.surfaces import OPENAI
 from inference.engine import curve_sampler
@@ -29,6 +28,7 @@ from inference.protocols.errors import RequestError
 
 log = logging.getLogger("hearth.api")
 
+router = OPENAI.router(tags=["curves"])
 CORS = {"Access-Control-Allow-Origin": "*", "Access-Control-Allow-Methods": "POST, OPTIONS",
         "Access-Control-Allow-Headers": "authorization, x-api-key, content-type", "Access-Control-Max-Age": "600"}
 WAIT_S = 300.0  # how long a call waits for the running requests to finish before it gives up
@@ -85,24 +85,28 @@ def _engine(request: HttpRequest) -> Engine:
     return engine
 
 
-def _view(work):
-    """An OPTIONS-answering, CORS-sending, POST-only view around `work`."""
-    async def view(request: HttpRequest) -> HttpResponse:
-        if request.method == "OPTIONS":
-            return HttpResponse(status=204, headers=CORS)
-        if request.method != "POST":
-            return _refuse(f"method {request.method} not allowed; use POST", 405, "method_not_allowed")
-        try:
-            return _answer(await work(request))
-        except curve_bodies.CurveError as exc:
-            return _refuse(exc.message, exc.status)
-        except EngineError as exc:  # closed, or too many calls waiting
-            return _refuse(str(exc), exc.status)
-    view.__name__ = work.__name__
-    view.__doc__ = work.__doc__
-    return csrf_exempt(view)
+def _route(path: str, summary: str):
+    """`work` as the POST route at `path` that answers its preflight and sends
+    CORS headers on every answer, refusals included (so they bypass the API's
+    error handlers). `work` reads the body with `curve_bodies`, whose messages
+    the page shows as they are."""
+    def register(work):
+        async def view(request: HttpRequest) -> HttpResponse:
+            if request.method == "OPTIONS":
+                return HttpResponse(status=204, headers=CORS)
+            try:
+                return _answer(await work(request))
+            except curve_bodies.CurveError as exc:
+                return _refuse(exc.message, exc.status)
+            except EngineError as exc:  # closed, or too many calls waiting
+                return _refuse(str(exc), exc.status)
+        view.__name__ = work.__name__.lstrip("_")
+        router.api_operation(["POST", "OPTIONS"], path, summary=summary, description=work.__doc__)(view)
+        return work
+    return register
 
 
+@_route("/signal", "The next-token log-probability histogram of a prompt")
 async def _signal(request: HttpRequest) -> dict:
     """`{"prompt"}` -> the next-token log-probability histogram."""
     body = await _read(request)
@@ -120,6 +124,7 @@ async def _signal(request: HttpRequest) -> dict:
         raise curve_bodies.CurveError(f"signal failed: {exc}", 500) from None
 
 
+@_route("/generate", "Samples of a prompt's continuation, by a drawn curve or the model's default recipe")
 async def _generate(request: HttpRequest) -> dict:
     """n samples with the drawn curve, or the model's default recipe."""
     body = await _read(request)
@@ -144,6 +149,3 @@ async def _generate(request: HttpRequest) -> dict:
     return {**out, "n": ask.n, "seed": ask.seed,
             "samples": [{"text": t, "junk": curve_bodies.junk(t)} for t in texts]}
 
-
-signal = _view(_signal)
-generate = _view(_generate)

@@ -2,51 +2,51 @@
 can serve, with its state), `POST /models/load|unload|pin|default`, and
 `GET /models/sse` (each model's state as it changes). A one-model server
 answers `GET /models` with its model and refuses the rest with a 400 that
-says how to start a router."""
+says how to start a router. On the operations API (`hearth/api.py`), errors
+in OpenAI's shape."""
 from __future__ import annotations
 
 import asyncio
-import json
+from typing import Annotated
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
+from ninja import Field, Schema
+from pydantic import StrictBool, StringConstraints
 
-from core import sse, surfaces
+from core import sse
+from core.surfaces import OPENAI
 from serving.router.manager import Manager
 from serving.router.slots import RouterError
-from serving.routes import errors
 
 KEEPALIVE_S = 10.0
 
-
-def _single(request: HttpRequest) -> JsonResponse:
-    message = ("this server serves one model (started as `hearth serve MODEL`); start `hearth serve` without a "
-               "model to load, unload and switch models")
-    return surfaces.for_path(request.path).response(400, message, "router_mode_off")
+router = OPENAI.router(tags=["models"])
 
 
-class _BadBody(RouterError):
+class RouterModeOff(RouterError):
     status = 400
     type = "invalid_request_error"
-    code = "invalid_body"
+    code = "router_mode_off"
 
 
-def _body(request: HttpRequest) -> dict:
-    try:
-        body = json.loads(request.body or b"{}")
-    except ValueError as exc:
-        raise _BadBody(f"the body is not JSON: {exc}") from None
-    if not isinstance(body, dict):
-        raise _BadBody("the body must be a JSON object such as {\"model\": \"org/name\"}")
-    return body
+class ModelName(Schema):
+    model: Annotated[str, StringConstraints(strip_whitespace=True, min_length=1)] = Field(
+        description="the id or alias of a model (GET /models lists them)")
 
 
-def _model_field(body: dict) -> str:
-    model = body.get("model")
-    if not isinstance(model, str) or not model.strip():
-        raise _BadBody("model is required: the id or alias of a model (GET /models lists them)")
-    return model
+class Pin(ModelName):
+    pinned: StrictBool = Field(True, description="true to keep the model loaded, false to let it go idle")
 
 
+def _manager(request: HttpRequest) -> Manager:
+    manager: Manager | None = request.runtime.router
+    if manager is None:
+        raise RouterModeOff("this server serves one model (started as `hearth serve MODEL`); start `hearth serve` "
+                            "without a model to load, unload and switch models")
+    return manager
+
+
+@router.get("/models", summary="Every model this server can serve, with its state")
 async def models_list(request: HttpRequest) -> JsonResponse:
     manager: Manager | None = request.runtime.router
     if manager is None:
@@ -69,55 +69,35 @@ def _single_rows(request: HttpRequest) -> list[dict]:
              "status": {"value": "loaded"}, "inflight": request.runtime.inflight}]
 
 
-async def _manage(request: HttpRequest, act) -> JsonResponse:
-    manager: Manager | None = request.runtime.router
-    if manager is None:
-        return _single(request)
-    if request.method != "POST":
-        return surfaces.for_path(request.path).response(405, "use POST", "method_not_allowed")
-    try:
-        return JsonResponse(await act(manager, _body(request)))
-    except RouterError as exc:
-        return errors.engine_error(surfaces.for_path(request.path), exc)
+@router.post("/models/load", summary="Load a model into a process of its own")
+async def models_load(request: HttpRequest, body: ModelName) -> dict:
+    slot = await _manager(request).load(body.model, fetch=True)
+    return {"ok": True, "model": slot.id, "status": slot.status_object()}
 
 
-async def models_load(request: HttpRequest) -> JsonResponse:
-    async def act(manager: Manager, body: dict) -> dict:
-        slot = await manager.load(_model_field(body), fetch=True)
-        return {"ok": True, "model": slot.id, "status": slot.status_object()}
-    return await _manage(request, act)
+@router.post("/models/unload", summary="Stop a model's process")
+async def models_unload(request: HttpRequest, body: ModelName) -> dict:
+    slot = await _manager(request).unload(body.model)
+    return {"ok": True, "model": slot.id, "status": slot.status_object()}
 
 
-async def models_unload(request: HttpRequest) -> JsonResponse:
-    async def act(manager: Manager, body: dict) -> dict:
-        slot = await manager.unload(_model_field(body))
-        return {"ok": True, "model": slot.id, "status": slot.status_object()}
-    return await _manage(request, act)
+@router.post("/models/pin", summary="Keep a model loaded (never evicted or unloaded when idle), or let it go")
+async def models_pin(request: HttpRequest, body: Pin) -> dict:
+    slot = _manager(request).set_pinned(body.model, body.pinned)
+    return {"ok": True, "model": slot.id, "pinned": slot.pinned}
 
 
-async def models_pin(request: HttpRequest) -> JsonResponse:
-    async def act(manager: Manager, body: dict) -> dict:
-        pinned = body.get("pinned", True)
-        if not isinstance(pinned, bool):
-            raise _BadBody("pinned must be true or false")
-        slot = manager.set_pinned(_model_field(body), pinned)
-        return {"ok": True, "model": slot.id, "pinned": slot.pinned}
-    return await _manage(request, act)
+@router.post("/models/default", summary="Load a model and make it the one requests without `model` get")
+async def models_default(request: HttpRequest, body: ModelName) -> dict:
+    manager = _manager(request)
+    slot = await manager.load(body.model)  # a model that fails to load does not become the default
+    manager.set_default(slot.id)
+    return {"ok": True, "default": slot.id, "status": slot.status_object()}
 
 
-async def models_default(request: HttpRequest) -> JsonResponse:
-    async def act(manager: Manager, body: dict) -> dict:
-        slot = await manager.load(_model_field(body))  # a model that fails to load does not become the default
-        manager.set_default(slot.id)
-        return {"ok": True, "default": slot.id, "status": slot.status_object()}
-    return await _manage(request, act)
-
-
+@router.get("/models/sse", summary="Each model's state as server-sent events, as it changes")
 async def models_sse(request: HttpRequest) -> HttpResponse:
-    manager: Manager | None = request.runtime.router
-    if manager is None:
-        return _single(request)
-
+    manager = _manager(request)
     runtime = request.runtime
 
     async def events():
@@ -142,4 +122,4 @@ async def models_sse(request: HttpRequest) -> HttpResponse:
         finally:
             manager.unlisten(queue)
 
-    return surfaces.OPENAI.sse(events())
+    return OPENAI.sse(events())

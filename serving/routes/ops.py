@@ -1,24 +1,29 @@
-"""The operational routes outside the ninja APIs: `/health`, `/stats`,
-`/metrics`, the prompt-cache admin routes (`/admin/cache/*`) and
-`/admin/transcription/unload`."""
+"""The operational routes: `/health`, `/stats`, `/metrics`, the prompt-cache
+admin routes (`/admin/cache/*`) and `/admin/transcription/unload`, on the
+operations API (`hearth/api.py`), answering errors in OpenAI's shape."""
 from __future__ import annotations
 
 import asyncio
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
-from django.views.decorators.csrf import csrf_exempt
-from django.views.decorators.http import require_GET, require_POST
+from ninja import Schema
 
-from core import surfaces
-from inference.engine.errors import EngineError
-from inference.protocols import params
-from inference.protocols.errors import RequestError
+from core.surfaces import OPENAI
+from inference.engine.errors import EngineTimeout
+from inference.engine.speech import NoWhisperModel
 from serving import telemetry
-from serving.routes import errors, proxy
+from serving.routes import proxy
 
 FLUSH_TIMEOUT_S = 120.0
 
+router = OPENAI.router(tags=["ops"])
 
+
+class SessionClose(Schema):
+    session_id: str | None = None  # the session whose cached prompt may go; none or "" closes nothing
+
+
+@router.get("/health", summary="Liveness, with the transcription state and the demo build's progress")
 def health(request: HttpRequest) -> JsonResponse:
     body: dict = {"status": "ok"}
     service = request.runtime.transcriber
@@ -30,25 +35,20 @@ def health(request: HttpRequest) -> JsonResponse:
     return JsonResponse(body)
 
 
-@csrf_exempt
-@require_POST
+@router.post("/admin/transcription/unload", summary="Page the Whisper weights out now")
 async def transcription_unload(request: HttpRequest) -> JsonResponse:
-    """Page the Whisper weights out now; answers whether they were in, with the stats block."""
+    """Answers whether they were in, with the transcription stats block."""
     service = request.runtime.transcriber
     if service is None:
-        return errors.render(surfaces.of(request), 503,
-                             "no Whisper model is configured (`hearth serve --whisper-model`)", "model_unavailable",
-                             code="model_unavailable")
+        raise NoWhisperModel("no Whisper model is configured (`hearth serve --whisper-model`)")
     try:
         unloaded = await asyncio.wait_for(asyncio.wrap_future(service.unload()), FLUSH_TIMEOUT_S)
-    except EngineError as exc:
-        return errors.engine_error(surfaces.of(request), exc)
     except TimeoutError:
-        return errors.render(surfaces.of(request), 503, "the engine stayed busy; try again later", "engine_unavailable")
+        raise EngineTimeout("the engine stayed busy; try again later") from None
     return JsonResponse({"unloaded": unloaded, **service.stats()})
 
 
-@require_GET
+@router.get("/stats", summary="Counters of the engine, caches, batching and the router")
 async def stats(request: HttpRequest) -> JsonResponse:
     body = telemetry.stats_body(request.runtime)
     if request.runtime.router is not None:  # with each loaded model's own
@@ -56,7 +56,7 @@ async def stats(request: HttpRequest) -> JsonResponse:
     return JsonResponse(body)
 
 
-@require_GET
+@router.get("/metrics", summary="Prometheus metrics")
 async def metrics(request: HttpRequest) -> HttpResponse:
     body, content_type = telemetry.render_metrics(request.runtime)
     if request.runtime.router is not None:  # with each loaded model's series, labelled `model`
@@ -64,28 +64,19 @@ async def metrics(request: HttpRequest) -> HttpResponse:
     return HttpResponse(body, content_type=content_type)
 
 
-@csrf_exempt
-@require_POST
-def cache_session_close(request: HttpRequest) -> JsonResponse:
-    try:
-        body = params.parse_json_body(request.body or b"{}", request.runtime.options.limits.max_json_depth)
-    except RequestError as exc:
-        return errors.request_error(surfaces.of(request), exc)
-    session = body.get("session_id")
-    if not isinstance(session, str) or not session:
+@router.post("/admin/cache/session/close", summary="Let a session's cached prompt go")
+def cache_session_close(request: HttpRequest, body: SessionClose) -> JsonResponse:
+    if not body.session_id:
         return JsonResponse({"closed": False})
     engine = request.runtime.engine
     if engine is not None:
-        engine.close_session(session)
+        engine.close_session(body.session_id)
     return JsonResponse({"closed": True})
 
 
-@csrf_exempt
-@require_POST
+@router.post("/admin/cache/flush", summary="Write the prompt cache's entries to the SSD tier now")
 async def cache_flush(request: HttpRequest) -> JsonResponse:
-    try:
-        engine = request.runtime.require_engine()
-        durable, body = await asyncio.to_thread(engine.flush_cache, FLUSH_TIMEOUT_S)
-    except EngineError as exc:  # no model, or the engine stopped or did not answer in time
-        return errors.engine_error(surfaces.of(request), exc)
+    """503 when the engine has no model, stopped, or did not answer in time, or when not every entry was written."""
+    engine = request.runtime.require_engine()
+    durable, body = await asyncio.to_thread(engine.flush_cache, FLUSH_TIMEOUT_S)
     return JsonResponse(body, status=200 if durable else 503)
