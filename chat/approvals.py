@@ -4,7 +4,7 @@
 in the session where it was given, and nowhere else: another session, a
 fork or an imported copy asks again. The chat lists and revokes the open
 session's approvals; Settings lists every session's. Synchronous ORM code;
-the consumer and the tool loop call it through `sync_to_async`."""
+the chat socket's frames and the tool loop call it through `sync_to_async`."""
 from __future__ import annotations
 
 from django.db import IntegrityError

@@ -1,42 +1,31 @@
-"""`/ws/chat`: the dashboard's chat, driving the engine directly.
+"""`/ws/chat`: the dashboard's chat socket.
 
-Frames are JSON objects with a `type`. A turn runs as a task of its own,
-apart from any socket (`chat/live.py`): its frames go to the session's
-resumable stream and a socket follows it, so a socket that closes leaves
-the turn running to its end and a socket that opens the session again
-(a reload, a second tab) gets the turn's frames from its first. `abort`
-stops it within a decode step. Every request is built by the same code as
-`/v1/chat/completions` (validation, template, adapters, sampling), so the
-dashboard can do nothing a client could not.
+Frames are JSON objects with a `type`, each in a text message; this module
+reads them, hands each to the method that answers its type
+(`chat/frames.py`, which does what the frame asks of the chat sessions and
+turns) and sends back an error frame (`core.surfaces.SOCKET`) for one it
+cannot read or that is refused, keeping the socket open.
 
 The coding tools (read, bash, edit, write) reach the server's machine, so a
 socket may turn them on, and a turn offers them, only when it comes from a
 loopback address or the auth layer vouched for it
-(`scope["hearth_signed_in"]`: a valid API key or a signed-in dashboard).
-Approvals given with "Always allow" hold for one tool in one session
-(`chat/approvals.py`)."""
+(`scope["hearth_signed_in"]`: a valid API key or a signed-in dashboard)."""
 from __future__ import annotations
 
-import asyncio
 import ipaddress
 import json
 import logging
-import math
 
-from asgiref.sync import sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
-from chat import appctx, gensettings, live, store, turns
-from chat.models import ChatEntry, ChatSession
+from chat import live
+from chat.frames import ChatFrames, FrameError
 from core import jsonbody
 from core.surfaces import SOCKET
 from inference.protocols import params
-from serving.router.slots import RouterError
 
 log = logging.getLogger("hearth.chat")
-HISTORY_PAGE_BYTES = 256 << 10  # far below the socket's message limit (4 MiB, set where daphne starts)
 MAX_FRAME_CHARS = 2 << 20  # a frame is parsed on the event loop: longer ones are refused unread
-MAX_ID = 256  # session, entry, call and adapter ids, tool names
 
 
 class ChatConsumer(AsyncJsonWebsocketConsumer):
@@ -47,17 +36,13 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
 
     async def connect(self):
         # The Host, Origin and key checks ran before the socket reached here (hearth/asgi.py).
-        self.session: ChatSession | None = None
-        self.follower: asyncio.Task | None = None  # passes the open session's running turn on to this socket
-        self.next_sampling: dict = {}
-        self.app_context: dict | None = None  # the page this socket's dashboard shows
-        self.may_code = coding_permitted(self.scope)
+        self.chat = ChatFrames(self.runtime, self.send_json, coding_permitted(self.scope))
         await self.accept()
-        await self.send_json({**self._ready(), "codingTools": self.may_code})
-        await self._send_sessions()
+        await self.send_json({**self._ready(), "codingTools": self.chat.may_code})
+        await self.chat.send_sessions()
 
     async def disconnect(self, code):
-        await self._unfollow()  # the turn, if one runs, goes on
+        await self.chat.unfollow()  # the turn, if one runs, goes on
 
     # -- frames ------------------------------------------------------------
     async def receive(self, text_data=None, bytes_data=None, **kwargs):
@@ -81,357 +66,24 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         return json.dumps(content, ensure_ascii=False, allow_nan=False)  # never a bare NaN the browser cannot parse
 
     async def receive_json(self, content, **kwargs):
+        """A frame of type `t` goes to `ChatFrames.on_t`."""
         kind = content.get("type") if isinstance(content, dict) else None
-        handler = getattr(self, f"on_{kind}", None) if isinstance(kind, str) and kind.isidentifier() else None
+        handler = getattr(self.chat, f"on_{kind}", None) if isinstance(kind, str) and kind.isidentifier() else None
         if handler is None:
             await self._error(f"unknown frame type {kind!r}")
             return
         try:
             await handler(content)
-        except _FrameError as exc:
+        except FrameError as exc:
             await self._error(str(exc))
         except Exception as exc:  # a bug must not kill the socket silently
             log.exception("chat frame %s failed", kind)
             await self._error(f"{type(exc).__name__}: {exc}")
 
-    async def on_prompt(self, frame):
-        """A question; while a turn runs in the chat, a message queued on it:
-        `streamingBehavior` "steer" (the default: taken after the current
-        generation and its tool calls) or "followUp" (once the turn is done)."""
-        text = _text(frame, "text", self.runtime.options.limits.max_socket_text)
-        images = _images(frame)
-        behavior = frame.get("streamingBehavior", "steer")
-        if behavior not in ("steer", "followUp"):
-            raise _FrameError("streamingBehavior must be steer or followUp")
-        session = await self._session()
-        self._share_context()
-        turn = await live.find(self.runtime, session.id)
-        if turn is not None:
-            try:
-                if await turn.offer(text, images, behavior):
-                    return
-            except live.TurnBusy as exc:
-                raise _FrameError(str(exc)) from None
-            await turn.ended()  # writing its last frames: the message starts the next turn
-        entry = await sync_to_async(store.ask)(session, text, images)
-        await self._start_turn(entry)
-
-    async def on_context(self, frame):
-        """What the dashboard shows (the app-aware assistant, chat/appctx.py)."""
-        try:
-            self.app_context = appctx.check(frame.get("context"))
-        except appctx.ContextRefused as exc:
-            raise _FrameError(str(exc)) from None
-        self._share_context()
-
-    async def on_abort(self, frame):
-        await self._abort()
-
-    async def on_set_thinking(self, frame):
-        enabled = frame.get("enabled")
-        if not isinstance(enabled, bool):
-            raise _FrameError("set_thinking needs enabled: true or false")
-        session = await self._session()
-        session.thinking = enabled
-        await sync_to_async(session.save)(update_fields=["thinking", "updated_at"])
-
-    async def on_set_coding_tools(self, frame):
-        """Offer the workspace tools (read, bash, edit, write) from the next turn on."""
-        enabled = frame.get("enabled")
-        if not isinstance(enabled, bool):
-            raise _FrameError("set_coding_tools needs enabled: true or false")
-        if enabled and not self.may_code:
-            raise _FrameError(CODING_REFUSED)
-        session = await self._session()
-        session.coding_tools = enabled
-        await sync_to_async(session.save)(update_fields=["coding_tools", "updated_at"])
-        running = await live.find(self.runtime, session.id) is not None
-        await self.send_json({"type": "coding_tools", "active": enabled, "pending": running})
-
-    async def on_approval(self, frame):
-        """The user's answer to a tool_approval_request (from any socket on the session)."""
-        if not self.may_code:  # gated calls are the coding tools: only a socket that may run them answers
-            raise _FrameError(CODING_REFUSED)
-        if frame.get("decision") not in ("allow", "deny"):
-            raise _FrameError("decision must be allow or deny")
-        edited = frame.get("editedArgs")
-        if edited is not None and not isinstance(edited, dict):
-            raise _FrameError("editedArgs must be an object")
-        turn = await live.find(self.runtime, self.session.id) if self.session is not None else None
-        answer = {"decision": frame["decision"], "editedArgs": edited, "alwaysAllow": frame.get("alwaysAllow") is True}
-        try:
-            taken = turn is not None and await turn.answer(str(frame.get("callId")), answer)
-        except live.TurnBusy as exc:
-            raise _FrameError(str(exc)) from None
-        if not taken:
-            raise _FrameError(f"no tool call {frame.get('callId')!r} is waiting for approval")
-
-    async def on_revoke_approval(self, frame):
-        """Ask again before running `tool` in the open session."""
-        from chat import approvals
-
-        tool = frame.get("tool")
-        if not isinstance(tool, str) or not tool:
-            raise _FrameError("revoke_approval needs tool")
-        if self.session is None:
-            raise _FrameError("no chat is open")
-        session = await self._session()
-        if not await sync_to_async(approvals.revoke)(session.id, tool):
-            raise _FrameError(f"{tool} is not always-allowed in this chat")
-        await self.send_json({"type": "tool_approvals", "sessionId": session.id,
-                              "alwaysAllow": await sync_to_async(approvals.allowed)(session.id)})
-
-    async def on_set_sampling(self, frame):
-        scope = frame.get("scope", "session")
-        if scope not in ("session", "next_turn"):
-            raise _FrameError("scope must be session or next_turn")
-        values = {k: frame[k] for k in params.SAMPLING if k in frame}
-        for key, value in values.items():
-            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                      or not math.isfinite(value)):
-                raise _FrameError(f"{key} must be a finite number or null")
-        engine = self.runtime.engine if self.runtime.router is None else None
-        tokenizer = engine.loaded.tokenizer if engine is not None and engine.loaded is not None else None
-        for key in gensettings.KEYS:
-            if key in frame:
-                try:
-                    values[key] = gensettings.check(key, frame[key], tokenizer)
-                except ValueError as exc:
-                    raise _FrameError(str(exc)) from None
-        if scope == "next_turn":
-            self._check_sampling({**self.next_sampling, **values})
-            self.next_sampling.update(values)
-            return
-        session = await self._session()
-        current = store.stored_sampling(session)
-        current.update(values)
-        current = {k: v for k, v in current.items() if v is not None}
-        self._check_sampling(current)
-        session.sampling_json = json.dumps(current, allow_nan=False)
-        await sync_to_async(session.save)(update_fields=["sampling_json", "updated_at"])
-
-    async def on_set_system_prompt(self, frame):
-        text = frame.get("text")
-        if text is not None and not isinstance(text, str):
-            raise _FrameError("text must be a string or null")
-        most = self.runtime.options.limits.max_socket_text
-        if text and len(text) > most:
-            raise _FrameError(f"the system prompt is over {most} characters")
-        session = await self._session()
-        session.system_prompt = text or None
-        await sync_to_async(session.save)(update_fields=["system_prompt", "updated_at"])
-
-    async def on_set_adapter(self, frame):
-        adapter = frame.get("id")
-        if adapter is not None and (not isinstance(adapter, str) or len(adapter) > MAX_ID):
-            raise _FrameError("id must be an adapter id or null")
-        session = await self._session()
-        session.adapter = adapter or None
-        await sync_to_async(session.save)(update_fields=["adapter", "updated_at"])
-
-    async def on_set_model(self, frame):
-        """Router mode: the model this session talks to from its next turn (null: the default)."""
-        model = frame.get("model")
-        if model is not None and (not isinstance(model, str) or len(model) > MAX_ID):
-            raise _FrameError("model must be a model id or null")
-        router = self.runtime.router
-        if router is None:
-            raise _FrameError("this server serves one model; start `hearth serve` without a model to pick one "
-                              "per chat")
-        if model:
-            try:
-                model = router.resolve(model).id
-            except RouterError as exc:
-                raise _FrameError(exc.message) from None
-        session = await self._session()
-        session.model = model or None
-        await sync_to_async(session.save)(update_fields=["model", "updated_at"])
-
-    async def on_new_session(self, frame):
-        await self._unfollow()  # a turn running in the chat left behind goes on
-        self.session = await sync_to_async(store.create)()
-        self._share_context()
-        await self.send_json({"type": "history", "items": [], "sessionId": self.session.id, "total": 0, "more": False})
-        await self._send_sessions()
-
-    async def on_list_sessions(self, frame):
-        await self._send_sessions()
-
-    async def on_open_session(self, frame):
-        """The session's history, then (while a turn runs there) that turn's
-        frames from its first, and the rest as they come."""
-        session = await self._find(frame)
-        await self._unfollow()
-        self.session = session
-        self._share_context()
-        turn = await live.find(self.runtime, session.id)
-        offset = turn.segment_offset if turn is not None else 0  # read before the history: see live.upto
-        await self._send_history(turn.anchor_id if turn is not None else None)
-        await self._send_sessions()
-        if turn is not None:
-            self._follow(turn, offset)
-
-    async def on_fork_session(self, frame):
-        source = await self._find(frame)
-        await self._unfollow()
-        self.session = await sync_to_async(store.fork)(source)
-        self._share_context()
-        await self._send_history()
-        await self._send_sessions()
-
-    async def on_delete_session(self, frame):
-        target = await self._find(frame)
-        await self.runtime.streams.stop(target.id)  # its turn, if one runs
-        if self.session is not None and self.session.id == target.id:
-            await self._unfollow()
-            self.session = None
-            await self.send_json({"type": "history", "items": [], "sessionId": None, "total": 0, "more": False})
-        await sync_to_async(target.delete)()
-        await self._send_sessions()
-
-    async def on_regenerate(self, frame):
-        session = await self._session()
-        await self._require_idle(session)
-        last_user = await sync_to_async(self._last_user)(session)
-        await self._start_turn(last_user)
-
-    async def on_edit_resend(self, frame):
-        """Ask again with new text: the last question, or the one `entryId` names."""
-        text = _text(frame, "text", self.runtime.options.limits.max_socket_text)
-        session = await self._session()
-        await self._require_idle(session)
-        entry_id = frame.get("entryId")
-        if entry_id is not None:
-            edited = await sync_to_async(session.entries.filter(id=entry_id, role="user").first)()
-            if edited is None:
-                raise _FrameError(f"no question {entry_id} in this session")
-        else:
-            edited = await sync_to_async(self._last_user)(session)
-        parent = await sync_to_async(lambda: edited.parent)()
-        images = store.images_of(edited)  # the edited question keeps its pictures
-        meta = {"images": images} if images else None
-        entry = await sync_to_async(store.add)(session, parent, "user", text, meta=meta)
-        await self._start_turn(entry)
-
-    async def on_switch_sibling(self, frame):
-        entry_id = frame.get("entryId")
-        if not isinstance(entry_id, str):
-            raise _FrameError("switch_sibling needs entryId")
-        session = await self._session()
-        await self._require_idle(session)
-        try:
-            entry = await sync_to_async(store.switch)(session, entry_id)
-        except ChatEntry.DoesNotExist:
-            raise _FrameError(f"no entry {entry_id} in this session") from None
-        await self._send_history()
-        await self.send_json({"type": "siblings", **await sync_to_async(store.siblings)(entry)})
-
-    # -- turns -------------------------------------------------------------
-    async def _start_turn(self, user_entry: ChatEntry) -> None:
-        assert self.session is not None  # the callers opened the session the entry is in
-        sampling, self.next_sampling = self.next_sampling, {}  # "next turn" covers all of its rounds
-        try:
-            turn = await live.start(self.runtime, self.session, self.may_code, sampling, user_entry)
-        except live.TurnBusy as exc:
-            raise _FrameError(str(exc)) from None
-        self._follow(turn)
-
-    def _follow(self, turn: live.LiveTurn | live.RemoteTurn, offset: int = 0) -> None:
-        if self.follower is not None:
-            self.follower.cancel()
-        self.follower = asyncio.ensure_future(self._pass_on(turn, offset))
-
-    async def _pass_on(self, turn: live.LiveTurn | live.RemoteTurn, offset: int) -> None:
-        try:
-            async for frame in live.follow(turn.stream, turn.session_id, offset):
-                if frame.get("type") == "turn_end":
-                    await self._send_sessions()  # the stored turn may have named the chat
-                await self.send_json(frame)
-        except asyncio.CancelledError:
-            raise
-        except Exception:  # the socket closed under it: the turn goes on without this socket
-            log.debug("following a turn ended", exc_info=True)
-
-    async def _unfollow(self) -> None:
-        follower, self.follower = self.follower, None
-        await live.cancel(follower)
-
-    @staticmethod
-    def _last_user(session: ChatSession) -> ChatEntry:
-        for entry in reversed(store.path(session)):
-            if entry.role == "user":
-                return entry
-        raise _FrameError("nothing to regenerate yet")
-
-    async def _abort(self) -> None:
-        """Stop the open session's running turn (what was shown is still kept)."""
-        if self.session is not None:
-            await self.runtime.streams.stop(self.session.id)
-
-    async def _require_idle(self, session: ChatSession) -> None:
-        if await live.find(self.runtime, session.id) is not None:
-            raise _FrameError("a turn is running; abort it first")
-
-    # -- helpers -----------------------------------------------------------
-    async def _session(self) -> ChatSession:
-        """The open session as stored now (another tab may have changed it)."""
-        if self.session is not None:
-            self.session = await sync_to_async(ChatSession.objects.filter(id=self.session.id).first)()
-            if self.session is None:
-                raise _FrameError("this chat was deleted (in another tab?); start a new one")
-        if self.session is None:
-            self.session = await sync_to_async(store.create)()
-        return self.session
-
-    async def _find(self, frame) -> ChatSession:
-        key = frame.get("path") or frame.get("id")
-        if not isinstance(key, str) or not key or len(key) > MAX_ID:
-            raise _FrameError("path required")
-        found = await sync_to_async(ChatSession.objects.filter(id=key).first)()
-        if found is None:
-            raise _FrameError(f"no session {key}")
-        return found
-
-    async def _send_history(self, anchor_id: str | None = None) -> None:
-        """The showing path in pages: `history` with the first, `history_more`
-        with the rest (`more` says whether another follows). With a running
-        turn's `anchor_id`: only up to it, as the replay that follows brings the rest."""
-        from chat import approvals
-
-        assert self.session is not None  # the callers opened (or made) the session first
-        total, pages = await sync_to_async(store.history_pages)(self.session, HISTORY_PAGE_BYTES)
-        if anchor_id is not None:
-            pages = live.upto(pages, anchor_id) or [[]]
-            total = len({it.get("id") for page in pages for it in page})
-        settings = {**store.settings(self.session), "alwaysAllow": await sync_to_async(approvals.allowed)(
-            self.session.id)}
-        settings["codingTools"] = settings["codingTools"] and self.may_code  # what a turn here will offer
-        sid = self.session.id
-        await self.send_json({"type": "history", "items": pages[0], "sessionId": sid, "settings": settings,
-                              "total": total, "more": len(pages) > 1})
-        for i, page in enumerate(pages[1:], start=2):
-            await self.send_json({"type": "history_more", "items": page, "sessionId": sid, "more": i < len(pages)})
-
-    def _share_context(self) -> None:
-        """The open session's turns see what this socket's dashboard shows."""
-        if self.app_context is not None and self.session is not None:
-            appctx.remember(self.session.id, self.app_context)
-
-    def _check_sampling(self, values: dict) -> None:
-        runtime = self.runtime  # router mode: the model's process checks them when a turn runs
-        if runtime.router is None and runtime.engine is not None and runtime.engine.loaded is not None:
-            problem = turns.sampling_problem(values, runtime.engine.loaded, runtime.options.defaults)
-            if problem is not None:
-                raise _FrameError(problem)
-
-    async def _send_sessions(self) -> None:
-        items = await sync_to_async(store.sessions)()
-        await self.send_json({"type": "sessions", "items": items,
-                              "activePath": self.session.id if self.session else None})
-
     async def _error(self, message: str) -> None:
         await self.send_json(SOCKET.error(400, message))
 
+    # -- the first frame ---------------------------------------------------
     def _ready(self) -> dict:
         from inference.protocols import chat as chat_protocol
 
@@ -461,14 +113,6 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
                 "router": True, "models": list(router.slots)}
 
 
-class _FrameError(Exception):
-    pass
-
-
-CODING_REFUSED = ("coding tools are only for the server's own machine or a signed-in dashboard: "
-                  "open the dashboard on the server (loopback) or sign in")
-
-
 def coding_permitted(scope: dict) -> bool:
     """Signed in (the auth layer sets `hearth_signed_in`), or connected from a
     loopback address; a socket with no known peer is neither."""
@@ -483,27 +127,3 @@ def coding_permitted(scope: dict) -> bool:
         address = address.ipv4_mapped
     return address is not None and address.is_loopback
 
-
-MAX_IMAGES = 4  # pictures attached to one question
-MAX_IMAGE_CHARS = 400_000  # each, as a data: URL (the dashboard scales pictures down before sending)
-
-
-def _images(frame: dict) -> list[str]:
-    """A prompt's attached pictures: data:image/… URLs, stored with the
-    question and sent to the model as image parts."""
-    value = frame.get("images") or []
-    if not isinstance(value, list) or len(value) > MAX_IMAGES:
-        raise _FrameError(f"images must be a list of at most {MAX_IMAGES} data:image URLs")
-    for url in value:
-        if not isinstance(url, str) or not url.startswith("data:image/") or len(url) > MAX_IMAGE_CHARS:
-            raise _FrameError(f"each image must be a data:image URL of at most {MAX_IMAGE_CHARS} characters")
-    return value
-
-
-def _text(frame: dict, key: str, most: int) -> str:
-    value = frame.get(key)
-    if not isinstance(value, str) or not value.strip():
-        raise _FrameError(f"{key} required")
-    if len(value) > most:
-        raise _FrameError(f"{key} is over {most} characters")
-    return value

@@ -61,7 +61,7 @@ class ToolApproval(models.Model):
     It holds in that session only: a new or forked session asks again, and
     deleting the session deletes it."""
     session = models.ForeignKey(ChatSession, on_delete=models.CASCADE, related_name="approvals")
-    tool = models.CharField(max_length=256)  # chat.consumer.MAX_ID
+    tool = models.CharField(max_length=256)  # chat.frames.MAX_ID
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -1,6 +1,6 @@
 """Session trees in the database: the path to the showing leaf, branching,
-siblings, forks. Synchronous ORM code; the WebSocket consumer calls it
-through `sync_to_async`."""
+siblings, forks. Synchronous ORM code; the chat socket's frames
+(`chat/frames.py`) call it through `sync_to_async`."""
 from __future__ import annotations
 
 import json
