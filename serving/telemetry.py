@@ -12,7 +12,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from core import blas, home
 from inference.engine import lanes, loader
-from inference.engine.engine import DRAFT_TOKENS, MAX_QUEUED, TRANSIENT_RESERVE, Engine
+from inference.engine.admission import MAX_QUEUED, TRANSIENT_RESERVE
+from inference.engine.engine import DRAFT_TOKENS, Engine
 from inference.engine.metrics import REGISTRY
 
 if TYPE_CHECKING:

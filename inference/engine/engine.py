@@ -3,22 +3,9 @@
 Callers on the asyncio loop submit a `GenerationRequest` and iterate its
 `GenerationEvent`s; events cross back with `loop.call_soon_threadsafe`.
 
-Admission: on the batched lane the number of rows decoding together follows
-the load and the memory: a waiting request joins the running rows while
-there are fewer than `row_ceiling` of them (`--batch N`, or `AUTO_BATCH_MAX`
-when `--batch` is left to `auto`) and the KV the rows hold now, plus the
-newcomer's prompt and `GROWTH_TOKENS` of room for each row to grow, fits in
-the memory left beside the weights, the prompt cache and a transient
-reserve. So one client runs one row, 32 clients run 32, and when rows grow
-long the batch stops taking new ones until some finish (an empty lane always
-takes one: a prompt the context checks let in must run). The serial lane
-runs one row. Up to `MAX_QUEUED` more wait, in arrival order; beyond that
-`submit` raises `QueueFull` at once. With an
-operator context cap (`max_context`, or one derived from `memory_budget`) a
-prompt that leaves no room to generate is refused with `ContextOverBudget`;
-one that fills the model's own context window, with `ContextLengthExceeded`
-(both before any prefill); a prompt that fits has its token limit capped to
-the room left.
+Which waiting request starts next, and when, is `admission.py`'s: the
+queue's bound, the context checks a prompt meets before any prefill, the KV
+budget the running rows must fit in, and the adapter set they share.
 
 Each admitted request first takes the longest prefix it shares with an
 earlier one from the prompt cache; whatever it leaves in its KV cache when
@@ -30,12 +17,6 @@ queue place at once.
 Work that needs the model to itself (`exclusive`, the Curve Designer's)
 pauses admission, waits for the running rows to end and runs alone on the
 engine thread; `solo.py` says how.
-
-Rows that run together share one adapter set (`adapters.AdapterManager`):
-the set is resolved when a request is admitted, a request asking for a
-different set waits until the running group has finished (and holds back
-those behind it, so nobody starves), and its prompt-cache lookups stay in
-its own namespace.
 """
 from __future__ import annotations
 
@@ -45,23 +26,16 @@ import logging
 import queue
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from inference.engine import checks, lanes, loader, metrics, speculate
-from inference.engine.adapters import Adapter, AdapterError, AdapterManager
-from inference.engine.errors import (
-    ContextLengthExceeded,
-    ContextOverBudget,
-    EngineClosed,
-    EngineError,
-    EngineTimeout,
-    QueueFull,
-)
+from inference.engine import admission, checks, lanes, loader, metrics, speculate
+from inference.engine.adapters import AdapterManager
+from inference.engine.admission import Admission
+from inference.engine.errors import EngineClosed, EngineError, EngineTimeout
 from inference.engine.prompt_cache import PromptCache
 from inference.engine.rows import Generation, Row
 from inference.engine.solo import Solo, SoloQueue
@@ -72,14 +46,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("hearth.engine")
 
-MAX_QUEUED = 64
-TRANSIENT_RESERVE = 256 << 20  # activations and scratch a budget keeps free besides weights and KV
 # `--batch auto`: the most rows decoding together. On a CPU a step's GEMMs
 # get faster per row up to well past 32 rows (BLAS efficiency grows with M),
 # so a bigger batch only costs memory, which admission checks.
 AUTO_BATCH_MAX = 64
 PREFILL_ROWS = 8  # prompts prefilled together in one step (mlx-lm's server uses 8 too)
-GROWTH_TOKENS = 256  # KV room kept per running row beyond what it holds now
 # Drafts per round: a wrong guess costs a wider forward, and prompt lookup's
 # guesses come in runs (it copies), a draft model's one at a time.
 DRAFT_TOKENS = {"ngram": 8, "model": 3}
@@ -183,21 +154,14 @@ class Engine:
         self.ssd: SSDCache | None = None
         self.lane: AnyLane | None = None
         self.adapters: AdapterManager | None = None
-        self._group: tuple[Adapter, ...] = ()  # the adapters of the running rows
         self.mode = "off"  # "off" | "serial" | "batch", as /stats reports it
         self.serial_reason: str | None = None
-        self.enforced_context: int | None = None
-        self.row_ceiling = 1  # the most rows the lane may run; set with the lane
-        self.kv_room = 0  # bytes the running rows' KV may take; 0 = unchecked
-        self.held_for_memory = 0  # requests that waited because their KV would not fit yet
         self.draft: loader.LoadedModel | None = None  # the draft model, with --draft-model
         self.spec_totals = speculate.SpecTotals()
         self.spec_off: str | None = None  # why a configured draft source is not used
         self._inbox: queue.Queue = queue.Queue()
-        self._waiting: deque[Generation] = deque()  # engine thread only
-        self._waiting_n = 0
+        self._admission = Admission()  # the requests waiting for a row
         self._solo = SoloQueue()  # calls that wait for exclusive use of the model
-        self._count_lock = threading.Lock()
         self._closed = False
         self._idle = threading.Condition()
         self._thread = threading.Thread(target=self._run, name="hearth-engine", daemon=True)
@@ -242,32 +206,13 @@ class Engine:
             raise EngineClosed("server is shutting down")
         if self.loaded is not None:
             checks.check(request, self.loaded.vocab_size, self.loaded.context_window)
-        self._check_room(len(request.prompt_tokens))
-        with self._count_lock:
-            if self._closed:
-                raise EngineClosed("server is shutting down")
-            if self._waiting_n >= MAX_QUEUED:
-                raise QueueFull(f"generation queue is full ({MAX_QUEUED} requests waiting); retry later")
-            self._waiting_n += 1
+        window = self.loaded.context_window if self.loaded is not None else None
+        self._admission.check_room(len(request.prompt_tokens), window)
+        self._admission.reserve(lambda: self._closed)
         gen = Generation(request, asyncio.get_running_loop(), asyncio.Queue())
         self.stats.requests_total += 1
         self._inbox.put(gen)
         return Submission(gen)
-
-    def _check_room(self, n: int) -> None:
-        """Refuse a prompt of `n` tokens that leaves no room to generate, naming
-        the tighter of the model's window and the operator's cap (the window
-        on a tie): a full prefill would only end in `length` at once."""
-        window = self.loaded.context_window if self.loaded is not None else None
-        cap = self.enforced_context
-        if window is not None and n >= window and (cap is None or window <= cap):
-            raise ContextLengthExceeded(
-                f"This model's maximum context length is {window} tokens. However, the prompt resulted in {n} "
-                "tokens, which leaves no room to generate. Please reduce the length of the prompt.", n, window)
-        if cap is not None and n >= cap:
-            raise ContextOverBudget(
-                f"the prompt has {n} tokens and the configured context limit is {cap} tokens, which leaves "
-                "no room to generate; shorten the prompt or raise --max-context / --memory-budget", n, cap)
 
     def call(self, fn: Callable, timeout: float = 60.0):
         """Run `fn()` on the engine thread between decode steps (inline once
@@ -296,7 +241,7 @@ class Engine:
     @property
     def queued(self) -> int:
         """Requests admitted to the queue but not yet running."""
-        return self._waiting_n
+        return self._admission.queued
 
     @property
     def active_rows(self) -> int:
@@ -309,7 +254,22 @@ class Engine:
     @property
     def capacity(self) -> int:
         """The most rows that may run at once (memory may hold admission below it)."""
-        return self.row_ceiling
+        return self._admission.row_ceiling
+
+    @property
+    def kv_room(self) -> int:
+        """Bytes the running rows' KV may take; 0 = unchecked."""
+        return self._admission.kv_room
+
+    @property
+    def held_for_memory(self) -> int:
+        """Requests that waited because their KV would not fit yet."""
+        return self._admission.held_for_memory
+
+    @property
+    def enforced_context(self) -> int | None:
+        """The operator's cap on prompt + generation tokens, once set up (see admission.py)."""
+        return self._admission.enforced_context
 
     @property
     def kv_bytes(self) -> int:
@@ -362,13 +322,14 @@ class Engine:
             return
         self._ready.set()
         try:
-            while self._take_inbox(block=not (self.active_rows or self._waiting or self._solo)):
-                self._sweep()
-                if self._solo.holds_admission(bool(self._waiting)):
+            while self._take_inbox(block=not (self.active_rows or self._admission.waiting or self._solo)):
+                self._solo.sweep()
+                self._admission.sweep()
+                if self._solo.holds_admission(bool(self._admission.waiting)):
                     if not self.active_rows:  # the lane has drained: the call runs alone
                         self._solo.run_next(self._default_adapters)
                 else:
-                    self._admit()
+                    self._admission.admit(self._lane, self.loaded_model, self._adapters, self._admitted)
                     self._solo.just_ran = False
                 if self.active_rows:
                     self._step()
@@ -395,18 +356,18 @@ class Engine:
         else:
             self.mode = "batch"
         lane: AnyLane
-        self.row_ceiling = (cfg.batch or AUTO_BATCH_MAX) if self.mode == "batch" else 1
+        self._admission.row_ceiling = (cfg.batch or AUTO_BATCH_MAX) if self.mode == "batch" else 1
         self._setup_speculation(can_trim_prompt_cache(sample))
         self.lane = lane = self._new_lane()
-        self.kv_room = self._kv_room()
+        self._admission.kv_room = admission.kv_room(cfg.memory_budget, cfg.prompt_cache_bytes, model, self.draft)
         if cfg.ssd_cache:
             from inference.engine.ssd_cache import SSDCache
 
             self.ssd = SSDCache(Path(cfg.ssd_cache), self._namespace(), cfg.ssd_cache_bytes, cfg.ssd_queue_bytes)
         self.cache = PromptCache(cfg.prompt_cache_bytes, self.ssd, trimmable=can_trim_prompt_cache(sample))
         self.adapters = model.adapters
-        self.enforced_context = self._enforced_context()
-        log.info("engine: lane %s (up to %d rows%s%s), prompt cache %d MiB%s", lane.name, self.row_ceiling,
+        self._admission.enforced_context = admission.enforced_context(cfg.max_context, cfg.memory_budget, model)
+        log.info("engine: lane %s (up to %d rows%s%s), prompt cache %d MiB%s", lane.name, self.capacity,
                  ", auto" if cfg.batch is None and self.mode == "batch" else "",
                  f"; serial because {self.serial_reason}" if self.serial_reason else "",
                  cfg.prompt_cache_bytes >> 20, f", ssd tier {self.ssd.dir}" if self.ssd else "")
@@ -414,8 +375,8 @@ class Engine:
     def _new_lane(self) -> AnyLane:
         lane: lanes.Lane
         if self.mode == "batch":
-            lane = lanes.BatchLane(self.loaded_model, self.row_ceiling, self.config.prefill_chunk,
-                                   min(self.row_ceiling, PREFILL_ROWS))
+            lane = lanes.BatchLane(self.loaded_model, self.capacity, self.config.prefill_chunk,
+                                   min(self.capacity, PREFILL_ROWS))
         else:
             lane = lanes.SerialLane(self.loaded_model, self.config.kv_quant, self._kv_group())
         kind = self.speculation
@@ -466,39 +427,6 @@ class Engine:
                 raise EngineError(f"the draft model {cfg.draft_model} does not share the served model's tokenizer "
                                   "(its end-of-sequence tokens, its splitting of text or its vocabulary differ)")
 
-    def _kv_room(self) -> int:
-        """Bytes the running rows' KV caches may take: the memory budget (the
-        operator's, or three quarters of RAM) less the weights, the prompt
-        cache's cap and the transient reserve. 0 when it cannot be known."""
-        budget = self.config.memory_budget or loader.memory_budget()
-        if not budget or not self.loaded_model.kv_bytes_per_token:
-            return 0
-        used = self.loaded_model.weights_bytes + self.config.prompt_cache_bytes + TRANSIENT_RESERVE
-        if self.draft is not None:
-            used += self.draft.weights_bytes
-        if budget <= used:
-            log.warning("the memory budget (%d MiB) leaves no room for KV caches beside the weights, the prompt "
-                        "cache and the reserve (%d MiB): requests will decode one at a time", budget >> 20,
-                        used >> 20)
-        return max(budget - used, 1)
-
-    def _kv_held(self) -> int:
-        """Bytes the running rows' KV holds now, each with room to grow."""
-        per_token = self.loaded_model.kv_bytes_per_token
-        return sum((len(r.req.prompt_tokens) + r.count + GROWTH_TOKENS) * per_token for r in self._lane.all_rows())
-
-    def _fits(self, req: GenerationRequest) -> bool:
-        """Whether one more row with this prompt fits beside the running rows."""
-        lane = self._lane
-        if not lane.active:
-            return True
-        if lane.active >= self.row_ceiling:
-            return False
-        if not self.kv_room:
-            return True
-        need = (len(req.prompt_tokens) + GROWTH_TOKENS) * self.loaded_model.kv_bytes_per_token
-        return self._kv_held() + need <= self.kv_room
-
     def _kv_group(self) -> int:
         """The quantization group for KV rows: MLX quantizes in groups of 32,
         64 or 128 along the head dimension, which must divide it."""
@@ -515,16 +443,6 @@ class Engine:
         m = self.loaded_model
         ident = f"{m.path}|{m.dtype}|kv{self.config.kv_quant or 0}"
         return hashlib.sha1(ident.encode()).hexdigest()[:16]
-
-    def _enforced_context(self) -> int | None:
-        caps = []
-        if self.config.max_context:
-            caps.append(self.config.max_context)
-        if self.config.memory_budget is not None:
-            per_token = self.loaded_model.kv_bytes_per_token or 1
-            room = self.config.memory_budget - self.loaded_model.weights_bytes - TRANSIENT_RESERVE
-            caps.append(max(room // per_token, 0))
-        return min(caps) if caps else None
 
     def _take_inbox(self, block: bool) -> bool:
         """Move submitted work into the engine; False once asked to stop."""
@@ -544,69 +462,24 @@ class Engine:
             elif isinstance(item, Solo):
                 self._solo.add(item)
             else:
-                self._waiting.append(item)
+                self._admission.waiting.append(item)
             try:
                 item = self._inbox.get_nowait()
             except queue.Empty:
                 return True
 
-    def _sweep(self) -> None:
-        """Forget waiting requests whose clients left, so they do not hold queue places."""
-        self._solo.sweep()
-        if any(gen.aborted.is_set() for gen in self._waiting):
-            kept = deque(gen for gen in self._waiting if not gen.aborted.is_set())
-            with self._count_lock:
-                self._waiting_n -= len(self._waiting) - len(kept)
-            self._waiting = kept
-
-    def _admit(self) -> None:
-        lane, adapters = self._lane, self._adapters
-        while self._waiting:
-            gen = self._waiting[0]
-            req = gen.request
-            if not gen.aborted.is_set() and not self._fits(req):
-                if self._lane.active < self.row_ceiling:
-                    self._count_held()
-                return
-            group: tuple[Adapter, ...] = ()  # read only once resolved: an aborted request is passed over
-            if not gen.aborted.is_set():
-                try:
-                    group = adapters.resolve(req.adapters)
-                except AdapterError as exc:  # unmounted while it waited
-                    gen.emit(GenerationEvent(error=str(exc), error_status=exc.status, error_param=exc.param))
-                    gen.aborted.set()
-                else:
-                    if lane.active and group != self._group:
-                        return  # runs once the current group has finished
-            self._waiting.popleft()
-            with self._count_lock:
-                self._waiting_n -= 1
-            if gen.aborted.is_set():
-                continue
-            if not lane.active and group != self._group:
-                self._group = group
-                adapters.activate(group)
-            row = Row(gen, self.loaded_model, self._limit(req), 0, lane.name)
-            row.ns, row.adapters = adapters.namespace(group), group
-            self.stats.submitted_rows += 1
-            self.stats.peak_rows = max(self.stats.peak_rows, lane.active + 1)
-            self.stats.prompt_tokens_total += len(req.prompt_tokens)
-            metrics.PROMPT_TOKENS.inc(len(req.prompt_tokens))
-            self._start(row)
-
-    def _count_held(self) -> None:
-        """Every request waiting while memory holds admission, counted once."""
-        for waiting in self._waiting:
-            if not waiting.held:
-                waiting.held = True
-                self.held_for_memory += 1
+    def _admitted(self, row: Row) -> None:
+        """Count an admitted row and start it."""
+        n = len(row.req.prompt_tokens)
+        self.stats.submitted_rows += 1
+        self.stats.peak_rows = max(self.stats.peak_rows, self._lane.active + 1)
+        self.stats.prompt_tokens_total += n
+        metrics.PROMPT_TOKENS.inc(n)
+        self._start(row)
 
     def _default_adapters(self) -> None:
         """Before a solo call: the adapters a request that names none would run with."""
-        group = self._adapters.resolve(None)
-        if group != self._group:
-            self._group = group
-            self._adapters.activate(group)
+        self._admission.use_group(self._adapters, self._adapters.resolve(None))
 
     def _start(self, row: Row) -> None:
         """Put a row on the lane from the longest cached prefix of its context
@@ -675,23 +548,11 @@ class Engine:
     def _reset_lane(self) -> None:
         self.lane = self._new_lane()
 
-    def _limit(self, req: GenerationRequest) -> int:
-        """The request's cap, bounded by the context window and the operator cap."""
-        n = len(req.prompt_tokens)
-        caps = [req.max_tokens] if req.max_tokens is not None else []
-        window = self.loaded_model.context_window
-        if window:
-            caps.append(max(window - n, 1))
-        if self.enforced_context is not None:
-            caps.append(max(self.enforced_context - n, 1))
-        return min(caps) if caps else 1 << 30
-
     def _shutdown(self) -> None:
         message = "server is shutting down"
         if self.lane is not None:
             self.lane.fail_all(message)
-        while self._waiting:
-            self._waiting.popleft().emit(GenerationEvent(error=message))
+        self._admission.fail_all(message)
         while True:  # work that arrived after the stop marker
             try:
                 item = self._inbox.get_nowait()
@@ -705,8 +566,7 @@ class Engine:
             elif isinstance(item, Solo):
                 self._solo.add(item)
         self._solo.fail_all(EngineClosed(message))
-        with self._count_lock:
-            self._waiting_n = 0
+        self._admission.release_all()
         with self._idle:
             self._idle.notify_all()
 

@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 
-from inference.engine.engine import MAX_QUEUED
+from inference.engine.admission import MAX_QUEUED
 from tests.helpers import ServerProcess, server_env
 
 LONG_TEXT = " ".join(f"fact {i}: the fox jumps over the lazy dog." for i in range(30))

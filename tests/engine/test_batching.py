@@ -7,7 +7,8 @@ import asyncio
 
 import pytest
 
-from inference.engine.engine import MAX_QUEUED, Engine, EngineConfig
+from inference.engine.admission import MAX_QUEUED
+from inference.engine.engine import Engine, EngineConfig
 from inference.engine.errors import ContextOverBudget, QueueFull
 from inference.engine.grammar import GrammarSpec
 from inference.engine.types import GenerationRequest, LogitsParams, SamplingParams
@@ -385,7 +386,7 @@ def test_a_memory_budget_holds_the_batch_to_what_fits(engines, eos_id):
     """Room for the KV of three rows (each with GROWTH_TOKENS to grow): ten
     requests run three at a time, every one finishes, and the held ones are
     counted; none is refused."""
-    from inference.engine.engine import GROWTH_TOKENS, TRANSIENT_RESERVE
+    from inference.engine.admission import GROWTH_TOKENS, TRANSIENT_RESERVE
 
     probe = engines(batch=1, prompt_cache_bytes=0).loaded
     per_row = 10 + 30 + GROWTH_TOKENS
