@@ -38,8 +38,7 @@ from inference.engine.rows import Generation, Row
 from inference.engine.types import GenerationEvent, GenerationRequest
 
 if TYPE_CHECKING:
-    from inference.engine.lanes import Lane
-    from inference.engine.speculate import Speculating
+    from inference.engine.speculate import AnyLane
 
 log = logging.getLogger("hearth.engine")
 
@@ -104,7 +103,7 @@ class Admission:
                 self._count -= len(self.waiting) - len(kept)
             self.waiting = kept
 
-    def admit(self, lane: Lane | Speculating, model: loader.LoadedModel, adapters: AdapterManager,
+    def admit(self, lane: AnyLane, model: loader.LoadedModel, adapters: AdapterManager,
               start: Callable[[Row], None]) -> None:
         """Hand `start` a row for each waiting request, in arrival order, while
         the first one fits beside the running rows and runs with their
@@ -143,7 +142,7 @@ class Admission:
             self.group = group
             adapters.activate(group)
 
-    def _fits(self, lane: Lane | Speculating, req: GenerationRequest, per_token: int) -> bool:
+    def _fits(self, lane: AnyLane, req: GenerationRequest, per_token: int) -> bool:
         """Whether one more row with this prompt fits beside the running rows."""
         if not lane.active:
             return True
@@ -182,7 +181,7 @@ class Admission:
             self._count = 0
 
 
-def _kv_held(lane: Lane | Speculating, per_token: int) -> int:
+def _kv_held(lane: AnyLane, per_token: int) -> int:
     """Bytes the running rows' KV holds now, each with room to grow."""
     return sum((len(r.req.prompt_tokens) + r.count + GROWTH_TOKENS) * per_token for r in lane.all_rows())
 

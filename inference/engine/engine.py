@@ -37,9 +37,9 @@ from inference.engine.adapters import AdapterManager
 from inference.engine.admission import Admission
 from inference.engine.errors import EngineClosed, EngineError, EngineTimeout
 from inference.engine.prompt_cache import PromptCache
-from inference.engine.rows import Generation, Row
+from inference.engine.rows import Generation, Row, Submission
 from inference.engine.solo import Solo, SoloQueue
-from inference.engine.types import EventStream, GenerationEvent, GenerationRequest, Usage
+from inference.engine.types import GenerationEvent, GenerationRequest
 
 if TYPE_CHECKING:
     from inference.engine.ssd_cache import SSDCache
@@ -86,57 +86,6 @@ class EngineStats:
     peak_rows: int = 0  # the most rows that ran together
 
 
-AnyLane = lanes.Lane | speculate.Speculating
-
-_STOP = object()  # queued by `Submission.stop`: the stream ends there
-
-
-class Submission:
-    """A queued request: iterate `events()`; `abort()` stops it within a
-    step, `stop()` too but ends the stream as a finished one."""
-
-    def __init__(self, generation: Generation):
-        self._gen = generation
-        self._generated = 0  # tokens the stream has passed on
-
-    async def events(self) -> EventStream:
-        try:
-            while True:
-                event = await self._gen.events.get()
-                if event is _STOP:
-                    yield self._stopped()
-                    return
-                self._generated += len(event.token_ids)
-                yield event
-                if event.finish_reason is not None or event.error is not None:
-                    return
-        finally:
-            self.abort()  # a consumer that leaves early (disconnect) stops the work
-
-    def abort(self) -> None:
-        self._gen.aborted.set()
-
-    @property
-    def cached(self) -> int | None:
-        """Prompt tokens served from the prompt cache; None until the request is admitted."""
-        return self._gen.cached
-
-    def stop(self) -> None:
-        """Stop generating (within a decode step) and end the stream with a
-        last event as if the model had stopped there: finish reason `stop`,
-        usage so far. Events already queued are passed on first; ones the
-        engine thread sends after this are not. Once the stream has ended
-        this does nothing."""
-        if not self._gen.aborted.is_set():
-            self._gen.aborted.set()
-            self._gen.events.put_nowait(_STOP)
-
-    def _stopped(self) -> GenerationEvent:
-        gen = self._gen
-        usage = Usage(len(gen.request.prompt_tokens), self._generated, gen.cached or 0, gen.lane)
-        return GenerationEvent(finish_reason="stop", usage=usage)
-
-
 class _Call:
     def __init__(self, fn: Callable):
         self.fn, self.done = fn, threading.Event()
@@ -152,7 +101,7 @@ class Engine:
         self.stats = EngineStats()
         self.cache: PromptCache | None = None
         self.ssd: SSDCache | None = None
-        self.lane: AnyLane | None = None
+        self.lane: speculate.AnyLane | None = None
         self.adapters: AdapterManager | None = None
         self.mode = "off"  # "off" | "serial" | "batch", as /stats reports it
         self.serial_reason: str | None = None
@@ -295,7 +244,7 @@ class Engine:
         return self.loaded
 
     @property
-    def _lane(self) -> AnyLane:
+    def _lane(self) -> speculate.AnyLane:
         if self.lane is None:
             raise EngineError("the engine is not set up")
         return self.lane
@@ -355,7 +304,7 @@ class Engine:
             self.mode, self.serial_reason = "serial", "this model's cache type cannot be batched"
         else:
             self.mode = "batch"
-        lane: AnyLane
+        lane: speculate.AnyLane
         self._admission.row_ceiling = (cfg.batch or AUTO_BATCH_MAX) if self.mode == "batch" else 1
         self._setup_speculation(can_trim_prompt_cache(sample))
         self.lane = lane = self._new_lane()
@@ -372,7 +321,7 @@ class Engine:
                  f"; serial because {self.serial_reason}" if self.serial_reason else "",
                  cfg.prompt_cache_bytes >> 20, f", ssd tier {self.ssd.dir}" if self.ssd else "")
 
-    def _new_lane(self) -> AnyLane:
+    def _new_lane(self) -> speculate.AnyLane:
         lane: lanes.Lane
         if self.mode == "batch":
             lane = lanes.BatchLane(self.loaded_model, self.capacity, self.config.prefill_chunk,

@@ -3,7 +3,9 @@
 A `Row` turns sampled tokens into events: EOS is counted but never shown,
 text is detokenized and held back while it could still become a stop
 string, logprobs are attached when asked for, and the row says when it is
-done (EOS, a stop string, a finished grammar or its token limit).
+done (EOS, a stop string, a finished grammar or its token limit). A
+`Generation` is the state a request's row shares with the asyncio side, and
+a `Submission` is that side's handle on it: the events, abort and stop.
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from inference.engine import metrics
 from inference.engine.sampling import logprob_entry
 from inference.engine.textstream import StopMatcher
-from inference.engine.types import GenerationEvent, GenerationRequest, Usage
+from inference.engine.types import EventStream, GenerationEvent, GenerationRequest, Usage
 
 if TYPE_CHECKING:
     from inference.engine.loader import LoadedModel
@@ -144,3 +146,52 @@ class Row:
         if self.first_at is None or self.last_at is None or self.count < 2 or self.last_at <= self.first_at:
             return 0.0
         return (self.count - 1) / (self.last_at - self.first_at)
+
+
+_STOP = object()  # queued by `Submission.stop`: the stream ends there
+
+
+class Submission:
+    """A queued request: iterate `events()`; `abort()` stops it within a
+    step, `stop()` too but ends the stream as a finished one."""
+
+    def __init__(self, generation: Generation):
+        self._gen = generation
+        self._generated = 0  # tokens the stream has passed on
+
+    async def events(self) -> EventStream:
+        try:
+            while True:
+                event = await self._gen.events.get()
+                if event is _STOP:
+                    yield self._stopped()
+                    return
+                self._generated += len(event.token_ids)
+                yield event
+                if event.finish_reason is not None or event.error is not None:
+                    return
+        finally:
+            self.abort()  # a consumer that leaves early (disconnect) stops the work
+
+    def abort(self) -> None:
+        self._gen.aborted.set()
+
+    @property
+    def cached(self) -> int | None:
+        """Prompt tokens served from the prompt cache; None until the request is admitted."""
+        return self._gen.cached
+
+    def stop(self) -> None:
+        """Stop generating (within a decode step) and end the stream with a
+        last event as if the model had stopped there: finish reason `stop`,
+        usage so far. Events already queued are passed on first; ones the
+        engine thread sends after this are not. Once the stream has ended
+        this does nothing."""
+        if not self._gen.aborted.is_set():
+            self._gen.aborted.set()
+            self._gen.events.put_nowait(_STOP)
+
+    def _stopped(self) -> GenerationEvent:
+        gen = self._gen
+        usage = Usage(len(gen.request.prompt_tokens), self._generated, gen.cached or 0, gen.lane)
+        return GenerationEvent(finish_reason="stop", usage=usage)

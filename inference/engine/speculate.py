@@ -392,3 +392,6 @@ class Speculating:
             self._held = keep
         self.drafter.settle(row.context(), len(drafts), min(accepted, fed))
         return done
+
+
+AnyLane = lanes.Lane | Speculating  # what the engine steps: a plain lane, or one that drafts

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 
 from core import sse as core_sse
 from core.surfaces import OPENAI
-from inference.engine.engine import Submission
 from inference.engine.loader import LoadedModel
+from inference.engine.rows import Submission
 from inference.engine.types import EventStream, GenerationEvent, GenerationRequest, Usage
 from inference.engine.vision import Vision
 from inference.protocols import chat, images, markup, params, structured, tool_choice

@@ -9,8 +9,9 @@ from collections.abc import AsyncIterator, Callable
 from django.http import HttpResponse, JsonResponse
 
 from core import holders, surfaces
-from inference.engine.engine import Engine, Submission
+from inference.engine.engine import Engine
 from inference.engine.errors import ContextLengthExceeded
+from inference.engine.rows import Submission
 from inference.engine.types import EventStream, GenerationEvent, GenerationRequest
 from inference.protocols import openai, params
 from inference.protocols.errors import RequestError
