@@ -13,10 +13,9 @@ from pathlib import Path
 from asgiref.sync import sync_to_async
 from django.http import HttpRequest
 from ninja import Query, Schema
-from pydantic import Field, StrictBool
+from pydantic import ConfigDict, Field, StrictBool
 
-from core.api import ApiError, json_body
-from core.openapi import documented
+from core.api import ApiError
 from core.surfaces import API
 from hub import downloads, fit, gc, library
 from hub.download import check_revision
@@ -28,7 +27,9 @@ MAX_REPO_CHARS = 256  # Download.repo_id (the hub's own ids are far shorter)
 
 
 class DownloadRequest(Schema):
-    repo: str = Field(..., description="org/name on the Hub")
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    repo: str = Field(..., pattern=REPO_ID.pattern, max_length=MAX_REPO_CHARS, description="org/name on the Hub")
     revision: str = Field("main", description="a branch, tag or commit")
 
 
@@ -84,16 +85,13 @@ def search(request: HttpRequest, q: str = Query("", description="words to look f
          "size_estimate": None} for h in hits if isinstance(h, dict)]}
 
 
-@router.post("/hub/download", openapi_extra=documented(DownloadRequest))
-def start_download(request: HttpRequest) -> dict:
-    body = json_body(request)
-    repo, revision = body.get("repo"), body.get("revision", "main")
-    if not isinstance(repo, str) or not REPO_ID.match(repo) or len(repo) > MAX_REPO_CHARS:
-        raise ApiError("repo required, as org/name")
+@router.post("/hub/download")
+def start_download(request: HttpRequest, body: DownloadRequest) -> dict:
+    repo, revision = body.repo, body.revision
     try:
-        check_revision(revision if isinstance(revision, str) else "")
+        check_revision(revision)
     except ValueError:
-        raise ApiError("revision must be a branch, tag or commit") from None
+        raise ApiError("revision: must be a branch, tag or commit") from None
     try:
         downloads.start(repo, revision)
     except downloads.DuplicateDownload as exc:

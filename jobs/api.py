@@ -4,14 +4,15 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
+from typing import cast
 
 from asgiref.sync import sync_to_async
 from django.http import HttpRequest
 from ninja import Query
 
 from core import home, sse
-from core.api import ApiError, json_body, refused
-from core.openapi import NO_BODY, documented
+from core.api import ApiError, refused
+from core.openapi import NO_BODY
 from core.paths import (
     ADAPTER_FILES,
     PathRefused,
@@ -24,7 +25,16 @@ from core.paths import (
 )
 from core.surfaces import API
 from jobs import registry, service
-from jobs.api_bodies import DatasetFolder, ExportRequest, MergeRequest, ModelRef, PickedFolder
+from jobs.api_bodies import (
+    DatasetFolder,
+    ExportRequest,
+    FinetunePaths,
+    FinetuneRequest,
+    MergeRequest,
+    ModelRef,
+    PickedFolder,
+    QuantizeRequest,
+)
 from jobs.folders import stamped
 from jobs.kinds import finetune, quantize
 from jobs.models import Job
@@ -35,14 +45,11 @@ STREAM_POLL_S = 0.3
 KEEPALIVE_S = 10.0
 
 
-def _model_body(request: HttpRequest) -> dict:
-    """A JSON object with a `model_id` string inside the allowed roots (ApiError otherwise)."""
-    body = json_body(request)
-    if not isinstance(body.get("model_id"), str) or not body["model_id"]:
-        raise ApiError("model_id required")
+def _confined_model(model_id: str) -> str:
+    """`model_id`, a repo id or a folder inside the allowed roots (ApiError otherwise)."""
     with refused(PathRefused):
-        confine_model_ref(body["model_id"], "model_id")
-    return body
+        confine_model_ref(model_id, "model_id")
+    return model_id
 
 
 def _job(job_id: str) -> Job:
@@ -116,14 +123,14 @@ async def stream_job(request: HttpRequest, job_id: str):
     return API.sse(_follow(job_id))
 
 
-@router.post("/quantize/inspect", openapi_extra=documented(ModelRef))
-def quantize_inspect(request: HttpRequest) -> dict:
+@router.post("/quantize/inspect")
+def quantize_inspect(request: HttpRequest, body: ModelRef) -> dict:
     """What the model is and whether mlx-lm can quantize it: 404 (with its `model_id`) when there is no
     such model, 422 when it cannot be read."""
     from inference.engine.errors import ModelNotFound
     from inference.engine.loader import resolve
 
-    model_id = _model_body(request)["model_id"]
+    model_id = _confined_model(body.model_id)
     try:
         _, path = resolve(model_id)
     except ModelNotFound as exc:
@@ -147,19 +154,19 @@ def quantize_inspect(request: HttpRequest) -> dict:
             "quantized": bool(config.get("quantization"))}
 
 
-@router.post("/quantize/submit", openapi_extra=documented(registry.get("quantize").schema))
-def quantize_submit(request: HttpRequest) -> dict:
+@router.post("/quantize/submit")
+def quantize_submit(request: HttpRequest, body: QuantizeRequest) -> dict:
     from inference.engine.errors import ModelNotFound
     from inference.engine.loader import resolve
 
-    body = _model_body(request)
-    model_id = body["model_id"]
+    model_id = _confined_model(body.model_id)
+    config = body.model_dump(exclude_unset=True)  # the job applies its own defaults to what was left out
     with refused(ValueError, ModelNotFound):  # PathRefused included
-        quantize.check(body)
+        quantize.check(config)
         _, path = resolve(model_id)
         regular_entries(path, "model_id")  # the converter opens every file it knows by name
-    job = service.submit("quantize", body)
-    repo = quantize.output_repo(model_id, path, body.get("bits", 4), body.get("target_bpw"))
+    job = service.submit("quantize", config)
+    repo = quantize.output_repo(model_id, path, body.bits, body.target_bpw)
     return {"ok": True, "job_id": job.id, "output_repo": repo}
 
 
@@ -172,37 +179,26 @@ def finetune_inspect(request: HttpRequest, body: DatasetFolder) -> dict:
         return finetune.inspect(str(confine(body.path, "path")))
 
 
-@router.post("/finetune/submit", openapi_extra=documented(registry.get("finetune").schema))
-def finetune_submit(request: HttpRequest) -> dict:
-    body = json_body(request)
-    if not isinstance(body.get("model_dir"), str) or not isinstance(body.get("data_dir"), str) \
-            or not body["model_dir"] or not body["data_dir"]:
-        raise ApiError("model_dir and data_dir required")
-    if body.get("adapter_path") is not None and not isinstance(body["adapter_path"], str):
-        raise ApiError("adapter_path must be a string")
-    if not body.get("adapter_path"):
-        body["adapter_path"] = str(stamped(home.adapters(), "adapter"))
+@router.post("/finetune/submit")
+def finetune_submit(request: HttpRequest, body: FinetuneRequest) -> dict:  # type: ignore[valid-type]
+    # FinetuneRequest is built from the trainer's Options at import; to a type checker it is a FinetunePaths
+    config = cast(FinetunePaths, body).model_dump(exclude_unset=True)  # the trainer's defaults fill the rest
+    if not config.get("adapter_path"):
+        config["adapter_path"] = str(stamped(home.adapters(), "adapter"))
     with refused(PathRefused):
-        finetune.confine_paths(body)
-    job = service.submit("finetune", body)  # config errors surface as the job's failed event
-    return {"ok": True, "job_id": job.id, "adapter_path": body["adapter_path"]}
+        finetune.confine_paths(config)
+    job = service.submit("finetune", config)  # values the trainer cannot run fail the job, with the reason
+    return {"ok": True, "job_id": job.id, "adapter_path": config["adapter_path"]}
 
 
-@router.post("/finetune/merge", openapi_extra=documented(MergeRequest))
-def finetune_merge(request: HttpRequest) -> dict:
+@router.post("/finetune/merge")
+def finetune_merge(request: HttpRequest, body: MergeRequest) -> dict:
     from jobs.adapters import register
     from jobs.merge import merge
 
-    body = json_body(request)
-    first, second, scales = body.get("adapter_a"), body.get("adapter_b"), body.get("scales")
-    if not isinstance(first, str) or not first or not isinstance(second, str) or not second:
-        raise ApiError("adapter_a and adapter_b required")
-    if scales is not None and (not isinstance(scales, list) or len(scales) != 2 or not all(
-            isinstance(x, (int, float)) and not isinstance(x, bool) for x in scales)):
-        raise ApiError("scales must be a list of two numbers")
     out = stamped(home.adapters(), "merged")
     try:
-        stats = merge(first, second, out, [float(x) for x in scales] if scales else None)
+        stats = merge(body.adapter_a, body.adapter_b, out, body.scales)
     except (ValueError, OSError) as exc:
         raise ApiError(f"merge failed: {exc}") from None
     register(out)

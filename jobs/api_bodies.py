@@ -1,10 +1,12 @@
-"""The request bodies of the job routes on `/api` as django-ninja Schemas.
+"""The request bodies of the job routes on `/api` as django-ninja Schemas:
+ninja validates each before its route runs, and a refusal reads
+`{"ok": false, "error": "<field>: <reason>"}`.
 
-`Documented` ones describe a body the route reads and checks itself (its
-messages are the ones the dashboard and scripts know, and quantize and
-fine-tune pass the whole body on to the job); they allow fields they do not
-list. The others are the routes' own parameters: ninja validates them, and
-a refusal reads `{"ok": false, "error": "<field>: <reason>"}`."""
+The submit and push bodies (`Body`) are strict: a field of the wrong JSON
+type is refused rather than converted, and a field they do not list is
+refused by its name, so no option is taken and then ignored. What a field's
+value must be beyond its type (a bit width, a path inside the allowed
+roots) the route or the job checks, with its own message."""
 from __future__ import annotations
 
 from dataclasses import fields
@@ -16,12 +18,12 @@ from pydantic import ConfigDict, Field, create_model
 from jobs.kinds import finetune
 
 
-class Documented(Schema):
-    model_config = ConfigDict(extra="allow")
+class Body(Schema):
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
-class ModelRef(Documented):
-    model_id: str = Field(..., description="a repo id in the HF cache, or a model folder")
+class ModelRef(Body):
+    model_id: str = Field(..., min_length=1, description="a repo id in the HF cache, or a model folder")
 
 
 class QuantizeRequest(ModelRef):
@@ -29,11 +31,12 @@ class QuantizeRequest(ModelRef):
     group_size: int = Field(64, description="32, 64 or 128")
     target_bpw: float | None = Field(None, description="mixed precision: bits per weight, 1.5 to 16")
     candidate_bits: list[int] | None = Field(None, description="widths the mixed mode may pick from")
+    rotate_weights: bool = Field(False, description="not offered by this quantizer: true is refused")
 
 
-class FinetunePaths(Documented):
-    model_dir: str = Field(..., description="a repo id in the HF cache, or a model folder")
-    data_dir: str = Field(..., description="a folder with train.jsonl and optionally valid.jsonl")
+class FinetunePaths(Body):
+    model_dir: str = Field(..., min_length=1, description="a repo id in the HF cache, or a model folder")
+    data_dir: str = Field(..., min_length=1, description="a folder with train.jsonl and optionally valid.jsonl")
     adapter_path: str | None = Field(None, description="where the adapter is written; default under "
                                                        "HEARTH_HOME/adapters")
 
@@ -51,21 +54,23 @@ FinetuneRequest = create_model("FinetuneRequest", __base__=FinetunePaths, __modu
                                        "fails the job).", **_fields(finetune.Options))
 
 
-class MergeRequest(Documented):
-    adapter_a: str = Field(..., description="an adapter folder")
-    adapter_b: str = Field(..., description="an adapter folder")
-    scales: list[float] | None = Field(None, description="two numbers; default: each adapter's own scale")
+class MergeRequest(Body):
+    adapter_a: str = Field(..., min_length=1, description="an adapter folder")
+    adapter_b: str = Field(..., min_length=1, description="an adapter folder")
+    scales: list[float] | None = Field(None, min_length=2, max_length=2,
+                                       description="two numbers; default: each adapter's own scale")
 
 
-class PushRequest(Documented):
-    repo_id: str = Field(..., description="owner/name on the Hub")
+class PushRequest(Body):
+    repo_id: str = Field(..., pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$",
+                         description="owner/name on the Hub")
     source_path: str | None = Field(None, description="the artifact's own folder")
     job_id: str | None = Field(None, description="a finished job whose output is pushed (without source_path)")
     private: bool = Field(True, description="the repo is private unless this is false")
 
 
-class TokenRequest(Documented):
-    token: str = Field(..., description="a Hugging Face write token")
+class TokenRequest(Body):
+    token: str = Field(..., min_length=1, description="a Hugging Face write token")
 
 
 class DatasetFolder(Schema):

@@ -1,13 +1,12 @@
 """`/api/{quantize,finetune,dataset}/push` and `/api/settings/hf-token`."""
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 from django.http import HttpRequest
 
-from core.api import ApiError, json_body, refused
-from core.openapi import NO_BODY, documented
+from core.api import ApiError, refused
+from core.openapi import NO_BODY
 from core.paths import PathRefused, confine, holds_a_root
 from core.surfaces import API
 from hub import hf
@@ -15,7 +14,6 @@ from jobs.api_bodies import PushRequest, TokenRequest
 from jobs.models import Job
 
 router = API.router(tags=["push"])
-REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
 @router.get("/settings/hf-token")
@@ -23,12 +21,11 @@ def token_status(request: HttpRequest) -> dict:
     return {"ok": True, "has_token": hf.saved_token() is not None}
 
 
-@router.post("/settings/hf-token", openapi_extra=documented(TokenRequest))
-def token_save(request: HttpRequest) -> dict:
-    token = json_body(request).get("token")
-    if not isinstance(token, str) or not token.strip():
-        raise ApiError("token required")
-    hf.save_token(token.strip())
+@router.post("/settings/hf-token")
+def token_save(request: HttpRequest, body: TokenRequest) -> dict:
+    if not body.token.strip():
+        raise ApiError("token: a token is required")
+    hf.save_token(body.token.strip())
     return {"ok": True}
 
 
@@ -37,15 +34,13 @@ def token_forget(request: HttpRequest) -> dict:
     return {"ok": True, "removed": hf.forget_token()}
 
 
-def _folder(body: dict, kind: str) -> Path:
+def _folder(body: PushRequest, kind: str) -> Path:
     """The folder a push sends: `source_path`, or the output of a finished `job_id` of this kind."""
-    job_id, source = body.get("job_id"), body.get("source_path")
-    if source is not None and not isinstance(source, str):
-        raise ApiError("source_path must be a string")
+    job_id, source = body.job_id, body.source_path
     if source:
         with refused(PathRefused):
             folder = confine(source, "source_path")
-    elif isinstance(job_id, str) and job_id:
+    elif job_id:
         job = Job.objects.filter(id=job_id, kind=kind).first()
         if job is None:
             raise ApiError(f"no {kind} job {job_id}")
@@ -62,18 +57,12 @@ def _folder(body: dict, kind: str) -> Path:
     return folder
 
 
-def _push(request: HttpRequest, kind: str, repo_type: str) -> dict:
+def _push(body: PushRequest, kind: str, repo_type: str) -> dict:
     from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
 
-    body = json_body(request)
-    repo_id = body.get("repo_id")
-    if not isinstance(repo_id, str) or not REPO_ID.match(repo_id):
-        raise ApiError("repo_id required, as owner/name")
     if hf.saved_token() is None:
         raise ApiError("no Hugging Face token saved; POST /api/settings/hf-token first")
-    private = body.get("private", True)  # private unless the request says otherwise
-    if not isinstance(private, bool):
-        raise ApiError("private must be true or false")
+    repo_id, private = body.repo_id, body.private  # private unless the request says otherwise
     folder = _folder(body, kind)
     files = hf.artifact_files(folder, kind)
     if not files:
@@ -89,16 +78,16 @@ def _push(request: HttpRequest, kind: str, repo_type: str) -> dict:
     return {"ok": True, "url": url}
 
 
-@router.post("/quantize/push", openapi_extra=documented(PushRequest))
-def quantize_push(request: HttpRequest) -> dict:
-    return _push(request, "quantize", "model")
+@router.post("/quantize/push")
+def quantize_push(request: HttpRequest, body: PushRequest) -> dict:
+    return _push(body, "quantize", "model")
 
 
-@router.post("/finetune/push", openapi_extra=documented(PushRequest))
-def finetune_push(request: HttpRequest) -> dict:
-    return _push(request, "finetune", "model")
+@router.post("/finetune/push")
+def finetune_push(request: HttpRequest, body: PushRequest) -> dict:
+    return _push(body, "finetune", "model")
 
 
-@router.post("/dataset/push", openapi_extra=documented(PushRequest))
-def dataset_push(request: HttpRequest) -> dict:
-    return _push(request, "dataset", "dataset")
+@router.post("/dataset/push")
+def dataset_push(request: HttpRequest, body: PushRequest) -> dict:
+    return _push(body, "dataset", "dataset")

@@ -9,12 +9,10 @@ from pathlib import Path
 from asgiref.sync import sync_to_async
 from django.http import HttpRequest, JsonResponse
 
-from core.openapi import documented
 from core.paths import ADAPTER_FILES, PathRefused, confine, confine_members
 from core.surfaces import OPENAI
 from inference.engine.errors import EngineTimeout
 from inference.protocols.errors import RequestError
-from serving.routes import pipeline
 from serving.routes.bodies import AdapterMount
 
 router = OPENAI.router(tags=["adapters"])
@@ -38,14 +36,10 @@ def available(request: HttpRequest):
                                                                   [model.model_id, model.path])}
 
 
-@router.post("/adapters", openapi_extra=documented(AdapterMount))
-async def mount(request: HttpRequest):
+@router.post("/adapters")
+async def mount(request: HttpRequest, body: AdapterMount):
     engine = request.runtime.require_engine()
-    body = await pipeline.read_body(request)
-    adapter_id, path = body.get("id"), body.get("path")
-    if not isinstance(adapter_id, str) or not adapter_id or not isinstance(path, str) or not path:
-        raise RequestError("id and path required", "id" if not isinstance(adapter_id, str) or not adapter_id
-                           else "path")
+    adapter_id, path = body.id, body.path
     try:  # inside the allowed roots, the files it reads included (one answer whether or not it exists)
         path = str(confine(path, "path"))
         confine_members(Path(path), ADAPTER_FILES, "path")

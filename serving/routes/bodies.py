@@ -2,11 +2,15 @@
 OpenAPI document (`/v1/openapi.json`, `/v1/docs`) describes every route with
 its body.
 
-They document; they do not validate. Each route reads its raw body with the
-protocol's own checks (`inference/protocols`), whose exact messages and
-`param` fields clients rely on; pydantic's would differ. Every schema
-allows fields it does not list (clients send many), and types stay loose
-where the protocol takes several shapes."""
+The protocol bodies (chat, completions, Messages, Responses, embeddings,
+transcription) document; they do not validate. Each of those routes reads
+its raw body with the protocol's own checks (`inference/protocols`), which
+are shared with the paths that reach them without a route (the chat
+socket, the router's count of a request, transcription's form fields) and
+whose messages and `param` fields follow what OpenAI and Anthropic answer;
+those schemas allow fields they do not list, and types stay loose where the
+protocol takes several shapes. `AdapterMount`, a body of Hearth's own,
+validates: ninja refuses it before the route runs, naming the field."""
 from __future__ import annotations
 
 from typing import Any, TypeVar
@@ -165,7 +169,11 @@ class EmbeddingsRequest(_Body):
     instruction: str | None = None
 
 
-class AdapterMount(_Body):
-    id: str = Field(..., description="1-128 letters, digits, '.', '_' or '-'")
-    path: str = Field(..., description="a folder with adapters.safetensors and adapter_config.json")
+class AdapterMount(Schema):
+    """Validated before the route runs (a field at fault is the error's `param`); the id's letters are the engine's
+    to check."""
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    id: str = Field(..., min_length=1, description="1-128 letters, digits, '.', '_' or '-'")
+    path: str = Field(..., min_length=1, description="a folder with adapters.safetensors and adapter_config.json")
 

@@ -98,7 +98,8 @@ def test_requests_pick_adapters_and_match_mlx_lm(app, adapters):
 
 def test_mount_refusals_mount_nothing(app, adapters):
     before = app.get("/v1/adapters").json()["adapters"]
-    for body, needle in [({"id": "x"}, "id and path required"), ({"path": str(adapters["b"])}, "id and path"),
+    for body, needle in [({"id": "x"}, "path: Field required"), ({"path": str(adapters["b"])}, "id: Field required"),
+                         ({"id": 7, "path": str(adapters["b"])}, "id: Input should be a valid string"),
                          ({"id": "bad", "path": str(adapters["bad"])}, "do not fit"),
                          ({"id": "gone", "path": str(adapters["a"].parent / "no-such-folder")},
                           "holds no adapters.safetensors"),
@@ -165,10 +166,11 @@ def test_merge_folds_two_adapters_into_their_stack(app, adapters):
     app.post("/v1/adapters", json={"id": "merged", "path": r["merged_path"]}).raise_for_status()
     assert _complete(app, adapter="merged")["choices"][0]["text"] == stacked
     assert _reference(adapters["snapshot"], Path(r["merged_path"])) == stacked  # mlx-lm loads it too
-    for body, needle in [({"adapter_a": str(adapters["a"])}, "adapter_a and adapter_b required"),
+    for body, needle in [({"adapter_a": str(adapters["a"])}, "adapter_b: Field required"),
                          ({"adapter_a": str(adapters["a"]), "adapter_b": str(adapters["a"].parent / "nowhere")},
                           "holds no adapters"),
-                         ({"adapter_a": str(adapters["a"]), "adapter_b": str(adapters["b"]), "scales": [1]}, "two")]:
+                         ({"adapter_a": str(adapters["a"]), "adapter_b": str(adapters["b"]), "scales": [1]},
+                          "scales: List should have at least 2 items")]:
         bad = app.post("/api/finetune/merge", json=body)
         assert bad.status_code == 400 and needle in bad.json()["error"] and not bad.json()["ok"]
     for name in ("merged", "beta2"):

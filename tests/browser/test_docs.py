@@ -92,7 +92,7 @@ def test_get_routes_answer_in_snake_case(base_url):
     ("post", "/api/memory/init", b"{not json", 400, "invalid JSON body"),
     ("post", "/api/gc/execute", b"[]", 400, "expected an object"),
     ("post", "/api/dataset/submit", b"", 400, "a JSON object body is required"),
-    ("post", "/api/quantize/submit", {}, 400, "model_id required"),
+    ("post", "/api/quantize/submit", {}, 400, "model_id: Field required"),
     ("post", "/api/finetune/export", {"base_model": "x"}, 400, "adapter_path: Field required"),
     ("post", "/api/fit/measure", {"tokens": "many"}, 400, "tokens: "),
     ("get", "/api/memory/search?q=x&limit=lots", None, 400, "limit: "),

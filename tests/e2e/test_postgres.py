@@ -142,7 +142,7 @@ def test_vaults_and_downloads_keep_their_rows_in_postgresql(pg_server, postgres)
     assert postgres.query("serve", "SELECT name, is_default FROM memory_memoryvault") == [
         (made["vault"]["name"], True)]
     too_long = httpx.post(pg_server.url + "/api/hub/download", json={"repo": "nobody/" + "n" * 256})
-    assert too_long.status_code == 400 and too_long.json()["error"] == "repo required, as org/name"
+    assert too_long.status_code == 400 and too_long.json()["error"].startswith("repo: String should have at most 256")
     branch = "release/" + "r" * 100  # as long as a revision may be, longer than a varchar(64)
     started = httpx.post(pg_server.url + "/api/hub/download", json={"repo": "nobody/nothing", "revision": branch})
     assert started.json()["ok"], started.text

@@ -46,17 +46,23 @@ def test_the_fine_tune_body_lists_every_setting_the_trainer_defaults(registry):
     assert {key: props[key]["default"] for key in finetune.DEFAULTS} == finetune.DEFAULTS
     assert props["save_checkpoints"]["type"] == "boolean" and props["learning_rate"]["type"] == "number"
     assert props["target_modules"]["anyOf"][0] == {"items": {"type": "string"}, "type": "array"}
-    assert schema.get("additionalProperties") is True  # the route passes the whole body on to the job
+    assert schema.get("additionalProperties") is False  # a setting the trainer does not have is refused by name
     assert finetune.settings({}) == finetune.DEFAULTS
 
 
-def test_the_submit_routes_document_their_kinds_schema(registry):
+def test_the_submit_routes_take_their_kinds_schema(registry):
+    """The body a submit route validates is the one its job kind registers: same fields, same required ones."""
     from hearth.api import api
 
     doc = api.get_openapi_schema(path_prefix="/api")
+    components = doc["components"]["schemas"]
     for path, kind in (("/api/finetune/submit", "finetune"), ("/api/quantize/submit", "quantize")):
-        body = doc["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
-        assert body == registry.get(kind).schema.model_json_schema(), path
+        ref = doc["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]["$ref"]
+        body = components[ref.rsplit("/", 1)[1]]
+        registered = registry.get(kind).schema.model_json_schema()
+        assert set(body["properties"]) == set(registered["properties"]), path
+        assert body.get("required") == registered.get("required"), path
+        assert body.get("additionalProperties") is False, path  # an option it does not list is refused
 
 
 def test_the_child_runs_the_module_it_is_named(tmp_path):

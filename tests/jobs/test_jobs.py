@@ -63,7 +63,9 @@ def test_quantize_to_a_bits_per_weight_target_mixes_widths(base_url, tiny_model)
 
 
 @pytest.mark.parametrize("body, needle", [
-    ({}, "model_id required"), ({"model_id": "nobody/nothing"}, "neither a directory"),
+    ({}, "model_id: Field required"), ({"model_id": "nobody/nothing"}, "neither a directory"),
+    ({"model_id": "x/y", "bits": "4"}, "bits: Input should be a valid integer"),
+    ({"model_id": "x/y", "learning_rate": 1e-4}, "learning_rate: Extra inputs are not permitted"),
     ({"model_id": "x/y", "bits": 7}, "bits must be"), ({"model_id": "x/y", "group_size": 48}, "group_size"),
     ({"model_id": "x/y", "target_bpw": 0.5}, "target_bpw must be"),
     ({"model_id": "x/y", "target_bpw": 3, "candidate_bits": [4, 7]}, "candidate_bits"),
@@ -213,6 +215,9 @@ def test_finetune_teaches_a_reply_and_streams_its_loss(base_url, tiny_model, tmp
 
 def test_finetune_config_errors_fail_the_job(base_url, tiny_model, tmp_path):
     assert httpx.post(base_url + "/api/finetune/submit", json={"model_dir": tiny_model}).status_code == 400
+    unknown = httpx.post(base_url + "/api/finetune/submit", json={"model_dir": tiny_model, "data_dir": str(tmp_path),
+                                                                   "grad_clip_norm": 1.0})
+    assert unknown.status_code == 400 and unknown.json()["error"] == "grad_clip_norm: Extra inputs are not permitted"
     (tmp_path / "train.jsonl").write_text(json.dumps({"text": "hi"}) + "\n")
     r = httpx.post(base_url + "/api/finetune/submit", json={"model_dir": tiny_model, "data_dir": str(tmp_path),
                                                              "sft_scope": "everything"}).json()
@@ -372,7 +377,7 @@ def test_hf_token_is_kept_private_and_push_explains_failures(base_url, homes, tm
     r = httpx.post(base_url + "/api/finetune/push", json=push)
     assert r.status_code == 400 and "no Hugging Face token saved" in r.json()["error"]
     assert httpx.post(base_url + "/api/settings/hf-token", json={"token": " "}).json() == {
-        "ok": False, "error": "token required"}
+        "ok": False, "error": "token: a token is required"}
     evil = httpx.post(base_url + "/api/settings/hf-token", json={"token": "hf_evil"},
                       headers={"Origin": "http://evil.example"})
     assert evil.status_code == 403 and "cross-origin" in evil.json()["error"]
@@ -386,7 +391,9 @@ def test_hf_token_is_kept_private_and_push_explains_failures(base_url, homes, tm
     assert status.json() == {"ok": True, "has_token": True} and "hf_secret" not in status.text
     try:
         for route, body, needle in [
-                ("finetune", {"source_path": str(tmp_path)}, "repo_id required"),
+                ("finetune", {"source_path": str(tmp_path)}, "repo_id: Field required"),
+                ("finetune", {"repo_id": "me", "source_path": str(tmp_path)}, "repo_id: String should match"),
+                ("finetune", {"repo_id": "me/thing", "private": "no"}, "private: Input should be a valid boolean"),
                 ("finetune", {"repo_id": "me/thing"}, "source_path or job_id required"),
                 ("quantize", {"repo_id": "me/thing", "job_id": "nope"}, "no quantize job nope"),
                 ("dataset", {"repo_id": "me/thing", "source_path": str(tmp_path / "missing")}, "not a directory"),
