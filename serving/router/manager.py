@@ -64,7 +64,7 @@ class Manager:
         self.slots: dict[str, Slot] = {}
         self.fetching: dict[str, Entry] = {}  # repo ids being downloaded by their process (POST /models/load)
         self.http: Any = None  # the connection pool to the children (httpx, made on the server's loop)
-        self.remote_hosts = RemoteHosts(list(remotes or []))  # --models-remote hosts' models as slots
+        self.remote_hosts = RemoteHosts(remotes or [])  # --models-remote hosts' models as slots
         self.cluster = Cluster()  # with Redis: which web node serves each model (its `owners` set by serve)
         self._sync_slots()
         self._sync_remotes()
@@ -104,6 +104,7 @@ class Manager:
         return self.remote_hosts.sync(self.slots, self.catalog.entries, self.cluster.peers.values())
 
     def _remotes_changed(self) -> None:
+        """What the hosts hold now, taken in: each slot it changed announced."""
         for slot in self._sync_remotes():
             self._changed(slot)
 
