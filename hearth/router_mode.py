@@ -145,7 +145,7 @@ def share_ownership(manager: Manager, opts: dict) -> None:
     key = owners.read_hop_key()
     if key:
         accept(key)
-    manager.owners, manager.on_hop_key = owners, accept
+    manager.cluster.owners, manager.cluster.on_hop_key = owners, accept
     log.info("router: models shared with the other web nodes on Redis as %s (%s)", node, owners.advertise)
 
 

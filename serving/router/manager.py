@@ -10,6 +10,11 @@ A slot's life: unloaded -> loading -> loaded -> (unloading) -> unloaded,
 or loading -> failed. A child that exits, however it exits, leaves its
 slot unloaded (failed when it never became ready), its waiters and
 in-flight requests get an error, and the next request loads it again.
+
+Models other machines serve become slots through `RemoteHosts`
+(remote_hosts.py), and, with Redis, which web node serves each model is
+`Cluster`'s (cluster.py): both run on the same loop, and the manager
+decides with what they hold.
 """
 from __future__ import annotations
 
@@ -20,11 +25,11 @@ import secrets
 import time
 from typing import Any
 
-from serving.router import owners as cluster
-from serving.router import presets, remotes
+from serving.router import presets, remote_hosts
 from serving.router.catalog import DEFAULT_WORDS, Catalog, Entry, Library
 from serving.router.child import ChildProcess
-from serving.router.owners import Owners, Peer
+from serving.router.cluster import Cluster
+from serving.router.remote_hosts import RemoteHosts
 from serving.router.remotes import RemoteHost
 from serving.router.slots import (
     LoadFailed,
@@ -52,8 +57,6 @@ class Manager:
     def __init__(self, library: Library, settings: Settings, default: str | None, usable_bytes: int,
                  catalog: Catalog | None = None, remotes: list[RemoteHost] | None = None):
         self.library = library
-        self.remotes: list[RemoteHost] = list(remotes or [])
-        self.remote_entries: dict[str, Entry] = {}  # the ids remote hosts serve, the library lacks
         self.settings = settings
         self.usable_bytes = usable_bytes
         self.key = secrets.token_urlsafe(24)  # what the children accept
@@ -61,15 +64,8 @@ class Manager:
         self.slots: dict[str, Slot] = {}
         self.fetching: dict[str, Entry] = {}  # repo ids being downloaded by their process (POST /models/load)
         self.http: Any = None  # the connection pool to the children (httpx, made on the server's loop)
-        # With Redis: which node serves each model (serving/router/owners.py). `peers`: the other
-        # nodes as hosts; `held_by`: the library's models another node serves, by node.
-        self.owners: Owners | None = None
-        self.on_hop_key: Any = None  # called with the cluster's hop key once it is read
-        self.peers: dict[str, RemoteHost] = {}
-        self.held_by: dict[str, str] = {}
-        self._peer_task: asyncio.Task | None = None
-        self._drops: set[asyncio.Task] = set()
-        self._left = False
+        self.remote_hosts = RemoteHosts(remotes or [])  # --models-remote hosts' models as slots
+        self.cluster = Cluster()  # with Redis: which web node serves each model (its `owners` set by serve)
         self._sync_slots()
         self._sync_remotes()
         self._lock: asyncio.Lock | None = None
@@ -77,7 +73,6 @@ class Manager:
         self._listeners: set[asyncio.Queue] = set()
         self.loop: asyncio.AbstractEventLoop | None = None
         self._idle_task: asyncio.Task | None = None
-        self._remote_task: asyncio.Task | None = None
         # The model a request that names none gets; None: such a request is refused with the list.
         self.default: str | None = None
         self.default = self.resolve(default).id if default else None
@@ -105,83 +100,31 @@ class Manager:
         return added
 
     def _sync_remotes(self) -> list[Slot]:
-        """Slots for what the remote hosts serve, loaded while their host
-        answers (the changed ones returned). An id the library has, or a
-        local process still holds, stays local; of two hosts, the first serves it."""
-        changed = []
-        claimed: set[str] = set()
-        for host in [*self.remotes, *self.peers.values()]:
-            for model_id in host.models:
-                slot = self.slots.get(model_id)
-                if model_id in self.catalog.entries or model_id in claimed or (slot and slot.remote is None):
-                    continue
-                claimed.add(model_id)
-                if slot is None:
-                    entry = Entry(id=model_id, ref=host.url, preset=presets.Preset(model_id, "", tags=("remote",)))
-                    self.remote_entries[model_id] = entry
-                    slot = self.slots[model_id] = Slot(entry)
-                status, error = ("loaded", None) if host.healthy else ("failed", f"remote {host.url}: {host.error}")
-                if (slot.remote, slot.status, slot.error) != (host, status, error):
-                    slot.remote, slot.status, slot.error = host, status, error
-                    changed.append(slot)
-        for model_id in [m for m, s in self.slots.items() if s.remote is not None and m not in claimed]:
-            slot = self.slots[model_id]  # its host serves it no more, or the library has it now
-            if model_id in self.catalog.entries and not slot.users:
-                del self.remote_entries[model_id]
-                self.slots[model_id] = Slot(self.catalog.entries[model_id])
-            elif slot.remote is not None and slot.remote.node is not None and not slot.users:
-                # another web node unloaded it: no longer listed here
-                del self.remote_entries[model_id], self.slots[model_id]
-            elif slot.status != "failed":
-                slot.status, slot.error = "failed", f"remote {slot.url} no longer serves it"
-                changed.append(slot)
-        return changed
+        """Slots for what the remote hosts and the other web nodes serve (the changed ones returned)."""
+        return self.remote_hosts.sync(self.slots, self.catalog.entries, self.cluster.peers.values())
 
-    async def _watch_remotes(self) -> None:
-        """Every remotes.CHECK_S: each host's health, models and capacity."""
-        while True:
-            await asyncio.sleep(remotes.CHECK_S)
-            client = self.client()
-            results = await asyncio.gather(*(host.probe(client) for host in self.remotes), return_exceptions=True)
-            if any(r is True for r in results):
-                for slot in self._sync_remotes():
-                    self._changed(slot)
-
-    def key_for(self, slot: Slot) -> str:
-        """The key a forwarded request carries: the remote host's (another
-        node's: the cluster's hop key), or what the local children accept."""
-        if slot.remote is not None:
-            return (self.owners.hop_key if slot.remote.node and self.owners else slot.remote.key) or ""
-        return self.key
+    def _remotes_changed(self) -> None:
+        """What the hosts hold now, taken in: each slot it changed announced."""
+        for slot in self._sync_remotes():
+            self._changed(slot)
 
     def hop_headers(self, slot: Slot) -> dict:
-        """The credentials a request forwarded to `slot` carries, and, to
-        another web node, the mark that it is served there and not passed on.
-        A remote host run without a key gets no `Authorization` at all (an
-        empty `Bearer ` is a malformed header its server refuses)."""
-        key = self.key_for(slot)
-        out = {"authorization": f"Bearer {key}"} if key else {}
-        if slot.remote is not None and slot.remote.node is not None:  # the id as resolved here (aliases,
-            out[cluster.HOP_HEADER], out[cluster.MODEL_HEADER] = "1", slot.id  # the default may differ there)
-        return out
+        """The credentials (and, to another web node, the hop's mark) a request forwarded to `slot` carries."""
+        return remote_hosts.hop_headers(slot, self.key, self.cluster.hop_key)
 
     def remote_down(self, slot: Slot, message: str) -> None:
         """A forwarded request found the remote host gone: marked failed until the next look says otherwise."""
         if slot.remote is not None and slot.remote.healthy:
             slot.remote.healthy, slot.remote.error = False, message
-            for changed in self._sync_remotes():
-                self._changed(changed)
+            self._remotes_changed()
 
     async def peer_gone(self, slot: Slot) -> None:
         """Another web node did not take a request for `slot`'s model: its
         claim goes (awaited), so the next acquire takes it or finds another node."""
-        if self.owners is None or slot.remote is None or slot.remote.node is None:
+        if not self.cluster.shared or slot.remote is None or slot.remote.node is None:
             return
-        self.held_by.pop(slot.id, None)
-        self.peers.pop(slot.remote.node, None)
-        await self.owners.drop(slot.id, slot.remote.node)
-        for changed in self._sync_remotes():
-            self._changed(changed)
+        await self.cluster.forget(slot.id, slot.remote.node)
+        self._remotes_changed()
 
     async def take_over(self, name: str | None, gone: Slot) -> Slot:
         """`gone`'s node did not take a request for `name`: the model loads
@@ -192,11 +135,6 @@ class Manager:
         except ModelNotFound:  # only that node's library had it
             raise RouterError(f"model {gone.id!r} was served by the web node at {gone.url}, which is gone or "
                               f"stopping; no other node has it") from None
-
-    def _track(self, work) -> None:
-        task = asyncio.ensure_future(work)
-        self._drops.add(task)
-        task.add_done_callback(self._drops.discard)
 
     async def refresh(self) -> None:
         """Scan the library again (off the event loop: it reads every model's
@@ -220,7 +158,7 @@ class Manager:
                 raise self._no_default()
         if not isinstance(name, str):
             raise ModelNotFound("model must be a string naming a model; GET /v1/models lists the models")
-        entry = self.catalog.resolve(name) or self.fetching.get(name) or self.remote_entries.get(name)
+        entry = self.catalog.resolve(name) or self.fetching.get(name) or self.remote_hosts.entries.get(name)
         if entry is None and fetch and REPO_ID.fullmatch(name):
             entry = Entry(id=name, ref=name, preset=presets.merged(self.library.table, name))
             self.fetching[name] = entry
@@ -233,7 +171,7 @@ class Manager:
         """The refusal of a request that names no model while there is no
         default: a 400 that lists the models it may name, or, while the demo
         model trains towards its first checkpoint, a 503 that says so."""
-        names = sorted(set(self.catalog.entries) | set(self.remote_entries))
+        names = sorted(set(self.catalog.entries) | set(self.remote_hosts.entries))
         listed = ", ".join(names[:20]) + (f" and {len(names) - 20} more" if len(names) > 20 else "")
         which = f"name one of: {listed}" if names else "the library has none yet (`hearth pull REPO`)"
         if self.no_default_note:
@@ -283,16 +221,8 @@ class Manager:
             (0.0 if loaded else None),
             "inflight": slot.users, "pid": slot.child.pid if slot.child is not None else None,
             "remote": slot.remote.status() if slot.remote is not None else None,
-            "served_by": self._served_by(slot),
+            "served_by": self.cluster.served_by(slot),
         }
-
-    def _served_by(self, slot: Slot) -> dict | None:
-        """The other web node that serves this library model, while it is not loaded here."""
-        node = self.held_by.get(slot.id)
-        host = self.peers.get(node) if node else None
-        if host is None or slot.remote is not None or slot.status in ("loading", "loaded"):
-            return None
-        return {"node": node, "url": host.url}
 
     def rows(self) -> list[dict]:
         return [self.row(s) for s in list(self.slots.values())]
@@ -324,11 +254,11 @@ class Manager:
         slot = self.slots[self.resolve(name, fetch).id]
         if slot.remote is not None and slot.remote.node is not None and hop:
             raise RouterError(f"model {slot.id!r} is not loaded on this node any more; send the request again")
-        if (self.owners is not None and slot.remote is None and slot.status in ("unloaded", "failed")
+        if (self.cluster.shared and slot.remote is None and slot.status in ("unloaded", "failed")
                 and not slot.users and slot.id not in self.fetching):
-            peer = await self.owners.claim(slot.id)  # None: claimed, ours to load
+            peer = await self.cluster.claim(slot.id)  # None: claimed, ours to load
             if peer is not None and not hop and slot.status in ("unloaded", "failed") and not slot.users:
-                slot = self._peer_slot(slot, peer)
+                slot = self.cluster.peer_slot(slot, peer)
         if slot.remote is not None:  # loaded or not by its own host, never from here
             if slot.status != "loaded":
                 raise RouterError(f"model {slot.id!r} is served by {slot.remote.url}, which does not answer: "
@@ -349,25 +279,10 @@ class Manager:
         slot.last_used = time.time()
         return slot
 
-    def _peer_slot(self, slot: Slot, peer: Peer) -> Slot:
-        """A library model another node serves: a slot forwarding there, made
-        per request (it holds no process here and is never listed)."""
-        host = self.peers.get(peer.node)
-        if host is None or host.url != peer.url:
-            host = self.peers[peer.node] = RemoteHost(peer.url, None, healthy=True, error=None, node=peer.node)
-        self.held_by[slot.id] = peer.node
-        return Slot(slot.entry, status="loaded", remote=host)
-
     def _let_go(self, slot: Slot) -> None:
         """This node's claim on a model it no longer loads or serves goes (Redis)."""
-        owners = self.owners
-        if owners is None or slot.remote is not None or self.slots.get(slot.id) is not slot:
-            return
-
-        async def drop() -> None:
-            if not self._holds(slot.id):  # looked at again when it runs: a reload may have begun
-                await owners.drop(slot.id)
-        self._track(drop())
+        if slot.remote is None and self.slots.get(slot.id) is slot:
+            self.cluster.let_go(slot.id, self._holds)
 
     def _holds(self, model: str) -> bool:
         """Whether `model` loads, runs or waits for room here (its claim is kept)."""
@@ -673,10 +588,8 @@ class Manager:
         """On the server's loop: the idle sweep, and the models to load now."""
         self.loop = asyncio.get_running_loop()
         self._idle_task = asyncio.ensure_future(self._sweep())
-        if self.remotes:
-            self._remote_task = asyncio.ensure_future(self._watch_remotes())
-        if self.owners is not None:
-            self._peer_task = asyncio.ensure_future(self._watch_peers())
+        self.remote_hosts.start(self.client, self._remotes_changed)
+        self.cluster.start(self._look_at_peers)
         for name in preload:
             asyncio.ensure_future(self._preload(name))
 
@@ -685,43 +598,18 @@ class Manager:
         return ([m for m in self.slots if self._holds(m)],
                 [m for m, s in self.slots.items() if s.remote is None and s.status == "loaded" and not s.unloading])
 
-    async def _watch_peers(self) -> None:
-        """Every owners.BEAT_S: this node's record and claims renewed, the
-        other nodes read (their models join the list as remote ones)."""
-        while not self._left:
-            try:
-                await self._look_at_peers()
-            except Exception:  # never the end of this node's heartbeat
-                log.exception("router ownership: looking at the other web nodes failed")
-            await asyncio.sleep(cluster.BEAT_S)
-
     async def _look_at_peers(self) -> None:
-        assert self.owners is not None
-        if await self.owners.beat(*self._here(), self._holds) and self.on_hop_key is not None:
-            self.on_hop_key(self.owners.hop_key)
-        seen = self.owners.peers
-        for node, record in seen.items():
-            host = self.peers.get(node)
-            if host is None or host.url != record["url"]:
-                host = self.peers[node] = RemoteHost(record["url"], None, node=node)
-            host.models, host.healthy, host.error, host.checked_at = record["models"], True, None, time.time()
-        for node in [n for n in self.peers if n not in seen]:
-            del self.peers[node]
-        held = await self.owners.owners(list(self.catalog.entries))
-        changed = {m for m in {*held, *self.held_by} if held.get(m) != self.held_by.get(m)}
-        self.held_by = held
+        """One heartbeat (with Redis): this node's record and claims renewed,
+        the other nodes read (their models join the list as remote ones)."""
+        await self.cluster.beat(*self._here(), self._holds)
+        changed = await self.cluster.read_holders(list(self.catalog.entries))
         for slot in self._sync_remotes() + [self.slots[m] for m in changed if m in self.slots]:
             self._changed(slot)
 
     def leave(self) -> None:
         """At shutdown (the drain's start, on the loop): this node's record
         and claims go, so the other nodes load what it served."""
-        if self.owners is None or self._left:
-            return
-        self._left = True
-        if self._peer_task is not None:
-            self._peer_task.cancel()
-        self.owners.leave(self._here()[0])
+        self.cluster.leave(self._here()[0])
 
     async def _preload(self, name: str) -> None:
         try:

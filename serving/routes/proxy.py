@@ -123,7 +123,7 @@ class _PeerGone(Exception):
 
 def _from_peer(request: HttpRequest, manager: Manager) -> bool:
     """Whether another web node passed this request on (its mark, with the cluster's hop key): served here."""
-    key = manager.owners.hop_key if manager.owners is not None else None
+    key = manager.cluster.hop_key
     if not key or not request.headers.get(HOP_HEADER):
         return False
     scheme, _, value = (request.headers.get("authorization") or "").partition(" ")
