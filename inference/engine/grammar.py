@@ -42,11 +42,17 @@ class GrammarTimeout(EngineError):
     code = "grammar_timeout"
 
 
+MAX_WHITESPACE = 16  # the longest run of whitespace constrained JSON may hold, tool arguments included
+ANY_OBJECT = '{"type": "object"}'
+
+
 @dataclass(frozen=True)
 class GrammarSpec:
-    kind: str  # "json", "json_schema", "ebnf", "regex", "choice", "structural_tag"
+    kind: str  # "json" (any object), "json_schema", "ebnf", "regex", "choice", "structural_tag"
     source: str = ""  # schema JSON, grammar text, regex, choices as a JSON list, or a structural tag's JSON
-    any_whitespace: bool = True
+    # Compact JSON: one space after `:` and `,`, none elsewhere. With any_whitespace, a run of whitespace
+    # is still at most MAX_WHITESPACE long (a model may indent, never pad to its token limit).
+    any_whitespace: bool = False
     strict: bool = True
 
 
@@ -228,10 +234,13 @@ class GrammarCompiler:
 
 def compile_spec(compiler: xgr.GrammarCompiler, spec: GrammarSpec):
     """`spec` compiled by an xgrammar compiler (in a `grammar_worker`)."""
-    if spec.kind == "json":
-        return compiler.compile_builtin_json_grammar()
+    most = MAX_WHITESPACE if spec.any_whitespace else None
+    if spec.kind == "json":  # json_object: any object, laid out as a json_schema's output is
+        return compiler.compile_json_schema(ANY_OBJECT, any_whitespace=spec.any_whitespace, strict_mode=False,
+                                            max_whitespace_cnt=most)
     if spec.kind == "json_schema":
-        return compiler.compile_json_schema(spec.source, any_whitespace=spec.any_whitespace, strict_mode=spec.strict)
+        return compiler.compile_json_schema(spec.source, any_whitespace=spec.any_whitespace, strict_mode=spec.strict,
+                                            max_whitespace_cnt=most)
     if spec.kind == "ebnf":
         return compiler.compile_grammar(spec.source)
     if spec.kind == "regex":

@@ -176,6 +176,37 @@ def _tool_choice(raw):
                        "{\"type\": \"tool\", \"name\": …}", "tool_choice")
 
 
+# Anthropic's output_config.effort levels, as the chat side's reasoning_effort (which has no `max`).
+EFFORTS = {"low": "low", "medium": "medium", "high": "high", "xhigh": "xhigh", "max": "xhigh"}
+
+
+def _output_config(raw) -> tuple[dict | None, str | None]:
+    """`output_config` as (the chat side's response_format, its reasoning_effort):
+    `format` {"type": "json_schema", "schema": …} is enforced by grammar, as
+    `response_format` is on chat completions."""
+    if raw is None:
+        return None, None
+    if not isinstance(raw, dict):
+        raise RequestError("output_config must be an object, e.g. {\"format\": {\"type\": \"json_schema\", "
+                           "\"schema\": {…}}}", "output_config")
+    unknown = sorted(set(raw) - {"format", "effort"})
+    if unknown:
+        raise RequestError(f"output_config.{unknown[0]} is not supported (output_config takes format and effort)",
+                           f"output_config.{unknown[0]}")
+    effort = raw.get("effort")
+    if effort is not None and effort not in EFFORTS:
+        raise RequestError("output_config.effort must be one of " + ", ".join(EFFORTS), "output_config.effort")
+    fmt = raw.get("format")
+    if fmt is None:
+        return None, EFFORTS.get(effort) if effort else None
+    if not isinstance(fmt, dict) or fmt.get("type") != "json_schema" or not isinstance(fmt.get("schema"), dict):
+        raise RequestError("output_config.format must be {\"type\": \"json_schema\", \"schema\": {…}}",
+                           "output_config.format")
+    response_format = {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt["schema"],
+                                                              "strict": True}}
+    return response_format, EFFORTS.get(effort) if effort else None
+
+
 def to_chat_body(body: dict) -> dict:
     """The Messages request as the chat turn the shared path builds."""
     if "logit_bias" in body:
@@ -206,6 +237,13 @@ def to_chat_body(body: dict) -> dict:
     for name in EXTRAS:
         if name in body:
             chat[name] = body[name]
+    response_format, effort = _output_config(body.get("output_config"))
+    if response_format is not None:
+        if "response_format" in chat:
+            raise RequestError("send output_config.format or response_format, not both", "output_config.format")
+        chat["response_format"] = response_format
+    if effort is not None:
+        chat["reasoning_effort"] = effort
     thinking = body.get("thinking")
     if thinking is not None and not (isinstance(thinking, dict) and thinking.get("type") in
                                      ("enabled", "disabled", "adaptive")):
@@ -223,4 +261,5 @@ def count_body(body: dict) -> dict:
     chat = to_chat_body({k: v for k, v in body.items() if k not in ("stream", "max_tokens", "tool_choice")})
     for tool in chat.get("tools") or []:
         tool["function"].pop("strict", None)
+    chat.pop("response_format", None)  # checked above; an output format changes no prompt token
     return chat

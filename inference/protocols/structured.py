@@ -32,7 +32,7 @@ class Constraint:
         """The system instruction that stands in for an unenforced grammar."""
         s = self.spec
         if s.kind == "json":
-            return "Respond only with a valid JSON value, and nothing else."
+            return "Respond only with a valid JSON object, and nothing else."
         if s.kind == "json_schema":
             return f"Respond only with JSON that matches this JSON schema, and nothing else:\n{s.source}"
         if s.kind == "ebnf":
@@ -107,10 +107,10 @@ def _response_format(value, limits: Limits) -> GrammarSpec | None:
     spec = value.get("json_schema")
     if not isinstance(spec, dict) or "schema" not in spec:
         raise RequestError("response_format.json_schema.schema required", "response_format")
-    any_ws = spec.get("any_whitespace", True)
+    any_ws = spec.get("any_whitespace", False)  # compact unless asked
     strict = spec.get("strict", True)
     return GrammarSpec("json_schema", _schema_text(spec["schema"], "response_format.json_schema.schema", limits),
-                       any_whitespace=any_ws is not False, strict=strict is not False)
+                       any_whitespace=any_ws is True, strict=strict is not False)
 
 
 def _structured_outputs(value, limits: Limits) -> GrammarSpec:

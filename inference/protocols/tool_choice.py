@@ -22,13 +22,12 @@ from typing import Any, Literal
 
 from core import jsonbody
 from core.limits import Limits
-from inference.engine.grammar import GrammarSpec
+from inference.engine.grammar import MAX_WHITESPACE, GrammarSpec
 from inference.engine.loader import LoadedModel
 from inference.protocols import chat, markup, structured
 from inference.protocols.errors import RequestError
 
 QWEN_3, QWEN_3_CODER = "qwen_3", "qwen_3_coder"
-MAX_WHITESPACE = 16  # a run of whitespace in the arguments: room for indented JSON, never an endless pad
 
 
 # mlx-lm's family name -> xgrammar's structural tag for the same markup (test_tool_families checks that the

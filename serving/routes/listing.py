@@ -7,9 +7,14 @@ from core.surfaces import OPENAI
 from core.version import __version__
 from hub.registry import servable_models
 from inference.engine.engine import Engine
+from inference.engine.errors import ModelNotFound
 from inference.protocols import chat, params
 
 router = OPENAI.router(tags=["models"])
+
+
+class UnknownModel(ModelNotFound):
+    param = "model"
 
 ENDPOINTS = ["POST /v1/chat/completions", "POST /v1/completions", "GET /v1/models",
              "GET /v1/models/{id}", "POST /v1/messages",
@@ -106,5 +111,9 @@ def list_models(request: HttpRequest):
 
 @router.get("/models/{path:model_id}")
 def get_model(request: HttpRequest, model_id: str):
-    return {"object": "list", "data": [r for r in _model_rows(request.runtime)
-                                       if r["id"] == model_id or model_id in r.get("aliases", ())]}
+    """One model object, by id or alias; 404 `model_not_found` when this server cannot serve it."""
+    for row in _model_rows(request.runtime):
+        if row["id"] == model_id or model_id in row.get("aliases", ()):
+            return row
+    raise UnknownModel(f"The model '{model_id}' does not exist on this server (GET /v1/models lists the models it "
+                       "can serve)")

@@ -3,6 +3,7 @@ refusals in process: they need the routes and an engine, not a server)."""
 import json
 
 import httpx
+import openai
 import pytest
 
 CHAT = {"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 6}
@@ -60,8 +61,11 @@ def test_models_lists_served_model_first(base_url, tiny_model):
     assert served["gen_defaults"] == {"temperature": 0.0, "top_p": None, "top_k": 5}
     assert served["capabilities"]["chat_completions"] is True
     one = httpx.get(f"{base_url}/v1/models/{tiny_model}").json()
-    assert [m["id"] for m in one["data"]] == [tiny_model]
-    assert httpx.get(base_url + "/v1/models/nobody/nothing").json() == {"object": "list", "data": []}
+    assert one == served  # the model object, as the list has it
+    assert openai.OpenAI(base_url=base_url + "/v1", api_key="x").models.retrieve(tiny_model).id == tiny_model
+    missing = httpx.get(base_url + "/v1/models/nobody/nothing")
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
+    assert missing.json()["error"]["param"] == "model" and "nobody/nothing" in missing.json()["error"]["message"]
 
 
 def test_api_index(base_url, tiny_model):

@@ -102,7 +102,8 @@ def test_lists_every_model_with_status_aliases_and_tags(two):
     assert set(v1) == {A, B} and v1[A]["status"]["value"] == "loaded"
     assert v1[A]["context_window"] == 2048  # a loaded model's row carries what its process says
     assert v1[B]["aliases"] == ["b", "second-model"]
-    assert [m["id"] for m in HTTP.get(two.url + "/v1/models/b").json()["data"]] == [B]
+    assert HTTP.get(two.url + "/v1/models/b").json()["id"] == B  # by alias
+    assert HTTP.get(two.url + "/v1/models/nobody").status_code == 404
 
 
 def test_routes_by_model_id_alias_and_default(two):
