@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
+from pathlib import Path
 from typing import cast
 
 from asgiref.sync import sync_to_async
@@ -156,6 +157,8 @@ def quantize_inspect(request: HttpRequest, body: ModelRef) -> dict:
 
 @router.post("/quantize/submit")
 def quantize_submit(request: HttpRequest, body: QuantizeRequest) -> dict:
+    from huggingface_hub import constants
+
     from inference.engine.errors import ModelNotFound
     from inference.engine.loader import resolve
 
@@ -167,7 +170,8 @@ def quantize_submit(request: HttpRequest, body: QuantizeRequest) -> dict:
         regular_entries(path, "model_id")  # the converter opens every file it knows by name
     job = service.submit("quantize", config)
     repo = quantize.output_repo(model_id, path, body.bits, body.target_bpw)
-    return {"ok": True, "job_id": job.id, "output_repo": repo}
+    folder = Path(constants.HF_HUB_CACHE) / ("models--" + repo.replace("/", "--"))  # where the job publishes it
+    return {"ok": True, "job_id": job.id, "output_dir": str(folder), "output_repo": repo}
 
 
 @router.post("/finetune/inspect-dataset")

@@ -34,7 +34,7 @@ def test_quantize_job_streams_to_done_and_its_output_serves(base_url, tiny_model
     job = httpx.get(f"{base_url}/api/jobs/{submitted['job_id']}").json()["job"]
     assert job["status"] == "done" and job["progress"] == 1.0 and job["ended_at"]
     assert job["output_path"] == events[-1]["output_dir"]
-    listed = httpx.get(base_url + "/api/jobs?kind=quantize&limit=5").json()
+    assert os.path.dirname(os.path.dirname(job["output_path"])) == submitted["output_dir"]  # its snapshot    listed = httpx.get(base_url + "/api/jobs?kind=quantize&limit=5").json()
     assert listed["ok"] and listed["jobs"][0]["id"] == submitted["job_id"]
 
     client = served("--no-worker", model=submitted["output_repo"]).openai()
@@ -70,6 +70,7 @@ def test_quantize_to_a_bits_per_weight_target_mixes_widths(base_url, tiny_model)
     ({"model_id": "x/y", "target_bpw": 0.5}, "target_bpw must be"),
     ({"model_id": "x/y", "target_bpw": 3, "candidate_bits": [4, 7]}, "candidate_bits"),
     ({"model_id": "x/y", "rotate_weights": True}, "rotate_weights"),
+    ({"model_id": "x/y", "calibration_mix": "wiki"}, "calibration_mix: Extra inputs are not permitted"),
 ])
 def test_quantize_submit_refusals(base_url, body, needle):
     r = httpx.post(base_url + "/api/quantize/submit", json=body)

@@ -175,6 +175,28 @@ def test_errors_in_anthropic_shape(inproc, body, needle):
     assert needle in err["error"]["message"]
 
 
+def test_output_config_format_is_enforced_and_the_sdk_parses_it(client):
+    """`messages.parse(output_format=Model)` sends output_config.format; the random model's reply is held to it."""
+    from typing import Literal
+
+    import pydantic
+
+    class Person(pydantic.BaseModel):
+        name: Literal["Ana", "Ben", "Chloe"]
+        age: int = pydantic.Field(ge=0, le=120)
+
+    for seed in range(3):
+        reply = client.messages.parse(model="m", max_tokens=120, messages=ASK, output_format=Person,
+                                      temperature=1.0, top_k=0, extra_body={"seed": seed})
+        assert reply.stop_reason == "end_turn" and isinstance(reply.parsed_output, Person), reply.content
+        text = reply.content[0].text
+        assert text == json.dumps(reply.parsed_output.model_dump()), text  # compact, as json.dumps writes it
+    with pytest.raises(anthropic.BadRequestError) as bad:
+        client.messages.create(model="m", max_tokens=5, messages=ASK, extra_body={"output_config": {
+            "format": {"type": "json_schema", "schema": {"type": "object"}}, "verbosity": "low"}})
+    assert "output_config.verbosity" in bad.value.body["error"]["message"]
+
+
 def test_sdk_raises_typed_errors(client):
     with pytest.raises(anthropic.BadRequestError) as bad:
         client.messages.create(model="m", max_tokens=5, messages=[])

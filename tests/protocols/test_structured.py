@@ -52,6 +52,23 @@ def test_json_schema_output_validates_for_every_seed(base_url, seed):
     assert valid(json.loads(choice["message"]["content"])), choice["message"]["content"]
 
 
+def test_json_is_compact_unless_whitespace_is_asked_for(base_url):
+    """A random model would pad JSON with whitespace to its token limit; by default the grammar allows
+    none beyond one space after `:` and `,`, and `any_whitespace` allows runs of at most 16."""
+    fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": SCHEMA}}
+    for seed in range(3):
+        text = chat(base_url, seed=seed, response_format=fmt).json()["choices"][0]["message"]["content"]
+        assert text == json.dumps(json.loads(text)), text
+        # Any object: a random model may still be inside one at its token limit, but never padding it.
+        text = chat(base_url, seed=seed, response_format={"type": "json_object"}).json()["choices"][0]["message"][
+            "content"]
+        assert text.startswith("{") and not re.search(r"\s\s", text), text
+    loose = {"type": "json_schema", "json_schema": {"name": "person", "schema": SCHEMA, "any_whitespace": True}}
+    for seed in range(3):
+        reply = chat(base_url, seed=seed, response_format=loose).json()["choices"][0]
+        assert not re.search(r"\s{17}", reply["message"]["content"]), reply
+
+
 @pytest.fixture(scope="module")
 def no_whitespace(tiny_model):
     """logit_bias that keeps a random model from padding JSON with whitespace
