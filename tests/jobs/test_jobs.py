@@ -34,7 +34,8 @@ def test_quantize_job_streams_to_done_and_its_output_serves(base_url, tiny_model
     job = httpx.get(f"{base_url}/api/jobs/{submitted['job_id']}").json()["job"]
     assert job["status"] == "done" and job["progress"] == 1.0 and job["ended_at"]
     assert job["output_path"] == events[-1]["output_dir"]
-    assert os.path.dirname(os.path.dirname(job["output_path"])) == submitted["output_dir"]  # its snapshot    listed = httpx.get(base_url + "/api/jobs?kind=quantize&limit=5").json()
+    assert os.path.dirname(os.path.dirname(job["output_path"])) == submitted["output_dir"]  # its snapshot
+    listed = httpx.get(base_url + "/api/jobs?kind=quantize&limit=5").json()
     assert listed["ok"] and listed["jobs"][0]["id"] == submitted["job_id"]
 
     client = served("--no-worker", model=submitted["output_repo"]).openai()
