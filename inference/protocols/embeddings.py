@@ -11,17 +11,51 @@ from inference.protocols.errors import RequestError
 MAX_INPUTS = 2048
 
 
+SHAPES = "a string, an array of strings, an array of token ids, or an array of token-id arrays"
+
+
+def _is_id(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def inputs(body: dict, limits: Limits, vocab_size: int) -> list[str] | list[list[int]]:
+    """The inputs as texts, or as token-id arrays (what langchain's OpenAIEmbeddings
+    sends by default: the text already tokenized), one per embedding."""
+    raw = body.get("input")
+    if isinstance(raw, list) and raw and all(_is_id(t) for t in raw):
+        return token_arrays([raw], "input", body, vocab_size)
+    if isinstance(raw, list) and raw and all(isinstance(t, list) for t in raw):
+        return token_arrays(raw, "input[{i}]", body, vocab_size)
+    return texts(body, limits)
+
+
+def token_arrays(arrays: list[list], where: str, body: dict, vocab_size: int) -> list[list[int]]:
+    if len(arrays) > MAX_INPUTS:
+        raise RequestError(f"input may hold at most {MAX_INPUTS} token arrays", "input")
+    if body.get("instruction") is not None:
+        raise RequestError("instruction applies to text inputs; send text, or put the instruction's tokens in "
+                           "the arrays", "instruction")
+    for i, ids in enumerate(arrays):
+        if not ids:
+            raise RequestError("a token array must not be empty", where.format(i=i))
+        bad = next((t for t in ids if not _is_id(t) or not 0 <= t < vocab_size), None)
+        if bad is not None:
+            raise RequestError(f"token ids are integers from 0 to {vocab_size - 1} (this model's vocabulary); "
+                               f"got {bad!r}", where.format(i=i))
+    return arrays
+
+
 def texts(body: dict, limits: Limits) -> list[str]:
     raw = body.get("input")
     items = [raw] if isinstance(raw, str) else raw
     if not isinstance(items, list) or not items:
-        raise RequestError("input must be a string or a non-empty array of strings", "input")
+        raise RequestError(f"input must be {SHAPES}", "input")
     if len(items) > MAX_INPUTS:
         raise RequestError(f"input may hold at most {MAX_INPUTS} strings", "input")
     for i, text in enumerate(items):
         if not isinstance(text, str):
-            raise RequestError("input must be a string or an array of strings (token arrays are not accepted)",
-                               f"input[{i}]" if isinstance(raw, list) else "input")
+            raise RequestError(f"input must be {SHAPES}, not a mix", f"input[{i}]" if isinstance(raw, list)
+                               else "input")
         if not text:
             raise RequestError("input strings must not be empty", f"input[{i}]" if isinstance(raw, list) else "input")
     instruction = body.get("instruction")

@@ -28,9 +28,9 @@ async def create(request: HttpRequest):
     if not runtime.embeddings_enabled:
         raise RequestError(f"{model.model_id} is not an embedding model; serve one (its name or config says "
                            "embedding) or start `hearth serve --embeddings` to embed with this model", "model")
-    items = embeddings.texts(body, runtime.options.limits)
+    items = embeddings.inputs(body, runtime.options.limits, model.vocab_size)
     fmt = embeddings.encoding(body)
-    tokens = await asyncio.to_thread(lambda: [model.tokenizer.encode(text) for text in items])
+    tokens = await asyncio.to_thread(lambda: [t if isinstance(t, list) else model.tokenizer.encode(t) for t in items])
     window = model.context_window
     for i, t in enumerate(tokens):
         if window and len(t) > window:

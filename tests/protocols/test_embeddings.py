@@ -46,8 +46,25 @@ def test_instruction_format(embed_server, tiny_model):
                                atol=1e-5)
 
 
+def test_token_arrays_embed_as_their_text_does(embed_server, tiny_model):
+    """langchain's OpenAIEmbeddings sends the text already tokenized: one array of ids, or an array of them."""
+    from mlx_lm import load
+
+    _, tokenizer = load(tiny_model)
+    texts = ["the cat sat on the mat", "a kitten by the window"]
+    ids = [tokenizer.encode(t) for t in texts]
+    client = embed_server.openai()
+    many = client.embeddings.create(model="m", input=ids, encoding_format="float")
+    one = client.embeddings.create(model="m", input=ids[0], encoding_format="float")
+    assert many.usage.prompt_tokens == sum(map(len, ids)) and one.usage.prompt_tokens == len(ids[0])
+    for d, text in zip([*many.data, *one.data], [*texts, texts[0]], strict=True):
+        np.testing.assert_allclose(d.embedding, direct(tiny_model, text), atol=1e-5)
+
+
 @pytest.mark.parametrize("body, param", [
-    ({"input": [1, 2, 3]}, "input[0]"), ({"input": []}, "input"), ({"input": {"a": 1}}, "input"),
+    ({"input": [1, "x"]}, "input[0]"), ({"input": [[1, 2], []]}, "input[1]"), ({"input": [[1, 10 ** 9]]}, "input[0]"),
+    ({"input": [[1, 2.5]]}, "input[0]"), ({"input": [1, 2], "instruction": "Find"}, "instruction"),
+    ({"input": []}, "input"), ({"input": {"a": 1}}, "input"),
     ({"input": [""]}, "input[0]"), ({"input": "x", "encoding_format": "int8"}, "encoding_format"),
     ({"input": "x", "dimensions": 8}, "dimensions"),
 ])

@@ -356,7 +356,7 @@ def test_a_responses_body_becomes_a_chat_body_or_a_request_error(body, items):
 @given(objects(CHAT_FIELDS), _messages_like())
 def test_a_chat_or_embeddings_body_reads_or_is_refused(body, messages):
     for candidate in (body, {**body, "messages": messages}):
-        for read in (read_chat_body, lambda b: embeddings.texts(b, LIMITS), embeddings.encoding):
+        for read in (read_chat_body, lambda b: embeddings.inputs(b, LIMITS, 320), embeddings.encoding):
             try:
                 read(candidate)
             except RequestError as exc:
