@@ -96,18 +96,49 @@ def make_processors(req: GenerationRequest) -> list:
 
 
 def logprob_entry(tokenizer, token: int, logprobs, top: int) -> dict:
-    """mlx_lm.server's logprobs entry: with top-k, the most likely token merged
-    with the sorted top-k list; otherwise the chosen token's id and logprob."""
+    """OpenAI's logprobs entry for the chosen token: its text, its UTF-8 bytes,
+    its logprob, and the `top` most likely tokens in the same form, most
+    likely first (an empty list when none were asked for). `id` is Hearth's
+    own: the token id, beside each text."""
     import mlx.core as mx
 
     logprobs = logprobs.reshape(-1)
-    if top <= 0:
-        return {"id": token, "logprob": logprobs[token].item()}
-    best = mx.argpartition(-logprobs, kth=top - 1)[:top]
-    scores = logprobs[best]
-    order = mx.argsort(-scores)
-    # tolist() is typed for any rank; of a 1-D array it is a list.
-    ids, values = cast("list[int]", best[order].tolist()), cast("list[float]", scores[order].tolist())
-    pieces = tokenizer.convert_ids_to_tokens(ids)
-    ranked = [{"id": i, "token": p, "logprob": v} for i, p, v in zip(ids, pieces, values, strict=True)]
-    return dict(ranked[0], top_logprobs=ranked)
+    ranked: list[dict] = []
+    if top > 0:
+        best = mx.argpartition(-logprobs, kth=top - 1)[:top]
+        scores = logprobs[best]
+        order = mx.argsort(-scores)
+        # tolist() is typed for any rank; of a 1-D array it is a list.
+        ids, values = cast("list[int]", best[order].tolist()), cast("list[float]", scores[order].tolist())
+        ranked = [_token(tokenizer, i, v) for i, v in zip(ids, values, strict=True)]
+    return {**_token(tokenizer, token, logprobs[token].item()), "top_logprobs": ranked}
+
+
+def _token(tokenizer, token: int, logprob: float) -> dict:
+    raw = token_bytes(tokenizer, token)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:  # part of a character: OpenAI writes the bytes out
+        text = "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
+    return {"id": token, "token": text, "logprob": logprob, "bytes": list(raw)}
+
+
+def token_bytes(tokenizer, token: int) -> bytes:
+    """The bytes a token stands for in the text. The detokenizer mlx-lm picked
+    for the tokenizer holds each token's piece: a SentencePiece piece as bytes
+    (its byte tokens already turned into their byte, `▁` still the word
+    marker), a byte-level BPE piece in GPT-2's byte alphabet. Decoding the
+    token alone would give a lone U+FFFD for part of a character, and the
+    tokenizer's clean-ups could drop a leading space."""
+    from mlx_lm.tokenizer_utils import _byte_decoder  # GPT-2's alphabet; mlx-lm keeps the one table
+
+    pieces = getattr(getattr(tokenizer, "_detokenizer", None), "tokenmap", None)
+    if pieces is None or not 0 <= token < len(pieces):
+        return tokenizer.decode([token]).encode()
+    piece = pieces[token]
+    if isinstance(piece, bytes):
+        return piece.replace("\u2581".encode(), b" ")
+    alphabet = _byte_decoder()
+    if all(c in alphabet for c in piece):
+        return bytes(alphabet[c] for c in piece)
+    return piece.encode()

@@ -57,12 +57,12 @@ class _Turn:
     images: list[tuple[str, str]] | None = None  # (url, field path) of each image part, on a vision model
 
 
-def _common(body: dict, model: LoadedModel, defaults: ServerDefaults) -> GenerationRequest:
+def _common(body: dict, model: LoadedModel, defaults: ServerDefaults, completion: bool = False) -> GenerationRequest:
     """Every field but the prompt, checked before the (costlier) prompt build."""
     params.single_choice(body)
     params.boolean(body, "stream")
     adapters = params.adapter(body, model.adapters)
-    want_logprobs, top_logprobs = params.logprobs(body)
+    want_logprobs, top_logprobs = params.logprobs(body, completion)
     request = GenerationRequest(
         prompt_tokens=[],
         max_tokens=params.max_tokens(body, defaults),
@@ -195,7 +195,8 @@ def _read_completion(body: dict, model: LoadedModel, options: Options):
     if not prompt:
         raise RequestError("prompt must not be empty", "prompt")
     chat.check_chars(len(prompt), "prompt", options.limits)
-    return Prepared(_common(body, model, options.defaults)), structured.requested(body, options.limits), prompt
+    prepared = Prepared(_common(body, model, options.defaults, completion=True))
+    return prepared, structured.requested(body, options.limits), prompt
 
 
 async def prepare_completion(body: dict, model: LoadedModel, options: Options) -> Prepared:
@@ -262,9 +263,24 @@ class Reply:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model_id,
                 "choices": [choice]}
 
+    def logprobs_block(self, entries: list[dict]) -> dict | None:
+        """The `logprobs` of a choice or chunk: chat's `{"content": [...]}`, or a
+        completion's legacy columns (with the same `content` list beside them)."""
+        if not entries:
+            return None
+        if self.kind == "chat":
+            return {"content": entries, "refusal": None}
+        offsets, at = [], 0
+        for entry in entries:
+            offsets.append(at)
+            at += len(entry["token"])
+        return {"tokens": [e["token"] for e in entries], "token_logprobs": [e["logprob"] for e in entries],
+                "top_logprobs": [{t["token"]: t["logprob"] for t in e["top_logprobs"]} for e in entries],
+                "text_offset": offsets, "content": entries}
+
     def complete(self, message: Message, finish: str | None, usage: Usage,
                  logprobs: list[dict] | None = None) -> dict:
-        block = {"content": logprobs} if logprobs else None
+        block = self.logprobs_block(logprobs or [])
         if self.kind == "chat":
             body: dict = {"role": "assistant",
                           "content": None if message.tool_calls and not message.content.strip() else message.content}
@@ -281,12 +297,13 @@ class Reply:
         out["usage"] = usage_json(usage)
         return out
 
-    def chunk(self, delta: dict | None = None, finish: str | None = None) -> dict:
+    def chunk(self, delta: dict | None = None, finish: str | None = None, logprobs: list[dict] | None = None) -> dict:
+        block = self.logprobs_block(logprobs or [])
         if self.kind == "chat":
-            choice = {"index": 0, "delta": delta or {}, "logprobs": None, "finish_reason": finish}
+            choice = {"index": 0, "delta": delta or {}, "logprobs": block, "finish_reason": finish}
             return self._envelope("chat.completion.chunk", choice)
         text = (delta or {}).get("content", "")
-        return self._envelope("text_completion", {"index": 0, "text": text, "logprobs": None,
+        return self._envelope("text_completion", {"index": 0, "text": text, "logprobs": block,
                                                   "finish_reason": finish})
 
 
@@ -367,6 +384,7 @@ async def stream(reply: Reply, events: EventStream, output: OutputParser | None 
     keep client idle timers from firing."""
     if reply.kind == "chat":
         yield sse(reply.chunk({"role": "assistant", "content": ""}))
+    entries: list[dict] = []  # logprobs not sent yet: each goes with the next chunk out (text held back waits)
     async for event in with_keepalive(events, output, keepalive):
         if event is None:
             yield KEEP_ALIVE
@@ -374,16 +392,21 @@ async def stream(reply: Reply, events: EventStream, output: OutputParser | None 
         if event.error is not None:
             yield OPENAI.stream_error(event.error)
             return
+        if event.logprobs is not None:
+            entries.append(event.logprobs)
         pieces = ([Piece("content", event.text)] if output is None else output.feed(event.text))
         if event.finish_reason is not None and output is not None:
             pieces += output.finish()
         for delta in _deltas(pieces):
-            yield sse(reply.chunk(delta))
+            yield sse(reply.chunk(delta, logprobs=entries))
+            entries = []
         calls = _call_deltas(output.take_deltas()) if output is not None else []
         if calls:
-            yield sse(reply.chunk({"tool_calls": calls}))
+            yield sse(reply.chunk({"tool_calls": calls}, logprobs=entries))
+            entries = []
         if event.finish_reason is not None:
-            final = reply.chunk(finish=finish_reason(event.finish_reason, output.calls if output else []))
+            final = reply.chunk(finish=finish_reason(event.finish_reason, output.calls if output else []),
+                                logprobs=entries)
             if reply.usage_apart:
                 yield sse(final)
                 yield sse({**reply.chunk(), "choices": [], "usage": usage_json(event.final_usage)})

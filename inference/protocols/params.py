@@ -280,11 +280,16 @@ def logits_params(body: dict, vocab_size: int, defaults: ServerDefaults) -> Logi
 MAX_TOP_LOGPROBS = checks.MAX_TOP_LOGPROBS  # mlx-lm's cap, not OpenAI's 20
 
 
-def logprobs(body: dict) -> tuple[bool, int]:
-    """(logprobs, top_logprobs) with mlx_lm.server's exact validation."""
+def logprobs(body: dict, completion: bool = False) -> tuple[bool, int]:
+    """(logprobs, top_logprobs) with mlx_lm.server's exact validation; a
+    completion's `logprobs` may also be the legacy count of top tokens."""
     want = body.get("logprobs", False)
     if want is None:
         want = False
+    if completion and isinstance(want, int) and not isinstance(want, bool):
+        if not 0 <= want <= MAX_TOP_LOGPROBS:
+            raise RequestError(f"logprobs must be from 0 to {MAX_TOP_LOGPROBS}", "logprobs")
+        return True, want
     if not isinstance(want, bool):
         raise RequestError("logprobs must be of type bool", "logprobs")
     top = body.get("top_logprobs", -1)

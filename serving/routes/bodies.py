@@ -120,8 +120,8 @@ class CompletionRequest(Sampling, ToneCurve, LogitBias, Routing, Constraint):
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
     stop: str | list[str] | None = None
-    logprobs: bool | None = None
-    top_logprobs: int | None = None
+    logprobs: bool | int | None = Field(None, description="true, or the legacy count of top tokens (0 to 11)")
+    top_logprobs: int | None = Field(None, description="at most 11")
 
 
 class MessagesRequest(Sampling, ToneCurve, Routing, Constraint):

@@ -3,6 +3,7 @@ mlx-lm's own samplers and processors run in this process on the same model."""
 import math
 
 import httpx
+import openai
 import pytest
 
 PROMPT = "The quick brown"
@@ -132,22 +133,40 @@ def test_logprobs_equal_a_direct_forward(base_url, eos_id, reference):
         assert [t["id"] for t in entry["top_logprobs"]] == top
         for t in entry["top_logprobs"]:
             assert math.isclose(t["logprob"], logprobs[t["id"]].item(), abs_tol=1e-4)
-            assert t["token"] == tok.convert_ids_to_tokens([t["id"]])[0]
-        assert {k: entry[k] for k in ("id", "token", "logprob")} == entry["top_logprobs"][0]
+            text = tok.decode([t["id"]])  # the token's text and bytes, as the tokenizer decodes it alone
+            assert bytes(t["bytes"]).decode("utf-8", "replace").strip() == text.strip()
+            assert t["token"].strip() == text.strip() or t["token"].startswith("bytes:")
+        assert {k: v for k, v in entry.items() if k != "top_logprobs"} == entry["top_logprobs"][0]
         ids.append(entry["id"])  # greedy: the chosen token is the top one
 
 
-def test_logprobs_only_block_and_none_in_streams(base_url):
+def test_logprobs_in_openais_shape_streamed_or_not(base_url):
+    """Each entry: the token's text and UTF-8 bytes, its logprob, top_logprobs always (empty unless asked);
+    a stream sends each entry with the chunk that carries its text (the SDK reads them the same way)."""
     body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3, "logprobs": True}
     r = httpx.post(base_url + "/v1/chat/completions", json=body).json()
     entries = r["choices"][0]["logprobs"]["content"]
-    assert len(entries) == 3 and all(set(e) == {"id", "logprob"} for e in entries)
-    raw = httpx.post(base_url + "/v1/chat/completions", json={**body, "stream": True}).text
-    assert '"logprobs": null' in raw and '"logprob":' not in raw
+    assert len(entries) == 3 and all(set(e) == {"id", "token", "bytes", "logprob", "top_logprobs"} for e in entries)
+    assert all(e["top_logprobs"] == [] and isinstance(e["bytes"], list) for e in entries)
+    client = openai.OpenAI(base_url=base_url + "/v1", api_key="x")
+    streamed = [lp for chunk in client.chat.completions.create(**body, model="m", stream=True)
+                if chunk.choices and chunk.choices[0].logprobs for lp in chunk.choices[0].logprobs.content]
+    assert [(e.token, e.bytes, e.logprob) for e in streamed] == [(e["token"], e["bytes"], e["logprob"])
+                                                                 for e in entries]
+    top = client.chat.completions.create(**body, model="m", top_logprobs=2).choices[0].logprobs.content
+    assert all(len(e.top_logprobs) == 2 and e.top_logprobs[0].logprob >= e.top_logprobs[1].logprob for e in top)
+
+
+def test_completions_logprobs_take_the_legacy_count_and_answer_the_legacy_columns(base_url):
+    r = httpx.post(base_url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 3, "logprobs": 2}).json()
+    block = r["choices"][0]["logprobs"]
+    assert len(block["tokens"]) == len(block["token_logprobs"]) == len(block["top_logprobs"]) == 3
+    assert all(len(top) <= 2 for top in block["top_logprobs"]) and block["text_offset"][0] == 0
+    assert "".join(block["tokens"]) == r["choices"][0]["text"] or "bytes:" in "".join(block["tokens"])
 
 
 @pytest.mark.parametrize("fields,message", [
-    ({"logprobs": 1}, "logprobs must be of type bool"),
+    ({"logprobs": "yes"}, "logprobs must be of type bool"),
     ({"top_logprobs": "3"}, "top_logprobs must be of type int"),
     ({"top_logprobs": 2.0}, "top_logprobs must be of type int"),
     ({"top_logprobs": -2}, "top_logprobs must be at least 0"),
