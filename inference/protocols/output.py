@@ -156,14 +156,20 @@ class OutputParser:
 
     def finish(self) -> list[Piece]:
         """Flush at the end of generation; an unclosed tool call is parsed as
-        it stands (the repair closes truncated JSON)."""
+        it stands (the repair closes truncated JSON), and one cut off before
+        it could be read is dropped: half a call is not content."""
         out: list[Piece] = []
         if self._tool_open is not None:
             self._close_tool(out, self._tool_open, self._held, closed=False)
-        else:
+        elif not self._call_began(self._held):
             self._emit(out, self._held)
         self._held = ""
         return out
+
+    def _call_began(self, held: str) -> bool:
+        """Whether the text held back at the end is the start of a call's markup
+        (two characters of it at least: a lone `<` may be text)."""
+        return bool(self.tools) and len(held) >= 2 and any(m.start.startswith(held) for m in self.markups)
 
     def _emit(self, out: list[Piece], text: str) -> None:
         if self._after_think:  # the blank line after </think> is framing, not content
@@ -193,8 +199,8 @@ class OutputParser:
             self._stream_arguments(body)
             self._finish_streamed(markup, body, closed)
             return
-        if not self._take_whole(markup.parse(body, self.tools, closed) or []):  # unreadable: shown as written
-            self._emit(out, markup.start + body + (markup.end if closed else ""))
+        if not self._take_whole(markup.parse(body, self.tools, closed) or []) and closed:
+            self._emit(out, markup.start + body + markup.end)  # unreadable, yet whole: shown as written
 
     def _take_whole(self, calls: list[ToolCall]) -> bool:
         """Calls read whole, as many as there is room for; False when there are

@@ -80,6 +80,23 @@ def test_anthropic_and_responses_forced_choices(base_url, tiny_model, quiet):
     assert calls and all(c.name in ("add", "Person") for c in calls)
 
 
+@pytest.mark.parametrize("cut", [2, 5, 9])
+def test_a_forced_call_cut_by_max_tokens_leaves_no_markup_in_content(base_url, tiny_model, quiet, cut):
+    body = {"model": tiny_model, "messages": ASK, "tools": [ADD, PERSON], "max_tokens": cut, "logit_bias": quiet,
+            "tool_choice": {"type": "function", "function": {"name": "Person"}}}
+    for stream in (False, True):
+        r = httpx.post(base_url + "/v1/chat/completions", json={**body, "stream": stream}, timeout=60)
+        if stream:
+            chunks = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: {")]
+            content = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+            finish = [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1]
+        else:
+            choice = r.json()["choices"][0]
+            content, finish = choice["message"]["content"] or "", choice["finish_reason"]
+        assert "<tool_call>" not in content and "name" not in content, content
+        assert finish == "length", (stream, finish)
+
+
 def test_a_named_choice_must_be_offered(base_url, tiny_model):
     r = httpx.post(base_url + "/v1/chat/completions", timeout=30, json={
         "model": tiny_model, "messages": ASK, "tools": [ADD],
