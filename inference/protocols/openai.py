@@ -111,7 +111,14 @@ async def prepare_chat(body: dict, model: LoadedModel, options: Options) -> Prep
     turn = await asyncio.to_thread(_read_chat, body, model, options)
     prepared = turn.prepared
     templates = options.templates
-    await _constrain(prepared, turn.spec, model, options)
+    spec = turn.spec
+    if spec is not None and tool_choice.demands_a_call(body, turn.tools):
+        # The client asked for a call (instructor's tool modes send a format too): the call is enforced,
+        # and the format is for the message that follows the call's result.
+        prepared.headers["Warning"] = ("the output format applies to the message after the forced tool call; "
+                                       "this reply is the call")
+        spec = None
+    await _constrain(prepared, spec, model, options)
     messages = turn.messages
     if prepared.constraint is not None and prepared.constraint.compiled is None:
         messages = _with_instruction(messages, prepared.constraint.instruction())

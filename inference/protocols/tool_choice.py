@@ -67,6 +67,13 @@ def forces(body: dict, tools: list[dict] | None) -> bool:
     return any((t.get("function") or {}).get("strict") is True for t in tools)
 
 
+def demands_a_call(body: dict, tools: list[dict] | None) -> bool:
+    """Whether the reply must be a call (`required`, or a named function): an
+    output format the request also sends then applies to the message after it."""
+    choice = body.get("tool_choice")
+    return bool(tools) and (choice == "required" or isinstance(choice, dict))
+
+
 def spec(body: dict, tools: list[dict], model: LoadedModel, think: str | None, limits: Limits) -> GrammarSpec | None:
     """The structural tag that enforces the request's tool choice (None: the
     model's family is not one this can enforce). `think` is how the prompt

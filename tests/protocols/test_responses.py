@@ -123,6 +123,21 @@ def test_json_schema_text_format(client, tiny_model):
     assert json.loads(r.output_text)["mood"] in ("calm", "busy")
 
 
+def test_a_named_tool_choice_beside_a_text_format_is_still_the_call(client):
+    """instructor's RESPONSES_TOOLS sends both: the call is enforced, the format waits for the next message."""
+    schema = {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]}},
+              "required": ["city"], "additionalProperties": False}
+    tool = {**WEATHER, "strict": True, "parameters": schema}
+    raw = client.responses.with_raw_response.create(
+        model="m", input="Weather in Paris?", tools=[tool], max_output_tokens=80,
+        tool_choice={"type": "function", "name": "get_weather"},
+        text={"format": {"type": "json_schema", "name": "w", "schema": schema, "strict": True}})
+    r = raw.parse()
+    (call,) = [item for item in r.output if item.type == "function_call"]
+    assert call.name == "get_weather" and json.loads(call.arguments)["city"] in ("Paris", "Rome")
+    assert "after the forced tool call" in raw.headers["warning"]
+
+
 def test_reasoning_item(client):
     r = client.responses.create(model="m", input="Hi", reasoning={"effort": "high"}, max_output_tokens=60,
                                 extra_body=forced("Greet back.</think>\n\nHello!"))
