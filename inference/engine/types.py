@@ -1,6 +1,7 @@
 """The engine's one request type and one event type."""
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
@@ -72,6 +73,14 @@ class GenerationRequest:
     images: tuple[Image, ...] = ()
     cache_key: list[int] | None = None
     id: int = field(default_factory=lambda: next(_ids))
+
+    def sibling(self, index: int, grammar: GrammarState | None) -> GenerationRequest:
+        """Choice `index` of the same request: an id and a grammar matcher of its
+        own and, with a seed, the seed plus `index` (the choices differ, and
+        each is the same again for the same seed)."""
+        seed = self.sampling.seed
+        sampling = self.sampling if seed is None else dataclasses.replace(self.sampling, seed=seed + index)
+        return dataclasses.replace(self, id=next(_ids), grammar=grammar, sampling=sampling)
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,8 @@ class Prepared:
     headers: dict = field(default_factory=dict)
     constraint: structured.Constraint | None = None
     output: OutputParser | None = None  # chat only: reasoning and tool calls
-    submission: Submission | None = None  # once submitted
+    submission: Submission | None = None  # once submitted (the first choice's, with several)
+    n: int = 1  # choices asked for (protocols/choices.py)
 
     def cached_tokens(self) -> int | None:
         """Prompt tokens the prompt cache served; None before the request is admitted."""
@@ -59,7 +60,7 @@ class _Turn:
 
 def _common(body: dict, model: LoadedModel, defaults: ServerDefaults, completion: bool = False) -> GenerationRequest:
     """Every field but the prompt, checked before the (costlier) prompt build."""
-    params.single_choice(body)
+    params.choices(body)
     params.boolean(body, "stream")
     adapters = params.adapter(body, model.adapters)
     want_logprobs, top_logprobs = params.logprobs(body, completion)
@@ -88,7 +89,7 @@ def _read_chat(body: dict, model: LoadedModel, options: Options) -> _Turn:
     tools = chat.tools_for(body)
     chat.check_size(messages, tools, kwargs, template, limits)
     single = not params.boolean(body, "parallel_tool_calls", True)  # at most one tool call per reply
-    prepared = Prepared(_common(body, model, options.defaults))
+    prepared = Prepared(_common(body, model, options.defaults), n=params.choices(body))
     return _Turn(prepared, structured.requested(body, limits), messages, tools, kwargs, template, single, images)
 
 
@@ -202,7 +203,7 @@ def _read_completion(body: dict, model: LoadedModel, options: Options):
     if not prompt:
         raise RequestError("prompt must not be empty", "prompt")
     chat.check_chars(len(prompt), "prompt", options.limits)
-    prepared = Prepared(_common(body, model, options.defaults, completion=True))
+    prepared = Prepared(_common(body, model, options.defaults, completion=True), n=params.choices(body))
     return prepared, structured.requested(body, options.limits), prompt
 
 
@@ -266,9 +267,9 @@ class Reply:
         self.id, self.created = prefix + uuid.uuid4().hex[:24], int(time.time())
         self.usage_apart = usage_apart(body or {})
 
-    def _envelope(self, obj: str, choice: dict) -> dict:
+    def _envelope(self, obj: str, *choices: dict) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model_id,
-                "choices": [choice]}
+                "choices": list(choices)}
 
     def logprobs_block(self, entries: list[dict]) -> dict | None:
         """The `logprobs` of a choice or chunk: chat's `{"content": [...]}`, or a
@@ -285,32 +286,37 @@ class Reply:
                 "top_logprobs": [{t["token"]: t["logprob"] for t in e["top_logprobs"]} for e in entries],
                 "text_offset": offsets, "content": entries}
 
+    def choice(self, message: Message, finish: str | None, logprobs: list[dict] | None = None,
+               index: int = 0) -> dict:
+        block = self.logprobs_block(logprobs or [])
+        if self.kind != "chat":
+            return {"index": index, "text": message.content, "logprobs": block, "finish_reason": finish}
+        body: dict = {"role": "assistant",
+                      "content": None if message.tool_calls and not message.content.strip() else message.content}
+        if message.reasoning:
+            body["reasoning"] = message.reasoning
+        if message.tool_calls:
+            body["tool_calls"] = [c.wire() for c in message.tool_calls]
+        return {"index": index, "message": body, "logprobs": block,
+                "finish_reason": finish_reason(finish, message.tool_calls)}
+
     def complete(self, message: Message, finish: str | None, usage: Usage,
                  logprobs: list[dict] | None = None) -> dict:
-        block = self.logprobs_block(logprobs or [])
-        if self.kind == "chat":
-            body: dict = {"role": "assistant",
-                          "content": None if message.tool_calls and not message.content.strip() else message.content}
-            if message.reasoning:
-                body["reasoning"] = message.reasoning
-            if message.tool_calls:
-                body["tool_calls"] = [c.wire() for c in message.tool_calls]
-            choice = {"index": 0, "message": body, "logprobs": block,
-                      "finish_reason": finish_reason(finish, message.tool_calls)}
-            out = self._envelope("chat.completion", choice)
-        else:
-            choice = {"index": 0, "text": message.content, "logprobs": block, "finish_reason": finish}
-            out = self._envelope("text_completion", choice)
+        return self.answer([self.choice(message, finish, logprobs)], usage)
+
+    def answer(self, choices: list[dict], usage: Usage) -> dict:
+        out = self._envelope("chat.completion" if self.kind == "chat" else "text_completion", *choices)
         out["usage"] = usage_json(usage)
         return out
 
-    def chunk(self, delta: dict | None = None, finish: str | None = None, logprobs: list[dict] | None = None) -> dict:
+    def chunk(self, delta: dict | None = None, finish: str | None = None, logprobs: list[dict] | None = None,
+              index: int = 0) -> dict:
         block = self.logprobs_block(logprobs or [])
         if self.kind == "chat":
-            choice = {"index": 0, "delta": delta or {}, "logprobs": block, "finish_reason": finish}
+            choice = {"index": index, "delta": delta or {}, "logprobs": block, "finish_reason": finish}
             return self._envelope("chat.completion.chunk", choice)
         text = (delta or {}).get("content", "")
-        return self._envelope("text_completion", {"index": 0, "text": text, "logprobs": block,
+        return self._envelope("text_completion", {"index": index, "text": text, "logprobs": block,
                                                   "finish_reason": finish})
 
 
@@ -389,8 +395,35 @@ async def stream(reply: Reply, events: EventStream, output: OutputParser | None 
     chunk with the finish reason and usage, then [DONE]. A failure mid-stream is sent as an error frame and
     the stream closes. While a tool call buffers, `: keep-alive` comments
     keep client idle timers from firing."""
+    async for item in choice_chunks(reply, events, output, keepalive):
+        if isinstance(item, bytes):
+            yield item
+            continue
+        if isinstance(item, Ended):
+            if reply.usage_apart:
+                yield sse(item.chunk)
+                yield sse({**reply.chunk(), "choices": [], "usage": usage_json(item.usage)})
+            else:
+                yield sse({**item.chunk, "usage": usage_json(item.usage)})
+            yield sse("[DONE]")
+            return
+        yield sse(item)
+
+
+@dataclass
+class Ended:
+    """A choice's last chunk (its finish reason) and the generation's usage."""
+
+    chunk: dict
+    usage: Usage
+
+
+async def choice_chunks(reply: Reply, events: EventStream, output: OutputParser | None, keepalive: float,
+                        index: int = 0) -> AsyncIterator[dict | bytes | Ended]:
+    """One choice's stream: its chunks, `: keep-alive` comments (bytes) while
+    a tool call buffers, then `Ended`, or an error event (bytes) and no more."""
     if reply.kind == "chat":
-        yield sse(reply.chunk({"role": "assistant", "content": ""}))
+        yield reply.chunk({"role": "assistant", "content": ""}, index=index)
     entries: list[dict] = []  # logprobs not sent yet: each goes with the next chunk out (text held back waits)
     async for event in with_keepalive(events, output, keepalive):
         if event is None:
@@ -405,20 +438,13 @@ async def stream(reply: Reply, events: EventStream, output: OutputParser | None 
         if event.finish_reason is not None and output is not None:
             pieces += output.finish()
         for delta in _deltas(pieces):
-            yield sse(reply.chunk(delta, logprobs=entries))
+            yield reply.chunk(delta, logprobs=entries, index=index)
             entries = []
         calls = _call_deltas(output.take_deltas()) if output is not None else []
         if calls:
-            yield sse(reply.chunk({"tool_calls": calls}, logprobs=entries))
+            yield reply.chunk({"tool_calls": calls}, logprobs=entries, index=index)
             entries = []
         if event.finish_reason is not None:
-            final = reply.chunk(finish=finish_reason(event.finish_reason, output.calls if output else []),
-                                logprobs=entries)
-            if reply.usage_apart:
-                yield sse(final)
-                yield sse({**reply.chunk(), "choices": [], "usage": usage_json(event.final_usage)})
-            else:
-                final["usage"] = usage_json(event.final_usage)
-                yield sse(final)
-            yield sse("[DONE]")
+            finish = finish_reason(event.finish_reason, output.calls if output else [])
+            yield Ended(reply.chunk(finish=finish, logprobs=entries, index=index), event.final_usage)
             return

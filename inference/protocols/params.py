@@ -304,10 +304,15 @@ def logprobs(body: dict, completion: bool = False) -> tuple[bool, int]:
     return want, max(top, 0)
 
 
-def single_choice(body: dict) -> None:
+MAX_CHOICES = 8  # `n`: each choice is a row of the batch
+
+
+def choices(body: dict) -> int:
+    """`n`, the number of choices (1 when absent)."""
     n = integer(body, "n", 1)
-    if n not in (None, 1):
-        raise RequestError("n must be 1: Hearth returns one choice per request", "n")
+    if n is not None and n > MAX_CHOICES:
+        raise RequestError(f"n may be at most {MAX_CHOICES} on this server (each choice is a row of the batch)", "n")
+    return n or 1
 
 
 MAX_SESSION_KEY = 256

@@ -107,7 +107,7 @@ class ChatCompletionRequest(Sampling, ToneCurve, LogitBias, Routing, Constraint)
     parallel_tool_calls: bool | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = Field(None, description="at most 11")
-    n: int | None = Field(None, description="1 only")
+    n: int | None = Field(None, description="choices, 1 to 8: each a row of the batch")
     chat_template_kwargs: dict[str, Json] | None = None
     reasoning_effort: str | None = Field(None, description="none turns thinking off, any other level on")
     stream_options: dict[str, Json] | None = None

@@ -22,8 +22,12 @@ async def _generate(request: HttpRequest, kind: str):
     prepare = pipeline.prepare_chat if kind == "chat" else pipeline.prepare_completion
     engine, prepared = await prepare(request, body)
     reply = openai.Reply(kind, engine.loaded_model.model_id, body)
+    param, streaming = "messages" if kind == "chat" else "prompt", bool(body.get("stream"))
+    if prepared.n > 1:
+        return await pipeline.respond_choices(request, engine, prepared, param, streaming, reply,
+                                              runtime.options.sse_keepalive)
     return await pipeline.respond(
-        request, engine, prepared, "messages" if kind == "chat" else "prompt", bool(body.get("stream")),
+        request, engine, prepared, param, streaming,
         stream=lambda events: openai.stream(reply, events, prepared.output, runtime.options.sse_keepalive),
         complete=lambda message, logprobs, final: reply.complete(message, final.finish_reason, final.final_usage,
                                                                  logprobs))

@@ -13,7 +13,7 @@ from inference.engine.engine import Engine
 from inference.engine.errors import ContextLengthExceeded
 from inference.engine.rows import Submission
 from inference.engine.types import EventStream, GenerationEvent, GenerationRequest
-from inference.protocols import openai, params
+from inference.protocols import choices, openai, params
 from inference.protocols.errors import RequestError
 from inference.protocols.openai import Message, Prepared
 from serving.streams.store import StreamRefused, check_id, close_quietly
@@ -76,6 +76,50 @@ async def respond(request, engine: Engine, prepared: Prepared, param: str, strea
     return JsonResponse(complete(message, logprobs, final), headers=prepared.headers)
 
 
+async def respond_choices(request, engine: Engine, prepared: Prepared, param: str, streaming: bool,
+                          reply: openai.Reply, keepalive: float) -> HttpResponse:
+    """`respond` for a chat or completion that asks for `n` > 1 choices: each
+    a row of the batch, submitted together (protocols/choices.py)."""
+    conversation = conversation_id(request) if streaming else None
+    runs = choices.requests(prepared, engine.loaded_model.grammar_compiler)
+    submitted: list[Submission] = []
+    try:
+        for generation, _ in runs:
+            submitted.append(submit(engine, generation, param))
+    except BaseException:
+        for submission in submitted:
+            submission.abort()
+        raise
+    prepared.submission = submitted[0]
+    events = [(submission.events(), output) for submission, (_, output) in zip(submitted, runs, strict=True)]
+    if streaming:
+        frames = choices.stream(reply, events, keepalive)
+        headers = dict(prepared.headers)
+        if conversation is not None:
+            frames = await resumable(request, conversation, engine.loaded_model.model_id, frames, _All(submitted))
+            headers["X-Conversation-Id"] = conversation
+        return surfaces.of(request).sse(frames, headers)
+    answer, failed = await choices.complete(reply, events)
+    if failed is not None:
+        return surfaces.of(request).response(failed.error_status, failed.error or "", param=failed.error_param)
+    return JsonResponse(answer, headers=prepared.headers)
+
+
+class _All:
+    """Several submissions stopped or aborted as one."""
+
+    def __init__(self, submissions: list[Submission]):
+        self.submissions = submissions
+
+    def stop(self) -> None:
+        for submission in self.submissions:
+            submission.stop()
+
+    def abort(self) -> None:
+        for submission in self.submissions:
+            submission.abort()
+
+
 def conversation_id(request) -> str | None:
     """The request's `X-Conversation-Id` (None: absent or empty), checked."""
     value = request.headers.get("X-Conversation-Id", "").strip()
@@ -88,7 +132,7 @@ def conversation_id(request) -> str | None:
 
 
 async def resumable(request, conversation: str, model: str, frames: AsyncIterator[bytes],
-                    submission: Submission) -> AsyncIterator[bytes]:
+                    submission: Submission | _All) -> AsyncIterator[bytes]:
     """Hand `frames` to the runtime's resumable streams; the reply follows them."""
     surface = surfaces.of(request)
 

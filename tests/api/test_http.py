@@ -134,7 +134,7 @@ def test_completion_prompt_errors(inproc, body, message):
 BAD_FIELDS = [
     ("temperature", -0.1), ("temperature", 2.5), ("temperature", "hot"), ("top_p", 1.5), ("top_p", -1),
     ("top_k", -1), ("top_k", 1.5), ("min_p", 2), ("max_tokens", 0), ("max_tokens", -5), ("max_tokens", "ten"),
-    ("max_completion_tokens", 0), ("seed", "abc"), ("seed", 1.5), ("stream", "yes"), ("n", 2),
+    ("max_completion_tokens", 0), ("seed", "abc"), ("seed", 1.5), ("stream", "yes"), ("n", 9), ("n", 0),
     ("stop", 5), ("stop", ["a", "b", "c", "d", "e"]), ("stop", [1]), ("logit_bias", {"x": 1}),
     ("logit_bias", {"1": "high"}), ("logit_bias", [1, 2]), ("chat_template_kwargs", "x"),
 ]

@@ -110,3 +110,35 @@ def test_text_parts_are_joined(client):
                                        max_tokens=4)
     assert a.usage.prompt_tokens == b.usage.prompt_tokens
     assert a.choices[0].message.content == b.choices[0].message.content
+
+
+def test_n_choices_are_rows_of_one_request(client):
+    """`n` choices: each its own sample (a seed gives choice i the seed plus i), streamed with their index,
+    the usage counting the prompt once; a grammar holds every choice."""
+    ask = dict(model="m", messages=MESSAGES, max_tokens=8, temperature=1.0, top_p=1.0, seed=3)
+    r = client.chat.completions.create(**ask, n=3)
+    assert [c.index for c in r.choices] == [0, 1, 2] and all(c.message.content for c in r.choices)
+    one = client.chat.completions.create(**ask)
+    assert r.choices[0].message.content == one.choices[0].message.content  # choice 0 is the seed's own sample
+    assert r.usage.prompt_tokens == one.usage.prompt_tokens
+    assert 3 <= r.usage.completion_tokens <= 3 * 8
+    texts = {0: "", 1: "", 2: ""}
+    finishes = {}
+    for chunk in client.chat.completions.create(**ask, n=3, stream=True, stream_options={"include_usage": True}):
+        for c in chunk.choices:
+            texts[c.index] += c.delta.content or ""
+            if c.finish_reason:
+                finishes[c.index] = c.finish_reason
+        if chunk.usage is not None:
+            assert chunk.usage.completion_tokens == r.usage.completion_tokens
+    assert texts == {c.index: c.message.content for c in r.choices} and set(finishes) == {0, 1, 2}
+    person = {"type": "object", "properties": {"name": {"type": "string", "enum": ["Ana", "Ben"]}},
+              "required": ["name"], "additionalProperties": False}
+    shaped = client.chat.completions.create(**ask, n=4, response_format={"type": "json_schema", "json_schema": {
+        "name": "p", "schema": person}})
+    assert all(c.message.content in ('{"name": "Ana"}', '{"name": "Ben"}') for c in shaped.choices)
+    completions = client.completions.create(model="m", prompt="Once", max_tokens=5, n=2, seed=1, temperature=1.0)
+    assert [c.index for c in completions.choices] == [0, 1]
+    with pytest.raises(openai.BadRequestError) as too_many:
+        client.chat.completions.create(**{**ask, "n": 9})
+    assert too_many.value.body["param"] == "n"
