@@ -99,7 +99,14 @@ def confine(raw, what: str = "path") -> Path:
     text = os.fspath(raw)
     if "\x00" in text:
         raise PathRefused(f"{what} must not contain NUL")
-    path = Path(text).expanduser()
+    try:
+        text.encode()
+    except UnicodeEncodeError:  # a lone surrogate (JSON lets a string carry one): no file has such a name
+        raise PathRefused(f"{what} must be text a file name can hold (no lone surrogates)") from None
+    try:
+        path = Path(text).expanduser()
+    except RuntimeError:  # `~name` for a user this machine does not have
+        raise PathRefused(f"{what} names the home folder of an unknown user") from None
     if not path.is_absolute():
         raise PathRefused(f"{what} must be an absolute path")
     try:

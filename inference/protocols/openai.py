@@ -113,9 +113,10 @@ async def prepare_chat(body: dict, model: LoadedModel, options: Options) -> Prep
     prepared = turn.prepared
     templates = options.templates
     spec = turn.spec
-    if spec is not None and tool_choice.demands_a_call(body, turn.tools):
-        # The client asked for a call (instructor's tool modes send a format too): the call is enforced,
-        # and the format is for the message that follows the call's result.
+    if spec is not None and spec.kind in ("json", "json_schema") and tool_choice.demands_a_call(body, turn.tools):
+        # The client asked for a call and sent an output format too (instructor's tool modes do): the call
+        # is enforced, and the format is for the message that follows the call's result. A grammar of the
+        # request's own (guided_*) is more precise than the call's and stays.
         prepared.headers["Warning"] = ("the output format applies to the message after the forced tool call; "
                                        "this reply is the call")
         spec = None

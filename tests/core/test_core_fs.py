@@ -52,3 +52,18 @@ def test_a_mode_given_wins_over_the_umask_and_the_old_bits(tmp_path):
     with umask(0o077):
         write_atomically(fresh, "{}", mode=0o640)
     assert bits(fresh) == 0o640
+
+
+def test_a_path_in_an_unknown_users_home_is_refused_not_a_crash():
+    """`~name` for a user the machine lacks makes Path.expanduser raise; a request's path is refused instead."""
+    import pytest
+
+    from core.paths import PathRefused, confine, confine_model_ref
+
+    with pytest.raises(PathRefused, match="unknown user"):
+        confine("~no-such-user-hearth/models", "path")
+    with pytest.raises(PathRefused, match="surrogate"):
+        confine("~\udb2b\udcd5Z9", "path")
+    for ref in ("~no-such-user-hearth/models", "~\udb2b\udcd5Z9"):
+        with pytest.raises(PathRefused):
+            confine_model_ref(ref, "model_id")

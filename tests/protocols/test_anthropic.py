@@ -183,11 +183,11 @@ def test_output_config_format_is_enforced_and_the_sdk_parses_it(client):
 
     class Person(pydantic.BaseModel):
         name: Literal["Ana", "Ben", "Chloe"]
-        age: int = pydantic.Field(ge=0, le=120)
+        ok: bool
 
     for seed in range(3):
         reply = client.messages.parse(model="m", max_tokens=120, messages=ASK, output_format=Person,
-                                      temperature=1.0, top_k=0, extra_body={"seed": seed})
+                                      extra_body={"seed": seed, "temperature": 1.0, "top_k": 0})
         assert reply.stop_reason == "end_turn" and isinstance(reply.parsed_output, Person), reply.content
         text = reply.content[0].text
         assert text == json.dumps(reply.parsed_output.model_dump()), text  # compact, as json.dumps writes it

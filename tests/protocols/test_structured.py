@@ -58,7 +58,7 @@ def test_json_is_compact_unless_whitespace_is_asked_for(base_url):
     fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": SCHEMA}}
     for seed in range(3):
         text = chat(base_url, seed=seed, response_format=fmt).json()["choices"][0]["message"]["content"]
-        assert text == json.dumps(json.loads(text)), text
+        assert text == json.dumps(json.loads(text), ensure_ascii=False), text
         # Any object: a random model may still be inside one at its token limit, but never padding it.
         text = chat(base_url, seed=seed, response_format={"type": "json_object"}).json()["choices"][0]["message"][
             "content"]
