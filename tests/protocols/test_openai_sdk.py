@@ -134,8 +134,8 @@ def test_n_choices_are_rows_of_one_request(client):
     assert texts == {c.index: c.message.content for c in r.choices} and set(finishes) == {0, 1, 2}
     person = {"type": "object", "properties": {"name": {"type": "string", "enum": ["Ana", "Ben"]}},
               "required": ["name"], "additionalProperties": False}
-    shaped = client.chat.completions.create(**{**ask, "max_tokens": 40}, n=4, response_format={"type": "json_schema", "json_schema": {
-        "name": "p", "schema": person}})
+    shaped = client.chat.completions.create(**{**ask, "max_tokens": 40}, n=4, response_format={
+        "type": "json_schema", "json_schema": {"name": "p", "schema": person}})
     assert all(c.message.content in ('{"name": "Ana"}', '{"name": "Ben"}') for c in shaped.choices), [
         (c.message.content, c.finish_reason) for c in shaped.choices]
     completions = client.completions.create(model="m", prompt="Once", max_tokens=5, n=2, seed=1, temperature=1.0)
