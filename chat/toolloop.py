@@ -140,7 +140,8 @@ async def _generate(consumer, session, messages, offered, state: TurnState, runt
             round_text += await _piece(consumer, piece, state)
         if event.finish_reason is not None:
             state.final = event
-    for piece in prepared.output.finish():
+    cut = getattr(state.final, "finish_reason", None) == "length"  # the token limit ended this round
+    for piece in prepared.output.finish(cut=cut):
         round_text += await _piece(consumer, piece, state)
     return prepared.output.calls, round_text
 

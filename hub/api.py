@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 import time
 import urllib.error
 import urllib.parse
@@ -16,12 +15,12 @@ from ninja import Query, Schema
 from pydantic import ConfigDict, Field, StrictBool
 
 from core.api import ApiError
+from core.paths import REPO_ID
 from core.surfaces import API
 from hub import downloads, fit, gc, library
 from hub.download import check_revision
 
 router = API.router(tags=["hub"])
-REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 SEARCH_TIMEOUT_S = 8.0
 MAX_REPO_CHARS = 256  # Download.repo_id (the hub's own ids are far shorter)
 

@@ -15,6 +15,7 @@ from typing import Any, get_type_hints
 from ninja import Schema
 from pydantic import ConfigDict, Field, create_model
 
+from core.paths import REPO_ID
 from jobs.kinds import finetune
 
 
@@ -62,8 +63,7 @@ class MergeRequest(Body):
 
 
 class PushRequest(Body):
-    repo_id: str = Field(..., pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$",
-                         description="owner/name on the Hub")
+    repo_id: str = Field(..., pattern=REPO_ID.pattern, description="owner/name on the Hub")
     source_path: str | None = Field(None, description="the artifact's own folder")
     job_id: str | None = Field(None, description="a finished job whose output is pushed (without source_path)")
     private: bool = Field(True, description="the repo is private unless this is false")

@@ -136,6 +136,8 @@ def token_bytes(tokenizer, token: int) -> bytes:
     if pieces is None or not 0 <= token < len(pieces):
         return tokenizer.decode([token]).encode()
     piece = pieces[token]
+    if not piece:  # a gap in the vocabulary
+        return tokenizer.decode([token]).encode()
     if isinstance(piece, bytes):
         return piece.replace("\u2581".encode(), b" ")
     alphabet = _byte_decoder()

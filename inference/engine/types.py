@@ -79,7 +79,7 @@ class GenerationRequest:
         own and, with a seed, the seed plus `index` (the choices differ, and
         each is the same again for the same seed)."""
         seed = self.sampling.seed
-        sampling = self.sampling if seed is None else dataclasses.replace(self.sampling, seed=seed + index)
+        sampling = self.sampling if seed is None else dataclasses.replace(self.sampling, seed=(seed + index) % 2**64)
         return dataclasses.replace(self, id=next(_ids), grammar=grammar, sampling=sampling)
 
 

@@ -205,7 +205,7 @@ async def stream(reply: Reply, events: EventStream, output: OutputParser, keepal
             return
         pieces = output.feed(event.text)
         if event.finish_reason is not None:
-            pieces += output.finish()
+            pieces += output.finish(cut=event.finish_reason == "length")
         for piece in pieces:
             if piece.text:
                 for chunk in blocks.text(piece):

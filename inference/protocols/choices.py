@@ -41,19 +41,30 @@ def requests(prepared: Prepared, compiler) -> list[tuple[GenerationRequest, Outp
 
 
 def joined(usages: list[Usage]) -> Usage:
-    """One request's usage: its prompt once (the cache reads of the first
-    choice), the completion tokens of every choice."""
+    """One request's usage: its prompt once (with the most any choice read
+    from the prompt cache), the completion tokens of every choice."""
     first = usages[0]
-    return Usage(first.prompt_tokens, sum(u.completion_tokens for u in usages), first.cached_tokens, first.lane)
+    return Usage(first.prompt_tokens, sum(u.completion_tokens for u in usages), max(u.cached_tokens for u in usages),
+                 first.lane)
 
 
 async def complete(reply: Reply, runs: list[Run]) -> tuple[dict | None, GenerationEvent | None]:
-    """The answer with every choice, or (None, the failed choice's last event)."""
-    results: list[tuple[Message, list[dict], GenerationEvent]] = await asyncio.gather(
-        *(collect(events, output) for events, output in runs))
-    failed = next((final for _, _, final in results if final.error is not None), None)
-    if failed is not None:
-        return None, failed
+    """The answer with every choice, or (None, the failed choice's last event):
+    the first choice to fail stops the others at once."""
+    tasks = [asyncio.ensure_future(collect(events, output)) for events, output in runs]
+    try:
+        pending = set(tasks)
+        while pending:
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                final = task.result()[2]  # a choice that raised raises here
+                if final.error is not None:
+                    return None, final
+    finally:
+        for task in tasks:  # the other rows stop when their event streams close
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    results: list[tuple[Message, list[dict], GenerationEvent]] = [task.result() for task in tasks]
     choices = [reply.choice(message, final.finish_reason, entries, index)
                for index, (message, entries, final) in enumerate(results)]
     return reply.answer(choices, joined([final.final_usage for _, _, final in results])), None
@@ -72,6 +83,8 @@ async def stream(reply: Reply, runs: list[Run], keepalive: float) -> AsyncIterat
         try:
             async for item in choice_chunks(reply, events, output, keepalive, index):
                 await queue.put(item)
+        except Exception as exc:  # handed to the stream, which raises it as a one-choice stream would
+            queue.put_nowait(exc)
         finally:
             queue.put_nowait(_END)
 
@@ -80,6 +93,8 @@ async def stream(reply: Reply, runs: list[Run], keepalive: float) -> AsyncIterat
     try:
         for _ in runs:
             while (item := await queue.get()) is not _END:
+                if isinstance(item, Exception):
+                    raise item
                 if isinstance(item, bytes):
                     yield item
                     if item != KEEP_ALIVE:  # an error event: the stream ends here

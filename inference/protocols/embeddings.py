@@ -38,10 +38,10 @@ def token_arrays(arrays: list[list], where: str, body: dict, vocab_size: int) ->
     for i, ids in enumerate(arrays):
         if not ids:
             raise RequestError("a token array must not be empty", where.format(i=i))
-        bad = next((t for t in ids if not _is_id(t) or not 0 <= t < vocab_size), None)
-        if bad is not None:
+        bad = [t for t in ids if not _is_id(t) or not 0 <= t < vocab_size][:1]
+        if bad:
             raise RequestError(f"token ids are integers from 0 to {vocab_size - 1} (this model's vocabulary); "
-                               f"got {bad!r}", where.format(i=i))
+                               f"got {bad[0]!r}", where.format(i=i))
     return arrays
 
 

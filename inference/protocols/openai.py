@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from core import sse as core_sse
 from core.surfaces import OPENAI
+from inference.engine.grammar import GrammarSpec
 from inference.engine.loader import LoadedModel
 from inference.engine.rows import Submission
 from inference.engine.types import EventStream, GenerationEvent, GenerationRequest, Usage
@@ -112,14 +113,14 @@ async def prepare_chat(body: dict, model: LoadedModel, options: Options) -> Prep
     turn = await asyncio.to_thread(_read_chat, body, model, options)
     prepared = turn.prepared
     templates = options.templates
-    spec = turn.spec
-    if spec is not None and spec.kind in ("json", "json_schema") and tool_choice.demands_a_call(body, turn.tools):
+    spec, deferred = turn.spec, None
+    output_format = isinstance(spec, GrammarSpec) and spec.kind in ("json", "json_schema")
+    if output_format and tool_choice.demands_a_call(body, turn.tools):
         # The client asked for a call and sent an output format too (instructor's tool modes do): the call
-        # is enforced, and the format is for the message that follows the call's result. A grammar of the
-        # request's own (guided_*) is more precise than the call's and stays.
-        prepared.headers["Warning"] = ("the output format applies to the message after the forced tool call; "
-                                       "this reply is the call")
-        spec = None
+        # is enforced, and the format is for the message that follows the call's result. Should the call
+        # not be enforceable here, the format applies after all. A grammar of the request's own (guided_*)
+        # is more precise than the call's and stays.
+        spec, deferred = None, spec
     await _constrain(prepared, spec, model, options)
     messages = turn.messages
     if prepared.constraint is not None and prepared.constraint.compiled is None:
@@ -141,6 +142,11 @@ async def prepare_chat(body: dict, model: LoadedModel, options: Options) -> Prep
                                                                                      model, options, think)
     if enforced:
         markups = markups[:1]  # while enforced, only the markup the grammar constrains is read as calls
+        if deferred is not None:
+            prepared.headers["Warning"] = ("the output format applies to the message after the forced tool call; "
+                                           "this reply is the call")
+    elif deferred is not None:  # the call could not be enforced (the Warning says why): the format holds
+        await _constrain(prepared, deferred, model, options)
     prepared.output = OutputParser(in_reasoning=think == "open", reasoning=chat.thinks(model), tools=turn.tools,
                                    max_calls=1 if turn.single_call else None, markups=markups)
     return prepared
@@ -339,7 +345,7 @@ async def collect(events: EventStream,
             if output is None:
                 message.content = "".join(parts)
             else:
-                message.add(output.feed("".join(parts)) + output.finish())
+                message.add(output.feed("".join(parts)) + output.finish(cut=event.finish_reason == "length"))
                 message.tool_calls = output.calls
             return message, entries, event
     raise RuntimeError("generation ended without a final event")
@@ -437,7 +443,7 @@ async def choice_chunks(reply: Reply, events: EventStream, output: OutputParser 
             entries.append(event.logprobs)
         pieces = ([Piece("content", event.text)] if output is None else output.feed(event.text))
         if event.finish_reason is not None and output is not None:
-            pieces += output.finish()
+            pieces += output.finish(cut=event.finish_reason == "length")
         for delta in _deltas(pieces):
             yield reply.chunk(delta, logprobs=entries, index=index)
             entries = []

@@ -154,14 +154,16 @@ class OutputParser:
     def _offered(self) -> set:
         return {(t.get("function") or {}).get("name") for t in self.tools or []}
 
-    def finish(self) -> list[Piece]:
+    def finish(self, cut: bool = False) -> list[Piece]:
         """Flush at the end of generation; an unclosed tool call is parsed as
-        it stands (the repair closes truncated JSON), and one cut off before
-        it could be read is dropped: half a call is not content."""
+        it stands (the repair closes truncated JSON). `cut`: the token limit
+        ended the generation, and a call it cut off before the call could be
+        read is dropped (half a call is not content); a generation that
+        stopped by itself shows such text as written."""
         out: list[Piece] = []
         if self._tool_open is not None:
-            self._close_tool(out, self._tool_open, self._held, closed=False)
-        elif not self._call_began(self._held):
+            self._close_tool(out, self._tool_open, self._held, closed=False, cut=cut)
+        elif not (cut and self._call_began(self._held)):
             self._emit(out, self._held)
         self._held = ""
         return out
@@ -192,15 +194,15 @@ class OutputParser:
         else:
             self._tool_open = next(m for m in self.markups if m.start == tag)
 
-    def _close_tool(self, out: list[Piece], markup: Markup, body: str, closed: bool) -> None:
+    def _close_tool(self, out: list[Piece], markup: Markup, body: str, closed: bool, cut: bool = False) -> None:
         """End `markup`: its calls, or, unreadable, the text."""
         self._tool_open = None
         if self._streaming is not None:
             self._stream_arguments(body)
             self._finish_streamed(markup, body, closed)
             return
-        if not self._take_whole(markup.parse(body, self.tools, closed) or []) and closed:
-            self._emit(out, markup.start + body + markup.end)  # unreadable, yet whole: shown as written
+        if not self._take_whole(markup.parse(body, self.tools, closed) or []) and not cut:
+            self._emit(out, markup.start + body + (markup.end if closed else ""))  # unreadable: shown as written
 
     def _take_whole(self, calls: list[ToolCall]) -> bool:
         """Calls read whole, as many as there is room for; False when there are

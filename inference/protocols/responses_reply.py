@@ -202,7 +202,7 @@ async def stream(reply: Reply, events: EventStream, output: OutputParser, keepal
             return
         pieces = output.feed(event.text)
         if event.finish_reason is not None:
-            pieces += output.finish()
+            pieces += output.finish(cut=event.finish_reason == "length")
         for piece in pieces:
             for frame in chain.piece(piece, message) if piece.text else []:
                 yield frame

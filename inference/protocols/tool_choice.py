@@ -61,10 +61,7 @@ def forces(body: dict, tools: list[dict] | None) -> bool:
     named, or a strict tool."""
     if not tools:
         return False
-    choice = body.get("tool_choice")
-    if choice == "required" or isinstance(choice, dict):
-        return True
-    return any((t.get("function") or {}).get("strict") is True for t in tools)
+    return demands_a_call(body, tools) or any((t.get("function") or {}).get("strict") is True for t in tools)
 
 
 def demands_a_call(body: dict, tools: list[dict] | None) -> bool:

@@ -163,7 +163,8 @@ class ResponsesRequest(Sampling, ToneCurve, LogitBias, Routing, Constraint):
 
 
 class EmbeddingsRequest(_Body):
-    input: str | list[str] = Field(..., description="a string or up to 2048 strings")
+    input: str | list[str] | list[int] | list[list[int]] = Field(
+        ..., description="a string or up to 2048 strings, or the text tokenized: token ids, or arrays of them")
     model: str | None = None
     encoding_format: str | None = Field("float", description="float or base64")
     instruction: str | None = None

@@ -65,8 +65,8 @@ async def metrics(request: HttpRequest) -> HttpResponse:
 
 
 @router.post("/admin/cache/session/close", summary="Let a session's cached prompt go")
-def cache_session_close(request: HttpRequest, body: SessionClose) -> JsonResponse:
-    if not body.session_id:
+def cache_session_close(request: HttpRequest, body: SessionClose | None = None) -> JsonResponse:
+    if body is None or not body.session_id:
         return JsonResponse({"closed": False})
     engine = request.runtime.engine
     if engine is not None:
