@@ -38,7 +38,6 @@ HEARTH_SSE_KEEPALIVE = env_float("HEARTH_SSE_KEEPALIVE", 5.0, minimum=0.001)
 ALLOWED_HOSTS = ["*"]
 
 INSTALLED_APPS = [
-    "daphne",
     "django.contrib.admin",
     "django.contrib.auth",
     "django.contrib.contenttypes",

@@ -9,6 +9,7 @@ symlinks resolved, the one the request checks confine to; Django's
 No Django here, and no imports of the project's apps."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from core.paths import hearth_home as root
@@ -68,7 +69,10 @@ def serving() -> Path:
 
 
 def machine() -> Path:
-    return root() / "machine.json"  # this machine's measured bandwidths
+    """This machine's measured bandwidths: HEARTH_MACHINE_FILE where set (so
+    several homes on one machine share one reading), else in the home."""
+    shared = os.environ.get("HEARTH_MACHINE_FILE")
+    return Path(shared).expanduser() if shared else root() / "machine.json"
 
 
 def blas_cache() -> Path:

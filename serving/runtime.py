@@ -12,14 +12,18 @@ admin) generation routes answer 503 in their protocol's shape.
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
-from inference.engine.engine import Engine
 from inference.engine.errors import EngineError
-from inference.engine.speech import Sessions, Transcriber
+from inference.engine.speech import Sessions
 from inference.protocols.options import Options
 from inference.protocols.response_store import AnyResponseStore, ResponseStore
-from serving.router.manager import Manager
 from serving.streams.store import Streams
+
+if TYPE_CHECKING:  # only named here: every process that loads Django imports this module (the CLI too)
+    from inference.engine.engine import Engine
+    from inference.engine.speech import Transcriber
+    from serving.router.manager import Manager
 
 
 class EngineUnavailable(EngineError):

@@ -29,6 +29,10 @@ os.environ["HEARTH_ALLOW_PATHS"] = str(_TMP_DIR)
 # Servers run on OpenBLAS, named, so a fresh home does not measure the BLAS
 # libraries at every start; tests/core/test_blas.py measures.
 os.environ.setdefault("HEARTH_BLAS", "openblas" if _find_openblas() else "reference")
+# One reading of the machine's bandwidths for every home of the run, taken once by the main
+# process before the tests start (pytest_configure; the xdist workers inherit the variable), so no
+# server start probes again (~3 CPU-seconds each).
+os.environ.setdefault("HEARTH_MACHINE_FILE", str(_SESSION_DIR / "machine.json"))
 
 from tests.helpers import TINY_REPO, ServerProcess, build_tiny_model, server_env  # noqa: E402
 
@@ -40,6 +44,23 @@ def pytest_configure(config):
         os.environ["HEARTH_ALLOW_PATHS"] = str(Path(config.option.basetemp).resolve())
     else:
         config.option.basetemp = str(_TMP_DIR)
+    if getattr(config, "workerinput", None) is None:  # the main process, before any worker or server starts
+        _measure_machine()
+
+
+def _measure_machine() -> None:
+    """The run's one reading of the machine (HEARTH_MACHINE_FILE), taken as a
+    server would take it: in a process with the servers' BLAS preloaded (the
+    BLAS is part of the reading's key)."""
+    import subprocess
+    import sys
+
+    from core import blas
+
+    choice = blas.choose(os.environ["HEARTH_BLAS"], "env", Path(os.environ["HEARTH_HOME"]) / "blas.json")
+    code = "import sys; from pathlib import Path; from hub import fit; fit.machine(Path(sys.argv[1]))"
+    subprocess.run([sys.executable, "-c", code, os.environ["HEARTH_MACHINE_FILE"]], check=True, timeout=300,
+                   env=blas.launch_env(choice, dict(os.environ)), cwd=Path(__file__).parent.parent)
 
 
 def pytest_sessionfinish(session, exitstatus):

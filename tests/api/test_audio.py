@@ -44,7 +44,8 @@ def audio_server(homes, tiny_model, tmp_path_factory):
 
     whisper = write_random(tmp_path_factory.mktemp("whisper") / "tiny-whisper")
     proc = ServerProcess(server_env(*homes), tiny_model, "--whisper-model", str(whisper),
-                         "--whisper-idle-unload", "0", log_path=tmp_path_factory.mktemp("logs") / "audio.log")
+                         "--whisper-idle-unload", "0", "--no-worker",
+                         log_path=tmp_path_factory.mktemp("logs") / "audio.log")
     try:
         yield proc.wait_ready()
     finally:

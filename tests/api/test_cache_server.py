@@ -165,7 +165,7 @@ def test_context_over_budget_and_capped_max_tokens(narrow, tiny_model):
 
 def test_ssd_cache_survives_a_restart(homes, tiny_model, tmp_path):
     ssd = tmp_path / "ssd"
-    args = (tiny_model, "--ssd-cache", str(ssd))
+    args = (tiny_model, "--ssd-cache", str(ssd), "--no-worker")
     first_prompt = "Persist me. " + LONG_TEXT
     second_prompt = "Flushed at shutdown. " + LONG_TEXT
 

@@ -57,7 +57,7 @@ def test_sigterm_finishes_running_requests_then_exits_zero(homes, tiny_model, tm
     grammar to compile is answered at once (503), its compile killed: the
     drain never waits on a compile (a 60 s budget cannot explain the answer)."""
     env = dict(server_env(*homes), HEARTH_GRAMMAR_TIMEOUT="60")
-    proc = ServerProcess(env, tiny_model, "--drain-seconds", "60", "--max-grammar-choices", "100000",
+    proc = ServerProcess(env, tiny_model, "--no-worker", "--drain-seconds", "60", "--max-grammar-choices", "100000",
                          "--max-grammar-bytes", "4MiB", log_path=tmp_path / "serve.log").wait_ready()
     result = {}
 
@@ -105,7 +105,7 @@ def test_sigterm_while_idle_exits_promptly(homes, tiny_model, tmp_path):
 
 def test_grammar_switched_off_degrades_every_constraint(homes, tiny_model, tmp_path):
     env = dict(server_env(*homes), HEARTH_GRAMMAR="0")
-    proc = ServerProcess(env, tiny_model, log_path=tmp_path / "serve.log").wait_ready()
+    proc = ServerProcess(env, tiny_model, "--no-worker", log_path=tmp_path / "serve.log").wait_ready()
     try:
         body = {"messages": [{"role": "user", "content": "Yes or no?"}], "max_tokens": 2}
         plain = httpx.post(proc.url + "/v1/chat/completions", json=body).json()

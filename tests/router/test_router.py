@@ -488,7 +488,7 @@ def test_resumable_streams_through_the_router(two, library):
     """The router records a resumable stream itself: a dropped client loses
     nothing, a replay follows it, DELETE stops the generation in the model's
     process, and one conversation has one live generation across models."""
-    def post(model: str, conv: str, max_tokens: int, read: int) -> bytes:
+    def post(model: str, conv: str, max_tokens: int, read: int, events: int = 0) -> bytes:
         body = {"model": model, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": max_tokens,
                 "stream": True, "temperature": 0, "logit_bias": {str(_eos(library, model)): -100}}
         got = b""
@@ -497,7 +497,7 @@ def test_resumable_streams_through_the_router(two, library):
             assert r.status_code == 200 and r.headers["x-conversation-id"] == conv
             for chunk in r.iter_raw():
                 got += chunk
-                if len(got) >= read:
+                if len(got) >= read and got.count(b"data: ") >= events:
                     break
         return got
 
@@ -516,7 +516,8 @@ def test_resumable_streams_through_the_router(two, library):
 
     post(B, conv, 2000, 1)  # the same conversation on the other model
     post(A, conv, 2000, 1)  # stops the generation on B
-    post(A, conv, 2000, 1)  # and on the same model: the one before stops, not this one
+    # And on the same model: the one before stops, not this one, which has sent a token (its second event).
+    post(A, conv, 2000, 1, events=2)
     stopped = HTTP.delete(f"{two.url}/v1/stream/{conv}")  # and this one on A
     assert stopped.status_code == 200 and stopped.json()["stopped"] is True
     assert stopped.json()["status"] == "stopped" and stopped.json()["model"] == A
