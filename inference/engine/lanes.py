@@ -298,15 +298,15 @@ def fail_faulty(row: Row) -> None:
 
 
 def restart_row_state(row: Row) -> None:
-    """A row continuing on a fresh lane gets a matcher that has seen what it
-    generated, and a seeded sampler back at the key for its next token (its
+    """A row continuing on a fresh lane gets a matcher (and a think bound) that
+    has seen what it generated, and a seeded sampler back at the key for its next token (its
     grammar and key may have moved on in the failed step, even before its
     first token came out)."""
     if not row.restarts:
         return
-    grammar = row.req.grammar
-    if grammar is not None:
-        grammar.restart(row.generated)
+    for stateful in (row.req.grammar, row.req.think):
+        if stateful is not None:
+            stateful.restart(row.generated)
     rewind = getattr(row.sampler, "rewind", None)  # a seeded sampler's
     if rewind is not None:
         rewind(row.count)

@@ -81,7 +81,7 @@ class _SeededSampler:
 def make_processors(req: GenerationRequest) -> list:
     """Bias and penalties in mlx-lm's order, then the grammar mask, then the
     HLG tone curve: it is measured from the top logit, which must be a token
-    the bias, penalties and grammar leave standing."""
+    the bias, penalties and grammar leave standing; then the think bound."""
     from mlx_lm.sample_utils import make_logits_processors
 
     lp = req.logits
@@ -92,6 +92,8 @@ def make_processors(req: GenerationRequest) -> list:
         processors.append(req.grammar)
     if lp.hlg is not None and lp.hlg.enabled:
         processors.append(HlgProcessor(lp.hlg))
+    if req.think is not None:  # last: a forced closing token overrides every other preference
+        processors.append(req.think)
     return processors
 
 

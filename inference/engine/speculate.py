@@ -213,7 +213,7 @@ class Speculating:
 
     def eligible(self, row: Row) -> bool:
         req = row.req
-        return req.grammar is None and not row.adapters and req.speculative and not row.restarts
+        return req.grammar is None and req.think is None and not row.adapters and req.speculative and not row.restarts
 
     def add(self, row: Row, cache: list | None, cached: int) -> None:
         if self.row is None and not self.inner.active and self.eligible(row):

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from inference.engine.grammar import GrammarState
+    from inference.engine.think import ThinkBound
     from inference.engine.vision import Image
 
 _ids = itertools.count(1)
@@ -65,6 +66,7 @@ class GenerationRequest:
     logprobs: bool = False  # the chosen token's logprob on each event
     top_logprobs: int = 0  # and the k most likely tokens (0 = none)
     grammar: GrammarState | None = None  # one request's grammar matcher
+    think: ThinkBound | None = None  # a bound on its reasoning block (think.py)
     session: str | None = None  # prompt-cache session affinity key
     adapters: tuple[str, ...] | None = None  # mounted LoRA ids, () for the base; None: the server default
     speculative: bool = True  # False: never decoded speculatively, even with a draft source mounted
@@ -80,7 +82,8 @@ class GenerationRequest:
         each is the same again for the same seed)."""
         seed = self.sampling.seed
         sampling = self.sampling if seed is None else dataclasses.replace(self.sampling, seed=(seed + index) % 2**64)
-        return dataclasses.replace(self, id=next(_ids), grammar=grammar, sampling=sampling)
+        think = self.think.fresh() if self.think is not None else None
+        return dataclasses.replace(self, id=next(_ids), grammar=grammar, sampling=sampling, think=think)
 
 
 @dataclass(frozen=True)

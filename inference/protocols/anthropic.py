@@ -252,7 +252,23 @@ def to_chat_body(body: dict) -> dict:
         kwargs = chat.get("chat_template_kwargs")
         chat["chat_template_kwargs"] = {**(kwargs if isinstance(kwargs, dict) else {}),
                                         "enable_thinking": thinking["type"] != "disabled"}
+        budget = _budget(thinking, body.get("max_tokens"))
+        if budget is not None:
+            chat["thinking_budget"] = budget  # a hard bound here (think.py)
     return chat
+
+
+def _budget(thinking: dict, max_tokens) -> int | None:
+    """`thinking.budget_tokens`: a whole number of tokens below max_tokens, as Anthropic requires."""
+    budget = thinking.get("budget_tokens")
+    if budget is None or thinking["type"] == "disabled":
+        return None
+    where = "thinking.budget_tokens"
+    if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
+        raise RequestError("thinking.budget_tokens must be a whole number of tokens, 1 or more", where)
+    if isinstance(max_tokens, int) and budget >= max_tokens:
+        raise RequestError("max_tokens must be greater than thinking.budget_tokens", where)
+    return budget
 
 
 def count_body(body: dict) -> dict:

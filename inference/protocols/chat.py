@@ -13,6 +13,7 @@ import json
 
 from core.limits import Limits
 from inference.engine.loader import LoadedModel
+from inference.engine.think import ThinkBound
 from inference.protocols.errors import RequestError
 from inference.protocols.output import THINK_CLOSE, THINK_OPEN
 
@@ -283,3 +284,39 @@ def build_prompt(model: LoadedModel, messages: list[dict], tools: list[dict] | N
     if text.rfind(THINK_OPEN) > text.rfind(THINK_CLOSE):
         return tokens, "open"
     return tokens, "closed" if text.rstrip().endswith(THINK_CLOSE) else None
+
+
+# The most tokens a reasoning block may hold before a forced tool call (`tool_choice` required or
+# named) when the request sets no budget: half of max_tokens, at most this many.
+FORCED_CALL_THINK_TOKENS = 512
+
+
+def thinking_budget(body: dict, kwargs: dict) -> int | None:
+    """The reasoning block's bound the request asks for: `thinking_budget`
+    (Hearth's field; the Messages API's `thinking.budget_tokens` arrives as
+    it), or 0 when the client switched thinking off (`enable_thinking`
+    false, `reasoning_effort: none`), which a template that opens the block
+    regardless does not hear; None: no bound."""
+    if kwargs.get("enable_thinking") is False:
+        return 0
+    value = body.get("thinking_budget")
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+        raise RequestError("thinking_budget must be a whole number of tokens, 0 or more", "thinking_budget")
+    return value
+
+
+def forced_call_budget(max_tokens: int | None) -> int:
+    """The bound on thinking before a forced tool call, so the call always has room."""
+    return FORCED_CALL_THINK_TOKENS if max_tokens is None else min(FORCED_CALL_THINK_TOKENS, max_tokens // 2)
+
+
+def think_bound(model: LoadedModel, think: str | None, budget: int | None) -> ThinkBound | None:
+    """The bound for a prompt that leaves the think channel `think`
+    (build_prompt): none where there is no budget, no channel, or a block
+    the template already closed."""
+    if budget is None or think == "closed" or not thinks(model):
+        return None
+    tokenizer = hf_tokenizer(model)
+    close = tuple(tokenizer.encode(THINK_CLOSE, add_special_tokens=False))
+    opening = tuple(tokenizer.encode(THINK_OPEN, add_special_tokens=False))
+    return ThinkBound(budget, close, opening, inside=think == "open")

@@ -57,6 +57,7 @@ class _Turn:
     template: str | None  # the client's own chat template
     single_call: bool
     images: list[tuple[str, str]] | None = None  # (url, field path) of each image part, on a vision model
+    think_budget: int | None = None  # the bound on the reasoning block the request asks for (chat.thinking_budget)
 
 
 def _common(body: dict, model: LoadedModel, defaults: ServerDefaults, completion: bool = False) -> GenerationRequest:
@@ -91,7 +92,8 @@ def _read_chat(body: dict, model: LoadedModel, options: Options) -> _Turn:
     chat.check_size(messages, tools, kwargs, template, limits)
     single = not params.boolean(body, "parallel_tool_calls", True)  # at most one tool call per reply
     prepared = Prepared(_common(body, model, options.defaults), n=params.choices(body))
-    return _Turn(prepared, structured.requested(body, limits), messages, tools, kwargs, template, single, images)
+    return _Turn(prepared, structured.requested(body, limits), messages, tools, kwargs, template, single, images,
+                 chat.thinking_budget(body, kwargs))
 
 
 async def _constrain(prepared: Prepared, spec, model: LoadedModel, options: Options) -> None:
@@ -147,6 +149,10 @@ async def prepare_chat(body: dict, model: LoadedModel, options: Options) -> Prep
                                            "this reply is the call")
     elif deferred is not None:  # the call could not be enforced (the Warning says why): the format holds
         await _constrain(prepared, deferred, model, options)
+    budget = turn.think_budget
+    if budget is None and enforced and tool_choice.demands_a_call(body, turn.tools):
+        budget = chat.forced_call_budget(prepared.request.max_tokens)  # thinking ends in time for the call
+    prepared.request.think = chat.think_bound(model, think, budget)
     prepared.output = OutputParser(in_reasoning=think == "open", reasoning=chat.thinks(model), tools=turn.tools,
                                    max_calls=1 if turn.single_call else None, markups=markups)
     return prepared

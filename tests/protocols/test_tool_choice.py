@@ -127,3 +127,56 @@ def test_strict_tools_are_enforced_under_auto(base_url, tiny_model, quiet, seed)
     assert r.status_code == 200 and "warning" not in r.headers
     for call in r.json()["choices"][0]["message"].get("tool_calls") or []:
         assert call["function"]["name"] == "Person" and _valid_person(call["function"]["arguments"])
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_forced_call_comes_after_a_bounded_think_block(base_url, tiny_model, quiet, seed):
+    """The template opens <think> (enable_thinking): a random model never
+    closes it by itself, so without a bound it would think until max_tokens.
+    The block closes after min(512, max_tokens / 2) tokens, then the call comes."""
+    body = {"model": tiny_model, "messages": ASK, "tools": [ADD, PERSON], "max_tokens": 200, "temperature": 1.0,
+            "seed": seed, "logit_bias": quiet, "tool_choice": {"type": "function", "function": {"name": "Person"}},
+            "chat_template_kwargs": {"enable_thinking": True}}
+    choice = httpx.post(base_url + "/v1/chat/completions", json=body, timeout=120).json()["choices"][0]
+    (call,) = choice["message"]["tool_calls"]
+    assert call["function"]["name"] == "Person" and _valid_person(call["function"]["arguments"])
+    assert choice["message"].get("reasoning") and choice["finish_reason"] == "tool_calls"
+
+
+def test_a_thinking_budget_bounds_the_block_on_both_apis(base_url, tiny_model, quiet):
+    body = {"model": tiny_model, "messages": ASK, "max_tokens": 40, "logit_bias": quiet,
+            "chat_template_kwargs": {"enable_thinking": True}}
+    unbounded = httpx.post(base_url + "/v1/chat/completions", json=body, timeout=60).json()["choices"][0]
+    assert unbounded["finish_reason"] == "length" and not unbounded["message"]["content"]  # thought throughout
+    bounded = httpx.post(base_url + "/v1/chat/completions", json={**body, "thinking_budget": 6},
+                         timeout=60).json()
+    message = bounded["choices"][0]["message"]
+    assert message.get("reasoning") and message["content"], message
+    refused = httpx.post(base_url + "/v1/chat/completions", json={**body, "thinking_budget": -1}, timeout=60)
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "thinking_budget"
+
+    claude = anthropic.Anthropic(base_url=base_url, api_key="x", max_retries=0)
+    msg = claude.messages.create(model=tiny_model, max_tokens=40, messages=ASK,
+                                 thinking={"type": "enabled", "budget_tokens": 6})
+    assert msg.content[0].type == "thinking" and "text" in [b.type for b in msg.content], msg.content
+    with pytest.raises(anthropic.BadRequestError, match="budget_tokens"):
+        claude.messages.create(model=tiny_model, max_tokens=40, messages=ASK,
+                               thinking={"type": "enabled", "budget_tokens": 40})
+
+
+def test_thinking_switched_off_closes_a_block_the_template_opens_regardless(served, tiny_model):
+    """A client template that opens <think> whatever enable_thinking says:
+    `reasoning_effort: none` still reaches generation, as a budget of 0 (the
+    block closes at once, before a forced call too)."""
+    app = served("--no-worker", "--allow-client-templates")
+    template = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+                "<|im_start|>assistant\n<think>\n")
+    body = {"model": tiny_model, "messages": ASK, "max_tokens": 24, "temperature": 0,
+            "chat_template_kwargs": {"chat_template": template}}
+    thinking = app.post("/v1/chat/completions", json=body).json()["choices"][0]["message"]
+    assert thinking.get("reasoning") and not thinking["content"]  # the block runs to max_tokens
+    off = app.post("/v1/chat/completions", json={**body, "reasoning_effort": "none"}).json()["choices"][0]
+    assert not off["message"].get("reasoning") and off["message"]["content"], off
+    forced = app.post("/v1/chat/completions", json={**body, "reasoning_effort": "none", "max_tokens": 200,
+                                                    "tools": [PERSON], "tool_choice": "required"}).json()
+    assert forced["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "Person", forced
