@@ -57,6 +57,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "hearth.middleware.RuntimeMiddleware",
+    "hearth.middleware.TraceMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "hearth.middleware.RequestMetricsMiddleware",
     "hearth.middleware.JsonErrorMiddleware",

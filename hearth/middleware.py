@@ -21,6 +21,7 @@ from django.urls import Resolver404, resolve
 from core import holders, surfaces
 from hearth import access
 from hearth.root import RUNTIME as runtime
+from serving import traces
 from serving.routes import proxy
 
 
@@ -47,6 +48,30 @@ class RuntimeMiddleware(_Middleware):
     def __call__(self, request):
         request.runtime = runtime
         return self.get_response(request)
+
+
+class TraceMiddleware(_Middleware):
+    """Every request gets its trace id (`request.trace_id`: the one it sent,
+    checked, or a new one; serving/traces.py), and every answer carries it."""
+
+    def __call__(self, request):
+        refused = None
+        try:
+            request.trace_id = traces.trace_id(request.headers.get(traces.HEADER))
+        except traces.BadTraceId as exc:
+            request.trace_id = traces.trace_id(None)
+            refused = surfaces.of(request).response(400, str(exc), param=traces.HEADER)
+        if self.is_async:
+            return self._acall(request, refused)
+        return self._tag(request, refused or self.get_response(request))
+
+    async def _acall(self, request, refused):
+        return self._tag(request, refused or await self.get_response(request))
+
+    @staticmethod
+    def _tag(request, response):
+        response[traces.HEADER] = request.trace_id
+        return response
 
 
 class _ResponseHook(_Middleware):

@@ -19,6 +19,7 @@ from inference.engine.speech import Sessions
 from inference.protocols.options import Options
 from inference.protocols.response_store import AnyResponseStore, ResponseStore
 from serving.streams.store import Streams
+from serving.traces import Phases
 
 if TYPE_CHECKING:  # only named here: every process that loads Django imports this module (the CLI too)
     from inference.engine.engine import Engine
@@ -68,6 +69,7 @@ class Runtime:
         # A demo model training in the background (`hearth serve --build-demo`): its state, for
         # /health, /stats and the dashboard; None when none is.
         self.demo_build: dict | None = None
+        self.phases = Phases()  # the recent generations' phases, for /stats (serving/traces.py)
 
     # -- engines ---------------------------------------------------------
     def add_engine(self, engine: Engine, default: bool = True) -> None:

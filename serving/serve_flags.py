@@ -110,6 +110,9 @@ FLAGS: tuple[Flag, ...] = (
     Flag(("--hlg-sampling",), "HLG tone-curve sampling for every request: key=value pairs joined by commas "
          "(enabled, width, shoulder, toe, pivot_offset; e.g. width=3,toe=8), or `on` for the built-in values; a "
          "request's `hlg` object is merged over them", hlg.canonical, metavar="SPEC", preset=FLAG, shared=True),
+    Flag(("--thinking",), "whether a thinking model thinks when a request does not say (enable_thinking, "
+         "reasoning_effort): on, off, or auto (the model's chat template decides)",
+         argtypes.choice("on", "off", "auto"), "auto", metavar="{on,off,auto}", preset=FLAG, shared=True),
     Flag(("--keep-dtype",), "serve the stored dtype instead of upcasting to float32 on the CPU", default=False,
          switch=True, preset=FLAG, shared=True),
     Flag(("--drain-seconds",), "on shutdown, how long running requests may take to finish", _seconds_or_0, 30.0,

@@ -39,6 +39,7 @@ def stats_body(runtime: Runtime) -> dict:
         body["transcription"] = runtime.transcriber.stats()
     if runtime.demo_build is not None:
         body["demo_build"] = runtime.demo_build
+    body["phases"] = runtime.phases.stats()
     return body
 
 

@@ -441,6 +441,8 @@ class Engine:
             cache, cached = None, 0
         if not row.generated:
             row.cached = row.generation.cached = cached
+            if row.generation.admitted is None:
+                row.generation.admitted = time.perf_counter()
             self.stats.cached_tokens_total += cached
             metrics.CACHED_TOKENS.inc(cached)
         try:

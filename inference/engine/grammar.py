@@ -279,6 +279,7 @@ class GrammarState:
         self._stop_ids = set(stop_ids)
         self._started = False
         self.finished = False
+        self.mask_s = 0.0  # spent accepting tokens and filling masks
 
     def restart(self, generated: list[int]) -> None:
         """Start over with a matcher that has accepted `generated` (a row
@@ -294,17 +295,21 @@ class GrammarState:
         import mlx.core as mx
         from xgrammar.kernels.apply_token_bitmask_mlx import apply_token_bitmask_mlx
 
-        if self._started:  # the token sampled last step; the first call sees the prompt
-            self._matcher.accept_token(int(tokens[-1].item()))
-        self._started = True
-        if self._matcher.is_terminated():
-            self.finished = True
-            return logits
-        self._matcher.fill_next_token_bitmask(self._bitmask)
-        mask = mx.array(self._bitmask.numpy())
-        if self._matcher.is_completed() and self._only_stop_allowed():
-            self.finished = True
-        return apply_token_bitmask_mlx(mask, logits, self._vocab_size)
+        started = time.perf_counter()
+        try:
+            if self._started:  # the token sampled last step; the first call sees the prompt
+                self._matcher.accept_token(int(tokens[-1].item()))
+            self._started = True
+            if self._matcher.is_terminated():
+                self.finished = True
+                return logits
+            self._matcher.fill_next_token_bitmask(self._bitmask)
+            mask = mx.array(self._bitmask.numpy())
+            if self._matcher.is_completed() and self._only_stop_allowed():
+                self.finished = True
+            return apply_token_bitmask_mlx(mask, logits, self._vocab_size)
+        finally:
+            self.mask_s += time.perf_counter() - started
 
     def _only_stop_allowed(self) -> bool:
         import numpy as np

@@ -37,6 +37,7 @@ class Generation:
     submitted: float = field(default_factory=time.perf_counter)
     # Set by the engine thread when it admits the request (None before): prompt tokens the cache served.
     cached: int | None = None
+    admitted: float | None = None  # when the engine thread first put it on a lane (perf_counter)
     lane: str = "serial"
     held: bool = False  # it waited for memory at least once (engine thread only)
 
@@ -72,6 +73,7 @@ class Row:
         self.finish: str | None = None
         self.first_at: float | None = None
         self.last_at: float | None = None
+        self.detok_s = 0.0  # spent detokenizing and matching stop strings
         self.want_logprobs = self.req.logprobs or self.req.top_logprobs > 0
 
     @property
@@ -111,15 +113,28 @@ class Row:
             self.finish = "stop"
             return True
         self.detok.add_token(token)
+        text = self.stops.feed(self.detok.last_segment)
+        self.detok_s += time.perf_counter() - now
         entry = logprob_entry(self.tokenizer, token, logprobs, self.req.top_logprobs) if self.want_logprobs else None
-        self.generation.emit(GenerationEvent(text=self.stops.feed(self.detok.last_segment), token_ids=(token,),
-                                      logprobs=entry))
+        self.generation.emit(GenerationEvent(text=text, token_ids=(token,), logprobs=entry))
         grammar = self.req.grammar
         if self.stops.stopped or (grammar is not None and grammar.finished):
             self.finish = "stop"  # a stop string matched, or the grammar is complete
         elif self.count >= self.limit:
             self.finish = "length"
         return self.finish is not None
+
+    def timings(self) -> dict:
+        """Usage.timings: where this request's time went, in ms."""
+        def ms(start: float | None, end: float | None) -> float:
+            return round((end - start) * 1000, 2) if start is not None and end is not None else 0.0
+
+        admitted = self.generation.admitted
+        grammar = self.req.grammar
+        return {"queue_ms": ms(self.generation.submitted, admitted), "prefill_ms": ms(admitted, self.first_at),
+                "decode_ms": ms(self.first_at, self.last_at),
+                "grammar_ms": round(grammar.mask_s * 1000, 2) if grammar is not None else 0.0,
+                "detokenize_ms": round(self.detok_s * 1000, 2)}
 
     def close(self) -> None:
         """Send the last event: the held-back tail, finish reason and usage."""
@@ -134,7 +149,7 @@ class Row:
         else:
             tail += self.stops.flush()
         usage = Usage(len(self.req.prompt_tokens), self.count, self.cached, self.lane,
-                      dict(self.spec) if self.spec is not None else None)
+                      dict(self.spec) if self.spec is not None else None, self.timings())
         self.generation.emit(GenerationEvent(text=tail, finish_reason=finish, usage=usage,
                                              stop_sequence=self.stops.matched))
 

@@ -94,6 +94,9 @@ class Usage:
     lane: str = "serial"  # "serial" | "serial+spec" | "batched": the lane that ran the request
     # {"drafted", "accepted", "targetCalls"} when the request was decoded speculatively
     speculation: dict | None = None
+    # Where its time went, in ms: queue (submitted to admitted), prefill (to the first token), decode
+    # (first to last token), and within decoding the grammar's masks and the detokenizer (rows.Row.timings).
+    timings: dict | None = None
 
     @property
     def total_tokens(self) -> int:

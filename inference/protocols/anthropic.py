@@ -252,22 +252,22 @@ def to_chat_body(body: dict) -> dict:
         kwargs = chat.get("chat_template_kwargs")
         chat["chat_template_kwargs"] = {**(kwargs if isinstance(kwargs, dict) else {}),
                                         "enable_thinking": thinking["type"] != "disabled"}
-        budget = _budget(thinking, body.get("max_tokens"))
+        budget = _budget(thinking)
         if budget is not None:
             chat["thinking_budget"] = budget  # a hard bound here (think.py)
     return chat
 
 
-def _budget(thinking: dict, max_tokens) -> int | None:
-    """`thinking.budget_tokens`: a whole number of tokens below max_tokens, as Anthropic requires."""
+def _budget(thinking: dict) -> int | None:
+    """`thinking.budget_tokens`: a whole number of tokens. Anthropic also wants
+    it below max_tokens; here a larger one is taken (it never binds), as
+    clients send 1024 with a smaller max_tokens."""
     budget = thinking.get("budget_tokens")
     if budget is None or thinking["type"] == "disabled":
         return None
-    where = "thinking.budget_tokens"
     if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
-        raise RequestError("thinking.budget_tokens must be a whole number of tokens, 1 or more", where)
-    if isinstance(max_tokens, int) and budget >= max_tokens:
-        raise RequestError("max_tokens must be greater than thinking.budget_tokens", where)
+        raise RequestError("thinking.budget_tokens must be a whole number of tokens, 1 or more",
+                           "thinking.budget_tokens")
     return budget
 
 

@@ -45,7 +45,7 @@ def joined(usages: list[Usage]) -> Usage:
     from the prompt cache), the completion tokens of every choice."""
     first = usages[0]
     return Usage(first.prompt_tokens, sum(u.completion_tokens for u in usages), max(u.cached_tokens for u in usages),
-                 first.lane)
+                 first.lane, timings=first.timings)
 
 
 async def complete(reply: Reply, runs: list[Run]) -> tuple[dict | None, GenerationEvent | None]:

@@ -32,6 +32,7 @@ class Prepared:
     output: OutputParser | None = None  # chat only: reasoning and tool calls
     submission: Submission | None = None  # once submitted (the first choice's, with several)
     n: int = 1  # choices asked for (protocols/choices.py)
+    grammar_wait_s: float = 0.0  # spent waiting for its grammar to compile (or come from the cache)
 
     def cached_tokens(self) -> int | None:
         """Prompt tokens the prompt cache served; None before the request is admitted."""
@@ -86,6 +87,8 @@ def _read_chat(body: dict, model: LoadedModel, options: Options) -> _Turn:
     images: list[tuple[str, str]] | None = [] if vision is not None else None
     messages = chat.normalize_messages(body.get("messages"), limits, images, vision.image_token if vision else "")
     kwargs, template = chat.template_kwargs(body, limits)
+    if options.defaults.thinking is not None and "enable_thinking" not in kwargs:  # --thinking on|off
+        kwargs = {**kwargs, "enable_thinking": options.defaults.thinking}
     source = template or getattr(chat.hf_tokenizer(model), "chat_template", None)
     kwargs = chat.with_depth(kwargs, body.get("reasoning_effort"), source if isinstance(source, str) else None)
     tools = chat.tools_for(body)
@@ -96,8 +99,17 @@ def _read_chat(body: dict, model: LoadedModel, options: Options) -> _Turn:
                  chat.thinking_budget(body, kwargs))
 
 
+async def _resolve(prepared: Prepared, spec, model: LoadedModel, options: Options):
+    """structured.resolve, timed into the request's grammar wait."""
+    started = time.perf_counter()
+    try:
+        return await structured.resolve(spec, model.grammar_compiler, options.grammar_enabled, options.limits)
+    finally:
+        prepared.grammar_wait_s += time.perf_counter() - started
+
+
 async def _constrain(prepared: Prepared, spec, model: LoadedModel, options: Options) -> None:
-    constraint = await structured.resolve(spec, model.grammar_compiler, options.grammar_enabled, options.limits)
+    constraint = await _resolve(prepared, spec, model, options)
     prepared.constraint = constraint
     if constraint is None:
         return
@@ -177,7 +189,7 @@ async def _enforce_tool_choice(prepared: Prepared, body: dict, tools, model: Loa
     if spec is None:
         prepared.headers["Warning"] = tool_choice.unenforced(model)
         return False
-    constraint = await structured.resolve(spec, model.grammar_compiler, options.grammar_enabled, options.limits)
+    constraint = await _resolve(prepared, spec, model, options)
     if constraint is None or constraint.compiled is None:
         prepared.headers["Warning"] = (constraint.warning if constraint else None) or tool_choice.unenforced(model)
         return False

@@ -23,6 +23,7 @@ class ServerDefaults:
     top_p: float | None = None
     top_k: int | None = None
     hlg: HlgParams | None = None  # --hlg-sampling: what a request's `hlg` object is merged over
+    thinking: bool | None = None  # --thinking on/off: enable_thinking for a request that does not say; None: auto
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from inference.engine.types import EventStream, GenerationEvent, GenerationReque
 from inference.protocols import choices, openai, params
 from inference.protocols.errors import RequestError
 from inference.protocols.openai import Message, Prepared
+from serving import traces
 from serving.streams.store import StreamRefused, check_id, close_quietly
 
 
@@ -62,14 +63,15 @@ async def respond(request, engine: Engine, prepared: Prepared, param: str, strea
     for a generation that failed."""
     conversation = conversation_id(request) if streaming else None
     submission = prepared.submission = submit(engine, prepared.request, param)
+    events = traces.observed(request, prepared, submission.events())
     if streaming:
-        frames = stream(submission.events())
+        frames = stream(events)
         headers = dict(prepared.headers)
         if conversation is not None:  # the generation runs to its end whoever reads; replayable
             frames = await resumable(request, conversation, engine.loaded_model.model_id, frames, submission)
             headers["X-Conversation-Id"] = conversation
         return surfaces.of(request).sse(frames, headers)
-    message, logprobs, final = await openai.collect(submission.events(), prepared.output)
+    message, logprobs, final = await openai.collect(events, prepared.output)
     if final.error is not None:
         status = final.error_status
         return surfaces.of(request).response(status, final.error, param=final.error_param)
@@ -91,7 +93,8 @@ async def respond_choices(request, engine: Engine, prepared: Prepared, param: st
             submission.abort()
         raise
     prepared.submission = submitted[0]
-    events = [(submission.events(), output) for submission, (_, output) in zip(submitted, runs, strict=True)]
+    events = [(traces.observed(request, prepared, submission.events()), output)
+              for submission, (_, output) in zip(submitted, runs, strict=True)]
     if streaming:
         frames = choices.stream(reply, events, keepalive)
         headers = dict(prepared.headers)

@@ -23,6 +23,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpRe
 
 from core import holders, surfaces
 from inference.protocols.errors import RequestError
+from serving import traces
 from serving.router import aggregate
 from serving.router.manager import Manager
 from serving.router.owners import HOP_HEADER, MODEL_HEADER, refused_hop
@@ -144,7 +145,8 @@ def _headers(request: HttpRequest, manager: Manager, slot: Slot) -> dict:
     the credentials for `slot`, and to a model process of ours or another web
     node (which take it from our key), the request's holder. A remote host
     (--models-remote) holds what we send it under the key we send."""
-    out = {k: v for k, v in request.headers.items() if k.lower() not in _HOP}
+    out = {k: v for k, v in request.headers.items() if k.lower() not in _HOP and k.lower() != traces.HEADER.lower()}
+    out[traces.HEADER] = getattr(request, "trace_id", None) or traces.trace_id(None)  # both logs name it alike
     holder = holders.of(request)
     if holder and (slot.remote is None or slot.remote.node is not None):
         out[holders.HEADER] = holder

@@ -233,3 +233,21 @@ def test_enforced_calls_stream_their_arguments_in_pieces_on_every_protocol(base_
     pieces = [e["delta"] for e in events if e["type"] == "response.function_call_arguments.delta"]
     done = next(e for e in events if e["type"] == "response.function_call_arguments.done")
     assert len(pieces) > 2 and "".join(pieces) == done["arguments"] and valid(done["arguments"])
+
+
+def test_the_servers_thinking_default_yields_to_the_request(served, tiny_model):
+    """`--thinking on|off` is enable_thinking for a request that does not say;
+    the tiny model's template opens <think> only when it is on."""
+    body = {"model": tiny_model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8}
+
+    def thought(app, **fields) -> bool:
+        message = app.post("/v1/chat/completions", json={**body, **fields}).json()["choices"][0]["message"]
+        return bool(message.get("reasoning"))
+
+    on = served("--no-worker", "--thinking", "on")
+    assert thought(on) and not thought(on, reasoning_effort="none")
+    assert not thought(on, chat_template_kwargs={"enable_thinking": False})
+    off = served("--no-worker", "--thinking", "off")
+    assert not thought(off) and thought(off, chat_template_kwargs={"enable_thinking": True})
+    auto = served("--no-worker")
+    assert not thought(auto)  # this template's own default: no thinking

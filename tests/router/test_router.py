@@ -116,6 +116,18 @@ def test_routes_by_model_id_alias_and_default(two):
     assert _chat(two.url, B, max_tokens=None).json()["usage"]["completion_tokens"] <= 8
 
 
+def test_the_trace_id_reaches_the_models_process(two):
+    """The router hands its trace id (the client's, or one it made) to the child, which logs it."""
+    sent = HTTP.post(two.url + "/v1/chat/completions", headers={"X-Hearth-Trace-Id": "through-the-router"},
+                     json={"model": B, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}, timeout=120)
+    assert sent.status_code == 200 and sent.headers["x-hearth-trace-id"] == "through-the-router"
+    made = _chat(two.url, B).headers["x-hearth-trace-id"]
+    deadline = time.monotonic() + 10  # the child's log lines reach the router's stderr
+    while not all(f"trace={t} POST /v1/chat/completions" in two.output() for t in ("through-the-router", made)):
+        assert time.monotonic() < deadline, two.output()[-2000:]
+        time.sleep(0.1)
+
+
 def test_unknown_model_is_a_400_naming_it_in_each_protocol(two):
     r = _chat(two.url, "nobody/nothing")
     assert r.status_code == 400

@@ -52,7 +52,7 @@ def test_a_preset_hands_its_model_flags_that_its_process_reads_back(parser, tmp_
     (tmp_path / "adapter").mkdir()
     samples = {"adapter": "adapter", "batch": "4", "hlg-sampling": "toe=8", "kv-quant": "8", "draft-kind": "ngram",
                "memory-budget": "2GiB", "prompt-cache-bytes": "1G", "ssd-cache-bytes": "3G", "ssd-cache": "cache",
-               "draft-model": "org/draft", "temperature": "0.5", "top-p": "0.9", "idle-unload": "60"}
+               "draft-model": "org/draft", "temperature": "0.5", "top-p": "0.9", "idle-unload": "60", "thinking": "off"}
     lines = [f"{key} = {samples.get(key, 'true' if flag.switch else '3')}"
              for key, flag in serve_flags.PRESET_KEYS.items()]
     (tmp_path / "p.ini").write_text("[m]\n" + "\n".join(lines) + "\n")
@@ -68,7 +68,8 @@ def test_the_router_hands_every_shared_flag_with_its_own_value(parser):
     from hearth.router_mode import child_args
 
     given = ["--batch", "3", "--max-tokens", "7", "--temperature", "0.4", "--top-p", "0.8", "--top-k", "5",
-             "--hlg-sampling", "on", "--keep-dtype", "--embeddings", "--drain-seconds", "4", "--flush-seconds", "6",
+             "--hlg-sampling", "on", "--thinking", "on", "--keep-dtype", "--embeddings", "--drain-seconds", "4",
+             "--flush-seconds", "6",
              "--response-ttl", "60", "--max-context", "512", "--kv-quant", "4", "--draft-kind", "ngram",
              "--draft-tokens", "2", "--prompt-cache-bytes", "1M", "--ssd-cache-bytes", "2M", "--prefill-chunk", "64",
              "--memory-budget", "1G", "--ssd-cache", "/tmp/x", "--models-max", "2"]

@@ -246,7 +246,8 @@ class Command(BaseCommand):
             runtime.responses = ResponseStore(ttl_s=opts["response_ttl"])
         return Options(
             defaults=ServerDefaults(opts["max_tokens"] or None, opts["temperature"], opts["top_p"], opts["top_k"],
-                                    hlg.parse_spec(opts["hlg_sampling"]) if opts["hlg_sampling"] else None),
+                                    hlg.parse_spec(opts["hlg_sampling"]) if opts["hlg_sampling"] else None,
+                                    {"on": True, "off": False}.get(opts["thinking"])),
             limits=bounds, grammar_enabled=settings.HEARTH_GRAMMAR, templates=templates,
             sse_keepalive=settings.HEARTH_SSE_KEEPALIVE)
 
