@@ -9,8 +9,10 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from ninja import Schema
 
 from core.surfaces import OPENAI
+from core.version import __version__
 from inference.engine.errors import EngineTimeout
 from inference.engine.speech import NoWhisperModel
+from inference.protocols import chat, params
 from serving import telemetry
 from serving.routes import proxy
 
@@ -33,6 +35,30 @@ def health(request: HttpRequest) -> JsonResponse:
     if request.runtime.demo_build is not None:  # the demo model training in the background
         body["demo_build"] = request.runtime.demo_build
     return JsonResponse(body)
+
+
+@router.get("/props", summary="The served model's properties, as llama.cpp's server answers them")
+def props(request: HttpRequest) -> JsonResponse:
+    """Read-only: llama.cpp's POST /props (changing them) is not offered (405). In router
+    mode the model the query names (`?model=`, else the default) answers from its process."""
+    runtime = request.runtime
+    engine = runtime.require_engine()
+    model = engine.loaded_model
+    defaults = runtime.options.defaults
+    sampling = params.sampling({}, defaults, model.generation_config, model.vocab_size)
+    template = getattr(chat.hf_tokenizer(model), "chat_template", None)
+    return JsonResponse({
+        "model_alias": model.model_id, "model_path": str(model.path), "total_slots": engine.capacity,
+        "default_generation_settings": {
+            "n_ctx": model.context_window,
+            "params": {"n_predict": defaults.max_tokens if defaults.max_tokens is not None else -1,
+                       "temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k,
+                       "min_p": sampling.min_p,
+                       "enable_thinking": defaults.thinking}},
+        "chat_template": template if isinstance(template, str) else "",
+        "modalities": {"vision": model.vision is not None,
+                       "audio": runtime.transcriber is not None and runtime.transcriber.available},
+        "build_info": f"hearth {__version__}", "is_sleeping": False})
 
 
 @router.post("/admin/transcription/unload", summary="Page the Whisper weights out now")

@@ -37,7 +37,7 @@ log = logging.getLogger("hearth.router")
 # answered by the router itself (it records the resumable streams: /v1/stream/{id}, /v1/streams/lookup)
 OWN_V1 = ("/v1/models", "/v1/docs", "/v1/openapi.json", "/v1/memory/", "/v1/stream/", "/v1/streams/")
 # outside /v1, but about one model: its process answers
-ENGINE_ROUTES = frozenset({"/fit", "/api/fit/measure", "/signal", "/generate"})
+ENGINE_ROUTES = frozenset({"/fit", "/api/fit/measure", "/signal", "/generate", "/props"})
 FAN_OUT = ("/admin/cache/flush", "/admin/cache/session/close")
 # Not passed on: hop-by-hop headers, the client's credentials (the child takes the router's key), and
 # what the router's own access checks already judged (a browser's Origin would look foreign to the

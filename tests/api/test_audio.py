@@ -97,6 +97,7 @@ def test_json_body_and_stream(audio_server, clips):
     kinds = [e["type"] for e in events]
     assert kinds[-1] == "transcript.text.done" and "transcript.progress" in kinds
     assert events[-1]["text"] == "".join(e["delta"] for e in events if e["type"] == "transcript.text.delta").strip()
+    assert httpx.get(audio_server.url + "/props").json()["modalities"]["audio"] is True  # a Whisper model beside it
 
 
 def test_long_audio_goes_in_windows(audio_server, clips):

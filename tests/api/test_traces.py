@@ -73,3 +73,17 @@ def test_each_generation_logs_its_phases_and_stats_keeps_them(app, tiny_model, c
     assert stats["requests"] == before + 3
     assert stats["decode"]["p50_ms"] > 0 and stats["decode"]["p95_ms"] >= stats["decode"]["p50_ms"]
     assert set(stats) == {"requests", "queue", "grammar_wait", "prefill", "decode", "grammar", "detokenize"}
+
+
+def test_props_answer_in_llama_cpps_shape(served, tiny_model):
+    app = served("--no-worker", "--max-tokens", "48", "--temperature", "0.3", "--thinking", "off")
+    props = app.get("/props").json()
+    assert props["model_alias"] == tiny_model and props["model_path"].endswith(props["model_path"].split("/")[-1])
+    assert props["default_generation_settings"]["n_ctx"] == 2048 and props["total_slots"] >= 1
+    params = props["default_generation_settings"]["params"]
+    assert params["n_predict"] == 48 and params["temperature"] == 0.3 and params["enable_thinking"] is False
+    assert "<|im_start|>" in props["chat_template"] and props["modalities"] == {"vision": False, "audio": False}
+    assert props["build_info"].startswith("hearth ")
+    refused = app.post("/props", json={"n_predict": 1})
+    assert refused.status_code == 405 and "GET" in refused.json()["error"]["message"]
+    assert served("--no-worker").get("/props").json()["default_generation_settings"]["params"]["n_predict"] == -1

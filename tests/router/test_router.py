@@ -128,6 +128,11 @@ def test_the_trace_id_reaches_the_models_process(two):
         time.sleep(0.1)
 
 
+def test_props_come_from_the_named_models_process(two):
+    assert HTTP.get(two.url + "/props").json()["model_alias"] == A  # the default
+    assert HTTP.get(two.url + "/props", params={"model": "b"}).json()["model_alias"] == B
+
+
 def test_unknown_model_is_a_400_naming_it_in_each_protocol(two):
     r = _chat(two.url, "nobody/nothing")
     assert r.status_code == 400
