@@ -25,6 +25,14 @@ def non_negative(kind, most: float | None = None) -> Callable[[str], float]:
     return parse
 
 
+def names(text: str) -> tuple[str, ...]:
+    """One or more names separated by commas (aliases, tags), each once, in order."""
+    found = tuple(dict.fromkeys(part.strip() for part in text.split(",") if part.strip()))
+    if not found:
+        raise ValueError(f"expected one or more names separated by commas, got {text!r}")
+    return found
+
+
 def seconds(text):
     value = float(text)
     if not math.isfinite(value) or value <= 0:

@@ -37,6 +37,9 @@ class Runtime:
     def __init__(self):
         self.engines: dict[str, Engine] = {}  # model id -> engine
         self.default_model: str | None = None
+        # Single-model mode: other names and labels of the served model (--alias, --tags), for /v1/models.
+        self.aliases: tuple[str, ...] = ()
+        self.tags: tuple[str, ...] = ()
         # Router mode (`hearth serve` without a MODEL): the models' processes;
         # this process then holds no engine and forwards /v1 requests.
         self.router: Manager | None = None

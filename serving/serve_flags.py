@@ -213,6 +213,11 @@ FLAGS: tuple[Flag, ...] = (
     Flag(("--advertise-url",), "with HEARTH_REDIS_URL: where the other web nodes reach this one to use the models "
          "it has loaded (also HEARTH_ADVERTISE_URL; default http://HOST:PORT, this machine's name when bound to "
          "every address)", metavar="URL", group=ROUTER),
+    Flag(("--alias",), "other names for the served model, comma-separated: /v1/models lists them and "
+         "/v1/models/{name} finds it by any (in router mode, a model's alias key in --models-preset)", argtypes.names,
+         metavar="NAMES", dest="aliases"),
+    Flag(("--tags",), "labels for the served model, comma-separated, listed on /v1/models (in router mode, a "
+         "model's tags key in --models-preset)", argtypes.names, metavar="NAMES"),
     Flag(("--model-id",), hidden=True),  # the router's name for its model's process
     Flag(("--download-only",), default=False, switch=True, hidden=True),  # the router's fetch of a missing model
 

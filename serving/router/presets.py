@@ -66,17 +66,10 @@ class Preset:
         return args
 
 
-def _names(text: str) -> tuple[str, ...]:
-    names = tuple(dict.fromkeys(part.strip() for part in text.split(",") if part.strip()))
-    if not names:
-        raise ValueError(f"expected one or more names separated by commas, got {text!r}")
-    return names
-
-
 # Keys of the router's own that are no `hearth serve` flag -> (Preset field, parser).
 _ROUTER: dict[str, tuple[str, Callable[[str], object]]] = {
-    "alias": ("aliases", _names),
-    "tags": ("tags", _names),
+    "alias": ("aliases", argtypes.names),
+    "tags": ("tags", argtypes.names),
     "pin": ("pinned", argtypes.boolean),
 }
 # Every key: the serve flags a preset may set (`serving.serve_flags`, those marked `preset`) and the router's own.

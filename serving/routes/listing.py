@@ -40,6 +40,7 @@ def served_row(runtime, engine: Engine) -> dict:
     model = engine.loaded_model
     return {
         "id": model.model_id, "object": "model", "created": runtime.started_at, "owned_by": "hearth",
+        "aliases": list(runtime.aliases), "tags": list(runtime.tags),
         "context_window": model.context_window, "reasoning": chat.thinks(model), "vision": model.vision is not None,
         "audio": False, "batch_mode": engine.mode,
         "tools": True, "structured_output": True, "embeddings": runtime.embeddings_enabled,

@@ -87,3 +87,15 @@ def test_props_answer_in_llama_cpps_shape(served, tiny_model):
     refused = app.post("/props", json={"n_predict": 1})
     assert refused.status_code == 405 and "GET" in refused.json()["error"]["message"]
     assert served("--no-worker").get("/props").json()["default_generation_settings"]["params"]["n_predict"] == -1
+
+
+def test_aliases_and_tags_in_single_model_mode(served, tiny_model):
+    from tests.inproc import refusal
+
+    app = served("--no-worker", "--alias", "tiny, small,tiny", "--tags", "test,cpu")
+    (row,) = [r for r in app.get("/v1/models").json()["data"] if r["id"] == tiny_model]
+    assert row["aliases"] == ["tiny", "small"] and row["tags"] == ["test", "cpu"]
+    assert app.get("/v1/models/small").json()["id"] == tiny_model
+    assert app.get("/v1/models/nobody").status_code == 404
+    assert "set `alias` in that model's section of --models-preset" in refusal("--alias", "x")  # router mode
+    assert "set `tags` in" in refusal("--tags", "x")

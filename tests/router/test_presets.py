@@ -206,7 +206,7 @@ def test_keys():
     assert KEYS == {"adapter", "batch", "prefill-chunk", "max-context", "memory-budget", "prompt-cache-bytes",
                     "ssd-cache", "ssd-cache-bytes", "kv-quant", "draft-model", "draft-kind", "draft-tokens",
                     "keep-dtype", "embeddings", "temperature", "top-p",
-                    "top-k", "hlg-sampling", "max-tokens", "alias", "tags", "pin", "idle-unload"}
+                    "top-k", "hlg-sampling", "max-tokens", "thinking", "alias", "tags", "pin", "idle-unload"}
 
 
 def test_router_children_share_the_memory_budget():

@@ -12,7 +12,8 @@ from serving import serve_flags
 from serving.router import presets
 from tests.helpers import ROOT
 
-ROUTER_OWN = {"alias", "tags", "pin"}  # preset keys that are no serve flag
+ROUTER_OWN = {"alias", "tags", "pin"}  # preset keys the router reads itself, never handed to a model's process
+SINGLE_TOO = {"alias", "tags"}  # of those, also `hearth serve MODEL` flags (--alias, --tags)
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +44,9 @@ def test_the_parser_has_every_declared_flag_and_no_other(parser):
 
 def test_every_preset_key_is_a_serve_flag_or_the_routers_own(parser):
     options = _options(parser)
-    assert {key for key in presets.KEYS if f"--{key}" not in options} == ROUTER_OWN
+    assert {key for key in presets.KEYS if f"--{key}" not in options} == ROUTER_OWN - SINGLE_TOO
+    assert {key for key in ROUTER_OWN if f"--{key}" in options} == SINGLE_TOO
+    assert not SINGLE_TOO & set(serve_flags.PRESET_KEYS)  # the router's keys, not the flags handed down
     assert all(f"--{flag.key}" in options for flag in serve_flags.PRESET_KEYS.values())
 
 
@@ -52,7 +55,8 @@ def test_a_preset_hands_its_model_flags_that_its_process_reads_back(parser, tmp_
     (tmp_path / "adapter").mkdir()
     samples = {"adapter": "adapter", "batch": "4", "hlg-sampling": "toe=8", "kv-quant": "8", "draft-kind": "ngram",
                "memory-budget": "2GiB", "prompt-cache-bytes": "1G", "ssd-cache-bytes": "3G", "ssd-cache": "cache",
-               "draft-model": "org/draft", "temperature": "0.5", "top-p": "0.9", "idle-unload": "60", "thinking": "off"}
+               "draft-model": "org/draft", "temperature": "0.5", "top-p": "0.9", "idle-unload": "60",
+               "thinking": "off"}
     lines = [f"{key} = {samples.get(key, 'true' if flag.switch else '3')}"
              for key, flag in serve_flags.PRESET_KEYS.items()]
     (tmp_path / "p.ini").write_text("[m]\n" + "\n".join(lines) + "\n")

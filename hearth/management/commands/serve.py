@@ -202,6 +202,10 @@ class Command(BaseCommand):
             if opts["draft_model"]:
                 raise CommandError("--draft-model belongs to one model: in router mode set draft-model in that "
                                    "model's section of --models-preset (--draft-kind ngram applies to all)")
+            for flag, key in (("--alias", "aliases"), ("--tags", "tags")):
+                if opts[key]:
+                    raise CommandError(f"{flag} names the one served model: in router mode set `{flag[2:]}` in "
+                                       "that model's section of --models-preset")
             return plan_router(opts)
         router_only = [f.name for f in serve_flags.ROUTER_ONLY if opts.get(f.target) not in (None, False)]
         if router_only and not in_router:
@@ -224,6 +228,7 @@ class Command(BaseCommand):
         if opts["adapter"]:
             self._mount_default(engine, opts["adapter"])
         runtime.engine = engine
+        runtime.aliases, runtime.tags = opts["aliases"] or (), opts["tags"] or ()
         runtime.transcriber = Transcriber(opts["whisper_model"], engine.exclusive, opts["whisper_idle_unload"])
         open_streams(opts, record=not child.is_child())
         runtime.embeddings_enabled = opts["embeddings"] or loaded.is_embedding_model
