@@ -61,7 +61,7 @@ class EngineWork(Work):
 def engine_config(opts: dict) -> EngineConfig:
     return EngineConfig(
         batch=opts["batch"], prefill_chunk=opts["prefill_chunk"], max_context=opts["max_context"],
-        memory_budget=opts["memory_budget"], prompt_cache_bytes=opts["prompt_cache_bytes"],
+        memory_budget=opts["memory_budget"], kv_budget=opts["kv_budget"], prompt_cache_bytes=opts["prompt_cache_bytes"],
         ssd_cache=opts["ssd_cache"], ssd_cache_bytes=opts["ssd_cache_bytes"], kv_quant=opts["kv_quant"],
         keep_dtype=opts["keep_dtype"], draft_kind=opts.get("draft_kind"), draft_model=opts.get("draft_model"),
         draft_tokens=opts.get("draft_tokens"))

@@ -231,6 +231,9 @@ FLAGS: tuple[Flag, ...] = (
     # Not shared: in router mode it is the total, and each model's process gets its share (hearth/router_mode.py).
     Flag(("--memory-budget",), "bytes for weights + KV caches: sets the context cap from the model and how many "
          "rows may decode together (default: three quarters of RAM)", byte_count, group=THROUGHPUT, preset=FLAG),
+    Flag(("--kv-budget",), "bytes the running requests' KV caches may take together: fewer rows decode at once "
+         "and the context cap follows (default: what --memory-budget leaves)", byte_count, group=THROUGHPUT,
+         preset=FLAG),
     Flag(("--prompt-cache-bytes",), "RAM for reusable prompt KV caches (0 turns the cache off; default 1GiB)",
          byte_count, 1 << 30, group=THROUGHPUT, preset=FLAG, shared=True),
     # Not shared: in router mode each model keeps its SSD tier in a folder of its own under it.

@@ -115,7 +115,8 @@ def _admission(engine: Engine, model: loader.LoadedModel) -> dict:
     if model.context_window:
         safe = min(safe, model.context_window)
     return {"max_safe_context": safe, "enforced_context_tokens": engine.enforced_context,
-            "memory_budget_bytes": engine.config.memory_budget, "usable_bytes": usable,
+            "memory_budget_bytes": engine.config.memory_budget, "kv_budget_bytes": engine.config.kv_budget,
+            "usable_bytes": usable,
             "weights_bytes": model.weights_bytes, "kv_bytes_per_token": per_token,
             "max_queued": MAX_QUEUED, "queued": engine.queued}
 

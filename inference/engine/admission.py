@@ -81,7 +81,8 @@ class Admission:
         if cap is not None and n >= cap:
             raise ContextOverBudget(
                 f"the prompt has {n} tokens and the configured context limit is {cap} tokens, which leaves "
-                "no room to generate; shorten the prompt or raise --max-context / --memory-budget", n, cap)
+                "no room to generate; shorten the prompt or raise --max-context / --memory-budget / --kv-budget",
+                n, cap)
 
     def reserve(self, closed: Callable[[], bool]) -> None:
         """Take a queue place for a request about to be submitted. Raises
@@ -205,12 +206,16 @@ def kv_room(memory_budget: int | None, prompt_cache_bytes: int, model: loader.Lo
     return max(budget - used, 1)
 
 
-def enforced_context(max_context: int | None, memory_budget: int | None, model: loader.LoadedModel) -> int | None:
-    """The operator's cap on prompt + generation tokens: `max_context`, or
-    what `memory_budget` leaves for KV beside the weights, whichever is less."""
+def enforced_context(max_context: int | None, memory_budget: int | None, model: loader.LoadedModel,
+                     kv_budget: int | None = None) -> int | None:
+    """The operator's cap on prompt + generation tokens: `max_context`, what
+    `memory_budget` leaves for KV beside the weights, or the tokens whose KV
+    `kv_budget` holds, whichever is least."""
     caps = []
     if max_context:
         caps.append(max_context)
+    if kv_budget is not None:
+        caps.append(max(kv_budget // (model.kv_bytes_per_token or 1), 0))
     if memory_budget is not None:
         per_token = model.kv_bytes_per_token or 1
         room = memory_budget - model.weights_bytes - TRANSIENT_RESERVE

@@ -62,6 +62,7 @@ class EngineConfig:
     prefill_chunk: int = 256  # prompt tokens prefilled per step while other rows decode
     max_context: int | None = None  # operator cap on prompt + generation tokens
     memory_budget: int | None = None  # operator cap on weights + KV bytes
+    kv_budget: int | None = None  # operator cap on the running rows' KV bytes together
     prompt_cache_bytes: int = 1 << 30  # 0 turns the prompt cache off
     ssd_cache: str | None = None  # directory of the SSD tier
     ssd_cache_bytes: int = 16 << 30
@@ -308,14 +309,16 @@ class Engine:
         self._admission.row_ceiling = (cfg.batch or AUTO_BATCH_MAX) if self.mode == "batch" else 1
         self._setup_speculation(can_trim_prompt_cache(sample))
         self.lane = lane = self._new_lane()
-        self._admission.kv_room = admission.kv_room(cfg.memory_budget, cfg.prompt_cache_bytes, model, self.draft)
+        room = admission.kv_room(cfg.memory_budget, cfg.prompt_cache_bytes, model, self.draft)
+        self._admission.kv_room = min(room or cfg.kv_budget, cfg.kv_budget) if cfg.kv_budget else room
         if cfg.ssd_cache:
             from inference.engine.ssd_cache import SSDCache
 
             self.ssd = SSDCache(Path(cfg.ssd_cache), self._namespace(), cfg.ssd_cache_bytes, cfg.ssd_queue_bytes)
         self.cache = PromptCache(cfg.prompt_cache_bytes, self.ssd, trimmable=can_trim_prompt_cache(sample))
         self.adapters = model.adapters
-        self._admission.enforced_context = admission.enforced_context(cfg.max_context, cfg.memory_budget, model)
+        self._admission.enforced_context = admission.enforced_context(cfg.max_context, cfg.memory_budget, model,
+                                                                      cfg.kv_budget)
         log.info("engine: lane %s (up to %d rows%s%s), prompt cache %d MiB%s", lane.name, self.capacity,
                  ", auto" if cfg.batch is None and self.mode == "batch" else "",
                  f"; serial because {self.serial_reason}" if self.serial_reason else "",

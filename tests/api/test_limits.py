@@ -11,6 +11,7 @@ import json
 import socket
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
@@ -244,3 +245,25 @@ def test_a_slow_grammar_fails_its_request_only_and_its_compile_is_stopped(small)
     assert time.monotonic() - started < 1 and httpx.get(small.url + "/stats").json()["grammar"]["misses"] == \
         grammar["misses"]
     assert httpx.get(small.url + "/stats").json()["limits"]["grammar_timeout_s"] == 1.0
+
+
+def test_a_kv_budget_caps_the_rows_kv_and_the_context(served, tiny_model, eos_id):
+    """--kv-budget: the running rows' KV bytes together. Here it holds 300
+    tokens: the context cap follows (a longer reply is cut there, a longer prompt refused), two that
+    together need more than it holds do not run at once, and /stats says so."""
+    per_token = served("--no-worker").get("/stats").json()["admission"]["kv_bytes_per_token"]
+    app = served("--no-worker", "--kv-budget", str(300 * per_token))
+    stats = app.get("/stats").json()
+    assert stats["admission"]["kv_budget_bytes"] == 300 * per_token
+    assert stats["batch"]["kv_budget_bytes"] == 300 * per_token
+    assert stats["admission"]["enforced_context_tokens"] == 300
+    body = {"model": tiny_model, "prompt": "Hi", "temperature": 0, "logit_bias": {str(eos_id): -100}}
+    cut = app.post("/v1/completions", json={**body, "max_tokens": 400}).json()
+    assert cut["usage"]["total_tokens"] == 300 and cut["choices"][0]["finish_reason"] == "length"
+    refused = app.post("/v1/completions", json={**body, "prompt": "Hi " * 400, "max_tokens": 4})
+    assert refused.status_code == 400 and refused.json()["error"]["code"] == "context_over_budget", refused.text
+    held = stats["batch"]["held_for_memory"]
+    with ThreadPoolExecutor(2) as pool:
+        answers = list(pool.map(lambda _: app.post("/v1/completions", json={**body, "max_tokens": 180}), range(2)))
+    assert [a.status_code for a in answers] == [200, 200]
+    assert app.get("/stats").json()["batch"]["held_for_memory"] > held  # the second waited for the first
