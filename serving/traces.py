@@ -87,9 +87,11 @@ async def observed(request, prepared, events: EventStream) -> EventStream:
 
 def record(request, prepared, final: GenerationEvent) -> None:
     usage = final.usage
-    phases = {**dict.fromkeys(PHASES, 0.0), **((usage.timings if usage is not None else None) or {}),
+    timings = usage.timings if usage is not None else None
+    phases = {**dict.fromkeys(PHASES, 0.0), **(timings or {}),
               "grammar_wait_ms": round(prepared.grammar_wait_s * 1000, 2)}
-    request.runtime.phases.add(phases)
+    if timings is not None:  # a failed or stopped generation has none: it would drag the percentiles down
+        request.runtime.phases.add(phases)
     counts = (usage.prompt_tokens, usage.cached_tokens, usage.completion_tokens) if usage is not None else (0, 0, 0)
     log.info("trace=%s %s %s finish=%s prompt=%d cached=%d tokens=%d %s", getattr(request, "trace_id", "-"),
              request.method, request.path, final.finish_reason or "error", *counts,

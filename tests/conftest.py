@@ -32,7 +32,8 @@ os.environ.setdefault("HEARTH_BLAS", "openblas" if _find_openblas() else "refere
 # One reading of the machine's bandwidths for every home of the run, taken once by the main
 # process before the tests start (pytest_configure; the xdist workers inherit the variable), so no
 # server start probes again (~3 CPU-seconds each).
-os.environ.setdefault("HEARTH_MACHINE_FILE", str(_SESSION_DIR / "machine.json"))
+if "PYTEST_XDIST_WORKER" not in os.environ:  # the main process; its xdist workers inherit its file
+    os.environ["HEARTH_MACHINE_FILE"] = str(_SESSION_DIR / "machine.json")
 
 from tests.helpers import TINY_REPO, ServerProcess, build_tiny_model, server_env  # noqa: E402
 

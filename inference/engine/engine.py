@@ -309,6 +309,9 @@ class Engine:
         self._admission.row_ceiling = (cfg.batch or AUTO_BATCH_MAX) if self.mode == "batch" else 1
         self._setup_speculation(can_trim_prompt_cache(sample))
         self.lane = lane = self._new_lane()
+        if cfg.kv_budget is not None and cfg.kv_budget < (model.kv_bytes_per_token or 1):
+            raise EngineError(f"--kv-budget {cfg.kv_budget} holds no token of this model's KV cache "
+                              f"({model.kv_bytes_per_token} bytes a token)")
         room = admission.kv_room(cfg.memory_budget, cfg.prompt_cache_bytes, model, self.draft)
         self._admission.kv_room = min(room or cfg.kv_budget, cfg.kv_budget) if cfg.kv_budget else room
         if cfg.ssd_cache:

@@ -11,21 +11,29 @@ the block regardless).
 
 A logits processor, last in the row's chain: after the grammar's mask, so a
 closing token the grammar does not allow there (the row is not in a think
-block after all) is never forced; the bound then stands down. Like the
-grammar it keeps state across steps and starts again from the tokens a row
-had generated when the row moves to a fresh lane (`restart`). mlx-lm and
-xgrammar bound no reasoning length, so this is Hearth's own.
+block after all) is never forced; the bound then stands down. The model's
+own opening and closing are found in the text of the tokens it writes
+(`piece`), whatever tokens spell them; the forced close is `close`, the
+tokenizer's own spelling. Like the grammar it keeps state across steps and
+starts again from the tokens a row had generated when the row moves to a
+fresh lane (`restart`). mlx-lm and xgrammar bound no reasoning length, so
+this is Hearth's own.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+
+TAIL_CHARS = 64  # the text kept to find a marker the model writes across several tokens
 
 
 @dataclass
 class ThinkBound:
     budget: int  # tokens the block may hold before it is closed
-    close: tuple[int, ...]  # the tokens that close it (`</think>`)
-    open: tuple[int, ...] = ()  # the tokens that open it, when the model opens it itself
+    close: tuple[int, ...]  # the tokens that close it, forced
+    piece: Callable[[int], str]  # one token's text
+    close_text: str = "</think>"
+    open_text: str = "<think>"
     inside: bool = False  # the prompt left the block open: generation starts in it
     _state: dict = field(default_factory=dict, repr=False)
 
@@ -33,40 +41,39 @@ class ThinkBound:
         self._reset()
 
     def _reset(self) -> None:
-        self._state = {"inside": self.inside, "count": 0, "forcing": -1, "done": False, "recent": [],
-                       "started": False}
+        self._state = {"inside": self.inside, "count": 0, "forcing": 0 if self.inside and self.budget <= 0 else -1,
+                       "done": False, "tail": "", "started": False}
 
     def fresh(self) -> ThinkBound:
         """The same bound for another row (a sibling choice), from the start."""
-        return ThinkBound(self.budget, self.close, self.open, self.inside)
+        return ThinkBound(self.budget, self.close, self.piece, self.close_text, self.open_text, self.inside)
 
     def restart(self, generated: list[int]) -> None:
-        """Start over having seen `generated` (a row continuing on a fresh lane)."""
+        """Start over having seen `generated` (a row continuing on a fresh
+        lane, whose first call sees its prompt and those tokens again)."""
         self._reset()
         for token in generated:
             self._see(token)
-        self._state["started"] = bool(generated)
-
-    @property
-    def closed_by_force(self) -> bool:
-        return self._state["done"] and self._state["forcing"] >= 0
 
     def _see(self, token: int) -> None:
         s = self._state
         if s["done"]:
             return
-        recent = s["recent"] = (s["recent"] + [token])[-max(len(self.open), len(self.close), 1):]
+        s["tail"] = (s["tail"] + self.piece(token))[-TAIL_CHARS:]
         if not s["inside"]:
-            if self.open and tuple(recent[-len(self.open):]) == self.open:
-                s["inside"], s["count"] = True, 0
+            if self.open_text in s["tail"]:
+                s["inside"], s["count"], s["tail"] = True, 0, ""
+                s["forcing"] = 0 if self.budget <= 0 else -1
             return
-        if s["forcing"] >= 0:
+        if s["forcing"] >= 0:  # a forced closing token
             s["forcing"] += 1
             s["done"] = s["forcing"] >= len(self.close)
-        elif tuple(recent[-len(self.close):]) == self.close:
+        elif self.close_text in s["tail"]:
             s["done"] = True  # the model closed the block itself
         else:
             s["count"] += 1
+            if s["count"] >= self.budget:
+                s["forcing"] = 0  # the next tokens are the closing ones
 
     def __call__(self, tokens, logits):
         import mlx.core as mx
@@ -75,12 +82,8 @@ class ThinkBound:
         if s["started"]:  # the token sampled last step; the first call sees the prompt
             self._see(int(tokens[-1].item()))
         s["started"] = True
-        if s["done"] or not s["inside"]:
+        if s["done"] or not s["inside"] or s["forcing"] < 0:
             return logits
-        if s["forcing"] < 0:
-            if s["count"] < self.budget:
-                return logits
-            s["forcing"] = 0
         token = self.close[s["forcing"]]
         if not bool(mx.isfinite(logits[..., token]).all().item()):  # the grammar does not allow it here
             s["done"], s["forcing"] = True, -1

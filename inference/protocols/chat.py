@@ -318,5 +318,5 @@ def think_bound(model: LoadedModel, think: str | None, budget: int | None) -> Th
         return None
     tokenizer = hf_tokenizer(model)
     close = tuple(tokenizer.encode(THINK_CLOSE, add_special_tokens=False))
-    opening = tuple(tokenizer.encode(THINK_OPEN, add_special_tokens=False))
-    return ThinkBound(budget, close, opening, inside=think == "open")
+    return ThinkBound(budget, close, lambda token: tokenizer.decode([token]), THINK_CLOSE, THINK_OPEN,
+                      inside=think == "open")

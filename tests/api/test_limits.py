@@ -257,6 +257,7 @@ def test_a_kv_budget_caps_the_rows_kv_and_the_context(served, tiny_model, eos_id
     assert stats["admission"]["kv_budget_bytes"] == 300 * per_token
     assert stats["batch"]["kv_budget_bytes"] == 300 * per_token
     assert stats["admission"]["enforced_context_tokens"] == 300
+    assert app.get("/props").json()["default_generation_settings"]["n_ctx"] == 300
     body = {"model": tiny_model, "prompt": "Hi", "temperature": 0, "logit_bias": {str(eos_id): -100}}
     cut = app.post("/v1/completions", json={**body, "max_tokens": 400}).json()
     assert cut["usage"]["total_tokens"] == 300 and cut["choices"][0]["finish_reason"] == "length"
@@ -267,3 +268,13 @@ def test_a_kv_budget_caps_the_rows_kv_and_the_context(served, tiny_model, eos_id
         answers = list(pool.map(lambda _: app.post("/v1/completions", json={**body, "max_tokens": 180}), range(2)))
     assert [a.status_code for a in answers] == [200, 200]
     assert app.get("/stats").json()["batch"]["held_for_memory"] > held  # the second waited for the first
+
+
+def test_a_kv_budget_below_one_token_or_on_the_routers_command_line_is_refused(served):
+    from django.core.management.base import CommandError
+
+    from tests.inproc import refusal
+
+    with pytest.raises(CommandError, match="holds no token"):
+        served("--no-worker", "--kv-budget", "1")
+    assert "set `kv-budget` in that model's section of --models-preset" in refusal("--kv-budget", "1M")
