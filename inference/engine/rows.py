@@ -112,9 +112,10 @@ class Row:
         if token in self.eos:  # counted, never shown
             self.finish = "stop"
             return True
+        detok_at = time.perf_counter()
         self.detok.add_token(token)
         text = self.stops.feed(self.detok.last_segment)
-        self.detok_s += time.perf_counter() - now
+        self.detok_s += time.perf_counter() - detok_at
         entry = logprob_entry(self.tokenizer, token, logprobs, self.req.top_logprobs) if self.want_logprobs else None
         self.generation.emit(GenerationEvent(text=text, token_ids=(token,), logprobs=entry))
         grammar = self.req.grammar

@@ -203,11 +203,8 @@ class Command(BaseCommand):
                 raise CommandError("--draft-model belongs to one model: in router mode set draft-model in that "
                                    "model's section of --models-preset (--draft-kind ngram applies to all)")
             for flag, key in (("--alias", "aliases"), ("--tags", "tags"), ("--kv-budget", "kv_budget")):
-                if opts[key]:
+                if opts[key]:  # one model's setting: a preset key in router mode
                     raise CommandError(f"{flag} is about one served model: in router mode set `{flag[2:]}` in "
-                                       "that model's section of --models-preset (or [*] for every model)"
-                                       if key == "kv_budget" else
-                                       f"{flag} names the one served model: in router mode set `{flag[2:]}` in "
                                        "that model's section of --models-preset")
             return plan_router(opts)
         router_only = [f.name for f in serve_flags.ROUTER_ONLY if opts.get(f.target) not in (None, False)]
