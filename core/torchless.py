@@ -1,4 +1,5 @@
-"""transformers without torch, in Hearth's own processes.
+"""transformers without torch, and without rescanning itself, in Hearth's
+own processes.
 
 Hearth runs every model on MLX. transformers gives it tokenizers, chat
 templates and image processors, none of which needs torch; but torch is
@@ -12,15 +13,30 @@ for torch and its companions with "not installed", as it runs, before
 transformers asks. xgrammar still imports torch itself, in the processes
 that compile or enforce a grammar, when one is first asked for.
 
-HEARTH_TRANSFORMERS_TORCH=1 leaves transformers as it is.
+transformers 5 also reads its own source at every import: it builds the
+"import structure" of its lazy modules by scanning about 3,000 files of
+`transformers/` for `__all__` lists and backend decorators, about 1 s of
+CPU at each start of a process that loads a tokenizer. The result depends
+on those files only, so `install` keeps it on disk (`structures_cache()`,
+one JSON file per transformers install under the user's cache folder) and
+reads it back while every `.py` file under `transformers/` has the size and
+mtime it had when the file was written (a walk of stats, about 40 ms).
+transformers has no such cache of its own, which is why it is done here.
+
+HEARTH_TRANSFORMERS_TORCH=1 leaves transformers as it is (both changes).
 
 No Django here, and no imports of the project's apps."""
 from __future__ import annotations
 
+import functools
+import hashlib
 import importlib.abc
 import importlib.machinery
+import json
 import os
 import sys
+import tempfile
+from pathlib import Path
 
 TARGET = "transformers.utils.import_utils"
 HIDDEN = ("torch", "torchvision", "torchaudio", "torchao")
@@ -56,6 +72,72 @@ def _patch(module) -> None:
         return original(pkg_name, return_version)
 
     module._is_package_available = available
+    module.define_import_structure = _cached_structures(module.define_import_structure)
+
+
+def structures_cache() -> Path:
+    """Where the import structures of the transformers install at `root` are kept."""
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return base / "hearth" / "transformers-imports"
+
+
+def _signature(root: str) -> str:
+    """The sizes and mtimes of every `.py` file under `root`, hashed: what the
+    scan reads, so a changed or added file makes a new signature."""
+    digest = hashlib.sha256(root.encode())
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        for name in sorted(files):
+            if name.endswith(".py"):
+                stat = os.stat(os.path.join(folder, name))
+                digest.update(f"{folder}/{name}:{stat.st_size}:{stat.st_mtime_ns};".encode())
+    return digest.hexdigest()
+
+
+def _cached_structures(define):
+    """`define_import_structure`, answered from the on-disk cache when its
+    signature still holds; a miss computes and stores. Any failure to read or
+    write the cache only means computing, as transformers does."""
+    compute = getattr(define, "__wrapped__", define)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(sys.modules[compute.__module__].__file__)))
+    state: dict = {}
+
+    def load() -> dict:
+        if "entries" not in state:
+            state["signature"] = _signature(root)
+            state["path"] = structures_cache() / f"{hashlib.sha256(root.encode()).hexdigest()[:16]}.json"
+            try:
+                stored = json.loads(state["path"].read_text())
+                state["entries"] = stored["entries"] if stored.get("signature") == state["signature"] else {}
+            except (OSError, ValueError, KeyError, TypeError):
+                state["entries"] = {}
+        return state["entries"]
+
+    @functools.lru_cache(maxsize=None)
+    def cached(module_path: str, prefix: str | None = None):
+        key = f"{os.path.relpath(os.path.abspath(module_path), root)}|{prefix or ''}"
+        entries = load()
+        if key in entries:
+            return {frozenset(backends): {name: set(objects) for name, objects in modules.items()}
+                    for backends, modules in entries[key]}
+        structure = compute(module_path, prefix)
+        entries[key] = [[sorted(backends), {name: sorted(objects) for name, objects in modules.items()}]
+                        for backends, modules in structure.items()]
+        _store(state["path"], {"signature": state["signature"], "entries": entries})
+        return structure
+
+    return cached
+
+
+def _store(path: Path, content: dict) -> None:
+    """Write `content` whole or not at all (processes starting together race here)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".tmp", delete=False) as out:
+            json.dump(content, out)
+        os.replace(out.name, path)
+    except OSError:
+        pass
 
 
 def install() -> None:

@@ -1,6 +1,8 @@
 """core/torchless.py: Hearth's processes load tokenizers without importing
 torch (about 2 s of every start), and xgrammar still gets torch when a
-grammar needs it; HEARTH_TRANSFORMERS_TORCH=1 leaves transformers as it is."""
+grammar needs it; transformers' scan of its own source is read back from a
+cache that a changed source or a broken file only makes it compute again;
+HEARTH_TRANSFORMERS_TORCH=1 leaves transformers as it is."""
 from __future__ import annotations
 
 import json
@@ -28,8 +30,21 @@ print(json.dumps({"torch_at_load": before, "text": bool(text), "grammar": compil
 """
 
 
-def _probe(tiny_model, **env) -> dict:
-    done = subprocess.run([sys.executable, "-c", PROBE, tiny_model], cwd=ROOT, capture_output=True, text=True,
+SCANS = """
+import json, sys
+from core import torchless
+torchless.install()
+from huggingface_hub import snapshot_download
+from mlx_lm import load
+import transformers.utils.import_utils as iu
+_, tok = load(snapshot_download(sys.argv[1], local_files_only=True))
+print(json.dumps({"scans": iu.create_import_structure_from_path.cache_info().misses,
+                  "text": tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False)}))
+"""
+
+
+def _probe(tiny_model, code: str = PROBE, **env) -> dict:
+    done = subprocess.run([sys.executable, "-c", code, tiny_model], cwd=ROOT, capture_output=True, text=True,
                           env={**os.environ, **env}, timeout=120)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -41,3 +56,19 @@ def test_tokenizers_load_without_torch_and_grammars_still_compile(tiny_model):
 
 def test_the_switch_leaves_transformers_as_it_is(tiny_model):
     assert _probe(tiny_model, HEARTH_TRANSFORMERS_TORCH="1")["torch_at_load"] is True
+
+
+def test_the_scan_of_transformers_is_cached_and_a_changed_source_scans_again(tiny_model, tmp_path):
+    first = _probe(tiny_model, SCANS, XDG_CACHE_HOME=str(tmp_path))
+    [stored] = (tmp_path / "hearth" / "transformers-imports").glob("*.json")
+    assert first["scans"] > 100 and json.loads(stored.read_text())["entries"]
+    again = _probe(tiny_model, SCANS, XDG_CACHE_HOME=str(tmp_path))
+    assert again == {**first, "scans": 0}  # the same tokenizer and template, nothing scanned
+
+    record = json.loads(stored.read_text())
+    stored.write_text(json.dumps({**record, "signature": "another transformers"}))
+    assert _probe(tiny_model, SCANS, XDG_CACHE_HOME=str(tmp_path)) == first
+    assert json.loads(stored.read_text())["signature"] == record["signature"]
+    stored.write_text("{not json")
+    assert _probe(tiny_model, SCANS, XDG_CACHE_HOME=str(tmp_path)) == first
+    assert _probe(tiny_model, SCANS, XDG_CACHE_HOME=str(tmp_path), HEARTH_TRANSFORMERS_TORCH="1")["scans"] > 100

@@ -15,6 +15,7 @@ from core.home import blas_cache
 
 class Command(BaseCommand):
     help = "Show the BLAS libraries installed here, their measured GFLOP/s, and which one `hearth` starts on."
+    requires_system_checks: list[str] = []
 
     def add_arguments(self, parser):
         parser.add_argument("--measure", action="store_true",

@@ -322,6 +322,7 @@ def is_loopback(url: str) -> bool:
 
 class Command(BaseCommand):
     help = "Chat with a model in the terminal (starts a server in router mode when none is running)."
+    requires_system_checks: list[str] = []
 
     def add_arguments(self, parser):
         parser.add_argument("model", help="a model id (org/name) or alias the server knows; `hearth ls` lists them")

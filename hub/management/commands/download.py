@@ -19,6 +19,7 @@ def _size(n: float) -> str:
 
 class Command(BaseCommand):
     help = "Download a model repo from the Hugging Face Hub into the local cache, with progress."
+    requires_system_checks: list[str] = []
 
     def add_arguments(self, parser):
         parser.add_argument("repo", help="org/name")

@@ -9,6 +9,7 @@ from django.core.management.base import BaseCommand
 
 class Command(BaseCommand):
     help = "Reclaim disk from superseded revisions in the local Hugging Face cache."
+    requires_system_checks: list[str] = []
 
     def add_arguments(self, parser):
         parser.add_argument("--yes", action="store_true", help="delete what the plan lists (otherwise only show it)")

@@ -48,6 +48,7 @@ def served_states(server: remote.Server) -> dict[str, str] | None:
 
 class Command(BaseCommand):
     help = "List the local models: size, quantization, whether each fits this machine and is loaded."
+    requires_system_checks: list[str] = []
 
     def add_arguments(self, parser):
         parser.add_argument("--json", action="store_true", help="print the rows as JSON")

@@ -33,6 +33,7 @@ def cells(row: dict) -> list[str]:
 
 class Command(BaseCommand):
     help = "List the models a running server has loaded: state, memory, idle time, pin, requests in flight."
+    requires_system_checks: list[str] = []
 
     def add_arguments(self, parser):
         parser.add_argument("--json", action="store_true", help="print the server's rows for those models as JSON")

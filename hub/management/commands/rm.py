@@ -77,6 +77,7 @@ def unknown(model: str, cache: Path) -> str:
 
 class Command(BaseCommand):
     help = "Remove a model repo (every revision) from the local Hugging Face cache."
+    requires_system_checks: list[str] = []
 
     def add_arguments(self, parser):
         parser.add_argument("model", help="the repo id, org/name, as `hearth ls` shows it")

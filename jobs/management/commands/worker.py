@@ -22,6 +22,7 @@ log = logging.getLogger("hearth.jobs")
 
 class Command(BaseCommand):
     help = "Run a job worker on its own (`hearth serve` starts one itself)."
+    requires_system_checks: list[str] = []
 
     def add_arguments(self, parser):
         parser.add_argument("--workers", type=int, default=2, help="jobs that may run at once")

@@ -13,6 +13,7 @@ from memory import git, index, service, vault
 
 class Command(BaseCommand):
     help = "Memory vaults: set one up, search it, distill chat sessions into it."
+    requires_system_checks: list[str] = []
 
     def add_arguments(self, parser):
         sub = parser.add_subparsers(dest="action", required=True)

@@ -21,6 +21,7 @@ from inference.engine.errors import EngineError
 class Command(BaseCommand):
     help = ("Generate greedily with a model sharded across the ranks mlx.launch started (mx.distributed, "
             "tensor or pipeline parallel); rank 0 prints the answer.")
+    requires_system_checks: list[str] = []
 
     def add_arguments(self, parser):
         parser.add_argument("model", help="a local model directory or a repo id in the local HF cache")

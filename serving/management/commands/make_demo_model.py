@@ -28,6 +28,7 @@ class Command(BaseCommand):
     help = (f"Train the small demo chat model and publish it to the local HF cache as {DEMO_REPO}; with --kind "
             f"vision, the demo vision model instead ({vision.VISION_REPO}), with --kind audio, the demo speech "
             f"model ({WHISPER_REPO}: a tiny Whisper for spoken digits).")
+    requires_system_checks: list[str] = []
 
     def add_arguments(self, parser):
         parser.add_argument("--kind", choices=("chat", "vision", "audio"), default="chat")
