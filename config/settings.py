@@ -66,6 +66,7 @@ MIDDLEWARE = [
     "hearth.middleware.SecureCookiesOverTlsMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "hearth.middleware.ApiKeyMiddleware",
+    "hearth.middleware.ReplayMiddleware",
     "hearth.middleware.RouterMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",

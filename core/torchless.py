@@ -72,7 +72,9 @@ def _patch(module) -> None:
         return original(pkg_name, return_version)
 
     module._is_package_available = available
-    module.define_import_structure = _cached_structures(module.define_import_structure)
+    if module.__file__:  # the package's folder, two up from transformers/utils/import_utils.py
+        root = os.path.dirname(os.path.dirname(os.path.abspath(module.__file__)))
+        module.define_import_structure = _cached_structures(module.define_import_structure, root)
 
 
 def structures_cache() -> Path:
@@ -94,12 +96,11 @@ def _signature(root: str) -> str:
     return digest.hexdigest()
 
 
-def _cached_structures(define):
+def _cached_structures(define, root: str):
     """`define_import_structure`, answered from the on-disk cache when its
     signature still holds; a miss computes and stores. Any failure to read or
     write the cache only means computing, as transformers does."""
     compute = getattr(define, "__wrapped__", define)
-    root = os.path.dirname(os.path.dirname(os.path.abspath(sys.modules[compute.__module__].__file__)))
     state: dict = {}
 
     def load() -> dict:

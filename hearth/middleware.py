@@ -3,7 +3,8 @@ ones ninja produces before a view runs (405 on a known path); every answer
 is counted for /metrics by route and status; requests for another Host
 name, cross-origin writes from origins the operator did not allow, and
 requests without a key (when keys are configured) are refused; allowed
-origins get CORS headers.
+origins get CORS headers; an identical retry of a resumable stream
+follows the stream it repeats.
 
 Async-capable on purpose: one sync-only middleware makes Django run the
 whole chain through a single worker thread, which would queue every request
@@ -11,6 +12,7 @@ behind a long non-streaming generation.
 """
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 from urllib.parse import quote
 
@@ -23,6 +25,10 @@ from hearth import access
 from hearth.root import RUNTIME as runtime
 from serving import traces
 from serving.routes import proxy
+from serving.routes.pipeline import replay_key
+from serving.streams.store import StreamRefused, check_id
+
+log = logging.getLogger("hearth.streams")
 
 
 class _Middleware:
@@ -262,6 +268,42 @@ def refusal(request, key: str | None):
         return HttpResponseRedirect("/signin?next=" + quote(request.get_full_path(), safe="/"))
     return surfaces.of(request).response(401, message, "invalid_api_key",
                                          headers={"WWW-Authenticate": 'Bearer realm="hearth"'})
+
+
+class ReplayMiddleware(_Middleware):
+    """An identical retry of a resumable stream (serving/streams/store.py:
+    the same POST, body and key on the same X-Conversation-Id, whose stream is
+    live or ended `done`) follows that stream from its first byte instead of
+    generating again, in either mode and with Redis on any web node. Its
+    answer says so: `X-Hearth-Replayed: live` or `done`. After the access
+    checks (a stream is its key's); anything else goes on as it came."""
+
+    def __call__(self, request):
+        if request.method != "POST" or not request.headers.get("X-Conversation-Id", "").strip():
+            return self.get_response(request)
+        if self.is_async:
+            return self._acall(request)
+        replayed = async_to_sync(_replayed)(request)
+        return replayed if replayed is not None else self.get_response(request)
+
+    async def _acall(self, request):
+        replayed = await _replayed(request)
+        return replayed if replayed is not None else await self.get_response(request)
+
+
+async def _replayed(request):
+    """The replay answering `request`, or None when it is not an identical retry."""
+    try:
+        conversation = check_id(request.headers["X-Conversation-Id"].strip())
+    except StreamRefused:
+        return None  # the route refuses the id, in its protocol's shape
+    stream = await request.runtime.streams.replayable(conversation, replay_key(request), holders.of(request))
+    if stream is None:
+        return None
+    log.info("conversation %s: an identical retry follows its %s stream instead of generating again",
+             conversation, stream.meta.state)
+    headers = {"X-Conversation-Id": conversation, "X-Hearth-Replayed": stream.meta.state}
+    return surfaces.for_path(request.path).sse(stream.follow(0), headers)
 
 
 class RouterMiddleware(_Middleware):

@@ -17,7 +17,7 @@ from inference.protocols import choices, openai, params
 from inference.protocols.errors import RequestError
 from inference.protocols.openai import Message, Prepared
 from serving import traces
-from serving.streams.store import StreamRefused, check_id, close_quietly
+from serving.streams.store import StreamRefused, check_id, close_quietly, request_key
 
 
 def submit(engine: Engine, request: GenerationRequest, param: str) -> Submission:
@@ -134,6 +134,11 @@ def conversation_id(request) -> str | None:
         raise RequestError(exc.message, "X-Conversation-Id") from None
 
 
+def replay_key(request) -> str:
+    """The request's `store.request_key`: what an identical retry of it shares."""
+    return request_key(request.path, request.body, holders.of(request))
+
+
 async def resumable(request, conversation: str, model: str, frames: AsyncIterator[bytes],
                     submission: Submission | _All) -> AsyncIterator[bytes]:
     """Hand `frames` to the runtime's resumable streams; the reply follows them."""
@@ -145,7 +150,7 @@ async def resumable(request, conversation: str, model: str, frames: AsyncIterato
     try:
         return await request.runtime.streams.start(conversation, surface.name, model, frames, stop,
                                                    surface.stream_error,
-                                                   holder=holders.of(request))
+                                                   holder=holders.of(request), request=replay_key(request))
     except StreamRefused as exc:
         submission.abort()
         await close_quietly(frames)

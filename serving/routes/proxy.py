@@ -29,7 +29,7 @@ from serving.router.manager import Manager
 from serving.router.owners import HOP_HEADER, MODEL_HEADER, refused_hop
 from serving.router.slots import RouterError, Slot
 from serving.routes import errors
-from serving.routes.pipeline import conversation_id
+from serving.routes.pipeline import conversation_id, replay_key
 from serving.streams.store import TAKEN, StreamRefused, close_quietly
 
 log = logging.getLogger("hearth.router")
@@ -218,7 +218,8 @@ async def _record(request: HttpRequest, manager: Manager, slot: Slot, names: tup
     try:
         frames = await request.runtime.streams.start(conversation, surfaces.for_path(path).name, slot.id, chunks, stop,
                                                      surfaces.for_path(path).stream_error,
-                                                     failed=lambda: relay.broke, holder=holders.of(request))
+                                                     failed=lambda: relay.broke, holder=holders.of(request),
+                                                     request=replay_key(request))
     except StreamRefused as exc:
         await close_quietly(chunks)
         relay.close()

@@ -48,6 +48,7 @@ class Meta:
     on_crash: str  # the event that ends it if its process dies first
     state: str = LIVE
     holder: str = ""  # the key that made it (core/holders.py); "" is everyone's
+    request: str = ""  # `store.request_key` of the POST that started it: an identical retry replays it
     ended_at: float | None = None
     start: int = 0
     end: int = 0

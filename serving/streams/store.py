@@ -21,6 +21,14 @@ set) every stream is also copied there as it is written, so another web
 node finds it (`find`), replays and follows it, and stops it (the command
 goes to the node that generates).
 
+An identical retry (the same POST, path and body byte for byte, from the
+same key, on the same conversation: `request_key`) of a stream that is
+live or ended `done` follows that stream from its first byte instead of
+starting the generation again (`replayable`): a client that lost its
+connection and sends its request again costs nothing and gets the same
+answer. A stream stopped, failed or cut short (its first bytes dropped)
+is generated again.
+
 Router mode's model processes pass `record=False`: the router records, and
 the model's process only keeps each conversation's generation so the
 router can stop it (`DELETE /v1/stream/<id>` there).
@@ -31,6 +39,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import hashlib
+import hmac
 import json
 import logging
 import os
@@ -57,6 +67,17 @@ CRASH_MESSAGE = ("the server stopped before this generation ended (it crashed, w
                  "what it generated until then is above")
 
 StopFn = Callable[[], Awaitable[None]]
+
+
+REPLAYABLE = (LIVE, "done")  # the states an identical retry follows rather than generating again
+
+
+def request_key(path: str, body: bytes, holder: str) -> str:
+    """What makes two POSTs identical retries of each other."""
+    digest = hashlib.sha256()
+    for part in (path.encode(), holder.encode(), body):
+        digest.update(len(part).to_bytes(8, "big") + part)
+    return digest.hexdigest()
 
 
 TAKEN = "this X-Conversation-Id is taken by another API key's stream; choose another"
@@ -194,6 +215,7 @@ class Streams:
         self.owner: Owner | None = None
         self._gc_task: asyncio.Task | None = None
         self.shared: Shared | None = None  # Redis: the streams of every web node
+        self.replays = 0  # identical retries answered from a stream instead of generating again
 
     # -- opening and closing ------------------------------------------------
     def open(self) -> None:
@@ -230,7 +252,7 @@ class Streams:
     async def start(self, conversation_id: str, kind: str, model: str | None, producer: AsyncIterator[bytes],
                     stop: StopFn, error_event: Callable[[str], bytes],
                     context: object = None, failed: Callable[[], bool] | None = None,
-                    holder: str = "") -> AsyncIterator[bytes]:
+                    holder: str = "", request: str = "") -> AsyncIterator[bytes]:
         """Run `producer` to its end whatever its reader does; answer what the
         request's reader gets (every byte, from the first). `stop` asks the
         generation to end early; `error_event(message)` is an event in the
@@ -239,7 +261,8 @@ class Streams:
         `failed()`, asked when the producer ends, says it ended on an error
         event of its own (the stream then ends `failed`). The stream belongs
         to `holder` (core/holders.py): a conversation whose stream another
-        key holds is refused (409), never stopped or replaced."""
+        key holds is refused (409), never stopped or replaced. `request` is
+        the starting POST's `request_key` (for `replayable`)."""
         check_id(conversation_id)
         async with self._claim(conversation_id):  # two POSTs at once: the second stops the first
             if self.record and await self.taken(conversation_id, holder):
@@ -248,7 +271,7 @@ class Streams:
             if not self.record:
                 return self._relay_only(conversation_id, producer, stop)
             self._make_room()
-            stream = self._begin(conversation_id, kind, model, stop, error_event, context, holder)
+            stream = self._begin(conversation_id, kind, model, stop, error_event, context, holder, request)
             stream.failed_fn = failed
             if self.shared is not None:
                 await self.shared.run(self._command)
@@ -283,10 +306,10 @@ class Streams:
         return lock
 
     def _begin(self, conversation_id: str, kind: str, model: str | None, stop: StopFn,
-               error_event: Callable[[str], bytes], context: object, holder: str) -> Stream:
+               error_event: Callable[[str], bytes], context: object, holder: str, request: str = "") -> Stream:
         meta = Meta(sid=secrets.token_hex(12), conversation_id=conversation_id, kind=kind, model=model,
                     created=time.time(), owner=self.owner.name if self.owner else "",
-                    on_crash=error_event(CRASH_MESSAGE).decode(), holder=holder)
+                    on_crash=error_event(CRASH_MESSAGE).decode(), holder=holder, request=request)
         stream = Stream(meta, self.folder, self.cap)
         stream.stop_fn, stream.context, stream.error_event = stop, context, error_event
         previous = self.by_id.get(conversation_id)
@@ -450,6 +473,20 @@ class Streams:
             return None
         return RemoteStream(self.shared, meta, ctx)
 
+    async def replayable(self, conversation_id: str, request: str, holder: str) -> Stream | RemoteStream | None:
+        """The conversation's stream when it was started by a request identical
+        to this one (`request_key`) and can be followed from its first byte
+        (live, or ended `done`, and nothing dropped); else None."""
+        if not request or not self.record:
+            return None
+        stream = await self.find(conversation_id, holder)  # with Redis, another web node's too
+        if stream is None or not hmac.compare_digest(stream.meta.request, request):
+            return None
+        if stream.meta.state not in REPLAYABLE or stream.start != 0:
+            return None
+        self.replays += 1
+        return stream
+
     def get(self, conversation_id: str) -> Stream | None:
         self._start_gc()
         stream = self.by_id.get(conversation_id)
@@ -482,7 +519,7 @@ class Streams:
         return {"live": self.live_count(), "stored": len(kept), "bytes": self._bytes(),
                 "following": sum(s.followers for s in self.by_id.values()),
                 "ttl_s": self.ttl_s, "max_stream_bytes": self.cap, "max_total_bytes": self.total,
-                "durable": self.folder is not None and self.record}
+                "durable": self.folder is not None and self.record, "replays": self.replays}
 
     # -- keeping within bounds --------------------------------------------------
     def _bytes(self) -> int:

@@ -1,6 +1,7 @@
 """Resumable streams over HTTP (`X-Conversation-Id`, `/v1/stream/{id}`,
 `/v1/streams/lookup`): a generation outlives its client, replays from any
-byte, follows live, stops on DELETE, and survives a restart."""
+byte, follows live, stops on DELETE, and survives a restart; an identical
+retry follows the stream it repeats instead of generating again."""
 from __future__ import annotations
 
 import json
@@ -158,6 +159,41 @@ def test_a_new_post_on_the_conversation_stops_the_previous_one(server, tiny_mode
     assert _content(second)[2]["completion_tokens"] == 5
     assert _replay(server.url, conv).content == second  # the conversation's stream is the new one
     assert _lookup(server.url, conv)[conv]["status"] == "done"
+
+
+def _retry(url: str, body: dict, conv: str, **headers: str) -> httpx.Response:
+    return httpx.post(url + "/v1/chat/completions", json=body, timeout=120,
+                      headers={"X-Conversation-Id": conv, **headers})
+
+
+def test_an_identical_retry_follows_the_stream_instead_of_generating_again(server, tiny_model, eos_id):
+    conv, body = _conv(), _body(tiny_model, eos_id, 600)
+    before = _generated(server.url)
+    received = _start(server.url, body, conv, 1)  # the client goes away at once
+    live = _retry(server.url, body, conv)  # the same request again, while the first still generates
+    assert live.status_code == 200 and live.headers["x-hearth-replayed"] == "live"
+    assert live.headers["x-conversation-id"] == conv and live.content.startswith(received)
+    assert _content(live.content)[2]["completion_tokens"] == 600
+    done = _retry(server.url, body, conv)  # and once more, after it ended
+    assert done.headers["x-hearth-replayed"] == "done" and done.content == live.content
+    assert done.content == _replay(server.url, conv).content
+    assert _generated(server.url) - before == 600  # one generation for the three requests
+    stats = httpx.get(server.url + "/stats", timeout=30).json()["streams"]
+    assert stats["replays"] >= 2
+
+    changed = {**body, "max_tokens": 5}  # another body is another request: it replaces the stream
+    fresh = _retry(server.url, changed, conv)
+    assert "x-hearth-replayed" not in fresh.headers and _content(fresh.content)[2]["completion_tokens"] == 5
+    assert _retry(server.url, body, conv).headers.get("x-hearth-replayed") is None  # its stream is gone now
+
+
+def test_a_stopped_stream_is_generated_again_on_retry(server, tiny_model, eos_id):
+    conv, body = _conv(), _body(tiny_model, eos_id, 1700)
+    _start(server.url, body, conv, 1)
+    assert httpx.delete(f"{server.url}/v1/stream/{conv}", timeout=30).json()["stopped"] is True
+    again = _retry(server.url, body, conv)  # what was stopped is not the answer a retry wants
+    assert again.status_code == 200 and "x-hearth-replayed" not in again.headers
+    assert _content(again.content)[2]["completion_tokens"] == 1700
 
 
 def test_posts_at_once_on_one_conversation_leave_one_generation(server, tiny_model, eos_id):

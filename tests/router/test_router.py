@@ -505,6 +505,8 @@ def test_resumable_streams_through_the_router(two, library):
     """The router records a resumable stream itself: a dropped client loses
     nothing, a replay follows it, DELETE stops the generation in the model's
     process, and one conversation has one live generation across models."""
+    replayed: list[str | None] = []
+
     def post(model: str, conv: str, max_tokens: int, read: int, events: int = 0) -> bytes:
         body = {"model": model, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": max_tokens,
                 "stream": True, "temperature": 0, "logit_bias": {str(_eos(library, model)): -100}}
@@ -512,6 +514,7 @@ def test_resumable_streams_through_the_router(two, library):
         with httpx.stream("POST", two.url + "/v1/chat/completions", json=body, timeout=120,
                           headers={"X-Conversation-Id": conv}) as r:
             assert r.status_code == 200 and r.headers["x-conversation-id"] == conv
+            replayed.append(r.headers.get("x-hearth-replayed"))
             for chunk in r.iter_raw():
                 got += chunk
                 if len(got) >= read and got.count(b"data: ") >= events:
@@ -530,17 +533,20 @@ def test_resumable_streams_through_the_router(two, library):
     assert lookup(conv)["status"] == "done" and lookup(conv)["model"] == A
     usage = json.loads(whole.split(b"data: ")[-2].strip())["usage"]
     assert usage["completion_tokens"] == 60
+    assert post(A, conv, 60, 10 << 20) == whole and replayed[-1] == "done"  # an identical retry: replayed
 
     post(B, conv, 2000, 1)  # the same conversation on the other model
     post(A, conv, 2000, 1)  # stops the generation on B
-    # And on the same model: the one before stops, not this one, which has sent a token (its second event).
-    post(A, conv, 2000, 1, events=2)
+    post(A, conv, 2000, 1)  # the same request again: an identical retry follows the generation under way
+    # And another on the same model: the one before stops, not this one, which has sent a token (its second event).
+    post(A, conv, 1999, 1, events=2)
+    assert replayed[-4:] == [None, None, "live", None]
     stopped = HTTP.delete(f"{two.url}/v1/stream/{conv}")  # and this one on A
     assert stopped.status_code == 200 and stopped.json()["stopped"] is True
     assert stopped.json()["status"] == "stopped" and stopped.json()["model"] == A
     whole = HTTP.get(f"{two.url}/v1/stream/{conv}").content
     usage = json.loads(whole.split(b"data: ")[-2].strip())["usage"]
-    assert 0 < usage["completion_tokens"] < 2000 and whole.endswith(b"data: [DONE]\n\n")
+    assert 0 < usage["completion_tokens"] < 1999 and whole.endswith(b"data: [DONE]\n\n")
     deadline = time.monotonic() + 30  # neither model is still generating for it
     while any(_rows(two.url)[m]["inflight"] for m in (A, B)) and time.monotonic() < deadline:
         time.sleep(0.1)
