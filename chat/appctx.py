@@ -37,9 +37,10 @@ ROUTES = {"chat": "Chat", "status": "Status", "models": "Models", "memory": "Mem
 # checks that the frontend marks every one).
 SPOTS = {
     "quantize-source": "the model to quantize (Quantize, step 1)",
-    "quantize-mode": "uniform bits or a bits-per-weight target (Quantize, step 2)",
+    "quantize-mode": "uniform bits, a bits-per-weight target, or calibrated GPTQ/AWQ (Quantize, step 2)",
     "quantize-bits": "bits per weight (Quantize, step 2)",
     "quantize-group": "group size (Quantize, step 2)",
+    "quantize-calibration": "the calibration text for GPTQ or AWQ (Quantize, step 2)",
     "finetune-model": "the base model (Fine-tune, step 1)",
     "finetune-data": "the dataset folder (Fine-tune, step 2)",
     "finetune-iters": "training iterations (Fine-tune, step 3)",

@@ -169,7 +169,7 @@ def quantize_submit(request: HttpRequest, body: QuantizeRequest) -> dict:
         _, path = resolve(model_id)
         regular_entries(path, "model_id")  # the converter opens every file it knows by name
     job = service.submit("quantize", config)
-    repo = quantize.output_repo(model_id, path, body.bits, body.target_bpw)
+    repo = quantize.output_repo(model_id, path, body.bits, body.target_bpw, body.method)
     folder = Path(constants.HF_HUB_CACHE) / ("models--" + repo.replace("/", "--"))  # where the job publishes it
     return {"ok": True, "job_id": job.id, "output_dir": str(folder), "output_repo": repo}
 

@@ -33,6 +33,14 @@ class QuantizeRequest(ModelRef):
     target_bpw: float | None = Field(None, description="mixed precision: bits per weight, 1.5 to 16")
     candidate_bits: list[int] | None = Field(None, description="widths the mixed mode may pick from")
     rotate_weights: bool = Field(False, description="not offered by this quantizer: true is refused")
+    method: str = Field("rtn", description="rtn (round to nearest, no data), gptq or awq (mlx-lm's calibrated "
+                                           "quantizers, with calibration_data)")
+    calibration_data: str | None = Field(None, description="gptq/awq: a text file, a .jsonl file or a dataset "
+                                                           "folder with train.jsonl")
+    n_calibration: int | None = Field(None, description="gptq/awq: sequences of calibration text (1 to 1024, "
+                                                        "default 32)")
+    sequence_length: int | None = Field(None, description="gptq/awq: tokens per sequence (16 to 4096, "
+                                                          "default 512)")
 
 
 class FinetunePaths(Body):

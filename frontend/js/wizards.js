@@ -106,10 +106,14 @@ function finetune(main) {
 function quantize(main) {
   const model = text("", { placeholder: "org/name or a folder" });
   const info = h("p", { class: "muted small" });
-  const mode = select([["bits", "uniform bits"], ["bpw", "bits-per-weight target (mixed)"]], "bits");
+  const mode = select([["bits", "uniform bits"], ["bpw", "bits-per-weight target (mixed)"],
+    ["gptq", "calibrated: GPTQ (2, 4 or 8 bits)"], ["awq", "calibrated: AWQ"]], "bits");
   const bits = select([[2, "2"], [3, "3"], [4, "4"], [5, "5"], [6, "6"], [8, "8"]], "4");
   const group = select([[32, "32"], [64, "64"], [128, "128"]], "64");
   const bpw = num(4.5, { step: "0.1", min: 1.5, max: 16 });
+  const calib = text("", { placeholder: "a .txt or .jsonl file, or a dataset folder" });
+  const samples = num(32, { step: "1", min: 1, max: 1024 });
+  const calibrated = () => mode.value === "gptq" || mode.value === "awq";
   servedModel().then((m) => { if (!model.value) model.value = m; });
   wizard(main, "Quantize", [
     { name: "Model", view: () => [field("Model to quantize", model), info], check: async () => {
@@ -120,18 +124,27 @@ function quantize(main) {
       return null;
     } },
     { name: "Precision", view: () => [info, field("Mode", mode), field("Bits", bits), field("Target bits per weight", bpw,
-      "Used in mixed mode: layers get different widths so the whole model meets the target."), field("Group size", group)],
-      check: () => (mode.value === "bpw" && !(Number(bpw.value) >= 1.5 && Number(bpw.value) <= 16) ? "Target between 1.5 and 16" : null) },
+      "Used in mixed mode: layers get different widths so the whole model meets the target."), field("Group size", group),
+      field("Calibration text", calib, "GPTQ and AWQ fit each layer to text like what the model will read: a text file, "
+        + "a .jsonl file or a dataset folder (its train.jsonl)."), field("Calibration sequences", samples)],
+      check: () => {
+        if (mode.value === "bpw" && !(Number(bpw.value) >= 1.5 && Number(bpw.value) <= 16)) return "Target between 1.5 and 16";
+        if (calibrated() && !calib.value.trim()) return "GPTQ and AWQ need calibration text";
+        if (mode.value === "gptq" && ![2, 4, 8].includes(Number(bits.value))) return "GPTQ packs 2, 4 or 8 bits";
+        return null;
+      } },
     { name: "Review", view: () => [h("p", {}, `Quantize ${model.value} to ${mode.value === "bpw" ? `${bpw.value} bits per weight (mixed)`
-      : `${bits.value} bits`}, group size ${group.value}. The result is a new model in the library.`)] },
+      : `${bits.value} bits`}, group size ${group.value}${calibrated() ? `, ${mode.value.toUpperCase()} on ${calib.value.trim()}` : ""}.`
+      + " The result is a new model in the library.")] },
   ], async () => {
     const body = { model_id: model.value.trim(), group_size: Number(group.value), bits: Number(bits.value) };
     if (mode.value === "bpw") body.target_bpw = Number(bpw.value);
+    if (calibrated()) Object.assign(body, { method: mode.value, calibration_data: calib.value.trim(), n_calibration: Number(samples.value) });
     const r = await api("/api/quantize/submit", { json: body });
     toast(`Quantizing into ${r.output_repo}`);
     return r.job_id;
   }, [["quantize-source", model, 0, "Model to quantize"], ["quantize-mode", mode, 1, "Mode"], ["quantize-bits", bits, 1, "Bits"],
-    ["quantize-group", group, 1, "Group size"]]);
+    ["quantize-group", group, 1, "Group size"], ["quantize-calibration", calib, 1, "Calibration text"]]);
 }
 
 function dataset(main) {

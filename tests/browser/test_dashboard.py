@@ -65,6 +65,33 @@ def test_finetune_wizard_starts_a_job_that_reaches_done(page, base_url, tiny_mod
     assert httpx.get(f"{base_url}/api/jobs/{job_id}").json()["job"]["status"] == "done"
 
 
+def test_quantize_wizard_runs_a_calibrated_gptq_job(page, base_url, tiny_model, tmp_path):
+    text = tmp_path / "calibration.txt"
+    text.write_text(" ".join(f"The {i} red birds fly over the old market." for i in range(400)))
+    page.goto(base_url + "/#/quantize")
+    page.wait_for_function("document.querySelector('#main input').value.length > 0")
+    page.fill("#main input", tiny_model)
+    page.click("text=Next")
+    page.select_option("[data-spot=quantize-mode]", "gptq")
+    page.select_option("[data-spot=quantize-bits]", "3")
+    page.fill("[data-spot=quantize-calibration]", str(text))
+    page.fill("label:has-text('Calibration sequences') + input", "4")
+    page.click("text=Next")
+    page.wait_for_selector("[role=alert]:has-text('GPTQ packs 2, 4 or 8 bits')")  # checked before going on
+    page.select_option("[data-spot=quantize-bits]", "4")
+    page.select_option("[data-spot=quantize-group]", "32")
+    page.screenshot(path=str(ARTIFACTS / "desktop-quantize-calibrated.png"), full_page=True)
+    page.click("text=Next")
+    page.wait_for_selector(f"text=GPTQ on {text}")
+    page.click("text=Start job")
+    page.wait_for_url("**/#/jobs/*")
+    page.wait_for_selector("h1 .badge:has-text('done')", timeout=180_000)
+    job = httpx.get(f"{base_url}/api/jobs/{page.url.rsplit('/', 1)[-1]}").json()["job"]
+    config = json.loads(job["config_json"])
+    assert job["status"] == "done" and config["method"] == "gptq" and config["n_calibration"] == 4
+    assert job["output_path"].split("/snapshots/")[0].endswith("models--hearth-test--tiny-random-hearth-4bit-gptq")
+
+
 def test_settings_saves_and_removes_the_hub_token(page, base_url):
     page.goto(base_url + "/#/settings")
     page.wait_for_selector("text=No token saved.")

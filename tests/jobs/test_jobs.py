@@ -72,10 +72,60 @@ def test_quantize_to_a_bits_per_weight_target_mixes_widths(base_url, tiny_model)
     ({"model_id": "x/y", "target_bpw": 3, "candidate_bits": [4, 7]}, "candidate_bits"),
     ({"model_id": "x/y", "rotate_weights": True}, "rotate_weights"),
     ({"model_id": "x/y", "calibration_mix": "wiki"}, "calibration_mix: Extra inputs are not permitted"),
+    ({"model_id": "x/y", "method": "dwq"}, "method must be one of rtn, gptq, awq"),
+    ({"model_id": "x/y", "method": "gptq"}, "calibration_data is required with method gptq"),
+    ({"model_id": "x/y", "method": "gptq", "bits": 3, "calibration_data": "x"}, "bits must be one of 2, 4, 8"),
+    ({"model_id": "x/y", "method": "awq", "calibration_data": "/etc/hostname"}, "calibration_data"),
+    ({"model_id": "x/y", "method": "awq", "calibration_data": "x", "target_bpw": 3}, "target_bpw: mixed"),
+    ({"model_id": "x/y", "n_calibration": 8}, "n_calibration is for a calibrated method"),
+    ({"model_id": "x/y", "method": "gptq", "calibration_data": "x", "sequence_length": 8}, "sequence_length must"),
 ])
 def test_quantize_submit_refusals(base_url, body, needle):
     r = httpx.post(base_url + "/api/quantize/submit", json=body)
     assert r.status_code == 400 and not r.json()["ok"] and needle in r.json()["error"]
+
+
+HELD_OUT = " ".join(f"The {a} number {i} walks to the {b} market." for i, (a, b) in
+                    enumerate(zip(["small", "green", "red", "blue"] * 50, ["new", "big", "old"] * 60, strict=False)))
+
+
+def test_calibrated_quantization_stays_closer_to_the_model_than_rounding(base_url, tiny_model, homes, tmp_path):
+    """GPTQ and AWQ (mlx-lm's own) on the caller's text: at 2 bits, their
+    predictions on text they never saw stay much nearer the float model's
+    than plain rounding's (measured: KL 0.03 and 0.08 against 0.30)."""
+    import mlx.core as mx
+    import mlx.nn as nn
+    from huggingface_hub import snapshot_download
+    from mlx_lm import convert, load
+
+    data = homes[1] / "datasets" / "calibration.jsonl"  # a dataset file, as the dataset builder writes them
+    data.parent.mkdir(parents=True, exist_ok=True)
+    data.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"Where does the {a} number {i} go?"},
+                                                     {"role": "assistant", "content": f"To the {b} market."}]}) + "\n"
+                            for i, (a, b) in enumerate(zip(["red", "blue", "green", "small"] * 100,
+                                                           ["old", "new", "big"] * 134, strict=False))))
+    src = snapshot_download(tiny_model, local_files_only=True)
+    model, tokenizer = load(src)
+    tokens = mx.array(tokenizer.encode(HELD_OUT)[:512])[None]
+    reference = nn.log_softmax(model(tokens), -1)
+
+    def kl(path: str) -> float:
+        quantized = nn.log_softmax(load(path)[0](tokens), -1)
+        return (mx.exp(reference) * (reference - quantized)).sum(-1).mean().item()
+
+    convert(src, mlx_path=str(tmp_path / "rtn"), quantize=True, q_bits=2, q_group_size=32)
+    rounding = kl(str(tmp_path / "rtn"))
+    for method in ("gptq", "awq"):
+        body = {"model_id": tiny_model, "bits": 2, "group_size": 32, "method": method, "calibration_data": str(data),
+                "n_calibration": 8, "sequence_length": 64}
+        submitted = httpx.post(base_url + "/api/quantize/submit", json=body).json()
+        assert submitted["output_repo"] == f"{tiny_model}-hearth-2bit-{method}", submitted
+        _, events = follow_job(base_url, submitted["job_id"])
+        assert events[-1]["type"] == "done", events[-3:]
+        summary = events[-1]["summary"]
+        assert summary["method"] == method and summary["calibration"]["sequences"] == 8
+        assert "calibrate" in [e.get("stage") for e in events]
+        assert kl(snapshot_download(submitted["output_repo"], local_files_only=True)) < rounding / 2, method
 
 
 def test_job_routes_errors(base_url):
