@@ -32,7 +32,7 @@ from chat.tools import Tool, check_args
 # The dashboard's pages (frontend/js/main.js), with the names the user sees.
 ROUTES = {"chat": "Chat", "status": "Status", "models": "Models", "memory": "Memory", "jobs": "Jobs",
           "finetune": "Fine-tune", "quantize": "Quantize", "dataset": "Dataset", "adapters": "Adapters",
-          "settings": "Settings"}
+          "lineage": "Lineage", "settings": "Settings"}
 # Curated spotlight targets: elements the pages mark with `data-spot` (tests/chat/test_app_aware.py
 # checks that the frontend marks every one).
 SPOTS = {

@@ -24,6 +24,7 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("curves", pages.curves),
     *[path(page, pages.legacy, {"page": page}) for page in ("status", "chat", "quantize", "finetune", "dataset")],
+    path("dag", pages.legacy, {"page": "lineage"}),  # the contract's lineage page is the dashboard's
 ]
 
 handler404 = "hearth.views.not_found"

@@ -23,7 +23,7 @@ def bare_name(ref) -> str | None:
     return (hub.group(1) if hub else text.split("/")[-1]).lower()
 
 
-def _config(path: Path) -> dict:
+def adapter_config(path: Path) -> dict:
     """adapter_config.json, or {} when it is missing, unreadable or not a
     regular file (a FIFO there is never opened: a listing must not hang)."""
     try:
@@ -34,7 +34,7 @@ def _config(path: Path) -> dict:
 
 
 def describe(path: Path) -> dict:
-    config = _config(path)
+    config = adapter_config(path)
     lora = config.get("lora_parameters") or {}
     weights = path / "adapters.safetensors"
     return {"path": str(path), "rank": lora.get("rank"), "scale": lora.get("scale"),

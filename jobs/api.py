@@ -76,6 +76,16 @@ def get_job(request: HttpRequest, job_id: str) -> dict:
     return {"ok": True, "job": _job(job_id).row()}
 
 
+@router.get("/lineage")
+def lineage(request: HttpRequest) -> dict:
+    """The library's lineage (jobs/lineage.py): base model -> dataset -> fine-tune job -> adapter -> merged,
+    exported or quantized model -> served, as `{nodes, edges}`; each node has the dashboard page it links to."""
+    from hub import registry
+    from jobs.lineage import build
+
+    return {"ok": True, **build([m.repo_id for m in registry.scan()], request.runtime.loaded_models())}
+
+
 @router.post("/jobs/{job_id}/cancel", openapi_extra=NO_BODY)
 def cancel_job(request: HttpRequest, job_id: str) -> dict:
     job = _job(job_id)

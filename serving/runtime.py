@@ -108,6 +108,12 @@ class Runtime:
         engine = self.engine
         return engine.loaded.model_id if engine is not None and engine.loaded is not None else None
 
+    def loaded_models(self) -> list[str]:
+        """The models this process serves now: the router's loaded (or loading) ones, or the engine's."""
+        if self.router is not None:
+            return [s.id for s in self.router.slots.values() if s.status in ("loaded", "loading")]
+        return [e.loaded.model_id for e in self.engines.values() if e.loaded is not None]
+
     def model_status(self, model_id: str) -> dict | None:
         """Router mode: a model's status object (`{"value": "loaded", …}`), or None."""
         if self.router is None:

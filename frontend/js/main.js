@@ -9,11 +9,12 @@ import { adaptersPage } from "./adapters.js";
 import { settingsPage } from "./settings.js";
 import { wizardPage } from "./wizards.js";
 import { memoryPage } from "./memory.js";
+import { lineagePage } from "./lineage.js";
 
 const PAGES = {
   status: statusPage, models: modelsPage, jobs: jobsPage, adapters: adaptersPage,
   settings: settingsPage, finetune: (m) => wizardPage(m, "finetune"), quantize: (m) => wizardPage(m, "quantize"),
-  dataset: (m) => wizardPage(m, "dataset"), memory: memoryPage,
+  dataset: (m) => wizardPage(m, "dataset"), memory: memoryPage, lineage: lineagePage,
 };
 let cleanup = null;
 const dock = mountDock();

@@ -13,7 +13,7 @@ import pytest
 from tests.browser import pages
 from tests.helpers import ARTIFACTS
 
-PAGES = ("chat", "status", "models", "jobs", "finetune", "quantize", "dataset", "adapters", "settings")
+PAGES = ("chat", "status", "models", "jobs", "finetune", "quantize", "dataset", "adapters", "lineage", "settings")
 
 
 def test_chat_streams_a_reply_and_sessions_survive_a_reload(page, base_url):
@@ -90,6 +90,17 @@ def test_quantize_wizard_runs_a_calibrated_gptq_job(page, base_url, tiny_model, 
     config = json.loads(job["config_json"])
     assert job["status"] == "done" and config["method"] == "gptq" and config["n_calibration"] == 4
     assert job["output_path"].split("/snapshots/")[0].endswith("models--hearth-test--tiny-random-hearth-4bit-gptq")
+
+
+def test_the_lineage_page_draws_the_served_model_and_links_each_node(page, base_url, tiny_model):
+    page.goto(base_url + "/dag")  # the contract's address of the page
+    page.wait_for_url("**/#/lineage")
+    served = page.wait_for_selector(f"[data-node='served:{tiny_model}']")
+    page.wait_for_selector("[data-node='model:tiny-random']")
+    assert page.locator("path.edge").count() >= 1
+    page.screenshot(path=str(ARTIFACTS / "desktop-lineage.png"), full_page=True)
+    served.click()
+    page.wait_for_url("**/#/status")
 
 
 def test_settings_saves_and_removes_the_hub_token(page, base_url):
