@@ -23,6 +23,7 @@ urlpatterns = [
     path("ws/chat", ws_chat_upgrade_required),
     path("admin/", admin.site.urls),
     path("curves", pages.curves),
+    path("curve-terrain", pages.curve_terrain),
     *[path(page, pages.legacy, {"page": page}) for page in ("status", "chat", "quantize", "finetune", "dataset")],
     path("dag", pages.legacy, {"page": "lineage"}),  # the contract's lineage page is the dashboard's
 ]

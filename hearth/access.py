@@ -38,7 +38,7 @@ SESSION_KEY = "hearth_key"
 PUBLIC = ("/health", "/signin", "/signout", "/auth")
 # Routes that answer any origin (the Curve Designer's): a browser's preflight never carries a key,
 # so their OPTIONS passes unchecked (it does nothing but state the CORS headers); POST needs the key.
-OPEN_PREFLIGHT = ("/signal", "/generate")
+OPEN_PREFLIGHT = ("/signal", "/generate", "/curve-terrain/surface")
 
 
 def digest(key: str) -> str:

@@ -56,7 +56,7 @@ VERSIONED = re.compile(r"/assets/vendor/[\w.-]+-\d+\.\d+\.\d+\.\w+")
 FOREVER = "public, max-age=31536000, immutable"
 # As the wire contract has them (the service worker and the Curve Designer never cached, the icon and the
 # manifest for an hour); every other file is revalidated on each use.
-CACHE = {"/sw.js": "no-store", "/assets/curves.html": "no-store",
+CACHE = {"/sw.js": "no-store", "/assets/curves.html": "no-store", "/assets/curve-terrain.html": "no-store",
          "/manifest.webmanifest": "public, max-age=3600", "/assets/icon.svg": "public, max-age=3600"}
 # Django's SecurityMiddleware adds these to its own answers.
 SECURITY = (("X-Content-Type-Options", "nosniff"), ("Referrer-Policy", settings.SECURE_REFERRER_POLICY),

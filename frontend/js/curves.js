@@ -1,12 +1,11 @@
 // The Curve Designer (/curves): draw a monotone transfer curve over next-token log-probabilities, see the
 // model's distribution under it (POST /signal), and compare samples drawn with it against the model's
 // default recipe (POST /generate). Works opened from another origin too: the server and key are settable.
-import { h } from "./util.js";
+import { h, svg as el, themeButton } from "./util.js";
 
 const X0 = -20, X1 = 0, BINS = 80;
 const W = 640, H = 400, M = { left: 46, right: 14, top: 14, bottom: 38 };
 const PW = W - M.left - M.right, PH = H - M.top - M.bottom;
-const SVG = "http://www.w3.org/2000/svg";
 const PRESETS = {
   identity: [[-20, -20], [0, 0]],
   flatten: [[-20, -20], [-6, -6], [-2, -1], [0, 0]],
@@ -25,12 +24,6 @@ let points = PRESETS.identity.map((p) => [...p]);
 let bins = null;
 let vocab = 0;
 let selected = -1;
-
-function el(tag, attrs = {}) {
-  const node = document.createElementNS(SVG, tag);
-  for (const [k, v] of Object.entries(attrs)) node.setAttribute(k, v);
-  return node;
-}
 
 function draw() {
   const svg = $("plot");
@@ -197,19 +190,8 @@ async function generate() {
   finally { button.disabled = false; }
 }
 
-function theme() {
-  const saved = localStorage.getItem("hearth-theme");
-  if (saved) document.documentElement.dataset.theme = saved;
-  document.querySelector(".theme").addEventListener("click", () => {
-    const t = document.documentElement.dataset.theme;
-    const dark = t ? t === "dark" : matchMedia("(prefers-color-scheme: dark)").matches;
-    document.documentElement.dataset.theme = dark ? "light" : "dark";
-    localStorage.setItem("hearth-theme", document.documentElement.dataset.theme);
-  });
-}
-
 function init() {
-  theme();
+  themeButton();
   $("server").value = location.protocol.startsWith("http") ? location.origin : "http://127.0.0.1:8080";
   for (const b of document.querySelectorAll("[data-preset]")) {
     b.addEventListener("click", () => { points = PRESETS[b.dataset.preset].map((p) => [...p]); selected = -1; draw(); });

@@ -2,20 +2,12 @@
 // right from what a model came from to what serves it: each node stands one column right of the furthest node it came
 // from (so every edge points right; what this server has loaded just right of its model), and within a column nodes
 // sit near the average height of where they came from. Each node links to its page.
-import { api, every, h } from "./util.js";
+import { api, every, h, svg as el } from "./util.js";
 
-const SVG = "http://www.w3.org/2000/svg";
 const KINDS = [["model", "model"], ["dataset", "dataset"], ["job", "job"], ["adapter", "adapter"], ["export", "export"],
   ["served", "served here"]];
 const NODE_W = 170, NODE_H = 34, GAP_X = 40, GAP_Y = 14, TOP = 8;
 const STATUS = { done: "ok", failed: "bad", zombie: "bad", cancelled: "warn", running: "run", queued: "" };
-
-function el(tag, attrs = {}, text) {
-  const node = document.createElementNS(SVG, tag);
-  for (const [k, v] of Object.entries(attrs)) node.setAttribute(k, v);
-  if (text !== undefined) node.textContent = text;
-  return node;
-}
 
 function layout(graph) {
   const linked = new Set(graph.edges.flatMap((e) => [e.source, e.target]));

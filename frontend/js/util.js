@@ -72,3 +72,23 @@ export function every(ms, fn) {
   tick();
   return () => { stopped = true; };
 }
+
+// An SVG element with its attributes (and text); the pages that draw (lineage, the Curve Designer and Terrain) use it.
+export function svg(tag, attrs = {}, text) {
+  const node = document.createElementNS("http://www.w3.org/2000/svg", tag);
+  for (const [k, v] of Object.entries(attrs)) node.setAttribute(k, v);
+  if (text !== undefined) node.textContent = text;
+  return node;
+}
+
+// The ◐ button of a page outside the dashboard's shell (the Curve Designer and Terrain): the saved theme, and the switch.
+export function themeButton() {
+  const saved = localStorage.getItem("hearth-theme");
+  if (saved) document.documentElement.dataset.theme = saved;
+  document.querySelector(".theme").addEventListener("click", () => {
+    const t = document.documentElement.dataset.theme;
+    const dark = t ? t === "dark" : matchMedia("(prefers-color-scheme: dark)").matches;
+    document.documentElement.dataset.theme = dark ? "light" : "dark";
+    localStorage.setItem("hearth-theme", document.documentElement.dataset.theme);
+  });
+}

@@ -50,43 +50,75 @@ SPANS = checks.HLG_SPANS
 FIELDS = ("enabled", *SPANS)
 
 
-def transfer(logits, params: HlgParams):
+def transfer(logits, params: HlgParams, xp=None):
     """The reshaped logits in float32 (any shape; the curve runs along the
-    last axis), the top token of each row at 0."""
-    import mlx.core as mx
+    last axis), the top token of each row at 0. `xp` is the array module:
+    MLX (the default, on the engine thread) or numpy, for which every
+    function used here has the same name (the Curve Terrain draws the
+    family with it, outside any engine)."""
+    if xp is None:
+        import mlx.core as xp
 
-    logits = logits.astype(mx.float32)
-    depth = mx.max(logits, axis=-1, keepdims=True) - logits
-    out = FLOOR * depth + (1 - FLOOR) * _knee(depth, params.width, params.shoulder)
+    logits = logits.astype(xp.float32)
+    depth = xp.max(logits, axis=-1, keepdims=True) - logits
+    out = FLOOR * depth + (1 - FLOOR) * _knee(depth, params.width, params.shoulder, xp)
     toe = params.toe
     if toe > 0:
         below = depth - params.pivot_offset
-        bent = mx.where(below <= toe, below * below / toe, toe + 2 * (below - toe))
-        out = out + mx.where(below > 0, bent, 0.0)
+        bent = xp.where(below <= toe, below * below / toe, toe + 2 * (below - toe))
+        out = out + xp.where(below > 0, bent, 0.0)
     return -out
 
 
 MIN_SHOULDER = 1e-3
 
 
-def _knee(depth, width: float, shoulder: float):
+def _knee(depth, width: float, shoulder: float, xp):
     """knee(d) of the module docstring, written so that nothing cancels or
     overflows: within the width, S * ln(1 + c * (e^(d/S) - 1)) with
     c = 1 / (1 + e^(W/S)) is computed as S * log1p(e^(d/S + ln c) * -expm1(-d/S)),
     which is exactly 0 at the top and never below 0; beyond it, the softplus
     (d - W)/S + log1p(e^-(d-W)/S) less its value at d = 0."""
-    import mlx.core as mx
-
     if shoulder < MIN_SHOULDER:  # a knee sharper than float32 can bend: the hard one (S = 0)
-        return mx.maximum(depth - width, 0.0)
+        return xp.maximum(depth - width, 0.0)
     ratio = width / shoulder
     log_c = -(ratio + math.log1p(math.exp(-ratio)))  # ln(1 / (1 + e^(W/S))), without overflow
     at_top = math.log1p(math.exp(-ratio))  # the softplus at d = 0
-    x = mx.minimum(depth, width) / shoulder
-    inside = shoulder * mx.log1p(mx.exp(x + log_c) * -mx.expm1(-x))
-    z = mx.maximum(depth - width, 0.0) / shoulder
-    outside = shoulder * (z + mx.log1p(mx.exp(-z)) - at_top)
-    return mx.where(depth <= width, inside, outside)
+    x = xp.minimum(depth, width) / shoulder
+    inside = shoulder * xp.log1p(xp.exp(x + log_c) * -xp.expm1(-x))
+    z = xp.maximum(depth - width, 0.0) / shoulder
+    outside = shoulder * (z + xp.log1p(xp.exp(-z)) - at_top)
+    return xp.where(depth <= width, inside, outside)
+
+
+MOST_STEPS = 61  # curves in a terrain
+MOST_POINTS = 161  # depths along each
+MOST_DEPTH = 64.0  # logits below the top a terrain reaches
+
+
+def terrain(params: HlgParams, vary: str, low: float, high: float, steps: int, depth: float, points: int) -> dict:
+    """The HLG family as a surface: for `steps` values of the span `vary`
+    from `low` to `high` (the other spans as in `params`), the curve's output
+    at `points` depths from 0 to `depth` below the top. Raises
+    InvalidRequest naming the first argument out of range."""
+    import numpy as np
+
+    if vary not in SPANS:
+        raise InvalidRequest(f"vary must be one of {', '.join(SPANS)}, got {vary!r}", "vary")
+    checks.integer("steps", steps, 2, MOST_STEPS)
+    checks.integer("points", points, 2, MOST_POINTS)
+    checks.finite("depth", depth, 1.0, MOST_DEPTH)
+    checks.finite("low", low, 0.0, checks.MAX_HLG_SPAN)
+    checks.finite("high", high, 0.0, checks.MAX_HLG_SPAN)
+    if high <= low:
+        raise InvalidRequest(f"high must be above low, got {low:g} to {high:g}", "high")
+    checks.check_hlg(params, prefix="")
+    depths = np.linspace(0.0, depth, points, dtype=np.float32)
+    values = np.linspace(low, high, steps)
+    changed: list[dict[str, Any]] = [{vary: float(v)} for v in values]
+    rows = [transfer(-depths, replace(params, **span), xp=np).tolist() for span in changed]
+    return {"vary": vary, "values": values.tolist(), "depths": depths.tolist(), "heights": rows,
+            "params": {name: getattr(params, name) for name in SPANS}}
 
 
 class HlgProcessor:

@@ -1,5 +1,8 @@
 """`POST /signal` and `POST /generate`: the Curve Designer's backends (the
-page is `GET /curves`, hearth/pages.py).
+page is `GET /curves`, hearth/pages.py); `GET /curve-terrain/surface`: the
+HLG curve family as a surface for the Curve Terrain (`GET /curve-terrain`),
+pure arithmetic on the server's HLG defaults, no model needed, so the
+router answers it itself.
 
 Both answer any origin (`access-control-allow-origin: *`, preflights
 included) so the page works opened from a file or another host; the API
@@ -15,21 +18,23 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import replace
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
 from core.surfaces import OPENAI
-from inference.engine import curve_sampler
+from inference.engine import curve_sampler, hlg
 from inference.engine.engine import Engine
-from inference.engine.errors import EngineError
+from inference.engine.errors import EngineError, InvalidRequest
 from inference.engine.loader import LoadedModel
+from inference.engine.types import HlgParams
 from inference.protocols import chat, curve_bodies, params
 from inference.protocols.errors import RequestError
 
 log = logging.getLogger("hearth.api")
 
 router = OPENAI.router(tags=["curves"])
-CORS = {"Access-Control-Allow-Origin": "*", "Access-Control-Allow-Methods": "POST, OPTIONS",
+CORS = {"Access-Control-Allow-Origin": "*", "Access-Control-Allow-Methods": "GET, POST, OPTIONS",
         "Access-Control-Allow-Headers": "authorization, x-api-key, content-type", "Access-Control-Max-Age": "600"}
 WAIT_S = 300.0  # how long a call waits for the running requests to finish before it gives up
 
@@ -149,3 +154,22 @@ async def _generate(request: HttpRequest) -> dict:
     return {**out, "n": ask.n, "seed": ask.seed,
             "samples": [{"text": t, "junk": curve_bodies.junk(t)} for t in texts]}
 
+
+
+@router.api_operation(["GET", "OPTIONS"], "/curve-terrain/surface", summary="The HLG curve family as a surface")
+def curve_terrain_surface(request: HttpRequest, vary: str = "width", low: float = 0.0, high: float = 12.0,
+                          steps: int = 25, depth: float = 24.0, points: int = 97, width: float | None = None,
+                          shoulder: float | None = None, toe: float | None = None,
+                          pivot_offset: float | None = None) -> HttpResponse:
+    """For `steps` values of one HLG span (`vary`: width, shoulder, toe or pivot_offset) from `low` to `high`,
+    the curve's output at `points` depths from the top down to `depth` logits below it; the other spans are the
+    server's `--hlg-sampling` defaults unless given. `{vary, values, depths, heights: [[...] per value], params}`."""
+    if request.method == "OPTIONS":
+        return HttpResponse(status=204, headers=CORS)
+    given = {"width": width, "shoulder": shoulder, "toe": toe, "pivot_offset": pivot_offset}
+    base = request.runtime.options.defaults.hlg or HlgParams()
+    params = replace(base, enabled=True, **{k: v for k, v in given.items() if v is not None})
+    try:
+        return _answer(hlg.terrain(params, vary, low, high, steps, depth, points))
+    except InvalidRequest as exc:
+        return _refuse(str(exc))

@@ -1,6 +1,7 @@
 """The Curve Designer page in headless Chromium: reached from Settings, the
 signal drawn under the curve, points added, dragged and kept monotone,
-samples side by side; screenshots at desktop and phone widths."""
+samples side by side; screenshots at desktop and phone widths. The Curve
+Terrain beside it draws the HLG family and redraws for another span."""
 from __future__ import annotations
 
 from tests.helpers import ARTIFACTS
@@ -79,3 +80,20 @@ def test_a_refusal_is_shown(browser, base_url):
     page.wait_for_selector("#status:has-text('prompt must be a non-empty string')")
     context.close()
     assert not errors, errors
+
+
+def test_the_curve_terrain_draws_the_hlg_family(page, base_url):
+    page.goto(base_url + "/curves")
+    page.click("text=Curve Terrain")
+    page.wait_for_url("**/curve-terrain")
+    page.wait_for_selector("#terrain .mesh polygon")
+    assert page.locator("#terrain .mesh polygon").count() == 24 * 48  # 25 curves of 49 depths
+    assert page.input_value("#span-width") == "4" and page.locator("#span-width").is_disabled()
+    page.screenshot(path=str(ARTIFACTS / "desktop-curve-terrain.png"), full_page=True)
+    page.select_option("#vary", "toe")
+    page.wait_for_selector("text=Terrain over toe")
+    assert not page.locator("#span-width").is_disabled() and page.locator("#span-toe").is_disabled()
+    page.refusals_expected.add("/curve-terrain/surface")  # the 400 below, shown on the page
+    page.fill("#high", "0")
+    page.dispatch_event("#high", "change")
+    page.wait_for_selector("#status:has-text('high must be above low')")
