@@ -26,9 +26,25 @@ def client(django_ready):
     return Client()
 
 
+TURN_TOKENS = 160  # a reply's default cap here, as `hearth serve --max-tokens 160` sets it
+
+
 @pytest.fixture(scope="module")
 def engine(local_engine, django_ready):
-    return local_engine
+    """The engine, with replies capped at TURN_TOKENS unless a session says
+    otherwise: the random model seldom stops by itself, and a turn of the
+    whole context is seconds of decoding no test here reads. A test that
+    needs a long turn sets the session's `max_tokens`."""
+    from dataclasses import replace
+
+    from hearth.root import RUNTIME
+
+    before = RUNTIME.options
+    RUNTIME.options = replace(before, defaults=replace(before.defaults, max_tokens=TURN_TOKENS))
+    try:
+        yield local_engine
+    finally:
+        RUNTIME.options = before
 
 
 @pytest.fixture
