@@ -165,6 +165,10 @@ async def collect(engine, request, abort_after: int | None = None) -> dict:
 
 
 # -- jobs, adapters and leftover processes, shared by the tests of several folders ----------------------
+# The reply cap of the suite's servers and chat engine when a request or session names none, as
+# `hearth serve --max-tokens` sets it: the random model seldom stops by itself, and a turn of the whole
+# context is seconds of decoding that no test reads. A test that needs a long reply asks for one.
+TURN_TOKENS = 160
 STRAY_WINDOW_S = 5.0  # how soon a worker or job child must be gone once its parent is
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from tests.chat.chatws import forced, markup
+from tests.helpers import TURN_TOKENS
 
 
 @pytest.fixture(scope="module")
@@ -26,15 +27,10 @@ def client(django_ready):
     return Client()
 
 
-TURN_TOKENS = 160  # a reply's default cap here, as `hearth serve --max-tokens 160` sets it
-
-
 @pytest.fixture(scope="module")
 def engine(local_engine, django_ready):
-    """The engine, with replies capped at TURN_TOKENS unless a session says
-    otherwise: the random model seldom stops by itself, and a turn of the
-    whole context is seconds of decoding no test here reads. A test that
-    needs a long turn sets the session's `max_tokens`."""
+    """The engine, with replies capped at TURN_TOKENS (tests/helpers.py)
+    unless a session says otherwise."""
     from dataclasses import replace
 
     from hearth.root import RUNTIME
