@@ -61,6 +61,14 @@ class Surface:
         """`stream_error_event` as a server-sent event."""
         return sse.frame(self.stream_error_event(message, kind), self.stream_event)
 
+    def ends_in_error(self, tail: bytes) -> bool:
+        """Whether a stream of this surface whose last bytes are `tail` ended with
+        its error event (every protocol's stream ends there when generation fails)."""
+        last = tail.rstrip(b"\n").rsplit(b"\n\n", 1)[-1]
+        if self.stream_event:
+            return last.startswith(f"event: {self.stream_event}\n".encode())
+        return last.startswith(b'data: {"error"')
+
     # -- Django responses ------------------------------------------------------
     def response(self, status: int, message: str, code: str | None = None, kind: str | None = None,
                  param: str | None = None, headers: dict | None = None):

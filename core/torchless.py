@@ -36,9 +36,11 @@ import json
 import os
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 TARGET = "transformers.utils.import_utils"
+FORMAT = 1  # what a cache entry holds; a change here is a new signature
 HIDDEN = ("torch", "torchvision", "torchaudio", "torchao")
 
 
@@ -78,7 +80,7 @@ def _patch(module) -> None:
 
 
 def structures_cache() -> Path:
-    """Where the import structures of the transformers install at `root` are kept."""
+    """The folder of the import-structure caches: one file per transformers install."""
     base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     return base / "hearth" / "transformers-imports"
 
@@ -98,33 +100,45 @@ def _signature(root: str) -> str:
 
 def _cached_structures(define, root: str):
     """`define_import_structure`, answered from the on-disk cache when its
-    signature still holds; a miss computes and stores. Any failure to read or
-    write the cache only means computing, as transformers does."""
+    signature still holds; a miss computes and stores. Any failure to find,
+    read, decode or write the cache only means computing, as transformers
+    does. Threads of one process share the entries under a lock; processes
+    starting together each write whole files (the last one stays)."""
     compute = getattr(define, "__wrapped__", define)
     state: dict = {}
+    lock = threading.Lock()
 
-    def load() -> dict:
+    def load() -> dict:  # under `lock`
         if "entries" not in state:
-            state["signature"] = _signature(root)
+            state["entries"] = {}
+            state["signature"] = f"{FORMAT}:{_signature(root)}"
             state["path"] = structures_cache() / f"{hashlib.sha256(root.encode()).hexdigest()[:16]}.json"
-            try:
-                stored = json.loads(state["path"].read_text())
-                state["entries"] = stored["entries"] if stored.get("signature") == state["signature"] else {}
-            except (OSError, ValueError, KeyError, TypeError):
-                state["entries"] = {}
+            stored = json.loads(state["path"].read_text())
+            if isinstance(stored, dict) and stored.get("signature") == state["signature"] \
+                    and isinstance(stored.get("entries"), dict):
+                state["entries"] = stored["entries"]
         return state["entries"]
 
     @functools.lru_cache(maxsize=None)
     def cached(module_path: str, prefix: str | None = None):
         key = f"{os.path.relpath(os.path.abspath(module_path), root)}|{prefix or ''}"
-        entries = load()
-        if key in entries:
-            return {frozenset(backends): {name: set(objects) for name, objects in modules.items()}
-                    for backends, modules in entries[key]}
+        try:
+            with lock:
+                found = load().get(key)
+            if found is not None:
+                return {frozenset(backends): {name: set(objects) for name, objects in modules.items()}
+                        for backends, modules in found}
+        except Exception:  # noqa: BLE001 (no home, a file gone mid-walk, a damaged cache: compute instead)
+            pass
         structure = compute(module_path, prefix)
-        entries[key] = [[sorted(backends), {name: sorted(objects) for name, objects in modules.items()}]
-                        for backends, modules in structure.items()]
-        _store(state["path"], {"signature": state["signature"], "entries": entries})
+        try:
+            with lock:
+                entries = load()
+                entries[key] = [[sorted(backends), {name: sorted(objects) for name, objects in modules.items()}]
+                                for backends, modules in structure.items()]
+                _store(state["path"], {"signature": state["signature"], "entries": entries})
+        except Exception:  # noqa: BLE001 (as above: the cache only ever saves work)
+            pass
         return structure
 
     return cached
@@ -132,13 +146,15 @@ def _cached_structures(define, root: str):
 
 def _store(path: Path, content: dict) -> None:
     """Write `content` whole or not at all (processes starting together race here)."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".tmp", delete=False) as out:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".tmp", delete=False) as out:
+        try:
             json.dump(content, out)
-        os.replace(out.name, path)
-    except OSError:
-        pass
+        except BaseException:
+            out.close()
+            os.unlink(out.name)
+            raise
+    os.replace(out.name, path)
 
 
 def install() -> None:

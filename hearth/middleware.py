@@ -279,12 +279,10 @@ class ReplayMiddleware(_Middleware):
     checks (a stream is its key's); anything else goes on as it came."""
 
     def __call__(self, request):
-        if request.method != "POST" or not request.headers.get("X-Conversation-Id", "").strip():
+        # Streams live on the server's event loop: only an async chain (daphne's) can follow one.
+        if not self.is_async or request.method != "POST" or not request.headers.get("X-Conversation-Id", "").strip():
             return self.get_response(request)
-        if self.is_async:
-            return self._acall(request)
-        replayed = async_to_sync(_replayed)(request)
-        return replayed if replayed is not None else self.get_response(request)
+        return self._acall(request)
 
     async def _acall(self, request):
         replayed = await _replayed(request)
@@ -297,9 +295,13 @@ async def _replayed(request):
         conversation = check_id(request.headers["X-Conversation-Id"].strip())
     except StreamRefused:
         return None  # the route refuses the id, in its protocol's shape
-    stream = await request.runtime.streams.replayable(conversation, replay_key(request), holders.of(request))
+    stream = await request.runtime.streams.replayable(conversation, holders.of(request), lambda: replay_key(request))
     if stream is None:
         return None
+    try:  # counted in /metrics under its route, as if the route had answered
+        request.resolver_match = resolve(request.path_info)
+    except Resolver404:
+        pass
     log.info("conversation %s: an identical retry follows its %s stream instead of generating again",
              conversation, stream.meta.state)
     headers = {"X-Conversation-Id": conversation, "X-Hearth-Replayed": stream.meta.state}

@@ -80,10 +80,11 @@ def get_job(request: HttpRequest, job_id: str) -> dict:
 def lineage(request: HttpRequest) -> dict:
     """The library's lineage (jobs/lineage.py): base model -> dataset -> fine-tune job -> adapter -> merged,
     exported or quantized model -> served, as `{nodes, edges}`; each node has the dashboard page it links to."""
-    from hub import registry
+    from hub import library
     from jobs.lineage import build
 
-    return {"ok": True, **build([m.repo_id for m in registry.scan()], request.runtime.loaded_models())}
+    # The library's listing as the Models page reads it: kept until the cache changes (the page polls).
+    return {"ok": True, **build([m.repo_id for m, _ in library.models()], request.runtime.loaded_models())}
 
 
 @router.post("/jobs/{job_id}/cancel", openapi_extra=NO_BODY)

@@ -7,17 +7,18 @@ page (`/dag`) draws it.
 
 A node is `{id, kind, label, href, ...}`, kind one of model, dataset, job,
 adapter, export, served; an edge is `{source, target}`. Models are keyed by
-their bare name (`adapters.bare_name`), so a job that named a model by its
-repo id and one that named its snapshot folder meet at one node.
+`model_key`, so a job that named a model by its repo id and one that named
+its snapshot folder meet at one node.
 """
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from core import home
-from core.paths import read_json
-from jobs.adapters import adapter_config, bare_name
+from core.paths import REPO_ID, read_json
+from jobs.adapters import adapter_config
 from jobs.models import Adapter, Job
 
 KINDS = ("dataset", "finetune", "quantize")  # the jobs that make something the library holds
@@ -43,7 +44,7 @@ class Graph:
             self.edges.setdefault((source, target), {"source": source, "target": target})
 
     def model(self, ref, **extra) -> str | None:
-        name = bare_name(ref)
+        name = model_key(ref)
         if name is None:
             return None
         return self.node(f"model:{name}", "model", str(ref), "#/models", **extra)
@@ -56,6 +57,19 @@ class Graph:
 
     def answer(self) -> dict:
         return {"nodes": list(self.nodes.values()), "edges": list(self.edges.values())}
+
+
+def model_key(ref) -> str | None:
+    """One key for a model however it is named: `org/name` for a repo id or a
+    folder of the HF cache (`models--org--name/...`), else the folder's name;
+    lower-cased."""
+    if not ref:
+        return None
+    text = str(ref).rstrip("/")
+    hub = re.search(r"models--([^/]+?)--([^/]+)", text)
+    if hub:
+        return f"{hub.group(1)}/{hub.group(2)}".lower()
+    return (text if REPO_ID.fullmatch(text) else Path(text).name).lower()
 
 
 def _config(job: Job) -> dict:

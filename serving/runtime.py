@@ -111,8 +111,8 @@ class Runtime:
     def loaded_models(self) -> list[str]:
         """The models this process serves now: the router's loaded (or loading) ones, or the engine's."""
         if self.router is not None:
-            return [s.id for s in self.router.slots.values() if s.status in ("loaded", "loading")]
-        return [e.loaded.model_id for e in self.engines.values() if e.loaded is not None]
+            return [s.id for s in list(self.router.slots.values()) if s.status in ("loaded", "loading")]
+        return [e.loaded.model_id for e in list(self.engines.values()) if e.loaded is not None]
 
     def model_status(self, model_id: str) -> dict | None:
         """Router mode: a model's status object (`{"value": "loaded", …}`), or None."""

@@ -47,8 +47,9 @@ function layout(graph) {
     unlinked: graph.nodes.length - shown.length };
 }
 
+// Draws the graph; answers how many nodes stood apart (no edge), which are counted below it, not drawn.
 function draw(svg, graph) {
-  const { at, width, height } = layout(graph);
+  const { at, width, height, unlinked } = layout(graph);
   svg.replaceChildren();
   svg.setAttribute("viewBox", `0 0 ${Math.max(width, 300)} ${Math.max(height, 60)}`);
   svg.setAttribute("width", Math.max(width, 300));
@@ -70,6 +71,7 @@ function draw(svg, graph) {
       el("text", { x: x + 10, y: y + NODE_H / 2 + 4 }, label));
     svg.append(link);
   }
+  return unlinked;
 }
 
 function legend() {
@@ -92,8 +94,7 @@ export function lineagePage(main) {
     const key = JSON.stringify(graph);
     if (key === last) return;  // redrawn only when something changed
     last = key;
-    draw(svg, graph);
-    const { unlinked } = layout(graph);
+    const unlinked = draw(svg, graph);
     svg.parentElement.hidden = !graph.edges.length;
     note.textContent = !graph.edges.length ? EMPTY
       : unlinked ? `${unlinked} more in the library with no jobs, adapters or exports yet.` : "";

@@ -114,6 +114,9 @@ function quantize(main) {
   const calib = text("", { placeholder: "a .txt or .jsonl file, or a dataset folder" });
   const samples = num(32, { step: "1", min: 1, max: 1024 });
   const calibrated = () => mode.value === "gptq" || mode.value === "awq";
+  const sync = () => { calib.disabled = samples.disabled = !calibrated(); bpw.disabled = mode.value !== "bpw"; };
+  mode.addEventListener("change", sync);
+  sync();
   servedModel().then((m) => { if (!model.value) model.value = m; });
   wizard(main, "Quantize", [
     { name: "Model", view: () => [field("Model to quantize", model), info], check: async () => {

@@ -24,7 +24,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +58,11 @@ class Options:
     language: str | None = None  # None: detected from the first window
     prompt: str | None = None
     temperature: float | tuple[float, ...] = TEMPERATURES
+    words: bool = False  # word timestamps (mlx-whisper's `word_timestamps`: cross-attention alignment)
+    condition_on_previous_text: bool = True  # the text so far is the next window's prompt
+    no_speech_threshold: float | None = 0.6  # a window this likely silent (and unsure) is skipped
+    without_timestamps: bool = False  # decode text only: one segment per window
+    vocabulary: tuple[str, ...] = ()  # recognition hints, fitted whole-term into the prompt after `prompt`
 
 
 def resolve(ref: str) -> Path:
@@ -103,7 +108,9 @@ def transcribe_window(model, audio: np.ndarray, options: Options, prompt: str | 
     try:
         return mw.transcribe(audio[:WINDOW], path_or_hf_repo=key, verbose=None, temperature=options.temperature,
                              initial_prompt=prompt, language=options.language, task=options.task, fp16=False,
-                             condition_on_previous_text=True)
+                             condition_on_previous_text=options.condition_on_previous_text,
+                             word_timestamps=options.words, no_speech_threshold=options.no_speech_threshold,
+                             without_timestamps=options.without_timestamps)
     finally:
         mw.ModelHolder.model, mw.ModelHolder.model_path = None, None
 
@@ -122,10 +129,35 @@ class Take:
     def text(self) -> str:
         return "".join(self.texts).strip()
 
-    def prompt(self) -> str | None:
-        """The user's prompt, then the text so far, trimmed from the front."""
-        joined = " ".join(p for p in (self.options.prompt, self.text) if p)
-        return joined[-4 * PROMPT_TOKENS:] or None
+    vocabulary: dict | None = None  # what of the vocabulary fitted the prompt (`fit_vocabulary`), once known
+
+    def prompt(self, tokenizer) -> str | None:
+        """The user's prompt and the vocabulary that fits, then (conditioning on
+        it) the text so far: at most PROMPT_TOKENS tokens, trimmed from the front
+        of the text so far, never from the prompt and vocabulary."""
+        head = " ".join(p for p in (self.options.prompt, self.fit_vocabulary(tokenizer)) if p)
+        if not self.options.condition_on_previous_text or not self.text:
+            return head or None
+        room = PROMPT_TOKENS - (len(tokenizer.encode(" " + head)) if head else 0)
+        tail = tokenizer.encode(" " + self.text)[-room:] if room > 0 else []
+        return " ".join(p for p in (head, tokenizer.decode(tail).strip()) if p) or None
+
+    def fit_vocabulary(self, tokenizer) -> str:
+        """The vocabulary's terms, whole, in order, that fit the prompt's token
+        budget after the user's prompt; what fitted is kept in `vocabulary`."""
+        terms = self.options.vocabulary
+        if not terms:
+            return ""
+        used = len(tokenizer.encode(" " + self.options.prompt)) if self.options.prompt else 0
+        included: list[str] = []
+        omitted: list[str] = []
+        for term in terms:
+            cost = len(tokenizer.encode(" " + ", ".join([*included, term])))
+            (included if used + cost <= PROMPT_TOKENS else omitted).append(term)
+        count = len(tokenizer.encode(" " + ", ".join(included))) if included else 0
+        self.vocabulary = {"included": included, "omitted": omitted, "token_count": count,
+                           "token_budget": PROMPT_TOKENS - used}
+        return ", ".join(included)
 
     def add(self, result: dict, offset_samples: int) -> list[dict]:
         """Record one window's result; returns its segments, placed in the take."""
@@ -135,7 +167,11 @@ class Take:
         for seg in result.get("segments", []):
             seg = {**seg, "id": len(self.segments), "seek": seg.get("seek", 0) + seek,
                    "start": round(seg["start"] + offset_s, 3), "end": round(seg["end"] + offset_s, 3)}
-            seg.pop("words", None)
+            words = seg.pop("words", None)
+            if self.options.words:
+                seg["words"] = [{"word": w["word"], "start": round(w["start"] + offset_s, 3),
+                                 "end": round(w["end"] + offset_s, 3), "probability": round(w["probability"], 4)}
+                                for w in words or []]
             self.segments.append(seg)
             added.append(seg)
         self.texts.append(result.get("text", ""))
@@ -148,8 +184,16 @@ class Take:
         """Transcribe one window of the take (engine thread); returns its segments."""
         options = self.options
         if self.language is not None and options.language is None:
-            options = Options(options.task, self.language, options.prompt, options.temperature)
-        return self.add(transcribe_window(model, audio, options, self.prompt()), offset)
+            options = replace(options, language=self.language)
+        return self.add(transcribe_window(model, audio, options, self.prompt(tokenizer(model, options))), offset)
+
+
+def tokenizer(model, options: Options):
+    """mlx-whisper's tokenizer for `model`, as its `transcribe` builds it (to count a prompt's tokens)."""
+    from mlx_whisper.tokenizer import get_tokenizer
+
+    return get_tokenizer(model.is_multilingual, num_languages=model.num_languages,
+                         language=options.language or "en", task=options.task)
 
 
 def windows(n_samples: int) -> list[int]:

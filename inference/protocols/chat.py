@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import json
+from typing import NamedTuple
 
 from core.limits import Limits
 from inference.engine.loader import LoadedModel
@@ -24,13 +25,23 @@ TOOL_CHOICES = ("none", "auto", "required")
 
 IMAGE_PARTS = ("image_url", "image", "input_image")
 VIDEO_PARTS = ("video_url", "video")
+VIDEO_FRAMES = 8  # the stills a video part is sampled into, spread evenly over the clip
+
+
+class MediaRef(NamedTuple):
+    """An image or video part of a turn: its url (http(s) or data:) and field path."""
+    url: str
+    at: str
+    video: bool = False
 
 
 def text_of(content, where: str, images: list | None = None, marker: str = "") -> str:
     """Message content as one string: a string, null, or a list of parts.
     With `images` (a vision model), each image part becomes `marker` in the
-    text and (its url, its field path) is appended to `images`; without,
-    an image part is refused naming its path."""
+    text and a `MediaRef` (its url, its field path) is appended to `images`;
+    a video part becomes one marker per frame it is sampled into
+    (`VIDEO_FRAMES`) and one `MediaRef` marked `video`. Without, an image
+    or video part is refused naming its path."""
     if content is None or isinstance(content, str):
         return content or ""
     if not isinstance(content, list):
@@ -45,11 +56,13 @@ def text_of(content, where: str, images: list | None = None, marker: str = "") -
         elif kind in IMAGE_PARTS:
             if images is None:
                 raise RequestError("model has no vision sidecar", at)
-            images.append((image_url(part, at), at))
+            images.append(MediaRef(image_url(part, at), at))
             texts.append(marker)
         elif kind in VIDEO_PARTS:
-            raise RequestError("video input is not supported by this model: video parts need a model with a "
-                               "video pipeline", at)
+            if images is None:
+                raise RequestError("video input needs a vision model: this model has no vision sidecar", at)
+            images.append(MediaRef(video_url(part, at), at, video=True))
+            texts.append(marker * VIDEO_FRAMES)
         elif kind == "input_audio":
             raise RequestError("model has no audio tower", at)
         else:
@@ -75,6 +88,19 @@ def image_url(part: dict, where: str) -> str:
             raise RequestError("image file ids are not supported; send the image as a data: URL or an http(s) "
                                "URL", where)
         raise RequestError(f"{where} needs an image: image_url.url (an http(s) or data: URL)", where)
+    return ref
+
+
+def video_url(part: dict, where: str) -> str:
+    """The url (http(s) or data:) a video part points at: `video_url` as an
+    object with `url` or as a string, or (the `video` alias) `url`."""
+    ref = part.get("video_url")
+    if isinstance(ref, dict):
+        ref = ref.get("url")
+    if ref is None:
+        ref = part.get("url")
+    if not isinstance(ref, str) or not ref:
+        raise RequestError(f"{where} needs a clip: video_url.url (an http(s) or data: URL)", where)
     return ref
 
 

@@ -57,7 +57,7 @@ class _Turn:
     kwargs: dict
     template: str | None  # the client's own chat template
     single_call: bool
-    images: list[tuple[str, str]] | None = None  # (url, field path) of each image part, on a vision model
+    images: list[chat.MediaRef] | None = None  # each image or video part, on a vision model
     think_budget: int | None = None  # the bound on the reasoning block the request asks for (chat.thinking_budget)
 
 
@@ -84,7 +84,7 @@ def _common(body: dict, model: LoadedModel, defaults: ServerDefaults, completion
 def _read_chat(body: dict, model: LoadedModel, options: Options) -> _Turn:
     limits = options.limits
     vision = model.vision
-    images: list[tuple[str, str]] | None = [] if vision is not None else None
+    images: list[chat.MediaRef] | None = [] if vision is not None else None
     messages = chat.normalize_messages(body.get("messages"), limits, images, vision.image_token if vision else "")
     kwargs, template = chat.template_kwargs(body, limits)
     if options.defaults.thinking is not None and "enable_thinking" not in kwargs:  # --thinking on|off
@@ -198,7 +198,7 @@ async def _enforce_tool_choice(prepared: Prepared, body: dict, tools, model: Loa
     return True
 
 
-def _with_images(request: GenerationRequest, refs: list[tuple[str, str]], vision: Vision) -> None:
+def _with_images(request: GenerationRequest, refs: list[chat.MediaRef], vision: Vision) -> None:
     """Read the turn's images and grow each image mark to the tower's run of tokens."""
     loaded = images.load(refs, vision)
     request.prompt_tokens, request.cache_key = images.expand(request.prompt_tokens, loaded, vision)

@@ -2,9 +2,14 @@
 `/v1/audio/transcriptions` and `/v1/audio/translations` (multipart or
 JSON), and the five response formats (json, text, srt, vtt, verbose_json).
 
-Fields this server does not implement (`timestamp_granularities`,
-`beam_size`, `vocabulary`, `vad*`, …) are ignored, as OpenAI ignores
-unknown fields. No Django here.
+Beside OpenAI's fields (`model` names nothing: the server's Whisper
+answers), the contract's own: `vocabulary`, `condition_on_previous_text`,
+`no_speech_threshold`, `without_timestamps`. `timestamp_granularities`
+`word` adds word timestamps. What mlx-whisper cannot do is refused with a
+400 naming the field, never taken and ignored: `beam_size` above 1 (its
+decoder has no beam search) and the voice-activity fields (`vad*`, no
+voice-activity model ships with Hearth), and OpenAI's `chunking_strategy`
+and `include`. No Django here.
 """
 from __future__ import annotations
 
@@ -61,8 +66,68 @@ def _language(value) -> str | None:
     return code
 
 
+# What is refused, and why: a field mlx-whisper cannot honour is a 400 naming it.
+REFUSED = {
+    "vad": "no voice-activity model ships with Hearth", "vad_threshold": "no voice-activity model ships with Hearth",
+    "vad_min_speech_ms": "no voice-activity model ships with Hearth",
+    "vad_trim": "no voice-activity model ships with Hearth",
+    "chunking_strategy": "the audio is always cut into Whisper's own 30 s windows",
+    "include": "mlx-whisper reports no per-token logprobs here",
+    "faithful": "there is one decoding path here", "audio_ctx": "the encoder always reads the whole window",
+}
+MAX_TERMS = 256  # vocabulary terms (the prompt holds 223 tokens in all)
+GRANULARITIES = ("segment", "word")
+
+
+def _granularities(value, fmt: str) -> bool:
+    """Whether word timestamps are asked for (`timestamp_granularities`: a list, or one value)."""
+    if value is None or value == "" or value == []:
+        return False
+    values = value if isinstance(value, list) else [value]
+    if not all(isinstance(v, str) and v in GRANULARITIES for v in values):
+        raise RequestError("timestamp_granularities must hold `segment` and/or `word`", "timestamp_granularities")
+    if fmt != "verbose_json":
+        raise RequestError("timestamp_granularities needs response_format verbose_json", "timestamp_granularities")
+    return "word" in values
+
+
+def _vocabulary(value) -> tuple[str, ...]:
+    """Recognition hints: a list of terms (JSON) or one comma-separated string (a form)."""
+    if value is None or value == "":
+        return ()
+    terms = [t.strip() for t in value.split(",")] if isinstance(value, str) else value
+    if not isinstance(terms, list) or not all(isinstance(t, str) and t.strip() for t in terms):
+        raise RequestError("vocabulary must be a list of terms, or one string of terms separated by commas",
+                           "vocabulary")
+    if len(terms) > MAX_TERMS:
+        raise RequestError(f"vocabulary has {len(terms)} terms; at most {MAX_TERMS}", "vocabulary")
+    return tuple(t.strip() for t in terms)
+
+
+def _threshold(value) -> float | None:
+    if value is None or value == "":
+        return 0.6
+    try:
+        t = float(value)
+    except (TypeError, ValueError):
+        raise RequestError("no_speech_threshold must be a number in [0, 1]", "no_speech_threshold") from None
+    if isinstance(value, bool) or not math.isfinite(t) or not 0 <= t <= 1:
+        raise RequestError("no_speech_threshold must be a number in [0, 1]", "no_speech_threshold")
+    return t
+
+
+def _beam(value) -> None:
+    if value is None or value == "" or str(value) == "1":
+        return
+    raise RequestError("beam_size: mlx-whisper has no beam search (its decoder is greedy at temperature 0, and "
+                       "samples above it); leave it out or send 1", "beam_size")
+
+
 def ask(fields: dict, task: str, formats: tuple[str, ...] = FORMATS) -> Ask:
-    """The request's fields (form values or a JSON body), checked."""
+    """The request's fields (form values, a list for a repeated one, or a JSON body), checked."""
+    for name, why in REFUSED.items():
+        if fields.get(name) not in (None, "", False, "false"):
+            raise RequestError(f"{name} is not offered: {why}", name)
     fmt = fields.get("response_format") or "json"
     if fmt not in formats:
         raise RequestError(f"response_format must be one of {', '.join(formats)}", "response_format")
@@ -71,8 +136,15 @@ def ask(fields: dict, task: str, formats: tuple[str, ...] = FORMATS) -> Ask:
         raise RequestError("prompt must be a string", "prompt")
     stream = _flag(fields.get("stream", False), "stream")
     language = _language(fields.get("language"))
+    _beam(fields.get("beam_size"))
     options = Options(task=task, language=language, prompt=prompt or None,
-                      temperature=_temperature(fields.get("temperature")))
+                      temperature=_temperature(fields.get("temperature")),
+                      words=_granularities(fields.get("timestamp_granularities"), fmt),
+                      condition_on_previous_text=_flag(fields.get("condition_on_previous_text", True),
+                                                       "condition_on_previous_text"),
+                      no_speech_threshold=_threshold(fields.get("no_speech_threshold")),
+                      without_timestamps=_flag(fields.get("without_timestamps", False), "without_timestamps"),
+                      vocabulary=_vocabulary(fields.get("vocabulary")))
     return Ask(options, fmt, stream)
 
 
@@ -100,17 +172,24 @@ SEGMENT_FIELDS = ("id", "seek", "start", "end", "text", "tokens", "temperature",
 
 
 def segment(seg: dict) -> dict:
-    return {k: seg.get(k) for k in SEGMENT_FIELDS}
+    out = {k: seg.get(k) for k in SEGMENT_FIELDS}
+    if "words" in seg:  # word timestamps were asked for
+        out["words"] = seg["words"]
+    return out
 
 
 def body(text: str, segments: list[dict], fmt: str, *, task: str, language: str | None, duration: float,
-         extra: dict) -> dict:
-    """The JSON response (`json` or `verbose_json`); `extra` is the server's own block (`hearth`)."""
+         extra: dict, words: bool = False) -> dict:
+    """The JSON response (`json` or `verbose_json`); `extra` is the server's own block (`hearth`). With
+    `words`, verbose_json has every word at the top (`words`, OpenAI's place) and in its segment."""
     if fmt != "verbose_json":
         return {"text": text, "hearth": extra}
-    return {"task": "translate" if task == "translate" else "transcribe", "language": language or "",
-            "duration": round(duration, 3), "text": text, "segments": [segment(s) for s in segments],
-            "hearth": extra}
+    out = {"task": "translate" if task == "translate" else "transcribe", "language": language or "",
+           "duration": round(duration, 3), "text": text, "segments": [segment(s) for s in segments],
+           "hearth": extra}
+    if words:
+        out["words"] = [{k: w[k] for k in ("word", "start", "end")} for s in segments for w in s.get("words", [])]
+    return out
 
 
 def plain(text: str, segments: list[dict], fmt: str) -> str:

@@ -74,9 +74,10 @@ class Options:
 
 DEFAULTS = asdict(Options())
 
-# Config keys other MLX LoRA trainers take and this one does not act on: gradient clipping, rsLoRA and
-# LoRA+ scaling, MLP and sequence splitting, ORPO's chunked and fused losses. A job that sets one says
-# so in its log.
+# Config keys other MLX LoRA trainers take and this one does not offer: gradient clipping, rsLoRA and
+# LoRA+ scaling, MLP and sequence splitting, ORPO's chunked and fused losses. The submit route refuses
+# them (and any other key) with a 400 that names the field; a job whose config holds one fails, naming it.
+PATHS = ("model_dir", "data_dir", "adapter_path")
 UNSUPPORTED = ("grad_clip_norm", "rank_scaling", "rs_lora", "lora_plus_ratio", "mlp_split", "segment_size",
                "orpo_chunk_size", "orpo_fused_ce", "orpo_flash_ce", "orpo_prefix_shared")
 METHODS = ("sft", "dpo", "orpo")
@@ -146,6 +147,10 @@ def inspect(data_dir: str) -> dict:
 
 
 def settings(config: dict) -> dict:
+    unknown = sorted(set(config) - set(DEFAULTS) - set(PATHS))
+    if unknown:
+        why = "not offered by this trainer" if unknown[0] in UNSUPPORTED else "not a fine-tune setting"
+        raise ValueError(f"{unknown[0]}: {why} (the settings are those of POST /api/finetune/submit)")
     cfg = {**DEFAULTS, **{k: v for k, v in config.items() if v is not None}}
     if cfg["method"] not in METHODS:
         raise ValueError(f"method must be one of {', '.join(METHODS)}, not {cfg['method']!r}")
@@ -182,9 +187,6 @@ def run(config: dict, log: EventLog, stage_delay: float = 0.0) -> tuple[str, dic
 
     cfg = settings(config)
     confine_paths(cfg)
-    ignored = [k for k in UNSUPPORTED if config.get(k) not in (None, False, 0, 1, "")]
-    if ignored:
-        log.emit("log", line=f"not supported by this trainer, ignored: {', '.join(ignored)}")
     adapter_path = Path(cfg["adapter_path"]).expanduser()
     _, model_dir = resolve(cfg["model_dir"])
     log.emit("stage", stage="load", progress=0.02, message=f"loading {model_dir.name}")

@@ -25,6 +25,8 @@ CALIBRATED = ("gptq", "awq")
 GPTQ_BITS = (2, 4, 8)  # the widths mlx-lm's GPTQ packs
 N_CALIBRATION = (1, 1024)  # sequences of calibration text
 SEQUENCE_LENGTH = (16, 4096)  # tokens in each
+MOST_CALIBRATION_TOKENS = 131072  # of them all together
+CALIBRATION_BYTES = 64 << 20  # of the calibration file read
 
 
 def output_repo(model_id: str, path: Path, bits: int, target_bpw: float | None = None, method: str = "rtn") -> str:
@@ -35,7 +37,8 @@ def output_repo(model_id: str, path: Path, bits: int, target_bpw: float | None =
 
 
 def _count(config: dict, name: str, default: int, bounds: tuple[int, int]) -> int:
-    value = config.get(name, default)
+    value = config.get(name)
+    value = default if value is None else value
     if isinstance(value, bool) or not isinstance(value, int) or not bounds[0] <= value <= bounds[1]:
         raise ValueError(f"{name} must be a whole number from {bounds[0]} to {bounds[1]}")
     return value
@@ -66,9 +69,12 @@ def check_calibration(config: dict) -> tuple[str, Path | None, int, int]:
     if config.get("target_bpw") is not None:
         raise ValueError(f"target_bpw: mixed precision is planned without data; method {method} quantizes "
                          "every layer to bits")
+    if n * length > MOST_CALIBRATION_TOKENS:
+        raise ValueError(f"n_calibration x sequence_length is {n * length} tokens; at most "
+                         f"{MOST_CALIBRATION_TOKENS} (the quantizers hold every layer's inputs for all of them)")
     path = confine(data, "calibration_data")
-    if path.is_dir():
-        path = path / "train.jsonl"
+    if path.is_dir():  # a dataset folder: its train.jsonl, itself confined (a link there may point anywhere)
+        path = confine(str(path / "train.jsonl"), "calibration_data")
     if not path.is_file():
         raise ValueError(f"calibration_data: {path} is not a file (or a folder with train.jsonl)")
     return method, path, n, length
@@ -82,7 +88,7 @@ def calibration_text(path: Path) -> str:
 
     from core.paths import read_text
 
-    raw = read_text(path, "calibration_data")
+    raw = read_text(path, "calibration_data", limit=CALIBRATION_BYTES)
     if path.suffix != ".jsonl":
         return raw
     parts: list[str] = []
@@ -133,6 +139,8 @@ def check(config: dict) -> tuple[int, int, float | None, list[int]]:
         raise ValueError("target_bpw must be a number of bits per weight between 1.5 and 16")
     if not isinstance(candidates, list) or not candidates or any(b not in BITS for b in candidates):
         raise ValueError(f"candidate_bits must be a list drawn from {', '.join(map(str, BITS))}")
+    if config.get("candidate_bits") is not None and target is None:
+        raise ValueError("candidate_bits is for mixed precision: give target_bpw too")
     if config.get("rotate_weights"):
         raise ValueError("rotate_weights: weight rotation is not offered by this quantizer")
     return bits, group, (float(target) if target is not None else None), sorted(set(candidates))
@@ -186,8 +194,8 @@ def run(config: dict, log: EventLog, stage_delay: float = 0.0) -> tuple[str, dic
         out = Path(work) / "model"
         if data is not None:
             stage("calibrate", 0.1, f"reading {n_calibration} sequences of {length} tokens from {data.name}")
+            stage("quantize", 0.2, f"{method}: {bits} bits, group size {group}, fitted to the calibration text")
             summary = calibrated(method, src, out, data, n_calibration, length, bits, group, log)
-            stage("quantize", 0.85, f"{method}: {bits} bits, group size {group}")
         else:
             what = f"a mix of {bits} and {plan.high} bits" if target is not None and plan.high else f"{bits} bits"
             stage("quantize", 0.2, f"quantizing to {what}, group size {group}")

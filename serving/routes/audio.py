@@ -86,7 +86,9 @@ async def _form(request: HttpRequest) -> tuple[dict, bytes]:
     if kind == "multipart/form-data":
         try:
             upload = request.FILES.get("file")
-            fields = {k: request.POST.get(k) for k in request.POST}
+            # A repeated field (`timestamp_granularities[]`) is every value it was sent with, under its bare name.
+            fields = {k.removesuffix("[]"): request.POST.getlist(k) if k.endswith("[]") else request.POST.get(k)
+                      for k in request.POST}
         except (MultiPartParserError, SuspiciousOperation, BadRequest) as exc:
             raise RequestError(f"unreadable multipart body: {exc}") from None
         if upload is None:
@@ -128,8 +130,10 @@ async def window(service: Transcriber, take: Take, samples: np.ndarray, offset: 
 
 def result(service: Transcriber, take: Take, fmt: str, duration: float, timings: dict) -> dict:
     extra = {"model": service.ref, "language": take.language, "duration": round(duration, 3), "timings": timings}
+    if take.vocabulary is not None:
+        extra["vocabulary"] = take.vocabulary
     return transcription.body(take.text, take.segments, fmt, task=take.options.task, language=take.language,
-                              duration=duration, extra=extra)
+                              duration=duration, extra=extra, words=take.options.words)
 
 
 def _timings(load_ms: float, started: float, decoded: float) -> dict:

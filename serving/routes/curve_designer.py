@@ -172,4 +172,4 @@ def curve_terrain_surface(request: HttpRequest, vary: str = "width", low: float 
     try:
         return _answer(hlg.terrain(params, vary, low, high, steps, depth, points))
     except InvalidRequest as exc:
-        return _refuse(str(exc))
+        return OPENAI.response(400, str(exc), param=exc.param, headers=CORS)

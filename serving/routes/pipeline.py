@@ -135,8 +135,11 @@ def conversation_id(request) -> str | None:
 
 
 def replay_key(request) -> str:
-    """The request's `store.request_key`: what an identical retry of it shares."""
-    return request_key(request.path, request.body, holders.of(request))
+    """The request's `store.request_key`: what an identical retry of it shares (worked out once)."""
+    key = getattr(request, "hearth_replay_key", None)
+    if key is None:
+        key = request.hearth_replay_key = request_key(request.path, request.body, holders.of(request))
+    return key
 
 
 async def resumable(request, conversation: str, model: str, frames: AsyncIterator[bytes],

@@ -27,7 +27,9 @@ live or ended `done` follows that stream from its first byte instead of
 starting the generation again (`replayable`): a client that lost its
 connection and sends its request again costs nothing and gets the same
 answer. A stream stopped, failed or cut short (its first bytes dropped)
-is generated again.
+is generated again; a stream whose generation failed ends with its
+protocol's error event and is marked `failed` (in router mode too, where
+the error comes from the model's process).
 
 Router mode's model processes pass `record=False`: the router records, and
 the model's process only keeps each conversation's generation so the
@@ -51,7 +53,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
-from core import holders
+from core import holders, surfaces
 from core.fs import write_atomically
 from serving.streams.log import LIVE, Gone, Meta, Stream
 from serving.streams.shared import RemoteStream, Shared
@@ -63,6 +65,7 @@ GC_EVERY_S = 5.0
 MAX_ID_CHARS = 256
 ID = re.compile(r"[A-Za-z0-9._:-]{1,%d}" % MAX_ID_CHARS)  # a path segment as it is: no escaping, no `/`
 MAX_LOOKUP = 1000
+TAIL = 16 * 1024  # bytes of a stream's end kept while it runs: its last event is in them
 CRASH_MESSAGE = ("the server stopped before this generation ended (it crashed, was killed or shut down); "
                  "what it generated until then is above")
 
@@ -321,13 +324,17 @@ class Streams:
         return stream
 
     async def _pump(self, stream: Stream, producer: AsyncIterator[bytes], error_event) -> None:
+        surface = surfaces.BY_NAME.get(stream.meta.kind)
+        tail = b""  # the last bytes, to tell a stream that ended with its protocol's error event
         try:
             async for chunk in producer:
                 stream.append(chunk)
+                tail = (tail + chunk)[-TAIL:]
                 self._dirty(stream)
                 if self.shared is not None:
                     await self.shared.sync(stream)
-            failed = stream.failed_fn is not None and stream.failed_fn()
+            failed = (stream.failed_fn is not None and stream.failed_fn()) or \
+                (surface is not None and surface.ends_in_error(tail))
             await self._finish(stream, "stopped" if stream.stopping else "failed" if failed else "done")
         except asyncio.CancelledError:
             await self._finish(stream, "interrupted", stream.meta.on_crash.encode())
@@ -473,14 +480,16 @@ class Streams:
             return None
         return RemoteStream(self.shared, meta, ctx)
 
-    async def replayable(self, conversation_id: str, request: str, holder: str) -> Stream | RemoteStream | None:
+    async def replayable(self, conversation_id: str, holder: str,
+                         request: Callable[[], str]) -> Stream | RemoteStream | None:
         """The conversation's stream when it was started by a request identical
-        to this one (`request_key`) and can be followed from its first byte
-        (live, or ended `done`, and nothing dropped); else None."""
-        if not request or not self.record:
+        to this one (`request()`, its `request_key`, worked out only when the
+        conversation has a stream to compare with) and can be followed from its
+        first byte (live, or ended `done`, and nothing dropped); else None."""
+        if not self.record:
             return None
         stream = await self.find(conversation_id, holder)  # with Redis, another web node's too
-        if stream is None or not hmac.compare_digest(stream.meta.request, request):
+        if stream is None or not stream.meta.request or not hmac.compare_digest(stream.meta.request, request()):
             return None
         if stream.meta.state not in REPLAYABLE or stream.start != 0:
             return None

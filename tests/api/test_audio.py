@@ -84,6 +84,54 @@ def test_verbose_json_segments_and_translation(client, clips):
     assert vtt.startswith("WEBVTT")
 
 
+def test_word_timestamps_vocabulary_and_decode_options(client, audio_server, clips):
+    with open(clips["wav"], "rb") as f:
+        verbose = client.audio.transcriptions.create(
+            model="whisper-1", file=f, response_format="verbose_json", temperature=0, language="en",
+            timestamp_granularities=["word", "segment"]).model_dump()
+    words = [w for seg in verbose["segments"] for w in seg["words"]]  # every segment has its words
+    assert [{k: w[k] for k in ("word", "start", "end")} for w in words] == verbose["words"]
+    assert all(0 <= w["start"] <= w["end"] <= verbose["duration"] + 0.05 and 0 <= w["probability"] <= 1
+               for w in words)
+    with open(clips["wav"], "rb") as f:
+        plain = client.audio.transcriptions.create(model="whisper-1", file=f, response_format="verbose_json",
+                                                   temperature=0, language="en").model_dump()
+    assert plain.get("words") is None and all("words" not in seg for seg in plain["segments"])
+
+    terms = ["Hearth", "MLX", *(f"term{i}-{'x' * 30}" for i in range(40))]
+    data = base64.b64encode(clips["wav"].read_bytes()).decode()
+    r = httpx.post(audio_server.url + "/v1/audio/transcriptions", timeout=120, json={
+        "file": data, "temperature": 0, "language": "en", "prompt": "Digits, read aloud.", "vocabulary": terms,
+        "condition_on_previous_text": False, "no_speech_threshold": 0.4, "without_timestamps": True,
+        "beam_size": 1})
+    assert r.status_code == 200, r.text
+    fitted = r.json()["hearth"]["vocabulary"]
+    assert fitted["included"][:2] == ["Hearth", "MLX"] and fitted["omitted"]  # whole terms, in order, to the budget
+    assert fitted["included"] + fitted["omitted"] == terms and 0 < fitted["token_count"] <= fitted["token_budget"] < 223
+    form = httpx.post(audio_server.url + "/v1/audio/transcriptions", timeout=120, data={"vocabulary": "Hearth, MLX"},
+                      files={"file": ("d.wav", clips["wav"].read_bytes(), "audio/wav")})
+    assert form.json()["hearth"]["vocabulary"]["included"] == ["Hearth", "MLX"]  # comma-separated in a form
+
+
+@pytest.mark.parametrize("fields, param, message", [
+    ({"beam_size": "5"}, "beam_size", "mlx-whisper has no beam search"),
+    ({"vad": "true"}, "vad", "vad is not offered"), ({"vad_threshold": "0.5"}, "vad_threshold", "not offered"),
+    ({"chunking_strategy": "auto"}, "chunking_strategy", "not offered"),
+    ({"include[]": "logprobs"}, "include", "not offered"),
+    ({"timestamp_granularities[]": "word"}, "timestamp_granularities", "needs response_format verbose_json"),
+    ({"timestamp_granularities[]": "sentence", "response_format": "verbose_json"}, "timestamp_granularities",
+     "`segment` and/or `word`"),
+    ({"no_speech_threshold": "2"}, "no_speech_threshold", "in [0, 1]"),
+    ({"condition_on_previous_text": "maybe"}, "condition_on_previous_text", "must be a boolean"),
+    ({"vocabulary": " , "}, "vocabulary", "a list of terms"),
+])
+def test_transcription_fields_that_cannot_run_are_refused(audio_server, clips, fields, param, message):
+    r = httpx.post(audio_server.url + "/v1/audio/transcriptions", timeout=60, data=fields,
+                   files={"file": ("d.wav", clips["wav"].read_bytes(), "audio/wav")})
+    assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+    assert message in r.json()["error"]["message"]
+
+
 def test_json_body_and_stream(audio_server, clips):
     data = base64.b64encode(clips["wav"].read_bytes()).decode()
     r = httpx.post(audio_server.url + "/v1/audio/transcriptions", timeout=120,

@@ -96,7 +96,7 @@ def test_the_lineage_page_draws_the_served_model_and_links_each_node(page, base_
     page.goto(base_url + "/dag")  # the contract's address of the page
     page.wait_for_url("**/#/lineage")
     served = page.wait_for_selector(f"[data-node='served:{tiny_model}']")
-    page.wait_for_selector("[data-node='model:tiny-random']")
+    page.wait_for_selector(f"[data-node='model:{tiny_model}']")
     assert page.locator("path.edge").count() >= 1
     page.screenshot(path=str(ARTIFACTS / "desktop-lineage.png"), full_page=True)
     served.click()

@@ -1,7 +1,7 @@
 """core/torchless.py: Hearth's processes load tokenizers without importing
 torch (about 2 s of every start), and xgrammar still gets torch when a
 grammar needs it; transformers' scan of its own source is read back from a
-cache that a changed source or a broken file only makes it compute again;
+cache that a changed source makes it compute again;
 HEARTH_TRANSFORMERS_TORCH=1 leaves transformers as it is."""
 from __future__ import annotations
 

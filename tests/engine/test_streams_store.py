@@ -267,3 +267,31 @@ def test_two_nodes_starting_one_conversation_at_once_leave_one_running(tmp_path,
             await store.shared.redis.aclose()
 
     asyncio.run(scenario())
+
+
+def test_a_stream_that_ends_on_its_error_event_failed_and_is_not_replayed(tmp_path):
+    """Each protocol's stream ends with its error event when the generation
+    fails; such a stream is `failed`, and an identical retry generates again."""
+    from core.surfaces import ANTHROPIC, OPENAI, RESPONSES
+
+    async def ending(*frames: bytes):
+        for frame in frames:
+            yield frame
+
+    async def scenario():
+        store = Streams(tmp_path)
+        store.open()
+        cases = {"openai": (OPENAI, sse.frame({"choices": []})), "anthropic": (ANTHROPIC, sse.frame({}, "ping")),
+                 "responses": (RESPONSES, sse.frame({"type": "response.created"}, "response.created"))}
+        for kind, (surface, first) in cases.items():
+            for conv, frames, state in ((f"{kind}-ok", [first], "done"),
+                                        (f"{kind}-bad", [first, surface.stream_error("out of memory")], "failed")):
+                await store.start(conv, kind, "m", ending(*frames), _stop, surface.stream_error, request="k")
+                await store.get(conv).done.wait()
+                assert store.get(conv).meta.state == state, (conv, state)
+                found = await store.replayable(conv, "", lambda: "k")
+                assert (found is not None) == (state == "done"), conv
+                assert await store.replayable(conv, "", lambda: "other body") is None
+        store.shutdown()
+
+    asyncio.run(scenario())

@@ -48,6 +48,10 @@ def test_the_fine_tune_body_lists_every_setting_the_trainer_defaults(registry):
     assert props["target_modules"]["anyOf"][0] == {"items": {"type": "string"}, "type": "array"}
     assert schema.get("additionalProperties") is False  # a setting the trainer does not have is refused by name
     assert finetune.settings({}) == finetune.DEFAULTS
+    assert set(props) == {*finetune.PATHS, *finetune.DEFAULTS}  # the trainer's own list of the body's paths
+    for key, why in (("rs_lora", "not offered by this trainer"), ("learning_rat", "not a fine-tune setting")):
+        with pytest.raises(ValueError, match=f"^{key}: {why}"):  # a job's config is held to the same list
+            finetune.settings({"data_dir": "d", key: True})
 
 
 def test_the_submit_routes_take_their_kinds_schema(registry):
