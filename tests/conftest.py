@@ -35,7 +35,7 @@ os.environ.setdefault("HEARTH_BLAS", "openblas" if _find_openblas() else "refere
 if "PYTEST_XDIST_WORKER" not in os.environ:  # the main process; its xdist workers inherit its file
     os.environ["HEARTH_MACHINE_FILE"] = str(_SESSION_DIR / "machine.json")
 
-from tests.helpers import TINY_REPO, TURN_TOKENS, ServerProcess, build_tiny_model, server_env  # noqa: E402
+from tests.helpers import TINY_REPO, ServerProcess, build_tiny_model, server_env  # noqa: E402
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -125,8 +125,7 @@ def tiny_model(homes) -> str:
 def server(homes, tiny_model, tmp_path_factory):
     """One real `hearth serve` on the tiny random model for the whole session."""
     env = dict(server_env(*homes), HEARTH_SSE_KEEPALIVE="0.001")  # keep-alives show up in tests
-    proc = ServerProcess(env, tiny_model, "--max-tokens", str(TURN_TOKENS),
-                         log_path=tmp_path_factory.mktemp("logs") / "server.log")
+    proc = ServerProcess(env, tiny_model, log_path=tmp_path_factory.mktemp("logs") / "server.log")
     try:
         yield proc.wait_ready()
     finally:

@@ -78,14 +78,17 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    """`hearth serve` as a child process on a free loopback port."""
+    """`hearth serve` as a child process on a free loopback port, its replies
+    capped at TURN_TOKENS unless the flags say `--max-tokens` themselves or
+    `capped` is false (the trained demo models answer as they would for a user)."""
 
-    def __init__(self, env: dict, *args: str, log_path: Path):
+    def __init__(self, env: dict, *args: str, log_path: Path, capped: bool = True):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
         self._log = open(log_path, "wb")
-        self.proc = subprocess.Popen([*HEARTH, "serve", *args, "--port", str(self.port)], cwd=ROOT,
+        cap = ["--max-tokens", str(TURN_TOKENS)] if capped and "--max-tokens" not in args else []
+        self.proc = subprocess.Popen([*HEARTH, "serve", *args, *cap, "--port", str(self.port)], cwd=ROOT,
                                      env=env, stdout=self._log, stderr=subprocess.STDOUT)
 
     def wait_ready(self, timeout: float = 120) -> "ServerProcess":

@@ -37,7 +37,7 @@ def test_build_uses_openblas_shows_progress_and_caches(demo_build, demo_homes):
 
 
 def _serve(hf_home, hearth_home, log_dir):
-    proc = ServerProcess(server_env(hf_home, hearth_home), log_path=log_dir / "s.log")
+    proc = ServerProcess(server_env(hf_home, hearth_home), capped=False, log_path=log_dir / "s.log")
     try:
         yield proc.wait_ready()
     finally:

@@ -31,7 +31,7 @@ def synth(demo_build, demo_homes, tmp_path_factory):
     home = tmp_path_factory.mktemp("synthesis-home")
     # A second between stages leaves time to kill a run part way through.
     env = dict(server_env(demo_homes[0], home), HEARTH_JOB_STAGE_DELAY="1")
-    proc = ServerProcess(env, log_path=tmp_path_factory.mktemp("synthesis-log") / "server.log")
+    proc = ServerProcess(env, capped=False, log_path=tmp_path_factory.mktemp("synthesis-log") / "server.log")
     try:
         proc.wait_ready()
         client = httpx.Client(base_url=proc.url, timeout=120)

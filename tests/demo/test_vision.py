@@ -43,7 +43,7 @@ def image_turn(url: str, text: str = ASK) -> list[dict]:
 def vision_server(vision_build, vision_homes, tmp_path_factory):
     # The build (conftest: `vision_build`) runs in the background from collection, in homes of its own.
     proc = ServerProcess(server_env(*vision_homes), VISION_REPO,
-                         log_path=tmp_path_factory.mktemp("vision") / "s.log")
+                         capped=False, log_path=tmp_path_factory.mktemp("vision") / "s.log")
     try:
         yield proc.wait_ready()
     finally:
@@ -211,7 +211,7 @@ def test_private_image_url_is_refused_without_the_flag(client, picture_host):
 
 def test_private_image_url_with_allow_private_media(vision_build, vision_homes, picture_host, tmp_path):
     proc = ServerProcess(server_env(*vision_homes), VISION_REPO, "--allow-private-media",
-                         log_path=tmp_path / "s.log")
+                         capped=False, log_path=tmp_path / "s.log")
     try:
         proc.wait_ready()
         c = openai.OpenAI(base_url=proc.url + "/v1", api_key="x", max_retries=0)
