@@ -40,15 +40,16 @@ def _flag(value, name: str) -> bool:
     raise RequestError(f"{name} must be a boolean", name)
 
 
-def _temperature(value) -> float | tuple[float, ...]:
+def _unit(value, name: str, default):
+    """A number in [0, 1] (a form sends it as text), or `default` when not given."""
     if value is None or value == "":
-        return TEMPERATURES
+        return default
     try:
         t = float(value)
     except (TypeError, ValueError):
-        raise RequestError("temperature must be a number in [0, 1]", "temperature") from None
+        raise RequestError(f"{name} must be a number in [0, 1]", name) from None
     if isinstance(value, bool) or not math.isfinite(t) or not 0 <= t <= 1:
-        raise RequestError("temperature must be a number in [0, 1]", "temperature")
+        raise RequestError(f"{name} must be a number in [0, 1]", name)
     return t
 
 
@@ -104,18 +105,6 @@ def _vocabulary(value) -> tuple[str, ...]:
     return tuple(t.strip() for t in terms)
 
 
-def _threshold(value) -> float | None:
-    if value is None or value == "":
-        return 0.6
-    try:
-        t = float(value)
-    except (TypeError, ValueError):
-        raise RequestError("no_speech_threshold must be a number in [0, 1]", "no_speech_threshold") from None
-    if isinstance(value, bool) or not math.isfinite(t) or not 0 <= t <= 1:
-        raise RequestError("no_speech_threshold must be a number in [0, 1]", "no_speech_threshold")
-    return t
-
-
 def _beam(value) -> None:
     if value is None or value == "" or str(value) == "1":
         return
@@ -138,11 +127,11 @@ def ask(fields: dict, task: str, formats: tuple[str, ...] = FORMATS) -> Ask:
     language = _language(fields.get("language"))
     _beam(fields.get("beam_size"))
     options = Options(task=task, language=language, prompt=prompt or None,
-                      temperature=_temperature(fields.get("temperature")),
+                      temperature=_unit(fields.get("temperature"), "temperature", TEMPERATURES),
                       words=_granularities(fields.get("timestamp_granularities"), fmt),
                       condition_on_previous_text=_flag(fields.get("condition_on_previous_text", True),
                                                        "condition_on_previous_text"),
-                      no_speech_threshold=_threshold(fields.get("no_speech_threshold")),
+                      no_speech_threshold=_unit(fields.get("no_speech_threshold"), "no_speech_threshold", 0.6),
                       without_timestamps=_flag(fields.get("without_timestamps", False), "without_timestamps"),
                       vocabulary=_vocabulary(fields.get("vocabulary")))
     return Ask(options, fmt, stream)
