@@ -29,10 +29,12 @@ from typing import TypeGuard
 
 from chat.tools import Tool, check_args
 
-# The dashboard's pages (frontend/js/main.js), with the names the user sees.
+# The dashboard's pages the assistant can take the user to (frontend/js/main.js has them all), with the
+# names the user sees. The demo chat model is trained on exactly these (serving/demo/corpus.py, held to this
+# list by tests/demo): Lineage joins them when the corpus is trained on it.
 ROUTES = {"chat": "Chat", "status": "Status", "models": "Models", "memory": "Memory", "jobs": "Jobs",
           "finetune": "Fine-tune", "quantize": "Quantize", "dataset": "Dataset", "adapters": "Adapters",
-          "lineage": "Lineage", "settings": "Settings"}
+          "settings": "Settings"}
 # Curated spotlight targets: elements the pages mark with `data-spot` (tests/chat/test_app_aware.py
 # checks that the frontend marks every one).
 SPOTS = {

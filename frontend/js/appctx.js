@@ -7,7 +7,7 @@
 // that takes no focus. Wizard fields live across steps: `registerSpot` keeps them findable on a step not shown.
 import { h, toast } from "./util.js";
 
-export const ROUTES = ["chat", "status", "models", "memory", "jobs", "finetune", "quantize", "dataset", "adapters", "lineage", "settings"];
+export const ROUTES = ["chat", "status", "models", "memory", "jobs", "finetune", "quantize", "dataset", "adapters", "settings"];
 const MAX_ELEMENTS = 120;
 const SETTLE_MS = 250;  // a page renders what it fetched; one frame for a route and its first wizard step
 const INTERACTIVE = "input:not([type=hidden]), select, textarea, button, a[href], [role=button], [role=link], [role=tab]";
