@@ -177,6 +177,7 @@ def quantize_submit(request: HttpRequest, body: QuantizeRequest) -> dict:
     config = body.model_dump(exclude_unset=True)  # the job applies its own defaults to what was left out
     with refused(ValueError, ModelNotFound):  # PathRefused included
         quantize.check(config)
+        quantize.check_calibration(config)
         _, path = resolve(model_id)
         regular_entries(path, "model_id")  # the converter opens every file it knows by name
     job = service.submit("quantize", config)
