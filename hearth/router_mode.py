@@ -11,13 +11,22 @@ each child gets an equal share of it among the models loaded at once; the reques
 bounds reach the children through the environment (`core.limits.export`).
 Each child keeps its prompt cache's SSD tier under HEARTH_HOME/prompt-cache
 (or `--ssd-cache`), one folder per model, so a model unloaded to make
-room starts warm when it is loaded again.
+room starts warm when it is loaded again. The children store Responses
+turns in one folder of the router's (HEARTH_HOME/responses/router-PID,
+removed when the router stops; Redis instead where HEARTH_REDIS_URL is set),
+so a turn continues on any model and outlives the process that stored it.
+
+`hearth serve MODEL --isolate` is this router over MODEL alone
+(`plan_isolated`): its process starts with the server and starts again
+whenever it exits unasked, so an engine crash never takes the web server,
+its streams, its dashboard or its stored turns with it.
 """
 from __future__ import annotations
 
 import logging
 import os
 import secrets
+import shutil
 import socket
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,13 +42,14 @@ from hearth.demo_training import DemoTraining, demo_checkpoint_step, demo_is_bui
 from hearth.process import Work, exit_now, open_streams, run_daphne, start_services, stop_services
 from hearth.root import RUNTIME as runtime
 from hub import fit
+from inference.protocols.response_store import FolderResponseStore
 from serving import serve_flags
 from serving.demo.build import DEMO_REPO
 from serving.router import remotes
-from serving.router.catalog import Catalog, CatalogError, Library
+from serving.router.catalog import Catalog, CatalogError, Library, OneModel
 from serving.router.manager import Manager
 from serving.router.owners import Owners
-from serving.router.presets import PresetError
+from serving.router.presets import Preset, PresetError
 from serving.router.remotes import RemoteHost
 from serving.router.slots import RouterError, Settings
 
@@ -163,6 +173,27 @@ class RouterPlan:
     manager: Manager
     settings: Settings
     training: bool  # the demo model trains in the background (`--build-demo`, not built yet)
+    responses: Path | None = None  # the folder its children store Responses turns in (None: Redis)
+
+
+def responses_folder() -> Path | None:
+    """This router's folder of stored Responses turns (None with Redis,
+    which every web node shares), emptied of any left by a router that did
+    not stop cleanly (a SIGKILL)."""
+    from django.conf import settings
+
+    if settings.HEARTH_REDIS_URL:
+        return None
+    root = home.root() / "responses"
+    for old in root.glob("router-*"):
+        pid = old.name.removeprefix("router-")
+        if not pid.isdigit() or not Path(f"/proc/{pid}").exists() or int(pid) == os.getpid():
+            shutil.rmtree(old, ignore_errors=True)
+    return root / f"router-{os.getpid()}"
+
+
+def _store_args(folder: Path | None) -> tuple[str, ...]:
+    return ("--response-store", str(folder)) if folder is not None else ()
 
 
 def plan_router(opts: dict) -> RouterPlan:
@@ -173,6 +204,7 @@ def plan_router(opts: dict) -> RouterPlan:
                            "model's section of --models-preset")
     log.info("BLAS: %s", blas_in_use())
     call_command("migrate", interactive=False, verbosity=0)
+    folder = responses_folder()
     default = default_model(opts)
     training = opts["build_demo"] and not demo_is_built()
     if training and default is None and demo_checkpoint_step() is not None:
@@ -189,22 +221,74 @@ def plan_router(opts: dict) -> RouterPlan:
             start_timeout_s=opts["child_start_timeout"] or 600.0,
             request_timeout_s=opts["child_timeout"] or 600.0,
             stop_timeout_s=opts["drain_seconds"] + opts["flush_seconds"] + 15.0,
-            child_args=tuple(child_args(opts)),
+            child_args=(*child_args(opts), *_store_args(folder)),
             cache_root=opts["ssd_cache"] or str(home.prompt_caches()),
-            memory_total=opts["memory_budget"] or usable)
+            memory_total=opts["memory_budget"] or usable, drain_s=opts["drain_seconds"],
+            flush_s=opts["flush_seconds"])
         hosts = remote_hosts(opts)
         manager = Manager(library, settings, default, usable, catalog, hosts)
     except (CatalogError, PresetError) as exc:
         raise CommandError(str(exc)) from None
     except RouterError as exc:
         raise CommandError(f"--default-model: {exc.message}") from None
-    return RouterPlan(manager, settings, training)
+    return RouterPlan(manager, settings, training, folder)
+
+
+# What `--isolate` hands the model's process besides the shared flags: the flags about one model, as
+# a preset section would (--memory-budget is the router's total, and one model's share is all of it).
+ISOLATED_OWN = ("adapter", "kv_budget", "ssd_cache", "draft_model", "whisper_model", "whisper_idle_unload")
+ISOLATE_TOO = ("child_start_timeout", "child_timeout")  # router flags that mean the same for one process
+
+
+def plan_isolated(opts: dict) -> RouterPlan:
+    """`hearth serve MODEL --isolate`: the router over MODEL alone, pinned,
+    its process started again whenever it exits unasked. CommandError names
+    a flag that cannot work so, or a MODEL that is not there."""
+    from inference.engine.errors import ModelNotFound
+    from inference.engine.loader import resolve
+
+    router_only = [f.name for f in serve_flags.ROUTER_ONLY
+                   if f.target not in ISOLATE_TOO and opts.get(f.target) not in (None, False)]
+    if router_only:
+        raise CommandError(f"{router_only[0]} is for router mode (`hearth serve` without a MODEL); --isolate "
+                           "serves one model")
+    try:
+        model_id, path = resolve(opts["model"])
+    except ModelNotFound as exc:
+        raise CommandError(str(exc)) from None
+    model_id = opts["model_id"] or model_id
+    flags = {}
+    for target in ISOLATED_OWN:
+        flag = next(f for f in serve_flags.FLAGS if f.target == target)
+        value = opts.get(target)
+        if value is not None and value != flag.default:
+            flags[flag.key] = str(Path(value).expanduser().resolve()) if flag.path else value
+    log.info("BLAS: %s", blas_in_use())
+    call_command("migrate", interactive=False, verbosity=0)
+    folder = responses_folder()
+    preset = Preset(name=model_id, source="", flags=flags, aliases=tuple(opts["aliases"] or ()),
+                    tags=tuple(opts["tags"] or ()), pinned=True)
+    settings = Settings(
+        models_max=1, start_timeout_s=opts["child_start_timeout"] or 600.0,
+        request_timeout_s=opts["child_timeout"] or 600.0,
+        stop_timeout_s=opts["drain_seconds"] + opts["flush_seconds"] + 15.0,
+        child_args=(*child_args(opts), *_store_args(folder)),
+        cache_root=None if opts["ssd_cache"] else str(home.prompt_caches()),
+        memory_total=opts["memory_budget"] or fit.usable_bytes(), isolated=True, drain_s=opts["drain_seconds"],
+        flush_s=opts["flush_seconds"])
+    try:
+        manager = Manager(OneModel(model_id, path, preset), settings, model_id, fit.usable_bytes())
+    except CatalogError as exc:
+        raise CommandError(str(exc)) from None
+    return RouterPlan(manager, settings, False, folder)
 
 
 def serve_router(plan: RouterPlan, opts: dict) -> None:
     manager, settings, training = plan.manager, plan.settings, plan.training
     share_ownership(manager, opts)
     runtime.router = manager
+    if plan.responses is not None:  # what the children store, seen here too (/stats, GET /engine)
+        runtime.responses = FolderResponseStore(plan.responses, ttl_s=opts["response_ttl"])
     open_streams(opts)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per forwarded request would drown the log
     pinned = [s.id for s in manager.slots.values() if s.pinned]
@@ -228,5 +312,7 @@ def serve_router(plan: RouterPlan, opts: dict) -> None:
         if demo is not None:
             demo.stop()
         stop_services(supervisor)
+        if plan.responses is not None:  # the stored turns end with the router
+            shutil.rmtree(plan.responses, ignore_errors=True)
     log.info("stopped")
     exit_now()

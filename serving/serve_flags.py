@@ -121,6 +121,9 @@ FLAGS: tuple[Flag, ...] = (
          120.0, shared=True),
     Flag(("--adapter", "--adapter-path"), "mount this LoRA adapter at start (id: the folder name) and use it for "
          "requests that send no `adapter` field", metavar="DIR", preset=FLAG, path=True),
+    Flag(("--isolate",), "serve MODEL from a process of its own behind this one, as router mode serves each model: "
+         "an engine that crashes is started again and the web server stays up (GET /engine says how it runs)",
+         default=False, switch=True),
     Flag(("--no-worker",), "do not start a job worker beside the server (run `hearth worker` yourself)",
          default=False, switch=True),
     Flag(("--embeddings",), "answer /v1/embeddings with this model (on by default for embedding models)",
@@ -220,6 +223,7 @@ FLAGS: tuple[Flag, ...] = (
          "model's tags key in --models-preset)", argtypes.names, metavar="NAMES"),
     Flag(("--model-id",), hidden=True),  # the router's name for its model's process
     Flag(("--download-only",), default=False, switch=True, hidden=True),  # the router's fetch of a missing model
+    Flag(("--response-store",), hidden=True),  # the router's folder of stored Responses turns, shared by its models
 
     Flag(("--batch",), "most rows decoded together by continuous batching: auto (default) grows with the requests "
          "waiting, up to 64 as memory allows; N caps it; 1 = one at a time", argtypes.rows, metavar="auto|N",

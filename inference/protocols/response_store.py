@@ -1,15 +1,22 @@
 """Stored Responses, for `previous_response_id` and `GET/DELETE
-/v1/responses/{id}`: per process, a time-to-live and a byte-capped LRU; or
-in Redis (HEARTH_REDIS_URL), shared by every web node. Each belongs to the
-key that made it (its holder, core/holders.py): asked for by another key,
-it is not there."""
+/v1/responses/{id}`: per process, a time-to-live and a byte-capped LRU; in
+a folder that a router's model processes share (so a model's process that
+restarts or is unloaded keeps the turns it stored); or in Redis
+(HEARTH_REDIS_URL), shared by every web node. Each belongs to the key that
+made it (its holder, core/holders.py): asked for by another key, it is not
+there."""
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
+import os
+import re
 import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Union
 
 from core import holders
@@ -127,4 +134,106 @@ class RedisResponseStore:
                 "ttl_ms": int(self.ttl_s * 1000), "backend": "redis"}
 
 
-AnyResponseStore = Union[ResponseStore, RedisResponseStore]
+class FolderResponseStore:
+    """The store as one JSON file per turn in a folder: the router's model
+    processes share one (`hearth serve --response-store DIR`, set by the
+    router), so a turn outlives the process that stored it and continues on
+    any model; the router removes the folder when it stops. The time to live
+    is wall-clock; the byte cap drops the least recently read turns (a read
+    touches the file). Writes are atomic (a rename); the cap is kept under a
+    lock on the folder. The interface of ResponseStore."""
+
+    SAFE_ID = re.compile(r"[A-Za-z0-9_-]{1,200}")  # a file name; any other id is simply not stored
+
+    def __init__(self, folder: str | os.PathLike[str], ttl_s: float = 3600.0, max_bytes: int = 32 << 20):
+        self.folder, self.ttl_s, self.max_bytes = Path(folder), ttl_s, max_bytes
+        self.folder.mkdir(parents=True, exist_ok=True)
+
+    def _path(self, response_id: str) -> Path | None:
+        return self.folder / f"{response_id}.json" if self.SAFE_ID.fullmatch(response_id) else None
+
+    def put(self, response: dict, messages: list[dict], output: list[dict], instructions: str | None,
+            system: list[str] | None = None, holder: str = "") -> None:
+        path = self._path(str(response.get("id", "")))
+        data = json.dumps([response, messages, output, instructions, system or [], holder,
+                           time.time() + self.ttl_s], ensure_ascii=False).encode()
+        if path is None or len(data) > self.max_bytes:
+            return
+        temporary = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")
+        temporary.write_bytes(data)
+        os.replace(temporary, path)
+        with self._locked():
+            self._keep_within()
+
+    def get(self, response_id: str, holder: str = "") -> Stored | None:
+        path = self._path(response_id)
+        try:
+            data = path.read_bytes() if path is not None else None
+        except OSError:
+            return None
+        if data is None or path is None:
+            return None
+        try:
+            response, messages, output, instructions, system, owner, expires = json.loads(data)
+        except ValueError:
+            return None
+        if expires <= time.time():
+            path.unlink(missing_ok=True)
+            return None
+        if not holders.may_see(owner, holder):
+            return None
+        try:
+            os.utime(path)  # read now: the last the byte cap drops
+        except OSError:
+            pass
+        return Stored(response, messages, output, instructions, system, len(data), expires, owner)
+
+    def delete(self, response_id: str, holder: str = "") -> bool:
+        path = self._path(response_id)
+        if path is None or self.get(response_id, holder) is None:
+            return False
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            return False
+        return True
+
+    @contextlib.contextmanager
+    def _locked(self):
+        with open(self.folder / ".lock", "a+b") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            yield  # closing the file lets go of the lock
+
+    def _files(self) -> list[tuple[float, int, Path]]:
+        """(mtime, size, path) of every live turn, least recently read first.
+        A file neither written nor read for the time to live has expired
+        (its expiry is its write time plus that): it goes now."""
+        found, now = [], time.time()
+        for path in self.folder.glob("*.json"):
+            try:
+                st = path.stat()
+            except FileNotFoundError:  # dropped by another process meanwhile
+                continue
+            if st.st_mtime + self.ttl_s <= now:
+                path.unlink(missing_ok=True)
+            else:
+                found.append((st.st_mtime, st.st_size, path))
+        return sorted(found)
+
+    def _keep_within(self) -> None:
+        """Drop the least recently read turns until the folder is within the byte cap."""
+        files = self._files()
+        total = sum(size for _, size, _ in files)
+        for _, size, path in files:
+            if total <= self.max_bytes:
+                break
+            path.unlink(missing_ok=True)
+            total -= size
+
+    def stats(self) -> dict:
+        files = self._files()
+        return {"entries": len(files), "bytes": sum(size for _, size, _ in files), "max_bytes": self.max_bytes,
+                "ttl_ms": int(self.ttl_s * 1000), "backend": "folder"}
+
+
+AnyResponseStore = Union[ResponseStore, FolderResponseStore, RedisResponseStore]

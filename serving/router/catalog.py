@@ -1,7 +1,8 @@
 """The models a router can serve: the Hugging Face cache's servable models,
 plus every model folder under `--models-dir` (scanned recursively; a model
 is named by its path relative to that folder), each with its preset from
-`--models-preset` (aliases, tags, pin, idle unload, serve flags).
+`--models-preset` (aliases, tags, pin, idle unload, serve flags); or, for
+`hearth serve MODEL --isolate`, that one model (`OneModel`).
 
 Names resolve by id first, then by alias. An alias that clashes with
 another model's id or alias, or a preset section naming no model, stops
@@ -138,3 +139,15 @@ class Library:
                 log.warning("%s", message)
         return Catalog([_from_local(model, ref, name, presets.merged(self.table, name))
                         for name, (model, ref) in sorted(local.items())])
+
+
+class OneModel(Library):
+    """The library of `hearth serve MODEL --isolate`: that model alone, as
+    its id and flags were settled at start (a rescan finds the same)."""
+
+    def __init__(self, model_id: str, path: Path, preset: presets.Preset):
+        super().__init__(None, None)
+        self.entry = _from_local(registry.describe(model_id, path, ""), str(path), model_id, preset)
+
+    def scan(self, strict: bool = False) -> Catalog:
+        return Catalog([self.entry])

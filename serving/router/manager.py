@@ -50,6 +50,7 @@ from serving.router.slots import (
 
 log = logging.getLogger("hearth.router")
 SCAN_S = 5  # seconds between looks at the library (downloads, `hearth rm`, new folders)
+RESTARTS_MAX, RESTART_WINDOW_S = 5, 60.0  # --isolate: a process that keeps exiting is not started again
 REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 
 
@@ -73,6 +74,7 @@ class Manager:
         self._listeners: set[asyncio.Queue] = set()
         self.loop: asyncio.AbstractEventLoop | None = None
         self._idle_task: asyncio.Task | None = None
+        self._restarted: dict[str, list[float]] = {}  # model -> when its process was started again (--isolate)
         # The model a request that names none gets; None: such a request is refused with the list.
         self.default: str | None = None
         self.default = self.resolve(default).id if default else None
@@ -521,9 +523,29 @@ class Manager:
                 log.warning("%s: %s", slot.id, slot.error)
             slot.status = "unloaded"
             slot.ready.set()
+        if not asked:
+            slot.last_exit = {"reason": exit_reason(code), "at": time.time()}
         slot.exited.set()
         self._changed(slot)
         self._let_go(slot)
+        if self.settings.isolated and was == "loaded" and not asked:
+            self._restart(slot)
+
+    def _restart(self, slot: Slot) -> None:
+        """--isolate: the model's process exited while serving; start it
+        again at once, unless it did so RESTARTS_MAX times within
+        RESTART_WINDOW_S (then the next request that names it loads it)."""
+        now = time.monotonic()
+        recent = self._restarted.setdefault(slot.id, [])
+        recent[:] = [t for t in recent if now - t < RESTART_WINDOW_S]
+        if len(recent) >= RESTARTS_MAX:
+            log.error("%s: its process exited %d times within %.0fs; not starting it again until a request "
+                      "names it", slot.id, len(recent) + 1, RESTART_WINDOW_S)
+            return
+        recent.append(now)
+        slot.restarts += 1
+        log.warning("%s: starting its process again (restart %d)", slot.id, slot.restarts)
+        asyncio.ensure_future(self._preload(slot.id))
 
     def _fail(self, slot: Slot, message: str) -> None:
         slot.status, slot.error, slot.port = "failed", message, None
@@ -555,8 +577,33 @@ class Manager:
             return
         slot.unloading = True
         self._changed(slot)
-        child.terminate()  # drains, writes its prompt cache to the SSD tier, exits
+        await self._drain(slot)
+        child.terminate()  # drains what is left, exits
         await self._wait_exit(slot)
+
+    async def _drain(self, slot: Slot) -> None:
+        """Before a loaded process is stopped: it finishes its running
+        requests and writes its prompt cache to the SSD tier (POST
+        /admin/drain), so the next start of the model finds it warm; what it
+        reports is kept (`last_drain`). A process that does not answer is
+        stopped all the same."""
+        if slot.port is None or slot.status != "loaded":
+            return
+        import httpx
+
+        try:
+            reply = await self.client().post(
+                f"{slot.url}/admin/drain", headers=self.hop_headers(slot),
+                json={"drain_seconds": self.settings.drain_s, "flush_seconds": self.settings.flush_s},
+                timeout=self.settings.drain_s + self.settings.flush_s + 10.0)
+            report = reply.json()
+        except (httpx.HTTPError, ValueError) as exc:
+            log.warning("%s: draining it before the stop failed (%s); stopping it all the same", slot.id, exc)
+            return
+        if isinstance(report, dict) and "drained" in report:
+            slot.last_drain = {**report, "at": time.time()}
+            log.info("%s drained: %s prompt-cache entries written to the SSD tier", slot.id,
+                     report.get("demotions", 0))
 
     async def _wait_exit(self, slot: Slot) -> None:
         child = slot.child

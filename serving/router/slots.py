@@ -63,6 +63,9 @@ class Settings:
     cache_root: str | None = None  # each child's SSD prompt-cache tier: <cache_root>/<model>
     memory_check: bool = True
     memory_total: int | None = None  # what all children may take together (--memory-budget, or 3/4 of RAM)
+    isolated: bool = False  # `hearth serve MODEL --isolate`: a model process that exits unasked starts again
+    drain_s: float = 30.0  # how long a child stopped by the router lets its running requests finish
+    flush_s: float = 120.0  # and then writes its prompt cache to the SSD tier
 
     def memory_share(self, estimate: int | None) -> int | None:
         """A child's `--memory-budget`: an equal share of the total among the
@@ -94,6 +97,9 @@ class Slot:
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     exited: asyncio.Event = field(default_factory=asyncio.Event)
     remote: RemoteHost | None = None  # served by another machine's `hearth serve` (serving/router/remotes.py)
+    restarts: int = 0  # times it was started again after its process exited unasked (--isolate)
+    last_exit: dict | None = None  # how its process last ended unasked: {"reason", "at"}
+    last_drain: dict | None = None  # what its last drain before a stop reported (POST /admin/drain)
 
     @property
     def id(self) -> str:

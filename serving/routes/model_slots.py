@@ -1,6 +1,7 @@
 """Router mode's model management: `GET /models` (every model the router
-can serve, with its state), `POST /models/load|unload|pin|default`, and
-`GET /models/sse` (each model's state as it changes). A one-model server
+can serve, with its state), `POST /models/load|unload|pin|default`,
+`GET /models/sse` (each model's state as it changes), and `GET /engine`
+(`hearth serve MODEL --isolate`: the model's process). A one-model server
 answers `GET /models` with its model and refuses the rest with a 400 that
 says how to start a router. On the operations API (`hearth/api.py`), errors
 in OpenAI's shape."""
@@ -29,6 +30,12 @@ class RouterModeOff(RouterError):
     code = "router_mode_off"
 
 
+class NotIsolated(RouterError):
+    status = 404
+    type = "invalid_request_error"
+    code = "not_isolated"
+
+
 class ModelName(Schema):
     model: Annotated[str, StringConstraints(strip_whitespace=True, min_length=1)] = Field(
         description="the id or alias of a model (GET /models lists them)")
@@ -52,8 +59,26 @@ async def models_list(request: HttpRequest) -> JsonResponse:
     if manager is None:
         return JsonResponse({"object": "list", "mode": "single", "default": _single_id(request),
                              "models_max": 1, "data": _single_rows(request)})
-    return JsonResponse({"object": "list", "mode": "router", "default": manager.default,
-                         "models_max": manager.settings.models_max, "data": manager.rows()})
+    return JsonResponse({"object": "list", "mode": "router", "isolated": manager.settings.isolated,
+                         "default": manager.default, "models_max": manager.settings.models_max,
+                         "data": manager.rows()})
+
+
+@router.get("/engine", summary="--isolate: the served model's process, its restarts and the stored turns")
+async def engine(request: HttpRequest) -> JsonResponse:
+    """Read only: looking never loads the model. `pid` and `port` are null
+    while its process is down (between an exit and its restart)."""
+    manager: Manager | None = request.runtime.router
+    if manager is None or not manager.settings.isolated or manager.default is None:
+        raise NotIsolated("GET /engine describes the model process of `hearth serve MODEL --isolate`; this "
+                          "server does not run one")
+    slot = manager.slots[manager.default]
+    return JsonResponse({
+        "isolated": True, "model": slot.id, "pid": slot.child.pid if slot.child is not None else None,
+        "port": slot.port, "status": slot.status_object(), "restarts": slot.restarts,
+        "last_exit": slot.last_exit, "last_drain": slot.last_drain,
+        "memory_bytes": slot.child.rss_bytes() if slot.child is not None else None,
+        "response_store": await asyncio.to_thread(request.runtime.responses.stats)})
 
 
 def _single_id(request: HttpRequest) -> str | None:

@@ -1,24 +1,38 @@
 """The operational routes: `/health`, `/stats`, `/metrics`, the prompt-cache
-admin routes (`/admin/cache/*`) and `/admin/transcription/unload`, on the
-operations API (`hearth/api.py`), answering errors in OpenAI's shape."""
+admin routes (`/admin/cache/*`), `/admin/transcription/unload` and, in a
+router's model process, `/admin/drain`, on the operations API
+(`hearth/api.py`), answering errors in OpenAI's shape."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
-from ninja import Schema
+from ninja import Field, Schema
 
 from core.surfaces import OPENAI
 from core.version import __version__
-from inference.engine.errors import EngineTimeout
+from inference.engine.errors import EngineError, EngineTimeout
 from inference.engine.speech import NoWhisperModel
 from inference.protocols import chat, params
 from serving import telemetry
+from serving.router import child
 from serving.routes import proxy
 
 FLUSH_TIMEOUT_S = 120.0
 
 router = OPENAI.router(tags=["ops"])
+
+
+class Drain(Schema):
+    drain_seconds: float = Field(default=30.0, ge=0, le=3600, description="how long running requests may take")
+    flush_seconds: float = Field(default=120.0, ge=0, le=3600, description="how long the SSD tier's writes may take")
+
+
+class NotAModelProcess(EngineError):
+    status = 404
+    type = "invalid_request_error"
+    code = "not_a_model_process"
 
 
 class SessionClose(Schema):
@@ -107,3 +121,32 @@ async def cache_flush(request: HttpRequest) -> JsonResponse:
     engine = request.runtime.require_engine()
     durable, body = await asyncio.to_thread(engine.flush_cache, FLUSH_TIMEOUT_S)
     return JsonResponse(body, status=200 if durable else 503)
+
+
+@router.post("/admin/drain", summary="A router's model process: finish, write the prompt cache to the SSD tier")
+async def drain(request: HttpRequest, body: Drain | None = None) -> JsonResponse:
+    """Only in a model's process under a router (which alone holds its key):
+    new requests get 503 from now on, running ones may finish (up to
+    `drain_seconds`), then every prompt-cache entry not yet on the SSD tier
+    is written (up to `flush_seconds`). The router calls it before it stops
+    the process (an unload, an eviction, an idle unload), so the model's
+    next start is warm; the process then waits for its SIGTERM."""
+    if not child.is_child():
+        raise NotAModelProcess("POST /admin/drain is answered by a router's model process only (the router calls "
+                               "it before it stops one); to stop this server, send it SIGTERM")
+    body = body or Drain()
+    runtime = request.runtime
+    engine = runtime.require_engine()
+    started = time.monotonic()
+    runtime.draining = True  # hearth/asgi.py answers 503 to what comes next
+    engine.stop_grammar_compiles()
+    deadline = started + body.drain_seconds
+
+    def busy() -> bool:  # this request is one of the inflight
+        return engine.busy or runtime.inflight > 1 or runtime.streams.live_count() > 0
+    while busy() and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    idle = not busy()
+    durable, report = await asyncio.to_thread(engine.flush_cache, body.flush_seconds)
+    return JsonResponse({"drained": idle and durable, "idle": idle, "demotions": report["flushedSnapshots"],
+                         "elapsed_ms": round((time.monotonic() - started) * 1000), "flush": report})

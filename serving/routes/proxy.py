@@ -28,7 +28,7 @@ from serving.router import aggregate
 from serving.router.manager import Manager
 from serving.router.owners import HOP_HEADER, MODEL_HEADER, refused_hop
 from serving.router.slots import RouterError, Slot
-from serving.routes import errors
+from serving.routes import errors, responses
 from serving.routes.pipeline import conversation_id, replay_key
 from serving.streams.store import TAKEN, StreamRefused, close_quietly
 
@@ -91,7 +91,9 @@ def _json_object(raw: bytes) -> dict | None:
 async def dispatch(request: HttpRequest) -> HttpResponse:
     manager: Manager = request.runtime.router
     path = request.path
-    if path in FAN_OUT or (path.startswith("/v1/responses/") and request.method in ("GET", "DELETE")):
+    if path.startswith("/v1/responses/") and request.method in ("GET", "DELETE"):
+        return await _stored_here(request) or await _fan_out(request, manager)
+    if path in FAN_OUT:
         return await _fan_out(request, manager)
     big = len(request.body) > BIG_BODY and not (request.content_type or "").startswith("multipart/")
     named, streaming = await asyncio.to_thread(_named_model, request) if big else _named_model(request)
@@ -287,10 +289,24 @@ def _died(path: str, slot: Slot, exc: Exception) -> JsonResponse:
     return surfaces.for_path(path).response(status, _died_message(slot, exc), code, "server_error")
 
 
+async def _stored_here(request: HttpRequest) -> HttpResponse | None:
+    """GET or DELETE of a stored Responses turn, answered from the store the
+    router shares with its models' processes (hearth/router_mode.py: a
+    folder, or Redis) by the route itself; None when it is not there."""
+    view = responses.retrieve if request.method == "GET" else responses.delete
+    try:
+        return await asyncio.to_thread(view, request, request.path.rsplit("/", 1)[-1])
+    except RequestError as exc:
+        if exc.status != 404:
+            raise
+        return None
+
+
 async def _fan_out(request: HttpRequest, manager: Manager) -> HttpResponse:
-    """A stored response lives in one child: ask each loaded model and take
-    the first answer that is not a 404. The prompt-cache admin routes go to
-    every loaded model; their answers are combined by model."""
+    """A stored response the router's store lacks (a remote host's): ask each
+    loaded model and take the first answer that is not a 404. The
+    prompt-cache admin routes go to every loaded model; their answers are
+    combined by model."""
     client = http_client(manager)
     answers: dict[str, httpx.Response] = {}
     for slot in manager.loaded_here():

@@ -157,9 +157,15 @@ def test_sdks_through_the_router(two):
     claude = anthropic.Anthropic(base_url=two.url, api_key="unused")
     message = claude.messages.create(model="second-model", max_tokens=3, messages=[{"role": "user", "content": "Hi"}])
     assert message.model == B
-    # a stored Responses turn is found in whichever process keeps it
+    # a stored Responses turn is in the store the router shares with its models: found by the router,
+    # continued on the other model
     first = client.responses.create(model="b", input="Hi", max_output_tokens=3)
     assert client.responses.retrieve(first.id).id == first.id
+    follow = client.responses.create(model=A, input="and?", previous_response_id=first.id, max_output_tokens=3)
+    assert follow.model == A and follow.previous_response_id == first.id
+    client.responses.delete(follow.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(follow.id)
 
 
 def test_concurrent_requests_to_both_models(two):

@@ -39,7 +39,7 @@ from inference.engine.engine import Engine
 from inference.engine.errors import EngineError
 from inference.engine.speech import Transcriber
 from inference.protocols.options import Options, ServerDefaults
-from inference.protocols.response_store import RedisResponseStore, ResponseStore
+from inference.protocols.response_store import FolderResponseStore, RedisResponseStore, ResponseStore
 from serving import serve_flags
 from serving.router import child
 
@@ -196,6 +196,13 @@ class Command(BaseCommand):
         (no MODEL) answers the router's plan (`hearth.router_mode.plan_router`),
         else None. CommandError when a flag cannot work."""
         in_router = child.is_child()
+        if opts["isolate"] and not in_router:
+            if opts["model"] is None:
+                raise CommandError("--isolate serves one MODEL from a process of its own; router mode (`hearth "
+                                   "serve` without a MODEL) already serves each model so")
+            from hearth.router_mode import plan_isolated
+
+            return plan_isolated(opts)
         if opts["model"] is None and not in_router:
             from hearth.router_mode import plan_router
 
@@ -247,6 +254,8 @@ class Command(BaseCommand):
                         bounds.template_timeout_s)
         if settings.HEARTH_REDIS_URL:  # every web node on this Redis continues every stored turn
             runtime.responses = RedisResponseStore(settings.HEARTH_REDIS_URL, ttl_s=opts["response_ttl"])
+        elif opts["response_store"]:  # a router's: its model processes share the folder
+            runtime.responses = FolderResponseStore(opts["response_store"], ttl_s=opts["response_ttl"])
         else:
             runtime.responses = ResponseStore(ttl_s=opts["response_ttl"])
         return Options(
