@@ -12,7 +12,9 @@ behind a long non-streaming generation.
 """
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from typing import TYPE_CHECKING
 from urllib.parse import quote
 
@@ -29,6 +31,7 @@ from serving.routes.pipeline import replay_key
 from serving.streams.store import StreamRefused, check_id
 
 log = logging.getLogger("hearth.streams")
+requests_log = logging.getLogger("hearth.requests")
 
 
 class _Middleware:
@@ -107,14 +110,37 @@ class JsonErrorMiddleware(_ResponseHook):
         return response
 
 
+CLIENT_GONE = 499  # counted (nginx's code) for a request whose client went away before its answer
+
+
 class RequestMetricsMiddleware(_ResponseHook):
+    """Counts every answer by route, method and status; a request whose
+    client hung up before the answer (Django cancels its view) counts as a
+    499 and says so in the log, with how long it ran."""
+
+    async def _acall(self, request):
+        started = time.monotonic()
+        try:
+            response = await self.get_response(request)
+        except asyncio.CancelledError:
+            self._count(request, CLIENT_GONE)
+            requests_log.info("trace=%s %s %s %d: the client went away after %.0f ms; its work stopped",
+                     getattr(request, "trace_id", "-"), request.method, request.path, CLIENT_GONE,
+                     (time.monotonic() - started) * 1000)
+            raise
+        return self._rewrite(request, response)
+
+    @classmethod
+    def _rewrite(cls, request, response):
+        cls._count(request, response.status_code)
+        return response
+
     @staticmethod
-    def _rewrite(request, response):
+    def _count(request, status: int) -> None:
         from serving.telemetry import count_request
 
         match = getattr(request, "resolver_match", None)
-        count_request(match.route if match is not None else "unmatched", request.method, response.status_code)
-        return response
+        count_request(match.route if match is not None else "unmatched", request.method, status)
 
 
 class CrossOriginGuardMiddleware(_Middleware):

@@ -236,7 +236,7 @@ def plan_router(opts: dict) -> RouterPlan:
 
 # What `--isolate` hands the model's process besides the shared flags: the flags about one model, as
 # a preset section would (--memory-budget is the router's total, and one model's share is all of it).
-ISOLATED_OWN = ("adapter", "kv_budget", "ssd_cache", "draft_model", "whisper_model", "whisper_idle_unload")
+ISOLATED_OWN = ("adapter", "kv_budget", "ssd_cache", "draft_model")
 ISOLATE_TOO = ("child_start_timeout", "child_timeout")  # router flags that mean the same for one process
 
 
@@ -287,6 +287,7 @@ def serve_router(plan: RouterPlan, opts: dict) -> None:
     manager, settings, training = plan.manager, plan.settings, plan.training
     share_ownership(manager, opts)
     runtime.router = manager
+    runtime.whisper_model = opts["whisper_model"]  # its models' processes have it (a shared flag)
     if plan.responses is not None:  # what the children store, seen here too (/stats, GET /engine)
         runtime.responses = FolderResponseStore(plan.responses, ttl_s=opts["response_ttl"])
     open_streams(opts)

@@ -184,5 +184,33 @@ def scan() -> list[LocalModel]:
     return sorted(found, key=lambda m: m.repo_id)
 
 
+def is_whisper(config: dict) -> bool:
+    """An mlx-whisper checkpoint: its config holds the model's dimensions
+    (`n_mels`, ...). Transformers' Whisper (`num_mel_bins`) is not one."""
+    return config.get("model_type") == "whisper" and "n_mels" in config
+
+
+def whisper_checkpoints() -> list[str]:
+    """The repo ids of the cache's mlx-whisper checkpoints, sorted, from
+    their config.json alone (a start reads no weights)."""
+    from huggingface_hub import constants
+
+    try:
+        repo_dirs = sorted(d for d in Path(constants.HF_HUB_CACHE).expanduser().resolve().glob("models--*")
+                           if d.is_dir())
+    except OSError:
+        return []
+    found = []
+    for repo_dir in repo_dirs:
+        snapshot = _revision(repo_dir)
+        try:
+            config = read_json(snapshot / "config.json", "config.json") if snapshot is not None else None
+        except (OSError, ValueError):
+            continue
+        if isinstance(config, dict) and is_whisper(config):
+            found.append(repo_dir.name.removeprefix("models--").replace("--", "/"))
+    return found
+
+
 def servable_models() -> list[LocalModel]:
     return [m for m in scan() if m.supported]

@@ -68,6 +68,8 @@ class Runtime:
         self.adapter_records = None
         # Speech to text beside the chat model (`hearth serve --whisper-model`); None: not offered here.
         self.transcriber: Transcriber | None = None
+        # The Whisper model the models' processes have, in router mode (the default model's answers /v1/audio/*).
+        self.whisper_model: str | None = None
         self.audio_sessions = Sessions()  # live transcription sessions (/v1/audio/sessions)
         # A demo model training in the background (`hearth serve --build-demo`): its state, for
         # /health, /stats and the dashboard; None when none is.

@@ -131,11 +131,12 @@ FLAGS: tuple[Flag, ...] = (
     Flag(("--response-ttl",), "seconds a stored Responses turn stays available to previous_response_id", _seconds_or_0,
          3600.0, shared=True),
 
+    # Shared: in router mode the default model's process answers transcription (serving/routes/proxy.py).
     Flag(("--whisper-model",), "an mlx-whisper checkpoint (a repo id in the HF cache or a directory) for "
-         "transcription; loaded on first use (the demo: hearth/demo-whisper, built by `hearth make-demo-model "
-         "--kind audio`)", metavar="MODEL", group=SPEECH),
+         "transcription; loaded on first use (default: the first Whisper in the library, the demo's "
+         "hearth/demo-whisper last)", metavar="MODEL", group=SPEECH, shared=True),
     Flag(("--whisper-idle-unload",), "unload the Whisper model after this many idle seconds (0: keep it loaded; "
-         "default 300)", _seconds_or_0, 300.0, metavar="SECONDS", group=SPEECH),
+         "default 300)", _seconds_or_0, 300.0, metavar="SECONDS", group=SPEECH, shared=True),
 
     Flag(("--stream-ttl",), "how long a stream stays replayable after its generation ended (default 300)",
          _seconds_or_0, 300.0, metavar="SECONDS", group=STREAMS),

@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from inference.engine import vad
 from inference.engine.errors import EngineError
 
 log = logging.getLogger("hearth.speech")
@@ -130,6 +131,7 @@ class Take:
         return "".join(self.texts).strip()
 
     vocabulary: dict | None = None  # what of the vocabulary fitted the prompt (`fit_vocabulary`), once known
+    vad: dict | None = None  # what the voice-activity gate found (`vad: true`): speech, its spans, its time
 
     def prompt(self, tokenizer) -> str | None:
         """The user's prompt and the vocabulary that fits, then (conditioning on
@@ -331,6 +333,13 @@ class Session:
     events: list = field(default_factory=list)  # what the session's event stream sends, in order
     changed: asyncio.Event = field(default_factory=asyncio.Event)  # set (and replaced) when events grow
     closed: bool = False  # finished or deleted: its event stream ends after the last event
+    gate: vad.Gate | None = None  # `vad: true`: no window is transcribed until speech is heard
+    detector: vad.Detector = field(default_factory=vad.Detector)  # the take's speech so far (`speech`)
+    vad_ms: float = 0.0  # what judging the chunks took
+
+    def heard(self) -> list[tuple[int, int]]:
+        """The speech spans of the take so far (by the session's gate, or the default one)."""
+        return self.detector.spans(self.gate or vad.Gate())
 
     def publish(self, *events, close: bool = False) -> None:
         """Add events for the session's listeners and wake them."""

@@ -4,12 +4,12 @@ JSON), and the five response formats (json, text, srt, vtt, verbose_json).
 
 Beside OpenAI's fields (`model` names nothing: the server's Whisper
 answers), the contract's own: `vocabulary`, `condition_on_previous_text`,
-`no_speech_threshold`, `without_timestamps`. `timestamp_granularities`
-`word` adds word timestamps. What mlx-whisper cannot do is refused with a
-400 naming the field, never taken and ignored: `beam_size` above 1 (its
-decoder has no beam search) and the voice-activity fields (`vad*`, no
-voice-activity model ships with Hearth), and OpenAI's `chunking_strategy`
-and `include`. No Django here.
+`no_speech_threshold`, `without_timestamps`, and the voice-activity gate
+(`vad`, `vad_threshold`, `vad_min_speech_ms`, `vad_trim`: Silero VAD,
+inference/engine/vad.py). `timestamp_granularities` `word` adds word
+timestamps. What mlx-whisper cannot do is refused with a 400 naming the
+field, never taken and ignored: `beam_size` above 1 (its decoder has no beam
+search), and OpenAI's `chunking_strategy` and `include`. No Django here.
 """
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ import math
 from dataclasses import dataclass
 
 from inference.engine.speech import TEMPERATURES, Options
+from inference.engine.vad import Gate
 from inference.protocols.errors import RequestError
 
 FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
@@ -30,6 +31,8 @@ class Ask:
     options: Options
     response_format: str = "json"
     stream: bool = False
+    gate: Gate | None = None  # `vad: true`: Whisper runs only on audio with speech in it
+    trim: bool = False  # `vad_trim`: the audio cropped to its speech (± TRIM_S) first
 
 
 def _flag(value, name: str) -> bool:
@@ -69,9 +72,6 @@ def _language(value) -> str | None:
 
 # What is refused, and why: a field mlx-whisper cannot honour is a 400 naming it.
 REFUSED = {
-    "vad": "no voice-activity model ships with Hearth", "vad_threshold": "no voice-activity model ships with Hearth",
-    "vad_min_speech_ms": "no voice-activity model ships with Hearth",
-    "vad_trim": "no voice-activity model ships with Hearth",
     "chunking_strategy": "the audio is always cut into Whisper's own 30 s windows",
     "include": "mlx-whisper reports no per-token logprobs here",
     "faithful": "there is one decoding path here", "audio_ctx": "the encoder always reads the whole window",
@@ -112,8 +112,39 @@ def _beam(value) -> None:
                        "samples above it); leave it out or send 1", "beam_size")
 
 
-def ask(fields: dict, task: str, formats: tuple[str, ...] = FORMATS) -> Ask:
-    """The request's fields (form values, a list for a repeated one, or a JSON body), checked."""
+VAD_SETTINGS = ("vad_threshold", "vad_min_speech_ms", "vad_trim")
+MAX_MIN_SPEECH_MS = 60_000
+
+
+def _gate(fields: dict, live: bool) -> tuple[Gate | None, bool]:
+    """The voice-activity gate the `vad*` fields ask for, and whether to trim to the speech."""
+    on = _flag(fields.get("vad", False), "vad")
+    given = [name for name in VAD_SETTINGS if fields.get(name) not in (None, "")]
+    if not on:
+        if given:
+            raise RequestError(f"{given[0]} applies with vad: true (the voice-activity gate)", given[0])
+        return None, False
+    trim = _flag(fields.get("vad_trim", False), "vad_trim")
+    if trim and live:
+        raise RequestError("vad_trim is for a whole file: a live take with vad: true already skips its windows "
+                           "until speech is heard", "vad_trim")
+    min_speech = fields.get("vad_min_speech_ms")
+    if min_speech in (None, ""):
+        min_speech = Gate.min_speech_ms
+    try:
+        ms = int(str(min_speech))
+    except ValueError:
+        ms = -1
+    if isinstance(min_speech, bool) or not 0 <= ms <= MAX_MIN_SPEECH_MS:
+        raise RequestError(f"vad_min_speech_ms must be a whole number of milliseconds in [0, {MAX_MIN_SPEECH_MS}]",
+                           "vad_min_speech_ms")
+    return Gate(threshold=_unit(fields.get("vad_threshold"), "vad_threshold", Gate.threshold),
+                min_speech_ms=ms), trim
+
+
+def ask(fields: dict, task: str, formats: tuple[str, ...] = FORMATS, live: bool = False) -> Ask:
+    """The request's fields (form values, a list for a repeated one, or a JSON body), checked; `live`:
+    a live session's (no `vad_trim`)."""
     for name, why in REFUSED.items():
         if fields.get(name) not in (None, "", False, "false"):
             raise RequestError(f"{name} is not offered: {why}", name)
@@ -134,7 +165,8 @@ def ask(fields: dict, task: str, formats: tuple[str, ...] = FORMATS) -> Ask:
                       no_speech_threshold=_unit(fields.get("no_speech_threshold"), "no_speech_threshold", 0.6),
                       without_timestamps=_flag(fields.get("without_timestamps", False), "without_timestamps"),
                       vocabulary=_vocabulary(fields.get("vocabulary")))
-    return Ask(options, fmt, stream)
+    gate, trim = _gate(fields, live)
+    return Ask(options, fmt, stream, gate, trim)
 
 
 def stamp(seconds: float, sep: str) -> str:

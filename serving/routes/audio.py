@@ -26,6 +26,7 @@ from pydantic import BaseModel, Field
 from core import audio, media, sse
 from core.openapi import documented
 from core.surfaces import OPENAI
+from inference.engine import vad
 from inference.engine.errors import EngineError, EngineTimeout
 from inference.engine.speech import SHORTEST, WINDOW, NoWhisperModel, Options, Take, Transcriber, windows
 from inference.protocols import transcription
@@ -34,18 +35,40 @@ from serving.routes.pipeline import read_body
 
 router = OPENAI.router(tags=["audio"])
 WAIT_S = 600.0  # one window may wait this long for the engine
+TRIM = audio.RATE // 2  # `vad_trim` keeps this much audio either side of the speech
 
 
-class TranscriptionRequest(BaseModel):
+class TakeFields(BaseModel):
+    """How a take is transcribed: a one-shot request's fields and a live session's
+    (inference/protocols/transcription.py reads them)."""
+
+    language: str | None = Field(None, description="ISO 639-1 code or name; omitted or `auto`: detected")
+    prompt: str | None = Field(None, description="text the transcription continues (vocabulary, style)")
+    temperature: float | None = Field(None, ge=0, le=1, description="omitted: the fallback ladder 0, 0.2, … 1")
+    timestamp_granularities: list[Literal["segment", "word"]] | None = Field(
+        None, description="`word` adds word timestamps (verbose_json)")
+    vocabulary: list[str] | str | None = Field(None, description="recognition hints: a list, or comma-separated "
+                                               "text; fitted whole-term into the prompt, reported in usage")
+    condition_on_previous_text: bool = True
+    no_speech_threshold: float | None = Field(None, ge=0, le=1, description="default 0.6")
+    without_timestamps: bool = False
+    beam_size: Literal[1] | None = Field(None, description="1 only: mlx-whisper decodes greedily")
+    vad: bool = Field(False, description="the voice-activity gate: Whisper runs only on audio with speech in it")
+    vad_threshold: float | None = Field(None, ge=0, le=1, description="a frame's speech probability that "
+                                        "counts as speech (0.5; with vad)")
+    vad_min_speech_ms: int | None = Field(None, ge=0, le=60000, description="shorter speech is ignored (250; "
+                                          "with vad)")
+
+
+class TranscriptionRequest(TakeFields):
     """The fields of a transcription or translation (a JSON body, or the form fields of a multipart one)."""
 
     file: str = Field(description="the audio: base64 or a data: URL (multipart: the uploaded file)")
     model: str | None = Field(None, description="ignored: the server's Whisper model is used")
-    language: str | None = Field(None, description="ISO 639-1 code or name; omitted or `auto`: detected")
-    prompt: str | None = Field(None, description="text the transcription continues (vocabulary, style)")
     response_format: Literal["json", "text", "srt", "vtt", "verbose_json"] = "json"
-    temperature: float | None = Field(None, ge=0, le=1, description="omitted: the fallback ladder 0, 0.2, … 1")
     stream: bool = False
+    vad_trim: bool = Field(False, description="with vad: crop to the speech ± 0.5 s first (timestamps stay the "
+                           "clip's)")
 
 
 MULTIPART = {"multipart/form-data": {"schema": {
@@ -132,6 +155,8 @@ def result(service: Transcriber, take: Take, fmt: str, duration: float, timings:
     extra = {"model": service.ref, "language": take.language, "duration": round(duration, 3), "timings": timings}
     if take.vocabulary is not None:
         extra["vocabulary"] = take.vocabulary
+    if take.vad is not None:
+        extra["vad"] = take.vad
     return transcription.body(take.text, take.segments, fmt, task=take.options.task, language=take.language,
                               duration=duration, extra=extra, words=take.options.words)
 
@@ -142,20 +167,47 @@ def _timings(load_ms: float, started: float, decoded: float) -> dict:
             "transcribe_ms": round((now - decoded) * 1000, 1), "total_ms": round((now - started) * 1000, 1)}
 
 
-async def _frames(service: Transcriber, take: Take, samples: np.ndarray, fmt: str, started: float,
-                  decoded: float, path: str) -> AsyncIterator[bytes]:
-    load_ms, offsets = 0.0, windows(len(samples))
+def vad_report(spans: list[tuple[int, int]], started: float) -> dict:
+    """`hearth.vad` of a reply: whether there was speech, where (seconds), and what finding it took."""
+    return {"speech": bool(spans), "segments": [[round(s / audio.RATE, 3), round(e / audio.RATE, 3)]
+                                                for s, e in spans],
+            "ms": round((time.monotonic() - started) * 1000, 1)}
+
+
+async def gated(ask: transcription.Ask, take: Take, samples: np.ndarray) -> tuple[np.ndarray, int]:
+    """The audio Whisper is to hear and where it starts in the clip: with
+    `vad: true`, none when the gate hears no speech (Whisper never runs),
+    with `vad_trim` the speech ± TRIM_S; its report is kept on the take."""
+    if ask.gate is None:
+        return samples, 0
+    started = time.monotonic()
+    try:
+        spans = await asyncio.to_thread(vad.detect, samples, ask.gate)
+    except vad.VadUnavailable as exc:
+        raise RequestError(str(exc), "vad", 400) from None
+    take.vad = vad_report(spans, started)
+    if not spans:
+        return samples[:0], 0
+    if not ask.trim:
+        return samples, 0
+    start = max(0, spans[0][0] - TRIM)
+    return samples[start:min(len(samples), spans[-1][1] + TRIM)], start
+
+
+async def _frames(service: Transcriber, take: Take, samples: np.ndarray, base: int, fmt: str, started: float,
+                  decoded: float, duration: float) -> AsyncIterator[bytes]:
+    load_ms, offsets = 0.0, windows(len(samples)) if len(samples) else []
     total = len(samples) // 160
     try:
         for offset in offsets:
-            added, loaded = await window(service, take, samples[offset:offset + WINDOW], offset)
+            added, loaded = await window(service, take, samples[offset:offset + WINDOW], base + offset)
             load_ms += loaded
             for seg in added:
                 yield sse.frame({"type": "transcript.text.delta", "delta": seg["text"],
                                  "segment": {"id": seg["id"], "start": seg["start"], "end": seg["end"]}})
             yield sse.frame({"type": "transcript.progress",
                              "done": min(offset + WINDOW, len(samples)) // 160, "total": total})
-        done = result(service, take, fmt if fmt == "verbose_json" else "json", len(samples) / audio.RATE,
+        done = result(service, take, fmt if fmt == "verbose_json" else "json", duration,
                       _timings(load_ms, started, decoded))
         yield sse.frame({"type": "transcript.text.done", **done})
     except EngineError as exc:
@@ -173,19 +225,21 @@ async def _transcribe(request: HttpRequest, task: str) -> HttpResponse:
     decoded = time.monotonic()
     service.requests += 1
     take = Take(ask.options)
+    duration = len(samples) / audio.RATE
+    heard, base = await gated(ask, take, samples)
     if ask.stream:
-        frames = _frames(service, take, samples, ask.response_format, started, decoded, request.path)
-        return OPENAI.sse(frames)
+        return OPENAI.sse(_frames(service, take, heard, base, ask.response_format, started, decoded, duration))
     load_ms = 0.0
-    for offset in windows(len(samples)):
-        load_ms += (await window(service, take, samples[offset:offset + WINDOW], offset))[1]
+    # A client that goes away cancels this view (a 499, hearth/middleware.py): no later window runs.
+    for offset in windows(len(heard)) if len(heard) else []:
+        load_ms += (await window(service, take, heard[offset:offset + WINDOW], base + offset))[1]
     timings = _timings(load_ms, started, decoded)
     fmt = ask.response_format
     if fmt in transcription.CONTENT_TYPES:
         headers = {"x-hearth-language": take.language or "", "x-hearth-timings": json.dumps(timings)}
         return HttpResponse(transcription.plain(take.text, take.segments, fmt),
                             content_type=transcription.CONTENT_TYPES[fmt], headers=headers)
-    return JsonResponse(result(service, take, fmt, len(samples) / audio.RATE, timings))
+    return JsonResponse(result(service, take, fmt, duration, timings))
 
 
 @router.post("/audio/transcriptions", openapi_extra=documented(TranscriptionRequest, MULTIPART))

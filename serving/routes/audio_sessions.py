@@ -1,15 +1,19 @@
 """Live transcription sessions (`/v1/audio/sessions`), for audio sent while
 it is recorded (the dashboard's hold-to-talk).
 
-- `POST /v1/audio/sessions`: JSON params (`language`, `prompt`,
-  `temperature`, `response_format` json | verbose_json) -> `{"id", "model"}`;
-  the weights load here if they were out. At most 64 open (429).
+- `POST /v1/audio/sessions`: JSON params (the one-shot fields but
+  `stream` and `vad_trim`; `response_format` json | verbose_json) ->
+  `{"id", "model"}`; the weights load here if they were out. At most 64
+  open (429).
 - `POST /v1/audio/sessions/<id>/audio`: one chunk, raw `audio/pcm;rate=16000`
-  little-endian float32 mono, or any container ffmpeg reads. Every window
-  of 30 s completed by it is transcribed before the answer
-  `{"samples", "duration", "segments"}`.
-- `POST /v1/audio/sessions/<id>/finish`: the rest is transcribed; answers
-  the one-shot body and closes the session.
+  little-endian float32 mono, or any container ffmpeg reads. The voice-
+  activity model judges it (`speech`: whether the take has had speech so
+  far). Every window of 30 s completed by it is transcribed before the
+  answer `{"samples", "duration", "speech", "segments"}`; with `vad: true`,
+  a window that completes before any speech is skipped, never transcribed.
+- `POST /v1/audio/sessions/<id>/finish`: the rest is transcribed (with
+  `vad: true` and no speech in the take, nothing: `{"text": ""}`, Whisper
+  never runs); answers the one-shot body and closes the session.
 - `DELETE /v1/audio/sessions/<id>`: discard (204).
 - `GET /v1/audio/sessions/<id>/events`: the session as server-sent events,
   from its start: `transcript.text.delta` per segment as its window is
@@ -27,8 +31,8 @@ import secrets
 import time
 from typing import Literal
 
+import numpy as np
 from django.http import HttpRequest, HttpResponse, JsonResponse
-from pydantic import BaseModel, Field
 
 from core import audio, limits, sse
 from core.openapi import NO_BODY, documented
@@ -36,20 +40,17 @@ from core.surfaces import OPENAI
 from inference.engine.speech import MAX_SESSIONS, Session, Take
 from inference.protocols import transcription
 from inference.protocols.errors import RequestError
-from serving.routes.audio import decode, result, transcriber, window
+from serving.routes.audio import TakeFields, decode, result, transcriber, vad_report, window
 from serving.routes.pipeline import read_body
 
 router = OPENAI.router(tags=["audio"])
 KEEP_ALIVE_S = 15.0  # a comment line on an idle event stream, so proxies keep it open
 
 
-class SessionRequest(BaseModel):
+class SessionRequest(TakeFields):
     """A live session's parameters (all optional)."""
 
-    language: str | None = None
-    prompt: str | None = None
     response_format: Literal["json", "verbose_json"] = "json"
-    temperature: float | None = Field(None, ge=0, le=1)
 
 
 CHUNK = {"requestBody": {"required": True, "content": {
@@ -71,9 +72,12 @@ def _session(request: HttpRequest, session_id: str, open_only: bool = True) -> S
 @router.post("/audio/sessions", openapi_extra=documented(SessionRequest))
 async def open_session(request: HttpRequest):
     body = await read_body(request) if request.body else {}
-    ask = transcription.ask(body, "transcribe", formats=("json", "verbose_json"))
+    ask = transcription.ask(body, "transcribe", formats=("json", "verbose_json"), live=True)
+    if ask.stream:
+        raise RequestError("stream is for a one-shot transcription: a session's text streams from GET "
+                           "/v1/audio/sessions/{id}/events", "stream")
     service = transcriber(request)
-    session = Session("sess_" + secrets.token_hex(12), Take(ask.options), ask.response_format)
+    session = Session("sess_" + secrets.token_hex(12), Take(ask.options), ask.response_format, gate=ask.gate)
     if not request.runtime.audio_sessions.add(session):
         raise RequestError(f"{MAX_SESSIONS} transcription sessions are open; finish or delete one first", None,
                            429, "rate_limit_error", code="too_many_sessions")
@@ -95,12 +99,22 @@ async def session_audio(request: HttpRequest, session_id: str):
             raise RequestError(str(audio.too_long((session.samples + len(samples)) / audio.RATE)), None, 413,
                                code="audio_too_long")
         session.add(samples)
+        speech = await _judge(session, samples)
         before = len(session.take.segments)
         while (full := session.full_window()) is not None:
-            await window(service, session.take, *full)
+            if session.gate is None or speech:
+                await window(service, session.take, *full)
         _announce(session, before)
-    return {"samples": session.samples, "duration": round(session.samples / audio.RATE, 3),
+    return {"samples": session.samples, "duration": round(session.samples / audio.RATE, 3), "speech": speech,
             "segments": [transcription.segment(s) for s in session.take.segments]}
+
+
+async def _judge(session: Session, samples, final: bool = False) -> bool:
+    """The chunk through the voice-activity model: whether the take has had speech so far."""
+    started = time.monotonic()
+    await asyncio.to_thread(session.detector.feed, samples, final)
+    session.vad_ms += (time.monotonic() - started) * 1000
+    return bool(session.heard())
 
 
 def _params(request: HttpRequest) -> str:
@@ -120,8 +134,13 @@ async def finish_session(request: HttpRequest, session_id: str):
         session.finished = True
         load_ms = 0.0
         before = len(session.take.segments)
+        spans: list[tuple[int, int]] = []
+        if session.gate is not None:
+            await _judge(session, np.zeros(0, np.float32), final=True)  # the last partial frame
+            spans = session.heard()
+            session.take.vad = vad_report(spans, time.monotonic() - session.vad_ms / 1000)
         rest = session.rest()
-        if rest is not None:
+        if rest is not None and (session.gate is None or spans):
             load_ms = (await window(service, session.take, *rest))[1]
         _announce(session, before)
     service.requests += 1

@@ -31,7 +31,10 @@ ENDPOINTS += ["POST /v1/audio/transcriptions", "POST /v1/audio/translations", "P
 
 def transcription(runtime) -> bool:
     """Whether this server transcribes speech (a Whisper model is configured):
-    the audio routes answer, and chat's audio parts are transcribed into text."""
+    the audio routes answer, and chat's audio parts are transcribed into text.
+    In router mode the default model's process answers them."""
+    if runtime.router is not None:
+        return runtime.whisper_model is not None and runtime.router.default is not None
     service = getattr(runtime, "transcriber", None)
     return service is not None and service.available
 

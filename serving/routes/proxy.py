@@ -27,7 +27,7 @@ from serving import traces
 from serving.router import aggregate
 from serving.router.manager import Manager
 from serving.router.owners import HOP_HEADER, MODEL_HEADER, refused_hop
-from serving.router.slots import RouterError, Slot
+from serving.router.slots import ModelNotFound, RouterError, Slot
 from serving.routes import errors, responses
 from serving.routes.pipeline import conversation_id, replay_key
 from serving.streams.store import TAKEN, StreamRefused, close_quietly
@@ -59,6 +59,13 @@ def routed(path: str) -> bool:
 
 
 BIG_BODY = 1 << 20  # bodies this large are parsed off the event loop
+AUDIO = "/v1/audio/"  # transcription, translation, live sessions: a model's process with a Whisper model
+
+
+def _serves(manager: Manager, named: str | None) -> bool:
+    """Whether `named` is a model this router serves (a library model, or a remote host's)."""
+    return named is not None and (manager.catalog.resolve(named) is not None
+                                  or named in manager.remote_hosts.entries)
 
 
 def _named_model(request: HttpRequest) -> tuple[str | None, bool]:
@@ -109,6 +116,13 @@ async def dispatch(request: HttpRequest) -> HttpResponse:
     hop = _from_peer(request, manager)
     if hop:
         named = request.headers.get(MODEL_HEADER) or named
+    elif path.startswith(AUDIO) and not _serves(manager, named):
+        if manager.default is None:
+            return errors.engine_error(surfaces.for_path(path), ModelNotFound(
+                "transcription in router mode is answered by the default model's process, with the Whisper model "
+                "beside it (`model` names a served model or none: `whisper-1` is fine); this server has no default "
+                "model: start it with --default-model, or set one with POST /models/default"))
+        named = None  # `whisper-1`, a Whisper repo: the default model's process has the Whisper model
     try:
         slot = await manager.acquire(named, hop=hop)
         try:

@@ -14,6 +14,7 @@ import json
 import re
 import subprocess
 import threading
+import time
 
 import httpx
 import numpy as np
@@ -115,7 +116,9 @@ def test_word_timestamps_vocabulary_and_decode_options(client, audio_server, cli
 
 @pytest.mark.parametrize("fields, param, message", [
     ({"beam_size": "5"}, "beam_size", "mlx-whisper has no beam search"),
-    ({"vad": "true"}, "vad", "vad is not offered"), ({"vad_threshold": "0.5"}, "vad_threshold", "not offered"),
+    ({"vad_threshold": "0.5"}, "vad_threshold", "applies with vad: true"),
+    ({"vad": "true", "vad_min_speech_ms": "-5"}, "vad_min_speech_ms", "whole number of milliseconds"),
+    ({"vad": "true", "vad_threshold": "1.5"}, "vad_threshold", "in [0, 1]"),
     ({"chunking_strategy": "auto"}, "chunking_strategy", "not offered"),
     ({"include[]": "logprobs"}, "include", "not offered"),
     ({"timestamp_granularities[]": "word"}, "timestamp_granularities", "needs response_format verbose_json"),
@@ -161,6 +164,64 @@ def test_long_audio_goes_in_windows(audio_server, clips):
     progress = [e for e in events if e["type"] == "transcript.progress"]
     assert [p["done"] for p in progress] == [3000, 6000, 6500] and progress[-1]["total"] == 6500
     assert events[-1]["hearth"]["duration"] == 65.0
+
+
+def _stats(server) -> dict:
+    return httpx.get(server.url + "/stats").json()["transcription"]
+
+
+def test_the_voice_activity_gate_keeps_whisper_off_silence(audio_server, clips):
+    """`vad: true`: a take without speech is answered without Whisper (not
+    even loaded); one with speech says where it is, and `vad_trim` crops
+    to it while the timestamps stay the clip's."""
+    url = audio_server.url + "/v1/audio/transcriptions"
+    httpx.post(audio_server.url + "/admin/transcription/unload", timeout=60)
+    loads = _stats(audio_server)["loads"]
+    hum = 0.2 * np.sin(2 * np.pi * 220 * np.arange(3 * 16000) / 16000)
+    quiet = speech_data.to_wav(np.concatenate([np.zeros(16000), hum]).astype(np.float32))
+    for fmt in ("verbose_json", "text"):
+        r = httpx.post(url, timeout=60, data={"vad": "true", "response_format": fmt},
+                       files={"file": ("quiet.wav", quiet, "audio/wav")})
+        assert r.status_code == 200, r.text
+        if fmt == "text":
+            assert r.text == "\n"
+        else:
+            body = r.json()
+            assert body["text"] == "" and body["segments"] == [] and body["duration"] == 4.0
+            assert body["hearth"]["vad"]["speech"] is False and body["hearth"]["vad"]["segments"] == []
+    assert _stats(audio_server)["loads"] == loads and not _stats(audio_server)["resident"]  # Whisper never ran
+
+    speech = speech_data.say("four seven one two")
+    take = np.zeros(12 * 16000, np.float32)
+    take[7 * 16000:7 * 16000 + len(speech)] = speech
+    r = httpx.post(url, timeout=120, data={"vad": "true", "vad_trim": "true", "vad_threshold": "0.4",
+                                           "response_format": "verbose_json", "temperature": "0"},
+                   files={"file": ("late.wav", speech_data.to_wav(take), "audio/wav")})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    ((start, end),) = body["hearth"]["vad"]["segments"]
+    assert 6.8 <= start <= 7.2 and end <= 7 + len(speech) / 16000 + 0.2 and body["hearth"]["vad"]["speech"]
+    assert body["duration"] == 12.0 and _stats(audio_server)["loads"] == loads + 1
+    assert all(seg["start"] >= start - 0.5 - 0.01 for seg in body["segments"])  # placed in the clip, not the crop
+    streamed = httpx.post(url, timeout=120, data={"vad": "true", "stream": "true"},
+                          files={"file": ("quiet.wav", quiet, "audio/wav")})
+    done = [json.loads(line[6:]) for line in streamed.text.splitlines() if line.startswith("data: ")]
+    assert [e["type"] for e in done] == ["transcript.text.done"] and done[0]["hearth"]["vad"]["speech"] is False
+
+
+def test_a_client_that_goes_away_stops_its_transcription(audio_server):
+    """Its view is cancelled between windows: counted and logged as a 499."""
+    take = speech_data.to_wav(np.zeros(150 * 16000, np.float32))  # five windows
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(audio_server.url + "/v1/audio/transcriptions", timeout=httpx.Timeout(60, read=1.5),
+                   files={"file": ("long.wav", take, "audio/wav")}, data={"temperature": "0"})
+    deadline = time.monotonic() + 30
+    while "the client went away" not in audio_server.output() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert re.search(r"POST /v1/audio/transcriptions 499: the client went away", audio_server.output())
+    metrics = httpx.get(audio_server.url + "/metrics").text
+    assert re.search(r'hearth_http_requests_total\{method="POST",route="v1/audio/transcriptions",status="499"\}',
+                     metrics), metrics
 
 
 def test_bad_requests(audio_server, client):
@@ -219,6 +280,31 @@ def test_live_session(audio_server):
     assert httpx.delete(f"{url}/{sid}", timeout=30).status_code == 204
     assert httpx.post(f"{url}/{sid}/finish", timeout=30).status_code == 404
     assert httpx.post(f"{url}/nope/audio", content=b"\0" * 8, headers=pcm, timeout=30).status_code == 404
+
+
+def test_a_live_session_hears_speech_and_with_vad_skips_the_silence(audio_server):
+    url = audio_server.url + "/v1/audio/sessions"
+    pcm = {"content-type": "audio/pcm;rate=16000"}
+    assert httpx.post(url, json={"vad": True, "vad_trim": True}, timeout=60).json()["error"]["param"] == "vad_trim"
+    assert httpx.post(url, json={"stream": True}, timeout=60).json()["error"]["param"] == "stream"
+    gated = httpx.post(url, json={"vad": True, "temperature": 0}, timeout=60).json()["id"]
+    plain = httpx.post(url, json={"temperature": 0}, timeout=60).json()["id"]
+    silence = np.zeros(31 * 16000, np.float32)  # completes a window
+    for sid in (gated, plain):
+        quiet = httpx.post(f"{url}/{sid}/audio", content=silence.tobytes(), headers=pcm, timeout=120).json()
+        assert quiet["speech"] is False and quiet["samples"] == len(silence)
+    speech = speech_data.say("four seven one")
+    heard = httpx.post(f"{url}/{gated}/audio", content=speech.tobytes(), headers=pcm, timeout=60).json()
+    assert heard["speech"] is True
+    done = httpx.post(f"{url}/{gated}/finish", timeout=120).json()
+    ((start, end),) = done["hearth"]["vad"]["segments"]
+    assert 30.8 <= start <= 31.2 and done["hearth"]["vad"]["speech"] is True
+    assert httpx.post(f"{url}/{plain}/finish", timeout=120).json()["hearth"].get("vad") is None
+    # A gated take that never had speech is finished without Whisper.
+    empty = httpx.post(url, json={"vad": True}, timeout=60).json()["id"]
+    httpx.post(f"{url}/{empty}/audio", content=silence[:16000].tobytes(), headers=pcm, timeout=60)
+    nothing = httpx.post(f"{url}/{empty}/finish", timeout=60).json()
+    assert nothing["text"] == "" and nothing["hearth"]["vad"] == {**nothing["hearth"]["vad"], "speech": False}
 
 
 def test_at_most_64_open_sessions(audio_server):
@@ -346,3 +432,26 @@ def test_idle_unload(monkeypatch):
         assert service.resident and service.loads == 2 and load_ms >= 0
         service.close()
     assert speech.Transcriber(None, engine_thread.submit).stats()["model"] is None
+
+
+def test_the_default_whisper_is_the_first_in_the_library_the_demos_last(tmp_path, monkeypatch):
+    from huggingface_hub import constants
+
+    from hearth.management.commands.serve import first_whisper
+    from hub.publish import publish_to_cache
+    from serving.demo.whisper_build import WHISPER_REPO
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
+    assert first_whisper() is None
+    configs = {WHISPER_REPO: {"model_type": "whisper", "n_mels": 80},
+               "org/whisper-small": {"model_type": "whisper", "n_mels": 80},
+               "org/a-chat-model": {"model_type": "llama"},
+               "org/hf-whisper": {"model_type": "whisper", "num_mel_bins": 80}}  # transformers' layout: not ours
+    for repo, config in configs.items():
+        folder = tmp_path / "src" / repo.replace("/", "--")
+        folder.mkdir(parents=True)
+        (folder / "config.json").write_text(json.dumps(config))
+        publish_to_cache(folder, repo, cache_dir=tmp_path)
+        if repo == WHISPER_REPO:
+            assert first_whisper() == WHISPER_REPO  # the demo's, while it is the only one
+    assert first_whisper() == "org/whisper-small"

@@ -15,6 +15,7 @@ import openai
 import pytest
 
 from inference.protocols.response_store import FolderResponseStore
+from serving.demo import speech_data
 from tests.helpers import ServerProcess, server_env
 from tests.inproc import refusal, serving
 
@@ -23,7 +24,11 @@ HTTP = httpx.Client(timeout=120)
 
 @pytest.fixture(scope="module")
 def isolated(homes, tiny_model, tmp_path_factory):
-    proc = ServerProcess(server_env(*homes), tiny_model, "--isolate", "--no-worker",
+    """The tiny model isolated, an untrained Whisper beside it (router mode's transcription)."""
+    from serving.demo.whisper_build import write_random
+
+    whisper = write_random(tmp_path_factory.mktemp("whisper") / "tiny-whisper")
+    proc = ServerProcess(server_env(*homes), tiny_model, "--isolate", "--no-worker", "--whisper-model", str(whisper),
                          log_path=tmp_path_factory.mktemp("logs") / "isolated.log").wait_ready()
     yield proc
     assert proc.stop() == 0, proc.output()
@@ -67,6 +72,25 @@ def test_a_killed_engine_is_started_again_and_the_server_keeps_its_turns(isolate
     assert second.previous_response_id == first.id
     assert client.responses.retrieve(first.id).id == first.id
     assert HTTP.get(isolated.url + "/engine").json()["response_store"]["entries"] == 2
+
+
+def test_transcription_goes_to_the_models_process(isolated, tiny_model):
+    """Router mode's transcription: `whisper-1` (or no model) is answered by
+    the default model's process, which has the Whisper model; sessions too."""
+    assert HTTP.get(isolated.url + "/v1").json()["transcription"] is True
+    client = openai.OpenAI(base_url=isolated.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    wav = speech_data.to_wav(speech_data.say("four seven"))
+    text = client.audio.transcriptions.create(model="whisper-1", file=("d.wav", wav, "audio/wav"), temperature=0)
+    assert isinstance(text.text, str)
+    named = HTTP.post(isolated.url + "/v1/audio/transcriptions", data={"model": tiny_model, "vad": "true"},
+                      files={"file": ("d.wav", wav, "audio/wav")})
+    assert named.status_code == 200 and named.json()["hearth"]["vad"]["speech"] is True
+    url = isolated.url + "/v1/audio/sessions"
+    sid = HTTP.post(url, json={"temperature": 0}).json()["id"]
+    chunk = HTTP.post(f"{url}/{sid}/audio", content=speech_data.say("one").tobytes(),
+                      headers={"content-type": "audio/pcm;rate=16000"})
+    assert chunk.status_code == 200 and chunk.json()["speech"] is True
+    assert isinstance(HTTP.post(f"{url}/{sid}/finish").json()["text"], str)
 
 
 def test_an_unload_drains_the_engine_first_and_the_next_request_loads_it(isolated, tiny_model):

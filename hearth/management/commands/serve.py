@@ -122,6 +122,19 @@ def fetch_for_router(ref: str) -> str:
     return ref
 
 
+def first_whisper() -> str | None:
+    """The Whisper model transcription uses when --whisper-model names none:
+    the first mlx-whisper checkpoint in the library by repo id, the demo's
+    (trained on spoken digits only) last; None when there is none."""
+    from hub.registry import whisper_checkpoints
+    from serving.demo.whisper_build import WHISPER_REPO
+
+    found = sorted(whisper_checkpoints(), key=lambda repo: (repo == WHISPER_REPO, repo))
+    if found:
+        log.info("transcription: %s, the first Whisper in the library (--whisper-model picks another)", found[0])
+    return found[0] if found else None
+
+
 class Command(BaseCommand):
     help = ("Serve every model in the library on one port (router mode), or one MODEL, over OpenAI, Anthropic and "
             "Responses, with the dashboard and jobs.")
@@ -187,6 +200,8 @@ class Command(BaseCommand):
             raise CommandError(f"--streams-max-bytes ({opts['streams_max_bytes']}) is less than one stream's "
                                f"--stream-max-bytes ({opts['stream_max_bytes']}): no resumable stream would fit")
         runtime.options = self._options(opts, bounds)
+        if opts["whisper_model"] is None and not child.is_child():  # a router hands its own choice to its models
+            opts["whisper_model"] = first_whisper()
         if child.is_child():  # the router's key: it states the holder of each request it passes on
             runtime.hop_keys = access.api_keys - {access.internal_key}  # (hearth/access.py)
         return bounds
