@@ -64,7 +64,7 @@ def engine_config(opts: dict) -> EngineConfig:
         memory_budget=opts["memory_budget"], kv_budget=opts["kv_budget"], prompt_cache_bytes=opts["prompt_cache_bytes"],
         ssd_cache=opts["ssd_cache"], ssd_cache_bytes=opts["ssd_cache_bytes"], kv_quant=opts["kv_quant"],
         keep_dtype=opts["keep_dtype"], draft_kind=opts.get("draft_kind"), draft_model=opts.get("draft_model"),
-        draft_tokens=opts.get("draft_tokens"))
+        draft_tokens=opts.get("draft_tokens"), jump_forward=not opts.get("no_jump_forward"))
 
 
 def open_streams(opts: dict, record: bool = True) -> None:

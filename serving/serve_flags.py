@@ -257,6 +257,9 @@ FLAGS: tuple[Flag, ...] = (
          group=SPECULATIVE, preset=FLAG, shared=True),
     Flag(("--draft-tokens",), "most drafted tokens per step (default 8 for ngram, 3 for a draft model)", _positive,
          group=SPECULATIVE, preset=FLAG, shared=True),
+    Flag(("--no-jump-forward",), "decode a lone request under a grammar token by token, never appending the text "
+         "the grammar forces in one forward (usage.fill)", default=False, switch=True, group=SPECULATIVE,
+         preset=FLAG, shared=True),
 )
 
 PRESET_KEYS = {flag.key: flag for flag in FLAGS if flag.preset}

@@ -65,6 +65,7 @@ def _engine_stats(runtime: Runtime) -> dict:
     body["admission"] = _admission(engine, model)
     body["batch"] = _batch(engine)
     body["speculation"] = _speculation(engine)
+    body["jump_forward"] = _jump_forward(engine)
     adapters = model.adapters
     body["adapters"] = {"mounted": sorted(adapters.ids()), "default": "+".join(adapters.default) or None,
                         "running": "+".join(a.id for a in adapters.active) if engine.active_rows else None,
@@ -130,6 +131,11 @@ def _speculation(engine: Engine) -> dict | None:
             "draft_tokens": engine.config.draft_tokens or DRAFT_TOKENS[kind], "rows": t.rows,
             "drafted": t.drafted, "accepted": t.accepted, "target_calls": t.target_calls,
             "acceptance": round(t.accepted / t.drafted, 4) if t.drafted else None}
+
+
+def _jump_forward(engine: Engine) -> dict:
+    t = engine.spec_totals
+    return {"enabled": engine.jump_forward, "rows": t.fill_rows, "events": t.fill_events, "injected": t.injected}
 
 
 def _batch(engine: Engine) -> dict:

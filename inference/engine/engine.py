@@ -72,6 +72,7 @@ class EngineConfig:
     draft_kind: str | None = None  # "ngram" (prompt lookup) or "model" (draft_model); None: no speculation
     draft_model: str | None = None  # a small model with the served model's tokenizer
     draft_tokens: int | None = None  # most drafts per round; None: DRAFT_TOKENS[kind]
+    jump_forward: bool = True  # a lone request under a grammar appends what the grammar forces unsampled
 
 
 @dataclass
@@ -335,16 +336,22 @@ class Engine:
         else:
             lane = lanes.SerialLane(self.loaded_model, self.config.kv_quant, self._kv_group())
         kind = self.speculation
-        if kind is None:
+        if kind is None and not self.jump_forward:
             return lane
-        k = self.config.draft_tokens or DRAFT_TOKENS[kind]
-        drafter: speculate.Drafter
+        drafter: speculate.Drafter | None = None
+        k = self.config.draft_tokens or DRAFT_TOKENS.get(kind or "", 0)
         if kind == "model":
             assert self.draft is not None
             drafter = speculate.ModelDrafter(self.draft, k)
-        else:
+        elif kind == "ngram":
             drafter = speculate.NgramDrafter(k)
-        return speculate.Speculating(lane, self.loaded_model, drafter, self.spec_totals)
+        return speculate.Speculating(lane, self.loaded_model, drafter, self.spec_totals, self.jump_forward)
+
+    @property
+    def jump_forward(self) -> bool:
+        """Whether a lone request under a grammar decodes with jump-forward
+        (not with a quantized KV cache: its rows keep the serial lane's caches)."""
+        return self.config.jump_forward and not self.config.kv_quant
 
     @property
     def speculation(self) -> str | None:

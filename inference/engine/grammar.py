@@ -311,6 +311,41 @@ class GrammarState:
         finally:
             self.mask_s += time.perf_counter() - started
 
+    def forced(self, last: int, tokenizer, most: int) -> list[int]:
+        """Jump-forward: the tokens of the text the grammar allows next and
+        nothing else (xgrammar's jump-forward string: `{"name": "` after `{`
+        in a schema with one required key), at most `most`, accepted by the
+        matcher; [] when the next text is free. The token sampled last is
+        accepted first if it has not been yet, so the caller's next call of
+        this processor masks the position after the forced tokens.
+
+        The string is tokenized on its own, so a span may be split where the
+        model would have split it otherwise (as SGLang's jump-forward does);
+        a token the matcher refuses (a tokenizer that adds a prefix space,
+        say) ends the span there."""
+        started = time.perf_counter()
+        try:
+            return self._forced(last, tokenizer, most)
+        finally:
+            self.mask_s += time.perf_counter() - started
+
+    def _forced(self, last: int, tokenizer, most: int) -> list[int]:
+        if self._started:  # the token sampled last: accepted now, not by the next call
+            self._matcher.accept_token(last)
+            self._started = False
+        if most <= 0 or self._matcher.is_terminated():
+            return []
+        text = self._matcher.find_jump_forward_string()
+        if not text:
+            return []
+        tokens = tokenizer.encode(text, add_special_tokens=False)[:most]
+        accepted: list[int] = []
+        for token in tokens:
+            if token in self._stop_ids or not self._matcher.accept_token(token):
+                break
+            accepted.append(token)
+        return accepted
+
     def _only_stop_allowed(self) -> bool:
         import numpy as np
 

@@ -70,6 +70,7 @@ class Row:
         self.fault: BaseException | None = None  # its own sampler, processors or detokenizer failed
         self.restarts = 0
         self.spec: dict | None = None  # speculation counters, once it has decoded speculatively
+        self.fill: dict | None = None  # jump-forward counters, once it has decoded with jump-forward
         self.finish: str | None = None
         self.first_at: float | None = None
         self.last_at: float | None = None
@@ -150,7 +151,8 @@ class Row:
         else:
             tail += self.stops.flush()
         usage = Usage(len(self.req.prompt_tokens), self.count, self.cached, self.lane,
-                      dict(self.spec) if self.spec is not None else None, self.timings())
+                      dict(self.spec) if self.spec is not None else None, self.timings(),
+                      {**self.fill, "spanLens": list(self.fill["spanLens"])} if self.fill is not None else None)
         self.generation.emit(GenerationEvent(text=tail, finish_reason=finish, usage=usage,
                                              stop_sequence=self.stops.matched))
 

@@ -34,10 +34,22 @@ count that can be zero (no match: a plain step, not a wasted wide one), and
 the engine needs a row that can leave for the batch lane between rounds,
 so the round is written here.
 
-`Speculating` wraps the engine's lane: a lone eligible request (no grammar,
-no adapter, not opted out) decodes speculatively; when another request is
-admitted the speculating row moves to the wrapped lane with its KV cache,
-and the batch takes them both. The wrapped lane runs everything else.
+Jump-forward decoding rides the same single-row path: a lone request under
+a grammar (no seed, no adapter, no think bound, not opted out) asks its matcher, before each
+forward, for the text the grammar allows next and nothing else (xgrammar's
+jump-forward string: `{"name": "` after `{`, a schema's next key), appends
+its tokens without sampling them, and runs one forward over the last token
+and the forced ones: the forced tokens advance the KV cache together, and
+the logits after the last one give the next free token, masked and sampled
+as usual. The forced tokens are output like any other (`usage.fill` counts
+them). mlx-lm's BatchGenerator decodes one token per row per step, so a
+grammar row in a batch decodes plainly.
+
+`Speculating` wraps the engine's lane: a lone eligible request (for drafts:
+no grammar, no adapter, not opted out; for jump-forward: above) decodes
+here; when another request is admitted the row moves to the wrapped lane
+with its KV cache, and the batch takes them both. The wrapped lane runs
+everything else.
 """
 from __future__ import annotations
 
@@ -56,6 +68,7 @@ log = logging.getLogger("hearth.engine")
 
 PREFILL_STEP = 512
 NGRAM_MAX = 3
+FILL_MAX = 256  # most forced tokens appended in one forward
 
 
 @dataclass
@@ -66,6 +79,9 @@ class SpecTotals:
     drafted: int = 0
     accepted: int = 0
     target_calls: int = 0
+    fill_rows: int = 0  # rows decoded with jump-forward
+    fill_events: int = 0  # forced spans appended
+    injected: int = 0  # forced tokens appended without a sampling step
 
 
 class NgramDrafter:
@@ -180,10 +196,12 @@ Drafter = NgramDrafter | ModelDrafter
 class Speculating:
     """The engine's lane, with one row at a time decoded speculatively."""
 
-    def __init__(self, inner: lanes.Lane, model: LoadedModel, drafter: Drafter, totals: SpecTotals):
+    def __init__(self, inner: lanes.Lane, model: LoadedModel, drafter: Drafter | None, totals: SpecTotals,
+                 jump: bool = False):
         self.inner = inner
         self.model = model
-        self.drafter = drafter
+        self.drafter = drafter  # None: no draft source, jump-forward only
+        self.jump = jump
         self.totals = totals
         self.special = lanes._special_ids(model)
         self.name = inner.name
@@ -191,6 +209,7 @@ class Speculating:
         self._cache: list | None = None
         self._held = 0  # context tokens the cache holds (all but the last, once prefilled)
         self._processors: list = []
+        self._jumping = False  # the row decodes with jump-forward, not drafts
         self.faults = 0
 
     # -- the lane interface --------------------------------------------------
@@ -211,9 +230,18 @@ class Speculating:
         faults, self.faults = self.faults, 0
         return faults + self.inner.take_faults()
 
+    def jumps(self, row: Row) -> bool:
+        """A row for jump-forward: under a grammar, with no seed (a seeded
+        row draws what plain decoding draws), adapter or think bound, and not
+        opted out (`speculative: false`: every token sampled, one a step)."""
+        req = row.req
+        return (self.jump and req.grammar is not None and req.think is None and req.sampling.seed is None
+                and not row.adapters and not row.restarts and req.speculative)
+
     def eligible(self, row: Row) -> bool:
         req = row.req
-        return req.grammar is None and req.think is None and not row.adapters and req.speculative and not row.restarts
+        return self.jumps(row) or (self.drafter is not None and req.grammar is None and req.think is None
+                                   and not row.adapters and req.speculative and not row.restarts)
 
     def add(self, row: Row, cache: list | None, cached: int) -> None:
         if self.row is None and not self.inner.active and self.eligible(row):
@@ -241,14 +269,20 @@ class Speculating:
 
         if row.sampler is None:
             row.sampler = make_sampler(row.req, self.special)
-        row.spec = row.spec or {"drafted": 0, "accepted": 0, "targetCalls": 0}
+        self._jumping = self.jumps(row)
+        if self._jumping:
+            row.fill = row.fill or {"events": 0, "injected": 0, "strict": 0, "spanLens": [], "decodeSteps": 0}
+            self.totals.fill_rows += 1
+        else:
+            assert self.drafter is not None
+            row.spec = row.spec or {"drafted": 0, "accepted": 0, "targetCalls": 0}
+            self.drafter.start(row.context())
+            self.totals.rows += 1
         row.lane = row.generation.lane = "serial"
         self.row = row
         self._cache = cache if cache is not None else make_prompt_cache(self.model.model)
         self._held = cached if cache is not None else 0
         self._processors = make_processors(row.req)
-        self.drafter.start(row.context())
-        self.totals.rows += 1
 
     def _move_to_inner(self) -> None:
         """Hand the row and its KV cache to the wrapped lane (another request came)."""
@@ -265,7 +299,9 @@ class Speculating:
 
     def _finish(self) -> None:
         self.row, self._cache, self._processors = None, None, []
-        self.drafter.close()
+        if self.drafter is not None and not self._jumping:
+            self.drafter.close()
+        self._jumping = False
 
     def _step(self) -> lanes.Published:
         row = self.row
@@ -280,7 +316,9 @@ class Speculating:
             context = row.context()
             if self._held < len(context) - 1:
                 self._prefill_chunk(context)  # one chunk per engine step: others may join meanwhile
-            elif self.drafter.prefill(context):
+            elif self._jumping:
+                done = self._jump_round(row)
+            elif self.drafter is not None and self.drafter.prefill(context):
                 done = self._round(row)
         except Exception as exc:
             row.fault = exc
@@ -325,15 +363,61 @@ class Speculating:
                 room = min(room, size - c.offset)
         return room
 
+    def _jump_round(self, row: Row) -> bool:
+        """One forward over the last token and the tokens the grammar forces
+        after it (often none), then the next free token sampled; True once
+        the row is finished."""
+        import mlx.core as mx
+
+        grammar, fill = row.req.grammar, row.fill
+        assert grammar is not None and fill is not None and row.sampler is not None
+        context = row.context()
+        most = min(row.limit - row.count - 1, self._rewindable() - 1, FILL_MAX)
+        forced = grammar.forced(context[-1], self.model.tokenizer, most)
+        logits = self.model.model(mx.array(context[-1:] + forced)[None], cache=self._cache)[0]  # (1 + f, vocab)
+        self._held = len(context) + len(forced)  # the forward took the last token and every forced one
+        fill["decodeSteps"] += 1
+        if forced:
+            fill["events"] += 1
+            fill["injected"] += len(forced)
+            fill["strict"] += len(forced)
+            fill["spanLens"].append(len(forced))
+            self.totals.fill_events += 1
+            self.totals.injected += len(forced)
+            spans = logits[:-1]
+            lp = spans - mx.logsumexp(spans, axis=-1, keepdims=True) if row.want_logprobs else spans
+            for i, token in enumerate(forced):
+                if lanes._feed(row, token, lp[i]):  # a stop string inside the span: the KV holds the rest
+                    self._rewind(len(row.context()) - 1)
+                    return True
+        last = logits[-1:]
+        seen = mx.array(row.context())
+        for processor in self._processors:  # the grammar masks the position after the forced span
+            last = processor(seen, last)
+        logprobs = last - mx.logsumexp(last, axis=-1, keepdims=True)
+        token = row.sampler(logprobs)
+        mx.eval(token, logprobs)
+        return lanes._feed(row, cast(int, token.item()), logprobs[0])
+
+    def _rewind(self, keep: int) -> None:
+        """Trim the KV cache back to `keep` tokens; one that cannot be is not kept for reuse."""
+        from mlx_lm.models.cache import trim_prompt_cache
+
+        if self._held > keep and self._cache is not None:
+            trimmed = trim_prompt_cache(self._cache, self._held - keep)
+            self._held = keep if trimmed == self._held - keep else -1
+
     def _round(self, row: Row) -> bool:
         """One draft-and-verify round; True once the row is finished."""
         import mlx.core as mx
         from mlx_lm.models.cache import trim_prompt_cache
 
+        drafter = self.drafter
+        assert drafter is not None
         context = row.context()
         room = max(row.limit - row.count, 1)
-        k = min(self.drafter.k, room - 1, self._rewindable() - 1)
-        drafts = self.drafter.propose(context, k) if k > 0 else []
+        k = min(drafter.k, room - 1, self._rewindable() - 1)
+        drafts = drafter.propose(context, k) if k > 0 else []
         inputs = mx.array(context[-1:] + drafts)
         logits = self.model.model(inputs[None], cache=self._cache)[0]  # (1 + k, vocab)
         spec = row.spec
@@ -390,7 +474,7 @@ class Speculating:
             if trimmed != self._held - keep:  # _rewindable() should have kept this from happening
                 raise RuntimeError(f"the KV cache could not be rewound ({trimmed} of {self._held - keep} tokens)")
             self._held = keep
-        self.drafter.settle(row.context(), len(drafts), min(accepted, fed))
+        drafter.settle(row.context(), len(drafts), min(accepted, fed))
         return done
 
 

@@ -97,6 +97,9 @@ class Usage:
     # Where its time went, in ms: queue (submitted to admitted), prefill (to the first token), decode
     # (first to last token), and within decoding the grammar's masks and the detokenizer (rows.Row.timings).
     timings: dict | None = None
+    # {"events", "injected", "strict", "spanLens", "decodeSteps"} when it decoded with jump-forward
+    # (speculate.py): forced spans appended, their tokens, each span's length, and the sampling steps.
+    fill: dict | None = None
 
     @property
     def total_tokens(self) -> int:

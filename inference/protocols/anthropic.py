@@ -14,7 +14,7 @@ AUDIO_BLOCKS = {"input_audio", "audio", "audio_url"}
 # top_k are Messages fields too).
 EXTRAS = (*(f for f in SAMPLING if f not in ("temperature", "top_p", "top_k")),
           "session_id", "prompt_cache_key", "response_format", "structured_outputs", "guided_grammar",
-          "guided_regex", "guided_choice", "chat_template_kwargs", "adapter", "hlg")
+          "guided_regex", "guided_choice", "chat_template_kwargs", "adapter", "hlg", "speculative")
 
 
 def _text_blocks(value, where: str) -> str:

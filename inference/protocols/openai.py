@@ -247,6 +247,7 @@ def usage_json(usage: Usage) -> dict:
         "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
         "lane": usage.lane,
         **({"speculation": usage.speculation} if usage.speculation is not None else {}),
+        **({"fill": usage.fill} if usage.fill is not None else {}),
     }
 
 

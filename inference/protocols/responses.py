@@ -13,7 +13,7 @@ from inference.protocols.response_store import AnyResponseStore
 
 EXTRAS = (*(f for f in SAMPLING if f not in ("temperature", "top_p", "top_k")), "logit_bias",
           "session_id", "prompt_cache_key", "chat_template_kwargs", "guided_grammar", "guided_regex",
-          "guided_choice", "stop", "adapter", "parallel_tool_calls", "hlg")
+          "guided_choice", "stop", "adapter", "parallel_tool_calls", "hlg", "speculative")
 
 
 def new_id(prefix: str) -> str:

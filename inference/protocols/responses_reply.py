@@ -69,7 +69,7 @@ class Reply:
         return {"input_tokens": u.prompt_tokens, "input_tokens_details": {"cached_tokens": u.cached_tokens},
                 "output_tokens": u.completion_tokens,
                 "output_tokens_details": {"reasoning_tokens": min(thought, u.completion_tokens)},
-                "total_tokens": u.total_tokens, "lane": u.lane}
+                "total_tokens": u.total_tokens, "lane": u.lane, **({"fill": u.fill} if u.fill is not None else {})}
 
     def complete(self, message: Message, event: GenerationEvent) -> dict:
         status = cut(event, message)

@@ -64,8 +64,9 @@ def test_streamed_tool_call_delta_and_keepalives(base_url):
     # test server, even if the reader lags behind the engine for a while.
     city = "Llanfair" * 25
     long_call = CALL.replace("Paris", city)
+    # Token by token (`speculative: false`): jump-forward would append the whole forced call at once.
     body = {"messages": [{"role": "user", "content": "Weather?"}], "tools": [WEATHER], "stream": True,
-            "max_tokens": 400, "guided_grammar": forced("Sure. " + long_call)}
+            "max_tokens": 400, "guided_grammar": forced("Sure. " + long_call), "speculative": False}
     raw = httpx.post(base_url + "/v1/chat/completions", json=body, timeout=60).text
     frames = [f for f in raw.split("\n\n") if f]
     assert ": keep-alive" in frames  # the server under test sends them every millisecond of buffering
