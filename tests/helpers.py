@@ -71,6 +71,42 @@ def build_tiny_model(cache_dir: Path, repo_id: str = TINY_REPO, dtype: str = "fl
         return publish_to_cache(Path(work), repo_id, cache_dir)
 
 
+HARMONY_REPO = "hearth-test/tiny-harmony"
+
+
+def build_harmony_model(cache_dir: Path, repo_id: str = HARMONY_REPO) -> Path:
+    """A random 2-layer gpt_oss (mlx-lm's, 4 experts) with a byte-level BPE
+    tokenizer that has harmony's tokens as special tokens and stops on
+    `<|return|>` and `<|call|>`, as gpt-oss does; no chat template (Hearth
+    writes harmony itself)."""
+    import tempfile
+
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_lm.models.gpt_oss import Model, ModelArgs
+    from tokenizers import AddedToken
+
+    from hub.publish import publish_to_cache
+    from inference.protocols import harmony
+    from serving.demo.files import train_tokenizer, write_model_dir
+
+    words = "analysis commentary final functions assistant user system developer json to=functions.get_weather"
+    tok = train_tokenizer(TINY_CORPUS * 4 + [words], vocab_size=360, markup=False)
+    tok.add_special_tokens([AddedToken(t, special=True) for t in harmony.TOKENS])
+    stops = [tok.token_to_id(harmony.RETURN), tok.token_to_id(harmony.CALL)]
+    config = {"model_type": "gpt_oss", "architectures": ["GptOssForCausalLM"], "num_hidden_layers": 2,
+              "num_local_experts": 4, "num_experts_per_tok": 2, "vocab_size": tok.get_vocab_size(),
+              "hidden_size": 64, "intermediate_size": 64, "head_dim": 16, "num_attention_heads": 4,
+              "num_key_value_heads": 2, "sliding_window": 128, "rope_theta": 150000,
+              "layer_types": ["sliding_attention", "full_attention"], "max_position_embeddings": 4096,
+              "eos_token_id": stops, "tie_word_embeddings": False}
+    mx.random.seed(11)
+    weights = dict(tree_flatten(Model(ModelArgs.from_dict(config)).parameters()))
+    with tempfile.TemporaryDirectory() as work:
+        write_model_dir(Path(work), weights, config, tok, {"eos_token_id": stops}, chat_template="")
+        return publish_to_cache(Path(work), repo_id, cache_dir)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

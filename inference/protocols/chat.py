@@ -15,6 +15,7 @@ from typing import NamedTuple
 from core.limits import Limits
 from inference.engine.loader import LoadedModel
 from inference.engine.think import ThinkBound
+from inference.protocols import harmony
 from inference.protocols.errors import RequestError
 from inference.protocols.output import THINK_CLOSE, THINK_OPEN
 
@@ -283,7 +284,7 @@ def thinks(model: LoadedModel) -> bool:
 @functools.cache
 def _thinks(tokenizer) -> bool:  # once per loaded tokenizer: get_vocab() builds a dict
     template = getattr(tokenizer, "chat_template", None) or ""
-    return THINK_OPEN in template or THINK_OPEN in tokenizer.get_vocab()
+    return THINK_OPEN in template or THINK_OPEN in tokenizer.get_vocab() or harmony.is_harmony(tokenizer)
 
 
 def hf_tokenizer(model: LoadedModel):
@@ -299,6 +300,10 @@ def build_prompt(model: LoadedModel, messages: list[dict], tools: list[dict] | N
     empty block: thinking is off) or None (the model may open one itself).
     `rendered` is the text a client's template produced (template_sandbox)."""
     tokenizer = hf_tokenizer(model)
+    if rendered is None and harmony.is_harmony(tokenizer):  # gpt-oss: its format, written here (harmony.py)
+        level = kwargs.get("reasoning_effort")
+        text = harmony.render(messages, tools, level if level in harmony.EFFORTS else harmony.effort(kwargs))
+        return tokenizer.encode(text, add_special_tokens=False), None
     if rendered is None and not getattr(tokenizer, "chat_template", None):
         raise RequestError("prompt build failed: this model has no chat template; use /v1/completions")
     try:
@@ -340,8 +345,8 @@ def think_bound(model: LoadedModel, think: str | None, budget: int | None) -> Th
     """The bound for a prompt that leaves the think channel `think`
     (build_prompt): none where there is no budget, no channel, or a block
     the template already closed."""
-    if budget is None or think == "closed" or not thinks(model):
-        return None
+    if budget is None or think == "closed" or not thinks(model) or harmony.is_harmony(model.tokenizer):
+        return None  # harmony has no <think> block: its budget set the reasoning effort instead
     tokenizer = hf_tokenizer(model)
     close = tuple(tokenizer.encode(THINK_CLOSE, add_special_tokens=False))
     return ThinkBound(budget, close, lambda token: tokenizer.decode([token]), THINK_CLOSE, THINK_OPEN,

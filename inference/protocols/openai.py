@@ -16,7 +16,7 @@ from inference.engine.loader import LoadedModel
 from inference.engine.rows import Submission
 from inference.engine.types import EventStream, GenerationEvent, GenerationRequest, Usage
 from inference.engine.vision import Vision
-from inference.protocols import chat, images, markup, params, structured, tool_choice
+from inference.protocols import chat, harmony, images, markup, params, structured, tool_choice
 from inference.protocols.errors import RequestError
 from inference.protocols.options import Options, ServerDefaults
 from inference.protocols.output import OutputParser, Piece, ToolDelta
@@ -95,8 +95,14 @@ def _read_chat(body: dict, model: LoadedModel, options: Options) -> _Turn:
     chat.check_size(messages, tools, kwargs, template, limits)
     single = not params.boolean(body, "parallel_tool_calls", True)  # at most one tool call per reply
     prepared = Prepared(_common(body, model, options.defaults), n=params.choices(body))
+    budget = chat.thinking_budget(body, kwargs)
+    if harmony.is_harmony(model.tokenizer):  # its reasoning has a level, not a <think> block to bound
+        asked = body.get("reasoning_effort")
+        kwargs = {**kwargs, "reasoning_effort": harmony.effort(
+            {**kwargs, "reasoning_effort": asked} if asked is not None else kwargs, budget)}
+        budget = None
     return _Turn(prepared, structured.requested(body, limits), messages, tools, kwargs, template, single, images,
-                 chat.thinking_budget(body, kwargs))
+                 budget)
 
 
 async def _resolve(prepared: Prepared, spec, model: LoadedModel, options: Options):
@@ -166,7 +172,8 @@ async def prepare_chat(body: dict, model: LoadedModel, options: Options) -> Prep
         budget = chat.forced_call_budget(prepared.request.max_tokens)  # thinking ends in time for the call
     prepared.request.think = chat.think_bound(model, think, budget)
     prepared.output = OutputParser(in_reasoning=think == "open", reasoning=chat.thinks(model), tools=turn.tools,
-                                   max_calls=1 if turn.single_call else None, markups=markups)
+                                   max_calls=1 if turn.single_call else None, markups=markups,
+                                   harmony=harmony.Reader() if harmony.is_harmony(model.tokenizer) else None)
     return prepared
 
 

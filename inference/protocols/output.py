@@ -22,6 +22,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from inference.protocols.argstream import ArgumentStreamer, XmlArgumentStreamer
+from inference.protocols.harmony import Reader
 from inference.protocols.markup import HEARTH, Markup
 from inference.protocols.toolcalls import ToolCall, tool_schemas
 
@@ -74,6 +75,7 @@ class OutputParser:
     # Calls to tools nobody offered stay text, unless the caller answers them itself (the dashboard's
     # tool loop tells the model the tool does not exist, so it can correct itself).
     undeclared: bool = False
+    harmony: Reader | None = None  # a harmony model's reply, read into the markup below first (harmony.py)
     calls: list[ToolCall] = field(default_factory=list)
     _held: str = ""
     _tool_open: Markup | None = None  # the markup being withheld
@@ -100,6 +102,8 @@ class OutputParser:
         return tags + ([m.start for m in self.markups] if self.tools else [])
 
     def feed(self, text: str) -> list[Piece]:
+        if self.harmony is not None:
+            text = self.harmony.feed(text)
         self._held += text
         out: list[Piece] = []
         while True:
@@ -161,6 +165,10 @@ class OutputParser:
         read is dropped (half a call is not content); a generation that
         stopped by itself shows such text as written."""
         out: list[Piece] = []
+        if self.harmony is not None:  # its open message ends here: what closes it may close a call
+            reader, self.harmony = self.harmony, None
+            out = self.feed(reader.finish())
+            self.harmony = reader
         if self._tool_open is not None:
             self._close_tool(out, self._tool_open, self._held, closed=False, cut=cut)
         elif not (cut and self._call_began(self._held)):

@@ -24,10 +24,10 @@ from core import jsonbody
 from core.limits import Limits
 from inference.engine.grammar import MAX_WHITESPACE, GrammarSpec
 from inference.engine.loader import LoadedModel
-from inference.protocols import chat, markup, structured
+from inference.protocols import chat, harmony, markup, structured
 from inference.protocols.errors import RequestError
 
-QWEN_3, QWEN_3_CODER = "qwen_3", "qwen_3_coder"
+QWEN_3, QWEN_3_CODER, HARMONY = "qwen_3", "qwen_3_coder", "harmony"
 
 
 # mlx-lm's family name -> xgrammar's structural tag for the same markup (test_tool_families checks that the
@@ -39,6 +39,8 @@ RAW_ARGUMENTS = frozenset({QWEN_3_CODER, "glm_4_7"})  # argument values written 
 
 def family(model: LoadedModel) -> str | None:
     """xgrammar's name for the model's tool-call markup, when Hearth reads it too."""
+    if harmony.is_harmony(model.tokenizer):
+        return HARMONY
     return _family(model.tokenizer)
 
 
@@ -84,7 +86,9 @@ def spec(body: dict, tools: list[dict], model: LoadedModel, think: str | None, l
     raw = body.get("tool_choice")
     choice: Any = raw if raw == "required" or isinstance(raw, dict) else "auto"
     reasoning: Literal["enabled", "disabled", "auto"]
-    if think == "open":
+    if kind == HARMONY:  # a call demanded comes at once; otherwise the analysis channel stays open to it
+        reasoning = "disabled" if choice != "auto" else "enabled"
+    elif think == "open":
         reasoning = "enabled"
     else:
         reasoning = "auto" if think is None and chat.thinks(model) else "disabled"

@@ -75,7 +75,8 @@ def test_the_router_hands_every_shared_flag_with_its_own_value(parser):
              "--hlg-sampling", "on", "--thinking", "on", "--keep-dtype", "--embeddings", "--drain-seconds", "4",
              "--flush-seconds", "6",
              "--response-ttl", "60", "--max-context", "512", "--kv-quant", "4", "--draft-kind", "ngram",
-             "--draft-tokens", "2", "--no-jump-forward", "--prompt-cache-bytes", "1M", "--ssd-cache-bytes", "2M", "--prefill-chunk", "64",
+             "--draft-tokens", "2", "--no-jump-forward", "--prompt-cache-bytes", "1M", "--ssd-cache-bytes", "2M",
+             "--prefill-chunk", "64",
              "--whisper-model", "/tmp/w", "--whisper-idle-unload", "9",
              "--memory-budget", "1G", "--ssd-cache", "/tmp/x", "--models-max", "2"]
     router = vars(parser.parse_args(given))
