@@ -205,7 +205,7 @@ def test_child_args_every_key(tmp_path):
 def test_keys():
     assert KEYS == {"adapter", "batch", "prefill-chunk", "max-context", "memory-budget", "kv-budget",
                     "prompt-cache-bytes", "ssd-cache", "ssd-cache-bytes", "kv-quant", "draft-model", "draft-kind",
-                    "draft-tokens", "keep-dtype", "embeddings", "temperature", "top-p",
+                    "draft-tokens", "no-jump-forward", "keep-dtype", "embeddings", "temperature", "top-p",
                     "top-k", "hlg-sampling", "max-tokens", "thinking", "alias", "tags", "pin", "idle-unload"}
 
 
