@@ -82,6 +82,29 @@ def test_openai_sdk_data_uri_names_the_colour(client, colour, shape):
     assert r.usage.prompt_tokens > 16  # the image's run of tokens is part of the prompt
 
 
+def drawn_clip(folder, colour: str, shape: str, seed: int, frames: int = 12) -> str:
+    """A clip of the figure drawn again each frame (its place and size as the rng draws them), made by
+    ffmpeg, as a data URL: a seed no training picture was drawn with."""
+    rng = random.Random(seed)
+    for i in range(frames):
+        draw(colour, shape, rng).save(folder / f"f{i:03d}.png")
+    subprocess.run(["ffmpeg", "-v", "error", "-y", "-framerate", "6", "-i", str(folder / "f%03d.png"),
+                    "-c:v", "mpeg4", str(folder / "clip.mp4")], check=True, timeout=60)
+    return "data:video/mp4;base64," + base64.b64encode((folder / "clip.mp4").read_bytes()).decode()
+
+
+@pytest.mark.parametrize("colour,shape,seed", [("red", "circle", 101), ("blue", "square", 202),
+                                               ("purple", "triangle", 303)])
+def test_a_held_out_drawn_clip_is_named_by_its_colour(client, tmp_path, colour, shape, seed):
+    """A video part: its frames are the stills the model reads (8 of them), and it names their colour."""
+    r = client.chat.completions.create(model=VISION_REPO, temperature=0, max_tokens=8, messages=[
+        {"role": "user", "content": [{"type": "video_url", "video_url": {"url": drawn_clip(tmp_path, colour, shape,
+                                                                                              seed)}},
+                                     {"type": "text", "text": ASK}]}])
+    assert r.choices[0].message.content.startswith(f"a {colour}"), r.choices[0].message.content
+    assert r.usage.prompt_tokens > 8 * 16  # eight stills, each its run of image tokens
+
+
 def test_streamed_reply_with_an_image(client):
     stream = client.chat.completions.create(model=VISION_REPO, messages=image_turn(data_url("orange", "square")),
                                             temperature=0, max_tokens=10, stream=True)
