@@ -212,9 +212,10 @@ def run_daphne(work: Work, host: str, port: int, drain_seconds: float, label: st
             http_guard.clock().callLater(0.05, poll)
 
     def drain():
-        if runtime.draining:  # second signal: stop now
+        if runtime.draining and not runtime.drained_on_request:  # second signal: stop now
             finish(flush=False)
             return
+        runtime.drained_on_request = False  # drained by POST /admin/drain: this signal still flushes
         log.info("shutting down: finishing %d running request(s), at most %.0fs",
                  runtime.inflight, drain_seconds)
         runtime.draining = True

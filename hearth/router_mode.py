@@ -23,11 +23,13 @@ its streams, its dashboard or its stored turns with it.
 """
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import secrets
 import shutil
 import socket
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -176,20 +178,50 @@ class RouterPlan:
     responses: Path | None = None  # the folder its children store Responses turns in (None: Redis)
 
 
+OWNER = ".owner"  # a router holds a lock on this file in its folder of stored turns while it runs
+_held_locks: list = []  # this process's: open for as long as it lives (the kernel lets go at any exit)
+
+
 def responses_folder() -> Path | None:
-    """This router's folder of stored Responses turns (None with Redis,
-    which every web node shares), emptied of any left by a router that did
-    not stop cleanly (a SIGKILL)."""
+    """A folder of its own for this router's stored Responses turns (None
+    with Redis, which every web node shares), locked while the router lives;
+    the folders of routers that did not stop cleanly (a SIGKILL: their lock
+    is gone) are removed. A lock, not a pid: pids are reused, and another
+    container may share HEARTH_HOME with pids of its own."""
     from django.conf import settings
 
     if settings.HEARTH_REDIS_URL:
         return None
     root = home.root() / "responses"
+    root.mkdir(mode=0o700, parents=True, exist_ok=True)
     for old in root.glob("router-*"):
-        pid = old.name.removeprefix("router-")
-        if not pid.isdigit() or not Path(f"/proc/{pid}").exists() or int(pid) == os.getpid():
+        if _abandoned(old):
             shutil.rmtree(old, ignore_errors=True)
-    return root / f"router-{os.getpid()}"
+    folder = root / f"router-{os.getpid()}-{secrets.token_hex(4)}"
+    folder.mkdir(mode=0o700)
+    owner = open(folder / OWNER, "a+b")  # noqa: SIM115 (held open: the lock lasts as long as the file)
+    fcntl.flock(owner, fcntl.LOCK_EX)
+    _held_locks.append(owner)
+    return folder
+
+
+def _abandoned(folder: Path) -> bool:
+    """Whether no router holds `folder` (its lock is free, or it never got
+    one and is over a minute old)."""
+    try:
+        with open(folder / OWNER, "rb") as owner:
+            try:
+                fcntl.flock(owner, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return False
+            return True
+    except FileNotFoundError:
+        try:
+            return time.time() - folder.stat().st_mtime > 60
+        except OSError:
+            return False
+    except OSError:
+        return False
 
 
 def _store_args(folder: Path | None) -> tuple[str, ...]:

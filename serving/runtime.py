@@ -46,6 +46,7 @@ class Runtime:
         self.options = Options()
         self.started_at = int(time.time())
         self.draining = False
+        self.drained_on_request = False  # POST /admin/drain set `draining`: the SIGTERM after it is the first
         self.inflight = 0  # HTTP requests still being answered
         self.embeddings_enabled = False  # the served model answers /v1/embeddings
         self.responses: AnyResponseStore = ResponseStore()  # stored Responses turns (`hearth serve --response-ttl`)

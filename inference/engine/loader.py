@@ -225,8 +225,21 @@ def load(ref: str, keep_dtype: bool = False) -> LoadedModel:
     dtype = _upcast_for_cpu(model, keep_dtype)
     fastmath.install(model)  # after the upcast: it serves float32 only
     generation = _generation_config(path)
+    _harmony_stops(tokenizer)
     log.info("loaded %s from %s (weights %s)", model_id, path, dtype)
     return LoadedModel(model_id, path, model, tokenizer, config, generation, dtype)
+
+
+HARMONY_STOPS = ("<|return|>", "<|call|>")  # gpt-oss ends a reply on one of these (protocols/harmony.py)
+
+
+def _harmony_stops(tokenizer) -> None:
+    """A harmony model stops on `<|return|>` and `<|call|>` even when its
+    checkpoint's generation config does not list them."""
+    vocab = tokenizer.get_vocab()
+    if "<|channel|>" in vocab and all(t in vocab for t in HARMONY_STOPS):
+        for token in HARMONY_STOPS:
+            tokenizer.add_eos_token(token)
 
 
 def _config(path: Path) -> dict | None:

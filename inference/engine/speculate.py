@@ -372,7 +372,9 @@ class Speculating:
         grammar, fill = row.req.grammar, row.fill
         assert grammar is not None and fill is not None and row.sampler is not None
         context = row.context()
-        most = min(row.limit - row.count - 1, self._rewindable() - 1, FILL_MAX)
+        # Not bounded by _rewindable(): forced tokens stay, a rotating cache takes them as it takes a
+        # prefill; only a stop string inside the span would rewind (and a cache that cannot is not kept).
+        most = min(row.limit - row.count - 1, FILL_MAX)
         forced = grammar.forced(context[-1], self.model.tokenizer, most)
         logits = self.model.model(mx.array(context[-1:] + forced)[None], cache=self._cache)[0]  # (1 + f, vocab)
         self._held = len(context) + len(forced)  # the forward took the last token and every forced one

@@ -337,9 +337,13 @@ class Session:
     detector: vad.Detector = field(default_factory=vad.Detector)  # the take's speech so far (`speech`)
     vad_ms: float = 0.0  # what judging the chunks took
 
+    speech: bool = False  # speech was heard in the take (kept once true: judging it again costs)
+
     def heard(self) -> list[tuple[int, int]]:
         """The speech spans of the take so far (by the session's gate, or the default one)."""
-        return self.detector.spans(self.gate or vad.Gate())
+        spans = self.detector.spans(self.gate or vad.Gate())
+        self.speech = self.speech or bool(spans)
+        return spans
 
     def publish(self, *events, close: bool = False) -> None:
         """Add events for the session's listeners and wake them."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +25,7 @@ import numpy as np
 
 RATE = 16000
 FRAME = 512  # samples the model judges at a time (32 ms)
+BLOCK = 1024  # frames computed together (33 s of audio): bounds the memory a long clip takes
 CONTEXT = 64  # samples of the frame before, prepended to each
 WEIGHTS = "silero_vad_16k.safetensors"
 
@@ -82,11 +84,20 @@ class Detector:
         self.partial = np.zeros(0, dtype=np.float32)
         self.probs: list[float] = []  # every frame's so far
         self.samples = 0  # audio fed so far
+        self._lock = threading.Lock()  # one feed at a time (a cancelled request's thread may still run)
 
     def feed(self, samples: np.ndarray, final: bool = False) -> np.ndarray:
         """The probabilities of the frames `samples` completes (with `final`,
         the last partial frame too, padded with silence)."""
-        audio = np.concatenate([self.partial, np.asarray(samples, dtype=np.float32).reshape(-1)])
+        with self._lock:
+            audio = np.asarray(samples, dtype=np.float32).reshape(-1)
+            step = BLOCK * FRAME
+            pieces = [self._feed(audio[at:at + step], final and at + step >= len(audio))
+                      for at in range(0, max(len(audio), 1), step)]
+            return np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.float32)
+
+    def _feed(self, samples: np.ndarray, final: bool) -> np.ndarray:
+        audio = np.concatenate([self.partial, samples])
         self.samples += len(samples)
         n = len(audio) // FRAME
         if final and len(audio) % FRAME:

@@ -58,7 +58,7 @@ def effort(kwargs: dict, budget: int | None = None) -> str:
     harmony's default, `medium`."""
     asked = kwargs.get("reasoning_effort")
     if asked is not None:
-        if asked not in EFFORT_OF:
+        if not isinstance(asked, str) or asked not in EFFORT_OF:
             raise RequestError("reasoning_effort must be one of " + ", ".join(EFFORT_OF), "reasoning_effort")
         return EFFORT_OF[asked]
     if kwargs.get("enable_thinking") is False:
@@ -266,15 +266,17 @@ class Reader:
                 self._in_header = True
         return "".join(out)
 
-    def finish(self) -> str:
+    def finish(self, cut: bool = False) -> str:
         """The end of the generation (its stop token, `<|return|>` or
-        `<|call|>`, is never shown): the open message ends here."""
+        `<|call|>`, is never shown): the open message ends here. `cut`: the
+        token limit ended it, and a call it cut is left open, so the output
+        parser reads it as cut (never a whole call with a stray `}`)."""
         if self._in_header:  # cut inside a header: nothing of it was content
             self._held = ""
             return ""
         rest, self._held, close, self._close = self._held, "", self._close, ""
         self._in_header = True
-        return rest + close
+        return rest if cut and close.endswith("</tool_call>") else rest + close
 
 
 def _markup(header: str) -> tuple[str, str]:

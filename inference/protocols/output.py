@@ -167,7 +167,7 @@ class OutputParser:
         out: list[Piece] = []
         if self.harmony is not None:  # its open message ends here: what closes it may close a call
             reader, self.harmony = self.harmony, None
-            out = self.feed(reader.finish())
+            out = self.feed(reader.finish(cut))
             self.harmony = reader
         if self._tool_open is not None:
             self._close_tool(out, self._tool_open, self._held, closed=False, cut=cut)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import logging
 import os
 import re
 import threading
@@ -19,7 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Union
 
-from core import holders
+from core import fs, holders
+
+log = logging.getLogger("hearth.responses")
 
 
 @dataclass
@@ -147,7 +150,7 @@ class FolderResponseStore:
 
     def __init__(self, folder: str | os.PathLike[str], ttl_s: float = 3600.0, max_bytes: int = 32 << 20):
         self.folder, self.ttl_s, self.max_bytes = Path(folder), ttl_s, max_bytes
-        self.folder.mkdir(parents=True, exist_ok=True)
+        self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)  # whole conversations: the owner's alone
 
     def _path(self, response_id: str) -> Path | None:
         return self.folder / f"{response_id}.json" if self.SAFE_ID.fullmatch(response_id) else None
@@ -159,11 +162,13 @@ class FolderResponseStore:
                            time.time() + self.ttl_s], ensure_ascii=False).encode()
         if path is None or len(data) > self.max_bytes:
             return
-        temporary = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")
-        temporary.write_bytes(data)
-        os.replace(temporary, path)
-        with self._locked():
-            self._keep_within()
+        try:
+            self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)  # removed under us: made again
+            fs.write_atomically(path, data, mode=0o600, durable=False)
+            with self._locked():
+                self._keep_within()
+        except OSError as exc:  # a full disk: the reply still goes out, this turn is not kept
+            log.warning("stored Responses turns: %s was not kept: %s", path.name, exc)
 
     def get(self, response_id: str, holder: str = "") -> Stored | None:
         path = self._path(response_id)

@@ -119,7 +119,7 @@ MAX_MIN_SPEECH_MS = 60_000
 def _gate(fields: dict, live: bool) -> tuple[Gate | None, bool]:
     """The voice-activity gate the `vad*` fields ask for, and whether to trim to the speech."""
     on = _flag(fields.get("vad", False), "vad")
-    given = [name for name in VAD_SETTINGS if fields.get(name) not in (None, "")]
+    given = [name for name in VAD_SETTINGS if fields.get(name) not in (None, "", False, "false")]
     if not on:
         if given:
             raise RequestError(f"{given[0]} applies with vad: true (the voice-activity gate)", given[0])

@@ -75,6 +75,7 @@ class Manager:
         self.loop: asyncio.AbstractEventLoop | None = None
         self._idle_task: asyncio.Task | None = None
         self._restarted: dict[str, list[float]] = {}  # model -> when its process was started again (--isolate)
+        self.stopping = False  # the server is shutting down: no model process is started again
         # The model a request that names none gets; None: such a request is refused with the list.
         self.default: str | None = None
         self.default = self.resolve(default).id if default else None
@@ -161,7 +162,7 @@ class Manager:
         if not isinstance(name, str):
             raise ModelNotFound("model must be a string naming a model; GET /v1/models lists the models")
         entry = self.catalog.resolve(name) or self.fetching.get(name) or self.remote_hosts.entries.get(name)
-        if entry is None and fetch and REPO_ID.fullmatch(name):
+        if entry is None and fetch and REPO_ID.fullmatch(name) and not self.settings.isolated:
             entry = Entry(id=name, ref=name, preset=presets.merged(self.library.table, name))
             self.fetching[name] = entry
             self.slots.setdefault(name, Slot(entry))
@@ -535,6 +536,8 @@ class Manager:
         """--isolate: the model's process exited while serving; start it
         again at once, unless it did so RESTARTS_MAX times within
         RESTART_WINDOW_S (then the next request that names it loads it)."""
+        if self.stopping:
+            return
         now = time.monotonic()
         recent = self._restarted.setdefault(slot.id, [])
         recent[:] = [t for t in recent if now - t < RESTART_WINDOW_S]
@@ -578,7 +581,7 @@ class Manager:
         slot.unloading = True
         self._changed(slot)
         await self._drain(slot)
-        child.terminate()  # drains what is left, exits
+        child.terminate()  # exits (what is still running is aborted)
         await self._wait_exit(slot)
 
     async def _drain(self, slot: Slot) -> None:
@@ -600,7 +603,10 @@ class Manager:
         except (httpx.HTTPError, ValueError) as exc:
             log.warning("%s: draining it before the stop failed (%s); stopping it all the same", slot.id, exc)
             return
-        if isinstance(report, dict) and "drained" in report:
+        if reply.status_code != 200:
+            log.warning("%s: its drain before the stop answered %d: %s", slot.id, reply.status_code,
+                        reply.text[:200])
+        elif isinstance(report, dict) and "drained" in report:
             slot.last_drain = {**report, "at": time.time()}
             log.info("%s drained: %s prompt-cache entries written to the SSD tier", slot.id,
                      report.get("demotions", 0))
@@ -656,6 +662,7 @@ class Manager:
     def leave(self) -> None:
         """At shutdown (the drain's start, on the loop): this node's record
         and claims go, so the other nodes load what it served."""
+        self.stopping = True
         self.cluster.leave(self._here()[0])
 
     async def _preload(self, name: str) -> None:

@@ -37,6 +37,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from core import audio, limits, sse
 from core.openapi import NO_BODY, documented
 from core.surfaces import OPENAI
+from inference.engine import vad
 from inference.engine.speech import MAX_SESSIONS, Session, Take
 from inference.protocols import transcription
 from inference.protocols.errors import RequestError
@@ -77,6 +78,11 @@ async def open_session(request: HttpRequest):
         raise RequestError("stream is for a one-shot transcription: a session's text streams from GET "
                            "/v1/audio/sessions/{id}/events", "stream")
     service = transcriber(request)
+    if ask.gate is not None:
+        try:
+            vad.weights_path()
+        except vad.VadUnavailable as exc:
+            raise RequestError(str(exc), "vad") from None
     session = Session("sess_" + secrets.token_hex(12), Take(ask.options), ask.response_format, gate=ask.gate)
     if not request.runtime.audio_sessions.add(session):
         raise RequestError(f"{MAX_SESSIONS} transcription sessions are open; finish or delete one first", None,
@@ -109,12 +115,19 @@ async def session_audio(request: HttpRequest, session_id: str):
             "segments": [transcription.segment(s) for s in session.take.segments]}
 
 
-async def _judge(session: Session, samples, final: bool = False) -> bool:
-    """The chunk through the voice-activity model: whether the take has had speech so far."""
+async def _judge(session: Session, samples, final: bool = False) -> bool | None:
+    """The chunk through the voice-activity model: whether the take has had
+    speech so far (None where the model is not installed and the session
+    did not ask for the gate, which was checked when it opened)."""
     started = time.monotonic()
-    await asyncio.to_thread(session.detector.feed, samples, final)
+    try:
+        await asyncio.to_thread(session.detector.feed, samples, final)
+    except vad.VadUnavailable:
+        return None
     session.vad_ms += (time.monotonic() - started) * 1000
-    return bool(session.heard())
+    if not session.speech:
+        await asyncio.to_thread(session.heard)
+    return session.speech
 
 
 def _params(request: HttpRequest) -> str:

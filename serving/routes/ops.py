@@ -138,7 +138,7 @@ async def drain(request: HttpRequest, body: Drain | None = None) -> JsonResponse
     runtime = request.runtime
     engine = runtime.require_engine()
     started = time.monotonic()
-    runtime.draining = True  # hearth/asgi.py answers 503 to what comes next
+    runtime.draining = runtime.drained_on_request = True  # hearth/asgi.py answers 503 to what comes next
     engine.stop_grammar_compiles()
     deadline = started + body.drain_seconds
 

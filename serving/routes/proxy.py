@@ -60,6 +60,7 @@ def routed(path: str) -> bool:
 
 BIG_BODY = 1 << 20  # bodies this large are parsed off the event loop
 AUDIO = "/v1/audio/"  # transcription, translation, live sessions: a model's process with a Whisper model
+SESSIONS = "/v1/audio/sessions"  # a live take lives in one process: always the default model's
 
 
 def _serves(manager: Manager, named: str | None) -> bool:
@@ -116,13 +117,13 @@ async def dispatch(request: HttpRequest) -> HttpResponse:
     hop = _from_peer(request, manager)
     if hop:
         named = request.headers.get(MODEL_HEADER) or named
-    elif path.startswith(AUDIO) and not _serves(manager, named):
+    elif path.startswith(AUDIO) and (path.startswith(SESSIONS) or not _serves(manager, named)):
         if manager.default is None:
             return errors.engine_error(surfaces.for_path(path), ModelNotFound(
                 "transcription in router mode is answered by the default model's process, with the Whisper model "
                 "beside it (`model` names a served model or none: `whisper-1` is fine); this server has no default "
                 "model: start it with --default-model, or set one with POST /models/default"))
-        named = None  # `whisper-1`, a Whisper repo: the default model's process has the Whisper model
+        named = None  # `whisper-1`, a Whisper repo, a live take: the default model's process answers
     try:
         slot = await manager.acquire(named, hop=hop)
         try:

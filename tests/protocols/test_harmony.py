@@ -11,6 +11,7 @@ import json
 import pytest
 
 from inference.protocols import harmony
+from inference.protocols.errors import RequestError
 from tests.helpers import HARMONY_REPO, build_harmony_model
 
 WEATHER = {"type": "function", "function": {
@@ -135,6 +136,22 @@ def test_the_reader_turns_channels_into_reasoning_content_and_calls():
                     '<tool_call>{"name": "get_weather", "arguments": {"city": "Rome"}}</tool_call>')
 
 
+def test_a_call_cut_by_the_token_limit_is_read_as_cut():
+    from inference.protocols.output import OutputParser
+
+    parser = OutputParser(reasoning=True, tools=[WEATHER], harmony=harmony.Reader())
+    pieces = parser.feed(ANALYSIS + CALL[:-6])  # ... {"city": "R
+    pieces += parser.finish(cut=True)
+    # Read as a cut call, as a `<tool_call>` cut there is: its streamed arguments closed as JSON, no
+    # closing brace of the markup inside its string, nothing of it in the text.
+    assert [(p.kind, p.text) for p in pieces] == [("reasoning", "The user wants the weather.")]
+    assert all("}" not in json.loads(c.arguments)["city"] for c in parser.calls)
+    whole = OutputParser(reasoning=True, tools=[WEATHER], harmony=harmony.Reader())
+    whole.feed(ANALYSIS + CALL)
+    whole.finish()  # stopped by <|call|>, which is never shown: the call is whole
+    assert [(c.name, json.loads(c.arguments)) for c in whole.calls] == [("get_weather", {"city": "Rome"})]
+
+
 def test_a_reply_reads_as_reasoning_and_content_on_every_surface(app):
     reply = ANALYSIS + "<|start|>assistant<|channel|>final<|message|>It is sunny."
     client = app.openai()
@@ -196,3 +213,7 @@ def test_reasoning_effort_sets_the_system_messages_level(app):
                                                                               if asked else {})})
         assert f"Reasoning: {level}\n" in model.tokenizer.decode(tokens) and think is None
     assert harmony.effort({}, budget=20000) == "high" and harmony.effort({"enable_thinking": False}) == "low"
+    with pytest.raises(RequestError):
+        harmony.effort({"reasoning_effort": {"not": "a level"}})
+    assert {365, 366} <= model.tokenizer.eos_token_ids or {model.tokenizer.convert_tokens_to_ids(t) for t in (
+        harmony.RETURN, harmony.CALL)} <= model.tokenizer.eos_token_ids

@@ -102,6 +102,8 @@ def test_an_unload_drains_the_engine_first_and_the_next_request_loads_it(isolate
     assert drain["drained"] is True and drain["idle"] is True and drain["flush"]["durable"] is True
     assert drain["demotions"] == drain["flush"]["flushedSnapshots"]
     restarts = engine["restarts"]  # an unload asked for is no crash: not started again by itself
+    other = HTTP.post(isolated.url + "/models/load", json={"model": "org/another-model"})
+    assert other.status_code == 400 and other.json()["error"]["code"] == "model_not_found"  # nothing downloaded
     reply = HTTP.post(isolated.url + "/v1/chat/completions",
                       json={"messages": [{"role": "user", "content": "back?"}], "max_tokens": 2})
     assert reply.status_code == 200, reply.text
@@ -136,6 +138,25 @@ def test_drain_in_a_model_process_refuses_new_requests_then_writes_the_cache(tin
             assert body["flush"]["entries"] >= 1  # the warm prompt is on the SSD tier
             after = app.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "late"}]})
             assert after.status_code == 503 and after.headers["x-hearth-draining"] == "1"
+
+
+def test_each_router_locks_a_folder_of_its_own_and_clears_abandoned_ones(tmp_path, monkeypatch):
+    from hearth import router_mode
+
+    monkeypatch.setenv("HEARTH_HOME", str(tmp_path))
+    mine = router_mode.responses_folder()
+    dead = tmp_path / "responses" / "router-1-dead"
+    (dead / "resp_x.json").parent.mkdir()
+    (dead / router_mode.OWNER).write_bytes(b"")  # its router is gone: nobody holds the lock
+    second = router_mode.responses_folder()
+    assert mine is not None and second is not None and mine != second
+    assert mine.is_dir() and second.is_dir() and not dead.exists()  # a live router's folder stays
+    store = FolderResponseStore(second)
+    import shutil
+
+    shutil.rmtree(second)  # removed under a running store: the next turn makes it again
+    store.put({"id": "resp_again"}, [], [], None)
+    assert store.get("resp_again") is not None and oct((second / "resp_again.json").stat().st_mode & 0o777) == "0o600"
 
 
 def test_the_folder_store_is_shared_bounded_and_kept_per_holder(tmp_path):
