@@ -144,13 +144,15 @@ class FolderResponseStore:
     any model; the router removes the folder when it stops. The time to live
     is wall-clock; the byte cap drops the least recently read turns (a read
     touches the file). Writes are atomic (a rename); the cap is kept under a
-    lock on the folder. The interface of ResponseStore."""
+    lock on the folder, once a sixteenth of it has been written since the
+    last look (a look lists the folder). The interface of ResponseStore."""
 
     SAFE_ID = re.compile(r"[A-Za-z0-9_-]{1,200}")  # a file name; any other id is simply not stored
 
     def __init__(self, folder: str | os.PathLike[str], ttl_s: float = 3600.0, max_bytes: int = 32 << 20):
         self.folder, self.ttl_s, self.max_bytes = Path(folder), ttl_s, max_bytes
         self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)  # whole conversations: the owner's alone
+        self._written = 0  # bytes this process stored since it last kept the folder within the cap
 
     def _path(self, response_id: str) -> Path | None:
         return self.folder / f"{response_id}.json" if self.SAFE_ID.fullmatch(response_id) else None
@@ -165,8 +167,13 @@ class FolderResponseStore:
         try:
             self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)  # removed under us: made again
             fs.write_atomically(path, data, mode=0o600, durable=False)
-            with self._locked():
-                self._keep_within()
+            self._written += len(data)
+            # Listing the folder is what costs (put runs on the event loop): done once a sixteenth of the
+            # cap has been written here, so the folder stays within the cap and a sixteenth per process.
+            if self._written >= self.max_bytes // 16:
+                self._written = 0
+                with self._locked():
+                    self._keep_within()
         except OSError as exc:  # a full disk: the reply still goes out, this turn is not kept
             log.warning("stored Responses turns: %s was not kept: %s", path.name, exc)
 
