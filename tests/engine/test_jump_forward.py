@@ -75,3 +75,18 @@ def test_seeded_batched_and_switched_off_requests_decode_token_by_token(engines,
     outs = asyncio.run(together())
     assert all(set(json.loads(o["text"], strict=False)) == set(SCHEMA["required"]) for o in outs)
     assert any(o["usage"].fill is None for o in outs)  # the ones that ran in the batch decoded plainly
+
+
+def test_a_mostly_free_grammar_moves_to_the_batch_after_a_trial(engines, eos_id):
+    """A regex over letters forces nothing: after 16 sampled tokens the row goes on in the batch lane
+    (its steps are faster there), still under its grammar."""
+    from inference.engine.speculate import JUMP_TRIAL
+
+    engine = engines(prompt_cache_bytes=0)
+    out = asyncio.run(collect(engine, _request(engine, eos_id, GrammarSpec("regex", "[a-z ]{1,200}"),
+                                               max_tokens=60)))
+    assert out["usage"].lane == "batched" and out["usage"].fill["decodeSteps"] == JUMP_TRIAL
+    assert out["usage"].fill["injected"] == 0 and len(out["tokens"]) == 60
+    assert set(out["text"]) <= set("abcdefghijklmnopqrstuvwxyz ")
+    schema = asyncio.run(collect(engine, _request(engine, eos_id, _schema())))
+    assert schema["usage"].lane == "serial"  # a schema's keys keep it appending: it stays
