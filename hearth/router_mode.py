@@ -23,13 +23,11 @@ its streams, its dashboard or its stored turns with it.
 """
 from __future__ import annotations
 
-import fcntl
 import logging
 import os
 import secrets
 import shutil
 import socket
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -54,6 +52,7 @@ from serving.router.owners import Owners
 from serving.router.presets import Preset, PresetError
 from serving.router.remotes import RemoteHost
 from serving.router.slots import RouterError, Settings
+from serving.streams.store import Owner
 
 log = logging.getLogger("hearth.serve")
 
@@ -178,50 +177,30 @@ class RouterPlan:
     responses: Path | None = None  # the folder its children store Responses turns in (None: Redis)
 
 
-OWNER = ".owner"  # a router holds a lock on this file in its folder of stored turns while it runs
-_held_locks: list = []  # this process's: open for as long as it lives (the kernel lets go at any exit)
+_owners: list[Owner] = []  # this process's claims on its folders (the kernel lets go at any exit)
 
 
 def responses_folder() -> Path | None:
     """A folder of its own for this router's stored Responses turns (None
-    with Redis, which every web node shares), locked while the router lives;
-    the folders of routers that did not stop cleanly (a SIGKILL: their lock
-    is gone) are removed. A lock, not a pid: pids are reused, and another
-    container may share HEARTH_HOME with pids of its own."""
+    with Redis, which every web node shares), claimed with the streams'
+    owner lock while the router lives (`serving.streams.store.Owner`: a
+    lock, not a pid, since pids are reused and containers share
+    HEARTH_HOME); the folders of routers that did not stop cleanly (a
+    SIGKILL: their lock is free) are removed."""
     from django.conf import settings
 
     if settings.HEARTH_REDIS_URL:
         return None
     root = home.root() / "responses"
-    root.mkdir(mode=0o700, parents=True, exist_ok=True)
     for old in root.glob("router-*"):
-        if _abandoned(old):
+        if Owner.gone(root, old.name.removeprefix("router-")):
             shutil.rmtree(old, ignore_errors=True)
-    folder = root / f"router-{os.getpid()}-{secrets.token_hex(4)}"
+            (root / "owners" / f"{old.name.removeprefix('router-')}.lock").unlink(missing_ok=True)
+    owner = Owner(root)  # claimed before its folder exists: a folder is never seen unclaimed
+    _owners.append(owner)
+    folder = root / f"router-{owner.name}"
     folder.mkdir(mode=0o700)
-    owner = open(folder / OWNER, "a+b")  # noqa: SIM115 (held open: the lock lasts as long as the file)
-    fcntl.flock(owner, fcntl.LOCK_EX)
-    _held_locks.append(owner)
     return folder
-
-
-def _abandoned(folder: Path) -> bool:
-    """Whether no router holds `folder` (its lock is free, or it never got
-    one and is over a minute old)."""
-    try:
-        with open(folder / OWNER, "rb") as owner:
-            try:
-                fcntl.flock(owner, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                return False
-            return True
-    except FileNotFoundError:
-        try:
-            return time.time() - folder.stat().st_mtime > 60
-        except OSError:
-            return False
-    except OSError:
-        return False
 
 
 def _store_args(folder: Path | None) -> tuple[str, ...]:
@@ -347,5 +326,7 @@ def serve_router(plan: RouterPlan, opts: dict) -> None:
         stop_services(supervisor)
         if plan.responses is not None:  # the stored turns end with the router
             shutil.rmtree(plan.responses, ignore_errors=True)
+            for owner in _owners:
+                owner.close()
     log.info("stopped")
     exit_now()

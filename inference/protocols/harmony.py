@@ -29,6 +29,7 @@ import json
 import re
 
 from inference.protocols.errors import RequestError
+from inference.protocols.output import partial_suffix
 
 START, END, MESSAGE, CHANNEL, CONSTRAIN = "<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>"
 CALL, RETURN = "<|call|>", "<|return|>"
@@ -256,7 +257,7 @@ class Reader:
             else:
                 hits = [(self._held.find(tag), tag) for tag in _ENDS if tag in self._held]
                 if not hits:
-                    keep = _partial(self._held)
+                    keep = partial_suffix(self._held, _ENDS)
                     out.append(self._held[:len(self._held) - keep])
                     self._held = self._held[len(self._held) - keep:]
                     break
@@ -289,11 +290,3 @@ def _markup(header: str) -> tuple[str, str]:
     if channel is not None and channel.group(1) == "analysis":
         return "<think>", "</think>"
     return "", ""
-
-
-def _partial(text: str) -> int:
-    """Length of the longest suffix of `text` that begins an end token."""
-    for size in range(min(len(text), max(len(t) for t in _ENDS) - 1), 0, -1):
-        if any(t.startswith(text[-size:]) for t in _ENDS):
-            return size
-    return 0

@@ -19,12 +19,16 @@ from __future__ import annotations
 import json
 import re
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from inference.protocols.argstream import ArgumentStreamer, XmlArgumentStreamer
-from inference.protocols.harmony import Reader
 from inference.protocols.markup import HEARTH, Markup
 from inference.protocols.toolcalls import ToolCall, tool_schemas
+
+if TYPE_CHECKING:  # harmony.py reads with this module's helpers: it imports this one
+    from inference.protocols.harmony import Reader
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 
@@ -118,7 +122,7 @@ class OutputParser:
             else:
                 self._emit(out, before)
                 self._switch(tag)
-        keep = _partial_suffix(self._held, self._tags())
+        keep = partial_suffix(self._held, self._tags())
         if self._tool_open is None:
             self._emit(out, self._held[: len(self._held) - keep])
             self._held = self._held[len(self._held) - keep:]
@@ -251,7 +255,7 @@ def _unescape(name: str) -> str:
         return name
 
 
-def _partial_suffix(text: str, tags: list[str]) -> int:
+def partial_suffix(text: str, tags: Sequence[str]) -> int:
     """Length of the longest suffix of `text` that begins one of `tags`."""
     for size in range(min(len(text), max((len(t) for t in tags), default=1) - 1), 0, -1):
         if any(t.startswith(text[-size:]) for t in tags):

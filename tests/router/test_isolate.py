@@ -147,7 +147,7 @@ def test_each_router_locks_a_folder_of_its_own_and_clears_abandoned_ones(tmp_pat
     mine = router_mode.responses_folder()
     dead = tmp_path / "responses" / "router-1-dead"
     (dead / "resp_x.json").parent.mkdir()
-    (dead / router_mode.OWNER).write_bytes(b"")  # its router is gone: nobody holds the lock
+    (tmp_path / "responses" / "owners" / "1-dead.lock").write_bytes(b"")  # its router is gone: no one holds it
     second = router_mode.responses_folder()
     assert mine is not None and second is not None and mine != second
     assert mine.is_dir() and second.is_dir() and not dead.exists()  # a live router's folder stays
