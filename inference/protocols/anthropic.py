@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import uuid
 
+from inference.protocols import unhonoured
 from inference.protocols.errors import RequestError
 from inference.protocols.params import MAX_STOP_SEQUENCES, SAMPLING
 
@@ -209,6 +210,7 @@ def _output_config(raw) -> tuple[dict | None, str | None]:
 
 def to_chat_body(body: dict) -> dict:
     """The Messages request as the chat turn the shared path builds."""
+    unhonoured.refuse(body, unhonoured.MESSAGES)
     if "logit_bias" in body:
         raise RequestError("logit_bias is not part of the Messages protocol; use /v1/chat/completions",
                            "logit_bias")

@@ -16,7 +16,7 @@ from inference.engine.loader import LoadedModel
 from inference.engine.rows import Submission
 from inference.engine.types import EventStream, GenerationEvent, GenerationRequest, Usage
 from inference.engine.vision import Vision
-from inference.protocols import chat, harmony, images, markup, params, structured, tool_choice
+from inference.protocols import chat, harmony, images, markup, params, structured, tool_choice, unhonoured
 from inference.protocols.errors import RequestError
 from inference.protocols.options import Options, ServerDefaults
 from inference.protocols.output import OutputParser, Piece, ToolDelta
@@ -82,6 +82,7 @@ def _common(body: dict, model: LoadedModel, defaults: ServerDefaults, completion
 
 
 def _read_chat(body: dict, model: LoadedModel, options: Options) -> _Turn:
+    unhonoured.refuse(body, unhonoured.CHAT)
     limits = options.limits
     vision = model.vision
     images: list[chat.MediaRef] | None = [] if vision is not None else None
@@ -227,6 +228,7 @@ def _with_instruction(messages: list[dict], instruction: str) -> list[dict]:
 
 
 def _read_completion(body: dict, model: LoadedModel, options: Options):
+    unhonoured.refuse(body, unhonoured.COMPLETIONS)
     prompt = body.get("prompt")
     if prompt is None:
         raise RequestError("prompt required", "prompt")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import uuid
 
-from inference.protocols import chat
+from inference.protocols import chat, unhonoured
 from inference.protocols.errors import RequestError
 from inference.protocols.params import SAMPLING, integer
 from inference.protocols.response_store import AnyResponseStore
@@ -102,6 +102,7 @@ def _text_format(text) -> dict | None:
         return None
     if not isinstance(text, dict):
         raise RequestError("text must be an object, e.g. {\"format\": {\"type\": \"json_schema\", …}}", "text")
+    unhonoured.refuse(text, unhonoured.RESPONSES_TEXT, "text.")
     fmt = text.get("format")
     if fmt is None or (isinstance(fmt, dict) and fmt.get("type") == "text"):
         return None
@@ -119,6 +120,7 @@ class Turn:
     """The chat turn a Responses request stands for."""
 
     def __init__(self, body: dict, store: AnyResponseStore, holder: str = ""):
+        unhonoured.refuse(body, unhonoured.RESPONSES)
         previous_id = body.get("previous_response_id")
         self.previous = None
         if previous_id is not None:

@@ -3,6 +3,7 @@ OutputParser, become output items, the Response object and the Responses
 stream event chain."""
 from __future__ import annotations
 
+import base64
 import time
 from collections.abc import AsyncIterator
 
@@ -40,8 +41,13 @@ class Reply:
         }
 
     def reasoning_item(self, text: str, status: str = "completed") -> dict:
-        return {"type": "reasoning", "id": self.reasoning_id, "status": status,
+        item = {"type": "reasoning", "id": self.reasoning_id, "status": status,
                 "summary": [{"type": "summary_text", "text": text}]}
+        if "reasoning.encrypted_content" in (self.body.get("include") or ()):
+            # What a store=false client keeps and sends back: the text itself, not encrypted (nothing here is
+            # secret from the machine that made it); earlier reasoning is not replayed into the prompt anyway.
+            item["encrypted_content"] = base64.b64encode(text.encode()).decode()
+        return item
 
     def message_item(self, text: str, status: str = "completed") -> dict:
         """`in_progress` (just added: no content yet), `completed`, or `incomplete` (cut by max_output_tokens)."""

@@ -6,7 +6,7 @@ from django.http import HttpRequest, JsonResponse
 
 from core.openapi import documented
 from core.surfaces import ANTHROPIC
-from inference.protocols import anthropic, anthropic_reply
+from inference.protocols import anthropic, anthropic_reply, unhonoured
 from serving.routes import pipeline
 from serving.routes.bodies import CountTokensRequest, MessagesRequest
 
@@ -17,6 +17,7 @@ router = ANTHROPIC.router(tags=["anthropic"])
 async def messages(request: HttpRequest):
     body = await pipeline.read_body(request)
     engine, prepared = await pipeline.prepare_chat(request, anthropic.to_chat_body(body))
+    pipeline.name_ignored(prepared, body, MessagesRequest, unhonoured.MESSAGES)
     reply = anthropic_reply.Reply(engine.loaded_model.model_id, len(prepared.request.prompt_tokens))
     keepalive = request.runtime.options.sse_keepalive
     return await pipeline.respond(

@@ -85,17 +85,28 @@ class LogitBias(_Body):
     logit_bias: dict[str, float] | None = Field(None, description="token id -> bias, -100 to 100")
 
 
-class Constraint(_Body):
-    """Grammar-constrained output (xgrammar); precedence in this order."""
+class Decoding(_Body):
+    speculative: bool | None = Field(None, description="false: no speculative decoding or jump-forward for this "
+                                                        "request")
+
+
+class Guided(_Body):
+    """Grammar-constrained output (xgrammar) by the request's own grammar."""
 
     guided_grammar: str | None = Field(None, description="an EBNF grammar")
-    response_format: dict[str, Json] | None = Field(None, description="text, json_object or json_schema")
-    structured_outputs: Json = None
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
 
 
-class ChatCompletionRequest(Sampling, ToneCurve, LogitBias, Routing, Constraint):
+class Constraint(Guided):
+    """Grammar-constrained output (xgrammar); precedence: guided_grammar, response_format, structured_outputs,
+    guided_regex, guided_choice."""
+
+    response_format: dict[str, Json] | None = Field(None, description="text, json_object or json_schema")
+    structured_outputs: Json = None
+
+
+class ChatCompletionRequest(Sampling, ToneCurve, LogitBias, Routing, Constraint, Decoding):
     messages: list[dict[str, Json]] = Field(..., description="system, developer, user, assistant and tool turns")
     model: str | None = Field(None, description="the served model answers whatever this names")
     stream: bool | None = False
@@ -110,10 +121,11 @@ class ChatCompletionRequest(Sampling, ToneCurve, LogitBias, Routing, Constraint)
     n: int | None = Field(None, description="choices, 1 to 8: each a row of the batch")
     chat_template_kwargs: dict[str, Json] | None = None
     reasoning_effort: str | None = Field(None, description="none turns thinking off, any other level on")
+    thinking_budget: int | None = Field(None, description="tokens of thinking before the block is closed")
     stream_options: dict[str, Json] | None = None
 
 
-class CompletionRequest(Sampling, ToneCurve, LogitBias, Routing, Constraint):
+class CompletionRequest(Sampling, ToneCurve, LogitBias, Routing, Constraint, Decoding):
     prompt: str = Field(..., description="the raw prompt (no chat template)")
     model: str | None = None
     stream: bool | None = False
@@ -122,9 +134,11 @@ class CompletionRequest(Sampling, ToneCurve, LogitBias, Routing, Constraint):
     stop: str | list[str] | None = None
     logprobs: bool | int | None = Field(None, description="true, or the legacy count of top tokens (0 to 11)")
     top_logprobs: int | None = Field(None, description="at most 11")
+    n: int | None = Field(None, description="choices, 1 to 8: each a row of the batch")
+    stream_options: dict[str, Json] | None = None
 
 
-class MessagesRequest(Sampling, ToneCurve, Routing, Constraint):
+class MessagesRequest(Sampling, ToneCurve, Routing, Constraint, Decoding):
     """Anthropic Messages (`logit_bias` is not part of it)."""
 
     messages: list[dict[str, Json]] = Field(..., description="user, assistant and system turns, string or blocks")
@@ -136,6 +150,8 @@ class MessagesRequest(Sampling, ToneCurve, Routing, Constraint):
     tools: list[dict[str, Json]] | None = None
     tool_choice: dict[str, Json] | None = None
     thinking: dict[str, Json] | None = Field(None, description="enabled, disabled or adaptive")
+    output_config: dict[str, Json] | None = Field(None, description="format (json_schema) and effort")
+    cache_control: dict[str, Json] | None = Field(None, description="accepted: every prompt prefix is cached anyway")
     metadata: dict[str, Json] | None = None
 
 
@@ -146,7 +162,9 @@ class CountTokensRequest(_Body):
     tools: list[dict[str, Json]] | None = None
 
 
-class ResponsesRequest(Sampling, ToneCurve, LogitBias, Routing, Constraint):
+class ResponsesRequest(Sampling, ToneCurve, LogitBias, Routing, Guided, Decoding):
+    """OpenAI Responses (the output format is `text.format`)."""
+
     input: str | list[dict[str, Json]] = Field(..., description="a string, or message / function_call items")
     model: str | None = None
     instructions: str | None = None
@@ -154,12 +172,16 @@ class ResponsesRequest(Sampling, ToneCurve, LogitBias, Routing, Constraint):
     store: bool | None = True
     stream: bool | None = False
     max_output_tokens: int | None = None
+    max_tokens: int | None = Field(None, description="read when max_output_tokens is absent")
+    stop: str | list[str] | None = Field(None, description="up to 4 strings")
     tools: list[dict[str, Json]] | None = None
     tool_choice: str | dict[str, Json] | None = None
     text: dict[str, Json] | None = Field(None, description="text.format: json_schema or json_object")
     reasoning: dict[str, Json] | None = None
     parallel_tool_calls: bool | None = None
     metadata: dict[str, Json] | None = None
+    include: list[str] | None = Field(None, description="reasoning.encrypted_content (the reasoning, base64)")
+    max_tool_calls: int | None = Field(None, description="accepted: it bounds built-in tools, none of which run here")
 
 
 class EmbeddingsRequest(_Body):

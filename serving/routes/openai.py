@@ -5,7 +5,7 @@ from django.http import HttpRequest
 
 from core.openapi import documented
 from core.surfaces import OPENAI
-from inference.protocols import openai
+from inference.protocols import openai, unhonoured
 from serving.routes import pipeline
 from serving.routes.audio import audio_parts_to_text
 from serving.routes.bodies import ChatCompletionRequest, CompletionRequest
@@ -21,6 +21,10 @@ async def _generate(request: HttpRequest, kind: str):
     openai.usage_apart(body)  # a bad stream_options is refused before the prompt is built
     prepare = pipeline.prepare_chat if kind == "chat" else pipeline.prepare_completion
     engine, prepared = await prepare(request, body)
+    if kind == "chat":
+        pipeline.name_ignored(prepared, body, ChatCompletionRequest, unhonoured.CHAT)
+    else:
+        pipeline.name_ignored(prepared, body, CompletionRequest, unhonoured.COMPLETIONS)
     reply = openai.Reply(kind, engine.loaded_model.model_id, body)
     param, streaming = "messages" if kind == "chat" else "prompt", bool(body.get("stream"))
     if prepared.n > 1:

@@ -13,7 +13,7 @@ from inference.engine.engine import Engine
 from inference.engine.errors import ContextLengthExceeded
 from inference.engine.rows import Submission
 from inference.engine.types import EventStream, GenerationEvent, GenerationRequest
-from inference.protocols import choices, openai, params
+from inference.protocols import choices, openai, params, unhonoured
 from inference.protocols.errors import RequestError
 from inference.protocols.openai import Message, Prepared
 from serving import traces
@@ -29,6 +29,17 @@ def submit(engine: Engine, request: GenerationRequest, param: str) -> Submission
     except ContextLengthExceeded as exc:
         exc.param = param
         raise
+
+
+IGNORED_HEADER = "X-Hearth-Ignored-Fields"
+
+
+def name_ignored(prepared: Prepared, body: dict, schema, table: dict) -> None:
+    """Name in a header the body's fields nothing reads (the route's schema
+    lists what is read; `table` what passed because it asked for nothing)."""
+    fields = unhonoured.ignored(body, schema.model_fields, table)
+    if fields:
+        prepared.headers[IGNORED_HEADER] = ", ".join(fields)
 
 
 async def read_body(request) -> dict:

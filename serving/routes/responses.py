@@ -7,7 +7,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from core import holders
 from core.openapi import documented
 from core.surfaces import RESPONSES
-from inference.protocols import responses, responses_reply
+from inference.protocols import responses, responses_reply, unhonoured
 from inference.protocols.errors import RequestError
 from serving.routes import pipeline
 from serving.routes.bodies import ResponsesRequest
@@ -30,6 +30,7 @@ async def create(request: HttpRequest) -> HttpResponse:
     holder = holders.of(request)  # what this request stores is its key's (core/holders.py)
     turn = responses.Turn(body, store_them, holder)
     engine, prepared = await pipeline.prepare_chat(request, turn.chat_body(body))
+    pipeline.name_ignored(prepared, body, ResponsesRequest, unhonoured.RESPONSES)
     model = engine.loaded_model
     reply = responses_reply.Reply(model.model_id, body, turn, model.tokenizer)
 

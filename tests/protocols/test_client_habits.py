@@ -1,8 +1,9 @@
 """What real agents and SDKs send: Claude Code's system turns inside
 Anthropic `messages`, prompts longer than the context window (refused before
 any prefill with the errors clients act on), the operator's context cap, and
-the extra fields of the OpenAI, Responses and Anthropic SDKs (accepted,
-honoured where they mean something here, never a 400 or a 500)."""
+the extra fields of the OpenAI, Responses and Anthropic SDKs as they send
+them (accepted, honoured where they mean something here, never a 500; the
+ones that ask for what Hearth does not do are test_unhonoured.py's)."""
 from __future__ import annotations
 
 import json
@@ -248,6 +249,7 @@ def test_claude_code_shapes_are_accepted(claude, app):
     with app.stream("POST", "/v1/messages?beta=true", json=body, headers=headers, timeout=60) as r:
         text = r.read().decode()
     assert r.status_code == 200 and "event: message_stop" in text
+    assert r.headers["x-hearth-ignored-fields"] == "context_management"  # not read, and said so
 
 
 def test_wire_details_real_clients_read(app, oai, tiny_model):

@@ -1,0 +1,140 @@
+"""The fields of OpenAI's and Anthropic's request bodies that Hearth does
+not honour, one table per surface. A request that sends one asking for
+something (a value other than the one that asks for nothing: null, false,
+an empty list, the default) is refused with a 400 that names the field and
+says why, instead of being answered as if the field were not there.
+
+Fields that ask for nothing of a local server (`user`, `metadata`,
+`safety_identifier`, Anthropic's `metadata.user_id`: labels for a hosted
+service's dashboards and abuse checks) are listed in `LABELS` and pass.
+A field in neither list nor read by the protocol is ignored, as the
+reference contract says; the route names it in the
+`X-Hearth-Ignored-Fields` header (`ignored`), so nothing is dropped
+without a word.
+
+No Django here."""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from inference.protocols.errors import RequestError
+
+Asks = Callable[[Any], bool]  # whether a value asks for something
+
+
+def _set(value: Any) -> bool:
+    return value not in (None, False, "", [])
+
+
+def _present(value: Any) -> bool:  # for an object whose mere presence turns a feature on ({} = defaults)
+    return value is not None
+
+
+def _other_than(*fine: Any) -> Asks:
+    return lambda value: value is not None and value not in fine
+
+
+def _not_text_only(value: Any) -> bool:
+    return value is not None and value != ["text"]
+
+
+def _more_than_one(value: Any) -> bool:
+    return value is not None and value != 1
+
+
+# Built-in tools (web search, file search, code interpreter, computer use) are refused where a request
+# lists them, so asking to include their outputs asks for nothing; encrypted reasoning is built
+# (responses_reply: `encrypted_content`).
+RESPONSES_INCLUDABLE = frozenset({
+    "reasoning.encrypted_content", "web_search_call.results", "web_search_call.action.sources",
+    "file_search_call.results", "code_interpreter_call.outputs", "computer_call_output.output.image_url"})
+
+
+def _includes_unbuilt(value: Any) -> bool:
+    if value is None:
+        return False
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        return True
+    return any(v not in RESPONSES_INCLUDABLE for v in value)
+
+
+_NO_WEB_SEARCH = "there is no web search here"
+_ONE_TIER = "a local server has one service tier"
+_NO_MODERATION = "there is no moderation model here"
+_VERBOSITY = "no verbosity control (medium only): say how long in the prompt"
+
+CHAT: dict[str, tuple[Asks, str]] = {
+    "audio": (_set, "no audio output is generated (send audio in; text comes out)"),
+    "modalities": (_not_text_only, "only text is generated: modalities must be [\"text\"]"),
+    "prediction": (_set, "predicted outputs are not used; speculative decoding drafts for itself"),
+    "web_search_options": (_present, _NO_WEB_SEARCH),
+    "store": (_set, "chat completions are not stored (the Responses API stores turns)"),
+    "service_tier": (_other_than("auto", "default"), _ONE_TIER),
+    "verbosity": (_other_than("medium"), _VERBOSITY),
+    "functions": (_set, "the deprecated functions field is not read: send tools"),
+    "function_call": (_set, "the deprecated function_call field is not read: send tool_choice"),
+    "prompt_cache_retention": (_other_than("in_memory"), "the prompt cache keeps what fits in its budget"),
+    "prompt_cache_options": (_set, "the prompt cache needs no breakpoints: every prefix is cached"),
+    "moderation": (_set, _NO_MODERATION),
+}
+
+COMPLETIONS: dict[str, tuple[Asks, str]] = {
+    "best_of": (_more_than_one, "best_of is not built: ask for n choices and pick"),
+    "echo": (_set, "the prompt is not echoed"),
+    "suffix": (_set, "no fill-in-the-middle: suffix is not read"),
+}
+
+RESPONSES: dict[str, tuple[Asks, str]] = {
+    "background": (_set, "no background mode: stream the response (a dropped stream resumes)"),
+    "background_options": (_set, "no background mode"),
+    "conversation": (_set, "no Conversations API: chain turns with previous_response_id"),
+    "context_management": (_set, "no server-side context management"),
+    "truncation": (_other_than("disabled"), "input is never truncated: a turn over the context is a 400"),
+    "include": (_includes_unbuilt, "include may name reasoning.encrypted_content (and built-in tools' outputs, "
+                                   "which never run here); logprobs and input image URLs are not returned"),
+    "top_logprobs": (_set, "logprobs are not returned on Responses: use /v1/chat/completions"),
+    "prompt": (_set, "no stored prompt templates"),
+    "service_tier": (_other_than("auto", "default"), _ONE_TIER),
+    "prompt_cache_retention": (_other_than("in_memory"), "the prompt cache keeps what fits in its budget"),
+    "prompt_cache_options": (_set, "the prompt cache needs no breakpoints: every prefix is cached"),
+    "moderation": (_set, _NO_MODERATION),
+    "access_programs": (_set, "no access programs here"),
+    "image": (_set, "no image generation"),
+    "stream_options": (_set, "stream_options is not read on Responses (no obfuscation padding)"),
+    "response_format": (_set, "the output format of a Responses request is text.format"),
+    "structured_outputs": (_set, "the output format of a Responses request is text.format"),
+}
+
+RESPONSES_TEXT: dict[str, tuple[Asks, str]] = {  # inside `text`, beside `format`
+    "verbosity": (_other_than("medium"), _VERBOSITY),
+}
+
+MESSAGES: dict[str, tuple[Asks, str]] = {
+    "container": (_set, "no code-execution containers"),
+    "mcp_servers": (_set, "no MCP connector: run the tools on the client"),
+    "inference_geo": (_set, "inference runs on this machine"),
+    "speed": (_other_than("standard"), "one speed here"),
+    "service_tier": (_other_than("auto", "standard_only"), _ONE_TIER),
+    "diagnostics": (_set, "no cache diagnostics: /stats reports the prompt cache"),
+    "workspace_id": (_set, "no workspaces here"),
+}
+
+# Accepted, change nothing (and are not reported as ignored): labels for a hosted service.
+LABELS = frozenset({"user", "metadata", "safety_identifier", "user_profile_id"})
+
+
+def refuse(body: dict, table: dict[str, tuple[Asks, str]], within: str = "") -> None:
+    """A 400 naming the first field of `table` the body (or its object
+    `within`, e.g. "text.") sends asking for something."""
+    for name, (asks, why) in table.items():
+        if name in body and asks(body[name]):
+            raise RequestError(f"{within}{name} is not supported: {why}", within + name,
+                               code="unsupported_parameter")
+
+
+def ignored(body: dict, known: Iterable[str], table: dict[str, tuple[Asks, str]]) -> list[str]:
+    """The body's fields that nothing reads: neither `known` (the route's
+    schema), nor `table` (passed because they asked for nothing), nor a label."""
+    read = {*known, *table, *LABELS}
+    return sorted(name for name in body if name not in read)
