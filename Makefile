@@ -9,6 +9,12 @@ BLIS := /usr/lib/x86_64-linux-gnu/blis-pthread/libblas.so.3 /usr/lib/aarch64-lin
 # The `mkl` extra: Intel MKL, one of the BLAS libraries `hearth` measures (a ~230 MB wheel; its marker
 # installs nothing off x86-64 Linux). `make MKL=0 ...` leaves it out.
 MKL ?= 1
+# MLX's CUDA build (the `cuda` extra) where an NVIDIA driver is loaded; `make CUDA=0 ...` keeps the CPU build,
+# `make CUDA=1 ...` asks for the CUDA one. On a GPU no CPU BLAS matters, so MKL is left out there.
+CUDA ?= $(if $(wildcard /proc/driver/nvidia/version),1,0)
+ifeq ($(CUDA),1)
+MKL := 0
+endif
 comma := ,
 # The suite runs Hearth on Redis and on PostgreSQL too (tests/e2e/test_redis.py, tests/pg.py), so `make`
 # installs the `redis` and `postgres` extras.
@@ -18,7 +24,7 @@ PORT ?= 8080
 
 .PHONY: serve test check-demo lint docs blas browser git media redis postgres deps bench clean
 
-deps: $(VENV)/.installed
+deps: $(VENV)/.installed $(if $(filter 1,$(CUDA)),$(VENV)/.cuda)
 
 # pip byte-compiles what it installs on one core (about half of a fresh install's time on 2 cores);
 # compileall does it on every core afterwards. It exits 1 for the few files in wheels that are not
@@ -32,6 +38,14 @@ ifeq ($(UNAME),Linux)
 endif
 	$(BIN)/pip install -q --no-compile -e '.[$(EXTRAS)]'
 	$(BIN)/python -m compileall -qq -j 0 "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" || true
+	touch $@
+
+# Both MLX builds ship mlx/lib/libmlx.so: with the CPU build removed, the CUDA build is installed again over
+# whatever it left, so the library MLX loads is the CUDA one (`hearth` then reports the GPU in its log and /stats).
+$(VENV)/.cuda: $(VENV)/.installed
+	$(BIN)/pip install -q --no-compile -e '.[cuda]'
+	$(BIN)/pip uninstall -q -y mlx-cpu
+	$(BIN)/pip install -q --no-compile --no-deps --force-reinstall "mlx-cuda-13==$$($(BIN)/python -c 'import importlib.metadata as m; print(m.version("mlx"))')"
 	touch $@
 
 # MLX's Linux CPU wheel links the slow reference BLAS; `hearth` preloads the fastest library it measures

@@ -24,7 +24,7 @@ import os
 import sys
 from difflib import get_close_matches
 
-from core import blas, procs, torchless
+from core import blas, device, procs, torchless
 from core.home import blas_cache
 
 # The top-level packages whose apps' management commands are Hearth's.
@@ -77,6 +77,8 @@ def _reexec_with_blas(command: list[str], argv: list[str], option: str | None) -
     if sys.platform != "linux" or os.environ.get("_HEARTH_REEXEC"):
         return
     if not argv or argv[0] in NO_BLAS or "--help" in argv or "-h" in argv:
+        return
+    if device.gpu_expected():  # MLX computes on the GPU: no CPU BLAS to measure or preload
         return
     requested = option or os.environ.get("HEARTH_BLAS", "").strip().lower() or "auto"
     try:

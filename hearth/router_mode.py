@@ -35,8 +35,7 @@ from urllib.parse import urlsplit
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from core import home
-from core.blas import blas_in_use
+from core import device, home
 from hearth.access_settings import is_loopback
 from hearth.demo_training import DemoTraining, demo_checkpoint_step, demo_is_built
 from hearth.process import Work, exit_now, open_streams, run_daphne, start_services, stop_services
@@ -213,7 +212,7 @@ def plan_router(opts: dict) -> RouterPlan:
     if opts["adapter"]:
         raise CommandError("--adapter names one model's adapter: in router mode, set `adapter = DIR` in that "
                            "model's section of --models-preset")
-    log.info("BLAS: %s", blas_in_use())
+    log.info("Device: %s", device.planned_line())
     call_command("migrate", interactive=False, verbosity=0)
     folder = responses_folder()
     default = default_model(opts)
@@ -274,7 +273,7 @@ def plan_isolated(opts: dict) -> RouterPlan:
         value = opts.get(target)
         if value is not None and value != flag.default:
             flags[flag.key] = str(Path(value).expanduser().resolve()) if flag.path else value
-    log.info("BLAS: %s", blas_in_use())
+    log.info("Device: %s", device.planned_line())
     call_command("migrate", interactive=False, verbosity=0)
     folder = responses_folder()
     preset = Preset(name=model_id, source="", flags=flags, aliases=tuple(opts["aliases"] or ()),

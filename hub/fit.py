@@ -27,7 +27,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from core import procs
+from core import device, procs
 from core.blas import cpu_model
 from core.fs import write_atomically
 
@@ -104,15 +104,22 @@ def measure_decode_bandwidth() -> tuple[float | None, float]:
 
 
 def usable_bytes() -> int:
-    """The memory a model may take on this machine: three quarters of RAM."""
+    """The memory a model may take on this machine: three quarters of the
+    memory it lives in (RAM, or an NVIDIA card's own memory)."""
     return int(_ram_bytes() * 0.75)
 
 
+def _on_card() -> bool:
+    """Models live in an NVIDIA card's memory here (MLX's CUDA build)."""
+    return sys.platform == "linux" and device.gpu_expected() and device.describe()["backend"] == "cuda"
+
+
 def _ram_bytes() -> int:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError):
-        return 0
+    return device.describe()["memory_bytes"] if _on_card() else device.ram_bytes()
+
+
+def _chip() -> str:
+    return device.describe()["name"] if _on_card() else cpu_model()
 
 
 def measure_bandwidth(megabytes: int = 256, rounds: int = 5) -> float:
@@ -130,7 +137,7 @@ def measure_bandwidth(megabytes: int = 256, rounds: int = 5) -> float:
 
 
 def _key() -> dict:
-    return {"ram_bytes": _ram_bytes(), "cores": os.cpu_count() or 1, "chip": cpu_model(),
+    return {"ram_bytes": _ram_bytes(), "cores": os.cpu_count() or 1, "chip": _chip(),
             "blas": os.environ.get("LD_PRELOAD", "")}
 
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from core import blas, home
+from core import blas, device, home
 from inference.engine import lanes, loader
 from inference.engine.admission import MAX_QUEUED, TRANSIENT_RESERVE
 from inference.engine.engine import DRAFT_TOKENS, Engine
@@ -34,6 +34,7 @@ def stats_body(runtime: Runtime) -> dict:
                       "insecure_no_auth": runtime.insecure_no_auth}
     if runtime.warning:
         body["warning"] = runtime.warning
+    body["device"] = device.describe()
     body["blas"] = _blas()
     if runtime.transcriber is not None:
         body["transcription"] = runtime.transcriber.stats()
@@ -45,8 +46,13 @@ def stats_body(runtime: Runtime) -> dict:
 
 @functools.cache
 def _blas() -> dict:
-    """Read once: the library is fixed at process start, and so is the measurement that chose it."""
-    return blas.report(home.blas_cache())
+    """Read once: the library is fixed at process start, and so is the measurement that chose it.
+    On a GPU no CPU BLAS is chosen (`in_use` false)."""
+    if device.on_gpu():
+        return {"in_use": False, "name": None, "label": "none: MLX computes on the GPU", "library": None,
+                "chosen_by": "device", "overridden": False, "measured_at": None, "shapes": None,
+                "others_cpu": None, "candidates": []}
+    return {**blas.report(home.blas_cache()), "in_use": True}
 
 
 def _engine_stats(runtime: Runtime) -> dict:

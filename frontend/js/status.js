@@ -1,4 +1,5 @@
-// Live engine state (/stats), the BLAS this server runs on (/stats `blas`) and this machine's fit for the model (/fit).
+// Live engine state (/stats), the device and BLAS this server runs on (/stats `device`, `blas`) and this machine's fit
+// for the model (/fit).
 import { demoBuildCard } from "./demo_build.js";
 import { api, bytes, every, h } from "./util.js";
 
@@ -12,10 +13,12 @@ export function statusPage(main) {
   const fit = h("div");
   const blas = h("div", { id: "blas" });
   main.append(h("div", { class: "page" }, h("h1", {}, "Status"), demo, live, h("h2", {}, "This machine"), fit,
-    h("h2", {}, "BLAS"), blas));
+    h("h2", {}, "Device and BLAS"), blas));
   const stopLive = every(1500, async () => {
     const s = await api("/stats");
-    if (s.blas && !blas.childElementCount) blas.replaceChildren(blasCard(s.blas));  // fixed for the process's life
+    if (s.blas && !blas.childElementCount) {  // fixed for the process's life
+      blas.replaceChildren(h("div", { class: "grid" }, deviceCard(s.device), blasCard(s.blas)));
+    }
     demo.replaceChildren(demoBuildCard(s.demo_build));
     const e = s.engine || {}, b = s.batch || {}, pc = s.prompt_cache || {}, ad = s.admission || {};
     live.replaceChildren(
@@ -60,8 +63,21 @@ const CHOSEN = { measurement: "chosen by measurement", option: "chosen with --bl
   env: "chosen with HEARTH_BLAS (override)", fallback: "the fallback (nothing measured faster)",
   platform: "the platform's own", LD_PRELOAD: "preloaded by the environment", default: "the MLX wheel's own" };
 
+const BACKENDS = { cuda: "NVIDIA GPU (MLX's CUDA build)", metal: "Apple GPU (Metal)", cpu: "CPU" };
+
+// Where MLX computes: the device, and the memory models live in.
+function deviceCard(d) {
+  if (!d) return h("div");
+  return h("div", { class: "card" }, h("h2", { style: "margin-top:0" }, "Device"), kv([["computes on", BACKENDS[d.backend] || d.backend],
+    ["name", d.name], ["memory", bytes(d.memory_bytes)], ...(d.free_bytes != null ? [["free", bytes(d.free_bytes)]] : [])]));
+}
+
 // The library in use, how it was picked, and each installed library's measured GFLOP/s.
 function blasCard(b) {
+  if (b.in_use === false) {
+    return h("div", { class: "card" }, h("h2", { style: "margin-top:0" }, "BLAS"),
+      h("p", {}, "None: MLX computes on the GPU, so no CPU BLAS is measured or chosen."));
+  }
   const sizes = (b.shapes || []).map(([m]) => String(m));
   const rows = (b.candidates || []).slice().sort((x, y) => y.score - x.score).map((c) => h("tr", {},
     h("td", {}, c.name === b.name ? h("strong", {}, `${c.name} (in use)`) : c.name),

@@ -9,13 +9,13 @@ before anything is opened (a FIFO would block the load forever).
 from __future__ import annotations
 
 import logging
-import os
 import sys
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
+from core import device
 from core.paths import PathRefused, read_json, regular_entries
 from inference.engine import fastmath
 from inference.engine.errors import ModelLoadError, ModelNotFound
@@ -159,10 +159,8 @@ def _float32_bytes(model: nn.Module) -> int:
 
 
 def memory_budget() -> int:
-    try:
-        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * 0.75)
-    except (ValueError, OSError):
-        return 0
+    """Three quarters of the memory models live in: RAM, or an NVIDIA card's own (core.device)."""
+    return int(device.describe()["memory_bytes"] * 0.75)
 
 
 def _upcast_for_cpu(model: nn.Module, keep_dtype: bool) -> str:

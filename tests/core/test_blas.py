@@ -68,8 +68,13 @@ def test_first_start_measures_every_installed_library_and_caches_the_pick(measur
     assert record["key"]["cpu"] == blas.cpu_model() and record["key"]["cores"] == os.cpu_count()
     assert "measuring the BLAS libraries" in server.output()
 
-    stats = httpx.get(server.url + "/stats", timeout=30).json()["blas"]
-    assert stats["name"] == best["name"] and stats["library"] == best["library"]
+    everything = httpx.get(server.url + "/stats", timeout=30).json()
+    stats = everything["blas"]
+    assert stats["name"] == best["name"] and stats["library"] == best["library"] and stats["in_use"] is True
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    assert {k: everything["device"][k] for k in ("type", "backend", "memory_bytes")} == {
+        "type": "cpu", "backend": "cpu", "memory_bytes": ram} and everything["device"]["name"]
+    assert f"Device: CPU ({everything['device']['name']}), BLAS: {blas.LABELS[best['name']]}" in server.output()
     assert stats["chosen_by"] == "measurement" and stats["overridden"] is False and stats["measured_at"]
     assert {c["name"]: c["score"] for c in stats["candidates"]} == {r["name"]: r["score"] for r in record["results"]}
 

@@ -21,8 +21,7 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
-from core import argtypes, limits
-from core.blas import blas_in_use
+from core import argtypes, device, limits
 from hearth.access_settings import INSECURE_WARNING, AccessError, export_for_children, settle
 from hearth.process import (
     EngineWork,
@@ -154,7 +153,7 @@ class Command(BaseCommand):
             serve_router(router, opts)
             return
         in_router = child.is_child()
-        log.info("BLAS: %s", blas_in_use())
+        log.info("Device: %s", device.line())
         if not in_router:  # the router migrated the database before it started this process
             call_command("migrate", interactive=False, verbosity=0)
         if in_router and opts["download_only"]:

@@ -15,8 +15,7 @@ from pathlib import Path
 from django.core.management.base import BaseCommand
 from huggingface_hub import constants
 
-from core import home
-from core.blas import blas_in_use
+from core import device, home
 from core.fs import write_atomically
 from serving.demo import vision
 from serving.demo.build import DEMO_REPO, Recipe, build
@@ -61,7 +60,7 @@ class Command(BaseCommand):
             how = "untrained" if loss is None else f"loss {loss:.3f}"
             self.stdout.write(f"  checkpoint at step {step} ({how}) published: {snapshot}")
 
-        self.stdout.write(f"BLAS: {blas_in_use()}")
+        self.stdout.write(f"Device: {device.line()}")
         cache = Path(constants.HF_HUB_CACHE)
         if kind == "vision":
             base = vision.VisionRecipe()
