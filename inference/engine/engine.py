@@ -37,7 +37,7 @@ from inference.engine.adapters import AdapterManager
 from inference.engine.admission import Admission
 from inference.engine.errors import EngineClosed, EngineError, EngineTimeout
 from inference.engine.prompt_cache import PromptCache
-from inference.engine.rows import Generation, Row, Submission
+from inference.engine.rows import Generation, Row, Submission, gathered
 from inference.engine.solo import Solo, SoloQueue
 from inference.engine.types import GenerationEvent, GenerationRequest
 
@@ -283,7 +283,8 @@ class Engine:
                     self._admission.admit(self._lane, self.loaded_model, self._adapters, self._admitted)
                     self._solo.just_ran = False
                 if self.active_rows:
-                    self._step()
+                    with gathered():  # the step's events reach each event loop in one wake-up
+                        self._step()
                 with self._idle:
                     self._idle.notify_all()
         except BaseException:

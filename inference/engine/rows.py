@@ -10,6 +10,8 @@ a `Submission` is that side's handle on it: the events, abort and stop.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import threading
 import time
 from collections.abc import Callable
@@ -42,10 +44,48 @@ class Generation:
     held: bool = False  # it waited for memory at least once (engine thread only)
 
     def emit(self, event: GenerationEvent) -> None:
+        pending = getattr(_gathering, "events", None)
+        if pending is not None:  # inside `gathered()`: sent with the step's other events
+            pending.append((self, event))
+            return
+        _deliver([(self, event)])
+
+
+# The engine thread's events of one decode step, sent together when it ends (`gathered`).
+_gathering = threading.local()
+
+
+@contextlib.contextmanager
+def gathered():
+    """Events emitted inside reach their event loops together at the end:
+    one wake-up of each loop per engine step (a self-pipe write and a
+    callback), not one per token of every row."""
+    if getattr(_gathering, "events", None) is not None:  # already gathering
+        yield
+        return
+    _gathering.events = []
+    try:
+        yield
+    finally:
+        events, _gathering.events = _gathering.events, None
+        _deliver(events)
+
+
+def _deliver(events: list[tuple[Generation, GenerationEvent]]) -> None:
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Generation, GenerationEvent]]] = {}
+    for gen, event in events:
+        by_loop.setdefault(gen.loop, []).append((gen, event))
+    for loop, batch in by_loop.items():
         try:
-            self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+            loop.call_soon_threadsafe(_put_all, batch)
         except RuntimeError:  # the loop is gone; nobody is listening
-            self.aborted.set()
+            for gen, _ in batch:
+                gen.aborted.set()
+
+
+def _put_all(batch: list[tuple[Generation, GenerationEvent]]) -> None:
+    for gen, event in batch:
+        gen.events.put_nowait(event)
 
 
 class Row:
@@ -169,6 +209,11 @@ class Row:
 _STOP = object()  # queued by `Submission.stop`: the stream ends there
 
 
+def _plain(event: GenerationEvent) -> bool:
+    """Text alone (no logprobs entry of its own, not the last event): a later event may take it in."""
+    return event.logprobs is None and event.finish_reason is None and event.error is None
+
+
 class Submission:
     """A queued request: iterate `events()`; `abort()` stops it within a
     step, `stop()` too but ends the stream as a finished one."""
@@ -178,9 +223,22 @@ class Submission:
         self._generated = 0  # tokens the stream has passed on
 
     async def events(self) -> EventStream:
+        """The generation's events. Text events already queued behind the one
+        just taken are passed on with it as one (their text and tokens joined):
+        a reader that falls behind the engine (many streams, a fast device)
+        catches up in one write instead of one per token, and one that keeps
+        up still gets every token as it comes."""
+        queue, held = self._gen.events, None
         try:
             while True:
-                event = await self._gen.events.get()
+                event, held = (held, None) if held is not None else (await queue.get(), None)
+                while event is not _STOP and _plain(event) and not queue.empty():
+                    later = queue.get_nowait()
+                    if later is _STOP or later.logprobs is not None or later.error is not None:
+                        held = later  # passed on by itself, next
+                        break
+                    event = dataclasses.replace(later, text=event.text + later.text,
+                                                token_ids=event.token_ids + later.token_ids)
                 if event is _STOP:
                     yield self._stopped()
                     return

@@ -203,15 +203,12 @@ async def stream(reply: Reply, events: EventStream, output: OutputParser, keepal
         if event.error is not None:
             yield ANTHROPIC.stream_error(event.error)
             return
-        pieces = output.feed(event.text)
-        if event.finish_reason is not None:
-            pieces += output.finish(cut=event.finish_reason == "length")
-        for piece in pieces:
-            if piece.text:
-                for chunk in blocks.text(piece):
-                    yield chunk
-        for delta in output.take_deltas():
-            for chunk in blocks.tool(delta):
+        for item in output.ordered(event.text, event.finish_reason is not None, event.finish_reason == "length"):
+            if isinstance(item, ToolDelta):
+                chunks = blocks.tool(item)
+            else:
+                chunks = blocks.text(item) if item.text else []
+            for chunk in chunks:
                 yield chunk
         if event.finish_reason is not None:
             for chunk in blocks.close():

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -106,15 +106,35 @@ class OutputParser:
         return tags + ([m.start for m in self.markups] if self.tools else [])
 
     def feed(self, text: str) -> list[Piece]:
+        return [piece for pieces in self._steps(text) for piece in pieces]
+
+    def ordered(self, text: str, finish: bool = False, cut: bool = False) -> list[Piece | ToolDelta]:
+        """`feed` (then `finish`, when asked) with the pieces and the call
+        deltas in the order the text made them: a delta that spans the end of
+        a call and the text after it (several tokens at once) keeps the text
+        after the call. Streams that render calls as items of their own
+        (Responses, Messages) read this."""
+        items: list[Piece | ToolDelta] = []
+        for pieces in self._steps(text):
+            items += pieces
+            items += self.take_deltas()
+        if finish:
+            items += self.finish(cut)
+            items += self.take_deltas()
+        return items
+
+    def _steps(self, text: str) -> Iterator[list[Piece]]:
+        """The pieces `text` makes, a list per tag it reaches and one for what
+        follows the last; the call deltas each made are pending when it comes."""
         if self.harmony is not None:
             text = self.harmony.feed(text)
         self._held += text
-        out: list[Piece] = []
         while True:
             tags = self._tags()
             hits = [(self._held.find(t), t) for t in tags if t in self._held]
             if not hits:
                 break
+            out: list[Piece] = []
             at, tag = min(hits)
             before, self._held = self._held[:at], self._held[at + len(tag):]
             if self._tool_open is not None:  # the end tag: what came before is the call
@@ -122,13 +142,15 @@ class OutputParser:
             else:
                 self._emit(out, before)
                 self._switch(tag)
+            yield out
+        out = []
         keep = partial_suffix(self._held, self._tags())
         if self._tool_open is None:
             self._emit(out, self._held[: len(self._held) - keep])
             self._held = self._held[len(self._held) - keep:]
         elif self._tool_open.family in STREAMED_FAMILIES:
             self._stream_arguments(self._held[: len(self._held) - keep])
-        return out
+        yield out
 
     def _stream_arguments(self, body: str) -> None:
         """Send what is new of an open call's arguments (argstream.py)."""

@@ -206,14 +206,12 @@ async def stream(reply: Reply, events: EventStream, output: OutputParser, keepal
             failed = RESPONSES.stream_error_event(event.error)
             yield chain.emit("error", **{k: v for k, v in failed.items() if k != "type"})
             return
-        pieces = output.feed(event.text)
-        if event.finish_reason is not None:
-            pieces += output.finish(cut=event.finish_reason == "length")
-        for piece in pieces:
-            for frame in chain.piece(piece, message) if piece.text else []:
-                yield frame
-        for delta in output.take_deltas():
-            for frame in chain.call(delta, output.calls):
+        for item in output.ordered(event.text, event.finish_reason is not None, event.finish_reason == "length"):
+            if isinstance(item, ToolDelta):
+                frames = chain.call(item, output.calls)
+            else:
+                frames = chain.piece(item, message) if item.text else []
+            for frame in frames:
                 yield frame
         message.tool_calls = list(output.calls)
         if event.finish_reason is not None:

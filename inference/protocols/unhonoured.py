@@ -94,7 +94,7 @@ RESPONSES: dict[str, tuple[Asks, str]] = {
     "include": (_includes_unbuilt, "include may name reasoning.encrypted_content (and built-in tools' outputs, "
                                    "which never run here); logprobs and input image URLs are not returned"),
     "top_logprobs": (_set, "logprobs are not returned on Responses: use /v1/chat/completions"),
-    "prompt": (_set, "no stored prompt templates"),
+    "prompt": (lambda value: isinstance(value, dict), "no stored prompt templates"),  # {"id": "pmpt_..."}
     "service_tier": (_other_than("auto", "default"), _ONE_TIER),
     "prompt_cache_retention": (_other_than("in_memory"), "the prompt cache keeps what fits in its budget"),
     "prompt_cache_options": (_set, "the prompt cache needs no breakpoints: every prefix is cached"),

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from inference.protocols.argstream import ArgumentStreamer
-from inference.protocols.output import OutputParser
+from inference.protocols.output import OutputParser, ToolDelta
 
 TOOLS = [{"type": "function", "function": {"name": "write", "parameters": {"type": "object", "properties": {
     "path": {"type": "string"}, "body": {"type": "string"}, "mode": {"type": "integer"}}}}}]
@@ -145,3 +145,28 @@ def test_qwen_xml_on_its_own_truncated_and_several_in_one_block():
     parser, deltas, _ = _run(two)
     assert [c.name for c in parser.calls] == ["ls", "edit"] and json.loads(parser.calls[1].arguments) == {"line": 3}
     assert parser.calls[0].arguments == "{}" and deltas[-1].done and deltas[-1].name == "edit"
+
+
+def test_text_after_a_call_keeps_its_place_when_it_comes_in_one_delta():
+    """Several tokens arrive as one event when a stream's reader falls behind the
+    engine (rows.Submission.events joins them): the text after a call must still
+    follow the call (a Responses message item, an Anthropic text block of its own)."""
+    text = 'A. <tool_call>{"name": "write", "arguments": {"path": "x"}}</tool_call> B.'
+
+    def shape(items) -> list[str]:
+        """Runs of text joined, runs of call deltas as one "call"."""
+        out: list[str] = []
+        for item in items:
+            if isinstance(item, ToolDelta):
+                out += [] if out and out[-1] == "call" else ["call"]
+            elif item.text:
+                out[-1:] = [out[-1] + item.text] if out and out[-1] != "call" else [*out[-1:], item.text]
+        return out
+
+    whole = OutputParser(tools=TOOLS)
+    at_once = whole.ordered(text, finish=True)
+    assert shape(at_once) == ["A. ", "call", " B."]
+    by_char = OutputParser(tools=TOOLS)
+    items = [i for ch in text for i in by_char.ordered(ch)] + by_char.ordered("", finish=True)
+    assert shape(items) == ["A. ", "call", " B."]
+    assert whole.calls[0].arguments == by_char.calls[0].arguments == '{"path": "x"}'
