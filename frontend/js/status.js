@@ -17,7 +17,7 @@ export function statusPage(main) {
   const stopLive = every(1500, async () => {
     const s = await api("/stats");
     if (s.blas && !blas.childElementCount) {  // fixed for the process's life
-      blas.replaceChildren(h("div", { class: "grid" }, deviceCard(s.device), blasCard(s.blas)));
+      blas.replaceChildren(deviceCard(s.device), blasCard(s.blas));
     }
     demo.replaceChildren(demoBuildCard(s.demo_build));
     const e = s.engine || {}, b = s.batch || {}, pc = s.prompt_cache || {}, ad = s.admission || {};
@@ -68,7 +68,7 @@ const BACKENDS = { cuda: "NVIDIA GPU (MLX's CUDA build)", metal: "Apple GPU (Met
 // Where MLX computes: the device, and the memory models live in.
 function deviceCard(d) {
   if (!d) return h("div");
-  return h("div", { class: "card" }, h("h2", { style: "margin-top:0" }, "Device"), kv([["computes on", BACKENDS[d.backend] || d.backend],
+  return h("div", { class: "card", style: "margin-bottom:1rem" }, h("h2", { style: "margin-top:0" }, "Device"), kv([["computes on", BACKENDS[d.backend] || d.backend],
     ["name", d.name], ["memory", bytes(d.memory_bytes)], ...(d.free_bytes != null ? [["free", bytes(d.free_bytes)]] : [])]));
 }
 
@@ -86,7 +86,7 @@ function blasCard(b) {
     h("td", { class: "muted small" }, c.library || "bundled with MLX")));
   const busy = b.others_cpu > 0.25 ? ` (other processes used ${Math.round(100 * b.others_cpu)}% of the CPU meanwhile)` : "";
   const measured = b.measured_at ? new Date(b.measured_at).toLocaleString() + busy : "not measured on this machine";
-  return h("div", { class: "card" }, kv([["library", b.label], ["file", h("span", { style: "overflow-wrap:anywhere" }, b.library || "bundled with MLX")],
+  return h("div", { class: "card" }, h("h2", { style: "margin-top:0" }, "BLAS"), kv([["library", b.label], ["file", h("span", { style: "overflow-wrap:anywhere" }, b.library || "bundled with MLX")],
     ["chosen", CHOSEN[b.chosen_by] || b.chosen_by], ["measured", measured]]),
     rows.length ? h("div", { class: "table-wrap" }, h("table", {}, h("thead", {}, h("tr", {}, h("th", {}, "library"),
       h("th", {}, "score"), ...sizes.map((m) => h("th", {}, `M=${m} GFLOP/s`)), h("th", {}, "file"))),
