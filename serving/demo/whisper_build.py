@@ -37,7 +37,7 @@ from serving.demo import speech_data
 log = logging.getLogger("hearth.demo")
 
 WHISPER_REPO = "hearth/demo-whisper"
-BUILDER_VERSION = 2
+BUILDER_VERSION = 3
 MARKER = "hearth_demo.json"
 N_VOCAB = 51865  # the multilingual tokenizer's size (99 languages)
 SEQ = 32  # training rows pad to this many tokens
@@ -51,9 +51,9 @@ class WhisperRecipe:
     heads: int = 4
     decoder_layers: int = 3
     voices: int = 60  # speakers (voice, speed, pitch), each saying every digit once
-    steps: int = 300
+    steps: int = 400
     batch: int = 16
-    lr: float = 2e-3
+    lr: float = 3e-3
     warmup: int = 20
     prompted: float = 0.2  # share of rows that carry a previous-text prompt (<|startofprev|>)
 
@@ -183,13 +183,61 @@ def _model(recipe: WhisperRecipe, vocab: Vocab, text_ctx: int = TEXT_CTX):
     model.decoder.token_embedding.weight = weight.at[rows].add(table - weight[rows])
     # The first block's cross-attention starts as that lookup: its queries and
     # keys compare positional embeddings (sharpened), so a timestamp token
-    # attends to its place in the audio before anything is learned.
+    # attends to its place in the audio before anything is learned
+    # (`start_lookups` makes it hold in training: see there).
     cross = model.decoder.blocks[0].cross_attn
     cross.query.weight = mx.eye(recipe.width) * 4.0
     cross.key.weight = mx.eye(recipe.width)
     # The text positions are learned; Whisper starts them near zero.
     model.decoder.positional_embedding = mx.random.normal((448, recipe.width)) * 0.01
     return model
+
+
+LOOKUP_OFFSETS = ((0, 4, 8, 12), (2, 6, 10, 14), (0, 8, 16, -4))  # encoder positions (20 ms) after the timestamp
+
+
+def _turn(width: int, delta: int) -> np.ndarray:
+    """The matrix that moves Whisper's sinusoid of position t (sin block,
+    then cos block) to that of t + delta: a rotation of each sin/cos pair."""
+    half = width // 2
+    rate = np.exp(-math.log(10000) / (half - 1) * np.arange(half))
+    c, s, i = np.cos(delta * rate), np.sin(delta * rate), np.arange(half)
+    turn = np.zeros((width, width), np.float32)
+    turn[i, i], turn[i, half + i], turn[half + i, half + i], turn[half + i, i] = c, s, c, -s
+    return turn
+
+
+def start_lookups(model, recipe: WhisperRecipe) -> None:
+    """Training's start: each decoder block's cross-attention heads look a
+    fixed distance after the place a timestamp's embedding names
+    (LOOKUP_OFFSETS: a word's onset to 280 ms into it); every residual
+    branch (self-attention, cross-attention and MLP outputs) starts at zero,
+    so each block's queries see the token embeddings untouched. Without the
+    zeros the first block's self-attention scrambled its query and the
+    lookup `_model` sets never held (measured: peaks hundreds of positions
+    off); with them the frames that tell a word's digit reach the output
+    through a path that starts linear. Each head's key takes every
+    `heads`-th frequency of the sinusoids (sin and cos together); its query
+    turns the timestamp's sinusoid forward by the head's offset."""
+    import mlx.core as mx
+
+    width, heads = recipe.width, recipe.heads
+    half, size = width // 2, width // recipe.heads
+    order = np.concatenate([np.r_[np.arange(h, half, heads), half + np.arange(h, half, heads)] for h in range(heads)])
+    eye = np.eye(width, dtype=np.float32)
+    for block, offsets in zip(model.decoder.blocks, LOOKUP_OFFSETS, strict=False):
+        query, key = np.zeros((width, width), np.float32), np.zeros((width, width), np.float32)
+        for h, delta in enumerate(offsets[:heads]):
+            rows = order[h * size:(h + 1) * size]
+            key[h * size:(h + 1) * size], query[h * size:(h + 1) * size] = eye[rows], _turn(width, delta)[rows] * 4.0
+        block.cross_attn.query.weight, block.cross_attn.key.weight = mx.array(query), mx.array(key)
+    for block in model.decoder.blocks:
+        block.attn.out.weight = mx.zeros_like(block.attn.out.weight)
+        block.cross_attn.out.weight = mx.zeros_like(block.cross_attn.out.weight)
+        block.mlp2.weight = mx.zeros_like(block.mlp2.weight)
+    # The audio's features start a third as strong as the positional embedding they join (a tenth otherwise).
+    model.encoder.conv2.weight = model.encoder.conv2.weight * 3.0
+    model.encoder.conv2.bias = model.encoder.conv2.bias * 3.0
 
 
 def train(recipe: WhisperRecipe, out: Path, progress=None) -> dict:
@@ -202,6 +250,7 @@ def train(recipe: WhisperRecipe, out: Path, progress=None) -> dict:
     voices = speech_data.voices(recipe.voices, recipe.seed)
     synth_s = time.monotonic() - started
     model = _model(recipe, vocab)
+    start_lookups(model, recipe)
     others = math.log(vocab.others)
 
     def loss_fn(model, mel, ids, mask):
