@@ -22,9 +22,9 @@ EXTRAS := test$(comma)redis$(comma)postgres$(if $(filter 1,$(MKL)),$(comma)mkl)
 HOST ?= 127.0.0.1
 PORT ?= 8080
 
-.PHONY: serve test check-demo lint docs blas browser git media redis postgres deps bench clean
+.PHONY: serve test check-demo lint docs blas browser git media redis postgres deps cpu-build bench clean
 
-deps: $(VENV)/.installed $(if $(filter 1,$(CUDA)),$(VENV)/.cuda)
+deps: $(VENV)/.installed $(if $(filter 1,$(CUDA)),$(VENV)/.cuda,cpu-build)
 
 # pip byte-compiles what it installs on one core (about half of a fresh install's time on 2 cores);
 # compileall does it on every core afterwards. It exits 1 for the few files in wheels that are not
@@ -47,6 +47,13 @@ $(VENV)/.cuda: $(VENV)/.installed
 	$(BIN)/pip uninstall -q -y mlx-cpu
 	$(BIN)/pip install -q --no-compile --no-deps --force-reinstall "mlx-cuda-13==$$($(BIN)/python -c 'import importlib.metadata as m; print(m.version("mlx"))')"
 	touch $@
+
+# `make CUDA=0 …` after a CUDA install: the CPU build back in place of the CUDA one.
+cpu-build: $(VENV)/.installed
+	@if [ -e $(VENV)/.cuda ]; then \
+		$(BIN)/pip uninstall -q -y mlx-cuda-13 && \
+		$(BIN)/pip install -q --no-compile --no-deps --force-reinstall "mlx-cpu==$$($(BIN)/python -c 'import importlib.metadata as m; print(m.version("mlx"))')" && \
+		rm $(VENV)/.cuda; fi
 
 # MLX's Linux CPU wheel links the slow reference BLAS; `hearth` preloads the fastest library it measures
 # here (core/blas.py). OpenBLAS is the fallback; BLIS is a small extra candidate (Debian keeps OpenBLAS as

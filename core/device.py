@@ -31,27 +31,24 @@ def cuda_build_installed() -> bool:
 
 def gpu_expected() -> bool:
     """MLX will compute on a GPU here: macOS (Metal), or Linux with MLX's
-    CUDA build installed and an NVIDIA driver loaded."""
+    CUDA build installed, an NVIDIA driver loaded and a card not hidden by
+    CUDA_VISIBLE_DEVICES. A guess made without MLX: `describe()` is what
+    MLX says, and /stats shows that."""
     if sys.platform == "darwin":
         return True
-    return sys.platform == "linux" and os.path.exists(NVIDIA_DRIVER) and cuda_build_installed()
+    hidden = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip() in ("", "-1") and "CUDA_VISIBLE_DEVICES" in os.environ
+    return sys.platform == "linux" and not hidden and os.path.exists(NVIDIA_DRIVER) and cuda_build_installed()
 
 
 def summarize(on_gpu: bool, backend: str, info: dict, ram_bytes: int) -> dict:
     """The `device` object of /stats from what MLX reports: `type` (gpu or
     cpu), `backend` (cuda, metal or cpu), `name`, and `memory_bytes`, the
     memory models live in (the card's own on CUDA; on Metal and on a CPU,
-    the machine's RAM), with `free_bytes` where the card says."""
-    if on_gpu and backend == "cuda":
-        memory, free = info.get("total_memory"), info.get("free_memory")
-    else:
-        memory, free = ram_bytes, None
-    body = {"type": "gpu" if on_gpu else "cpu", "backend": backend if on_gpu else "cpu",
+    the machine's RAM)."""
+    memory = info.get("total_memory") if on_gpu and backend == "cuda" else None
+    return {"type": "gpu" if on_gpu else "cpu", "backend": backend if on_gpu else "cpu",
             "name": str(info.get("device_name") or info.get("architecture") or "unknown"),
             "memory_bytes": int(memory) if memory else ram_bytes}
-    if free is not None:
-        body["free_bytes"] = int(free)
-    return body
 
 
 def ram_bytes() -> int:
@@ -63,12 +60,39 @@ def ram_bytes() -> int:
 
 @functools.cache
 def describe() -> dict:
-    """This process's device (MLX's default), read once: it is fixed at start."""
+    """This process's device (MLX's default), read once: it is fixed at start.
+    Imports MLX: a process that serves no model (the router) asks `card()`."""
     import mlx.core as mx
 
     on_gpu = mx.default_device() == mx.gpu
     backend = "cuda" if mx.cuda.is_available() else "metal" if mx.metal.is_available() else "cpu"
     return summarize(on_gpu, backend, dict(mx.device_info()), ram_bytes())
+
+
+_ASK = ("import json, mlx.core as mx; d = mx.default_device() == mx.gpu; b = 'cuda' if mx.cuda.is_available() "
+        "else 'metal' if mx.metal.is_available() else 'cpu'; print(json.dumps([d, b, dict(mx.device_info())]))")
+
+
+@functools.cache
+def card() -> dict:
+    """`describe()` for a process that must not load MLX (nor open a CUDA
+    context that no budget counts): where a GPU is expected, asked of a child
+    process once; elsewhere the CPU, without asking MLX."""
+    if "mlx.core" in sys.modules:
+        return describe()
+    if not gpu_expected():
+        from core.blas import cpu_model
+
+        return summarize(False, "cpu", {"device_name": cpu_model()}, ram_bytes())
+    import json
+    import subprocess
+
+    try:
+        done = subprocess.run([sys.executable, "-c", _ASK], capture_output=True, text=True, timeout=120, check=True)
+        on_gpu, backend, info = json.loads(done.stdout.strip().splitlines()[-1])
+        return summarize(on_gpu, backend, info, ram_bytes())
+    except (OSError, ValueError, IndexError, subprocess.SubprocessError):
+        return summarize(False, "cpu", {"device_name": "unknown"}, ram_bytes())
 
 
 def on_gpu() -> bool:

@@ -78,8 +78,8 @@ def _reexec_with_blas(command: list[str], argv: list[str], option: str | None) -
         return
     if not argv or argv[0] in NO_BLAS or "--help" in argv or "-h" in argv:
         return
-    if device.gpu_expected():  # MLX computes on the GPU: no CPU BLAS to measure or preload
-        return
+    if device.gpu_expected() and not option and "HEARTH_BLAS" not in os.environ:
+        return  # MLX computes on the GPU: no CPU BLAS to measure or preload (unless one is named)
     requested = option or os.environ.get("HEARTH_BLAS", "").strip().lower() or "auto"
     try:
         choice = blas.choose(requested, "option" if option else "env", blas_cache(), say=_say)

@@ -110,16 +110,17 @@ def usable_bytes() -> int:
 
 
 def _on_card() -> bool:
-    """Models live in an NVIDIA card's memory here (MLX's CUDA build)."""
-    return sys.platform == "linux" and device.gpu_expected() and device.describe()["backend"] == "cuda"
+    """Models live in an NVIDIA card's memory here (MLX's CUDA build). Asked without loading MLX here (the
+    router reads this too)."""
+    return sys.platform == "linux" and device.gpu_expected() and device.card()["backend"] == "cuda"
 
 
 def _ram_bytes() -> int:
-    return device.describe()["memory_bytes"] if _on_card() else device.ram_bytes()
+    return device.card()["memory_bytes"] if _on_card() else device.ram_bytes()
 
 
 def _chip() -> str:
-    return device.describe()["name"] if _on_card() else cpu_model()
+    return device.card()["name"] if _on_card() else cpu_model()
 
 
 def measure_bandwidth(megabytes: int = 256, rounds: int = 5) -> float:

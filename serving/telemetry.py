@@ -34,7 +34,7 @@ def stats_body(runtime: Runtime) -> dict:
                       "insecure_no_auth": runtime.insecure_no_auth}
     if runtime.warning:
         body["warning"] = runtime.warning
-    body["device"] = device.describe()
+    body["device"] = device.card()  # MLX's own answer where a model is loaded; the router asks a child
     body["blas"] = _blas()
     if runtime.transcriber is not None:
         body["transcription"] = runtime.transcriber.stats()
@@ -48,7 +48,7 @@ def stats_body(runtime: Runtime) -> dict:
 def _blas() -> dict:
     """Read once: the library is fixed at process start, and so is the measurement that chose it.
     On a GPU no CPU BLAS is chosen (`in_use` false)."""
-    if device.on_gpu():
+    if device.card()["type"] == "gpu":
         return {"in_use": False, "name": None, "label": "none: MLX computes on the GPU", "library": None,
                 "chosen_by": "device", "overridden": False, "measured_at": None, "shapes": None,
                 "others_cpu": None, "candidates": []}

@@ -69,7 +69,7 @@ const BACKENDS = { cuda: "NVIDIA GPU (MLX's CUDA build)", metal: "Apple GPU (Met
 function deviceCard(d) {
   if (!d) return h("div");
   return h("div", { class: "card", style: "margin-bottom:1rem" }, h("h2", { style: "margin-top:0" }, "Device"), kv([["computes on", BACKENDS[d.backend] || d.backend],
-    ["name", d.name], ["memory", bytes(d.memory_bytes)], ...(d.free_bytes != null ? [["free", bytes(d.free_bytes)]] : [])]));
+    ["name", d.name], ["memory", bytes(d.memory_bytes)]]));
 }
 
 // The library in use, how it was picked, and each installed library's measured GFLOP/s.

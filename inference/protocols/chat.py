@@ -135,6 +135,24 @@ def _template_tool_calls(calls, where: str) -> list[dict]:
     return out
 
 
+VERBOSITY = {"low": "Keep your answer short: say only what is needed.",
+             "high": "Give a thorough, detailed answer."}
+
+
+def with_verbosity(messages: list[dict], level, param: str = "verbosity") -> list[dict]:
+    """OpenAI's `verbosity` (Responses: `text.verbosity`) as the model can
+    take it: low and high add a line to the system turn (a new first turn
+    when there is none), medium (the default) adds nothing."""
+    if level is None or level == "medium":
+        return messages
+    if level not in VERBOSITY:
+        raise RequestError(f"{param} must be low, medium or high", param)
+    note = VERBOSITY[level]
+    if messages and messages[0].get("role") == "system" and isinstance(messages[0].get("content"), str):
+        return [{**messages[0], "content": f"{messages[0]['content']}\n\n{note}"}, *messages[1:]]
+    return [{"role": "system", "content": note}, *messages]
+
+
 def normalize_messages(messages, limits: Limits, images: list | None = None, marker: str = "") -> list[dict]:
     """Messages checked and flattened for the template; `images` and `marker`
     as for `text_of`."""

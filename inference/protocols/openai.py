@@ -87,6 +87,7 @@ def _read_chat(body: dict, model: LoadedModel, options: Options) -> _Turn:
     vision = model.vision
     images: list[chat.MediaRef] | None = [] if vision is not None else None
     messages = chat.normalize_messages(body.get("messages"), limits, images, vision.image_token if vision else "")
+    messages = chat.with_verbosity(messages, body.get("verbosity"))
     kwargs, template = chat.template_kwargs(body, limits)
     if options.defaults.thinking is not None and "enable_thinking" not in kwargs:  # --thinking on|off
         kwargs = {**kwargs, "enable_thinking": options.defaults.thinking}

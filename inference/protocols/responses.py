@@ -102,7 +102,8 @@ def _text_format(text) -> dict | None:
         return None
     if not isinstance(text, dict):
         raise RequestError("text must be an object, e.g. {\"format\": {\"type\": \"json_schema\", …}}", "text")
-    unhonoured.refuse(text, unhonoured.RESPONSES_TEXT, "text.")
+    if text.get("verbosity") not in (None, *chat.VERBOSITY, "medium"):
+        raise RequestError("text.verbosity must be low, medium or high", "text.verbosity")
     fmt = text.get("format")
     if fmt is None or (isinstance(fmt, dict) and fmt.get("type") == "text"):
         return None
@@ -163,6 +164,8 @@ class Turn:
         fmt = _text_format(body.get("text"))
         if fmt is not None:
             chat["response_format"] = fmt
+        if isinstance(body.get("text"), dict) and body["text"].get("verbosity") is not None:
+            chat["verbosity"] = body["text"]["verbosity"]  # a line in the system turn (chat.with_verbosity)
         reasoning = body.get("reasoning")
         if reasoning is not None and not isinstance(reasoning, dict):
             raise RequestError("reasoning must be an object, e.g. {\"effort\": \"low\"}", "reasoning")

@@ -15,6 +15,7 @@ without a word.
 No Django here."""
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -43,9 +44,9 @@ def _more_than_one(value: Any) -> bool:
     return value is not None and value != 1
 
 
-# Built-in tools (web search, file search, code interpreter, computer use) are refused where a request
-# lists them, so asking to include their outputs asks for nothing; encrypted reasoning is built
-# (responses_reply: `encrypted_content`).
+# Built-in tools (web search, file search, code interpreter, computer use) never run here (a request that
+# lists one has it left out, and named in the ignored-fields header: `dropped_tools`), so asking to include
+# their outputs asks for nothing; encrypted reasoning is built (responses_reply: `encrypted_content`).
 RESPONSES_INCLUDABLE = frozenset({
     "reasoning.encrypted_content", "web_search_call.results", "web_search_call.action.sources",
     "file_search_call.results", "code_interpreter_call.outputs", "computer_call_output.output.image_url"})
@@ -62,7 +63,6 @@ def _includes_unbuilt(value: Any) -> bool:
 _NO_WEB_SEARCH = "there is no web search here"
 _ONE_TIER = "a local server has one service tier"
 _NO_MODERATION = "there is no moderation model here"
-_VERBOSITY = "no verbosity control (medium only): say how long in the prompt"
 
 CHAT: dict[str, tuple[Asks, str]] = {
     "audio": (_set, "no audio output is generated (send audio in; text comes out)"),
@@ -71,11 +71,8 @@ CHAT: dict[str, tuple[Asks, str]] = {
     "web_search_options": (_present, _NO_WEB_SEARCH),
     "store": (_set, "chat completions are not stored (the Responses API stores turns)"),
     "service_tier": (_other_than("auto", "default"), _ONE_TIER),
-    "verbosity": (_other_than("medium"), _VERBOSITY),
     "functions": (_set, "the deprecated functions field is not read: send tools"),
     "function_call": (_set, "the deprecated function_call field is not read: send tool_choice"),
-    "prompt_cache_retention": (_other_than("in_memory"), "the prompt cache keeps what fits in its budget"),
-    "prompt_cache_options": (_set, "the prompt cache needs no breakpoints: every prefix is cached"),
     "moderation": (_set, _NO_MODERATION),
 }
 
@@ -96,18 +93,15 @@ RESPONSES: dict[str, tuple[Asks, str]] = {
     "top_logprobs": (_set, "logprobs are not returned on Responses: use /v1/chat/completions"),
     "prompt": (lambda value: isinstance(value, dict), "no stored prompt templates"),  # {"id": "pmpt_..."}
     "service_tier": (_other_than("auto", "default"), _ONE_TIER),
-    "prompt_cache_retention": (_other_than("in_memory"), "the prompt cache keeps what fits in its budget"),
-    "prompt_cache_options": (_set, "the prompt cache needs no breakpoints: every prefix is cached"),
     "moderation": (_set, _NO_MODERATION),
     "access_programs": (_set, "no access programs here"),
     "image": (_set, "no image generation"),
-    "stream_options": (_set, "stream_options is not read on Responses (no obfuscation padding)"),
+    "stream_options": (lambda value: value is not None and not (
+        isinstance(value, dict) and set(value) <= {"include_usage", "include_obfuscation"}
+        and value.get("include_obfuscation") is not True),
+        "no obfuscation padding here (include_obfuscation: true); the usage is always in response.completed"),
     "response_format": (_set, "the output format of a Responses request is text.format"),
     "structured_outputs": (_set, "the output format of a Responses request is text.format"),
-}
-
-RESPONSES_TEXT: dict[str, tuple[Asks, str]] = {  # inside `text`, beside `format`
-    "verbosity": (_other_than("medium"), _VERBOSITY),
 }
 
 MESSAGES: dict[str, tuple[Asks, str]] = {
@@ -120,17 +114,20 @@ MESSAGES: dict[str, tuple[Asks, str]] = {
     "workspace_id": (_set, "no workspaces here"),
 }
 
-# Accepted, change nothing (and are not reported as ignored): labels for a hosted service.
-LABELS = frozenset({"user", "metadata", "safety_identifier", "user_profile_id"})
+# Accepted, change nothing (and are not reported as ignored): labels for a hosted service, and prompt-cache
+# hints the cache meets by itself (it keeps every prefix it has room for, in memory and then on the SSD tier,
+# with no breakpoints needed).
+LABELS = frozenset({"user", "metadata", "safety_identifier", "user_profile_id", "prompt_cache_retention",
+                    "prompt_cache_options"})
+SAFE_NAME = re.compile(r"[A-Za-z0-9_.\-\[\]:]{1,64}")  # what a header may repeat of a client's field name
+MOST_NAMED = 16
 
 
-def refuse(body: dict, table: dict[str, tuple[Asks, str]], within: str = "") -> None:
-    """A 400 naming the first field of `table` the body (or its object
-    `within`, e.g. "text.") sends asking for something."""
+def refuse(body: dict, table: dict[str, tuple[Asks, str]]) -> None:
+    """A 400 naming the first field of `table` the body sends asking for something."""
     for name, (asks, why) in table.items():
         if name in body and asks(body[name]):
-            raise RequestError(f"{within}{name} is not supported: {why}", within + name,
-                               code="unsupported_parameter")
+            raise RequestError(f"{name} is not supported: {why}", name, code="unsupported_parameter")
 
 
 def ignored(body: dict, known: Iterable[str], table: dict[str, tuple[Asks, str]]) -> list[str]:
@@ -138,3 +135,29 @@ def ignored(body: dict, known: Iterable[str], table: dict[str, tuple[Asks, str]]
     schema), nor `table` (passed because they asked for nothing), nor a label."""
     read = {*known, *table, *LABELS}
     return sorted(name for name in body if name not in read)
+
+
+def dropped_tools(body: dict, surface: str) -> list[str]:
+    """The built-in or server tools a Responses or Messages request lists,
+    which never run here (`tools[2]:web_search`)."""
+    tools = body.get("tools")
+    if not isinstance(tools, list):
+        return []
+    out = []
+    for i, tool in enumerate(tools):
+        if not isinstance(tool, dict):
+            continue
+        builtin = tool.get("type") != "function" if surface == "responses" else \
+            not isinstance(tool.get("input_schema"), dict)
+        if builtin:
+            out.append(f"tools[{i}]:{tool.get('type') or tool.get('name') or '?'}")
+    return out
+
+
+def header_value(names: list[str]) -> str:
+    """The names for a response header: only plain ones (a client's field name may hold anything, a line
+    break included), at most MOST_NAMED of them."""
+    plain = [n for n in names if SAFE_NAME.fullmatch(n)]
+    shown = plain[:MOST_NAMED]
+    rest = len(names) - len(shown)
+    return ", ".join(shown + ([f"+{rest} more"] if rest else []))

@@ -209,9 +209,10 @@ def _turn(width: int, delta: int) -> np.ndarray:
 
 def start_lookups(model, recipe: WhisperRecipe) -> None:
     """Training's start: each decoder block's cross-attention heads look a
-    fixed distance after the place a timestamp's embedding names
-    (LOOKUP_OFFSETS: a word's onset to 280 ms into it); every residual
-    branch (self-attention, cross-attention and MLP outputs) starts at zero,
+    fixed distance after (or, one head, before) the place a timestamp's
+    embedding names (LOOKUP_OFFSETS, in 20 ms positions); the output weights
+    of every residual branch (self-attention, cross-attention, MLP) start at
+    zero (their biases stay as initialised, small),
     so each block's queries see the token embeddings untouched. Without the
     zeros the first block's self-attention scrambled its query and the
     lookup `_model` sets never held (measured: peaks hundreds of positions

@@ -17,7 +17,7 @@ router = ANTHROPIC.router(tags=["anthropic"])
 async def messages(request: HttpRequest):
     body = await pipeline.read_body(request)
     engine, prepared = await pipeline.prepare_chat(request, anthropic.to_chat_body(body))
-    pipeline.name_ignored(prepared, body, MessagesRequest, unhonoured.MESSAGES)
+    pipeline.name_ignored(prepared, body, MessagesRequest, unhonoured.MESSAGES, "messages")
     reply = anthropic_reply.Reply(engine.loaded_model.model_id, len(prepared.request.prompt_tokens))
     keepalive = request.runtime.options.sse_keepalive
     return await pipeline.respond(

@@ -85,6 +85,11 @@ class LogitBias(_Body):
     logit_bias: dict[str, float] | None = Field(None, description="token id -> bias, -100 to 100")
 
 
+class Template(_Body):
+    chat_template_kwargs: dict[str, Json] | None = Field(None, description="passed to the chat template "
+                                                                           "(enable_thinking, ...)")
+
+
 class Decoding(_Body):
     speculative: bool | None = Field(None, description="false: no speculative decoding or jump-forward for this "
                                                         "request")
@@ -121,6 +126,7 @@ class ChatCompletionRequest(Sampling, ToneCurve, LogitBias, Routing, Constraint,
     n: int | None = Field(None, description="choices, 1 to 8: each a row of the batch")
     chat_template_kwargs: dict[str, Json] | None = None
     reasoning_effort: str | None = Field(None, description="none turns thinking off, any other level on")
+    verbosity: str | None = Field(None, description="low or high adds a line to the system turn; medium nothing")
     thinking_budget: int | None = Field(None, description="tokens of thinking before the block is closed")
     stream_options: dict[str, Json] | None = None
 
@@ -138,7 +144,7 @@ class CompletionRequest(Sampling, ToneCurve, LogitBias, Routing, Constraint, Dec
     stream_options: dict[str, Json] | None = None
 
 
-class MessagesRequest(Sampling, ToneCurve, Routing, Constraint, Decoding):
+class MessagesRequest(Sampling, ToneCurve, Routing, Constraint, Decoding, Template):
     """Anthropic Messages (`logit_bias` is not part of it)."""
 
     messages: list[dict[str, Json]] = Field(..., description="user, assistant and system turns, string or blocks")
@@ -162,7 +168,7 @@ class CountTokensRequest(_Body):
     tools: list[dict[str, Json]] | None = None
 
 
-class ResponsesRequest(Sampling, ToneCurve, LogitBias, Routing, Guided, Decoding):
+class ResponsesRequest(Sampling, ToneCurve, LogitBias, Routing, Guided, Decoding, Template):
     """OpenAI Responses (the output format is `text.format`)."""
 
     input: str | list[dict[str, Json]] = Field(..., description="a string, or message / function_call items")

@@ -34,12 +34,15 @@ def submit(engine: Engine, request: GenerationRequest, param: str) -> Submission
 IGNORED_HEADER = "X-Hearth-Ignored-Fields"
 
 
-def name_ignored(prepared: Prepared, body: dict, schema, table: dict) -> None:
+def name_ignored(prepared: Prepared, body: dict, schema, table: dict, surface: str = "") -> None:
     """Name in a header the body's fields nothing reads (the route's schema
-    lists what is read; `table` what passed because it asked for nothing)."""
+    lists what is read; `table` what passed because it asked for nothing),
+    and the built-in tools of a Responses or Messages request, which never run."""
     fields = unhonoured.ignored(body, schema.model_fields, table)
+    if surface:
+        fields += unhonoured.dropped_tools(body, surface)
     if fields:
-        prepared.headers[IGNORED_HEADER] = ", ".join(fields)
+        prepared.headers[IGNORED_HEADER] = unhonoured.header_value(fields)
 
 
 async def read_body(request) -> dict:

@@ -30,7 +30,7 @@ async def create(request: HttpRequest) -> HttpResponse:
     holder = holders.of(request)  # what this request stores is its key's (core/holders.py)
     turn = responses.Turn(body, store_them, holder)
     engine, prepared = await pipeline.prepare_chat(request, turn.chat_body(body))
-    pipeline.name_ignored(prepared, body, ResponsesRequest, unhonoured.RESPONSES)
+    pipeline.name_ignored(prepared, body, ResponsesRequest, unhonoured.RESPONSES, "responses")
     model = engine.loaded_model
     reply = responses_reply.Reply(model.model_id, body, turn, model.tokenizer)
 

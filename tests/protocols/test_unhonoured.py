@@ -42,8 +42,7 @@ def _refused(call, param: str) -> None:
 @pytest.mark.parametrize("extra", [
     {"web_search_options": {}}, {"prediction": {"type": "content", "content": "Hello"}}, {"store": True},
     {"audio": {"voice": "alloy", "format": "wav"}}, {"modalities": ["text", "audio"]},
-    {"service_tier": "priority"}, {"verbosity": "low"}, {"functions": [{"name": "f", "parameters": {}}]},
-    {"function_call": "auto"}, {"prompt_cache_retention": "24h"}])
+    {"service_tier": "priority"}, {"functions": [{"name": "f", "parameters": {}}]}, {"function_call": "auto"}])
 def test_chat_refuses_what_it_cannot_do(oai, tiny_model, extra):
     (name, value), = extra.items()
     _refused(lambda: oai.chat.completions.create(model=tiny_model, messages=HI, max_tokens=2,
@@ -52,12 +51,33 @@ def test_chat_refuses_what_it_cannot_do(oai, tiny_model, extra):
 
 def test_chat_values_that_ask_nothing_pass_and_the_unread_are_named(oai, tiny_model):
     quiet = dict(store=False, service_tier="auto", modalities=["text"], verbosity="medium", user="u",
-                 metadata={"run": "1"}, prompt_cache_retention="in_memory", seed=1)
+                 metadata={"run": "1"}, prompt_cache_retention="24h", seed=1)
     raw = oai.chat.completions.with_raw_response.create(model=tiny_model, messages=HI, max_tokens=2, **quiet)
     assert raw.parse().choices[0].message is not None and HEADER not in raw.headers
     raw = oai.chat.completions.with_raw_response.create(
         model=tiny_model, messages=HI, max_tokens=2, extra_body={"ignore_eos": True, "min_tokens": 3})
     assert raw.headers[HEADER] == "ignore_eos, min_tokens"
+    # A name a header cannot carry (a line break) is counted, not repeated, and never a 500.
+    raw = oai.chat.completions.with_raw_response.create(
+        model=tiny_model, messages=HI, max_tokens=2, extra_body={"bad\nname": 1, "top_n": 2})
+    assert raw.headers[HEADER] == "top_n, +1 more"
+
+
+def test_verbosity_is_a_line_in_the_system_turn(oai, tiny_model):
+    def prompt(**extra) -> int:
+        return oai.chat.completions.create(model=tiny_model, messages=HI, max_tokens=1, **extra).usage.prompt_tokens
+
+    plain = prompt()
+    assert prompt(verbosity="medium") == plain < prompt(verbosity="low") and prompt(verbosity="high") > plain
+    with pytest.raises(openai.BadRequestError) as caught:
+        prompt(verbosity="loud")
+    assert caught.value.body["param"] == "verbosity"
+    with_text = oai.responses.create(model=tiny_model, input="Hi", max_output_tokens=1, text={"verbosity": "low"})
+    without = oai.responses.create(model=tiny_model, input="Hi", max_output_tokens=1)
+    assert with_text.usage.input_tokens > without.usage.input_tokens
+    with pytest.raises(openai.BadRequestError) as caught:
+        oai.responses.create(model=tiny_model, input="Hi", max_output_tokens=1, text={"verbosity": "loud"})
+    assert caught.value.body["param"] == "text.verbosity"
 
 
 def test_completions_refusals(oai, tiny_model):
@@ -72,19 +92,18 @@ def test_completions_refusals(oai, tiny_model):
 @pytest.mark.parametrize("name,value", [
     ("background", True), ("conversation", "conv_1"), ("truncation", "auto"), ("top_logprobs", 2),
     ("include", ["message.output_text.logprobs"]), ("prompt", {"id": "pmpt_1"}), ("service_tier", "flex"),
-    ("response_format", {"type": "json_object"}), ("context_management", [{"type": "compaction"}])])
+    ("response_format", {"type": "json_object"}), ("context_management", [{"type": "compaction"}]),
+    ("stream_options", {"include_obfuscation": True})])
 def test_responses_refuses_what_it_cannot_do(oai, tiny_model, name, value):
     _refused(lambda: oai.responses.create(model=tiny_model, input="Hi", max_output_tokens=2,
                                           extra_body={name: value}), name)
 
 
-def test_responses_text_verbosity_and_encrypted_reasoning(oai, tiny_model):
-    _refused(lambda: oai.responses.create(model=tiny_model, input="Hi", max_output_tokens=2,
-                                          text={"verbosity": "high"}), "text.verbosity")
+def test_responses_encrypted_reasoning_and_built_in_tools(oai, tiny_model):
     raw = oai.responses.with_raw_response.create(
         model=tiny_model, input="Hi", max_output_tokens=40, store=False, include=["reasoning.encrypted_content"],
         reasoning={"effort": "low"}, text={"verbosity": "medium"}, truncation="disabled", max_tool_calls=3,
-        extra_body=forced("Plan.</think>\n\nHello"))
+        stream_options={"include_obfuscation": False}, extra_body=forced("Plan.</think>\n\nHello"))
     assert HEADER not in raw.headers
     reasoning = raw.parse().output[0]
     assert reasoning.type == "reasoning" and reasoning.summary[0].text == "Plan."
@@ -97,6 +116,10 @@ def test_responses_text_verbosity_and_encrypted_reasoning(oai, tiny_model):
     plain = oai.responses.create(model=tiny_model, input="Hi", max_output_tokens=40, reasoning={"effort": "low"},
                                  extra_body=forced("Plan.</think>\n\nHello"))
     assert plain.output[0].encrypted_content is None
+    # A built-in tool never runs here: left out, and named.
+    raw = oai.responses.with_raw_response.create(model=tiny_model, input="Hi", max_output_tokens=2,
+                                                 tools=[{"type": "web_search"}])
+    assert raw.headers[HEADER] == "tools[0]:web_search"
 
 
 @pytest.mark.parametrize("name,value", [
@@ -117,8 +140,9 @@ def test_messages_quiet_values_pass_and_unread_fields_are_named(app):
         extra_body={"speed": "standard", "cache_control": {"type": "ephemeral"}})
     assert raw.parse().content is not None and HEADER not in raw.headers
     raw = claude.messages.with_raw_response.create(model="m", max_tokens=2, messages=HI,
-                                                   extra_body={"context_management": {"edits": []}})
-    assert raw.headers[HEADER] == "context_management"
+                                                   extra_body={"context_management": {"edits": []},
+                                                               "chat_template_kwargs": {"enable_thinking": False}})
+    assert raw.headers[HEADER] == "context_management"  # chat_template_kwargs is read
 
 
 def test_every_refused_field_is_one_the_sdks_send():
