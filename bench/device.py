@@ -29,7 +29,15 @@ Every runner bans the same ids (special tokens, lone partial-UTF-8 bytes) with
 a logit bias, so each request decodes exactly --tokens tokens of plain text.
 `hearth serve` runs with `--no-worker`. Each server and each raw run is its
 own process. `--record` appends the tables, the command, the commit, the
-device and the date to bench/RESULTS.md.
+device and the date to bench/RESULTS.md (or `--results FILE`).
+
+On the GPU machine (no .venv there: `hearth` runs as `python -m hearth.cli`
+from this checkout), after `../shared/device/pack-mlx-cuda.sh` here and the
+folders it makes copied over in order:
+
+    eval "$(bash .gpuN/install.sh)" && python3 bench/device.py --record --results "$OUT/RESULTS-gpu.md"
+
+then append $OUT/RESULTS-gpu.md to bench/RESULTS.md here.
 """
 from __future__ import annotations
 
@@ -239,6 +247,8 @@ def main() -> int:
     parser.add_argument("--port", type=int, default=18561)
     parser.add_argument("--quick", action="store_true", help="2-layer, 256-wide models: a smoke run on a CPU")
     parser.add_argument("--record", action="store_true")
+    parser.add_argument("--results", default=str(ROOT / "bench" / "RESULTS.md"),
+                        help="the file --record appends to (on the GPU machine: one under $OUT, so it comes back)")
     args = parser.parse_args()
     rows = [int(c) for c in args.concurrency.split(",")]
     work = Path(tempfile.mkdtemp(prefix="hearth-bench-device-"))
@@ -285,7 +295,7 @@ def main() -> int:
     lines.append("c = 1 compares Hearth's decode rate with one raw stream's; c > 1 Hearth's aggregate with the raw "
                  "batch's decode rate (no prefill in it), so it is the stricter of the two.")
     if args.record:
-        with open(ROOT / "bench" / "RESULTS.md", "a") as f:
+        with open(args.results, "a") as f:
             f.write("\n".join(lines) + "\n")
     return 0
 
