@@ -6,7 +6,9 @@ says why, instead of being answered as if the field were not there.
 
 Fields that ask for nothing of a local server (`user`, `metadata`,
 `safety_identifier`, Anthropic's `metadata.user_id`: labels for a hosted
-service's dashboards and abuse checks) are listed in `LABELS` and pass.
+service's dashboards and abuse checks; prompt-cache hints the cache meets by
+itself) are listed in `LABELS` and pass. OpenAI's `verbosity` is honoured
+elsewhere (chat.with_verbosity).
 A field in neither list nor read by the protocol is ignored, as the
 reference contract says; the route names it in the
 `X-Hearth-Ignored-Fields` header (`ignored`), so nothing is dropped
