@@ -95,10 +95,6 @@ def card() -> dict:
         return summarize(False, "cpu", {"device_name": "unknown"}, ram_bytes())
 
 
-def on_gpu() -> bool:
-    return describe()["type"] == "gpu"
-
-
 def planned_line() -> str:
     """`line()` without importing MLX (a process that serves none: the router)."""
     from core.blas import blas_in_use

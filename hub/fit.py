@@ -112,7 +112,7 @@ def usable_bytes() -> int:
 def _on_card() -> bool:
     """Models live in an NVIDIA card's memory here (MLX's CUDA build). Asked without loading MLX here (the
     router reads this too)."""
-    return sys.platform == "linux" and device.gpu_expected() and device.card()["backend"] == "cuda"
+    return sys.platform == "linux" and device.card()["backend"] == "cuda"
 
 
 def _ram_bytes() -> int:

@@ -60,9 +60,6 @@ def gathered():
     """Events emitted inside reach their event loops together at the end:
     one wake-up of each loop per engine step (a self-pipe write and a
     callback), not one per token of every row."""
-    if getattr(_gathering, "events", None) is not None:  # already gathering
-        yield
-        return
     _gathering.events = []
     try:
         yield

@@ -62,20 +62,21 @@ def _includes_unbuilt(value: Any) -> bool:
     return any(v not in RESPONSES_INCLUDABLE for v in value)
 
 
-_NO_WEB_SEARCH = "there is no web search here"
 _ONE_TIER = "a local server has one service tier"
-_NO_MODERATION = "there is no moderation model here"
+_OPENAI_HOSTED: dict[str, tuple[Asks, str]] = {  # OpenAI's service options, on chat and Responses alike
+    "service_tier": (_other_than("auto", "default"), _ONE_TIER),
+    "moderation": (_set, "there is no moderation model here"),
+}
 
 CHAT: dict[str, tuple[Asks, str]] = {
     "audio": (_set, "no audio output is generated (send audio in; text comes out)"),
     "modalities": (_not_text_only, "only text is generated: modalities must be [\"text\"]"),
     "prediction": (_set, "predicted outputs are not used; speculative decoding drafts for itself"),
-    "web_search_options": (_present, _NO_WEB_SEARCH),
+    "web_search_options": (_present, "there is no web search here"),
     "store": (_set, "chat completions are not stored (the Responses API stores turns)"),
-    "service_tier": (_other_than("auto", "default"), _ONE_TIER),
     "functions": (_set, "the deprecated functions field is not read: send tools"),
     "function_call": (_set, "the deprecated function_call field is not read: send tool_choice"),
-    "moderation": (_set, _NO_MODERATION),
+    **_OPENAI_HOSTED,
 }
 
 COMPLETIONS: dict[str, tuple[Asks, str]] = {
@@ -94,8 +95,7 @@ RESPONSES: dict[str, tuple[Asks, str]] = {
                                    "which never run here); logprobs and input image URLs are not returned"),
     "top_logprobs": (_set, "logprobs are not returned on Responses: use /v1/chat/completions"),
     "prompt": (lambda value: isinstance(value, dict), "no stored prompt templates"),  # {"id": "pmpt_..."}
-    "service_tier": (_other_than("auto", "default"), _ONE_TIER),
-    "moderation": (_set, _NO_MODERATION),
+    **_OPENAI_HOSTED,
     "access_programs": (_set, "no access programs here"),
     "image": (_set, "no image generation"),
     "stream_options": (lambda value: value is not None and not (
