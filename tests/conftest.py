@@ -144,6 +144,10 @@ _demo: dict = {}
 _VISION_HOMES = (_SESSION_DIR / "vision" / "hf", _SESSION_DIR / "vision" / "hearth")
 _vision: dict = {}
 
+# And the demo speech model (tests/demo/test_speech.py).
+_SPEECH_HOMES = (_SESSION_DIR / "speech" / "hf", _SESSION_DIR / "speech" / "hearth")
+_speech: dict = {}
+
 
 def _start_build(build: dict, name: str, homes: tuple[Path, Path], *args: str) -> None:
     import subprocess
@@ -165,9 +169,13 @@ def _start_vision_build() -> None:
     _start_build(_vision, "vision", _VISION_HOMES, "--kind", "vision")
 
 
+def _start_speech_build() -> None:
+    _start_build(_speech, "speech", _SPEECH_HOMES, "--kind", "audio")
+
+
 def _builds(item) -> set[str]:
-    """The background builds (`demo_build`, `vision_build`) a collected test waits for."""
-    return {"demo_build", "vision_build"} & set(getattr(item, "fixturenames", ()))
+    """The background builds (`demo_build`, `vision_build`, `speech_build`) a collected test waits for."""
+    return {"demo_build", "vision_build", "speech_build"} & set(getattr(item, "fixturenames", ()))
 
 
 HEAVY_FIRST = {name: rank for rank, name in enumerate(
@@ -192,6 +200,8 @@ def pytest_collection_finish(session):
         _start_demo_build()
     if "vision_build" in used:
         _start_vision_build()
+    if "speech_build" in used:
+        _start_speech_build()
 
 
 @pytest.fixture(scope="session")
@@ -225,6 +235,23 @@ def vision_build(vision_homes):
         _start_vision_build()
     code = _vision["proc"].wait(timeout=1200)
     output = _vision["log"].read_text(errors="replace")
+    assert code == 0, output
+    return output
+
+
+@pytest.fixture(scope="session")
+def speech_homes():
+    return _SPEECH_HOMES
+
+
+@pytest.fixture(scope="session")
+def speech_build(speech_homes):
+    """`hearth make-demo-model --kind audio` once per run (started in the
+    background at collection). Answers the build's output."""
+    if "proc" not in _speech:
+        _start_speech_build()
+    code = _speech["proc"].wait(timeout=1800)
+    output = _speech["log"].read_text(errors="replace")
     assert code == 0, output
     return output
 

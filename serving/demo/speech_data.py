@@ -63,9 +63,11 @@ def trim(audio: np.ndarray, floor: float = 0.01) -> np.ndarray:
     return audio[loud[0]:loud[-1] + 1] if len(loud) else audio[:0]
 
 
-def say(text: str, voice: str = "en", speed: int = 160, pitch: int = 50) -> np.ndarray:
-    """`text` spoken by espeak-ng, as 16 kHz float32 mono."""
-    done = procs.run([espeak(), "-v", voice, "-s", str(speed), "-p", str(pitch), "--stdout", text],
+def say(text: str, voice: str = "en", speed: int = 160, pitch: int = 50, word_gap: int = 0) -> np.ndarray:
+    """`text` spoken by espeak-ng, as 16 kHz float32 mono (`word_gap`: a
+    pause between words, in espeak-ng's units of 10 ms)."""
+    gap = ["-g", str(word_gap)] if word_gap else []
+    done = procs.run([espeak(), "-v", voice, "-s", str(speed), "-p", str(pitch), *gap, "--stdout", text],
                      hide=procs.SECRET_ENV, capture_output=True, timeout=60, check=True)
     audio, rate = wav_to_float(done.stdout)
     return resample(audio, rate)
@@ -151,4 +153,51 @@ def compose(voice: Voice, digits: str, rng: np.random.Generator) -> tuple[np.nda
     audio = np.concatenate(parts) * rng.uniform(0.3, 1.2)
     if rng.random() < 0.5:
         audio = audio + rng.normal(0, rng.uniform(0.0005, 0.01), len(audio))
+    return np.clip(audio, -1, 1).astype(np.float32), spans
+
+
+def split_words(audio: np.ndarray, n: int, floor: float = 0.01, pause_s: float = 0.08) -> list[np.ndarray] | None:
+    """A clip cut at its pauses into `n` words (None when it has another count)."""
+    loud = np.flatnonzero(np.abs(audio) > floor)
+    if not len(loud):
+        return None
+    breaks = np.flatnonzero(np.diff(loud) > pause_s * RATE)
+    starts, ends = np.r_[loud[0], loud[breaks + 1]], np.r_[loud[breaks], loud[-1]] + 1
+    return [audio[s:e] for s, e in zip(starts, ends, strict=True)] if len(starts) == n else None
+
+
+def sentences(n: int, seed: int) -> list[tuple[str, list[np.ndarray]]]:
+    """`n` digit strings, each read as one sentence by a random voice, speed
+    and pitch, with a 250 ms pause between its words so they can be cut
+    apart: words as a sentence says them (shorter than alone, the last one
+    falling), for `run_together`."""
+    rng = random.Random(seed)
+    out: list[tuple[str, list[np.ndarray]]] = []
+    while len(out) < n:
+        digits = random_digits(rng)
+        voice = rng.choice(VOICES) + rng.choice(VARIANTS)
+        audio = say(spoken(digits), voice, rng.randint(120, 220), rng.randint(20, 80), word_gap=25)
+        words = split_words(audio, len(digits.split()))
+        if words:
+            out.append((digits, words))
+    return out
+
+
+def run_together(words: list[np.ndarray], rng: random.Random,
+                 noise: np.random.Generator) -> tuple[np.ndarray, list[tuple[float, float]]]:
+    """A sentence's words joined as fluent speech joins them: 30 ms
+    overlapping to 150 ms apart, after some silence; the audio and each
+    word's (start, end) in seconds."""
+    at = int(rng.uniform(0.0, 0.6) * RATE)
+    out = np.zeros(at + sum(len(w) for w in words) + RATE, np.float32)
+    spans = []
+    for i, word in enumerate(words):
+        if i:
+            at += int(rng.uniform(-0.03, 0.15) * RATE)
+        out[at:at + len(word)] += word
+        spans.append((at / RATE, (at + len(word)) / RATE))
+        at += len(word)
+    audio = out[:at + int(rng.uniform(0.1, 0.5) * RATE)] * rng.uniform(0.3, 1.2)
+    if rng.random() < 0.5:
+        audio = audio + noise.normal(0, rng.uniform(0.0005, 0.01), len(audio))
     return np.clip(audio, -1, 1).astype(np.float32), spans
