@@ -127,8 +127,8 @@ test: deps blas browser git media redis postgres lint
 	HF_HUB_OFFLINE=1 $(BIN)/pytest -q -n auto --maxprocesses=4 --dist loadfile --durations=15 -m "not serial" \
 		tests --ignore=tests/demo
 
-# What the trained demo models can do (tests/demo): trains the demo chat and vision models first, in the
-# run's own homes (about 10 minutes on 2 cores), then checks their answers; then the tests that time this
+# What the trained demo models can do (tests/demo): trains the demo chat, vision and speech models first, in
+# the run's own homes (side by side, about 20 minutes on 2 cores), then checks their answers; then the tests that time this
 # machine (the `serial` mark), alone. CI runs it after `make test`.
 check-demo: deps blas browser git media
 	$(BIN)/python -m compileall -q core inference hub serving jobs chat memory hearth config tests > /dev/null

@@ -250,7 +250,7 @@ def speech_build(speech_homes):
     background at collection). Answers the build's output."""
     if "proc" not in _speech:
         _start_speech_build()
-    code = _speech["proc"].wait(timeout=1800)
+    code = _speech["proc"].wait(timeout=2400)
     output = _speech["log"].read_text(errors="replace")
     assert code == 0, output
     return output

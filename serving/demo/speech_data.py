@@ -173,13 +173,17 @@ def sentences(n: int, seed: int) -> list[tuple[str, list[np.ndarray]]]:
     falling), for `run_together`."""
     rng = random.Random(seed)
     out: list[tuple[str, list[np.ndarray]]] = []
-    while len(out) < n:
+    for _ in range(20 * n):
+        if len(out) == n:
+            break
         digits = random_digits(rng)
         voice = rng.choice(VOICES) + rng.choice(VARIANTS)
         audio = say(spoken(digits), voice, rng.randint(120, 220), rng.randint(20, 80), word_gap=25)
         words = split_words(audio, len(digits.split()))
         if words:
             out.append((digits, words))
+    if len(out) < n:
+        raise SpeechSynthesisMissing(f"espeak-ng's word gap (-g) left {len(out)} of {n} sentences cut into their words")
     return out
 
 

@@ -99,11 +99,14 @@ def _mel(audio: np.ndarray):
 
 
 def _shifted(a, delta: int):
-    """a[:, t + delta] at t, zeros past either end (what the copy heads read)."""
+    """a[:, t + delta] at t; past either end, the end row (the copy heads'
+    softmax lands on the nearest positions there, and the crop ends in the
+    silence that pads the window)."""
     import mlx.core as mx
 
-    pad = mx.zeros((a.shape[0], abs(delta), a.shape[2]), a.dtype)
-    return mx.concatenate([a[:, delta:], pad], 1) if delta > 0 else mx.concatenate([pad, a[:, :delta]], 1)
+    if delta > 0:
+        return mx.concatenate([a[:, delta:], mx.repeat(a[:, -1:], delta, axis=1)], 1)
+    return mx.concatenate([mx.repeat(a[:, :1], -delta, axis=1), a[:, :delta]], 1)
 
 
 def _norm(x):
@@ -116,7 +119,7 @@ def _norm(x):
 
 class Tagger:
     """The encoder up to the tagger's output, as the wired model computes it
-    on a crop (exact shifts where the model's copy heads attend), over the
+    on a crop (plain shifts where the model's copy heads attend), over the
     channels in use only: what training runs. `weights` are the trained
     arrays `whisper_wiring.wire_encoder` takes."""
 
@@ -259,8 +262,7 @@ def _write(recipe: WhisperRecipe, tagger: dict, out: Path) -> None:
 def evaluate(path: Path, n: int = 40, seed: int = 12345) -> dict:
     """Exact-match accuracy of the built model on fresh takes (another seed):
     `sentences`, espeak-ng reading the whole string at once (how the tests
-    and a person speak), and `words`, digits said one by one with pauses
-    (how it trained)."""
+    and a person speak), and `words`, digits said one by one with pauses."""
     from inference.engine import speech
 
     model = speech.load(str(path))

@@ -171,8 +171,8 @@ def _clamp(block, beta: float = 20.0) -> None:
 
 def wire_encoder(encoder, tagger: dict) -> None:
     """The encoder: the tagger's trained weights (numpy arrays: conv1 `c1w`
-    `c1b`, conv2 `c2w` `c2b`, MLP `m1w` `m1b` `m2w` `m2b`, as `tag_forward`
-    uses them) in place, everything else written."""
+    `c1b`, conv2 `c2w` `c2b`, MLP `m1w` `m1b` `m2w` `m2b`, as
+    `whisper_build.Tagger` uses them) in place, everything else written."""
     c1, b1 = np.zeros((WIDTH, 3, 80)), np.zeros(WIDTH)
     c1[:CONV1], b1[:CONV1] = tagger["c1w"], tagger["c1b"]
     c2, b2 = np.zeros((WIDTH, 3, WIDTH)), np.zeros(WIDTH)

@@ -69,10 +69,11 @@ def test_transcribes_new_voices_through_the_openai_sdk(speech_server):
     heard = []
     for digits, wav in takes():
         result = client.audio.transcriptions.create(model="whisper-1", file=("take.wav", wav, "audio/wav"),
-                                                    response_format="verbose_json")
+                                                    response_format="verbose_json", temperature=0)
         said = " ".join(re.findall(r"\d", result.text))
         heard.append((digits, said))
-        assert result.language == "en" and len(result.segments) >= 1
+        assert result.language == "en" and result.segments
     right = sum(digits == said for digits, said in heard)
     print(heard)
-    assert right >= 6, heard  # of 12: the build measures 80 more takes of the same kinds (see above)
+    # Of 12 (about 6.6 expected from the build's own measurement): well above chance (under 0.01 a take).
+    assert right >= 5, heard
