@@ -214,10 +214,16 @@ def demo_build(demo_homes):
     """`hearth make-demo-model` once per run (started in the background at
     collection); the demo tests and the memory synthesis tests share the model
     it builds. Answers the build's output."""
-    if "proc" not in _demo:  # collected some other way: build now
-        _start_demo_build()
-    code = _demo["proc"].wait(timeout=2400)
-    output = _demo["log"].read_text(errors="replace")
+    return _finished(_demo, _start_demo_build, 2400)
+
+
+def _finished(build: dict, start, timeout: int) -> str:
+    """A background build's output once it has ended well (started now if
+    the tests were collected some other way)."""
+    if "proc" not in build:
+        start()
+    code = build["proc"].wait(timeout=timeout)
+    output = build["log"].read_text(errors="replace")
     assert code == 0, output
     return output
 
@@ -231,12 +237,7 @@ def vision_homes():
 def vision_build(vision_homes):
     """`hearth make-demo-model --kind vision` once per run (started in the
     background at collection). Answers the build's output."""
-    if "proc" not in _vision:
-        _start_vision_build()
-    code = _vision["proc"].wait(timeout=1200)
-    output = _vision["log"].read_text(errors="replace")
-    assert code == 0, output
-    return output
+    return _finished(_vision, _start_vision_build, 1200)
 
 
 @pytest.fixture(scope="session")
@@ -248,12 +249,7 @@ def speech_homes():
 def speech_build(speech_homes):
     """`hearth make-demo-model --kind audio` once per run (started in the
     background at collection). Answers the build's output."""
-    if "proc" not in _speech:
-        _start_speech_build()
-    code = _speech["proc"].wait(timeout=2400)
-    output = _speech["log"].read_text(errors="replace")
-    assert code == 0, output
-    return output
+    return _finished(_speech, _start_speech_build, 2400)
 
 
 @pytest.fixture(scope="module")
