@@ -99,14 +99,14 @@ def _mel(audio: np.ndarray):
 
 
 def _shifted(a, delta: int):
-    """a[:, t + delta] at t; past either end, the end row (the copy heads'
-    softmax lands on the nearest positions there, and the crop ends in the
-    silence that pads the window)."""
+    """a[:, t + delta] at t, zeros past either end. (The copy heads read the
+    nearest positions there instead; repeating the end rows in training,
+    which matches that, measured worse on the 80 held-out takes: 50% and
+    20% exact against 57.5% and 35%.)"""
     import mlx.core as mx
 
-    if delta > 0:
-        return mx.concatenate([a[:, delta:], mx.repeat(a[:, -1:], delta, axis=1)], 1)
-    return mx.concatenate([mx.repeat(a[:, :1], -delta, axis=1), a[:, :delta]], 1)
+    pad = mx.zeros((a.shape[0], abs(delta), a.shape[2]), a.dtype)
+    return mx.concatenate([a[:, delta:], pad], 1) if delta > 0 else mx.concatenate([pad, a[:, :delta]], 1)
 
 
 def _norm(x):
