@@ -249,7 +249,7 @@ def speech_homes():
 def speech_build(speech_homes):
     """`hearth make-demo-model --kind audio` once per run (started in the
     background at collection). Answers the build's output."""
-    return _finished(_speech, _start_speech_build, 2400)
+    return _finished(_speech, _start_speech_build, 3600)  # beside the chat and vision builds on 2 cores
 
 
 @pytest.fixture(scope="module")
