@@ -5,6 +5,7 @@ exclusive use of the engine on both lanes."""
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 
@@ -164,14 +165,18 @@ def test_generate_waits_for_running_requests_over_http(base_url, eos_id):
     ended: dict = {}
 
     def stream():
-        body = {"prompt": "Once", "max_tokens": 150, "stream": True, "logit_bias": {str(eos_id): -100}}
-        chunks = 0
+        body = {"prompt": "Once", "max_tokens": 150, "stream": True, "logit_bias": {str(eos_id): -100},
+                "stream_options": {"include_usage": True}}
         with HTTP.stream("POST", base_url + "/v1/completions", json=body) as r:
             for line in r.iter_lines():
                 if line.startswith("data: {"):
-                    chunks += 1
                     ended.setdefault("first", time.monotonic())
-        ended["last"], ended["chunks"] = time.monotonic(), chunks
+                    chunk = json.loads(line[len("data: "):])
+                    for choice in chunk.get("choices") or []:
+                        ended["finish"] = choice.get("finish_reason") or ended.get("finish")
+                    if chunk.get("usage"):
+                        ended["tokens"] = chunk["usage"]["completion_tokens"]
+        ended["last"] = time.monotonic()
 
     runner = threading.Thread(target=stream)
     runner.start()
@@ -182,7 +187,8 @@ def test_generate_waits_for_running_requests_over_http(base_url, eos_id):
     answered = time.monotonic()
     runner.join(60)
     assert out["mode"] == "curve"
-    assert ended["chunks"] >= 150 and ended["last"] <= answered
+    # Counted in tokens, not chunks: a token that ends mid-character sends no chunk of its own.
+    assert (ended["finish"], ended["tokens"]) == ("length", 150) and ended["last"] <= answered
 
 
 async def _events(submission) -> list[tuple[float, object]]:
