@@ -113,7 +113,8 @@ ifeq ($(UNAME),Linux)
 endif
 
 # The demo chat model trains in the background on a first run: served from its first checkpoint
-# (about a minute), swapped for better ones as it trains (see docs/using/first-run.md).
+# (about a minute), swapped for better ones as it trains; then the demo speech model, when the library
+# has no Whisper (see docs/using/first-run.md).
 serve: deps blas git media
 	$(BIN)/hearth serve --host $(HOST) --port $(PORT) --build-demo
 

@@ -59,9 +59,10 @@ def run() -> Path:
     return root() / "run"  # records of running worker processes
 
 
-def demo_build() -> Path:
-    """The state of a demo build that publishes checkpoints (JSON: state, step, steps, loss, served_step)."""
-    return run() / "demo-build.json"
+def demo_build(kind: str = "chat") -> Path:
+    """The state of a demo build run for a server (`make-demo-model --background`; JSON: state, step,
+    steps, loss, served_step): the chat model's, or the speech model's (`kind` "audio")."""
+    return run() / ("demo-build.json" if kind == "chat" else f"demo-build-{kind}.json")
 
 
 def serving() -> Path:

@@ -1,19 +1,27 @@
-"""`hearth serve --build-demo` (what `make serve` runs): the demo chat model
-trained in the background while the router answers.
+"""`hearth serve --build-demo` (what `make serve` runs): the demo models
+trained in the background while the router answers, the chat model first,
+then the speech model.
 
-When the cache holds no finished demo model, the router starts `hearth
-make-demo-model --checkpoints` (niced, tied to the router: it ends with it)
-and watches the state that build keeps in `home.demo_build()`. At each
-checkpoint the build publishes, the router takes the model into its
-library, makes it the default when there is none yet, and swaps the new
-weights in: a loaded demo process is restarted once no request is running
-on it (the next request loads the new snapshot). The first checkpoint
-is the untrained model, seconds after the start (it answers, in babble);
-what is served only gets better from then on, and the last is the
-finished model, the same one a plain build makes.
+Each build is `hearth make-demo-model --kind K --background` (niced, tied
+to the router: it ends with it), and the router watches the state it keeps
+in `home.demo_build(kind)`.
 
-The progress is on `/health` and `/stats` (`demo_build`), the dashboard's
-Status and Models pages, and the log.
+The chat model: at each checkpoint the build publishes, the router takes
+the model into its library, makes it the default when there is none yet,
+and swaps the new weights in: a loaded demo process is restarted once no
+request is running on it (the next request loads the new snapshot). The
+first checkpoint is the untrained model, seconds after the start (it
+answers, in babble); what is served only gets better from then on, and the
+last is the finished model, the same one a plain build makes.
+
+The speech model (built when the library has no Whisper, or only an
+older build of the demo's), once the chat build has ended: when it is published, the router hands it to its models'
+processes (`--whisper-model`): the ones it starts from then on, and each
+loaded one, restarted once no request is running on it. Until then
+transcription is refused with a 503 that says it is training.
+
+The progress is on `/health` and `/stats` (`demo_build`, `speech_build`),
+the dashboard's Status and Models pages, and the log.
 """
 from __future__ import annotations
 
@@ -26,17 +34,21 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Sequence
 
 from huggingface_hub import constants
 
 from core import home, procs
 from hearth.root import RUNTIME as runtime
 from serving.demo.build import DEMO_REPO, Recipe, cached_snapshot, published_step
+from serving.demo.whisper_build import WHISPER_REPO, WhisperRecipe
+from serving.demo.whisper_build import cached_snapshot as whisper_snapshot
 from serving.router.manager import Manager
 from serving.router.slots import RouterError
 
 log = logging.getLogger("hearth.serve")
 POLL_S = 1.0
+STATE_KEYS = ("state", "step", "steps", "loss", "seconds", "error")  # what /health shows of a build's state
 
 
 def demo_is_built() -> bool:
@@ -44,71 +56,128 @@ def demo_is_built() -> bool:
     return cached_snapshot(Path(constants.HF_HUB_CACHE), Recipe()) is not None
 
 
+def speech_is_built() -> bool:
+    """The demo speech model of this builder and recipe is in the HF cache."""
+    return whisper_snapshot(Path(constants.HF_HUB_CACHE), WhisperRecipe()) is not None
+
+
 def demo_checkpoint_step() -> int | None:
     """How far the published demo chat model was trained (None: none published)."""
     return published_step(Path(constants.HF_HUB_CACHE), Recipe())
 
 
-class DemoTraining:
-    """The background build and what the router does with its checkpoints."""
+class Build:
+    """One background build: its process and the state it keeps."""
 
-    def __init__(self, manager: Manager):
-        self.manager = manager
+    def __init__(self, kind: str, repo: str, steps: int, extra: Sequence[str] = ()):
+        self.kind, self.repo, self.steps, self.extra = kind, repo, steps, tuple(extra)
+        self.progress = home.demo_build(kind)
         self.proc: subprocess.Popen | None = None
-        self.served_step: int | None = None  # the checkpoint the router has taken in
-        self.swap_pending = False
-        self.task: asyncio.Task | None = None
-        self._progress = home.demo_build()
 
-    def start(self) -> None:
-        """Start the build (from the main thread, which lives as long as the
-        server: see `core.procs.spawn`). Call before the server listens."""
-        self._progress.unlink(missing_ok=True)
+    def start(self) -> int:
+        """Start it from a thread that lives as long as the server (the
+        main thread or the server's loop: see `core.procs.spawn`)."""
+        self.progress.unlink(missing_ok=True)
         nice = shutil.which("nice")  # the server's requests come first
         self.proc = procs.spawn([*([nice, "-n", "10"] if nice else []), sys.executable, "-m", "hearth.cli",
-                                 "make-demo-model", "--checkpoints"], stdin=subprocess.DEVNULL)
+                                 "make-demo-model", "--kind", self.kind, "--background", *self.extra],
+                                stdin=subprocess.DEVNULL)
+        return self.proc.pid
+
+    def read(self) -> dict | None:
+        try:
+            state = json.loads(self.progress.read_text())
+        except (OSError, ValueError):
+            return None
+        return state if isinstance(state, dict) else None
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait()
+
+
+class DemoTraining:
+    """The background builds and what the router does with what they publish."""
+
+    def __init__(self, manager: Manager, chat: bool = True, speech: bool = False, speech_args: Sequence[str] = ()):
+        self.manager = manager
+        self.chat = Build("chat", DEMO_REPO, Recipe().steps) if chat else None
+        self.speech = Build("audio", WHISPER_REPO, WhisperRecipe().steps, speech_args) if speech else None
+        self.served_step: int | None = None  # the chat checkpoint the router has taken in
+        self.restart_pending: set[str] = set()  # loaded models to restart once idle (new weights, the Whisper)
+        self.task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        """Start the first build (call from the main thread, before the
+        server listens). The speech build waits for the chat build."""
+        if self.speech is not None:
+            runtime.speech_build = {"state": "waiting" if self.chat else "starting", "step": 0,
+                                    "steps": self.speech.steps, "model": WHISPER_REPO}
+        if self.chat is not None:
+            self._start_chat(self.chat)
+        elif self.speech is not None:
+            self._start_speech(self.speech)
+
+    def _start_chat(self, build: Build) -> None:
+        pid = build.start()
         self.served_step = demo_checkpoint_step()  # a build cut short before left one
-        runtime.demo_build = {"state": "starting", "step": 0, "steps": Recipe().steps, "served_step": self.served_step,
-                              "model": DEMO_REPO, "pid": self.proc.pid}
+        runtime.demo_build = {"state": "starting", "step": 0, "steps": build.steps, "served_step": self.served_step,
+                              "model": DEMO_REPO, "pid": pid}
         if self.manager.default is None:
             self.manager.no_default_note = (f"the demo model {DEMO_REPO} is training and is served from its first "
                                             "checkpoint, seconds after the start (GET /health shows the progress)")
         log.info("training the demo model %s in the background (pid %d): served from its first checkpoint, "
                  "seconds from now, and swapped for each better one as it trains (about 10 minutes in all)",
-                 DEMO_REPO, self.proc.pid)
+                 DEMO_REPO, pid)
+
+    def _start_speech(self, build: Build) -> None:
+        pid = build.start()
+        runtime.speech_build = {**(runtime.speech_build or {}), "state": "starting", "pid": pid}
+        log.info("training the demo speech model %s in the background (pid %d): transcription is offered "
+                 "once it is built (about 10 to 15 minutes on a 2-core CPU)", WHISPER_REPO, pid)
 
     def watch(self) -> None:
-        """On the server's loop: follow the build until it ends."""
+        """On the server's loop: follow the builds until they end."""
         self.task = asyncio.ensure_future(self._watch())
 
     async def _watch(self) -> None:
-        proc = self.proc
+        if self.chat is not None:
+            await self._follow(self.chat)
+            if self.speech is not None:
+                self._start_speech(self.speech)
+        if self.speech is not None:
+            await self._follow(self.speech)
+        while self.restart_pending:  # the last restarts wait for their models to be idle
+            await asyncio.sleep(POLL_S)
+            await self._restart_idle()
+
+    async def _follow(self, build: Build) -> None:
+        proc = build.proc
         assert proc is not None
         while True:
             await asyncio.sleep(POLL_S)
             code = proc.poll()
-            await self._look()
+            state = build.read()
+            if state is not None:
+                if build is self.chat:
+                    await self._look_chat(state)
+                else:  # "done" once the router has handed the model on (`_speech_ended`)
+                    runtime.speech_build = {**(runtime.speech_build or {}), **{
+                        k: state.get(k) for k in STATE_KEYS if k != "state" or state.get(k) != "done"}}
+            await self._restart_idle()
             if code is not None:
-                self._ended(code)
+                if build is self.chat:
+                    self._chat_ended(code)
+                else:
+                    await self._speech_ended(code)
                 return
 
-    def _read(self) -> dict | None:
-        try:
-            state = json.loads(self._progress.read_text())
-        except (OSError, ValueError):
-            return None
-        return state if isinstance(state, dict) else None
-
-    async def _look(self) -> None:
-        state = self._read()
-        if state is not None:
-            runtime.demo_build = {**(runtime.demo_build or {}), **{k: state.get(k) for k in (
-                "state", "step", "steps", "loss", "seconds", "error")}}
-            step = state.get("served_step")
-            if isinstance(step, int) and step != self.served_step:
-                await self._take(step, state)
-        if self.swap_pending:
-            await self._swap()
+    async def _look_chat(self, state: dict) -> None:
+        runtime.demo_build = {**(runtime.demo_build or {}), **{k: state.get(k) for k in STATE_KEYS}}
+        step = state.get("served_step")
+        if isinstance(step, int) and step != self.served_step:
+            await self._take(step, state)
 
     async def _take(self, step: int, state: dict) -> None:
         """A new checkpoint is published: into the library, the default if
@@ -122,28 +191,29 @@ class DemoTraining:
         finished = step == state.get("steps")
         log.info("demo model: %s at step %d of %s%s", "finished" if finished else "checkpoint", step,
                  state.get("steps"), f" (loss {state['loss']})" if step and state.get("loss") is not None else "")
-        self.swap_pending = True
+        self.restart_pending.add(DEMO_REPO)
 
-    async def _swap(self) -> None:
-        """Restart the demo's process once nothing runs on it; a request
-        that comes meanwhile waits for the new weights to load."""
-        slot = self.manager.slots.get(DEMO_REPO)
-        if slot is None or slot.status not in ("loaded", "loading") or slot.child is None:
-            self.swap_pending = False  # not loaded: the next load reads the new snapshot
-            return
-        if slot.users or slot.status == "loading" or slot.unloading:
-            return  # looked at again at the next poll
-        self.swap_pending = False
-        started = time.monotonic()
-        try:
-            await self.manager.unload(DEMO_REPO)
-            await self.manager.load(DEMO_REPO)
-        except RouterError as exc:  # the next request that names it loads it
-            log.warning("demo model: loading the new weights: %s", exc.message)
-            return
-        log.info("demo model: new weights loaded in %.1fs", time.monotonic() - started)
+    async def _restart_idle(self) -> None:
+        """Restart each model waiting for it once nothing runs on it; a
+        request that comes meanwhile waits for the new process to load."""
+        for name in sorted(self.restart_pending):
+            slot = self.manager.slots.get(name)
+            if slot is None or slot.status not in ("loaded", "loading") or slot.child is None:
+                self.restart_pending.discard(name)  # not loaded: its next load starts it as it should be
+                continue
+            if slot.users or slot.status == "loading" or slot.unloading:
+                continue  # looked at again at the next poll
+            self.restart_pending.discard(name)
+            started = time.monotonic()
+            try:
+                await self.manager.unload(name)
+                await self.manager.load(name)
+            except RouterError as exc:  # the next request that names it loads it
+                log.warning("%s: starting it again: %s", name, exc.message)
+                continue
+            log.info("%s: started again in %.1fs", name, time.monotonic() - started)
 
-    def _ended(self, code: int) -> None:
+    def _chat_ended(self, code: int) -> None:
         if code == 0:
             runtime.demo_build = {**(runtime.demo_build or {}), "state": "done"}
             return
@@ -154,9 +224,25 @@ class DemoTraining:
         log.error("demo model: training failed (%s); `hearth make-demo-model` shows why. %s", error,
                   "The last checkpoint stays served." if self.served_step is not None else "")
 
+    async def _speech_ended(self, code: int) -> None:
+        state = runtime.speech_build or {}
+        if code != 0:
+            error = state.get("error") or f"the build exited with status {code}"
+            runtime.speech_build = {**state, "state": "failed", "error": error}
+            log.error("demo speech model: training failed (%s); `hearth make-demo-model --kind audio` shows why",
+                      error)
+            return
+        runtime.speech_build = {**state, "state": "done"}
+        runtime.whisper_model = WHISPER_REPO
+        self.manager.share_flag("--whisper-model", WHISPER_REPO)
+        loaded = [s.id for s in self.manager.slots.values() if s.child is not None]  # this router's own processes
+        self.restart_pending.update(loaded)
+        log.info("demo speech model %s built: transcription is offered (%s)", WHISPER_REPO,
+                 f"{', '.join(loaded)} start again to take it" if loaded else "models take it as they load")
+
     def stop(self) -> None:
         if self.task is not None:
             self.task.cancel()
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait()
+        for build in (self.chat, self.speech):
+            if build is not None:
+                build.stop()

@@ -37,13 +37,14 @@ from django.core.management.base import CommandError
 
 from core import device, home
 from hearth.access_settings import is_loopback
-from hearth.demo_training import DemoTraining, demo_checkpoint_step, demo_is_built
+from hearth.demo_training import DemoTraining, demo_checkpoint_step, demo_is_built, speech_is_built
 from hearth.process import Work, exit_now, open_streams, run_daphne, start_services, stop_services
 from hearth.root import RUNTIME as runtime
 from hub import fit
 from inference.protocols.response_store import FolderResponseStore
 from serving import serve_flags
 from serving.demo.build import DEMO_REPO
+from serving.demo.whisper_build import WHISPER_REPO
 from serving.router import remotes
 from serving.router.catalog import Catalog, CatalogError, Library, OneModel
 from serving.router.manager import Manager
@@ -173,6 +174,7 @@ class RouterPlan:
     manager: Manager
     settings: Settings
     training: bool  # the demo model trains in the background (`--build-demo`, not built yet)
+    speech: bool = False  # and the demo speech model after it (`--build-demo`, no Whisper in the library)
     responses: Path | None = None  # the folder its children store Responses turns in (None: Redis)
 
 
@@ -241,7 +243,8 @@ def plan_router(opts: dict) -> RouterPlan:
         raise CommandError(str(exc)) from None
     except RouterError as exc:
         raise CommandError(f"--default-model: {exc.message}") from None
-    return RouterPlan(manager, settings, training, folder)
+    speech = bool(opts["build_demo"]) and opts["whisper_model"] in (None, WHISPER_REPO) and not speech_is_built()
+    return RouterPlan(manager, settings, training, speech=speech, responses=folder)
 
 
 # What `--isolate` hands the model's process besides the shared flags: the flags about one model, as
@@ -290,7 +293,7 @@ def plan_isolated(opts: dict) -> RouterPlan:
         manager = Manager(OneModel(model_id, path, preset), settings, model_id, fit.usable_bytes())
     except CatalogError as exc:
         raise CommandError(str(exc)) from None
-    return RouterPlan(manager, settings, False, folder)
+    return RouterPlan(manager, settings, False, responses=folder)
 
 
 def serve_router(plan: RouterPlan, opts: dict) -> None:
@@ -306,7 +309,7 @@ def serve_router(plan: RouterPlan, opts: dict) -> None:
     preload = [] if opts["no_preload"] else [m for m in dict.fromkeys([manager.default, *pinned]) if m]
     log.info("router: %d models in the library, at most %d loaded at once, default %s",
              len(manager.slots), settings.models_max, manager.default or "none (requests must name a model)")
-    demo = DemoTraining(manager) if training else None
+    demo = DemoTraining(manager, chat=training, speech=plan.speech) if training or plan.speech else None
     if demo is not None:
         demo.start()
     supervisor = start_services(opts["no_worker"])

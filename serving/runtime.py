@@ -75,6 +75,7 @@ class Runtime:
         # A demo model training in the background (`hearth serve --build-demo`): its state, for
         # /health, /stats and the dashboard; None when none is.
         self.demo_build: dict | None = None
+        self.speech_build: dict | None = None  # the demo speech model's, the same way (after the chat model's)
         self.phases = Phases()  # the recent generations' phases, for /stats (serving/traces.py)
 
     # -- engines ---------------------------------------------------------

@@ -202,7 +202,8 @@ FLAGS: tuple[Flag, ...] = (
          "else none: such requests are refused with the list of models)", metavar="MODEL", group=ROUTER),
     Flag(("--build-demo",), f"train the demo chat model {DEMO_REPO} in the background if it is not built yet (what "
          "`make serve` does): served from its first checkpoint, seconds after the start, and swapped for each "
-         "better one as it trains", default=False, group=ROUTER, switch=True),
+         "better one as it trains; then, when the library has no Whisper, the demo speech model "
+         "hearth/demo-whisper, handed to the models' processes once built", default=False, group=ROUTER, switch=True),
     Flag(("--child-start-timeout",), "how long a model's process may take to load (600)", _seconds,
          metavar="SECONDS", group=ROUTER),
     Flag(("--child-timeout",), "how long the router waits for a model's next byte of a reply (600)", _seconds,

@@ -40,6 +40,8 @@ def stats_body(runtime: Runtime) -> dict:
         body["transcription"] = runtime.transcriber.stats()
     if runtime.demo_build is not None:
         body["demo_build"] = runtime.demo_build
+    if runtime.speech_build is not None:
+        body["speech_build"] = runtime.speech_build
     body["phases"] = runtime.phases.stats()
     return body
 

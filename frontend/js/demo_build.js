@@ -1,22 +1,39 @@
-// The demo chat model training in the background (`hearth serve --build-demo`, what `make serve` runs):
-// the `demo_build` object of /health and /stats, shown on the Status and Models pages.
+// The demo models training in the background (`hearth serve --build-demo`, what `make serve` runs): the
+// `demo_build` (chat) and `speech_build` objects of /health and /stats, shown on the Status and Models pages.
 import { bar, h } from "./util.js";
 
-export function demoBuildCard(d) {
-  if (!d) return "";
+function card(title, d, head, rows, note) {
   const steps = d.steps || 0, step = d.step || 0;
+  return h("div", { class: "card notice demo-build", role: "status" },
+    h("h2", { style: "margin-top:0" }, `${title} ${d.model || ""}`),
+    h("p", {}, head), d.state === "training" ? bar(steps ? step / steps : 0, `${title} training`) : "",
+    h("dl", { class: "kv" }, ...rows.flatMap(([k, v]) => [h("dt", {}, k), h("dd", {}, v)]),
+      h("dt", {}, "loss"), h("dd", {}, d.loss != null ? d.loss.toFixed(3) : "–"),
+      h("dt", {}, "time"), h("dd", {}, d.seconds != null ? `${Math.round(d.seconds)} s` : "–")),
+    d.state === "failed" ? h("p", { class: "error" }, d.error || "the build stopped") : d.state === "done" ? ""
+      : h("p", { class: "muted small" }, note));
+}
+
+function demoBuildCard(d) {
+  if (!d) return "";
+  const steps = d.steps || 0;
   const served = d.served_step == null ? "not yet" : d.served_step === 0 ? "step 0 (untrained: it babbles)"
     : `step ${d.served_step}${d.served_step === steps ? " (finished)" : ""}`;
-  const head = { starting: "Preparing the training data…", training: `Training: step ${step} of ${steps}`,
+  const head = { starting: "Preparing the training data…", training: `Training: step ${d.step || 0} of ${steps}`,
     done: "Trained: the finished model is served", failed: "Training failed" }[d.state] || d.state;
-  const note = d.state === "failed" ? h("p", { class: "error" }, d.error || "the build stopped")
-    : d.state === "done" ? ""
-    : h("p", { class: "muted small" }, "Served from its first checkpoint (seconds in) and swapped for each "
-      + "better one as it trains; a reply may wait a few seconds while new weights load.");
-  return h("div", { class: "card notice demo-build", role: "status" },
-    h("h2", { style: "margin-top:0" }, `Demo model ${d.model || ""}`),
-    h("p", {}, head), d.state === "training" ? bar(steps ? step / steps : 0, "demo model training") : "",
-    h("dl", { class: "kv" }, h("dt", {}, "served"), h("dd", {}, served),
-      h("dt", {}, "loss"), h("dd", {}, d.loss != null ? d.loss.toFixed(3) : "–"),
-      h("dt", {}, "time"), h("dd", {}, d.seconds != null ? `${Math.round(d.seconds)} s` : "–")), note);
+  return card("Demo model", d, head, [["served", served]], "Served from its first checkpoint (seconds in) and "
+    + "swapped for each better one as it trains; a reply may wait a few seconds while new weights load.");
+}
+
+function speechBuildCard(d) {
+  if (!d) return "";
+  const head = { waiting: "Waiting for the demo chat model to finish training", starting: "Preparing the training data…",
+    training: `Training: step ${d.step || 0} of ${d.steps || 0}`, done: "Trained: transcription is offered",
+    failed: "Training failed" }[d.state] || d.state;
+  return card("Demo speech model", d, head, [], "Transcription (/v1/audio/*, audio parts in chat) is offered once "
+    + "it is built; until then /v1/audio/* answers a 503 that says so. It hears spoken digits only.");
+}
+
+export function demoBuildCards(s) {
+  return [demoBuildCard(s.demo_build), speechBuildCard(s.speech_build)];
 }

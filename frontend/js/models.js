@@ -2,7 +2,7 @@
 // in router mode each row shows its model's live status (from /models/sse) with load, unload, pin and
 // default; in single mode the served model's row shows its status and the others offer a restart to serve them.
 import { cleanupPanel } from "./cleanup.js";
-import { demoBuildCard } from "./demo_build.js";
+import { demoBuildCards } from "./demo_build.js";
 import { api, bar, bytes, every, fitBadge, h, toast } from "./util.js";
 
 const BADGE = { loaded: "ok", loading: "warn", failed: "bad" };
@@ -278,8 +278,8 @@ export function modelsPage(main) {
   // A demo model training in the background: its progress, and the library read again at each checkpoint.
   let servedStep = null;
   const stopDemo = every(2000, async () => {
-    const d = (await api("/health")).demo_build;
-    demo.replaceChildren(demoBuildCard(d));
+    const health = await api("/health"), d = health.demo_build;
+    demo.replaceChildren(...demoBuildCards(health));
     if (d && d.served_step !== servedStep) { servedStep = d.served_step; loadLibrary(false).catch(() => {}); }
   });
   loadLibrary(false).catch((e) => library.replaceChildren(h("p", { class: "error" }, e.message)));

@@ -1,6 +1,6 @@
 // Live engine state (/stats), the device and BLAS this server runs on (/stats `device`, `blas`) and this machine's fit
 // for the model (/fit).
-import { demoBuildCard } from "./demo_build.js";
+import { demoBuildCards } from "./demo_build.js";
 import { api, bytes, every, h } from "./util.js";
 
 function kv(pairs) {
@@ -19,7 +19,7 @@ export function statusPage(main) {
     if (s.blas && !blas.childElementCount) {  // fixed for the process's life
       blas.replaceChildren(deviceCard(s.device), blasCard(s.blas));
     }
-    demo.replaceChildren(demoBuildCard(s.demo_build));
+    demo.replaceChildren(...demoBuildCards(s));
     const e = s.engine || {}, b = s.batch || {}, pc = s.prompt_cache || {}, ad = s.admission || {};
     live.replaceChildren(
       h("div", { class: "card" }, h("h2", { style: "margin-top:0" }, "Model"), kv([["served", s.server?.model],

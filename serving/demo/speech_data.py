@@ -2,13 +2,17 @@
 in many voices, speeds and pitches; the clips become 16 kHz float32 mono
 (Whisper's input) with the text they say ("4 7 1").
 
-No Django and no MLX here: plain numpy and the espeak-ng program.
+No Django and no MLX here: plain numpy, the espeak-ng program, and its
+library where a word's start in fluent speech is wanted (`read`).
 """
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import io
 import random
 import shutil
+import threading
 import wave
 from dataclasses import dataclass
 
@@ -73,6 +77,84 @@ def say(text: str, voice: str = "en", speed: int = 160, pitch: int = 50, word_ga
     return resample(audio, rate)
 
 
+class _Event(ctypes.Structure):
+    """espeak-ng's `espeak_EVENT` (speak_lib.h)."""
+
+    _fields_ = [("type", ctypes.c_int), ("unique_identifier", ctypes.c_uint), ("text_position", ctypes.c_int),
+                ("length", ctypes.c_int), ("audio_position", ctypes.c_int), ("sample", ctypes.c_int),
+                ("user_data", ctypes.c_void_p), ("id", ctypes.c_char * 8)]
+
+
+class _Library:
+    """libespeak-ng through ctypes, for what its command line does not give:
+    where each word starts in fluent speech (its word events, sample
+    exact). No packaged Python binding exposes them (phonemizer reads
+    phonemes only; pyttsx3 plays audio out loud); the C API is five calls.
+    The library keeps one global voice and callback, hence the lock."""
+
+    SYNCHRONOUS, EVENT_END_OF_LIST, EVENT_WORD = 2, 0, 1
+    RATE_PARAM, PITCH_PARAM, WORDGAP_PARAM = 1, 3, 7
+    CALLBACK = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_short), ctypes.c_int, ctypes.POINTER(_Event))
+
+    def __init__(self):
+        name = ctypes.util.find_library("espeak-ng")
+        if name is None:
+            raise SpeechSynthesisMissing("libespeak-ng is not installed (apt-get install espeak-ng; `make deps` "
+                                         "does it)")
+        self.lib = ctypes.CDLL(name)
+        self.rate = self.lib.espeak_Initialize(self.SYNCHRONOUS, 0, None, 0)
+        if self.rate <= 0:
+            raise SpeechSynthesisMissing("libespeak-ng did not start (its data files are missing?)")
+        self.lock = threading.Lock()
+        self.samples: list[np.ndarray] = []
+        self.words: list[int] = []
+        self.callback = self.CALLBACK(self._heard)  # kept: the library calls it for as long as it lives
+        self.lib.espeak_SetSynthCallback(self.callback)
+
+    def _heard(self, wav, n: int, events) -> int:
+        if wav and n:
+            self.samples.append(np.ctypeslib.as_array(wav, (n,)).copy())
+        i = 0
+        while events[i].type != self.EVENT_END_OF_LIST:
+            if events[i].type == self.EVENT_WORD:
+                self.words.append(events[i].sample)
+            i += 1
+        return 0
+
+    def read(self, text: str, voice: str, speed: int, pitch: int, word_gap: int) -> tuple[np.ndarray, list[int]]:
+        with self.lock:
+            self.samples, self.words = [], []
+            if self.lib.espeak_SetVoiceByName(voice.encode()) != 0:
+                raise ValueError(f"espeak-ng has no voice {voice!r}")
+            for param, value in ((self.RATE_PARAM, speed), (self.PITCH_PARAM, pitch), (self.WORDGAP_PARAM, word_gap)):
+                self.lib.espeak_SetParameter(param, value, 0)
+            data = text.encode()
+            self.lib.espeak_Synth(data, len(data) + 1, 0, 1, 0, 0, None, None)
+            self.lib.espeak_Synchronize()
+            pcm = np.concatenate(self.samples) if self.samples else np.zeros(0, np.int16)
+            return pcm.astype(np.float32) / 32768.0, list(self.words)
+
+
+_library: _Library | None = None
+
+
+def read(text: str, voice: str = "en", speed: int = 160, pitch: int = 50,
+         word_gap: int = 0) -> tuple[np.ndarray, list[float]]:
+    """`text` read aloud by libespeak-ng, as 16 kHz float32 mono with
+    leading and trailing silence trimmed, and where each of its words
+    starts (seconds into the trimmed audio)."""
+    global _library
+    if _library is None:
+        _library = _Library()
+    audio, words = _library.read(text, voice, speed, pitch, word_gap)
+    loud = np.flatnonzero(np.abs(audio) > 0.01)
+    if not len(loud):
+        return audio[:0], []
+    first = loud[0]
+    starts = [max(0.0, float(w - first) / _library.rate) for w in words]
+    return resample(audio[first:loud[-1] + 1], _library.rate), starts
+
+
 def spoken(digits: str) -> str:
     return " ".join(WORDS[int(d)] for d in digits.split())
 
@@ -97,12 +179,17 @@ def synthesize(n: int, seed: int, max_s: float = 3.8) -> list[Clip]:
 def augment(clip: np.ndarray, rng: np.random.Generator, lead_s: float = 0.6) -> np.ndarray:
     """A clip as a recording might hold it: some silence before, another
     level, a little noise."""
+    return placed(clip, rng, lead_s)[0]
+
+
+def placed(clip: np.ndarray, rng: np.random.Generator, lead_s: float = 0.6) -> tuple[np.ndarray, float]:
+    """`augment`'s recording, and how far into it the clip starts (seconds)."""
     lead = np.zeros(int(rng.uniform(0, lead_s) * RATE), np.float32)
     tail = np.zeros(int(rng.uniform(0.1, 0.5) * RATE), np.float32)
     audio = np.concatenate([lead, clip * rng.uniform(0.3, 1.2), tail])
     if rng.random() < 0.5:
         audio = audio + rng.normal(0, rng.uniform(0.0005, 0.01), len(audio)).astype(np.float32)
-    return np.clip(audio, -1, 1).astype(np.float32)
+    return np.clip(audio, -1, 1).astype(np.float32), len(lead) / RATE
 
 
 def to_wav(audio: np.ndarray, rate: int = RATE) -> bytes:
@@ -205,3 +292,30 @@ def run_together(words: list[np.ndarray], rng: random.Random,
     if rng.random() < 0.5:
         audio = audio + noise.normal(0, rng.uniform(0.0005, 0.01), len(audio))
     return np.clip(audio, -1, 1).astype(np.float32), spans
+
+
+@dataclass(frozen=True)
+class Reading:
+    """A digit string read fluently, with where each word starts (seconds)."""
+
+    digits: str
+    audio: np.ndarray
+    starts: tuple[float, ...]
+
+
+def readings(n: int, seed: int, max_s: float = 3.8) -> list[Reading]:
+    """`n` digit strings read as sentences (as `synthesize` reads them), each
+    in a random voice, speed and pitch, with libespeak-ng's word onsets."""
+    rng = random.Random(seed)
+    out: list[Reading] = []
+    for _ in range(20 * n):
+        if len(out) == n:
+            break
+        digits = random_digits(rng)
+        voice = rng.choice(VOICES) + rng.choice(VARIANTS)
+        audio, starts = read(spoken(digits), voice, rng.randint(120, 220), rng.randint(20, 80))
+        if RATE // 10 < len(audio) < max_s * RATE and len(starts) == len(digits.split()):
+            out.append(Reading(digits, audio, tuple(starts)))
+    if len(out) < n:
+        raise SpeechSynthesisMissing(f"libespeak-ng gave {len(out)} of {n} readings with one word event a word")
+    return out

@@ -5,9 +5,10 @@ published to the local HF cache as `hearth/demo-whisper`.
 Only a small part of it is trained: the tagger, which reads log-mel
 frames and says at each 20 ms encoder position whether a word starts there
 and which digit it is. It trains on this CPU in minutes, on digits that
-espeak-ng speaks (60 voices saying each digit alone, composed with pauses,
-and 1200 sentences cut into their words and run together again, so it
-knows each word's place). Everything else, the encoder's feature copies
+espeak-ng speaks, each word's start known: 60 voices saying each digit
+alone, composed with pauses; 600 strings read with pauses, cut into their
+words and run together again; and 600 read fluently, where libespeak-ng
+says each word starts). Everything else, the encoder's feature copies
 and the whole decoder, is written by hand (`whisper_wiring`): the search
 for the next word, the lookup of its digit, the timestamps and the end,
 as weights Whisper's own decoding runs.
@@ -43,7 +44,7 @@ from serving.demo import whisper_wiring as wiring
 log = logging.getLogger("hearth.demo")
 
 WHISPER_REPO = "hearth/demo-whisper"
-BUILDER_VERSION = 4
+BUILDER_VERSION = 5
 MARKER = "hearth_demo.json"
 N_VOCAB = 51865  # the multilingual tokenizer's size (99 languages)
 CROP = 512  # mel frames of each clip the tagger trains on (5.12 s; clips are shorter)
@@ -53,12 +54,13 @@ CROP = 512  # mel frames of each clip the tagger trains on (5.12 s; clips are sh
 class WhisperRecipe:
     seed: int = 0
     voices: int = 60  # speakers (voice, speed, pitch), each saying every digit alone
-    sentences: int = 1200  # digit strings read as sentences, cut into words
+    sentences: int = 600  # digit strings read with pauses, cut into their words and run together
+    readings: int = 600  # digit strings read fluently, where each word starts from libespeak-ng
     steps: int = 400
     batch: int = 32
     lr: float = 3e-3
     warmup: int = 30
-    fluent: float = 0.5  # share of training clips made of a sentence's words
+    fluent: float = 0.5  # share of training clips that are sentences or readings (half each)
 
 
 def cached_snapshot(cache_dir: Path, recipe: WhisperRecipe) -> Path | None:
@@ -87,15 +89,18 @@ class Vocab:
 
 
 def _mel(audio: np.ndarray):
-    """The first CROP log-mel frames mlx_whisper's `transcribe` gives this
-    clip padded to 30 s: the clip's own frames, then silence at the clamp
-    floor (every frame after them is that floor too)."""
+    """The first CROP log-mel frames of the window mlx_whisper's `transcribe`
+    gives the model for this clip: the clip's own frames (one per 160
+    samples), then zeros. (`transcribe` pads the *log-mel* window with zeros,
+    `pad_or_trim`, which is louder than the silence floor: the end of the
+    audio is a step up the model must learn to ignore. Builder 4 trained on
+    the floor instead and often heard a word there, a "6" mostly.)"""
     import mlx.core as mx
     from mlx_whisper.audio import log_mel_spectrogram
 
-    mel = log_mel_spectrogram(audio[:CROP * 160 - 1600], padding=16000)[:CROP]
-    pad = mx.broadcast_to(mel.min(), (CROP - mel.shape[0], mel.shape[1]))
-    return mx.concatenate([mel, pad], axis=0)
+    frames = min(len(audio) // 160, CROP)
+    mel = log_mel_spectrogram(audio[:CROP * 160], padding=16000)[:frames]
+    return mx.concatenate([mel, mx.zeros((CROP - frames, mel.shape[1]), mel.dtype)], axis=0)
 
 
 def _shifted(a, delta: int):
@@ -169,27 +174,33 @@ class Tagger:
         return nn.gelu(inputs @ w["m1w"].T + w["m1b"]) @ w["m2w"].T + w["m2b"]
 
 
-def _clip(recipe: WhisperRecipe, voices, sentences, rng: random.Random, noise: np.random.Generator):
-    """One training clip: digits said alone with pauses, or a sentence's words run together."""
-    if sentences and rng.random() < recipe.fluent:
-        digits, words = sentences[rng.randrange(len(sentences))]
-        audio, spans = speech_data.run_together(words, rng, noise)
-    else:
-        digits = speech_data.random_digits(rng, 1, 5)
-        audio, spans = speech_data.compose(voices[rng.randrange(len(voices))], digits, noise)
-    return digits, audio, spans
+def _clip(recipe: WhisperRecipe, voices, sentences, readings, rng: random.Random, noise: np.random.Generator):
+    """One training clip and where its words start (seconds): digits said
+    alone with pauses, a sentence's words run together, or a fluent reading."""
+    if (sentences or readings) and rng.random() < recipe.fluent:
+        pick = rng.randrange(len(sentences) + len(readings))
+        if pick < len(sentences):
+            digits, words = sentences[pick]
+            audio, spans = speech_data.run_together(words, rng, noise)
+            return digits, audio, [start for start, _end in spans]
+        reading = readings[pick - len(sentences)]
+        audio, lead = speech_data.placed(reading.audio, noise)
+        return reading.digits, audio, [lead + start for start in reading.starts]
+    digits = speech_data.random_digits(rng, 1, 5)
+    audio, spans = speech_data.compose(voices[rng.randrange(len(voices))], digits, noise)
+    return digits, audio, [start for start, _end in spans]
 
 
-def _batch(recipe: WhisperRecipe, voices, sentences, rng: random.Random, noise: np.random.Generator):
+def _batch(recipe: WhisperRecipe, voices, sentences, readings, rng: random.Random, noise: np.random.Generator):
     """Mel crops and per-position targets: a word starts within one position
     of its onset; its digit is named from 2 positions before to 3 after."""
     import mlx.core as mx
 
     mels, onsets, digits_at = [], [], []
     for _ in range(recipe.batch):
-        digits, audio, spans = _clip(recipe, voices, sentences, rng, noise)
+        digits, audio, starts = _clip(recipe, voices, sentences, readings, rng, noise)
         onset, digit = np.zeros(CROP // 2, np.float32), np.full(CROP // 2, -1, np.int32)
-        for d, (start, _end) in zip(digits.split(), spans, strict=True):
+        for d, start in zip(digits.split(), starts, strict=True):
             p = round(start / 0.02)
             onset[max(0, p - 1):p + 2] = 1
             digit[max(0, p - 2):p + 4] = int(d)
@@ -208,6 +219,7 @@ def train(recipe: WhisperRecipe, out: Path, progress=None) -> dict:
     started = time.monotonic()
     voices = speech_data.voices(recipe.voices, recipe.seed)
     sentences = speech_data.sentences(recipe.sentences, recipe.seed) if recipe.fluent else []
+    readings = speech_data.readings(recipe.readings, recipe.seed + 1) if recipe.fluent else []
     synth_s = time.monotonic() - started
     tagger = Tagger(recipe.seed)
 
@@ -218,25 +230,26 @@ def train(recipe: WhisperRecipe, out: Path, progress=None) -> dict:
         which = nn.losses.cross_entropy(out[..., 1:], mx.maximum(digit, 0), reduction="none")
         return (said * (1 + onset)).mean() + (which * named).sum() / mx.maximum(named.sum(), 1)
 
+    warmup = max(1, min(recipe.warmup, recipe.steps // 2))  # a short build (`--steps`) warms up for half
     schedule = optim.join_schedules(
-        [optim.linear_schedule(1e-5, recipe.lr, recipe.warmup),
-         optim.cosine_decay(recipe.lr, recipe.steps - recipe.warmup, recipe.lr * 0.05)], [recipe.warmup])
+        [optim.linear_schedule(1e-5, recipe.lr, warmup),
+         optim.cosine_decay(recipe.lr, max(1, recipe.steps - warmup), recipe.lr * 0.05)], [warmup])
     optimizer = optim.AdamW(learning_rate=schedule, weight_decay=0.0)
     grad_fn = mx.value_and_grad(loss_fn)
     weights = tagger.weights
     rng, noise = random.Random(recipe.seed), np.random.default_rng(recipe.seed)
     loss_value, trained = math.nan, time.monotonic()
     for step in range(1, recipe.steps + 1):
-        loss, grads = grad_fn(weights, *_batch(recipe, voices, sentences, rng, noise))
+        loss, grads = grad_fn(weights, *_batch(recipe, voices, sentences, readings, rng, noise))
         weights = optimizer.apply_gradients(grads, weights)
         mx.eval(weights, loss)
         loss_value = loss.item()
-        if progress and (step % 25 == 0 or step == recipe.steps):
+        if progress:
             progress(step, recipe.steps, loss_value, time.monotonic() - started)
     _write(recipe, {k: np.array(v) for k, v in weights.items()}, out)
     return {"steps": recipe.steps, "final_loss": loss_value, "synth_seconds": round(synth_s, 1),
             "train_seconds": round(time.monotonic() - trained, 1), "voices": len(voices),
-            "sentences": len(sentences)}
+            "sentences": len(sentences), "readings": len(readings)}
 
 
 def _write(recipe: WhisperRecipe, tagger: dict, out: Path) -> None:
@@ -259,7 +272,7 @@ def _write(recipe: WhisperRecipe, tagger: dict, out: Path) -> None:
         "spoken digits (\"four seven one\" -> \"4 7 1\") and nothing else.\n")
 
 
-def evaluate(path: Path, n: int = 40, seed: int = 12345) -> dict:
+def held_out(path: Path, n: int = 40, seed: int = 12345) -> dict:
     """Exact-match accuracy of the built model on fresh takes (another seed):
     `sentences`, espeak-ng reading the whole string at once (how the tests
     and a person speak), and `words`, digits said one by one with pauses."""
@@ -285,9 +298,10 @@ def evaluate(path: Path, n: int = 40, seed: int = 12345) -> dict:
 
 
 def build(cache_dir: Path, recipe: WhisperRecipe = WhisperRecipe(), force: bool = False,
-          progress=None) -> tuple[Path, bool, dict]:
+          progress=None, evaluate: bool = True) -> tuple[Path, bool, dict]:
     """The demo Whisper's snapshot, trained first unless cached; whether a
-    build happened; the training summary (empty when cached)."""
+    build happened; the training summary (empty when cached), with the
+    held-out evaluation unless `evaluate` is false."""
     if not force:
         existing = cached_snapshot(cache_dir, recipe)
         if existing is not None:
@@ -295,7 +309,8 @@ def build(cache_dir: Path, recipe: WhisperRecipe = WhisperRecipe(), force: bool 
     work = Path(tempfile.mkdtemp(prefix="hearth-demo-whisper-"))
     try:
         summary = train(recipe, work, progress)
-        summary["eval"] = evaluate(work)
+        if evaluate:
+            summary["eval"] = held_out(work)
         log.info("demo whisper trained: %s", summary)
         marker = {"builder_version": BUILDER_VERSION, "recipe": asdict(recipe), "summary": summary}
         (work / MARKER).write_text(json.dumps(marker))

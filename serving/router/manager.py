@@ -19,6 +19,7 @@ decides with what they hold.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import re
 import secrets
@@ -620,6 +621,19 @@ class Manager:
             if child is not None:
                 child.kill()
             await slot.exited.wait()
+
+    def share_flag(self, flag: str, value: str) -> None:
+        """Hand every model's process started from now on `flag value` (a
+        shared serve flag the router learnt after its start), in place of
+        the value it had."""
+        args, out = list(self.settings.child_args), []
+        while args:
+            name = args.pop(0)
+            if name == flag:
+                args.pop(0)
+            else:
+                out.append(name)
+        self.settings = dataclasses.replace(self.settings, child_args=(*out, flag, value))
 
     def set_pinned(self, name: str | None, pinned: bool) -> Slot:
         slot = self.slots[self.resolve(name).id]

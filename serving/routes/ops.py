@@ -39,15 +39,17 @@ class SessionClose(Schema):
     session_id: str | None = None  # the session whose cached prompt may go; none or "" closes nothing
 
 
-@router.get("/health", summary="Liveness, with the transcription state and the demo build's progress")
+@router.get("/health", summary="Liveness, with the transcription state and the demo builds' progress")
 def health(request: HttpRequest) -> JsonResponse:
     body: dict = {"status": "ok"}
     service = request.runtime.transcriber
     if service is not None and service.available:
         # /health answers without a key: the state, not which model (that is on /stats)
         body["transcription"] = {k: v for k, v in service.stats().items() if k != "model"}
-    if request.runtime.demo_build is not None:  # the demo model training in the background
+    if request.runtime.demo_build is not None:  # the demo models training in the background
         body["demo_build"] = request.runtime.demo_build
+    if request.runtime.speech_build is not None:
+        body["speech_build"] = request.runtime.speech_build
     return JsonResponse(body)
 
 

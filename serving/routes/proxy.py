@@ -118,6 +118,11 @@ async def dispatch(request: HttpRequest) -> HttpResponse:
     if hop:
         named = request.headers.get(MODEL_HEADER) or named
     elif path.startswith(AUDIO) and (path.startswith(SESSIONS) or not _serves(manager, named)):
+        building = request.runtime.speech_build or {}
+        if request.runtime.whisper_model is None and building.get("state") in ("waiting", "starting", "training"):
+            return errors.engine_error(surfaces.for_path(path), RouterError(
+                f"transcription is not offered yet: the demo speech model {building.get('model')} is being built in "
+                f"the background ({_progress(building)}; GET /health shows the progress)"))
         if manager.default is None:
             return errors.engine_error(surfaces.for_path(path), ModelNotFound(
                 "transcription in router mode is answered by the default model's process, with the Whisper model "
@@ -133,6 +138,14 @@ async def dispatch(request: HttpRequest) -> HttpResponse:
         return await _forward(request, manager, await manager.take_over(named, slot), conversation)
     except RouterError as exc:
         return errors.engine_error(surfaces.for_path(path), exc)
+
+
+def _progress(build: dict) -> str:
+    if build.get("state") == "waiting":
+        return "it starts once the demo chat model is trained"
+    if build.get("state") == "training":
+        return f"step {build.get('step')} of {build.get('steps')}"
+    return "preparing its training data"
 
 
 class _PeerGone(Exception):

@@ -66,6 +66,8 @@ def test_a_commands_own_help(env):
     assert demo.returncode == 0, demo.stderr
     assert demo.stdout.startswith("usage: hearth make-demo-model ")
     assert "--force" in demo.stdout and "--steps" in demo.stdout
+    vision = run(env, "make-demo-model", "--kind", "vision", "--background")  # refused, not ignored
+    assert vision.returncode == 1 and "--background is for the chat and speech models" in vision.stderr, vision
     serve = run(env, "help", "serve")
     assert serve.returncode == 0, serve.stderr
     assert serve.stdout.startswith("usage: hearth serve ")

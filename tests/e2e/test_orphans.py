@@ -6,7 +6,8 @@ child under it, a model's process with its template sandboxes under it,
 and the router's own template sandboxes. Each kind of parent is killed
 with SIGKILL in turn (the model's process, the worker, the router) and
 every process below it is gone within seconds. The same server shows the
-demo model served from its first checkpoint while it trains. The bash
+demo model served from its first checkpoint while it trains, and the demo
+speech model waiting for it, with transcription refused meanwhile. The bash
 tool's reaper, started from a process that is then killed, ends its tree."""
 from __future__ import annotations
 
@@ -17,9 +18,12 @@ import sys
 import time
 
 import httpx
+import numpy as np
+import openai
 import psutil
 import pytest
 
+from serving.demo import speech_data
 from tests.helpers import ROOT, TINY_REPO, ServerProcess, build_tiny_model, exited, server_env
 
 GONE_WITHIN_S = 10.0  # a model process drains and flushes its prompt cache first (SIGTERM)
@@ -115,10 +119,22 @@ def test_every_kind_of_parent_killed_leaves_no_child(router, tmp_path):
     assert reply.status_code == 200 and reply.json()["model"] == "hearth/demo-chat", reply.text
     stats = httpx.get(url + "/stats").json()
     assert stats["demo_build"]["state"] in ("training", "done") and stats["demo_build"]["served_step"] is not None
+    # The library has no Whisper: the demo speech model is built after the chat model, and until it is,
+    # transcription is refused with a 503 that says so (in OpenAI's shape, through the SDK).
+    speech = httpx.get(url + "/health").json()["speech_build"]
+    assert (speech["state"], speech["model"], speech["steps"]) == ("waiting", "hearth/demo-whisper", 400), speech
+    client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
+    with pytest.raises(openai.APIStatusError) as refused:
+        client.audio.transcriptions.create(model="whisper-1", file=("take.wav", speech_data.to_wav(
+            np.zeros(16000, np.float32))))
+    assert refused.value.status_code == 503, refused.value
+    assert "demo speech model hearth/demo-whisper is being built" in refused.value.message
+    assert "once the demo chat model is trained" in refused.value.message
 
     # The router: the build, the new worker, the demo's process and every sandbox go with it.
     below = top.children(recursive=True)
-    for kind in ("make-demo-model", "hearth.cli worker", "serve hearth/demo-chat", "template_worker"):
+    for kind in ("make-demo-model --kind chat --background", "hearth.cli worker", "serve hearth/demo-chat",
+                 "template_worker"):
         assert _named(below, kind), (kind, [" ".join(p.cmdline()) for p in below])
     _gone(_kill(top))
 

@@ -1,4 +1,4 @@
-"""The demo build's checkpoints (`make-demo-model --checkpoints`, what
+"""The demo build's checkpoints (`make-demo-model --background`, what
 `hearth serve --build-demo` runs): a small recipe trained in this process,
 in seconds. Each checkpoint is published as the repo's main revision, a
 build cut short is not taken for a finished one, a later build does not
