@@ -9,16 +9,20 @@ in `home.demo_build(kind)`.
 The chat model: at each checkpoint the build publishes, the router takes
 the model into its library, makes it the default when there is none yet,
 and swaps the new weights in: a loaded demo process is restarted once no
-request is running on it (the next request loads the new snapshot). The
+request is running on it, or after a minute once its running requests
+have finished (the next request loads the new snapshot). The
 first checkpoint is the untrained model, seconds after the start (it
 answers, in babble); what is served only gets better from then on, and the
 last is the finished model, the same one a plain build makes.
 
 The speech model (built when the library has no Whisper, or only an
-older build of the demo's), once the chat build has ended: when it is published, the router hands it to its models'
-processes (`--whisper-model`): the ones it starts from then on, and each
-loaded one, restarted once no request is running on it. Until then
-transcription is refused with a 503 that says it is training.
+older build of the demo's), once the chat build has ended: when it is
+published, the router hands it to its models' processes (`--whisper-model`):
+the ones it starts from then on, and each loaded one, restarted once no
+request is running on it (or, busy for a minute, once its running requests
+have finished). Until the default model's process has it, transcription is
+refused with a 503 that says how far the build is (an older build, when
+the cache holds one, answers instead).
 
 The progress is on `/health` and `/stats` (`demo_build`, `speech_build`),
 the dashboard's Status and Models pages, and the log.
@@ -48,6 +52,7 @@ from serving.router.slots import RouterError
 
 log = logging.getLogger("hearth.serve")
 POLL_S = 1.0
+BUSY_WAIT_S = 60.0  # a model busy this long is restarted anyway: its running requests finish first (its drain)
 STATE_KEYS = ("state", "step", "steps", "loss", "seconds", "error")  # what /health shows of a build's state
 
 
@@ -69,8 +74,8 @@ def demo_checkpoint_step() -> int | None:
 class Build:
     """One background build: its process and the state it keeps."""
 
-    def __init__(self, kind: str, repo: str, steps: int, extra: Sequence[str] = ()):
-        self.kind, self.repo, self.steps, self.extra = kind, repo, steps, tuple(extra)
+    def __init__(self, kind: str, steps: int, extra: Sequence[str] = ()):
+        self.kind, self.steps, self.extra = kind, steps, tuple(extra)
         self.progress = home.demo_build(kind)
         self.proc: subprocess.Popen | None = None
 
@@ -102,10 +107,12 @@ class DemoTraining:
 
     def __init__(self, manager: Manager, chat: bool = True, speech: bool = False, speech_args: Sequence[str] = ()):
         self.manager = manager
-        self.chat = Build("chat", DEMO_REPO, Recipe().steps) if chat else None
-        self.speech = Build("audio", WHISPER_REPO, WhisperRecipe().steps, speech_args) if speech else None
+        self.chat = Build("chat", Recipe().steps) if chat else None
+        self.speech = Build("audio", WhisperRecipe().steps, speech_args) if speech else None
         self.served_step: int | None = None  # the chat checkpoint the router has taken in
-        self.restart_pending: set[str] = set()  # loaded models to restart once idle (new weights, the Whisper)
+        # Loaded models to restart (new weights, the Whisper), and since when: once idle, or after BUSY_WAIT_S.
+        self.restart_pending: dict[str, float] = {}
+        self.handing_over = False  # the Whisper is built; offered once the default model's process has it
         self.task: asyncio.Task | None = None
 
     def start(self) -> None:
@@ -145,10 +152,14 @@ class DemoTraining:
         if self.chat is not None:
             await self._follow(self.chat)
             if self.speech is not None:
-                self._start_speech(self.speech)
-        if self.speech is not None:
+                try:
+                    self._start_speech(self.speech)
+                except OSError as exc:
+                    self._speech_failed(f"could not start the build: {exc}")
+                    return
+        if self.speech is not None and self.speech.proc is not None:
             await self._follow(self.speech)
-        while self.restart_pending:  # the last restarts wait for their models to be idle
+        while self.restart_pending or self.handing_over:  # the last restarts wait for their models
             await asyncio.sleep(POLL_S)
             await self._restart_idle()
 
@@ -162,7 +173,7 @@ class DemoTraining:
             if state is not None:
                 if build is self.chat:
                     await self._look_chat(state)
-                else:  # "done" once the router has handed the model on (`_speech_ended`)
+                else:  # "done" once the default model's process has it (`_restart_idle`)
                     runtime.speech_build = {**(runtime.speech_build or {}), **{
                         k: state.get(k) for k in STATE_KEYS if k != "state" or state.get(k) != "done"}}
             await self._restart_idle()
@@ -191,19 +202,23 @@ class DemoTraining:
         finished = step == state.get("steps")
         log.info("demo model: %s at step %d of %s%s", "finished" if finished else "checkpoint", step,
                  state.get("steps"), f" (loss {state['loss']})" if step and state.get("loss") is not None else "")
-        self.restart_pending.add(DEMO_REPO)
+        self.restart_pending.setdefault(DEMO_REPO, time.monotonic())
 
     async def _restart_idle(self) -> None:
-        """Restart each model waiting for it once nothing runs on it; a
-        request that comes meanwhile waits for the new process to load."""
-        for name in sorted(self.restart_pending):
+        """Restart each model waiting for it once nothing runs on it (or,
+        busy for BUSY_WAIT_S, once its running requests finish: the
+        router's drain); a request that comes meanwhile waits for the new
+        process to load. Then, if the Whisper waits to be offered, offer it
+        once the default model's process has it."""
+        for name, since in sorted(self.restart_pending.items()):
             slot = self.manager.slots.get(name)
             if slot is None or slot.status not in ("loaded", "loading") or slot.child is None:
-                self.restart_pending.discard(name)  # not loaded: its next load starts it as it should be
+                self.restart_pending.pop(name)  # not loaded: its next load starts it as it should be
                 continue
-            if slot.users or slot.status == "loading" or slot.unloading:
+            busy = slot.users and time.monotonic() - since < BUSY_WAIT_S
+            if busy or slot.status == "loading" or slot.unloading:
                 continue  # looked at again at the next poll
-            self.restart_pending.discard(name)
+            self.restart_pending.pop(name)
             started = time.monotonic()
             try:
                 await self.manager.unload(name)
@@ -212,6 +227,11 @@ class DemoTraining:
                 log.warning("%s: starting it again: %s", name, exc.message)
                 continue
             log.info("%s: started again in %.1fs", name, time.monotonic() - started)
+        if self.handing_over and self.manager.default not in self.restart_pending:
+            self.handing_over = False
+            runtime.whisper_model = WHISPER_REPO
+            runtime.speech_build = {**(runtime.speech_build or {}), "state": "done"}
+            log.info("demo speech model %s: transcription is offered", WHISPER_REPO)
 
     def _chat_ended(self, code: int) -> None:
         if code == 0:
@@ -224,21 +244,23 @@ class DemoTraining:
         log.error("demo model: training failed (%s); `hearth make-demo-model` shows why. %s", error,
                   "The last checkpoint stays served." if self.served_step is not None else "")
 
+    def _speech_failed(self, error: str) -> None:
+        runtime.speech_build = {**(runtime.speech_build or {}), "state": "failed", "error": error}
+        log.error("demo speech model: training failed (%s); `hearth make-demo-model --kind audio` shows why", error)
+
     async def _speech_ended(self, code: int) -> None:
-        state = runtime.speech_build or {}
         if code != 0:
-            error = state.get("error") or f"the build exited with status {code}"
-            runtime.speech_build = {**state, "state": "failed", "error": error}
-            log.error("demo speech model: training failed (%s); `hearth make-demo-model --kind audio` shows why",
-                      error)
+            self._speech_failed((runtime.speech_build or {}).get("error") or f"the build exited with status {code}")
             return
-        runtime.speech_build = {**state, "state": "done"}
-        runtime.whisper_model = WHISPER_REPO
         self.manager.share_flag("--whisper-model", WHISPER_REPO)
         loaded = [s.id for s in self.manager.slots.values() if s.child is not None]  # this router's own processes
-        self.restart_pending.update(loaded)
-        log.info("demo speech model %s built: transcription is offered (%s)", WHISPER_REPO,
+        for name in loaded:
+            self.restart_pending.setdefault(name, time.monotonic())
+        runtime.speech_build = {**(runtime.speech_build or {}), "state": "handing over"}
+        self.handing_over = True  # offered once the default model's process has it (`_restart_idle`)
+        log.info("demo speech model %s built: %s", WHISPER_REPO,
                  f"{', '.join(loaded)} start again to take it" if loaded else "models take it as they load")
+        await self._restart_idle()
 
     def stop(self) -> None:
         if self.task is not None:

@@ -41,6 +41,7 @@ from hearth.demo_training import DemoTraining, demo_checkpoint_step, demo_is_bui
 from hearth.process import Work, exit_now, open_streams, run_daphne, start_services, stop_services
 from hearth.root import RUNTIME as runtime
 from hub import fit
+from hub.registry import whisper_checkpoints
 from inference.protocols.response_store import FolderResponseStore
 from serving import serve_flags
 from serving.demo.build import DEMO_REPO
@@ -221,6 +222,9 @@ def plan_router(opts: dict) -> RouterPlan:
     training = opts["build_demo"] and not demo_is_built()
     if training and default is None and demo_checkpoint_step() is not None:
         default = DEMO_REPO  # a build cut short left a checkpoint: served until the new build passes it
+    speech = bool(opts["build_demo"]) and opts["whisper_model"] in (None, WHISPER_REPO) and not speech_is_built()
+    if speech and opts["whisper_model"] == WHISPER_REPO and WHISPER_REPO not in whisper_checkpoints():
+        opts["whisper_model"] = None  # named, but no build of it yet: the models get it once it is built
     usable = fit.usable_bytes()
     try:
         library = Library(Path(opts["models_dir"]) if opts["models_dir"] else None,
@@ -243,7 +247,6 @@ def plan_router(opts: dict) -> RouterPlan:
         raise CommandError(str(exc)) from None
     except RouterError as exc:
         raise CommandError(f"--default-model: {exc.message}") from None
-    speech = bool(opts["build_demo"]) and opts["whisper_model"] in (None, WHISPER_REPO) and not speech_is_built()
     return RouterPlan(manager, settings, training, speech=speech, responses=folder)
 
 

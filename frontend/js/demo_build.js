@@ -28,7 +28,9 @@ function demoBuildCard(d) {
 function speechBuildCard(d) {
   if (!d) return "";
   const head = { waiting: "Waiting for the demo chat model to finish training", starting: "Preparing the training data…",
-    training: `Training: step ${d.step || 0} of ${d.steps || 0}`, done: "Trained: transcription is offered",
+    training: `Training: step ${d.step || 0} of ${d.steps || 0}`,
+    "handing over": "Trained: the default model's process starts again with it",
+    done: "Trained: transcription is offered",
     failed: "Training failed" }[d.state] || d.state;
   return card("Demo speech model", d, head, [], "Transcription (/v1/audio/*, audio parts in chat) is offered once "
     + "it is built; until then /v1/audio/* answers a 503 that says so. It hears spoken digits only.");

@@ -15,6 +15,7 @@ import shutil
 import threading
 import wave
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -92,24 +93,36 @@ class _Library:
     phonemes only; pyttsx3 plays audio out loud); the C API is five calls.
     The library keeps one global voice and callback, hence the lock."""
 
-    SYNCHRONOUS, EVENT_END_OF_LIST, EVENT_WORD = 2, 0, 1
+    SYNCHRONOUS, DONT_EXIT, EVENT_END_OF_LIST, EVENT_WORD = 2, 0x8000, 0, 1  # DONT_EXIT: fail, not exit(1)
     RATE_PARAM, PITCH_PARAM, WORDGAP_PARAM = 1, 3, 7
     CALLBACK = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_short), ctypes.c_int, ctypes.POINTER(_Event))
 
     def __init__(self):
-        name = ctypes.util.find_library("espeak-ng")
-        if name is None:
-            raise SpeechSynthesisMissing("libespeak-ng is not installed (apt-get install espeak-ng; `make deps` "
-                                         "does it)")
-        self.lib = ctypes.CDLL(name)
-        self.rate = self.lib.espeak_Initialize(self.SYNCHRONOUS, 0, None, 0)
-        if self.rate <= 0:
+        self.lib = ctypes.CDLL(self._path())
+        self.rate = self.lib.espeak_Initialize(self.SYNCHRONOUS, 0, None, self.DONT_EXIT)
+        if self.rate <= 0 or self.lib.espeak_SetVoiceByName(b"en") != 0:
             raise SpeechSynthesisMissing("libespeak-ng did not start (its data files are missing?)")
         self.lock = threading.Lock()
         self.samples: list[np.ndarray] = []
         self.words: list[int] = []
         self.callback = self.CALLBACK(self._heard)  # kept: the library calls it for as long as it lives
         self.lib.espeak_SetSynthCallback(self.callback)
+
+    @staticmethod
+    def _path() -> str:
+        """The library: where the linker finds it, else beside the program
+        (Homebrew's /opt/homebrew/lib, which `find_library` does not search)."""
+        found = ctypes.util.find_library("espeak-ng")
+        if found:
+            return found
+        program = shutil.which("espeak-ng")
+        if program is not None:
+            lib = Path(program).resolve().parents[1] / "lib"
+            for name in ("libespeak-ng.dylib", "libespeak-ng.1.dylib", "libespeak-ng.so.1", "libespeak-ng.so"):
+                if (lib / name).exists():
+                    return str(lib / name)
+        raise SpeechSynthesisMissing("libespeak-ng is not installed (apt-get install espeak-ng, or brew install "
+                                     "espeak-ng; `make deps` does it)")
 
     def _heard(self, wav, n: int, events) -> int:
         if wav and n:
@@ -136,6 +149,7 @@ class _Library:
 
 
 _library: _Library | None = None
+_starting = threading.Lock()  # the library starts once per process
 
 
 def read(text: str, voice: str = "en", speed: int = 160, pitch: int = 50,
@@ -144,8 +158,9 @@ def read(text: str, voice: str = "en", speed: int = 160, pitch: int = 50,
     leading and trailing silence trimmed, and where each of its words
     starts (seconds into the trimmed audio)."""
     global _library
-    if _library is None:
-        _library = _Library()
+    with _starting:
+        if _library is None:
+            _library = _Library()
     audio, words = _library.read(text, voice, speed, pitch, word_gap)
     loud = np.flatnonzero(np.abs(audio) > 0.01)
     if not len(loud):

@@ -119,7 +119,7 @@ async def dispatch(request: HttpRequest) -> HttpResponse:
         named = request.headers.get(MODEL_HEADER) or named
     elif path.startswith(AUDIO) and (path.startswith(SESSIONS) or not _serves(manager, named)):
         building = request.runtime.speech_build or {}
-        if request.runtime.whisper_model is None and building.get("state") in ("waiting", "starting", "training"):
+        if request.runtime.whisper_model is None and building.get("state") in BUILDING:
             return errors.engine_error(surfaces.for_path(path), RouterError(
                 f"transcription is not offered yet: the demo speech model {building.get('model')} is being built in "
                 f"the background ({_progress(building)}; GET /health shows the progress)"))
@@ -140,11 +140,17 @@ async def dispatch(request: HttpRequest) -> HttpResponse:
         return errors.engine_error(surfaces.for_path(path), exc)
 
 
+BUILDING = ("waiting", "starting", "training", "handing over")  # the demo speech model's states before "done"
+
+
 def _progress(build: dict) -> str:
-    if build.get("state") == "waiting":
+    state = build.get("state")
+    if state == "waiting":
         return "it starts once the demo chat model is trained"
-    if build.get("state") == "training":
+    if state == "training":
         return f"step {build.get('step')} of {build.get('steps')}"
+    if state == "handing over":
+        return "built: the default model's process is starting again with it"
     return "preparing its training data"
 
 
