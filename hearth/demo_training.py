@@ -142,7 +142,7 @@ class DemoTraining:
         pid = build.start()
         runtime.speech_build = {**(runtime.speech_build or {}), "state": "starting", "pid": pid}
         log.info("training the demo speech model %s in the background (pid %d): transcription is offered "
-                 "once it is built (about 10 to 15 minutes on a 2-core CPU)", WHISPER_REPO, pid)
+                 "once it is built (about 7 to 10 minutes on a 2-core CPU)", WHISPER_REPO, pid)
 
     def watch(self) -> None:
         """On the server's loop: follow the builds until they end."""
