@@ -94,7 +94,7 @@ class _Library:
     The library keeps one global voice and callback, hence the lock."""
 
     SYNCHRONOUS, DONT_EXIT, EVENT_END_OF_LIST, EVENT_WORD = 2, 0x8000, 0, 1  # DONT_EXIT: fail, not exit(1)
-    RATE_PARAM, PITCH_PARAM, WORDGAP_PARAM = 1, 3, 7
+    RATE_PARAM, PITCH_PARAM = 1, 3
     CALLBACK = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_short), ctypes.c_int, ctypes.POINTER(_Event))
 
     def __init__(self):
@@ -134,12 +134,12 @@ class _Library:
             i += 1
         return 0
 
-    def read(self, text: str, voice: str, speed: int, pitch: int, word_gap: int) -> tuple[np.ndarray, list[int]]:
+    def read(self, text: str, voice: str, speed: int, pitch: int) -> tuple[np.ndarray, list[int]]:
         with self.lock:
             self.samples, self.words = [], []
             if self.lib.espeak_SetVoiceByName(voice.encode()) != 0:
                 raise ValueError(f"espeak-ng has no voice {voice!r}")
-            for param, value in ((self.RATE_PARAM, speed), (self.PITCH_PARAM, pitch), (self.WORDGAP_PARAM, word_gap)):
+            for param, value in ((self.RATE_PARAM, speed), (self.PITCH_PARAM, pitch)):
                 self.lib.espeak_SetParameter(param, value, 0)
             data = text.encode()
             self.lib.espeak_Synth(data, len(data) + 1, 0, 1, 0, 0, None, None)
@@ -152,8 +152,7 @@ _library: _Library | None = None
 _starting = threading.Lock()  # the library starts once per process
 
 
-def read(text: str, voice: str = "en", speed: int = 160, pitch: int = 50,
-         word_gap: int = 0) -> tuple[np.ndarray, list[float]]:
+def read(text: str, voice: str = "en", speed: int = 160, pitch: int = 50) -> tuple[np.ndarray, list[float]]:
     """`text` read aloud by libespeak-ng, as 16 kHz float32 mono with
     leading and trailing silence trimmed, and where each of its words
     starts (seconds into the trimmed audio)."""
@@ -161,7 +160,7 @@ def read(text: str, voice: str = "en", speed: int = 160, pitch: int = 50,
     with _starting:
         if _library is None:
             _library = _Library()
-    audio, words = _library.read(text, voice, speed, pitch, word_gap)
+    audio, words = _library.read(text, voice, speed, pitch)
     loud = np.flatnonzero(np.abs(audio) > 0.01)
     if not len(loud):
         return audio[:0], []

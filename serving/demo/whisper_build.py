@@ -252,19 +252,26 @@ def train(recipe: WhisperRecipe, out: Path, progress=None) -> dict:
             "sentences": len(sentences), "readings": len(readings)}
 
 
-def _write(recipe: WhisperRecipe, tagger: dict, out: Path) -> None:
-    """The model as mlx_whisper loads it: config.json and weights.safetensors."""
+def _save(model, dims: dict, out: Path) -> None:
+    """`model` as mlx_whisper loads it: config.json and weights.safetensors."""
     import mlx.core as mx
     from mlx.utils import tree_flatten
+
+    out.mkdir(parents=True, exist_ok=True)
+    mx.save_safetensors(str(out / "weights.safetensors"), dict(tree_flatten(model.parameters())))
+    (out / "config.json").write_text(json.dumps({"model_type": "whisper", **dims}, indent=1))
+
+
+def _write(recipe: WhisperRecipe, tagger: dict, out: Path) -> None:
+    """The demo model: the tagger's trained weights, the rest wired, with its marker and README."""
+    import mlx.core as mx
     from mlx_whisper.whisper import ModelDimensions, Whisper
 
     vocab = Vocab()
     model = Whisper(ModelDimensions(**wiring.dimensions()), mx.float32)
     wiring.wire_encoder(model.encoder, tagger)
     wiring.wire_decoder(model.decoder, vocab.tokenizer, vocab.digit, vocab.en)
-    out.mkdir(parents=True, exist_ok=True)
-    mx.save_safetensors(str(out / "weights.safetensors"), dict(tree_flatten(model.parameters())))
-    (out / "config.json").write_text(json.dumps({"model_type": "whisper", **wiring.dimensions()}, indent=1))
+    _save(model, wiring.dimensions(), out)
     (out / MARKER).write_text(json.dumps({"builder_version": BUILDER_VERSION, "recipe": asdict(recipe)}))
     (out / "README.md").write_text(
         f"# {WHISPER_REPO}\n\nA Whisper built on this machine by `hearth make-demo-model --kind audio`: a tagger "
@@ -330,7 +337,6 @@ def write_random(out: Path, seed: int = 0, text_ctx: int = 64) -> Path:
     With 448 positions one chat audio part took ~18 s on a 2-core CPU; with 64,
     under a second, through the same code paths."""
     import mlx.core as mx
-    from mlx.utils import tree_flatten
     from mlx_whisper.whisper import ModelDimensions, Whisper
 
     vocab = Vocab()
@@ -342,7 +348,5 @@ def write_random(out: Path, seed: int = 0, text_ctx: int = 64) -> Path:
     spoken = np.zeros((N_VOCAB, 1), np.float32)
     spoken[[*range(tok.eot, N_VOCAB), *vocab.digit.values()]] = 1  # specials, timestamps, digits
     model.decoder.token_embedding.weight = model.decoder.token_embedding.weight * mx.array(spoken)
-    out.mkdir(parents=True, exist_ok=True)
-    mx.save_safetensors(str(out / "weights.safetensors"), dict(tree_flatten(model.parameters())))
-    (out / "config.json").write_text(json.dumps({"model_type": "whisper", **dims}, indent=1))
+    _save(model, dims, out)
     return out

@@ -87,7 +87,7 @@ class Command(BaseCommand):
             except BaseException as exc:
                 save(state="failed", error=f"{type(exc).__name__}: {exc}")
                 raise
-            save(state="done", step=recipe_a.steps, served_step=recipe_a.steps)
+            save(state="done", step=recipe_a.steps)
             repo = WHISPER_REPO
             if summary:
                 self.stdout.write(f"  trained: {summary}")
