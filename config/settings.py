@@ -58,20 +58,20 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "hearth.middleware.RuntimeMiddleware",
     "hearth.middleware.TraceMiddleware",
-    "django.middleware.security.SecurityMiddleware",
+    "hearth.django_middleware.SecurityMiddleware",
     "hearth.middleware.RequestMetricsMiddleware",
     "hearth.middleware.JsonErrorMiddleware",
     "hearth.middleware.CrossOriginGuardMiddleware",
     "hearth.middleware.CorsMiddleware",
     "hearth.middleware.SecureCookiesOverTlsMiddleware",
-    "django.contrib.sessions.middleware.SessionMiddleware",
+    "hearth.django_middleware.SessionMiddleware",
     "hearth.middleware.ApiKeyMiddleware",
     "hearth.middleware.ReplayMiddleware",
     "hearth.middleware.RouterMiddleware",
-    "django.middleware.common.CommonMiddleware",
-    "django.middleware.csrf.CsrfViewMiddleware",
-    "django.contrib.auth.middleware.AuthenticationMiddleware",
-    "django.contrib.messages.middleware.MessageMiddleware",
+    "hearth.django_middleware.CommonMiddleware",
+    "hearth.django_middleware.CsrfViewMiddleware",
+    "hearth.django_middleware.AuthenticationMiddleware",
+    "hearth.django_middleware.MessageMiddleware",
 ]
 
 # The dashboard's sign-in session: never readable by scripts, never sent by
