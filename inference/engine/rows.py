@@ -211,6 +211,28 @@ def _plain(event: GenerationEvent) -> bool:
     return event.logprobs is None and event.finish_reason is None and event.error is None
 
 
+# Streams being read in this process (`Submission.events`), and how that paces them: with N read at once,
+# a stream passes on text at most every N ms (at most 50 ms), so the event loop writes about a thousand
+# chunks a second in all, whatever N. One stream, or a few, still get each token as it comes (a token takes
+# longer than 1-3 ms on every device Hearth serves); 32 streams on a fast device get a few tokens a chunk
+# (each chunk costs the loop the same, one token or ten: a task switch, the protocol's JSON, daphne's write).
+PACE_PER_STREAM_S = 0.001
+PACE_MAX_S = 0.05
+_reading = 0
+_reading_lock = threading.Lock()  # tests read streams on more than one loop thread
+
+
+def pace() -> float:
+    """The least time between two text events of one stream now."""
+    return min(PACE_MAX_S, PACE_PER_STREAM_S * _reading)
+
+
+def _count_reader(delta: int) -> None:
+    global _reading
+    with _reading_lock:
+        _reading += delta
+
+
 class Submission:
     """A queued request: iterate `events()`; `abort()` stops it within a
     step, `stop()` too but ends the stream as a finished one."""
@@ -222,12 +244,20 @@ class Submission:
     async def events(self) -> EventStream:
         """The generation's events. Text events already queued behind the one
         just taken are passed on with it as one (their text and tokens joined):
-        a reader that falls behind the engine (many streams, a fast device)
-        catches up in one write instead of one per token, and one that keeps
-        up still gets every token as it comes."""
+        a reader that falls behind the engine catches up in one write instead
+        of one per token. Text is passed on at most every `pace()` seconds, so
+        with many streams read at once (a fast device) each chunk carries a
+        few tokens; a lone stream gets every token as it comes."""
         queue, held = self._gen.events, None
+        _count_reader(1)
+        loop = asyncio.get_running_loop()
+        last: float | None = None  # when it last passed on text that a later event could have joined
         try:
             while True:
+                if held is None and last is not None:
+                    wait = last + pace() - loop.time()
+                    if wait > 0:
+                        await asyncio.sleep(wait)
                 event, held = (held, None) if held is not None else (await queue.get(), None)
                 while event is not _STOP and _plain(event) and not queue.empty():
                     later = queue.get_nowait()
@@ -240,10 +270,12 @@ class Submission:
                     yield self._stopped()
                     return
                 self._generated += len(event.token_ids)
+                last = loop.time() if _plain(event) else None
                 yield event
                 if event.finish_reason is not None or event.error is not None:
                     return
         finally:
+            _count_reader(-1)
             self.abort()  # a consumer that leaves early (disconnect) stops the work
 
     def abort(self) -> None:

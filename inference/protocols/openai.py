@@ -402,25 +402,31 @@ def _deltas(pieces: list[Piece]) -> list[dict]:
 async def with_keepalive(events: EventStream, output: OutputParser | None,
                          interval: float, always: bool = False) -> AsyncIterator[GenerationEvent | None]:
     """Events, with None whenever `interval` passes while a tool call buffers
-    (or, with `always`, whenever it passes without an event)."""
-    pending = asyncio.ensure_future(events.__anext__())
+    (or, with `always`, whenever it passes without an event). Only a wait
+    that can time out runs the next event's fetch as a task: the rest await
+    it in place (a task and a wait per token cost the event loop more than
+    the chunk they carry, with many streams on a fast device)."""
+    pending: asyncio.Future | None = None
     try:
         while True:
             if always or (output is not None and output.buffering):
+                if pending is None:
+                    pending = asyncio.ensure_future(events.__anext__())
                 done, _ = await asyncio.wait({pending}, timeout=interval)
                 if not done:
                     yield None
                     continue
             try:
-                event = await pending
+                event = await pending if pending is not None else await events.__anext__()
             except StopAsyncIteration:
                 return
+            pending = None
             yield event
-            pending = asyncio.ensure_future(events.__anext__())
     finally:
-        pending.cancel()
-        with contextlib.suppress(BaseException):  # its own cancellation, or the stream's end
-            await pending
+        if pending is not None:
+            pending.cancel()
+            with contextlib.suppress(BaseException):  # its own cancellation, or the stream's end
+                await pending
         await events.aclose()
 
 

@@ -1,12 +1,14 @@
 """How a generation's events reach the event loop (inference/engine/rows.py):
 one wake-up of each loop per engine step (`gathered`), and a reader that fell
 behind gets the text queued meanwhile in one event, never a logprobs entry,
-an error or the end merged away, and never out of order."""
+an error or the end merged away, and never out of order; with many streams
+read at once, each passes text on at most every `pace()`."""
 from __future__ import annotations
 
 import asyncio
 import threading
 
+from inference.engine import rows
 from inference.engine.rows import Generation, Submission, gathered
 from inference.engine.types import GenerationEvent, GenerationRequest, Usage
 
@@ -58,3 +60,38 @@ def test_a_step_wakes_each_loop_once_and_keeps_the_order():
 
     wakeups, texts = asyncio.run(run())
     assert wakeups == 1 and texts == [["00", "01"], ["10", "11"], ["20", "21"]]
+
+
+def test_many_streams_read_at_once_pass_text_on_a_few_tokens_at_a_time():
+    async def run(streams: int, tokens: int):
+        loop = asyncio.get_running_loop()
+        gens = [_generation(loop) for _ in range(streams)]
+        paces: list[float] = []
+
+        async def engine():  # a token for every row each millisecond, then the end
+            for n in range(tokens):
+                await asyncio.sleep(0.001)
+                paces.append(rows.pace())
+                for gen in gens:
+                    last = n == tokens - 1
+                    gen.events.put_nowait(GenerationEvent(
+                        text=f"{n},", token_ids=(n,), finish_reason="length" if last else None,
+                        usage=Usage(2, tokens, 0, "batch") if last else None))
+
+        async def read(gen):
+            return [e.text async for e in Submission(gen).events()]
+
+        reads = asyncio.gather(*(read(gen) for gen in gens))
+        start = loop.time()
+        await engine()
+        return await reads, paces, loop.time() - start
+
+    tokens = 100
+    events, paces, took = asyncio.run(run(40, tokens))
+    assert max(paces) == 0.04 and rows.pace() == 0.0  # 40 streams: 40 ms apart; none read now
+    whole = "".join(f"{n}," for n in range(tokens))
+    for texts in events:
+        assert "".join(texts) == whole  # nothing lost, nothing out of order
+        assert len(texts) <= took / 0.04 + 2 and len(texts) < tokens  # at most one every 40 ms, not one a token
+    assert asyncio.run(run(150, 3))[1][0] == rows.PACE_MAX_S  # the cap
+    assert asyncio.run(run(1, 3))[1][0] == rows.PACE_PER_STREAM_S  # one stream: 1 ms, less than a token takes
