@@ -57,6 +57,7 @@ class BatchLane:
         self.eos = StopSequences([[t] for t in sorted(model.tokenizer.eos_token_ids)])
         self.rows: dict[int, Row] = {}
         self.special = _special_ids(model)
+        self.shared_samplers: dict[tuple, object] = {}  # `batch_sampler`'s, by sampling settings
         self.faults = 0
 
     def take_faults(self) -> int:
@@ -83,10 +84,28 @@ class BatchLane:
         restart_row_state(row)
         (uid,) = self.gen.insert(
             [tokens[cached:]], max_tokens=[row.remaining], caches=[cache] if cache is not None else None,
-            all_tokens=[tokens[:cached]], samplers=[guard_sampler(row.sampler, row)],
+            all_tokens=[tokens[:cached]], samplers=[self.batch_sampler(row)],
             logits_processors=[[guard_processor(p, row) for p in make_processors(row.req)]],
             stop_sequences=[self.eos])
         self.rows[uid] = row
+
+    def batch_sampler(self, row: Row):
+        """The sampler `row` decodes with in the batch. Rows with the same
+        unseeded settings share one object, and mlx-lm samples a batch whose
+        rows share one in a single call (one argmax over the greedy rows,
+        not a slice, an argmax and a concatenation per row every step). A
+        shared sampler is not guarded: a step it fails is recovered whole
+        (`Engine._recover` finds the row by sampling each alone). A seeded
+        row keeps its own key, guarded."""
+        s = row.req.sampling
+        if s.seed is not None and s.temperature != 0:
+            return guard_sampler(row.sampler, row)
+        key = (s.temperature, s.top_p, s.min_p, s.top_k, s.xtc_probability, s.xtc_threshold)
+        if key not in self.shared_samplers:
+            if len(self.shared_samplers) >= 64:  # settings no running row may still use
+                self.shared_samplers.clear()
+            self.shared_samplers[key] = make_sampler(row.req, self.special)
+        return self.shared_samplers[key]
 
     def step(self) -> Published:
         published: Published = []

@@ -74,6 +74,41 @@ def test_every_batched_row_equals_the_request_served_alone(engines, eos_id):
     assert alone[5]["finish"] == "stop" and alone[5]["text"].endswith("!")
 
 
+def test_rows_with_the_same_unseeded_settings_are_sampled_in_one_call(engines, eos_id, monkeypatch):
+    from inference.engine import lanes
+
+    widths: dict[str, list[int]] = {}  # the rows each sampler call took, by settings
+    real = lanes.make_sampler
+
+    def recording(req, special):
+        sampler, name = real(req, special), f"t={req.sampling.temperature} seed={req.sampling.seed}"
+
+        def run(logprobs):
+            widths.setdefault(name, []).append(logprobs.shape[0])
+            return sampler(logprobs)
+        return run
+
+    monkeypatch.setattr(lanes, "make_sampler", recording)
+    engine = engines(batch=5, prompt_cache_bytes=0)
+    no_eos = LogitsParams(logit_bias={eos_id: -100.0})
+
+    def run(requests):
+        async def together():
+            return await asyncio.gather(*[collect(engine, r) for r in requests])
+        widths.clear()
+        return asyncio.run(together())
+
+    alike = SamplingParams(temperature=0.7, top_k=5)
+    out = run([GenerationRequest(_prompt(i, 10), max_tokens=20, logits=no_eos, sampling=alike) for i in range(4)])
+    assert all(len(o["tokens"]) == 20 for o in out)
+    assert max(widths["t=0.7 seed=None"]) == 4  # the four rows in one call
+
+    seeded = SamplingParams(temperature=0.7, top_k=5, seed=3)
+    run([GenerationRequest(_prompt(i, 10), max_tokens=20, logits=no_eos, sampling=s) for i, s in
+         enumerate([alike, alike, seeded])])
+    assert set(widths["t=0.7 seed=3"]) == {1} and set(widths["t=0.7 seed=None"]) == {1}  # a seeded row: per row
+
+
 def test_a_row_that_leaves_does_not_change_the_others(engines, eos_id):
     alone = _alone(engines, eos_id)
     engine = engines(batch=8, prompt_cache_bytes=0)
