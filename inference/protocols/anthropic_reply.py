@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import hashlib
 import json
 import time
@@ -95,6 +96,8 @@ async def _admitted(events: EventStream, cached) -> EventStream:
             await asyncio.wait({first}, timeout=ADMISSION_POLL_S)
     except BaseException:  # the client left while it waited
         first.cancel()
+        with contextlib.suppress(BaseException):  # the generator runs until its fetch takes the cancellation
+            await first
         await _close(source)
         raise
 

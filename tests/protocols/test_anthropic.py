@@ -5,6 +5,7 @@ shape. The random model is steered with a grammar where a test needs an
 exact reply."""
 from __future__ import annotations
 
+import asyncio
 import json
 
 import anthropic
@@ -214,3 +215,26 @@ def test_unknown_adapter_on_every_surface(base_url):
     assert resp.status_code == 400 and resp.json()["error"]["param"] == "adapter"
     ok = httpx.post(base_url + "/v1/messages", json={"messages": ASK, "max_tokens": 2, "adapter": None})
     assert ok.status_code == 200
+
+
+def test_a_client_that_leaves_while_its_request_waits_ends_the_wait_cleanly():
+    from inference.protocols import anthropic_reply
+
+    async def run():
+        ended = []
+
+        async def events():  # a request still queued: no event comes
+            try:
+                await asyncio.Event().wait()
+                yield None
+            finally:
+                ended.append(True)  # the engine's stream closed: its row is stopped
+
+        waiting = asyncio.ensure_future(anthropic_reply._admitted(events(), lambda: None))
+        await asyncio.sleep(0.05)
+        waiting.cancel()  # the client went away
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        return ended
+
+    assert asyncio.run(run()) == [True]
