@@ -10,6 +10,7 @@ class HearthConfig(AppConfig):
     label = "hearth"
 
     def ready(self):
+        from hearth import django_middleware  # noqa: F401  (registers its deploy checks)
         from hearth.root import RUNTIME
         from jobs import adapters
 

@@ -1,7 +1,8 @@
 """Django's own middlewares run their hooks on the event loop
 (hearth/django_middleware.py): a request makes no hop to the sync thread for
 them, but for the one that saves a modified session; and what they do is
-unchanged (the signed-in session, the CSRF check, the security headers)."""
+unchanged (the signed-in session, the CSRF check, the security headers),
+and `check --deploy` reports them as it does Django's own."""
 from __future__ import annotations
 
 import re
@@ -13,20 +14,19 @@ KEY = "test-key-django-middleware-0123"
 
 @pytest.fixture
 def hops(monkeypatch):
-    """The middleware hooks sent to the sync thread, by name."""
-    import django
-
-    django.setup()
-    from hearth import django_middleware
+    """The middleware hooks run through sync_to_async (a hop to the sync thread), by name."""
+    from asgiref.sync import SyncToAsync
 
     sent: list[str] = []
-    real = django_middleware.sync_to_async
+    real = SyncToAsync.__call__
 
-    def counted(fn, **kwargs):
-        sent.append(fn.__qualname__)
-        return real(fn, **kwargs)
+    def counted(self, *args, **kwargs):
+        name = getattr(self.func, "__qualname__", "")
+        if "Middleware." in name:
+            sent.append(name)
+        return real(self, *args, **kwargs)
 
-    monkeypatch.setattr(django_middleware, "sync_to_async", counted)
+    monkeypatch.setattr(SyncToAsync, "__call__", counted)
     return sent
 
 
@@ -34,7 +34,7 @@ def test_only_saving_a_session_leaves_the_event_loop(served, hops):
     app = served("--api-key", KEY)
     models = app.get("/v1/models", headers={"Authorization": f"Bearer {KEY}"})
     assert models.status_code == 200 and models.headers["X-Content-Type-Options"] == "nosniff"
-    form = app.get("/signin?next=/")
+    form = app.get("/signin?next=/")  # a Django view: the CSRF check's process_view runs on it too
     assert form.status_code == 200 and hops == []
 
     token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', form.text).group(1)
@@ -49,3 +49,21 @@ def test_only_saving_a_session_leaves_the_event_loop(served, hops):
     assert hops == []
     assert app.post("/signout").status_code == 302
     assert app.get("/auth").json() == {"keyRequired": True, "signedIn": False}
+
+
+def test_deploy_checks_see_the_middlewares_as_djangos_own():
+    import django
+
+    django.setup()
+    from django.core import checks
+    from django.test.utils import override_settings
+
+    def reported() -> set[str]:
+        return {m.id for m in checks.run_checks(include_deployment_checks=True, tags=[checks.Tags.security])
+                if not m.is_silenced()}
+
+    found = reported()
+    assert {"security.W004", "security.W008", "security.W012", "security.W016"} <= found  # as with Django's
+    assert not found & {"security.W001", "security.W003", "security.W010"}  # never "missing"
+    with override_settings(SECURE_HSTS_SECONDS=3600, SESSION_COOKIE_SECURE=True):
+        assert not reported() & {"security.W004", "security.W012"}
