@@ -2,8 +2,6 @@
 any request (so it queues behind and batches with real traffic)."""
 from __future__ import annotations
 
-import time
-
 from inference.engine.types import GenerationRequest, LogitsParams
 
 
@@ -14,11 +12,15 @@ async def measure_decode(engine, tokens: int) -> tuple[float, int]:
     never_stop = {t: -100.0 for t in model.tokenizer.eos_token_ids}  # decode the full count (-100 bans)
     request = GenerationRequest(prompt_tokens=list(prompt), max_tokens=tokens,
                                 logits=LogitsParams(logit_bias=never_stop), adapters=())
-    stamps: list[float] = []
+    count, decode_ms = 0, 0.0
     async for event in engine.submit(request).events():
         if event.error is not None:
             raise RuntimeError(event.error)
-        stamps.extend(time.perf_counter() for _ in event.token_ids)
-    if len(stamps) < 2 or stamps[-1] <= stamps[0]:
-        return 0.0, len(stamps)
-    return (len(stamps) - 1) / (stamps[-1] - stamps[0]), len(stamps)
+        count += len(event.token_ids)
+        if event.usage is not None and event.usage.timings:
+            decode_ms = event.usage.timings.get("decode_ms") or 0.0
+    # The engine's own clock, first token to last: a stream's events may carry several tokens each
+    # (`Submission.events` joins what queued and paces many streams), so their arrival times would not do.
+    if count < 2 or decode_ms <= 0:
+        return 0.0, count
+    return (count - 1) / (decode_ms / 1000), count

@@ -1,9 +1,11 @@
 """The two execution lanes. Both run only on the engine thread.
 
 `BatchLane` is continuous batching on mlx-lm's `BatchGenerator`: every row
-has its own sampler, logits processors (penalties, bias, grammar), token
-limit and prompt cache; new rows join between decode steps, and a long
-prompt is prefilled one chunk per step so the other rows keep decoding.
+has its own sampling settings, logits processors (penalties, bias,
+grammar), token limit and prompt cache; new rows join between decode steps,
+and a long prompt is prefilled one chunk per step so the other rows keep
+decoding. Rows with the same unseeded settings share one sampler
+(`BatchLane.batch_sampler`).
 
 `SerialLane` runs one row at a time on `generate_step`; it serves
 `--batch 1`, quantized KV caches (mlx-lm cannot merge them into a batch)
@@ -13,8 +15,8 @@ and models whose cache cannot be batched.
 cache are what its KV cache holds, for the prompt cache to keep, or None
 when nothing is worth keeping (a row aborted before it decoded).
 
-One row's failure ends that row only. Its sampler and logits processors run
-behind a guard: an exception there is kept on the row (`row.fault`), a
+One row's failure ends that row only. Its logits processors, and a seeded
+row's sampler, run behind a guard: an exception there is kept on the row (`row.fault`), a
 stand-in token lets the batched step finish for the others, and the row is
 ended with the error before that token is shown; so is a row whose own
 detokenizing or logprobs fail. A failure the guards cannot pin on a row (MLX
@@ -96,11 +98,12 @@ class BatchLane:
         not a slice, an argmax and a concatenation per row every step). A
         shared sampler is not guarded: a step it fails is recovered whole
         (`Engine._recover` finds the row by sampling each alone). A seeded
-        row keeps its own key, guarded."""
+        row keeps its own key, guarded, and so does an XTC row (one call
+        would draw one XTC coin for every row it samples)."""
         s = row.req.sampling
-        if s.seed is not None and s.temperature != 0:
+        if s.temperature != 0 and (s.seed is not None or s.xtc_probability > 0):
             return guard_sampler(row.sampler, row)
-        key = (s.temperature, s.top_p, s.min_p, s.top_k, s.xtc_probability, s.xtc_threshold)
+        key = (s.temperature, s.top_p, s.min_p, s.top_k, s.xtc_threshold) if s.temperature != 0 else ("greedy",)
         if key not in self.shared_samplers:
             if len(self.shared_samplers) >= 64:  # settings no running row may still use
                 self.shared_samplers.clear()

@@ -211,11 +211,12 @@ def _plain(event: GenerationEvent) -> bool:
     return event.logprobs is None and event.finish_reason is None and event.error is None
 
 
-# Streams being read in this process (`Submission.events`), and how that paces them: with N read at once,
-# a stream passes on text at most every N ms (at most 50 ms), so the event loop writes about a thousand
-# chunks a second in all, whatever N. One stream, or a few, still get each token as it comes (a token takes
-# longer than 1-3 ms on every device Hearth serves); 32 streams on a fast device get a few tokens a chunk
-# (each chunk costs the loop the same, one token or ten: a task switch, the protocol's JSON, daphne's write).
+# Requests generating in this process (their `Submission.events` has had its first event), and how that
+# paces their streams: with N at once, a stream passes on text at most every N ms (at most every 50 ms),
+# so the event loop writes about a thousand chunks a second in all up to 50 streams. One stream, or a few,
+# still get each token as it comes (a token takes longer than 1-3 ms on every device Hearth serves); 32
+# streams on a fast device get a few tokens a chunk (each chunk costs the loop the same, one token or ten:
+# a task switch, the protocol's JSON, daphne's write).
 PACE_PER_STREAM_S = 0.001
 PACE_MAX_S = 0.05
 _reading = 0
@@ -249,9 +250,9 @@ class Submission:
         with many streams read at once (a fast device) each chunk carries a
         few tokens; a lone stream gets every token as it comes."""
         queue, held = self._gen.events, None
-        _count_reader(1)
         loop = asyncio.get_running_loop()
         last: float | None = None  # when it last passed on text that a later event could have joined
+        counted = False  # in `_reading`: from its first event (a request still queued paces nobody)
         try:
             while True:
                 if held is None and last is not None:
@@ -259,6 +260,9 @@ class Submission:
                     if wait > 0:
                         await asyncio.sleep(wait)
                 event, held = (held, None) if held is not None else (await queue.get(), None)
+                if not counted:
+                    _count_reader(1)
+                    counted = True
                 while event is not _STOP and _plain(event) and not queue.empty():
                     later = queue.get_nowait()
                     if later is _STOP or later.logprobs is not None or later.error is not None:
@@ -275,7 +279,8 @@ class Submission:
                 if event.finish_reason is not None or event.error is not None:
                     return
         finally:
-            _count_reader(-1)
+            if counted:
+                _count_reader(-1)
             self.abort()  # a consumer that leaves early (disconnect) stops the work
 
     def abort(self) -> None:
