@@ -24,7 +24,10 @@ For each model and concurrency C:
                time of all C prompts (`stats.prompt_time`)
   servers      C streaming clients, 2C requests (at least 4), each exactly
                --tokens tokens: aggregate tokens/s, the median stream's decode
-               tokens/s after its first token, median TTFT, errors
+               tokens/s after its first token, median TTFT, errors, and the
+               serving process's CPU time per 1,000 tokens (all its threads;
+               for Hearth also its event loop's thread alone): on a fast
+               device, what serving costs beside the model
 Every runner bans the same ids (special tokens, lone partial-UTF-8 bytes) with
 a logit bias, so each request decodes exactly --tokens tokens of plain text.
 `hearth serve` runs with `--no-worker`. Each server and each raw run is its
@@ -210,10 +213,45 @@ def load(port: int, model: str, c: int, tokens: int, bias: dict) -> dict:
     failed = sorted({str(r["error"]) for r in out if "error" in r})
     if failed:
         print(f"  c={c}: {n - len(ok)} errors: {', '.join(failed)}", flush=True)
-    return {"agg_tps": sum(r["tokens"] for r in ok) / wall, "errors": n - len(ok),
+    return {"agg_tps": sum(r["tokens"] for r in ok) / wall, "errors": n - len(ok), "wall": wall,
             "decode_tps": statistics.median(rates) if (rates := [r["decode_tps"] for r in ok if r["decode_tps"]])
             else float("nan"),
             "ttft_ms": 1000 * statistics.median(r["ttft"] for r in ok) if ok else float("nan")}
+
+
+def listener(proc: subprocess.Popen, port: int):
+    """The process (the one started or one of its children) that listens on `port`: `hearth` may re-execute
+    itself with a BLAS preloaded, and the serving process is then its child."""
+    import psutil
+
+    root = psutil.Process(proc.pid)
+    for p in [root, *root.children(recursive=True)]:
+        try:
+            if any(c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN for c in p.net_connections()):
+                return p
+        except psutil.Error:
+            continue
+    return root
+
+
+def cpu_seconds(p) -> tuple[float, float]:
+    """The serving process's CPU seconds (user + system): all its threads, and its main thread alone (Hearth's
+    event loop: daphne, Django, the streams; `mlx_lm.server`'s accepting thread)."""
+    total = p.cpu_times()
+    main = next((t for t in p.threads() if t.id == p.pid), None)
+    return total.user + total.system, (main.user_time + main.system_time) if main else float("nan")
+
+
+def measured_load(server, port: int, model: str, c: int, tokens: int, bias: dict) -> dict:
+    """`load`, with the server's CPU time per token it served: ms per 1,000 tokens, the whole process and its
+    main thread. On a fast device this is what serving costs beside the model."""
+    before = cpu_seconds(server)
+    result = load(port, model, c, tokens, bias)
+    after = cpu_seconds(server)
+    served = result["agg_tps"] * result.pop("wall")  # tokens
+    per_k = 1e6 / served if served else float("nan")
+    result.update(cpu_ms_per_k=(after[0] - before[0]) * per_k, loop_ms_per_k=(after[1] - before[1]) * per_k)
+    return result
 
 
 def serve(cmd: list[str], port: int, env: dict, model: str, rows: list[int], tokens: int, bias: dict) -> dict:
@@ -221,7 +259,8 @@ def serve(cmd: list[str], port: int, env: dict, model: str, rows: list[int], tok
     try:
         wait_up(port, proc, timeout=600)
         load(port, model, 2, 8, bias)  # warm-up
-        return {str(c): load(port, model, c, tokens, bias) for c in rows}
+        server = listener(proc, port)
+        return {str(c): measured_load(server, port, model, c, tokens, bias) for c in rows}
     finally:
         proc.terminate()
         try:
@@ -281,15 +320,16 @@ def main() -> int:
         table = [f"**{name}**", "",
                  "| c | raw decode tok/s | raw prefill ms | mlx_lm.server tok/s (errors) | Hearth tok/s (errors) | "
                  "Hearth decode tok/s | Hearth TTFT med ms | Hearth / raw | Hearth / mlx_lm.server | "
-                 "TTFT / raw prefill |",
-                 "|---|---|---|---|---|---|---|---|---|---|"]
+                 "TTFT / raw prefill | CPU ms / 1k tok: mlx_lm.server | Hearth (its event loop) |",
+                 "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for c in rows:
             r, m, h = base[str(c)], mlx[str(c)], ours[str(c)]
             vs_raw = (h["decode_tps"] if c == 1 else h["agg_tps"]) / r["decode_tps"]
             table.append(f"| {c} | {r['decode_tps']:.0f} | {r['prefill_ms']:.0f} | {m['agg_tps']:.0f} "
                          f"({m['errors']}) | {h['agg_tps']:.0f} ({h['errors']}) | {h['decode_tps']:.0f} | "
                          f"{h['ttft_ms']:.0f} | {vs_raw:.2f}x | {h['agg_tps'] / m['agg_tps']:.2f}x | "
-                         f"{h['ttft_ms'] / r['prefill_ms']:.2f}x |")
+                         f"{h['ttft_ms'] / r['prefill_ms']:.2f}x | {m['cpu_ms_per_k']:.0f} | "
+                         f"{h['cpu_ms_per_k']:.0f} ({h['loop_ms_per_k']:.0f}) |")
         print("\n".join(table) + "\n", flush=True)
         lines += table + [""]
     lines.append("c = 1 compares Hearth's decode rate with one raw stream's; c > 1 Hearth's aggregate with the raw "

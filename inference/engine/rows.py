@@ -255,11 +255,16 @@ class Submission:
         counted = False  # in `_reading`: from its first event (a request still queued paces nobody)
         try:
             while True:
-                if held is None and last is not None:
-                    wait = last + pace() - loop.time()
-                    if wait > 0:
-                        await asyncio.sleep(wait)
-                event, held = (held, None) if held is not None else (await queue.get(), None)
+                if held is not None:
+                    event, held = held, None
+                else:
+                    event = await queue.get()
+                    if last is not None and event is not _STOP and _plain(event):
+                        # Text came sooner than the pace allows: wait out the rest and take what came
+                        # meanwhile with it. Text that comes later goes at once, with no timer.
+                        wait = last + pace() - loop.time()
+                        if wait > 0:
+                            await asyncio.sleep(wait)
                 if not counted:
                     _count_reader(1)
                     counted = True
