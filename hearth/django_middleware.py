@@ -104,7 +104,8 @@ class MessageMiddleware(_OnLoop, messages.MessageMiddleware):
         return storage is not None and (storage.used or storage.added_new)
 
 
-DJANGO_PATHS = {f"{__name__}.{cls.__name__}": f"{cls.__mro__[2].__module__}.{cls.__mro__[2].__name__}"
+# Each class here by its dotted path, to its Django base's (`__bases__[1]`, after `_OnLoop`).
+DJANGO_PATHS = {f"{__name__}.{cls.__name__}": f"{cls.__bases__[1].__module__}.{cls.__bases__[1].__name__}"
                 for cls in (SecurityMiddleware, SessionMiddleware, CommonMiddleware, CsrfViewMiddleware,
                             AuthenticationMiddleware, MessageMiddleware)}
 

@@ -105,7 +105,7 @@ class BatchLane:
             return guard_sampler(row.sampler, row)
         key = (s.temperature, s.top_p, s.min_p, s.top_k, s.xtc_threshold) if s.temperature != 0 else ("greedy",)
         if key not in self.shared_samplers:
-            if len(self.shared_samplers) >= 64:  # settings no running row may still use
+            if len(self.shared_samplers) >= 64:  # a bound: rows running keep theirs, new ones share anew
                 self.shared_samplers.clear()
             self.shared_samplers[key] = make_sampler(row.req, self.special)
         return self.shared_samplers[key]

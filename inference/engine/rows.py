@@ -247,8 +247,8 @@ class Submission:
         just taken are passed on with it as one (their text and tokens joined):
         a reader that falls behind the engine catches up in one write instead
         of one per token. Text is passed on at most every `pace()` seconds, so
-        with many streams read at once (a fast device) each chunk carries a
-        few tokens; a lone stream gets every token as it comes."""
+        with many requests generating at once (a fast device) each chunk
+        carries a few tokens; a lone stream gets every token as it comes."""
         queue, held = self._gen.events, None
         loop = asyncio.get_running_loop()
         last: float | None = None  # when it last passed on text that a later event could have joined
