@@ -119,7 +119,8 @@ def test_a_row_that_leaves_does_not_change_the_others(engines, eos_id):
         return await asyncio.gather(*runs)
 
     out = asyncio.run(together())
-    assert len(out[0]["tokens"]) == 3 and out[0]["finish"] is None
+    # It left after its first event with 3 tokens or more (events carry several while 8 requests generate).
+    assert 3 <= len(out[0]["tokens"]) < 30 and out[0]["finish"] is None
     for b, a in zip(out[1:], alone[1:], strict=True):
         _same(b, a)
     assert engine.active_rows == 0
@@ -131,7 +132,7 @@ def test_new_rows_join_a_running_batch_and_long_prompts_prefill_in_chunks(engine
 
     async def follow(name, request):
         async for event in engine.submit(request).events():
-            if event.token_ids:
+            for _ in event.token_ids:  # one entry a token: an event may carry several (a paced stream)
                 order.append((name, len(order)))
 
     async def scenario():
