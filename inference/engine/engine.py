@@ -337,7 +337,7 @@ class Engine:
         else:
             lane = lanes.SerialLane(self.loaded_model, self.config.kv_quant, self._kv_group())
         kind = self.speculation
-        if kind is None and not self.jump_forward:
+        if kind is None and not self.jump_forward and self.mode != "batch":  # a batch lane's lone row: plain steps
             return lane
         drafter: speculate.Drafter | None = None
         k = self.config.draft_tokens or DRAFT_TOKENS.get(kind or "", 0)

@@ -5,7 +5,9 @@ has its own sampling settings, logits processors (penalties, bias,
 grammar), token limit and prompt cache; new rows join between decode steps,
 and a long prompt is prefilled one chunk per step so the other rows keep
 decoding. Rows with the same unseeded settings share one sampler
-(`BatchLane.batch_sampler`).
+(`BatchLane.batch_sampler`). The engine wraps it (`speculate.Speculating`)
+so that a request running alone decodes without the batch machinery and
+moves in when a second one comes.
 
 `SerialLane` runs one row at a time on `generate_step`; it serves
 `--batch 1`, quantized KV caches (mlx-lm cannot merge them into a batch)

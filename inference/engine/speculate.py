@@ -45,11 +45,26 @@ as usual. The forced tokens are output like any other (`usage.fill` counts
 them). mlx-lm's BatchGenerator decodes one token per row per step, so a
 grammar row in a batch decodes plainly.
 
+A lone request that neither drafts nor jumps still decodes here when the
+wrapped lane is the batch lane: plain pipelined steps in `generate_step`'s
+order (the forward of the token just sampled is queued before that token is
+read, so the device computes the next one while this one is detokenized and
+sent), without the batch machinery's per-step work (a batched KV cache and
+its masks, per-row slices of the logits, the stop matchers, the response
+objects): on a fast device that is what a single stream's step is made of.
+A greedy row that asks for no logprobs is sampled from the logits (the
+argmax is the same), so no log-softmax over the vocabulary is computed for it.
+mlx-lm's `generate_step` itself cannot be used: it always runs one forward
+ahead of what it has handed out, so a row could only leave it for the batch
+by trimming its KV cache, which a sliding-window or recurrent cache cannot;
+here the token in flight is taken and handed out first (`_move_to_inner`).
+
 `Speculating` wraps the engine's lane: a lone eligible request (for drafts:
-no grammar, no adapter, not opted out; for jump-forward: above) decodes
-here; when another request is admitted the row moves to the wrapped lane
-with its KV cache, and the batch takes them both. The wrapped lane runs
-everything else.
+no grammar, no adapter, not opted out; for jump-forward: above; for plain
+steps: any request not restarted after a failed step, when the wrapped lane
+is the batch lane) decodes here; when another request is admitted the row
+moves to the wrapped lane with its KV cache, and the batch takes them both.
+The wrapped lane runs everything else.
 """
 from __future__ import annotations
 
@@ -208,16 +223,19 @@ class Speculating:
         self.name = inner.name
         self.row: Row | None = None
         self._cache: list | None = None
-        self._held = 0  # context tokens the cache holds (all but the last, once prefilled)
+        self._held = 0  # context tokens the cache holds (all but the last once prefilled; all, with a step queued)
         self._processors: list = []
-        self._jumping = False  # the row decodes with jump-forward, not drafts
+        self._mode = "plain"  # how the row decodes: "plain", "draft" or "jump"
+        self._queued: tuple[Any, Any] | None = None  # plain steps: the next token and its logprobs, in flight
+        self._seen: Any = None  # plain steps with processors: the context as an MLX buffer (mlx-lm's TokenBuffer)
+        self._ended: lanes.Published = []  # rows that ended while moving to the wrapped lane, published next step
         self.faults = 0
 
     # -- the lane interface --------------------------------------------------
     @property
     def active(self) -> int:
         row = self.row  # read once: other threads ask too
-        return self.inner.active + (1 if row is not None else 0)
+        return self.inner.active + (1 if row is not None else 0) + len(self._ended)
 
     @property
     def prefilling(self) -> int:
@@ -239,10 +257,20 @@ class Speculating:
         return (self.jump and req.grammar is not None and req.think is None and req.sampling.seed is None
                 and not row.adapters and not row.restarts and req.speculative)
 
-    def eligible(self, row: Row) -> bool:
+    def drafts(self, row: Row) -> bool:
+        """A row for drafts: a draft source, no grammar, think bound or adapter, not opted out."""
         req = row.req
-        return self.jumps(row) or (self.drafter is not None and req.grammar is None and req.think is None
-                                   and not row.adapters and req.speculative and not row.restarts)
+        return (self.drafter is not None and req.grammar is None and req.think is None and not row.adapters
+                and req.speculative and not row.restarts)
+
+    @property
+    def plain_steps(self) -> bool:
+        """Whether a lone row that neither drafts nor jumps decodes here: the wrapped lane is the batch
+        lane (the serial lane already decodes one row on `generate_step`)."""
+        return isinstance(self.inner, lanes.BatchLane)
+
+    def eligible(self, row: Row) -> bool:
+        return self.jumps(row) or self.drafts(row) or (self.plain_steps and not row.restarts)
 
     def add(self, row: Row, cache: list | None, cached: int) -> None:
         if self.row is None and not self.inner.active and self.eligible(row):
@@ -253,9 +281,8 @@ class Speculating:
         self.inner.add(row, cache, cached)
 
     def step(self) -> lanes.Published:
-        if self.row is None:
-            return self.inner.step()
-        return self._step()
+        ended, self._ended = self._ended, []
+        return ended + (self.inner.step() if self.row is None else self._step())
 
     def fail_all(self, message: str) -> None:
         if self.row is not None:
@@ -270,11 +297,11 @@ class Speculating:
 
         if row.sampler is None:
             row.sampler = make_sampler(row.req, self.special)
-        self._jumping = self.jumps(row)
-        if self._jumping:
+        self._mode = "jump" if self.jumps(row) else "draft" if self.drafts(row) else "plain"
+        if self._mode == "jump":
             row.fill = row.fill or {"events": 0, "injected": 0, "strict": 0, "spanLens": [], "decodeSteps": 0}
             self.totals.fill_rows += 1
-        else:
+        elif self._mode == "draft":
             assert self.drafter is not None
             row.spec = row.spec or {"drafted": 0, "accepted": 0, "targetCalls": 0}
             self.drafter.start(row.context())
@@ -286,9 +313,21 @@ class Speculating:
         self._processors = make_processors(row.req)
 
     def _move_to_inner(self) -> None:
-        """Hand the row and its KV cache to the wrapped lane (another request came)."""
-        row, cache, held = self.row, self._cache, self._held
+        """Hand the row and its KV cache to the wrapped lane (another request came). A plain step's token
+        in flight is handed out first: the cache then holds every context token but the last, as the
+        wrapped lane takes it. A row that ends with that token is published with the next step."""
+        row = self.row
         assert row is not None
+        if self._queued is not None and self._take_queued(row):  # a failure there is the row's own
+            self._ended += self._publish(row)
+            self._finish()
+            if row.fault is not None:
+                lanes.fail_faulty(row)
+                self.faults += 1
+            else:
+                lanes.close_row(row)
+            return
+        cache, held = self._cache, self._held
         self._finish()
         row.lane = row.generation.lane = self.inner.name
         try:
@@ -299,10 +338,10 @@ class Speculating:
             lanes.fail_faulty(row)
 
     def _finish(self) -> None:
-        self.row, self._cache, self._processors = None, None, []
-        if self.drafter is not None and not self._jumping:
+        self.row, self._cache, self._processors, self._queued, self._seen = None, None, [], None, None
+        if self.drafter is not None and self._mode == "draft":
             self.drafter.close()
-        self._jumping = False
+        self._mode = "plain"
 
     def _step(self) -> lanes.Published:
         row = self.row
@@ -314,12 +353,13 @@ class Speculating:
             return published
         done = False
         try:
-            context = row.context()
-            if self._held < len(context) - 1:
-                self._prefill_chunk(context)  # one chunk per engine step: others may join meanwhile
-            elif self._jumping:
+            if self._held < len(row.req.prompt_tokens) + len(row.generated) - 1:
+                self._prefill_chunk(row.context())  # one chunk per engine step: others may join meanwhile
+            elif self._mode == "plain":
+                done = self._plain_round(row)
+            elif self._mode == "jump":
                 done = self._jump_round(row)
-            elif self.drafter is not None and self.drafter.prefill(context):
+            elif self.drafter is not None and self.drafter.prefill(row.context()):
                 done = self._round(row)
         except Exception as exc:
             row.fault = exc
@@ -329,8 +369,11 @@ class Speculating:
             self.faults += 1
             return [(None, None, row)]
         if not done:
-            if self._jumping and self._jump_does_not_pay(row):
-                self._move_to_inner()  # mostly free text: the batch lane's pipelined steps are faster
+            if self._mode == "jump" and self._jump_does_not_pay(row):
+                if self.plain_steps:
+                    self._mode = "plain"  # mostly free text: pipelined plain steps are faster
+                else:
+                    self._move_to_inner()  # the serial lane's pipelined steps are
             return []
         if row.spec and row.spec["accepted"]:
             row.lane = row.generation.lane = "serial+spec"
@@ -340,11 +383,12 @@ class Speculating:
         return published
 
     def _publish(self, row: Row) -> lanes.Published:
-        """The cache holds every context token but the last: kept for those."""
+        """The cache holds every context token but the last (all of them after a plain step queued the
+        next): kept for those."""
         context = row.context()
-        if not row.count or self._held != len(context) - 1:
+        if not row.count or self._held not in (len(context) - 1, len(context)):
             return [(None, None, row)]
-        return [(context[:-1], self._cache, row)]
+        return [(context[:self._held], self._cache, row)]
 
     def _prefill_chunk(self, context: list[int]) -> None:
         import mlx.core as mx
@@ -403,6 +447,61 @@ class Speculating:
         token = row.sampler(logprobs)
         mx.eval(token, logprobs)
         return lanes._feed(row, cast(int, token.item()), logprobs[0])
+
+    def _plain_round(self, row: Row) -> bool:
+        """One plain step: queue the forward of the token sampled last step (taken now, its value still
+        unread), then read that token and hand it to the row; True once the row is finished. The first
+        step after the prefill, or after a jump-forward, queues the forward of the context's last token
+        first. No step is queued past the row's token limit."""
+        import mlx.core as mx
+
+        if self._queued is None:
+            last = row.generated[-1] if row.generated else row.req.prompt_tokens[-1]
+            self._queued = self._queue_step(row, mx.array([last], dtype=mx.uint32))
+        token, logprobs = self._queued
+        self._queued = self._queue_step(row, token) if row.count + 1 < row.limit else None
+        return self._hand_out(row, token, logprobs)
+
+    def _take_queued(self, row: Row) -> bool:
+        """Hand out the plain step's token in flight (the row is leaving); True once the row is finished."""
+        assert self._queued is not None
+        (token, logprobs), self._queued = self._queued, None
+        try:
+            return self._hand_out(row, token, logprobs)
+        except Exception as exc:  # its sampler or processors, evaluated now
+            row.fault = exc
+            return True
+
+    def _hand_out(self, row: Row, token, logprobs) -> bool:
+        n = len(row.req.prompt_tokens) + len(row.generated)
+        self._held = n + (1 if self._queued is not None else 0)  # the queued step's forward took the token
+        if row.count % 256 == 255:
+            import mlx.core as mx
+
+            mx.clear_cache()  # as generate_step does: MLX's buffer cache stays small over a long reply
+        return lanes._feed(row, cast(int, token.item()), logprobs[0] if logprobs is not None else None)
+
+    def _queue_step(self, row: Row, inputs) -> tuple[Any, Any]:
+        """The model's forward of `inputs` (one token, the last of the context), the row's processors
+        and its sampler, queued on the device: (token, logprobs or None), both unread."""
+        import mlx.core as mx
+        from mlx_lm.generate import generation_stream
+        from mlx_lm.models.cache import TokenBuffer
+
+        with mx.stream(generation_stream):
+            logits = self.model.model(inputs[None], cache=self._cache)[:, -1, :]
+            if self._processors:
+                if self._seen is None:  # the context but its last token, which `inputs` holds
+                    self._seen = TokenBuffer(row.context()[:-1])
+                seen = self._seen.update_and_fetch(inputs)
+                for processor in self._processors:
+                    logits = processor(seen, logits)
+            greedy = row.req.sampling.temperature == 0 and not row.want_logprobs
+            logprobs = None if greedy else logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+            assert row.sampler is not None
+            token = row.sampler(logits if logprobs is None else logprobs)
+        mx.async_eval(token, *([] if logprobs is None else [logprobs]))
+        return token, logprobs
 
     def _jump_does_not_pay(self, row: Row) -> bool:
         """Whether a jump-forward row writes mostly free text: after JUMP_TRIAL

@@ -36,7 +36,7 @@ def test_multi_turn_chat_reuses_the_shared_prefix(app, tiny_model):
     first = client.chat.completions.create(model=tiny_model, messages=history, max_tokens=8)
     # Other tests share at most the template's opening tokens with this system prompt.
     assert first.usage.prompt_tokens_details.cached_tokens < 16
-    assert first.usage.model_extra["lane"] == "batched"
+    assert first.usage.model_extra["lane"] == "serial"  # alone from start to end: the single-row path
     history += [{"role": "assistant", "content": first.choices[0].message.content},
                 {"role": "user", "content": "And the fox?"}]
     second = client.chat.completions.create(model=tiny_model, messages=history, max_tokens=8)
@@ -57,7 +57,7 @@ def test_streaming_usage_reports_cached_tokens_and_lane(app, tiny_model):
                                                 stream_options={"include_usage": True})
         usage = [c.usage for c in stream if c.usage is not None][-1]
     assert usage.prompt_tokens_details.cached_tokens == usage.prompt_tokens - 1
-    assert usage.model_extra["lane"] == "batched"
+    assert usage.model_extra["lane"] == "serial"
 
 
 def test_session_affinity_in_body_and_headers(app, tiny_model):

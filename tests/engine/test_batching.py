@@ -74,6 +74,88 @@ def test_every_batched_row_equals_the_request_served_alone(engines, eos_id):
     assert alone[5]["finish"] == "stop" and alone[5]["text"].endswith("!")
 
 
+def test_a_lone_request_decodes_in_plain_steps_as_the_serial_lane_would(engines, eos_id):
+    """Alone on a batch engine, each request decodes on the single-row path (pipelined plain steps,
+    no BatchGenerator) and gets what the serial lane gives it: bias, logprobs, penalties, stop strings,
+    a grammar, a seeded sampler."""
+    alone = _alone(engines, eos_id)
+    engine = engines(batch=8, prompt_cache_bytes=0, jump_forward=False)
+    for request, a in zip(_requests(engine, eos_id), alone, strict=True):
+        out = asyncio.run(collect(engine, request))
+        _same(out, a)
+        assert out["usage"].lane == "serial"
+
+
+def test_a_lone_row_moves_into_the_batch_with_its_token_in_flight(engines, eos_id):
+    """A second request moves the lone row into the batch mid-reply: the token its queued step sampled
+    is handed out first, so no token is lost, repeated or drawn twice (a seeded row's key included)."""
+    alone = _alone(engines, eos_id)
+    engine = engines(batch=8, prompt_cache_bytes=0, jump_forward=False)
+    requests = _requests(engine, eos_id)
+
+    async def joined(first: int, second: int):
+        tokens: list[int] = []
+        run = engine.submit(requests[first])
+        events = run.events()
+        head = await events.__anext__()  # decoding alone now
+        tokens += head.token_ids
+        other = asyncio.create_task(collect(engine, requests[second]))
+        rest = [event async for event in events]
+        return head, rest, await other
+
+    for first, second in ((0, 1), (2, 4), (3, 7), (6, 0)):  # bias, logprobs, penalties, seeded
+        head, rest, other = asyncio.run(joined(first, second))
+        tokens = list(head.token_ids) + [t for e in rest for t in e.token_ids]
+        assert tokens == alone[first]["tokens"] and rest[-1].usage.lane == "batched"
+        if first == 2:
+            entries = [head.logprobs] + [e.logprobs for e in rest if e.logprobs is not None]
+            assert [e["id"] for e in entries] == alone[2]["tokens"]
+        _same(other, alone[second])
+
+
+def test_a_row_that_ends_with_its_token_in_flight_is_published_with_the_next_step(engines, eos_id):
+    """Driven step by step on the lane: a lone row whose queued token is its last ends while it moves,
+    and the next step publishes it with a KV cache that holds exactly the tokens it is published for."""
+    from inference.engine import lanes, speculate
+    from inference.engine.rows import Generation, Row
+
+    engine = engines(batch=8, prompt_cache_bytes=0, jump_forward=False)
+    model = engine.loaded
+    serial = asyncio.run(collect(engines(batch=1, prompt_cache_bytes=0), GenerationRequest(
+        _prompt(1, 6), max_tokens=2, logits=LogitsParams(logit_bias={eos_id: -100.0}))))
+    loop = asyncio.new_event_loop()
+
+    def row(prompt: list[int], limit: int) -> Row:
+        request = GenerationRequest(prompt, max_tokens=limit, logits=LogitsParams(logit_bias={eos_id: -100.0}))
+        return Row(Generation(request, loop, asyncio.Queue()), model, limit, 0, "serial")
+
+    def check(published, row):
+        (tokens, cache, who), = [p for p in published if p[2] is row]
+        assert tokens == row.context()[:len(tokens)] and cache[0].offset == len(tokens)
+        return tokens
+
+    try:
+        lane = engine.call(lambda: speculate.Speculating(lanes.BatchLane(model, 8, 64), model, None,
+                                                         speculate.SpecTotals()))
+        a, b = row(_prompt(1, 6), 2), row(_prompt(2, 6), 4)
+        assert engine.call(lambda: (lane.add(a, None, 0), lane.step(), lane.step())[1:]) == ([], [])
+        assert a.count == 1 and lane._queued is not None  # its second and last token is in flight
+        engine.call(lambda: lane.add(b, None, 0))  # a moves: its last token is handed out, and it ends
+        assert a.count == 2 and a.finish == "length" and lane.active == 2
+        published = engine.call(lane.step)
+        assert check(published, a) == a.context()[:-1] and a.generated == serial["tokens"]
+        while b.finish is None:
+            published = engine.call(lane.step)
+        check(published, b)
+        c = row(_prompt(3, 6), 5)  # alone to its end: the last step queues nothing past the limit
+        engine.call(lambda: lane.add(c, None, 0))
+        while c.finish is None:
+            published = engine.call(lane.step)
+        assert c.count == 5 and check(published, c) == c.context()[:-1]
+    finally:
+        loop.close()
+
+
 def test_rows_with_the_same_unseeded_settings_are_sampled_in_one_call(engines, eos_id, monkeypatch):
     from inference.engine import lanes
 

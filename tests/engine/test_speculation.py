@@ -98,7 +98,7 @@ def test_ineligible_and_opted_out_requests_decode_plainly(engines, eos_id):
     spec = engines(prompt_cache_bytes=0, draft_kind="ngram")
     prompt = _copy_prompt(3)
     out = asyncio.run(collect(spec, _request(prompt, eos_id, speculative=False)))
-    assert out["usage"].speculation is None and out["usage"].lane == "batched"
+    assert out["usage"].speculation is None and out["usage"].lane == "serial"  # alone: plain steps
     grammar = spec.loaded.grammar_compiler
     compiled = grammar.compile(GrammarSpec("regex", "[a-z]{3,12}!"))
     out = asyncio.run(collect(spec, _request(prompt, eos_id, grammar=grammar.state(compiled))))
