@@ -5,7 +5,9 @@ has its own sampling settings, logits processors (penalties, bias,
 grammar), token limit and prompt cache; new rows join between decode steps,
 and a long prompt is prefilled one chunk per step so the other rows keep
 decoding. Rows with the same unseeded settings share one sampler
-(`BatchLane.batch_sampler`). The engine wraps it (`speculate.Speculating`)
+(`BatchLane.batch_sampler`). A step whose rows are all greedy and ask for
+no logprobs samples the logits as they are (`lean_generation_batch`): no
+log-softmax over the vocabulary. The engine wraps it (`speculate.Speculating`)
 so that a request running alone decodes without the batch machinery and
 moves in when a second one comes.
 
@@ -29,6 +31,7 @@ they had generated (`Row.context()`).
 """
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -58,6 +61,8 @@ class BatchLane:
         self.model = model
         self.gen = BatchGenerator(model.model, completion_batch_size=size, prefill_batch_size=min(size, prefill_rows),
                                   prefill_step_size=prefill_chunk)
+        self.logprob_uids: set[int] = set()  # rows that asked for logprobs: their steps are normalized
+        lean_generation_batch(self.gen, self.logprob_uids)
         self.eos = StopSequences([[t] for t in sorted(model.tokenizer.eos_token_ids)])
         self.rows: dict[int, Row] = {}
         self.special = _special_ids(model)
@@ -92,6 +97,8 @@ class BatchLane:
             logits_processors=[[guard_processor(p, row) for p in make_processors(row.req)]],
             stop_sequences=[self.eos])
         self.rows[uid] = row
+        if row.want_logprobs:
+            self.logprob_uids.add(uid)
 
     def batch_sampler(self, row: Row):
         """The sampler `row` decodes with in the batch. Rows with the same
@@ -129,6 +136,7 @@ class BatchLane:
             if r.finish_reason is not None and row.fault is None:  # the generator dropped the row itself
                 row.finish = row.finish or r.finish_reason
                 del self.rows[r.uid]
+                self.logprob_uids.discard(r.uid)
                 published.append((r.all_tokens, r.prompt_cache, row))
                 close_row(row)
             elif done or r.finish_reason is not None:
@@ -146,6 +154,7 @@ class BatchLane:
         out: Published = []
         for uid in uids:
             row = self.rows.pop(uid)
+            self.logprob_uids.discard(uid)
             if row.fault is not None:
                 fail_faulty(row)
                 self.faults += 1
@@ -162,8 +171,84 @@ class BatchLane:
         uids = list(self.rows)
         if uids:
             self.gen.remove(uids)
+        self.logprob_uids.clear()
         for uid in uids:
             self.rows.pop(uid).fail(message)
+
+
+def lean_generation_batch(gen, logprob_uids: set[int]) -> bool:
+    """Give `gen` (mlx-lm's BatchGenerator) a decoding batch whose step leaves out the log-softmax
+    over the vocabulary while every row is greedy and none asked for logprobs: the argmax of the
+    logits is the argmax of the log-probabilities, and nothing else reads them then. mlx-lm
+    normalizes every step (and slices the result into one array per row); over a vocabulary of
+    151,936 that is two passes of `exp`-bound work a row a step, which on an x86 CPU (MLX's `exp`
+    there is scalar code, see fastmath.py) took two thirds of a 32-row step of a small model.
+
+    mlx-lm has no switch for it, so this is its `GenerationBatch._step` (0.32.2) with that one
+    change, put in place of the generator's empty decoding batch, which every prefilled row joins
+    (`extend`); a row's first token still comes from mlx-lm's own step. Where mlx-lm's batch
+    lacks what the copy relies on, the generator is left as it is. Answers whether it was changed."""
+    from mlx_lm.generate import GenerationBatch
+
+    batch = getattr(gen, "_generation_batch", None)
+    needed = ("_next_tokens", "_next_logprobs", "_token_context", "fallback_sampler", "logits_processors")
+    if type(batch) is not GenerationBatch or len(batch) or not all(hasattr(batch, a) for a in needed):
+        log.warning("mlx-lm's BatchGenerator is not the one Hearth knows: every step keeps its log-softmax")
+        return False
+    lean = _lean_batch_class().empty(batch.model, batch.fallback_sampler)
+    lean.logprob_uids = logprob_uids
+    gen._generation_batch = lean
+    return True
+
+
+@functools.cache
+def _lean_batch_class():
+    """Made once, on first use: mlx-lm is imported on the engine thread, not with this module."""
+    from mlx_lm.generate import GenerationBatch
+    from mlx_lm.sample_utils import greedy_sampler
+
+    class LeanGenerationBatch(GenerationBatch):
+        logprob_uids: set[int] = set()
+
+        def _step(self: Any):  # typed loosely: mlx-lm's own attributes start as None
+            import mlx.core as mx
+
+            self._current_tokens = self._next_tokens
+            self._current_logprobs = self._next_logprobs
+            inputs = self._current_tokens
+            logits = self.model(inputs[:, None], cache=self.prompt_cache)[:, -1, :]
+            token_context = []
+            if any(self.logits_processors):
+                processed = []
+                for e in range(len(self.uids)):
+                    sample_logits = logits[e:e + 1]
+                    processors = self.logits_processors[e] or ()
+                    if processors:
+                        context = self._token_context[e].update_and_fetch(inputs[e:e + 1])
+                        token_context.append(context)
+                        for processor in processors:
+                            sample_logits = processor(context, sample_logits)
+                    processed.append(sample_logits)
+                logits = mx.concatenate(processed, axis=0)
+            samplers = [self.fallback_sampler if s is None else s for s in (self.samplers or [None] * len(self.uids))]
+            if all(s is greedy_sampler for s in samplers) and not any(u in self.logprob_uids for u in self.uids):
+                self._next_tokens = greedy_sampler(logits)  # the change: no log-softmax, no per-row slices
+                self._next_logprobs = [None] * len(self.uids)
+            else:
+                logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+                if not samplers or all(s is samplers[0] for s in samplers):
+                    self._next_tokens = (samplers[0] if samplers else self.fallback_sampler)(logprobs)
+                else:
+                    self._next_tokens = mx.concatenate([s(logprobs[e:e + 1]) for e, s in enumerate(samplers)], axis=0)
+                self._next_logprobs = list(logprobs)
+            mx.async_eval(self._next_tokens, self._next_logprobs, token_context)
+            mx.eval(inputs, self._current_logprobs)
+            tokens = inputs.tolist()
+            for seen, token in zip(self.tokens, tokens, strict=True):
+                seen.append(token)
+            return tokens, self._current_logprobs
+
+    return LeanGenerationBatch
 
 
 class SerialLane:

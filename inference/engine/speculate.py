@@ -485,21 +485,19 @@ class Speculating:
         """The model's forward of `inputs` (one token, the last of the context), the row's processors
         and its sampler, queued on the device: (token, logprobs or None), both unread."""
         import mlx.core as mx
-        from mlx_lm.generate import generation_stream
         from mlx_lm.models.cache import TokenBuffer
 
-        with mx.stream(generation_stream):
-            logits = self.model.model(inputs[None], cache=self._cache)[:, -1, :]
-            if self._processors:
-                if self._seen is None:  # the context but its last token, which `inputs` holds
-                    self._seen = TokenBuffer(row.context()[:-1])
-                seen = self._seen.update_and_fetch(inputs)
-                for processor in self._processors:
-                    logits = processor(seen, logits)
-            greedy = row.req.sampling.temperature == 0 and not row.want_logprobs
-            logprobs = None if greedy else logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-            assert row.sampler is not None
-            token = row.sampler(logits if logprobs is None else logprobs)
+        logits = self.model.model(inputs[None], cache=self._cache)[:, -1, :]
+        if self._processors:
+            if self._seen is None:  # the context but its last token, which `inputs` holds
+                self._seen = TokenBuffer(row.context()[:-1])
+            seen = self._seen.update_and_fetch(inputs)
+            for processor in self._processors:
+                logits = processor(seen, logits)
+        greedy = row.req.sampling.temperature == 0 and not row.want_logprobs
+        logprobs = None if greedy else logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        assert row.sampler is not None
+        token = row.sampler(logits if logprobs is None else logprobs)
         mx.async_eval(token, *([] if logprobs is None else [logprobs]))
         return token, logprobs
 

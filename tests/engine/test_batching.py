@@ -125,8 +125,9 @@ def test_a_row_that_ends_with_its_token_in_flight_is_published_with_the_next_ste
         _prompt(1, 6), max_tokens=2, logits=LogitsParams(logit_bias={eos_id: -100.0}))))
     loop = asyncio.new_event_loop()
 
-    def row(prompt: list[int], limit: int) -> Row:
-        request = GenerationRequest(prompt, max_tokens=limit, logits=LogitsParams(logit_bias={eos_id: -100.0}))
+    def row(prompt: list[int], limit: int, stop: list[str] | None = None) -> Row:
+        request = GenerationRequest(prompt, max_tokens=limit, logits=LogitsParams(logit_bias={eos_id: -100.0}),
+                                    stop=stop or [])
         return Row(Generation(request, loop, asyncio.Queue()), model, limit, 0, "serial")
 
     def check(published, row):
@@ -152,8 +153,65 @@ def test_a_row_that_ends_with_its_token_in_flight_is_published_with_the_next_ste
         while c.finish is None:
             published = engine.call(lane.step)
         assert c.count == 5 and check(published, c) == c.context()[:-1]
+        first = model.tokenizer.decode(c.generated[:1])
+        d = row(_prompt(3, 6), 5, stop=[first])  # ends on a stop string with the next step queued
+        engine.call(lambda: lane.add(d, None, 0))
+        while d.finish is None:
+            published = engine.call(lane.step)
+        assert d.count == 1 and d.stops.stopped and check(published, d) == d.context()
     finally:
         loop.close()
+
+
+def test_a_greedy_batch_without_logprobs_skips_the_log_softmax(engines, eos_id, monkeypatch):
+    """While every row is greedy and none asked for logprobs, a batched step samples the logits as they
+    are (no log-softmax over the vocabulary); a row that asks for logprobs brings it back. Both give what
+    the serial lane gives."""
+    import mlx.core as mx
+
+    calls = []
+    real = mx.logsumexp
+
+    def counted(*args, **kw):
+        calls.append(args[0].shape)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(mx, "logsumexp", counted)
+    no_eos = LogitsParams(logit_bias={eos_id: -100.0})
+    requests = [GenerationRequest(_prompt(i, 12), max_tokens=24, logits=no_eos) for i in range(4)]
+    alone = [asyncio.run(collect(engines(batch=1, prompt_cache_bytes=0), r)) for r in requests]
+    engine = engines(batch=4, prompt_cache_bytes=0)
+
+    def together(batch):
+        calls.clear()
+
+        async def run():
+            return await asyncio.gather(*[collect(engine, r) for r in batch])
+        return asyncio.run(run())
+
+    for out, a in zip(together(requests), alone, strict=True):
+        _same(out, a)
+    # Only mlx-lm's own first step of the rows prefilled together normalized; the 23 steps after did not.
+    assert len([shape for shape in calls if shape[0] > 1]) <= 2
+    logprobs = GenerationRequest(_prompt(9, 12), max_tokens=24, logits=no_eos, logprobs=True)
+    out = together(requests[:3] + [logprobs])
+    assert [o["tokens"] for o in out[:3]] == [a["tokens"] for a in alone[:3]] and len(out[3]["logprobs"]) == 24
+    assert len([shape for shape in calls if shape[0] > 1]) >= 20
+
+
+def test_the_engine_thread_runs_all_its_mlx_work_on_one_stream(engines):
+    """mlx-lm's generation stream is the engine thread's default: a second stream would be a second CPU
+    worker thread calling the BLAS (see Engine._run)."""
+    import mlx.core as mx
+    from mlx_lm.generate import generation_stream
+
+    def streams():
+        outer = mx.default_stream(mx.default_device())
+        with mx.stream(generation_stream):
+            return outer, mx.default_stream(mx.default_device())
+
+    outer, inner = engines(batch=4, prompt_cache_bytes=0).call(streams)
+    assert outer == inner
 
 
 def test_rows_with_the_same_unseeded_settings_are_sampled_in_one_call(engines, eos_id, monkeypatch):
