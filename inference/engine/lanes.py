@@ -37,7 +37,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from inference.engine.rows import Row
-from inference.engine.sampling import make_processors, make_sampler
+from inference.engine.sampling import make_processors, make_sampler, sample
 
 if TYPE_CHECKING:
     from inference.engine.loader import LoadedModel
@@ -184,8 +184,9 @@ def lean_generation_batch(gen, logprob_uids: set[int]) -> bool:
     151,936 that is two passes of `exp`-bound work a row a step, which on an x86 CPU (MLX's `exp`
     there is scalar code, see fastmath.py) took two thirds of a 32-row step of a small model.
 
-    mlx-lm has no switch for it, so this is its `GenerationBatch._step` (0.32.2) with that one
-    change, put in place of the generator's empty decoding batch, which every prefilled row joins
+    mlx-lm has no switch for it, so this is its `GenerationBatch._step` (0.32.2) with that
+    change, and with greedy rows taking the argmax of the logits as they are (`sampling.sample`),
+    put in place of the generator's empty decoding batch, which every prefilled row joins
     (`extend`); a row's first token still comes from mlx-lm's own step. Where mlx-lm's batch
     lacks what the copy relies on, the generator is left as it is. Answers whether it was changed."""
     from mlx_lm.generate import GenerationBatch
@@ -231,16 +232,18 @@ def _lean_batch_class():
                     processed.append(sample_logits)
                 logits = mx.concatenate(processed, axis=0)
             samplers = [self.fallback_sampler if s is None else s for s in (self.samplers or [None] * len(self.uids))]
-            if all(s is greedy_sampler for s in samplers) and not any(u in self.logprob_uids for u in self.uids):
-                self._next_tokens = greedy_sampler(logits)  # the change: no log-softmax, no per-row slices
-                self._next_logprobs = [None] * len(self.uids)
-            else:
+            # The changes: no log-softmax (nor its per-row slices) when nothing reads it, and greedy rows
+            # take the argmax of the logits as they are (`sampling.sample`).
+            logprobs = None
+            if not all(s is greedy_sampler for s in samplers) or any(u in self.logprob_uids for u in self.uids):
                 logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-                if not samplers or all(s is samplers[0] for s in samplers):
-                    self._next_tokens = (samplers[0] if samplers else self.fallback_sampler)(logprobs)
-                else:
-                    self._next_tokens = mx.concatenate([s(logprobs[e:e + 1]) for e, s in enumerate(samplers)], axis=0)
-                self._next_logprobs = list(logprobs)
+            if all(s is samplers[0] for s in samplers):
+                self._next_tokens = sample(samplers[0], logits, logprobs)
+            else:
+                self._next_tokens = mx.concatenate(
+                    [sample(s, logits[e:e + 1], None if logprobs is None else logprobs[e:e + 1])
+                     for e, s in enumerate(samplers)], axis=0)
+            self._next_logprobs = [None] * len(self.uids) if logprobs is None else list(logprobs)
             mx.async_eval(self._next_tokens, self._next_logprobs, token_context)
             mx.eval(inputs, self._current_logprobs)
             tokens = inputs.tolist()

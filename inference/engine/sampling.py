@@ -25,6 +25,20 @@ def make_sampler(req: GenerationRequest, special_ids: list[int]):
     return _SeededSampler(req, special_ids, s.seed)
 
 
+def greedy(sampler) -> bool:
+    """Whether `sampler` is mlx-lm's argmax, every temperature-0 request's."""
+    from mlx_lm.sample_utils import greedy_sampler
+
+    return sampler is greedy_sampler
+
+
+def sample(sampler, logits, logprobs):
+    """A token from `sampler`: a greedy one takes the argmax of the logits as they are, so a greedy row
+    picks the same token whether or not its step computed the log-softmax (for logprobs, or for a
+    sampled row beside it), where rounding could otherwise tie two near-equal logits."""
+    return sampler(logits) if greedy(sampler) else sampler(logprobs)
+
+
 class _SeededSampler:
     """The same chain as `mlx_lm.sample_utils.make_sampler`, drawing every
     random number from a key owned by the request."""

@@ -74,7 +74,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from inference.engine import lanes
 from inference.engine.rows import Row
-from inference.engine.sampling import make_processors, make_sampler
+from inference.engine.sampling import greedy, make_processors, make_sampler, sample
 
 if TYPE_CHECKING:
     from inference.engine.loader import LoadedModel
@@ -319,7 +319,7 @@ class Speculating:
         row = self.row
         assert row is not None
         if self._queued is not None and self._take_queued(row):  # a failure there is the row's own
-            self._ended += self._publish(row)
+            self._ended += [(None, None, row)] if row.fault is not None else self._publish(row)
             self._finish()
             if row.fault is not None:
                 lanes.fail_faulty(row)
@@ -328,14 +328,15 @@ class Speculating:
                 lanes.close_row(row)
             return
         cache, held = self._cache, self._held
-        self._finish()
         row.lane = row.generation.lane = self.inner.name
         try:
-            self.inner.add(row, cache, held)
+            self.inner.add(row, cache, held)  # before this lane lets go of it: `active` never misses the row
         except Exception as exc:
             log.exception("could not move request %s to the %s lane", row.req.id, self.inner.name)
             row.fault = exc
             lanes.fail_faulty(row)
+        finally:
+            self._finish()
 
     def _finish(self) -> None:
         self.row, self._cache, self._processors, self._queued, self._seen = None, None, [], None, None
@@ -352,17 +353,20 @@ class Speculating:
             lanes.close_row(row)
             return published
         done = False
+        prefilled = self._held >= len(row.req.prompt_tokens) + len(row.generated) - 1
         try:
-            if self._held < len(row.req.prompt_tokens) + len(row.generated) - 1:
+            if not prefilled:
                 self._prefill_chunk(row.context())  # one chunk per engine step: others may join meanwhile
-            elif self._mode == "plain":
-                done = self._plain_round(row)
             elif self._mode == "jump":
                 done = self._jump_round(row)
-            elif self.drafter is not None and self.drafter.prefill(row.context()):
+            elif self._mode == "draft" and self.drafter is not None and self.drafter.prefill(row.context()):
                 done = self._round(row)
         except Exception as exc:
             row.fault = exc
+        if prefilled and self._mode == "plain":
+            # As in the batch lane: the row's own processors, sampler and detokenizer fail the row alone;
+            # anything else (the forward, the evaluation) fails the step, which Engine._recover restarts.
+            done = self._plain_round(row)
         if row.fault is not None:
             self._finish()
             lanes.fail_faulty(row)
@@ -444,7 +448,7 @@ class Speculating:
         for processor in self._processors:  # the grammar masks the position after the forced span
             last = processor(seen, last)
         logprobs = last - mx.logsumexp(last, axis=-1, keepdims=True)
-        token = row.sampler(logprobs)
+        token = sample(row.sampler, last, logprobs)
         mx.eval(token, logprobs)
         return lanes._feed(row, cast(int, token.item()), logprobs[0])
 
@@ -458,6 +462,8 @@ class Speculating:
         if self._queued is None:
             last = row.generated[-1] if row.generated else row.req.prompt_tokens[-1]
             self._queued = self._queue_step(row, mx.array([last], dtype=mx.uint32))
+            if row.fault is not None:
+                return True  # its processors or sampler failed on the token it would hand out now
         token, logprobs = self._queued
         self._queued = self._queue_step(row, token) if row.count + 1 < row.limit else None
         return self._hand_out(row, token, logprobs)
@@ -488,24 +494,31 @@ class Speculating:
         from mlx_lm.models.cache import TokenBuffer
 
         logits = self.model.model(inputs[None], cache=self._cache)[:, -1, :]
-        if self._processors:
+        if self._processors and row.fault is None:
             if self._seen is None:  # the context but its last token, which `inputs` holds
                 self._seen = TokenBuffer(row.context()[:-1])
             seen = self._seen.update_and_fetch(inputs)
-            for processor in self._processors:
-                logits = processor(seen, logits)
-        greedy = row.req.sampling.temperature == 0 and not row.want_logprobs
-        logprobs = None if greedy else logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-        assert row.sampler is not None
-        token = row.sampler(logits if logprobs is None else logprobs)
+            try:
+                for processor in self._processors:
+                    logits = processor(seen, logits)
+            except Exception as exc:  # the row's own: it ends once the token it has is handed out
+                row.fault = exc
+        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True) \
+            if row.want_logprobs or not greedy(row.sampler) else None
+        try:
+            token = sample(row.sampler, logits, logprobs)
+        except Exception as exc:
+            row.fault = row.fault or exc
+            token = mx.argmax(logits, axis=-1)  # a stand-in, never handed out
         mx.async_eval(token, *([] if logprobs is None else [logprobs]))
         return token, logprobs
 
     def _jump_does_not_pay(self, row: Row) -> bool:
         """Whether a jump-forward row writes mostly free text: after JUMP_TRIAL
         sampled tokens, fewer appended tokens than sampled ones. Its forwards
-        here are plain steps that the batch lane runs faster (measured: 23.1
-        against 18.8 tok/s for a regex over letters), so it moves there."""
+        here are unpipelined steps, slower than pipelined ones (measured: the
+        batch lane's 23.1 against 18.8 tok/s for a regex over letters), so it
+        goes on in plain steps (or on the serial lane)."""
         fill = row.fill
         return fill is not None and fill["decodeSteps"] >= JUMP_TRIAL and fill["injected"] < fill["decodeSteps"]
 
@@ -553,7 +566,7 @@ class Speculating:
         seeded = hasattr(sampler, "key")
         draws, keys = [], []
         for i in range(len(drafts) + 1):
-            draws.append(sampler(logprobs[i:i + 1]))
+            draws.append(sample(sampler, logits[i:i + 1], logprobs[i:i + 1]))
             if seeded:
                 keys.append(sampler.key)
         chosen = mx.concatenate(draws, axis=0)

@@ -481,6 +481,21 @@ def test_a_failing_row_ends_alone_and_its_neighbours_finish_intact(engines, eos_
     assert engine.active_rows == 0
 
 
+@pytest.mark.parametrize("eager", [True, False], ids=["raises", "fails-when-evaluated"])
+def test_a_lone_row_that_fails_ends_alone_and_the_engine_goes_on(engines, eos_id, eager):
+    """On the single-row path too: a processor that raises fails its row; one whose array fails when
+    evaluated fails the step, which the engine recovers (Engine._recover finds the row and ends it)."""
+    engine = engines(batch=8, prompt_cache_bytes=0, jump_forward=False)
+    no_eos = LogitsParams(logit_bias={eos_id: -100.0})
+    rows_before, steps_before = engine.stats.failed_rows, engine.stats.failed_steps
+    bad = asyncio.run(_outcome(engine, GenerationRequest(_prompt(3, 8), max_tokens=40, grammar=_Poison(5, eager))))
+    assert bad["error"] and bad["error"].startswith("generation failed:"), bad
+    assert engine.stats.failed_rows == rows_before + 1
+    assert engine.stats.failed_steps == steps_before + (0 if eager else 1)
+    after = asyncio.run(collect(engine, GenerationRequest(_prompt(1, 12), max_tokens=10, logits=no_eos)))
+    assert len(after["tokens"]) == 10 and after["usage"].lane == "serial" and engine.active_rows == 0
+
+
 @pytest.mark.parametrize("sampling,logits,param", [
     (SamplingParams(temperature=1.0, top_k=320), LogitsParams(), "top_k"),
     (SamplingParams(temperature=float("nan")), LogitsParams(), "temperature"),
