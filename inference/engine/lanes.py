@@ -37,7 +37,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from inference.engine.rows import Row
-from inference.engine.sampling import make_processors, make_sampler, sample
+from inference.engine.sampling import greedy, make_processors, make_sampler, sample
 
 if TYPE_CHECKING:
     from inference.engine.loader import LoadedModel
@@ -206,7 +206,6 @@ def lean_generation_batch(gen, logprob_uids: set[int]) -> bool:
 def _lean_batch_class():
     """Made once, on first use: mlx-lm is imported on the engine thread, not with this module."""
     from mlx_lm.generate import GenerationBatch
-    from mlx_lm.sample_utils import greedy_sampler
 
     class LeanGenerationBatch(GenerationBatch):
         logprob_uids: set[int] = set()
@@ -235,7 +234,7 @@ def _lean_batch_class():
             # The changes: no log-softmax (nor its per-row slices) when nothing reads it, and greedy rows
             # take the argmax of the logits as they are (`sampling.sample`).
             logprobs = None
-            if not all(s is greedy_sampler for s in samplers) or any(u in self.logprob_uids for u in self.uids):
+            if not all(greedy(s) for s in samplers) or any(u in self.logprob_uids for u in self.uids):
                 logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
             if all(s is samplers[0] for s in samplers):
                 self._next_tokens = sample(samplers[0], logits, logprobs)

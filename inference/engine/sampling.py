@@ -7,6 +7,7 @@ other rows in the batch or on the order requests arrived in.
 """
 from __future__ import annotations
 
+import functools
 from typing import cast
 
 from inference.engine.hlg import HlgProcessor
@@ -25,11 +26,16 @@ def make_sampler(req: GenerationRequest, special_ids: list[int]):
     return _SeededSampler(req, special_ids, s.seed)
 
 
-def greedy(sampler) -> bool:
-    """Whether `sampler` is mlx-lm's argmax, every temperature-0 request's."""
+@functools.cache
+def _argmax():
     from mlx_lm.sample_utils import greedy_sampler
 
-    return sampler is greedy_sampler
+    return greedy_sampler
+
+
+def greedy(sampler) -> bool:
+    """Whether `sampler` is mlx-lm's argmax, every temperature-0 request's (asked per row per step)."""
+    return sampler is _argmax()
 
 
 def sample(sampler, logits, logprobs):

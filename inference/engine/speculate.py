@@ -51,7 +51,8 @@ order (the forward of the token just sampled is queued before that token is
 read, so the device computes the next one while this one is detokenized and
 sent), without the batch machinery's per-step work (a batched KV cache and
 its masks, per-row slices of the logits, the stop matchers, the response
-objects): on a fast device that is what a single stream's step is made of.
+objects), which shows where a step's compute is small (a fast device, a
+small model).
 A greedy row that asks for no logprobs is sampled from the logits (the
 argmax is the same), so no log-softmax over the vocabulary is computed for it.
 mlx-lm's `generate_step` itself cannot be used: it always runs one forward

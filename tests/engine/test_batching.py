@@ -94,11 +94,8 @@ def test_a_lone_row_moves_into_the_batch_with_its_token_in_flight(engines, eos_i
     requests = _requests(engine, eos_id)
 
     async def joined(first: int, second: int):
-        tokens: list[int] = []
-        run = engine.submit(requests[first])
-        events = run.events()
+        events = engine.submit(requests[first]).events()
         head = await events.__anext__()  # decoding alone now
-        tokens += head.token_ids
         other = asyncio.create_task(collect(engine, requests[second]))
         rest = [event async for event in events]
         return head, rest, await other
