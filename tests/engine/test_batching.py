@@ -160,6 +160,71 @@ def test_a_row_that_ends_with_its_token_in_flight_is_published_with_the_next_ste
         loop.close()
 
 
+def test_a_prefilled_row_starts_decoding_with_the_group_being_prefilled(engines, eos_id):
+    """A lone row prefilled alone, moved before its first token while a burst of short prompts is
+    prefilled, waits that one step and starts decoding with them (one batch, not a batch the group is
+    merged into a step later), and gets what it gets alone. Behind a prompt that takes several steps,
+    it starts at once; one that leaves while it waits is published with the cache of its prompt."""
+    from inference.engine import lanes, speculate
+    from inference.engine.rows import Generation, Row
+
+    engine = engines(batch=8, prompt_cache_bytes=0, jump_forward=False)
+    model = engine.loaded
+    bias = LogitsParams(logit_bias={eos_id: -100.0})
+    serial = asyncio.run(collect(engines(batch=1, prompt_cache_bytes=0), GenerationRequest(
+        _prompt(1, 6), max_tokens=6, logits=bias)))
+    loop = asyncio.new_event_loop()
+
+    def row(prompt: list[int], limit: int = 6) -> Row:
+        return Row(Generation(GenerationRequest(prompt, max_tokens=limit, logits=bias), loop, asyncio.Queue()),
+                   model, limit, 0, "serial")
+
+    def prefilled_alone(lane, prompt):
+        first = row(prompt)
+        engine.call(lambda: (lane.add(first, None, 0), lane.step()))  # its prompt but the last token, in cache
+        assert first.count == 0 and lane.row is first and lane._queued is None
+        return first
+
+    try:
+        lane = engine.call(lambda: speculate.Speculating(lanes.BatchLane(model, 8, 64), model, None,
+                                                         speculate.SpecTotals()))
+        batch = lane.inner
+        a = prefilled_alone(lane, _prompt(1, 6))
+        group = [row(_prompt(seed, 20)) for seed in (2, 3, 4)]
+        engine.call(lambda: [lane.add(r, None, 0) for r in group])  # `a` moves, and is held
+        assert lane.row is None and [j[0] for j in batch.joining] == [a] and lane.active == 4
+        engine.call(lane.step)  # the group's prompts are prefilled; `a` waits
+        assert [j[0] for j in batch.joining] == [a] and batch.prefilling == 4
+        engine.call(lane.step)  # all four start decoding, in one batch
+        assert not batch.joining and len(batch.gen._generation_batch) == 4
+        assert [r.count for r in (a, *group)] == [0, 0, 0, 0]
+        engine.call(lane.step)
+        assert [r.count for r in (a, *group)] == [1, 1, 1, 1]
+        while a.finish is None:
+            engine.call(lane.step)
+        assert a.generated == serial["tokens"]
+        while any(r.finish is None for r in group):
+            engine.call(lane.step)
+
+        b = prefilled_alone(lane, _prompt(1, 6))
+        long = row(_prompt(5, 300))  # five steps of 64
+        engine.call(lambda: lane.add(long, None, 0))
+        engine.call(lane.step)
+        assert not batch.joining
+        engine.call(lane.step)
+        assert b.count == 1 and long.count == 0  # decoding while the long prompt is prefilled
+        engine.call(lambda: batch.fail_all("stop"))
+
+        c = prefilled_alone(lane, _prompt(1, 6))
+        engine.call(lambda: lane.add(row(_prompt(6, 20)), None, 0))
+        c.generation.aborted.set()
+        (tokens, cache, who), = [p for p in engine.call(lane.step) if p[2] is c]
+        assert tokens == _prompt(1, 5) and cache[0].offset == 5
+        engine.call(lambda: batch.fail_all("stop"))
+    finally:
+        loop.close()
+
+
 def test_a_greedy_batch_without_logprobs_skips_the_log_softmax(engines, eos_id, monkeypatch):
     """While every row is greedy and none asked for logprobs, a batched step samples the logits as they
     are (no log-softmax over the vocabulary); a row that asks for logprobs brings it back. Both give what
