@@ -50,7 +50,7 @@ log = logging.getLogger("hearth.engine")
 # get faster per row up to well past 32 rows (BLAS efficiency grows with M),
 # so a bigger batch only costs memory, which admission checks.
 AUTO_BATCH_MAX = 64
-PREFILL_ROWS = 8  # prompts prefilled together in one step (mlx-lm's server uses 8 too)
+PREFILL_ROWS = 8  # prompts prefilled together in one step at least (mlx-lm's server: 8), more if short
 # Drafts per round: a wrong guess costs a wider forward, and prompt lookup's
 # guesses come in runs (it copies), a draft model's one at a time.
 DRAFT_TOKENS = {"ngram": 8, "model": 3}

@@ -4,9 +4,11 @@
 has its own sampling settings, logits processors (penalties, bias,
 grammar), token limit and prompt cache; new rows join between decode steps,
 and a long prompt is prefilled one chunk per step so the other rows keep
-decoding. A row with nothing to prefill starts with the short prompts whose
-prefill ends that step (`BatchLane._start_joining`). Rows with the same unseeded settings share one sampler
-(`BatchLane.batch_sampler`). A step whose rows are all greedy and ask for
+decoding. A step prefills 8 prompts, or more short ones within the tokens
+of 8 chunks (`BatchLane._size_prefill_group`); a row with nothing to
+prefill starts with the prompts whose prefill ends that step
+(`BatchLane._start_joining`). Rows with the same unseeded settings share
+one sampler (`BatchLane.batch_sampler`). A step whose rows are all greedy and ask for
 no logprobs samples the logits as they are (`lean_generation_batch`): no
 log-softmax over the vocabulary. The engine wraps it (`speculate.Speculating`)
 so that a request running alone decodes without the batch machinery and
@@ -62,6 +64,8 @@ class BatchLane:
         self.model = model
         self.gen = BatchGenerator(model.model, completion_batch_size=size, prefill_batch_size=min(size, prefill_rows),
                                   prefill_step_size=prefill_chunk)
+        self.prefill_rows = min(size, prefill_rows)
+        self.prefill_budget = prefill_rows * prefill_chunk  # prompt tokens (padding included) a step prefills
         self.logprob_uids: set[int] = set()  # rows that asked for logprobs: their steps are normalized
         lean_generation_batch(self.gen, self.logprob_uids)
         self.eos = StopSequences([[t] for t in sorted(model.tokenizer.eos_token_ids)])
@@ -158,6 +162,27 @@ class BatchLane:
             self.shared_samplers[key] = make_sampler(row.req, self.special)
         return self.shared_samplers[key]
 
+    def _size_prefill_group(self) -> None:
+        """How many prompts mlx-lm's next step prefills together: `prefill_rows` (8), or more while their
+        chunks, padded to the longest (mlx-lm pads a group's chunks to one length), fit the token budget
+        of 8 full chunks. A step never prefills more than 8 full chunks did, and a burst of short prompts
+        is prefilled in one step instead of one step of 8 each: mlx-lm hands out no first token of a
+        group before the step after it splits that group off, and that step prefills the next group, so
+        with groups of 8 a burst's first tokens wait for most of the burst's prefill anyway, plus a
+        decode step and a merge per group. Raw mlx-lm, 32 prompts of 45 tokens at once on the 103M
+        model, 2-core CPU: median first token 3.05-3.30 s either way, the last one 2.96-3.31 s in groups
+        of 32 against 4.20-4.53 in groups of 8; where the prefill of more rows costs less than more
+        steps (a GPU), one group is the faster."""
+        gen, chunk = self.gen, self.gen.prefill_step_size
+        rows = len(gen._currently_processing)
+        widest = max((min(len(seq[0][0]), chunk) for seq in gen._currently_processing), default=0)
+        for seq in gen._unprocessed_sequences:
+            width = max(widest, min(len(seq[1][0]), chunk))
+            if rows >= self.prefill_rows and (rows + 1) * width > self.prefill_budget:
+                break
+            rows, widest = rows + 1, width
+        gen.prefill_batch_size = max(rows, self.prefill_rows)
+
     def step(self) -> Published:
         published: Published = self._start_joining() if self.joining else []
         gone = [uid for uid, row in self.rows.items() if row.aborted]
@@ -165,6 +190,8 @@ class BatchLane:
             published += self._remove(gone)
         if not self.rows:
             return published
+        if self.gen._unprocessed_sequences:
+            self._size_prefill_group()
         _, responses = self.gen.next()
         ended = []
         for r in responses:

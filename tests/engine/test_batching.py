@@ -225,6 +225,38 @@ def test_a_prefilled_row_starts_decoding_with_the_group_being_prefilled(engines,
         loop.close()
 
 
+def test_a_burst_of_short_prompts_is_prefilled_in_one_step_and_long_ones_eight_at_a_time(engines, eos_id):
+    """A step prefills at least 8 prompts, and more while their chunks, padded to the longest, fit the
+    tokens of 8 full chunks: 20 short prompts start decoding together; 12 long ones go 8, then 4."""
+    from inference.engine import lanes
+    from inference.engine.rows import Generation, Row
+
+    engine = engines(batch=32, prompt_cache_bytes=0)
+    model = engine.loaded
+    loop = asyncio.new_event_loop()
+
+    def row(prompt: list[int]) -> Row:
+        request = GenerationRequest(prompt, max_tokens=3, logits=LogitsParams(logit_bias={eos_id: -100.0}))
+        return Row(Generation(request, loop, asyncio.Queue()), model, 3, 0, "batched")
+
+    def burst(length: int, n: int) -> list[int]:
+        lane = engine.call(lambda: lanes.BatchLane(model, 32, 64))
+        rows = [row(_prompt(seed, length)) for seed in range(n)]
+        engine.call(lambda: [lane.add(r, None, 0) for r in rows])
+        sizes = []
+        while any(r.finish is None for r in rows):
+            engine.call(lane.step)
+            sizes.append(len(lane.gen._prompt_batch))
+        return sizes
+
+    try:
+        assert burst(20, 20)[:2] == [20, 0]
+        # 299 tokens in chunks of 64 take five steps: 8 rows, a step to split them off, then the other 4
+        assert burst(300, 12)[:11] == [8, 8, 8, 8, 8, 0, 4, 4, 4, 4, 4]
+    finally:
+        loop.close()
+
+
 def test_a_greedy_batch_without_logprobs_skips_the_log_softmax(engines, eos_id, monkeypatch):
     """While every row is greedy and none asked for logprobs, a batched step samples the logits as they
     are (no log-softmax over the vocabulary); a row that asks for logprobs brings it back. Both give what
