@@ -5,7 +5,7 @@ has its own sampling settings, logits processors (penalties, bias,
 grammar), token limit and prompt cache; new rows join between decode steps,
 and a long prompt is prefilled one chunk per step so the other rows keep
 decoding. A step prefills 8 prompts, or more short ones within the tokens
-of 8 chunks (`BatchLane._size_prefill_group`); a row with nothing to
+of 8 chunks (`BatchLane._plan_prefill`); a row with nothing to
 prefill starts with the prompts whose prefill ends that step
 (`BatchLane._start_joining`). Rows with the same unseeded settings share
 one sampler (`BatchLane.batch_sampler`). A step whose rows are all greedy and ask for
@@ -110,27 +110,66 @@ class BatchLane:
         meanwhile into that running batch: a one-row decode step, then a merge that copies every row's
         KV buffer. Raw mlx-lm, 7 prompts of 45 tokens and one such row, 103M model on the 2-core test
         CPU: first tokens 845-872 ms after the insert that way, 778-791 when the row starts with the
-        group. So while some row's prompt is prefilled to its end in this step, a held row waits that
-        one step (never more) and starts decoding with them; otherwise it goes in now."""
+        group. So while mlx-lm's next step prefills some prompt to its end, a held row waits that one
+        step (never more), to be split off with them; otherwise it goes in now."""
         out: Published = []
         waiting = []
+        ends = any(not waited for *_, waited in self.joining) and self._plan_prefill()[1]
         for row, cache, cached, waited in self.joining:
             if row.aborted:  # its prompt was prefilled: kept for the prompt cache
                 out.append((row.context()[:cached], cache, row))
                 close_row(row)
-            elif not waited and self._prefill_ends_this_step():
+            elif ends and not waited:
                 waiting.append((row, cache, cached, True))
             else:
-                self._insert(row, cache, cached)
+                try:
+                    self._insert(row, cache, cached)
+                except Exception as exc:  # as Engine._start's: this row fails, the others go on
+                    log.exception("could not start request %s", row.req.id)
+                    row.fail(fault_message(exc))
         self.joining = waiting  # replaced, not emptied first: `active`, read from other threads, never misses one
         return out
 
-    def _prefill_ends_this_step(self) -> bool:
-        """Whether mlx-lm's next step prefills some prompt to its last token (which it keeps back, to be
-        the first forward of the decode)."""
-        gen, step = self.gen, self.gen.prefill_step_size
-        pending = [seq[0] for seq in gen._currently_processing] + [seq[1] for seq in gen._unprocessed_sequences]
-        return any(len(segments) == 2 and len(segments[0]) <= step for segments in pending)
+    def _plan_prefill(self) -> tuple[int | None, bool]:
+        """mlx-lm's next step, planned from its queues: how many prompts it should take into its prefill
+        group, and whether it prefills some prompt to its end (all but the last token, which mlx-lm
+        keeps for the decode's first forward).
+
+        The group is `prefill_rows` (8) prompts, or more while their chunks, padded to the longest (mlx-lm
+        pads a group's chunks to one length), fit in the tokens of 8 full chunks; a row with only its last
+        token to go costs nothing there (mlx-lm splits it off before the prefill). A step never prefills
+        more than 8 full chunks did, and a burst of short prompts is prefilled in one step, not one step of
+        8 each: mlx-lm hands out no first token of a group before the step after it splits the group off,
+        and that step prefills the next group, so in groups of 8 a burst's first tokens wait for most of
+        its prefill anyway, plus a decode step and a merge a group. Raw mlx-lm, 32 prompts of 45 tokens at
+        once, 103M model, 2-core CPU: median first token 3.05-3.30 s either way, the last 2.96-3.31 s in
+        one group against 4.20-4.53 in groups of 8 (a GPU, where more rows cost a prefill little, is
+        where the gain should be largest: issue 43's table will say).
+
+        Read from mlx-lm 0.32.2's queues (`_currently_processing`: [segments, done, total];
+        `_unprocessed_sequences`: (uid, segments, ...)); where they are not that shape, (None, False):
+        mlx-lm's own fixed group, and held rows go in at once."""
+        gen, chunk = self.gen, self.gen.prefill_step_size
+        try:
+            processing = [seq[0] for seq in gen._currently_processing]
+            queued = [seq[1] for seq in gen._unprocessed_sequences]
+            room = gen.completion_batch_size - len(gen._generation_batch)
+            widths = [0 if len(s) == 1 and len(s[0]) == 1 else min(len(s[0]), chunk) for s in processing + queued]
+        except (AttributeError, IndexError, TypeError):
+            _queue_layout_unknown()
+            return None, False
+        slots, prompted = len(processing), [w for w in widths[:len(processing)] if w]
+        admitted = 0
+        for width in widths[len(processing):]:
+            if admitted >= room or (width and slots >= self.prefill_rows
+                                    and (len(prompted) + 1) * max(prompted + [width]) > self.prefill_budget):
+                break
+            slots, admitted = slots + 1, admitted + 1
+            if width:
+                prompted.append(width)
+        planned = processing + queued[:admitted]
+        ends = any(len(s) == 2 and len(s[0]) <= chunk for s in planned)
+        return max(slots, self.prefill_rows), ends
 
     def _insert(self, row: Row, cache: list | None, cached: int) -> None:
         tokens = row.context()
@@ -162,36 +201,18 @@ class BatchLane:
             self.shared_samplers[key] = make_sampler(row.req, self.special)
         return self.shared_samplers[key]
 
-    def _size_prefill_group(self) -> None:
-        """How many prompts mlx-lm's next step prefills together: `prefill_rows` (8), or more while their
-        chunks, padded to the longest (mlx-lm pads a group's chunks to one length), fit the token budget
-        of 8 full chunks. A step never prefills more than 8 full chunks did, and a burst of short prompts
-        is prefilled in one step instead of one step of 8 each: mlx-lm hands out no first token of a
-        group before the step after it splits that group off, and that step prefills the next group, so
-        with groups of 8 a burst's first tokens wait for most of the burst's prefill anyway, plus a
-        decode step and a merge per group. Raw mlx-lm, 32 prompts of 45 tokens at once on the 103M
-        model, 2-core CPU: median first token 3.05-3.30 s either way, the last one 2.96-3.31 s in groups
-        of 32 against 4.20-4.53 in groups of 8; where the prefill of more rows costs less than more
-        steps (a GPU), one group is the faster."""
-        gen, chunk = self.gen, self.gen.prefill_step_size
-        rows = len(gen._currently_processing)
-        widest = max((min(len(seq[0][0]), chunk) for seq in gen._currently_processing), default=0)
-        for seq in gen._unprocessed_sequences:
-            width = max(widest, min(len(seq[1][0]), chunk))
-            if rows >= self.prefill_rows and (rows + 1) * width > self.prefill_budget:
-                break
-            rows, widest = rows + 1, width
-        gen.prefill_batch_size = max(rows, self.prefill_rows)
-
     def step(self) -> Published:
-        published: Published = self._start_joining() if self.joining else []
+        published: Published = []
         gone = [uid for uid, row in self.rows.items() if row.aborted]
         if gone:
             published += self._remove(gone)
+        if self.joining:
+            published += self._start_joining()
         if not self.rows:
             return published
-        if self.gen._unprocessed_sequences:
-            self._size_prefill_group()
+        group, _ = self._plan_prefill()
+        if group is not None:
+            self.gen.prefill_batch_size = group
         _, responses = self.gen.next()
         ended = []
         for r in responses:
@@ -243,6 +264,12 @@ class BatchLane:
         held, self.joining = self.joining, []
         for row, *_ in held:
             row.fail(message)
+
+
+@functools.cache
+def _queue_layout_unknown() -> None:
+    log.warning("mlx-lm's BatchGenerator queues are not the ones Hearth knows: prefill groups of 8, and a "
+                "prefilled row starts decoding at once")
 
 
 def lean_generation_batch(gen, logprob_uids: set[int]) -> bool:

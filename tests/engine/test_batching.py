@@ -221,6 +221,30 @@ def test_a_prefilled_row_starts_decoding_with_the_group_being_prefilled(engines,
         (tokens, cache, who), = [p for p in engine.call(lane.step) if p[2] is c]
         assert tokens == _prompt(1, 5) and cache[0].offset == 5
         engine.call(lambda: batch.fail_all("stop"))
+
+        def error_of(r: Row) -> str | None:
+            return loop.run_until_complete(asyncio.wait_for(r.generation.events.get(), 5)).error
+
+        d = prefilled_alone(lane, _prompt(1, 6))
+        engine.call(lambda: lane.add(row(_prompt(7, 20)), None, 0))
+        engine.call(lambda: lane.fail_all("stopped"))  # a held row fails with the others
+        assert not batch.joining and lane.active == 0 and error_of(d) == "stopped"
+
+        e = prefilled_alone(lane, _prompt(1, 6))
+        f = row(_prompt(8, 20))
+        engine.call(lambda: lane.add(f, None, 0))
+        insert = batch._insert
+
+        def refuse_e(r, cache, cached):
+            if r is e:
+                raise RuntimeError("no room")
+            return insert(r, cache, cached)
+
+        batch._insert = refuse_e
+        while f.count == 0:  # e fails alone when it goes in; f decodes on
+            engine.call(lane.step)
+        assert not batch.joining and "no room" in (error_of(e) or "") and f.fault is None
+        engine.call(lambda: batch.fail_all("stop"))
     finally:
         loop.close()
 
@@ -251,8 +275,9 @@ def test_a_burst_of_short_prompts_is_prefilled_in_one_step_and_long_ones_eight_a
 
     try:
         assert burst(20, 20)[:2] == [20, 0]
-        # 299 tokens in chunks of 64 take five steps: 8 rows, a step to split them off, then the other 4
-        assert burst(300, 12)[:11] == [8, 8, 8, 8, 8, 0, 4, 4, 4, 4, 4]
+        # 299 tokens in chunks of 64 take five steps: 8 rows, then the other 4 (the step that splits the 8
+        # off, with only their last token to go, already prefills the 4)
+        assert burst(300, 12)[:11] == [8, 8, 8, 8, 8, 4, 4, 4, 4, 4, 0]
     finally:
         loop.close()
 
