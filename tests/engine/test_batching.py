@@ -278,6 +278,9 @@ def test_a_burst_of_short_prompts_is_prefilled_in_one_step_and_long_ones_eight_a
         # 299 tokens in chunks of 64 take five steps: 8 rows, then the other 4 (the step that splits the 8
         # off, with only their last token to go, already prefills the 4)
         assert burst(300, 12)[:11] == [8, 8, 8, 8, 8, 4, 4, 4, 4, 4, 0]
+        lane = engine.call(lambda: lanes.BatchLane(model, 32, 64))
+        lane.gen._currently_processing = [object()]  # an mlx-lm whose queues Hearth does not know
+        assert engine.call(lane._plan_prefill) == (None, False)  # its own groups; held rows go in at once
     finally:
         loop.close()
 
