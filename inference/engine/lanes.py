@@ -8,7 +8,8 @@ decoding. A step prefills 8 prompts, or more short ones within the tokens
 of 8 chunks (`BatchLane._plan_prefill`); a row with nothing to
 prefill starts with the prompts whose prefill ends that step
 (`BatchLane._start_joining`). Rows with the same unseeded settings share
-one sampler (`BatchLane.batch_sampler`). A step whose rows are all greedy and ask for
+one sampler (`BatchLane.batch_sampler`), and every row's logit bias is
+applied in one operation (`_biased`). A step whose rows are all greedy and ask for
 no logprobs samples the logits as they are (`lean_generation_batch`): no
 log-softmax over the vocabulary. The engine wraps it (`speculate.Speculating`)
 so that a request running alone decodes without the batch machinery and
@@ -40,7 +41,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from inference.engine.rows import Row
-from inference.engine.sampling import greedy, make_processors, make_sampler, sample
+from inference.engine.sampling import LogitBias, greedy, make_processors, make_sampler, sample
 
 if TYPE_CHECKING:
     from inference.engine.loader import LoadedModel
@@ -298,6 +299,36 @@ def lean_generation_batch(gen, logprob_uids: set[int]) -> bool:
     return True
 
 
+def _biased(batch, logits):
+    """Every row's logit bias (a row's first processor, `sampling.LogitBias`) in one scatter-add, and the
+    processors left to run row by row. mlx-lm runs a row's processors on its own slice of the logits and
+    concatenates the slices again: with a bias on each of 32 rows (every runner of bench/device.py bans
+    EOS so), a third of a step of a 2-layer model on this CPU (in-process, 32 rows: 3,578-4,282 tok/s
+    with the biases, 4,176-5,163 with them applied at once, 5,423-5,976 with none). The bias ids are
+    validated when the request comes (`checks`), so the one operation cannot fail for one row.
+    The index arrays are kept until the batch's rows change."""
+    import mlx.core as mx
+
+    uids = tuple(batch.uids)
+    plan = getattr(batch, "_bias_plan", None)
+    if plan is None or plan[0] != uids:
+        rows, cols, values, rest = [], [], [], []
+        for e, processors in enumerate(batch.logits_processors):
+            bias = getattr(processors[0], "bias", None) if processors else None
+            if bias is not None:
+                rows.append(mx.full(bias.ids.shape, e, dtype=mx.int32))
+                cols.append(bias.ids)
+                values.append(bias.values)
+                processors = processors[1:]
+            rest.append(processors)
+        at = (mx.concatenate(rows), mx.concatenate(cols), mx.concatenate(values)) if rows else None
+        plan = batch._bias_plan = (uids, at, rest)
+    _, at, rest = plan
+    if at is not None:
+        logits = logits.at[at[0], at[1]].add(at[2])
+    return logits, rest
+
+
 @functools.cache
 def _lean_batch_class():
     """Made once, on first use: mlx-lm is imported on the engine thread, not with this module."""
@@ -314,11 +345,14 @@ def _lean_batch_class():
             inputs = self._current_tokens
             logits = self.model(inputs[:, None], cache=self.prompt_cache)[:, -1, :]
             token_context = []
-            if any(self.logits_processors):
+            every = self.logits_processors
+            if any(every):
+                logits, every = _biased(self, logits)
+            if any(every):
                 processed = []
                 for e in range(len(self.uids)):
                     sample_logits = logits[e:e + 1]
-                    processors = self.logits_processors[e] or ()
+                    processors = every[e] or ()
                     if processors:
                         context = self._token_context[e].update_and_fetch(inputs[e:e + 1])
                         token_context.append(context)
@@ -472,6 +506,7 @@ def guard_processor(processor, row: Row):
             except Exception as exc:
                 row.fault = exc
         return logits
+    run.bias = processor if isinstance(processor, LogitBias) else None  # type: ignore[attr-defined]
     return run
 
 

@@ -98,6 +98,20 @@ class _SeededSampler:
         return mx.where(skip, logits, mx.where(mask, -mx.inf, logits))
 
 
+class LogitBias:
+    """mlx-lm's logit-bias processor, as an object the batch step can recognise and apply to every row
+    at once (`lanes`' lean step)."""
+
+    def __init__(self, bias: dict[int, float]):
+        import mlx.core as mx
+
+        self.ids = mx.array(list(bias.keys()))
+        self.values = mx.array(list(bias.values()))
+
+    def __call__(self, _tokens, logits):
+        return logits.at[:, self.ids].add(self.values)
+
+
 def make_processors(req: GenerationRequest) -> list:
     """Bias and penalties in mlx-lm's order, then the grammar mask, then the
     HLG tone curve: it is measured from the top logit, which must be a token
@@ -105,8 +119,9 @@ def make_processors(req: GenerationRequest) -> list:
     from mlx_lm.sample_utils import make_logits_processors
 
     lp = req.logits
-    processors = make_logits_processors(
-        lp.logit_bias, lp.repetition_penalty, lp.repetition_context_size, lp.presence_penalty,
+    processors: list = [LogitBias(lp.logit_bias)] if lp.logit_bias else []
+    processors += make_logits_processors(
+        None, lp.repetition_penalty, lp.repetition_context_size, lp.presence_penalty,
         lp.presence_context_size, lp.frequency_penalty, lp.frequency_context_size)  # [] when none is set
     if req.grammar is not None:
         processors.append(req.grammar)

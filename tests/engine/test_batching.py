@@ -7,6 +7,7 @@ import asyncio
 
 import pytest
 
+from inference.engine import lanes
 from inference.engine.admission import MAX_QUEUED
 from inference.engine.engine import Engine, EngineConfig
 from inference.engine.errors import ContextOverBudget, QueueFull
@@ -283,6 +284,43 @@ def test_a_burst_of_short_prompts_is_prefilled_in_one_step_and_long_ones_eight_a
         assert engine.call(lane._plan_prefill) == (None, False)  # its own groups; held rows go in at once
     finally:
         loop.close()
+
+
+def test_the_rows_logit_biases_are_applied_in_one_operation(engines, eos_id):
+    """A batched step applies every row's logit bias at once (no per-row slice and concatenation when
+    nothing else is left to run per row), and a row with a penalty after its bias keeps the penalty;
+    each row gets what it gets alone."""
+    bias = LogitsParams(logit_bias={eos_id: -100.0, 7: 3.0})
+    requests = [GenerationRequest(_prompt(1, 5), max_tokens=20, logits=bias),
+                GenerationRequest(_prompt(2, 9), max_tokens=20, logits=LogitsParams(logit_bias={eos_id: -100.0})),
+                GenerationRequest(_prompt(3, 7), max_tokens=20, logits=LogitsParams(
+                    logit_bias={eos_id: -100.0}, repetition_penalty=1.3))]
+    serial = engines(batch=1, prompt_cache_bytes=0)
+    alone = [asyncio.run(collect(serial, r)) for r in requests]
+    engine = engines(batch=8, prompt_cache_bytes=0, jump_forward=False)
+
+    async def together(reqs):
+        return await asyncio.gather(*[collect(engine, r) for r in reqs])
+
+    plans = []
+    original = lanes._biased
+
+    def watched(batch, logits):
+        out = original(batch, logits)
+        plans.append([len(p) for p in out[1]])
+        return out
+
+    lanes._biased = watched
+    try:
+        for got, want in zip(asyncio.run(together(requests[:2])), alone, strict=False):
+            _same(got, want)
+        assert plans and all(p == [0, 0] for p in plans)  # nothing per row: one scatter-add a step
+        plans.clear()
+        for got, want in zip(asyncio.run(together(requests)), alone, strict=True):
+            _same(got, want)
+        assert [0, 0, 1] in plans  # the third row's penalty still runs, after its bias
+    finally:
+        lanes._biased = original
 
 
 def test_a_greedy_batch_without_logprobs_skips_the_log_softmax(engines, eos_id, monkeypatch):
