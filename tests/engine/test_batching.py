@@ -314,11 +314,11 @@ def test_the_rows_logit_biases_are_applied_in_one_operation(engines, eos_id):
     try:
         for got, want in zip(asyncio.run(together(requests[:2])), alone, strict=False):
             _same(got, want)
-        assert plans and all(p == [0, 0] for p in plans)  # nothing per row: one scatter-add a step
+        assert plans and not any(any(p) for p in plans)  # nothing per row: one scatter-add a step
         plans.clear()
         for got, want in zip(asyncio.run(together(requests)), alone, strict=True):
             _same(got, want)
-        assert [0, 0, 1] in plans  # the third row's penalty still runs, after its bias
+        assert any(1 in p for p in plans)  # the third row's penalty still runs, after its bias
     finally:
         lanes._biased = original
 
