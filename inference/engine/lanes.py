@@ -8,8 +8,8 @@ decoding. A step prefills 8 prompts, or more short ones within the tokens
 of 8 chunks (`BatchLane._plan_prefill`); a row with nothing to
 prefill starts with the prompts whose prefill ends that step
 (`BatchLane._start_joining`). Rows with the same unseeded settings share
-one sampler (`BatchLane.batch_sampler`), and every row's logit bias is
-applied in one operation (`_biased`). A step whose rows are all greedy and ask for
+one sampler (`BatchLane.batch_sampler`), and the rows' logit biases and
+penalties are applied in one operation a kind (`_batched`). A step whose rows are all greedy and ask for
 no logprobs samples the logits as they are (`lean_generation_batch`): no
 log-softmax over the vocabulary. The engine wraps it (`speculate.Speculating`)
 so that a request running alone decodes without the batch machinery and
@@ -41,7 +41,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from inference.engine.rows import Row
-from inference.engine.sampling import LogitBias, greedy, make_processors, make_sampler, sample
+from inference.engine.sampling import LogitBias, Penalty, greedy, make_processors, make_sampler, sample
 
 if TYPE_CHECKING:
     from inference.engine.loader import LoadedModel
@@ -299,34 +299,94 @@ def lean_generation_batch(gen, logprob_uids: set[int]) -> bool:
     return True
 
 
-def _biased(batch, logits):
-    """Every row's logit bias (a row's first processor, `sampling.LogitBias`) in one scatter-add, and the
+# Penalty windows up to this many tokens are applied to all the rows at once (`_penalize`): their tokens
+# are gathered on the host each step. A longer window, or 0 (the whole history), runs row by row.
+BATCH_WINDOW = 256
+
+
+def _batched(batch, logits, inputs):
+    """Every row's logit bias, then its repetition, presence and frequency penalties (a row's first
+    processors, `sampling.LogitBias` and `sampling.Penalty`), each kind for all the rows at once, and the
     processors left to run row by row. mlx-lm runs a row's processors on its own slice of the logits and
-    concatenates the slices again: with a bias on each of 32 rows (every runner of bench/device.py bans
-    EOS so), a third of a step of a 2-layer model on this CPU (in-process, 32 rows: 3,578-4,282 tok/s
-    with the biases, 4,176-5,163 with them applied at once, 5,423-5,976 with none). The bias ids are
-    validated when the request comes (`checks`), so the one operation cannot fail for one row.
-    The index arrays are kept until the batch's rows change."""
+    concatenates the slices again. In-process on this CPU, 32 rows of a 2-layer model: with a bias on
+    each (every runner of bench/device.py bans EOS so) 3,578-4,282 tok/s row by row, 4,176-5,163 at
+    once, 5,423-5,976 with none; with the three penalties too, 1,835-2,137 row by row and 3,906-4,773
+    a kind at a time. Biases and penalties are validated when the request comes (`checks`), so the one
+    operation cannot fail for one row. The plan is kept until the batch's rows change."""
     import mlx.core as mx
 
     uids = tuple(batch.uids)
-    plan = getattr(batch, "_bias_plan", None)
+    plan = getattr(batch, "_processor_plan", None)
     if plan is None or plan[0] != uids:
-        rows, cols, values, rest = [], [], [], []
+        rows, cols, values, penalized, rest = [], [], [], [], []
         for e, processors in enumerate(batch.logits_processors):
+            processors = list(processors or ())
             bias = getattr(processors[0], "bias", None) if processors else None
             if bias is not None:
                 rows.append(mx.full(bias.ids.shape, e, dtype=mx.int32))
                 cols.append(bias.ids)
                 values.append(bias.values)
                 processors = processors[1:]
+            found = {}
+            while processors and (p := getattr(processors[0], "penalty", None)) is not None \
+                    and 0 < p.window <= BATCH_WINDOW:
+                found[p.kind] = p
+                processors = processors[1:]
+            if found:
+                penalized.append((e, found))
             rest.append(processors)
         at = (mx.concatenate(rows), mx.concatenate(cols), mx.concatenate(values)) if rows else None
-        plan = batch._bias_plan = (uids, at, rest)
-    _, at, rest = plan
+        plan = batch._processor_plan = (uids, at, penalized, rest)
+    _, at, penalized, rest = plan
     if at is not None:
         logits = logits.at[at[0], at[1]].add(at[2])
+    if penalized:
+        logits = _penalize(batch, logits, inputs, penalized)
     return logits, rest
+
+
+def _penalize(batch, logits, inputs, penalized: list[tuple[int, dict]]):
+    """The penalties of `penalized` ((row, {kind: Penalty})) on the batch's logits, in mlx-lm's order and
+    arithmetic, each kind one gather and scatter for its rows. A row's window is the last tokens of its
+    context: what its KV cache holds (`batch.tokens`, on the host) and the token this step feeds (`inputs`,
+    still on the device). A row whose context is shorter than the widest window pads its own with the
+    step's token, which the scatter then writes with the same value as its real place."""
+    import mlx.core as mx
+    import numpy as np
+
+    width = max(p.window for _, found in penalized for p in found.values())
+    host = np.zeros((len(penalized), width - 1), dtype=np.int32)
+    known = np.empty(len(penalized), dtype=np.int64)  # tokens of each row's window, the step's one included
+    for i, (e, _) in enumerate(penalized):
+        held = batch.tokens[e][-(width - 1):] if width > 1 else []
+        if held:
+            host[i, width - 1 - len(held):] = held
+        known[i] = len(held) + 1
+    every = len(penalized) == len(batch.uids)  # then `penalized` is the batch's rows in order
+    order = mx.arange(len(penalized)) if every else mx.array([e for e, _ in penalized])
+    last = (inputs if every else inputs[order]).astype(mx.int32)[:, None]
+    window = mx.concatenate([mx.array(host), last], axis=1) if width > 1 else last
+    position = np.arange(width)
+    for kind in Penalty.KINDS:
+        mine = [i for i, (_, found) in enumerate(penalized) if kind in found]
+        if not mine:
+            continue
+        span = np.array([min(penalized[i][1][kind].window, known[i]) for i in mine])
+        inside = mx.array(position[None, :] >= (width - span)[:, None])
+        tokens = window if len(mine) == len(penalized) else window[mx.array(mine)]
+        tokens = mx.where(inside, tokens, tokens[:, -1:])
+        at = order[mx.array(mine)][:, None] if len(mine) < len(penalized) else order[:, None]
+        value = mx.array([penalized[i][1][kind].value for i in mine], dtype=logits.dtype)[:, None]
+        if kind == "frequency":  # once per time a token is in the window
+            logits = logits.at[at, tokens].subtract(mx.where(inside, value, mx.zeros_like(value)))
+            continue
+        picked = logits[at, tokens]
+        if kind == "presence":
+            picked = picked - value
+        else:
+            picked = mx.where(picked < 0, picked * value, picked / value)
+        logits[at, tokens] = picked
+    return logits
 
 
 @functools.cache
@@ -347,7 +407,7 @@ def _lean_batch_class():
             token_context = []
             every = self.logits_processors
             if any(every):
-                logits, every = _biased(self, logits)
+                logits, every = _batched(self, logits, inputs)
             if any(every):
                 processed = []
                 for e in range(len(self.uids)):
@@ -507,6 +567,7 @@ def guard_processor(processor, row: Row):
                 row.fault = exc
         return logits
     run.bias = processor if isinstance(processor, LogitBias) else None  # type: ignore[attr-defined]
+    run.penalty = processor if isinstance(processor, Penalty) else None  # type: ignore[attr-defined]
     return run
 
 

@@ -112,17 +112,34 @@ class LogitBias:
         return logits.at[:, self.ids].add(self.values)
 
 
+class Penalty:
+    """One of mlx-lm's repetition, presence and frequency penalties over the
+    last `window` tokens of a row's context (0: all of it), as an object the
+    batch step can recognise and apply to many rows at once (`lanes`' lean
+    step). A row alone runs mlx-lm's own processor."""
+
+    KINDS = ("repetition", "presence", "frequency")  # mlx-lm's order
+
+    def __init__(self, kind: str, value: float, window: int):
+        from mlx_lm import sample_utils
+
+        self.kind, self.value, self.window = kind, value, window
+        self._own = getattr(sample_utils, f"make_{kind}_penalty")(value, window)
+
+    def __call__(self, tokens, logits):
+        return self._own(tokens, logits)
+
+
 def make_processors(req: GenerationRequest) -> list:
     """Bias and penalties in mlx-lm's order, then the grammar mask, then the
     HLG tone curve: it is measured from the top logit, which must be a token
     the bias, penalties and grammar leave standing; then the think bound."""
-    from mlx_lm.sample_utils import make_logits_processors
-
     lp = req.logits
     processors: list = [LogitBias(lp.logit_bias)] if lp.logit_bias else []
-    processors += make_logits_processors(
-        None, lp.repetition_penalty, lp.repetition_context_size, lp.presence_penalty,
-        lp.presence_context_size, lp.frequency_penalty, lp.frequency_context_size)  # [] when none is set
+    for kind in Penalty.KINDS:  # as mlx-lm's make_logits_processors: a penalty of 0 is none
+        value = getattr(lp, f"{kind}_penalty")
+        if value is not None and value != 0:
+            processors.append(Penalty(kind, value, getattr(lp, f"{kind}_context_size")))
     if req.grammar is not None:
         processors.append(req.grammar)
     if lp.hlg is not None and lp.hlg.enabled:

@@ -4,6 +4,7 @@ running batch, long prompts are prefilled in chunks, admission is bounded."""
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 import pytest
 
@@ -286,41 +287,93 @@ def test_a_burst_of_short_prompts_is_prefilled_in_one_step_and_long_ones_eight_a
         loop.close()
 
 
-def test_the_rows_logit_biases_are_applied_in_one_operation(engines, eos_id):
-    """A batched step applies every row's logit bias at once (no per-row slice and concatenation when
-    nothing else is left to run per row), and a row with a penalty after its bias keeps the penalty;
-    each row gets what it gets alone."""
-    bias = LogitsParams(logit_bias={eos_id: -100.0, 7: 3.0})
-    requests = [GenerationRequest(_prompt(1, 5), max_tokens=20, logits=bias),
-                GenerationRequest(_prompt(2, 9), max_tokens=20, logits=LogitsParams(logit_bias={eos_id: -100.0})),
-                GenerationRequest(_prompt(3, 7), max_tokens=20, logits=LogitsParams(
-                    logit_bias={eos_id: -100.0}, repetition_penalty=1.3))]
+def test_the_rows_biases_and_penalties_are_applied_a_kind_at_a_time(engines, eos_id):
+    """A batched step applies every row's logit bias, then each kind of penalty, to all the rows at once
+    (no per-row slice and concatenation when nothing else is left to run per row), windows longer than
+    the context so far included; a penalty over the whole history still runs per row, after them. Each
+    row gets what it gets alone, where mlx-lm's own processors run."""
+    ban = {eos_id: -100.0}
+    settings = [LogitsParams(logit_bias={eos_id: -100.0, 7: 3.0}),
+                LogitsParams(logit_bias=ban, repetition_penalty=1.3),
+                LogitsParams(logit_bias=ban, presence_penalty=3.0, presence_context_size=5),
+                LogitsParams(logit_bias=ban, repetition_penalty=1.2, repetition_context_size=40,
+                             frequency_penalty=0.5, frequency_context_size=3),
+                LogitsParams(presence_penalty=-0.4, frequency_penalty=0.7, frequency_context_size=12),
+                LogitsParams(logit_bias=ban, repetition_penalty=1.5, repetition_context_size=0)]  # all of it
+    requests = [GenerationRequest(_prompt(i + 1, 5 + 2 * i), max_tokens=30, logits=lp)
+                for i, lp in enumerate(settings)]
     serial = engines(batch=1, prompt_cache_bytes=0)
     alone = [asyncio.run(collect(serial, r)) for r in requests]
+    unpenalized = [asyncio.run(collect(serial, replace(r, logits=LogitsParams(logit_bias=ban)))) for r in requests]
+    assert all(alone[i]["tokens"] != unpenalized[i]["tokens"] for i in (1, 2, 3, 4, 5))  # each penalty tells
     engine = engines(batch=8, prompt_cache_bytes=0, jump_forward=False)
 
     async def together(reqs):
         return await asyncio.gather(*[collect(engine, r) for r in reqs])
 
     plans = []
-    original = lanes._biased
+    original = lanes._batched
 
-    def watched(batch, logits):
-        out = original(batch, logits)
+    def watched(batch, logits, inputs):
+        out = original(batch, logits, inputs)
         plans.append([len(p) for p in out[1]])
         return out
 
-    lanes._biased = watched
+    lanes._batched = watched
     try:
-        for got, want in zip(asyncio.run(together(requests[:2])), alone, strict=False):
+        for got, want in zip(asyncio.run(together(requests[:5])), alone, strict=False):
             _same(got, want)
-        assert plans and not any(any(p) for p in plans)  # nothing per row: one scatter-add a step
+        assert plans and not any(any(p) for p in plans)  # nothing per row: one operation a kind a step
         plans.clear()
         for got, want in zip(asyncio.run(together(requests)), alone, strict=True):
             _same(got, want)
-        assert any(1 in p for p in plans)  # the third row's penalty still runs, after its bias
+        assert any(1 in p for p in plans)  # the whole-history penalty still runs, per row
     finally:
-        lanes._biased = original
+        lanes._batched = original
+
+
+def test_the_batched_penalties_equal_mlx_lms_own_row_by_row():
+    """`lanes._batched` against each row's own processors (mlx-lm's) on its slice of the logits, exactly:
+    repeated tokens, contexts shorter than their windows, rows with some kinds and not others, a row
+    with none, and a whole-history window left to run per row."""
+    import types
+
+    import mlx.core as mx
+    from mlx_lm.models.cache import TokenBuffer
+
+    from inference.engine.sampling import LogitBias, Penalty, make_processors
+
+    vocab, rows = 40, 7
+    settings = [LogitsParams(repetition_penalty=1.4, presence_penalty=2.0, frequency_penalty=0.6),
+                LogitsParams(logit_bias={3: -5.0}, presence_penalty=-1.5, presence_context_size=4),
+                LogitsParams(frequency_penalty=0.9, frequency_context_size=30),
+                LogitsParams(),
+                LogitsParams(repetition_penalty=0.7, repetition_context_size=2, frequency_penalty=-0.3,
+                             frequency_context_size=1),
+                LogitsParams(repetition_penalty=1.3, repetition_context_size=0, presence_penalty=1.0),
+                LogitsParams(logit_bias={5: 2.0}, presence_penalty=0.5, presence_context_size=256)]
+    history = [[(i * 7 + j * j) % 11 for j in range(n)] for i, n in enumerate((25, 2, 0, 9, 40, 13, 300))]
+    row = types.SimpleNamespace(fault=None)
+    processors = [[lanes.guard_processor(p, row) for p in make_processors(GenerationRequest([1], logits=lp))]
+                  for lp in settings]
+    assert isinstance(processors[1][0].bias, LogitBias) and isinstance(processors[0][1].penalty, Penalty)
+    logits = mx.random.normal((rows, vocab), key=mx.random.key(3)) * 3
+    inputs = mx.array([3, 5, 7, 3, 11, 2, 5], dtype=mx.uint32)
+
+    def check(keep: list[int]) -> list[int]:
+        batch = types.SimpleNamespace(uids=keep, tokens=[history[e] for e in keep],
+                                      logits_processors=[processors[e] for e in keep])
+        got, rest = lanes._batched(batch, logits[mx.array(keep)], inputs[mx.array(keep)])
+        for i, e in enumerate(keep):
+            context = TokenBuffer(history[e]).update_and_fetch(inputs[e:e + 1])
+            want = logits[e:e + 1]
+            for p in processors[e][:len(processors[e]) - len(rest[i])]:
+                want = p(context, want)
+            assert mx.array_equal(got[i:i + 1], want).item(), e
+        return [len(r) for r in rest]
+
+    assert check(list(range(rows))) == [0, 0, 0, 0, 0, 2, 0]  # the whole-history row: both its penalties
+    assert check([0, 1, 2, 4, 6]) == [0] * 5  # every row penalized
 
 
 def test_a_greedy_batch_without_logprobs_skips_the_log_softmax(engines, eos_id, monkeypatch):
