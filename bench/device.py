@@ -22,6 +22,11 @@ For each model and concurrency C:
                token and the prefill time; C > 1: `BatchGenerator` with C rows
                (the same prompts), aggregate decode tokens/s, and the prefill
                time of all C prompts (`stats.prompt_time`)
+  engine       Hearth's engine in one process, without HTTP, under the
+               servers' load below (`Engine.submit`): aggregate tokens/s,
+               the median stream's decode tokens/s and TTFT; between raw
+               and `hearth serve` it tells the engine's cost from the
+               serving path's
   servers      C streaming clients, 2C requests (at least 4), each exactly
                --tokens tokens: aggregate tokens/s, the median stream's decode
                tokens/s after its first token, median TTFT, errors, and the
@@ -30,8 +35,8 @@ For each model and concurrency C:
                device, what serving costs beside the model
 Every runner bans the same ids (special tokens, lone partial-UTF-8 bytes) with
 a logit bias, so each request decodes exactly --tokens tokens of plain text.
-`hearth serve` runs with `--no-worker`. Each server and each raw run is its
-own process. `--record` appends the tables, the command, the commit, the
+`hearth serve` runs with `--no-worker`. Each server is its
+own process, and so are the raw and engine runs. `--record` appends the tables, the command, the commit, the
 device and the date to bench/RESULTS.md (or `--results FILE`).
 
 On the GPU machine (no .venv there: `hearth` runs as `python -m hearth.cli`
@@ -149,12 +154,60 @@ print(json.dumps(out))
 """
 
 
-def raw(path: Path, env: dict, tokens: int, rows: list[int], suppress: list[int]) -> dict:
+# Hearth's engine in one process, no HTTP: the load the servers get (2C requests, C at a time, the same
+# prompts and bias), through `Engine.submit`. Between raw mlx-lm and `hearth serve` it tells the engine's
+# cost from the serving path's.
+ENGINE = r"""
+import asyncio, json, statistics, sys, time
+from inference.engine.engine import Engine
+from inference.engine.types import GenerationRequest, LogitsParams
+path, tokens = sys.argv[1], int(sys.argv[2])
+rows, prompts, suppress = (json.loads(a) for a in sys.argv[3:6])
+engine = Engine(path)
+engine.start()
+tok = engine.loaded.tokenizer
+ids = [tok.encode(tok.apply_chat_template(p, add_generation_prompt=True, tokenize=False), add_special_tokens=False)
+       for p in prompts]
+bias = {e: -100.0 for e in suppress}
+
+async def one(i, n, gate, out):
+    async with gate:
+        start = time.perf_counter(); first = last = None; count = 0
+        sub = engine.submit(GenerationRequest(prompt_tokens=ids[i % len(ids)], max_tokens=n,
+                                              logits=LogitsParams(logit_bias=bias)))
+        async for event in sub.events():
+            if event.error:
+                raise RuntimeError(event.error)
+            if event.token_ids:
+                last = time.perf_counter(); first = first or last; count += len(event.token_ids)
+        out.append((first - start, count, (count - 1) / (last - first) if last > first else None))
+
+async def load(c, n):
+    gate, out = asyncio.Semaphore(c), []
+    start = time.perf_counter()
+    await asyncio.gather(*[one(i, n, gate, out) for i in range(max(4, 2 * c))])
+    wall = time.perf_counter() - start
+    rates = [r for _, _, r in out if r]
+    return {"agg_tps": sum(k for _, k, _ in out) / wall, "decode_tps": statistics.median(rates) if rates else 0.0,
+            "ttft_ms": 1000 * statistics.median(t for t, _, _ in out)}
+
+result = {}
+for c in rows:
+    asyncio.run(load(2, 8))  # warm-up, as the servers get
+    result[str(c)] = asyncio.run(load(c, tokens))
+engine.close()
+print(json.dumps(result))
+"""
+
+
+def in_process(script: str, what: str, path: Path, env: dict, tokens: int, rows: list[int],
+               suppress: list[int]) -> dict:
+    """Run RAW or ENGINE in a process of its own; its last line of output is the result."""
     prompts = [prompt(i) for i in range(max(rows))]
-    done = subprocess.run([sys.executable, "-c", RAW, str(path), str(tokens), json.dumps(rows), json.dumps(prompts),
+    done = subprocess.run([sys.executable, "-c", script, str(path), str(tokens), json.dumps(rows), json.dumps(prompts),
                            json.dumps(suppress)], env=env, capture_output=True, text=True, cwd=ROOT)
     if done.returncode:
-        raise RuntimeError(f"raw mlx-lm failed: {done.stderr[-2000:]}")
+        raise RuntimeError(f"{what} failed: {done.stderr[-2000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -312,7 +365,8 @@ def main() -> int:
         path = build(name, work, args.quick)
         bias = {str(i): -100 for i in suppressed_ids(path)}
         model_id = str(path)
-        base = raw(path, raw_env, args.tokens, rows, [int(i) for i in bias])
+        base = in_process(RAW, "raw mlx-lm", path, raw_env, args.tokens, rows, [int(i) for i in bias])
+        engine = in_process(ENGINE, "Hearth's engine", path, raw_env, args.tokens, rows, [int(i) for i in bias])
         mlx = serve([sys.executable, "-m", "mlx_lm.server", "--model", str(path), "--port", str(args.port)],
                     args.port, raw_env, model_id, rows, args.tokens, bias)
         ours = serve([*hearth, "serve", str(path), "--port", str(args.port), "--no-worker"], args.port, env,
@@ -320,20 +374,24 @@ def main() -> int:
         table = [f"**{name}**", "",
                  "| c | raw decode tok/s | raw prefill ms | mlx_lm.server tok/s (errors) | Hearth tok/s (errors) | "
                  "Hearth decode tok/s | Hearth TTFT med ms | Hearth / raw | Hearth / mlx_lm.server | "
-                 "TTFT / raw prefill | CPU ms / 1k tok: mlx_lm.server | Hearth (its event loop) |",
-                 "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                 "TTFT / raw prefill | engine alone: tok/s, decode, TTFT ms | CPU ms / 1k tok: mlx_lm.server | "
+                 "Hearth (its event loop) |",
+                 "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for c in rows:
-            r, m, h = base[str(c)], mlx[str(c)], ours[str(c)]
+            r, m, h, e = base[str(c)], mlx[str(c)], ours[str(c)], engine[str(c)]
             vs_raw = (h["decode_tps"] if c == 1 else h["agg_tps"]) / r["decode_tps"]
             table.append(f"| {c} | {r['decode_tps']:.0f} | {r['prefill_ms']:.0f} | {m['agg_tps']:.0f} "
                          f"({m['errors']}) | {h['agg_tps']:.0f} ({h['errors']}) | {h['decode_tps']:.0f} | "
                          f"{h['ttft_ms']:.0f} | {vs_raw:.2f}x | {h['agg_tps'] / m['agg_tps']:.2f}x | "
-                         f"{h['ttft_ms'] / r['prefill_ms']:.2f}x | {m['cpu_ms_per_k']:.0f} | "
+                         f"{h['ttft_ms'] / r['prefill_ms']:.2f}x | {e['agg_tps']:.0f}, {e['decode_tps']:.0f}, "
+                         f"{e['ttft_ms']:.0f} | {m['cpu_ms_per_k']:.0f} | "
                          f"{h['cpu_ms_per_k']:.0f} ({h['loop_ms_per_k']:.0f}) |")
         print("\n".join(table) + "\n", flush=True)
         lines += table + [""]
     lines.append("c = 1 compares Hearth's decode rate with one raw stream's; c > 1 Hearth's aggregate with the raw "
-                 "batch's decode rate (no prefill in it), so it is the stricter of the two.")
+                 "batch's decode rate (no prefill in it), so it is the stricter of the two. \"Engine alone\" is "
+                 "Hearth's engine in one process under the servers' load, without HTTP: the gap from it to Hearth "
+                 "is the serving path's, the gap from raw to it the engine's.")
     if args.record:
         with open(args.results, "a") as f:
             f.write("\n".join(lines) + "\n")
