@@ -310,7 +310,7 @@ def _batched(batch, logits, inputs):
     processors left to run row by row. mlx-lm runs a row's processors on its own slice of the logits and
     concatenates the slices again. In-process on this CPU, 32 rows of a 2-layer model: with a bias on
     each (every runner of bench/device.py bans EOS so) 3,578-4,282 tok/s row by row, 4,176-5,163 at
-    once, 5,423-5,976 with none; with the three penalties too, 1,835-2,137 row by row and 3,906-4,773
+    once, 5,423-5,976 with none; with the three penalties too, 1,924-2,235 row by row and 4,303-5,219
     a kind at a time. Biases and penalties are validated when the request comes (`checks`), so the one
     operation cannot fail for one row. The plan is kept until the batch's rows change."""
     import mlx.core as mx
