@@ -191,10 +191,8 @@ async def load(c, n):
     return {"agg_tps": sum(k for _, k, _ in out) / wall, "decode_tps": statistics.median(rates) if rates else 0.0,
             "ttft_ms": 1000 * statistics.median(t for t, _, _ in out)}
 
-result = {}
-for c in rows:
-    asyncio.run(load(2, 8))  # warm-up, as the servers get
-    result[str(c)] = asyncio.run(load(c, tokens))
+asyncio.run(load(2, 8))  # warm-up, as each server gets
+result = {str(c): asyncio.run(load(c, tokens)) for c in rows}
 engine.close()
 print(json.dumps(result))
 """

@@ -15,8 +15,9 @@ mlx-lm has no switch for this, so `install` rebinds the `swiglu` name in
 the model's own mlx-lm modules (every architecture whose MLP calls
 `activations.swiglu`), and only after measuring, on this machine, that the
 replacement is faster than MLX's own (`exp` is vectorised on Apple silicon,
-where nothing changes). Float32 only, and only from FAST_FROM elements (a single-row decode step's
-MLP is faster on mlx-lm's own); other inputs take mlx-lm's path.
+where nothing changes). Float32 only, and only from FAST_FROM activations a
+call (below that, one or two rows of a small model's MLP, mlx-lm's own is
+faster); other inputs take mlx-lm's path.
 `HEARTH_FAST_SWIGLU=0` turns it off; `=1` forces it on.
 """
 from __future__ import annotations

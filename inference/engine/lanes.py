@@ -300,7 +300,8 @@ def lean_generation_batch(gen, logprob_uids: set[int]) -> bool:
 
 
 # Penalty windows up to this many tokens are applied to all the rows at once (`_penalize`): their tokens
-# are gathered on the host each step. A longer window, or 0 (the whole history), runs row by row.
+# are gathered on the host each step. A longer window, or 0 (the whole history), runs row by row, and so
+# do the penalties after it in that row's order.
 BATCH_WINDOW = 256
 
 
