@@ -17,7 +17,7 @@ def restore_swiglu():
     fastmath.restore()
 
 
-def test_exp_and_swiglu_match_mlx_within_an_ulp_or_two():
+def test_exp_and_swiglu_match_mlx_within_an_ulp_or_two(restore_swiglu):
     import mlx.core as mx
     import numpy as np
     from mlx_lm.models import activations
