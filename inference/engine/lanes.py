@@ -9,7 +9,9 @@ of 8 chunks (`BatchLane._plan_prefill`); a row with nothing to
 prefill starts with the prompts whose prefill ends that step
 (`BatchLane._start_joining`). Rows with the same unseeded settings share
 one sampler (`BatchLane.batch_sampler`), and the rows' logit biases and
-penalties are applied in one operation a kind (`_batched`). A step whose rows are all greedy and ask for
+penalties are applied in one operation a kind (`_batched`); the logprobs
+and top tokens of the rows that ask are computed with the step and read
+once for all of them (`_StepLogprobs`). A step whose rows are all greedy and ask for
 no logprobs samples the logits as they are (`lean_generation_batch`): no
 log-softmax over the vocabulary. The engine wraps it (`speculate.Speculating`)
 so that a request running alone decodes without the batch machinery and
@@ -41,7 +43,16 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from inference.engine.rows import Row
-from inference.engine.sampling import LogitBias, Penalty, greedy, make_processors, make_sampler, sample
+from inference.engine.sampling import (
+    LogitBias,
+    Penalty,
+    TokenLogprobs,
+    greedy,
+    make_processors,
+    make_sampler,
+    sample,
+    top_logprobs,
+)
 
 if TYPE_CHECKING:
     from inference.engine.loader import LoadedModel
@@ -67,7 +78,8 @@ class BatchLane:
                                   prefill_step_size=prefill_chunk)
         self.prefill_rows = min(size, prefill_rows)
         self.prefill_budget = prefill_rows * prefill_chunk  # prompt tokens (padding included) a step prefills
-        self.logprob_uids: set[int] = set()  # rows that asked for logprobs: their steps are normalized
+        # rows that asked for logprobs, and how many top tokens: their steps are normalized
+        self.logprob_uids: dict[int, int] = {}
         lean_generation_batch(self.gen, self.logprob_uids)
         self.eos = StopSequences([[t] for t in sorted(model.tokenizer.eos_token_ids)])
         self.rows: dict[int, Row] = {}
@@ -181,7 +193,7 @@ class BatchLane:
             stop_sequences=[self.eos])
         self.rows[uid] = row
         if row.want_logprobs:
-            self.logprob_uids.add(uid)
+            self.logprob_uids[uid] = row.req.top_logprobs
 
     def batch_sampler(self, row: Row):
         """The sampler `row` decodes with in the batch. Rows with the same
@@ -224,7 +236,7 @@ class BatchLane:
             if r.finish_reason is not None and row.fault is None:  # the generator dropped the row itself
                 row.finish = row.finish or r.finish_reason
                 del self.rows[r.uid]
-                self.logprob_uids.discard(r.uid)
+                self.logprob_uids.pop(r.uid, None)
                 published.append((r.all_tokens, r.prompt_cache, row))
                 close_row(row)
             elif done or r.finish_reason is not None:
@@ -242,7 +254,7 @@ class BatchLane:
         out: Published = []
         for uid in uids:
             row = self.rows.pop(uid)
-            self.logprob_uids.discard(uid)
+            self.logprob_uids.pop(uid, None)
             if row.fault is not None:
                 fail_faulty(row)
                 self.faults += 1
@@ -273,7 +285,7 @@ def _queue_layout_unknown() -> None:
                 "prefilled row starts decoding at once")
 
 
-def lean_generation_batch(gen, logprob_uids: set[int]) -> bool:
+def lean_generation_batch(gen, logprob_uids: dict[int, int]) -> bool:
     """Give `gen` (mlx-lm's BatchGenerator) a decoding batch whose step leaves out the log-softmax
     over the vocabulary while every row is greedy and none asked for logprobs: the argmax of the
     logits is the argmax of the log-probabilities, and nothing else reads them then. mlx-lm
@@ -390,13 +402,41 @@ def _penalize(batch, logits, inputs, penalized: list[tuple[int, dict]]):
     return logits
 
 
+class _StepLogprobs:
+    """The logprob entries' numbers of a batched step's rows that asked for them (`sampling.top_logprobs`),
+    computed with the step and read to the host once, when the first of them is handed out. A row's place
+    in the batch's list of logprobs is (this, its index here), so mlx-lm's filter and extend of the list
+    keep each with its row."""
+
+    def __init__(self, logprobs, tokens, rows: list[int], k: int):
+        import mlx.core as mx
+
+        every = len(rows) == logprobs.shape[0]
+        index = None if every else mx.array(rows)
+        self.values = top_logprobs(logprobs if every else logprobs[index], tokens if every else tokens[index], k)
+        self._host: list[TokenLogprobs] | None = None
+
+    def read(self, i: int) -> TokenLogprobs:
+        if self._host is None:
+            chosen, ids, values = (a.tolist() for a in self.values)
+            self._host = [TokenLogprobs(c, list(zip(r, v, strict=True)))
+                          for c, r, v in zip(chosen, ids, values, strict=True)]
+        return self._host[i]
+
+    @staticmethod
+    def arrays(logprobs: list) -> list:
+        """The arrays behind the entries in a batch's list of logprobs, each step's once."""
+        steps = {id(lp[0]): lp[0] for lp in logprobs if isinstance(lp, tuple)}
+        return [s.values for s in steps.values()]
+
+
 @functools.cache
 def _lean_batch_class():
     """Made once, on first use: mlx-lm is imported on the engine thread, not with this module."""
     from mlx_lm.generate import GenerationBatch
 
     class LeanGenerationBatch(GenerationBatch):
-        logprob_uids: set[int] = set()
+        logprob_uids: dict[int, int] = {}
 
         def _step(self: Any):  # typed loosely: mlx-lm's own attributes start as None
             import mlx.core as mx
@@ -433,13 +473,22 @@ def _lean_batch_class():
                 self._next_tokens = mx.concatenate(
                     [sample(s, logits[e:e + 1], None if logprobs is None else logprobs[e:e + 1])
                      for e, s in enumerate(samplers)], axis=0)
-            self._next_logprobs = [None] * len(self.uids) if logprobs is None else list(logprobs)
-            mx.async_eval(self._next_tokens, self._next_logprobs, token_context)
-            mx.eval(inputs, self._current_logprobs)
+            # And the logprob entries' numbers of every row that asked, in a few operations and one read
+            # (`_StepLogprobs`), where mlx-lm hands each row its slice and `logprob_entry` reads it alone.
+            self._next_logprobs = [None] * len(self.uids)
+            asked = [e for e, u in enumerate(self.uids) if u in self.logprob_uids] if logprobs is not None else []
+            if asked:
+                step = _StepLogprobs(logprobs, self._next_tokens, asked,
+                                     max(self.logprob_uids[self.uids[e]] for e in asked))
+                for i, e in enumerate(asked):
+                    self._next_logprobs[e] = (step, i)
+            mx.async_eval(self._next_tokens, _StepLogprobs.arrays(self._next_logprobs), token_context)
+            current = self._current_logprobs  # mlx-lm's own step (a new batch's first) leaves arrays
+            mx.eval(inputs, [lp for lp in current if isinstance(lp, mx.array)], _StepLogprobs.arrays(current))
             tokens = inputs.tolist()
             for seen, token in zip(self.tokens, tokens, strict=True):
                 seen.append(token)
-            return tokens, self._current_logprobs
+            return tokens, [lp[0].read(lp[1]) if isinstance(lp, tuple) else lp for lp in current]
 
     return LeanGenerationBatch
 

@@ -8,6 +8,7 @@ other rows in the batch or on the order requests arrived in.
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from typing import cast
 
 from inference.engine.hlg import HlgProcessor
@@ -149,13 +150,43 @@ def make_processors(req: GenerationRequest) -> list:
     return processors
 
 
+@dataclass
+class TokenLogprobs:
+    """A sampled token's logprob and the most likely tokens of its step (at
+    least as many as its row asked for, most likely first), read from the
+    device for all the rows of a batched step at once (`top_logprobs`)."""
+
+    logprob: float
+    top: list[tuple[int, float]]
+
+
+def top_logprobs(logprobs, tokens, k: int):
+    """For each row of `logprobs` (rows x vocabulary), the logprob of its token in
+    `tokens` and its `k` most likely tokens' ids and logprobs, most likely first:
+    lazy arrays ((rows,), (rows, k), (rows, k)), what `logprob_entry` computes
+    for one row, for the batch in a few operations."""
+    import mlx.core as mx
+
+    chosen = mx.take_along_axis(logprobs, tokens.astype(mx.int32)[:, None], axis=-1)[:, 0]
+    if k == 0:
+        return chosen, mx.zeros((chosen.size, 0), dtype=mx.int32), mx.zeros((chosen.size, 0), dtype=logprobs.dtype)
+    best = mx.argpartition(-logprobs, kth=k - 1, axis=-1)[:, :k]
+    scores = mx.take_along_axis(logprobs, best, axis=-1)
+    order = mx.argsort(-scores, axis=-1)
+    return chosen, mx.take_along_axis(best, order, axis=-1), mx.take_along_axis(scores, order, axis=-1)
+
+
 def logprob_entry(tokenizer, token: int, logprobs, top: int) -> dict:
     """OpenAI's logprobs entry for the chosen token: its text, its UTF-8 bytes,
     its logprob, and the `top` most likely tokens in the same form, most
     likely first (an empty list when none were asked for). `id` is Hearth's
-    own: the token id, beside each text."""
+    own: the token id, beside each text. `logprobs` is the step's
+    log-probabilities for this row, or a `TokenLogprobs` already read."""
     import mlx.core as mx
 
+    if isinstance(logprobs, TokenLogprobs):
+        return {**_token(tokenizer, token, logprobs.logprob),
+                "top_logprobs": [_token(tokenizer, i, v) for i, v in logprobs.top[:top]]}
     logprobs = logprobs.reshape(-1)
     ranked: list[dict] = []
     if top > 0:

@@ -376,6 +376,41 @@ def test_the_batched_penalties_equal_mlx_lms_own_row_by_row():
     assert check([0, 1, 2, 4, 6]) == [0] * 5  # every row penalized
 
 
+def test_a_batched_step_reads_its_rows_logprobs_at_once(engines, eos_id, monkeypatch):
+    """The logprobs of the rows that asked (with top tokens or without, one of them sampled) are computed
+    with the step and read to the host once for all of them, not row by row; only a row's first token,
+    which mlx-lm's own first step of a new batch samples, comes the old way. Each row's entries are what
+    it gets alone."""
+    from inference.engine import rows
+    from inference.engine.sampling import TokenLogprobs
+
+    ban = LogitsParams(logit_bias={eos_id: -100.0})
+    requests = [GenerationRequest(_prompt(1, 6), max_tokens=20, logits=ban, logprobs=True),
+                GenerationRequest(_prompt(2, 11), max_tokens=20, logits=ban, top_logprobs=2),
+                GenerationRequest(_prompt(3, 8), max_tokens=20, logits=ban, logprobs=True, top_logprobs=5),
+                GenerationRequest(_prompt(4, 14), max_tokens=20, logits=ban),
+                GenerationRequest(_prompt(5, 9), max_tokens=20, logits=ban, logprobs=True, top_logprobs=4,
+                                  sampling=SamplingParams(temperature=0.8, seed=5))]
+    serial = engines(batch=1, prompt_cache_bytes=0)
+    alone = [asyncio.run(collect(serial, r)) for r in requests]
+    read = []
+    entry = rows.logprob_entry
+
+    def watched(tokenizer, token, logprobs, top):
+        read.append(isinstance(logprobs, TokenLogprobs))
+        return entry(tokenizer, token, logprobs, top)
+
+    monkeypatch.setattr(rows, "logprob_entry", watched)
+    engine = engines(batch=8, prompt_cache_bytes=0, jump_forward=False)
+
+    async def together():
+        return await asyncio.gather(*[collect(engine, r) for r in requests])
+
+    for got, want in zip(asyncio.run(together()), alone, strict=True):
+        _same(got, want)
+    assert len(read) == 80 and read.count(True) >= 70
+
+
 def test_a_greedy_batch_without_logprobs_skips_the_log_softmax(engines, eos_id, monkeypatch):
     """While every row is greedy and none asked for logprobs, a batched step samples the logits as they
     are (no log-softmax over the vocabulary); a row that asks for logprobs brings it back. Both give what
