@@ -393,11 +393,11 @@ def test_a_batched_step_reads_its_rows_logprobs_at_once(engines, eos_id, monkeyp
                                   sampling=SamplingParams(temperature=0.8, seed=5))]
     serial = engines(batch=1, prompt_cache_bytes=0)
     alone = [asyncio.run(collect(serial, r)) for r in requests]
-    read = []
+    read: dict[int, list[bool]] = {}  # by top_logprobs, which tells the rows apart: batched read or not
     entry = rows.logprob_entry
 
     def watched(tokenizer, token, logprobs, top):
-        read.append(isinstance(logprobs, TokenLogprobs))
+        read.setdefault(top, []).append(isinstance(logprobs, TokenLogprobs))
         return entry(tokenizer, token, logprobs, top)
 
     monkeypatch.setattr(rows, "logprob_entry", watched)
@@ -408,7 +408,11 @@ def test_a_batched_step_reads_its_rows_logprobs_at_once(engines, eos_id, monkeyp
 
     for got, want in zip(asyncio.run(together()), alone, strict=True):
         _same(got, want)
-    assert len(read) == 80 and read.count(True) >= 70
+    assert sorted(read) == [0, 2, 4, 5] and all(len(seen) == 20 for seen in read.values())
+    for seen in read.values():  # the old way only before the row's first batched step, then never again
+        assert True in seen
+        first = seen.index(True)
+        assert all(seen[first:]) and first <= 10
 
 
 def test_a_greedy_batch_without_logprobs_skips_the_log_softmax(engines, eos_id, monkeypatch):
