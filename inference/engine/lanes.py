@@ -29,7 +29,8 @@ One row's failure ends that row only. Its logits processors, and a seeded
 row's sampler, run behind a guard: an exception there is kept on the row (`row.fault`), a
 stand-in token lets the batched step finish for the others, and the row is
 ended with the error before that token is shown; so is a row whose own
-detokenizing or logprobs fail. A failure the guards cannot pin on a row (MLX
+detokenizing or logprob entry fails (a batched step computes the entries'
+numbers with the step; the text of each is the row's own). A failure the guards cannot pin on a row (MLX
 evaluates lazily, so some surface only when the whole batch is evaluated)
 is handled by the engine: `suspect()` finds the rows whose own sampling
 fails when tried alone, and the others continue on a fresh lane from what
@@ -403,7 +404,7 @@ def _penalize(batch, logits, inputs, penalized: list[tuple[int, dict]]):
 
 
 class _StepLogprobs:
-    """The logprob entries' numbers of a batched step's rows that asked for them (`sampling.top_logprobs`),
+    """The logprob entries' numbers of a batched step's rows that asked for `k` top tokens (`sampling.top_logprobs`),
     computed with the step and read to the host once, when the first of them is handed out. A row's place
     in the batch's list of logprobs is (this, its index here), so mlx-lm's filter and extend of the list
     keep each with its row."""
@@ -422,6 +423,30 @@ class _StepLogprobs:
             self._host = [TokenLogprobs(c, list(zip(r, v, strict=True)))
                           for c, r, v in zip(chosen, ids, values, strict=True)]
         return self._host[i]
+
+    @staticmethod
+    def place(logprobs, tokens, uids: list[int], asked: dict[int, int]) -> list:
+        """A step's list of logprobs, a place a row: (group, index) for each row in `asked` (uid: how many
+        top tokens), None for the others. One group a number of top tokens: each row's argpartition keeps
+        its own k, so tied tokens are picked as they are for the row alone."""
+        out: list = [None] * len(uids)
+        if logprobs is None:
+            return out
+        by_top: dict[int, list[int]] = {}
+        for e, uid in enumerate(uids):
+            if uid in asked:
+                by_top.setdefault(asked[uid], []).append(e)
+        for k, rows in by_top.items():
+            group = _StepLogprobs(logprobs, tokens, rows, k)
+            for i, e in enumerate(rows):
+                out[e] = (group, i)
+        return out
+
+    @staticmethod
+    def resolve(place):
+        """What a row's place in the list hands its row: its `TokenLogprobs`, or what mlx-lm's own step
+        left there (an array, or None)."""
+        return place[0].read(place[1]) if isinstance(place, tuple) else place
 
     @staticmethod
     def arrays(logprobs: list) -> list:
@@ -475,20 +500,14 @@ def _lean_batch_class():
                      for e, s in enumerate(samplers)], axis=0)
             # And the logprob entries' numbers of every row that asked, in a few operations and one read
             # (`_StepLogprobs`), where mlx-lm hands each row its slice and `logprob_entry` reads it alone.
-            self._next_logprobs = [None] * len(self.uids)
-            asked = [e for e, u in enumerate(self.uids) if u in self.logprob_uids] if logprobs is not None else []
-            if asked:
-                step = _StepLogprobs(logprobs, self._next_tokens, asked,
-                                     max(self.logprob_uids[self.uids[e]] for e in asked))
-                for i, e in enumerate(asked):
-                    self._next_logprobs[e] = (step, i)
+            self._next_logprobs = _StepLogprobs.place(logprobs, self._next_tokens, self.uids, self.logprob_uids)
             mx.async_eval(self._next_tokens, _StepLogprobs.arrays(self._next_logprobs), token_context)
             current = self._current_logprobs  # mlx-lm's own step (a new batch's first) leaves arrays
             mx.eval(inputs, [lp for lp in current if isinstance(lp, mx.array)], _StepLogprobs.arrays(current))
             tokens = inputs.tolist()
             for seen, token in zip(self.tokens, tokens, strict=True):
                 seen.append(token)
-            return tokens, [lp[0].read(lp[1]) if isinstance(lp, tuple) else lp for lp in current]
+            return tokens, [_StepLogprobs.resolve(lp) for lp in current]
 
     return LeanGenerationBatch
 

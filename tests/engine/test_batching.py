@@ -415,6 +415,28 @@ def test_a_batched_step_reads_its_rows_logprobs_at_once(engines, eos_id, monkeyp
         assert all(seen[first:]) and first <= 10
 
 
+def test_batched_logprob_entries_are_a_rows_own_even_where_tokens_tie(engines):
+    """Rows asking for different numbers of top tokens in one step each get the entry `logprob_entry`
+    makes from their own row, ties included (four tokens tie for second place here: which of them make a
+    top 2 depends on the argpartition's k, so each number of top tokens is its own group)."""
+    import mlx.core as mx
+
+    from inference.engine.sampling import logprob_entry
+
+    tokenizer = engines(batch=8).loaded.tokenizer
+    tie = [-3.0, -1.0, -2.0, -2.0, -2.0, -5.0, -2.0, -4.0] + [-9.0] * 40
+    logprobs = mx.array([tie, tie, tie, [float(-i) for i in range(48)]])
+    tokens = mx.array([1, 3, 6, 0], dtype=mx.uint32)
+    asked = {10: 2, 11: 5, 13: 0}  # uid: top tokens; uid 12 asked for none
+    places = lanes._StepLogprobs.place(logprobs, tokens, [10, 11, 12, 13], asked)
+    assert places[2] is None
+    mx.eval(lanes._StepLogprobs.arrays(places))
+    for e, top in ((0, 2), (1, 5), (3, 0)):
+        token = tokens[e].item()
+        assert logprob_entry(tokenizer, token, lanes._StepLogprobs.resolve(places[e]), top) == \
+            logprob_entry(tokenizer, token, logprobs[e], top)
+
+
 def test_a_greedy_batch_without_logprobs_skips_the_log_softmax(engines, eos_id, monkeypatch):
     """While every row is greedy and none asked for logprobs, a batched step samples the logits as they
     are (no log-softmax over the vocabulary); a row that asks for logprobs brings it back. Both give what
