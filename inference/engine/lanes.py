@@ -350,47 +350,64 @@ def _batched(batch, logits, inputs):
                 penalized.append((e, found))
             rest.append(processors)
         at = (mx.concatenate(rows), mx.concatenate(cols), mx.concatenate(values)) if rows else None
-        plan = batch._processor_plan = (uids, at, penalized, rest)
-    _, at, penalized, rest = plan
+        plan = batch._processor_plan = (uids, at, _penalty_plan(penalized, len(uids)), rest)
+    _, at, penalties, rest = plan
     if at is not None:
         logits = logits.at[at[0], at[1]].add(at[2])
-    if penalized:
-        logits = _penalize(batch, logits, inputs, penalized)
+    if penalties is not None:
+        logits = _penalize(batch, logits, inputs, penalties)
     return logits, rest
 
 
-def _penalize(batch, logits, inputs, penalized: list[tuple[int, dict]]):
-    """The penalties of `penalized` ((row, {kind: Penalty})) on the batch's logits, in mlx-lm's order and
-    arithmetic, each kind one gather and scatter for its rows. A row's window is the last tokens of its
-    context: what its KV cache holds (`batch.tokens`, on the host) and the token this step feeds (`inputs`,
-    still on the device). A row whose context is shorter than the widest window pads its own with the
-    step's token, which the scatter then writes with the same value as its real place."""
+def _penalty_plan(penalized: list[tuple[int, dict]], size: int):
+    """What `_penalize` needs that stays while the batch's rows do: the penalized rows, the widest
+    window, and for each kind in mlx-lm's order its rows (indices into the penalized ones, and into the
+    batch), windows and values. None when no row has a penalty to batch."""
     import mlx.core as mx
     import numpy as np
 
+    if not penalized:
+        return None
+    every = len(penalized) == size  # then `penalized` is the batch's rows in order
+    order = mx.arange(size) if every else mx.array([e for e, _ in penalized])
+    stages = []
+    for kind in Penalty.KINDS:
+        mine = [i for i, (_, found) in enumerate(penalized) if kind in found]
+        if mine:
+            pick = None if len(mine) == len(penalized) else mx.array(mine)
+            stages.append((kind, mine, pick, (order if pick is None else order[pick])[:, None],
+                           np.array([penalized[i][1][kind].window for i in mine]),
+                           [penalized[i][1][kind].value for i in mine]))
     width = max(p.window for _, found in penalized for p in found.values())
-    host = np.zeros((len(penalized), width - 1), dtype=np.int32)
-    known = np.empty(len(penalized), dtype=np.int64)  # tokens of each row's window, the step's one included
-    for i, (e, _) in enumerate(penalized):
+    return [e for e, _ in penalized], None if every else order, width, stages
+
+
+def _penalize(batch, logits, inputs, plan):
+    """The batched penalties (`_penalty_plan`) on the batch's logits, in mlx-lm's order and arithmetic,
+    each kind one gather and scatter for its rows. A row's window is the last tokens of its context: what
+    its KV cache holds (`batch.tokens`, on the host) and the token this step feeds (`inputs`, still on
+    the device). A row whose context is shorter than the widest window pads its own with the step's
+    token, which the scatter then writes with the same value as its real place."""
+    import mlx.core as mx
+    import numpy as np
+
+    rows, order, width, stages = plan
+    host = np.zeros((len(rows), width - 1), dtype=np.int32)
+    known = np.empty(len(rows), dtype=np.int64)  # tokens of each row's window, the step's one included
+    for i, e in enumerate(rows):
         held = batch.tokens[e][-(width - 1):] if width > 1 else []
         if held:
             host[i, width - 1 - len(held):] = held
         known[i] = len(held) + 1
-    every = len(penalized) == len(batch.uids)  # then `penalized` is the batch's rows in order
-    order = mx.arange(len(penalized)) if every else mx.array([e for e, _ in penalized])
-    last = (inputs if every else inputs[order]).astype(mx.int32)[:, None]
+    last = (inputs if order is None else inputs[order]).astype(mx.int32)[:, None]
     window = mx.concatenate([mx.array(host), last], axis=1) if width > 1 else last
     position = np.arange(width)
-    for kind in Penalty.KINDS:
-        mine = [i for i, (_, found) in enumerate(penalized) if kind in found]
-        if not mine:
-            continue
-        span = np.array([min(penalized[i][1][kind].window, known[i]) for i in mine])
+    for kind, mine, pick, at, windows, values in stages:
+        span = np.minimum(windows, known[mine])
         inside = mx.array(position[None, :] >= (width - span)[:, None])
-        tokens = window if len(mine) == len(penalized) else window[mx.array(mine)]
+        tokens = window if pick is None else window[pick]
         tokens = mx.where(inside, tokens, tokens[:, -1:])
-        at = order[mx.array(mine)][:, None] if len(mine) < len(penalized) else order[:, None]
-        value = mx.array([penalized[i][1][kind].value for i in mine], dtype=logits.dtype)[:, None]
+        value = mx.array(values, dtype=logits.dtype)[:, None]
         if kind == "frequency":  # once per time a token is in the window
             logits = logits.at[at, tokens].subtract(mx.where(inside, value, mx.zeros_like(value)))
             continue
