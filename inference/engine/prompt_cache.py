@@ -4,7 +4,8 @@ request that starts with the same tokens.
 A RAM LRU bounded in bytes holds entries keyed by their token sequence
 and namespace (the adapter set that computed them; "" for the base model).
 A lookup finds the entry sharing the longest prefix with the new prompt
-(a session's latest entry first, when the request names a session), copies
+(a session's latest entry first, when the request names a session) in a
+radix index of the entries' tokens (`prefix_index`), copies
 its cache and trims it to the shared prefix, so only the rest of the prompt
 is prefilled. With an SSD tier every base-model entry is also written to disk
 behind the engine's back and found again after a restart (adapter entries
@@ -25,20 +26,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from inference.engine.prefix_index import PrefixIndex, common_prefix
+
 if TYPE_CHECKING:
     from inference.engine.ssd_cache import SSDCache
 
 log = logging.getLogger("hearth.cache")
 
 MAX_SESSIONS = 4096
-
-
-def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
-    n = min(len(a), len(b))
-    if n == 0:
-        return 0
-    differ = np.flatnonzero(a[:n] != b[:n])
-    return int(differ[0]) if len(differ) else n
 
 
 def tokens_key(tokens: np.ndarray, ns: str = "") -> str:
@@ -89,6 +84,7 @@ class PromptCache:
         self.ssd = ssd  # an SSDCache, or None
         self.trimmable = trimmable
         self.entries: OrderedDict[str, Entry] = OrderedDict()  # least recently used first
+        self.index: dict[str, PrefixIndex[str]] = {}  # adapter set -> its entries' tokens
         self.bytes = 0
         self.sessions: OrderedDict[str, str] = OrderedDict()  # session id -> entry key, oldest first
         self.counters = Counters()
@@ -113,16 +109,18 @@ class PromptCache:
             with self._lock:
                 self.counters.misses += 1
             return None, 0
-        cache = copy.deepcopy(best.cache)
         extra = len(best.tokens) - length
-        if extra:
-            # Checked per entry: a rotating (sliding-window) cache stops being trimmable once it wraps.
-            if not self.trimmable or not all(c.is_trimmable() for c in cache):
+        # Checked per entry: a rotating (sliding-window) cache stops being trimmable once it wraps.
+        if extra and not (self.trimmable and all(c.is_trimmable() for c in best.cache)):
+            best, length = self._whole(tokens, limit, ns)  # the longest the prompt starts with
+            extra = 0
+            if best is None:
                 with self._lock:
                     self.counters.misses += 1
                 return None, 0
-            for c in cache:
-                c.trim(extra)
+        cache = copy.deepcopy(best.cache)
+        for c in cache if extra else ():
+            c.trim(extra)
         with self._lock:
             self.entries.move_to_end(best.key)
             self.counters.hits += 1
@@ -143,15 +141,12 @@ class PromptCache:
         return None, 0
 
     def _scan(self, tokens: np.ndarray, limit: int, ns: str) -> tuple[Entry | None, int]:
-        best, length = None, 0
-        for entry in self.entries.values():
-            if entry.ns != ns:
-                continue
-            n = min(common_prefix(entry.tokens, tokens), limit)
-            if n > length or (n == length and best is not None and len(entry.tokens) < len(best.tokens)):
-                best, length = entry, n
-        if not self.trimmable and best is not None and length < len(best.tokens):
-            best, length = None, 0
+        if not self.trimmable:  # only an entry the prompt starts with is usable as it is
+            best, length = self._whole(tokens, limit, ns)
+        else:
+            index = self.index.get(ns)
+            key, length = index.longest(tokens, limit) if index is not None else (None, 0)
+            best = self.entries[key] if key is not None else None
         ssd = self.ssd
         if ssd is not None and not ns:
             key, n = ssd.find(tokens, limit)
@@ -160,6 +155,12 @@ class PromptCache:
                 if restored is not None:
                     best, length = restored, n
         return best, length
+
+    def _whole(self, tokens: np.ndarray, limit: int, ns: str) -> tuple[Entry | None, int]:
+        """The longest entry `tokens` starts with, of at most `limit` tokens: one usable without a trim."""
+        index = self.index.get(ns)
+        key = next(reversed(index.prefixes(tokens[:limit])), None) if index is not None else None
+        return (self.entries[key], len(self.entries[key].tokens)) if key is not None else (None, 0)
 
     def _restore(self, ssd: SSDCache, key: str) -> Entry | None:
         loaded = ssd.load(key)
@@ -190,10 +191,10 @@ class PromptCache:
         cache = compact(cache)
         mx.eval([c.state for c in cache])
         entry = Entry(key, arr, cache, sum(c.nbytes for c in cache), ns=ns)
-        # An entry whose tokens the new one extends is covered by it.
-        covered = [] if entry.nbytes > self.max_bytes else [
-            e for e in self.entries.values()
-            if e.ns == ns and len(e.tokens) <= len(arr) and common_prefix(e.tokens, arr) == len(e.tokens)]
+        # An entry whose tokens the new one extends is covered by it, where the new one can be trimmed back.
+        index = self.index.get(ns)
+        covered = [] if entry.nbytes > self.max_bytes or index is None or not self.trimmable else [
+            self.entries[k] for k in index.prefixes(arr)]
         for old in covered:
             self._drop(old)
         self._insert(entry)
@@ -215,6 +216,7 @@ class PromptCache:
         with self._lock:
             self.entries[entry.key] = entry
             self.bytes += entry.nbytes
+        self.index.setdefault(entry.ns, PrefixIndex()).add(entry.key, entry.tokens)
         while self.bytes > self.max_bytes:
             self._drop(self._victim(), evicted=True)
 
@@ -233,6 +235,11 @@ class PromptCache:
             self.bytes -= entry.nbytes
             if evicted:
                 self.counters.evictions += 1
+        index = self.index.get(entry.ns)
+        if index is not None:
+            index.remove(entry.key)
+            if not len(index):
+                del self.index[entry.ns]
         if evicted and self.ssd is not None:
             self.ssd.note_demotion(entry.durable, entry.key)
 

@@ -31,7 +31,8 @@ from typing import Any, cast
 import numpy as np
 
 from core.procs import pid_alive
-from inference.engine.prompt_cache import Entry, common_prefix
+from inference.engine.prefix_index import PrefixIndex
+from inference.engine.prompt_cache import Entry
 
 log = logging.getLogger("hearth.cache")
 
@@ -102,7 +103,7 @@ class SSDCache:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.max_bytes = max_bytes
         self.queue_bytes = queue_bytes
-        self.index: dict[str, np.ndarray] = {}  # key -> tokens
+        self.index: PrefixIndex[str] = PrefixIndex()  # the files' tokens by key
         self.sizes: dict[str, int] = {}
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
@@ -137,20 +138,14 @@ class SSDCache:
                 log.warning("ssd cache: skipping %s (%s)", path.name, exc)
                 continue
             key = path.name[: -len(SUFFIX)]
-            self.index[key] = tokens
+            self.index.add(key, tokens)
             self.sizes[key] = path.stat().st_size
         if self.index:
             log.info("ssd cache: %d entries (%d bytes) in %s", len(self.index), sum(self.sizes.values()), self.dir)
 
     def find(self, tokens: np.ndarray, limit: int) -> tuple[str | None, int]:
-        best, length = None, 0
         with self._lock:
-            items = list(self.index.items())
-        for key, stored in items:
-            n = min(common_prefix(stored, tokens), limit)
-            if n > length:
-                best, length = key, n
-        return best, length
+            return self.index.longest(tokens, limit)
 
     def load(self, key: str):
         """(tokens, cache) from disk, or None when the file went bad. Engine thread."""
@@ -167,7 +162,7 @@ class SSDCache:
         except Exception as exc:
             log.warning("ssd cache: cannot restore %s (%s)", path.name, exc)
             with self._lock:
-                self.index.pop(key, None)
+                self.index.remove(key)
                 self.sizes.pop(key, None)
             return None
         try:
@@ -261,7 +256,7 @@ class SSDCache:
                 self._idle.notify_all()
             return
         with self._lock:
-            self.index[snap.key] = np.asarray(json.loads(snap.metadata["tokens"]), dtype=np.int32)
+            self.index.add(snap.key, np.asarray(json.loads(snap.metadata["tokens"]), dtype=np.int32))
             self.sizes[snap.key] = len(data)
             self.spills += 1
             snap.entry.durable = True
@@ -283,7 +278,7 @@ class SSDCache:
             (self.dir / (key + SUFFIX)).unlink(missing_ok=True)
             with self._lock:
                 total -= self.sizes.pop(key, 0)
-                self.index.pop(key, None)
+                self.index.remove(key)
                 entry = self._written.pop(key, None)
                 if entry is not None:
                     entry.durable = False  # still in RAM, no longer on disk
@@ -317,5 +312,5 @@ class SSDCache:
                 "pending_snapshots": len(self._pending), "pending_spills": len(self._pending),
                 "pending_spill_bytes": sum(self._pending.values()), "dropped_spills": self.dropped_spills,
                 "failed_spills": self.failed_spills, "missing_snapshots": self.missing,
-                "longest_durable_prefix_tokens": max((len(t) for t in self.index.values()), default=0),
+                "longest_durable_prefix_tokens": max(map(self.index.length, self.index.nodes), default=0),
             }

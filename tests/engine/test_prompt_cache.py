@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 from mlx_lm.models.cache import KVCache
 
-from inference.engine.prompt_cache import PromptCache, common_prefix
+from inference.engine.prefix_index import common_prefix
+from inference.engine.prompt_cache import PromptCache
 from inference.engine.ssd_cache import SSDCache
 
 LAYERS, HEADS, DIM = 2, 2, 4
@@ -166,3 +167,17 @@ def test_ssd_keeps_half_precision(tmp_path, dtype):
     assert tokens.tolist() == [3, 4, 5] and restored[0].keys.dtype == dtype
     assert mx.array_equal(restored[0].keys, half[0].keys[..., :3, :])
     ssd.close()
+
+
+def test_an_untrimmable_cache_reuses_the_longest_entry_the_prompt_starts_with():
+    cache = PromptCache(1 << 20, trimmable=False)
+    cache.publish([1, 2], kv([1, 2]))
+    cache.publish([1, 2, 3, 4, 5, 6], kv([1, 2, 3, 4, 5, 6]))  # shares more, but would need a trim
+    cache.publish([1, 2, 3, 7], kv([1, 2, 3, 7]), ns="adapter")
+    got, n = cache.lookup([1, 2, 3, 4, 9])
+    assert n == 2 and ids_in(got) == [1, 2]
+    got, n = cache.lookup([1, 2, 3, 4, 5, 6, 7])
+    assert n == 6 and ids_in(got) == [1, 2, 3, 4, 5, 6]
+    assert cache.lookup([1, 2, 3, 4, 5, 6], session=None)[1] == 2, "the whole entry would leave nothing to prefill"
+    got, n = cache.lookup([1, 2, 3, 7, 8], ns="adapter")
+    assert n == 4 and cache.lookup([1, 2, 3, 8], ns="adapter")[1] == 0, "entries stay in their adapter set"
