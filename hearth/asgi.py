@@ -9,11 +9,26 @@ import os
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
-from asgiref.sync import ThreadSensitiveContext  # noqa: E402
+import django  # noqa: E402
 from channels.routing import ProtocolTypeRouter  # noqa: E402
-from django.core.asgi import get_asgi_application  # noqa: E402
+from django.core.handlers.asgi import ASGIHandler  # noqa: E402
 
-django_app = get_asgi_application()
+from hearth.request_threads import RequestContext  # noqa: E402
+
+
+class _Django(ASGIHandler):
+    """Django's ASGI handler (what `get_asgi_application()` returns), with each
+    request's sync thread from a pool (hearth/request_threads.py)."""
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            raise ValueError(f"Django can only handle ASGI/HTTP connections, not {scope['type']}.")
+        async with RequestContext():
+            await self.handle(scope, receive, send)
+
+
+django.setup(set_prefix=False)
+django_app = _Django()
 
 from core import limits, surfaces  # noqa: E402
 from hearth import access, static  # noqa: E402
@@ -68,7 +83,7 @@ async def _static(scope, receive, send):
         await _answer(counted, 405, surface.error_bytes(405, message, "method_not_allowed"),
                       [(b"allow", b"GET, HEAD")])
     else:
-        async with ThreadSensitiveContext():
+        async with RequestContext():
             await static.application(scope, receive, counted)
     count_request(static.route(path), method, answered["status"])
 

@@ -67,3 +67,61 @@ def test_deploy_checks_see_the_middlewares_as_djangos_own():
     assert not found & {"security.W001", "security.W003", "security.W010"}  # never "missing"
     with override_settings(SECURE_HSTS_SECONDS=3600, SESSION_COOKIE_SECURE=True):
         assert not reported() & {"security.W004", "security.W012"}
+
+
+def test_a_requests_sync_thread_is_lent_from_a_pool(served):
+    """Django ends each request with `response.close()` in the request's sync thread: a pooled thread, not
+    one started (and another to join it) for every request."""
+    import threading
+    import time
+
+    from django.core.signals import request_finished
+
+    from hearth.request_threads import POOL
+
+    app = served("--api-key", KEY)
+    names: list[str] = []
+
+    def finished(**_):
+        names.append(threading.current_thread().name)
+
+    request_finished.connect(finished, weak=False)
+    try:
+        app.get("/health")
+        started = POOL.started
+        for _ in range(10):
+            assert app.get("/v1/models", headers={"Authorization": f"Bearer {KEY}"}).status_code == 200
+        deadline = time.monotonic() + 10
+        while len(names) < 11 and time.monotonic() < deadline:  # the last close may come after its answer
+            time.sleep(0.01)
+    finally:
+        request_finished.disconnect(finished)
+    assert len(names) == 11 and all(n.startswith("hearth-request") for n in names), names
+    # A request's thread goes back once its `close()` is done; the next one may arrive just before.
+    assert POOL.started - started <= 2 and len(set(names)) <= 3
+
+
+def test_a_task_outliving_its_request_context_still_reaches_a_sync_thread():
+    import asyncio
+    import threading
+
+    from asgiref.sync import sync_to_async
+
+    from hearth.request_threads import RequestContext
+
+    async def main():
+        async with RequestContext():
+            inside = await sync_to_async(lambda: threading.current_thread().name)()
+
+            async def later():
+                await asyncio.sleep(0.05)
+                return await sync_to_async(lambda: threading.current_thread().name)()
+
+            outliving = asyncio.ensure_future(later())
+        async with RequestContext():
+            again = await sync_to_async(lambda: threading.current_thread().name)()
+        return inside, again, await outliving
+
+    inside, again, after = asyncio.run(main())
+    assert inside.startswith("hearth-request") and again.startswith("hearth-request")
+    assert after and not after.startswith("hearth-request"), "a thread of its own, as asgiref gives it"
