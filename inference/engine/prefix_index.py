@@ -122,9 +122,12 @@ class PrefixIndex(Generic[K]):
             else:
                 del parent.children[int(node.label[0])]
             node = parent
+        # Only the nodes whose shortest sequence was this one need another: removing keeps every other minimum
+        # (a branch point after a shared system prompt can have thousands of children to look through).
         at: _Node[K] | None = node
         while at is not None:
-            at.refresh()
+            if at.shortest is not None and at.shortest[1] == key:
+                at.refresh()
             at = at.parent
 
     def longest(self, tokens: np.ndarray, limit: int) -> tuple[K | None, int]:
