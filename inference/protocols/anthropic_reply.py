@@ -196,8 +196,7 @@ async def stream(reply: Reply, events: EventStream, output: OutputParser, keepal
     admitted (`cached()` is not None: the prompt's cache reads are known) or
     an event comes, at most START_WAIT_S, so its usage is the final one."""
     events = await _admitted(events, cached)
-    yield frame(reply.start(cached() or 0))
-    yield PING
+    yield frame(reply.start(cached() or 0)) + PING
     blocks = _Blocks(reply.model_id)
     async for event in with_keepalive(events, output, keepalive, always=True):
         if event is None:
@@ -211,14 +210,13 @@ async def stream(reply: Reply, events: EventStream, output: OutputParser, keepal
                 chunks = blocks.tool(item)
             else:
                 chunks = blocks.text(item) if item.text else []
-            for chunk in chunks:
-                yield chunk
+            if chunks:  # an event's frames in one write
+                yield b"".join(chunks)
         if event.finish_reason is not None:
-            for chunk in blocks.close():
-                yield chunk
-            yield frame({"type": "message_delta",
-                         "delta": {"stop_reason": stop_reason(event, output.calls),
-                                   "stop_sequence": event.stop_sequence},
-                         "usage": usage_json(event.final_usage, reply.cached)})
-            yield frame({"type": "message_stop"})
+            yield b"".join([*blocks.close(),
+                            frame({"type": "message_delta",
+                                   "delta": {"stop_reason": stop_reason(event, output.calls),
+                                             "stop_sequence": event.stop_sequence},
+                                   "usage": usage_json(event.final_usage, reply.cached)}),
+                            frame({"type": "message_stop"})])
             return

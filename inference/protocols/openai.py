@@ -441,13 +441,12 @@ async def stream(reply: Reply, events: EventStream, output: OutputParser | None 
         if isinstance(item, bytes):
             yield item
             continue
-        if isinstance(item, Ended):
+        if isinstance(item, Ended):  # the last frames in one write
             if reply.usage_apart:
-                yield sse(item.chunk)
-                yield sse({**reply.chunk(), "choices": [], "usage": usage_json(item.usage)})
+                yield (sse(item.chunk) + sse({**reply.chunk(), "choices": [], "usage": usage_json(item.usage)})
+                       + sse("[DONE]"))
             else:
-                yield sse({**item.chunk, "usage": usage_json(item.usage)})
-            yield sse("[DONE]")
+                yield sse({**item.chunk, "usage": usage_json(item.usage)}) + sse("[DONE]")
             return
         yield sse(item)
 

@@ -195,8 +195,8 @@ async def stream(reply: Reply, events: EventStream, output: OutputParser, keepal
     added → (content part, text deltas | argument deltas) → done, and
     completed (or incomplete). `on_done(message, response)` stores the turn."""
     chain = _Chain(reply)
-    yield chain.emit("response.created", response=reply.envelope("in_progress", []))
-    yield chain.emit("response.in_progress", response=reply.envelope("in_progress", []))
+    yield (chain.emit("response.created", response=reply.envelope("in_progress", []))
+           + chain.emit("response.in_progress", response=reply.envelope("in_progress", [])))
     message = Message()  # the whole reply, for the stored turn
     async for event in with_keepalive(events, output, keepalive):
         if event is None:
@@ -211,16 +211,15 @@ async def stream(reply: Reply, events: EventStream, output: OutputParser, keepal
                 frames = chain.call(item, output.calls)
             else:
                 frames = chain.piece(item, message) if item.text else []
-            for frame in frames:
-                yield frame
+            if frames:  # an event's frames in one write
+                yield b"".join(frames)
         message.tool_calls = list(output.calls)
         if event.finish_reason is not None:
             frames = chain.open("content") if not chain.items and chain.open_kind is None else []  # one message
-            for frame in frames + chain.close(cut(event, message)):
-                yield frame
+            frames += chain.close(cut(event, message))
             final = reply.complete(message, event)
             final["output"] = chain.items
             on_done(message, final)
             kind = "response.completed" if final["status"] == "completed" else "response.incomplete"
-            yield chain.emit(kind, response=final)
+            yield b"".join([*frames, chain.emit(kind, response=final)])
             return
