@@ -36,6 +36,11 @@ def _finite(text: str) -> float:
 
 
 _SURROGATE = re.compile(r"[\ud800-\udfff]")
+# Where a parsed string can get a surrogate from: an escape (\ud800-\udfff), or in UTF-8 bytes one encoded
+# as it is (the parser decodes with "surrogatepass"). A text with neither needs no walk of its strings.
+_ESCAPED = re.compile(r"\\u[dD][89a-fA-F]")
+_ESCAPED_BYTES = re.compile(rb"\\u[dD][89a-fA-F]")
+_RAW_UTF8 = re.compile(rb"\xed[\xa0-\xbf]")
 
 
 def depth(value: Any) -> int:
@@ -49,6 +54,23 @@ def depth(value: Any) -> int:
         deepest = max(deepest, level)
         stack.extend((child, level + 1) for child in children if isinstance(child, (dict, list)))
     return deepest
+
+
+def _may_hold_surrogate(data: bytes | str) -> bool:
+    """False where no string parsed from `data` can hold a surrogate (found in C, not by a walk)."""
+    if isinstance(data, str):
+        return bool(_SURROGATE.search(data) or _ESCAPED.search(data))
+    if json.detect_encoding(data) != "utf-8":
+        return True
+    return bool(_ESCAPED_BYTES.search(data) or _RAW_UTF8.search(data))
+
+
+def _may_nest_past(data: bytes | str, max_depth: int) -> bool:
+    """False where `data` has too few brackets to nest past `max_depth` (brackets inside strings count too,
+    so this only ever sends a document to the walk it could skip)."""
+    if isinstance(data, str):
+        return data.count("[") + data.count("{") > max_depth
+    return json.detect_encoding(data) != "utf-8" or data.count(b"[") + data.count(b"{") > max_depth
 
 
 def _holds_surrogate(value: Any) -> bool:
@@ -86,9 +108,9 @@ def loads(data: bytes | str, max_depth: int = DEFAULT.max_json_depth, what: str 
         raise JsonRefused(f"invalid {what}: {exc}") from None
     except (ValueError, UnicodeDecodeError):
         raise JsonRefused(f"invalid {what}") from None
-    if depth(value) > max_depth:
+    if _may_nest_past(data, max_depth) and depth(value) > max_depth:
         raise JsonRefused(f"invalid {what}: nested more than {max_depth} levels deep")
-    if _holds_surrogate(value):
+    if _may_hold_surrogate(data) and _holds_surrogate(value):
         raise JsonRefused(f"invalid {what}: a string holds an unpaired surrogate (\\ud800-\\udfff), "
                           "which is not a character")
     return value

@@ -110,6 +110,11 @@ def test_jsonbody_refuses_a_lone_surrogate_anywhere(before, surrogate, after, as
     document = "{%s: 1}" % text if as_key else "[1, {\"a\": %s}]" % text
     with pytest.raises(jsonbody.JsonRefused, match="surrogate"):
         jsonbody.loads(document)
+    raw = document.replace(text, json.dumps(before + chr(surrogate) + after, ensure_ascii=False))
+    for data in (document.encode(), raw, raw.encode("utf-8", "surrogatepass"),
+                 raw.encode("utf-16-le", "surrogatepass")):  # escaped, or the character itself
+        with pytest.raises(jsonbody.JsonRefused, match="surrogate"):
+            jsonbody.loads(data)
 
 
 def test_jsonbody_keeps_an_escaped_surrogate_pair():
