@@ -50,6 +50,7 @@ then append $OUT/RESULTS-gpu.md to bench/RESULTS.md here.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import http.client
 import json
 import os
@@ -244,6 +245,16 @@ def one_stream(port: int, model: str, i: int, tokens: int, bias: dict, out: list
                 "decode_tps": (n - 1) / (stamps[-1] - stamps[0]) if len(stamps) > 1 else None})
 
 
+def timed(threads: list[threading.Thread]) -> float:
+    """Start `threads`, wait for them all, and return the seconds that took."""
+    start = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return time.perf_counter() - start
+
+
 def load(port: int, model: str, c: int, tokens: int, bias: dict) -> dict:
     n = max(4, 2 * c)
     out: list[dict] = []
@@ -253,13 +264,7 @@ def load(port: int, model: str, c: int, tokens: int, bias: dict) -> dict:
         with lock:
             one_stream(port, model, i, tokens, bias, out)
 
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(n)]
-    start = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    wall = time.perf_counter() - start
+    wall = timed([threading.Thread(target=worker, args=(i,)) for i in range(n)])
     ok = [r for r in out if "error" not in r]
     failed = sorted({str(r["error"]) for r in out if "error" in r})
     if failed:
@@ -305,19 +310,26 @@ def measured_load(server, port: int, model: str, c: int, tokens: int, bias: dict
     return result
 
 
-def serve(cmd: list[str], port: int, env: dict, model: str, rows: list[int], tokens: int, bias: dict) -> dict:
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
+@contextlib.contextmanager
+def running(cmd: list[str], port: int, env: dict, cwd: Path = ROOT):
+    """The server `cmd` started, once it answers on `port`; stopped when the block ends."""
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=cwd)
     try:
         wait_up(port, proc, timeout=600)
-        load(port, model, 2, 8, bias)  # warm-up
-        server = listener(proc, port)
-        return {str(c): measured_load(server, port, model, c, tokens, bias) for c in rows}
+        yield proc
     finally:
         proc.terminate()
         try:
             proc.wait(120)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+def serve(cmd: list[str], port: int, env: dict, model: str, rows: list[int], tokens: int, bias: dict) -> dict:
+    with running(cmd, port, env) as proc:
+        load(port, model, 2, 8, bias)  # warm-up
+        server = listener(proc, port)
+        return {str(c): measured_load(server, port, model, c, tokens, bias) for c in rows}
 
 
 def device() -> tuple[str, bool]:

@@ -27,7 +27,6 @@ import os
 import platform
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -37,8 +36,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.decode import commit_label, suppressed_ids, wait_up  # noqa: E402
-from bench.device import build, cpu_seconds, listener, one_stream  # noqa: E402
+from bench.decode import commit_label, suppressed_ids  # noqa: E402
+from bench.device import build, cpu_seconds, listener, one_stream, running, timed  # noqa: E402
 
 
 def burst_leg(args, work: Path) -> list[str]:
@@ -47,27 +46,18 @@ def burst_leg(args, work: Path) -> list[str]:
     tree = Path(args.tree).resolve() if args.tree else ROOT
     env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "_HEARTH_REEXEC")}
     env.update(HF_HUB_OFFLINE="1", HEARTH_HOME=str(work / "home"), HF_HOME=str(work / "hf"))
-    proc = subprocess.Popen([sys.executable, "-m", "hearth.cli", "serve", str(model), "--port", str(args.port),
-                             "--no-worker"], env=env, cwd=tree, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    cmd = [sys.executable, "-m", "hearth.cli", "serve", str(model), "--port", str(args.port), "--no-worker"]
 
     def burst(k: int) -> tuple[float, float, float]:
         out: list[dict] = []
-        threads = [threading.Thread(target=one_stream, args=(args.port, str(model), 1000 * k + i, 2, bias, out))
-                   for i in range(args.concurrency)]
-        start = time.perf_counter()
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        wall = time.perf_counter() - start
+        wall = timed([threading.Thread(target=one_stream, args=(args.port, str(model), 1000 * k + i, 2, bias, out))
+                      for i in range(args.concurrency)])
         firsts = [r["ttft"] for r in out if "ttft" in r]
         if len(firsts) < args.concurrency:
             raise SystemExit(f"burst {k}: {args.concurrency - len(firsts)} requests failed: {out}")
         return statistics.median(firsts), max(firsts), wall
 
-    try:
-        wait_up(args.port, proc, timeout=600)
+    with running(cmd, args.port, env, cwd=tree) as proc:
         for k in range(3):  # warm-up
             burst(k)
         server = listener(proc, args.port)
@@ -76,12 +66,6 @@ def burst_leg(args, work: Path) -> list[str]:
             runs.append(burst(10 + k))
             time.sleep(0.2)
         after = cpu_seconds(server)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(120)
-        except subprocess.TimeoutExpired:
-            proc.kill()
     n = args.rounds * args.concurrency
     cell = [statistics.median(r[i] for r in runs) * 1000 for i in range(3)]
     return [f"**burst** ({args.rounds} bursts of {args.concurrency} new prompts, 2 tokens each; `hearth` from "
