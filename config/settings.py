@@ -142,8 +142,9 @@ def _postgres(url: str) -> dict:
         raise ImproperlyConfigured("DATABASE_URL is set but the PostgreSQL client is not installed: "
                                    "pip install 'hearth[postgres]' (in a checkout: pip install -e '.[postgres]')"
                                    ) from None
-    # A connection per request (CONN_MAX_AGE 0): Django's advice under ASGI, where
-    # each request's sync code runs in a thread of its own.
+    # A connection per request (CONN_MAX_AGE 0): Django's advice under ASGI, where each
+    # request's sync code runs in a thread lent to it (hearth/request_threads.py); the
+    # connection is closed when the request ends, not kept with the thread for the next.
     return dict(dj_database_url.parse(url, conn_max_age=0))
 
 

@@ -4,8 +4,9 @@ Django runs each ASGI request in asgiref's `ThreadSensitiveContext`: the
 request's thread-sensitive sync calls (sync middleware, the ORM from async
 views, the `response.close()` Django ends every request with) share one
 thread of their own. asgiref makes that thread for the request and, at its
-end, starts another one to join it: two thread starts a request, each of
-which blocks the event loop until the new thread first holds the GIL. With
+end, starts another one to join it (3.13; earlier versions join it on the
+event loop): two thread starts a request, each of which blocks the event
+loop until the new thread first holds the GIL. With
 the engine thread decoding, that wait was an eighth of the event loop's
 busy time in a burst of short requests, and it delays every other stream.
 

@@ -97,9 +97,10 @@ class PrefixIndex(Generic[K]):
         """Put a node `m` tokens into `child`'s edge and return it."""
         parent = child.parent
         assert parent is not None
-        mid = _Node[K](child.label[:m], parent.depth + m, parent)
+        # Copies, so that no edge keeps a removed sequence's whole array alive.
+        mid = _Node[K](child.label[:m].copy(), parent.depth + m, parent)
         parent.children[int(child.label[0])] = mid
-        child.label = child.label[m:]
+        child.label = child.label[m:].copy()
         child.parent = mid
         mid.children[int(child.label[0])] = child
         mid.shortest = child.shortest
@@ -161,6 +162,13 @@ class PrefixIndex(Generic[K]):
         if best is None or best[0] == 0:
             return None, 0
         return best[2], -best[0]
+
+    def whole(self, tokens: np.ndarray, limit: int) -> tuple[K | None, int]:
+        """The key of the longest sequence `tokens` starts with, of at most `limit` tokens, and its length:
+        one a cache can use without cutting it back. (None, 0) when there is none."""
+        found = self.prefixes(tokens[:max(limit, 0)])
+        length = self.length(found[-1]) if found else 0
+        return (found[-1], length) if length else (None, 0)
 
     def prefixes(self, tokens: np.ndarray) -> list[K]:
         """The keys whose sequences `tokens` starts with (its own included)."""

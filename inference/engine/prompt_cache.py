@@ -149,7 +149,7 @@ class PromptCache:
             best = self.entries[key] if key is not None else None
         ssd = self.ssd
         if ssd is not None and not ns:
-            key, n = ssd.find(tokens, limit)
+            key, n = ssd.find(tokens, limit, whole=not self.trimmable)
             if key is not None and n > length and key not in self.entries:
                 restored = self._restore(ssd, key)
                 if restored is not None:
@@ -159,8 +159,8 @@ class PromptCache:
     def _whole(self, tokens: np.ndarray, limit: int, ns: str) -> tuple[Entry | None, int]:
         """The longest entry `tokens` starts with, of at most `limit` tokens: one usable without a trim."""
         index = self.index.get(ns)
-        key = next(reversed(index.prefixes(tokens[:limit])), None) if index is not None else None
-        return (self.entries[key], len(self.entries[key].tokens)) if key is not None else (None, 0)
+        key, length = index.whole(tokens, limit) if index is not None else (None, 0)
+        return (self.entries[key], length) if key is not None else (None, 0)
 
     def _restore(self, ssd: SSDCache, key: str) -> Entry | None:
         loaded = ssd.load(key)
@@ -191,9 +191,11 @@ class PromptCache:
         cache = compact(cache)
         mx.eval([c.state for c in cache])
         entry = Entry(key, arr, cache, sum(c.nbytes for c in cache), ns=ns)
-        # An entry whose tokens the new one extends is covered by it, where the new one can be trimmed back.
+        # An entry whose tokens the new one extends is covered by it, where the new one can be trimmed back
+        # (not a model's recurrent state, nor a sliding-window cache that has wrapped).
         index = self.index.get(ns)
-        covered = [] if entry.nbytes > self.max_bytes or index is None or not self.trimmable else [
+        trimmable = self.trimmable and all(c.is_trimmable() for c in cache)
+        covered = [] if entry.nbytes > self.max_bytes or index is None or not trimmable else [
             self.entries[k] for k in index.prefixes(arr)]
         for old in covered:
             self._drop(old)

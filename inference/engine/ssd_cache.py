@@ -143,9 +143,11 @@ class SSDCache:
         if self.index:
             log.info("ssd cache: %d entries (%d bytes) in %s", len(self.index), sum(self.sizes.values()), self.dir)
 
-    def find(self, tokens: np.ndarray, limit: int) -> tuple[str | None, int]:
+    def find(self, tokens: np.ndarray, limit: int, whole: bool = False) -> tuple[str | None, int]:
+        """The file sharing the most tokens with `tokens` (at most `limit`), or with `whole` the longest one
+        `tokens` starts with (for a cache that cannot be cut back), and the tokens it serves."""
         with self._lock:
-            return self.index.longest(tokens, limit)
+            return self.index.whole(tokens, limit) if whole else self.index.longest(tokens, limit)
 
     def load(self, key: str):
         """(tokens, cache) from disk, or None when the file went bad. Engine thread."""

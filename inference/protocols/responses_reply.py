@@ -216,10 +216,10 @@ async def stream(reply: Reply, events: EventStream, output: OutputParser, keepal
         message.tool_calls = list(output.calls)
         if event.finish_reason is not None:
             frames = chain.open("content") if not chain.items and chain.open_kind is None else []  # one message
-            frames += chain.close(cut(event, message))
+            yield b"".join(frames + chain.close(cut(event, message)))
             final = reply.complete(message, event)
             final["output"] = chain.items
-            on_done(message, final)
+            on_done(message, final)  # stored before the client reads that it is complete
             kind = "response.completed" if final["status"] == "completed" else "response.incomplete"
-            yield b"".join([*frames, chain.emit(kind, response=final)])
+            yield chain.emit(kind, response=final)
             return

@@ -64,6 +64,10 @@ def test_the_index_answers_as_a_scan_of_every_entry():
             assert (shared, len(stored[key]) if key is not None else 0) == want, (step, query, limit)
             if key is not None:
                 assert min(common_prefix(stored[key], query), limit) == shared
+            whole_key, whole_n = index.whole(query, limit)
+            assert whole_n == max((len(s) for s in stored.values()
+                                   if len(s) <= limit and common_prefix(s, query) == len(s)), default=0)
+            assert (whole_key is None) == (whole_n == 0) and (whole_key is None or len(stored[whole_key]) == whole_n)
             assert sorted(index.prefixes(query)) == sorted(
                 k for k, s in stored.items() if len(s) <= len(query) and common_prefix(s, query) == len(s))
         assert len(index) == len(stored)

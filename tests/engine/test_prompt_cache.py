@@ -181,3 +181,22 @@ def test_an_untrimmable_cache_reuses_the_longest_entry_the_prompt_starts_with():
     assert cache.lookup([1, 2, 3, 4, 5, 6], session=None)[1] == 2, "the whole entry would leave nothing to prefill"
     got, n = cache.lookup([1, 2, 3, 7, 8], ns="adapter")
     assert n == 4 and cache.lookup([1, 2, 3, 8], ns="adapter")[1] == 0, "entries stay in their adapter set"
+
+
+def test_a_wrapped_sliding_window_entry_keeps_the_ones_it_extends_and_falls_back_to_them():
+    from mlx_lm.models.cache import RotatingKVCache
+
+    def window(tokens: list[int]) -> list:
+        c = RotatingKVCache(max_size=4)
+        rows = mx.broadcast_to(mx.array(tokens, dtype=mx.float32)[None, None, :, None], (1, HEADS, len(tokens), DIM))
+        c.update_and_fetch(rows, rows)
+        return [c]
+
+    cache = PromptCache(1 << 20)  # the model's caches are trimmable while they have not wrapped
+    cache.publish([1, 2], window([1, 2]))
+    cache.publish([1, 2, 3, 4, 5, 6, 7, 8], window([1, 2, 3, 4, 5, 6, 7, 8]))  # wrapped: it cannot be cut back
+    assert cache.stats()["entries"] == 2
+    got, n = cache.lookup([1, 2, 3, 9, 9])
+    assert n == 2 and got[0].offset == 2, "the longer entry shares more, but only the shorter one is usable"
+    got, n = cache.lookup([1, 2, 3, 4, 5, 6, 7, 8, 9])
+    assert n == 8 and got[0].offset == 8
