@@ -51,7 +51,10 @@ class _Pool:
                     return
             executor.shutdown(wait=False)
 
-        executor.submit(_noop).add_done_callback(idle)
+        try:
+            executor.submit(_noop).add_done_callback(idle)
+        except RuntimeError:  # the interpreter is shutting down: its executors are being joined
+            return
 
 
 def _noop() -> None:
