@@ -56,21 +56,20 @@ def depth(value: Any) -> int:
     return deepest
 
 
-def _may_hold_surrogate(data: bytes | str) -> bool:
-    """False where no string parsed from `data` can hold a surrogate (found in C, not by a walk)."""
+def _may_hold_surrogate(data: bytes | str, utf8: bool) -> bool:
+    """False where no string parsed from `data` (UTF-8 bytes when `utf8`) can hold a surrogate (found in C,
+    not by a walk)."""
     if isinstance(data, str):
         return bool(_SURROGATE.search(data) or _ESCAPED.search(data))
-    if json.detect_encoding(data) != "utf-8":
-        return True
-    return bool(_ESCAPED_BYTES.search(data) or _RAW_UTF8.search(data))
+    return not utf8 or bool(_ESCAPED_BYTES.search(data) or _RAW_UTF8.search(data))
 
 
-def _may_nest_past(data: bytes | str, max_depth: int) -> bool:
+def _may_nest_past(data: bytes | str, max_depth: int, utf8: bool) -> bool:
     """False where `data` has too few brackets to nest past `max_depth` (brackets inside strings count too,
     so this only ever sends a document to the walk it could skip)."""
     if isinstance(data, str):
         return data.count("[") + data.count("{") > max_depth
-    return json.detect_encoding(data) != "utf-8" or data.count(b"[") + data.count(b"{") > max_depth
+    return not utf8 or data.count(b"[") + data.count(b"{") > max_depth
 
 
 def _holds_surrogate(value: Any) -> bool:
@@ -108,9 +107,10 @@ def loads(data: bytes | str, max_depth: int = DEFAULT.max_json_depth, what: str 
         raise JsonRefused(f"invalid {what}: {exc}") from None
     except (ValueError, UnicodeDecodeError):
         raise JsonRefused(f"invalid {what}") from None
-    if _may_nest_past(data, max_depth) and depth(value) > max_depth:
+    utf8 = isinstance(data, str) or json.detect_encoding(data) == "utf-8"
+    if _may_nest_past(data, max_depth, utf8) and depth(value) > max_depth:
         raise JsonRefused(f"invalid {what}: nested more than {max_depth} levels deep")
-    if _may_hold_surrogate(data) and _holds_surrogate(value):
+    if _may_hold_surrogate(data, utf8) and _holds_surrogate(value):
         raise JsonRefused(f"invalid {what}: a string holds an unpaired surrogate (\\ud800-\\udfff), "
                           "which is not a character")
     return value

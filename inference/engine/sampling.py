@@ -184,19 +184,13 @@ def logprob_entry(tokenizer, token: int, logprobs, top: int) -> dict:
     log-probabilities for this row, or a `TokenLogprobs` already read."""
     import mlx.core as mx
 
-    if isinstance(logprobs, TokenLogprobs):
-        return {**_token(tokenizer, token, logprobs.logprob),
-                "top_logprobs": [_token(tokenizer, i, v) for i, v in logprobs.top[:top]]}
-    logprobs = logprobs.reshape(-1)
-    ranked: list[dict] = []
-    if top > 0:
-        best = mx.argpartition(-logprobs, kth=top - 1)[:top]
-        scores = logprobs[best]
-        order = mx.argsort(-scores)
-        # tolist() is typed for any rank; of a 1-D array it is a list.
-        ids, values = cast("list[int]", best[order].tolist()), cast("list[float]", scores[order].tolist())
-        ranked = [_token(tokenizer, i, v) for i, v in zip(ids, values, strict=True)]
-    return {**_token(tokenizer, token, logprobs[token].item()), "top_logprobs": ranked}
+    if not isinstance(logprobs, TokenLogprobs):  # one row's: the batched computation on a batch of one
+        values = top_logprobs(logprobs.reshape(1, -1), mx.array([token]), top)
+        mx.eval(*values)
+        chosen, ids, scores = (cast("list", a.tolist())[0] for a in values)
+        logprobs = TokenLogprobs(chosen, list(zip(ids, scores, strict=True)))
+    return {**_token(tokenizer, token, logprobs.logprob),
+            "top_logprobs": [_token(tokenizer, i, v) for i, v in logprobs.top[:top]]}
 
 
 def _token(tokenizer, token: int, logprob: float) -> dict:
