@@ -128,6 +128,10 @@ def exit_now() -> None:
     which aborted a stopping server once (`terminate called without an active
     exception`: SIGABRT where a clean stop should exit 0). So the process
     ends here, as the old exit watchdog ended a stuck one."""
+    deadline = time.monotonic() + 0.5  # idle pool threads told to end (run_daphne) are given a moment
+    for thread in threading.enumerate():
+        if not thread.daemon and thread is not threading.current_thread():
+            thread.join(max(0.0, deadline - time.monotonic()))
     stuck = [t.name for t in threading.enumerate() if not t.daemon and t.is_alive()
              and t is not threading.current_thread()]
     if stuck:
@@ -168,12 +172,14 @@ def run_daphne(work: Work, host: str, port: int, drain_seconds: float, label: st
 
     from core import http_guard
     from hearth.asgi import application
+    from hearth.request_threads import POOL
 
     http_guard.install()  # body caps and header/body/idle timeouts on every connection
     loop = reactor._asyncioEventloop
     # Prompt builds and tokenizing run on the loop's default executor; on a
     # 2-core machine asyncio would give it 6 threads.
-    loop.set_default_executor(ThreadPoolExecutor(32, thread_name_prefix="hearth-io"))
+    io = ThreadPoolExecutor(32, thread_name_prefix="hearth-io")
+    loop.set_default_executor(io)
     ports = []
 
     class HearthServer(Server):
@@ -235,4 +241,8 @@ def run_daphne(work: Work, host: str, port: int, drain_seconds: float, label: st
     signal.signal(signal.SIGTERM, on_signal)
     if on_start is not None:
         loop.call_soon(on_start)
-    server.run()
+    try:
+        server.run()
+    finally:  # their idle threads end now; exit_now names only a thread still busy
+        io.shutdown(wait=False)
+        POOL.close()

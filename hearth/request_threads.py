@@ -33,6 +33,7 @@ class _Pool:
     def __init__(self) -> None:
         self._idle: list[Executor] = []
         self._lock = threading.Lock()
+        self._closed = False
         self.started = 0  # executors made
 
     def take(self) -> Executor:
@@ -46,7 +47,7 @@ class _Pool:
         """Back to the pool once the calls queued on it are done (this no-op runs after them)."""
         def idle(_: Future) -> None:
             with self._lock:
-                if len(self._idle) < KEEP:
+                if len(self._idle) < KEEP and not self._closed:
                     self._idle.append(executor)
                     return
             executor.shutdown(wait=False)
@@ -55,6 +56,15 @@ class _Pool:
             executor.submit(_noop).add_done_callback(idle)
         except RuntimeError:  # the interpreter is shutting down: its executors are being joined
             return
+
+
+    def close(self) -> None:
+        """At server exit: the idle threads end now (one still running a call ends after it), so
+        none of them is taken for a stuck one."""
+        with self._lock:
+            self._closed, idle, self._idle = True, self._idle, []
+        for executor in idle:
+            executor.shutdown(wait=False)
 
 
 def _noop() -> None:

@@ -126,3 +126,28 @@ def test_a_task_outliving_its_request_context_still_reaches_a_sync_thread():
     inside, again, after = asyncio.run(main())
     assert inside.startswith("hearth-request") and again.startswith("hearth-request")
     assert after and not after.startswith("hearth-request"), "a thread of its own, as asgiref gives it"
+
+
+def test_a_closed_pool_ends_its_idle_threads_and_keeps_none_given_back():
+    """At server exit (run_daphne) the pool's idle threads end, so `exit_now` names only threads still busy."""
+    import threading
+    import time
+
+    from hearth.request_threads import _Pool
+
+    pool = _Pool()
+    idle, busy = pool.take(), pool.take()
+    release = threading.Event()
+    names = [idle.submit(lambda: threading.current_thread()).result()]
+    running = busy.submit(lambda: (release.wait(10), threading.current_thread())[1])
+    pool.give_back(idle)
+    deadline = time.monotonic() + 10
+    while not pool._idle and time.monotonic() < deadline:  # back once its no-op has run
+        time.sleep(0.01)
+    pool.close()
+    pool.give_back(busy)  # given back after the close, with a call still running: shut down once it is done
+    release.set()
+    names.append(running.result())
+    for thread in names:
+        thread.join(10)
+    assert not any(t.is_alive() for t in names) and pool._idle == []
