@@ -87,6 +87,7 @@ class PromptCache:
         self.index: dict[str, PrefixIndex[str]] = {}  # adapter set -> its entries' tokens
         self.bytes = 0
         self.sessions: OrderedDict[str, str] = OrderedDict()  # session id -> entry key, oldest first
+        self._holders: dict[str, set[str]] = {}  # entry key -> the sessions pointing at it (`sessions` reversed)
         self.counters = Counters()
         self._lock = threading.Lock()
 
@@ -202,10 +203,9 @@ class PromptCache:
         self._insert(entry)
         if key in self.entries:
             with self._lock:
-                gone = {e.key for e in covered}
-                for name, held in self.sessions.items():
-                    if held in gone:
-                        self.sessions[name] = key
+                for old in covered:  # their sessions now point at the entry that covers them
+                    for name in self._holders.pop(old.key, ()):
+                        self._point(name, key)
                 if session:
                     self._bind(session, key)
         if self.ssd is not None and key in self.entries and not ns:
@@ -225,9 +225,8 @@ class PromptCache:
     def _victim(self) -> Entry:
         """The least recently used entry no session points at, else the least
         recently used one."""
-        held = set(self.sessions.values())
         for entry in self.entries.values():
-            if entry.key not in held:
+            if entry.key not in self._holders:
                 return entry
         return next(iter(self.entries.values()))
 
@@ -249,10 +248,30 @@ class PromptCache:
     def _bind(self, session: str, key: str) -> None:
         """Point `session` at `key` (lock held); the oldest sessions are
         forgotten beyond MAX_SESSIONS, like a close would."""
-        self.sessions[session] = key
+        self._point(session, key)
         self.sessions.move_to_end(session)
         while len(self.sessions) > MAX_SESSIONS:
-            self.sessions.popitem(last=False)
+            self._unpoint(next(iter(self.sessions)))
+
+    def _point(self, session: str, key: str) -> None:
+        """`session` -> `key` in both maps (lock held); a session already there keeps its place in the order."""
+        old = self.sessions.get(session)
+        if old is not None and old != key:
+            self._let_go(old, session)
+        self.sessions[session] = key
+        self._holders.setdefault(key, set()).add(session)
+
+    def _unpoint(self, session: str) -> None:
+        key = self.sessions.pop(session, None)
+        if key is not None:
+            self._let_go(key, session)
+
+    def _let_go(self, key: str, session: str) -> None:
+        holders = self._holders.get(key)
+        if holders is not None:
+            holders.discard(session)
+            if not holders:
+                del self._holders[key]
 
     def forget_adapter(self, part: str) -> int:
         """Drop the entries an adapter mount ("id@generation") computed:
@@ -264,7 +283,7 @@ class PromptCache:
 
     def close_session(self, session: str) -> None:
         with self._lock:
-            self.sessions.pop(session, None)
+            self._unpoint(session)
 
     def pending_durability(self) -> list[Entry]:
         """Base-model RAM entries without a complete copy on the SSD tier."""

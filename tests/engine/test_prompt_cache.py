@@ -76,6 +76,52 @@ def test_byte_cap_evicts_least_recent_but_session_entries_last():
     assert cache.bytes <= cache.max_bytes and cache.stats()["evictions"] == 1
 
 
+def test_sessions_follow_covering_entries_and_eviction_spares_them_at_random():
+    """Random publishes (with and without sessions, extending earlier ones), closes and lookups under a tight
+    byte cap, against the plain definitions: the sessions reversed are the holders map, a session whose entry
+    was covered points at the entry that covers it, and eviction takes the least recent entry no session
+    holds."""
+    import random
+
+    rng = random.Random(7)
+    cache = PromptCache(6 * 4 * BYTES_PER_TOKEN)
+    names = [f"s{i}" for i in range(5)]
+    for step in range(400):
+        op = rng.random()
+        if op < 0.6:
+            oldest = next(iter(cache.entries.values()), None)
+            base = [int(t) for t in oldest.tokens] if oldest is not None and rng.random() < 0.4 else []
+            tokens = (base + [rng.randrange(4) for _ in range(rng.randrange(1, 4))])[:8]
+            session = rng.choice([*names, None])
+            before = dict(cache.sessions)
+            covered = {e.key for e in cache.entries.values()
+                       if len(e.tokens) <= len(tokens) and list(e.tokens) == tokens[:len(e.tokens)]}
+            if any(len(e.tokens) == len(tokens) for e in cache.entries.values() if e.key in covered):
+                covered = set()  # published before: only its session is bound
+            held = set(cache.sessions.values())
+            lru_free = next((e.key for e in cache.entries.values() if e.key not in held), None)
+            cache.publish(tokens, kv(tokens), session=session)
+            new = next((k for k, e in cache.entries.items() if list(e.tokens) == tokens), None)
+            if new is not None:
+                for name, key in before.items():
+                    if key in covered and key != new:
+                        assert cache.sessions[name] == new, (step, name)
+            if lru_free is not None and lru_free not in covered and lru_free not in cache.entries:
+                assert cache.stats()["evictions"] > 0
+        elif op < 0.75:
+            cache.close_session(rng.choice(names))
+        else:
+            cache.lookup([rng.randrange(4) for _ in range(6)], session=rng.choice([*names, None]))
+        reversed_ = {}
+        for name, key in cache.sessions.items():
+            reversed_.setdefault(key, set()).add(name)
+        assert cache._holders == reversed_, step
+        held = set(cache.sessions.values())
+        want = next((e for e in cache.entries.values() if e.key not in held), None)
+        if cache.entries:
+            assert cache._victim() is (want or next(iter(cache.entries.values()))), step
+
+
 def test_session_hit_miss_and_close():
     cache = PromptCache(1 << 20)
     cache.lookup([1, 2, 3], session="s")  # nothing yet: a session miss, then a scan
