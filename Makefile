@@ -99,6 +99,7 @@ endif
 # The suite starts its own Debian redis-server on a free loopback port (tests/conftest.py).
 redis:
 	@if command -v redis-server >/dev/null; then echo "redis-server present"; \
+	elif [ "$(UNAME)" != Linux ]; then echo "error: redis-server is needed for the Redis tests (brew install redis)"; exit 1; \
 	elif [ "$$(id -u)" = 0 ]; then apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q redis-server; \
 	elif command -v sudo >/dev/null; then sudo apt-get update -q && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -q redis-server; \
 	else echo "error: redis-server is needed for the Redis tests; install it (apt-get install redis-server)"; exit 1; fi
