@@ -3,6 +3,7 @@ engine events in, wire JSON out. Nothing here touches MLX."""
 from __future__ import annotations
 
 import asyncio
+import codecs
 import contextlib
 import time
 import uuid
@@ -302,29 +303,37 @@ class Reply:
         self.kind, self.model_id = kind, model_id
         self.id, self.created = prefix + uuid.uuid4().hex[:24], int(time.time())
         self.usage_apart = usage_apart(body or {})
+        self._text_at: dict[int, tuple[int, codecs.IncrementalDecoder]] = {}  # a completion choice's offset
 
     def _envelope(self, obj: str, *choices: dict) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model_id,
                 "choices": list(choices)}
 
-    def logprobs_block(self, entries: list[dict]) -> dict | None:
+    def logprobs_block(self, entries: list[dict], index: int = 0) -> dict | None:
         """The `logprobs` of a choice or chunk: chat's `{"content": [...]}`, or a
-        completion's legacy columns (with the same `content` list beside them)."""
+        completion's legacy columns (with the same `content` list beside them).
+        `text_offset` counts the characters of the choice's text before each
+        token, over the whole stream: a token's bytes decoded after those
+        before it (a token holding part of a character adds nothing until the
+        character is whole; a byte that cannot start one is the U+FFFD the text
+        shows), not the length of its label (`bytes:\\x83`)."""
         if not entries:
             return None
         if self.kind == "chat":
             return {"content": entries, "refusal": None}
-        offsets, at = [], 0
+        at, decoder = self._text_at.get(index) or (0, codecs.getincrementaldecoder("utf-8")("replace"))
+        offsets = []
         for entry in entries:
             offsets.append(at)
-            at += len(entry["token"])
+            at += len(decoder.decode(bytes(entry["bytes"])))
+        self._text_at[index] = (at, decoder)
         return {"tokens": [e["token"] for e in entries], "token_logprobs": [e["logprob"] for e in entries],
                 "top_logprobs": [{t["token"]: t["logprob"] for t in e["top_logprobs"]} for e in entries],
                 "text_offset": offsets, "content": entries}
 
     def choice(self, message: Message, finish: str | None, logprobs: list[dict] | None = None,
                index: int = 0) -> dict:
-        block = self.logprobs_block(logprobs or [])
+        block = self.logprobs_block(logprobs or [], index)
         if self.kind != "chat":
             return {"index": index, "text": message.content, "logprobs": block, "finish_reason": finish}
         body: dict = {"role": "assistant",
@@ -347,7 +356,7 @@ class Reply:
 
     def chunk(self, delta: dict | None = None, finish: str | None = None, logprobs: list[dict] | None = None,
               index: int = 0) -> dict:
-        block = self.logprobs_block(logprobs or [])
+        block = self.logprobs_block(logprobs or [], index)
         if self.kind == "chat":
             choice = {"index": index, "delta": delta or {}, "logprobs": block, "finish_reason": finish}
             return self._envelope("chat.completion.chunk", choice)

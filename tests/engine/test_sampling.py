@@ -165,6 +165,26 @@ def test_completions_logprobs_take_the_legacy_count_and_answer_the_legacy_column
     assert "".join(block["tokens"]) == r["choices"][0]["text"] or "bytes:" in "".join(block["tokens"])
 
 
+def test_completions_text_offset_counts_the_texts_characters_across_a_stream():
+    """`text_offset` is where each token's text starts in the choice's text, over the whole stream: a byte
+    that starts no character is the one U+FFFD the text shows, a character split over tokens starts at its
+    first (not the length of the label `bytes:\\x83`); each choice of a stream keeps its own count."""
+    from inference.protocols.openai import Reply
+
+    def entry(raw: bytes) -> dict:
+        return {"token": raw.decode("utf-8", "replace"), "logprob": -1.0, "top_logprobs": [], "bytes": list(raw)}
+
+    tokens = [b"\x1c", b"\x83", b"C", b" you", b"\xc3", b"\xa9!", b")"]  # text: "\x1c\ufffdC you\u00e9!)"
+    whole = Reply("text", "m").logprobs_block([entry(t) for t in tokens])
+    assert whole is not None and whole["text_offset"] == [0, 1, 2, 3, 7, 7, 9]
+    streamed = Reply("text", "m")
+    first = streamed.logprobs_block([entry(t) for t in tokens[:3]], index=0)
+    other = streamed.logprobs_block([entry(b"ab")], index=1)
+    rest = streamed.logprobs_block([entry(t) for t in tokens[3:]], index=0)
+    assert first is not None and other is not None and rest is not None
+    assert first["text_offset"] + rest["text_offset"] == whole["text_offset"] and other["text_offset"] == [0]
+
+
 @pytest.mark.parametrize("fields,message", [
     ({"logprobs": "yes"}, "logprobs must be of type bool"),
     ({"top_logprobs": "3"}, "top_logprobs must be of type int"),
