@@ -10,7 +10,7 @@ tokens free (it has no grammar), as the plain decode rate of this machine.
     .venv/bin/python bench/jump_forward.py [--runs 3] [--record]
 
 Reported per runner: wall time per object (median), completion tokens,
-the forwards the model ran (`usage.fill.decodeSteps` with jump-forward, one
+the forwards the model ran (`usage.fill.decodeSteps` + 1 with jump-forward, one
 per token without), and tokens per second of wall time. Both Hearth runs
 must produce objects the schema accepts.
 """
@@ -77,7 +77,9 @@ def ask(port: int, model: str, suppress: list[int]) -> dict:
     usage = reply["usage"]
     fill = usage.get("fill")
     return {"wall": wall, "tokens": usage["completion_tokens"],
-            "forwards": fill["decodeSteps"] if fill else usage["completion_tokens"],
+            # With jump-forward, a forward per sampled token and the last one, after which the finished grammar
+            # leaves only a stop token (not sampled).
+            "forwards": fill["decodeSteps"] + 1 if fill else usage["completion_tokens"],
             "injected": fill["injected"] if fill else 0}
 
 

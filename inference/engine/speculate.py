@@ -430,7 +430,6 @@ class Speculating:
         forced = grammar.forced(context[-1], self.model.tokenizer, most)
         logits = self.model.model(mx.array(context[-1:] + forced)[None], cache=self._cache)[0]  # (1 + f, vocab)
         self._held = len(context) + len(forced)  # the forward took the last token and every forced one
-        fill["decodeSteps"] += 1
         if forced:
             fill["events"] += 1
             fill["injected"] += len(forced)
@@ -448,6 +447,10 @@ class Speculating:
         seen = mx.array(row.context())
         for processor in self._processors:  # the grammar masks the position after the forced span
             last = processor(seen, last)
+        if grammar.finished:  # only a stop token may follow: the row ends without sampling it, as in a batch
+            row.finish = row.finish or "stop"
+            return True
+        fill["decodeSteps"] += 1
         logprobs = last - mx.logsumexp(last, axis=-1, keepdims=True)
         token = sample(row.sampler, last, logprobs)
         mx.eval(token, logprobs)

@@ -41,8 +41,9 @@ def test_forced_text_is_appended_and_the_output_follows_the_grammar(engines, eos
     # Every key is forced, and the rest of each enum value after its first letters.
     assert fill["injected"] >= 12 and fill["events"] == len(fill["spanLens"]) and sum(fill["spanLens"]) == \
         fill["injected"] == fill["strict"]
-    # Each forward samples one token (the last, a stop token the grammar leaves, is counted, not shown).
-    assert out["usage"].completion_tokens == len(out["tokens"]) + 1 == fill["injected"] + fill["decodeSteps"]
+    # Each forward samples one token but the last: once the grammar leaves only a stop token, the row ends
+    # without sampling it, as a batch's row does (the same request's usage alone and batched).
+    assert out["usage"].completion_tokens == len(out["tokens"]) == fill["injected"] + fill["decodeSteps"]
     stats = engine.spec_totals
     assert stats.fill_rows >= 1 and stats.injected >= fill["injected"]
 
@@ -53,9 +54,10 @@ def test_a_choice_is_forced_once_it_is_decided(engines, eos_id):
     out = asyncio.run(collect(engine, _request(engine, eos_id, spec, logprobs=True, top_logprobs=2)))
     assert out["text"] == "the quick brown fox jumps over the lazy dog"
     fill = out["usage"].fill
-    # All of it forced at once: one forward, whose sample is the stop token (counted, not shown).
+    # All of it forced at once: one forward, after which the grammar leaves only a stop token: none sampled.
     assert fill == {"events": 1, "injected": len(out["tokens"]), "strict": len(out["tokens"]),
-                    "spanLens": [len(out["tokens"])], "decodeSteps": 1}
+                    "spanLens": [len(out["tokens"])], "decodeSteps": 0}
+    assert out["usage"].completion_tokens == len(out["tokens"]) and out["finish"] == "stop"
     entries = out["logprobs"]  # the forced tokens' too: the model's logprob of what was appended
     assert len(entries) == len(out["tokens"]) and all(e["logprob"] <= 0 and len(e["top_logprobs"]) == 2
                                                       for e in entries)
@@ -75,6 +77,8 @@ def test_seeded_batched_and_switched_off_requests_decode_token_by_token(engines,
     outs = asyncio.run(together())
     assert all(set(json.loads(o["text"], strict=False)) == set(SCHEMA["required"]) for o in outs)
     assert any(o["usage"].fill is None for o in outs)  # the ones that ran in the batch decoded plainly
+    # Alone or batched, a row ends once the grammar leaves only a stop token, which it does not sample.
+    assert all(o["usage"].completion_tokens == len(o["tokens"]) for o in [*outs, plain])
 
 
 def test_a_mostly_free_grammar_stops_jumping_after_a_trial(engines, eos_id):
