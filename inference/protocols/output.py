@@ -280,9 +280,13 @@ class OutputParser:
             else:
                 self._finish_streamed(markup, body, closed, cut and not closed)
             return
-        if cut and not closed:  # read whole, it would be read repaired: not a call, and not content
+        if cut and not closed:
+            # Read whole, without the repair pass: only calls written whole count (a markup with no end tag,
+            # Llama 3's or Mistral's, is never closed, and a stop sequence may come after a whole call); the
+            # rest is neither a call nor content.
+            self._take_whole(markup.parse(body, self.tools, closed, False) or [])
             return
-        if not self._take_whole(markup.parse(body, self.tools, closed) or []):
+        if not self._take_whole(markup.parse(body, self.tools, closed, True) or []):
             self._emit(out, markup.start + body + (markup.end if closed else ""))  # unreadable: shown as written
 
     def _take_whole(self, calls: list[ToolCall]) -> bool:
@@ -307,7 +311,7 @@ class OutputParser:
         assert streaming is not None
 
         def repair() -> str | None:
-            parsed = markup.parse(body, self.tools, closed)
+            parsed = markup.parse(body, self.tools, closed, True)
             return parsed[0].arguments if parsed and parsed[0].name == streaming.name else None
 
         rest, arguments = streaming.args.close(repair)
@@ -316,7 +320,7 @@ class OutputParser:
         self._deltas.append(ToolDelta(streaming.index, streaming.id, None, "", done=True))
         self.calls.append(ToolCall(streaming.name, arguments, streaming.id))
         if isinstance(streaming.args, XmlArgumentStreamer) and body.count("<function=") > 1:
-            more = (markup.parse(body, self.tools, closed) or [])[1:]  # more calls in one block
+            more = (markup.parse(body, self.tools, closed, True) or [])[1:]  # more calls in one block
             self._take_whole(more[:body.count("</function>") - 1] if cut else more)
 
     def _cut_streamed(self) -> None:
