@@ -140,10 +140,10 @@ async def _generate(consumer, session, messages, offered, state: TurnState, runt
             round_text += await _piece(consumer, piece, state)
         if event.finish_reason is not None:
             state.final = event
-    cut = getattr(state.final, "finish_reason", None) == "length"  # the token limit ended this round
+    cut = getattr(state.final, "cut", False)  # the token limit or a stop sequence ended this round
     for piece in prepared.output.finish(cut=cut):
         round_text += await _piece(consumer, piece, state)
-    return prepared.output.calls, round_text
+    return [c for c in prepared.output.calls if not c.cut], round_text  # a call cut off is never run
 
 
 async def _generate_remote(consumer, session, messages, offered, state: TurnState, runtime, sampling: dict):

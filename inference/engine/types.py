@@ -123,6 +123,12 @@ class GenerationEvent:
     error_param: str | None = None  # the request field at fault, when there is one
 
     @property
+    def cut(self) -> bool:
+        """The generation was ended for the model, not by it: its token limit
+        or a stop sequence cut the text where it stood."""
+        return self.finish_reason == "length" or self.stop_sequence is not None
+
+    @property
     def final_usage(self) -> Usage:
         """The usage the last event of a finished generation carries."""
         if self.usage is None:

@@ -15,17 +15,20 @@ from collections.abc import AsyncIterator
 from core import sse
 from core.surfaces import ANTHROPIC
 from inference.engine.types import EventStream, GenerationEvent, Usage
-from inference.protocols.openai import Message, with_keepalive
-from inference.protocols.output import OutputParser, Piece, ToolDelta
-from inference.protocols.toolcalls import ToolCall
+from inference.protocols.argstream import finished_members
+from inference.protocols.openai import with_keepalive
+from inference.protocols.output import Message, OutputParser, Piece, ToolDelta
+from inference.protocols.toolcalls import ToolCall, called
 
 
-def stop_reason(event: GenerationEvent, calls: list) -> str:
-    if calls and event.finish_reason == "stop":
-        return "tool_use"
+def stop_reason(event: GenerationEvent, calls: list[ToolCall]) -> str:
+    """`tool_use` only when the model stopped after calls it finished: a cut
+    call leaves `max_tokens` or `stop_sequence` (which `stop_sequence` names)."""
     if event.finish_reason == "length":
         return "max_tokens"
-    return "stop_sequence" if event.stop_sequence else "end_turn"
+    if event.stop_sequence:
+        return "stop_sequence"
+    return "tool_use" if called(calls) else "end_turn"
 
 
 def usage_json(usage: Usage, cached: int | None = None) -> dict:
@@ -46,11 +49,12 @@ def signature(model_id: str, thinking: str) -> str:
     return base64.b64encode(hashlib.sha256(f"{model_id}\0{thinking}".encode()).digest()).decode()
 
 
-def _tool_block(call) -> dict:
+def _tool_block(call: ToolCall) -> dict:
+    """A tool_use block; a cut call's input holds the members it wrote whole."""
     try:
         args = json.loads(call.arguments or "{}")
     except ValueError:
-        args = {}
+        args = finished_members(call.arguments)
     return {"type": "tool_use", "id": call.id.replace("call_", "toolu_", 1), "name": call.name,
             "input": args if isinstance(args, dict) else {"value": args}}
 
@@ -62,13 +66,18 @@ class Reply:
         self.cached = 0  # the cache reads message_start reported
 
     def complete(self, message: Message, event: GenerationEvent) -> dict:
+        """The answer, its blocks in the order they were generated (as streamed)."""
         content: list[dict] = []
-        if message.reasoning:
-            content.append({"type": "thinking", "thinking": message.reasoning,
-                            "signature": signature(self.model_id, message.reasoning)})
-        if message.content or not (message.tool_calls or message.reasoning):
-            content.append({"type": "text", "text": message.content})
-        content += [_tool_block(c) for c in message.tool_calls]
+        for block in message.blocks:
+            if isinstance(block, ToolCall):
+                content.append(_tool_block(block))
+            elif block.kind == "reasoning":
+                content.append({"type": "thinking", "thinking": block.text,
+                                "signature": signature(self.model_id, block.text)})
+            else:
+                content.append({"type": "text", "text": block.text})
+        if not content:
+            content.append({"type": "text", "text": ""})
         return {"id": self.id, "type": "message", "role": "assistant", "model": self.model_id, "content": content,
                 "stop_reason": stop_reason(event, message.tool_calls), "stop_sequence": event.stop_sequence,
                 "usage": usage_json(event.final_usage)}
@@ -205,7 +214,7 @@ async def stream(reply: Reply, events: EventStream, output: OutputParser, keepal
         if event.error is not None:
             yield ANTHROPIC.stream_error(event.error)
             return
-        for item in output.ordered(event.text, event.finish_reason is not None, event.finish_reason == "length"):
+        for item in output.ordered(event.text, event.finish_reason is not None, event.cut):
             if isinstance(item, ToolDelta):
                 chunks = blocks.tool(item)
             else:

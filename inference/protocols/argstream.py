@@ -21,8 +21,11 @@ are not forwarded as written; they are re-rendered as they are read:
 At the first thing the reader cannot accept it stops sending. At the end,
 the repaired and coerced arguments are used when they extend what was
 sent; otherwise what was sent is closed with the fewest characters that
-make it JSON, and that is the record. mlx-lm's tool parsers read whole
-calls only, hence this reader.
+make it JSON, and that is the record. A call the generation was cut off
+in (`cut`) is neither repaired nor closed: its record is what was sent and
+then the rest of its text as written, so no value appears that the model
+did not write. mlx-lm's tool parsers read whole calls only, hence this
+reader.
 """
 from __future__ import annotations
 
@@ -51,6 +54,8 @@ class ArgumentStreamer:
         self._members = 0
         self._key = ""
         self._value_at = 0  # where the current value starts (a string: its first character not yet sent)
+        self._raw_at = 0  # where the text not yet rendered into `sent` starts
+        self.whole_to = 0  # the length of `sent` up to the end of its last whole member (or its `{`)
         self._nesting: Nesting | None = None
         self._escaped = False  # the string being read ended its text on a backslash
         self._text = ""
@@ -79,6 +84,15 @@ class ArgumentStreamer:
         if not self.sent:
             tail = "{}"
         self.sent += tail
+        return self.sent[before:], self.sent
+
+    def cut(self) -> tuple[str, str]:
+        """The last piece and the recorded arguments of a call the generation
+        ended inside: what was sent, then the text not rendered yet as written
+        (a value or key cut short, an escape cut in half), never closed."""
+        before = len(self.sent)
+        if not self.done:
+            self.sent += self._text[self._raw_at:]
         return self.sent[before:], self.sent
 
     # -- the reader: each step consumes what it can and says whether it moved --
@@ -122,7 +136,9 @@ class ArgumentStreamer:
         if not ok:
             return self._break()
         self._at, self._state = at + 1, state
-        self.sent += send
+        if send:  # the object's `{` (a colon or comma goes out with the member it leads to)
+            self.sent += send
+            self._raw_at, self.whole_to = at + 1, len(self.sent)
         return True
 
     def _break(self) -> bool:
@@ -130,7 +146,7 @@ class ArgumentStreamer:
         return False
 
     def _close_object(self, at: int) -> bool:
-        self._at, self.done = at + 1, True
+        self._at, self._raw_at, self.done = at + 1, at + 1, True
         self.sent += "}"
         return True
 
@@ -152,6 +168,7 @@ class ArgumentStreamer:
         if text[at] == '"':
             self.sent += self._member_head() + '"'
             self._at, self._value_at, self._state, self._escaped = at + 1, at + 1, "string", False
+            self._raw_at = at + 1
             return True
         self._at, self._value_at, self._state = at, at, "value"
         self._nesting = Nesting() if text[at] in "{[" else None
@@ -173,10 +190,12 @@ class ArgumentStreamer:
             return self._break()
         self.sent += encoded
         self._value_at += len(ready)
+        self._raw_at = self._value_at
         if not closed:
             return False
         self.sent += '"'
         self._at, self._state, self._members = at + 1, "after_value", self._members + 1
+        self._raw_at, self.whole_to = at + 1, len(self.sent)
         return True
 
     def _value(self, text: str, final: bool) -> bool:
@@ -199,6 +218,7 @@ class ArgumentStreamer:
             value = json.dumps(value)  # as the whole-call path coerces it
         self.sent += self._member_head() + json.dumps(value, ensure_ascii=False)
         self._at, self._state, self._members = end, "after_value", self._members + 1
+        self._raw_at, self.whole_to = end, len(self.sent)
         return True
 
     def _finish_open(self) -> None:
@@ -301,6 +321,11 @@ class XmlArgumentStreamer:
             self.done = True
         return self.sent[before:], self.sent
 
+    def cut(self) -> tuple[str, str]:
+        """A call the generation ended inside: what was sent, as it stands (a
+        value not sent yet is not guessed at; the text is markup, not JSON)."""
+        return "", self.sent
+
     def _step(self, text: str, final: bool) -> bool:
         if self._key is not None:
             return self._value(text, final)
@@ -364,3 +389,16 @@ def _tag_prefix(text: str, start: int, tags: tuple[str, ...]) -> int:
         if any(t.startswith(text[-size:]) for t in tags):
             return size
     return 0
+
+
+def finished_members(arguments: str) -> dict:
+    """The members an arguments object's JSON text holds whole: the input of a
+    call cut off while it was written, without the member it was cut in (no
+    value is made up for it); {} when there is none."""
+    reader = ArgumentStreamer({})
+    reader.feed(arguments)
+    if reader.done:
+        value = json.loads(reader.sent)
+    else:
+        value = json.loads(reader.sent[:reader.whole_to] + "}") if reader.whole_to else {}
+    return value if isinstance(value, dict) else {}

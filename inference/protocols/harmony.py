@@ -270,8 +270,9 @@ class Reader:
     def finish(self, cut: bool = False) -> str:
         """The end of the generation (its stop token, `<|return|>` or
         `<|call|>`, is never shown): the open message ends here. `cut`: the
-        token limit ended it, and a call it cut is left open, so the output
-        parser reads it as cut (never a whole call with a stray `}`)."""
+        token limit or a stop sequence ended it, and a call it cut is left
+        open, so the output parser reads it as cut (never a whole call with a
+        stray `}`)."""
         if self._in_header:  # cut inside a header: nothing of it was content
             self._held = ""
             return ""

@@ -28,22 +28,25 @@ from dataclasses import dataclass
 
 from inference.protocols.toolcalls import ToolCall, new_call, parse_block
 
-Parse = Callable[[str, "list[dict] | None", bool], "list[ToolCall] | None"]
+# (text between the tags, the offered tools, whether the end tag came, whether the repair pass may read it)
+Parse = Callable[[str, "list[dict] | None", bool, bool], "list[ToolCall] | None"]
 
 
 @dataclass(frozen=True)
 class Markup:
     start: str
     end: str
-    parse: Parse  # (text between the tags, the offered tools, whether the end tag came) -> calls or None
+    parse: Parse  # -> calls or None; without repair only calls written whole (a reply cut after them)
     family: str  # mlx-lm's name for it
 
 
-def _hearth_json(body: str, tools, closed: bool) -> list[ToolCall] | None:
-    return parse_block(body, tools)
+def _hearth_json(body: str, tools, closed: bool, repair: bool) -> list[ToolCall] | None:
+    return parse_block(body, tools) if repair or closed else None
 
 
-def _hearth_qwen_xml(body: str, tools, closed: bool) -> list[ToolCall] | None:
+def _hearth_qwen_xml(body: str, tools, closed: bool, repair: bool) -> list[ToolCall] | None:
+    if not (repair or closed):
+        return None
     return parse_block("<function=" + body + ("</function>" if closed else ""), tools)
 
 
@@ -52,8 +55,9 @@ HEARTH = (Markup("<tool_call>", "</tool_call>", _hearth_json, "json_tools"),
 OWN_FAMILIES = frozenset({"json_tools", "qwen3_coder"})  # what HEARTH reads
 
 
-def _llama3_calls(text: str, tools) -> list[ToolCall] | None:
-    """One or more `{"name", "parameters"}` objects, separated by `;` or space."""
+def _llama3_calls(text: str, tools, repair: bool = True) -> list[ToolCall] | None:
+    """One or more `{"name", "parameters"}` objects, separated by `;` or space; without `repair`, only
+    objects written whole (none when the text is not all calls)."""
     decoder, at = json.JSONDecoder(), 0
     calls: list[ToolCall] = []
     while True:
@@ -64,6 +68,8 @@ def _llama3_calls(text: str, tools) -> list[ToolCall] | None:
         try:
             obj, at = decoder.raw_decode(text, at)
         except ValueError:  # not strict JSON: the repair pass may read a call; prose after calls is let go
+            if not repair:
+                return None
             rest = parse_block(text[at:], tools)
             return (calls + (rest or [])) or None
         found = parse_block(json.dumps(obj), tools) if isinstance(obj, dict) else None
@@ -73,8 +79,16 @@ def _llama3_calls(text: str, tools) -> list[ToolCall] | None:
     return calls or None
 
 
-LLAMA3 = (Markup('{"name"', "", lambda body, tools, closed: _llama3_calls('{"name"' + body, tools), "llama3_json"),
-          Markup("<|python_tag|>", "", lambda body, tools, closed: _llama3_calls(body, tools), "llama3_json"))
+def _llama3_after_name(body: str, tools, closed: bool, repair: bool) -> list[ToolCall] | None:
+    return _llama3_calls('{"name"' + body, tools, repair)
+
+
+def _llama3_after_tag(body: str, tools, closed: bool, repair: bool) -> list[ToolCall] | None:
+    return _llama3_calls(body, tools, repair)
+
+
+LLAMA3 = (Markup('{"name"', "", _llama3_after_name, "llama3_json"),
+          Markup("<|python_tag|>", "", _llama3_after_tag, "llama3_json"))
 # The instruction Llama 3.1-3.3 templates give a model for its calls.
 _LLAMA3_HINT = '"parameters": dictionary of argument name and its value'
 
@@ -83,11 +97,11 @@ def family_markup(family: str) -> Markup:
     """The markup of one of mlx-lm's tool-call families, read by its parser."""
     module = importlib.import_module(f"mlx_lm.tool_parsers.{family}")
 
-    def parse(body: str, tools, closed: bool) -> list[ToolCall] | None:
+    def parse(body: str, tools, closed: bool, repair: bool) -> list[ToolCall] | None:
         try:
             parsed = module.parse_tool_call(body, tools)
         except Exception:  # refused (or truncated): Hearth's repair pass may still read it
-            return parse_block(body, tools)
+            return parse_block(body, tools) if repair else None
         return [_call(c) for c in (parsed if isinstance(parsed, list) else [parsed])] or None
 
     return Markup(module.tool_call_start, module.tool_call_end, parse, family)

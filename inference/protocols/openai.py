@@ -20,7 +20,8 @@ from inference.engine.vision import Vision
 from inference.protocols import chat, harmony, images, markup, params, structured, tool_choice, unhonoured
 from inference.protocols.errors import RequestError
 from inference.protocols.options import Options, ServerDefaults
-from inference.protocols.output import OutputParser, Piece, ToolDelta
+from inference.protocols.output import Message, OutputParser, Piece, ToolDelta
+from inference.protocols.toolcalls import ToolCall, called
 
 
 @dataclass
@@ -262,24 +263,9 @@ def usage_json(usage: Usage) -> dict:
     }
 
 
-@dataclass
-class Message:
-    """A finished chat turn, split into its channels."""
-
-    content: str = ""
-    reasoning: str = ""
-    tool_calls: list = field(default_factory=list)
-
-    def add(self, pieces: list[Piece]) -> None:
-        for piece in pieces:
-            if piece.kind == "reasoning":
-                self.reasoning += piece.text
-            else:
-                self.content += piece.text
-
-
-def finish_reason(finish: str | None, calls: list) -> str | None:
-    return "tool_calls" if calls and finish == "stop" else finish
+def finish_reason(finish: str | None, calls: list[ToolCall]) -> str | None:
+    """`tool_calls` when the model stopped after calls it finished; a cut call leaves the finish as it was."""
+    return "tool_calls" if called(calls) and finish == "stop" else finish
 
 
 def usage_apart(body: dict) -> bool:
@@ -383,8 +369,7 @@ async def collect(events: EventStream,
             if output is None:
                 message.content = "".join(parts)
             else:
-                message.add(output.feed("".join(parts)) + output.finish(cut=event.finish_reason == "length"))
-                message.tool_calls = output.calls
+                message.take(output.ordered("".join(parts), finish=True, cut=event.cut), output.calls)
             return message, entries, event
     raise RuntimeError("generation ended without a final event")
 
@@ -486,7 +471,7 @@ async def choice_chunks(reply: Reply, events: EventStream, output: OutputParser 
             entries.append(event.logprobs)
         pieces = ([Piece("content", event.text)] if output is None else output.feed(event.text))
         if event.finish_reason is not None and output is not None:
-            pieces += output.finish(cut=event.finish_reason == "length")
+            pieces += output.finish(cut=event.cut)
         for delta in _deltas(pieces):
             yield reply.chunk(delta, logprobs=entries, index=index)
             entries = []

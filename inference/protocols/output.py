@@ -13,6 +13,14 @@ arguments as they are read, re-rendered as JSON that stays valid whatever
 the model writes next (argstream.py); the other families' calls arrive
 whole when their markup closes, after the repair pass and the schema's
 coercions.
+
+A call the generation was cut off in (`finish(cut=True)`: the token limit
+or a stop sequence ended the text before the call's arguments were whole)
+is never a finished call: a streamed one is recorded with `ToolCall.cut`
+set and its arguments as far as they were written, unrepaired and
+unclosed; one whose name had not come yet, or of a family read whole, is
+dropped. Protocols read `ToolCall.cut` (`toolcalls.called`) for their
+finish reason and item status, so no reply says a cut call is ready to run.
 """
 from __future__ import annotations
 
@@ -49,6 +57,39 @@ class ToolDelta:
     name: str | None
     arguments: str
     done: bool = False
+
+
+@dataclass
+class Message:
+    """A finished chat turn, split into its channels; `blocks` keeps them in
+    the order they were generated (a text run, or a call), as a stream sends
+    them, for the protocols that answer with blocks or items."""
+
+    content: str = ""
+    reasoning: str = ""
+    tool_calls: list = field(default_factory=list)
+    blocks: list[Piece | ToolCall] = field(default_factory=list)
+
+    def add(self, pieces: list[Piece]) -> None:
+        for piece in pieces:
+            if piece.kind == "reasoning":
+                self.reasoning += piece.text
+            else:
+                self.content += piece.text
+            last = self.blocks[-1] if self.blocks else None
+            if isinstance(last, Piece) and last.kind == piece.kind:
+                last.text += piece.text
+            elif piece.text:
+                self.blocks.append(Piece(piece.kind, piece.text))
+
+    def take(self, items: list[Piece | ToolDelta], calls: list[ToolCall]) -> None:
+        """What `OutputParser.ordered` made, with the parser's calls as it settled them."""
+        for item in items:
+            if isinstance(item, Piece):
+                self.add([item])
+            elif item.name is not None:  # a call's first delta: where its block starts
+                self.blocks.append(calls[item.index])
+        self.tool_calls = calls
 
 
 # The start of a `<tool_call>` JSON body up to its arguments' value: the name must come first to stream.
@@ -185,11 +226,12 @@ class OutputParser:
         return {(t.get("function") or {}).get("name") for t in self.tools or []}
 
     def finish(self, cut: bool = False) -> list[Piece]:
-        """Flush at the end of generation; an unclosed tool call is parsed as
-        it stands (the repair closes truncated JSON). `cut`: the token limit
-        ended the generation, and a call it cut off before the call could be
-        read is dropped (half a call is not content); a generation that
-        stopped by itself shows such text as written."""
+        """Flush at the end of generation. `cut` (`GenerationEvent.cut`): the
+        token limit or a stop sequence ended the text, and a call it ended
+        inside is a cut call (see the module's docstring); half a call is not
+        content either. A generation that stopped by itself has an unclosed
+        call parsed as it stands (the repair closes truncated JSON), and text
+        that never became a call shown as written."""
         out: list[Piece] = []
         if self.harmony is not None:  # its open message ends here: what closes it may close a call
             reader, self.harmony = self.harmony, None
@@ -233,9 +275,18 @@ class OutputParser:
         self._tool_open = None
         if self._streaming is not None:
             self._stream_arguments(body)
-            self._finish_streamed(markup, body, closed)
+            if cut and not closed and not self._streaming.args.done:
+                self._cut_streamed()
+            else:
+                self._finish_streamed(markup, body, closed, cut and not closed)
             return
-        if not self._take_whole(markup.parse(body, self.tools, closed) or []) and not cut:
+        if cut and not closed:
+            # Read whole, without the repair pass: only calls written whole count (a markup with no end tag,
+            # Llama 3's or Mistral's, is never closed, and a stop sequence may come after a whole call); the
+            # rest is neither a call nor content.
+            self._take_whole(markup.parse(body, self.tools, closed, False) or [])
+            return
+        if not self._take_whole(markup.parse(body, self.tools, closed, True) or []):
             self._emit(out, markup.start + body + (markup.end if closed else ""))  # unreadable: shown as written
 
     def _take_whole(self, calls: list[ToolCall]) -> bool:
@@ -250,15 +301,17 @@ class OutputParser:
             self.calls.append(call)
         return True
 
-    def _finish_streamed(self, markup: Markup, body: str, closed: bool) -> None:
+    def _finish_streamed(self, markup: Markup, body: str, closed: bool, cut: bool = False) -> None:
         """A streamed call is a call whatever follows: its arguments are what
         was sent, completed from the repair pass's reading where the reader
-        had stopped (argstream.py)."""
+        had stopped (argstream.py). `cut`: the generation ended after its
+        arguments but inside its markup, and a later call of the block that
+        had not closed is dropped."""
         streaming, self._streaming = self._streaming, None
         assert streaming is not None
 
         def repair() -> str | None:
-            parsed = markup.parse(body, self.tools, closed)
+            parsed = markup.parse(body, self.tools, closed, True)
             return parsed[0].arguments if parsed and parsed[0].name == streaming.name else None
 
         rest, arguments = streaming.args.close(repair)
@@ -267,7 +320,20 @@ class OutputParser:
         self._deltas.append(ToolDelta(streaming.index, streaming.id, None, "", done=True))
         self.calls.append(ToolCall(streaming.name, arguments, streaming.id))
         if isinstance(streaming.args, XmlArgumentStreamer) and body.count("<function=") > 1:
-            self._take_whole((markup.parse(body, self.tools, closed) or [])[1:])  # more calls in one block
+            more = (markup.parse(body, self.tools, closed, True) or [])[1:]  # more calls in one block
+            self._take_whole(more[:body.count("</function>") - 1] if cut else more)
+
+    def _cut_streamed(self) -> None:
+        """A streamed call the generation ended inside, before its arguments
+        were whole: recorded as cut, its arguments what was sent and the rest
+        of its text as written (argstream.py)."""
+        streaming, self._streaming = self._streaming, None
+        assert streaming is not None
+        rest, arguments = streaming.args.cut()
+        if rest:
+            self._deltas.append(ToolDelta(streaming.index, streaming.id, None, rest))
+        self._deltas.append(ToolDelta(streaming.index, streaming.id, None, "", done=True))
+        self.calls.append(ToolCall(streaming.name, arguments, streaming.id, cut=True))
 
 
 def _unescape(name: str) -> str:

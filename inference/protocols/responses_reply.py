@@ -10,8 +10,8 @@ from collections.abc import AsyncIterator
 from core import sse
 from core.surfaces import RESPONSES
 from inference.engine.types import EventStream, GenerationEvent
-from inference.protocols.openai import Message, with_keepalive
-from inference.protocols.output import OutputParser, Piece, ToolDelta
+from inference.protocols.openai import with_keepalive
+from inference.protocols.output import Message, OutputParser, Piece, ToolDelta
 from inference.protocols.responses import Turn, new_id
 from inference.protocols.toolcalls import ToolCall
 
@@ -56,18 +56,30 @@ class Reply:
                                                                  "annotations": []}]}
 
     @staticmethod
-    def call_item(call, status: str = "completed") -> dict:
+    def call_item(call: ToolCall, status: str | None = None) -> dict:
+        """`in_progress` (just added: no arguments yet), `completed`, or `incomplete`: a call the reply
+        was cut off in (output.py), its arguments as far as they were written."""
+        status = status or ("incomplete" if call.cut else "completed")
         return {"type": "function_call", "id": "fc_" + call.id.removeprefix("call_"), "call_id": call.id,
-                "name": call.name, "arguments": call.arguments if status == "completed" else "", "status": status}
+                "name": call.name, "arguments": "" if status == "in_progress" else call.arguments, "status": status}
 
     def output(self, message: Message, status: str = "completed") -> list[dict]:
-        """The output items; `status` is the last text item's (`incomplete` when the reply was cut)."""
-        has_message = bool(message.content) or not (message.tool_calls or message.reasoning)  # as streamed
-        items = [self.reasoning_item(message.reasoning, "completed" if has_message else status)] \
-            if message.reasoning else []
-        if has_message:
-            items.append(self.message_item(message.content, status))
-        return items + [self.call_item(c) for c in message.tool_calls]
+        """The output items in the order they were generated, as streamed; `status` is the last item's
+        when it is text (`incomplete` when the reply was cut), a call's its own."""
+        items: list[dict] = []
+        for block in message.blocks:
+            if isinstance(block, ToolCall):
+                items.append(self.call_item(block))
+                continue
+            self.new_item_ids()  # every item its own id
+            last = block is message.blocks[-1]
+            if block.kind == "reasoning":
+                items.append(self.reasoning_item(block.text, status if last else "completed"))
+            else:
+                items.append(self.message_item(block.text, status if last else "completed"))
+        if not items:
+            items.append(self.message_item("", status))  # as streamed: an empty reply is an empty message
+        return items
 
     def usage(self, event: GenerationEvent, reasoning: str) -> dict:
         u = event.final_usage
@@ -78,14 +90,14 @@ class Reply:
                 "total_tokens": u.total_tokens, "lane": u.lane, **({"fill": u.fill} if u.fill is not None else {})}
 
     def complete(self, message: Message, event: GenerationEvent) -> dict:
-        status = cut(event, message)
+        status = status_of(event)
         return self.envelope(status, self.output(message, status), self.usage(event, message.reasoning),
                              "max_output_tokens" if status == "incomplete" else None)
 
 
-def cut(event: GenerationEvent, message: Message) -> str:
-    """`incomplete` for a reply its token limit cut short, else `completed`."""
-    return "incomplete" if event.finish_reason == "length" and not message.tool_calls else "completed"
+def status_of(event: GenerationEvent) -> str:
+    """`incomplete` for a reply its token limit cut short, calls or not, else `completed`."""
+    return "incomplete" if event.finish_reason == "length" else "completed"
 
 
 def chat_output(message: Message) -> list[dict]:
@@ -206,7 +218,7 @@ async def stream(reply: Reply, events: EventStream, output: OutputParser, keepal
             failed = RESPONSES.stream_error_event(event.error)
             yield chain.emit("error", **{k: v for k, v in failed.items() if k != "type"})
             return
-        for item in output.ordered(event.text, event.finish_reason is not None, event.finish_reason == "length"):
+        for item in output.ordered(event.text, event.finish_reason is not None, event.cut):
             if isinstance(item, ToolDelta):
                 frames = chain.call(item, output.calls)
             else:
@@ -216,7 +228,7 @@ async def stream(reply: Reply, events: EventStream, output: OutputParser, keepal
         message.tool_calls = list(output.calls)
         if event.finish_reason is not None:
             frames = chain.open("content") if not chain.items and chain.open_kind is None else []  # one message
-            yield b"".join(frames + chain.close(cut(event, message)))
+            yield b"".join(frames + chain.close(status_of(event)))
             final = reply.complete(message, event)
             final["output"] = chain.items
             on_done(message, final)  # stored before the client reads that it is complete

@@ -19,11 +19,17 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class ToolCall:
     name: str
-    arguments: str  # a JSON object, as a string (the wire form)
+    arguments: str  # a JSON object, as a string (the wire form); a cut call's, as far as it was written
     id: str = ""
+    cut: bool = False  # the generation ended inside the call (output.OutputParser.finish): never one to run
 
     def wire(self) -> dict:
         return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+
+
+def called(calls: list[ToolCall]) -> bool:
+    """Whether a reply ends in calls for the client to run: some, none of them cut."""
+    return bool(calls) and not any(c.cut for c in calls)
 
 
 def new_call(name: str, arguments: dict) -> ToolCall:

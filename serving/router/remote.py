@@ -42,6 +42,15 @@ def _usage(body: dict) -> Usage:
                  int(details.get("cached_tokens") or 0), str(body.get("lane") or "serial"))
 
 
+def _json_object(text: str) -> bool:
+    """Whether a call's arguments are whole: a cut call's are the text as far as it was written
+    (inference/protocols/output.py), never a JSON object."""
+    try:
+        return isinstance(json.loads(text), dict)
+    except ValueError:
+        return False
+
+
 def _deltas(chunk: dict, calls: dict[int, list[str]]) -> list[Delta]:
     """What one chunk brings; tool-call pieces gather in `calls` (index ->
     [id, name, arguments]) and come out whole with the finish reason."""
@@ -62,7 +71,10 @@ def _deltas(chunk: dict, calls: dict[int, list[str]]) -> list[Delta]:
             call[1] = function.get("name") or call[1]
             call[2] += function.get("arguments") or ""
         if choice.get("finish_reason") and calls:
-            out.append(Delta(calls=[RemoteCall(*calls[i]) for i in sorted(calls)]))
+            whole = [RemoteCall(*calls[i]) for i in sorted(calls)]
+            if choice["finish_reason"] != "tool_calls":  # cut short: a call it was cut off in is not run
+                whole = [c for c in whole if _json_object(c.arguments)]
+            out.append(Delta(calls=whole))
             calls.clear()
         if choice.get("finish_reason") and isinstance(chunk.get("usage"), dict):
             out.append(Delta(final=GenerationEvent(finish_reason=choice["finish_reason"],

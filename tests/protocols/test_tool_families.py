@@ -184,3 +184,15 @@ def test_a_strict_tool_under_auto_leaves_prose_free_but_checks_a_call():
     assert _is_grammar_accept_string(grammar, good)
     assert not _is_grammar_accept_string(grammar, good.replace('"days": 2', '"days": "two"'))
     assert not _is_grammar_accept_string(grammar, good.replace("get_weather", "delete_everything"))
+
+
+@pytest.mark.parametrize("family", ["llama3_json", "mistral"])
+def test_a_markup_with_no_end_tag_keeps_a_whole_call_when_the_reply_is_cut(family):
+    """Llama 3's bare JSON and Mistral's calls run to the end of the generation, so a cut reply (a stop
+    sequence after the call, or the token limit) is read without the repair pass: a call written whole is a
+    call; one cut in its arguments is neither a call nor content (never closed up with made-up values)."""
+    for text, calls in [(FAMILIES[family], [ARGS]), (FAMILIES[family][:-5], [])]:
+        parser = OutputParser(tools=TOOLS, markups=markups_for(_Tokenizer(family)))
+        out = parser.feed(text) + parser.finish(cut=True)
+        assert [json.loads(c.arguments) for c in parser.calls] == calls, text
+        assert not any(c.cut for c in parser.calls) and "".join(p.text for p in out).strip() == ""

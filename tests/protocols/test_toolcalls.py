@@ -104,6 +104,30 @@ def test_truncated_call_at_the_end_is_repaired():
     assert _run(OutputParser(tools=TOOLS), [text]) == ("", "", [("search", {"query": "cut"})])
 
 
+def test_a_call_the_generation_was_cut_off_in_is_recorded_as_cut_and_as_written():
+    """`finish(cut=True)`: the token limit or a stop sequence ended the text inside the call."""
+    for text, arguments in (('{"query": "cut', '{"query": "cut'), ('{"query": "a", "n": 1', '{"query": "a", "n": 1'),
+                            ('{"query"', '{"query"'), ("{", "{")):
+        parser = OutputParser(tools=TOOLS)
+        pieces = parser.feed('<tool_call>{"name": "search", "arguments": ' + text) + parser.finish(cut=True)
+        assert pieces == [] and [(c.name, c.arguments, c.cut) for c in parser.calls] == [("search", arguments, True)]
+    parser = OutputParser(tools=TOOLS)  # its arguments were whole: only the markup's end was cut
+    parser.feed('<tool_call>{"name": "search", "arguments": {"query": "a"}')
+    parser.finish(cut=True)
+    assert [(c.arguments, c.cut) for c in parser.calls] == [('{"query": "a"}', False)]
+    parser = OutputParser(tools=TOOLS)  # no name yet: neither a call nor content
+    assert parser.feed('<tool_call>{"na') + parser.finish(cut=True) == [] and parser.calls == []
+
+
+def test_finished_members_leave_out_the_one_cut():
+    from inference.protocols.argstream import finished_members
+
+    assert finished_members('{"days": 2, "city": "Ro') == {"days": 2}
+    assert finished_members('{"days": 2, "n": 12') == {"days": 2}
+    assert finished_members('{"a": {"b": 1}, "c": [1, 2') == {"a": {"b": 1}}
+    assert finished_members('{"city"') == finished_members("{") == finished_members("") == {}
+
+
 def test_two_calls_and_qwen_form():
     text = ('<tool_call>{"name": "search", "arguments": {"query": "a"}}</tool_call>'
             "<tool_call><function=search><parameter=query>b</parameter></function></tool_call>"

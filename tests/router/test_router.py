@@ -584,6 +584,22 @@ def test_the_dashboards_remote_turn_puts_streamed_tool_calls_back_together():
     assert got[-1].final.finish_reason == "tool_calls" and got[-1].final.usage.completion_tokens == 9
 
 
+def test_the_dashboards_remote_turn_runs_no_call_the_generation_cut_off():
+    """A stream cut inside a call (finish `length` or `stop`) ends with the call's
+    arguments as far as they were written: the turn gets no call to run."""
+    from serving.router.remote import RemoteCall, _deltas
+
+    def chunk(delta=None, finish=None):
+        return {"choices": [{"index": 0, "delta": delta or {}, "finish_reason": finish}]}
+
+    pieces = [{"index": 0, "id": "call_1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}},
+              {"index": 1, "id": "call_2", "type": "function", "function": {"name": "f", "arguments": '{"a": "x'}}]
+    for finish in ("length", "stop"):
+        calls: dict = {}
+        got = _deltas(chunk({"tool_calls": pieces}), calls) + _deltas(chunk(finish=finish), calls)
+        assert [d.calls for d in got if d.calls] == [[RemoteCall("call_1", "f", '{"a": 1}')]]
+
+
 def test_without_a_default_model_nothing_is_trained_and_a_request_must_name_one(library, tmp_path):
     """No --default-model and no demo model built: the router answers at once,
     trains nothing, and a request that names no model is told which it may name."""
