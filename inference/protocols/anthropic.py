@@ -229,11 +229,11 @@ def to_chat_body(body: dict) -> dict:
     if stops:
         chat["stop"] = stops
     tools = _tools(body.get("tools"))
+    choice = _tool_choice(body.get("tool_choice"))
+    if choice is not None:  # one that asks for a call needs tools (chat.tools_for)
+        chat["tool_choice"] = choice
     if tools:
         chat["tools"] = tools
-        choice = _tool_choice(body.get("tool_choice"))
-        if choice is not None:
-            chat["tool_choice"] = choice
         if isinstance(body.get("tool_choice"), dict) and body["tool_choice"].get("disable_parallel_tool_use") is True:
             chat["parallel_tool_calls"] = False  # at most one tool_use block
     for name in EXTRAS:

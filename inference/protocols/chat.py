@@ -184,13 +184,17 @@ def normalize_messages(messages, limits: Limits, images: list | None = None, mar
 
 def tools_for(body: dict) -> list[dict] | None:
     """The request's function tools, or None when absent or tool_choice is "none".
-    "auto", "required" and a named function are accepted and act as "auto"."""
+    A choice that asks for a call ("required", a named function) needs tools;
+    how it is enforced is tool_choice.py's."""
     tools, choice = body.get("tools"), body.get("tool_choice")
     if choice is not None and not (choice in TOOL_CHOICES or (
             isinstance(choice, dict) and choice.get("type") == "function")):
         raise RequestError("tool_choice must be 'none', 'auto', 'required' or "
                            "{\"type\": \"function\", \"function\": {\"name\": …}}", "tool_choice")
     if tools is None or tools == []:
+        if choice == "required" or isinstance(choice, dict):
+            raise RequestError("tool_choice asks for a tool call, but the request offers no tools to call",
+                               "tool_choice")
         return None
     if not isinstance(tools, list):
         raise RequestError("tools must be a list of function tools", "tools")
