@@ -181,6 +181,27 @@ def _tool_choice(raw):
 EFFORTS = {"low": "low", "medium": "medium", "high": "high", "xhigh": "xhigh", "max": "xhigh"}
 
 
+def _format(fmt, where: str) -> dict | None:
+    """An output format ({"type": "json_schema", "schema": …}) as the chat side's response_format."""
+    if fmt is None:
+        return None
+    if not isinstance(fmt, dict) or fmt.get("type") != "json_schema" or not isinstance(fmt.get("schema"), dict):
+        raise RequestError(f"{where} must be {{\"type\": \"json_schema\", \"schema\": {{…}}}}", where)
+    return {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt["schema"], "strict": True}}
+
+
+def _output_format(body: dict) -> tuple[dict | None, str | None]:
+    """The chat side's response_format and reasoning_effort: `output_config`
+    (`format`, `effort`), or the structured-outputs beta's `output_format`,
+    the same thing under its earlier name (both: they must agree)."""
+    response_format, effort = _output_config(body.get("output_config"))
+    beta = _format(body.get("output_format"), "output_format")
+    if beta is not None and response_format is not None and beta != response_format:
+        raise RequestError("output_format and output_config.format differ; send one (output_format is the "
+                           "structured-outputs beta's name for output_config.format)", "output_format")
+    return beta or response_format, effort
+
+
 def _output_config(raw) -> tuple[dict | None, str | None]:
     """`output_config` as (the chat side's response_format, its reasoning_effort):
     `format` {"type": "json_schema", "schema": …} is enforced by grammar, as
@@ -197,15 +218,7 @@ def _output_config(raw) -> tuple[dict | None, str | None]:
     effort = raw.get("effort")
     if effort is not None and effort not in EFFORTS:
         raise RequestError("output_config.effort must be one of " + ", ".join(EFFORTS), "output_config.effort")
-    fmt = raw.get("format")
-    if fmt is None:
-        return None, EFFORTS.get(effort) if effort else None
-    if not isinstance(fmt, dict) or fmt.get("type") != "json_schema" or not isinstance(fmt.get("schema"), dict):
-        raise RequestError("output_config.format must be {\"type\": \"json_schema\", \"schema\": {…}}",
-                           "output_config.format")
-    response_format = {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt["schema"],
-                                                              "strict": True}}
-    return response_format, EFFORTS.get(effort) if effort else None
+    return _format(raw.get("format"), "output_config.format"), EFFORTS.get(effort) if effort else None
 
 
 def to_chat_body(body: dict) -> dict:
@@ -239,10 +252,11 @@ def to_chat_body(body: dict) -> dict:
     for name in EXTRAS:
         if name in body:
             chat[name] = body[name]
-    response_format, effort = _output_config(body.get("output_config"))
+    response_format, effort = _output_format(body)
+    field = "output_format" if body.get("output_format") is not None else "output_config.format"
     if response_format is not None:
         if "response_format" in chat:
-            raise RequestError("send output_config.format or response_format, not both", "output_config.format")
+            raise RequestError(f"send {field} or response_format, not both", field)
         chat["response_format"] = response_format
     if effort is not None:
         chat["reasoning_effort"] = effort

@@ -157,6 +157,8 @@ class MessagesRequest(Sampling, ToneCurve, Routing, Constraint, Decoding, Templa
     tool_choice: dict[str, Json] | None = None
     thinking: dict[str, Json] | None = Field(None, description="enabled, disabled or adaptive")
     output_config: dict[str, Json] | None = Field(None, description="format (json_schema) and effort")
+    output_format: dict[str, Json] | None = Field(None, description="the structured-outputs beta's name for "
+                                                  "output_config.format")
     cache_control: dict[str, Json] | None = Field(None, description="accepted: every prompt prefix is cached anyway")
     metadata: dict[str, Json] | None = None
 

@@ -238,3 +238,23 @@ def test_a_client_that_leaves_while_its_request_waits_ends_the_wait_cleanly():
         return ended
 
     assert asyncio.run(run()) == [True]
+
+
+
+PICK = {"type": "json_schema", "schema": {"type": "object", "properties": {"name": {"enum": ["Ana", "Ben"]}},
+                                          "required": ["name"], "additionalProperties": False}}
+
+
+def test_the_beta_output_format_is_output_config_format(inproc):
+    """The structured-outputs beta's `output_format` is enforced as output_config.format is."""
+    client = inproc.anthropic()
+    for body in ({"output_format": PICK}, {"output_format": PICK, "output_config": {"format": PICK}}):
+        r = client.beta.messages.with_raw_response.create(model="m", max_tokens=40, messages=ASK,
+                                                          betas=["structured-outputs-2025-11-13"],
+                                                          extra_body={**body, "temperature": 1.0, "seed": 3})
+        assert "output_format" not in r.headers.get("x-hearth-ignored-fields", "")
+        assert json.loads(r.parse().content[0].text)["name"] in ("Ana", "Ben")
+    with pytest.raises(anthropic.BadRequestError) as bad:
+        client.messages.create(model="m", max_tokens=5, messages=ASK, extra_body={
+            "output_format": PICK, "output_config": {"format": {"type": "json_schema", "schema": {"type": "object"}}}})
+    assert "output_format and output_config.format differ" in bad.value.body["error"]["message"]
