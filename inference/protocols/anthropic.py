@@ -181,6 +181,28 @@ def _tool_choice(raw):
 EFFORTS = {"low": "low", "medium": "medium", "high": "high", "xhigh": "xhigh", "max": "xhigh"}
 
 
+def _prefill(raw: list, messages: list[dict]) -> bool:
+    """Whether the conversation ends with an assistant message for the reply
+    to continue (a prefill): the reply then goes on from its text and holds
+    only what follows it. An empty one is no prefill, and is dropped."""
+    last, where = raw[-1], f"messages[{len(raw) - 1}]"
+    content = last.get("content")
+    if last.get("role") != "assistant" or not messages or messages[-1]["role"] != "assistant" or (
+            isinstance(content, list) and all(b.get("type") in ("thinking", "redacted_thinking") for b in content)):
+        return False
+    if messages[-1].get("tool_calls"):
+        raise RequestError(f"{where}: a final assistant message with tool_use blocks cannot be continued; send "
+                           "their tool_result blocks in a user message", f"{where}.content")
+    text = messages[-1]["content"]
+    if not text:
+        messages.pop()
+        return False
+    if text != text.rstrip():
+        raise RequestError(f"{where}.content: final assistant content cannot end with trailing whitespace",
+                           f"{where}.content")
+    return True
+
+
 def _format(fmt, where: str) -> dict | None:
     """An output format ({"type": "json_schema", "schema": …}) as the chat side's response_format."""
     if fmt is None:
@@ -228,6 +250,7 @@ def to_chat_body(body: dict) -> dict:
         raise RequestError("logit_bias is not part of the Messages protocol; use /v1/chat/completions",
                            "logit_bias")
     messages = _messages(body.get("messages"))
+    prefill = _prefill(body["messages"], messages)
     if body.get("system") is not None:
         messages.insert(0, {"role": "system", "content": _text_blocks(body["system"], "system")})
     stops = body.get("stop_sequences")
@@ -257,6 +280,9 @@ def to_chat_body(body: dict) -> dict:
     if response_format is not None:
         if "response_format" in chat:
             raise RequestError(f"send {field} or response_format, not both", field)
+        if prefill:
+            raise RequestError(f"{field} describes a whole message, and the final assistant message (a prefill) "
+                               "begins one already: send one or the other", field)
         chat["response_format"] = response_format
     if effort is not None:
         chat["reasoning_effort"] = effort
@@ -271,6 +297,11 @@ def to_chat_body(body: dict) -> dict:
         budget = _budget(thinking)
         if budget is not None:
             chat["thinking_budget"] = budget  # a hard bound here (think.py)
+    if prefill:
+        if thinking is not None and thinking["type"] == "enabled":
+            raise RequestError("thinking cannot be enabled when the final message is an assistant message to "
+                               "continue (a prefill)", "thinking")
+        chat["continue_final_message"] = True  # the shared path leaves the message open (chat.continues)
     return chat
 
 

@@ -129,6 +129,8 @@ class ChatCompletionRequest(Sampling, ToneCurve, LogitBias, Routing, Constraint,
     verbosity: str | None = Field(None, description="low or high adds a line to the system turn; medium nothing")
     thinking_budget: int | None = Field(None, description="tokens of thinking before the block is closed")
     stream_options: dict[str, Json] | None = None
+    continue_final_message: bool | None = Field(None, description="the reply continues the final assistant "
+                                                "message's text instead of starting a turn (vLLM's field)")
 
 
 class CompletionRequest(Sampling, ToneCurve, LogitBias, Routing, Constraint, Decoding):

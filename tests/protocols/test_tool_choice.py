@@ -209,3 +209,14 @@ def test_a_choice_that_asks_for_a_call_needs_tools(inproc, path, body):
     for free in ("auto", "none"):
         choice = {"type": free} if path == "/v1/messages" else free
         assert inproc.post(path, json={**body, "tool_choice": choice}).status_code == 200
+
+
+def test_a_prefill_takes_no_enforced_tool_choice(inproc):
+    """A continued assistant message is not the start of a reply, where an enforced choice's grammar begins."""
+    strict = {**PERSON, "function": {**PERSON["function"], "strict": True}}
+    prefilled = [*ASK, {"role": "assistant", "content": "Ann"}]
+    for fields, param in (({"tools": [PERSON], "tool_choice": "required"}, "tool_choice"),
+                          ({"tools": [strict]}, "tools")):
+        r = inproc.post("/v1/chat/completions", json={"messages": prefilled, "max_tokens": 3,
+                                                      "continue_final_message": True, **fields})
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
