@@ -85,6 +85,17 @@ def _put_all(batch: list[tuple[Generation, GenerationEvent]]) -> None:
         gen.events.put_nowait(event)
 
 
+def _after_text(detok) -> None:
+    """mlx-lm's BPE and SPM detokenizers drop a leading space from the first
+    token of a reply (a reply's first word follows no text); one that goes on
+    from text already written keeps it: the detokenizer is told text came
+    before (a placeholder that `last_segment` never hands out)."""
+    from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer, SPMStreamingDetokenizer
+
+    if isinstance(detok, (BPEStreamingDetokenizer, SPMStreamingDetokenizer)):
+        detok.text, detok.offset = "\0", 1
+
+
 class Row:
     def __init__(self, generation: Generation, model: LoadedModel, limit: int, cached: int, lane: str):
         self.generation = generation
@@ -93,6 +104,8 @@ class Row:
         self.eos = set(model.tokenizer.eos_token_ids)
         self.detok = model.tokenizer.detokenizer  # a fresh copy per access
         self.detok.reset()
+        if self.req.continues:
+            _after_text(self.detok)
         self.stops = StopMatcher(self.req.stop)
         self.limit = limit
         self.cached = cached

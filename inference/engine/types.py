@@ -70,6 +70,7 @@ class GenerationRequest:
     session: str | None = None  # prompt-cache session affinity key
     adapters: tuple[str, ...] | None = None  # mounted LoRA ids, () for the base; None: the server default
     speculative: bool = True  # False: never decoded speculatively, even with a draft source mounted
+    continues: bool = False  # the prompt ends inside text the reply goes on from: its first token keeps a leading space
     # A vision model's images, in prompt order, and the prompt's cache key (each image's run of
     # image tokens replaced by ids from its hash; see vision.py). None: the prompt is its own key.
     images: tuple[Image, ...] = ()

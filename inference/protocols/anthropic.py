@@ -181,6 +181,49 @@ def _tool_choice(raw):
 EFFORTS = {"low": "low", "medium": "medium", "high": "high", "xhigh": "xhigh", "max": "xhigh"}
 
 
+def _prefill(raw: list, messages: list[dict]) -> bool:
+    """Whether the conversation ends with an assistant message for the reply
+    to continue (a prefill): the reply then goes on from its text and holds
+    only what follows it. An empty one is no prefill, and is dropped."""
+    last, where = raw[-1], f"messages[{len(raw) - 1}]"
+    content = last.get("content")
+    if last.get("role") != "assistant" or not messages or messages[-1]["role"] != "assistant" or (
+            isinstance(content, list) and all(b.get("type") in ("thinking", "redacted_thinking") for b in content)):
+        return False
+    if messages[-1].get("tool_calls"):
+        raise RequestError(f"{where}: a final assistant message with tool_use blocks cannot be continued; send "
+                           "their tool_result blocks in a user message", f"{where}.content")
+    text = messages[-1]["content"]
+    if not text:
+        messages.pop()
+        return False
+    if text != text.rstrip():
+        raise RequestError(f"{where}.content: final assistant content cannot end with trailing whitespace",
+                           f"{where}.content")
+    return True
+
+
+def _format(fmt, where: str) -> dict | None:
+    """An output format ({"type": "json_schema", "schema": …}) as the chat side's response_format."""
+    if fmt is None:
+        return None
+    if not isinstance(fmt, dict) or fmt.get("type") != "json_schema" or not isinstance(fmt.get("schema"), dict):
+        raise RequestError(f"{where} must be {{\"type\": \"json_schema\", \"schema\": {{…}}}}", where)
+    return {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt["schema"], "strict": True}}
+
+
+def _output_format(body: dict) -> tuple[dict | None, str | None]:
+    """The chat side's response_format and reasoning_effort: `output_config`
+    (`format`, `effort`), or the structured-outputs beta's `output_format`,
+    the same thing under its earlier name (both: they must agree)."""
+    response_format, effort = _output_config(body.get("output_config"))
+    beta = _format(body.get("output_format"), "output_format")
+    if beta is not None and response_format is not None and beta != response_format:
+        raise RequestError("output_format and output_config.format differ; send one (output_format is the "
+                           "structured-outputs beta's name for output_config.format)", "output_format")
+    return beta or response_format, effort
+
+
 def _output_config(raw) -> tuple[dict | None, str | None]:
     """`output_config` as (the chat side's response_format, its reasoning_effort):
     `format` {"type": "json_schema", "schema": …} is enforced by grammar, as
@@ -197,15 +240,7 @@ def _output_config(raw) -> tuple[dict | None, str | None]:
     effort = raw.get("effort")
     if effort is not None and effort not in EFFORTS:
         raise RequestError("output_config.effort must be one of " + ", ".join(EFFORTS), "output_config.effort")
-    fmt = raw.get("format")
-    if fmt is None:
-        return None, EFFORTS.get(effort) if effort else None
-    if not isinstance(fmt, dict) or fmt.get("type") != "json_schema" or not isinstance(fmt.get("schema"), dict):
-        raise RequestError("output_config.format must be {\"type\": \"json_schema\", \"schema\": {…}}",
-                           "output_config.format")
-    response_format = {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt["schema"],
-                                                              "strict": True}}
-    return response_format, EFFORTS.get(effort) if effort else None
+    return _format(raw.get("format"), "output_config.format"), EFFORTS.get(effort) if effort else None
 
 
 def to_chat_body(body: dict) -> dict:
@@ -215,6 +250,7 @@ def to_chat_body(body: dict) -> dict:
         raise RequestError("logit_bias is not part of the Messages protocol; use /v1/chat/completions",
                            "logit_bias")
     messages = _messages(body.get("messages"))
+    prefill = _prefill(body["messages"], messages)
     if body.get("system") is not None:
         messages.insert(0, {"role": "system", "content": _text_blocks(body["system"], "system")})
     stops = body.get("stop_sequences")
@@ -229,20 +265,24 @@ def to_chat_body(body: dict) -> dict:
     if stops:
         chat["stop"] = stops
     tools = _tools(body.get("tools"))
+    choice = _tool_choice(body.get("tool_choice"))
+    if choice is not None:  # one that asks for a call needs tools (chat.tools_for)
+        chat["tool_choice"] = choice
     if tools:
         chat["tools"] = tools
-        choice = _tool_choice(body.get("tool_choice"))
-        if choice is not None:
-            chat["tool_choice"] = choice
         if isinstance(body.get("tool_choice"), dict) and body["tool_choice"].get("disable_parallel_tool_use") is True:
             chat["parallel_tool_calls"] = False  # at most one tool_use block
     for name in EXTRAS:
         if name in body:
             chat[name] = body[name]
-    response_format, effort = _output_config(body.get("output_config"))
+    response_format, effort = _output_format(body)
+    field = "output_format" if body.get("output_format") is not None else "output_config.format"
     if response_format is not None:
         if "response_format" in chat:
-            raise RequestError("send output_config.format or response_format, not both", "output_config.format")
+            raise RequestError(f"send {field} or response_format, not both", field)
+        if prefill:
+            raise RequestError(f"{field} describes a whole message, and the final assistant message (a prefill) "
+                               "begins one already: send one or the other", field)
         chat["response_format"] = response_format
     if effort is not None:
         chat["reasoning_effort"] = effort
@@ -257,6 +297,11 @@ def to_chat_body(body: dict) -> dict:
         budget = _budget(thinking)
         if budget is not None:
             chat["thinking_budget"] = budget  # a hard bound here (think.py)
+    if prefill:
+        if thinking is not None and thinking["type"] == "enabled":
+            raise RequestError("thinking cannot be enabled when the final message is an assistant message to "
+                               "continue (a prefill)", "thinking")
+        chat["continue_final_message"] = True  # the shared path leaves the message open (chat.continues)
     return chat
 
 

@@ -15,7 +15,7 @@ from typing import NamedTuple
 from core.limits import Limits
 from inference.engine.loader import LoadedModel
 from inference.engine.think import ThinkBound
-from inference.protocols import harmony
+from inference.protocols import harmony, params
 from inference.protocols.errors import RequestError
 from inference.protocols.output import THINK_CLOSE, THINK_OPEN
 
@@ -182,15 +182,41 @@ def normalize_messages(messages, limits: Limits, images: list | None = None, mar
     return out
 
 
+def continues(body: dict, messages: list[dict]) -> bool:
+    """`continue_final_message` (vLLM's field; a Messages request that ends
+    with an assistant message arrives with it): the reply goes on from the
+    final assistant message's text, left open, instead of starting a turn of
+    its own, and holds only what comes after that text. `messages` are the
+    request's own, normalized (before anything is added to them)."""
+    if not params.boolean(body, "continue_final_message"):
+        return False
+    where = f"messages[{len(messages) - 1}]"
+    last = messages[-1]
+    if last["role"] != "assistant":
+        raise RequestError("continue_final_message needs the final message to be an assistant message; "
+                           f"{where} is a {last['role']} message", "continue_final_message")
+    if last.get("tool_calls"):
+        raise RequestError(f"{where} has tool_calls: a reply cannot continue a tool call (send its result "
+                           "in a tool message)", f"{where}.tool_calls")
+    if not last["content"]:
+        raise RequestError(f"{where}.content is empty: continue_final_message has no text to continue",
+                           f"{where}.content")
+    return True
+
+
 def tools_for(body: dict) -> list[dict] | None:
     """The request's function tools, or None when absent or tool_choice is "none".
-    "auto", "required" and a named function are accepted and act as "auto"."""
+    A choice that asks for a call ("required", a named function) needs tools;
+    how it is enforced is tool_choice.py's."""
     tools, choice = body.get("tools"), body.get("tool_choice")
     if choice is not None and not (choice in TOOL_CHOICES or (
             isinstance(choice, dict) and choice.get("type") == "function")):
         raise RequestError("tool_choice must be 'none', 'auto', 'required' or "
                            "{\"type\": \"function\", \"function\": {\"name\": …}}", "tool_choice")
     if tools is None or tools == []:
+        if choice == "required" or isinstance(choice, dict):
+            raise RequestError("tool_choice asks for a tool call, but the request offers no tools to call",
+                               "tool_choice")
         return None
     if not isinstance(tools, list):
         raise RequestError("tools must be a list of function tools", "tools")
@@ -205,7 +231,7 @@ def tools_for(body: dict) -> list[dict] | None:
 # apply_chat_template's own parameters: as template variables they would change how it runs, not what it renders.
 RESERVED_KWARGS = ("conversation", "tools", "tokenize", "add_generation_prompt", "return_dict", "return_tensors",
                    "padding", "truncation", "max_length", "return_assistant_tokens_mask", "tokenizer_kwargs",
-                   "processor_kwargs", "messages")
+                   "processor_kwargs", "messages", "continue_final_message")
 
 
 def template_kwargs(body: dict, limits: Limits) -> tuple[dict, str | None]:
@@ -218,7 +244,8 @@ def template_kwargs(body: dict, limits: Limits) -> tuple[dict, str | None]:
     for name in RESERVED_KWARGS:
         if name in kwargs:
             where = f"chat_template_kwargs.{name}"
-            raise RequestError(f"{where} is not a template variable", where)
+            hint = " (send continue_final_message in the request body)" if name == "continue_final_message" else ""
+            raise RequestError(f"{where} is not a template variable{hint}", where)
     template = kwargs.get("chat_template")
     if template is not None:
         where = "chat_template_kwargs.chat_template"
@@ -312,27 +339,33 @@ def hf_tokenizer(model: LoadedModel):
 
 
 def build_prompt(model: LoadedModel, messages: list[dict], tools: list[dict] | None,
-                 kwargs: dict, rendered: str | None = None) -> tuple[list[int], str | None]:
+                 kwargs: dict, rendered: str | None = None, continued: bool = False) -> tuple[list[int], str | None]:
     """Prompt tokens, and how the prompt leaves the model's <think> channel:
     `open` (generation starts inside it), `closed` (the template wrote an
     empty block: thinking is off) or None (the model may open one itself).
-    `rendered` is the text a client's template produced (template_sandbox)."""
+    `rendered` is the text a client's template produced (template_sandbox).
+    `continued` (`continues`): the prompt ends inside the final assistant
+    message, with no generation prompt after it; the reply is that message's
+    text going on, so the channel is `open` only when that text left a
+    <think> block open, and `closed` otherwise."""
     tokenizer = hf_tokenizer(model)
     if rendered is None and harmony.is_harmony(tokenizer):  # gpt-oss: its format, written here (harmony.py)
         level = kwargs.get("reasoning_effort")
-        text = harmony.render(messages, tools, level if level in harmony.EFFORTS else harmony.effort(kwargs))
+        text = harmony.render(messages, tools, level if level in harmony.EFFORTS else harmony.effort(kwargs),
+                              continued=continued)
         return tokenizer.encode(text, add_special_tokens=False), None
     if rendered is None and not getattr(tokenizer, "chat_template", None):
         raise RequestError("prompt build failed: this model has no chat template; use /v1/completions")
     try:
         text = rendered if rendered is not None else tokenizer.apply_chat_template(
-            messages, tools=tools, tokenize=False, add_generation_prompt=True, **kwargs)
+            messages, tools=tools, tokenize=False, add_generation_prompt=not continued,
+            continue_final_message=continued, **kwargs)
         tokens = tokenizer.encode(text, add_special_tokens=False)
     except Exception as exc:  # jinja errors, raise_exception() in templates
         raise RequestError(f"prompt build failed: {exc}") from None
     if text.rfind(THINK_OPEN) > text.rfind(THINK_CLOSE):
         return tokens, "open"
-    return tokens, "closed" if text.rstrip().endswith(THINK_CLOSE) else None
+    return tokens, "closed" if continued or text.rstrip().endswith(THINK_CLOSE) else None
 
 
 # The most tokens a reasoning block may hold before a forced tool call (`tool_choice` required or

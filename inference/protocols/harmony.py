@@ -70,10 +70,15 @@ def effort(kwargs: dict, budget: int | None = None) -> str:
 
 
 # -- the prompt ----------------------------------------------------------------
-def render(messages: list[dict], tools: list[dict] | None, level: str, today: datetime.date | None = None) -> str:
+def render(messages: list[dict], tools: list[dict] | None, level: str, today: datetime.date | None = None,
+           continued: bool = False) -> str:
     """The prompt for `messages` (chat.normalize_messages' shape: system
     turns there carry the developer's too), ending where the assistant's
-    next message begins."""
+    next message begins; `continued` (chat.continues): ending inside the
+    final assistant message's `final` channel, its text left open."""
+    prefill = messages[-1]["content"] if continued else None
+    if continued:
+        messages = [*messages[:-1], {**messages[-1], "content": ""}]
     functions = [t["function"] for t in tools or []]
     instructions = "\n\n".join(m["content"] for m in messages if m["role"] == "system" and m["content"])
     out = [_system(level, bool(functions), today or datetime.date.today())]
@@ -90,6 +95,8 @@ def render(messages: list[dict], tools: list[dict] | None, level: str, today: da
         elif m["role"] == "tool":
             name = m.get("name") or names.get(m.get("tool_call_id") or "") or "tool"
             out.append(f"{START}functions.{name} to=assistant{CHANNEL}commentary{MESSAGE}{m['content']}{END}")
+    if prefill is not None:
+        return "".join(out) + f"{START}assistant{CHANNEL}final{MESSAGE}{prefill}"
     return "".join(out) + START + "assistant"
 
 
@@ -237,9 +244,11 @@ class Reader:
     as `<tool_call>{"name": "NAME", "arguments": …}</tool_call>`. A header
     is held until its `<|message|>`; a partial end token is held back."""
 
-    def __init__(self) -> None:
+    def __init__(self, in_message: bool = False) -> None:
         self._held = ""
-        self._in_header = True  # the reply starts inside the first message's header
+        # The reply starts inside the first message's header, or (`in_message`: the prompt left a
+        # final-channel message open, harmony.render's `continued`) inside that message's text.
+        self._in_header = not in_message
         self._close = ""  # what ends the open message's markup
 
     def feed(self, text: str) -> str:

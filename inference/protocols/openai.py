@@ -61,6 +61,7 @@ class _Turn:
     single_call: bool
     images: list[chat.MediaRef] | None = None  # each image or video part, on a vision model
     think_budget: int | None = None  # the bound on the reasoning block the request asks for (chat.thinking_budget)
+    continued: bool = False  # the reply continues the final assistant message (chat.continues)
 
 
 def _common(body: dict, model: LoadedModel, defaults: ServerDefaults, completion: bool = False) -> GenerationRequest:
@@ -89,6 +90,7 @@ def _read_chat(body: dict, model: LoadedModel, options: Options) -> _Turn:
     vision = model.vision
     images: list[chat.MediaRef] | None = [] if vision is not None else None
     messages = chat.normalize_messages(body.get("messages"), limits, images, vision.image_token if vision else "")
+    continued = chat.continues(body, messages)
     messages = chat.with_verbosity(messages, body.get("verbosity"))
     kwargs, template = chat.template_kwargs(body, limits)
     if options.defaults.thinking is not None and "enable_thinking" not in kwargs:  # --thinking on|off
@@ -105,8 +107,27 @@ def _read_chat(body: dict, model: LoadedModel, options: Options) -> _Turn:
         kwargs = {**kwargs, "reasoning_effort": harmony.effort(
             {**kwargs, "reasoning_effort": asked} if asked is not None else kwargs, budget)}
         budget = None
-    return _Turn(prepared, structured.requested(body, limits), messages, tools, kwargs, template, single, images,
-                 budget)
+    spec = structured.requested(body, limits)
+    if continued:
+        _refuse_in_continuation(body, spec, tools)
+    return _Turn(prepared, spec, messages, tools, kwargs, template, single, images, budget, continued)
+
+
+def _refuse_in_continuation(body: dict, spec, tools: list[dict] | None) -> None:
+    """What cannot hold for a reply that continues an assistant message
+    already begun (continue_final_message): an output format, which
+    describes a whole message, and an enforced tool choice, whose grammar
+    starts where a reply starts. A guided_* grammar constrains the
+    continuation itself, and stays."""
+    if isinstance(spec, GrammarSpec) and spec.kind in ("json", "json_schema"):
+        field = "response_format" if body.get("response_format") is not None else "structured_outputs"
+        raise RequestError(f"{field} describes a whole message, and continue_final_message continues one already "
+                           "begun: send one or the other", field)
+    if tool_choice.forces(body, tools):
+        field = "tool_choice" if tool_choice.demands_a_call(body, tools) else "tools"
+        raise RequestError(f"{field}: an enforced tool choice (required, a named tool, or a strict tool) constrains "
+                           "a reply from its start, and continue_final_message continues one already begun: send "
+                           "one or the other", field)
 
 
 async def _resolve(prepared: Prepared, spec, model: LoadedModel, options: Options):
@@ -156,9 +177,10 @@ async def prepare_chat(body: dict, model: LoadedModel, options: Options) -> Prep
                                "chat_template_kwargs.chat_template")
         variables = {**_special_tokens(model), **turn.kwargs}
         rendered = await templates.render(turn.template, messages, turn.tools, variables,
-                                          options.limits.max_prompt_chars)
+                                          options.limits.max_prompt_chars, turn.continued)
     prepared.request.prompt_tokens, think = await asyncio.to_thread(
-        chat.build_prompt, model, messages, turn.tools, turn.kwargs, rendered)
+        chat.build_prompt, model, messages, turn.tools, turn.kwargs, rendered, turn.continued)
+    prepared.request.continues = turn.continued
     if turn.images and model.vision is not None:
         await asyncio.to_thread(_with_images, prepared.request, turn.images, model.vision)
     markups = markup.markups_for(model.tokenizer)
@@ -175,9 +197,12 @@ async def prepare_chat(body: dict, model: LoadedModel, options: Options) -> Prep
     if budget is None and enforced and tool_choice.demands_a_call(body, turn.tools):
         budget = chat.forced_call_budget(prepared.request.max_tokens)  # thinking ends in time for the call
     prepared.request.think = chat.think_bound(model, think, budget)
-    prepared.output = OutputParser(in_reasoning=think == "open", reasoning=chat.thinks(model), tools=turn.tools,
+    # A continuation is the message's text going on: a <think> tag there is text, unless the prefill left a block open.
+    reasoning = chat.thinks(model) and (not turn.continued or think == "open")
+    prepared.output = OutputParser(in_reasoning=think == "open", reasoning=reasoning, tools=turn.tools,
                                    max_calls=1 if turn.single_call else None, markups=markups,
-                                   harmony=harmony.Reader() if harmony.is_harmony(model.tokenizer) else None)
+                                   harmony=harmony.Reader(in_message=turn.continued)
+                                   if harmony.is_harmony(model.tokenizer) else None)
     return prepared
 
 

@@ -159,8 +159,8 @@ class Turn:
         choice = _tool_choice(body.get("tool_choice"))
         if tools:
             chat["tools"] = tools
-            if choice is not None:
-                chat["tool_choice"] = choice
+        if choice is not None:  # one that asks for a call needs function tools (chat.tools_for)
+            chat["tool_choice"] = choice
         fmt = _text_format(body.get("text"))
         if fmt is not None:
             chat["response_format"] = fmt

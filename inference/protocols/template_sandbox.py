@@ -40,11 +40,13 @@ class TemplateSandbox:
         self.renders = self.timeouts = self.failures = 0
 
     async def render(self, template: str, messages: list[dict], tools: list[dict] | None, variables: dict,
-                     max_chars: int) -> str:
+                     max_chars: int, continued: bool = False) -> str:
         """The rendered prompt text, or RequestError (a 400 for the template's
-        own errors, 503 when it ran out of time)."""
+        own errors, 503 when it ran out of time). `continued`: the text ends
+        inside the final assistant message (chat.continues), with no
+        generation prompt."""
         job = {"template": template, "messages": messages, "tools": tools, "variables": variables,
-               "max_chars": max_chars}
+               "max_chars": max_chars, "continued": continued}
         ticket = Ticket()
         try:
             answer = await asyncio.get_running_loop().run_in_executor(

@@ -29,7 +29,8 @@ def render(job: dict) -> dict:
         # Annotated as str; it answers (rendered texts, generation indices).
         rendered, _ = cast("tuple[list[str], list]", render_jinja_template(
             conversations=[job["messages"]], tools=job.get("tools"), chat_template=job["template"],
-            add_generation_prompt=True, **job.get("variables", {})))
+            add_generation_prompt=not job.get("continued"), continue_final_message=bool(job.get("continued")),
+            **job.get("variables", {})))
     except MemoryError:
         return {"error": "the chat template needed more memory than a render may use"}
     except Exception as exc:  # jinja syntax and runtime errors, raise_exception() in the template

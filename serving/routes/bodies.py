@@ -129,6 +129,8 @@ class ChatCompletionRequest(Sampling, ToneCurve, LogitBias, Routing, Constraint,
     verbosity: str | None = Field(None, description="low or high adds a line to the system turn; medium nothing")
     thinking_budget: int | None = Field(None, description="tokens of thinking before the block is closed")
     stream_options: dict[str, Json] | None = None
+    continue_final_message: bool | None = Field(None, description="the reply continues the final assistant "
+                                                "message's text instead of starting a turn (vLLM's field)")
 
 
 class CompletionRequest(Sampling, ToneCurve, LogitBias, Routing, Constraint, Decoding):
@@ -157,6 +159,8 @@ class MessagesRequest(Sampling, ToneCurve, Routing, Constraint, Decoding, Templa
     tool_choice: dict[str, Json] | None = None
     thinking: dict[str, Json] | None = Field(None, description="enabled, disabled or adaptive")
     output_config: dict[str, Json] | None = Field(None, description="format (json_schema) and effort")
+    output_format: dict[str, Json] | None = Field(None, description="the structured-outputs beta's name for "
+                                                  "output_config.format")
     cache_control: dict[str, Json] | None = Field(None, description="accepted: every prompt prefix is cached anyway")
     metadata: dict[str, Json] | None = None
 

@@ -238,3 +238,77 @@ def test_a_client_that_leaves_while_its_request_waits_ends_the_wait_cleanly():
         return ended
 
     assert asyncio.run(run()) == [True]
+
+
+PREFILLED = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ar"}]
+
+
+def _tokens(local_engine, text: str) -> int:
+    return len(local_engine.loaded_model.tokenizer.encode(text, add_special_tokens=False))
+
+
+def _input(msg) -> int:
+    return msg.usage.input_tokens + (msg.usage.cache_read_input_tokens or 0)
+
+
+def test_a_prefill_is_continued_and_the_reply_is_only_the_continuation(inproc, local_engine):
+    """A final assistant message is left open: the prompt ends in its text, with
+    no generation prompt after it, and the reply holds only what follows."""
+    client = inproc.anthropic()
+    msg = client.messages.create(model="m", max_tokens=20, messages=PREFILLED, extra_body=forced(" you?"))
+    assert [b.type for b in msg.content] == ["text"] and msg.content[0].text == " you?"  # its space kept
+    assert _input(msg) == _tokens(local_engine, "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nar")
+    assert client.messages.count_tokens(model="m", messages=PREFILLED).input_tokens == _input(msg)
+    with client.messages.stream(model="m", max_tokens=20, messages=PREFILLED,
+                                extra_body=forced(" you?")) as stream:
+        assert "".join(stream.text_stream) == " you?"
+    # An empty final assistant message prefills nothing: the reply is a turn of its own, as without it.
+    empty = client.messages.create(model="m", max_tokens=1, messages=[*PREFILLED[:1], {"role": "assistant",
+                                                                                       "content": ""}])
+    plain = client.messages.create(model="m", max_tokens=1, messages=PREFILLED[:1])
+    assert _input(empty) == _input(plain)
+
+
+def test_a_prefill_continues_as_text_not_as_a_thinking_block(inproc):
+    """The reply continues the message's text: a <think> tag it writes is text (the template opened no block)."""
+    msg = inproc.anthropic().messages.create(model="m", max_tokens=40, messages=PREFILLED,
+                                             extra_body=forced("<think>x</think> done"))
+    assert [b.type for b in msg.content] == ["text"] and msg.content[0].text == "<think>x</think> done"
+
+
+@pytest.mark.parametrize("last, extra, needle", [
+    ("ar ", {}, "messages[1].content: final assistant content cannot end with trailing whitespace"),
+    ([{"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}}], {"tools": [WEATHER]},
+     "messages[1]: a final assistant message with tool_use blocks cannot be continued"),
+    ("ar", {"thinking": {"type": "enabled", "budget_tokens": 1024}}, "thinking cannot be enabled"),
+    ("{", {"output_config": {"format": {"type": "json_schema", "schema": {"type": "object"}}}},
+     "output_config.format describes a whole message"),
+    ("{", {"output_format": {"type": "json_schema", "schema": {"type": "object"}}}, "output_format describes"),
+    ("ar", {"tools": [WEATHER], "tool_choice": {"type": "any"}}, "tool_choice: an enforced tool choice"),
+])
+def test_a_prefill_that_cannot_be_continued_is_refused(inproc, last, extra, needle):
+    r = inproc.post("/v1/messages", json={"model": "m", "max_tokens": 5, **extra, "messages": [
+        PREFILLED[0], {"role": "assistant", "content": last}]})
+    assert r.status_code == 400, r.text
+    err = r.json()
+    assert err["type"] == "error" and err["error"]["type"] == "invalid_request_error"
+    assert needle in err["error"]["message"]
+
+
+PICK = {"type": "json_schema", "schema": {"type": "object", "properties": {"name": {"enum": ["Ana", "Ben"]}},
+                                          "required": ["name"], "additionalProperties": False}}
+
+
+def test_the_beta_output_format_is_output_config_format(inproc):
+    """The structured-outputs beta's `output_format` is enforced as output_config.format is."""
+    client = inproc.anthropic()
+    for body in ({"output_format": PICK}, {"output_format": PICK, "output_config": {"format": PICK}}):
+        r = client.beta.messages.with_raw_response.create(model="m", max_tokens=40, messages=ASK,
+                                                          betas=["structured-outputs-2025-11-13"],
+                                                          extra_body={**body, "temperature": 1.0, "seed": 3})
+        assert "output_format" not in r.headers.get("x-hearth-ignored-fields", "")
+        assert json.loads(r.parse().content[0].text)["name"] in ("Ana", "Ben")
+    with pytest.raises(anthropic.BadRequestError) as bad:
+        client.messages.create(model="m", max_tokens=5, messages=ASK, extra_body={
+            "output_format": PICK, "output_config": {"format": {"type": "json_schema", "schema": {"type": "object"}}}})
+    assert "output_format and output_config.format differ" in bad.value.body["error"]["message"]

@@ -218,3 +218,17 @@ def test_reasoning_effort_sets_the_system_messages_level(app):
         harmony.effort({"reasoning_effort": {"not": "a level"}})
     assert {365, 366} <= model.tokenizer.eos_token_ids or {model.tokenizer.convert_tokens_to_ids(t) for t in (
         harmony.RETURN, harmony.CALL)} <= model.tokenizer.eos_token_ids
+
+
+def test_a_prefill_continues_the_final_channel(app):
+    """An assistant message to continue (Anthropic's prefill, chat's
+    continue_final_message) is left open on the final channel; the reply is its text going on."""
+    messages = [{"role": "user", "content": "Weather?"}, {"role": "assistant", "content": "It is"}]
+    text = harmony.render(messages, None, "low", datetime.date(2025, 6, 28), continued=True)
+    assert text.endswith("<|start|>user<|message|>Weather?<|end|><|start|>assistant<|channel|>final<|message|>It is")
+    claude = app.anthropic().messages.create(model="m", max_tokens=40, messages=messages,
+                                             extra_body=forced(" sunny."))
+    assert [b.type for b in claude.content] == ["text"] and claude.content[0].text == " sunny."
+    chat = app.openai().chat.completions.create(model="m", messages=messages, max_tokens=40,
+                                                extra_body={"continue_final_message": True, **forced(" sunny.")})
+    assert chat.choices[0].message.content == " sunny."

@@ -264,3 +264,54 @@ def test_bounded_strings_cover_nullable_strings_and_odd_property_names_but_not_h
     out = bounded_strings(schema)["properties"]
     assert out["default"]["pattern"].endswith("{0,5}$") and out["default"]["type"] == ["string", "null"]
     assert out["essay"] == {"type": "string", "maxLength": 4 * REWRITE_MOST}  # unrolled, it would compile slowly
+
+
+PREFILLED = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "{\"a\": "}]
+
+
+def test_continue_final_message_leaves_the_assistant_message_open(inproc, local_engine):
+    """Chat completions answer a final assistant message with a turn of its own
+    (as OpenAI does), unless the request sets `continue_final_message` (vLLM's
+    field): then the reply continues that text, and a guided_* grammar
+    constrains the continuation."""
+    client = inproc.openai()
+    encode = local_engine.loaded_model.tokenizer.encode
+    head = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n{\"a\": "
+    plain = client.chat.completions.create(model="m", messages=PREFILLED, max_tokens=1)
+    assert plain.usage.prompt_tokens == len(encode(head + "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n",
+                                                   add_special_tokens=False))
+    cont = client.chat.completions.create(model="m", messages=PREFILLED, max_tokens=20, extra_body={
+        "continue_final_message": True, "guided_regex": "[0-9]{2}}"})
+    assert cont.usage.prompt_tokens == len(encode(head, add_special_tokens=False))
+    assert json.loads(PREFILLED[1]["content"] + cont.choices[0].message.content)["a"] >= 0
+
+
+@pytest.mark.parametrize("fields, param", [
+    ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"structured_outputs": {"json": {"type": "object"}}}, "structured_outputs"),
+    ({"messages": [{"role": "user", "content": "hi"}]}, "continue_final_message"),
+    ({"messages": [PREFILLED[0], {"role": "assistant", "content": ""}]}, "messages[1].content"),
+    ({"messages": [PREFILLED[0], {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]}, "messages[1].tool_calls"),
+    ({"continue_final_message": "yes"}, "continue_final_message"),
+    ({"chat_template_kwargs": {"continue_final_message": True}}, "chat_template_kwargs.continue_final_message"),
+])
+def test_a_continuation_that_cannot_hold_is_refused(inproc, fields, param):
+    r = inproc.post("/v1/chat/completions", json={"messages": PREFILLED, "max_tokens": 3,
+                                                  "continue_final_message": True, **fields})
+    assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+
+
+def test_a_client_template_continues_the_final_message(served, tiny_model, local_engine):
+    """A client's own chat template renders the continuation too (its worker
+    leaves the final message open, with no generation prompt)."""
+    app = served("--no-worker", "--allow-client-templates")
+    template = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+                "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    r = app.post("/v1/chat/completions", json={
+        "model": tiny_model, "messages": PREFILLED, "max_tokens": 20, "continue_final_message": True,
+        "guided_regex": "[0-9]{2}}", "chat_template_kwargs": {"chat_template": template}}).json()
+    head = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n{\"a\": "
+    encode = local_engine.loaded_model.tokenizer.encode
+    assert r["usage"]["prompt_tokens"] == len(encode(head, add_special_tokens=False))
+    assert json.loads(PREFILLED[1]["content"] + r["choices"][0]["message"]["content"])["a"] >= 0

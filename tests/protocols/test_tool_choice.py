@@ -183,3 +183,43 @@ def test_thinking_switched_off_closes_a_block_the_template_opens_regardless(serv
     forced = app.post("/v1/chat/completions", json={**body, "reasoning_effort": "none", "max_tokens": 200,
                                                     "tools": [PERSON], "tool_choice": "required"}).json()
     assert forced["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "Person", forced
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/v1/chat/completions", {"tool_choice": "required"}),
+    ("/v1/chat/completions", {"tool_choice": {"type": "function", "function": {"name": "add"}}}),
+    ("/v1/chat/completions", {"tool_choice": "required", "tools": []}),
+    ("/v1/responses", {"tool_choice": "required"}),
+    ("/v1/responses", {"tool_choice": {"type": "function", "name": "add"}}),
+    ("/v1/messages", {"tool_choice": {"type": "any"}}),
+    ("/v1/messages", {"tool_choice": {"type": "tool", "name": "add"}}),
+])
+def test_a_choice_that_asks_for_a_call_needs_tools(inproc, path, body):
+    """Without tools, a choice that demands a call cannot be met: a 400 naming
+    tool_choice, in each protocol's own error shape. `auto` and `none` need none."""
+    if path == "/v1/responses":
+        body = {**body, "input": "hi", "max_output_tokens": 3}
+    else:
+        body = {**body, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+    r = inproc.post(path, json=body)
+    assert r.status_code == 400, r.text
+    err = r.json()
+    if path == "/v1/messages":
+        assert err["type"] == "error" and err["error"]["type"] == "invalid_request_error"
+    else:
+        assert err["error"]["param"] == "tool_choice" and err["error"]["type"] == "invalid_request_error"
+    assert "tool_choice asks for a tool call, but the request offers no tools" in err["error"]["message"]
+    for free in ("auto", "none"):
+        choice = {"type": free} if path == "/v1/messages" else free
+        assert inproc.post(path, json={**body, "tool_choice": choice}).status_code == 200
+
+
+def test_a_prefill_takes_no_enforced_tool_choice(inproc):
+    """A continued assistant message is not the start of a reply, where an enforced choice's grammar begins."""
+    strict = {**PERSON, "function": {**PERSON["function"], "strict": True}}
+    prefilled = [*ASK, {"role": "assistant", "content": "Ann"}]
+    for fields, param in (({"tools": [PERSON], "tool_choice": "required"}, "tool_choice"),
+                          ({"tools": [strict]}, "tools")):
+        r = inproc.post("/v1/chat/completions", json={"messages": prefilled, "max_tokens": 3,
+                                                      "continue_final_message": True, **fields})
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
