@@ -26,9 +26,9 @@ def stop_reason(event: GenerationEvent, calls: list[ToolCall]) -> str:
     call leaves `max_tokens` or `stop_sequence` (which `stop_sequence` names)."""
     if event.finish_reason == "length":
         return "max_tokens"
-    if event.stop_sequence:
-        return "stop_sequence"
-    return "tool_use" if called(calls) else "end_turn"
+    if called(calls):  # finished calls, a stop sequence after them or not (`stop_sequence` still names it)
+        return "tool_use"
+    return "stop_sequence" if event.stop_sequence else "end_turn"
 
 
 def usage_json(usage: Usage, cached: int | None = None) -> dict:

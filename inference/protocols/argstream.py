@@ -91,7 +91,7 @@ class ArgumentStreamer:
         ended inside: what was sent, then the text not rendered yet as written
         (a value or key cut short, an escape cut in half), never closed."""
         before = len(self.sent)
-        if not self.done:
+        if not (self.done or self.broken):  # a reader that stopped at text it could not accept sends no more
             self.sent += self._text[self._raw_at:]
         return self.sent[before:], self.sent
 

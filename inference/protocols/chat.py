@@ -215,8 +215,8 @@ def tools_for(body: dict) -> list[dict] | None:
                            "{\"type\": \"function\", \"function\": {\"name\": …}}", "tool_choice")
     if tools is None or tools == []:
         if choice == "required" or isinstance(choice, dict):
-            raise RequestError("tool_choice asks for a tool call, but the request offers no tools to call",
-                               "tool_choice")
+            raise RequestError("tool_choice asks for a tool call, but the request offers no function tools to "
+                               "call (a built-in or server tool is not one this server runs)", "tool_choice")
         return None
     if not isinstance(tools, list):
         raise RequestError("tools must be a list of function tools", "tools")

@@ -68,8 +68,8 @@ def _llama3_calls(text: str, tools, repair: bool = True) -> list[ToolCall] | Non
         try:
             obj, at = decoder.raw_decode(text, at)
         except ValueError:  # not strict JSON: the repair pass may read a call; prose after calls is let go
-            if not repair:
-                return None
+            if not repair:  # the calls written whole before it
+                return calls or None
             rest = parse_block(text[at:], tools)
             return (calls + (rest or [])) or None
         found = parse_block(json.dumps(obj), tools) if isinstance(obj, dict) else None

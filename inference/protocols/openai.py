@@ -121,13 +121,13 @@ def _refuse_in_continuation(body: dict, spec, tools: list[dict] | None) -> None:
     continuation itself, and stays."""
     if isinstance(spec, GrammarSpec) and spec.kind in ("json", "json_schema"):
         field = "response_format" if body.get("response_format") is not None else "structured_outputs"
-        raise RequestError(f"{field} describes a whole message, and continue_final_message continues one already "
-                           "begun: send one or the other", field)
+        raise RequestError(f"{field} describes a whole message, and this reply continues one already begun "
+                           "(continue_final_message, or a prefill on /v1/messages): send one or the other", field)
     if tool_choice.forces(body, tools):
         field = "tool_choice" if tool_choice.demands_a_call(body, tools) else "tools"
         raise RequestError(f"{field}: an enforced tool choice (required, a named tool, or a strict tool) constrains "
-                           "a reply from its start, and continue_final_message continues one already begun: send "
-                           "one or the other", field)
+                           "a reply from its start, and this reply continues one already begun "
+                           "(continue_final_message, or a prefill on /v1/messages): send one or the other", field)
 
 
 async def _resolve(prepared: Prepared, spec, model: LoadedModel, options: Options):
@@ -273,6 +273,7 @@ async def prepare_completion(body: dict, model: LoadedModel, options: Options) -
     prepared, spec, prompt = await asyncio.to_thread(_read_completion, body, model, options)
     await _constrain(prepared, spec, model, options)  # no template: the header is the only notice
     prepared.request.prompt_tokens = await asyncio.to_thread(model.tokenizer.encode, prompt)
+    prepared.request.continues = True  # the text goes on from the prompt's: a first token's leading space is kept
     return prepared
 
 

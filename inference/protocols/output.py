@@ -281,10 +281,11 @@ class OutputParser:
                 self._finish_streamed(markup, body, closed, cut and not closed)
             return
         if cut and not closed:
-            # Read whole, without the repair pass: only calls written whole count (a markup with no end tag,
-            # Llama 3's or Mistral's, is never closed, and a stop sequence may come after a whole call); the
-            # rest is neither a call nor content.
-            self._take_whole(markup.parse(body, self.tools, closed, False) or [])
+            # A markup with no end tag (Llama 3's, Mistral's) is never closed, and a stop sequence may come
+            # after whole calls: read without the repair pass, only calls written whole count. One with an end
+            # tag that did not come was cut inside. The rest is neither a call nor content.
+            if not markup.end:
+                self._take_whole(markup.parse(body, self.tools, closed, False) or [])
             return
         if not self._take_whole(markup.parse(body, self.tools, closed, True) or []):
             self._emit(out, markup.start + body + (markup.end if closed else ""))  # unreadable: shown as written

@@ -101,12 +101,14 @@ def status_of(event: GenerationEvent) -> str:
 
 
 def chat_output(message: Message) -> list[dict]:
-    """The reply as chat messages, for the next turn of a stored conversation."""
-    if not (message.content or message.tool_calls):
+    """The reply as chat messages, for the next turn of a stored conversation; a call the reply was cut off in
+    is not replayed (its arguments are not a JSON object a template can read, and nothing answered it)."""
+    calls = [c for c in message.tool_calls if not c.cut]
+    if not (message.content or calls):
         return [{"role": "assistant", "content": ""}]
     msg: dict = {"role": "assistant", "content": message.content}
-    if message.tool_calls:
-        msg["tool_calls"] = [c.wire() for c in message.tool_calls]
+    if calls:
+        msg["tool_calls"] = [c.wire() for c in calls]
     return [msg]
 
 

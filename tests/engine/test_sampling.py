@@ -165,6 +165,21 @@ def test_completions_logprobs_take_the_legacy_count_and_answer_the_legacy_column
     assert "".join(block["tokens"]) == r["choices"][0]["text"] or "bytes:" in "".join(block["tokens"])
 
 
+def test_completions_go_on_from_the_prompts_text_keeping_a_first_tokens_leading_space(base_url, tiny_model):
+    """A completion continues the prompt's text: its first token's leading space is kept (mlx-lm's detokenizer
+    drops it from a reply's first word), and `text_offset` counts the text's characters, that space included."""
+    from huggingface_hub import try_to_load_from_cache
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(try_to_load_from_cache(tiny_model, "tokenizer.json")))
+    spaced = next(i for i in range(tok.get_vocab_size())
+                  if (t := tok.id_to_token(i)).startswith("\u0120") and t[1:].isalpha() and len(t) > 2)
+    word = " " + tok.id_to_token(spaced)[1:]
+    body = {"prompt": "Hi", "max_tokens": 2, "logprobs": 1, "temperature": 0, "logit_bias": {str(spaced): 100}}
+    choice = httpx.post(base_url + "/v1/completions", json=body).json()["choices"][0]
+    assert choice["text"] == word * 2 and choice["logprobs"]["text_offset"] == [0, len(word)]
+
+
 def test_completions_text_offset_counts_the_texts_characters_across_a_stream():
     """`text_offset` is where each token's text starts in the choice's text, over the whole stream: a byte
     that starts no character is the one U+FFFD the text shows, a character split over tokens starts at its

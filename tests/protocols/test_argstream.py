@@ -170,3 +170,12 @@ def test_text_after_a_call_keeps_its_place_when_it_comes_in_one_delta():
     items = [i for ch in text for i in by_char.ordered(ch)] + by_char.ordered("", finish=True)
     assert shape(items) == ["A. ", "call", " B."]
     assert whole.calls[0].arguments == by_char.calls[0].arguments == '{"path": "x"}'
+
+
+def test_a_cut_call_sends_no_more_once_the_reader_stopped_at_text_it_could_not_accept():
+    """What went out stays a JSON prefix (the Anthropic SDK parses every `input_json_delta` as partial JSON):
+    a `True` the reader refused is not sent on at the cut."""
+    reader = ArgumentStreamer({})
+    reader.feed('{"a": 1, "b": True, "c": "x')
+    rest, arguments = reader.cut()
+    assert "True" not in arguments and arguments.startswith('{"a": 1') and reader.broken

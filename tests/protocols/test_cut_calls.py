@@ -202,3 +202,22 @@ def test_responses_items_come_in_generation_order_streamed_or_not(inproc, text, 
         assert [i["type"] for i in reply["output"]] == kinds
         assert len({i["id"] for i in reply["output"]}) == len(kinds)
         assert [i["status"] for i in reply["output"]] == ["completed"] * len(kinds)
+
+
+def test_finished_calls_then_a_stop_sequence_are_tool_use_and_a_cut_call_is_not_replayed():
+    """Anthropic's stop_reason is `tool_use` when every call was finished, a stop sequence after them or not
+    (`stop_sequence` still names it); a stored Responses turn does not replay a call the reply was cut off in."""
+    from inference.engine.types import GenerationEvent
+    from inference.protocols.anthropic_reply import stop_reason
+    from inference.protocols.output import Message
+    from inference.protocols.responses_reply import chat_output
+    from inference.protocols.toolcalls import ToolCall
+
+    whole = ToolCall("get_weather", '{"city": "Rome"}', "call_1")
+    cut = ToolCall("get_weather", '{"ci', "call_2", cut=True)
+    stopped = GenerationEvent(finish_reason="stop", stop_sequence="After")
+    assert stop_reason(stopped, [whole]) == "tool_use"
+    assert stop_reason(stopped, [whole, cut]) == "stop_sequence"
+    assert stop_reason(GenerationEvent(finish_reason="length"), [whole]) == "max_tokens"
+    replay = chat_output(Message(content="", tool_calls=[whole, cut]))
+    assert [c["id"] for c in replay[0]["tool_calls"]] == ["call_1"]

@@ -208,7 +208,7 @@ def test_a_choice_that_asks_for_a_call_needs_tools(inproc, path, body):
         assert err["type"] == "error" and err["error"]["type"] == "invalid_request_error"
     else:
         assert err["error"]["param"] == "tool_choice" and err["error"]["type"] == "invalid_request_error"
-    assert "tool_choice asks for a tool call, but the request offers no tools" in err["error"]["message"]
+    assert "tool_choice asks for a tool call, but the request offers no function tools" in err["error"]["message"]
     for free in ("auto", "none"):
         choice = {"type": free} if path == "/v1/messages" else free
         assert inproc.post(path, json={**body, "tool_choice": choice}).status_code == 200

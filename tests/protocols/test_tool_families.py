@@ -191,8 +191,21 @@ def test_a_markup_with_no_end_tag_keeps_a_whole_call_when_the_reply_is_cut(famil
     """Llama 3's bare JSON and Mistral's calls run to the end of the generation, so a cut reply (a stop
     sequence after the call, or the token limit) is read without the repair pass: a call written whole is a
     call; one cut in its arguments is neither a call nor content (never closed up with made-up values)."""
-    for text, calls in [(FAMILIES[family], [ARGS]), (FAMILIES[family][:-5], [])]:
+    for text, calls in [(FAMILIES[family], [ARGS]), (FAMILIES[family][:-5], []),
+                        (FAMILIES[family] + (" Let me check." if family == "llama3_json" else ""), [ARGS])]:
         parser = OutputParser(tools=TOOLS, markups=markups_for(_Tokenizer(family)))
         out = parser.feed(text) + parser.finish(cut=True)
         assert [json.loads(c.arguments) for c in parser.calls] == calls, text
         assert not any(c.cut for c in parser.calls) and "".join(p.text for p in out).strip() == ""
+
+
+@pytest.mark.parametrize("family", ["glm47", "kimi_k2", "gemma4"])
+def test_a_call_whose_end_tag_never_came_is_no_call_when_the_reply_is_cut(family):
+    """A family with an end tag whose call the token limit or a stop sequence cut before that tag: its parser
+    may read the truncated text (GLM's takes the members before the cut), but it is no call to run."""
+    text = FAMILIES[family]
+    markup = markups_for(_Tokenizer(family))[0]
+    cut_at = text.index(markup.end) - 4 if markup.end in text else len(text) - 4
+    parser = OutputParser(tools=TOOLS, markups=markups_for(_Tokenizer(family)))
+    out = parser.feed(text[:cut_at]) + parser.finish(cut=True)
+    assert [c for c in parser.calls if not c.cut] == [] and "".join(p.text for p in out).strip() == ""
