@@ -18,8 +18,9 @@ A call the generation was cut off in (`finish(cut=True)`: the token limit
 or a stop sequence ended the text before the call's arguments were whole)
 is never a finished call: a streamed one is recorded with `ToolCall.cut`
 set and its arguments as far as they were written, unrepaired and
-unclosed; one whose name had not come yet, or of a family read whole, is
-dropped. Protocols read `ToolCall.cut` (`toolcalls.called`) for their
+unclosed; one whose name had not come yet is dropped, and so is one of a
+family read whole, except that a markup with no end tag (Llama 3's,
+Mistral's) keeps the calls written whole before the cut. Protocols read `ToolCall.cut` (`toolcalls.called`) for their
 finish reason and item status, so no reply says a cut call is ready to run.
 """
 from __future__ import annotations
