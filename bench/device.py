@@ -32,7 +32,9 @@ For each model and concurrency C:
                tokens/s after its first token, median TTFT, errors, and the
                serving process's CPU time per 1,000 tokens (all its threads;
                for Hearth also its event loop's thread alone): on a fast
-               device, what serving costs beside the model
+               device, what serving costs beside the model; and the
+               clients' own (this process's) CPU per 1,000 tokens, which on
+               a machine of few cores competes with the server's
 Every runner bans the same ids (special tokens, lone partial-UTF-8 bytes) with
 a logit bias, so each request decodes exactly --tokens tokens of plain text.
 `hearth serve` runs with `--no-worker`. Each server is its
@@ -306,13 +308,14 @@ def cpu_seconds(p) -> tuple[float, float]:
 
 def measured_load(server, port: int, model: str, c: int, tokens: int, bias: dict) -> dict:
     """`load`, with the server's CPU time per token it served: ms per 1,000 tokens, the whole process and its
-    main thread. On a fast device this is what serving costs beside the model."""
-    before = cpu_seconds(server)
+    main thread (on a fast device, what serving costs beside the model); and the clients' (this process's)."""
+    before, client = cpu_seconds(server), time.process_time()
     result = load(port, model, c, tokens, bias)
-    after = cpu_seconds(server)
+    after, client = cpu_seconds(server), time.process_time() - client
     served = result["agg_tps"] * result.pop("wall")  # tokens
     per_k = 1e6 / served if served else float("nan")
-    result.update(cpu_ms_per_k=(after[0] - before[0]) * per_k, loop_ms_per_k=(after[1] - before[1]) * per_k)
+    result.update(cpu_ms_per_k=(after[0] - before[0]) * per_k, loop_ms_per_k=(after[1] - before[1]) * per_k,
+                  client_ms_per_k=client * per_k)
     return result
 
 
@@ -365,6 +368,9 @@ def main() -> int:
     hearth = [sys.executable, "-m", "hearth.cli"] if not (ROOT / ".venv/bin/hearth").exists() else \
         [str(ROOT / ".venv/bin/hearth")]
     where, on_gpu = device()
+    # This machine's bandwidths (`/fit`) measured now, with nothing else running: a server start measures them
+    # in the background otherwise, a child taking CPU while the first rows are timed.
+    subprocess.run([*hearth, "ls"], env=env, cwd=ROOT, capture_output=True, check=True)
     raw_env, blas_name = dict(env), "none (GPU)"
     if not on_gpu and sys.platform == "linux":  # raw mlx-lm and mlx_lm.server get the BLAS hearth picks
         from core import blas
@@ -391,8 +397,8 @@ def main() -> int:
                  "| c | raw decode tok/s | raw prefill ms | mlx_lm.server tok/s (errors) | Hearth tok/s (errors) | "
                  "Hearth decode tok/s | Hearth TTFT med ms | Hearth / raw | Hearth / mlx_lm.server | "
                  "TTFT / raw prefill | engine alone: tok/s, decode, TTFT ms | CPU ms / 1k tok: mlx_lm.server | "
-                 "Hearth (its event loop) |",
-                 "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                 "Hearth (its event loop) | the clients, Hearth's run |",
+                 "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for c in rows:
             r, m, h, e = base[str(c)], mlx[str(c)], ours[str(c)], engine[str(c)]
             vs_raw = (h["decode_tps"] if c == 1 else h["agg_tps"]) / r["decode_tps"]
@@ -401,7 +407,7 @@ def main() -> int:
                          f"{h['ttft_ms']:.0f} | {vs_raw:.2f}x | {h['agg_tps'] / m['agg_tps']:.2f}x | "
                          f"{h['ttft_ms'] / r['prefill_ms']:.2f}x | {e['agg_tps']:.0f}, {e['decode_tps']:.0f}, "
                          f"{e['ttft_ms']:.0f} | {m['cpu_ms_per_k']:.0f} | "
-                         f"{h['cpu_ms_per_k']:.0f} ({h['loop_ms_per_k']:.0f}) |")
+                         f"{h['cpu_ms_per_k']:.0f} ({h['loop_ms_per_k']:.0f}) | {h['client_ms_per_k']:.0f} |")
         print("\n".join(table) + "\n", flush=True)
         lines += table + [""]
     lines.append("c = 1 compares Hearth's decode rate with one raw stream's; c > 1 Hearth's aggregate with the raw "
