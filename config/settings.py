@@ -196,10 +196,15 @@ LOGGING = {
     # A router's model processes share its stderr: each line says which model wrote it.
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s " + (
         f"[{_ROUTER_MODEL.replace('%', '%%')}] " if _ROUTER_MODEL else "") + "%(name)s: %(message)s"}},
+    # A 503 says "not now" (a model loading or training, a drain, a full slot): the API logs it at INFO once;
+    # Django's own line for every 5xx would add an ERROR for what is not a fault.
+    "filters": {"no_503": {"()": "django.utils.log.CallbackFilter",
+                           "callback": lambda record: getattr(record, "status_code", None) != 503}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": env_str("HEARTH_LOG_LEVEL", "INFO")},
     "loggers": {
         "django.server": {"level": "WARNING"},
+        "django.request": {"filters": ["no_503"]},
         "daphne": {"level": "WARNING"},
     },
 }

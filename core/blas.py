@@ -299,7 +299,7 @@ def choose(requested: str, source: str, cache_path: Path, remeasure: bool = Fals
     record = None if remeasure else read_cache(cache_path, cache_key(candidates))
     measured = record is None
     if record is None:
-        say("measuring the BLAS libraries installed here (once per machine; cached in "
+        say("measuring the BLAS libraries installed here (once per machine and HEARTH_HOME; cached in "
             f"{cache_path})")
         record = measure_all(candidates, cache_path, say)
     best = by_name.get(record.get("best") or "")

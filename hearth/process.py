@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -50,9 +51,12 @@ class EngineWork(Work):
             engine.close(drain_seconds=0)
             if engine.ssd is not None and flush:
                 durable, report = engine.flush_cache(self.flush_seconds)
-                log.info("ssd cache flush: %s", report)
+                log.info("ssd cache: %d snapshot(s) written in %d ms; %d entries on disk", report["flushedSnapshots"],
+                         report["elapsedMs"], report["entries"])
                 if not durable:
-                    log.warning("ssd cache: some snapshots were not written before shutdown")
+                    log.warning("ssd cache: some snapshots were not written before shutdown (%d pending, %d failed, "
+                                "%d lost)", report["pendingSnapshots"], report["failedSpills"],
+                                report["missingSnapshots"])
         finally:
             if engine.ssd is not None:
                 engine.ssd.close()
@@ -120,7 +124,32 @@ def stop_services(supervisor) -> None:
         runtime.options.templates.close()
 
 
-def exit_now() -> None:
+def check_port(host: str, port: int) -> None:
+    """Refuse, before anything is started (the worker, the demo's training,
+    a model), a port this process cannot listen on: daphne's own bind comes
+    last and, failing, would only stop the reactor. Bound as twisted binds
+    (address reuse on), so connections of a stopped server in TIME_WAIT do
+    not count."""
+    if port == 0:
+        return
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise ListenError(listen_message(host, port, exc.strerror or str(exc))) from None
+
+
+class ListenError(Exception):
+    pass
+
+
+def listen_message(host: str, port: int, reason: str) -> str:
+    hint = "another program (another hearth serve?) listens there; stop it, or " if "in use" in reason.lower() else ""
+    return f"cannot listen on {host}:{port} ({reason}): {hint}choose another port with --port N (make serve PORT=N)"
+
+
+def exit_now(status: int = 0) -> None:
     """End a server whose shutdown is done (the engine, the streams, the job
     worker and the sandboxes have stopped; what must outlive it is written).
     Python's own exit would wait for every non-daemon thread, forever if one
@@ -139,7 +168,7 @@ def exit_now() -> None:
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)
+    os._exit(status)
 
 
 def _measure_machine_soon() -> None:
@@ -158,14 +187,16 @@ def _measure_machine_soon() -> None:
 
 
 def run_daphne(work: Work, host: str, port: int, drain_seconds: float, label: str,
-               on_listen: Callable[[int], None] | None = None, on_start: Callable[[], None] | None = None) -> None:
+               on_listen: Callable[[int], None] | None = None, on_start: Callable[[], None] | None = None) -> int:
     """Serve until a signal, then drain: stop listening, answer 503 to new
     requests, wait for running ones (up to `drain_seconds`), close `work`.
     `on_start` runs on the event loop once it runs; `on_listen(port)` once
     the port listens. A parent that goes away (router mode's child) drains
-    this process too."""
+    this process too. Answers the exit status: 1 when the port could not
+    be listened on (taken since `check_port`), 0 otherwise."""
     from concurrent.futures import ThreadPoolExecutor
 
+    from asgiref.sync import SyncToAsync
     from daphne.endpoints import build_endpoint_description_strings
     from daphne.server import Server
     from twisted.internet import reactor
@@ -180,9 +211,14 @@ def run_daphne(work: Work, host: str, port: int, drain_seconds: float, label: st
     # 2-core machine asyncio would give it 6 threads.
     io = ThreadPoolExecutor(32, thread_name_prefix="hearth-io")
     loop.set_default_executor(io)
-    ports = []
+    ports, refused = [], []
 
     class HearthServer(Server):
+        def listen_error(self, failure):
+            refused.append(failure.getErrorMessage())
+            log.error("%s", listen_message(host, port, refused[0]))
+            finish(flush=False)
+
         def listen_success(self, port_obj):
             ports.append(port_obj)
             address = port_obj.getHost()
@@ -246,3 +282,5 @@ def run_daphne(work: Work, host: str, port: int, drain_seconds: float, label: st
     finally:  # their idle threads end now; exit_now names only a thread still busy
         io.shutdown(wait=False)
         POOL.close()
+        SyncToAsync.single_thread_executor.shutdown(wait=False)  # asgiref's, for sync calls outside a request
+    return 1 if refused else 0

@@ -322,9 +322,10 @@ def serve_router(plan: RouterPlan, opts: dict) -> None:
         if demo is not None:
             demo.watch()
     try:
-        run_daphne(RouterWork(manager, settings.stop_timeout_s), opts["host"], opts["port"], opts["drain_seconds"],
-                   f"the router ({len(manager.slots)} models, default {manager.default or 'none'})",
-                   on_start=on_start)
+        status = run_daphne(RouterWork(manager, settings.stop_timeout_s), opts["host"], opts["port"],
+                            opts["drain_seconds"],
+                            f"the router ({len(manager.slots)} models, default {manager.default or 'none'})",
+                            on_start=on_start)
     finally:
         if demo is not None:
             demo.stop()
@@ -334,4 +335,4 @@ def serve_router(plan: RouterPlan, opts: dict) -> None:
             for owner in _owners:
                 owner.close()
     log.info("stopped")
-    exit_now()
+    exit_now(status)

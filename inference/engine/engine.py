@@ -339,7 +339,8 @@ class Engine:
         if cfg.ssd_cache:
             from inference.engine.ssd_cache import SSDCache
 
-            self.ssd = SSDCache(Path(cfg.ssd_cache), self._namespace(), cfg.ssd_cache_bytes, cfg.ssd_queue_bytes)
+            self.ssd = SSDCache(Path(cfg.ssd_cache), self._namespace(), cfg.ssd_cache_bytes, cfg.ssd_queue_bytes,
+                                source=str(model.path))
         self.cache = PromptCache(cfg.prompt_cache_bytes, self.ssd, trimmable=can_trim_prompt_cache(sample))
         self.adapters = model.adapters
         self._admission.enforced_context = admission.enforced_context(cfg.max_context, cfg.memory_budget, model,

@@ -97,10 +97,37 @@ def _from_numpy(arrays: dict, meta: dict) -> list:
     return [getattr(cache_module, name).from_state(state) for name, state in zip(classes, states, strict=True)]
 
 
+SOURCE = "source.json"  # in a namespace's folder: the model snapshot its entries were computed from
+
+
+def prune_orphans(root: Path, keep: str) -> None:
+    """Remove the namespaces under `root` whose model snapshot is gone (a
+    checkpoint replaced, a revision garbage-collected): their entries can
+    never be used again (a namespace is its snapshot's path, dtype and KV
+    format). A folder that records no snapshot is left alone."""
+    import shutil
+
+    for folder in Path(root).iterdir():
+        if folder.name == keep or not folder.is_dir():
+            continue
+        try:
+            source = json.loads((folder / SOURCE).read_text())["path"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if not os.path.exists(source):
+            log.info("ssd cache: removing %s, the entries of %s (gone)", folder, source)
+            shutil.rmtree(folder, ignore_errors=True)
+
+
 class SSDCache:
-    def __init__(self, root: Path, namespace: str, max_bytes: int, queue_bytes: int):
+    def __init__(self, root: Path, namespace: str, max_bytes: int, queue_bytes: int, source: str | None = None):
+        """`source`, the model snapshot's path, is recorded in the namespace's folder, and the folders
+        of snapshots that are gone are removed (`prune_orphans`)."""
         self.dir = Path(root) / namespace
         self.dir.mkdir(parents=True, exist_ok=True)
+        if source is not None:
+            (self.dir / SOURCE).write_text(json.dumps({"path": source}))
+            prune_orphans(Path(root), namespace)
         self.max_bytes = max_bytes
         self.queue_bytes = queue_bytes
         self.index: PrefixIndex[str] = PrefixIndex()  # the files' tokens by key

@@ -24,7 +24,9 @@ def request_error(surface: Surface, exc: RequestError) -> JsonResponse:
 
 
 def engine_error(surface: Surface, exc: EngineError) -> JsonResponse:
-    if exc.status >= 500:
+    if exc.status == 503:  # not now (a model loading, training or draining), not a fault
+        log.info("%s: %s", type(exc).__name__, exc)
+    elif exc.status >= 500:
         log.error("%s: %s", type(exc).__name__, exc)
     if isinstance(exc, PromptTooLong) and surface is ANTHROPIC:  # the message Claude Code reads to compact
         return render(surface, exc.status, f"prompt is too long: {exc.prompt_tokens} tokens > "

@@ -69,7 +69,8 @@ def props(request: HttpRequest) -> JsonResponse:
         "default_generation_settings": {
             "n_ctx": min(caps) if caps else None,
             "params": {"n_predict": defaults.max_tokens if defaults.max_tokens is not None else -1,
-                       "temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k,
+                       # top_p off is 1.0 in llama.cpp's terms (0 would keep only the likeliest token)
+                       "temperature": sampling.temperature, "top_p": sampling.top_p or 1.0, "top_k": sampling.top_k,
                        "min_p": sampling.min_p,
                        "enable_thinking": defaults.thinking}},
         "chat_template": template if isinstance(template, str) else "",

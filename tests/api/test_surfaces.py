@@ -85,3 +85,37 @@ def test_a_stream_error_ends_each_protocols_stream_in_its_shape():
     responses = surfaces.RESPONSES.stream_error("boom")
     assert responses.startswith(b"event: error\n") and data(responses)["code"] == "server_error"
     assert data(surfaces.SOCKET.stream_error("boom")) == {"type": "error", "message": "boom"}
+
+
+def test_a_503_is_logged_once_at_info_and_a_500_as_an_error():
+    """A 503 says "not now" (a model loading or training, a drain): one INFO line, not Django's ERROR
+    for every 5xx beside the API's own; a fault is still an error on both."""
+    import logging
+
+    import django
+    from django.http import HttpResponse
+    from django.test import RequestFactory
+    from django.utils.log import log_response
+
+    from inference.engine.errors import EngineClosed, ModelLoadError
+    from serving.routes import errors
+
+    django.setup()  # the settings' logging, as a server has it
+    rf = RequestFactory()
+    records: list[logging.LogRecord] = []
+    catch = logging.Handler(logging.INFO)
+    catch.emit = records.append  # type: ignore[method-assign]
+    logging.getLogger().addHandler(catch)
+    try:
+        assert errors.engine_error(surfaces.OPENAI, EngineClosed("the server is shutting down")).status_code == 503
+        log_response("Service Unavailable: %s", "/v1/chat/completions", response=HttpResponse(status=503),
+                     request=rf.post("/v1/chat/completions"))
+        errors.engine_error(surfaces.OPENAI, ModelLoadError("weights unreadable"))
+        log_response("Internal Server Error: %s", "/v1/chat/completions", response=HttpResponse(status=500),
+                     request=rf.post("/v1/chat/completions"))
+    finally:
+        logging.getLogger().removeHandler(catch)
+    seen = [(r.name, r.levelname, r.getMessage()) for r in records]
+    assert seen == [("hearth.api", "INFO", "EngineClosed: the server is shutting down"),
+                    ("hearth.api", "ERROR", "ModelLoadError: weights unreadable"),
+                    ("django.request", "ERROR", "Internal Server Error: /v1/chat/completions")], seen

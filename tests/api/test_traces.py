@@ -88,6 +88,7 @@ def test_props_answer_in_llama_cpps_shape(served, tiny_model):
     assert props["default_generation_settings"]["n_ctx"] == 2048 and props["total_slots"] >= 1
     params = props["default_generation_settings"]["params"]
     assert params["n_predict"] == 48 and params["temperature"] == 0.3 and params["enable_thinking"] is False
+    assert (params["top_p"], params["min_p"]) == (1.0, 0.0)  # off, in llama.cpp's terms
     assert "<|im_start|>" in props["chat_template"] and props["modalities"] == {"vision": False, "audio": False}
     assert props["build_info"].startswith("hearth ")
     refused = app.post("/props", json={"n_predict": 1})

@@ -145,3 +145,19 @@ def test_a_bad_setting_stops_start_up_with_one_line(env, tmp_path, variables, me
     assert done.returncode == 2, (done.stdout, done.stderr)
     assert message in done.stderr
     assert done.stderr.startswith("hearth: ") and done.stderr.count("\n") == 1
+
+
+def test_serve_on_a_port_in_use_stops_before_starting_anything(env):
+    """Another program listens on the port: `hearth serve` says so and exits 1, before the
+    worker, a demo build or a model is started (daphne's own bind would only stop the reactor)."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = run(env, "serve", "--port", str(port), "--build-demo")
+    assert done.returncode == 1, (done.stdout, done.stderr)
+    assert f"cannot listen on 127.0.0.1:{port} (Address already in use)" in done.stderr
+    assert "--port N (make serve PORT=N)" in done.stderr
+    assert "worker" not in done.stderr.lower() and "demo" not in done.stderr.lower(), done.stderr

@@ -137,6 +137,26 @@ def test_session_hit_miss_and_close():
     assert (s["session_hits"], s["session_misses"], s["prefix_scans"]) == (1, 3, 3)
 
 
+def test_the_ssd_entries_of_a_snapshot_that_is_gone_are_removed_at_start(tmp_path):
+    """Each namespace records its snapshot; a start removes the namespaces whose snapshot is gone (a
+    checkpoint replaced), keeps those whose snapshot is there, and leaves a folder that records none."""
+    root, kept_model, new_model = tmp_path / "cache", tmp_path / "kept", tmp_path / "new"
+    kept_model.mkdir()
+    new_model.mkdir()
+    old = SSDCache(root, "old", max_bytes=1 << 30, queue_bytes=1 << 30, source=str(tmp_path / "replaced"))
+    cache = PromptCache(1 << 20, old)
+    cache.publish([5, 6, 7, 8], kv([5, 6, 7, 8]))
+    assert old.wait_idle(10)
+    old.close()
+    assert list((root / "old").glob("*.safetensors"))  # a start never removes its own namespace
+    (root / "unknown").mkdir()
+    (root / "unknown" / "a.safetensors").write_bytes(b"someone's")
+    SSDCache(root, "kept", max_bytes=1 << 30, queue_bytes=1 << 30, source=str(kept_model)).close()
+    assert sorted(p.name for p in root.iterdir()) == ["kept", "unknown"]
+    SSDCache(root, "new", max_bytes=1 << 30, queue_bytes=1 << 30, source=str(new_model)).close()
+    assert sorted(p.name for p in root.iterdir()) == ["kept", "new", "unknown"]
+
+
 def test_ssd_tier_round_trip_and_restart(tmp_path):
     ssd = SSDCache(tmp_path, "ns", max_bytes=1 << 30, queue_bytes=1 << 30)
     cache = PromptCache(1 << 20, ssd)

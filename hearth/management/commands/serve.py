@@ -25,6 +25,8 @@ from core import argtypes, device, limits
 from hearth.access_settings import INSECURE_WARNING, AccessError, export_for_children, settle
 from hearth.process import (
     EngineWork,
+    ListenError,
+    check_port,
     engine_config,
     exit_now,
     open_streams,
@@ -146,6 +148,10 @@ class Command(BaseCommand):
 
     def handle(self, *args, **opts):
         bounds = self.settle(opts)
+        try:
+            check_port(opts["host"], opts["port"])
+        except ListenError as exc:
+            raise CommandError(str(exc)) from None
         router = self.preflight(opts)
         if router is not None:
             from hearth.router_mode import serve_router
@@ -168,13 +174,14 @@ class Command(BaseCommand):
         marker = record_serving(loaded.path)  # GC in any process keeps this snapshot
         supervisor = None if in_router else start_services(opts["no_worker"])
         try:
-            run_daphne(EngineWork(engine, opts["flush_seconds"]), opts["host"], opts["port"], opts["drain_seconds"],
-                       loaded.model_id, on_listen=_report_ready(engine) if in_router else None)
+            status = run_daphne(EngineWork(engine, opts["flush_seconds"]), opts["host"], opts["port"],
+                                opts["drain_seconds"], loaded.model_id,
+                                on_listen=_report_ready(engine) if in_router else None)
         finally:
             marker.unlink(missing_ok=True)
             stop_services(supervisor)
         log.info("stopped")
-        exit_now()
+        exit_now(status)
 
     def settle(self, opts: dict) -> limits.Limits:
         """What serving settles first, in either mode: who may call, the bounds
