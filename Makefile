@@ -16,15 +16,19 @@ ifeq ($(CUDA),1)
 MKL := 0
 endif
 comma := ,
-# The suite runs Hearth on Redis and on PostgreSQL too (tests/e2e/test_redis.py, tests/pg.py), so `make`
-# installs the `redis` and `postgres` extras.
-EXTRAS := test$(comma)redis$(comma)postgres$(if $(filter 1,$(MKL)),$(comma)mkl)
+# `make serve` installs what serving needs and the SDKs the README's examples use (the `clients` extra);
+# `make test`, `make docs` and `make bench` add the tools (the `test` extra) and, since the suite runs
+# Hearth on Redis and on PostgreSQL too (tests/e2e/test_redis.py, tests/pg.py), the `redis` and `postgres`
+# extras.
+EXTRAS := clients$(if $(filter 1,$(MKL)),$(comma)mkl)
+TEST_EXTRAS := test$(comma)redis$(comma)postgres
 HOST ?= 127.0.0.1
 PORT ?= 8080
 
-.PHONY: serve test check-demo lint docs blas browser git media redis postgres deps cpu-build bench clean
+.PHONY: serve test check-demo lint docs blas browser git media redis postgres deps test-deps cpu-build bench clean
 
 deps: $(VENV)/.installed $(if $(filter 1,$(CUDA)),$(VENV)/.cuda,cpu-build)
+test-deps: deps $(VENV)/.test-installed
 
 # pip byte-compiles what it installs on one core (about half of a fresh install's time on 2 cores);
 # compileall does it on every core afterwards. It exits 1 for the few files in wheels that are not
@@ -42,10 +46,21 @@ endif
 
 # Both MLX builds ship mlx/lib/libmlx.so: with the CPU build removed, the CUDA build is installed again over
 # whatever it left, so the library MLX loads is the CUDA one (`hearth` then reports the GPU in its log and /stats).
+# Any later `pip install` of Hearth puts the CPU build back (a base dependency on Linux), so it swaps again.
+define cuda_swap
+$(BIN)/pip uninstall -q -y mlx-cpu
+$(BIN)/pip install -q --no-compile --no-deps --force-reinstall "mlx-cuda-13==$$($(BIN)/python -c 'import importlib.metadata as m; print(m.version("mlx"))')"
+endef
+
+$(VENV)/.test-installed: $(VENV)/.installed pyproject.toml
+	$(BIN)/pip install -q --no-compile -e '.[$(EXTRAS)$(comma)$(TEST_EXTRAS)$(if $(filter 1,$(CUDA)),$(comma)cuda)]'
+	$(if $(filter 1,$(CUDA)),$(cuda_swap))
+	$(BIN)/python -m compileall -qq -j 0 "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" || true
+	touch $@
+
 $(VENV)/.cuda: $(VENV)/.installed
 	$(BIN)/pip install -q --no-compile -e '.[cuda]'
-	$(BIN)/pip uninstall -q -y mlx-cpu
-	$(BIN)/pip install -q --no-compile --no-deps --force-reinstall "mlx-cuda-13==$$($(BIN)/python -c 'import importlib.metadata as m; print(m.version("mlx"))')"
+	$(cuda_swap)
 	touch $@
 
 # `make CUDA=0 …` after a CUDA install: the CPU build back in place of the CUDA one.
@@ -124,7 +139,7 @@ serve: deps blas git media
 # where PYTHONDONTWRITEBYTECODE is set each would compile them again (~0.3 s a start on 2 cores).
 # The suite runs in parallel, one pytest-xdist worker per core (at most 4), a whole file to a worker.
 # The few tests that time this machine (the `serial` mark) need it to themselves: check-demo runs them.
-test: deps blas browser git media redis postgres lint
+test: test-deps blas browser git media redis postgres lint
 	$(BIN)/python -m compileall -q core inference hub serving jobs chat memory hearth config tests > /dev/null
 	HF_HUB_OFFLINE=1 $(BIN)/pytest -q -n auto --maxprocesses=4 --dist loadfile --durations=15 -m "not serial" \
 		tests --ignore=tests/demo
@@ -132,22 +147,22 @@ test: deps blas browser git media redis postgres lint
 # What the trained demo models can do (tests/demo): trains the demo chat, vision and speech models first, in
 # the run's own homes (side by side, about 20 minutes on 2 cores), then checks their answers; then the tests that time this
 # machine (the `serial` mark), alone. CI runs it after `make test`.
-check-demo: deps blas browser git media
+check-demo: test-deps blas browser git media
 	$(BIN)/python -m compileall -q core inference hub serving jobs chat memory hearth config tests > /dev/null
 	HF_HUB_OFFLINE=1 $(BIN)/pytest -q --durations=15 tests/demo
 	HF_HUB_OFFLINE=1 $(BIN)/pytest -q -m serial tests --ignore=tests/demo
 
 # ruff over everything; mypy over the files [tool.mypy] names (core, the engine, protocols and routes).
-lint: deps
+lint: test-deps
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
 # The manual (docs/, mkdocs.yml) as a site in site/; strict, so a dead link or anchor, a page left out of the
 # nav or a route no page shows fails it (tests/core/test_docs_site.py builds it in the suite too).
-docs: deps
+docs: test-deps
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
-bench: deps blas
+bench: test-deps blas
 	$(BIN)/python bench/decode.py
 	$(BIN)/python bench/throughput.py
 

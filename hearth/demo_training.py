@@ -135,7 +135,8 @@ class DemoTraining:
             self.manager.no_default_note = (f"the demo model {DEMO_REPO} is training and is served from its first "
                                             "checkpoint, seconds after the start (GET /health shows the progress)")
         log.info("training the demo model %s in the background (pid %d): served from its first checkpoint, "
-                 "seconds from now, and swapped for each better one as it trains (about 10 minutes in all)",
+                 "seconds from now, and swapped for each better one as it trains (about 7 minutes on a quiet "
+                 "2-core machine)",
                  DEMO_REPO, pid)
 
     def _start_speech(self, build: Build) -> None:
