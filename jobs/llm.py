@@ -31,11 +31,7 @@ class ServedModel:
         if schema is not None:
             body["response_format"] = {"type": "json_schema", "json_schema": {
                 "name": "reply", "schema": schema, "strict": True, "any_whitespace": False}}
-        headers = {"content-type": "application/json"}
-        key = os.environ.get("HEARTH_INTERNAL_KEY") or os.environ.get("HEARTH_API_KEY")
-        if key:  # the server's own key for its jobs, or the operator's for a separately run worker
-            headers["authorization"] = f"Bearer {key.strip()}"
-        request = urllib.request.Request(self.url, json.dumps(body).encode(), headers)
+        request = urllib.request.Request(self.url, json.dumps(body).encode(), _headers())
         for attempt in range(3):
             try:
                 with urllib.request.urlopen(request, timeout=600) as r:
@@ -51,6 +47,27 @@ class ServedModel:
             except urllib.error.URLError as exc:
                 raise RuntimeError(f"could not reach the served model at {self.url}: {exc.reason}") from None
         raise RuntimeError("unreachable")
+
+
+    def served_name(self) -> str | None:
+        """The model a request that names none gets (its `/props`), or None when the server cannot say."""
+        if self.model:
+            return self.model
+        props = self.url.removesuffix("/v1/chat/completions") + "/props"
+        try:
+            with urllib.request.urlopen(urllib.request.Request(props, headers=_headers()), timeout=10) as r:
+                name = json.loads(r.read()).get("model_alias")
+        except (OSError, ValueError, AttributeError):
+            return None
+        return name if isinstance(name, str) else None
+
+
+def _headers() -> dict[str, str]:
+    headers = {"content-type": "application/json"}
+    key = os.environ.get("HEARTH_INTERNAL_KEY") or os.environ.get("HEARTH_API_KEY")
+    if key:  # the server's own key for its jobs, or the operator's for a separately run worker
+        headers["authorization"] = f"Bearer {key.strip()}"
+    return headers
 
 
 def _prompt_too_long(body: str) -> bool:

@@ -221,7 +221,8 @@ def create(run: Run) -> str:
         vault.write_text(path, "\n".join(lines))
         run.created.append(name)
         run.touched.add(name)
-    return f"created {len(run.created)} article(s)" + (f": {', '.join(run.created[:8])}" if run.created else "")
+    shown = ", ".join(run.created[:8]) + (f" and {len(run.created) - 8} more" if len(run.created) > 8 else "")
+    return f"created {len(run.created)} article(s)" + (f": {shown}" if run.created else "")
 
 
 # -- section-route, patch ---------------------------------------------------------

@@ -206,6 +206,12 @@ def test_jobs_reach_the_served_model_with_a_key(keyed, monkeypatch):
     # A prompt over the window comes back as a reply cut off at once, which jobs skip, not as a failed job.
     long = [{"role": "user", "content": "hello there " * 2000}]
     assert ServedModel(keyed.url, None).complete(long, max_tokens=2) == ("", "length")
+    # The model a request that names none gets (`hearth memory synthesize` warns when it is a demo), with the key;
+    # None where the server cannot say.
+    served = httpx.get(keyed.url + "/props", headers={"Authorization": f"Bearer {KEY}"}).json()["model_alias"]
+    assert ServedModel(keyed.url, None).served_name() == served
+    monkeypatch.delenv("HEARTH_INTERNAL_KEY")
+    assert ServedModel(keyed.url, None).served_name() is None
 
 
 # -- the chat socket -------------------------------------------------------------------------------

@@ -69,7 +69,10 @@ class Command(BaseCommand):
         from jobs.models import Job
         from memory import synthesize
 
-        run = synthesize.start(self._vault(vault), dry, url)
+        row = self._vault(vault)
+        if not dry:
+            self._warn_of_a_demo(url)
+        run = synthesize.start(row, dry, url)
         job = run.job
         self.stdout.write(f"synthesis job {job.id}: {run.session_count} session(s) to read")
         runner.run(job.id)  # here, unless a server's worker claimed it first; then follow it
@@ -89,3 +92,15 @@ class Command(BaseCommand):
         if job.status != "done":
             raise CommandError(f"synthesis {job.status}: {job.error}")
         self.stdout.write(self.style.SUCCESS(f"synthesis done: {json.loads(job.message or '{}').get('note', '')}"))
+
+    def _warn_of_a_demo(self, url: str) -> None:
+        """The demo models can show that synthesis runs, not write articles worth keeping: said before a run,
+        as the Memory page says it."""
+        from jobs.llm import ServedModel
+        from serving.demo.build import is_demo
+
+        model = ServedModel(url, None).served_name()
+        if model and is_demo(model):
+            self.stderr.write(f"warning: the model served at {url}, {model}, is Hearth's tiny demo: the articles "
+                              "it writes would be nonsense. Serve a real model (for example `hearth download "
+                              "mlx-community/Qwen3-1.7B-4bit`, then `hearth serve` it) and synthesize with it.")
