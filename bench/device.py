@@ -5,7 +5,7 @@ runs on here (MLX's CUDA build on an NVIDIA card, Metal on Apple silicon, or
 this CPU with the BLAS `hearth` picks).
 
     .venv/bin/python bench/device.py [--models large,medium,large-q4,large-vocab]
-        [--concurrency 1,8,32,64] [--tokens 128] [--quick] [--record]
+        [--concurrency 1,8,32,64] [--tokens 128] [--quick] [--threads N] [--record]
 
 Models, random llamas built here (nothing is downloaded):
   large        16 layers x 2048 wide, bfloat16 (~0.8B parameters), a 512-token BPE
@@ -357,6 +357,10 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--port", type=int, default=18561)
     parser.add_argument("--quick", action="store_true", help="2-layer, 256-wide models: a smoke run on a CPU")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="on a CPU: BLAS threads of every runner (0: the BLAS's own choice). With 1 on a "
+                             "machine of few cores the model's compute leaves the other cores to the serving "
+                             "path, as a GPU host does: what is left between Hearth and raw is the interpreter's")
     parser.add_argument("--record", action="store_true")
     parser.add_argument("--results", default=str(ROOT / "bench" / "RESULTS.md"),
                         help="the file --record appends to (on the GPU machine: one under $OUT, so it comes back)")
@@ -365,6 +369,9 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="hearth-bench-device-"))
     env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "_HEARTH_REEXEC")}
     env.update(HF_HUB_OFFLINE="1", HEARTH_HOME=str(work / "home"), HF_HOME=str(work / "hf"))
+    if args.threads:
+        env.update({name: str(args.threads) for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS",
+                                                           "OPENBLAS_NUM_THREADS", "BLIS_NUM_THREADS")})
     hearth = [sys.executable, "-m", "hearth.cli"] if not (ROOT / ".venv/bin/hearth").exists() else \
         [str(ROOT / ".venv/bin/hearth")]
     where, on_gpu = device()
@@ -380,7 +387,8 @@ def main() -> int:
         blas_name = choice.candidate.label
     lines = [f"\n## bench/device.py: {time.strftime('%Y-%m-%d')}, commit {commit_label()}, {where}, "
              f"{platform.machine()}, BLAS: {blas_name}",
-             f"`{' '.join(['bench/device.py', *sys.argv[1:]])}`; {args.tokens} tokens a request, EOS banned",
+             f"`{' '.join(['bench/device.py', *sys.argv[1:]])}`; {args.tokens} tokens a request, EOS banned"
+             + (f"; {args.threads} BLAS thread(s) a runner" if args.threads else ""),
              ""]
     print("\n".join(lines), flush=True)
     for name in args.models.split(","):
