@@ -653,6 +653,9 @@ def _end_orphan(folder: Path, meta: Meta) -> None:
         data = b""
     whole = data.rfind(b"\n\n")
     data = data[:whole + 2] if whole >= 0 else b""
+    surface = surfaces.BY_NAME.get(meta.kind)
+    if surface is not None and surface.numbered:  # numbered after the last event kept
+        meta.on_crash = surface.follows(meta.on_crash.encode(), surfaces.last_sequence_number(data)).decode()
     data += meta.on_crash.encode()
     write_atomically(data_path, data, durable=False)
     meta.state, meta.ended_at, meta.end = "interrupted", ended_at, meta.start + len(data)
