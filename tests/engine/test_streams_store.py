@@ -12,6 +12,7 @@ import pytest
 
 from core import sse
 from serving.streams.log import Gone
+from serving.streams.store import CRASH_MESSAGE as CRASH
 from serving.streams.store import Owner, StreamRefused, Streams
 
 
@@ -351,6 +352,35 @@ def test_a_responses_streams_error_event_takes_the_next_sequence_number(tmp_path
     assert b"server stopped before" in died.rsplit(b"\n\n", 2)[-2]
     assert _numbers(failed) == [0, 1, 2] and b"boom" in failed
     assert _numbers(stopped) == [0, 1, 2, 3] and b"server stopped before" in stopped
+
+
+def test_a_stream_is_on_disk_before_its_first_byte_goes_out(tmp_path):
+    """A stream's record is written as it begins, not by the writer's next
+    flush: a process that dies the moment its client got the first bytes
+    leaves a stream that a restart ends with its crash event."""
+    import shutil
+
+    async def slow():
+        yield sse.frame({"i": 0})
+        await asyncio.sleep(3600)
+
+    async def scenario():
+        store = Streams(tmp_path / "a")
+        store.open()
+        frames = await store.start("c", "openai", "m", slow(), _stop, _error)
+        shutil.copytree(tmp_path / "a", tmp_path / "b", ignore=shutil.ignore_patterns("owners"))  # the disk now
+        first = await frames.__anext__()
+        store.shutdown()
+        again = Streams(tmp_path / "b")  # the disk as a process that died then left it
+        again.open()
+        row = (await again.lookup(["c"]))[0]
+        replay = b"".join([c async for c in again.get("c").follow(0)])
+        again.shutdown()
+        return first, row, replay
+
+    first, row, replay = asyncio.run(scenario())
+    assert first == sse.frame({"i": 0})
+    assert row["status"] == "interrupted" and replay == _error(CRASH)
 
 
 def test_a_dead_nodes_responses_stream_in_redis_ends_on_the_next_sequence_number(redis_url):
