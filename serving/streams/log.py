@@ -188,10 +188,12 @@ class Stream:
 
     def after_crash(self, offset: int) -> bytes | None:
         """For a stream its process ended by dying: a client may hold bytes the
-        disk never got (it writes behind), so a replay from past where the
-        crash event begins answers that event alone, as a fresh event. None
-        for any other stream or offset."""
-        if self.meta.state != "interrupted":
+        disk never got (it writes behind), as many as it was sent in the last
+        moments, so a replay from past where the crash event begins answers
+        that event alone, as a fresh event; from the stream's very end the
+        client has that event already, and gets nothing more. None for any
+        other stream or offset."""
+        if self.meta.state != "interrupted" or offset == self.meta.end:
             return None
         tail = self.meta.on_crash.encode()
         begins = self.meta.end - len(tail)

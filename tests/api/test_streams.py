@@ -333,6 +333,7 @@ def test_streams_survive_a_restart(own_server, tiny_model, eos_id):
     # a client that got more than the disk did: its replay is the event that says why the stream ended
     tail = _replay(second.url, cut, len(received))
     assert tail.status_code == 200 and "server stopped before" in _events(tail.content)[-1]["error"]["message"]
+    assert _replay(second.url, cut, row["bytes"]).content == b""  # from its end: nothing more
     assert _lookup(second.url, fresh)[fresh]["status"] == "interrupted"
     events = _events(_replay(second.url, fresh).content)  # its error event numbered after what was kept
     assert events[-1]["type"] == "error" and "server stopped before" in events[-1]["message"]

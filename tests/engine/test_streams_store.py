@@ -383,10 +383,38 @@ def test_a_stream_is_on_disk_before_its_first_byte_goes_out(tmp_path):
     assert row["status"] == "interrupted" and replay == _error(CRASH)
 
 
+def test_a_crashed_streams_replay_from_its_end_is_empty(tmp_path):
+    """After its crash event a stream has nothing more: a replay from its
+    end answers nothing (as any stream's would); from inside that event, or
+    from bytes the disk never got, it answers the event alone."""
+    owner = Owner(tmp_path)
+    events = sse.frame({"i": 1}) + sse.frame({"i": 2})
+    (tmp_path / "s1.sse").write_bytes(events)
+    meta = {"sid": "s1", "conversation_id": "c", "kind": "openai", "model": "m", "created": time.time(),
+            "owner": owner.name, "on_crash": _error("it died").decode(), "state": "live", "ended_at": None,
+            "start": 0, "end": 0}
+    (tmp_path / "s1.json").write_text(json.dumps(meta))
+    owner.close()
+
+    async def scenario():
+        store = Streams(tmp_path)
+        store.open()
+        stream = store.get("c")
+        stream.check_offset(stream.end)
+        at_end = b"".join([c async for c in stream.follow(stream.end)])
+        answers = [stream.after_crash(at) for at in (len(events), stream.end - 1, stream.end, stream.end + 500)]
+        store.shutdown()
+        return stream.end, at_end, answers
+
+    end, at_end, answers = asyncio.run(scenario())
+    assert end == len(events + _error("it died")) and at_end == b""
+    assert answers == [None, b"\n\n" + _error("it died"), None, b"\n\n" + _error("it died")]
+
+
 def test_a_dead_nodes_responses_stream_in_redis_ends_on_the_next_sequence_number(redis_url):
     """A reader that ends another node's orphaned stream in Redis numbers
     its crash event after the last event Redis holds, and keeps that event
-    as the stream's `on_crash`."""
+    as the stream's `on_crash`: a replay from its end answers nothing."""
     from core.surfaces import RESPONSES
     from serving.streams.log import Meta, Stream
     from serving.streams.shared import RemoteStream, Shared
@@ -405,10 +433,12 @@ def test_a_dead_nodes_responses_stream_in_redis_ends_on_the_next_sequence_number
         _, found, _ = await reader.find("numbered-c")
         remote = RemoteStream(reader, found, {})
         replay = b"".join([c async for c in remote.follow(0)])
+        at_end = remote.after_crash(remote.end)
         for shared in (owner, reader):
             await shared.redis.aclose()
-        return found, replay
+        return found, replay, at_end
 
-    found, replay = asyncio.run(scenario())
+    found, replay, at_end = asyncio.run(scenario())
     assert found.state == "interrupted" and _numbers(replay) == list(range(13)) and b"server stopped" in replay
     assert replay.endswith(found.on_crash.encode())
+    assert at_end is None
