@@ -26,6 +26,7 @@ from __future__ import annotations
 import functools
 import inspect
 import json
+import re
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -60,6 +61,14 @@ class Surface:
     def stream_error(self, message: str, kind: str | None = None) -> bytes:
         """`stream_error_event` as a server-sent event."""
         return sse.frame(self.stream_error_event(message, kind), self.stream_event)
+
+    numbered = False  # whether each event of this surface's streams carries the next `sequence_number`
+
+    def follows(self, event: bytes, last: int | None) -> bytes:
+        """`event` (one server-sent event) as it goes on a stream whose last
+        event was numbered `last` (None: none was): a surface that numbers its
+        events gives it the next number (`numbered`); the others send it as it is."""
+        return event
 
     def ends_in_error(self, tail: bytes) -> bool:
         """Whether a stream of this surface whose last bytes are `tail` ended with
@@ -148,6 +157,20 @@ class ResponsesSurface(Surface):
     def stream_error_event(self, message: str, kind: str | None = None) -> dict:
         return {"type": "error", "code": kind or "server_error", "message": message, "param": None}
 
+    numbered = True
+
+    def follows(self, event: bytes, last: int | None) -> bytes:
+        head, sep, data = event.partition(b"data: ")
+        try:
+            body = json.loads(data) if sep else None
+        except ValueError:
+            body = None
+        if not isinstance(body, dict):
+            return event
+        body.pop("sequence_number", None)
+        body = {"type": body.pop("type", None), "sequence_number": 0 if last is None else last + 1, **body}
+        return head + sep + json.dumps(body, ensure_ascii=False).encode() + b"\n\n"
+
 
 class ApiSurface(Surface):
     name = "api"
@@ -177,6 +200,40 @@ OPENAI, ANTHROPIC, RESPONSES, API, SOCKET = Surface(), AnthropicSurface(), Respo
     SocketSurface()
 _BY_PREFIX = [(prefix, s) for s in (ANTHROPIC, RESPONSES, API, SOCKET) for prefix in s.prefixes]
 BY_NAME = {s.name: s for s in (OPENAI, ANTHROPIC, RESPONSES, API, SOCKET)}
+
+
+_NUMBER_KEY = b'"sequence_number":'
+_NUMBER = re.compile(rb'"sequence_number":\s*(\d+)(?=[\s,}])')  # whole digits only: a cut number is no number
+_NUMBER_SPAN = 64  # more than a number and its key, however the bytes were cut
+
+
+def last_sequence_number(data: bytes | bytearray) -> int | None:
+    """The `sequence_number` of the last event in a stream's bytes `data`
+    that shows one whole (None: none does). A string inside an event that
+    holds the same words is escaped (`\\"sequence_number\\"`), so only an
+    event's own number matches, and it is the first of the event's fields."""
+    at = len(data)
+    while (at := data.rfind(_NUMBER_KEY, 0, at)) >= 0:
+        found = _NUMBER.match(data, at)
+        if found:
+            return int(found.group(1))
+    return None
+
+
+class EventNumbers:
+    """The number of the last event passed on (`last`), for a stream read
+    chunk by chunk, cut anywhere, with nothing kept of it but a few bytes."""
+
+    def __init__(self) -> None:
+        self.last: int | None = None
+        self._carry = b""
+
+    def feed(self, chunk: bytes) -> None:
+        window = self._carry + chunk
+        found = last_sequence_number(window)
+        if found is not None:
+            self.last = found
+        self._carry = window[-_NUMBER_SPAN:]
 
 
 def for_path(path: str) -> Surface:

@@ -284,14 +284,20 @@ class _Relay:
 
     async def _chunks(self):
         ended = True  # at an event boundary, where an error event may follow
+        surface = surfaces.for_path(self.path)
+        numbers = surfaces.EventNumbers() if surface.numbered else None  # the error event is numbered next
         try:
             async for chunk in self.reply.aiter_raw():
                 ended = chunk.endswith(b"\n\n")
+                if numbers is not None:
+                    numbers.feed(chunk)
                 yield chunk
         except httpx.HTTPError as exc:
             log.warning("%s: the stream from %s broke: %s", self.path, self.slot.id, exc)
             self.broke = True
-            failed = surfaces.for_path(self.path).stream_error(_died_message(self.slot, exc))
+            failed = surface.stream_error(_died_message(self.slot, exc))
+            if numbers is not None:
+                failed = surface.follows(failed, numbers.last)
             yield (b"" if ended else b"\n\n") + failed
         finally:
             self._finish()

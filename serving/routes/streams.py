@@ -46,7 +46,7 @@ async def replay(request: HttpRequest, conversation_id: str, offset: int = Query
     Headers: `X-Stream-Status` (live or how it ended), `X-Stream-Start` (the
     first byte still kept), `X-Stream-Bytes` (its length so far). A stream
     whose server died mid-generation, asked from past where its closing error
-    event begins, answers that event alone."""
+    event begins (but for its very end), answers that event alone."""
     conversation_id = _id(conversation_id)
     streams = request.runtime.streams
     stream = await streams.find(conversation_id, holders.of(request))  # with Redis, another web node's too

@@ -26,6 +26,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from core import surfaces
+
 LIVE = "live"
 ENDED = ("done", "stopped", "failed", "interrupted")  # how a stream may end
 READ_CHUNK = 64 << 10
@@ -129,9 +131,19 @@ class Stream:
         self.rewrite = True
 
     def finish(self, state: str, tail: bytes = b"") -> None:
-        """End the stream: `tail` is its last event (an error), `state` how it ended."""
+        """End the stream: `tail` is its last event (an error), `state` how it
+        ended. In a protocol that numbers its events, `tail` gets the number
+        after the last one sent; one that ends a stream `interrupted` is kept
+        as its `on_crash` (`after_crash` answers it)."""
         if not self.live:
             return
+        surface = surfaces.BY_NAME.get(self.meta.kind)
+        if tail and surface is not None and surface.numbered:
+            with self.lock:
+                last = surfaces.last_sequence_number(self.mem)  # every byte since `start` is in memory while live
+            tail = surface.follows(tail, last)
+        if tail and state == "interrupted":
+            self.meta.on_crash = tail.decode()
         if tail and self.mem and not self.mem.endswith(b"\n\n"):
             tail = b"\n\n" + tail  # after a relayed chunk cut mid-event, the error still starts an event
         self.append(tail)
@@ -176,10 +188,12 @@ class Stream:
 
     def after_crash(self, offset: int) -> bytes | None:
         """For a stream its process ended by dying: a client may hold bytes the
-        disk never got (it writes behind), so a replay from past where the
-        crash event begins answers that event alone, as a fresh event. None
-        for any other stream or offset."""
-        if self.meta.state != "interrupted":
+        disk never got (it writes behind), as many as it was sent in the last
+        moments, so a replay from past where the crash event begins answers
+        that event alone, as a fresh event; from the stream's very end the
+        client has that event already, and gets nothing more. None for any
+        other stream or offset."""
+        if self.meta.state != "interrupted" or offset == self.meta.end:
             return None
         tail = self.meta.on_crash.encode()
         begins = self.meta.end - len(tail)

@@ -42,6 +42,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+from core import surfaces
 from serving.streams.log import LIVE, Meta, Stream
 
 log = logging.getLogger("hearth.streams")
@@ -89,7 +90,7 @@ end
 finish = finish + #tail
 redis.call('XADD', KEYS[2], finish .. '-0', 'd', tail)
 redis.call('XADD', KEYS[2], finish .. '-1', 'd', '')
-redis.call('HSET', KEYS[1], 'state', 'interrupted', 'ended_at', ARGV[3], 'end', finish)
+redis.call('HSET', KEYS[1], 'state', 'interrupted', 'ended_at', ARGV[3], 'end', finish, 'on_crash', ARGV[2])
 local ttl = tonumber(ARGV[4])
 redis.call('EXPIRE', KEYS[1], ttl)
 redis.call('EXPIRE', KEYS[2], ttl)
@@ -345,8 +346,18 @@ class Shared:
         """A live stream whose node died: end it with its crash event (one
         script: the first node to see it does it, whole; the others find it ended)."""
         await self._orphan(keys=_keys(meta.sid, meta.conversation_id),
-                           args=[meta.sid, meta.on_crash, time.time(), max(1, int(self.ttl_s))])
+                           args=[meta.sid, await self._crash_event(meta), time.time(), max(1, int(self.ttl_s))])
         return _meta(await self.redis.hgetall(P + "meta:" + meta.sid)) or meta
+
+    async def _crash_event(self, meta: Meta) -> str:
+        """`meta.on_crash`, numbered after the last event Redis has of the
+        stream when its protocol numbers them (read whole: once, for a dead node's stream)."""
+        surface = surfaces.BY_NAME.get(meta.kind)
+        if surface is None or not surface.numbered:
+            return meta.on_crash
+        entries = await self.redis.xrange(P + "data:" + meta.sid)
+        last = surfaces.last_sequence_number(b"".join(fields[b"d"] for _, fields in entries))
+        return surface.follows(meta.on_crash.encode(), last).decode()
 
     async def call(self, owner: str, op: str, conversation_id: str, args: dict | None = None,
                    wait_s: float = CALL_WAIT_S) -> dict | None:

@@ -10,9 +10,11 @@ conversation: starting another stops the previous one.
 
 On disk (HEARTH_HOME/streams): `<sid>.sse` (the bytes kept) and
 `<sid>.json` (`log.Meta`), written behind the stream by one thread, at most
-`FLUSH_S` later. Each serving process holds a lock file (`owners/`); a stream
-still marked live whose owner's lock is free belonged to a process that
-died, and is ended with its `on_crash` event when the store opens. A stream
+`FLUSH_S` later; the record is also written once when the stream begins,
+before any reader gets a byte, so a stream is never unknown after a crash.
+Each serving process holds a lock file (`owners/`); a stream still marked
+live whose owner's lock is free belonged to a process that died, and is
+ended with its `on_crash` event when the store opens. A stream
 is kept `ttl_s` after it ends, each at most `cap` bytes, all of them at most
 `total` (finished ones are dropped oldest first to make room).
 
@@ -319,9 +321,21 @@ class Streams:
         if previous is not None:
             self.gone.append(previous)
         self.by_id[conversation_id] = stream
+        self._record(stream)
         self._dirty(stream)
         self._start_gc()
         return stream
+
+    def _record(self, stream: Stream) -> None:
+        """Write a new stream's record now (the writer would take up to `FLUSH_S`):
+        if the process dies before its first flush, the restart still ends it with its crash event."""
+        path = stream.path(".json")
+        if self.writer is None or path is None:
+            return
+        try:
+            write_atomically(path, json.dumps(stream.meta.__dict__), durable=False)
+        except OSError as exc:  # the writer tries again with its first flush
+            log.warning("stream %s could not be written: %s", stream.meta.conversation_id, exc)
 
     async def _pump(self, stream: Stream, producer: AsyncIterator[bytes], error_event) -> None:
         surface = surfaces.BY_NAME.get(stream.meta.kind)
@@ -653,6 +667,9 @@ def _end_orphan(folder: Path, meta: Meta) -> None:
         data = b""
     whole = data.rfind(b"\n\n")
     data = data[:whole + 2] if whole >= 0 else b""
+    surface = surfaces.BY_NAME.get(meta.kind)
+    if surface is not None and surface.numbered:  # numbered after the last event kept
+        meta.on_crash = surface.follows(meta.on_crash.encode(), surfaces.last_sequence_number(data)).decode()
     data += meta.on_crash.encode()
     write_atomically(data_path, data, durable=False)
     meta.state, meta.ended_at, meta.end = "interrupted", ended_at, meta.start + len(data)

@@ -70,11 +70,10 @@ def _wait_ended(url: str, conv: str, timeout: float = 120) -> dict:
     raise AssertionError(f"stream {conv} still live after {timeout}s")
 
 
-def _start(url: str, body: dict, conv: str, read: int) -> bytes:
+def _start(url: str, body: dict, conv: str, read: int, path: str = "/v1/chat/completions") -> bytes:
     """POST a resumable stream, read about `read` bytes, drop the connection."""
     got = b""
-    with httpx.stream("POST", url + "/v1/chat/completions", json=body, headers={"X-Conversation-Id": conv},
-                      timeout=120) as reply:
+    with httpx.stream("POST", url + path, json=body, headers={"X-Conversation-Id": conv}, timeout=120) as reply:
         assert reply.status_code == 200, reply.read()
         assert reply.headers["x-conversation-id"] == conv
         for chunk in reply.iter_raw():
@@ -318,6 +317,9 @@ def test_streams_survive_a_restart(own_server, tiny_model, eos_id):
             break
         time.sleep(0.01)
     assert _lookup(first.url, cut)[cut]["status"] == "live"
+    fresh = _conv()  # begun just before the server dies: nothing of it written behind yet
+    _start(first.url, {"model": tiny_model, "input": "hello", "max_output_tokens": 1700, "stream": True,
+                       "logit_bias": {str(eos_id): -100}}, fresh, 1, "/v1/responses")
     first.proc.kill()
     first.proc.wait()
     second = own_server()
@@ -331,5 +333,10 @@ def test_streams_survive_a_restart(own_server, tiny_model, eos_id):
     # a client that got more than the disk did: its replay is the event that says why the stream ended
     tail = _replay(second.url, cut, len(received))
     assert tail.status_code == 200 and "server stopped before" in _events(tail.content)[-1]["error"]["message"]
+    assert _replay(second.url, cut, row["bytes"]).content == b""  # from its end: nothing more
+    assert _lookup(second.url, fresh)[fresh]["status"] == "interrupted"
+    events = _events(_replay(second.url, fresh).content)  # its error event numbered after what was kept
+    assert events[-1]["type"] == "error" and "server stopped before" in events[-1]["message"]
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
     stats = httpx.get(second.url + "/stats", timeout=30).json()["streams"]
-    assert stats["stored"] == 2 and stats["live"] == 0 and stats["durable"] is True
+    assert stats["stored"] == 3 and stats["live"] == 0 and stats["durable"] is True

@@ -12,6 +12,7 @@ import pytest
 
 from core import sse
 from serving.streams.log import Gone
+from serving.streams.store import CRASH_MESSAGE as CRASH
 from serving.streams.store import Owner, StreamRefused, Streams
 
 
@@ -295,3 +296,149 @@ def test_a_stream_that_ends_on_its_error_event_failed_and_is_not_replayed(tmp_pa
         store.shutdown()
 
     asyncio.run(scenario())
+
+
+def _numbered(i: int) -> bytes:
+    kind = "response.output_text.delta"
+    return sse.frame({"type": kind, "sequence_number": i, "item_id": "m", "delta": f'"sequence_number": {i + 50}'},
+                     kind)
+
+
+def _numbers(raw: bytes) -> list:
+    return [json.loads(block.split(b"data: ", 1)[1]).get("sequence_number")
+            for block in raw.split(b"\n\n") if b"data: " in block]
+
+
+def test_a_responses_streams_error_event_takes_the_next_sequence_number(tmp_path):
+    """However a Responses stream ends on an error event of the store's (its
+    process died and a restart ends it, the server stops under it, its
+    producer fails), that event carries the number after the last one sent."""
+    from core.surfaces import RESPONSES
+    from serving.streams.store import CRASH_MESSAGE
+
+    owner = Owner(tmp_path)  # a process that is about to die
+    kept = b"".join(_numbered(i) for i in range(4))
+    (tmp_path / "s1.sse").write_bytes(kept + _numbered(4)[:-20])  # torn in event 4, after its number
+    meta = {"sid": "s1", "conversation_id": "died", "kind": "responses", "model": "m", "created": time.time(),
+            "owner": owner.name, "on_crash": RESPONSES.stream_error(CRASH_MESSAGE).decode(), "state": "live",
+            "ended_at": None, "start": 0, "end": 0}
+    (tmp_path / "s1.json").write_text(json.dumps(meta))
+    owner.close()
+
+    async def hanging():
+        for i in range(3):
+            yield _numbered(i)
+        await asyncio.sleep(3600)
+
+    async def failing():
+        yield _numbered(0) + _numbered(1)
+        raise RuntimeError("boom")
+
+    async def scenario():
+        store = Streams(tmp_path)
+        store.open()
+        died = b"".join([c async for c in store.get("died").follow(0)])
+        await store.start("failing", "responses", "m", failing(), _stop, RESPONSES.stream_error)
+        await store.get("failing").done.wait()
+        failed = b"".join([c async for c in store.get("failing").follow(0)])
+        await store.start("stopping", "responses", "m", hanging(), _stop, RESPONSES.stream_error)
+        await asyncio.sleep(0.05)
+        store.shutdown()
+        stopped = b"".join([c async for c in store.get("stopping").follow(0)])
+        return died, failed, stopped
+
+    died, failed, stopped = asyncio.run(scenario())
+    assert died.startswith(kept) and _numbers(died) == [0, 1, 2, 3, 4]
+    assert b"server stopped before" in died.rsplit(b"\n\n", 2)[-2]
+    assert _numbers(failed) == [0, 1, 2] and b"boom" in failed
+    assert _numbers(stopped) == [0, 1, 2, 3] and b"server stopped before" in stopped
+
+
+def test_a_stream_is_on_disk_before_its_first_byte_goes_out(tmp_path):
+    """A stream's record is written as it begins, not by the writer's next
+    flush: a process that dies the moment its client got the first bytes
+    leaves a stream that a restart ends with its crash event."""
+    import shutil
+
+    async def slow():
+        yield sse.frame({"i": 0})
+        await asyncio.sleep(3600)
+
+    async def scenario():
+        store = Streams(tmp_path / "a")
+        store.open()
+        frames = await store.start("c", "openai", "m", slow(), _stop, _error)
+        shutil.copytree(tmp_path / "a", tmp_path / "b", ignore=shutil.ignore_patterns("owners"))  # the disk now
+        first = await frames.__anext__()
+        store.shutdown()
+        again = Streams(tmp_path / "b")  # the disk as a process that died then left it
+        again.open()
+        row = (await again.lookup(["c"]))[0]
+        replay = b"".join([c async for c in again.get("c").follow(0)])
+        again.shutdown()
+        return first, row, replay
+
+    first, row, replay = asyncio.run(scenario())
+    assert first == sse.frame({"i": 0})
+    assert row["status"] == "interrupted" and replay == _error(CRASH)
+
+
+def test_a_crashed_streams_replay_from_its_end_is_empty(tmp_path):
+    """After its crash event a stream has nothing more: a replay from its
+    end answers nothing (as any stream's would); from inside that event, or
+    from bytes the disk never got, it answers the event alone."""
+    owner = Owner(tmp_path)
+    events = sse.frame({"i": 1}) + sse.frame({"i": 2})
+    (tmp_path / "s1.sse").write_bytes(events)
+    meta = {"sid": "s1", "conversation_id": "c", "kind": "openai", "model": "m", "created": time.time(),
+            "owner": owner.name, "on_crash": _error("it died").decode(), "state": "live", "ended_at": None,
+            "start": 0, "end": 0}
+    (tmp_path / "s1.json").write_text(json.dumps(meta))
+    owner.close()
+
+    async def scenario():
+        store = Streams(tmp_path)
+        store.open()
+        stream = store.get("c")
+        stream.check_offset(stream.end)
+        at_end = b"".join([c async for c in stream.follow(stream.end)])
+        answers = [stream.after_crash(at) for at in (len(events), stream.end - 1, stream.end, stream.end + 500)]
+        store.shutdown()
+        return stream.end, at_end, answers
+
+    end, at_end, answers = asyncio.run(scenario())
+    assert end == len(events + _error("it died")) and at_end == b""
+    assert answers == [None, b"\n\n" + _error("it died"), None, b"\n\n" + _error("it died")]
+
+
+def test_a_dead_nodes_responses_stream_in_redis_ends_on_the_next_sequence_number(redis_url):
+    """A reader that ends another node's orphaned stream in Redis numbers
+    its crash event after the last event Redis holds, and keeps that event
+    as the stream's `on_crash`: a replay from its end answers nothing."""
+    from core.surfaces import RESPONSES
+    from serving.streams.log import Meta, Stream
+    from serving.streams.shared import RemoteStream, Shared
+    from serving.streams.store import CRASH_MESSAGE
+
+    async def scenario():
+        owner = Shared(redis_url, "dead-node", ttl_s=60, cap=1 << 20)  # never beats: it looks dead
+        meta = Meta(sid="numbered", conversation_id="numbered-c", kind="responses", model="m",
+                    created=time.time(), owner="dead-node", on_crash=RESPONSES.stream_error(CRASH_MESSAGE).decode())
+        stream = Stream(meta, None, 1 << 20)
+        await owner.begin(stream)
+        for i in range(12):
+            stream.append(_numbered(i))
+            await owner.sync(stream)
+        reader = Shared(redis_url, "reader", ttl_s=60, cap=1 << 20)
+        _, found, _ = await reader.find("numbered-c")
+        remote = RemoteStream(reader, found, {})
+        replay = b"".join([c async for c in remote.follow(0)])
+        at_end = remote.after_crash(remote.end)
+        for shared in (owner, reader):
+            await shared.redis.aclose()
+        return found, replay, at_end
+
+    found, replay, at_end = asyncio.run(scenario())
+    assert found.state == "interrupted" and _numbers(replay) == list(range(13)) and b"server stopped" in replay
+    assert replay.endswith(found.on_crash.encode())
+    assert at_end is None

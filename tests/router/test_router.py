@@ -285,6 +285,39 @@ def test_a_killed_child_fails_its_stream_then_loads_again(two, library):
     assert _rows(two.url)[B]["pid"] not in (None, pid)
 
 
+def _sequence_numbers(raw: bytes) -> list:
+    return [json.loads(line[6:]).get("sequence_number") for line in raw.decode().splitlines()
+            if line.startswith("data: ")]
+
+
+def test_a_killed_childs_responses_stream_ends_on_the_next_sequence_number(two, library):
+    """The error event the router adds when a model's process dies mid-reply
+    is numbered after the last event relayed, as the client gets it and as
+    the stream was recorded."""
+    _chat(two.url, B)
+    pid = _rows(two.url)[B]["pid"]
+    body = {"model": B, "input": "Hello", "max_output_tokens": 2000, "stream": True,
+            "logit_bias": {str(_eos(library, B)): -100}}  # it runs until the kill
+    got, killed = b"", False
+    with httpx.stream("POST", two.url + "/v1/responses", json=body, timeout=60,
+                      headers={"X-Conversation-Id": "killed-child-responses"}) as r:
+        assert r.status_code == 200
+        for chunk in r.iter_raw():
+            got += chunk
+            if not killed and got.count(b"\n\n") >= 6:
+                os.kill(pid, signal.SIGKILL)
+                killed = True
+    numbers = _sequence_numbers(got)
+    assert numbers == list(range(len(numbers))) and len(numbers) > 6
+    assert got.rsplit(b"\n\n", 2)[-2].startswith(b"event: error\n") and b"loaded again" in got
+    deadline = time.monotonic() + 30
+    while (replay := HTTP.get(f"{two.url}/v1/stream/killed-child-responses")).headers["x-stream-status"] == "live":
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert replay.headers["x-stream-status"] == "failed" and replay.content == got
+    _wait_status(two.url, B, "unloaded")
+
+
 def test_models_sse_reports_load_progress(two):
     HTTP.post(two.url + "/models/unload", json={"model": B}).raise_for_status()
     events: list[tuple[str, dict]] = []
