@@ -73,7 +73,8 @@ def _named_model(request: HttpRequest) -> tuple[str | None, bool]:
     """The `model` a request names (a JSON body's field, a form field, or the
     query string's), and whether its JSON body asks for a stream. A body is
     read as the model's process reads it: as JSON whatever its content type
-    says (`curl -d` labels JSON a form), a form only when it is not JSON."""
+    says (`curl -d` labels JSON a form), a form only when it is not JSON.
+    RequestError: a JSON `model` that is not a string."""
     content_type = request.content_type or ""
     if request.method in ("POST", "PUT", "PATCH") and request.body:
         if content_type.startswith("multipart/"):
@@ -84,7 +85,9 @@ def _named_model(request: HttpRequest) -> tuple[str | None, bool]:
         if body is None:
             return None, False  # the child answers the bad body in its protocol
         value = body.get("model")
-        return (value if value is None or isinstance(value, str) else repr(value)), body.get("stream") is True
+        if value is not None and not isinstance(value, str):  # as a model's process refuses it (its Schema)
+            raise RequestError("model: Input should be a valid string", "model")
+        return value, body.get("stream") is True
     return request.GET.get("model"), False
 
 
@@ -104,8 +107,8 @@ async def dispatch(request: HttpRequest) -> HttpResponse:
     if path in FAN_OUT:
         return await _fan_out(request, manager)
     big = len(request.body) > BIG_BODY and not (request.content_type or "").startswith("multipart/")
-    named, streaming = await asyncio.to_thread(_named_model, request) if big else _named_model(request)
     try:
+        named, streaming = await asyncio.to_thread(_named_model, request) if big else _named_model(request)
         conversation = conversation_id(request) if streaming and request.method == "POST" else None
     except RequestError as exc:
         return errors.request_error(surfaces.for_path(path), exc)

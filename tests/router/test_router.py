@@ -144,6 +144,15 @@ def test_unknown_model_is_a_400_naming_it_in_each_protocol(two):
     assert r.status_code == 400 and r.json()["type"] == "error"
     assert r.json()["error"]["message"].startswith("model 'x' not found")
     assert HTTP.post(two.url + "/models/load", json={"model": "x"}).status_code == 400
+    # A `model` that is not a string: refused as a model's process words it (its Schema), in each shape.
+    r = HTTP.post(two.url + "/v1/chat/completions",
+                  json={"model": ["x"], "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "model", r.text
+    assert r.json()["error"]["message"] == "model: Input should be a valid string"
+    r = HTTP.post(two.url + "/v1/messages", json={"model": {"id": A}, "max_tokens": 4, "stream": True,
+                                                   "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 400 and r.json()["type"] == "error", r.text
+    assert r.json()["error"]["message"] == "model: Input should be a valid string"
 
 
 def test_sdks_through_the_router(two):
