@@ -24,6 +24,7 @@ import logging
 import re
 import secrets
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from serving.router import presets, remote_hosts
@@ -53,6 +54,7 @@ log = logging.getLogger("hearth.router")
 SCAN_S = 5  # seconds between looks at the library (downloads, `hearth rm`, new folders)
 RESTARTS_MAX, RESTART_WINDOW_S = 5, 60.0  # --isolate: a process that keeps exiting is not started again
 REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+MakeWay = Callable[[], Awaitable[None]]
 
 
 class Manager:
@@ -251,10 +253,13 @@ class Manager:
         return self.http
 
     # -- use -----------------------------------------------------------------
-    async def acquire(self, name: str | None, fetch: bool = False, hop: bool = False) -> Slot:
+    async def acquire(self, name: str | None, fetch: bool = False, hop: bool = False,
+                      make_way: MakeWay | None = None) -> Slot:
         """The slot serving `name`, loaded; the caller must `release` it.
         With Redis, a model another web node serves is passed to it, unless
-        this request came from another node (`hop`): that one is served here."""
+        this request came from another node (`hop`): that one is served here.
+        `make_way()` is awaited once if the load must wait for a busy model to
+        go (the caller may end what it holds elsewhere)."""
         slot = self.slots[self.resolve(name, fetch).id]
         if slot.remote is not None and slot.remote.node is not None and hop:
             raise RouterError(f"model {slot.id!r} is not loaded on this node any more; send the request again")
@@ -273,7 +278,7 @@ class Manager:
         slot.users += 1
         try:
             if slot.status != "loaded" or slot.unloading:
-                await self._load(slot)
+                await self._load(slot, make_way)
         except BaseException:
             slot.users -= 1
             self._wake()
@@ -310,7 +315,7 @@ class Manager:
         self.release(slot)
         return slot
 
-    async def _load(self, slot: Slot) -> None:
+    async def _load(self, slot: Slot, make_way: MakeWay | None = None) -> None:
         if self._lock is None:
             self._lock, self._released = asyncio.Lock(), asyncio.Event()
         if slot.id in self.fetching:  # not in the library yet: download first, taking no model slot
@@ -331,6 +336,10 @@ class Manager:
                     if room:
                         self._start(slot)  # reserved: counted as loading before the lock is let go
             if not room:  # every model is busy: wait, without the lock, for one to finish a request
+                if make_way is not None:
+                    await make_way()
+                    make_way = None
+                    continue
                 await self._next_release(deadline)
                 continue
             await self._wait_ready(slot)

@@ -112,11 +112,9 @@ async def dispatch(request: HttpRequest) -> HttpResponse:
         conversation = conversation_id(request) if streaming and request.method == "POST" else None
     except RequestError as exc:
         return errors.request_error(surfaces.for_path(path), exc)
-    if conversation is not None:
-        holder = holders.of(request)
-        if await request.runtime.streams.taken(conversation, holder):
-            return errors.render(surfaces.for_path(path), 409, TAKEN, param="X-Conversation-Id")
-        await request.runtime.streams.stop(conversation, holder=holder)  # one generation per conversation
+    # The conversation's live stream runs on until this request's own has begun (`_record`).
+    if conversation is not None and await request.runtime.streams.taken(conversation, holders.of(request)):
+        return errors.render(surfaces.for_path(path), 409, TAKEN, param="X-Conversation-Id")
     hop = _from_peer(request, manager)
     if hop:
         named = request.headers.get(MODEL_HEADER) or named
@@ -132,8 +130,12 @@ async def dispatch(request: HttpRequest) -> HttpResponse:
                 "beside it (`model` names a served model or none: `whisper-1` is fine); this server has no default "
                 "model: start it with --default-model, or set one with POST /models/default"))
         named = None  # `whisper-1`, a Whisper repo, a live take: the default model's process answers
+    make_way = None
+    if conversation is not None:
+        async def make_way() -> None:  # the load waits for room: this conversation's generation may hold it
+            await request.runtime.streams.stop(conversation, holder=holders.of(request))
     try:
-        slot = await manager.acquire(named, hop=hop)
+        slot = await manager.acquire(named, hop=hop, make_way=make_way)
         try:
             return await _forward(request, manager, slot, conversation)
         except _PeerGone:  # its claim is dropped; served here (never passed to a node again)

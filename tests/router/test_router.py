@@ -672,3 +672,49 @@ def test_a_host_without_a_key_gets_no_authorization_header(tiny_model):
     assert "authorization" not in {k.lower() for k in manager.hop_headers(keyless)}
     assert manager.hop_headers(keyed)["authorization"] == "Bearer k"
     assert manager.hop_headers(local)["authorization"] == f"Bearer {manager.key}"  # the children's own key
+
+
+def _stream_status(url: str, conv: str) -> str | None:
+    rows = HTTP.post(url + "/v1/streams/lookup", json={"conversation_ids": [conv]}).json()["data"]
+    return rows[0]["status"] if rows else None
+
+
+def _leave_stream(url: str, model: str, conv: str, library, path: str = "/v1/chat/completions") -> None:
+    """Start a long resumable stream on `model`, read its first bytes, and leave it running."""
+    body = {"model": model, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 2000, "stream": True,
+            "logit_bias": {str(_eos(library, model)): -100}}
+    with httpx.stream("POST", url + path, json=body, timeout=120, headers={"X-Conversation-Id": conv}) as r:
+        assert r.status_code == 200
+        next(r.iter_raw())
+
+
+def test_a_refused_post_leaves_the_conversations_stream_running(one, library):
+    """A POST on a conversation stops its live stream only once its own stream
+    has begun: refused by the router or by the model's process, in any
+    protocol, it leaves the stream running. A POST whose model needs the
+    room that stream holds (one slot) stops it, and is answered at once."""
+    conv = "refused-posts"
+    _leave_stream(one.url, A, conv, library)
+    followed: list[bytes] = []  # the stream, to its end
+    follower = threading.Thread(target=lambda: followed.append(HTTP.get(f"{one.url}/v1/stream/{conv}").content))
+    follower.start()
+    hi = [{"role": "user", "content": "Hi"}]
+    for path, bad, status in [
+            ("/v1/chat/completions", {"model": A, "messages": hi, "max_tokens": -1, "stream": True}, 400),
+            ("/v1/messages", {"model": A, "messages": [], "max_tokens": 5, "stream": True}, 400),
+            ("/v1/responses", {"model": A, "input": "x", "previous_response_id": "resp_nope", "stream": True}, 404),
+            ("/v1/chat/completions", {"model": "nobody", "messages": hi, "stream": True}, 400),
+            ("/v1/chat/completions", {"model": ["x"], "messages": hi, "stream": True}, 400),
+            ("/v1/messages", {"model": {"id": A}, "messages": hi, "max_tokens": 5, "stream": True}, 400)]:
+        refused = HTTP.post(one.url + path, json=bad, headers={"X-Conversation-Id": conv})
+        assert refused.status_code == status, (path, refused.text)
+        assert _stream_status(one.url, conv) == "live", (path, bad)
+    started = time.monotonic()
+    moved = HTTP.post(one.url + "/v1/chat/completions", headers={"X-Conversation-Id": conv},
+                      json={"model": B, "messages": hi, "max_tokens": 2, "stream": True})
+    assert moved.status_code == 200 and moved.text.endswith("data: [DONE]\n\n"), moved.text[-300:]
+    assert time.monotonic() - started < 60  # not the 2 minutes a load waits for a busy model
+    assert _rows(one.url)[A]["status"]["value"] == "unloaded"
+    follower.join(60)
+    usage = json.loads(followed[0].split(b"data: ")[-2])["usage"]
+    assert usage["completion_tokens"] < 2000  # stopped to make room, not waited for
