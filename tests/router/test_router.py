@@ -679,6 +679,15 @@ def _stream_status(url: str, conv: str) -> str | None:
     return rows[0]["status"] if rows else None
 
 
+def _replay(url: str, conv: str) -> httpx.Response:
+    """GET /v1/stream/<conv>, followed to its end, once the router has it (it
+    learns that a client left a moment after the client does)."""
+    deadline = time.monotonic() + 10
+    while (replay := HTTP.get(f"{url}/v1/stream/{conv}")).status_code == 404 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return replay
+
+
 def _leave_stream(url: str, model: str, conv: str, library, path: str = "/v1/chat/completions") -> None:
     """Start a long resumable stream on `model`, read its first bytes, and leave it running."""
     body = {"model": model, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 2000, "stream": True,
@@ -718,3 +727,33 @@ def test_a_refused_post_leaves_the_conversations_stream_running(one, library):
     follower.join(60)
     usage = json.loads(followed[0].split(b"data: ")[-2])["usage"]
     assert usage["completion_tokens"] < 2000  # stopped to make room, not waited for
+
+
+def test_a_stream_whose_client_left_while_its_model_loaded_runs_on(two, library):
+    """A resumable POST does not depend on its connection while its model
+    loads: the stream is kept, the model loads and generates, a resume gets
+    every byte; a load that fails ends the stream with the protocol's error."""
+    HTTP.post(two.url + "/models/unload", json={"model": B}).raise_for_status()
+
+    def leave(path: str, conv: str, body: dict) -> None:
+        with pytest.raises(httpx.ReadTimeout):  # no answer before the model's process has loaded
+            HTTP.post(two.url + path, json={"model": B, "stream": True, **body}, headers={"X-Conversation-Id": conv},
+                      timeout=httpx.Timeout(60, read=0.3))
+
+    leave("/v1/chat/completions", "left-while-loading",
+          {"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 30,
+           "logit_bias": {str(_eos(library, B)): -100}})
+    whole = _replay(two.url, "left-while-loading")
+    assert whole.status_code == 200 and whole.content.endswith(b"data: [DONE]\n\n"), whole.text[-300:]
+    assert json.loads(whole.content.split(b"data: ")[-2])["usage"]["completion_tokens"] == 30
+    assert _stream_status(two.url, "left-while-loading") == "done"
+
+    HTTP.post(two.url + "/models/unload", json={"model": B}).raise_for_status()
+    leave("/v1/messages", "left-a-failed-load", {"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 5})
+    os.kill(_wait_status(two.url, B, "loading")["pid"], signal.SIGKILL)  # its process dies while it loads
+    failed = _replay(two.url, "left-a-failed-load")
+    assert failed.status_code == 200 and failed.headers["x-stream-status"] in ("live", "failed")
+    event, data = failed.text.strip().split("\n")
+    assert event == "event: error" and "SIGKILL" in json.loads(data[6:])["error"]["message"]
+    assert _stream_status(two.url, "left-a-failed-load") == "failed"
+    assert _rows(two.url)[B]["inflight"] == 0
