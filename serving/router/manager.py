@@ -23,6 +23,7 @@ import dataclasses
 import logging
 import re
 import secrets
+import signal
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -34,6 +35,8 @@ from serving.router.cluster import Cluster
 from serving.router.remote_hosts import RemoteHosts
 from serving.router.remotes import RemoteHost
 from serving.router.slots import (
+    Downloading,
+    LoadCalledOff,
     LoadFailed,
     ModelNotFound,
     NoCapacity,
@@ -225,7 +228,7 @@ class Manager:
             "last_used": slot.last_used, "loaded_at": slot.loaded_at if loaded else None,
             "idle_s": round(now - slot.last_used, 1) if loaded and slot.last_used and not slot.users else
             (0.0 if loaded else None),
-            "inflight": slot.users, "pid": slot.child.pid if slot.child is not None else None,
+            "inflight": slot.users - slot.loaders, "pid": slot.child.pid if slot.child is not None else None,
             "remote": slot.remote.status() if slot.remote is not None else None,
             "served_by": self.cluster.served_by(slot),
         }
@@ -254,12 +257,13 @@ class Manager:
 
     # -- use -----------------------------------------------------------------
     async def acquire(self, name: str | None, fetch: bool = False, hop: bool = False,
-                      make_way: MakeWay | None = None) -> Slot:
+                      make_way: MakeWay | None = None, loader: bool = False) -> Slot:
         """The slot serving `name`, loaded; the caller must `release` it.
         With Redis, a model another web node serves is passed to it, unless
         this request came from another node (`hop`): that one is served here.
         `make_way()` is awaited once if the load must wait for a busy model to
-        go (the caller may end what it holds elsewhere)."""
+        go (the caller may end what it holds elsewhere). A `loader` holds the
+        slot for a load alone (`load`): not counted as a request in flight."""
         slot = self.slots[self.resolve(name, fetch).id]
         if slot.remote is not None and slot.remote.node is not None and hop:
             raise RouterError(f"model {slot.id!r} is not loaded on this node any more; send the request again")
@@ -273,14 +277,17 @@ class Manager:
                 raise RouterError(f"model {slot.id!r} is served by {slot.remote.url}, which does not answer: "
                                   f"{slot.remote.error}")
             slot.users += 1
+            slot.loaders += loader
             slot.last_used = time.time()
             return slot
         slot.users += 1
+        slot.loaders += loader
         try:
             if slot.status != "loaded" or slot.unloading:
                 await self._load(slot, make_way)
         except BaseException:
             slot.users -= 1
+            slot.loaders -= loader
             self._wake()
             if slot.status not in ("loading", "loaded") and not slot.users:
                 self._let_go(slot)
@@ -311,7 +318,8 @@ class Manager:
             self._released.set()
 
     async def load(self, name: str | None, fetch: bool = False) -> Slot:
-        slot = await self.acquire(name, fetch)
+        slot = await self.acquire(name, fetch, loader=True)
+        slot.loaders -= 1
         self.release(slot)
         return slot
 
@@ -388,10 +396,14 @@ class Manager:
         self._changed(slot)
 
     async def _wait_ready(self, slot: Slot) -> None:
+        ready = slot.ready
         try:
-            await asyncio.wait_for(slot.ready.wait(), self.settings.start_timeout_s + 5)
+            await asyncio.wait_for(ready.wait(), self.settings.start_timeout_s + 5)
         except asyncio.TimeoutError:
             raise LoadFailed(f"model {slot.id!r} did not load within {self.settings.start_timeout_s:g}s") from None
+        if slot.called_off is ready:
+            raise LoadCalledOff(f"model {slot.id!r} was unloaded (POST /models/unload) while it was loading; "
+                                "send the request again to load it")
         if slot.status == "failed":
             raise LoadFailed(f"model {slot.id!r} failed to load: {slot.error}")
 
@@ -523,7 +535,8 @@ class Manager:
         if slot.child is not child:
             return
         was, asked = slot.status, slot.unloading
-        slot.child, slot.port, slot.exit_code, slot.unloading = None, None, code, False
+        stopped = asked and code == -signal.SIGTERM  # as asked: a process still loading ends on SIGTERM itself
+        slot.child, slot.port, slot.exit_code, slot.unloading = None, None, None if stopped else code, False
         self._wake()
         if was == "loading" and not asked:
             reason = slot.error or exit_reason(code)
@@ -577,9 +590,16 @@ class Manager:
 
     # -- unload --------------------------------------------------------------
     async def unload(self, name: str | None) -> Slot:
+        """Stop the model's process. A load in progress is ended (the
+        requests waiting for it get `LoadCalledOff`); a download is refused."""
         slot = self.slots[self.resolve(name).id]
         if slot.remote is not None:
             raise RemoteModel(f"model {slot.id!r} is served by {slot.remote.url}: unload it there")
+        if slot.fetch is not None:
+            raise Downloading(f"model {slot.id!r} is being downloaded ({slot.percent}%); unload it once it has "
+                              "loaded (GET /models/sse shows the progress)")
+        if slot.status == "loading":
+            slot.called_off = slot.ready
         if slot.status in ("loaded", "loading"):
             await self._stop(slot)
         return slot

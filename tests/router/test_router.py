@@ -757,3 +757,33 @@ def test_a_stream_whose_client_left_while_its_model_loaded_runs_on(two, library)
     assert event == "event: error" and "SIGKILL" in json.loads(data[6:])["error"]["message"]
     assert _stream_status(two.url, "left-a-failed-load") == "failed"
     assert _rows(two.url)[B]["inflight"] == 0
+
+
+def test_unloading_a_model_while_it_loads_ends_the_load(two):
+    """POST /models/unload of a loading model stops its process for good: the
+    load and the requests waiting for it get a 503 saying so in their
+    protocol. A load alone is no request in flight."""
+    HTTP.post(two.url + "/models/unload", json={"model": B}).raise_for_status()
+    answers: dict[str, httpx.Response] = {}
+    asks = {"load": lambda: HTTP.post(two.url + "/models/load", json={"model": B}),
+            "chat": lambda: HTTP.post(two.url + "/v1/messages", json={
+                "model": B, "max_tokens": 2, "messages": [{"role": "user", "content": "Hi"}]})}
+    threads = {name: threading.Thread(target=lambda n=name: answers.__setitem__(n, asks[n]())) for name in asks}
+    threads["load"].start()
+    row = _wait_status(two.url, B, "loading")
+    assert row["inflight"] == 0
+    threads["chat"].start()
+    deadline = time.monotonic() + 30
+    while _rows(two.url)[B]["inflight"] != 1 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    unloaded = HTTP.post(two.url + "/models/unload", json={"model": B})
+    assert unloaded.status_code == 200 and unloaded.json()["status"] == {"value": "unloaded"}, unloaded.text
+    for thread in threads.values():
+        thread.join(60)
+    load, chat = answers["load"], answers["chat"]
+    assert load.status_code == 503 and load.json()["error"]["code"] == "model_unloaded", load.text
+    assert "unloaded (POST /models/unload) while it was loading" in load.json()["error"]["message"]
+    assert chat.status_code == 503 and chat.json()["type"] == "error" and "unloaded" in chat.text, chat.text
+    time.sleep(1)  # nothing starts it again
+    row = _rows(two.url)[B]
+    assert row["status"] == {"value": "unloaded"} and row["pid"] is None and row["inflight"] == 0
