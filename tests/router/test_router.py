@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import threading
@@ -787,3 +788,34 @@ def test_unloading_a_model_while_it_loads_ends_the_load(two):
     time.sleep(1)  # nothing starts it again
     row = _rows(two.url)[B]
     assert row["status"] == {"value": "unloaded"} and row["pid"] is None and row["inflight"] == 0
+
+
+def test_shutdown_keeps_the_bound_it_announces(library, tmp_path_factory):
+    """SIGTERM with a model's process hung (SIGSTOP) mid-stream and no client
+    reading: the log counts the stream, and the router is gone within the
+    drain and the stop it announces, the hung process killed. (A server of
+    its own: its stop is what is tested.)"""
+    import psutil
+
+    proc = _router(library, tmp_path_factory, "--models-max", "1", "--drain-seconds", "1", "--flush-seconds", "0")
+    child = None
+    try:
+        child = psutil.Process(_wait_status(proc.url, A, "loaded")["pid"])
+        _leave_stream(proc.url, A, "hung-at-shutdown", library)
+        deadline = time.monotonic() + 10  # the router sees the client go
+        while HTTP.get(proc.url + "/stats").json()["streams"]["following"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        child.suspend()
+        started = time.monotonic()
+        proc.proc.send_signal(signal.SIGTERM)
+        assert proc.proc.wait(60) == 0
+        took = time.monotonic() - started
+    finally:
+        if child is not None and child.is_running():
+            child.resume()
+        proc.stop()
+    said = re.search(r"shutting down: finishing \d+ running request\(s\) and 1 resumable stream\(s\) no client reads, "
+                     r"at most (\d+)s; then the models' processes .*? at most (\d+)s", proc.output())
+    assert said, proc.output()[-3000:]
+    assert took < int(said[1]) + int(said[2]) + 3, (took, said[0])
+    assert not child.is_running() or child.status() == psutil.STATUS_ZOMBIE
