@@ -73,6 +73,8 @@ async def forward(request: HttpRequest, manager: Manager, conversation: str, nam
 
 
 async def _record(request: HttpRequest, conversation: str, opened: Opened) -> HttpResponse:
+    """The model's stream, begun, as the conversation's (the one before it
+    stops now); the client follows it from its first byte."""
     surface = surfaces.for_path(request.path)
     chunks = opened.relay.__aiter__()
     try:
