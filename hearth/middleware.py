@@ -124,9 +124,11 @@ class RequestMetricsMiddleware(_ResponseHook):
             response = await self.get_response(request)
         except asyncio.CancelledError:
             self._count(request, CLIENT_GONE)
-            requests_log.info("trace=%s %s %s %d: the client went away after %.0f ms; its work stopped",
+            kept = getattr(request, "hearth_kept", False)  # a resumable stream that runs on without it
+            requests_log.info("trace=%s %s %s %d: the client went away after %.0f ms; %s",
                      getattr(request, "trace_id", "-"), request.method, request.path, CLIENT_GONE,
-                     (time.monotonic() - started) * 1000)
+                     (time.monotonic() - started) * 1000,
+                     "its stream goes on (X-Conversation-Id)" if kept else "its work stopped")
             raise
         return self._rewrite(request, response)
 

@@ -34,6 +34,10 @@ class Work:
     def draining(self) -> None:
         """The drain begins: new requests are refused from now on."""
 
+    def closing(self) -> str:
+        """What `close(flush=True)` does and the most it takes, as the shutdown's log line says it."""
+        return ""
+
 
 class EngineWork(Work):
     def __init__(self, engine: Engine, flush_seconds: float):
@@ -41,6 +45,11 @@ class EngineWork(Work):
 
     def busy(self) -> bool:
         return self.engine.busy
+
+    def closing(self) -> str:
+        if self.engine.ssd is None:
+            return ""
+        return f"; then the prompt cache is written to the SSD tier, at most {self.flush_seconds:.0f}s"
 
     def draining(self) -> None:
         self.engine.stop_grammar_compiles()  # a request waiting for its grammar is answered now, not at its budget
@@ -258,8 +267,8 @@ def run_daphne(work: Work, host: str, port: int, drain_seconds: float, label: st
             finish(flush=False)
             return
         runtime.drained_on_request = False  # drained by POST /admin/drain: this signal still flushes
-        log.info("shutting down: finishing %d running request(s), at most %.0fs",
-                 runtime.inflight, drain_seconds)
+        log.info("shutting down: finishing %d running request(s) and %d resumable stream(s) no client reads, "
+                 "at most %.0fs%s", runtime.inflight, runtime.streams.unread_count(), drain_seconds, work.closing())
         runtime.draining = True
         try:
             work.draining()

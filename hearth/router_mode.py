@@ -58,17 +58,26 @@ from serving.streams.store import Owner
 log = logging.getLogger("hearth.serve")
 
 MOST_BY_DEFAULT = 8
+STOP_GRACE_S = 10.0  # at shutdown, how long a model's process may take to exit once its prompt cache is written
 
 
 class RouterWork(Work):
-    def __init__(self, manager: Manager, stop_timeout_s: float):
-        self.manager, self.stop_timeout_s = manager, stop_timeout_s
+    """At shutdown, after the drain: every model's process is told to stop
+    (it writes its prompt cache to the SSD tier, within --flush-seconds);
+    those still running `STOP_GRACE_S` past that are killed."""
+
+    def __init__(self, manager: Manager, flush_s: float):
+        self.manager, self.close_s = manager, flush_s + STOP_GRACE_S
 
     def busy(self) -> bool:
         return any(s.users for s in self.manager.slots.values())
 
+    def closing(self) -> str:
+        return (f"; then the models' processes write their prompt caches and exit, at most {self.close_s:.0f}s "
+                "(one still running then is killed)")
+
     def close(self, flush: bool) -> None:
-        self.manager.stop_all(self.stop_timeout_s if flush else 5.0)
+        self.manager.stop_all(self.close_s if flush else 5.0)
 
     def draining(self) -> None:
         self.manager.leave()  # the other web nodes load what this one served, rather than pass it here
@@ -322,8 +331,7 @@ def serve_router(plan: RouterPlan, opts: dict) -> None:
         if demo is not None:
             demo.watch()
     try:
-        status = run_daphne(RouterWork(manager, settings.stop_timeout_s), opts["host"], opts["port"],
-                            opts["drain_seconds"],
+        status = run_daphne(RouterWork(manager, settings.flush_s), opts["host"], opts["port"], opts["drain_seconds"],
                             f"the router ({len(manager.slots)} models, default {manager.default or 'none'})",
                             on_start=on_start)
     finally:

@@ -23,7 +23,9 @@ import dataclasses
 import logging
 import re
 import secrets
+import signal
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from serving.router import presets, remote_hosts
@@ -33,6 +35,8 @@ from serving.router.cluster import Cluster
 from serving.router.remote_hosts import RemoteHosts
 from serving.router.remotes import RemoteHost
 from serving.router.slots import (
+    Downloading,
+    LoadCalledOff,
     LoadFailed,
     ModelNotFound,
     NoCapacity,
@@ -53,6 +57,7 @@ log = logging.getLogger("hearth.router")
 SCAN_S = 5  # seconds between looks at the library (downloads, `hearth rm`, new folders)
 RESTARTS_MAX, RESTART_WINDOW_S = 5, 60.0  # --isolate: a process that keeps exiting is not started again
 REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+MakeWay = Callable[[], Awaitable[None]]
 
 
 class Manager:
@@ -223,7 +228,7 @@ class Manager:
             "last_used": slot.last_used, "loaded_at": slot.loaded_at if loaded else None,
             "idle_s": round(now - slot.last_used, 1) if loaded and slot.last_used and not slot.users else
             (0.0 if loaded else None),
-            "inflight": slot.users, "pid": slot.child.pid if slot.child is not None else None,
+            "inflight": slot.users - slot.loaders, "pid": slot.child.pid if slot.child is not None else None,
             "remote": slot.remote.status() if slot.remote is not None else None,
             "served_by": self.cluster.served_by(slot),
         }
@@ -251,10 +256,14 @@ class Manager:
         return self.http
 
     # -- use -----------------------------------------------------------------
-    async def acquire(self, name: str | None, fetch: bool = False, hop: bool = False) -> Slot:
+    async def acquire(self, name: str | None, fetch: bool = False, hop: bool = False,
+                      make_way: MakeWay | None = None, loader: bool = False) -> Slot:
         """The slot serving `name`, loaded; the caller must `release` it.
         With Redis, a model another web node serves is passed to it, unless
-        this request came from another node (`hop`): that one is served here."""
+        this request came from another node (`hop`): that one is served here.
+        `make_way()` is awaited once if the load must wait for a busy model to
+        go (the caller may end what it holds elsewhere). A `loader` holds the
+        slot for a load alone (`load`): not counted as a request in flight."""
         slot = self.slots[self.resolve(name, fetch).id]
         if slot.remote is not None and slot.remote.node is not None and hop:
             raise RouterError(f"model {slot.id!r} is not loaded on this node any more; send the request again")
@@ -268,14 +277,17 @@ class Manager:
                 raise RouterError(f"model {slot.id!r} is served by {slot.remote.url}, which does not answer: "
                                   f"{slot.remote.error}")
             slot.users += 1
+            slot.loaders += loader
             slot.last_used = time.time()
             return slot
         slot.users += 1
+        slot.loaders += loader
         try:
             if slot.status != "loaded" or slot.unloading:
-                await self._load(slot)
+                await self._load(slot, make_way)
         except BaseException:
             slot.users -= 1
+            slot.loaders -= loader
             self._wake()
             if slot.status not in ("loading", "loaded") and not slot.users:
                 self._let_go(slot)
@@ -306,11 +318,12 @@ class Manager:
             self._released.set()
 
     async def load(self, name: str | None, fetch: bool = False) -> Slot:
-        slot = await self.acquire(name, fetch)
+        slot = await self.acquire(name, fetch, loader=True)
+        slot.loaders -= 1
         self.release(slot)
         return slot
 
-    async def _load(self, slot: Slot) -> None:
+    async def _load(self, slot: Slot, make_way: MakeWay | None = None) -> None:
         if self._lock is None:
             self._lock, self._released = asyncio.Lock(), asyncio.Event()
         if slot.id in self.fetching:  # not in the library yet: download first, taking no model slot
@@ -331,6 +344,10 @@ class Manager:
                     if room:
                         self._start(slot)  # reserved: counted as loading before the lock is let go
             if not room:  # every model is busy: wait, without the lock, for one to finish a request
+                if make_way is not None:
+                    await make_way()
+                    make_way = None
+                    continue
                 await self._next_release(deadline)
                 continue
             await self._wait_ready(slot)
@@ -379,10 +396,14 @@ class Manager:
         self._changed(slot)
 
     async def _wait_ready(self, slot: Slot) -> None:
+        ready = slot.ready
         try:
-            await asyncio.wait_for(slot.ready.wait(), self.settings.start_timeout_s + 5)
+            await asyncio.wait_for(ready.wait(), self.settings.start_timeout_s + 5)
         except asyncio.TimeoutError:
             raise LoadFailed(f"model {slot.id!r} did not load within {self.settings.start_timeout_s:g}s") from None
+        if slot.called_off is ready:
+            raise LoadCalledOff(f"model {slot.id!r} was unloaded (POST /models/unload) while it was loading; "
+                                "send the request again to load it")
         if slot.status == "failed":
             raise LoadFailed(f"model {slot.id!r} failed to load: {slot.error}")
 
@@ -514,7 +535,8 @@ class Manager:
         if slot.child is not child:
             return
         was, asked = slot.status, slot.unloading
-        slot.child, slot.port, slot.exit_code, slot.unloading = None, None, code, False
+        stopped = asked and code == -signal.SIGTERM  # as asked: a process still loading ends on SIGTERM itself
+        slot.child, slot.port, slot.exit_code, slot.unloading = None, None, None if stopped else code, False
         self._wake()
         if was == "loading" and not asked:
             reason = slot.error or exit_reason(code)
@@ -568,9 +590,16 @@ class Manager:
 
     # -- unload --------------------------------------------------------------
     async def unload(self, name: str | None) -> Slot:
+        """Stop the model's process. A load in progress is ended (the
+        requests waiting for it get `LoadCalledOff`); a download is refused."""
         slot = self.slots[self.resolve(name).id]
         if slot.remote is not None:
             raise RemoteModel(f"model {slot.id!r} is served by {slot.remote.url}: unload it there")
+        if slot.fetch is not None:
+            raise Downloading(f"model {slot.id!r} is being downloaded ({slot.percent}%); unload it once it has "
+                              "loaded (GET /models/sse shows the progress)")
+        if slot.status == "loading":
+            slot.called_off = slot.ready
         if slot.status in ("loaded", "loading"):
             await self._stop(slot)
         return slot

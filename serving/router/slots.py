@@ -44,6 +44,18 @@ class LoadFailed(RouterError):
     code = "model_load_failed"
 
 
+class LoadCalledOff(RouterError):
+    """The load a request waited for was ended by POST /models/unload."""
+    code = "model_unloaded"
+
+
+class Downloading(RouterError):
+    """POST /models/unload of a model whose files are still being downloaded."""
+    status = 409
+    type = "invalid_request_error"
+    code = "model_downloading"
+
+
 class RemoteModel(RouterError):
     """Asked to load or unload a model another machine serves."""
     status = 400
@@ -89,12 +101,14 @@ class Slot:
     exit_code: int | None = None
     unloading: bool = False
     pinned: bool = False
-    users: int = 0  # requests holding or waiting for it
+    users: int = 0  # requests holding or waiting for it, and loads asked for alone
+    loaders: int = 0  # of those, the loads asked for alone (POST /models/load, a preload): no request in flight
     last_used: float | None = None
     loaded_at: float | None = None
     info: dict = field(default_factory=dict)  # the child's own /v1/models row
     fetch: asyncio.Future | None = None  # its download, while the library lacks it
-    ready: asyncio.Event = field(default_factory=asyncio.Event)
+    ready: asyncio.Event = field(default_factory=asyncio.Event)  # a new one per start of its process
+    called_off: asyncio.Event | None = None  # the `ready` of a load POST /models/unload ended: its waiters fail
     exited: asyncio.Event = field(default_factory=asyncio.Event)
     remote: RemoteHost | None = None  # served by another machine's `hearth serve` (serving/router/remotes.py)
     restarts: int = 0  # times it was started again after its process exited unasked (--isolate)

@@ -15,7 +15,7 @@ import asyncio
 import hmac
 import json
 import logging
-import secrets
+from collections.abc import Awaitable
 from urllib.parse import quote
 
 import httpx
@@ -25,12 +25,12 @@ from core import holders, surfaces
 from inference.protocols.errors import RequestError
 from serving import traces
 from serving.router import aggregate
-from serving.router.manager import Manager
+from serving.router.manager import MakeWay, Manager
 from serving.router.owners import HOP_HEADER, MODEL_HEADER, refused_hop
 from serving.router.slots import ModelNotFound, RouterError, Slot
-from serving.routes import errors, responses
-from serving.routes.pipeline import conversation_id, replay_key
-from serving.streams.store import TAKEN, StreamRefused, close_quietly
+from serving.routes import errors, proxy_streams, responses
+from serving.routes.pipeline import conversation_id
+from serving.streams.store import TAKEN
 
 log = logging.getLogger("hearth.router")
 
@@ -73,7 +73,8 @@ def _named_model(request: HttpRequest) -> tuple[str | None, bool]:
     """The `model` a request names (a JSON body's field, a form field, or the
     query string's), and whether its JSON body asks for a stream. A body is
     read as the model's process reads it: as JSON whatever its content type
-    says (`curl -d` labels JSON a form), a form only when it is not JSON."""
+    says (`curl -d` labels JSON a form), a form only when it is not JSON.
+    RequestError: a JSON `model` that is not a string."""
     content_type = request.content_type or ""
     if request.method in ("POST", "PUT", "PATCH") and request.body:
         if content_type.startswith("multipart/"):
@@ -84,7 +85,9 @@ def _named_model(request: HttpRequest) -> tuple[str | None, bool]:
         if body is None:
             return None, False  # the child answers the bad body in its protocol
         value = body.get("model")
-        return (value if value is None or isinstance(value, str) else repr(value)), body.get("stream") is True
+        if value is not None and not isinstance(value, str):  # as a model's process refuses it (its Schema)
+            raise RequestError("model: Input should be a valid string", "model")
+        return value, body.get("stream") is True
     return request.GET.get("model"), False
 
 
@@ -104,16 +107,14 @@ async def dispatch(request: HttpRequest) -> HttpResponse:
     if path in FAN_OUT:
         return await _fan_out(request, manager)
     big = len(request.body) > BIG_BODY and not (request.content_type or "").startswith("multipart/")
-    named, streaming = await asyncio.to_thread(_named_model, request) if big else _named_model(request)
     try:
+        named, streaming = await asyncio.to_thread(_named_model, request) if big else _named_model(request)
         conversation = conversation_id(request) if streaming and request.method == "POST" else None
     except RequestError as exc:
         return errors.request_error(surfaces.for_path(path), exc)
-    if conversation is not None:
-        holder = holders.of(request)
-        if await request.runtime.streams.taken(conversation, holder):
-            return errors.render(surfaces.for_path(path), 409, TAKEN, param="X-Conversation-Id")
-        await request.runtime.streams.stop(conversation, holder=holder)  # one generation per conversation
+    # The conversation's live stream runs on until this request's own has begun (proxy_streams.py).
+    if conversation is not None and await request.runtime.streams.taken(conversation, holders.of(request)):
+        return errors.render(surfaces.for_path(path), 409, TAKEN, param="X-Conversation-Id")
     hop = _from_peer(request, manager)
     if hop:
         named = request.headers.get(MODEL_HEADER) or named
@@ -129,15 +130,30 @@ async def dispatch(request: HttpRequest) -> HttpResponse:
                 "beside it (`model` names a served model or none: `whisper-1` is fine); this server has no default "
                 "model: start it with --default-model, or set one with POST /models/default"))
         named = None  # `whisper-1`, a Whisper repo, a live take: the default model's process answers
+
+    def opening(token: str | None = None, make_way: MakeWay | None = None) -> Awaitable[HttpResponse | Opened]:
+        return _open(request, manager, named, hop, token, make_way)
+    if conversation is not None:
+        return await proxy_streams.forward(request, manager, conversation, named, opening)
     try:
-        slot = await manager.acquire(named, hop=hop)
-        try:
-            return await _forward(request, manager, slot, conversation)
-        except _PeerGone:  # its claim is dropped; served here (never passed to a node again)
-            pass
-        return await _forward(request, manager, await manager.take_over(named, slot), conversation)
+        opened = await opening()
     except RouterError as exc:
         return errors.engine_error(surfaces.for_path(path), exc)
+    if isinstance(opened, Opened):
+        return StreamingHttpResponse(opened.relay, status=opened.status, headers=opened.headers)
+    return opened
+
+
+async def _open(request: HttpRequest, manager: Manager, named: str | None, hop: bool, token: str | None,
+                make_way: MakeWay | None) -> HttpResponse | Opened:
+    """`named`'s process (loaded first) and its answer to the request: an
+    `Opened` stream, or a whole reply. RouterError: no process took it."""
+    slot = await manager.acquire(named, hop=hop, make_way=make_way)
+    try:
+        return await _forward(request, manager, slot, token)
+    except _PeerGone:  # its claim is dropped; served here (never passed to a node again)
+        pass
+    return await _forward(request, manager, await manager.take_over(named, slot), token)
 
 
 BUILDING = ("waiting", "starting", "training", "handing over")  # the demo speech model's states before "done"
@@ -189,14 +205,16 @@ def _headers(request: HttpRequest, manager: Manager, slot: Slot) -> dict:
     return {**out, **manager.hop_headers(slot)}
 
 
-async def _forward(request: HttpRequest, manager: Manager, slot: Slot,
-                   conversation: str | None = None) -> HttpResponse:
+async def _forward(request: HttpRequest, manager: Manager, slot: Slot, token: str | None = None
+                   ) -> HttpResponse | Opened:
+    """The request sent to `slot`'s process: its stream (`Opened`), or its
+    whole reply. With `token`, the model's process knows the generation by
+    that name (X-Conversation-Id), for its stop."""
     client = http_client(manager)
     headers = _headers(request, manager, slot)
-    token = None
-    if conversation is not None:  # the model's process knows this generation by a name of its own, for its stop
+    if token is not None:
         headers = {k: v for k, v in headers.items() if k.lower() != "x-conversation-id"}
-        token = headers["x-conversation-id"] = f"router-{secrets.token_hex(12)}"
+        headers["x-conversation-id"] = token
     outgoing = client.build_request(request.method, slot.url + _target(request), content=request.body,
                                     headers=headers)
     try:
@@ -228,43 +246,24 @@ async def _forward(request: HttpRequest, manager: Manager, slot: Slot,
             await reply.aclose()
             manager.release(slot)
         return HttpResponse(content, status=reply.status_code, headers=headers)
-    relay = _Relay(request.path, manager, slot, reply)
-    if conversation is None or token is None:
-        return StreamingHttpResponse(relay, status=reply.status_code, headers=headers)
-    return await _record(request, manager, slot, (conversation, token), relay, reply.status_code, headers)
+    return Opened(manager, slot, _Relay(request.path, manager, slot, reply), reply.status_code, headers, token)
 
 
-async def _record(request: HttpRequest, manager: Manager, slot: Slot, names: tuple[str, str], relay: _Relay,
-                  status: int, headers: dict) -> HttpResponse:
-    """A resumable stream: the router records the model's stream itself (it
-    outlives the client; the model's process only keeps the generation
-    stoppable, under `token`), and stops it through the model's own
-    `DELETE /v1/stream/{token}`."""
-    path = request.path
-    conversation, token = names
+class Opened:
+    """A model's stream, begun: what the router relays, and how it stops the
+    generation (the model's own `DELETE /v1/stream/{token}`)."""
 
-    async def stop() -> None:
+    def __init__(self, manager: Manager, slot: Slot, relay: _Relay, status: int, headers: dict,
+                 token: str | None):
+        self.manager, self.slot, self.relay, self.status, self.headers, self.token = \
+            manager, slot, relay, status, headers, token
+
+    async def stop(self) -> None:
         try:
-            await http_client(manager).delete(f"{slot.url}/v1/stream/{token}", timeout=10.0,
-                                              headers=manager.hop_headers(slot))
+            await http_client(self.manager).delete(f"{self.slot.url}/v1/stream/{self.token}", timeout=10.0,
+                                                   headers=self.manager.hop_headers(self.slot))
         except httpx.HTTPError as exc:  # the process is gone: its stream has ended (or will) by itself
-            log.warning("stopping %s in %s: %s", conversation, slot.id, exc)
-
-    chunks = relay.__aiter__()
-    try:
-        frames = await request.runtime.streams.start(conversation, surfaces.for_path(path).name, slot.id, chunks, stop,
-                                                     surfaces.for_path(path).stream_error,
-                                                     failed=lambda: relay.broke, holder=holders.of(request),
-                                                     request=replay_key(request))
-    except StreamRefused as exc:
-        await close_quietly(chunks)
-        relay.close()
-        return errors.render(surfaces.for_path(path), exc.status, exc.message, param=exc.param)
-    except BaseException:  # the client left while an earlier generation stopped: this one goes too
-        await close_quietly(chunks)
-        relay.close()
-        raise
-    return StreamingHttpResponse(frames, status=status, headers={**headers, "X-Conversation-Id": conversation})
+            log.warning("stopping stream %s in %s: %s", self.token, self.slot.id, exc)
 
 
 class _Relay:

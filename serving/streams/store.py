@@ -537,6 +537,10 @@ class Streams:
     def live_count(self) -> int:
         return sum(1 for s in self.by_id.values() if s.live) + len(self.relayed)
 
+    def unread_count(self) -> int:
+        """Live generations no client follows (each one a client left): no request in flight counts them."""
+        return sum(1 for s in self.by_id.values() if s.live and s.followers == 0)
+
     def stats(self) -> dict:
         kept = [s for s in self.by_id.values() if not s.live]
         return {"live": self.live_count(), "stored": len(kept), "bytes": self._bytes(),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import threading
@@ -144,6 +145,15 @@ def test_unknown_model_is_a_400_naming_it_in_each_protocol(two):
     assert r.status_code == 400 and r.json()["type"] == "error"
     assert r.json()["error"]["message"].startswith("model 'x' not found")
     assert HTTP.post(two.url + "/models/load", json={"model": "x"}).status_code == 400
+    # A `model` that is not a string: refused as a model's process words it (its Schema), in each shape.
+    r = HTTP.post(two.url + "/v1/chat/completions",
+                  json={"model": ["x"], "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "model", r.text
+    assert r.json()["error"]["message"] == "model: Input should be a valid string"
+    r = HTTP.post(two.url + "/v1/messages", json={"model": {"id": A}, "max_tokens": 4, "stream": True,
+                                                   "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 400 and r.json()["type"] == "error", r.text
+    assert r.json()["error"]["message"] == "model: Input should be a valid string"
 
 
 def test_sdks_through_the_router(two):
@@ -696,3 +706,149 @@ def test_a_host_without_a_key_gets_no_authorization_header(tiny_model):
     assert "authorization" not in {k.lower() for k in manager.hop_headers(keyless)}
     assert manager.hop_headers(keyed)["authorization"] == "Bearer k"
     assert manager.hop_headers(local)["authorization"] == f"Bearer {manager.key}"  # the children's own key
+
+
+def _stream_status(url: str, conv: str) -> str | None:
+    rows = HTTP.post(url + "/v1/streams/lookup", json={"conversation_ids": [conv]}).json()["data"]
+    return rows[0]["status"] if rows else None
+
+
+def _replay(url: str, conv: str) -> httpx.Response:
+    """GET /v1/stream/<conv>, followed to its end, once the router has it (it
+    learns that a client left a moment after the client does)."""
+    deadline = time.monotonic() + 10
+    while (replay := HTTP.get(f"{url}/v1/stream/{conv}")).status_code == 404 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return replay
+
+
+def _leave_stream(url: str, model: str, conv: str, library, path: str = "/v1/chat/completions") -> None:
+    """Start a long resumable stream on `model`, read its first bytes, and leave it running."""
+    body = {"model": model, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 2000, "stream": True,
+            "logit_bias": {str(_eos(library, model)): -100}}
+    with httpx.stream("POST", url + path, json=body, timeout=120, headers={"X-Conversation-Id": conv}) as r:
+        assert r.status_code == 200
+        next(r.iter_raw())
+
+
+def test_a_refused_post_leaves_the_conversations_stream_running(one, library):
+    """A POST on a conversation stops its live stream only once its own stream
+    has begun: refused by the router or by the model's process, in any
+    protocol, it leaves the stream running. A POST whose model needs the
+    room that stream holds (one slot) stops it, and is answered at once."""
+    conv = "refused-posts"
+    _leave_stream(one.url, A, conv, library)
+    followed: list[bytes] = []  # the stream, to its end
+    follower = threading.Thread(target=lambda: followed.append(HTTP.get(f"{one.url}/v1/stream/{conv}").content))
+    follower.start()
+    hi = [{"role": "user", "content": "Hi"}]
+    for path, bad, status in [
+            ("/v1/chat/completions", {"model": A, "messages": hi, "max_tokens": -1, "stream": True}, 400),
+            ("/v1/messages", {"model": A, "messages": [], "max_tokens": 5, "stream": True}, 400),
+            ("/v1/responses", {"model": A, "input": "x", "previous_response_id": "resp_nope", "stream": True}, 404),
+            ("/v1/chat/completions", {"model": "nobody", "messages": hi, "stream": True}, 400),
+            ("/v1/chat/completions", {"model": ["x"], "messages": hi, "stream": True}, 400),
+            ("/v1/messages", {"model": {"id": A}, "messages": hi, "max_tokens": 5, "stream": True}, 400)]:
+        refused = HTTP.post(one.url + path, json=bad, headers={"X-Conversation-Id": conv})
+        assert refused.status_code == status, (path, refused.text)
+        assert _stream_status(one.url, conv) == "live", (path, bad)
+    started = time.monotonic()
+    moved = HTTP.post(one.url + "/v1/chat/completions", headers={"X-Conversation-Id": conv},
+                      json={"model": B, "messages": hi, "max_tokens": 2, "stream": True})
+    assert moved.status_code == 200 and moved.text.endswith("data: [DONE]\n\n"), moved.text[-300:]
+    assert time.monotonic() - started < 60  # not the 2 minutes a load waits for a busy model
+    assert _rows(one.url)[A]["status"]["value"] == "unloaded"
+    follower.join(60)
+    usage = json.loads(followed[0].split(b"data: ")[-2])["usage"]
+    assert usage["completion_tokens"] < 2000  # stopped to make room, not waited for
+
+
+def test_a_stream_whose_client_left_while_its_model_loaded_runs_on(two, library):
+    """A resumable POST does not depend on its connection while its model
+    loads: the stream is kept, the model loads and generates, a resume gets
+    every byte; a load that fails ends the stream with the protocol's error."""
+    HTTP.post(two.url + "/models/unload", json={"model": B}).raise_for_status()
+
+    def leave(path: str, conv: str, body: dict) -> None:
+        with pytest.raises(httpx.ReadTimeout):  # no answer before the model's process has loaded
+            HTTP.post(two.url + path, json={"model": B, "stream": True, **body}, headers={"X-Conversation-Id": conv},
+                      timeout=httpx.Timeout(60, read=0.3))
+
+    leave("/v1/chat/completions", "left-while-loading",
+          {"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 30,
+           "logit_bias": {str(_eos(library, B)): -100}})
+    whole = _replay(two.url, "left-while-loading")
+    assert whole.status_code == 200 and whole.content.endswith(b"data: [DONE]\n\n"), whole.text[-300:]
+    assert json.loads(whole.content.split(b"data: ")[-2])["usage"]["completion_tokens"] == 30
+    assert _stream_status(two.url, "left-while-loading") == "done"
+
+    HTTP.post(two.url + "/models/unload", json={"model": B}).raise_for_status()
+    leave("/v1/messages", "left-a-failed-load", {"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 5})
+    os.kill(_wait_status(two.url, B, "loading")["pid"], signal.SIGKILL)  # its process dies while it loads
+    failed = _replay(two.url, "left-a-failed-load")
+    assert failed.status_code == 200 and failed.headers["x-stream-status"] in ("live", "failed")
+    event, data = failed.text.strip().split("\n")
+    assert event == "event: error" and "SIGKILL" in json.loads(data[6:])["error"]["message"]
+    assert _stream_status(two.url, "left-a-failed-load") == "failed"
+    assert _rows(two.url)[B]["inflight"] == 0
+
+
+def test_unloading_a_model_while_it_loads_ends_the_load(two):
+    """POST /models/unload of a loading model stops its process for good: the
+    load and the requests waiting for it get a 503 saying so in their
+    protocol. A load alone is no request in flight."""
+    HTTP.post(two.url + "/models/unload", json={"model": B}).raise_for_status()
+    answers: dict[str, httpx.Response] = {}
+    asks = {"load": lambda: HTTP.post(two.url + "/models/load", json={"model": B}),
+            "chat": lambda: HTTP.post(two.url + "/v1/messages", json={
+                "model": B, "max_tokens": 2, "messages": [{"role": "user", "content": "Hi"}]})}
+    threads = {name: threading.Thread(target=lambda n=name: answers.__setitem__(n, asks[n]())) for name in asks}
+    threads["load"].start()
+    row = _wait_status(two.url, B, "loading")
+    assert row["inflight"] == 0
+    threads["chat"].start()
+    deadline = time.monotonic() + 30
+    while _rows(two.url)[B]["inflight"] != 1 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    unloaded = HTTP.post(two.url + "/models/unload", json={"model": B})
+    assert unloaded.status_code == 200 and unloaded.json()["status"] == {"value": "unloaded"}, unloaded.text
+    for thread in threads.values():
+        thread.join(60)
+    load, chat = answers["load"], answers["chat"]
+    assert load.status_code == 503 and load.json()["error"]["code"] == "model_unloaded", load.text
+    assert "unloaded (POST /models/unload) while it was loading" in load.json()["error"]["message"]
+    assert chat.status_code == 503 and chat.json()["type"] == "error" and "unloaded" in chat.text, chat.text
+    time.sleep(1)  # nothing starts it again
+    row = _rows(two.url)[B]
+    assert row["status"] == {"value": "unloaded"} and row["pid"] is None and row["inflight"] == 0
+
+
+def test_shutdown_keeps_the_bound_it_announces(library, tmp_path_factory):
+    """SIGTERM with a model's process hung (SIGSTOP) mid-stream and no client
+    reading: the log counts the stream, and the router is gone within the
+    drain and the stop it announces, the hung process killed. (A server of
+    its own: its stop is what is tested.)"""
+    import psutil
+
+    proc = _router(library, tmp_path_factory, "--models-max", "1", "--drain-seconds", "1", "--flush-seconds", "0")
+    child = None
+    try:
+        child = psutil.Process(_wait_status(proc.url, A, "loaded")["pid"])
+        _leave_stream(proc.url, A, "hung-at-shutdown", library)
+        deadline = time.monotonic() + 10  # the router sees the client go
+        while HTTP.get(proc.url + "/stats").json()["streams"]["following"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        child.suspend()
+        started = time.monotonic()
+        proc.proc.send_signal(signal.SIGTERM)
+        assert proc.proc.wait(60) == 0
+        took = time.monotonic() - started
+    finally:
+        if child is not None and child.is_running():
+            child.resume()
+        proc.stop()
+    said = re.search(r"shutting down: finishing \d+ running request\(s\) and 1 resumable stream\(s\) no client reads, "
+                     r"at most (\d+)s; then the models' processes .*? at most (\d+)s", proc.output())
+    assert said, proc.output()[-3000:]
+    assert took < int(said[1]) + int(said[2]) + 3, (took, said[0])
+    assert not child.is_running() or child.status() == psutil.STATUS_ZOMBIE
