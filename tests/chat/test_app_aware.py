@@ -125,9 +125,12 @@ def test_app_tools_write_ui_frames_and_refuse_unknown_routes(engine):
         ok, text, frames = await call("navigate_app", {"route": "admin"})
         assert not ok and "unknown route 'admin'" in text and frames == []  # never sent to the browser
 
+        # No socket follows this turn: nothing can confirm the spotlight, and the model is told so.
         ok, text, frames = await call("spotlight_ui", {"target": "quantize-bits", "value": 4, "route": "quantize",
                                                        "message": "Bits go here"})
-        assert ok and text == "ok: set quantize-bits to 4 and highlighted it"
+        assert ok and text == ("sent: asked the dashboard to set quantize-bits to 4 and highlight it on the Quantize "
+                               "page; no dashboard confirmed it")
+        assert frames[0].pop("callId").startswith("ui_")
         assert frames == [{"type": "ui_spotlight", "target": "quantize-bits", "message": "Bits go here",
                            "route": "quantize", "value": "4"}]
         ok, text, frames = await call("spotlight_ui", {"selector": "#coding-tools", "value": "true"})
@@ -138,6 +141,53 @@ def test_app_tools_write_ui_frames_and_refuse_unknown_routes(engine):
         assert not ok and "must be of type string" in text
 
     asyncio.run(run())
+
+
+SET_RANK = {"target": "finetune-rank", "value": "8"}  # no route: the catalog knows the page
+
+
+@pytest.mark.parametrize("answer, told", [
+    ({"ok": True, "found": "step", "route": "finetune", "step": 2, "stepLabel": "Training", "value": "8"},
+     (True, "ok: set finetune-rank to 8 and highlighted it")),
+    ({"ok": False, "found": None, "route": "finetune"},
+     (False, "error: finetune-rank was not found on the Fine-tune page")),
+    ({"ok": True, "found": "page", "route": "finetune", "value": None},
+     (False, "error: finetune-rank is highlighted on the Fine-tune page but did not take the value 8")),
+    ({"ok": False, "route": "models"}, (False, "error: the dashboard could not open the Fine-tune page")),
+    (None, (True, "sent: asked the dashboard to set finetune-rank to 8 and highlight it on the Fine-tune page; "
+                  "no dashboard confirmed it")),
+])
+def test_a_spotlight_goes_to_its_page_and_tells_the_model_what_the_dashboard_did(engine, steer, monkeypatch,
+                                                                                 answer, told):
+    """From the Models page, a call that names only a catalog target: the frame takes the target's page,
+    the socket answers as the dashboard would (`ui_result`), and the tool result says what it answered."""
+    from chat import appctx
+
+    monkeypatch.setattr(appctx, "UI_CONFIRM_S", 0.5)  # the unanswered case
+    seen = steer("spotlight_ui", SET_RANK)
+
+    async def run():
+        ws = await chatws.connect()
+        await ws.send_json_to({"type": "new_session"})
+        await _frames_until(ws, lambda f: f["type"] == "sessions")
+        await ws.send_json_to({"type": "context", "context": {"route": "models"}})
+        await ws.send_json_to({"type": "prompt", "text": "Go to finetune and set rank 8."})
+        frames = await _frames_until(ws, lambda f: f["type"] == "ui_spotlight")
+        spot = frames[-1]
+        assert spot["route"] == "finetune" and spot["target"] == "finetune-rank" and spot["value"] == "8"
+        if answer is not None:
+            await ws.send_json_to({"type": "ui_result", "callId": spot["callId"], "result": answer})
+        frames = await _frames_until(ws, _final)
+        await ws.send_json_to({"type": "ui_result", "callId": spot["callId"], "result": {"ok": True}})
+        assert await ws.receive_nothing(timeout=0.3)  # a late answer (another tab's) is dropped quietly
+        await ws.disconnect()
+        return frames
+
+    frames = asyncio.run(run())
+    end = next(f for f in frames if f["type"] == "tool_end")
+    assert (end["ok"], end["result"]) == told
+    page = "Fine-tune" if answer and answer["route"] == "finetune" else "Models"
+    assert seen[-1][0] == {"role": "system", "content": f"[user is on: {page}]"}  # the next round knows the page
 
 
 def test_every_spotlight_target_is_marked_in_the_dashboard():
