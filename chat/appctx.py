@@ -65,7 +65,9 @@ SPOTS = {
     "dataset-template": Spot("dataset", "the dataset template (Dataset, step 1)"),
     "chat-input": Spot(None, "the chat's message box"),
     "models-search": Spot("models", "search and download models (Models)"),
-    "settings-keys": Spot("settings", "API keys (Settings)"),
+    "settings-keys": Spot("settings", "Hearth's API keys: whether this server needs one, how to set and send one "
+                                      "(Settings)"),
+    "settings-token": Spot("settings", "the Hugging Face token, for pushing to the Hub (Settings)"),
 }
 TOOL_NAMES = ("get_current_app_context", "navigate_app", "spotlight_ui")
 MAX_ELEMENTS = 120

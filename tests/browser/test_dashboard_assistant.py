@@ -216,8 +216,17 @@ def test_navigate_and_spotlight_frames_move_fill_and_highlight(browser, base_url
                                   "message": "Search the hub here"})
         assert done["found"] == "page" and page.evaluate("location.hash") == "#/models"
         assert page.locator("[data-spot=models-search].spotlit").is_visible()
+        # "Where do I add an API key?" (the demo's trained answer) lights the card about Hearth's keys, which
+        # says whether this server needs one; the Hub token has a target of its own.
         done = page.evaluate(UI, {"type": "ui_spotlight", "route": "settings", "target": "settings-keys"})
         assert done["found"] == "page"
+        keys = page.locator("[data-spot=settings-keys].spotlit")
+        assert keys.locator("h2").inner_text() == "API keys"
+        keys.locator("text=No key is needed here").wait_for()
+        assert "HEARTH_API_KEY=KEY" in keys.inner_text()
+        done = page.evaluate(UI, {"type": "ui_spotlight", "target": "settings-token"})
+        assert done["found"] == "page"
+        assert page.locator("[data-spot=settings-token].spotlit h2").inner_text() == "Hugging Face token"
         assert page.evaluate(UI, {"type": "ui_navigate", "route": "nowhere"}) == {"ok": False}
         assert page.evaluate("location.hash") == "#/settings"
     finally:
