@@ -198,6 +198,26 @@ def test_every_spotlight_target_is_marked_in_the_dashboard():
     assert set(appctx.SPOTS) <= marked, set(appctx.SPOTS) - marked
 
 
+def test_the_prompts_the_docs_give_the_demo_are_ones_it_was_trained_on():
+    """The tiny demo model follows the phrasings of its corpus, not others ("take me to quantize" gets a
+    plain sentence): each prompt the docs quote for it is a question of the very corpus its recipe trains on."""
+    from serving.demo import corpus
+    from serving.demo.build import Recipe
+
+    recipe = Recipe()
+    trained = {m["content"] for messages, _, _ in corpus.samples(recipe.seed, recipe.examples) for m in messages
+               if m["role"] == "user"}
+    first_run = (ROOT / "docs" / "using" / "first-run.md").read_text()
+    chat = (ROOT / "docs" / "using" / "chat.md").read_text()
+    dashboard = (ROOT / "docs" / "using" / "dashboard.md").read_text()
+    text = (first_run.split("## What the demo model can do")[1].split("\n## ")[0]
+            + chat.split("The demo chat model (`hearth/demo-chat`)")[1].split("\n\n")[0]
+            + dashboard.split("the demo chat model learned these tools' calls")[1].split("a real model")[0])
+    quoted = [" ".join(q.split()) for q in re.findall(r'"([^"]+)"', re.sub(r"`[^`]*`", "", text)) if "…" not in q]
+    assert len(quoted) >= 5, quoted
+    assert [q for q in quoted if q not in trained] == []
+
+
 def test_a_follow_up_sent_mid_turn_is_answered_after_it(engine, eos_id):
     async def run():
         ws = await chatws.connect()
