@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+from pathlib import Path
 
 import pytest
 from channels.testing import WebsocketCommunicator
@@ -188,6 +189,56 @@ def test_a_spotlight_goes_to_its_page_and_tells_the_model_what_the_dashboard_did
     assert (end["ok"], end["result"]) == told
     page = "Fine-tune" if answer and answer["route"] == "finetune" else "Models"
     assert seen[-1][0] == {"role": "system", "content": f"[user is on: {page}]"}  # the next round knows the page
+
+
+def test_a_model_that_says_which_tools_it_learned_is_offered_only_those(engine, tiny_model, tmp_path, monkeypatch):
+    """A demo chat build (its marker says so) learned the three app tools and four practice tools; offered a
+    memory vault's tools beside them, it calls none. Its /v1/models row lists what it learned,
+    and its dashboard turns offer it those alone, with a vault and the coding tools on."""
+    import shutil
+
+    from huggingface_hub import try_to_load_from_cache
+
+    import chat.turns
+    from hearth.root import RUNTIME
+    from inference.engine.engine import Engine
+    from memory import service
+    from serving.demo import build
+    from serving.routes.listing import served_row
+
+    folder = tmp_path / "demo-build"
+    shutil.copytree(Path(try_to_load_from_cache(tiny_model, "config.json")).parent, folder)
+    (folder / build.MARKER).write_text(json.dumps(build._marker(build.Recipe())))
+    offered: list[list[str]] = []
+    original = chat.turns.body
+
+    def body(session, messages, next_turn, tools=None):
+        offered.append([t["function"]["name"] for t in tools or []])
+        return {**original(session, messages, next_turn, tools), "guided_grammar": chatws.forced("Done.")}
+
+    monkeypatch.setattr(chat.turns, "body", body)
+    service.init()  # the default vault: its tools are on offer to any other model
+    assert served_row(RUNTIME, engine)["trained_tools"] is None
+    demo = Engine(str(folder))
+    demo.start()
+    monkeypatch.setattr(RUNTIME, "engine", demo)
+    try:
+        assert served_row(RUNTIME, demo)["trained_tools"] == [
+            "get_current_app_context", "navigate_app", "spotlight_ui", "get_weather", "add", "get_time", "search"]
+
+        async def run():
+            ws = await chatws.connect()
+            await ws.send_json_to({"type": "new_session"})
+            await _frames_until(ws, lambda f: f["type"] == "sessions")
+            await chatws.coding(ws)
+            await ws.send_json_to({"type": "context", "context": {"route": "models"}})
+            await chatws.turn(ws, {"type": "prompt", "text": "Take me to quantize."})
+            await ws.disconnect()
+
+        asyncio.run(run())
+    finally:
+        demo.close(drain_seconds=0)
+    assert offered == [["get_current_app_context", "navigate_app", "spotlight_ui"]]
 
 
 def test_every_spotlight_target_is_marked_in_the_dashboard():
