@@ -220,16 +220,15 @@ def _spot_frame(args: dict) -> dict | str:
             frame[key] = value.strip()[:MAX_TEXT if key != "message" else 300]
     if not any(k in frame for k in ("target", "ref", "label", "selector")):
         return "error: say what to highlight: target (one of " + ", ".join(SPOTS) + "), ref, label or selector"
-    if args.get("route") not in (None, ""):
+    spot = SPOTS.get(frame.get("target", ""))
+    if spot is not None:  # the catalog knows its page: the call's route, right or wrong, is not needed
+        if spot.route is not None:
+            frame["route"] = spot.route
+    elif args.get("route") not in (None, ""):
         route = route_of(args["route"])
         if route is None:
             return f"error: unknown route {args['route']!r}; the routes are {', '.join(ROUTES)}"
         frame["route"] = route
-    spot = SPOTS.get(frame.get("target", ""))
-    if spot is not None:
-        frame.pop("route", None)
-        if spot.route is not None:
-            frame["route"] = spot.route
     value = args.get("value")
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         value = format(value, "g")

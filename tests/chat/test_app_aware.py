@@ -134,6 +134,12 @@ def test_app_tools_write_ui_frames_and_refuse_unknown_routes(engine):
         assert frames[0].pop("callId").startswith("ui_")
         assert frames == [{"type": "ui_spotlight", "target": "quantize-bits", "message": "Bits go here",
                            "route": "quantize", "value": "4"}]
+        # A catalog target goes to its own page whatever route the call wrote (the demo, deep in a chat, wrote
+        # "route"); any other target needs a route that exists.
+        ok, text, frames = await call("spotlight_ui", {"target": "settings-keys", "route": "route"})
+        assert ok and frames[0]["route"] == "settings"
+        ok, text, frames = await call("spotlight_ui", {"label": "Bits", "route": "route"})
+        assert not ok and "unknown route 'route'" in text and frames == []
         ok, text, frames = await call("spotlight_ui", {"selector": "#coding-tools", "value": "true"})
         assert not ok and "value fills only a named target" in text and frames == []  # not the chat's switches
         ok, text, frames = await call("spotlight_ui", {"message": "here"})
