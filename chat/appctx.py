@@ -17,7 +17,14 @@ While a session has a context, its turns get:
   browser moves or highlights. `spotlight_ui` may also fill one of the
   catalog's fields (`SPOTS`) with `value`, and only those: never the chat's
   own switches, and never submitting a form (starting a job stays the
-  user's click).
+  user's click). A catalog target goes to the page its element lives on
+  (`Spot.route`), whatever route the model named.
+
+A spotlight waits (UI_CONFIRM_S at most) for the dashboard's `ui_result`:
+what it found, on which page, and the value the field took. The model
+reads that: the result it was trained on when the control was found (and
+the page, through the next round's ambient line), an error when it was
+not, and "sent … no dashboard confirmed it" when no answer came.
 
 A route outside `ROUTES` is a tool error the model reads; it never reaches
 the browser."""
@@ -25,7 +32,7 @@ from __future__ import annotations
 
 import json
 from collections import OrderedDict
-from typing import TypeGuard
+from typing import NamedTuple, TypeGuard
 
 from chat.tools import Tool, check_args
 
@@ -35,28 +42,39 @@ from chat.tools import Tool, check_args
 ROUTES = {"chat": "Chat", "status": "Status", "models": "Models", "memory": "Memory", "jobs": "Jobs",
           "finetune": "Fine-tune", "quantize": "Quantize", "dataset": "Dataset", "adapters": "Adapters",
           "settings": "Settings"}
+
+
+class Spot(NamedTuple):
+    route: str | None  # the page its element lives on; None: every page (the dock's message box)
+    label: str
+
+
 # Curated spotlight targets: elements the pages mark with `data-spot` (tests/chat/test_app_aware.py
 # checks that the frontend marks every one).
 SPOTS = {
-    "quantize-source": "the model to quantize (Quantize, step 1)",
-    "quantize-mode": "uniform bits, a bits-per-weight target, or calibrated GPTQ/AWQ (Quantize, step 2)",
-    "quantize-bits": "bits per weight (Quantize, step 2)",
-    "quantize-group": "group size (Quantize, step 2)",
-    "quantize-calibration": "the calibration text for GPTQ or AWQ (Quantize, step 2)",
-    "finetune-model": "the base model (Fine-tune, step 1)",
-    "finetune-data": "the dataset folder (Fine-tune, step 2)",
-    "finetune-iters": "training iterations (Fine-tune, step 3)",
-    "finetune-rank": "LoRA rank (Fine-tune, step 3)",
-    "dataset-template": "the dataset template (Dataset, step 1)",
-    "chat-input": "the chat's message box",
-    "models-search": "search and download models (Models)",
-    "settings-keys": "API keys (Settings)",
+    "quantize-source": Spot("quantize", "the model to quantize (Quantize, step 1)"),
+    "quantize-mode": Spot("quantize", "uniform bits, a bits-per-weight target, or calibrated GPTQ/AWQ "
+                                      "(Quantize, step 2)"),
+    "quantize-bits": Spot("quantize", "bits per weight (Quantize, step 2)"),
+    "quantize-group": Spot("quantize", "group size (Quantize, step 2)"),
+    "quantize-calibration": Spot("quantize", "the calibration text for GPTQ or AWQ (Quantize, step 2)"),
+    "finetune-model": Spot("finetune", "the base model (Fine-tune, step 1)"),
+    "finetune-data": Spot("finetune", "the dataset folder (Fine-tune, step 2)"),
+    "finetune-iters": Spot("finetune", "training iterations (Fine-tune, step 3)"),
+    "finetune-rank": Spot("finetune", "LoRA rank (Fine-tune, step 3)"),
+    "dataset-template": Spot("dataset", "the dataset template (Dataset, step 1)"),
+    "chat-input": Spot(None, "the chat's message box"),
+    "models-search": Spot("models", "search and download models (Models)"),
+    "settings-keys": Spot("settings", "Hearth's API keys: whether this server needs one, how to set and send one "
+                                      "(Settings)"),
+    "settings-token": Spot("settings", "the Hugging Face token, for pushing to the Hub (Settings)"),
 }
 TOOL_NAMES = ("get_current_app_context", "navigate_app", "spotlight_ui")
 MAX_ELEMENTS = 120
 MAX_TEXT = 200  # characters of any one string in a context
 MAX_RESULT = 8000  # characters of get_current_app_context's answer
 MAX_SESSIONS = 1024  # sessions whose last context is kept
+UI_CONFIRM_S = 5.0  # how long a spotlight waits for the dashboard's answer (a page change takes up to 2 s)
 
 _latest: OrderedDict[str, dict] = OrderedDict()
 
@@ -185,30 +203,83 @@ async def _navigate(args: dict, turn) -> tuple[bool, str]:
 
 
 async def _spotlight(args: dict, turn) -> tuple[bool, str]:
+    frame = _spot_frame(args)
+    if isinstance(frame, str):
+        return False, frame
+    answer = await turn.ask_browser(frame, UI_CONFIRM_S)
+    return _spot_result(frame, None if answer is None else ui_answer(answer), turn.session.id)
+
+
+def _spot_frame(args: dict) -> dict | str:
+    """The `ui_spotlight` frame a call asks for, or the error the model reads.
+    A catalog target goes to its own page; any other target to `route`, if given."""
     frame: dict = {"type": "ui_spotlight"}
     for key in ("target", "ref", "label", "selector", "message"):
         value = args.get(key)
         if isinstance(value, str) and value.strip():
             frame[key] = value.strip()[:MAX_TEXT if key != "message" else 300]
     if not any(k in frame for k in ("target", "ref", "label", "selector")):
-        return False, "error: say what to highlight: target (one of " + ", ".join(SPOTS) + "), ref, label or selector"
-    if args.get("route") not in (None, ""):
+        return "error: say what to highlight: target (one of " + ", ".join(SPOTS) + "), ref, label or selector"
+    spot = SPOTS.get(frame.get("target", ""))
+    if spot is not None:  # the catalog knows its page: the call's route, right or wrong, is not needed
+        if spot.route is not None:
+            frame["route"] = spot.route
+    elif args.get("route") not in (None, ""):
         route = route_of(args["route"])
         if route is None:
-            return False, f"error: unknown route {args['route']!r}; the routes are {', '.join(ROUTES)}"
+            return f"error: unknown route {args['route']!r}; the routes are {', '.join(ROUTES)}"
         frame["route"] = route
-        remember(turn.session.id, {"route": route})
     value = args.get("value")
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         value = format(value, "g")
     if isinstance(value, str):
-        if frame.get("target") not in SPOTS:  # only the catalog's fields: never a switch of the chat itself
-            return False, "error: value fills only a named target: one of " + ", ".join(SPOTS)
+        if spot is None:  # only the catalog's fields: never a switch of the chat itself
+            return "error: value fills only a named target: one of " + ", ".join(SPOTS)
         frame["value"] = value[:MAX_TEXT]
-    await turn.send_json(frame)
+    return frame
+
+
+def ui_answer(raw) -> dict:
+    """What a dashboard says it did with a `ui_spotlight` frame (frontend/js/appctx.js), cut down to
+    what a tool result may use: {ok, found?: page | step, route?, value?, step?, stepLabel?}."""
+    raw = raw if isinstance(raw, dict) else {}
+    out: dict = {"ok": raw.get("ok") is True}
+    if raw.get("found") in ("page", "step"):
+        out["found"] = raw["found"]
+    if raw.get("route") in ROUTES:
+        out["route"] = raw["route"]
+    if isinstance(raw.get("value"), str):
+        out["value"] = raw["value"][:MAX_TEXT]
+    if _count(raw.get("step")):
+        out["step"] = raw["step"]
+    if isinstance(raw.get("stepLabel"), str):
+        out["stepLabel"] = raw["stepLabel"][:MAX_TEXT]
+    return out
+
+
+def _spot_result(frame: dict, answer: dict | None, session_id: str) -> tuple[bool, str]:
+    """What the model reads after a spotlight: the dashboard's answer, told as it is. A control found
+    gets the words the demo chat model was trained on (serving/demo/corpus.py), and the page it is on
+    goes into the ambient line of the turn's next round; anything else is said in full."""
     what = frame.get("target") or frame.get("ref") or frame.get("label") or frame.get("selector")
-    if "value" in frame:
-        return True, f"ok: set {what} to {frame['value']} and highlighted it"
+    value = frame.get("value")
+    asked = frame.get("route")
+    if answer is None:
+        act = f"set {what} to {value} and highlight it" if value is not None else f"highlight {what}"
+        where = f" on the {ROUTES[asked]} page" if asked else ""
+        return True, f"sent: asked the dashboard to {act}{where}; no dashboard confirmed it"
+    page = answer.get("route")
+    if page is not None and (latest(session_id) or {}).get("route") != page:
+        remember(session_id, {"route": page})  # what the next round's ambient line says
+    on = f"the {ROUTES[page]} page" if page else "the page"
+    if not answer["ok"] or "found" not in answer:
+        if asked and page != asked:
+            return False, f"error: the dashboard could not open the {ROUTES[asked]} page"
+        return False, f"error: {what} was not found on {on}"
+    if value is not None and "value" not in answer:
+        return False, f"error: {what} is highlighted on {on} but did not take the value {value}"
+    if value is not None:
+        return True, f"ok: set {what} to {value} and highlighted it"
     return True, f"ok: highlighted {what}"
 
 

@@ -92,6 +92,21 @@ class ChatFrames:
             raise FrameError(str(exc)) from None
         self._share_context()
 
+    async def on_ui_result(self, frame):
+        """What the dashboard did with a `ui_*` frame of the open chat's running turn
+        (chat/appctx.py reads it); one that no call waits for is dropped quietly."""
+        call_id = frame.get("callId")
+        if not isinstance(call_id, str) or not call_id or len(call_id) > MAX_ID:
+            raise FrameError("ui_result needs callId")
+        if not isinstance(frame.get("result"), dict):
+            raise FrameError("ui_result needs result: an object")
+        turn = await live.find(self.runtime, self.session.id) if self.session is not None else None
+        if turn is not None:
+            try:
+                await turn.answer_ui(call_id, frame["result"])
+            except live.TurnBusy as exc:
+                raise FrameError(str(exc)) from None
+
     async def on_abort(self, frame):
         await self._abort()
 

@@ -9,7 +9,9 @@ the rest as they come. So a turn runs to its end, and is stored, whether or
 not anyone watches; `abort` (or `DELETE /v1/stream/<session id>`) stops it.
 
 A gated tool call waits for its approval while a socket can still answer
-it; with no socket attached for `UNATTENDED_S`, it is denied.
+it; with no socket attached for `UNATTENDED_S`, it is denied. A `ui_*`
+frame that asks the dashboard to act (`ask_browser`) waits for the first
+socket's `ui_result`, a few seconds at most.
 
 A message sent while a turn runs is queued on it (`queue_update` frames
 show the queue): a *steering* message is taken at the next point the turn
@@ -33,6 +35,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import secrets
 import time
 from collections.abc import AsyncIterator
 
@@ -63,6 +66,7 @@ class LiveTurn:
         self.session_id = session.id
         self.next_sampling = next_sampling
         self.approvals: dict[str, asyncio.Future] = {}  # gated tool calls waiting for the user
+        self.ui_waits: dict[str, asyncio.Future] = {}  # ui frames waiting for the dashboard's answer
         self.stream = None  # its log.Stream
         self.produced = 0  # bytes written to the stream so far
         self.segment_offset = 0  # where the current segment's frames start in the stream
@@ -105,6 +109,34 @@ class LiveTurn:
         future.set_result(answer)
         return True
 
+    async def ask_browser(self, frame: dict, wait_s: float) -> dict | None:
+        """Send `frame` with a new `callId` and wait up to `wait_s` for a
+        dashboard's answer to it (`answer_ui`): None when none comes, and at
+        once when no socket can answer (none follows the turn here, and no
+        other web node shares the stream)."""
+        call_id = f"ui_{secrets.token_hex(8)}"
+        future = asyncio.get_running_loop().create_future()
+        self.ui_waits[call_id] = future
+        try:
+            await self.send_json({**frame, "callId": call_id})
+            shared = self.runtime is not None and self.runtime.streams.shared is not None
+            if not shared and (self.stream is None or not self.stream.followers):
+                return None
+            return await asyncio.wait_for(future, wait_s)
+        except asyncio.TimeoutError:
+            return None
+        finally:
+            self.ui_waits.pop(call_id, None)
+
+    async def answer_ui(self, call_id: str, answer: dict) -> bool:
+        """A dashboard's answer to a ui frame; False when nothing waits for it
+        (a frame replayed to a socket that attached later, a second tab)."""
+        future = self.ui_waits.get(call_id)
+        if future is None or future.done():
+            return False
+        future.set_result(answer)
+        return True
+
     async def remote_call(self, args: dict) -> dict:
         """What a socket on another web node asks of this turn (`RemoteTurn`)."""
         try:
@@ -112,6 +144,8 @@ class LiveTurn:
                 return {"queued": await self.offer(str(args["text"]), list(args["images"]), str(args["behavior"]))}
             if args.get("what") == "answer":
                 return {"ok": await self.answer(str(args["callId"]), dict(args["answer"]))}
+            if args.get("what") == "ui_result":
+                return {"ok": await self.answer_ui(str(args["callId"]), dict(args["answer"]))}
         except TurnBusy as exc:
             return {"error": str(exc)}
         return {"error": f"unknown call {args.get('what')!r}"}
@@ -230,6 +264,9 @@ class RemoteTurn:
 
     async def answer(self, call_id: str, answer: dict) -> bool:
         return bool((await self._call({"what": "answer", "callId": call_id, "answer": answer})).get("ok"))
+
+    async def answer_ui(self, call_id: str, answer: dict) -> bool:
+        return bool((await self._call({"what": "ui_result", "callId": call_id, "answer": answer})).get("ok"))
 
     async def ended(self, wait_s: float = 10.0) -> None:
         await self.stream.wait_ended(wait_s)

@@ -80,6 +80,9 @@ async def run(consumer, session, messages: list[dict], state: TurnState) -> None
     aware = appctx.latest(session.id) is not None and appctx.offered_to(_model_id(runtime, session))
     if aware:  # a dashboard that acts on ui_* frames shows this chat
         offered = {**appctx.tools(), **offered}
+    trained = _trained_tools(runtime, session)
+    if trained is not None:  # a model that learned a few tools gets those alone: the others put it off them
+        offered = {name: tool for name, tool in offered.items() if name in trained}
     messages = list(messages)
     sampling, consumer.next_sampling = consumer.next_sampling, {}  # "next turn" covers all of its rounds
     for round_no in range(MAX_ROUNDS):
@@ -113,6 +116,20 @@ def _model_id(runtime, session) -> str | None:
             return None
     engine = runtime.engine
     return engine.loaded.model_id if engine is not None and engine.loaded is not None else None
+
+
+def _trained_tools(runtime, session) -> list[str] | None:
+    """The tools the turn's model says it was trained to call (`trained_tools`
+    of its /v1/models row; serving.demo.build); None: it says nothing."""
+    from serving.demo.build import trained_tools
+
+    if runtime.router is not None:
+        from chat.live import model_info
+
+        listed = model_info(runtime, session.model).get("trained_tools")
+        return listed if isinstance(listed, list) else None
+    engine = runtime.engine
+    return trained_tools(engine.loaded.path) if engine is not None and engine.loaded is not None else None
 
 
 def _args(raw: str):

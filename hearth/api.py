@@ -22,6 +22,7 @@ from ninja.parser import Parser
 from chat.api import router as sessions_router
 from core import jsonbody, limits, surfaces
 from core.api import ApiError, answer
+from hearth.access_api import router as access_router
 from hub.api import router as hub_router
 from inference.engine.errors import EngineError
 from inference.protocols.errors import RequestError
@@ -86,6 +87,7 @@ api.add_router("", push_router)
 api.add_router("", hub_router)
 api.add_router("", sessions_router)
 api.add_router("", memory_router)
+api.add_router("", access_router)
 
 
 def _invalid(exc: NinjaValidationError) -> str:

@@ -4,7 +4,8 @@
 // with a `data-ref` that stays on the element so a later `ref` finds it again. The server's `ui_navigate` and
 // `ui_spotlight` frames come to `handleUiFrame`: go to a page; find an element (ref, then CSS selector, then a
 // fuzzy label match, then a catalog id from `data-spot`), set its value when asked, and show a brief highlight
-// that takes no focus. Wizard fields live across steps: `registerSpot` keeps them findable on a step not shown.
+// that takes no focus; each answers what it did and the route it left the page on (dock.js sends that back as
+// `ui_result`). Wizard fields live across steps: `registerSpot` keeps them findable on a step not shown.
 import { h, toast } from "./util.js";
 
 export const ROUTES = ["chat", "status", "models", "memory", "jobs", "finetune", "quantize", "dataset", "adapters", "settings"];
@@ -135,12 +136,13 @@ async function navigate(route) {
 async function spotlight(f) {
   if (f.route && f.route !== currentRoute().route) {
     const went = await navigate(f.route);
-    if (!went.ok) return went;
+    if (!went.ok) return { ...went, route: currentRoute().route };
     await new Promise((r) => requestAnimationFrame(() => requestAnimationFrame(r)));
   }
   const found = resolve(f);
   const name = f.target || f.label || f.selector || f.ref || "that";
-  if (!found) { toast(`Could not find “${name}” on this page`); return { ok: false, found: null }; }
+  const route = currentRoute().route;
+  if (!found) { toast(`Could not find “${name}” on this page`); return { ok: false, found: null, route }; }
   const { el, entry } = found;
   const label = entry?.label || labelOf(el) || name;
   const shownValue = f.value !== undefined && f.value !== null ? setValue(el, f.value) : null;
@@ -149,13 +151,13 @@ async function spotlight(f) {
     const where = `step ${entry.step + 1}, ${entry.stepLabel}`;
     toast(shownValue !== null ? `${label} set to ${shownValue} (${where})` : `${label} is on ${where}`);
     if (item) ring(item, f.message);
-    return { ok: true, found: "step", step: entry.step, value: shownValue };
+    return { ok: true, found: "step", route, step: entry.step, stepLabel: entry.stepLabel, value: shownValue };
   }
   if (el.closest(".dock")) wiring.openDock();  // the message box, on a page other than #/chat
   else wiring.closeDockIfCovering();
   ring(el, f.message);
   if (shownValue !== null && !f.message) toast(`${label} set to ${shownValue}`);
-  return { ok: true, found: "page", ref: el.dataset.ref, value: shownValue };
+  return { ok: true, found: "page", route, ref: el.dataset.ref, value: shownValue };
 }
 
 function resolve(f) {

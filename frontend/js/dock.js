@@ -20,7 +20,11 @@ function storeOpen(on) {
 export function mountDock() {
   let docked = false;
   let context = null;
-  const chat = createChat({ onReady: () => context?.push(), onFrame: (f) => { handleUiFrame(f); }, onBusy: busy });
+  // A ui frame with a callId waits on the server for what came of it: the answer goes back as `ui_result`.
+  const chat = createChat({ onReady: () => context?.push(), onBusy: busy, onFrame: async (f) => {
+    const done = await handleUiFrame(f);
+    if (done && f.callId) chat.send({ type: "ui_result", callId: f.callId, result: done });
+  } });
   const options = h("button", { type: "button", class: "small", "aria-expanded": "false", "aria-controls": "dock-body",
     title: "Chats, model, sampling and the other chat settings", onclick: () => {
       const on = chat.root.classList.toggle("show-bar");

@@ -1,14 +1,33 @@
-// Settings: the Hugging Face token, a link to the Curve Designer, MCP servers, and each chat's always-allowed tools.
+// Settings: Hearth's API keys (read only: they are set where the server starts), the Hugging Face token, a link
+// to the Curve Designer, MCP servers, and each chat's always-allowed tools.
 import { mcpCard } from "./mcp.js";
 import { api, h, toast } from "./util.js";
+
+const code = (text) => h("code", {}, text);
+
+// Whether this server needs a key, from /api/settings/api-keys, and how keys are set and sent (docs/serving/security.md).
+function keysCard() {
+  const state = h("p", {}, "…");
+  api("/api/settings/api-keys").then((k) => {
+    state.textContent = k.required ? "This server needs an API key: every client sends one, and this dashboard signed in with one."
+      : k.insecure_no_auth ? "This server needs no key although it listens beyond this machine (--insecure-no-auth): anyone who can reach it can use it."
+        : "No key is needed here: Hearth listens on this machine's loopback address, so only programs on this machine can reach it.";
+  }).catch((e) => { state.textContent = e.message; });
+  return h("div", { class: "card", "data-spot": "settings-keys" }, h("h2", { style: "margin-top:0" }, "API keys"), state,
+    h("p", { class: "muted small" }, "Keys are set where the server starts, not here: ", code("hearth serve --api-key KEY"), ", ",
+      code("--api-key-file FILE"), " (one key a line) or ", code("HEARTH_API_KEY=KEY"), "; restart the server to change them. Make one with ",
+      code("python3 -c 'import secrets; print(secrets.token_urlsafe(24))'"), "."),
+    h("p", { class: "muted small" }, "Clients send it as ", code("Authorization: Bearer KEY"), " (the OpenAI SDK's ", code("api_key"),
+      ") or ", code("x-api-key: KEY"), " (the Anthropic SDK's ", code("api_key"), "); the dashboard asks for it once, on its sign-in page."));
+}
 
 export function settingsPage(main) {
   const tokenState = h("span", { class: "muted" });
   const token = h("input", { type: "password", autocomplete: "off", placeholder: "hf_…", "aria-label": "Hugging Face token",
     style: "flex:1" });
   const approvals = h("div");
-  main.append(h("div", { class: "page" }, h("h1", {}, "Settings"),
-    h("div", { class: "card", "data-spot": "settings-keys" }, h("h2", { style: "margin-top:0" }, "Hugging Face token"),
+  main.append(h("div", { class: "page" }, h("h1", {}, "Settings"), keysCard(),
+    h("div", { class: "card", "data-spot": "settings-token" }, h("h2", { style: "margin-top:0" }, "Hugging Face token"),
       h("p", { class: "muted small" }, "Used to push models, adapters and datasets. Kept in HEARTH_HOME/hf.json, readable only by you."),
       h("p", {}, tokenState),
       h("form", { class: "row", onsubmit: async (e) => { e.preventDefault();

@@ -136,6 +136,23 @@ def render(messages: list[dict], kwargs: dict) -> str:
     return _template().render(messages=messages, add_generation_prompt=True, **kwargs)
 
 
+def trained_tools(model_dir: Path) -> list[str] | None:
+    """The tools a model folder says it was trained to call, or None when it
+    says nothing (any model but a demo chat build: no limit). A demo chat
+    build's marker names this builder and a chat recipe, and such a build
+    learned the corpus's tools and no others: the dashboard's three app
+    tools and four practice tools. Offered any other, it stops calling
+    those it knows (chat/toolloop.py offers it only these)."""
+    try:
+        marker = read_json(Path(model_dir) / MARKER, "demo marker")
+    except (OSError, ValueError):
+        return None
+    if not isinstance(marker, dict) or marker.get("builder_version") != BUILDER_VERSION \
+            or not isinstance(marker.get("recipe"), dict) or set(marker["recipe"]) != set(asdict(Recipe())):
+        return None  # another builder's demo (vision, speech), or an older builder's
+    return [*corpus.APP_TOOLS, *corpus.TOOLS]
+
+
 def _examples(data) -> list[tuple[str, str]]:
     return [(render(messages, kwargs), target + IM_END) for messages, target, kwargs in data]
 

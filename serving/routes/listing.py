@@ -40,13 +40,16 @@ def transcription(runtime) -> bool:
 
 
 def served_row(runtime, engine: Engine) -> dict:
+    from serving.demo.build import trained_tools
+
     model = engine.loaded_model
     return {
         "id": model.model_id, "object": "model", "created": runtime.started_at, "owned_by": "hearth",
         "aliases": list(runtime.aliases), "tags": list(runtime.tags),
         "context_window": model.context_window, "reasoning": chat.thinks(model), "vision": model.vision is not None,
         "audio": False, "batch_mode": engine.mode,
-        "tools": True, "structured_output": True, "embeddings": runtime.embeddings_enabled,
+        "tools": True, "trained_tools": trained_tools(model.path),  # null: any tool; a list: only those
+        "structured_output": True, "embeddings": runtime.embeddings_enabled,
         "adapters": True, "training": True,
         "capabilities": {
             "chat_completions": bool(getattr(model.tokenizer, "chat_template", None)),

@@ -269,6 +269,24 @@ def test_the_chat_socket_needs_the_key_or_a_signed_in_session(django_db_ready):
         runtime.api_keys = before
 
 
+def test_the_settings_page_learns_whether_a_key_is_needed_and_never_a_key(django_db_ready, monkeypatch):
+    from ninja.testing import TestClient
+
+    from hearth.access import digest
+    from hearth.api import api
+    from hearth.root import RUNTIME as runtime
+
+    client = TestClient(api)
+    monkeypatch.setattr(runtime, "insecure_no_auth", False)
+    monkeypatch.setattr(runtime, "api_keys", frozenset())
+    assert client.get("/settings/api-keys").json() == {
+        "ok": True, "required": False, "insecure_no_auth": False, "behind_proxy": False}
+    monkeypatch.setattr(runtime, "api_keys", frozenset({KEY}))
+    answer = client.get("/settings/api-keys")
+    assert answer.json()["required"] is True
+    assert KEY not in answer.text and digest(KEY) not in answer.text
+
+
 @pytest.fixture(scope="module")
 def django_db_ready():
     import django

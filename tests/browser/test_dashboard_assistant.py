@@ -216,13 +216,65 @@ def test_navigate_and_spotlight_frames_move_fill_and_highlight(browser, base_url
                                   "message": "Search the hub here"})
         assert done["found"] == "page" and page.evaluate("location.hash") == "#/models"
         assert page.locator("[data-spot=models-search].spotlit").is_visible()
+        # "Where do I add an API key?" (the demo's trained answer) lights the card about Hearth's keys, which
+        # says whether this server needs one; the Hub token has a target of its own.
         done = page.evaluate(UI, {"type": "ui_spotlight", "route": "settings", "target": "settings-keys"})
         assert done["found"] == "page"
+        keys = page.locator("[data-spot=settings-keys].spotlit")
+        assert keys.locator("h2").inner_text() == "API keys"
+        keys.locator("text=No key is needed here").wait_for()
+        assert "HEARTH_API_KEY=KEY" in keys.inner_text()
+        done = page.evaluate(UI, {"type": "ui_spotlight", "target": "settings-token"})
+        assert done["found"] == "page"
+        assert page.locator("[data-spot=settings-token].spotlit h2").inner_text() == "Hugging Face token"
         assert page.evaluate(UI, {"type": "ui_navigate", "route": "nowhere"}) == {"ok": False}
         assert page.evaluate("location.hash") == "#/settings"
     finally:
         context.close()
     assert not errors, errors
+
+
+def _spotlight_script(received: list[dict], frames: list[dict]):
+    """A socket that speaks as a turn calling the app tools would: after the page's first context frame it
+    sends the first of `frames` (ui_spotlight with a callId), each next one once the page answered the last,
+    and keeps what the page sends."""
+    def handler(ws):
+        def on_message(raw):
+            f = json.loads(raw)
+            received.append(f)
+            first = f["type"] == "context" and [g["type"] for g in received].count("context") == 1
+            if (first or f["type"] == "ui_result") and frames:
+                ws.send(json.dumps(frames.pop(0)))
+
+        ws.on_message(on_message)
+        ws.send(json.dumps({"type": "ready", "model": "scripted-model", "vision": False, "audio": False,
+                            "thinking": False, "transcription": False, "genDefaults": None}))
+        ws.send(json.dumps({"type": "sessions", "items": [], "activePath": None}))
+
+    return handler
+
+
+def test_the_dock_answers_a_spotlight_with_what_it_did(browser, base_url):
+    """From the Models page: the rank, on step 3 of Fine-tune, is set and its step lit; a control that is
+    not on its page is not found. Each answer goes back as `ui_result` with the page it left the user on."""
+    context = browser.new_context(viewport={"width": 1280, "height": 800})
+    page = context.new_page()
+    received: list[dict] = []
+    page.route_web_socket("**/ws/chat", _spotlight_script(received, [
+        {"type": "ui_spotlight", "callId": "ui_1", "target": "finetune-rank", "value": "8", "route": "finetune"},
+        {"type": "ui_spotlight", "callId": "ui_2", "target": "models-search", "route": "finetune"}]))
+    try:
+        page.goto(base_url + "/#/models")
+        deadline = time.monotonic() + 15
+        while len([f for f in received if f["type"] == "ui_result"]) < 2 and time.monotonic() < deadline:
+            page.wait_for_timeout(50)
+        results = {f["callId"]: f["result"] for f in received if f["type"] == "ui_result"}
+        assert results["ui_1"] == {"ok": True, "found": "step", "route": "finetune", "step": 2,
+                                   "stepLabel": "Training", "value": "8"}, results
+        assert results["ui_2"] == {"ok": False, "found": None, "route": "finetune"}
+        assert page.evaluate("location.hash") == "#/finetune"
+    finally:
+        context.close()
 
 
 def test_the_dock_on_a_phone(browser, base_url):

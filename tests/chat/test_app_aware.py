@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+from pathlib import Path
 
 import pytest
 from channels.testing import WebsocketCommunicator
@@ -125,11 +126,20 @@ def test_app_tools_write_ui_frames_and_refuse_unknown_routes(engine):
         ok, text, frames = await call("navigate_app", {"route": "admin"})
         assert not ok and "unknown route 'admin'" in text and frames == []  # never sent to the browser
 
+        # No socket follows this turn: nothing can confirm the spotlight, and the model is told so.
         ok, text, frames = await call("spotlight_ui", {"target": "quantize-bits", "value": 4, "route": "quantize",
                                                        "message": "Bits go here"})
-        assert ok and text == "ok: set quantize-bits to 4 and highlighted it"
+        assert ok and text == ("sent: asked the dashboard to set quantize-bits to 4 and highlight it on the Quantize "
+                               "page; no dashboard confirmed it")
+        assert frames[0].pop("callId").startswith("ui_")
         assert frames == [{"type": "ui_spotlight", "target": "quantize-bits", "message": "Bits go here",
                            "route": "quantize", "value": "4"}]
+        # A catalog target goes to its own page whatever route the call wrote (the demo, deep in a chat, wrote
+        # "route"); any other target needs a route that exists.
+        ok, text, frames = await call("spotlight_ui", {"target": "settings-keys", "route": "route"})
+        assert ok and frames[0]["route"] == "settings"
+        ok, text, frames = await call("spotlight_ui", {"label": "Bits", "route": "route"})
+        assert not ok and "unknown route 'route'" in text and frames == []
         ok, text, frames = await call("spotlight_ui", {"selector": "#coding-tools", "value": "true"})
         assert not ok and "value fills only a named target" in text and frames == []  # not the chat's switches
         ok, text, frames = await call("spotlight_ui", {"message": "here"})
@@ -140,12 +150,129 @@ def test_app_tools_write_ui_frames_and_refuse_unknown_routes(engine):
     asyncio.run(run())
 
 
+SET_RANK = {"target": "finetune-rank", "value": "8"}  # no route: the catalog knows the page
+
+
+@pytest.mark.parametrize("answer, told", [
+    ({"ok": True, "found": "step", "route": "finetune", "step": 2, "stepLabel": "Training", "value": "8"},
+     (True, "ok: set finetune-rank to 8 and highlighted it")),
+    ({"ok": False, "found": None, "route": "finetune"},
+     (False, "error: finetune-rank was not found on the Fine-tune page")),
+    ({"ok": True, "found": "page", "route": "finetune", "value": None},
+     (False, "error: finetune-rank is highlighted on the Fine-tune page but did not take the value 8")),
+    ({"ok": False, "route": "models"}, (False, "error: the dashboard could not open the Fine-tune page")),
+    (None, (True, "sent: asked the dashboard to set finetune-rank to 8 and highlight it on the Fine-tune page; "
+                  "no dashboard confirmed it")),
+])
+def test_a_spotlight_goes_to_its_page_and_tells_the_model_what_the_dashboard_did(engine, steer, monkeypatch,
+                                                                                 answer, told):
+    """From the Models page, a call that names only a catalog target: the frame takes the target's page,
+    the socket answers as the dashboard would (`ui_result`), and the tool result says what it answered."""
+    from chat import appctx
+
+    monkeypatch.setattr(appctx, "UI_CONFIRM_S", 0.5)  # the unanswered case
+    seen = steer("spotlight_ui", SET_RANK)
+
+    async def run():
+        ws = await chatws.connect()
+        await ws.send_json_to({"type": "new_session"})
+        await _frames_until(ws, lambda f: f["type"] == "sessions")
+        await ws.send_json_to({"type": "context", "context": {"route": "models"}})
+        await ws.send_json_to({"type": "prompt", "text": "Go to finetune and set rank 8."})
+        frames = await _frames_until(ws, lambda f: f["type"] == "ui_spotlight")
+        spot = frames[-1]
+        assert spot["route"] == "finetune" and spot["target"] == "finetune-rank" and spot["value"] == "8"
+        if answer is not None:
+            await ws.send_json_to({"type": "ui_result", "callId": spot["callId"], "result": answer})
+        frames = await _frames_until(ws, _final)
+        await ws.send_json_to({"type": "ui_result", "callId": spot["callId"], "result": {"ok": True}})
+        assert await ws.receive_nothing(timeout=0.3)  # a late answer (another tab's) is dropped quietly
+        await ws.disconnect()
+        return frames
+
+    frames = asyncio.run(run())
+    end = next(f for f in frames if f["type"] == "tool_end")
+    assert (end["ok"], end["result"]) == told
+    page = "Fine-tune" if answer and answer["route"] == "finetune" else "Models"
+    assert seen[-1][0] == {"role": "system", "content": f"[user is on: {page}]"}  # the next round knows the page
+
+
+def test_a_model_that_says_which_tools_it_learned_is_offered_only_those(engine, tiny_model, tmp_path, monkeypatch):
+    """A demo chat build (its marker says so) learned the three app tools and four practice tools; offered a
+    memory vault's tools beside them, it calls none. Its /v1/models row lists what it learned,
+    and its dashboard turns offer it those alone, with a vault and the coding tools on."""
+    import shutil
+
+    from huggingface_hub import try_to_load_from_cache
+
+    import chat.turns
+    from hearth.root import RUNTIME
+    from inference.engine.engine import Engine
+    from memory import service
+    from serving.demo import build
+    from serving.routes.listing import served_row
+
+    folder = tmp_path / "demo-build"
+    shutil.copytree(Path(try_to_load_from_cache(tiny_model, "config.json")).parent, folder)
+    (folder / build.MARKER).write_text(json.dumps(build._marker(build.Recipe())))
+    offered: list[list[str]] = []
+    original = chat.turns.body
+
+    def body(session, messages, next_turn, tools=None):
+        offered.append([t["function"]["name"] for t in tools or []])
+        return {**original(session, messages, next_turn, tools), "guided_grammar": chatws.forced("Done.")}
+
+    monkeypatch.setattr(chat.turns, "body", body)
+    service.init()  # the default vault: its tools are on offer to any other model
+    assert served_row(RUNTIME, engine)["trained_tools"] is None
+    demo = Engine(str(folder))
+    demo.start()
+    monkeypatch.setattr(RUNTIME, "engine", demo)
+    try:
+        assert served_row(RUNTIME, demo)["trained_tools"] == [
+            "get_current_app_context", "navigate_app", "spotlight_ui", "get_weather", "add", "get_time", "search"]
+
+        async def run():
+            ws = await chatws.connect()
+            await ws.send_json_to({"type": "new_session"})
+            await _frames_until(ws, lambda f: f["type"] == "sessions")
+            await chatws.coding(ws)
+            await ws.send_json_to({"type": "context", "context": {"route": "models"}})
+            await chatws.turn(ws, {"type": "prompt", "text": "Take me to quantize."})
+            await ws.disconnect()
+
+        asyncio.run(run())
+    finally:
+        demo.close(drain_seconds=0)
+    assert offered == [["get_current_app_context", "navigate_app", "spotlight_ui"]]
+
+
 def test_every_spotlight_target_is_marked_in_the_dashboard():
     from chat import appctx
 
     source = "\n".join(p.read_text() for p in (ROOT / "frontend" / "js").glob("*.js"))
     marked = set(re.findall(r"""["'`]([a-z]+-[a-z]+)["'`]""", source))
     assert set(appctx.SPOTS) <= marked, set(appctx.SPOTS) - marked
+
+
+def test_the_prompts_the_docs_give_the_demo_are_ones_it_was_trained_on():
+    """The tiny demo model follows the phrasings of its corpus, not others ("take me to quantize" gets a
+    plain sentence): each prompt the docs quote for it is a question of the very corpus its recipe trains on."""
+    from serving.demo import corpus
+    from serving.demo.build import Recipe
+
+    recipe = Recipe()
+    trained = {m["content"] for messages, _, _ in corpus.samples(recipe.seed, recipe.examples) for m in messages
+               if m["role"] == "user"}
+    first_run = (ROOT / "docs" / "using" / "first-run.md").read_text()
+    chat = (ROOT / "docs" / "using" / "chat.md").read_text()
+    dashboard = (ROOT / "docs" / "using" / "dashboard.md").read_text()
+    text = (first_run.split("## What the demo model can do")[1].split("\n## ")[0]
+            + chat.split("The demo chat model (`hearth/demo-chat`)")[1].split("\n\n")[0]
+            + dashboard.split("the demo chat model learned these tools' calls")[1].split("a real model")[0])
+    quoted = [" ".join(q.split()) for q in re.findall(r'"([^"]+)"', re.sub(r"`[^`]*`", "", text)) if "…" not in q]
+    assert len(quoted) >= 5, quoted
+    assert [q for q in quoted if q not in trained] == []
 
 
 def test_a_follow_up_sent_mid_turn_is_answered_after_it(engine, eos_id):

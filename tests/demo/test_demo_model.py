@@ -201,18 +201,21 @@ def test_the_demo_corpus_offers_the_app_tools_as_the_chat_does():
     step = {"index": 1, "count": 3}
     assert appctx.ambient({"route": "quantize", "step": step}) == corpus.ambient_line("quantize", 2)
 
-    class Turn:  # what an app tool needs of a chat turn
+    class Turn:  # what an app tool needs of a chat turn, with a dashboard that finds every control
         session = types.SimpleNamespace(id="corpus-check")
 
         async def send_json(self, frame):
             pass
+
+        async def ask_browser(self, frame, wait_s):
+            return {"ok": True, "found": "page", "route": frame.get("route"), "value": frame.get("value")}
 
     async def act_all() -> list[tuple[tuple[bool, str], str]]:
         r = random.Random(0)
         cases = [corpus._app_case(r) for _ in range(200)]
         return [(await appctx.act(appctx.tools()[name], args, Turn()), result) for _, name, args, result, _ in cases]
 
-    # The tool results the corpus trains on are the ones the chat sends back. In a
+    # The tool results the corpus trains on are the ones the chat sends back when the dashboard confirms. In a
     # thread of its own: the module's browser keeps Playwright's event loop in this one.
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         for got, result in pool.submit(asyncio.run, act_all()).result():
