@@ -225,11 +225,14 @@ def _plain(event: GenerationEvent) -> bool:
 
 
 # Requests generating in this process (their `Submission.events` has had its first event), and how that
-# paces their streams: with N at once, a stream passes on text at most every N ms (at most every 50 ms),
-# so the event loop writes about a thousand chunks a second in all up to 50 streams. One stream, or a few,
-# still get each token as it comes (a token takes longer than 1-3 ms on every device Hearth serves); 32
-# streams on a fast device get a few tokens a chunk (each chunk costs the loop the same, one token or ten:
-# a task switch, the protocol's JSON, daphne's write).
+# paces their streams: a stream passes on text at most every 8 ms, and with N at once at most every N ms (at
+# most every 50 ms), so the event loop writes at most about a thousand chunks a second in all. Each chunk
+# costs the loop the same, one token or ten (a task switch, the protocol's JSON, Django's and daphne's
+# write), and the client as much to read: a lone stream on a fast device (a token every 1-3 ms) gets a few
+# tokens a chunk, 125 chunks a second at most, which reads as smoothly; its first text goes at once. Measured
+# on a 2-core CPU with one BLAS thread, one stream of 512 tokens: the loop's CPU a token 239-273 us -> 127-161,
+# the client's 75-81 -> 23-29, decode 415-585 -> 527-600 tok/s (bench/RESULTS.md, 2026-12-07).
+PACE_MIN_S = 0.008
 PACE_PER_STREAM_S = 0.001
 PACE_MAX_S = 0.05
 _reading = 0
@@ -238,7 +241,7 @@ _reading_lock = threading.Lock()  # tests read streams on more than one loop thr
 
 def pace() -> float:
     """The least time between two text events of one stream now."""
-    return min(PACE_MAX_S, PACE_PER_STREAM_S * _reading)
+    return min(PACE_MAX_S, max(PACE_MIN_S, PACE_PER_STREAM_S * _reading))
 
 
 def _count_reader(delta: int) -> None:
@@ -260,8 +263,8 @@ class Submission:
         just taken are passed on with it as one (their text and tokens joined):
         a reader that falls behind the engine catches up in one write instead
         of one per token. Text is passed on at most every `pace()` seconds, so
-        with many requests generating at once (a fast device) each chunk
-        carries a few tokens; a lone stream gets every token as it comes."""
+        on a fast device, and more with many requests generating at once,
+        each chunk carries a few tokens; the first text goes at once."""
         queue, held = self._gen.events, None
         loop = asyncio.get_running_loop()
         last: float | None = None  # when it last passed on text that a later event could have joined

@@ -98,4 +98,7 @@ def test_many_streams_read_at_once_pass_text_on_a_few_tokens_at_a_time():
         assert "".join(texts) == whole  # nothing lost, nothing out of order
         assert len(texts) <= took / 0.04 + 2 and len(texts) < tokens  # at most one every 40 ms, not one a token
     assert asyncio.run(run(150, 3))[1][-1] == rows.PACE_MAX_S  # the cap
-    assert asyncio.run(run(1, 3))[1][-1] == pytest.approx(0.001 * (1 + others))  # one: 1 ms, less than a token
+    assert asyncio.run(run(1, 3))[1][-1] == max(rows.PACE_MIN_S, 0.001 * (1 + others))  # one stream: the floor
+    lone, _, took = asyncio.run(run(1, 60))  # a token a millisecond: 8 a chunk or so, the first text at once
+    assert lone[0][0] == "0," and "".join(lone[0]) == "".join(f"{n}," for n in range(60))
+    assert 2 <= len(lone[0]) <= took / rows.PACE_MIN_S + 2, lone
