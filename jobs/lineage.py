@@ -132,7 +132,7 @@ def build(library: list[str], served: list[str]) -> dict:
         graph.edge(graph.model(manifest.get("base_model")), export)
         graph.edge(graph.folder("adapter", manifest.get("adapter_path"), "#/adapters"), export)
     for model_id in served:
-        served_key = graph.node(f"served:{model_id}", "served", model_id, "#/status")
+        served_key = graph.node(f"served:{model_id}", "served", model_id, f"#/status/{model_id}")
         graph.edge(graph.model(model_id), served_key)
     return graph.answer()
 

@@ -100,7 +100,8 @@ def test_the_lineage_page_draws_the_served_model_and_links_each_node(page, base_
     assert page.locator("path.edge").count() >= 1
     page.screenshot(path=str(ARTIFACTS / "desktop-lineage.png"), full_page=True)
     served.click()
-    page.wait_for_url("**/#/status")
+    page.wait_for_url(f"**/#/status/{tiny_model}")  # that model's cards
+    page.wait_for_selector(f"[data-model='{tiny_model}'] dd:text-is('{tiny_model}')")
 
 
 def test_settings_saves_and_removes_the_hub_token(page, base_url):

@@ -236,3 +236,30 @@ def test_single_mode_keeps_serve_buttons_and_has_no_picker(page, base_url, tiny_
     page.goto(base_url + "/#/chat")
     page.wait_for_selector(f".chatbar span:has-text('{tiny_model}')")
     assert page.locator(PICKER).is_hidden()
+
+
+def test_status_page_shows_each_loaded_models_cards_and_says_when_none_is(page, router):
+    """A router's /stats has each loaded model's engine under `models`: the Status page shows that model's
+    cards, only the named one on #/status/<id> (where the Lineage page links), and with nothing loaded says
+    so, loading nothing by being open."""
+    loaded = [m for m, row in _models(router).items() if row["status"]["value"] == "loaded"]
+    if not loaded:
+        httpx.post(router + "/models/load", json={"model": TINY_A}, timeout=120).raise_for_status()
+        loaded = [TINY_A]
+    model, other = loaded[0], TINY_B if loaded[0] == TINY_A else TINY_A
+    page.goto(router + "/#/status")
+    cards = f"[data-model='{model}']"
+    page.wait_for_selector(f"{cards} dd:text-is('{model}')", timeout=15_000)
+    assert page.locator(f"{cards} .card h2").all_inner_texts() == ["Model", "Rows", "Prompt cache", "Admission"]
+    page.wait_for_selector(f"h2:text-is('Fit of {model}')")
+    page.screenshot(path=str(ARTIFACTS / "desktop-status-router.png"), full_page=True)
+    page.goto(router + f"/#/status/{other}")
+    page.wait_for_selector(f".empty-state:has-text('{other} is not loaded')")
+    assert page.locator("[data-model]").count() == 0
+
+    httpx.post(router + "/models/unload", json={"model": model}, timeout=60).raise_for_status()
+    page.goto(router + "/#/status")
+    page.wait_for_selector(".empty-state:has-text('No model is loaded')")
+    page.wait_for_timeout(1600)  # another poll of /stats
+    assert {row["status"]["value"] for row in _models(router).values()} == {"unloaded"}
+    page.screenshot(path=str(ARTIFACTS / "desktop-status-router-empty.png"), full_page=True)
