@@ -103,10 +103,11 @@ function loadFit(fit, model) {
       try { await api("/api/fit/measure", { json: model ? { tokens: 64, model } : { tokens: 64 } }); await loadFit(fit, model); }
       catch (err) { e.target.disabled = false; fit.append(h("p", { class: "error" }, err.message)); }
     } }, "Measure decode speed");
-    fit.replaceChildren(h("div", { class: "grid" },
+    fit.replaceChildren(h("div", { class: "grid wide" },
       card("Hardware", kv([["chip", m.chip], ["RAM", bytes(m.ram_bytes)], ["usable", bytes(m.usable_bytes)],
-        ["cores", m.cores], ["memory bandwidth", `${m.bandwidth_gbs} GB/s`], ["decode bandwidth", `${m.decode_bandwidth_gbs} GB/s`
-          + (m.measured_while_busy ? " (machine busy: measured again at next start)" : "")]])),
+        ["cores", m.cores], ["memory bandwidth", `${m.bandwidth_gbs} GB/s`], ["decode bandwidth", `${m.decode_bandwidth_gbs} GB/s`]]),
+        m.measured_while_busy ? h("p", { class: "muted small" }, "The machine was busy while its bandwidth was measured: "
+          + "it is measured again at the next start.") : ""),
       card(`Fit of ${f.model}`, kv([["fits", r.fits ? "yes" : "no"], ["weights", bytes(r.weights_bytes)],
         ["KV per token", bytes(r.kv_bytes_per_token)], ["max safe context", r.max_safe_context],
         ["predicted decode", `${r.predicted_decode_tps} tok/s`],
@@ -115,12 +116,20 @@ function loadFit(fit, model) {
   }).catch((e) => fit.replaceChildren(h("p", { class: "error" }, e.message)));
 }
 
-// Other machines' fit, at the context /fit names.
+// Other machines' fit. Each row's decode is predicted at `sku_matrix_ctx` tokens of context, or the most that row's
+// machine holds; the model's own window caps every row, and the heading says so when it is the smaller.
 function skuTable(f) {
-  return [h("h2", {}, `Other machines at ${f.sku_matrix_ctx} tokens`), h("div", { class: "table-wrap" }, h("table", { class: "sku" },
-    h("thead", {}, h("tr", {}, h("th", {}, "machine"), h("th", {}, "fits"), h("th", {}, "max context"), h("th", {}, "decode"))),
-    h("tbody", {}, ...f.sku_matrix.map((s) => h("tr", {}, h("td", {}, s.sku), h("td", {}, s.fits ? "yes" : "no"),
-      h("td", {}, s.max_context), h("td", {}, `${s.decode_tps} tok/s`))))))];
+  const window = f.context_window, asked = f.sku_matrix_ctx;
+  const capped = window && window < asked;
+  const heading = h("h2", {}, `Other machines at ${capped ? window : asked} tokens`);
+  const note = h("p", { class: "muted small sku-note" }, capped
+    ? `${f.model} reads at most ${window} tokens (its own context window), so no machine gives it more: each row `
+      + `is predicted at ${window}, or at the most its machine holds (max context).`
+    : `Decode predicted with ${asked} tokens of context, or the most that fits on that machine (max context).`);
+  return [heading, note, h("div", { class: "table-wrap" }, h("table", { class: "sku" }, h("thead", {}, h("tr", {},
+    h("th", {}, "machine"), h("th", {}, "fits"), h("th", {}, "max context"), h("th", {}, "decode"))),
+  h("tbody", {}, ...f.sku_matrix.map((s) => h("tr", {}, h("td", {}, s.sku), h("td", {}, s.fits ? "yes" : "no"),
+    h("td", {}, s.max_context), h("td", {}, `${s.decode_tps} tok/s`))))))];
 }
 
 const CHOSEN = { measurement: "chosen by measurement", option: "chosen with --blas (override)",

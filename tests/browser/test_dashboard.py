@@ -104,6 +104,22 @@ def test_the_lineage_page_draws_the_served_model_and_links_each_node(page, base_
     page.wait_for_selector(f"[data-model='{tiny_model}'] dd:text-is('{tiny_model}')")
 
 
+def test_status_page_says_what_caps_other_machines_context(page, base_url, tiny_model):
+    page.goto(base_url + "/#/status")
+    page.wait_for_selector(f"[data-model='{tiny_model}'] .card h2:text-is('Rows')")  # one model's server: its cards
+    page.wait_for_selector(".sku-note")
+    fit = httpx.get(base_url + "/fit").json()
+    window = fit["context_window"]
+    assert window < fit["sku_matrix_ctx"]  # the tiny model's window is the smaller: it caps every row
+    assert page.inner_text("h2:has-text('Other machines')") == f"Other machines at {window} tokens"
+    assert f"at most {window} tokens (its own context window)" in page.inner_text(".sku-note")
+    assert {int(t) for t in page.locator("table.sku tbody td:nth-child(3)").all_inner_texts()} == {window}
+    # The Hardware card gives its values room: each stays on one line at 1280 px.
+    heights = page.eval_on_selector_all(".card:has(h2:text-is('Hardware')) dd",
+                                        "els => els.map((e) => e.getBoundingClientRect().height)")
+    assert len(heights) == 6 and max(heights) < 1.5 * min(heights), heights
+
+
 def test_settings_saves_and_removes_the_hub_token(page, base_url):
     page.goto(base_url + "/#/settings")
     page.wait_for_selector("text=No token saved.")
