@@ -62,7 +62,15 @@ def test_finetune_wizard_starts_a_job_that_reaches_done(page, base_url, tiny_mod
     page.wait_for_selector("h1 .badge:has-text('done')", timeout=180_000)
     page.wait_for_selector("text=train step 4")
     job_id = page.url.rsplit("/", 1)[-1]
-    assert httpx.get(f"{base_url}/api/jobs/{job_id}").json()["job"]["status"] == "done"
+    job = httpx.get(f"{base_url}/api/jobs/{job_id}").json()["job"]
+    assert job["status"] == "done"
+    # Its summary and its done event read as the jobs list shows them, not as JSON.
+    message = page.wait_for_selector("#main p:has-text('100% ')").inner_text()
+    assert message.startswith("100% method sft · ") and "{" not in message, message
+    page.wait_for_selector(".events:has-text('done')")
+    done = next(line for line in page.inner_text(".events").splitlines() if "  done  " in line)
+    assert f"output {job['output_path']} · method sft · " in done and "{" not in done, done
+    page.screenshot(path=str(ARTIFACTS / "desktop-job-detail.png"), full_page=True)
 
 
 def test_quantize_wizard_runs_a_calibrated_gptq_job(page, base_url, tiny_model, tmp_path):
