@@ -128,6 +128,21 @@ def test_status_page_says_what_caps_other_machines_context(page, base_url, tiny_
     assert len(heights) == 6 and max(heights) < 1.5 * min(heights), heights
 
 
+def test_adapters_page_names_each_base_model(page, base_url, tiny_model, homes):
+    from huggingface_hub import snapshot_download
+
+    from tests.helpers import random_adapter, write_adapter
+
+    snapshot = snapshot_download(tiny_model, local_files_only=True)  # as a fine-tune records its base
+    write_adapter(homes[1] / "adapters" / "named-base", random_adapter(snapshot, 1, 5), 1.0, snapshot, layers=1)
+    page.goto(base_url + "/#/adapters")
+    cell = page.wait_for_selector("tr[data-adapter='named-base'] td[data-label='base model']")
+    assert cell.inner_text() == tiny_model and cell.get_attribute("title") == snapshot
+    assert "`" not in page.inner_text("#main"), page.inner_text("#main")
+    assert page.inner_text("#main .page > p code") == "adapter"
+    page.screenshot(path=str(ARTIFACTS / "desktop-adapters-base-model.png"), full_page=True)
+
+
 def test_settings_saves_and_removes_the_hub_token(page, base_url):
     page.goto(base_url + "/#/settings")
     page.wait_for_selector("text=No token saved.")
