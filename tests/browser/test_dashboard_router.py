@@ -191,6 +191,10 @@ def test_chat_picks_a_model_per_session_and_keeps_it(page, router):
     page.wait_for_selector("article.msg.assistant .perf", timeout=180_000)  # the stored turn; tiny-b loads first
     assert TINY_B in page.inner_text("article.msg.assistant .who")  # the model that answered
     assert turns and turns[-1]["model"] == TINY_B, turns
+    end = turns[-1]  # its speed: what the model's process decoded, over the time that took there
+    if end["completion_tokens"] > 1:
+        assert 0 < end["decode_ms"] and end["decode_tokens"] == end["completion_tokens"] - 1, end
+        assert end["tokens_per_s"] == pytest.approx(end["decode_tokens"] / end["decode_ms"] * 1000, rel=0.02)
     stored = httpx.get(router + "/api/sessions/export", params={"path": turns[-1]["sessionId"]}, timeout=10).json()
     answer = [e for e in stored["entries"] if e.get("message", {}).get("role") == "assistant"]
     assert answer and answer[-1]["message"]["content"], stored  # a random model's text, maybe only whitespace
