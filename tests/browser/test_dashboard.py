@@ -170,6 +170,8 @@ def test_every_page_renders_at_phone_and_desktop_widths(browser, base_url, width
         page.wait_for_timeout(400)
         overflow = page.evaluate("document.documentElement.scrollWidth - document.documentElement.clientWidth")
         assert overflow <= 1, f"{route} scrolls sideways at {width}px"
+        if route != "chat":  # the chat is the page there: no button
+            assert pages.under_dock_button(page) == [], f"the Assistant button covers part of {route} at {width}px"
         page.screenshot(path=str(ARTIFACTS / f"{name}-{route}.png"), full_page=True)
     page.emulate_media(color_scheme="dark")
     page.goto(f"{base_url}/#/chat")

@@ -174,6 +174,18 @@ def test_router_models_page_renders_at_phone_and_desktop_widths(browser, router,
     assert not errors, errors
 
 
+def test_the_assistant_button_covers_no_model_button(page, router):
+    from tests.browser import pages
+
+    page.set_viewport_size({"width": 1280, "height": 900})
+    page.goto(router + "/#/models")
+    page.wait_for_selector(f"button[aria-label='Make {TINY_B} the default model']")
+    assert pages.under_dock_button(page) == []
+    page.click("button.dock-toggle")  # in reach, and it opens the dock
+    page.wait_for_selector("aside.dock textarea[aria-label=Message]")
+    page.screenshot(path=str(ARTIFACTS / "desktop-models-router-dock-open.png"))
+
+
 def test_chat_picks_a_model_per_session_and_keeps_it(page, router):
     turns: list[dict] = []
     page.on("websocket", lambda ws: ws.on("framereceived", lambda frame: turns.append(json.loads(frame))
