@@ -386,7 +386,7 @@ async def _answer(turn: LiveTurn, user_entry: ChatEntry) -> tuple[ChatEntry | No
     except Exception as exc:  # RequestError, EngineError, TurnFailed
         state.final = None
         await turn.send_json(SOCKET.error(400, getattr(exc, "message", None) or str(exc)))
-    meta = _meta(state.final, started, state.first)
+    meta = _meta(state, started)
     if state.model:
         meta["model"] = state.model  # router mode: the model that answered
     entry = None
@@ -465,15 +465,19 @@ def model_info(runtime, model: str | None) -> dict:
     return slot.info if slot is not None else {}
 
 
-def _meta(final, started: float, first: float | None) -> dict:
+def _meta(state, started: float) -> dict:
+    """The turn's perf strip: time to its first token, and its decode rate: the tokens its generations decoded
+    over the time they took (TurnState.generated), so tool runs, approvals, prefills and text held back from
+    view count for nothing."""
     meta: dict = {}
-    if first is not None:
-        meta["ttft_ms"] = round((first - started) * 1000)
+    final = state.final
+    if state.first is not None:
+        meta["ttft_ms"] = round((state.first - started) * 1000)
     if final is not None and final.usage is not None:
         u = final.usage
-        elapsed = time.perf_counter() - (first or started)
         meta.update(lane=u.lane, prompt_tokens=u.prompt_tokens, completion_tokens=u.completion_tokens,
-                    cached_tokens=u.cached_tokens, finish_reason=final.finish_reason,
-                    tokens_per_s=round((u.completion_tokens - 1) / elapsed, 2) if elapsed > 0 and
-                    u.completion_tokens > 1 else None)
+                    cached_tokens=u.cached_tokens, finish_reason=final.finish_reason, tokens_per_s=None)
+        if state.decode_s > 0 and state.decode_tokens > 0:
+            meta.update(tokens_per_s=round(state.decode_tokens / state.decode_s, 2),
+                        decode_tokens=state.decode_tokens, decode_ms=round(state.decode_s * 1000, 2))
     return meta

@@ -39,9 +39,23 @@ class TurnState:
     text: str = ""
     reasoning: str = ""
     rounds: list[dict] = field(default_factory=list)
-    first: float | None = None
+    first: float | None = None  # when the turn's first token was generated (text, thinking or a call's markup)
     final: object = None  # the last generation's final event
     model: str | None = None  # router mode: the model that answered
+    # What the turn's generations decoded: each one's tokens after its first, and the time from its first
+    # token to its last (the engine's `decode_ms`), summed; the speed readout is the one over the other.
+    decode_tokens: int = 0
+    decode_s: float = 0.0
+
+    def generated(self, final) -> float:
+        """Count one finished generation's decoding (its final event); answers its decode time in seconds."""
+        usage = getattr(final, "usage", None)
+        if usage is None or not (usage.timings or {}).get("decode_ms"):
+            return 0.0
+        decode_ms = usage.timings["decode_ms"]
+        self.decode_tokens += max(usage.completion_tokens - 1, 0)
+        self.decode_s += decode_ms / 1000
+        return decode_ms / 1000
 
 
 def replay(entry) -> list[dict]:
@@ -157,6 +171,7 @@ async def _generate(consumer, session, messages, offered, state: TurnState, runt
             round_text += await _piece(consumer, piece, state)
         if event.finish_reason is not None:
             state.final = event
+            state.generated(event)
     cut = getattr(state.final, "cut", False)  # the token limit or a stop sequence ended this round
     for piece in prepared.output.finish(cut=cut):
         round_text += await _piece(consumer, piece, state)
@@ -185,6 +200,9 @@ async def _generate_remote(consumer, session, messages, offered, state: TurnStat
                 calls += delta.calls
                 if delta.final is not None:
                     state.final = delta.final
+                    decoded = state.generated(delta.final)
+                    if state.first is None:  # nothing shown yet (a call, or text held back): its first token's time
+                        state.first = time.perf_counter() - decoded
     except RouterError as exc:
         raise TurnFailed(exc.message) from None
     return calls, round_text

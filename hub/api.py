@@ -17,7 +17,7 @@ from pydantic import ConfigDict, Field, StrictBool
 from core.api import ApiError
 from core.paths import REPO_ID
 from core.surfaces import API
-from hub import downloads, fit, gc, library
+from hub import downloads, fit, gc, library, reach
 from hub.download import check_revision
 
 router = API.router(tags=["hub"])
@@ -69,7 +69,7 @@ def search(request: HttpRequest, q: str = Query("", description="words to look f
     if not query:
         raise ApiError("q required")
     if constants.HF_HUB_OFFLINE:
-        return {"ok": True, "offline": True, "error": "HF_HUB_OFFLINE is set", "results": []}
+        return {"ok": True, "offline": True, "error": reach.OFFLINE, "results": []}
     params = urllib.parse.urlencode({"search": query, "library": "mlx", "limit": 30, "sort": "downloads",
                                      "direction": -1})
     try:
@@ -78,7 +78,8 @@ def search(request: HttpRequest, q: str = Query("", description="words to look f
         if not isinstance(hits, list):
             raise ValueError("the hub did not answer with a list")
     except (OSError, ValueError) as exc:  # DNS, refused, timeout, HTTP errors, bad JSON
-        return {"ok": True, "offline": True, "error": f"{type(exc).__name__}: {exc}", "results": []}
+        message = reach.failure(exc) or f"The Hugging Face Hub ({reach.endpoint()}) gave no model list."
+        return {"ok": True, "offline": True, "error": message, "detail": reach.detail(exc), "results": []}
     return {"ok": True, "offline": False, "results": [
         {"id": h.get("id") or h.get("modelId"), "downloads": h.get("downloads", 0), "likes": h.get("likes", 0),
          "size_estimate": None} for h in hits if isinstance(h, dict)]}

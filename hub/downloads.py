@@ -17,6 +17,7 @@ from django.db import close_old_connections, connection, transaction
 from django.utils import timezone
 
 from core import db
+from hub import reach
 from hub.download import Progress, download
 from hub.models import Download
 
@@ -77,7 +78,7 @@ def run(row: Download, report_extra=None, stop=lambda: False) -> Download:
         raise
     except Exception as exc:
         log.warning("download of %s failed: %s", row.repo_id, exc)
-        _fail(row, _explain(exc))
+        _fail(row, _explain(exc), reach.detail(exc))
     else:
         Download.objects.filter(pk=row.pk).update(state="done", commit=commit, current_file=None,
                                                   bytes_per_sec=0.0, finished_at=timezone.now())
@@ -87,6 +88,7 @@ def run(row: Download, report_extra=None, stop=lambda: False) -> Download:
 
 
 def _explain(exc: Exception) -> str:
+    """The sentence a person reads for a failed download (the exception's own text is its detail)."""
     from huggingface_hub.errors import OfflineModeIsEnabled, RepositoryNotFoundError, RevisionNotFoundError
 
     if isinstance(exc, OfflineModeIsEnabled):
@@ -95,11 +97,11 @@ def _explain(exc: Exception) -> str:
         return "no such repository on the hub (or it is private and no token is saved)"
     if isinstance(exc, RevisionNotFoundError):
         return "no such revision on the hub"
-    return f"{type(exc).__name__}: {exc}"
+    return reach.failure(exc) or f"The download stopped: {exc}"
 
 
-def _fail(row: Download, message: str) -> None:
-    Download.objects.filter(pk=row.pk).update(state="error", error=message, bytes_per_sec=0.0,
+def _fail(row: Download, message: str, detail: str | None = None) -> None:
+    Download.objects.filter(pk=row.pk).update(state="error", error=message, detail=detail, bytes_per_sec=0.0,
                                               finished_at=timezone.now())
 
 
@@ -132,7 +134,7 @@ def resume_interrupted() -> int:
         if _alive(row.owner_pid) and row.owner_pid != os.getpid():
             continue
         claimed = Download.objects.filter(pk=row.pk, state__in=("queued", "active"), owner_pid=row.owner_pid) \
-            .update(owner_pid=os.getpid(), error=None)
+            .update(owner_pid=os.getpid(), error=None, detail=None)
         if not claimed:  # another process took it (or ended it) meanwhile
             continue
         row.refresh_from_db()

@@ -18,7 +18,8 @@ class Download(models.Model):
     files_total = models.IntegerField(default=0)
     bytes_per_sec = models.FloatField(default=0.0)  # rolling ~5 s window
     owner_pid = models.IntegerField(null=True, blank=True)  # the process downloading it
-    error = models.TextField(null=True, blank=True)
+    error = models.TextField(null=True, blank=True)  # what a person reads (hub/reach.py)
+    detail = models.TextField(null=True, blank=True)  # the exception behind it, shown under it
     started_at = models.DateTimeField(auto_now_add=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 
@@ -36,6 +37,8 @@ class Download(models.Model):
                "finished_at": int(self.finished_at.timestamp()) if self.finished_at else None}
         if self.state == "error":
             out["error"] = self.error
+            if self.detail:
+                out["detail"] = self.detail
         return out
 
 

@@ -59,7 +59,7 @@ def fit_body(loaded) -> dict:
         "typical_context_tokens": typical, "typical_decode_tps": at_typical["predicted_decode_tps"],
         "measured_decode_tps": round(measured.decode_tps, 2) if measured else None,
         "measured_at": int(measured.measured_at.timestamp() * 1000) if measured else None,
-        "report": report, "sku_matrix_ctx": fit.SKU_CONTEXT,
+        "report": report, "context_window": loaded.context_window, "sku_matrix_ctx": fit.SKU_CONTEXT,
         "sku_matrix": fit.sku_matrix(on_disk.weights_bytes or loaded.weights_bytes, loaded.config,
                                      loaded.context_window),
     }

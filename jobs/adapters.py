@@ -9,7 +9,7 @@ from pathlib import Path
 from django.utils import timezone
 
 from core import home
-from core.paths import TRAINING_MARKER, read_json
+from core.paths import REPO_ID, TRAINING_MARKER, read_json
 from jobs.models import Adapter
 
 
@@ -21,6 +21,19 @@ def bare_name(ref) -> str | None:
     text = str(ref).rstrip("/")
     hub = re.search(r"models--[^/]+?--([^/]+)", text)
     return (hub.group(1) if hub else text.split("/")[-1]).lower()
+
+
+def model_name(ref) -> str | None:
+    """A model reference as a person names it: `org/name` for a repo id or a
+    folder of the HF cache (`models--org--name/snapshots/<hash>`), else the
+    folder's name."""
+    if not ref:
+        return None
+    text = str(ref).rstrip("/")
+    hub = re.search(r"models--([^/]+?)--([^/]+)", text)
+    if hub:
+        return f"{hub.group(1)}/{hub.group(2)}"
+    return text if REPO_ID.fullmatch(text) else Path(text).name
 
 
 def adapter_config(path: Path) -> dict:
@@ -67,8 +80,9 @@ def _usable(folder: Path) -> bool:
 
 
 def available(mounted: list[dict], served_refs: list) -> list[dict]:
-    """Every adapter folder found, with `mounted` and `compatible` (its
-    recorded base is the served model by bare name, or it recorded none)."""
+    """Every adapter folder found, with `mounted`, `compatible` (its
+    recorded base is the served model by bare name, or it recorded none)
+    and `base_model_name` (that base as `model_name` names it)."""
     folders: dict[str, str] = {}  # resolved path -> id
     root = home.adapters()
     if root.is_dir():
@@ -87,6 +101,7 @@ def available(mounted: list[dict], served_refs: list) -> list[dict]:
         info = describe(Path(path))
         base = bare_name(info["base_model"])
         out.append({"id": adapter_id, "path": path, "rank": info["rank"], "scale": info["scale"],
-                    "base_model": info["base_model"], "mounted": path in by_path,
+                    "base_model": info["base_model"], "base_model_name": model_name(info["base_model"]),
+                    "mounted": path in by_path,
                     "compatible": base is None or base in served})
     return out

@@ -13,12 +13,11 @@ its snapshot folder meet at one node.
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 from core import home
-from core.paths import REPO_ID, read_json
-from jobs.adapters import adapter_config
+from core.paths import read_json
+from jobs.adapters import adapter_config, model_name
 from jobs.models import Adapter, Job
 
 KINDS = ("dataset", "finetune", "quantize")  # the jobs that make something the library holds
@@ -60,16 +59,9 @@ class Graph:
 
 
 def model_key(ref) -> str | None:
-    """One key for a model however it is named: `org/name` for a repo id or a
-    folder of the HF cache (`models--org--name/...`), else the folder's name;
-    lower-cased."""
-    if not ref:
-        return None
-    text = str(ref).rstrip("/")
-    hub = re.search(r"models--([^/]+?)--([^/]+)", text)
-    if hub:
-        return f"{hub.group(1)}/{hub.group(2)}".lower()
-    return (text if REPO_ID.fullmatch(text) else Path(text).name).lower()
+    """One key for a model however it is named: `model_name`'s, lower-cased."""
+    name = model_name(ref)
+    return name.lower() if name else None
 
 
 def _config(job: Job) -> dict:
@@ -132,7 +124,7 @@ def build(library: list[str], served: list[str]) -> dict:
         graph.edge(graph.model(manifest.get("base_model")), export)
         graph.edge(graph.folder("adapter", manifest.get("adapter_path"), "#/adapters"), export)
     for model_id in served:
-        served_key = graph.node(f"served:{model_id}", "served", model_id, "#/status")
+        served_key = graph.node(f"served:{model_id}", "served", model_id, f"#/status/{model_id}")
         graph.edge(graph.model(model_id), served_key)
     return graph.answer()
 

@@ -9,7 +9,8 @@ export function adaptersPage(main) {
   const path = h("input", { placeholder: "/path/to/adapter", "aria-label": "Adapter folder", style: "flex:1" });
   const merge = h("div");
   main.append(h("div", { class: "page adapters" }, h("h1", {}, "Adapters"),
-    h("p", { class: "muted" }, "Mounted adapters can be picked per chat (the adapter menu) or per request (`adapter`)."),
+    h("p", { class: "muted" }, "Mounted adapters can be picked per chat (the adapter menu) or per request (the ",
+      h("code", {}, "adapter"), " field)."),
     list, h("h2", {}, "Mount a folder"),
     h("form", { class: "row", onsubmit: async (e) => { e.preventDefault(); await mount(id.value.trim(), path.value.trim()); } },
       id, path, h("button", { class: "primary", type: "submit" }, "Mount")),
@@ -33,7 +34,7 @@ export function adaptersPage(main) {
     return h("tr", { "data-adapter": a.id },
       h("td", { "data-label": "adapter" }, a.id, h("div", { class: "muted small" }, a.path), exported),
       h("td", { "data-label": "rank" }, a.rank ?? "–"),
-      h("td", { class: "small", "data-label": "base model" }, a.base_model || "–"),
+      h("td", { class: "small", "data-label": "base model", title: a.base_model }, a.base_model_name || "–"),
       h("td", { "data-label": "state" }, a.mounted ? h("span", { class: "badge ok" }, `mounted · ${bytes(ram[a.id]?.ram_bytes)}`) :
         a.compatible ? h("span", { class: "badge" }, "available") : h("span", { class: "badge warn" }, "other base model")),
       h("td", { class: "actions", "data-label": "" }, h("div", { class: "acts" }, a.mounted ? h("button", { type: "button", onclick: async () => {

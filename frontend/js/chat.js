@@ -12,6 +12,7 @@ import { importButton, sessionMenu } from "./session_actions.js";
 import { speechInput } from "./speech.js";
 import { toolCard } from "./chat_toolcard.js";
 import { messageQueue } from "./chat_queue.js";
+import { perfStrip } from "./chat_perf.js";
 
 const LAST_CHAT = "hearth.chat.active";  // the chat to open again after a reload
 const LIVE_POLL_MS = 2000;
@@ -390,16 +391,6 @@ export function createChat(hooks = {}) {
     } catch (e) { toast(e.message); }
   }
 
-  function perf(meta) {
-    if (!meta || meta.ttft_ms === undefined) return null;
-    const parts = [`TTFT ${meta.ttft_ms} ms`];
-    if (meta.tokens_per_s) parts.push(`${meta.tokens_per_s} tok/s`);
-    if (meta.lane) parts.push(meta.lane);
-    if (meta.cached_tokens) parts.push(`${meta.cached_tokens} cached`);
-    if (meta.aborted) parts.push("stopped");
-    return h("span", { class: "perf" }, parts.join(" · "));
-  }
-
   function siblingNav(item) {
     if (!item.siblingCount || item.siblingCount < 2 || !item.siblingIds) return null;
     const go = (d) => frame({ type: "switch_sibling", entryId: item.siblingIds[item.siblingIndex + d] });
@@ -425,7 +416,7 @@ export function createChat(hooks = {}) {
     }
     return h("article", { class: `msg ${item.role}` },
       h("div", { class: "who" }, item.role === "user" ? "You" : answeredBy(item), siblingNav(item),
-        perf(item.meta)), body, tools);
+        perfStrip(item.meta)), body, tools);
   }
 
   // Who wrote a reply: the model its turn names (router mode stores it), else the one model served.

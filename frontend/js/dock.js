@@ -1,7 +1,8 @@
 // The chat dock. One chat (one socket) lives for the whole app: on #/chat it fills the page; on every other
 // page the same DOM moves into a side panel opened by the "Assistant" button (full screen on a phone), so a
-// running turn goes on streaming while the user moves around. The panel hides the sessions list and the chat
-// bar behind "Options"; open or closed is remembered; Escape closes it.
+// running turn goes on streaming while the user moves around. The button sits in the sticky header, so it is
+// always in reach and never lies over a page's controls. The panel hides the sessions list and the chat bar
+// behind "Options"; open or closed is remembered; Escape closes it.
 import { createChat } from "./chat.js";
 import { handleUiFrame, startAppContext } from "./appctx.js";
 import { h } from "./util.js";
@@ -40,7 +41,8 @@ export function mountDock() {
     body);
   const toggle = h("button", { type: "button", class: "dock-toggle primary", "aria-controls": "dock", "aria-expanded": "false",
     hidden: true, onclick: () => setOpen(true, true) }, "Assistant");
-  document.body.append(toggle, panel);
+  document.querySelector(".top .theme").before(toggle);
+  document.body.append(panel);
   // Escape closes it from inside, or when nothing has the focus (a button that hid itself, e.g. Stop).
   document.addEventListener("keydown", (e) => {
     if (e.key !== "Escape" || e.defaultPrevented || panel.hidden) return;

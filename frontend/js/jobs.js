@@ -19,13 +19,17 @@ export function jobsPage(main, [jobId]) {
   });
 }
 
-// A finished job's message is its summary as JSON: show the short fields.
-function summary(message) {
-  if (!message || message[0] !== "{") return message || "";
-  try {
-    return Object.entries(JSON.parse(message)).filter(([, v]) => typeof v !== "object" && String(v).length < 40)
-      .slice(0, 6).map(([k, v]) => `${k} ${v}`).join(" · ");
-  } catch { return message; }
+// A job's summary: a finished job's message (its summary as JSON) or an event's object. The short fields show
+// ("method sft · iters 10 · …"); paths and nested values stay in the API. Plain text passes as it is.
+function summary(value) {
+  let fields = value;
+  if (typeof value === "string") {
+    if (value[0] !== "{") return value;
+    try { fields = JSON.parse(value); } catch { return value; }
+  }
+  if (!fields || typeof fields !== "object") return value == null ? "" : String(value);
+  return Object.entries(fields).filter(([, v]) => v !== null && typeof v !== "object" && String(v).length < 40)
+    .slice(0, 6).map(([k, v]) => `${k} ${v}`).join(" · ");
 }
 
 export function status(s) {
@@ -62,8 +66,8 @@ function jobDetail(main, id) {
           ? pushForm(job.kind, { job_id: job.id }, `the output of job ${job.id}`) : head.querySelector(".push") || "",
         live ? h("button", { type: "button", onclick: async () => { await api(`/api/jobs/${id}/cancel`, { method: "POST" })
           .catch((e) => toast(e.message)); refresh(); } }, "Cancel") : "");
-      progress.replaceChildren(bar(job.progress, "job progress"), h("p", { class: "muted small" },
-        `${Math.round(job.progress * 100)}% ${job.message || ""}`));
+      progress.replaceChildren(bar(job.progress, "job progress"), h("p", { class: "muted small job-message" },
+        `${Math.round(job.progress * 100)}% ${summary(job.message)}`));
     } catch (e) { head.replaceChildren(h("p", { class: "error" }, e.message)); }
   }
   refresh();
@@ -75,7 +79,11 @@ function describe(ev) {
   if (type === "log") return rest.line;
   if (type === "stage") return `${rest.stage}: ${rest.message || ""}`;
   if (type === "metric") return `${rest.kind} step ${rest.step}: loss ${Number(rest.loss).toFixed(4)}`;
-  return JSON.stringify(rest);
+  if (type === "done") {
+    return [rest.output_dir ? `output ${rest.output_dir}` : "", summary(rest.summary)].filter(Boolean).join(" · ");
+  }
+  if (type === "failed") return rest.error || "";
+  return summary(rest);
 }
 
 function draw(canvas, train, val) {

@@ -31,7 +31,7 @@ export function modelsPage(main) {
     results.replaceChildren(h("p", { class: "muted" }, "Searching…"));
     try {
       const r = await api(`/api/hub/search?q=${encodeURIComponent(q.value.trim())}`);
-      if (r.offline) { results.replaceChildren(h("p", { class: "error" }, `The hub is unreachable: ${r.error}`)); return; }
+      if (r.offline) { results.replaceChildren(h("p", { class: "error" }, r.error), failureDetail(r.detail)); return; }
       results.replaceChildren(h("div", { class: "table-wrap" }, h("table", {}, h("tbody", {}, ...r.results.map((m) =>
         h("tr", {}, h("td", {}, m.id), h("td", { class: "muted small" }, `${m.downloads} downloads · ${m.likes} likes`),
           h("td", {}, h("button", { type: "button", onclick: () => download(m.id) }, "Download"))))))));
@@ -269,9 +269,10 @@ export function modelsPage(main) {
         d.state === "error" ? "bad" : ""}` }, d.state),
         h("span", { class: "muted small" }, `${bytes(d.received_bytes)} / ${bytes(d.total_bytes)} · files ${d.files_done}/${d.files_total}`
           + (d.state === "active" ? ` · ${bytes(d.bytes_per_sec)}/s` : ""))),
-      bar(d.total_bytes ? d.received_bytes / d.total_bytes : 0, `${d.repo_id} download`),
+      d.state === "error" && !d.total_bytes ? "" : bar(d.total_bytes ? d.received_bytes / d.total_bytes : 0, `${d.repo_id} download`),
       d.current_file ? h("div", { class: "muted small" }, d.current_file) : "",
-      d.error ? h("div", { class: "error small" }, d.error) : "")) : [h("p", { class: "muted" }, "No downloads yet.")]));
+      d.error ? h("div", { class: "error small download-error" }, d.error) : "", failureDetail(d.detail)))
+      : [h("p", { class: "muted" }, "No downloads yet.")]));
     const done = r.downloads.filter((d) => d.state === "done").map((d) => d.repo_id + d.finished_at);
     if (done.some((k) => !seenDone.has(k))) { seenDone = new Set(done); loadLibrary(false).catch(() => {}); }
   });
@@ -284,4 +285,9 @@ export function modelsPage(main) {
   });
   loadLibrary(false).catch((e) => library.replaceChildren(h("p", { class: "error" }, e.message)));
   return () => { stopped = true; stopDownloads(); stopDemo(); fleet.source?.close(); fleet.source = null; };
+}
+
+// The exception behind a hub failure the server put into words: there for whoever debugs it, under the sentence.
+function failureDetail(detail) {
+  return detail ? h("div", { class: "muted small failure-detail" }, detail) : "";
 }

@@ -1,5 +1,7 @@
 // Live engine state (/stats), the device and BLAS this server runs on (/stats `device`, `blas`) and this machine's fit
-// for the model (/fit).
+// for the model (/fit). One model's server reports its engine at the top level of /stats; a router (`hearth serve`
+// with no model) reports each loaded model's own /stats under `models`, and the page shows a set of cards per
+// loaded model, or only the one the route names (#/status/<model id>, where the Lineage page's "served" nodes link).
 import { demoBuildCards } from "./demo_build.js";
 import { api, bytes, every, h } from "./util.js";
 
@@ -7,56 +9,127 @@ function kv(pairs) {
   return h("dl", { class: "kv" }, ...pairs.flatMap(([k, v]) => [h("dt", {}, k), h("dd", {}, v ?? "–")]));
 }
 
-export function statusPage(main) {
-  const live = h("div", { class: "grid" });
+function card(title, ...body) {
+  return h("div", { class: "card" }, h("h2", { style: "margin-top:0" }, title), ...body);
+}
+
+// [model id, that model's /stats] for each model this server has loaded (the chosen one only, when one is named).
+export function servedModels(s, chosen) {
+  const all = s.router ? Object.entries(s.models || {}).filter(([, m]) => m?.server?.model)
+    : s.server?.model ? [[s.server.model, s]] : [];
+  return chosen ? all.filter(([id]) => id === chosen) : all;
+}
+
+// The four cards of one loaded model, from its /stats.
+function modelCards(id, s) {
+  const e = s.engine || {}, b = s.batch || {}, pc = s.prompt_cache || {}, ad = s.admission || {};
+  return h("div", { class: "grid", "data-model": id },
+    card("Model", kv([["served", id], ["dtype", e.dtype], ["lane", b.mode || b.lane],
+      ["adapters", (s.adapters?.mounted || []).join(", ") || "none"], ["speculation", specLine(s.speculation)]])),
+    card("Rows", kv([["decoding", e.active],
+      ["most at once", b.max_rows ? `${b.max_rows}${b.configured === "auto" ? " (auto)" : ""}, peak ${e.peak_rows}` : "—"],
+      ["waiting", e.queued], ["requests", e.requests_total],
+      ["last decode", e.last_decode_tokens_per_s != null ? `${e.last_decode_tokens_per_s} tok/s` : null]])),
+    card("Prompt cache", kv([["entries", pc.entries], ["size", bytes(pc.bytes)],
+      ["hits / misses", pc.hits != null ? `${pc.hits} / ${pc.misses}` : null], ["cached tokens", e.cached_tokens_total]])),
+    card("Admission", kv([["context limit", ad.max_safe_context ?? ad.enforced_context ?? "model window"],
+      ["KV per token", bytes(ad.kv_bytes_per_token)], ["usable memory", bytes(ad.usable_bytes)],
+      ["queue limit", ad.max_queued]])));
+}
+
+// What stands where the cards would: no model loaded (or not the one the route names), and what to do about it.
+function emptyState(s, chosen) {
+  const models = h("a", { href: "#/models" }, "Models page");
+  if (chosen) {
+    return h("div", { class: "card empty-state", role: "status" }, h("p", {}, h("strong", {}, chosen), " is not loaded."),
+      h("p", { class: "muted small" }, "Load it on the ", models, ", or ", h("a", { href: "#/status" }, "show every loaded model"), "."));
+  }
+  if (!s.router) {
+    return h("div", { class: "card empty-state", role: "status" }, h("p", {}, "The model is still loading."),
+      h("p", { class: "muted small" }, "Its rows, prompt cache and admission limits show here once it serves."));
+  }
+  return h("div", { class: "card empty-state", role: "status" }, h("p", {}, "No model is loaded."),
+    h("p", { class: "muted small" }, "Load one on the ", models, ", or send a request that names one: it loads then. ",
+      s.router.default ? `The default, ${s.router.default}, answers requests that name no model.` : ""));
+}
+
+// One model's cards, under its name when a router may show several.
+function modelSection(id, s, named) {
+  if (!named) return modelCards(id, s);
+  return h("section", { class: "served-model" }, h("h2", {}, h("a", { href: `#/status/${id}` }, id)), modelCards(id, s));
+}
+
+// The model /fit describes: the chosen one, else the router's default if loaded, else the first loaded.
+function fitModel(s, served) {
+  if (!s.router) return served.length ? "" : null;  // one model's server: /fit answers for it
+  const ids = served.map(([id]) => id);
+  return ids.includes(s.router.default) ? s.router.default : ids[0] ?? null;
+}
+
+export function statusPage(main, rest = []) {
+  const chosen = rest.filter(Boolean).join("/") || null;
+  const live = h("div", { class: "served" });
   const demo = h("div");
   const fit = h("div");
   const blas = h("div", { id: "blas" });
-  main.append(h("div", { class: "page" }, h("h1", {}, "Status"), demo, live, h("h2", {}, "This machine"), fit,
+  main.append(h("div", { class: "page status" }, h("h1", {}, "Status"), demo, live, h("h2", {}, "This machine"), fit,
     h("h2", {}, "Device and BLAS"), blas));
+  let fitFor;  // the model the fit cards describe ("" for one model's server), null for none yet
   const stopLive = every(1500, async () => {
     const s = await api("/stats");
     if (s.blas && !blas.childElementCount) {  // fixed for the process's life
       blas.replaceChildren(deviceCard(s.device), blasCard(s.blas));
     }
     demo.replaceChildren(...demoBuildCards(s));
-    const e = s.engine || {}, b = s.batch || {}, pc = s.prompt_cache || {}, ad = s.admission || {};
-    live.replaceChildren(
-      h("div", { class: "card" }, h("h2", { style: "margin-top:0" }, "Model"), kv([["served", s.server?.model],
-        ["dtype", e.dtype], ["lane", b.mode || b.lane], ["adapters", (s.adapters?.mounted || []).join(", ") || "none"],
-        ["speculation", specLine(s.speculation)]])),
-      h("div", { class: "card" }, h("h2", { style: "margin-top:0" }, "Rows"), kv([["decoding", e.active],
-        ["most at once", b.max_rows ? `${b.max_rows}${b.configured === "auto" ? " (auto)" : ""}, peak ${e.peak_rows}` : "—"],
-        ["waiting", e.queued], ["requests", e.requests_total], ["last decode", e.last_decode_tokens_per_s != null ? `${e.last_decode_tokens_per_s} tok/s` : null]])),
-      h("div", { class: "card" }, h("h2", { style: "margin-top:0" }, "Prompt cache"), kv([["entries", pc.entries],
-        ["size", bytes(pc.bytes)], ["hits / misses", pc.hits != null ? `${pc.hits} / ${pc.misses}` : null],
-        ["cached tokens", e.cached_tokens_total]])),
-      h("div", { class: "card" }, h("h2", { style: "margin-top:0" }, "Admission"), kv([
-        ["context limit", ad.max_safe_context ?? ad.enforced_context ?? "model window"],
-        ["KV per token", bytes(ad.kv_bytes_per_token)], ["usable memory", bytes(ad.usable_bytes)],
-        ["queue limit", ad.max_queued]])));
+    const served = servedModels(s, chosen);
+    live.replaceChildren(...(served.length ? served.map(([id, m]) => modelSection(id, m, Boolean(s.router)))
+      : [emptyState(s, chosen)]));
+    const model = fitModel(s, served);
+    if (model === fitFor) return;
+    fitFor = model;
+    if (model === null) fit.replaceChildren(h("p", { class: "muted" }, "The fit of a model shows once one is loaded."));
+    else loadFit(fit, model);
   });
-  const loadFit = () => api("/fit").then((f) => {
-    const r = f.report;
-    fit.replaceChildren(h("div", { class: "grid" },
-      h("div", { class: "card" }, h("h2", { style: "margin-top:0" }, "Hardware"), kv([["chip", f.machine.chip], ["RAM", bytes(f.machine.ram_bytes)],
-        ["usable", bytes(f.machine.usable_bytes)], ["cores", f.machine.cores],
-        ["memory bandwidth", `${f.machine.bandwidth_gbs} GB/s`], ["decode bandwidth", `${f.machine.decode_bandwidth_gbs} GB/s` + (f.machine.measured_while_busy ? " (machine busy: measured again at next start)" : "")]])),
-      h("div", { class: "card" }, h("h2", { style: "margin-top:0" }, `Fit of ${f.model}`), kv([["fits", r.fits ? "yes" : "no"], ["weights", bytes(r.weights_bytes)],
+  return stopLive;
+}
+
+// This machine's hardware, the fit of `model` on it (`""`: the one model this server serves) and other machines'.
+function loadFit(fit, model) {
+  const query = model ? `?model=${encodeURIComponent(model)}` : "";
+  return api(`/fit${query}`).then((f) => {
+    const m = f.machine, r = f.report;
+    const measure = h("button", { type: "button", onclick: async (e) => {
+      e.target.disabled = true;
+      try { await api("/api/fit/measure", { json: model ? { tokens: 64, model } : { tokens: 64 } }); await loadFit(fit, model); }
+      catch (err) { e.target.disabled = false; fit.append(h("p", { class: "error" }, err.message)); }
+    } }, "Measure decode speed");
+    fit.replaceChildren(h("div", { class: "grid wide" },
+      card("Hardware", kv([["chip", m.chip], ["RAM", bytes(m.ram_bytes)], ["usable", bytes(m.usable_bytes)],
+        ["cores", m.cores], ["memory bandwidth", `${m.bandwidth_gbs} GB/s`], ["decode bandwidth", `${m.decode_bandwidth_gbs} GB/s`]]),
+        m.measured_while_busy ? h("p", { class: "muted small" }, "The machine was busy while its bandwidth was measured: "
+          + "it is measured again at the next start.") : ""),
+      card(`Fit of ${f.model}`, kv([["fits", r.fits ? "yes" : "no"], ["weights", bytes(r.weights_bytes)],
         ["KV per token", bytes(r.kv_bytes_per_token)], ["max safe context", r.max_safe_context],
         ["predicted decode", `${r.predicted_decode_tps} tok/s`],
-        ["measured decode", f.measured_decode_tps ? `${f.measured_decode_tps} tok/s` : "not measured"]]),
-        h("button", { type: "button", onclick: async (e) => { e.target.disabled = true;
-          try { await api("/api/fit/measure", { json: { tokens: 64 } }); await loadFit(); }
-          catch (err) { e.target.disabled = false; fit.append(h("p", { class: "error" }, err.message)); } } },
-          "Measure decode speed"))),
-      h("h2", {}, `Other machines at ${f.sku_matrix_ctx} tokens`),
-      h("div", { class: "table-wrap" }, h("table", {}, h("thead", {}, h("tr", {}, h("th", {}, "machine"), h("th", {}, "fits"),
-        h("th", {}, "max context"), h("th", {}, "decode"))), h("tbody", {}, ...f.sku_matrix.map((s) => h("tr", {},
-        h("td", {}, s.sku), h("td", {}, s.fits ? "yes" : "no"), h("td", {}, s.max_context), h("td", {}, `${s.decode_tps} tok/s`)))))));
+        ["measured decode", f.measured_decode_tps ? `${f.measured_decode_tps} tok/s` : "not measured"]]), measure)),
+      ...skuTable(f));
   }).catch((e) => fit.replaceChildren(h("p", { class: "error" }, e.message)));
-  loadFit();
-  return stopLive;
+}
+
+// Other machines' fit. Each row's decode is predicted at `sku_matrix_ctx` tokens of context, or the most that row's
+// machine holds; the model's own window caps every row, and the heading says so when it is the smaller.
+function skuTable(f) {
+  const window = f.context_window, asked = f.sku_matrix_ctx;
+  const capped = window && window < asked;
+  const heading = h("h2", {}, `Other machines at ${capped ? window : asked} tokens`);
+  const note = h("p", { class: "muted small sku-note" }, capped
+    ? `${f.model} reads at most ${window} tokens (its own context window), so no machine gives it more: each row `
+      + `is predicted at ${window}, or at the most its machine holds (max context).`
+    : `Decode predicted with ${asked} tokens of context, or the most that fits on that machine (max context).`);
+  return [heading, note, h("div", { class: "table-wrap" }, h("table", { class: "sku" }, h("thead", {}, h("tr", {},
+    h("th", {}, "machine"), h("th", {}, "fits"), h("th", {}, "max context"), h("th", {}, "decode"))),
+  h("tbody", {}, ...f.sku_matrix.map((s) => h("tr", {}, h("td", {}, s.sku), h("td", {}, s.fits ? "yes" : "no"),
+    h("td", {}, s.max_context), h("td", {}, `${s.decode_tps} tok/s`))))))];
 }
 
 const CHOSEN = { measurement: "chosen by measurement", option: "chosen with --blas (override)",

@@ -284,6 +284,7 @@ def usage_json(usage: Usage) -> dict:
         "total_tokens": usage.total_tokens,
         "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
         "lane": usage.lane,
+        **({"timings": usage.timings} if usage.timings is not None else {}),
         **({"speculation": usage.speculation} if usage.speculation is not None else {}),
         **({"fill": usage.fill} if usage.fill is not None else {}),
     }

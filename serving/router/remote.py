@@ -38,8 +38,10 @@ class Delta:
 
 def _usage(body: dict) -> Usage:
     details = body.get("prompt_tokens_details") or {}
+    timings = body.get("timings")
     return Usage(int(body.get("prompt_tokens") or 0), int(body.get("completion_tokens") or 0),
-                 int(details.get("cached_tokens") or 0), str(body.get("lane") or "serial"))
+                 int(details.get("cached_tokens") or 0), str(body.get("lane") or "serial"),
+                 timings=timings if isinstance(timings, dict) else None)
 
 
 def _json_object(text: str) -> bool:

@@ -62,7 +62,15 @@ def test_finetune_wizard_starts_a_job_that_reaches_done(page, base_url, tiny_mod
     page.wait_for_selector("h1 .badge:has-text('done')", timeout=180_000)
     page.wait_for_selector("text=train step 4")
     job_id = page.url.rsplit("/", 1)[-1]
-    assert httpx.get(f"{base_url}/api/jobs/{job_id}").json()["job"]["status"] == "done"
+    job = httpx.get(f"{base_url}/api/jobs/{job_id}").json()["job"]
+    assert job["status"] == "done"
+    # Its summary and its done event read as the jobs list shows them, not as JSON.
+    message = page.wait_for_selector("#main p:has-text('100% ')").inner_text()
+    assert message.startswith("100% method sft · ") and "{" not in message, message
+    page.wait_for_selector(".events:has-text('done')")
+    done = next(line for line in page.inner_text(".events").splitlines() if "  done  " in line)
+    assert f"output {job['output_path']} · method sft · " in done and "{" not in done, done
+    page.screenshot(path=str(ARTIFACTS / "desktop-job-detail.png"), full_page=True)
 
 
 def test_quantize_wizard_runs_a_calibrated_gptq_job(page, base_url, tiny_model, tmp_path):
@@ -100,7 +108,39 @@ def test_the_lineage_page_draws_the_served_model_and_links_each_node(page, base_
     assert page.locator("path.edge").count() >= 1
     page.screenshot(path=str(ARTIFACTS / "desktop-lineage.png"), full_page=True)
     served.click()
-    page.wait_for_url("**/#/status")
+    page.wait_for_url(f"**/#/status/{tiny_model}")  # that model's cards
+    page.wait_for_selector(f"[data-model='{tiny_model}'] dd:text-is('{tiny_model}')")
+
+
+def test_status_page_says_what_caps_other_machines_context(page, base_url, tiny_model):
+    page.goto(base_url + "/#/status")
+    page.wait_for_selector(f"[data-model='{tiny_model}'] .card h2:text-is('Rows')")  # one model's server: its cards
+    page.wait_for_selector(".sku-note")
+    fit = httpx.get(base_url + "/fit").json()
+    window = fit["context_window"]
+    assert window < fit["sku_matrix_ctx"]  # the tiny model's window is the smaller: it caps every row
+    assert page.inner_text("h2:has-text('Other machines')") == f"Other machines at {window} tokens"
+    assert f"at most {window} tokens (its own context window)" in page.inner_text(".sku-note")
+    assert {int(t) for t in page.locator("table.sku tbody td:nth-child(3)").all_inner_texts()} == {window}
+    # The Hardware card gives its values room: each stays on one line at 1280 px.
+    heights = page.eval_on_selector_all(".card:has(h2:text-is('Hardware')) dd",
+                                        "els => els.map((e) => e.getBoundingClientRect().height)")
+    assert len(heights) == 6 and max(heights) < 1.5 * min(heights), heights
+
+
+def test_adapters_page_names_each_base_model(page, base_url, tiny_model, homes):
+    from huggingface_hub import snapshot_download
+
+    from tests.helpers import random_adapter, write_adapter
+
+    snapshot = snapshot_download(tiny_model, local_files_only=True)  # as a fine-tune records its base
+    write_adapter(homes[1] / "adapters" / "named-base", random_adapter(snapshot, 1, 5), 1.0, snapshot, layers=1)
+    page.goto(base_url + "/#/adapters")
+    cell = page.wait_for_selector("tr[data-adapter='named-base'] td[data-label='base model']")
+    assert cell.inner_text() == tiny_model and cell.get_attribute("title") == snapshot
+    assert "`" not in page.inner_text("#main"), page.inner_text("#main")
+    assert page.inner_text("#main .page > p code") == "adapter"
+    page.screenshot(path=str(ARTIFACTS / "desktop-adapters-base-model.png"), full_page=True)
 
 
 def test_settings_saves_and_removes_the_hub_token(page, base_url):
@@ -130,6 +170,8 @@ def test_every_page_renders_at_phone_and_desktop_widths(browser, base_url, width
         page.wait_for_timeout(400)
         overflow = page.evaluate("document.documentElement.scrollWidth - document.documentElement.clientWidth")
         assert overflow <= 1, f"{route} scrolls sideways at {width}px"
+        if route != "chat":  # the chat is the page there: no button
+            assert pages.under_dock_button(page) == [], f"the Assistant button covers part of {route} at {width}px"
         page.screenshot(path=str(ARTIFACTS / f"{name}-{route}.png"), full_page=True)
     page.emulate_media(color_scheme="dark")
     page.goto(f"{base_url}/#/chat")

@@ -174,6 +174,18 @@ def test_router_models_page_renders_at_phone_and_desktop_widths(browser, router,
     assert not errors, errors
 
 
+def test_the_assistant_button_covers_no_model_button(page, router):
+    from tests.browser import pages
+
+    page.set_viewport_size({"width": 1280, "height": 900})
+    page.goto(router + "/#/models")
+    page.wait_for_selector(f"button[aria-label='Make {TINY_B} the default model']")
+    assert pages.under_dock_button(page) == []
+    page.click("button.dock-toggle")  # in reach, and it opens the dock
+    page.wait_for_selector("aside.dock textarea[aria-label=Message]")
+    page.screenshot(path=str(ARTIFACTS / "desktop-models-router-dock-open.png"))
+
+
 def test_chat_picks_a_model_per_session_and_keeps_it(page, router):
     turns: list[dict] = []
     page.on("websocket", lambda ws: ws.on("framereceived", lambda frame: turns.append(json.loads(frame))
@@ -191,6 +203,10 @@ def test_chat_picks_a_model_per_session_and_keeps_it(page, router):
     page.wait_for_selector("article.msg.assistant .perf", timeout=180_000)  # the stored turn; tiny-b loads first
     assert TINY_B in page.inner_text("article.msg.assistant .who")  # the model that answered
     assert turns and turns[-1]["model"] == TINY_B, turns
+    end = turns[-1]  # its speed: what the model's process decoded, over the time that took there
+    if end["completion_tokens"] > 1:
+        assert 0 < end["decode_ms"] and end["decode_tokens"] == end["completion_tokens"] - 1, end
+        assert end["tokens_per_s"] == pytest.approx(end["decode_tokens"] / end["decode_ms"] * 1000, rel=0.02)
     stored = httpx.get(router + "/api/sessions/export", params={"path": turns[-1]["sessionId"]}, timeout=10).json()
     answer = [e for e in stored["entries"] if e.get("message", {}).get("role") == "assistant"]
     assert answer and answer[-1]["message"]["content"], stored  # a random model's text, maybe only whitespace
@@ -236,3 +252,30 @@ def test_single_mode_keeps_serve_buttons_and_has_no_picker(page, base_url, tiny_
     page.goto(base_url + "/#/chat")
     page.wait_for_selector(f".chatbar span:has-text('{tiny_model}')")
     assert page.locator(PICKER).is_hidden()
+
+
+def test_status_page_shows_each_loaded_models_cards_and_says_when_none_is(page, router):
+    """A router's /stats has each loaded model's engine under `models`: the Status page shows that model's
+    cards, only the named one on #/status/<id> (where the Lineage page links), and with nothing loaded says
+    so, loading nothing by being open."""
+    loaded = [m for m, row in _models(router).items() if row["status"]["value"] == "loaded"]
+    if not loaded:
+        httpx.post(router + "/models/load", json={"model": TINY_A}, timeout=120).raise_for_status()
+        loaded = [TINY_A]
+    model, other = loaded[0], TINY_B if loaded[0] == TINY_A else TINY_A
+    page.goto(router + "/#/status")
+    cards = f"[data-model='{model}']"
+    page.wait_for_selector(f"{cards} dd:text-is('{model}')", timeout=15_000)
+    assert page.locator(f"{cards} .card h2").all_inner_texts() == ["Model", "Rows", "Prompt cache", "Admission"]
+    page.wait_for_selector(f"h2:text-is('Fit of {model}')")
+    page.screenshot(path=str(ARTIFACTS / "desktop-status-router.png"), full_page=True)
+    page.goto(router + f"/#/status/{other}")
+    page.wait_for_selector(f".empty-state:has-text('{other} is not loaded')")
+    assert page.locator("[data-model]").count() == 0
+
+    httpx.post(router + "/models/unload", json={"model": model}, timeout=60).raise_for_status()
+    page.goto(router + "/#/status")
+    page.wait_for_selector(".empty-state:has-text('No model is loaded')")
+    page.wait_for_timeout(1600)  # another poll of /stats
+    assert {row["status"]["value"] for row in _models(router).values()} == {"unloaded"}
+    page.screenshot(path=str(ARTIFACTS / "desktop-status-router-empty.png"), full_page=True)

@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import os
 
+import pytest
+
 from tests.chat import chatws
 
 # The in-process engine and Django fixtures of the chat socket's tests.
@@ -100,6 +102,32 @@ def test_gated_tool_deny_allow_and_always_allow(engine, workspace, steer, client
         await ws.disconnect()
 
     asyncio.run(run())
+
+
+def test_the_speed_readout_counts_decoding_only(engine, workspace, steer, approvals):
+    """A turn's tokens_per_s is what its generations decoded over the time that took (each one's tokens
+    after its first, from its first token to its last): the call's markup counts though nobody sees it,
+    and the second spent on the approval card does not."""
+    steer("write", {"path": "speed.txt", "content": "x"})
+
+    async def run():
+        ws = await chatws.connect()
+        await chatws.coding(ws)
+        await ws.send_json_to({"type": "prompt", "text": "write it"})
+        request = (await chatws.until(ws, "tool_approval_request"))[-1]
+        await asyncio.sleep(1.0)  # the user reads the card
+        await ws.send_json_to({"type": "approval", "callId": request["callId"], "decision": "allow"})
+        end = (await chatws.until(ws, "turn_end"))[-1]
+        await ws.disconnect()
+        return end
+
+    end = asyncio.run(run())
+    assert (workspace / "speed.txt").read_text() == "x"
+    # A rate over the turn's wall time would be below even the last round's tokens per second.
+    assert end["tokens_per_s"] > end["completion_tokens"], end
+    assert end["decode_tokens"] > end["completion_tokens"]  # the call's round is in it ("Done." alone is a few)
+    assert 0 < end["decode_ms"] < 1000  # a grammar forces these replies: jump-forward may add most tokens at once
+    assert end["tokens_per_s"] == pytest.approx(end["decode_tokens"] / end["decode_ms"] * 1000, rel=0.02)
 
 
 def test_bash_streams_output_and_abort_kills_it(engine, workspace, steer, approvals):

@@ -373,7 +373,7 @@ def test_router_downloads_a_model_it_is_asked_to_load(double, tmp_path):
         assert proc.stop() == 0, proc.output()
 
 
-def test_search_filters_to_mlx_and_survives_the_hub_going_away(hub_server, double):
+def test_search_filters_to_mlx_and_survives_the_hub_going_away(hub_server, double, browser):
     url = hub_server.url
     found = httpx.get(url + "/api/hub/search", params={"q": "tiny"}).json()
     assert found["ok"] and not found["offline"]
@@ -390,6 +390,27 @@ def test_search_filters_to_mlx_and_survives_the_hub_going_away(hub_server, doubl
     gone = httpx.get(url + "/api/hub/search", params={"q": "tiny"})
     assert gone.status_code == 200
     assert gone.json()["ok"] and gone.json()["offline"] and gone.json()["results"] == [] and gone.json()["error"]
+    # Said in words, the exception as the detail; a download that cannot reach the hub is told the same way.
+    unreachable = f"The Hugging Face Hub cannot be reached from this server ({double.url}):"
+    assert gone.json()["error"].startswith(unreachable) and gone.json()["detail"].startswith("URLError: ")
+    assert httpx.post(url + "/api/hub/download", json={"repo": "mlx-community/tiny-gone"}).status_code == 200
+    failed = _wait(url, "mlx-community/tiny-gone")
+    assert failed["error"].startswith(unreachable) and failed["detail"].startswith("ConnectError: "), failed
+    page = browser.new_page(viewport={"width": 1280, "height": 800})
+    page.goto(url + "/#/models")
+    page.fill("input[aria-label='Search models']", "tiny")
+    page.click("button:has-text('Search')")
+    said = page.wait_for_selector("p.error:has-text('cannot be reached')")
+    assert said.inner_text().startswith(unreachable) and "URLError" not in said.inner_text()
+    assert page.inner_text("p.error + .failure-detail").startswith("URLError: ")
+    card = ".card:has-text('mlx-community/tiny-gone')"
+    assert page.inner_text(f"{card} .error").startswith(unreachable)
+    assert page.inner_text(f"{card} .failure-detail").startswith("ConnectError: ")
+    from tests.helpers import ARTIFACTS
+
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "desktop-models-hub-unreachable.png"), full_page=True)
+    page.close()
 
 
 def test_gc_keeps_a_served_snapshot_and_repos_no_ref_names(tmp_path):

@@ -66,7 +66,7 @@ def test_lineage_follows_a_model_through_its_jobs_to_what_serves_it(app, tiny_mo
     job = nodes[f"job:{tuned_id}"]
     assert job["href"] == f"#/jobs/{tuned_id}" and job["status"] == "running" and job["job_kind"] == "finetune"
     assert nodes[adapter_node]["label"] == "tuned" and nodes[adapter_node]["href"] == "#/adapters"
-    assert nodes[f"served:{tiny_model}"]["href"] == "#/status"
+    assert nodes[f"served:{tiny_model}"]["href"] == f"#/status/{tiny_model}"  # that model's cards
     assert nodes[f"model:{tiny_model}-hearth-4bit"]["derived"] is True
 
 

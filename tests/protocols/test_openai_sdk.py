@@ -32,6 +32,8 @@ def test_chat_streaming_matches_non_streaming(client):
     assert chunks[-1].choices[0].finish_reason == "length"
     assert chunks[-1].usage.completion_tokens == 16
     assert all(c.choices[0].finish_reason is None for c in chunks[:-1])
+    timings = chunks[-1].usage.model_extra["timings"]  # where its time went; the chat's speed readout reads it
+    assert {"queue_ms", "prefill_ms", "decode_ms"} <= set(timings) and timings["decode_ms"] > 0
 
 
 def test_async_client_runs_concurrent_requests(base_url):

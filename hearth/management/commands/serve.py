@@ -117,7 +117,7 @@ def fetch_for_router(ref: str) -> str:
         raise CommandError(str(exc)) from None
     if row.state != "done":
         child.report("error", message=f"downloading {ref} failed: {row.error}")
-        raise CommandError(f"downloading {ref} failed: {row.error}")
+        raise CommandError(f"downloading {ref} failed: {row.error}" + (f" ({row.detail})" if row.detail else ""))
     mark_changed()
     child.report("stage", stage="loading", percent=0)
     return ref

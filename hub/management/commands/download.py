@@ -56,5 +56,6 @@ class Command(BaseCommand):
         row = downloads.run(row, report_extra=bar)
         sys.stderr.write("\n")
         if row.state != "done":
-            raise CommandError(f"download of {row.repo_id} failed: {row.error}")
+            raise CommandError(f"download of {row.repo_id} failed: {row.error}"
+                               + (f" ({row.detail})" if row.detail else ""))
         self.stdout.write(f"{row.repo_id}@{row.commit} is in the local cache")
