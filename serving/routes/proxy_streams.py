@@ -13,10 +13,15 @@ Rules, as in one process:
   stopped then (`make_way`).
 - The generation does not depend on the connection from the moment it is
   asked for: a client that leaves while its model loads (or before the
-  model's process answers) leaves a stream that is recorded at once and
-  runs on (`_adopt`): the load goes on, the generation follows, a resume
-  gets the bytes; a load that fails ends it with an error event in the
-  route's protocol, and the stream is `failed`.
+  model's process answers) leaves a stream that runs on (`_adopt`): the
+  load goes on, the generation follows, a resume gets the bytes. When the
+  conversation has no live stream, it is recorded at once (a resume finds
+  it while the model loads), and a load that fails ends it with an error
+  event in the route's protocol, `failed`. When it has one, nothing is
+  recorded until the model's process has begun: a load that fails then
+  leaves the running stream alone. A client that leaves while an earlier
+  generation is being stopped for its stream leaves it recorded all the
+  same (`_record`).
 """
 from __future__ import annotations
 
@@ -72,23 +77,52 @@ async def forward(request: HttpRequest, manager: Manager, conversation: str, nam
     return await _record(request, conversation, opened)
 
 
-async def _record(request: HttpRequest, conversation: str, opened: Opened) -> HttpResponse:
-    """The model's stream, begun, as the conversation's (the one before it
-    stops now); the client follows it from its first byte."""
+_kept: set[asyncio.Task] = set()  # the streams of clients that left, while they are being recorded
+
+
+def _keep(coroutine) -> None:
+    task = asyncio.ensure_future(coroutine)
+    _kept.add(task)  # the loop keeps only a weak reference to a task
+    task.add_done_callback(_kept.discard)
+
+
+async def _start(request: HttpRequest, conversation: str, opened: Opened) -> AsyncIterator[bytes]:
+    """The model's stream, begun, recorded as the conversation's (the one
+    before it stops now): what its reader gets from the first byte. A
+    stream refused (or never recorded) closes the model's."""
     surface = surfaces.for_path(request.path)
     chunks = opened.relay.__aiter__()
     try:
-        frames = await request.runtime.streams.start(conversation, surface.name, opened.slot.id, chunks, opened.stop,
-                                                     surface.stream_error, failed=lambda: opened.relay.broke,
-                                                     holder=holders.of(request), request=replay_key(request))
-    except StreamRefused as exc:
-        await close_quietly(chunks)
-        opened.relay.close()
-        return errors.render(surface, exc.status, exc.message, param=exc.param)
-    except BaseException:  # the client left while an earlier generation stopped: this one goes too
+        return await request.runtime.streams.start(conversation, surface.name, opened.slot.id, chunks, opened.stop,
+                                                   surface.stream_error, failed=lambda: opened.relay.broke,
+                                                   holder=holders.of(request), request=replay_key(request))
+    except BaseException:
         await close_quietly(chunks)
         opened.relay.close()
         raise
+
+
+async def _unread(starting: asyncio.Future) -> None:
+    """A stream recorded for a client that left: the store runs it; its reader is let go."""
+    try:
+        frames = await starting
+    except (asyncio.CancelledError, Exception):
+        return  # refused: the model's stream is closed
+    await close_quietly(frames)
+
+
+async def _record(request: HttpRequest, conversation: str, opened: Opened) -> HttpResponse:
+    """`_start`, answered to the client; one that leaves while the earlier
+    generation stops (up to 10 s) leaves its stream recorded all the same."""
+    surface = surfaces.for_path(request.path)
+    starting = asyncio.ensure_future(_start(request, conversation, opened))
+    try:
+        frames = await asyncio.shield(starting)
+    except asyncio.CancelledError:
+        _keep(_unread(starting))
+        raise
+    except StreamRefused as exc:
+        return errors.render(surface, exc.status, exc.message, param=exc.param)
     return StreamingHttpResponse(frames, status=opened.status,
                                  headers={**opened.headers, "X-Conversation-Id": conversation})
 
@@ -96,8 +130,16 @@ async def _record(request: HttpRequest, conversation: str, opened: Opened) -> Ht
 def _adopt(request: HttpRequest, manager: Manager, conversation: str, named: str | None,
            opening: asyncio.Task) -> None:
     """The client left while `opening` (the load, then the request to the
-    model's process) was under way: the conversation's stream is recorded
-    now and takes whatever `opening` brings."""
+    model's process) was under way: the stream is recorded now when the
+    conversation has no live one, else once the model's process has begun
+    it, and takes whatever `opening` brings."""
+    streams = request.runtime.streams
+    running = streams.get(conversation)
+    if running is not None and running.live:
+        log.info("conversation %s: its client left before the model answered; its stream is recorded once "
+                 "it begins", conversation)
+        _keep(_begun(request, conversation, opening))
+        return
     surface = surfaces.for_path(request.path)
     called_off: list[bool] = []
     log.info("conversation %s: its client left before the model answered; its stream is kept", conversation)
@@ -114,7 +156,7 @@ def _adopt(request: HttpRequest, manager: Manager, conversation: str, named: str
     async def begin() -> None:
         produced = _chunks(surface, opening, called_off)
         try:
-            await request.runtime.streams.start(
+            await streams.start(
                 conversation, surface.name, _model_id(manager, named), produced, stop, surface.stream_error,
                 failed=lambda: (o := _opened(opening)) is not None and o.relay.broke,
                 holder=holders.of(request), request=replay_key(request))
@@ -123,7 +165,24 @@ def _adopt(request: HttpRequest, manager: Manager, conversation: str, named: str
                         "(%s)", conversation, exc)
             await close_quietly(produced)
             await _discard(opening)
-    asyncio.ensure_future(begin())
+    _keep(begin())
+
+
+async def _begun(request: HttpRequest, conversation: str, opening: asyncio.Task) -> None:
+    """An adopted request whose conversation has a live stream: recorded once
+    the model's process has begun its stream; a load or request that fails
+    leaves the running stream alone (nobody is left to tell: logged)."""
+    try:
+        opened = await opening
+    except (asyncio.CancelledError, Exception) as exc:
+        log.warning("conversation %s: its client left and its model did not begin (%s); the running stream "
+                    "is left alone", conversation, exc or "stopped")
+        return
+    if isinstance(opened, HttpResponse):
+        log.warning("conversation %s: its client left and the model's process refused it (%s); the running "
+                    "stream is left alone", conversation, _refusal(opened))
+        return
+    await _unread(asyncio.ensure_future(_start(request, conversation, opened)))
 
 
 async def _chunks(surface: surfaces.Surface, opening: asyncio.Task, called_off: list[bool]) -> AsyncIterator[bytes]:

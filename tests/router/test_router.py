@@ -792,6 +792,18 @@ def test_a_stream_whose_client_left_while_its_model_loaded_runs_on(two, library)
     assert _stream_status(two.url, "left-a-failed-load") == "failed"
     assert _rows(two.url)[B]["inflight"] == 0
 
+    # The conversation has a live stream: a client that leaves during a load that fails leaves it running.
+    _leave_stream(two.url, A, "busy-then-left", library)
+    HTTP.post(two.url + "/models/unload", json={"model": B}).raise_for_status()
+    leave("/v1/messages", "busy-then-left", {"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 5})
+    os.kill(_wait_status(two.url, B, "loading")["pid"], signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while _rows(two.url)[B]["status"]["value"] == "loading" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.3)  # the router has heard of the failed load by now
+    assert _stream_status(two.url, "busy-then-left") == "live"
+    HTTP.delete(two.url + "/v1/stream/busy-then-left").raise_for_status()
+
 
 def test_unloading_a_model_while_it_loads_ends_the_load(two):
     """POST /models/unload of a loading model stops its process for good: the
