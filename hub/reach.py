@@ -52,8 +52,9 @@ def failure(exc: BaseException) -> str | None:
     for cause in _chain(exc):
         if isinstance(cause, urllib.error.HTTPError):
             return f"The Hugging Face Hub ({endpoint()}) answered with an error (HTTP {cause.code})."
-        if isinstance(cause, httpx.HTTPStatusError):
-            return f"The Hugging Face Hub ({endpoint()}) answered with an error (HTTP {cause.response.status_code})."
+        status = getattr(getattr(cause, "response", None), "status_code", None)  # httpx's, or huggingface_hub's
+        if isinstance(status, int) and status >= 400:  # own HTTP client's error (HfHubHTTPError), alike
+            return f"The Hugging Face Hub ({endpoint()}) answered with an error (HTTP {status})."
         if _network(cause):
             return (f"The Hugging Face Hub cannot be reached from this server ({endpoint()}): check its network "
                     "connection, or HF_ENDPOINT.")

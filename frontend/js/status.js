@@ -86,21 +86,22 @@ export function statusPage(main, rest = []) {
       : [emptyState(s, chosen)]));
     const model = fitModel(s, served);
     if (model === fitFor) return;
-    fitFor = model;
+    fitFor = model;  // asked again at the next tick if the answer fails, and a late answer for another is dropped
     if (model === null) fit.replaceChildren(h("p", { class: "muted" }, "The fit of a model shows once one is loaded."));
-    else loadFit(fit, model);
+    else loadFit(fit, model, () => fitFor === model).then((ok) => { if (!ok && fitFor === model) fitFor = undefined; });
   });
   return stopLive;
 }
 
 // This machine's hardware, the fit of `model` on it (`""`: the one model this server serves) and other machines'.
-function loadFit(fit, model) {
+function loadFit(fit, model, current = () => true) {
   const query = model ? `?model=${encodeURIComponent(model)}` : "";
   return api(`/fit${query}`).then((f) => {
+    if (!current()) return true;
     const m = f.machine, r = f.report;
     const measure = h("button", { type: "button", onclick: async (e) => {
       e.target.disabled = true;
-      try { await api("/api/fit/measure", { json: model ? { tokens: 64, model } : { tokens: 64 } }); await loadFit(fit, model); }
+      try { await api("/api/fit/measure", { json: model ? { tokens: 64, model } : { tokens: 64 } }); await loadFit(fit, model, current); }
       catch (err) { e.target.disabled = false; fit.append(h("p", { class: "error" }, err.message)); }
     } }, "Measure decode speed");
     fit.replaceChildren(h("div", { class: "grid wide" },
@@ -113,7 +114,8 @@ function loadFit(fit, model) {
         ["predicted decode", `${r.predicted_decode_tps} tok/s`],
         ["measured decode", f.measured_decode_tps ? `${f.measured_decode_tps} tok/s` : "not measured"]]), measure)),
       ...skuTable(f));
-  }).catch((e) => fit.replaceChildren(h("p", { class: "error" }, e.message)));
+    return true;
+  }).catch((e) => { if (current()) fit.replaceChildren(h("p", { class: "error" }, e.message)); return false; });
 }
 
 // Other machines' fit. Each row's decode is predicted at `sku_matrix_ctx` tokens of context, or the most that row's

@@ -21,6 +21,7 @@ import json
 import logging
 import os
 import queue
+import re
 import threading
 import time
 import weakref
@@ -97,18 +98,20 @@ def _from_numpy(arrays: dict, meta: dict) -> list:
     return [getattr(cache_module, name).from_state(state) for name, state in zip(classes, states, strict=True)]
 
 
-SOURCE = "source.json"  # in a namespace's folder: the model snapshot its entries were computed from
+SOURCE = "hearth-snapshot.json"  # in a namespace's folder: the model snapshot its entries were computed from
+NAMESPACE = re.compile(r"[0-9a-f]{16}")  # the engine's namespaces: a hash of the snapshot, dtype and KV format
 
 
 def prune_orphans(root: Path, keep: str) -> None:
     """Remove the namespaces under `root` whose model snapshot is gone (a
     checkpoint replaced, a revision garbage-collected): their entries can
     never be used again (a namespace is its snapshot's path, dtype and KV
-    format). A folder that records no snapshot is left alone."""
+    format). Only the engine's own folders are looked at (a namespace's name,
+    with the record in it); anything else in `root` is left alone."""
     import shutil
 
     for folder in Path(root).iterdir():
-        if folder.name == keep or not folder.is_dir():
+        if folder.name == keep or not NAMESPACE.fullmatch(folder.name) or not folder.is_dir():
             continue
         try:
             source = json.loads((folder / SOURCE).read_text())["path"]

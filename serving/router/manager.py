@@ -340,8 +340,10 @@ class Manager:
                 if slot.unloading:
                     await self._wait_exit(slot)
                 if slot.status in ("unloaded", "failed"):
+                    if self.stopping:  # a load that waited through the shutdown starts nothing
+                        raise RouterError("the server is shutting down")
                     room = await self._make_room(slot, deadline)
-                    if room:
+                    if room and not self.stopping:
                         self._start(slot)  # reserved: counted as loading before the lock is let go
             if not room:  # every model is busy: wait, without the lock, for one to finish a request
                 if make_way is not None:

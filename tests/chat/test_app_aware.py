@@ -170,7 +170,8 @@ def test_a_spotlight_goes_to_its_page_and_tells_the_model_what_the_dashboard_did
     the socket answers as the dashboard would (`ui_result`), and the tool result says what it answered."""
     from chat import appctx
 
-    monkeypatch.setattr(appctx, "UI_CONFIRM_S", 0.5)  # the unanswered case
+    if answer is None:  # the unanswered case waits this long; an answered one is not raced against it
+        monkeypatch.setattr(appctx, "UI_CONFIRM_S", 0.5)
     seen = steer("spotlight_ui", SET_RANK)
 
     async def run():

@@ -91,7 +91,6 @@ def test_many_streams_read_at_once_pass_text_on_a_few_tokens_at_a_time():
     others = rows._reading  # generations another test of this process left open, if any
     tokens = 100
     events, paces, took = asyncio.run(run(40, tokens))
-    assert paces[0] == rows.pace()  # a request still waiting for its first event paces nobody
     assert max(paces) == pytest.approx(0.001 * (40 + others)) and rows._reading == others  # 40 ms apart
     whole = "".join(f"{n}," for n in range(tokens))
     for texts in events:

@@ -3,11 +3,14 @@ reuse, the byte cap, session preference, superseded entries, atomic files
 that survive a restart, and files that went bad."""
 from __future__ import annotations
 
+import json
+
 import mlx.core as mx
 import numpy as np
 import pytest
 from mlx_lm.models.cache import KVCache
 
+from inference.engine import ssd_cache
 from inference.engine.prefix_index import common_prefix
 from inference.engine.prompt_cache import PromptCache
 from inference.engine.ssd_cache import SSDCache
@@ -139,22 +142,25 @@ def test_session_hit_miss_and_close():
 
 def test_the_ssd_entries_of_a_snapshot_that_is_gone_are_removed_at_start(tmp_path):
     """Each namespace records its snapshot; a start removes the namespaces whose snapshot is gone (a
-    checkpoint replaced), keeps those whose snapshot is there, and leaves a folder that records none."""
+    checkpoint replaced), keeps those whose snapshot is there, and leaves alone any folder that is not a
+    namespace with its record (someone else's, in a shared --ssd-cache folder)."""
     root, kept_model, new_model = tmp_path / "cache", tmp_path / "kept", tmp_path / "new"
     kept_model.mkdir()
     new_model.mkdir()
-    old = SSDCache(root, "old", max_bytes=1 << 30, queue_bytes=1 << 30, source=str(tmp_path / "replaced"))
+    old = SSDCache(root, "0" * 16, max_bytes=1 << 30, queue_bytes=1 << 30, source=str(tmp_path / "replaced"))
     cache = PromptCache(1 << 20, old)
     cache.publish([5, 6, 7, 8], kv([5, 6, 7, 8]))
     assert old.wait_idle(10)
     old.close()
-    assert list((root / "old").glob("*.safetensors"))  # a start never removes its own namespace
+    assert list((root / ("0" * 16)).glob("*.safetensors"))  # a start never removes its own namespace
     (root / "unknown").mkdir()
     (root / "unknown" / "a.safetensors").write_bytes(b"someone's")
-    SSDCache(root, "kept", max_bytes=1 << 30, queue_bytes=1 << 30, source=str(kept_model)).close()
-    assert sorted(p.name for p in root.iterdir()) == ["kept", "unknown"]
-    SSDCache(root, "new", max_bytes=1 << 30, queue_bytes=1 << 30, source=str(new_model)).close()
-    assert sorted(p.name for p in root.iterdir()) == ["kept", "new", "unknown"]
+    (root / "mine").mkdir()  # not a namespace's name, though it holds the record of a snapshot that is gone
+    (root / "mine" / ssd_cache.SOURCE).write_text(json.dumps({"path": str(tmp_path / "replaced")}))
+    SSDCache(root, "1" * 16, max_bytes=1 << 30, queue_bytes=1 << 30, source=str(kept_model)).close()
+    assert sorted(p.name for p in root.iterdir()) == ["1" * 16, "mine", "unknown"]
+    SSDCache(root, "2" * 16, max_bytes=1 << 30, queue_bytes=1 << 30, source=str(new_model)).close()
+    assert sorted(p.name for p in root.iterdir()) == ["1" * 16, "2" * 16, "mine", "unknown"]
 
 
 def test_ssd_tier_round_trip_and_restart(tmp_path):
