@@ -17,6 +17,7 @@ import contextlib
 import json
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from asgiref.sync import sync_to_async
 
@@ -141,9 +142,24 @@ def _trained_tools(runtime, session) -> list[str] | None:
         from chat.live import model_info
 
         listed = model_info(runtime, session.model).get("trained_tools")
-        return listed if isinstance(listed, list) else None
+        if isinstance(listed, list):
+            return listed
+        folder = _library_folder(runtime, session.model)  # not loaded yet (the turn loads it): its folder says
+        return trained_tools(folder) if folder is not None else None
     engine = runtime.engine
     return trained_tools(engine.loaded.path) if engine is not None and engine.loaded is not None else None
+
+
+def _library_folder(runtime, model: str | None) -> Path | None:
+    """Router mode: the folder `model`'s process serves (a folder of its own, or its snapshot in the HF cache)."""
+    from hub.registry import snapshot
+    from serving.router.slots import RouterError
+
+    try:
+        ref = runtime.router.resolve(model).ref
+    except RouterError:
+        return None
+    return Path(ref) if Path(ref).is_absolute() else snapshot(ref)
 
 
 def _args(raw: str):

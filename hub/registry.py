@@ -166,6 +166,13 @@ def _revision(repo_dir: Path) -> Path | None:
     return max(snapshots, key=_last_modified)
 
 
+def snapshot(repo_id: str) -> Path | None:
+    """The snapshot folder `repo_id` is served from here (as `scan` picks it), or None."""
+    from huggingface_hub import constants
+
+    return _revision(Path(constants.HF_HUB_CACHE).expanduser() / f"models--{repo_id.replace('/', '--')}")
+
+
 def scan() -> list[LocalModel]:
     """Every model repo in the cache, by repo id."""
     from huggingface_hub import constants

@@ -367,3 +367,17 @@ def test_stop_hands_queued_messages_back(engine, eos_id):
         await ws.disconnect()
 
     asyncio.run(run())
+
+
+def test_a_router_finds_what_a_library_model_learned_before_it_loads(tiny_model):
+    """Router mode asks the model's folder in the library when its process has said nothing yet (the turn that
+    loads it): `hub.registry.snapshot` is the folder `scan` lists, and a folder without a demo marker limits nothing."""
+    from huggingface_hub import snapshot_download
+
+    from hub.registry import scan, snapshot
+    from serving.demo.build import trained_tools
+
+    folder = snapshot(tiny_model)
+    assert folder is not None and folder == next(m.path for m in scan() if m.repo_id == tiny_model)
+    assert folder.resolve() == Path(snapshot_download(tiny_model, local_files_only=True)).resolve()
+    assert snapshot("nobody/nothing") is None and trained_tools(folder) is None
