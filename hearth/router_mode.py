@@ -63,17 +63,19 @@ STOP_GRACE_S = 10.0  # at shutdown, how long a model's process may take to exit 
 
 class RouterWork(Work):
     """At shutdown, after the drain: every model's process is told to stop
-    (it writes its prompt cache to the SSD tier, within --flush-seconds);
-    those still running `STOP_GRACE_S` past that are killed."""
+    (it finishes what it still runs, within its own --drain-seconds, then
+    writes its prompt cache to the SSD tier, within --flush-seconds); those
+    still running `STOP_GRACE_S` past that are killed."""
 
-    def __init__(self, manager: Manager, flush_s: float):
-        self.manager, self.close_s = manager, flush_s + STOP_GRACE_S
+    def __init__(self, manager: Manager, drain_s: float, flush_s: float):
+        self.manager, self.close_s = manager, drain_s + flush_s + STOP_GRACE_S
 
     def busy(self) -> bool:
         return any(s.users for s in self.manager.slots.values())
 
     def closing(self) -> str:
-        return (f"; then the models' processes write their prompt caches and exit, at most {self.close_s:.0f}s "
+        return (f"; then the models' processes finish, write their prompt caches and exit, at most "
+                f"{self.close_s:.0f}s "
                 "(one still running then is killed)")
 
     def close(self, flush: bool) -> None:
@@ -331,7 +333,8 @@ def serve_router(plan: RouterPlan, opts: dict) -> None:
         if demo is not None:
             demo.watch()
     try:
-        status = run_daphne(RouterWork(manager, settings.flush_s), opts["host"], opts["port"], opts["drain_seconds"],
+        status = run_daphne(RouterWork(manager, opts["drain_seconds"], settings.flush_s), opts["host"], opts["port"],
+                            opts["drain_seconds"],
                             f"the router ({len(manager.slots)} models, default {manager.default or 'none'})",
                             on_start=on_start)
     finally:
