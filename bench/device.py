@@ -377,7 +377,9 @@ def main() -> int:
     where, on_gpu = device()
     # This machine's bandwidths (`/fit`) measured now, with nothing else running: a server start measures them
     # in the background otherwise, a child taking CPU while the first rows are timed.
-    subprocess.run([*hearth, "ls"], env=env, cwd=ROOT, capture_output=True, check=True)
+    measured = subprocess.run([*hearth, "ls"], env=env, cwd=ROOT, capture_output=True, text=True)
+    if measured.returncode:  # a warm-up: the run goes on, and the first server start measures instead
+        print(f"warning: `hearth ls` exited {measured.returncode}: {measured.stderr[-500:]}", file=sys.stderr)
     raw_env, blas_name = dict(env), "none (GPU)"
     if not on_gpu and sys.platform == "linux":  # raw mlx-lm and mlx_lm.server get the BLAS hearth picks
         from core import blas
