@@ -1,7 +1,8 @@
 """The engine: a single thread that owns the model and every MLX call.
 
 Callers on the asyncio loop submit a `GenerationRequest` and iterate its
-`GenerationEvent`s; events cross back with `loop.call_soon_threadsafe`.
+`GenerationEvent`s; events cross back in a `rows.Mailbox`, which wakes the
+loop only for a reader that waits.
 
 Which waiting request starts next, and when, is `admission.py`'s: the
 queue's bound, the context checks a prompt meets before any prefill, the KV
@@ -160,7 +161,7 @@ class Engine:
         window = self.loaded.context_window if self.loaded is not None else None
         self._admission.check_room(len(request.prompt_tokens), window)
         self._admission.reserve(lambda: self._closed)
-        gen = Generation(request, asyncio.get_running_loop(), asyncio.Queue())
+        gen = Generation(request, asyncio.get_running_loop())
         self.stats.requests_total += 1
         self._inbox.put(gen)
         return Submission(gen)
@@ -303,7 +304,7 @@ class Engine:
                     self._admission.admit(self._lane, self.loaded_model, self._adapters, self._admitted)
                     self._solo.just_ran = False
                 if self.active_rows:
-                    with gathered():  # the step's events reach each event loop in one wake-up
+                    with gathered():  # one wake-up of each loop, for its waiting readers
                         self._step()
                 with self._idle:
                     self._idle.notify_all()

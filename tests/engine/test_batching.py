@@ -127,7 +127,7 @@ def test_a_row_that_ends_with_its_token_in_flight_is_published_with_the_next_ste
     def row(prompt: list[int], limit: int, stop: list[str] | None = None) -> Row:
         request = GenerationRequest(prompt, max_tokens=limit, logits=LogitsParams(logit_bias={eos_id: -100.0}),
                                     stop=stop or [])
-        return Row(Generation(request, loop, asyncio.Queue()), model, limit, 0, "serial")
+        return Row(Generation(request, loop), model, limit, 0, "serial")
 
     def check(published, row):
         (tokens, cache, who), = [p for p in published if p[2] is row]
@@ -178,7 +178,7 @@ def test_a_prefilled_row_starts_decoding_with_the_group_being_prefilled(engines,
     loop = asyncio.new_event_loop()
 
     def row(prompt: list[int], limit: int = 6) -> Row:
-        return Row(Generation(GenerationRequest(prompt, max_tokens=limit, logits=bias), loop, asyncio.Queue()),
+        return Row(Generation(GenerationRequest(prompt, max_tokens=limit, logits=bias), loop),
                    model, limit, 0, "serial")
 
     def prefilled_alone(lane, prompt):
@@ -263,7 +263,7 @@ def test_a_burst_of_short_prompts_is_prefilled_in_one_step_and_long_ones_eight_a
 
     def row(prompt: list[int]) -> Row:
         request = GenerationRequest(prompt, max_tokens=3, logits=LogitsParams(logit_bias={eos_id: -100.0}))
-        return Row(Generation(request, loop, asyncio.Queue()), model, 3, 0, "batched")
+        return Row(Generation(request, loop), model, 3, 0, "batched")
 
     def burst(length: int, n: int) -> list[int]:
         lane = engine.call(lambda: lanes.BatchLane(model, 32, 64))

@@ -1,12 +1,14 @@
 """How a generation's events reach the event loop (inference/engine/rows.py):
-one wake-up of each loop per engine step (`gathered`), and a reader that fell
-behind gets the text queued meanwhile in one event, never a logprobs entry,
-an error or the end merged away, and never out of order; with many streams
-read at once, each passes text on at most every `pace()`."""
+at most one wake-up of each loop per engine step (`gathered`) and none while
+its readers are busy; a reader that fell behind gets the text queued
+meanwhile in one event, never a logprobs entry, an error or the end merged
+away, and never out of order; with many streams read at once, each passes
+text on at most every `pace()`."""
 from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import pytest
 
@@ -16,7 +18,7 @@ from inference.engine.types import GenerationEvent, GenerationRequest, Usage
 
 
 def _generation(loop) -> Generation:
-    return Generation(GenerationRequest(prompt_tokens=[1, 2]), loop, asyncio.Queue())
+    return Generation(GenerationRequest(prompt_tokens=[1, 2]), loop)
 
 
 def test_a_reader_behind_the_engine_gets_the_queued_text_in_one_event():
@@ -35,8 +37,8 @@ def test_a_reader_behind_the_engine_gets_the_queued_text_in_one_event():
                                   ("ef", (4, 5), False, "stop")]
 
 
-def test_a_step_wakes_each_loop_once_and_keeps_the_order():
-    async def run():
+def test_a_step_wakes_each_loop_once_for_its_waiting_readers_and_keeps_the_order():
+    async def run(waiting: bool):
         loop = asyncio.get_running_loop()
         gens = [_generation(loop) for _ in range(3)]
         calls = []
@@ -47,6 +49,8 @@ def test_a_step_wakes_each_loop_once_and_keeps_the_order():
             return real(*args)
 
         loop.call_soon_threadsafe = counted  # type: ignore[method-assign]
+        firsts = [asyncio.ensure_future(gen.events.get()) for gen in gens] if waiting else []
+        await asyncio.sleep(0)  # the readers wait
 
         def engine_step():  # what the engine thread does in one step, for three rows
             with gathered():
@@ -57,11 +61,51 @@ def test_a_step_wakes_each_loop_once_and_keeps_the_order():
         worker = threading.Thread(target=engine_step)
         worker.start()
         worker.join()
+        got = [[(await first).text] for first in firsts] or [[] for _ in gens]
         await asyncio.sleep(0.05)
-        return len(calls), [[gen.events.get_nowait().text for _ in range(2)] for gen in gens]
+        return len(calls), [texts + [gen.events.get_nowait().text for _ in range(2 - len(texts))]
+                            for texts, gen in zip(got, gens, strict=True)]
 
-    wakeups, texts = asyncio.run(run())
-    assert wakeups == 1 and texts == [["00", "01"], ["10", "11"], ["20", "21"]]
+    expected = [["00", "01"], ["10", "11"], ["20", "21"]]
+    assert asyncio.run(run(waiting=True)) == (1, expected)
+    assert asyncio.run(run(waiting=False)) == (0, expected)  # nobody waits: the loop is not woken
+
+
+def test_a_waiting_reader_is_never_left_waiting_for_an_event_the_engine_sent():
+    """The engine thread puts events while the reader takes them, waits and is
+    woken, as fast as both go: every event arrives, in order, and the reader
+    never waits for one already sent (the test would time out)."""
+    async def run():
+        gen = _generation(asyncio.get_running_loop())
+        total = 20000
+
+        def engine():
+            for n in range(total):
+                if n % 100 == 0:
+                    time.sleep(0.0005)  # now and then the reader catches up and waits
+                with gathered():
+                    gen.emit(GenerationEvent(text="", token_ids=(n,)))
+
+        worker = threading.Thread(target=engine)
+        worker.start()
+        seen = [(await asyncio.wait_for(gen.events.get(), 5)).token_ids[0] for _ in range(total)]
+        worker.join()
+        return seen
+
+    assert asyncio.run(run()) == list(range(20000))
+
+
+def test_a_reader_cancelled_while_waiting_leaves_no_waiter_behind():
+    async def run():
+        gen = _generation(asyncio.get_running_loop())
+        waiting = asyncio.ensure_future(gen.events.get())
+        await asyncio.sleep(0)
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        return gen.events.put(GenerationEvent(text="x"))  # answers a waiter to wake, or None
+
+    assert asyncio.run(run()) is None
 
 
 def test_many_streams_read_at_once_pass_text_on_a_few_tokens_at_a_time():
