@@ -10,8 +10,9 @@ conversation: starting another stops the previous one.
 
 On disk (HEARTH_HOME/streams): `<sid>.sse` (the bytes kept) and
 `<sid>.json` (`log.Meta`), written behind the stream by one thread, at most
-`FLUSH_S` later; the record is also written once when the stream begins,
-before any reader gets a byte, so a stream is never unknown after a crash.
+`FLUSH_S` later, never on the event loop; the record is also written (by that
+thread, awaited) when the stream begins, before any reader gets a byte, so a
+stream is never unknown after a crash.
 Each serving process holds a lock file (`owners/`); a stream still marked
 live whose owner's lock is free belonged to a process that died, and is
 ended with its `on_crash` event when the store opens. A stream
@@ -41,6 +42,7 @@ No Django here, and no imports of the project's apps."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import fcntl
 import hashlib
@@ -137,11 +139,14 @@ class Owner:
 
 
 class Writer(threading.Thread):
-    """Copies new bytes to disk behind the streams, and writes their meta."""
+    """Copies new bytes to disk behind the streams, and writes their meta: the
+    one thread that writes a stream's files, so they are written in order
+    (a record never overwritten by an older one) and never on the event loop."""
 
     def __init__(self):
         super().__init__(name="hearth-streams", daemon=True)
         self.dirty: set[Stream] = set()
+        self.waiting: list[concurrent.futures.Future] = []  # `now` calls, answered once their flush is done
         self.lock = threading.Lock()
         self.wake = threading.Event()
         self.closing = False
@@ -149,6 +154,23 @@ class Writer(threading.Thread):
     def mark(self, stream: Stream) -> None:
         with self.lock:
             self.dirty.add(stream)
+
+    def now(self, stream: Stream) -> concurrent.futures.Future:
+        """Write `stream` out without waiting for `FLUSH_S`; the future is
+        done once it is (or once the write failed: logged, tried again with
+        the stream's next flush). Once closing, it is written here and now."""
+        done: concurrent.futures.Future = concurrent.futures.Future()
+        with self.lock:
+            queued = not self.closing
+            if queued:
+                self.dirty.add(stream)
+                self.waiting.append(done)
+        if queued:
+            self.wake.set()
+        else:
+            _flush_logged(stream)
+            done.set_result(None)
+        return done
 
     def run(self) -> None:
         while not self.closing:
@@ -159,18 +181,27 @@ class Writer(threading.Thread):
     def flush_all(self) -> None:
         with self.lock:
             streams, self.dirty = self.dirty, set()
+            waiting, self.waiting = self.waiting, []
         for stream in streams:
-            try:
-                flush(stream)
-            except OSError as exc:
-                log.warning("stream %s could not be written: %s", stream.meta.conversation_id, exc)
+            _flush_logged(stream)
+        for done in waiting:
+            if done.set_running_or_notify_cancel():  # False: its waiter was cancelled
+                done.set_result(None)
 
     def close(self) -> None:
-        self.closing = True
+        with self.lock:
+            self.closing = True
         self.wake.set()
         if self.is_alive():
             self.join(10)
         self.flush_all()
+
+
+def _flush_logged(stream: Stream) -> None:
+    try:
+        flush(stream)
+    except OSError as exc:
+        log.warning("stream %s could not be written: %s", stream.meta.conversation_id, exc)
 
 
 def flush(stream: Stream) -> None:
@@ -278,6 +309,10 @@ class Streams:
             self._make_room()
             stream = self._begin(conversation_id, kind, model, stop, error_event, context, holder, request)
             stream.failed_fn = failed
+            await self._record(stream)
+            if not stream.live:  # the server began its shutdown meanwhile: the generation never starts
+                await close_quietly(producer)
+                return stream.follow(0)
             if self.shared is not None:
                 await self.shared.run(self._command)
                 before = await self.shared.begin(stream)  # before its first byte: the meta, then the bytes
@@ -321,21 +356,17 @@ class Streams:
         if previous is not None:
             self.gone.append(previous)
         self.by_id[conversation_id] = stream
-        self._record(stream)
         self._dirty(stream)
         self._start_gc()
         return stream
 
-    def _record(self, stream: Stream) -> None:
-        """Write a new stream's record now (the writer would take up to `FLUSH_S`):
-        if the process dies before its first flush, the restart still ends it with its crash event."""
-        path = stream.path(".json")
-        if self.writer is None or path is None:
-            return
-        try:
-            write_atomically(path, json.dumps(stream.meta.__dict__), durable=False)
-        except OSError as exc:  # the writer tries again with its first flush
-            log.warning("stream %s could not be written: %s", stream.meta.conversation_id, exc)
+    async def _record(self, stream: Stream) -> None:
+        """Write a new stream's record now, on the writer's thread (its next
+        flush would come up to `FLUSH_S` later), and wait for it: if the
+        process dies the moment a reader got the first byte, the restart still
+        ends the stream with its crash event."""
+        if self.writer is not None and stream.folder is not None:
+            await asyncio.wrap_future(self.writer.now(stream))
 
     async def _pump(self, stream: Stream, producer: AsyncIterator[bytes], error_event) -> None:
         surface = surfaces.BY_NAME.get(stream.meta.kind)
