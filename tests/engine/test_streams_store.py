@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 
 from core import sse
+from serving.streams.disk import Owner
 from serving.streams.log import Gone
 from serving.streams.store import CRASH_MESSAGE as CRASH
-from serving.streams.store import Owner, StreamRefused, Streams
+from serving.streams.store import StreamRefused, Streams
 
 
 async def _events(n: int, size: int = 40):
@@ -391,16 +392,16 @@ def test_a_streams_files_are_written_off_the_event_loop(tmp_path, monkeypatch):
     from the thread that stops the server)."""
     import threading
 
-    from serving.streams import store as store_module
+    from serving.streams import disk
 
     writes: list[tuple[str, int]] = []
-    real = store_module.write_atomically
+    real = disk.write_atomically
 
     def spy(path, data, *args, **kwargs):
         writes.append((Path(path).suffix, threading.get_ident()))
         return real(path, data, *args, **kwargs)
 
-    monkeypatch.setattr(store_module, "write_atomically", spy)
+    monkeypatch.setattr(disk, "write_atomically", spy)
 
     async def scenario():
         store = Streams(tmp_path)
