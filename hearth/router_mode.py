@@ -53,7 +53,7 @@ from serving.router.owners import Owners
 from serving.router.presets import Preset, PresetError
 from serving.router.remotes import RemoteHost
 from serving.router.slots import RouterError, Settings
-from serving.streams.store import Owner
+from serving.streams.disk import Owner
 
 log = logging.getLogger("hearth.serve")
 
@@ -196,7 +196,7 @@ _owners: list[Owner] = []  # this process's claims on its folders (the kernel le
 def responses_folder() -> Path | None:
     """A folder of its own for this router's stored Responses turns (None
     with Redis, which every web node shares), claimed with the streams'
-    owner lock while the router lives (`serving.streams.store.Owner`: a
+    owner lock while the router lives (`serving.streams.disk.Owner`: a
     lock, not a pid, since pids are reused and containers share
     HEARTH_HOME); the folders of routers that did not stop cleanly (a
     SIGKILL: their lock is free) are removed."""

@@ -136,15 +136,35 @@ def render(messages: list[dict], kwargs: dict) -> str:
     return _template().render(messages=messages, add_generation_prompt=True, **kwargs)
 
 
+_TRAINED: dict[Path, tuple[tuple[int, int, int], list[str] | None]] = {}  # marker -> (its stat, the answer)
+
+
 def trained_tools(model_dir: Path) -> list[str] | None:
     """The tools a model folder says it was trained to call, or None when it
     says nothing (any model but a demo chat build: no limit). A demo chat
     build's marker names this builder and a chat recipe, and such a build
     learned the corpus's tools and no others: the dashboard's three app
     tools and four practice tools. Offered any other, it stops calling
-    those it knows (chat/toolloop.py offers it only these)."""
+    those it knows (chat/toolloop.py offers it only these). Asked on every
+    chat turn: the marker is read again only when its stat changed (a
+    checkpoint published over it)."""
+    path = Path(model_dir) / MARKER
     try:
-        marker = read_json(Path(model_dir) / MARKER, "demo marker")
+        st = path.stat()
+    except OSError:
+        return None
+    seen = (st.st_mtime_ns, st.st_size, st.st_ino)
+    cached = _TRAINED.get(path)
+    if cached is None or cached[0] != seen:
+        if len(_TRAINED) >= 256:  # folders come and go (each checkpoint a snapshot): keep the recent ones
+            _TRAINED.clear()
+        cached = _TRAINED[path] = (seen, _read_trained_tools(path))
+    return None if cached[1] is None else list(cached[1])
+
+
+def _read_trained_tools(path: Path) -> list[str] | None:
+    try:
+        marker = read_json(path, "demo marker")
     except (OSError, ValueError):
         return None
     if not isinstance(marker, dict) or marker.get("builder_version") != BUILDER_VERSION \

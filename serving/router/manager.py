@@ -14,30 +14,26 @@ in-flight requests get an error, and the next request loads it again.
 Models other machines serve become slots through `RemoteHosts`
 (remote_hosts.py), and, with Redis, which web node serves each model is
 `Cluster`'s (cluster.py): both run on the same loop, and the manager
-decides with what they hold.
+decides with what they hold. The life of each model's process (started,
+ready, exited, drained and stopped) is its base's, `Processes`
+(processes.py).
 """
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import re
-import secrets
-import signal
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 from serving.router import presets, remote_hosts
 from serving.router.catalog import DEFAULT_WORDS, Catalog, Entry, Library
-from serving.router.child import ChildProcess
 from serving.router.cluster import Cluster
+from serving.router.processes import Processes
 from serving.router.remote_hosts import RemoteHosts
 from serving.router.remotes import RemoteHost
 from serving.router.slots import (
     Downloading,
-    LoadCalledOff,
-    LoadFailed,
     ModelNotFound,
     NoCapacity,
     NotEnoughMemory,
@@ -46,42 +42,29 @@ from serving.router.slots import (
     Settings,
     Slot,
     available_memory,
-    exit_reason,
-    folder_name,
     gib,
     held,
-    settle,
 )
 
 log = logging.getLogger("hearth.router")
 SCAN_S = 5  # seconds between looks at the library (downloads, `hearth rm`, new folders)
-RESTARTS_MAX, RESTART_WINDOW_S = 5, 60.0  # --isolate: a process that keeps exiting is not started again
 REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 MakeWay = Callable[[], Awaitable[None]]
 
 
-class Manager:
+class Manager(Processes):
     def __init__(self, library: Library, settings: Settings, default: str | None, usable_bytes: int,
                  catalog: Catalog | None = None, remotes: list[RemoteHost] | None = None):
+        super().__init__(settings, usable_bytes)
         self.library = library
-        self.settings = settings
-        self.usable_bytes = usable_bytes
-        self.key = secrets.token_urlsafe(24)  # what the children accept
         self.catalog: Catalog = catalog if catalog is not None else library.scan(strict=True)
-        self.slots: dict[str, Slot] = {}
-        self.fetching: dict[str, Entry] = {}  # repo ids being downloaded by their process (POST /models/load)
-        self.http: Any = None  # the connection pool to the children (httpx, made on the server's loop)
         self.remote_hosts = RemoteHosts(remotes or [])  # --models-remote hosts' models as slots
         self.cluster = Cluster()  # with Redis: which web node serves each model (its `owners` set by serve)
         self._sync_slots()
         self._sync_remotes()
         self._lock: asyncio.Lock | None = None
-        self._released: asyncio.Event | None = None
-        self._listeners: set[asyncio.Queue] = set()
         self.loop: asyncio.AbstractEventLoop | None = None
         self._idle_task: asyncio.Task | None = None
-        self._restarted: dict[str, list[float]] = {}  # model -> when its process was started again (--isolate)
-        self.stopping = False  # the server is shutting down: no model process is started again
         # The model a request that names none gets; None: such a request is refused with the list.
         self.default: str | None = None
         self.default = self.resolve(default).id if default else None
@@ -189,30 +172,10 @@ class Manager:
         return ModelNotFound(f"no model was named and this server has no default model; {which} "
                              "(GET /v1/models lists them; `hearth serve --default-model` sets one)")
 
-    # -- events --------------------------------------------------------------
-    def listen(self) -> asyncio.Queue:
-        queue: asyncio.Queue = asyncio.Queue(maxsize=1000)
-        self._listeners.add(queue)
-        return queue
-
-    def listening(self, queue: asyncio.Queue) -> bool:
-        """False once the router gave up on a listener that stopped reading."""
-        return queue in self._listeners
-
-    def unlisten(self, queue: asyncio.Queue) -> None:
-        self._listeners.discard(queue)
-
-    def _emit(self, kind: str, data: dict) -> None:
-        for queue in list(self._listeners):
-            if queue.full():  # a listener that stopped reading loses its stream, not the router its memory
-                self._listeners.discard(queue)
-                continue
-            queue.put_nowait((kind, data))
-
+    # -- rows ----------------------------------------------------------------
     def _changed(self, slot: Slot) -> None:
         self._emit("model", self.row(slot))
 
-    # -- rows ----------------------------------------------------------------
     def row(self, slot: Slot) -> dict:
         entry = slot.entry
         now = time.time()
@@ -244,16 +207,6 @@ class Manager:
     def loaded(self) -> list[Slot]:
         """The models answering now: local children, and remote hosts that answered the last look."""
         return [s for s in self.slots.values() if s.status == "loaded" and (s.port is not None or s.remote)]
-
-    def client(self):
-        """One connection pool to the children, made on the server's event loop."""
-        if self.http is None:
-            import httpx
-
-            timeout = httpx.Timeout(connect=10.0, read=self.settings.request_timeout_s, write=60.0, pool=None)
-            self.http = httpx.AsyncClient(timeout=timeout, limits=httpx.Limits(max_connections=None,
-                                                                               max_keepalive_connections=64))
-        return self.http
 
     # -- use -----------------------------------------------------------------
     async def acquire(self, name: str | None, fetch: bool = False, hop: bool = False,
@@ -312,11 +265,6 @@ class Manager:
         if not slot.users:
             self._wake()  # a load waiting for a slot may evict this one now
 
-    def _wake(self) -> None:
-        """Loads waiting for room look again (a request ended, a model went away)."""
-        if self._released is not None:
-            self._released.set()
-
     async def load(self, name: str | None, fetch: bool = False) -> Slot:
         slot = await self.acquire(name, fetch, loader=True)
         slot.loaders -= 1
@@ -353,61 +301,6 @@ class Manager:
                 await self._next_release(deadline)
                 continue
             await self._wait_ready(slot)
-
-    async def _download(self, slot: Slot) -> None:
-        """Fetch a repo the library lacks in a process of its own (its
-        progress reported like a load's), then find it in the library."""
-        if slot.fetch is None:
-            slot.fetch = asyncio.ensure_future(self._run_download(slot))
-        task = slot.fetch
-        try:
-            await asyncio.shield(task)
-        finally:
-            if task.done() and slot.fetch is task:
-                slot.fetch = None
-
-    async def _run_download(self, slot: Slot) -> None:
-        loop = asyncio.get_running_loop()
-        done: asyncio.Future = loop.create_future()
-        slot.status, slot.stage, slot.percent, slot.error, slot.exit_code = "loading", "downloading", 0, None, None
-        holder: list[ChildProcess] = []
-
-        def on_line(line: dict) -> None:
-            loop.call_soon_threadsafe(self._on_line, slot, holder, line)
-
-        def on_exit(code: int) -> None:
-            loop.call_soon_threadsafe(settle, done, code)
-
-        try:
-            child = ChildProcess([slot.entry.ref, "--download-only"], self.key, on_line, on_exit, slot.id)
-        except OSError as exc:
-            self.fetching.pop(slot.id, None)
-            self._fail(slot, f"could not start its download: {exc}")
-            raise LoadFailed(f"model {slot.id!r}: {slot.error}") from None
-        holder.append(child)
-        slot.child = child
-        self._changed(slot)
-        code = await done
-        slot.child = None
-        if code != 0:
-            self.fetching.pop(slot.id, None)  # gone from the list at the next scan
-            self._fail(slot, slot.error or f"downloading it failed ({exit_reason(code)})")
-            raise LoadFailed(f"model {slot.id!r} could not be downloaded: {slot.error}")
-        slot.status, slot.stage = "unloaded", None
-        await self.refresh()  # the library has it now: its entry describes the files on disk
-        self._changed(slot)
-
-    async def _wait_ready(self, slot: Slot) -> None:
-        ready = slot.ready
-        try:
-            await asyncio.wait_for(ready.wait(), self.settings.start_timeout_s + 5)
-        except asyncio.TimeoutError:
-            raise LoadFailed(f"model {slot.id!r} did not load within {self.settings.start_timeout_s:g}s") from None
-        if slot.called_off is ready:
-            raise LoadCalledOff(f"model {slot.id!r} was unloaded (POST /models/unload) while it was loading; "
-                                "send the request again to load it")
-        if slot.status == "failed":
-            raise LoadFailed(f"model {slot.id!r} failed to load: {slot.error}")
 
     async def _make_room(self, slot: Slot, deadline: float) -> bool:
         """Evict least-recently-used idle models until one more fits the cap
@@ -474,122 +367,6 @@ class Manager:
         free = self._free(active)
         return free is not None and need > free
 
-    def _start(self, slot: Slot) -> None:
-        loop = asyncio.get_running_loop()
-        slot.status, slot.stage, slot.percent, slot.error, slot.exit_code = "loading", "starting", 0, None, None
-        slot.ready = asyncio.Event()
-        slot.exited = asyncio.Event()
-        slot.port = None
-        args = [slot.entry.ref, "--model-id", slot.id, "--host", "127.0.0.1", "--port", "0", "--no-worker",
-                *self.settings.child_args, *slot.entry.preset.child_args()]
-        share = self.settings.memory_share(slot.entry.estimated_bytes(self.usable_bytes))
-        if share and "memory-budget" not in slot.entry.preset.flags:
-            args += ["--memory-budget", str(share)]
-        if self.settings.cache_root and "ssd-cache" not in slot.entry.preset.flags:
-            args += ["--ssd-cache", f"{self.settings.cache_root}/{folder_name(slot.id)}"]
-        holder: list[ChildProcess] = []
-
-        def on_line(line: dict) -> None:
-            loop.call_soon_threadsafe(self._on_line, slot, holder, line)
-
-        def on_exit(code: int) -> None:
-            loop.call_soon_threadsafe(self._on_exit, slot, holder, code)
-
-        try:
-            child = ChildProcess(args, self.key, on_line, on_exit, slot.id)
-        except OSError as exc:
-            self._fail(slot, f"could not start its process: {exc}")
-            return
-        holder.append(child)
-        slot.child = child
-        log.info("loading %s (pid %d)", slot.id, child.pid)
-        self._changed(slot)
-        loop.call_later(self.settings.start_timeout_s, self._start_timed_out, slot, child)
-
-    def _on_line(self, slot: Slot, holder: list, line: dict) -> None:
-        if slot.child is not (holder[0] if holder else None):
-            return  # an earlier process of this slot
-        event = line.get("event")
-        if event == "ready" and isinstance(line.get("port"), int):
-            slot.port = line["port"]
-            model = line.get("model")
-            slot.info = model if isinstance(model, dict) else {}
-            slot.status, slot.stage, slot.percent = "loaded", "ready", 100
-            slot.loaded_at = slot.last_used = time.time()
-            slot.ready.set()
-            log.info("%s loaded (port %d)", slot.id, slot.port)
-            self._emit("progress", {"model": slot.id, "stage": "ready", "percent": 100})
-            self._changed(slot)
-        elif event == "stage":
-            slot.stage = str(line.get("stage") or slot.stage)
-            percent = line.get("percent")
-            slot.percent = max(0, min(100, int(percent))) if isinstance(percent, (int, float)) else slot.percent
-            data = {"model": slot.id, "stage": slot.stage, "percent": slot.percent}
-            for key in ("message", "download"):
-                if key in line:
-                    data[key] = line[key]
-            self._emit("progress", data)
-        elif event == "error":
-            slot.error = str(line.get("message") or "unknown error")
-
-    def _on_exit(self, slot: Slot, holder: list, code: int) -> None:
-        child = holder[0] if holder else None
-        if slot.child is not child:
-            return
-        was, asked = slot.status, slot.unloading
-        stopped = asked and code == -signal.SIGTERM  # as asked: a process still loading ends on SIGTERM itself
-        slot.child, slot.port, slot.exit_code, slot.unloading = None, None, None if stopped else code, False
-        self._wake()
-        if was == "loading" and not asked:
-            reason = slot.error or exit_reason(code)
-            self._fail(slot, f"its process exited before it was ready ({reason})")
-        else:
-            if code not in (0, None) and not slot.error and not asked:
-                slot.error = f"its process exited ({exit_reason(code)})"
-                log.warning("%s: %s", slot.id, slot.error)
-            slot.status = "unloaded"
-            slot.ready.set()
-        if not asked:
-            slot.last_exit = {"reason": exit_reason(code), "at": time.time()}
-        slot.exited.set()
-        self._changed(slot)
-        self._let_go(slot)
-        if self.settings.isolated and was == "loaded" and not asked:
-            self._restart(slot)
-
-    def _restart(self, slot: Slot) -> None:
-        """--isolate: the model's process exited while serving; start it
-        again at once, unless it did so RESTARTS_MAX times within
-        RESTART_WINDOW_S (then the next request that names it loads it)."""
-        if self.stopping:
-            return
-        now = time.monotonic()
-        recent = self._restarted.setdefault(slot.id, [])
-        recent[:] = [t for t in recent if now - t < RESTART_WINDOW_S]
-        if len(recent) >= RESTARTS_MAX:
-            log.error("%s: its process exited %d times within %.0fs; not starting it again until a request "
-                      "names it", slot.id, len(recent) + 1, RESTART_WINDOW_S)
-            return
-        recent.append(now)
-        slot.restarts += 1
-        log.warning("%s: starting its process again (restart %d)", slot.id, slot.restarts)
-        asyncio.ensure_future(self._preload(slot.id))
-
-    def _fail(self, slot: Slot, message: str) -> None:
-        slot.status, slot.error, slot.port = "failed", message, None
-        self._wake()
-        log.warning("loading %s failed: %s", slot.id, message)
-        slot.ready.set()
-        slot.exited.set()
-        self._emit("progress", {"model": slot.id, "stage": "failed", "percent": slot.percent, "message": message})
-        self._changed(slot)
-        self._let_go(slot)
-
-    def _start_timed_out(self, slot: Slot, child: ChildProcess) -> None:
-        if slot.child is child and slot.status == "loading":
-            slot.error = f"it did not load within {self.settings.start_timeout_s:g}s (--child-start-timeout)"
-            child.kill()
-
     # -- unload --------------------------------------------------------------
     async def unload(self, name: str | None) -> Slot:
         """Stop the model's process. A load in progress is ended (the
@@ -605,66 +382,6 @@ class Manager:
         if slot.status in ("loaded", "loading"):
             await self._stop(slot)
         return slot
-
-    async def _stop(self, slot: Slot) -> None:
-        child = slot.child
-        if child is None:
-            return
-        slot.unloading = True
-        self._changed(slot)
-        await self._drain(slot)
-        child.terminate()  # exits (what is still running is aborted)
-        await self._wait_exit(slot)
-
-    async def _drain(self, slot: Slot) -> None:
-        """Before a loaded process is stopped: it finishes its running
-        requests and writes its prompt cache to the SSD tier (POST
-        /admin/drain), so the next start of the model finds it warm; what it
-        reports is kept (`last_drain`). A process that does not answer is
-        stopped all the same."""
-        if slot.port is None or slot.status != "loaded":
-            return
-        import httpx
-
-        try:
-            reply = await self.client().post(
-                f"{slot.url}/admin/drain", headers=self.hop_headers(slot),
-                json={"drain_seconds": self.settings.drain_s, "flush_seconds": self.settings.flush_s},
-                timeout=self.settings.drain_s + self.settings.flush_s + 10.0)
-            report = reply.json()
-        except (httpx.HTTPError, ValueError) as exc:
-            log.warning("%s: draining it before the stop failed (%s); stopping it all the same", slot.id, exc)
-            return
-        if reply.status_code != 200:
-            log.warning("%s: its drain before the stop answered %d: %s", slot.id, reply.status_code,
-                        reply.text[:200])
-        elif isinstance(report, dict) and "drained" in report:
-            slot.last_drain = {**report, "at": time.time()}
-            log.info("%s drained: %s prompt-cache entries written to the SSD tier", slot.id,
-                     report.get("demotions", 0))
-
-    async def _wait_exit(self, slot: Slot) -> None:
-        child = slot.child
-        try:
-            await asyncio.wait_for(slot.exited.wait(), self.settings.stop_timeout_s)
-        except asyncio.TimeoutError:
-            log.warning("%s did not stop within %.0fs; killing it", slot.id, self.settings.stop_timeout_s)
-            if child is not None:
-                child.kill()
-            await slot.exited.wait()
-
-    def share_flag(self, flag: str, value: str) -> None:
-        """Hand every model's process started from now on `flag value` (a
-        shared serve flag the router learnt after its start), in place of
-        the value it had."""
-        args, out = list(self.settings.child_args), []
-        while args:
-            name = args.pop(0)
-            if name == flag:
-                args.pop(0)
-            else:
-                out.append(name)
-        self.settings = dataclasses.replace(self.settings, child_args=(*out, flag, value))
 
     def set_pinned(self, name: str | None, pinned: bool) -> Slot:
         slot = self.slots[self.resolve(name).id]
@@ -741,16 +458,3 @@ class Manager:
             return
         log.info("unloading %s: idle for %.0fs (--idle-unload)", slot.id, idle)
         await self._stop(slot)
-
-    def stop_all(self, timeout_s: float) -> None:
-        """Blocking, at shutdown: every child drains and flushes, or is killed."""
-        children = [s.child for s in self.slots.values() if s.child is not None]
-        self.leave()
-        for child in children:
-            child.terminate()
-        deadline = time.monotonic() + timeout_s
-        for child in children:
-            try:
-                child.proc.wait(max(0.1, deadline - time.monotonic()))
-            except Exception:
-                child.kill()

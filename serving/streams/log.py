@@ -6,7 +6,7 @@ count every byte since the stream began, so a client that received K bytes
 asks for the rest `from=K` and gets exactly them.
 
 While the stream is live every retained byte is in memory (followers never
-touch the disk); the writer thread (`store.Writer`) copies new bytes to
+touch the disk); the writer thread (`disk.Writer`) copies new bytes to
 `<sid>.sse` behind it. Once ended and on disk the memory is let go, unless
 someone still follows, and reads come from the file.
 
@@ -46,7 +46,7 @@ class Meta:
     kind: str  # openai | anthropic | responses | chat: the shape of its events
     model: str | None
     created: float
-    owner: str  # the serving process's lock file name (`store.Owner`)
+    owner: str  # the serving process's lock file name (`disk.Owner`)
     on_crash: str  # the event that ends it if its process dies first
     state: str = LIVE
     holder: str = ""  # the key that made it (core/holders.py); "" is everyone's

@@ -8,13 +8,12 @@ and appends every byte to the conversation's `Stream`; the HTTP reply, and
 any later `GET /v1/stream/<id>?from=N`, only follow it. One live stream per
 conversation: starting another stops the previous one.
 
-On disk (HEARTH_HOME/streams): `<sid>.sse` (the bytes kept) and
-`<sid>.json` (`log.Meta`), written behind the stream by one thread, at most
-`FLUSH_S` later; the record is also written once when the stream begins,
-before any reader gets a byte, so a stream is never unknown after a crash.
-Each serving process holds a lock file (`owners/`); a stream still marked
-live whose owner's lock is free belonged to a process that died, and is
-ended with its `on_crash` event when the store opens. A stream
+On disk (HEARTH_HOME/streams, `disk.py`): each stream's bytes and record,
+written behind it by one thread, at most `disk.FLUSH_S` later, never on the
+event loop; the record is also written (by that thread, awaited) when the
+stream begins, before any reader gets a byte, so a stream is never unknown
+after a crash. A stream still marked live whose process died is ended
+with its `on_crash` event when the store opens. A stream
 is kept `ttl_s` after it ends, each at most `cap` bytes, all of them at most
 `total` (finished ones are dropped oldest first to make room).
 
@@ -42,27 +41,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import hashlib
 import hmac
-import json
 import logging
-import os
 import re
 import secrets
-import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 from core import holders, surfaces
-from core.fs import write_atomically
+from serving.streams.disk import Owner, Writer, forget, recover
 from serving.streams.log import LIVE, Gone, Meta, Stream
 from serving.streams.shared import RemoteStream, Shared
 
 log = logging.getLogger("hearth.streams")
 
-FLUSH_S = 0.25  # the most a byte waits before it is written
 GC_EVERY_S = 5.0
 MAX_ID_CHARS = 256
 ID = re.compile(r"[A-Za-z0-9._:-]{1,%d}" % MAX_ID_CHARS)  # a path segment as it is: no escaping, no `/`
@@ -103,110 +97,6 @@ def check_id(value: str, what: str = "X-Conversation-Id") -> str:
     return value
 
 
-class Owner:
-    """This process's claim on its live streams: an flock the kernel lets go when the process dies."""
-
-    def __init__(self, folder: Path):
-        owners = folder / "owners"
-        owners.mkdir(parents=True, exist_ok=True)
-        self.name = f"{os.getpid()}-{secrets.token_hex(4)}"
-        self.path = owners / f"{self.name}.lock"
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o600)
-        fcntl.flock(self.fd, fcntl.LOCK_EX)
-
-    @staticmethod
-    def gone(folder: Path, name: str) -> bool:
-        """Whether the process that held `name` is gone (its lock is free)."""
-        path = folder / "owners" / f"{name}.lock"
-        try:
-            fd = os.open(path, os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
-        except FileNotFoundError:
-            return True
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return False
-        finally:
-            os.close(fd)
-        return True
-
-    def close(self) -> None:
-        with contextlib.suppress(OSError):
-            os.close(self.fd)
-            self.path.unlink()
-
-
-class Writer(threading.Thread):
-    """Copies new bytes to disk behind the streams, and writes their meta."""
-
-    def __init__(self):
-        super().__init__(name="hearth-streams", daemon=True)
-        self.dirty: set[Stream] = set()
-        self.lock = threading.Lock()
-        self.wake = threading.Event()
-        self.closing = False
-
-    def mark(self, stream: Stream) -> None:
-        with self.lock:
-            self.dirty.add(stream)
-
-    def run(self) -> None:
-        while not self.closing:
-            self.wake.wait(FLUSH_S)
-            self.wake.clear()
-            self.flush_all()
-
-    def flush_all(self) -> None:
-        with self.lock:
-            streams, self.dirty = self.dirty, set()
-        for stream in streams:
-            try:
-                flush(stream)
-            except OSError as exc:
-                log.warning("stream %s could not be written: %s", stream.meta.conversation_id, exc)
-
-    def close(self) -> None:
-        self.closing = True
-        self.wake.set()
-        if self.is_alive():
-            self.join(10)
-        self.flush_all()
-
-
-def flush(stream: Stream) -> None:
-    """Write what `stream` has that its file lacks, then its meta (writer thread or shutdown)."""
-    data_path, meta_path = stream.path(".sse"), stream.path(".json")
-    assert data_path is not None and meta_path is not None
-    if stream.deleted:
-        return
-    with stream.lock:
-        if stream.rewrite:
-            data, append = bytes(stream.mem), False
-            stream.rewrite = False
-        else:
-            data, append = bytes(stream.mem[stream.flushed - stream.mem_start:]), True
-        upto = stream.meta.end
-        meta = json.dumps(stream.meta.__dict__)
-    try:
-        if append:
-            with open(data_path, "ab") as f:
-                f.write(data)
-        else:
-            write_atomically(data_path, data, durable=False)
-    except OSError:
-        with stream.lock:
-            stream.rewrite = True  # the file may hold part of it: written whole next time
-        raise
-    with stream.lock:
-        stream.flushed = max(stream.flushed, upto) if append else upto
-    write_atomically(meta_path, meta, durable=False)
-    if stream.deleted:  # forgotten while this was written: it stays forgotten
-        delete_files(stream)
-        return
-    if stream.meta.state != LIVE:
-        stream.release_memory()
-
-
 class Streams:
     def __init__(self, folder: Path | None, ttl_s: float = 300.0, cap: int = 4 << 20, total: int = 256 << 20,
                  record: bool = True):
@@ -229,7 +119,9 @@ class Streams:
             return
         self.folder.mkdir(parents=True, exist_ok=True)
         self.owner = Owner(self.folder)
-        self._recover()
+        self.by_id.update(recover(self.folder, self.cap, self._expired))
+        if self.by_id:
+            log.info("resumable streams: %d kept from before this start", len(self.by_id))
         self.writer = Writer()
         self.writer.start()
 
@@ -278,6 +170,10 @@ class Streams:
             self._make_room()
             stream = self._begin(conversation_id, kind, model, stop, error_event, context, holder, request)
             stream.failed_fn = failed
+            await self._record(stream)
+            if not stream.live:  # the server began its shutdown meanwhile: the generation never starts
+                await close_quietly(producer)
+                return stream.follow(0)
             if self.shared is not None:
                 await self.shared.run(self._command)
                 before = await self.shared.begin(stream)  # before its first byte: the meta, then the bytes
@@ -321,21 +217,17 @@ class Streams:
         if previous is not None:
             self.gone.append(previous)
         self.by_id[conversation_id] = stream
-        self._record(stream)
         self._dirty(stream)
         self._start_gc()
         return stream
 
-    def _record(self, stream: Stream) -> None:
-        """Write a new stream's record now (the writer would take up to `FLUSH_S`):
-        if the process dies before its first flush, the restart still ends it with its crash event."""
-        path = stream.path(".json")
-        if self.writer is None or path is None:
-            return
-        try:
-            write_atomically(path, json.dumps(stream.meta.__dict__), durable=False)
-        except OSError as exc:  # the writer tries again with its first flush
-            log.warning("stream %s could not be written: %s", stream.meta.conversation_id, exc)
+    async def _record(self, stream: Stream) -> None:
+        """Write a new stream's record now, on the writer's thread (its next
+        flush would come up to `disk.FLUSH_S` later), and wait for it: if the
+        process dies the moment a reader got the first byte, the restart still
+        ends the stream with its crash event."""
+        if self.writer is not None and stream.folder is not None:
+            await asyncio.wrap_future(self.writer.now(stream))
 
     async def _pump(self, stream: Stream, producer: AsyncIterator[bytes], error_event) -> None:
         surface = surfaces.BY_NAME.get(stream.meta.kind)
@@ -575,11 +467,7 @@ class Streams:
     def _forget(self, stream: Stream) -> None:
         if self.by_id.get(stream.meta.conversation_id) is stream:
             del self.by_id[stream.meta.conversation_id]
-        self._delete_files(stream)
-
-    def _delete_files(self, stream: Stream) -> None:
-        stream.deleted = True
-        delete_files(stream)
+        forget(stream)
 
     def _dirty(self, stream: Stream) -> None:
         if self.writer is not None:
@@ -604,52 +492,10 @@ class Streams:
         for stream in list(self.gone):
             if not stream.live and stream.followers == 0:
                 self.gone.remove(stream)
-                self._delete_files(stream)
+                forget(stream)
         for conversation_id, lock in list(self._claims.items()):
             if not lock.locked():
                 del self._claims[conversation_id]
-
-    # -- after a restart --------------------------------------------------------
-    def _recover(self) -> None:
-        assert self.folder is not None
-        now = time.time()
-        for meta_path in sorted(self.folder.glob("*.json")):
-            try:
-                meta = Meta(**json.loads(meta_path.read_text()))
-            except (OSError, ValueError, TypeError) as exc:
-                log.warning("stream record %s is unreadable (%s); removed", meta_path.name, exc)
-                meta_path.unlink(missing_ok=True)
-                meta_path.with_suffix(".sse").unlink(missing_ok=True)
-                continue
-            if meta.state == LIVE:
-                if not Owner.gone(self.folder, meta.owner):
-                    continue  # another running server's stream
-                _end_orphan(self.folder, meta)
-            stream = Stream(meta, self.folder, self.cap)
-            current = self.by_id.get(meta.conversation_id)
-            if self._expired(stream, now) or (current is not None and current.meta.created > meta.created):
-                self._delete_files(stream)
-                continue
-            if current is not None:
-                self._delete_files(current)
-            self.by_id[meta.conversation_id] = stream
-        for data in self.folder.glob("*.sse"):
-            if not data.with_suffix(".json").exists():  # its record was never written, or was removed
-                data.unlink(missing_ok=True)
-        for lock in (self.folder / "owners").glob("*.lock"):
-            if Owner.gone(self.folder, lock.stem):
-                lock.unlink(missing_ok=True)
-        if self.by_id:
-            log.info("resumable streams: %d kept from before this start", len(self.by_id))
-
-
-def delete_files(stream: Stream) -> None:
-    for suffix in (".sse", ".json"):
-        path = stream.path(suffix)
-        if path is not None:
-            with contextlib.suppress(OSError):
-                path.unlink()
-
 
 async def close_quietly(chunks: AsyncIterator[bytes]) -> None:
     """Close an async generator (its `finally` blocks run now); what closing raises is of no use here."""
@@ -657,27 +503,6 @@ async def close_quietly(chunks: AsyncIterator[bytes]) -> None:
     if close is not None:
         with contextlib.suppress(Exception):
             await close()
-
-
-def _end_orphan(folder: Path, meta: Meta) -> None:
-    """A stream whose process died mid-generation: cut it at its last whole
-    event, add its crash event, and record it as ended now (so it stays
-    replayable for the TTL after this start, however long the server was down)."""
-    data_path = folder / f"{meta.sid}.sse"
-    ended_at = time.time()
-    try:
-        data = data_path.read_bytes()
-    except FileNotFoundError:
-        data = b""
-    whole = data.rfind(b"\n\n")
-    data = data[:whole + 2] if whole >= 0 else b""
-    surface = surfaces.BY_NAME.get(meta.kind)
-    if surface is not None and surface.numbered:  # numbered after the last event kept
-        meta.on_crash = surface.follows(meta.on_crash.encode(), surfaces.last_sequence_number(data)).decode()
-    data += meta.on_crash.encode()
-    write_atomically(data_path, data, durable=False)
-    meta.state, meta.ended_at, meta.end = "interrupted", ended_at, meta.start + len(data)
-    write_atomically(folder / f"{meta.sid}.json", json.dumps(meta.__dict__), durable=False)
 
 
 __all__ = ["Gone", "Stream", "StreamRefused", "Streams", "check_id", "close_quietly"]

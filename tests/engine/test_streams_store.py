@@ -7,13 +7,15 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from pathlib import Path
 
 import pytest
 
 from core import sse
+from serving.streams.disk import Owner
 from serving.streams.log import Gone
 from serving.streams.store import CRASH_MESSAGE as CRASH
-from serving.streams.store import Owner, StreamRefused, Streams
+from serving.streams.store import StreamRefused, Streams
 
 
 async def _events(n: int, size: int = 40):
@@ -381,6 +383,47 @@ def test_a_stream_is_on_disk_before_its_first_byte_goes_out(tmp_path):
     first, row, replay = asyncio.run(scenario())
     assert first == sse.frame({"i": 0})
     assert row["status"] == "interrupted" and replay == _error(CRASH)
+
+
+def test_a_streams_files_are_written_off_the_event_loop(tmp_path, monkeypatch):
+    """The record written as a stream begins, and every write behind it, are
+    the writer thread's: the event loop that serves every request never
+    waits on the disk (only shutdown, which flushes what is left, writes
+    from the thread that stops the server)."""
+    import threading
+
+    from serving.streams import disk
+
+    writes: list[tuple[str, int]] = []
+    real = disk.write_atomically
+
+    def spy(path, data, *args, **kwargs):
+        writes.append((Path(path).suffix, threading.get_ident()))
+        return real(path, data, *args, **kwargs)
+
+    monkeypatch.setattr(disk, "write_atomically", spy)
+
+    async def scenario():
+        store = Streams(tmp_path)
+        store.open()
+        loop_thread = threading.get_ident()
+        frames = await store.start("c", "openai", "m", _events(3), _stop, _error)
+        begun = list(writes)
+        replay = b"".join([c async for c in frames])
+        stream = store.get("c")
+        await stream.done.wait()
+        for _ in range(100):  # the writer's flush behind the stream's end
+            if json.loads(stream.path(".json").read_text())["state"] == "done":
+                break
+            await asyncio.sleep(0.02)
+        behind = list(writes)
+        store.shutdown()
+        return loop_thread, begun, behind, replay
+
+    loop_thread, begun, behind, replay = asyncio.run(scenario())
+    assert (".json", loop_thread) not in begun and any(suffix == ".json" for suffix, _ in begun)
+    assert all(thread != loop_thread for _, thread in behind)
+    assert replay == b"".join(sse.frame({"i": i, "pad": "x" * 40}) for i in range(3))
 
 
 def test_a_crashed_streams_replay_from_its_end_is_empty(tmp_path):

@@ -117,6 +117,13 @@ def test_routes_by_model_id_alias_and_default(two):
     assert _chat(two.url, B, max_tokens=None).json()["usage"]["completion_tokens"] <= 8
 
 
+def test_the_device_is_logged_once_however_many_models_load(two):
+    """The router says which device serves, once; each model's process, which
+    computes on it, does not say it again (a user reads one serve's log)."""
+    assert _chat(two.url, A).status_code == 200 and _chat(two.url, B).status_code == 200
+    assert two.output().count("Device:") == 1, two.output()[-3000:]
+
+
 def test_the_trace_id_reaches_the_models_process(two):
     """The router hands its trace id (the client's, or one it made) to the child, which logs it."""
     sent = HTTP.post(two.url + "/v1/chat/completions", headers={"X-Hearth-Trace-Id": "through-the-router"},

@@ -159,7 +159,8 @@ class Command(BaseCommand):
             serve_router(router, opts)
             return
         in_router = child.is_child()
-        log.info("Device: %s", device.line())
+        # The router said it once for every model's process (`plan_router`): a user reads one line per serve
+        log.log(logging.DEBUG if in_router else logging.INFO, "Device: %s", device.line())
         if not in_router:  # the router migrated the database before it started this process
             call_command("migrate", interactive=False, verbosity=0)
         if in_router and opts["download_only"]:

@@ -65,7 +65,8 @@ class Command(BaseCommand):
             how = "untrained" if loss is None else f"loss {loss:.3f}"
             self.stdout.write(f"  checkpoint at step {step} ({how}) published: {snapshot}")
 
-        self.stdout.write(f"Device: {device.line()}")
+        if not background:  # in the background its output is `hearth serve --build-demo`'s, which said it
+            self.stdout.write(f"Device: {device.line()}")
         cache = Path(constants.HF_HUB_CACHE)
         if kind == "vision":
             base = vision.VisionRecipe()
