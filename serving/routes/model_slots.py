@@ -90,8 +90,9 @@ def _single_rows(request: HttpRequest) -> list[dict]:
     model_id = _single_id(request)
     if model_id is None:
         return []
+    others = max(request.runtime.inflight - 1, 0)  # this request is one of the inflight
     return [{"id": model_id, "object": "model", "aliases": [], "tags": [], "pinned": True, "default": True,
-             "status": {"value": "loaded"}, "inflight": request.runtime.inflight}]
+             "status": {"value": "loaded"}, "inflight": others}]
 
 
 @router.post("/models/load", summary="Load a model into a process of its own")

@@ -118,6 +118,7 @@ def test_ps_lists_the_loaded_model_or_says_there_is_no_server(env, server):
     assert [line.split()[:2] for line in lines[1:]] == [[TINY_REPO, "loaded"]]
     rows = json.loads(hearth(env, "ps", "--json", "--url", server.url).stdout)
     assert [(row["id"], row["status"]["value"]) for row in rows] == [(TINY_REPO, "loaded")]
+    assert rows[0]["inflight"] == 0  # the request that asks is not counted
 
     absent = hearth(env, "ps")
     assert absent.returncode == 1 and absent.stdout == ""
