@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 from core import limits
+from inference.engine.checks import MAX_STOP_CHARS, MAX_STOP_SEQUENCES
 from inference.protocols.params import NumberField
 
 KEYS = ("max_tokens", "stop", "logit_bias", "response_format")
@@ -15,7 +16,8 @@ KEYS = ("max_tokens", "stop", "logit_bias", "response_format")
 # dashboard's panel draws both from `GET /api/sampling-fields`.
 FEWEST_TOKENS, MOST_TOKENS = 1, 1_000_000
 MAX_TOKENS = NumberField("max_tokens", int, FEWEST_TOKENS, MOST_TOKENS, "most tokens a reply may have")
-MOST_STOPS, MOST_STOP_CHARS, MOST_BIASES = 4, 256, 300
+MOST_STOPS, MOST_STOP_CHARS = MAX_STOP_SEQUENCES, MAX_STOP_CHARS  # what /v1 takes: the turn sends them there
+MOST_BIASES = 300
 FORMATS = ("text", "json_object", "json_schema")
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import json
 
+import pytest
+
 from tests.chat import chatws
 
 SCHEMA = {"type": "object", "properties": {"colour": {"enum": ["red", "blue"]}}, "required": ["colour"],
@@ -69,3 +71,16 @@ async def _connect_new():
     ws.session = history["sessionId"]
     await ws.receive_json_from(timeout=10)  # sessions
     return ws
+
+
+def test_the_socket_takes_the_stop_strings_v1_takes():
+    """A turn sends `stop` on to /v1, so the socket's bound is /v1's: no string
+    /v1 would take is refused here, and none it would refuse is stored."""
+    from chat import gensettings
+    from inference.engine import checks
+
+    longest = "x" * checks.MAX_STOP_CHARS
+    assert gensettings.check("stop", [longest] * checks.MAX_STOP_SEQUENCES) == [longest] * checks.MAX_STOP_SEQUENCES
+    for bad in ([longest + "x"], ["x"] * (checks.MAX_STOP_SEQUENCES + 1)):
+        with pytest.raises(ValueError, match="stop"):
+            gensettings.check("stop", bad)
