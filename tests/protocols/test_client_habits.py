@@ -277,3 +277,44 @@ def test_wire_details_real_clients_read(app, oai, tiny_model):
                               extra_body={"logit_bias": {"2": -100}}) as stream:
         done = [e.item for e in stream if e.type == "response.output_item.done"]
     assert done[-1].status == "incomplete"
+
+
+# -- what coding agents write into tool arguments ------------------------------
+EDIT_ARGS = {"path": "chat/template.jinja", "old": "{{ call }}",
+             "new": 'x </tool_call> y "q" \\ <tool_call>{"name": "edit"}'}
+EDIT_SCHEMA = {"type": "object", "properties": {k: {"type": "string"} for k in EDIT_ARGS}}
+EDIT_CALL = '<tool_call>{"name": "edit", "arguments": ' + json.dumps(EDIT_ARGS) + "}</tool_call>"
+
+
+def test_an_argument_holding_the_call_markup_is_kept_whole(oai, claude, tiny_model):
+    """An agent editing a file that holds `</tool_call>` (a chat template, a
+    tool parser) writes it inside a JSON string: the call ends at the end tag
+    after its JSON, on every protocol, streamed or not."""
+    ask = dict(max_tokens=400, extra_body=forced("Editing. " + EDIT_CALL))
+    tool = {"type": "function", "function": {"name": "edit", "parameters": EDIT_SCHEMA}}
+    message = oai.chat.completions.create(model=tiny_model, messages=[{"role": "user", "content": "Edit."}],
+                                          tools=[tool], **ask).choices[0]
+    assert message.finish_reason == "tool_calls" and message.message.content == "Editing. "
+    assert json.loads(message.message.tool_calls[0].function.arguments) == EDIT_ARGS
+    with oai.chat.completions.stream(model=tiny_model, messages=[{"role": "user", "content": "Edit."}],
+                                     tools=[tool], **ask) as stream:
+        final = stream.get_final_completion().choices[0]
+    assert json.loads(final.message.tool_calls[0].function.arguments) == EDIT_ARGS
+
+    claude_tool = {"name": "edit", "input_schema": EDIT_SCHEMA}
+    msg = claude.messages.create(model="m", messages=[{"role": "user", "content": "Edit."}], tools=[claude_tool], **ask)
+    assert [b.type for b in msg.content] == ["text", "tool_use"] and msg.content[1].input == EDIT_ARGS
+    with claude.messages.stream(model="m", messages=[{"role": "user", "content": "Edit."}], tools=[claude_tool],
+                                **ask) as stream:
+        streamed = stream.get_final_message()
+    assert streamed.stop_reason == "tool_use" and streamed.content[1].input == EDIT_ARGS
+
+    flat = {"type": "function", "name": "edit", "parameters": EDIT_SCHEMA}
+    ask = dict(max_output_tokens=400, extra_body=ask["extra_body"])
+    reply = oai.responses.create(model=tiny_model, input="Edit.", tools=[flat], **ask)
+    assert [i.type for i in reply.output] == ["message", "function_call"]
+    assert json.loads(reply.output[1].arguments) == EDIT_ARGS
+    with oai.responses.stream(model=tiny_model, input="Edit.", tools=[flat], **ask) as stream:
+        sent = "".join(e.delta for e in stream if e.type == "response.function_call_arguments.delta")
+        done = stream.get_final_response()
+    assert json.loads(sent) == EDIT_ARGS and json.loads(done.output[1].arguments) == EDIT_ARGS
