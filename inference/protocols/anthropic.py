@@ -127,11 +127,14 @@ def _messages(raw) -> list[dict]:
                 if parts:  # keep the order the client wrote
                     out.append({"role": "user", "content": _content(parts)})
                     parts = []
+                if not isinstance(block.get("tool_use_id"), str) or not block["tool_use_id"]:
+                    raise RequestError(f"{at}.tool_use_id required: the id of the tool_use block this answers",
+                                       f"{at}.tool_use_id")
                 result = _tool_result_content(block, at)
                 if block.get("is_error"):
                     result = [{"type": "text", "text": "Error: "}, *result] if isinstance(result, list) \
                         else "Error: " + result
-                out.append({"role": "tool", "tool_call_id": str(block.get("tool_use_id") or ""), "content": result})
+                out.append({"role": "tool", "tool_call_id": block["tool_use_id"], "content": result})
             else:
                 raise RequestError(f"{at}: unsupported content block type {kind!r} in a {role} message", at)
         if role == "assistant":
@@ -151,7 +154,11 @@ def _tools(raw) -> list[dict] | None:
     if not isinstance(raw, list):
         raise RequestError("tools must be a list", "tools")
     tools = []
-    for tool in raw:  # server tools (web_search, …) have no input_schema: dropped
+    for i, tool in enumerate(raw):  # server tools (web_search, …) have a type of their own: dropped
+        if isinstance(tool, dict) and tool.get("type", "custom") == "custom" and \
+                not isinstance(tool.get("input_schema"), dict):
+            raise RequestError(f"tools[{i}].input_schema must be a JSON schema object (a tool the client runs "
+                               "needs a name and an input_schema)", f"tools[{i}].input_schema")
         if isinstance(tool, dict) and isinstance(tool.get("name"), str) and isinstance(tool.get("input_schema"), dict):
             function = {"name": tool["name"], "description": tool.get("description", ""),
                         "parameters": tool["input_schema"]}

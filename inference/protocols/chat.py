@@ -171,6 +171,9 @@ def normalize_messages(messages, limits: Limits, images: list | None = None, mar
         msg["role"] = "system" if m["role"] == "developer" else m["role"]
         if m["role"] == "user" and m.get("content") is None:  # only an assistant's may be absent (tool calls)
             raise RequestError(f"{where}.content is required for a user message", f"{where}.content")
+        if m["role"] == "tool" and not (isinstance(m.get("tool_call_id"), str) and m["tool_call_id"]):
+            raise RequestError(f"{where}.tool_call_id required: the id of the assistant's tool call this message "
+                               "answers", f"{where}.tool_call_id")
         msg["content"] = text_of(m.get("content"), where, images, marker)
         if m["role"] == "assistant":
             # `reasoning` is an alias; an explicit reasoning_content wins, even empty.
@@ -220,11 +223,18 @@ def tools_for(body: dict) -> list[dict] | None:
         return None
     if not isinstance(tools, list):
         raise RequestError("tools must be a list of function tools", "tools")
+    seen: set[str] = set()
     for i, tool in enumerate(tools):
         fn = tool.get("function") if isinstance(tool, dict) else None
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
             raise RequestError(f"tools[{i}] must be {{\"type\": \"function\", \"function\": {{\"name\": …}}}}",
                                f"tools[{i}]")
+        if fn.get("parameters") is not None and not isinstance(fn["parameters"], dict):
+            raise RequestError(f"tools[{i}].function.parameters must be a JSON schema object",
+                               f"tools[{i}].function.parameters")
+        if fn["name"] in seen:  # a call names its tool: two of one name could not be told apart
+            raise RequestError(f"tools offer {fn['name']!r} twice: tool names must be unique", "tools")
+        seen.add(fn["name"])
     return None if choice == "none" else tools
 
 

@@ -4,7 +4,9 @@ Protocol modules feed text deltas in and render what comes out, so every
 protocol shares one reading of the model's output. Text that might be the
 start of a tag is held back until the next delta decides; tool-call markup
 is withheld and turned into `ToolCall`s when it closes (or, failing to
-parse, released as content: nothing visible is ever lost).
+parse, released as content: nothing visible is ever lost). A `<tool_call>`
+JSON body closes at its end tag outside the JSON's strings: an argument may
+hold the markup as text.
 
 Streams render `take_deltas()`: a call's start (id, name), then its
 arguments piece by piece, then its end. A `<tool_call>` JSON call whose
@@ -128,6 +130,9 @@ class OutputParser:
     _after_think: bool = False
     _deltas: list[ToolDelta] = field(default_factory=list)
     _streaming: _Streaming | None = None
+    # How far the open `<tool_call>` JSON body has been read for its end tag: (where, inside a string, after a
+    # backslash there); `_end_at`. None: not that markup, or its end tag is looked for as plain text.
+    _scan: tuple[int, bool, bool] | None = None
 
     def take_deltas(self) -> list[ToolDelta]:
         """The call deltas since the last take, in order."""
@@ -171,9 +176,12 @@ class OutputParser:
         if self.harmony is not None:
             text = self.harmony.feed(text)
         self._held += text
+        yield from self._split()
+
+    def _split(self) -> Iterator[list[Piece]]:
+        """`_steps` on the text held now."""
         while True:
-            tags = self._tags()
-            hits = [(self._held.find(t), t) for t in tags if t in self._held]
+            hits = [(at, t) for t in self._tags() if (at := self._find(t)) >= 0]
             if not hits:
                 break
             out: list[Piece] = []
@@ -193,6 +201,41 @@ class OutputParser:
         elif self._tool_open.family in STREAMED_FAMILIES:
             self._stream_arguments(self._held[: len(self._held) - keep])
         yield out
+
+    def _find(self, tag: str) -> int:
+        if self._tool_open is None or self._tool_open.family != "json_tools" or self._scan is None:
+            return self._held.find(tag)
+        return self._end_at(tag)
+
+    def _end_at(self, tag: str) -> int:
+        """Where the end tag closes an open `<tool_call>` JSON body: its first
+        occurrence outside the JSON's strings (an argument may hold the tag as
+        text, as a file being edited does), -1 while none has come. Reads each
+        character once over the call, however many deltas it comes in."""
+        held = self._held
+        assert self._scan is not None
+        at, in_string, escaped = self._scan
+        if at == 0:
+            body = held.lstrip()
+            if not body:
+                return held.find(tag)
+            if not body.startswith("{"):  # not JSON: the tag is looked for as written
+                self._scan = None
+                return held.find(tag)
+        while at < len(held):
+            ch = held[at]
+            if in_string:
+                escaped, in_string = not escaped and ch == "\\", escaped or ch != '"'
+            elif ch == '"':
+                in_string = True
+            elif held.startswith(tag, at):
+                break
+            elif tag.startswith(held[at:]):  # may be the tag's beginning: the next delta decides
+                self._scan = (at, False, False)
+                return -1
+            at += 1
+        self._scan = (at, in_string, escaped)
+        return at if at < len(held) else -1
 
     def _stream_arguments(self, body: str) -> None:
         """Send what is new of an open call's arguments (argstream.py)."""
@@ -238,6 +281,13 @@ class OutputParser:
             reader, self.harmony = self.harmony, None
             out = self.feed(reader.finish(cut))
             self.harmony = reader
+        if self._tool_open is not None and self._scan is not None and self._streaming is None and not cut and \
+                self._tool_open.family == "json_tools" and self._tool_open.end in self._held:
+            # The end tag came only inside what read as a JSON string: the call's quoting went wrong, and its
+            # first end tag is taken as its end, as in a body that is not JSON (a streamed call's arguments
+            # have gone out as far as the text went, and keep it).
+            self._scan = None
+            out += [piece for pieces in self._split() for piece in pieces]
         if self._tool_open is not None:
             self._close_tool(out, self._tool_open, self._held, closed=False, cut=cut)
         elif not (cut and self._call_began(self._held)):
@@ -270,6 +320,7 @@ class OutputParser:
             self._after_think = True
         else:
             self._tool_open = next(m for m in self.markups if m.start == tag)
+            self._scan = (0, False, False)
 
     def _close_tool(self, out: list[Piece], markup: Markup, body: str, closed: bool, cut: bool = False) -> None:
         """End `markup`: its calls, or, unreadable, the text."""

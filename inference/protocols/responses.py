@@ -56,10 +56,13 @@ def _items(raw) -> tuple[list[dict], list[str]]:
             else:
                 out.append({"role": "assistant", "content": "", "tool_calls": [call]})
         elif kind == "function_call_output":
+            if not isinstance(item.get("call_id"), str) or not item["call_id"]:
+                raise RequestError(f"{where}.call_id required: the call_id of the function_call this answers",
+                                   f"{where}.call_id")
             output = item.get("output")
             text = output if isinstance(output, str) else chat.text_of(output, where) if isinstance(output, list) \
                 else json.dumps(output)
-            out.append({"role": "tool", "tool_call_id": str(item.get("call_id") or ""), "content": text})
+            out.append({"role": "tool", "tool_call_id": item["call_id"], "content": text})
         elif kind == "reasoning":
             continue  # earlier reasoning is not replayed
         else:
@@ -78,6 +81,8 @@ def _tools(raw) -> list[dict] | None:
             continue  # built-in tools (web_search, file_search, mcp, computer_use) are dropped
         if not isinstance(tool.get("name"), str) or not tool["name"]:
             raise RequestError(f"tools[{i}].name required", f"tools[{i}].name")
+        if tool.get("parameters") is not None and not isinstance(tool["parameters"], dict):
+            raise RequestError(f"tools[{i}].parameters must be a JSON schema object", f"tools[{i}].parameters")
         function = {"name": tool["name"], "description": tool.get("description") or "",
                     "parameters": tool.get("parameters") or {}}
         if isinstance(tool.get("strict"), bool):  # a strict tool's arguments are enforced (tool_choice.py)
@@ -91,8 +96,11 @@ def _tool_choice(raw):
         return raw
     if isinstance(raw, dict) and raw.get("type") == "function" and isinstance(raw.get("name"), str):
         return {"type": "function", "function": {"name": raw["name"]}}
-    if isinstance(raw, dict):
-        return "auto"  # a built-in tool choice: its tools were dropped
+    if isinstance(raw, dict) and isinstance(raw.get("type"), str) and raw["type"] != "function":
+        # a built-in tool (dropped: it never runs here), a custom tool (not built), a subset of the tools
+        raise RequestError(f"tool_choice {{\"type\": {json.dumps(raw['type'])}}} is not supported: it asks for a tool "
+                           "this server does not run, or a subset of the tools; send 'auto', 'none', 'required' or "
+                           "{\"type\": \"function\", \"name\": …}", "tool_choice", code="unsupported_parameter")
     raise RequestError("tool_choice must be 'auto', 'none', 'required' or {\"type\": \"function\", \"name\": …}",
                        "tool_choice")
 

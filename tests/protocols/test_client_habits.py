@@ -277,3 +277,99 @@ def test_wire_details_real_clients_read(app, oai, tiny_model):
                               extra_body={"logit_bias": {"2": -100}}) as stream:
         done = [e.item for e in stream if e.type == "response.output_item.done"]
     assert done[-1].status == "incomplete"
+
+
+# -- what coding agents write into tool arguments ------------------------------
+EDIT_ARGS = {"path": "chat/template.jinja", "old": "{{ call }}",
+             "new": 'x </tool_call> y "q" \\ <tool_call>{"name": "edit"}'}
+EDIT_SCHEMA = {"type": "object", "properties": {k: {"type": "string"} for k in EDIT_ARGS}}
+EDIT_CALL = '<tool_call>{"name": "edit", "arguments": ' + json.dumps(EDIT_ARGS) + "}</tool_call>"
+
+
+def test_an_argument_holding_the_call_markup_is_kept_whole(oai, claude, tiny_model):
+    """An agent editing a file that holds `</tool_call>` (a chat template, a
+    tool parser) writes it inside a JSON string: the call ends at the end tag
+    after its JSON, on every protocol, streamed or not."""
+    ask = dict(max_tokens=400, extra_body=forced("Editing. " + EDIT_CALL))
+    tool = {"type": "function", "function": {"name": "edit", "parameters": EDIT_SCHEMA}}
+    message = oai.chat.completions.create(model=tiny_model, messages=[{"role": "user", "content": "Edit."}],
+                                          tools=[tool], **ask).choices[0]
+    assert message.finish_reason == "tool_calls" and message.message.content == "Editing. "
+    assert json.loads(message.message.tool_calls[0].function.arguments) == EDIT_ARGS
+    with oai.chat.completions.stream(model=tiny_model, messages=[{"role": "user", "content": "Edit."}],
+                                     tools=[tool], **ask) as stream:
+        final = stream.get_final_completion().choices[0]
+    assert json.loads(final.message.tool_calls[0].function.arguments) == EDIT_ARGS
+
+    claude_tool = {"name": "edit", "input_schema": EDIT_SCHEMA}
+    msg = claude.messages.create(model="m", messages=[{"role": "user", "content": "Edit."}], tools=[claude_tool], **ask)
+    assert [b.type for b in msg.content] == ["text", "tool_use"] and msg.content[1].input == EDIT_ARGS
+    with claude.messages.stream(model="m", messages=[{"role": "user", "content": "Edit."}], tools=[claude_tool],
+                                **ask) as stream:
+        streamed = stream.get_final_message()
+    assert streamed.stop_reason == "tool_use" and streamed.content[1].input == EDIT_ARGS
+
+    flat = {"type": "function", "name": "edit", "parameters": EDIT_SCHEMA}
+    ask = dict(max_output_tokens=400, extra_body=ask["extra_body"])
+    reply = oai.responses.create(model=tiny_model, input="Edit.", tools=[flat], **ask)
+    assert [i.type for i in reply.output] == ["message", "function_call"]
+    assert json.loads(reply.output[1].arguments) == EDIT_ARGS
+    with oai.responses.stream(model=tiny_model, input="Edit.", tools=[flat], **ask) as stream:
+        sent = "".join(e.delta for e in stream if e.type == "response.function_call_arguments.delta")
+        done = stream.get_final_response()
+    assert json.loads(sent) == EDIT_ARGS and json.loads(done.output[1].arguments) == EDIT_ARGS
+
+
+# -- tool turns and tool definitions an agent got wrong ------------------------
+ASKED = [{"role": "user", "content": "Weather?"}, {"role": "assistant", "content": None, "tool_calls": [
+    {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]}]
+CLAUDE_ASKED = [{"role": "user", "content": "Weather?"}, {"role": "assistant", "content": [
+    {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}}]}]
+FLAT_WEATHER = {"type": "function", "name": "get_weather", "parameters": WEATHER["input_schema"]}
+
+
+def _openai_param(call) -> str:
+    with pytest.raises(openai.BadRequestError) as caught:
+        call()
+    return caught.value.body["param"]
+
+
+@pytest.mark.parametrize(("extra", "param"), [
+    ({"messages": [*ASKED, {"role": "tool", "content": "Sunny"}]}, "messages[2].tool_call_id"),
+    ({"tools": [{"type": "function", "function": {"name": "get_weather", "parameters": "city: string"}}]},
+     "tools[0].function.parameters"),
+    ({"tools": [OPENAI_WEATHER, OPENAI_WEATHER]}, "tools"),
+])
+def test_chat_tool_turns_and_tools_are_checked(oai, tiny_model, extra, param):
+    ask = {"model": tiny_model, "messages": [{"role": "user", "content": "Weather?"}], "max_tokens": 2, **extra}
+    assert _openai_param(lambda: oai.chat.completions.create(**ask)) == param
+
+
+@pytest.mark.parametrize(("extra", "param"), [
+    ({"input": [{"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": "{}"},
+                {"type": "function_call_output", "output": "Sunny"}]}, "input[1].call_id"),
+    ({"tools": [{**FLAT_WEATHER, "parameters": "city: string"}]}, "tools[0].parameters"),
+    ({"tools": [FLAT_WEATHER, {"type": "web_search_preview"}], "tool_choice": {"type": "web_search_preview"}},
+     "tool_choice"),
+    ({"tools": [FLAT_WEATHER], "tool_choice": {"type": "allowed_tools", "mode": "required",
+                                               "tools": [{"type": "function", "name": "get_weather"}]}},
+     "tool_choice"),
+])
+def test_responses_tool_turns_and_choices_are_checked(oai, tiny_model, extra, param):
+    """A choice of a tool that never runs here, or of a subset of the tools,
+    is refused, not answered as `auto`."""
+    ask = {"model": tiny_model, "input": "Weather?", "max_output_tokens": 2, **extra}
+    assert _openai_param(lambda: oai.responses.create(**ask)) == param
+
+
+@pytest.mark.parametrize(("extra", "needle"), [
+    ({"messages": [*CLAUDE_ASKED, {"role": "user", "content": [{"type": "tool_result", "content": "Sunny"}]}]},
+     "messages[2].content[0].tool_use_id required"),
+    ({"tools": [{"name": "get_weather", "input_schema": "city: string"}]}, "tools[0].input_schema must be"),
+    ({"tools": [WEATHER, WEATHER]}, "'get_weather' twice"),
+])
+def test_messages_tool_turns_and_tools_are_checked(claude, extra, needle):
+    ask = {"model": "m", "messages": [{"role": "user", "content": "Weather?"}], "max_tokens": 2, **extra}
+    with pytest.raises(anthropic.BadRequestError) as caught:
+        claude.messages.create(**ask)
+    assert needle in caught.value.body["error"]["message"]
