@@ -160,3 +160,15 @@ def test_rows_cut_off_before_their_reply_are_left_out_not_trained_into_nan(tiny_
     with pytest.raises(ValueError, match="^max_seq_length must be at least 2"):
         finetune.run({**config, "max_seq_length": 1, "adapter_path": str(tmp_path / "c")}, _NoLog())
 
+
+def test_a_failed_job_says_why_in_words():
+    """The kinds' own errors are sentences for the Jobs page; anything else keeps its type's name."""
+    from core.paths import PathRefused
+    from inference.engine.errors import ModelNotFound
+    from jobs.child import reason
+
+    assert reason(ValueError("iters must be a positive integer")) == "iters must be a positive integer"
+    assert reason(PathRefused("data_dir: x is not a file")) == "data_dir: x is not a file"
+    assert reason(ModelNotFound("model 'a/b' is neither a directory")) == "model 'a/b' is neither a directory"
+    assert reason(KeyError("text")) == "KeyError: 'text'"
+    assert reason(ValueError()) == "ValueError: "
