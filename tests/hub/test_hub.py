@@ -17,6 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.browser import pages
 from tests.helpers import HEARTH, ROOT, TINY_REPO, ServerProcess, build_tiny_model, server_env, sse_events
 from tests.hub_double import HubDouble, Repo
 
@@ -389,6 +390,8 @@ def test_the_models_page_shows_a_download_moving(hub_server, double, tiny_files,
         page.wait_for_timeout(250)
     assert seen[-1] == 100 and any(0 < v < 100 for v in seen), seen  # it moved while we watched
     page.wait_for_selector("td:has-text('mlx-community/tiny-ui')", timeout=15_000)  # and joined the library
+    # A row that is not the served model shows a dash for its status, not an empty badge above it.
+    assert pages.shown_though_hidden(page) == []
     page.close()
 
 
