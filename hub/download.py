@@ -6,7 +6,9 @@ library, `mlx_lm.load` and `huggingface_hub` all see the result as a normal
 download. Unlike `hf_hub_download`, a partial file keeps a stable name
 (`blobs/<hash>.incomplete`), so a download killed mid-file continues from
 where it stopped, with an HTTP range request, after a restart. Every file is
-checked against its size and hash before it becomes a blob.
+checked against its size and hash before it becomes a blob, and the
+snapshot's links are made only once every blob is in, so a stopped download
+is never listed as a model with files missing.
 """
 from __future__ import annotations
 
@@ -199,7 +201,6 @@ def _download(repo_id, revision, root, token, progress, report, stop) -> tuple[s
     commit, files = listing(repo_id, revision, token)
     (root / "blobs").mkdir(parents=True, exist_ok=True)
     snapshot = root / "snapshots" / commit
-    snapshot.mkdir(parents=True, exist_ok=True)
     progress.files_total, progress.total_bytes = len(files), sum(f.size for f in files)
     report(progress)
     for remote in files:
@@ -218,9 +219,13 @@ def _download(repo_id, revision, root, token, progress, report, stop) -> tuple[s
                 part.unlink(missing_ok=True)  # a bad copy is not worth resuming
                 raise
             os.replace(part, blob)
-        _link(snapshot, remote)
         progress.files_done += 1
         report(progress)
+    # The snapshot appears once every blob is here: a download stopped half-way leaves blobs only,
+    # which no listing shows as a model (its first revision) and the next run links.
+    snapshot.mkdir(parents=True, exist_ok=True)
+    for remote in files:
+        _link(snapshot, remote)
     if revision != commit:
         write_atomically(root / "refs" / revision, commit)  # creates refs/ and a branch name's folders
     progress.current_file = None

@@ -36,10 +36,21 @@ def main(argv: list[str]) -> int:
         output_dir, summary = runner.run(config, log, delay)
     except Exception as exc:
         traceback.print_exc()
-        log.emit("failed", error=f"{type(exc).__name__}: {exc}")
+        log.emit("failed", error=reason(exc))
         return 1
     log.emit("done", output_dir=output_dir, summary=summary)
     return 0
+
+
+def reason(exc: Exception) -> str:
+    """A failed job's error as its page shows it. The kinds raise ValueError (PathRefused is one)
+    and the engine's typed errors with sentences written to be read as they are; anything else
+    keeps its type's name, the clue to what went wrong."""
+    from inference.engine.errors import EngineError
+
+    if isinstance(exc, (ValueError, EngineError)) and str(exc):
+        return str(exc)
+    return f"{type(exc).__name__}: {exc}"
 
 
 if __name__ == "__main__":

@@ -79,7 +79,6 @@ function finetune(main) {
         const r = await api("/api/finetune/inspect-dataset", { json: { path: data.value.trim() } }).catch((e) => e.body);
         if (!r?.ok) return r?.error || "The folder could not be read";
         dataInfo.textContent = `${r.n_train} training rows, ${r.n_valid} validation rows, format ${r.format}`;
-        if (r.format === "unknown") return "train.jsonl rows are in no format the trainer knows";
         if ((r.format === "dpo") !== (method.value !== "sft")) method.value = r.format === "dpo" ? "dpo" : "sft";
         return null;
       } },

@@ -133,17 +133,64 @@ def data_format(rows: list[dict]) -> str:
     return "unknown"
 
 
+# The fields each format needs in every row, and how a person names the format.
+NEEDS = {"messages": ("messages",), "prompt-completion": ("prompt", "completion"), "text": ("text",),
+         "dpo": ("prompt", "chosen", "rejected")}
+FORMAT_NAMES = {"messages": "chat messages", "prompt-completion": "prompt/completion", "text": "text",
+                "dpo": "prompt/chosen/rejected"}
+
+
+def rows_format(rows: list, name: str) -> str:
+    """The format every row of the file `name` is in (the first row's); a ValueError that names
+    the file, the row and what it holds when the file is empty, the first row is in no format
+    the trainers know, or a later row lacks what the first row's format needs."""
+    if not rows:
+        raise ValueError(f"{name} has no rows")
+    fmt = data_format(rows)
+    if fmt == "unknown":
+        first = rows[0]
+        held = ", ".join(sorted(map(str, first))) or "no fields" if isinstance(first, dict) else "not an object"
+        raise ValueError(f"{name} row 1 has {held}: rows must be messages, prompt/completion or text (SFT) or "
+                         "prompt/chosen/rejected (DPO, ORPO); the Dataset page's CSV / JSONL template converts "
+                         "other columns")
+    for n, row in enumerate(rows, 1):
+        missing = [key for key in NEEDS[fmt] if not isinstance(row, dict) or not _usable(key, row.get(key))]
+        if missing:
+            raise ValueError(f"{name} row {n} has no usable {missing[0]!r}: every row must be "
+                             f"{FORMAT_NAMES[fmt]} like row 1")
+    return fmt
+
+
+def _usable(key: str, value: Any) -> bool:
+    if key == "messages":
+        return isinstance(value, list) and bool(value) and all(isinstance(m, dict) for m in value)
+    if key in ("chosen", "rejected"):
+        return value is not None
+    return isinstance(value, str) and bool(value or key != "text")  # an empty text has no token to learn
+
+
 def inspect(data_dir: str) -> dict:
     """What a dataset folder holds; `data_dir` is already confined (core.paths). FileNotFoundError
-    without a train.jsonl, ValueError when its rows cannot be read."""
+    without a train.jsonl, ValueError when its rows cannot be read or cannot be trained on."""
     root = Path(data_dir)
     confine_members(root, DATA_FILES, "path")
-    train, valid = root / "train.jsonl", root / "valid.jsonl"
-    if not train.is_file():
-        raise FileNotFoundError(f"{train} not found")
-    rows = read_jsonl(train)
-    n_valid = len(read_jsonl(valid)) if valid.is_file() else 0
-    return {"ok": True, "n_train": len(rows), "n_valid": n_valid, "format": data_format(rows)}
+    if not (root / "train.jsonl").is_file():
+        raise FileNotFoundError(f"{root / 'train.jsonl'} not found")
+    train_rows, valid_rows = _dataset(root)
+    return {"ok": True, "n_train": len(train_rows), "n_valid": len(valid_rows),
+            "format": rows_format(train_rows, "train.jsonl")}
+
+
+def _dataset(root: Path) -> tuple[list, list]:
+    """The rows of train.jsonl and valid.jsonl (none without one), each file in one format, the
+    same in both (rows_format)."""
+    train_rows = read_jsonl(root / "train.jsonl")
+    valid_rows = read_jsonl(root / "valid.jsonl") if (root / "valid.jsonl").is_file() else []
+    fmt = rows_format(train_rows, "train.jsonl")
+    if valid_rows and (valid := rows_format(valid_rows, "valid.jsonl")) != fmt:
+        raise ValueError(f"valid.jsonl rows are {FORMAT_NAMES[valid]}, train.jsonl's {FORMAT_NAMES[fmt]}: "
+                         "both files need the same format")
+    return train_rows, valid_rows
 
 
 def settings(config: dict) -> dict:
@@ -160,6 +207,8 @@ def settings(config: dict) -> dict:
                  "save_every"):
         if not isinstance(cfg[name], int) or isinstance(cfg[name], bool) or cfg[name] < 1:
             raise ValueError(f"{name} must be a positive integer")
+    if cfg["max_seq_length"] < 2:
+        raise ValueError("max_seq_length must be at least 2: a token and the one after it, which it learns to predict")
     for name in ("num_layers", "steps_per_eval", "val_max_examples", "seed", "dpo_warmup_iters", "orpo_warmup_iters"):
         if not isinstance(cfg[name], int) or isinstance(cfg[name], bool) or cfg[name] < 0:
             raise ValueError(f"{name} must be a non-negative integer")
@@ -195,12 +244,10 @@ def run(config: dict, log: EventLog, stage_delay: float = 0.0) -> tuple[str, dic
     hf_tokenizer = getattr(wrapper, "_tokenizer", wrapper)  # the template serving uses, as is
 
     log.emit("stage", stage="data", progress=0.05, message=f"reading {cfg['data_dir']}")
-    root = Path(cfg["data_dir"]).expanduser()
-    train_rows = read_jsonl(root / "train.jsonl")
-    valid_rows = read_jsonl(root / "valid.jsonl") if (root / "valid.jsonl").is_file() else []
+    train_rows, valid_rows = _dataset(Path(cfg["data_dir"]).expanduser())
     fmt = data_format(train_rows)
     method = cfg["method"]
-    if method == "sft" and fmt in ("unknown", "dpo"):
+    if method == "sft" and fmt == "dpo":
         raise ValueError(f"train.jsonl is {fmt} data; SFT needs messages, prompt/completion or text rows")
     if method != "sft" and fmt != "dpo":
         raise ValueError(f"train.jsonl is {fmt} data; {method.upper()} needs prompt/chosen/rejected rows")
@@ -305,10 +352,43 @@ def _train_sft(model, hf_tokenizer, cfg, fmt, train_rows, valid_rows, adapter_pa
         mask_prompt = cfg["sft_scope"] == "response"
 
     def dataset(rows):
-        if fmt == "messages":
+        if fmt == "prompt-completion":  # a one-turn chat, rendered as serving renders it
+            rows = [{"messages": [{"role": "user", "content": row["prompt"]},
+                                  {"role": "assistant", "content": row["completion"]}], "tools": row.get("tools")}
+                    for row in rows]
+        if fmt in ("messages", "prompt-completion"):
             return CacheDataset(ServingChatDataset(rows, hf_tokenizer, DataConfig.mask_prompt))
         return CacheDataset(create_dataset(rows, hf_tokenizer, DataConfig))
 
+    limit, scope = cfg["max_seq_length"], cfg["sft_scope"]
+    train_set = _trainable(dataset(train_rows), "train.jsonl", limit, scope, reporter.log)
+    if len(train_set) < cfg["batch_size"]:
+        what = "a reply token" if scope == "response" else "two tokens"
+        found = f"only {len(train_set)} train.jsonl rows have" if train_set else "no train.jsonl row has"
+        fewer = f", fewer than batch_size {cfg['batch_size']}" if train_set else ""
+        raise ValueError(f"{found} {what} within max_seq_length {limit}{fewer}: raise max_seq_length"
+                         + (" or train on the whole example (sft_scope full)" if scope == "response" else ""))
+    val_set = _trainable(dataset(valid_rows), "valid.jsonl", limit, scope, reporter.log) if valid_rows else []
+    if val_set and len(val_set) < cfg["batch_size"]:
+        reporter.log.emit("log", line=f"valid.jsonl has {len(val_set)} such rows, fewer than batch_size "
+                                      f"{cfg['batch_size']}: validation is skipped")
+        val_set = []
     args = training_args(TrainingArgs, cfg, adapter_path)
-    train(model=model, optimizer=optimizer(cfg), train_dataset=dataset(train_rows),
-          val_dataset=dataset(valid_rows) if valid_rows else None, args=args, training_callback=reporter)
+    train(model=model, optimizer=optimizer(cfg), train_dataset=train_set, val_dataset=val_set or None, args=args,
+          training_callback=reporter)
+
+
+def _trainable(examples, name: str, limit: int, scope: str, log: EventLog) -> list[tuple[list[int], int]]:
+    """The tokenized examples (ids, offset of the first trained token) that keep a token to learn
+    once cut to `limit` tokens, as mlx-lm's batches cut them. A batch of examples without one
+    divides the loss by zero, and that NaN ends up in every weight of the adapter."""
+    kept = []
+    for i in range(len(examples)):
+        ids, offset = examples[i]
+        if max(offset, 1) < min(len(ids), limit):
+            kept.append((ids, offset))
+    if dropped := len(examples) - len(kept):
+        where = "reply" if scope == "response" else "second token"
+        log.emit("log", line=f"{dropped} of {len(examples)} {name} rows have no {where} within max_seq_length "
+                             f"{limit}: they are left out")
+    return kept

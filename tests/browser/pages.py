@@ -49,3 +49,11 @@ _UNDER_DOCK_BUTTON = """() => {
 def under_dock_button(page) -> list[str]:
     """The page's controls and text the Assistant button covers at some scroll position (none, or it hides them)."""
     return page.evaluate(_UNDER_DOCK_BUTTON)
+
+
+def shown_though_hidden(page) -> list[str]:
+    """Elements that carry the `hidden` attribute yet take room on the page: a class's own `display`
+    outranks the browser's rule for `[hidden]` unless the stylesheet says otherwise."""
+    return page.evaluate("""() => [...document.querySelectorAll("[hidden]")]
+      .filter((el) => getComputedStyle(el).display !== "none")
+      .map((el) => `${el.tagName.toLowerCase()}.${el.className} ${el.getAttribute("aria-label") || ""}`.trim())""")

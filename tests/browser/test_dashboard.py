@@ -172,6 +172,7 @@ def test_every_page_renders_at_phone_and_desktop_widths(browser, base_url, width
         assert overflow <= 1, f"{route} scrolls sideways at {width}px"
         if route != "chat":  # the chat is the page there: no button
             assert pages.under_dock_button(page) == [], f"the Assistant button covers part of {route} at {width}px"
+        assert pages.shown_though_hidden(page) == [], f"{route} shows what it hides at {width}px"
         page.screenshot(path=str(ARTIFACTS / f"{name}-{route}.png"), full_page=True)
     page.emulate_media(color_scheme="dark")
     page.goto(f"{base_url}/#/chat")

@@ -17,6 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.browser import pages
 from tests.helpers import HEARTH, ROOT, TINY_REPO, ServerProcess, build_tiny_model, server_env, sse_events
 from tests.hub_double import HubDouble, Repo
 
@@ -176,6 +177,62 @@ def test_a_killed_download_resumes_from_its_partial_file(homes_hub, double, tiny
     assert not [p for p in blobs.iterdir() if p.name.endswith(".incomplete")]
 
 
+
+def test_a_stopped_first_download_is_not_listed_until_it_finishes(double, tmp_path, monkeypatch):
+    """A download stopped half-way (Ctrl-C, a kill, a dropped hub) leaves blobs and a partial file: no
+    listing shows the repo as a model with files missing; the next run links the snapshot."""
+    from huggingface_hub import constants
+
+    from hub import registry
+    from hub.download import Progress, download
+
+    cache = tmp_path / "hub"
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(constants, "ENDPOINT", double.url)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    progress = Progress()
+    with pytest.raises(InterruptedError):
+        download("mlx-community/tiny-a", "main", cache, None, progress, lambda p: None,
+                 stop=lambda: progress.received_bytes > 64 << 10)
+    root = cache / "models--mlx-community--tiny-a"
+    assert [p for p in (root / "blobs").iterdir() if p.name.endswith(".incomplete")]  # kept for the next run
+    assert registry.scan() == [] and registry.snapshot("mlx-community/tiny-a") is None
+
+    commit, snapshot = download("mlx-community/tiny-a", "main", cache, None, Progress(), lambda p: None)
+    [model] = registry.scan()
+    assert model.repo_id == "mlx-community/tiny-a" and model.path == snapshot and model.commit == commit
+    assert model.size_bytes == sum(len(data) for data in double.repos["mlx-community/tiny-a"].files.values())
+
+
+def test_ctrl_c_stops_the_download_command_with_a_sentence_not_a_traceback(homes_hub, double, tmp_path):
+    env = _env(homes_hub, double)
+    root = homes_hub[0] / "hub" / "models--mlx-community--tiny-d"
+    double.add(Repo("mlx-community/tiny-d", {**double.repos["mlx-community/tiny-a"].files, "README.md": b"d\n"}))
+    with open(tmp_path / "out", "wb") as out:
+        proc = subprocess.Popen([*HEARTH, "download", "mlx-community/tiny-d"], cwd=ROOT,
+                                env=env, stdout=out, stderr=subprocess.STDOUT,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        deadline = time.monotonic() + 60
+        while not list(root.glob("blobs/*.incomplete")):
+            assert time.monotonic() < deadline and proc.poll() is None, (tmp_path / "out").read_text()
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)  # as Ctrl-C does
+        assert proc.wait(30) == 130
+    said = (tmp_path / "out").read_text()
+    assert "Traceback" not in said and "KeyboardInterrupt" not in said, said
+    assert said.rstrip().endswith("interrupted; `hearth download mlx-community/tiny-d` again continues from the "
+                                  "partial files"), said[-400:]
+    assert not (root / "snapshots").exists()
+    [row] = _download_rows(homes_hub[1], "mlx-community/tiny-d")
+    assert row["state"] == "error" and row["error"].startswith("interrupted")
+
+    missing = subprocess.run([*HEARTH, "download", "nobody/nothing-here"], cwd=ROOT,
+                             env=env, capture_output=True, text=True, timeout=120)
+    assert missing.returncode == 1 and "HTTP Request" not in missing.stderr, missing.stderr
+    assert missing.stderr.strip().splitlines()[-1] == ("CommandError: download of nobody/nothing-here failed: no "
+                                                       "such repository on the hub (or it is private and no token "
+                                                       "is saved)"), missing.stderr
+
 def test_download_command_shows_a_progress_bar(homes_hub, double, tiny_files):
     double.add(Repo("mlx-community/tiny-c", {**tiny_files, "README.md": b"third\n", "empty.txt": b""}))
     done = subprocess.run([*HEARTH, "download", "mlx-community/tiny-c"], cwd=ROOT, env=_env(homes_hub, double),
@@ -333,6 +390,8 @@ def test_the_models_page_shows_a_download_moving(hub_server, double, tiny_files,
         page.wait_for_timeout(250)
     assert seen[-1] == 100 and any(0 < v < 100 for v in seen), seen  # it moved while we watched
     page.wait_for_selector("td:has-text('mlx-community/tiny-ui')", timeout=15_000)  # and joined the library
+    # A row that is not the served model shows a dash for its status, not an empty badge above it.
+    assert pages.shown_though_hidden(page) == []
     page.close()
 
 

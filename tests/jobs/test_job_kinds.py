@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -83,3 +84,91 @@ def test_the_child_runs_the_module_it_is_named(tmp_path):
     events = [json.loads(line) for line in log.read_text().splitlines()]
     assert [e["type"] for e in events] == ["stage", "done"]
     assert events[-1]["output_dir"] == "/nowhere" and events[-1]["summary"] == {"said": "hello"}
+
+
+def _folder(root, name: str, train: list, valid: list | None = None):
+    folder = root / name
+    folder.mkdir()
+    (folder / "train.jsonl").write_text("".join(json.dumps(row) + "\n" for row in train))
+    if valid is not None:
+        (folder / "valid.jsonl").write_text("".join(json.dumps(row) + "\n" for row in valid))
+    return folder
+
+
+def test_a_dataset_the_trainer_cannot_read_is_refused_naming_the_file_and_row(tiny_model, tmp_path):
+    """Checked before a model loads (inspect-dataset answers it as a 422, the job as its error): rows
+    with other columns, no rows, a later row in another format than the first, a valid.jsonl in
+    another format than train.jsonl."""
+    from jobs.kinds import finetune
+
+    chat = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}
+    cases = [
+        (_folder(tmp_path, "columns", [{"question": "q", "answer": "a"}]), "train.jsonl row 1 has answer, question: "
+         "rows must be messages, prompt/completion or text"),
+        (_folder(tmp_path, "empty", []), "train.jsonl has no rows"),
+        (_folder(tmp_path, "mixed", [{"text": "one"}, {"prompt": "a", "completion": "b"}]),
+         "train.jsonl row 2 has no usable 'text': every row must be text like row 1"),
+        (_folder(tmp_path, "blank", [{"text": "one"}, {"text": ""}]), "train.jsonl row 2 has no usable 'text'"),
+        (_folder(tmp_path, "halves", [{"prompt": "a", "completion": "b"}, {"prompt": "c"}]),
+         "train.jsonl row 2 has no usable 'completion'"),
+        (_folder(tmp_path, "valid", [chat], [{"text": "one"}]),
+         "valid.jsonl rows are text, train.jsonl's chat messages: both files need the same format"),
+    ]
+    for folder, message in cases:
+        with pytest.raises(ValueError, match="^" + re.escape(message)):
+            finetune.inspect(str(folder))
+    with pytest.raises(ValueError, match="^" + re.escape(cases[2][1])):  # the job fails with the same words
+        finetune.run({"model_dir": tiny_model, "data_dir": str(cases[2][0]), "adapter_path": str(tmp_path / "a")},
+                     _NoLog())
+    good = _folder(tmp_path, "good", [chat, chat], [chat])
+    assert finetune.inspect(str(good)) == {"ok": True, "n_train": 2, "n_valid": 1, "format": "messages"}
+
+
+class _NoLog:
+    def __init__(self):
+        self.events: list[tuple[str, dict]] = []
+
+    def emit(self, event: str, /, **fields) -> None:
+        self.events.append((event, fields))
+
+
+def test_rows_cut_off_before_their_reply_are_left_out_not_trained_into_nan(tiny_model, tmp_path):
+    """mlx-lm divides the loss by the tokens trained; a batch of replies all past max_seq_length has
+    none, and its NaN would end up in every weight of the adapter while the job reports done."""
+    import mlx.core as mx
+
+    from jobs.kinds import finetune
+
+    long_prompt = "The quick brown fox jumps over the lazy dog. " * 6
+    rows = [{"prompt": long_prompt, "completion": "no room left"}] * 6 + [{"prompt": "Hi", "completion": "Hello"}] * 2
+    data = _folder(tmp_path, "data", rows)
+    config = {"model_dir": tiny_model, "data_dir": str(data), "iters": 4, "sft_scope": "response",
+              "max_seq_length": 48, "learning_rate": 1e-3}
+    log = _NoLog()
+    adapter, summary = finetune.run({**config, "adapter_path": str(tmp_path / "a")}, log)
+    lines = [f["line"] for event, f in log.events if event == "log"]
+    assert "6 of 8 train.jsonl rows have no reply within max_seq_length 48: they are left out" in lines, lines
+    losses = [f["loss"] for event, f in log.events if event == "metric"]
+    assert losses and all(loss == loss for loss in losses), losses  # no NaN
+    weights = mx.load(str(tmp_path / "a" / "adapters.safetensors"))
+    assert all(bool(mx.isfinite(w).all()) for w in weights.values())
+
+    with pytest.raises(ValueError, match="^only 2 train.jsonl rows have a reply token within max_seq_length 48, "
+                                         r"fewer than batch_size 4: raise max_seq_length or train on the whole "
+                                         r"example \(sft_scope full\)"):
+        finetune.run({**config, "batch_size": 4, "adapter_path": str(tmp_path / "b")}, _NoLog())
+    with pytest.raises(ValueError, match="^max_seq_length must be at least 2"):
+        finetune.run({**config, "max_seq_length": 1, "adapter_path": str(tmp_path / "c")}, _NoLog())
+
+
+def test_a_failed_job_says_why_in_words():
+    """The kinds' own errors are sentences for the Jobs page; anything else keeps its type's name."""
+    from core.paths import PathRefused
+    from inference.engine.errors import ModelNotFound
+    from jobs.child import reason
+
+    assert reason(ValueError("iters must be a positive integer")) == "iters must be a positive integer"
+    assert reason(PathRefused("data_dir: x is not a file")) == "data_dir: x is not a file"
+    assert reason(ModelNotFound("model 'a/b' is neither a directory")) == "model 'a/b' is neither a directory"
+    assert reason(KeyError("text")) == "KeyError: 'text'"
+    assert reason(ValueError()) == "ValueError: "

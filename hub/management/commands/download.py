@@ -2,6 +2,7 @@
 with a progress bar; resumes partial files from an earlier attempt."""
 from __future__ import annotations
 
+import logging
 import sys
 import time
 
@@ -29,6 +30,10 @@ class Command(BaseCommand):
         from hub import downloads
         from hub.download import check_revision
 
+        if opts["verbosity"] <= 1:  # the bar and the last line say it all; -v 2 shows the requests and the log
+            for name in ("httpx", "httpx2", "hearth.hub"):
+                logging.getLogger(name).setLevel(logging.ERROR)
+
         call_command("migrate", interactive=False, verbosity=0)
         try:
             check_revision(opts["revision"])
@@ -53,9 +58,15 @@ class Command(BaseCommand):
             sys.stderr.write(line[:160].ljust(160))
             sys.stderr.flush()
 
-        row = downloads.run(row, report_extra=bar)
+        try:
+            row = downloads.run(row, report_extra=bar)
+        except KeyboardInterrupt:  # Ctrl-C: the row says so; the partial files stay for the next run
+            sys.stderr.write(f"\ninterrupted; `hearth download {row.repo_id}` again continues from the partial "
+                             "files\n")
+            sys.exit(130)
         sys.stderr.write("\n")
         if row.state != "done":
-            raise CommandError(f"download of {row.repo_id} failed: {row.error}"
-                               + (f" ({row.detail})" if row.detail else ""))
+            # The sentence says what happened; the exception behind it (`detail`) only with -v 2.
+            detail = f" ({row.detail})" if row.detail and opts["verbosity"] > 1 else ""
+            raise CommandError(f"download of {row.repo_id} failed: {row.error}{detail}")
         self.stdout.write(f"{row.repo_id}@{row.commit} is in the local cache")
