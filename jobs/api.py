@@ -201,9 +201,10 @@ def finetune_submit(request: HttpRequest, body: FinetuneRequest) -> dict:  # typ
     config = cast(FinetunePaths, body).model_dump(exclude_unset=True)  # the trainer's defaults fill the rest
     if not config.get("adapter_path"):
         config["adapter_path"] = str(stamped(home.adapters(), "adapter"))
-    with refused(PathRefused):
+    with refused(ValueError):  # PathRefused included: a 400 now, not a job that fails once it starts
         finetune.confine_paths(config)
-    job = service.submit("finetune", config)  # values the trainer cannot run fail the job, with the reason
+        finetune.settings(config)
+    job = service.submit("finetune", config)  # what only the run can tell (the rows, the model) fails the job
     return {"ok": True, "job_id": job.id, "adapter_path": config["adapter_path"]}
 
 

@@ -265,17 +265,23 @@ def test_finetune_teaches_a_reply_and_streams_its_loss(base_url, tiny_model, tmp
     assert job["status"] == "failed" and "warm_start_adapter" in job["error"]
 
 
-def test_finetune_config_errors_fail_the_job(base_url, tiny_model, tmp_path):
+def test_finetune_config_errors_are_refused_at_submit(base_url, tiny_model, tmp_path):
     assert httpx.post(base_url + "/api/finetune/submit", json={"model_dir": tiny_model}).status_code == 400
     unknown = httpx.post(base_url + "/api/finetune/submit", json={"model_dir": tiny_model, "data_dir": str(tmp_path),
                                                                    "grad_clip_norm": 1.0})
     assert unknown.status_code == 400 and unknown.json()["error"] == "grad_clip_norm: Extra inputs are not permitted"
     (tmp_path / "train.jsonl").write_text(json.dumps({"text": "hi"}) + "\n")
+    for bad, named in (({"sft_scope": "everything"}, "sft_scope"), ({"iters": -5}, "iters"), ({"rank": 0}, "rank"),
+                       ({"method": "ppo"}, "method"), ({"dpo_lr_schedule": "linear"}, "dpo_lr_schedule")):
+        r = httpx.post(base_url + "/api/finetune/submit",
+                       json={"model_dir": tiny_model, "data_dir": str(tmp_path), **bad})
+        assert r.status_code == 400 and named in r.json()["error"], (bad, r.text)
+    jobs = httpx.get(base_url + "/api/jobs", params={"kind": "finetune"}).json()["jobs"]
     r = httpx.post(base_url + "/api/finetune/submit", json={"model_dir": tiny_model, "data_dir": str(tmp_path),
-                                                             "sft_scope": "everything"}).json()
-    job = wait_job_status(base_url, r["job_id"], ("failed", "done"))
-    assert job["status"] == "failed" and "sft_scope" in job["error"]
+                                                             "iters": 1}).json()
     assert "/adapters/adapter-" in r["adapter_path"]  # defaulted under HEARTH_HOME
+    assert len(httpx.get(base_url + "/api/jobs", params={"kind": "finetune"}).json()["jobs"]) == len(jobs) + 1
+    wait_job_status(base_url, r["job_id"], ("failed", "done"))
 
 
 def test_resolve_folder_finds_models_the_browser_names(base_url, tiny_model):
