@@ -206,6 +206,9 @@ LOGGING = {
         "django.server": {"level": "WARNING"},
         "django.request": {"filters": ["no_503"]},
         "daphne": {"level": "WARNING"},
+        # httpx logs each request it sends at INFO: a router's forwarded requests, the hub's, a command's
+        # own calls to the server. The log says what Hearth did, not each request under it.
+        "httpx": {"level": "WARNING"},
     },
 }
 

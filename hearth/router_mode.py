@@ -318,7 +318,6 @@ def serve_router(plan: RouterPlan, opts: dict) -> None:
     if plan.responses is not None:  # what the children store, seen here too (/stats, GET /engine)
         runtime.responses = FolderResponseStore(plan.responses, ttl_s=opts["response_ttl"])
     open_streams(opts)
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per forwarded request would drown the log
     pinned = [s.id for s in manager.slots.values() if s.pinned]
     preload = [] if opts["no_preload"] else [m for m in dict.fromkeys([manager.default, *pinned]) if m]
     log.info("router: %d models in the library, at most %d loaded at once, default %s",

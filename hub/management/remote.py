@@ -10,7 +10,6 @@ the one-line error that ends a command. No Django here, and no imports of
 the project's apps."""
 from __future__ import annotations
 
-import logging
 import os
 import sys
 from dataclasses import dataclass
@@ -22,10 +21,6 @@ DEFAULT_URL = "http://127.0.0.1:8080"
 TIMEOUT_S = 2.0  # a server that takes longer to list its models counts as absent
 ACTIVE = frozenset({"loaded", "loading"})  # the states in which a server holds a model's files
 DASH = "—"
-
-# httpx logs every request at INFO, which Django's logging shows; a
-# command's output is its table, not its requests.
-logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
 class NoServer(Exception):

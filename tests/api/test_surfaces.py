@@ -119,3 +119,24 @@ def test_a_503_is_logged_once_at_info_and_a_500_as_an_error():
     assert seen == [("hearth.api", "INFO", "EngineClosed: the server is shutting down"),
                     ("hearth.api", "ERROR", "ModelLoadError: weights unreadable"),
                     ("django.request", "ERROR", "Internal Server Error: /v1/chat/completions")], seen
+
+
+def test_the_requests_hearth_sends_are_not_logged_one_a_line():
+    """httpx logs each request at INFO: a router's forwarded requests, the hub's,
+    a command's calls to the server. The settings' logging keeps them out."""
+    import logging
+
+    import django
+    import httpx
+
+    django.setup()
+    records: list[logging.LogRecord] = []
+    catch = logging.Handler(logging.INFO)
+    catch.emit = records.append  # type: ignore[method-assign]
+    logging.getLogger().addHandler(catch)
+    try:
+        with httpx.Client(transport=httpx.MockTransport(lambda request: httpx.Response(200))) as client:
+            assert client.get("http://127.0.0.1:1/v1/models").status_code == 200
+    finally:
+        logging.getLogger().removeHandler(catch)
+    assert [r.getMessage() for r in records if r.name.startswith("httpx")] == []
