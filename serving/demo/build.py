@@ -29,7 +29,9 @@ import math
 import os
 import random
 import shutil
+import signal
 import tempfile
+import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -195,7 +197,7 @@ def train(recipe: Recipe, out: Path, progress=None, checkpoint=None, resume_path
     None); `write(folder, marker)` writes the model as it is then.
 
     With `resume_path`, the training state is saved there at each of those
-    steps, and on a KeyboardInterrupt (Ctrl-C) after the last step done; a
+    steps, and on Ctrl-C once the step under way is done (`_CtrlC`); a
     state saved by an earlier build of this recipe and corpus is gone on
     from (`resumed(step, loss)` is told, then `checkpoint` at that step),
     and the remaining steps are those an uninterrupted build takes
@@ -241,24 +243,20 @@ def train(recipe: Recipe, out: Path, progress=None, checkpoint=None, resume_path
             checkpoint(saved.step, saved.loss, write)
     elif checkpoint and 0 in CHECKPOINTS:
         checkpoint(0, None, write)
-    done = first - 1  # the steps whose results are evaluated, all of them in the model and optimizer
-    try:
+    with _CtrlC(resume_path is not None) as ctrl_c:
         for step in range(first, recipe.steps + 1):
             ids, masks = batches[order.randrange(len(batches))]
             loss = step_fn(ids, masks)
             mx.eval(state, loss)
-            done, loss_value = step, loss.item()
+            loss_value = loss.item()
             if progress and (step % 5 == 0 or step == recipe.steps):
                 progress(step, recipe.steps, loss_value, time.monotonic() - started)
-            if step in CHECKPOINTS and step < recipe.steps:
-                if resume_path is not None:
-                    _save_resume(resume_path, ident, step, loss_value, model, optimizer)
-                if checkpoint:
-                    checkpoint(step, loss_value, write)
-    except KeyboardInterrupt:
-        if resume_path is not None and first <= done < recipe.steps:
-            _save_resume(resume_path, ident, done, loss_value, model, optimizer)
-        raise
+            if resume_path is not None and step < recipe.steps and (step in CHECKPOINTS or ctrl_c.pressed):
+                _save_resume(resume_path, ident, step, loss_value, model, optimizer)
+            if ctrl_c.pressed:
+                raise KeyboardInterrupt
+            if checkpoint and step in CHECKPOINTS and step < recipe.steps:
+                checkpoint(step, loss_value, write)
 
     write(out, _marker(recipe))
     return {"steps": recipe.steps, "final_loss": loss_value, "seconds": time.monotonic() - started,
@@ -305,6 +303,33 @@ def _compiled_step(model, optimizer):
 
     # Compiling the whole step saves about a fifth of the time on the CPU.
     return mx.compile(step_fn, inputs=state, outputs=state), state
+
+
+class _CtrlC:
+    """Ctrl-C (SIGINT) in the training loop, when `graceful`: the step under
+    way finishes and its state is saved before the KeyboardInterrupt, since
+    one raised amid a step (most often in `mx.eval`) leaves the model and
+    the optimizer a step apart from the last one counted. A second Ctrl-C
+    interrupts at once. Left as it is where SIGINT is not Python's own
+    KeyboardInterrupt (ignored, another handler) or outside the main thread."""
+
+    def __init__(self, graceful: bool):
+        self.graceful, self.pressed, self.installed = graceful, False, False
+
+    def __enter__(self) -> _CtrlC:
+        if self.graceful and threading.current_thread() is threading.main_thread() \
+                and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            signal.signal(signal.SIGINT, self._pressed)
+            self.installed = True
+        return self
+
+    def _pressed(self, signum, frame) -> None:
+        self.pressed = True
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    def __exit__(self, *exc) -> None:
+        if self.installed:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _save_resume(path: Path, ident: dict, step: int, loss: float, model, optimizer) -> None:

@@ -8,6 +8,8 @@ build leaves none."""
 from __future__ import annotations
 
 import logging
+import os
+import signal
 from dataclasses import replace
 from pathlib import Path
 
@@ -89,12 +91,12 @@ def test_ctrl_c_between_checkpoints_saves_the_step_it_reached(uninterrupted, tmp
     state = tmp_path / "chat.safetensors"
 
     def progress(step, total, loss, seconds):
-        if step == 5:
-            raise KeyboardInterrupt
+        if step == 5:  # a real SIGINT: the step under way (here, done) is saved, then KeyboardInterrupt
+            os.kill(os.getpid(), signal.SIGINT)
 
     with pytest.raises(KeyboardInterrupt):
         demo.build(tmp_path, SMALL, progress=progress, resume_path=state)
-    assert state.exists()
+    assert state.exists() and signal.getsignal(signal.SIGINT) is signal.default_int_handler
     snapshot, seen = _build(tmp_path, state)
     assert [step for step, _ in seen["resumed"]] == [5] and seen["progress"] == [10, 12]
     # The step reached is published at once (the cache held none of this recipe), then step 8.
@@ -145,3 +147,4 @@ def test_force_starts_over(tmp_path):
     demo.build(tmp_path, SMALL, force=True, resume_path=state,
                progress=lambda step, total, loss, seconds: seen.append(step))
     assert seen[0] == 5 and not state.exists()
+
