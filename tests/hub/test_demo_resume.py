@@ -148,3 +148,48 @@ def test_force_starts_over(tmp_path):
                progress=lambda step, total, loss, seconds: seen.append(step))
     assert seen[0] == 5 and not state.exists()
 
+
+def test_make_demo_model_resumes_from_home_and_says_so(tmp_path, monkeypatch):
+    """`make-demo-model` keeps the state in HEARTH_HOME, and its background state and output name the step."""
+    import io
+    import json
+
+    from django.core.management import call_command
+    from huggingface_hub import constants
+
+    from core import home
+    from serving.management.commands import make_demo_model
+
+    monkeypatch.setenv("HEARTH_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    seen: dict = {}
+
+    def fake_build(cache, recipe, force, progress, published, resume_path, resumed):
+        seen.update(resume_path=resume_path, force=force)
+        resumed(40, 1.23456)
+        seen["state"] = json.loads(home.demo_build("chat").read_text())
+        return tmp_path / "snapshot", True
+
+    monkeypatch.setattr(make_demo_model, "build", fake_build)
+    out = io.StringIO()
+    call_command(make_demo_model.Command(), "--background", stdout=out)
+    assert seen["resume_path"] == home.demo_resume("chat") == tmp_path / "home" / "demo-resume" / "chat.safetensors"
+    assert seen["state"]["state"] == "training" and seen["state"]["resumed_from"] == seen["state"]["step"] == 40
+    assert seen["state"]["loss"] == 1.2346 and "resuming from step 40" in out.getvalue()
+
+
+def test_the_router_shows_and_logs_the_step_a_build_resumed_from(monkeypatch, caplog):
+    import asyncio
+
+    from hearth.demo_training import DemoTraining
+    from hearth.root import RUNTIME as runtime
+
+    monkeypatch.setattr(runtime, "demo_build", {"state": "starting", "resumed_from": None})
+    training = DemoTraining(manager=None, chat=True)  # type: ignore[arg-type]  # no checkpoint taken: no manager
+    state = {"state": "training", "step": 40, "steps": 500, "loss": 1.2, "resumed_from": 40}
+    with caplog.at_level(logging.INFO, logger="hearth.serve"):
+        for step in (40, 45):
+            asyncio.run(training._look_chat({**state, "step": step}))
+    assert runtime.demo_build["resumed_from"] == 40 and runtime.demo_build["step"] == 45
+    said = [r.getMessage() for r in caplog.records if "resumed from step 40 of 500" in r.getMessage()]
+    assert len(said) == 1, said
