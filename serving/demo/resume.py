@@ -77,7 +77,9 @@ def clear(path: Path) -> None:
 def restore(path: Path, ident: dict, model, optimizer) -> Resumed | None:
     """Put the state saved at `path` into `model` and `optimizer` (made as
     a fresh build makes them, the optimizer not stepped yet) and say where
-    it stands; None, the two untouched, when there is none to go on from."""
+    it stands; None when there is none to go on from: the model is then
+    untouched, and the optimizer at most initialised (zero moments, step 0:
+    what its first step would make of it)."""
     if not path.exists():
         return None
     try:
