@@ -65,6 +65,12 @@ def demo_build(kind: str = "chat") -> Path:
     return run() / ("demo-build.json" if kind == "chat" else f"demo-build-{kind}.json")
 
 
+def demo_resume(kind: str = "chat") -> Path:
+    """What a demo build cut short saved for the next build of its recipe to go on from (weights, optimizer
+    state, step: serving/demo/resume.py); removed once a build finishes."""
+    return root() / "demo-resume" / f"{kind}.safetensors"
+
+
 def serving() -> Path:
     return root() / "serving"  # which snapshot each running server serves (GC keeps them)
 

@@ -13,7 +13,11 @@ request is running on it, or after a minute once its running requests
 have finished (the next request loads the new snapshot). The
 first checkpoint is the untrained model, seconds after the start (it
 answers, in babble); what is served only gets better from then on, and the
-last is the finished model, the same one a plain build makes.
+last is the finished model, the same one a plain build makes. A build cut
+short (the server stopped, killed, the machine rebooted) saved its
+training state at its last checkpoint: the next one serves that
+checkpoint and goes on training from it, not from step 0
+(`resumed_from` in its state).
 
 The speech model (built when the library has no Whisper, or only an
 older build of the demo's), once the chat build has ended: when it is
@@ -110,6 +114,7 @@ class DemoTraining:
         self.chat = Build("chat", Recipe().steps) if chat else None
         self.speech = Build("audio", WhisperRecipe().steps, speech_args) if speech else None
         self.served_step: int | None = None  # the chat checkpoint the router has taken in
+        self.resumed_from: int | None = None  # the step the chat build went on from, once it says so
         # Loaded models to restart (new weights, the Whisper), and since when: once idle, or after BUSY_WAIT_S.
         self.restart_pending: dict[str, float] = {}
         self.handing_over = False  # the Whisper is built; offered once the default model's process has it
@@ -130,7 +135,7 @@ class DemoTraining:
         pid = build.start()
         self.served_step = demo_checkpoint_step()  # a build cut short before left one
         runtime.demo_build = {"state": "starting", "step": 0, "steps": build.steps, "served_step": self.served_step,
-                              "model": DEMO_REPO, "pid": pid}
+                              "resumed_from": None, "model": DEMO_REPO, "pid": pid}
         if self.manager.default is None:
             self.manager.no_default_note = (f"the demo model {DEMO_REPO} is training and is served from its first "
                                             "checkpoint, seconds after the start (GET /health shows the progress)")
@@ -186,7 +191,13 @@ class DemoTraining:
                 return
 
     async def _look_chat(self, state: dict) -> None:
-        runtime.demo_build = {**(runtime.demo_build or {}), **{k: state.get(k) for k in STATE_KEYS}}
+        resumed = state.get("resumed_from")  # the step a build cut short before saved, gone on from
+        runtime.demo_build = {**(runtime.demo_build or {}), **{k: state.get(k) for k in STATE_KEYS},
+                              "resumed_from": resumed}
+        if isinstance(resumed, int) and resumed != self.resumed_from:
+            self.resumed_from = resumed
+            log.info("demo model: resumed from step %d of %s, where a build cut short saved its training state "
+                     "(the steps before it are not trained again)", resumed, state.get("steps"))
         step = state.get("served_step")
         if isinstance(step, int) and step != self.served_step:
             await self._take(step, state)

@@ -19,9 +19,14 @@ function demoBuildCard(d) {
   const steps = d.steps || 0;
   const served = d.served_step == null ? "not yet" : d.served_step === 0 ? "step 0 (untrained: it babbles)"
     : `step ${d.served_step}${d.served_step === steps ? " (finished)" : ""}`;
-  const head = { starting: "Preparing the training data…", training: `Training: step ${d.step || 0} of ${steps}`,
+  const resumed = d.resumed_from == null ? "" : ` (resumed from step ${d.resumed_from})`;
+  const head = { starting: "Preparing the training data…", training: `Training: step ${d.step || 0} of ${steps}${resumed}`,
     done: "Trained: the finished model is served", failed: "Training failed" }[d.state] || d.state;
-  return card("Demo model", d, head, [["served", served]], "Served from its first checkpoint (seconds in) and "
+  const rows = [["served", served]];
+  if (d.resumed_from != null) {
+    rows.push(["resumed", `from step ${d.resumed_from}, where a build cut short saved its training state`]);
+  }
+  return card("Demo model", d, head, rows, "Served from its first checkpoint (seconds in) and "
     + "swapped for each better one as it trains; a reply may wait a few seconds while new weights load.");
 }
 

@@ -14,6 +14,11 @@ only the last one, the whole recipe trained, is the finished build
 (`cached_snapshot`). Training is the same either way: publishing reads the
 weights and changes nothing, so the finished model is the one a build
 without checkpoints makes.
+
+With a `resume_path`, the training state is saved at each step of
+CHECKPOINTS (and on Ctrl-C), and a build of the same recipe and corpus
+cut short before goes on from the last one saved instead of step 0; the
+finished model is the same either way (`resume` says what is saved).
 """
 from __future__ import annotations
 
@@ -24,14 +29,16 @@ import math
 import os
 import random
 import shutil
+import signal
 import tempfile
+import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from core.paths import read_json, read_text
 from hub.publish import publish_to_cache
-from serving.demo import corpus
+from serving.demo import corpus, resume
 from serving.demo.files import (
     CHAT_TEMPLATE,
     IM_END,
@@ -202,33 +209,100 @@ def _batches(tok, data, recipe: Recipe, pad_id: int) -> list[tuple[list[list[int
     return batches
 
 
-def train(recipe: Recipe, out: Path, progress=None, checkpoint=None) -> dict:
+def train(recipe: Recipe, out: Path, progress=None, checkpoint=None, resume_path: Path | None = None,
+          resumed=None) -> dict:
     """Train the demo model into `out`; returns a summary with the final loss.
     `checkpoint(step, loss, write)`, when given, is called after each step
     of CHECKPOINTS before the last (step 0: before the first, the loss
-    None); `write(folder, marker)` writes the model as it is then."""
+    None); `write(folder, marker)` writes the model as it is then.
+
+    With `resume_path`, the training state is saved there at each of those
+    steps, and on Ctrl-C once the step under way is done (`_CtrlC`); a
+    state saved by an earlier build of this recipe and corpus is gone on
+    from (`resumed(step, loss)` is told, then `checkpoint` at that step),
+    and the remaining steps are those an uninterrupted build takes
+    (serving/demo/resume.py says what is saved, and why that is enough)."""
     import mlx.core as mx
-    import mlx.nn as nn
-    import mlx.optimizers as optim
     from mlx.utils import tree_flatten
-    from mlx_lm.models.llama import Model, ModelArgs
 
     data = corpus.samples(recipe.seed, recipe.examples)
     tok = train_tokenizer(_corpus_text(data), recipe.vocab_size, words=corpus.WHOLE_WORDS, numbers_apart=True)
     pad_id, eos_id = tok.token_to_id(PAD), tok.token_to_id(IM_END)
     assert pad_id is not None and eos_id is not None  # special tokens train_tokenizer always adds
-    batches = [(mx.array(ids, dtype=mx.int32), mx.array(masks, dtype=mx.float32))
-               for ids, masks in _batches(tok, data, recipe, pad_id)]
+    raw = _batches(tok, data, recipe, pad_id)
+    batches = [(mx.array(ids, dtype=mx.int32), mx.array(masks, dtype=mx.float32)) for ids, masks in raw]
 
     config = llama_config(tok.get_vocab_size(), recipe.hidden, recipe.layers, recipe.heads,
                           recipe.intermediate, recipe.context, eos_id)
+    model, optimizer = _model_and_optimizer(recipe, config)
+    ident: dict = {}
+    saved = None
+    if resume_path is not None:  # before the step is compiled: it holds the state it updates
+        ident = resume.identity(BUILDER_VERSION, asdict(recipe), tok.to_str(), raw)
+        saved = resume.restore(resume_path, ident, model, optimizer)
+    step_fn, state = _compiled_step(model, optimizer)
+    generation = {"eos_token_id": eos_id, "pad_token_id": pad_id, "temperature": 0.3, "top_k": 20}
+
+    def write(folder: Path, marker: dict) -> None:
+        write_model_dir(folder, dict(tree_flatten(model.parameters())), config, tok, generation)
+        (folder / MARKER).write_text(json.dumps(marker))
+        (folder / "README.md").write_text(
+            "# hearth/demo-chat\n\nA tiny llama chat model built and trained on this machine by "
+            "`hearth make-demo-model` from a synthetic corpus of templated questions and answers.\n")
+
+    order = random.Random(recipe.seed)
+    started, loss_value, first = time.monotonic(), math.nan, 1
+    if saved is not None:
+        first, loss_value = saved.step + 1, math.nan if saved.loss is None else saved.loss
+        for _ in range(saved.step):  # the data order up to there, drawn again (resume.py)
+            order.randrange(len(batches))
+        log.info("demo build: resuming from step %d of %d", saved.step, recipe.steps)
+        if resumed:
+            resumed(saved.step, saved.loss)
+        if checkpoint:
+            checkpoint(saved.step, saved.loss, write)
+    elif checkpoint and 0 in CHECKPOINTS:
+        checkpoint(0, None, write)
+    with _CtrlC(resume_path is not None) as ctrl_c:
+        for step in range(first, recipe.steps + 1):
+            ids, masks = batches[order.randrange(len(batches))]
+            loss = step_fn(ids, masks)
+            mx.eval(state, loss)
+            loss_value = loss.item()
+            if progress and (step % 5 == 0 or step == recipe.steps):
+                progress(step, recipe.steps, loss_value, time.monotonic() - started)
+            if resume_path is not None and step < recipe.steps and (step in CHECKPOINTS or ctrl_c.pressed):
+                _save_resume(resume_path, ident, step, loss_value, model, optimizer)
+            if ctrl_c.pressed:
+                raise KeyboardInterrupt
+            if checkpoint and step in CHECKPOINTS and step < recipe.steps:
+                checkpoint(step, loss_value, write)
+
+    write(out, _marker(recipe))
+    return {"steps": recipe.steps, "final_loss": loss_value, "seconds": time.monotonic() - started,
+            "batches": len(batches), "resumed_from": None if saved is None else saved.step}
+
+
+def _model_and_optimizer(recipe: Recipe, config: dict):
+    """The untrained model, from the recipe's seed, and its optimizer, not stepped yet."""
+    import mlx.core as mx
+    import mlx.optimizers as optim
+    from mlx_lm.models.llama import Model, ModelArgs
+
     mx.random.seed(recipe.seed)
     model = Model(ModelArgs.from_dict(config))
     schedule = optim.join_schedules(
         [optim.linear_schedule(1e-5, recipe.lr, recipe.warmup),
          optim.cosine_decay(recipe.lr, recipe.steps - recipe.warmup, recipe.lr * 0.05)],
         [recipe.warmup])
-    optimizer = optim.AdamW(learning_rate=schedule, weight_decay=0.01)
+    return model, optim.AdamW(learning_rate=schedule, weight_decay=0.01)
+
+
+def _compiled_step(model, optimizer):
+    """One training step, compiled, and the state it updates: `step_fn(ids, masks)` returns the loss."""
+    import mlx.core as mx
+    import mlx.nn as nn
+    import mlx.optimizers as optim
 
     def loss_fn(model, x, m):
         logits = model(x[:, :-1])
@@ -248,46 +322,62 @@ def train(recipe: Recipe, out: Path, progress=None, checkpoint=None) -> dict:
         return loss
 
     # Compiling the whole step saves about a fifth of the time on the CPU.
-    step_fn = mx.compile(step_fn, inputs=state, outputs=state)
-    generation = {"eos_token_id": eos_id, "pad_token_id": pad_id, "temperature": 0.3, "top_k": 20}
+    return mx.compile(step_fn, inputs=state, outputs=state), state
 
-    def write(folder: Path, marker: dict) -> None:
-        write_model_dir(folder, dict(tree_flatten(model.parameters())), config, tok, generation)
-        (folder / MARKER).write_text(json.dumps(marker))
-        (folder / "README.md").write_text(
-            "# hearth/demo-chat\n\nA tiny llama chat model built and trained on this machine by "
-            "`hearth make-demo-model` from a synthetic corpus of templated questions and answers.\n")
 
-    order = random.Random(recipe.seed)
-    started, loss_value = time.monotonic(), math.nan
-    if checkpoint and 0 in CHECKPOINTS:
-        checkpoint(0, None, write)
-    for step in range(1, recipe.steps + 1):
-        ids, masks = batches[order.randrange(len(batches))]
-        loss = step_fn(ids, masks)
-        mx.eval(state, loss)
-        loss_value = loss.item()
-        if progress and (step % 5 == 0 or step == recipe.steps):
-            progress(step, recipe.steps, loss_value, time.monotonic() - started)
-        if checkpoint and step in CHECKPOINTS and step < recipe.steps:
-            checkpoint(step, loss_value, write)
+class _CtrlC:
+    """Ctrl-C (SIGINT) in the training loop, when `graceful`: the step under
+    way finishes and its state is saved before the KeyboardInterrupt, since
+    one raised amid a step (most often in `mx.eval`) leaves the model and
+    the optimizer a step apart from the last one counted. A second Ctrl-C
+    interrupts at once. Left as it is where SIGINT is not Python's own
+    KeyboardInterrupt (ignored, another handler) or outside the main thread."""
 
-    write(out, _marker(recipe))
-    return {"steps": recipe.steps, "final_loss": loss_value, "seconds": time.monotonic() - started,
-            "batches": len(batches)}
+    def __init__(self, graceful: bool):
+        self.graceful, self.pressed, self.installed = graceful, False, False
+
+    def __enter__(self) -> _CtrlC:
+        if self.graceful and threading.current_thread() is threading.main_thread() \
+                and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            signal.signal(signal.SIGINT, self._pressed)
+            self.installed = True
+        return self
+
+    def _pressed(self, signum, frame) -> None:
+        self.pressed = True
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    def __exit__(self, *exc) -> None:
+        if self.installed:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def _save_resume(path: Path, ident: dict, step: int, loss: float, model, optimizer) -> None:
+    """Save the training state after `step`; a failure costs a resume, never the build."""
+    try:
+        seconds = resume.save(path, ident, step, loss, model, optimizer)
+    except Exception as exc:  # noqa: BLE001 - a full disk, a state caught between steps
+        log.warning("demo build: could not save the training state at step %d: %s", step, exc)
+        return
+    log.info("demo build: training state at step %d saved in %.2fs", step, seconds)
 
 
 def build(cache_dir: Path, recipe: Recipe = Recipe(), force: bool = False, progress=None,
-          published=None) -> tuple[Path, bool]:
+          published=None, resume_path: Path | None = None, resumed=None) -> tuple[Path, bool]:
     """Return the demo snapshot path, training it first unless cached.
     The second value says whether a build happened. With `published`, the
     model is also published at each checkpoint that is further along than
     what the cache holds (a build cut short before keeps serving until this
-    one passes it), and `published(step, loss, snapshot)` is told of each."""
+    one passes it), and `published(step, loss, snapshot)` is told of each.
+    With `resume_path`, a build cut short leaves its training state there
+    and the next one goes on from it (`train`; `resumed(step, loss)` is
+    told); the state is removed once a build finishes, and `force` starts over."""
     if not force:
         existing = cached_snapshot(cache_dir, recipe)
         if existing is not None:
             return existing, False
+    elif resume_path is not None:
+        resume.clear(resume_path)
     work = Path(tempfile.mkdtemp(prefix="hearth-demo-"))
 
     def checkpoint(step: int, loss: float | None, write) -> None:
@@ -304,10 +394,12 @@ def build(cache_dir: Path, recipe: Recipe = Recipe(), force: bool = False, progr
 
     try:
         final = work / "final"
-        summary = train(recipe, final, progress, checkpoint if published else None)
+        summary = train(recipe, final, progress, checkpoint if published else None, resume_path, resumed)
         log.info("demo model trained: %s", summary)
         snapshot = publish_to_cache(final, DEMO_REPO, cache_dir)
         _prune_checkpoints(snapshot)
+        if resume_path is not None:
+            resume.clear(resume_path)
         return snapshot, True
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -1,6 +1,10 @@
 """`hearth make-demo-model [--kind chat|vision|audio]`: build (once) an embedded demo model:
 the chat model (the default), the vision model or the speech model.
 
+A chat build cut short (Ctrl-C, a kill, a reboot) saved its training
+state at its last checkpoint (`home.demo_resume`); the next build of the
+same recipe goes on from there, and `--force` starts over.
+
 With `--background` (what `hearth serve --build-demo` runs) the build's
 state is kept in `home.demo_build(kind)` for the server to show and act on;
 the chat model is published at each checkpoint too, and the speech model
@@ -32,7 +36,9 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("--kind", choices=("chat", "vision", "audio"), default="chat")
-        parser.add_argument("--force", action="store_true", help="rebuild even when a cached build exists")
+        parser.add_argument("--force", action="store_true",
+                            help="rebuild even when a cached build exists, and start the chat model over "
+                                 "rather than resume a build cut short")
         parser.add_argument("--seed", type=int, default=None)
         parser.add_argument("--steps", type=int, default=None)
         parser.add_argument("--background", action="store_true",
@@ -46,7 +52,7 @@ class Command(BaseCommand):
             raise CommandError("--background is for the chat and speech models (`hearth serve --build-demo` "
                                "builds those); build the vision model in the foreground")
         state: dict = {"pid": os.getpid(), "state": "starting", "step": 0, "steps": None, "loss": None,
-                       "seconds": 0.0, "served_step": None, "started_at": time.time()}
+                       "seconds": 0.0, "served_step": None, "resumed_from": None, "started_at": time.time()}
 
         def save(**changes) -> None:
             state.update(changes, updated_at=time.time())
@@ -59,6 +65,11 @@ class Command(BaseCommand):
                 return
             bar = "#" * (20 * step // total)
             self.stdout.write(f"  [{bar:<20}] step {step}/{total}  loss {loss:.3f}  {seconds:.0f}s")
+
+        def resumed(step, loss):  # a build cut short before saved its training state at `step`
+            save(state="training", step=step, resumed_from=step, loss=None if loss is None else round(loss, 4))
+            self.stdout.write(f"  resuming from step {step}, where a build cut short saved its training state "
+                              f"({home.demo_resume('chat')})")
 
         def published(step, loss, snapshot):  # a checkpoint before the last: training is under way
             save(state="training", served_step=step)
@@ -98,7 +109,8 @@ class Command(BaseCommand):
             save(steps=recipe.steps)
             try:
                 path, built = build(cache, recipe, force=force, progress=progress,
-                                    published=published if background else None)
+                                    published=published if background else None,
+                                    resume_path=home.demo_resume("chat"), resumed=resumed)
             except BaseException as exc:
                 save(state="failed", error=f"{type(exc).__name__}: {exc}")
                 raise

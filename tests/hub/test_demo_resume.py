@@ -1,0 +1,195 @@
+"""A demo build cut short goes on where it stopped (serving/demo/resume.py):
+a small recipe trained in this process, in seconds, stopped after a
+checkpoint (as a kill leaves it) or by Ctrl-C between checkpoints, then
+built again: the second build trains only the steps left, and its model is
+the one an uninterrupted build makes. A saved state that is damaged, or
+another recipe's, is deleted and the build starts at step 0; a finished
+build leaves none."""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from dataclasses import replace
+from pathlib import Path
+
+import mlx.core as mx
+import pytest
+
+from serving.demo import build as demo
+from tests.hub.test_demo_checkpoints import SMALL
+
+
+@pytest.fixture(autouse=True)
+def checkpoints(monkeypatch):
+    """Checkpoints every 4 steps of SMALL's 12: the test's builds take seconds."""
+    monkeypatch.setattr(demo, "CHECKPOINTS", (0, 4, 8))
+
+
+class Killed(Exception):
+    """What a SIGKILL leaves: nothing after it runs (the Ctrl-C save is for KeyboardInterrupt)."""
+
+
+def _weights(snapshot: Path) -> dict:
+    return mx.load(str(snapshot / "model.safetensors"))
+
+
+def _same_model(a: Path, b: Path) -> None:
+    wa, wb = _weights(a), _weights(b)
+    assert wa.keys() == wb.keys()
+    for key in wa:
+        assert mx.allclose(wa[key], wb[key], rtol=0, atol=1e-6).item(), key
+    # Not only close: the same bytes, as the docs say of every build of a recipe.
+    assert (a / "model.safetensors").read_bytes() == (b / "model.safetensors").read_bytes()
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> Path:
+    """SMALL built in one go, saving its training state as it goes."""
+    resume_path = tmp_path_factory.mktemp("state") / "chat.safetensors"
+    snapshot, built = demo.build(tmp_path_factory.mktemp("plain"), SMALL, resume_path=resume_path)
+    assert built and not resume_path.exists()  # a finished build leaves no state behind
+    return snapshot
+
+
+def _cut_short(cache: Path, resume_path: Path, recipe=SMALL, at: int = 8) -> None:
+    """A build with checkpoints stopped right after it published step `at`."""
+    def published(step, loss, snapshot):
+        if step == at:
+            raise Killed
+
+    with pytest.raises(Killed):
+        demo.build(cache, recipe, published=published, resume_path=resume_path)
+    assert demo.published_step(cache, recipe) == at and resume_path.exists()
+
+
+def _build(cache: Path, resume_path: Path, recipe=SMALL):
+    """Build `recipe` with checkpoints: what was trained, published and resumed from."""
+    seen: dict[str, list] = {"progress": [], "published": [], "resumed": []}
+    snapshot, built = demo.build(
+        cache, recipe, resume_path=resume_path,
+        progress=lambda step, total, loss, seconds: seen["progress"].append(step),
+        published=lambda step, loss, snap: seen["published"].append(step),
+        resumed=lambda step, loss: seen["resumed"].append((step, loss)))
+    assert built
+    return snapshot, seen
+
+
+def test_a_build_cut_short_after_a_checkpoint_trains_only_the_steps_left(uninterrupted, tmp_path):
+    state = tmp_path / "state" / "chat.safetensors"
+    _cut_short(tmp_path, state)
+    snapshot, seen = _build(tmp_path, state)
+    assert [step for step, _ in seen["resumed"]] == [8] and isinstance(seen["resumed"][0][1], float)
+    assert seen["progress"] == [10, 12]  # steps 9 to 12 alone: the progress is told every 5, and at the end
+    assert seen["published"] == []  # step 8 is served already; the finished model is no checkpoint
+    _same_model(snapshot, uninterrupted)
+    assert demo.published_step(tmp_path, SMALL) == SMALL.steps and demo.cached_snapshot(tmp_path, SMALL) == snapshot
+    assert not state.exists()
+
+
+def test_ctrl_c_between_checkpoints_saves_the_step_it_reached(uninterrupted, tmp_path):
+    state = tmp_path / "chat.safetensors"
+
+    def progress(step, total, loss, seconds):
+        if step == 5:  # a real SIGINT: the step under way (here, done) is saved, then KeyboardInterrupt
+            os.kill(os.getpid(), signal.SIGINT)
+
+    with pytest.raises(KeyboardInterrupt):
+        demo.build(tmp_path, SMALL, progress=progress, resume_path=state)
+    assert state.exists() and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    snapshot, seen = _build(tmp_path, state)
+    assert [step for step, _ in seen["resumed"]] == [5] and seen["progress"] == [10, 12]
+    # The step reached is published at once (the cache held none of this recipe), then step 8.
+    assert seen["published"] == [5, 8]
+    _same_model(snapshot, uninterrupted)
+    assert not state.exists()
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage", "empty"])
+def test_a_damaged_state_starts_over_at_step_0(uninterrupted, tmp_path, caplog, damage):
+    state = tmp_path / "chat.safetensors"
+    _cut_short(tmp_path, state)
+    data = state.read_bytes()
+    state.write_bytes({"truncated": data[:len(data) // 2], "garbage": b"\x00not safetensors" * 64,
+                       "empty": b""}[damage])
+    with caplog.at_level(logging.WARNING, logger="hearth.demo"):
+        snapshot, seen = _build(tmp_path, state)
+    assert seen["resumed"] == [] and seen["progress"][:2] == [5, 10]
+    assert any("unreadable" in r.getMessage() and "starting at step 0" in r.getMessage() for r in caplog.records)
+    _same_model(snapshot, uninterrupted)
+    assert not state.exists()
+
+
+@pytest.mark.parametrize("change", ["recipe", "corpus"])
+def test_another_recipes_state_is_deleted_and_the_build_starts_over(tmp_path, caplog, monkeypatch, change):
+    state = tmp_path / "chat.safetensors"
+    _cut_short(tmp_path / "a", state)
+    other = SMALL
+    if change == "recipe":
+        other = replace(SMALL, seed=1)  # as much another recipe as one with other fields
+    else:  # the corpus's code changed, the recipe not
+        samples = demo.corpus.samples
+        monkeypatch.setattr(demo.corpus, "samples", lambda seed, n: samples(seed, n)[::-1])
+    there_at_step_0: list[bool] = []
+
+    with caplog.at_level(logging.INFO, logger="hearth.demo"):
+        _, built = demo.build(tmp_path / "b", other, resume_path=state,
+                              published=lambda step, loss, snap: there_at_step_0.append(state.exists()))
+    assert built and there_at_step_0[0] is False  # deleted before the first step
+    assert any("another recipe's" in r.getMessage() for r in caplog.records)
+    assert not state.exists()
+
+
+def test_force_starts_over(tmp_path):
+    state = tmp_path / "chat.safetensors"
+    _cut_short(tmp_path, state)
+    seen: list[int] = []
+    demo.build(tmp_path, SMALL, force=True, resume_path=state,
+               progress=lambda step, total, loss, seconds: seen.append(step))
+    assert seen[0] == 5 and not state.exists()
+
+
+def test_make_demo_model_resumes_from_home_and_says_so(tmp_path, monkeypatch):
+    """`make-demo-model` keeps the state in HEARTH_HOME, and its background state and output name the step."""
+    import io
+    import json
+
+    from django.core.management import call_command
+    from huggingface_hub import constants
+
+    from core import home
+    from serving.management.commands import make_demo_model
+
+    monkeypatch.setenv("HEARTH_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    seen: dict = {}
+
+    def fake_build(cache, recipe, force, progress, published, resume_path, resumed):
+        seen.update(resume_path=resume_path, force=force)
+        resumed(40, 1.23456)
+        seen["state"] = json.loads(home.demo_build("chat").read_text())
+        return tmp_path / "snapshot", True
+
+    monkeypatch.setattr(make_demo_model, "build", fake_build)
+    out = io.StringIO()
+    call_command(make_demo_model.Command(), "--background", stdout=out)
+    assert seen["resume_path"] == home.demo_resume("chat") == tmp_path / "home" / "demo-resume" / "chat.safetensors"
+    assert seen["state"]["state"] == "training" and seen["state"]["resumed_from"] == seen["state"]["step"] == 40
+    assert seen["state"]["loss"] == 1.2346 and "resuming from step 40" in out.getvalue()
+
+
+def test_the_router_shows_and_logs_the_step_a_build_resumed_from(monkeypatch, caplog):
+    import asyncio
+
+    from hearth.demo_training import DemoTraining
+    from hearth.root import RUNTIME as runtime
+
+    monkeypatch.setattr(runtime, "demo_build", {"state": "starting", "resumed_from": None})
+    training = DemoTraining(manager=None, chat=True)  # type: ignore[arg-type]  # no checkpoint taken: no manager
+    state = {"state": "training", "step": 40, "steps": 500, "loss": 1.2, "resumed_from": 40}
+    with caplog.at_level(logging.INFO, logger="hearth.serve"):
+        for step in (40, 45):
+            asyncio.run(training._look_chat({**state, "step": step}))
+    assert runtime.demo_build["resumed_from"] == 40 and runtime.demo_build["step"] == 45
+    said = [r.getMessage() for r in caplog.records if "resumed from step 40 of 500" in r.getMessage()]
+    assert len(said) == 1, said
