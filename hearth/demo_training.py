@@ -58,6 +58,10 @@ log = logging.getLogger("hearth.serve")
 POLL_S = 1.0
 BUSY_WAIT_S = 60.0  # a model busy this long is restarted anyway: its running requests finish first (its drain)
 STATE_KEYS = ("state", "step", "steps", "loss", "seconds", "error")  # what /health shows of a build's state
+# How long a build asked to stop may take to finish its step and save (a step takes about a second on two
+# busy cores, the save a fraction of one); SIGKILL after.
+STOP_WAIT_S = 5.0
+STOPPED = 130  # a build's exit status once it stopped as asked (Ctrl-C, or SIGTERM from `Build.stop`)
 
 
 def demo_is_built() -> bool:
@@ -101,9 +105,16 @@ class Build:
         return state if isinstance(state, dict) else None
 
     def stop(self) -> None:
+        """SIGTERM: a chat build finishes its step and saves its training
+        state (`STOP_WAIT_S` at most), so the next start goes on from the
+        step reached, not the last checkpoint; then SIGKILL."""
         if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait()
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(STOP_WAIT_S)
+            except subprocess.TimeoutExpired:
+                self.proc.send_signal(signal.SIGKILL)
+                self.proc.wait()
 
 
 class DemoTraining:
@@ -250,6 +261,12 @@ class DemoTraining:
             runtime.demo_build = {**(runtime.demo_build or {}), "state": "done"}
             return
         state = runtime.demo_build or {}
+        if code == STOPPED:  # stopped as asked (a Ctrl-C reaches the build too): not a failure
+            saved = self.chat.read() if self.chat is not None else None
+            runtime.demo_build = {**state, **{k: v for k, v in (saved or {}).items() if k in STATE_KEYS}}
+            log.info("demo model: training stopped at step %s of %s; the next start goes on from there",
+                     runtime.demo_build.get("step"), runtime.demo_build.get("steps"))
+            return
         error = state.get("error") or f"the build exited with status {code}"
         runtime.demo_build = {**state, "state": "failed", "error": error}
         self.manager.no_default_note = ""

@@ -21,7 +21,8 @@ function demoBuildCard(d) {
     : `step ${d.served_step}${d.served_step === steps ? " (finished)" : ""}`;
   const resumed = d.resumed_from == null ? "" : ` (resumed from step ${d.resumed_from})`;
   const head = { starting: "Preparing the training data…", training: `Training: step ${d.step || 0} of ${steps}${resumed}`,
-    done: "Trained: the finished model is served", failed: "Training failed" }[d.state] || d.state;
+    done: "Trained: the finished model is served", failed: "Training failed",
+    stopped: `Stopped at step ${d.step || 0} of ${steps}: the next start goes on from there` }[d.state] || d.state;
   const rows = [["served", served]];
   if (d.resumed_from != null) {
     rows.push(["resumed", `from step ${d.resumed_from}, where a build cut short saved its training state`]);

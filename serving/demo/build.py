@@ -35,6 +35,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from core.paths import read_json, read_text
 from hub.publish import publish_to_cache
@@ -217,7 +218,8 @@ def train(recipe: Recipe, out: Path, progress=None, checkpoint=None, resume_path
     None); `write(folder, marker)` writes the model as it is then.
 
     With `resume_path`, the training state is saved there at each of those
-    steps, and on Ctrl-C once the step under way is done (`_CtrlC`); a
+    steps, and on Ctrl-C or SIGTERM once the step under way is done
+    (`_StopAsked`: then KeyboardInterrupt, `progress` told that step first); a
     state saved by an earlier build of this recipe and corpus is gone on
     from (`resumed(step, loss)` is told, then `checkpoint` at that step),
     and the remaining steps are those an uninterrupted build takes
@@ -263,7 +265,7 @@ def train(recipe: Recipe, out: Path, progress=None, checkpoint=None, resume_path
             checkpoint(saved.step, saved.loss, write)
     elif checkpoint and 0 in CHECKPOINTS:
         checkpoint(0, None, write)
-    with _CtrlC(resume_path is not None) as ctrl_c:
+    with _StopAsked(resume_path is not None) as stop:
         for step in range(first, recipe.steps + 1):
             ids, masks = batches[order.randrange(len(batches))]
             loss = step_fn(ids, masks)
@@ -271,9 +273,11 @@ def train(recipe: Recipe, out: Path, progress=None, checkpoint=None, resume_path
             loss_value = loss.item()
             if progress and (step % 5 == 0 or step == recipe.steps):
                 progress(step, recipe.steps, loss_value, time.monotonic() - started)
-            if resume_path is not None and step < recipe.steps and (step in CHECKPOINTS or ctrl_c.pressed):
+            if resume_path is not None and step < recipe.steps and (step in CHECKPOINTS or stop.asked):
                 _save_resume(resume_path, ident, step, loss_value, model, optimizer)
-            if ctrl_c.pressed:
+            if stop.asked:
+                if progress:
+                    progress(step, recipe.steps, loss_value, time.monotonic() - started)
                 raise KeyboardInterrupt
             if checkpoint and step in CHECKPOINTS and step < recipe.steps:
                 checkpoint(step, loss_value, write)
@@ -325,31 +329,40 @@ def _compiled_step(model, optimizer):
     return mx.compile(step_fn, inputs=state, outputs=state), state
 
 
-class _CtrlC:
-    """Ctrl-C (SIGINT) in the training loop, when `graceful`: the step under
-    way finishes and its state is saved before the KeyboardInterrupt, since
-    one raised amid a step (most often in `mx.eval`) leaves the model and
-    the optimizer a step apart from the last one counted. A second Ctrl-C
-    interrupts at once. Left as it is where SIGINT is not Python's own
-    KeyboardInterrupt (ignored, another handler) or outside the main thread."""
+class _StopAsked:
+    """Ctrl-C (SIGINT) or SIGTERM (a server stopping its background build)
+    in the training loop, when `graceful`: the step under way finishes and
+    its state is saved before the KeyboardInterrupt, since one raised amid a
+    step (most often in `mx.eval`) leaves the model and the optimizer a step
+    apart from the last one counted. A second signal acts at once. A signal
+    is left as it is where its handler is not Python's default (ignored,
+    another handler) or outside the main thread."""
+
+    DEFAULTS: dict[signal.Signals, Any] = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL}
 
     def __init__(self, graceful: bool):
-        self.graceful, self.pressed, self.installed = graceful, False, False
+        self.graceful, self.asked = graceful, False
+        self.installed: list[signal.Signals] = []
 
-    def __enter__(self) -> _CtrlC:
-        if self.graceful and threading.current_thread() is threading.main_thread() \
-                and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-            signal.signal(signal.SIGINT, self._pressed)
-            self.installed = True
+    def __enter__(self) -> _StopAsked:
+        if self.graceful and threading.current_thread() is threading.main_thread():
+            for signum, default in self.DEFAULTS.items():
+                if signal.getsignal(signum) is default:
+                    signal.signal(signum, self._asked)
+                    self.installed.append(signum)
         return self
 
-    def _pressed(self, signum, frame) -> None:
-        self.pressed = True
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+    def _asked(self, signum, frame) -> None:
+        self.asked = True
+        self._restore()
+
+    def _restore(self) -> None:
+        for signum in self.installed:
+            signal.signal(signum, self.DEFAULTS[signum])
+        self.installed = []
 
     def __exit__(self, *exc) -> None:
-        if self.installed:
-            signal.signal(signal.SIGINT, signal.default_int_handler)
+        self._restore()
 
 
 def _save_resume(path: Path, ident: dict, step: int, loss: float, model, optimizer) -> None:

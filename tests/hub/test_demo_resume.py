@@ -87,16 +87,25 @@ def test_a_build_cut_short_after_a_checkpoint_trains_only_the_steps_left(uninter
     assert not state.exists()
 
 
-def test_ctrl_c_between_checkpoints_saves_the_step_it_reached(uninterrupted, tmp_path):
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])  # Ctrl-C; a server stopping its build
+def test_a_stop_between_checkpoints_saves_the_step_it_reached(uninterrupted, tmp_path, signum):
     state = tmp_path / "chat.safetensors"
+    told: list[int] = []
+    before = signal.signal(signal.SIGTERM, signal.SIG_DFL)  # as in a build's process
 
     def progress(step, total, loss, seconds):
-        if step == 5:  # a real SIGINT: the step under way (here, done) is saved, then KeyboardInterrupt
-            os.kill(os.getpid(), signal.SIGINT)
+        if step == 5 and not told:  # a real signal: the step under way (here, done) is saved, then KeyboardInterrupt
+            os.kill(os.getpid(), signum)
+        told.append(step)
 
-    with pytest.raises(KeyboardInterrupt):
-        demo.build(tmp_path, SMALL, progress=progress, resume_path=state)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            demo.build(tmp_path, SMALL, progress=progress, resume_path=state)
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    finally:
+        signal.signal(signal.SIGTERM, before)
     assert state.exists() and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert told == [5, 5]  # the step reached is told once more as it stops: the build's state says it
     snapshot, seen = _build(tmp_path, state)
     assert [step for step, _ in seen["resumed"]] == [5] and seen["progress"] == [10, 12]
     # The step reached is published at once (the cache held none of this recipe), then step 8.
@@ -193,3 +202,66 @@ def test_the_router_shows_and_logs_the_step_a_build_resumed_from(monkeypatch, ca
     assert runtime.demo_build["resumed_from"] == 40 and runtime.demo_build["step"] == 45
     said = [r.getMessage() for r in caplog.records if "resumed from step 40 of 500" in r.getMessage()]
     assert len(said) == 1, said
+
+
+def test_make_demo_model_stopped_says_so_and_exits_130(tmp_path, monkeypatch):
+    import io
+    import json
+
+    from django.core.management import call_command
+    from huggingface_hub import constants
+
+    from core import home
+    from serving.management.commands import make_demo_model
+
+    monkeypatch.setenv("HEARTH_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+
+    def stopped_build(cache, recipe, force, progress, published, resume_path, resumed):
+        progress(7, recipe.steps, 2.5, 3.0)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(make_demo_model, "build", stopped_build)
+    out = io.StringIO()
+    with pytest.raises(SystemExit) as exited:
+        call_command(make_demo_model.Command(), "--background", stdout=out)
+    assert exited.value.code == 130 and "stopped at step 7 of 500" in out.getvalue()
+    state = json.loads(home.demo_build("chat").read_text())
+    assert state["state"] == "stopped" and state["step"] == 7 and "error" not in state
+
+
+def test_the_router_asks_its_build_to_stop_and_kills_one_that_does_not(monkeypatch):
+    """`Build.stop`: SIGTERM first (a chat build finishes its step and saves, exit 130), SIGKILL after
+    STOP_WAIT_S."""
+    import subprocess
+    import sys
+
+    from hearth import demo_training
+
+    monkeypatch.setattr(demo_training, "STOP_WAIT_S", 0.5)
+    for handler, code in (("lambda *a: sys.exit(130)", 130), ("signal.SIG_IGN", -signal.SIGKILL)):
+        build = demo_training.Build("chat", 500)
+        build.proc = subprocess.Popen(
+            [sys.executable, "-c", f"import signal, sys, time; signal.signal(signal.SIGTERM, {handler}); "
+                                   "print('ready', flush=True); time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+        assert build.proc.stdout is not None and build.proc.stdout.readline() == "ready\n"
+        build.stop()
+        assert build.proc.returncode == code
+
+
+def test_the_router_logs_a_build_stopped_as_asked_as_no_failure(monkeypatch, caplog, tmp_path):
+    import json
+
+    from hearth import demo_training
+    from hearth.root import RUNTIME as runtime
+
+    monkeypatch.setattr(runtime, "demo_build", {"state": "training", "step": 5, "steps": 500})
+    training = demo_training.DemoTraining(manager=None, chat=True)  # type: ignore[arg-type]
+    assert training.chat is not None
+    training.chat.progress = tmp_path / "chat.json"
+    training.chat.progress.write_text(json.dumps({"state": "stopped", "step": 7, "steps": 500}))
+    with caplog.at_level(logging.INFO, logger="hearth.serve"):
+        training._chat_ended(demo_training.STOPPED)
+    assert runtime.demo_build["state"] == "stopped" and runtime.demo_build["step"] == 7
+    assert [r.levelname for r in caplog.records] == ["INFO"]
+    assert "stopped at step 7 of 500" in caplog.records[0].getMessage()

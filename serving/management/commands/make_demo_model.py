@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -111,6 +112,11 @@ class Command(BaseCommand):
                 path, built = build(cache, recipe, force=force, progress=progress,
                                     published=published if background else None,
                                     resume_path=home.demo_resume("chat"), resumed=resumed)
+            except KeyboardInterrupt:  # Ctrl-C, or the server stopping: the step reached is saved
+                save(state="stopped")
+                self.stdout.write(f"  stopped at step {state['step']} of {recipe.steps}; the next build goes on "
+                                  "from the training state saved last")
+                sys.exit(130)
             except BaseException as exc:
                 save(state="failed", error=f"{type(exc).__name__}: {exc}")
                 raise
