@@ -58,9 +58,9 @@ log = logging.getLogger("hearth.serve")
 POLL_S = 1.0
 BUSY_WAIT_S = 60.0  # a model busy this long is restarted anyway: its running requests finish first (its drain)
 STATE_KEYS = ("state", "step", "steps", "loss", "seconds", "error")  # what /health shows of a build's state
-# How long a build asked to stop may take to finish its step and save (a step takes about a second on two
-# busy cores, the save a fraction of one); SIGKILL after.
-STOP_WAIT_S = 5.0
+# How long a build asked to stop may take to finish its step and save: a step takes about a second on two
+# quiet cores, the save a fraction of one; niced on a busy machine the two took 4.4 s. SIGKILL after.
+STOP_WAIT_S = 10.0
 STOPPED = 130  # a build's exit status once it stopped as asked (Ctrl-C, or SIGTERM from `Build.stop`)
 
 
