@@ -48,6 +48,7 @@ from huggingface_hub import constants
 
 from core import home, procs
 from hearth.root import RUNTIME as runtime
+from serving.demo import resume
 from serving.demo.build import DEMO_REPO, Recipe, cached_snapshot, published_step
 from serving.demo.whisper_build import WHISPER_REPO, WhisperRecipe
 from serving.demo.whisper_build import cached_snapshot as whisper_snapshot
@@ -150,10 +151,11 @@ class DemoTraining:
         if self.manager.default is None:
             self.manager.no_default_note = (f"the demo model {DEMO_REPO} is training and is served from its first "
                                             "checkpoint, seconds after the start (GET /health shows the progress)")
+        saved = resume.saved_step(home.demo_resume("chat"))
+        how_long = ("about 7 minutes on a quiet 2-core machine" if saved is None else
+                    f"going on from step {saved} of {build.steps}, where a build cut short saved its training state")
         log.info("training the demo model %s in the background (pid %d): served from its first checkpoint, "
-                 "seconds from now, and swapped for each better one as it trains (about 7 minutes on a quiet "
-                 "2-core machine)",
-                 DEMO_REPO, pid)
+                 "seconds from now, and swapped for each better one as it trains (%s)", DEMO_REPO, pid, how_long)
 
     def _start_speech(self, build: Build) -> None:
         pid = build.start()

@@ -70,6 +70,22 @@ def save(path: Path, ident: dict, step: int, loss: float | None, model, optimize
     return time.monotonic() - started
 
 
+def saved_step(path: Path) -> int | None:
+    """The step the state at `path` was saved at, read from the file's
+    header alone (no MLX, no arrays; whose recipe it is not checked: what a
+    server says as it starts a build); None when there is none to read."""
+    try:
+        with path.open("rb") as f:
+            size = int.from_bytes(f.read(8), "little")  # safetensors: the header's length, then the header
+            if not 0 < size <= 1 << 20:
+                return None
+            meta = json.loads(json.loads(f.read(size))["__metadata__"][META_KEY])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    step = meta.get("step") if isinstance(meta, dict) else None
+    return step if isinstance(step, int) and step > 0 else None
+
+
 def clear(path: Path) -> None:
     path.unlink(missing_ok=True)
 

@@ -265,3 +265,15 @@ def test_the_router_logs_a_build_stopped_as_asked_as_no_failure(monkeypatch, cap
     assert runtime.demo_build["state"] == "stopped" and runtime.demo_build["step"] == 7
     assert [r.levelname for r in caplog.records] == ["INFO"]
     assert "stopped at step 7 of 500" in caplog.records[0].getMessage()
+
+
+def test_a_server_reads_the_step_saved_from_the_files_header(tmp_path):
+    """What `hearth serve --build-demo` says as it starts the build: the step, read without MLX."""
+    from serving.demo import resume
+
+    state = tmp_path / "chat.safetensors"
+    assert resume.saved_step(state) is None
+    _cut_short(tmp_path, state, at=4)
+    assert resume.saved_step(state) == 4
+    state.write_bytes(b"\x00not safetensors" * 64)
+    assert resume.saved_step(state) is None
