@@ -329,7 +329,10 @@ async def run(turn: LiveTurn, user_entry: ChatEntry) -> None:
     """Answer `user_entry`, then each queued message in turn (see the module
     doc); `turn_end` without `continues` is always the last frame."""
     session = turn.session
-    await turn.send_json({"type": "turn_start", "userEntryId": user_entry.id, "sessionId": session.id})
+    # The question as stored: a regenerated or edited turn tells every socket which branch it continues.
+    first_row, = await sync_to_async(_rows)(user_entry)
+    await turn.send_json({"type": "turn_start", "userEntryId": user_entry.id, "sessionId": session.id,
+                          "user": first_row})
     meta: dict = {"aborted": True}
     try:
         while True:

@@ -32,6 +32,19 @@ export function createChat(hooks = {}) {
   const hits = h("div", { class: "hits", "aria-live": "polite" });
   const search = h("input", { type: "search", placeholder: "Search chats", "aria-label": "Search chats" });
   const messages = h("div", { class: "messages", "aria-live": "polite", "aria-label": "Conversation" });
+  // The conversation follows its end while the view is there: scrolling up to read stops that (a streaming
+  // reply no longer pulls the view down) until the view is back at the end, by hand or with "Latest".
+  let pinned = true;
+  const jump = h("button", { type: "button", class: "jump small", hidden: true, "aria-label": "Scroll to the latest message",
+    onclick: () => { pinned = true; follow(); } }, "↓ Latest");
+  messages.addEventListener("scroll", () => {
+    pinned = messages.scrollHeight - messages.scrollTop - messages.clientHeight < 40;
+    jump.hidden = pinned;
+  });
+  function follow() {
+    if (pinned) messages.scrollTop = messages.scrollHeight;
+    jump.hidden = pinned;
+  }
   const input = h("textarea", { rows: 2, placeholder: "Message the model (Enter sends, Shift+Enter adds a line)",
     "aria-label": "Message", "data-spot": "chat-input" });
   const send = h("button", { class: "primary", type: "submit" }, "Send");
@@ -55,13 +68,23 @@ export function createChat(hooks = {}) {
   const model = h("select", { "aria-label": "Model for this chat", class: "model-pick", hidden: true,
     onchange: () => frame({ type: "set_model", model: model.value || null }) });
   const temp = h("input", { type: "number", step: "0.1", placeholder: "temp", style: "width:5.5em",
-    "aria-label": "Temperature", onchange: () => frame({ type: "set_sampling", scope: "session",
-      temperature: temp.value === "" ? null : Number(temp.value) }) });
+    "aria-label": "Temperature", onchange: () => setTemperature(), oninput: () => temp.setCustomValidity("") });
   samplingFields().then((fields) => {
     const field = fields.find((f) => f.name === "temperature");
     Object.assign(temp, { min: field.minimum, max: field.maximum, title: field.description });
   }).catch(() => {});  // the sampling panel says why
   const sampling = samplingPanel(frame, (values) => { temp.value = values.temperature ?? ""; });
+  // A value outside the field's range (or not a number) is said at the field and not sent, so the box never
+  // shows a temperature the chat does not have.
+  function setTemperature() {
+    const v = temp.validity;
+    const problem = v.badInput ? "Temperature must be a number"
+      : v.rangeUnderflow || v.rangeOverflow ? `Temperature must be between ${temp.min} and ${temp.max}` : "";
+    temp.setCustomValidity(problem);
+    temp.setAttribute("aria-invalid", String(Boolean(problem)));
+    if (problem) { temp.reportValidity(); return; }
+    frame({ type: "set_sampling", scope: "session", temperature: temp.value === "" ? null : Number(temp.value) });
+  }
   const system = h("button", { type: "button", onclick: () => {
     const text = prompt("System prompt for this chat (empty clears it):", state.system || "");
     if (text === null) return;
@@ -75,9 +98,9 @@ export function createChat(hooks = {}) {
     stop, ...queue.buttons, send);
   const root = h("div", { class: "chat" },
     h("aside", { class: "sidebar", "aria-label": "Sessions" },
-      h("button", { class: "primary", type: "button", style: "width:100%", onclick: () => frame({ type: "new_session" }) },
+      h("button", { class: "primary", type: "button", style: "width:100%", onclick: () => { frame({ type: "new_session" }); root.classList.remove("show-sessions"); } },
         "New chat"), search, hits, sessionsList, importButton(frame)),
-    h("section", { class: "convo" }, messages,
+    h("section", { class: "convo" }, h("div", { class: "messages-wrap" }, messages, jump),
       h("div", { class: "composer" },
         h("div", { class: "chatbar" }, sessionsToggle, modelName, model, thinkLabel, codingLabel, allowed, adapter, temp,
           sampling.toggle, system, ctx), sampling.panel, images.strip, queue.chips, form)));
@@ -126,6 +149,11 @@ export function createChat(hooks = {}) {
   function submit(behavior = "steer") {
     const text = input.value.trim();
     if (!text) return;
+    if (state.ws?.readyState !== WebSocket.OPEN) {  // nothing is sent: the text stays in the box
+      toast("Not connected: the message stays here until the chat reconnects");
+      return;
+    }
+    pinned = true;
     if (state.streaming) {
       if (frame({ type: "prompt", text, streamingBehavior: behavior })) { input.value = ""; input.style.height = "auto"; }
       return;
@@ -220,7 +248,7 @@ export function createChat(hooks = {}) {
         break;
       case "sessions": state.sessions = f.items; renderSessions(f.items, f.activePath); syncLive(); break;
       case "history":  // the first page; history_more frames bring the rest of a long chat
-        if (f.sessionId !== state.active) queue.clear();
+        if (f.sessionId !== state.active) { queue.clear(); pinned = true; }  // another chat opens at its end
         state.items = []; addItems(f.items); state.active = f.sessionId; remember(f.sessionId);
         state.streaming = null; setBusy(false);  // a turn still running there follows as frames from its first
         applySettings(f.settings);
@@ -233,7 +261,7 @@ export function createChat(hooks = {}) {
         break;
       case "turn_start":
         state.active = f.sessionId; remember(f.sessionId);
-        if (f.user) adoptUser(f.user);  // a queued message that starts this segment
+        if (f.user) adoptUser(f.user);  // the question this reply answers
         state.streaming = { parts: [], thinking: "", el: null, calls: new Map() };
         state.live.add(f.sessionId); renderSessions(state.sessions);
         setBusy(true); render(); break;
@@ -247,7 +275,7 @@ export function createChat(hooks = {}) {
         else if (f.type === "tool_approval_answered") card.answered(f.decision);  // here, in another tab, or earlier
         else if (f.type === "tool_update") card.output(f.chunk);
         else card.end(f.ok, f.result);
-        messages.scrollTop = messages.scrollHeight;
+        follow();
         break;
       }
       case "coding_tools":
@@ -284,11 +312,16 @@ export function createChat(hooks = {}) {
     render();
   }
 
-  // The user row a turn_start names: the one this tab showed when it sent it, or a new one (a queued message).
+  // The question a turn_start names, and the reply to come goes under it: whatever the list shows after it
+  // goes (the reply a regenerate replaces). An edited question replaces the one it was edited from (it has the
+  // same parent); this tab's own message gets its stored row; a queued one follows the answer stored before it.
   function adoptUser(row) {
+    const shown = state.items.findLastIndex((it) => it.id === row.id);  // a long row comes in parts: keep them all
+    if (shown >= 0) { state.items.length = shown + 1; return; }
     const last = state.items[state.items.length - 1];
-    if (last?.id && last.id === row.id) return;
     if (last?.role === "user" && !last.id && last.content === row.content) { Object.assign(last, row); return; }
+    const parent = row.parentId ? state.items.findLastIndex((it) => it.id === row.parentId) : -1;
+    if (parent >= 0 || row.parentId === null) state.items.length = parent + 1;
     state.items.push(row);
   }
 
@@ -382,7 +415,9 @@ export function createChat(hooks = {}) {
       const r = await api(`/api/sessions/search?q=${encodeURIComponent(q)}`);
       hits.replaceChildren(...r.results.flatMap((res) => res.matches.slice(0, 3).map((m) => {
         const [a, b] = m.ranges[0];
-        return h("button", { type: "button", onclick: () => frame({ type: "open_session", path: res.session_path }) },
+        return h("button", { type: "button", onclick: () => {
+          frame({ type: "open_session", path: res.session_path }); root.classList.remove("show-sessions");
+        } },
           h("div", { class: "small" }, h("strong", {}, res.session_title)),
           h("span", { class: "muted" }, m.snippet.slice(0, a)), h("mark", {}, m.snippet.slice(a, b)),
           h("span", { class: "muted" }, m.snippet.slice(b)));
@@ -410,7 +445,8 @@ export function createChat(hooks = {}) {
     if (item.role === "assistant") {
       tools.append(h("button", { type: "button", onclick: () => navigator.clipboard?.writeText(item.content)
         .then(() => toast("Copied")) }, "Copy"));
-      if (isLast) tools.append(h("button", { type: "button", onclick: () => frame({ type: "regenerate" }) }, "Regenerate"));
+      if (isLast) tools.append(h("button", { type: "button", onclick: () => { pinned = true; frame({ type: "regenerate" }); } },
+        "Regenerate"));
     } else if (item.id) {
       tools.append(h("button", { type: "button", onclick: () => editInPlace(item, body) }, "Edit"));
     }
@@ -460,7 +496,7 @@ export function createChat(hooks = {}) {
     s.calls.set(f.callId, card);
     s.parts.push({ kind: "tool", el: card.el });
     s.el?.querySelector(".body").append(card.el);
-    messages.scrollTop = messages.scrollHeight;
+    follow();
   }
 
   function editInPlace(item, body) {
@@ -468,12 +504,13 @@ export function createChat(hooks = {}) {
     area.value = item.content;
     body.replaceChildren(area, h("div", { class: "row" },
       h("button", { class: "primary", type: "button", onclick: () => {
-        if (area.value.trim()) frame({ type: "edit_resend", text: area.value, entryId: item.id });
+        if (area.value.trim()) { pinned = true; frame({ type: "edit_resend", text: area.value, entryId: item.id }); }
       } }, "Send edit"), h("button", { type: "button", onclick: render }, "Cancel")));
     area.focus();
   }
 
   function render() {
+    const top = messages.scrollTop;
     const last = state.items.length - 1;
     messages.replaceChildren(...state.items.map((item, i) => message(item, i === last && !state.streaming)));
     if (!state.items.length && !state.streaming) {
@@ -490,7 +527,8 @@ export function createChat(hooks = {}) {
       messages.append(s.el);
       paintStream();
     }
-    messages.scrollTop = messages.scrollHeight;
+    if (!pinned) messages.scrollTop = top;  // drawn again under a reader who scrolled up: the view stays put
+    follow();
   }
 
   let painting = false;
@@ -508,7 +546,7 @@ export function createChat(hooks = {}) {
       for (const p of s.parts) {
         if (p.kind === "text" && p.dirty) { p.el.replaceChildren(markdown(p.text)); p.dirty = false; }
       }
-      messages.scrollTop = messages.scrollHeight;
+      follow();
     });
   }
 
@@ -521,6 +559,6 @@ export function createChat(hooks = {}) {
     // The chat shows (its page, or the dock opened): the adapters on disk may have changed since it last did.
     shown() { loadAdapters(); },
     // The conversation's scroll is lost when the chat moves between the page and the dock.
-    moved() { messages.scrollTop = messages.scrollHeight; },
+    moved() { pinned = true; follow(); },
   };
 }

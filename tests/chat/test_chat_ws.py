@@ -125,6 +125,28 @@ def test_regenerate_edit_and_switch_make_sibling_branches(engine):
     asyncio.run(run())
 
 
+def test_every_turn_start_names_its_question_so_a_page_drops_the_branch_it_replaces(engine):
+    """A regenerated turn's turn_start names the question already shown (the old reply goes), an edited one
+    the new question with the parent it shares with the one it replaces."""
+    async def run():
+        ws = await chatws.connect()
+        frames = await chatws.turn(ws, {"type": "prompt", "text": "first question"})
+        start = next(f for f in frames if f["type"] == "turn_start")
+        asked = start["user"]
+        assert asked["id"] == start["userEntryId"] and asked["content"] == "first question"
+        assert asked["role"] == "user" and asked["parentId"] is None
+        frames = await chatws.turn(ws, {"type": "regenerate"})
+        again = next(f for f in frames if f["type"] == "turn_start")["user"]
+        assert again["id"] == asked["id"]
+        frames = await chatws.turn(ws, {"type": "edit_resend", "text": "a better question", "entryId": asked["id"]})
+        edited = next(f for f in frames if f["type"] == "turn_start")["user"]
+        assert edited["content"] == "a better question" and edited["id"] != asked["id"]
+        assert edited["parentId"] is None and edited["siblingCount"] == 2 and edited["siblingIndex"] == 1
+        await ws.disconnect()
+
+    asyncio.run(run())
+
+
 def test_abort_keeps_what_was_shown_and_frees_the_engine(engine):
     async def run():
         ws = await chatws.connect()
