@@ -381,6 +381,7 @@ async def _answer(turn: LiveTurn, user_entry: ChatEntry) -> tuple[ChatEntry | No
     started = time.perf_counter()
     state = toolloop.TurnState()
     stopped = False
+    failed = ""  # why the turn could not go on, kept with it (the page shows it where the answer would be)
     try:
         messages = await sync_to_async(messages_for)(session, user_entry)
         await toolloop.run(turn, session, messages, state)
@@ -388,14 +389,17 @@ async def _answer(turn: LiveTurn, user_entry: ChatEntry) -> tuple[ChatEntry | No
         state.final, stopped = None, True
     except Exception as exc:  # RequestError, EngineError, TurnFailed
         state.final = None
-        await turn.send_json(SOCKET.error(400, getattr(exc, "message", None) or str(exc)))
+        failed = getattr(exc, "message", None) or str(exc)
+        await turn.send_json(SOCKET.error(400, failed))
     meta = _meta(state, started)
     if state.model:
         meta["model"] = state.model  # router mode: the model that answered
     entry = None
     try:
-        if state.text or state.reasoning or state.rounds:  # what was shown is kept, a stopped turn included
-            stored = {**meta, "aborted": state.final is None}
+        # What was shown is kept, a stopped turn's included; a refused or failed turn keeps why, so the
+        # question is not left unanswered with no word (regenerate or edit tries again).
+        if state.text or state.reasoning or state.rounds or failed:
+            stored = {**meta, "aborted": state.final is None, **({"error": failed} if failed else {})}
             if state.rounds:
                 stored["toolRounds"] = state.rounds
             entry = await sync_to_async(store.add)(session, user_entry, "assistant", state.text,

@@ -146,14 +146,26 @@ def add(session: ChatSession, parent: ChatEntry | None, role: str, content: str,
 
 def ask(session: ChatSession, text: str, images: list[str] | None = None) -> ChatEntry:
     """A new question after the leaf on show, with its attached pictures
-    (data: URLs, kept in its meta). A question left unanswered (its
-    turn failed or was stopped at once) is not followed by another question:
-    the new one becomes its sibling, so roles keep alternating."""
+    (data: URLs, kept in its meta). A question left unanswered (its turn
+    stopped at once, or failed: its answer is only the error) is not
+    followed by another question: the new one becomes its sibling, so the
+    model reads roles that alternate."""
     leaf = session.leaf
     meta = {"images": images} if images else None
+    if leaf is not None and only_an_error(leaf) and leaf.parent is not None:
+        return add(session, leaf.parent.parent, "user", text, meta=meta)
     if leaf is not None and leaf.role == "user" and not leaf.children.exists():
         return add(session, leaf.parent, "user", text, meta=meta)
     return add(session, leaf, "user", text, meta=meta)
+
+
+def only_an_error(entry: ChatEntry) -> bool:
+    """An answer that is only why its turn failed: nothing the model wrote, so
+    nothing the model reads again (`toolloop.replay`) and no answer to follow."""
+    if entry.role != "assistant" or entry.content:
+        return False
+    meta = _meta(entry.meta_json)
+    return bool(meta.get("error")) and not meta.get("toolRounds")
 
 
 def images_of(entry: ChatEntry) -> list[str]:

@@ -440,11 +440,14 @@ export function createChat(hooks = {}) {
   function message(item, isLast) {
     const body = item.role === "user" ? h("div", { class: "body" }, turnImages(item), item.content) : h("div", { class: "body" },
       item.reasoning ? h("details", { class: "thinking" }, h("summary", {}, "Thinking"), markdown(item.reasoning)) : null,
-      ...answerParts(item));
+      ...answerParts(item),
+      item.meta?.error ? h("p", { class: "error", role: "alert" }, `Not answered: ${item.meta.error}`) : null);
     const tools = h("div", { class: "tools" });
     if (item.role === "assistant") {
-      tools.append(h("button", { type: "button", onclick: () => navigator.clipboard?.writeText(item.content)
-        .then(() => toast("Copied")) }, "Copy"));
+      if (item.content) {
+        tools.append(h("button", { type: "button", onclick: () => navigator.clipboard?.writeText(item.content)
+          .then(() => toast("Copied")) }, "Copy"));
+      }
       if (isLast) tools.append(h("button", { type: "button", onclick: () => { pinned = true; frame({ type: "regenerate" }); } },
         "Regenerate"));
     } else if (item.id) {

@@ -246,3 +246,39 @@ def test_search_and_export_read_the_stored_sessions(engine, client):
     assert client.get("/api/sessions/export", {"path": "nope"}).status_code == 404
     assert client.get("/api/sessions/export").status_code == 400
     assert client.get("/ws/chat").status_code == 426
+
+
+def test_a_refused_turn_keeps_why_and_regenerate_tries_again(engine):
+    """A question the model cannot take (here, longer than its context) is not
+    left unanswered with no word: the turn is stored with its error, which the
+    page shows where the answer would be; the error is no message the model
+    reads later, and regenerate makes a sibling of it."""
+    from chat import store, toolloop
+    from chat.live import messages_for
+    from chat.models import ChatEntry
+
+    async def run():
+        ws = await chatws.connect()
+        frames = await chatws.turn(ws, {"type": "prompt", "text": "word " * 5000})
+        error = next(f for f in frames if f["type"] == "error")
+        path = _active(frames)
+        await ws.send_json_to({"type": "open_session", "path": path})
+        history = (await ws.receive_json_from(timeout=10))["items"]
+        assert [i["role"] for i in history] == ["user", "assistant"]
+        assert history[1]["content"] == "" and history[1]["meta"]["error"] == error["message"]
+        assert history[1]["meta"]["aborted"] is True
+        await ws.receive_json_from()  # sessions
+        frames = await chatws.turn(ws, {"type": "regenerate"})
+        assert next(f for f in frames if f["type"] == "siblings")["count"] == 2
+        await ws.disconnect()
+        return history
+
+    history = asyncio.run(run())
+    refused = ChatEntry.objects.get(id=history[1]["id"])
+    assert toolloop.replay(refused) == []  # not in what the model reads
+    session = refused.session
+    session.leaf = refused
+    session.save(update_fields=["leaf"])
+    follow_up = store.ask(session, "and now?")  # after an answer that is only an error: its question's sibling
+    assert follow_up.parent_id == refused.parent.parent_id
+    assert [m["role"] for m in messages_for(session, follow_up)] == ["user"]
