@@ -518,7 +518,7 @@ export function createChat(hooks = {}) {
     messages.replaceChildren(...state.items.map((item, i) => message(item, i === last && !state.streaming)));
     if (!state.items.length && !state.streaming) {
       messages.append(h("div", { class: "msg muted" }, h("h1", {}, "Start a conversation"),
-        h("p", {}, "Replies stream as they are written; sessions are kept and searchable on the left.")));
+        h("p", {}, "Replies stream as they are written; sessions are kept, and searchable in the list of chats.")));
     }
     if (state.streaming) {
       const s = state.streaming;

@@ -87,6 +87,8 @@ def test_a_message_sent_while_the_socket_is_down_stays_in_the_box(page, base_url
     page.wait_for_selector("#toast:has-text('Not connected')")
     assert page.input_value("textarea[aria-label=Message]") == "typed while the server was away"
     assert page.locator(".msg.user").count() == 0  # nothing shown as sent
+    toast, box = (page.locator(sel).bounding_box() for sel in ("#toast", "textarea[aria-label=Message]"))
+    assert toast and box and toast["y"] + toast["height"] <= box["y"]  # the toast leaves the text in view
 
 
 WIDE = ("Here is a table and a long line of code.\n\n| zebrafish | b | c |\n|---|---|---|\n| "
