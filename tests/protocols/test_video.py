@@ -2,9 +2,9 @@
 sampled by ffmpeg into `chat.VIDEO_FRAMES` stills spread over its length
 (core/video.py), each then an image of the prompt, under the same media
 policy and image cap; refusals name the part. The model is a llava built
-here from a fixed seed with two training steps (random weights in effect):
-what is checked is the pipeline, not what the model says (the demo vision
-model's checks are tests/demo)."""
+here from a fixed seed with two training steps (random weights in effect;
+tests/protocols/conftest.py): what is checked is the pipeline, not what the
+model says (the demo vision model's checks are tests/demo)."""
 from __future__ import annotations
 
 import base64
@@ -48,14 +48,6 @@ def test_frames_are_spread_over_the_clip_and_capped_in_size(tmp_path):
         video.frames(b"RIFF....WAVEfmt ", 8, 32)
     with pytest.raises(video.VideoError, match="could not decode the clip"):
         video.frames(data[:200], 8, 32)
-
-
-@pytest.fixture(scope="module")
-def vision_model(tmp_path_factory) -> str:
-    from serving.demo.vision import VisionRecipe, build
-
-    snapshot, _, _ = build(tmp_path_factory.mktemp("vision-hub"), VisionRecipe(steps=2, warmup=1, images=48, batch=8))
-    return str(snapshot)
 
 
 @pytest.fixture(scope="module")

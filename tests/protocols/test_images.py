@@ -1,0 +1,69 @@
+"""Images on a vision model as SDK clients send them, in-process: pictures
+that must be refused before they cost the server its memory, and refusals
+that say why. The model is the pipeline's llava (tests/protocols/conftest.py)."""
+from __future__ import annotations
+
+import base64
+import io
+import struct
+import zlib
+
+import openai
+import pytest
+from PIL import Image
+
+TEXT = {"type": "text", "text": "What colour?"}
+
+
+def png(colour: str = "red", size: tuple[int, int] = (40, 30)) -> bytes:
+    out = io.BytesIO()
+    Image.new("RGB", size, colour).save(out, "PNG")
+    return out.getvalue()
+
+
+def grey_png(width: int, height: int) -> bytes:
+    """A grey PNG of any shape, written row by row (Pillow would hold it all)."""
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+    rows = zlib.compress((b"\0" + b"\x80" * width) * height, 9)
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0))
+            + chunk(b"IDAT", rows) + chunk(b"IEND", b""))
+
+
+def data_url(data: bytes, kind: str = "image/png") -> str:
+    return f"data:{kind};base64," + base64.b64encode(data).decode()
+
+
+@pytest.fixture(scope="module")
+def app(served, vision_model):
+    return served("--no-worker", model=vision_model)
+
+
+def _chat(app, image: bytes):
+    return app.openai().chat.completions.create(model="m", max_tokens=2, temperature=0, messages=[
+        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": data_url(image)}}, TEXT]}])
+
+
+def test_a_thin_picture_is_refused_before_the_processor_enlarges_it(app):
+    """The image processor scales the shortest edge up to its size (32 here):
+    1 x 40,000 pixels would become 32 x 1,280,000 floats in each channel,
+    and a 4 x 4,000,000 PNG of 30 kB some 12 GB of them."""
+    with pytest.raises(openai.BadRequestError) as refused:
+        _chat(app, grey_png(1, 40_000))
+    error = refused.value.body
+    assert error["param"] == "messages[0].content[0]", error
+    assert error["message"].startswith("prompt build failed: image url rejected: the image is 1x40000 pixels")
+    assert "crop it closer to a square" in error["message"]
+    assert _chat(app, grey_png(1, 400)).usage.prompt_tokens > 16  # a thin picture within the bound is taken
+
+
+@pytest.mark.parametrize("image, reason", [
+    (b"", "not a readable image: the image is empty"),
+    (b"<svg xmlns='http://www.w3.org/2000/svg'/>", "not a readable image: not a format Pillow reads"),
+])
+def test_an_unreadable_image_says_why_in_words(app, image, reason):
+    with pytest.raises(openai.BadRequestError) as refused:
+        _chat(app, image)
+    assert refused.value.body["message"] == f"prompt build failed: image url rejected: {reason}" + (
+        " (PNG, JPEG, WebP, GIF, BMP, TIFF)" if image else "")
