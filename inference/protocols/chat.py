@@ -105,14 +105,15 @@ def video_url(part: dict, where: str) -> str:
     return ref
 
 
-def keep_media(content, where: str):
+def keep_media(content, where: str, field: str = "content"):
     """Content for a converted protocol: a string when it has no image part,
-    else the parts, each image part marked with its field path (`_at`) so a
-    refusal later names the client's own field."""
+    else the parts, each image part marked with its field path (`_at`, the
+    part's index in `where`.`field`) so a refusal later names the client's
+    own field."""
     if not isinstance(content, list) or not any(
             isinstance(p, dict) and p.get("type") in IMAGE_PARTS + VIDEO_PARTS for p in content):
         return text_of(content, where)
-    return [{**p, "_at": f"{where}.content[{i}]"} if isinstance(p, dict) and p.get("type") in IMAGE_PARTS +
+    return [{**p, "_at": f"{where}.{field}[{i}]"} if isinstance(p, dict) and p.get("type") in IMAGE_PARTS +
             VIDEO_PARTS else p for i, p in enumerate(content)]
 
 

@@ -60,9 +60,10 @@ def _items(raw) -> tuple[list[dict], list[str]]:
                 raise RequestError(f"{where}.call_id required: the call_id of the function_call this answers",
                                    f"{where}.call_id")
             output = item.get("output")
-            text = output if isinstance(output, str) else chat.text_of(output, where) if isinstance(output, list) \
-                else json.dumps(output)
-            out.append({"role": "tool", "tool_call_id": item["call_id"], "content": text})
+            # A list output holds input_text and input_image parts (a screenshot a tool took).
+            content = output if isinstance(output, str) else chat.keep_media(output, where, "output") \
+                if isinstance(output, list) else json.dumps(output)
+            out.append({"role": "tool", "tool_call_id": item["call_id"], "content": content})
         elif kind == "reasoning":
             continue  # earlier reasoning is not replayed
         else:

@@ -1,6 +1,7 @@
-"""Images on a vision model as SDK clients send them, in-process: pictures
-that must be refused before they cost the server its memory, and refusals
-that say why. The model is the pipeline's llava (tests/protocols/conftest.py)."""
+"""Images on a vision model as SDK clients send them, in-process: the
+shapes each protocol carries an image in (a tool's output included),
+pictures that must be refused before they cost the server its memory, and
+refusals that say why. The model is the pipeline's llava (tests/protocols/conftest.py)."""
 from __future__ import annotations
 
 import base64
@@ -67,3 +68,23 @@ def test_an_unreadable_image_says_why_in_words(app, image, reason):
         _chat(app, image)
     assert refused.value.body["message"] == f"prompt build failed: image url rejected: {reason}" + (
         " (PNG, JPEG, WebP, GIF, BMP, TIFF)" if image else "")
+
+
+def test_a_function_call_output_may_hold_an_image(app):
+    """Responses: `function_call_output.output` as a list of input_text and
+    input_image parts (a screenshot a tool took) puts the picture in the prompt."""
+    client = app.openai()
+
+    def after_call(output):
+        return client.responses.create(model="m", max_output_tokens=2, temperature=0, input=[
+            {"role": "user", "content": "Take a screenshot."},
+            {"type": "function_call", "call_id": "call_1", "name": "screenshot", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "call_1", "output": output}])
+
+    text = after_call([{"type": "input_text", "text": "done"}])
+    shot = after_call([{"type": "input_text", "text": "done"}, {"type": "input_image", "image_url": data_url(png())}])
+    assert shot.usage.input_tokens > text.usage.input_tokens + 8  # the image's run of tokens
+    with pytest.raises(openai.BadRequestError) as refused:
+        after_call([{"type": "input_image", "image_url": data_url(b"not an image")}])
+    assert refused.value.body["param"] == "input[2].output[0]"
+    assert refused.value.body["message"].startswith("prompt build failed: image url rejected:")
