@@ -9,6 +9,7 @@ import io
 import struct
 import zlib
 
+import anthropic
 import openai
 import pytest
 from PIL import Image
@@ -88,3 +89,21 @@ def test_a_function_call_output_may_hold_an_image(app):
         after_call([{"type": "input_image", "image_url": data_url(b"not an image")}])
     assert refused.value.body["param"] == "input[2].output[0]"
     assert refused.value.body["message"].startswith("prompt build failed: image url rejected:")
+
+
+def test_an_anthropic_image_needs_an_image_media_type(app):
+    client = app.anthropic()
+
+    def ask(source: dict):
+        return client.messages.create(model="m", max_tokens=2, messages=[
+            {"role": "user", "content": [{"type": "image", "source": source}, TEXT]}])
+
+    data = base64.b64encode(png()).decode()
+    assert ask({"type": "base64", "media_type": "image/png", "data": data}).usage.output_tokens >= 1
+    for media_type in ("text/plain", None):
+        source = {"type": "base64", "data": data} | ({"media_type": media_type} if media_type else {})
+        with pytest.raises(anthropic.BadRequestError) as refused:
+            ask(source)
+        error = refused.value.body["error"]
+        assert error["type"] == "invalid_request_error"
+        assert error["message"].startswith("messages[0].content[0].source.media_type must name an image type")
