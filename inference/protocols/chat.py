@@ -94,12 +94,17 @@ def image_url(part: dict, where: str) -> str:
 
 def video_url(part: dict, where: str) -> str:
     """The url (http(s) or data:) a video part points at: `video_url` as an
-    object with `url` or as a string, or (the `video` alias) `url`."""
+    object with `url` or as a string, or (the `video` alias) `url` or base64
+    bytes in `data`."""
     ref = part.get("video_url")
     if isinstance(ref, dict):
         ref = ref.get("url")
     if ref is None:
         ref = part.get("url")
+    if ref is None:
+        raw = part.get("data")
+        if isinstance(raw, str) and raw:
+            ref = raw if raw.startswith(("data:", "http://", "https://")) else "data:video/*;base64," + raw
     if not isinstance(ref, str) or not ref:
         raise RequestError(f"{where} needs a clip: video_url.url (an http(s) or data: URL)", where)
     return ref

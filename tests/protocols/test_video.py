@@ -75,6 +75,9 @@ def test_a_clip_is_its_frames_in_the_prompt(app, tmp_path):
     alias = _ask(app, {"type": "video", "url": data_url(data)})  # the `video` alias
     assert alias.status_code == 200
     assert alias.json()["usage"]["prompt_tokens"] == as_video.json()["usage"]["prompt_tokens"]
+    raw = _ask(app, {"type": "video", "data": base64.b64encode(data).decode()})  # the alias with base64 bytes
+    assert raw.status_code == 200, raw.text
+    assert raw.json()["usage"]["prompt_tokens"] == as_video.json()["usage"]["prompt_tokens"]
 
 
 def test_video_refusals_name_the_part(app, tiny_model, served, tmp_path):
