@@ -192,10 +192,15 @@ SEGMENT_FIELDS = ("id", "seek", "start", "end", "text", "tokens", "temperature",
                   "compression_ratio", "no_speech_prob")
 
 
+def _finite(value):
+    """A number JSON can carry: NaN and infinities (an avg_logprob over no finite log-probability) are null."""
+    return None if isinstance(value, float) and not math.isfinite(value) else value
+
+
 def segment(seg: dict) -> dict:
-    out = {k: seg.get(k) for k in SEGMENT_FIELDS}
+    out = {k: _finite(seg.get(k)) for k in SEGMENT_FIELDS}
     if "words" in seg:  # word timestamps were asked for
-        out["words"] = seg["words"]
+        out["words"] = [{k: _finite(v) for k, v in w.items()} for w in seg["words"]]
     return out
 
 
@@ -209,7 +214,8 @@ def body(text: str, segments: list[dict], fmt: str, *, task: str, language: str 
            "duration": round(duration, 3), "text": text, "segments": [segment(s) for s in segments],
            "hearth": extra}
     if words:
-        out["words"] = [{k: w[k] for k in ("word", "start", "end")} for s in segments for w in s.get("words", [])]
+        out["words"] = [{k: _finite(w[k]) for k in ("word", "start", "end")}
+                        for s in segments for w in s.get("words", [])]
     return out
 
 

@@ -21,6 +21,7 @@ import numpy as np
 import openai
 import pytest
 
+from inference.protocols import transcription
 from serving.demo import speech_data
 from tests.helpers import ServerProcess, server_env
 
@@ -83,6 +84,31 @@ def test_verbose_json_segments_and_translation(client, clips):
     with open(clips["wav"], "rb") as f:
         vtt = client.audio.translations.create(model="whisper-1", file=f, response_format="vtt", temperature=0)
     assert vtt.startswith("WEBVTT")
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not JSON")
+
+
+def test_verbose_json_is_strict_json(audio_server, client, clips):
+    """JSON has no NaN or Infinity (JSON.parse refuses a body holding one):
+    a segment's number that is not finite (this untrained Whisper's
+    avg_logprob is NaN) is null, in the body and in a live session's."""
+    nan = {"id": 0, "start": 0.0, "end": 1.0, "text": "4", "avg_logprob": float("nan"),
+           "compression_ratio": float("inf"), "words": [{"word": "4", "start": 0.0, "end": 1.0,
+                                                         "probability": float("-inf")}]}
+    seg = transcription.segment(nan)
+    assert seg["avg_logprob"] is None and seg["compression_ratio"] is None
+    assert seg["words"][0]["probability"] is None and seg["end"] == 1.0
+    r = httpx.post(audio_server.url + "/v1/audio/transcriptions", timeout=120,
+                   data={"response_format": "verbose_json", "temperature": "0", "language": "en"},
+                   files={"file": ("d.wav", clips["wav"].read_bytes(), "audio/wav")})
+    assert r.status_code == 200, r.text
+    body = json.loads(r.text, parse_constant=_no_constant)
+    assert body["segments"] and all(isinstance(seg["avg_logprob"], float | None) for seg in body["segments"])
+    with open(clips["wav"], "rb") as f:  # and the SDK parses it
+        assert client.audio.transcriptions.create(model="whisper-1", file=f, response_format="verbose_json",
+                                                  temperature=0).segments
 
 
 def test_word_timestamps_vocabulary_and_decode_options(client, audio_server, clips):
