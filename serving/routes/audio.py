@@ -49,6 +49,9 @@ class TakeFields(BaseModel):
         None, description="`word` adds word timestamps (verbose_json)")
     vocabulary: list[str] | str | None = Field(None, description="recognition hints: a list, or comma-separated "
                                                "text; fitted whole-term into the prompt, reported in usage")
+    keywords: list[str] | None = Field(None, description="OpenAI's name for `vocabulary` (send one of the two)")
+    languages: list[str] | None = Field(None, description="OpenAI's possible languages: one entry is `language`; "
+                                        "more are refused (Whisper detects among all it knows)")
     condition_on_previous_text: bool = True
     no_speech_threshold: float | None = Field(None, ge=0, le=1, description="default 0.6")
     without_timestamps: bool = False

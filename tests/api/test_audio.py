@@ -140,6 +140,16 @@ def test_word_timestamps_vocabulary_and_decode_options(client, audio_server, cli
     assert form.json()["hearth"]["vocabulary"]["included"] == ["Hearth", "MLX"]  # comma-separated in a form
 
 
+def test_openai_keywords_and_languages_are_taken(client, clips):
+    """The SDK's `keywords` are recognition hints (Hearth's `vocabulary`),
+    and `languages` with one language tells Whisper the language."""
+    with open(clips["wav"], "rb") as f:
+        told = client.audio.transcriptions.create(model="whisper-1", file=f, temperature=0, keywords=["Hearth", "MLX"],
+                                                  languages=["fr"]).model_dump()
+    assert told["hearth"]["vocabulary"]["included"] == ["Hearth", "MLX"]
+    assert told["hearth"]["language"] == "fr"
+
+
 @pytest.mark.parametrize("fields, param, message", [
     ({"beam_size": "5"}, "beam_size", "mlx-whisper has no beam search"),
     ({"vad_threshold": "0.5"}, "vad_threshold", "applies with vad: true"),
@@ -153,6 +163,12 @@ def test_word_timestamps_vocabulary_and_decode_options(client, audio_server, cli
     ({"no_speech_threshold": "2"}, "no_speech_threshold", "in [0, 1]"),
     ({"condition_on_previous_text": "maybe"}, "condition_on_previous_text", "must be a boolean"),
     ({"vocabulary": " , "}, "vocabulary", "a list of terms"),
+    ({"known_speaker_names[]": "agent"}, "known_speaker_names", "no speaker diarization"),
+    ({"known_speaker_references[]": "data:audio/wav;base64,AAAA"}, "known_speaker_references",
+     "no speaker diarization"),
+    ({"languages[]": ["en", "fr"]}, "languages", "send one `language`"),
+    ({"languages[]": "en", "language": "fr"}, "languages", "send one `language`"),
+    ({"keywords[]": "Hearth", "vocabulary": "MLX"}, "keywords", "as vocabulary or as keywords, not both"),
 ])
 def test_transcription_fields_that_cannot_run_are_refused(audio_server, clips, fields, param, message):
     r = httpx.post(audio_server.url + "/v1/audio/transcriptions", timeout=60, data=fields,
