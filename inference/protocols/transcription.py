@@ -12,8 +12,8 @@ timestamps; OpenAI's `keywords` are taken as `vocabulary`, and its
 refused with a 400 naming the field, never taken and ignored: `beam_size`
 above 1 (its decoder has no beam search), OpenAI's `chunking_strategy`,
 `include` and speaker fields (`known_speaker_names`,
-`known_speaker_references`), and `languages` of several languages. No
-Django here.
+`known_speaker_references`), `languages` of several languages, and
+`stream` with srt or vtt. No Django here.
 """
 from __future__ import annotations
 
@@ -178,6 +178,9 @@ def ask(fields: dict, task: str, formats: tuple[str, ...] = FORMATS, live: bool 
     if prompt is not None and not isinstance(prompt, str):
         raise RequestError("prompt must be a string", "prompt")
     stream = _flag(fields.get("stream", False), "stream")
+    if stream and fmt in ("srt", "vtt"):
+        raise RequestError(f"response_format {fmt} cannot stream: the events carry text and the json body "
+                           "(or verbose_json's); ask for srt or vtt without stream", "response_format")
     language = _language(_languages(fields))
     _beam(fields.get("beam_size"))
     options = Options(task=task, language=language, prompt=prompt or None,

@@ -169,6 +169,8 @@ def test_openai_keywords_and_languages_are_taken(client, clips):
     ({"languages[]": ["en", "fr"]}, "languages", "send one `language`"),
     ({"languages[]": "en", "language": "fr"}, "languages", "send one `language`"),
     ({"keywords[]": "Hearth", "vocabulary": "MLX"}, "keywords", "as vocabulary or as keywords, not both"),
+    ({"stream": "true", "response_format": "srt"}, "response_format", "srt cannot stream"),
+    ({"stream": "true", "response_format": "vtt"}, "response_format", "vtt cannot stream"),
 ])
 def test_transcription_fields_that_cannot_run_are_refused(audio_server, clips, fields, param, message):
     r = httpx.post(audio_server.url + "/v1/audio/transcriptions", timeout=60, data=fields,
