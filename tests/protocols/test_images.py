@@ -55,7 +55,8 @@ def test_a_thin_picture_is_refused_before_the_processor_enlarges_it(app):
         _chat(app, grey_png(1, 40_000))
     error = refused.value.body
     assert error["param"] == "messages[0].content[0]", error
-    assert error["message"].startswith("prompt build failed: image url rejected: the image is 1x40000 pixels")
+    assert error["message"].startswith("prompt build failed: image url rejected: messages[0].content[0]: the image "
+                                       "is 1x40000 pixels")
     assert "crop it closer to a square" in error["message"]
     assert _chat(app, grey_png(1, 400)).usage.prompt_tokens > 16  # a thin picture within the bound is taken
 
@@ -67,8 +68,9 @@ def test_a_thin_picture_is_refused_before_the_processor_enlarges_it(app):
 def test_an_unreadable_image_says_why_in_words(app, image, reason):
     with pytest.raises(openai.BadRequestError) as refused:
         _chat(app, image)
-    assert refused.value.body["message"] == f"prompt build failed: image url rejected: {reason}" + (
-        " (PNG, JPEG, WebP, GIF, BMP, TIFF)" if image else "")
+    formats = " (PNG, JPEG, WebP, GIF, BMP, TIFF)" if image else ""
+    assert refused.value.body["message"] == \
+        f"prompt build failed: image url rejected: messages[0].content[0]: {reason}{formats}"
 
 
 def test_a_function_call_output_may_hold_an_image(app):
@@ -107,3 +109,19 @@ def test_an_anthropic_image_needs_an_image_media_type(app):
         error = refused.value.body["error"]
         assert error["type"] == "invalid_request_error"
         assert error["message"].startswith("messages[0].content[0].source.media_type must name an image type")
+
+
+def test_an_anthropic_refusal_names_the_block(app):
+    """Anthropic's error shape has no `param`: the message names the block,
+    here the second picture of a tool_result two turns back."""
+    good = {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                        "data": base64.b64encode(png()).decode()}}
+    bad = {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                       "data": base64.b64encode(b"not a picture").decode()}}
+    with pytest.raises(anthropic.BadRequestError) as refused:
+        app.anthropic().messages.create(model="m", max_tokens=2, messages=[
+            {"role": "user", "content": [good, TEXT]},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "shot", "input": {}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": [good, bad]}]}])
+    assert refused.value.body["error"]["message"].startswith(
+        "prompt build failed: image url rejected: messages[2].content[0].content[1]: not a readable image")

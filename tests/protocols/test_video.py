@@ -84,7 +84,8 @@ def test_video_refusals_name_the_part(app, tiny_model, served, tmp_path):
     data = clip(tmp_path / "d.mp4", "green")
     bad = _ask(app, {"type": "video_url", "video_url": {"url": data_url(b"not a clip at all")}})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "messages[0].content[0]"
-    assert "prompt build failed: video url rejected: not a video file" in bad.json()["error"]["message"]
+    assert bad.json()["error"]["message"].startswith("prompt build failed: video url rejected: "
+                                                     "messages[0].content[0]: not a video file")
     part = {"type": "video_url", "video_url": {"url": data_url(data)}}
     image = {"type": "image_url", "image_url": {"url": data_url(video.frames(data, 1, 32)[0], "image/png")}}
     many = _ask(app, part, part, image)  # 8 + 8 + 1 images: over the cap of 16
