@@ -76,6 +76,8 @@ def image_url(part: dict, where: str) -> str:
     object with `url` or as a string, or (the `image` alias) `url`, or
     base64 bytes in `data` / `image`."""
     ref = part.get("image_url")
+    _detail(ref.get("detail") if isinstance(ref, dict) else None, f"{where}.image_url.detail")
+    _detail(part.get("detail"), f"{where}.detail")  # Responses' input_image
     if isinstance(ref, dict):
         ref = ref.get("url")
     if ref is None:
@@ -90,6 +92,16 @@ def image_url(part: dict, where: str) -> str:
                                "URL", where)
         raise RequestError(f"{where} needs an image: image_url.url (an http(s) or data: URL)", where)
     return ref
+
+
+DETAILS = ("auto", "low", "high", "original")
+
+
+def _detail(value, where: str) -> None:
+    """OpenAI's `detail`: any of its values is taken, and sizes nothing (the
+    model's image processor gives every picture the tower's one size)."""
+    if value is not None and value not in DETAILS:
+        raise RequestError(f"{where} must be one of {', '.join(DETAILS)}", where)
 
 
 def video_url(part: dict, where: str) -> str:

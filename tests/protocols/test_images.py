@@ -125,3 +125,20 @@ def test_an_anthropic_refusal_names_the_block(app):
             {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": [good, bad]}]}])
     assert refused.value.body["error"]["message"].startswith(
         "prompt build failed: image url rejected: messages[2].content[0].content[1]: not a readable image")
+
+
+def test_detail_takes_openai_values_only(app):
+    """`detail` sizes nothing here (the tower has one size), so any of
+    OpenAI's values is taken and another is a 400 naming it."""
+    client, url = app.openai(), data_url(png())
+    for detail in ("auto", "low", "high", "original"):
+        assert client.chat.completions.create(model="m", max_tokens=1, messages=[{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": url, "detail": detail}}, TEXT]}]).usage.prompt_tokens > 16
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model="m", max_tokens=1, messages=[{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": url, "detail": "ultra"}}, TEXT]}])
+    assert refused.value.body["param"] == "messages[0].content[0].image_url.detail"
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.responses.create(model="m", max_output_tokens=1, input=[{"role": "user", "content": [
+            {"type": "input_image", "image_url": url, "detail": "ultra"}]}])
+    assert refused.value.body["param"] == "input[0].content[0].detail"
