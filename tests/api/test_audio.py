@@ -150,6 +150,21 @@ def test_openai_keywords_and_languages_are_taken(client, clips):
     assert told["hearth"]["language"] == "fr"
 
 
+def test_a_field_nothing_reads_is_named_in_a_header(client, clips):
+    """As on the chat routes, a field that is neither taken nor refused is
+    named in X-Hearth-Ignored-Fields, never dropped without a word."""
+    for fmt in ("json", "text"):
+        with open(clips["wav"], "rb") as f:
+            raw = client.audio.transcriptions.with_raw_response.create(
+                model="whisper-1", file=f, temperature=0, response_format=fmt,
+                extra_body={"speaker_count": "2", "user": "ana"})
+        assert raw.headers["x-hearth-ignored-fields"] == "speaker_count"  # `user` is a label: it asks for nothing
+    with open(clips["wav"], "rb") as f:
+        raw = client.audio.transcriptions.with_raw_response.create(model="whisper-1", file=f, temperature=0,
+                                                                  language="en", prompt="Digits.")
+    assert "x-hearth-ignored-fields" not in raw.headers
+
+
 @pytest.mark.parametrize("fields, param, message", [
     ({"beam_size": "5"}, "beam_size", "mlx-whisper has no beam search"),
     ({"vad_threshold": "0.5"}, "vad_threshold", "applies with vad: true"),
