@@ -64,8 +64,9 @@ def text_of(content, where: str, images: list | None = None, marker: str = "") -
                 raise RequestError("video input needs a vision model: this model has no vision sidecar", at)
             images.append(MediaRef(video_url(part, at), at, video=True))
             texts.append(marker * VIDEO_FRAMES)
-        elif kind == "input_audio":
-            raise RequestError("model has no audio tower", at)
+        elif kind in ("input_audio", "audio", "audio_url"):  # chat completions transcribes them before this
+            raise RequestError("audio parts are taken by /v1/chat/completions, where the Whisper model transcribes "
+                               "them (no chat model here has an audio tower); send text here", at)
         else:
             raise RequestError(f"{at} is not a text part", at)
     return "".join(texts)

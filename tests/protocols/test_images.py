@@ -142,3 +142,20 @@ def test_detail_takes_openai_values_only(app):
         client.responses.create(model="m", max_output_tokens=1, input=[{"role": "user", "content": [
             {"type": "input_image", "image_url": url, "detail": "ultra"}]}])
     assert refused.value.body["param"] == "input[0].content[0].detail"
+
+
+def test_responses_refusals_of_media_say_what_is_true(app):
+    """On a vision model an image in a developer item is refused for what
+    it is (instructions are text), not as "model has no vision sidecar";
+    an audio part says where audio is taken."""
+    client, url = app.openai(), data_url(png())
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.responses.create(model="m", max_output_tokens=1, input=[
+            {"role": "developer", "content": [{"type": "input_image", "image_url": url, "detail": "auto"}]},
+            {"role": "user", "content": "What colour?"}])
+    assert refused.value.body["param"] == "input[0].content[0]"
+    assert "instructions, which are text: send images in a user item" in refused.value.body["message"]
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.responses.create(model="m", max_output_tokens=1, input=[{"role": "user", "content": [
+            {"type": "input_audio", "input_audio": {"data": "UklGRg==", "format": "wav"}}]}])
+    assert refused.value.body["message"].startswith("audio parts are taken by /v1/chat/completions")
