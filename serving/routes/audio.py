@@ -230,7 +230,7 @@ async def _transcribe(request: HttpRequest, task: str) -> HttpResponse:
     take = Take(ask.options)
     duration = len(samples) / audio.RATE
     heard, base = await gated(ask, take, samples)
-    headers = _ignored(fields)
+    headers = ignored_header(fields, TranscriptionRequest)
     if ask.stream:
         return OPENAI.sse(_frames(service, take, heard, base, ask.response_format, started, decoded, duration),
                           headers)
@@ -247,9 +247,9 @@ async def _transcribe(request: HttpRequest, task: str) -> HttpResponse:
     return JsonResponse(result(service, take, fmt, duration, timings), headers=headers)
 
 
-def _ignored(fields: dict) -> dict[str, str]:
+def ignored_header(fields: dict, schema: type[BaseModel]) -> dict[str, str]:
     """The ignored-fields header (serving/routes/pipeline.py's) naming the fields nothing read."""
-    names = unhonoured.ignored(fields, TranscriptionRequest.model_fields,
+    names = unhonoured.ignored(fields, schema.model_fields,
                                {k: (bool, "") for k in (*transcription.AUDIO_ALIASES, *transcription.REFUSED)})
     return {IGNORED_HEADER: unhonoured.header_value(names)} if names else {}
 

@@ -150,7 +150,7 @@ def test_openai_keywords_and_languages_are_taken(client, clips):
     assert told["hearth"]["language"] == "fr"
 
 
-def test_a_field_nothing_reads_is_named_in_a_header(client, clips):
+def test_a_field_nothing_reads_is_named_in_a_header(audio_server, client, clips):
     """As on the chat routes, a field that is neither taken nor refused is
     named in X-Hearth-Ignored-Fields, never dropped without a word."""
     for fmt in ("json", "text"):
@@ -163,6 +163,10 @@ def test_a_field_nothing_reads_is_named_in_a_header(client, clips):
         raw = client.audio.transcriptions.with_raw_response.create(model="whisper-1", file=f, temperature=0,
                                                                   language="en", prompt="Digits.")
     assert "x-hearth-ignored-fields" not in raw.headers
+    sessions = audio_server.url + "/v1/audio/sessions"
+    opened = httpx.post(sessions, timeout=60, json={"language": "en", "speaker_count": 2})  # a live session's too
+    assert opened.status_code == 200 and opened.headers["x-hearth-ignored-fields"] == "speaker_count"
+    assert httpx.delete(f"{sessions}/{opened.json()['id']}", timeout=60).status_code == 204
 
 
 @pytest.mark.parametrize("fields, param, message", [
