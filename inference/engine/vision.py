@@ -41,6 +41,9 @@ if TYPE_CHECKING:
 
 SUPPORTED = frozenset({"llava"})
 MAX_IMAGE_PIXELS = 64 << 20  # a decoded image larger than this is refused (decompression bombs)
+# What the image processor may enlarge a picture to before it crops: one that scales the shortest edge up to
+# its size makes a strip of 32 x 32M float pixels (12 GB) of a thin picture of 4 x 4M (a 30 kB PNG).
+MAX_RESIZED_PIXELS = 16 << 20
 
 
 @dataclass(frozen=True)
@@ -78,11 +81,30 @@ class Vision:
                 if opened.width * opened.height > MAX_IMAGE_PIXELS:
                     raise ValueError(f"the image is {opened.width}x{opened.height} pixels; at most "
                                      f"{MAX_IMAGE_PIXELS} pixels are decoded")
+                grown = self.grown_pixels(opened.width, opened.height)
+                if grown > MAX_RESIZED_PIXELS:
+                    raise ValueError(f"the image is {opened.width}x{opened.height} pixels, a shape this model's "
+                                     f"image processor would scale to {grown} pixels (at most "
+                                     f"{MAX_RESIZED_PIXELS}); crop it closer to a square")
                 picture = opened.convert("RGB")
+        except PILImage.UnidentifiedImageError:
+            raise ValueError("not a readable image: " + ("the image is empty" if not data else
+                             "not a format Pillow reads (PNG, JPEG, WebP, GIF, BMP, TIFF)")) from None
         except (OSError, SyntaxError, PILImage.DecompressionBombError) as exc:
             raise ValueError(f"not a readable image ({exc})") from None
         pixels = self.image_processor(images=[picture], return_tensors="np")["pixel_values"][0]
         return Image(hashlib.sha256(data).hexdigest(), pixels)
+
+    def grown_pixels(self, width: int, height: int) -> int:
+        """The pixels a `width` x `height` picture grows to when the image
+        processor scales its shortest edge up to its size (the aspect kept,
+        before any crop); 0 when the processor does not enlarge it."""
+        size = getattr(self.image_processor, "size", None)
+        edge = size.get("shortest_edge") if isinstance(size, dict) else getattr(size, "shortest_edge", None)
+        short = max(1, min(width, height))
+        if not getattr(self.image_processor, "do_resize", True) or not isinstance(edge, int) or edge <= short:
+            return 0
+        return round(width * edge / short) * round(height * edge / short)
 
     def expand(self, tokens: list[int], images: list[Image]) -> tuple[list[int], list[int]]:
         """The prompt with each image token grown to the tower's run of them,

@@ -4,6 +4,7 @@ reply is rendered by `anthropic_reply.py`."""
 from __future__ import annotations
 
 import json
+import re
 import uuid
 
 from inference.protocols import unhonoured
@@ -42,14 +43,19 @@ def _refuse_media(block: dict, where: str) -> None:
 
 def _image_part(block: dict, where: str) -> dict:
     """An `image` block as the chat part the shared path reads: a base64
-    source becomes a data: URL, a url source stays a URL."""
+    source (its `media_type` an image type, as the protocol requires; the
+    bytes themselves tell Pillow their format) becomes a data: URL, a url
+    source stays a URL."""
     source = block.get("source")
     if not isinstance(source, dict):
         source = {}
     kind = source.get("type")
     if kind == "base64" and isinstance(source.get("data"), str):
-        media = source.get("media_type") if isinstance(source.get("media_type"), str) else "image/*"
-        url = f"data:{media};base64,{source['data']}"
+        media = source.get("media_type")
+        if not isinstance(media, str) or not re.fullmatch(r"image/[\w.+-]+", media.strip()):
+            raise RequestError(f"{where}.source.media_type must name an image type (image/png, image/jpeg, "
+                               f"image/gif, image/webp, …), not {media!r}", f"{where}.source.media_type")
+        url = f"data:{media.strip()};base64,{source['data']}"
     elif kind == "url" and isinstance(source.get("url"), str):
         url = source["url"]
     else:

@@ -64,8 +64,9 @@ def text_of(content, where: str, images: list | None = None, marker: str = "") -
                 raise RequestError("video input needs a vision model: this model has no vision sidecar", at)
             images.append(MediaRef(video_url(part, at), at, video=True))
             texts.append(marker * VIDEO_FRAMES)
-        elif kind == "input_audio":
-            raise RequestError("model has no audio tower", at)
+        elif kind in ("input_audio", "audio", "audio_url"):  # chat completions transcribes them before this
+            raise RequestError("audio parts are taken by /v1/chat/completions, where the Whisper model transcribes "
+                               "them (no chat model here has an audio tower); send text here", at)
         else:
             raise RequestError(f"{at} is not a text part", at)
     return "".join(texts)
@@ -76,6 +77,8 @@ def image_url(part: dict, where: str) -> str:
     object with `url` or as a string, or (the `image` alias) `url`, or
     base64 bytes in `data` / `image`."""
     ref = part.get("image_url")
+    _detail(ref.get("detail") if isinstance(ref, dict) else None, f"{where}.image_url.detail")
+    _detail(part.get("detail"), f"{where}.detail")  # Responses' input_image
     if isinstance(ref, dict):
         ref = ref.get("url")
     if ref is None:
@@ -92,27 +95,43 @@ def image_url(part: dict, where: str) -> str:
     return ref
 
 
+DETAILS = ("auto", "low", "high", "original")
+
+
+def _detail(value, where: str) -> None:
+    """OpenAI's `detail`: any of its values is taken, and sizes nothing (the
+    model's image processor gives every picture the tower's one size)."""
+    if value is not None and value not in DETAILS:
+        raise RequestError(f"{where} must be one of {', '.join(DETAILS)}", where)
+
+
 def video_url(part: dict, where: str) -> str:
     """The url (http(s) or data:) a video part points at: `video_url` as an
-    object with `url` or as a string, or (the `video` alias) `url`."""
+    object with `url` or as a string, or (the `video` alias) `url` or base64
+    bytes in `data`."""
     ref = part.get("video_url")
     if isinstance(ref, dict):
         ref = ref.get("url")
     if ref is None:
         ref = part.get("url")
+    if ref is None:
+        raw = part.get("data")
+        if isinstance(raw, str) and raw:
+            ref = raw if raw.startswith(("data:", "http://", "https://")) else "data:video/*;base64," + raw
     if not isinstance(ref, str) or not ref:
         raise RequestError(f"{where} needs a clip: video_url.url (an http(s) or data: URL)", where)
     return ref
 
 
-def keep_media(content, where: str):
+def keep_media(content, where: str, field: str = "content"):
     """Content for a converted protocol: a string when it has no image part,
-    else the parts, each image part marked with its field path (`_at`) so a
-    refusal later names the client's own field."""
+    else the parts, each image part marked with its field path (`_at`, the
+    part's index in `where`.`field`) so a refusal later names the client's
+    own field."""
     if not isinstance(content, list) or not any(
             isinstance(p, dict) and p.get("type") in IMAGE_PARTS + VIDEO_PARTS for p in content):
         return text_of(content, where)
-    return [{**p, "_at": f"{where}.content[{i}]"} if isinstance(p, dict) and p.get("type") in IMAGE_PARTS +
+    return [{**p, "_at": f"{where}.{field}[{i}]"} if isinstance(p, dict) and p.get("type") in IMAGE_PARTS +
             VIDEO_PARTS else p for i, p in enumerate(content)]
 
 

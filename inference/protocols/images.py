@@ -38,7 +38,8 @@ def load(refs: list[MediaRef], vision: Vision) -> list[Image]:
                 images.append(vision.prepare(data))
         except (MediaRefused, ValueError) as exc:  # VideoError included
             what = "video" if ref.video else "image"
-            raise RequestError(f"prompt build failed: {what} url rejected: {exc}", ref.at) from None
+            # The message names the part too: Anthropic's error shape has no `param`.
+            raise RequestError(f"prompt build failed: {what} url rejected: {ref.at}: {exc}", ref.at) from None
     return images
 
 

@@ -41,6 +41,7 @@ def _items(raw) -> tuple[list[dict], list[str]]:
             if role not in ("user", "assistant", "system", "developer"):
                 raise RequestError(f"{where}.role must be user, assistant, system or developer", f"{where}.role")
             if role in ("system", "developer"):
+                _text_only(item.get("content"), where, role)
                 system.append(chat.text_of(item.get("content"), where))
             else:
                 out.append({"role": role, "content": chat.keep_media(item.get("content"), where)})
@@ -60,14 +61,23 @@ def _items(raw) -> tuple[list[dict], list[str]]:
                 raise RequestError(f"{where}.call_id required: the call_id of the function_call this answers",
                                    f"{where}.call_id")
             output = item.get("output")
-            text = output if isinstance(output, str) else chat.text_of(output, where) if isinstance(output, list) \
-                else json.dumps(output)
-            out.append({"role": "tool", "tool_call_id": item["call_id"], "content": text})
+            # A list output holds input_text and input_image parts (a screenshot a tool took).
+            content = output if isinstance(output, str) else chat.keep_media(output, where, "output") \
+                if isinstance(output, list) else json.dumps(output)
+            out.append({"role": "tool", "tool_call_id": item["call_id"], "content": content})
         elif kind == "reasoning":
             continue  # earlier reasoning is not replayed
         else:
             raise RequestError(f"{where}: unsupported input item type {kind!r}", f"{where}.type")
     return out, system
+
+
+def _text_only(content, where: str, role: str) -> None:
+    """A system or developer item joins the instructions, which are text: an image there is refused."""
+    for i, part in enumerate(content if isinstance(content, list) else []):
+        if isinstance(part, dict) and part.get("type") in chat.IMAGE_PARTS + chat.VIDEO_PARTS:
+            raise RequestError(f"a {role} item's content joins the instructions, which are text: send "
+                               "images in a user item", f"{where}.content[{i}]")
 
 
 def _tools(raw) -> list[dict] | None:

@@ -7,9 +7,13 @@ answers), the contract's own: `vocabulary`, `condition_on_previous_text`,
 `no_speech_threshold`, `without_timestamps`, and the voice-activity gate
 (`vad`, `vad_threshold`, `vad_min_speech_ms`, `vad_trim`: Silero VAD,
 inference/engine/vad.py). `timestamp_granularities` `word` adds word
-timestamps. What mlx-whisper cannot do is refused with a 400 naming the
-field, never taken and ignored: `beam_size` above 1 (its decoder has no beam
-search), and OpenAI's `chunking_strategy` and `include`. No Django here.
+timestamps; OpenAI's `keywords` are taken as `vocabulary`, and its
+`languages` when it names one language. What mlx-whisper cannot do is
+refused with a 400 naming the field, never taken and ignored: `beam_size`
+above 1 (its decoder has no beam search), OpenAI's `chunking_strategy`,
+`include` and speaker fields (`known_speaker_names`,
+`known_speaker_references`), `languages` of several languages, and
+`stream` with srt or vtt. No Django here.
 """
 from __future__ import annotations
 
@@ -56,6 +60,18 @@ def _unit(value, name: str, default):
     return t
 
 
+def _languages(fields: dict):
+    """`language`, or OpenAI's `languages` (the possible languages) when it names one: Whisper
+    detects among all its languages or is told one."""
+    many = fields.get("languages")
+    if many in (None, "", []):
+        return fields.get("language")
+    if fields.get("language") not in (None, "") or not isinstance(many, list) or len(many) != 1:
+        raise RequestError("languages: Whisper detects the language among all it knows, or is told one; send "
+                           "one `language` (or `languages` with one entry), or neither to detect it", "languages")
+    return many[0]
+
+
 def _language(value) -> str | None:
     if value is None or value == "" or value == "auto":
         return None
@@ -75,6 +91,8 @@ REFUSED = {
     "chunking_strategy": "the audio is always cut into Whisper's own 30 s windows",
     "include": "mlx-whisper reports no per-token logprobs here",
     "faithful": "there is one decoding path here", "audio_ctx": "the encoder always reads the whole window",
+    "known_speaker_names": "there is no speaker diarization here",
+    "known_speaker_references": "there is no speaker diarization here",
 }
 MAX_TERMS = 256  # vocabulary terms (the prompt holds 223 tokens in all)
 GRANULARITIES = ("segment", "word")
@@ -92,16 +110,21 @@ def _granularities(value, fmt: str) -> bool:
     return "word" in values
 
 
-def _vocabulary(value) -> tuple[str, ...]:
-    """Recognition hints: a list of terms (JSON) or one comma-separated string (a form)."""
+def _vocabulary(fields: dict) -> tuple[str, ...]:
+    """Recognition hints: a list of terms (JSON) or one comma-separated string (a form), as
+    `vocabulary` or OpenAI's `keywords`."""
+    value, name = fields.get("vocabulary"), "vocabulary"
+    if fields.get("keywords") not in (None, "", []):
+        if value not in (None, "", []):
+            raise RequestError("send the terms as vocabulary or as keywords, not both", "keywords")
+        value, name = fields["keywords"], "keywords"
     if value is None or value == "":
         return ()
     terms = [t.strip() for t in value.split(",")] if isinstance(value, str) else value
     if not isinstance(terms, list) or not all(isinstance(t, str) and t.strip() for t in terms):
-        raise RequestError("vocabulary must be a list of terms, or one string of terms separated by commas",
-                           "vocabulary")
+        raise RequestError(f"{name} must be a list of terms, or one string of terms separated by commas", name)
     if len(terms) > MAX_TERMS:
-        raise RequestError(f"vocabulary has {len(terms)} terms; at most {MAX_TERMS}", "vocabulary")
+        raise RequestError(f"{name} has {len(terms)} terms; at most {MAX_TERMS}", name)
     return tuple(t.strip() for t in terms)
 
 
@@ -155,7 +178,10 @@ def ask(fields: dict, task: str, formats: tuple[str, ...] = FORMATS, live: bool 
     if prompt is not None and not isinstance(prompt, str):
         raise RequestError("prompt must be a string", "prompt")
     stream = _flag(fields.get("stream", False), "stream")
-    language = _language(fields.get("language"))
+    if stream and fmt in ("srt", "vtt"):
+        raise RequestError(f"response_format {fmt} cannot stream: the events carry text and the json body "
+                           "(or verbose_json's); ask for srt or vtt without stream", "response_format")
+    language = _language(_languages(fields))
     _beam(fields.get("beam_size"))
     options = Options(task=task, language=language, prompt=prompt or None,
                       temperature=_unit(fields.get("temperature"), "temperature", TEMPERATURES),
@@ -164,7 +190,7 @@ def ask(fields: dict, task: str, formats: tuple[str, ...] = FORMATS, live: bool 
                                                        "condition_on_previous_text"),
                       no_speech_threshold=_unit(fields.get("no_speech_threshold"), "no_speech_threshold", 0.6),
                       without_timestamps=_flag(fields.get("without_timestamps", False), "without_timestamps"),
-                      vocabulary=_vocabulary(fields.get("vocabulary")))
+                      vocabulary=_vocabulary(fields))
     gate, trim = _gate(fields, live)
     return Ask(options, fmt, stream, gate, trim)
 
@@ -192,10 +218,15 @@ SEGMENT_FIELDS = ("id", "seek", "start", "end", "text", "tokens", "temperature",
                   "compression_ratio", "no_speech_prob")
 
 
+def _finite(value):
+    """A number JSON can carry: NaN and infinities (an avg_logprob over no finite log-probability) are null."""
+    return None if isinstance(value, float) and not math.isfinite(value) else value
+
+
 def segment(seg: dict) -> dict:
-    out = {k: seg.get(k) for k in SEGMENT_FIELDS}
+    out = {k: _finite(seg.get(k)) for k in SEGMENT_FIELDS}
     if "words" in seg:  # word timestamps were asked for
-        out["words"] = seg["words"]
+        out["words"] = [{k: _finite(v) for k, v in w.items()} for w in seg["words"]]
     return out
 
 
@@ -209,7 +240,8 @@ def body(text: str, segments: list[dict], fmt: str, *, task: str, language: str 
            "duration": round(duration, 3), "text": text, "segments": [segment(s) for s in segments],
            "hearth": extra}
     if words:
-        out["words"] = [{k: w[k] for k in ("word", "start", "end")} for s in segments for w in s.get("words", [])]
+        out["words"] = [{k: _finite(w[k]) for k in ("word", "start", "end")}
+                        for s in segments for w in s.get("words", [])]
     return out
 
 

@@ -29,9 +29,9 @@ from core.surfaces import OPENAI
 from inference.engine import vad
 from inference.engine.errors import EngineError, EngineTimeout
 from inference.engine.speech import SHORTEST, WINDOW, NoWhisperModel, Options, Take, Transcriber, windows
-from inference.protocols import transcription
+from inference.protocols import transcription, unhonoured
 from inference.protocols.errors import RequestError
-from serving.routes.pipeline import read_body
+from serving.routes.pipeline import IGNORED_HEADER, read_body
 
 router = OPENAI.router(tags=["audio"])
 WAIT_S = 600.0  # one window may wait this long for the engine
@@ -49,6 +49,9 @@ class TakeFields(BaseModel):
         None, description="`word` adds word timestamps (verbose_json)")
     vocabulary: list[str] | str | None = Field(None, description="recognition hints: a list, or comma-separated "
                                                "text; fitted whole-term into the prompt, reported in usage")
+    keywords: list[str] | None = Field(None, description="OpenAI's name for `vocabulary` (send one of the two)")
+    languages: list[str] | None = Field(None, description="OpenAI's possible languages: one entry is `language`; "
+                                        "more are refused (Whisper detects among all it knows)")
     condition_on_previous_text: bool = True
     no_speech_threshold: float | None = Field(None, ge=0, le=1, description="default 0.6")
     without_timestamps: bool = False
@@ -227,8 +230,10 @@ async def _transcribe(request: HttpRequest, task: str) -> HttpResponse:
     take = Take(ask.options)
     duration = len(samples) / audio.RATE
     heard, base = await gated(ask, take, samples)
+    headers = ignored_header(fields, TranscriptionRequest)
     if ask.stream:
-        return OPENAI.sse(_frames(service, take, heard, base, ask.response_format, started, decoded, duration))
+        return OPENAI.sse(_frames(service, take, heard, base, ask.response_format, started, decoded, duration),
+                          headers)
     load_ms = 0.0
     # A client that goes away cancels this view (a 499, hearth/middleware.py): no later window runs.
     for offset in windows(len(heard)) if len(heard) else []:
@@ -236,10 +241,17 @@ async def _transcribe(request: HttpRequest, task: str) -> HttpResponse:
     timings = _timings(load_ms, started, decoded)
     fmt = ask.response_format
     if fmt in transcription.CONTENT_TYPES:
-        headers = {"x-hearth-language": take.language or "", "x-hearth-timings": json.dumps(timings)}
+        headers |= {"x-hearth-language": take.language or "", "x-hearth-timings": json.dumps(timings)}
         return HttpResponse(transcription.plain(take.text, take.segments, fmt),
                             content_type=transcription.CONTENT_TYPES[fmt], headers=headers)
-    return JsonResponse(result(service, take, fmt, duration, timings))
+    return JsonResponse(result(service, take, fmt, duration, timings), headers=headers)
+
+
+def ignored_header(fields: dict, schema: type[BaseModel]) -> dict[str, str]:
+    """The ignored-fields header (serving/routes/pipeline.py's) naming the fields nothing read."""
+    names = unhonoured.ignored(fields, schema.model_fields,
+                               {k: (bool, "") for k in (*transcription.AUDIO_ALIASES, *transcription.REFUSED)})
+    return {IGNORED_HEADER: unhonoured.header_value(names)} if names else {}
 
 
 @router.post("/audio/transcriptions", openapi_extra=documented(TranscriptionRequest, MULTIPART))

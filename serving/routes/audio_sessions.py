@@ -41,7 +41,7 @@ from inference.engine import vad
 from inference.engine.speech import MAX_SESSIONS, Session, Take
 from inference.protocols import transcription
 from inference.protocols.errors import RequestError
-from serving.routes.audio import TakeFields, decode, result, transcriber, vad_report, window
+from serving.routes.audio import TakeFields, decode, ignored_header, result, transcriber, vad_report, window
 from serving.routes.pipeline import read_body
 
 router = OPENAI.router(tags=["audio"])
@@ -88,8 +88,9 @@ async def open_session(request: HttpRequest):
         raise RequestError(f"{MAX_SESSIONS} transcription sessions are open; finish or delete one first", None,
                            429, "rate_limit_error", code="too_many_sessions")
     await asyncio.wrap_future(service.submit(lambda model: None))  # pages the weights in now
-    return {"id": session.id, "object": "transcription.session", "model": service.ref,
-            "response_format": session.response_format}
+    return JsonResponse({"id": session.id, "object": "transcription.session", "model": service.ref,
+                         "response_format": session.response_format},
+                        headers=ignored_header(body, SessionRequest))
 
 
 @router.post("/audio/sessions/{session_id}/audio", openapi_extra=CHUNK)

@@ -21,6 +21,7 @@ import numpy as np
 import openai
 import pytest
 
+from inference.protocols import transcription
 from serving.demo import speech_data
 from tests.helpers import ServerProcess, server_env
 
@@ -85,6 +86,31 @@ def test_verbose_json_segments_and_translation(client, clips):
     assert vtt.startswith("WEBVTT")
 
 
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not JSON")
+
+
+def test_verbose_json_is_strict_json(audio_server, client, clips):
+    """JSON has no NaN or Infinity (JSON.parse refuses a body holding one):
+    a segment's number that is not finite (this untrained Whisper's
+    avg_logprob is NaN) is null, in the body and in a live session's."""
+    nan = {"id": 0, "start": 0.0, "end": 1.0, "text": "4", "avg_logprob": float("nan"),
+           "compression_ratio": float("inf"), "words": [{"word": "4", "start": 0.0, "end": 1.0,
+                                                         "probability": float("-inf")}]}
+    seg = transcription.segment(nan)
+    assert seg["avg_logprob"] is None and seg["compression_ratio"] is None
+    assert seg["words"][0]["probability"] is None and seg["end"] == 1.0
+    r = httpx.post(audio_server.url + "/v1/audio/transcriptions", timeout=120,
+                   data={"response_format": "verbose_json", "temperature": "0", "language": "en"},
+                   files={"file": ("d.wav", clips["wav"].read_bytes(), "audio/wav")})
+    assert r.status_code == 200, r.text
+    body = json.loads(r.text, parse_constant=_no_constant)
+    assert body["segments"] and all(isinstance(seg["avg_logprob"], float | None) for seg in body["segments"])
+    with open(clips["wav"], "rb") as f:  # and the SDK parses it
+        assert client.audio.transcriptions.create(model="whisper-1", file=f, response_format="verbose_json",
+                                                  temperature=0).segments
+
+
 def test_word_timestamps_vocabulary_and_decode_options(client, audio_server, clips):
     with open(clips["wav"], "rb") as f:
         verbose = client.audio.transcriptions.create(
@@ -114,6 +140,35 @@ def test_word_timestamps_vocabulary_and_decode_options(client, audio_server, cli
     assert form.json()["hearth"]["vocabulary"]["included"] == ["Hearth", "MLX"]  # comma-separated in a form
 
 
+def test_openai_keywords_and_languages_are_taken(client, clips):
+    """The SDK's `keywords` are recognition hints (Hearth's `vocabulary`),
+    and `languages` with one language tells Whisper the language."""
+    with open(clips["wav"], "rb") as f:
+        told = client.audio.transcriptions.create(model="whisper-1", file=f, temperature=0, keywords=["Hearth", "MLX"],
+                                                  languages=["fr"]).model_dump()
+    assert told["hearth"]["vocabulary"]["included"] == ["Hearth", "MLX"]
+    assert told["hearth"]["language"] == "fr"
+
+
+def test_a_field_nothing_reads_is_named_in_a_header(audio_server, client, clips):
+    """As on the chat routes, a field that is neither taken nor refused is
+    named in X-Hearth-Ignored-Fields, never dropped without a word."""
+    for fmt in ("json", "text"):
+        with open(clips["wav"], "rb") as f:
+            raw = client.audio.transcriptions.with_raw_response.create(
+                model="whisper-1", file=f, temperature=0, response_format=fmt,
+                extra_body={"speaker_count": "2", "user": "ana"})
+        assert raw.headers["x-hearth-ignored-fields"] == "speaker_count"  # `user` is a label: it asks for nothing
+    with open(clips["wav"], "rb") as f:
+        raw = client.audio.transcriptions.with_raw_response.create(model="whisper-1", file=f, temperature=0,
+                                                                  language="en", prompt="Digits.")
+    assert "x-hearth-ignored-fields" not in raw.headers
+    sessions = audio_server.url + "/v1/audio/sessions"
+    opened = httpx.post(sessions, timeout=60, json={"language": "en", "speaker_count": 2})  # a live session's too
+    assert opened.status_code == 200 and opened.headers["x-hearth-ignored-fields"] == "speaker_count"
+    assert httpx.delete(f"{sessions}/{opened.json()['id']}", timeout=60).status_code == 204
+
+
 @pytest.mark.parametrize("fields, param, message", [
     ({"beam_size": "5"}, "beam_size", "mlx-whisper has no beam search"),
     ({"vad_threshold": "0.5"}, "vad_threshold", "applies with vad: true"),
@@ -127,6 +182,14 @@ def test_word_timestamps_vocabulary_and_decode_options(client, audio_server, cli
     ({"no_speech_threshold": "2"}, "no_speech_threshold", "in [0, 1]"),
     ({"condition_on_previous_text": "maybe"}, "condition_on_previous_text", "must be a boolean"),
     ({"vocabulary": " , "}, "vocabulary", "a list of terms"),
+    ({"known_speaker_names[]": "agent"}, "known_speaker_names", "no speaker diarization"),
+    ({"known_speaker_references[]": "data:audio/wav;base64,AAAA"}, "known_speaker_references",
+     "no speaker diarization"),
+    ({"languages[]": ["en", "fr"]}, "languages", "send one `language`"),
+    ({"languages[]": "en", "language": "fr"}, "languages", "send one `language`"),
+    ({"keywords[]": "Hearth", "vocabulary": "MLX"}, "keywords", "as vocabulary or as keywords, not both"),
+    ({"stream": "true", "response_format": "srt"}, "response_format", "srt cannot stream"),
+    ({"stream": "true", "response_format": "vtt"}, "response_format", "vtt cannot stream"),
 ])
 def test_transcription_fields_that_cannot_run_are_refused(audio_server, clips, fields, param, message):
     r = httpx.post(audio_server.url + "/v1/audio/transcriptions", timeout=60, data=fields,

@@ -2,9 +2,9 @@
 sampled by ffmpeg into `chat.VIDEO_FRAMES` stills spread over its length
 (core/video.py), each then an image of the prompt, under the same media
 policy and image cap; refusals name the part. The model is a llava built
-here from a fixed seed with two training steps (random weights in effect):
-what is checked is the pipeline, not what the model says (the demo vision
-model's checks are tests/demo)."""
+here from a fixed seed with two training steps (random weights in effect;
+tests/protocols/conftest.py): what is checked is the pipeline, not what the
+model says (the demo vision model's checks are tests/demo)."""
 from __future__ import annotations
 
 import base64
@@ -51,14 +51,6 @@ def test_frames_are_spread_over_the_clip_and_capped_in_size(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def vision_model(tmp_path_factory) -> str:
-    from serving.demo.vision import VisionRecipe, build
-
-    snapshot, _, _ = build(tmp_path_factory.mktemp("vision-hub"), VisionRecipe(steps=2, warmup=1, images=48, batch=8))
-    return str(snapshot)
-
-
-@pytest.fixture(scope="module")
 def app(served, vision_model):
     return served("--no-worker", model=vision_model)
 
@@ -83,13 +75,17 @@ def test_a_clip_is_its_frames_in_the_prompt(app, tmp_path):
     alias = _ask(app, {"type": "video", "url": data_url(data)})  # the `video` alias
     assert alias.status_code == 200
     assert alias.json()["usage"]["prompt_tokens"] == as_video.json()["usage"]["prompt_tokens"]
+    raw = _ask(app, {"type": "video", "data": base64.b64encode(data).decode()})  # the alias with base64 bytes
+    assert raw.status_code == 200, raw.text
+    assert raw.json()["usage"]["prompt_tokens"] == as_video.json()["usage"]["prompt_tokens"]
 
 
 def test_video_refusals_name_the_part(app, tiny_model, served, tmp_path):
     data = clip(tmp_path / "d.mp4", "green")
     bad = _ask(app, {"type": "video_url", "video_url": {"url": data_url(b"not a clip at all")}})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "messages[0].content[0]"
-    assert "prompt build failed: video url rejected: not a video file" in bad.json()["error"]["message"]
+    assert bad.json()["error"]["message"].startswith("prompt build failed: video url rejected: "
+                                                     "messages[0].content[0]: not a video file")
     part = {"type": "video_url", "video_url": {"url": data_url(data)}}
     image = {"type": "image_url", "image_url": {"url": data_url(video.frames(data, 1, 32)[0], "image/png")}}
     many = _ask(app, part, part, image)  # 8 + 8 + 1 images: over the cap of 16
