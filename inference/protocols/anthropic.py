@@ -142,7 +142,7 @@ def _messages(raw) -> list[dict]:
                         else "Error: " + result
                 out.append({"role": "tool", "tool_call_id": block["tool_use_id"], "content": result})
             else:
-                raise RequestError(f"{at}: unsupported content block type {kind!r} in a {role} message", at)
+                raise RequestError(f"{at}: unsupported content block type {kind!r} in {role} messages", at)
         if role == "assistant":
             if parts or calls:
                 msg: dict = {"role": "assistant", "content": _content(parts)}
