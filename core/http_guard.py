@@ -11,6 +11,12 @@ checked later would come after the memory was spent).
   clients are answered 408 and dropped); a keep-alive connection idle for
   `idle_timeout_s` is closed. A request being answered (a long
   generation, a stream) is never timed out here.
+- A response is written no faster than its client reads: while the
+  connection's send buffer is full, the app's next write waits (daphne
+  would otherwise buffer a whole stream in memory for a client that reads
+  nothing), and a client that takes nothing from a full buffer for
+  `write_timeout_s` has its connection cut, which the app sees as a
+  disconnect (a generation streaming to it stops).
 
 Refusals come in the shape of the route they were sent to: OpenAI's on
 `/v1`, Anthropic's on `/v1/messages`, `{"ok": false}` on `/api`.
@@ -18,6 +24,8 @@ Refusals come in the shape of the route they were sent to: OpenAI's on
 No Django here, and no imports of the project's apps."""
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import Callable
 from typing import Protocol, cast
 
@@ -28,6 +36,8 @@ from twisted.web import http
 
 from core import surfaces
 from core.limits import current as current_limits
+
+log = logging.getLogger("hearth.http")
 
 LINGER_S = 5.0  # after a refusal, how long the rest of a body may still arrive before the connection is cut
 
@@ -102,6 +112,8 @@ class GuardedRequest(WebRequest):
 class GuardedChannel(http.HTTPChannel):
     refused = False
     _deadline: _Timer | None = None
+    _stall: _Timer | None = None  # armed while the send buffer is full
+    _writers: list[asyncio.Future] | None = None  # app writes waiting for the buffer to drain
 
     def connectionMade(self):
         # Twisted annotates timeOut as int; its timers take float seconds.
@@ -127,7 +139,42 @@ class GuardedChannel(http.HTTPChannel):
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
         self._disarm()
+        self._drained()
         super().connectionLost(reason)
+
+    # The transport calls these as its send buffer fills past its high-water mark and empties again.
+    def pauseProducing(self):
+        super().pauseProducing()
+        if self._stall is None:
+            self._stall = clock().callLater(current_limits().write_timeout_s, self._stalled)
+
+    def resumeProducing(self):
+        super().resumeProducing()
+        self._drained()
+
+    async def writable(self) -> None:
+        """Return once the send buffer has room (at once unless the client
+        has stopped reading), or the connection is gone."""
+        while self._waitingForTransport and self.transport is not None and self.transport.connected:
+            waiter = asyncio.get_running_loop().create_future()
+            self._writers = (self._writers or []) + [waiter]
+            await waiter
+
+    def _drained(self) -> None:
+        if self._stall is not None and self._stall.active():
+            self._stall.cancel()
+        self._stall = None
+        writers, self._writers = self._writers or [], None
+        for waiter in writers:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def _stalled(self) -> None:
+        self._stall = None
+        seconds = current_limits().write_timeout_s
+        log.info("cutting a client that read nothing of its response for %g s (--write-timeout)", seconds)
+        if self.transport is not None:
+            self.transport.abortConnection()
 
     def _arm(self, seconds: float, what: str) -> None:
         self._disarm()
@@ -157,8 +204,25 @@ class GuardedHTTPFactory(HTTPFactory):
         return protocol
 
 
+async def _paced(send, server, protocol, message):
+    """daphne's `Server.handle_reply` (the app's ASGI `send`), waiting first
+    while the connection's send buffer is full."""
+    channel = getattr(protocol, "channel", None)
+    if isinstance(channel, GuardedChannel) and message.get("type") == "http.response.body":
+        await channel.writable()
+    await send(server, protocol, message)
+
+
 def install() -> None:
-    """Make daphne's Server build guarded connections (it names its factory at run time)."""
+    """Make daphne's Server build guarded connections (it names its factory
+    at run time) and write responses at the pace their clients read."""
     import daphne.server
 
     daphne.server.HTTPFactory = GuardedHTTPFactory
+    send = daphne.server.Server.handle_reply
+    if not getattr(send, "hearth_paced", False):
+        async def handle_reply(self, protocol, message):
+            await _paced(send, self, protocol, message)
+
+        handle_reply.hearth_paced = True  # type: ignore[attr-defined]
+        daphne.server.Server.handle_reply = handle_reply

@@ -27,6 +27,7 @@ class Limits:
     header_timeout_s: float = 30.0  # a request's headers must arrive within this
     body_timeout_s: float = 120.0  # and its body within this once the headers are in
     idle_timeout_s: float = 60.0  # a keep-alive connection with no request is closed
+    write_timeout_s: float = 60.0  # a response whose client reads nothing for this long is cut
     # Prompts
     max_messages: int = 4096  # turns in one request (messages, input items)
     max_prompt_chars: int = 2_000_000  # characters of every message, system text and tool schema together
@@ -55,7 +56,8 @@ DEFAULT = Limits()
 ENV = {
     "max_body_bytes": "HEARTH_MAX_BODY_BYTES", "max_json_depth": "HEARTH_MAX_JSON_DEPTH",
     "header_timeout_s": "HEARTH_HEADER_TIMEOUT", "body_timeout_s": "HEARTH_BODY_TIMEOUT",
-    "idle_timeout_s": "HEARTH_IDLE_TIMEOUT", "max_messages": "HEARTH_MAX_MESSAGES",
+    "idle_timeout_s": "HEARTH_IDLE_TIMEOUT", "write_timeout_s": "HEARTH_WRITE_TIMEOUT",
+    "max_messages": "HEARTH_MAX_MESSAGES",
     "max_prompt_chars": "HEARTH_MAX_PROMPT_CHARS", "max_grammar_bytes": "HEARTH_MAX_GRAMMAR_BYTES",
     "max_grammar_choices": "HEARTH_MAX_GRAMMAR_CHOICES", "max_schema_depth": "HEARTH_MAX_SCHEMA_DEPTH",
     "grammar_timeout_s": "HEARTH_GRAMMAR_TIMEOUT", "grammar_cache_bytes": "HEARTH_GRAMMAR_CACHE_BYTES",

@@ -172,6 +172,8 @@ FLAGS: tuple[Flag, ...] = (
     _limit("--header-timeout", "header_timeout_s", _seconds, "seconds a request's headers may take to arrive (30)"),
     _limit("--body-timeout", "body_timeout_s", _seconds, "seconds a request's body may take after its headers (120)"),
     _limit("--idle-timeout", "idle_timeout_s", _seconds, "seconds an idle keep-alive connection stays open (60)"),
+    _limit("--write-timeout", "write_timeout_s", _seconds, "seconds a response (a stream included) may wait on a "
+           "client that reads nothing, then the connection is cut (60)"),
     _limit("--max-socket-text", "max_socket_text", _positive, "most characters in a dashboard chat message "
            "(200000)"),
     _limit("--max-media-bytes", "max_media_bytes", byte_count, "largest image or audio clip named by URL or data: "

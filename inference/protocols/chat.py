@@ -326,8 +326,9 @@ def template_variables(source: str) -> frozenset:
 
 
 def check_size(messages: list[dict], tools: list[dict] | None, kwargs: dict, template: str | None,
-               limits: Limits) -> None:
-    """Refuse a turn over `max_prompt_chars` before anything renders or tokenizes it."""
+               limits: Limits) -> int:
+    """Refuse a turn over `max_prompt_chars` before anything renders or
+    tokenizes it; its characters, when it is not."""
     chars = len(template or "")
     for m in messages:
         chars += len(m["content"])
@@ -340,6 +341,7 @@ def check_size(messages: list[dict], tools: list[dict] | None, kwargs: dict, tem
     if kwargs:
         chars += len(json.dumps(kwargs, ensure_ascii=False))
     check_chars(chars, "messages", limits)
+    return chars
 
 
 def check_chars(chars: int, param: str, limits: Limits, what: str = "the prompt") -> None:

@@ -17,7 +17,17 @@ from inference.engine.loader import LoadedModel
 from inference.engine.rows import Submission
 from inference.engine.types import EventStream, GenerationEvent, GenerationRequest, Usage
 from inference.engine.vision import Vision
-from inference.protocols import chat, harmony, images, markup, params, structured, tool_choice, unhonoured
+from inference.protocols import (
+    chat,
+    harmony,
+    images,
+    markup,
+    params,
+    prompt_work,
+    structured,
+    tool_choice,
+    unhonoured,
+)
 from inference.protocols.errors import RequestError
 from inference.protocols.options import Options, ServerDefaults
 from inference.protocols.output import Message, OutputParser, Piece, ToolDelta
@@ -62,6 +72,7 @@ class _Turn:
     images: list[chat.MediaRef] | None = None  # each image or video part, on a vision model
     think_budget: int | None = None  # the bound on the reasoning block the request asks for (chat.thinking_budget)
     continued: bool = False  # the reply continues the final assistant message (chat.continues)
+    chars: int = 0  # characters of the turn's messages, tools and template (chat.check_size)
 
 
 def _common(body: dict, model: LoadedModel, defaults: ServerDefaults, completion: bool = False) -> GenerationRequest:
@@ -98,7 +109,7 @@ def _read_chat(body: dict, model: LoadedModel, options: Options) -> _Turn:
     source = template or getattr(chat.hf_tokenizer(model), "chat_template", None)
     kwargs = chat.with_depth(kwargs, body.get("reasoning_effort"), source if isinstance(source, str) else None)
     tools = chat.tools_for(body)
-    chat.check_size(messages, tools, kwargs, template, limits)
+    chars = chat.check_size(messages, tools, kwargs, template, limits)
     single = not params.boolean(body, "parallel_tool_calls", True)  # at most one tool call per reply
     prepared = Prepared(_common(body, model, options.defaults), n=params.choices(body))
     budget = chat.thinking_budget(body, kwargs)
@@ -110,7 +121,7 @@ def _read_chat(body: dict, model: LoadedModel, options: Options) -> _Turn:
     spec = structured.requested(body, limits)
     if continued:
         _refuse_in_continuation(body, spec, tools)
-    return _Turn(prepared, spec, messages, tools, kwargs, template, single, images, budget, continued)
+    return _Turn(prepared, spec, messages, tools, kwargs, template, single, images, budget, continued, chars)
 
 
 def _refuse_in_continuation(body: dict, spec, tools: list[dict] | None) -> None:
@@ -178,8 +189,9 @@ async def prepare_chat(body: dict, model: LoadedModel, options: Options) -> Prep
         variables = {**_special_tokens(model), **turn.kwargs}
         rendered = await templates.render(turn.template, messages, turn.tools, variables,
                                           options.limits.max_prompt_chars, turn.continued)
-    prepared.request.prompt_tokens, think = await asyncio.to_thread(
-        chat.build_prompt, model, messages, turn.tools, turn.kwargs, rendered, turn.continued)
+    chars = turn.chars + len(rendered or "")
+    prepared.request.prompt_tokens, think = await prompt_work.run(
+        chars, chat.build_prompt, model, messages, turn.tools, turn.kwargs, rendered, turn.continued)
     prepared.request.continues = turn.continued
     if turn.images and model.vision is not None:
         await asyncio.to_thread(_with_images, prepared.request, turn.images, model.vision)
@@ -272,7 +284,7 @@ def _read_completion(body: dict, model: LoadedModel, options: Options):
 async def prepare_completion(body: dict, model: LoadedModel, options: Options) -> Prepared:
     prepared, spec, prompt = await asyncio.to_thread(_read_completion, body, model, options)
     await _constrain(prepared, spec, model, options)  # no template: the header is the only notice
-    prepared.request.prompt_tokens = await asyncio.to_thread(model.tokenizer.encode, prompt)
+    prepared.request.prompt_tokens = await prompt_work.run(len(prompt), model.tokenizer.encode, prompt)
     prepared.request.continues = True  # the text goes on from the prompt's: a first token's leading space is kept
     return prepared
 

@@ -1,6 +1,7 @@
 """Every cost bounded, on a server started with small limits: bodies over
 the cap get 413 before they are sent, slow headers and bodies 408, idle
-connections close; turns, prompt characters and socket fields are capped;
+connections close, a stream whose client reads nothing is cut and stops;
+turns, prompt characters and socket fields are capped;
 client chat templates render in a killable process with a time budget (and
 are refused by default, see test_hardening); a grammar that compiles too
 slowly fails its own request, never the others', and its compile is stopped."""
@@ -20,7 +21,8 @@ import websockets
 from tests.helpers import ServerProcess, children_running, server_env
 
 LIMITS = {"HEARTH_MAX_BODY_BYTES": str(1 << 20), "HEARTH_HEADER_TIMEOUT": "1", "HEARTH_BODY_TIMEOUT": "1",
-          "HEARTH_IDLE_TIMEOUT": "2", "HEARTH_MAX_MESSAGES": "50", "HEARTH_MAX_PROMPT_CHARS": "20000",
+          "HEARTH_IDLE_TIMEOUT": "2", "HEARTH_WRITE_TIMEOUT": "1", "HEARTH_MAX_MESSAGES": "50",
+          "HEARTH_MAX_PROMPT_CHARS": "20000",
           "HEARTH_MAX_SOCKET_TEXT": "1000", "HEARTH_TEMPLATE_TIMEOUT": "3", "HEARTH_GRAMMAR_TIMEOUT": "1",
           "HEARTH_MAX_GRAMMAR_CHOICES": "20000", "HEARTH_MAX_GRAMMAR_BYTES": str(1 << 20)}
 CHAT = {"messages": [{"role": "user", "content": "Hello there"}], "max_tokens": 4}
@@ -111,6 +113,37 @@ def test_slow_headers_slow_bodies_and_idle_connections_are_dropped(small):
     assert _read_all(idle) == b""  # closed by the server, with nothing to say
     assert time.monotonic() - started < 8
     assert httpx.get(small.url + "/health").status_code == 200
+
+
+def test_a_stream_nobody_reads_is_cut_and_its_generation_stops(small, eos_id):
+    """A client that reads nothing of its stream holds no more than a full
+    send buffer in the server: its writes wait, and after --write-timeout
+    its connection is cut and its rows stop, while other clients are served."""
+    def stats() -> dict:
+        return httpx.get(small.url + "/stats").json()["engine"]
+
+    before = stats()["generated_tokens_total"]
+    rows, most = 8, 1900  # all the rows one request may ask for, nearly to the tiny model's 2048-token window
+    body = json.dumps({**CHAT, "stream": True, "n": rows, "max_tokens": most, "temperature": 1.0,
+                       "logprobs": True, "top_logprobs": 11, "logit_bias": {str(eos_id): -100}}).encode()
+    reader = socket.socket()
+    reader.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    reader.connect(("127.0.0.1", small.port))
+    reader.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                   + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    reader.settimeout(30)
+    assert reader.recv(12).startswith(b"HTTP/1.1 200")  # streaming; from now on nothing is read for a while
+    other = httpx.post(small.url + "/v1/chat/completions", json=CHAT, timeout=60)
+    assert other.status_code == 200 and other.json()["usage"]["completion_tokens"] == 4
+    time.sleep(3)  # past the 1 s write timeout, the send buffer long full
+    rest = _read_all(reader)
+    reader.close()
+    assert b"data: [DONE]" not in rest  # cut before its end
+    deadline = time.monotonic() + 60
+    while stats()["active"] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert stats()["active"] == 0
+    assert stats()["generated_tokens_total"] - before < rows * most  # its rows stopped at the cut
 
 
 def test_turns_and_prompt_characters_are_capped(small):

@@ -1,0 +1,46 @@
+"""A burst of huge prompts cannot take every core and gigabytes from the
+others: prompts over `prompt_work.LARGE_CHARS` characters are rendered and
+tokenized one at a time, and a small prompt never waits behind them."""
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from inference.protocols import chat, prompt_work
+
+CHAT = {"messages": [{"role": "user", "content": "Hello there"}], "max_tokens": 4}
+
+
+def test_large_prompts_are_built_one_at_a_time_and_small_ones_pass_them(inproc, monkeypatch):
+    real, lock, release = chat.build_prompt, threading.Lock(), threading.Event()
+    inside, most = [0], [0]
+
+    def build(model, messages, *args):
+        if sum(len(m["content"]) for m in messages) <= prompt_work.LARGE_CHARS:
+            return real(model, messages, *args)
+        with lock:
+            inside[0] += 1
+            most[0] = max(most[0], inside[0])
+        try:
+            release.wait(60)  # held until the small request below has been answered
+            return real(model, messages, *args)
+        finally:
+            with lock:
+                inside[0] -= 1
+
+    monkeypatch.setattr(chat, "build_prompt", build)
+    big = {**CHAT, "messages": [{"role": "user", "content": "hello " * 20_000}]}  # 120,000 characters
+    with ThreadPoolExecutor(3) as pool:
+        larges = [pool.submit(inproc.post, "/v1/chat/completions", json=big) for _ in range(3)]
+        deadline = time.monotonic() + 60
+        while inside[0] + prompt_work.waiting < 3 and time.monotonic() < deadline:  # all three have arrived
+            time.sleep(0.02)
+        small = inproc.post("/v1/chat/completions", json=CHAT)
+        assert small.status_code == 200 and small.json()["usage"]["completion_tokens"] == 4
+        release.set()
+        answers = [f.result(timeout=120) for f in larges]
+    assert most[0] == 1
+    for answer in answers:  # far over the tiny model's 2048-token window, in OpenAI's shape
+        assert answer.status_code == 400 and answer.json()["error"]["code"] == "context_length_exceeded"
+    assert prompt_work.waiting == 0 and prompt_work.running == 0
