@@ -10,10 +10,12 @@ conversation: starting another stops the previous one.
 
 On disk (HEARTH_HOME/streams, `disk.py`): each stream's bytes and record,
 written behind it by one thread, at most `disk.FLUSH_S` later, never on the
-event loop; the record is also written (by that thread, awaited) when the
-stream begins, before any reader gets a byte, so a stream is never unknown
-after a crash. A stream still marked live whose process died is ended
-with its `on_crash` event when the store opens. A stream
+event loop; the record is also written (by that thread) when the stream
+begins, and its generation starts once it is on disk, so a stream is never
+unknown after a crash. From its beginning a stream is its own task: a
+reader that leaves, even before the record is written, leaves it running.
+A stream still marked live whose process died is ended with its
+`on_crash` event when the store opens. A stream
 is kept `ttl_s` after it ends, each at most `cap` bytes, all of them at most
 `total` (finished ones are dropped oldest first to make room).
 
@@ -104,6 +106,7 @@ class Streams:
         self.by_id: dict[str, Stream] = {}  # conversation id -> its latest stream
         self.gone: list[Stream] = []  # replaced streams, deleted once nobody follows them
         self.relayed: dict[str, StopFn] = {}  # record=False: live generations, for their stop
+        self._beginning: set[Stream] = set()  # streams whose record is on its way, their generation not begun
         self._claims: dict[str, asyncio.Lock] = {}  # one start or stop at a time per conversation
         self._overlaps: set[asyncio.Task] = set()  # stops of another node's stream begun at the same moment
         self.writer: Writer | None = None
@@ -133,7 +136,7 @@ class Streams:
             if stream.live:
                 stream.finish("interrupted", stream.meta.on_crash.encode())
                 ended.append(stream)
-                if stream.task is not None:
+                if stream.task is not None and stream not in self._beginning:  # one beginning stops itself
                     stream.task.cancel()
                 self._dirty(stream)
         if self.shared is not None:
@@ -170,17 +173,48 @@ class Streams:
             self._make_room()
             stream = self._begin(conversation_id, kind, model, stop, error_event, context, holder, request)
             stream.failed_fn = failed
+            # Its own task from here: a reader that leaves while the record is written leaves it running.
+            self._beginning.add(stream)
+            stream.task = asyncio.ensure_future(self._run(stream, producer, error_event))
+            return stream.follow(0)
+
+    async def _run(self, stream: Stream, producer: AsyncIterator[bytes], error_event) -> None:
+        """A begun stream's record on disk (and in Redis), before its first
+        byte, then its generation to the end. A stream the shutdown ended
+        meanwhile, or one that could not be shared, never starts its
+        generation: it is asked to stop, as the engine still holds it."""
+        try:
             await self._record(stream)
-            if not stream.live:  # the server began its shutdown meanwhile: the generation never starts
-                await close_quietly(producer)
-                return stream.follow(0)
-            if self.shared is not None:
+            if stream.live and self.shared is not None:
                 await self.shared.run(self._command)
                 before = await self.shared.begin(stream)  # before its first byte: the meta, then the bytes
                 if before is not None and before != stream.sid:
                     self._overlap(before)
-            stream.task = asyncio.ensure_future(self._pump(stream, producer, error_event))
-            return stream.follow(0)
+        except BaseException as exc:
+            self._beginning.discard(stream)
+            if isinstance(exc, asyncio.CancelledError):
+                await self._finish(stream, "interrupted", stream.meta.on_crash.encode())
+            else:
+                log.warning("stream %s could not begin: %s", stream.meta.conversation_id, exc)
+                await self._finish(stream, "failed", error_event(f"the stream could not begin: {exc}"))
+            await self._never_ran(stream, producer)
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+            return
+        self._beginning.discard(stream)
+        if not stream.live:  # the server began its shutdown meanwhile
+            await self._never_ran(stream, producer)
+            return
+        await self._pump(stream, producer, error_event)
+
+    async def _never_ran(self, stream: Stream, producer: AsyncIterator[bytes]) -> None:
+        """Stop a generation whose stream ended before it began: closing a
+        generator never started runs none of its `finally` blocks."""
+        self._dirty(stream)
+        if stream.stop_fn is not None:
+            with contextlib.suppress(Exception):
+                await stream.stop_fn()
+        await close_quietly(producer)
 
     def _overlap(self, sid: str) -> None:
         """The conversation's stream before this one, as Redis had it: if it
