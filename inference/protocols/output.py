@@ -133,6 +133,9 @@ class OutputParser:
     # How far the open `<tool_call>` JSON body has been read for its end tag: (where, inside a string, after a
     # backslash there); `_end_at`. None: not that markup, or its end tag is looked for as plain text.
     _scan: tuple[int, bool, bool] | None = None
+    # Where the open call's end tag first came inside what reads as a JSON string (None: not yet). A streamed
+    # call's arguments go out only up to there: if its quoting went wrong, that tag ends it (`finish`).
+    _tag_in_string: int | None = None
 
     def take_deltas(self) -> list[ToolDelta]:
         """The call deltas since the last take, in order."""
@@ -199,7 +202,10 @@ class OutputParser:
             self._emit(out, self._held[: len(self._held) - keep])
             self._held = self._held[len(self._held) - keep:]
         elif self._tool_open.family in STREAMED_FAMILIES:
-            self._stream_arguments(self._held[: len(self._held) - keep])
+            upto = len(self._held) - keep
+            if self._tag_in_string is not None:
+                upto = min(upto, self._tag_in_string)
+            self._stream_arguments(self._held[:upto])
         yield out
 
     def _find(self, tag: str) -> int:
@@ -225,6 +231,12 @@ class OutputParser:
         while at < len(held):
             ch = held[at]
             if in_string:
+                if self._tag_in_string is None:
+                    if held.startswith(tag, at):
+                        self._tag_in_string = at
+                    elif tag.startswith(held[at:]):  # may be the tag's beginning: the next delta decides
+                        self._scan = (at, in_string, escaped)
+                        return -1
                 escaped, in_string = not escaped and ch == "\\", escaped or ch != '"'
             elif ch == '"':
                 in_string = True
@@ -281,11 +293,11 @@ class OutputParser:
             reader, self.harmony = self.harmony, None
             out = self.feed(reader.finish(cut))
             self.harmony = reader
-        if self._tool_open is not None and self._scan is not None and self._streaming is None and not cut and \
+        if self._tool_open is not None and self._scan is not None and not cut and \
                 self._tool_open.family == "json_tools" and self._tool_open.end in self._held:
             # The end tag came only inside what read as a JSON string: the call's quoting went wrong, and its
             # first end tag is taken as its end, as in a body that is not JSON (a streamed call's arguments
-            # have gone out as far as the text went, and keep it).
+            # went out only up to that tag: `_tag_in_string`).
             self._scan = None
             out += [piece for pieces in self._split() for piece in pieces]
         if self._tool_open is not None:
@@ -320,11 +332,11 @@ class OutputParser:
             self._after_think = True
         else:
             self._tool_open = next(m for m in self.markups if m.start == tag)
-            self._scan = (0, False, False)
+            self._scan, self._tag_in_string = (0, False, False), None
 
     def _close_tool(self, out: list[Piece], markup: Markup, body: str, closed: bool, cut: bool = False) -> None:
         """End `markup`: its calls, or, unreadable, the text."""
-        self._tool_open = None
+        self._tool_open, self._tag_in_string = None, None
         if self._streaming is not None:
             self._stream_arguments(body)
             if cut and not closed and not self._streaming.args.done:

@@ -101,6 +101,23 @@ def test_unconstrained_calls_stream_through_the_output_parser():
     assert json.loads(parser.calls[0].arguments) == {"path": "notes.md", "body": "# Title\nSome text", "mode": "420"}
 
 
+def test_a_streamed_call_whose_quoting_went_wrong_ends_at_its_first_end_tag():
+    """An offered tool's call streams its arguments as they come; when a string
+    is left open and the end tag comes only inside it, the arguments go out only
+    up to that tag, the tag ends the call, and what follows is the reply's text
+    (as for a call that never streamed)."""
+    text = '<tool_call>{"name":"write","arguments":{"path":"a}}</tool_call>\nDone, see above.'
+    for step in (1, 7, len(text)):
+        parser = OutputParser(tools=TOOLS)
+        out = [p for end in range(0, len(text), step) for p in parser.feed(text[end:end + step])]
+        out += parser.finish()
+        deltas = parser.take_deltas()
+        assert "".join(p.text for p in out) == "\nDone, see above.", step
+        assert len(parser.calls) == 1 and json.loads(parser.calls[0].arguments) == {"path": "a}}"}, step
+        assert "".join(d.arguments for d in deltas) == parser.calls[0].arguments, step
+        assert "</tool_call>" not in "".join(d.arguments for d in deltas), step
+
+
 def test_a_call_to_a_tool_nobody_offered_does_not_stream():
     parser = OutputParser(tools=TOOLS)
     text = '<tool_call>{"name": "rm", "arguments": {"path": "/"}}</tool_call>'
