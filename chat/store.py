@@ -161,7 +161,8 @@ def ask(session: ChatSession, text: str, images: list[str] | None = None) -> Cha
 
 def only_an_error(entry: ChatEntry) -> bool:
     """An answer that is only why its turn failed: nothing the model wrote, so
-    nothing the model reads again (`toolloop.replay`) and no answer to follow."""
+    no answer for a new question to follow (`ask` makes it a sibling of the
+    question that failed)."""
     if entry.role != "assistant" or entry.content:
         return False
     meta = _meta(entry.meta_json)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from asgiref.sync import sync_to_async
 
-from chat import appctx, mcp, store
+from chat import appctx, mcp
 from chat import tools as chat_tools
 
 MAX_ROUNDS = 8
@@ -60,10 +60,9 @@ class TurnState:
 
 
 def replay(entry) -> list[dict]:
-    """The messages an assistant entry stands for, tool rounds included; none
-    for a turn that failed before it wrote anything (its error is the page's)."""
-    if store.only_an_error(entry):
-        return []
+    """The messages an assistant entry stands for, tool rounds included (an
+    answer that is only an error reads as an empty one: its error is the
+    page's, and a question queued behind it still follows an answer)."""
     meta = json.loads(entry.meta_json or "{}")
     rounds = meta.get("toolRounds") or []
     out, used = [], 0

@@ -209,6 +209,7 @@ LOGGING = {
         # httpx logs each request it sends at INFO: a router's forwarded requests, the hub's, a command's
         # own calls to the server. The log says what Hearth did, not each request under it.
         "httpx": {"level": "WARNING"},
+        "httpx2": {"level": "WARNING"},  # the same, as huggingface_hub and the SDKs name it here
     },
 }
 

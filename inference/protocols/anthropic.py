@@ -8,10 +8,10 @@ import re
 import uuid
 
 from inference.protocols import unhonoured
+from inference.protocols.chat import AUDIO_PARTS
 from inference.protocols.errors import RequestError
 from inference.protocols.params import MAX_STOP_SEQUENCES, SAMPLING
 
-AUDIO_BLOCKS = {"input_audio", "audio", "audio_url"}
 # The chat-side fields Messages requests may carry besides their own (temperature, top_p and
 # top_k are Messages fields too).
 EXTRAS = (*(f for f in SAMPLING if f not in ("temperature", "top_p", "top_k")),
@@ -36,7 +36,7 @@ def _refuse_media(block: dict, where: str) -> None:
     kind = block.get("type")
     if not isinstance(kind, str):
         raise RequestError(f"{where}.type must be a string", where)
-    if kind in AUDIO_BLOCKS:
+    if kind in AUDIO_PARTS:
         raise RequestError("the Messages protocol has no audio input; send audio to /v1/chat/completions "
                            "as an input_audio part", where)
 

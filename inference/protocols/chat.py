@@ -26,6 +26,7 @@ TOOL_CHOICES = ("none", "auto", "required")
 
 IMAGE_PARTS = ("image_url", "image", "input_image")
 VIDEO_PARTS = ("video_url", "video")
+AUDIO_PARTS = ("input_audio", "audio", "audio_url")  # chat completions transcribes them (serving/routes/audio.py)
 VIDEO_FRAMES = 8  # the stills a video part is sampled into, spread evenly over the clip
 
 
@@ -64,7 +65,7 @@ def text_of(content, where: str, images: list | None = None, marker: str = "") -
                 raise RequestError("video input needs a vision model: this model has no vision sidecar", at)
             images.append(MediaRef(video_url(part, at), at, video=True))
             texts.append(marker * VIDEO_FRAMES)
-        elif kind in ("input_audio", "audio", "audio_url"):  # chat completions transcribes them before this
+        elif kind in AUDIO_PARTS:  # chat completions transcribes them before this
             raise RequestError("audio parts are taken by /v1/chat/completions, where the Whisper model transcribes "
                                "them (no chat model here has an audio tower); send text here", at)
         else:

@@ -275,7 +275,7 @@ def train(recipe: Recipe, out: Path, progress=None, checkpoint=None, resume_path
                 progress(step, recipe.steps, loss_value, time.monotonic() - started)
             if resume_path is not None and step < recipe.steps and (step in CHECKPOINTS or stop.asked):
                 _save_resume(resume_path, ident, step, loss_value, model, optimizer)
-            if stop.asked:
+            if stop.asked and step < recipe.steps:  # asked during the last step: the build finishes instead
                 if progress:
                     progress(step, recipe.steps, loss_value, time.monotonic() - started)
                 raise KeyboardInterrupt
@@ -334,9 +334,10 @@ class _StopAsked:
     in the training loop, when `graceful`: the step under way finishes and
     its state is saved before the KeyboardInterrupt, since one raised amid a
     step (most often in `mx.eval`) leaves the model and the optimizer a step
-    apart from the last one counted. A second signal acts at once. A signal
-    is left as it is where its handler is not Python's default (ignored,
-    another handler) or outside the main thread."""
+    apart from the last one counted. A second Ctrl-C acts at once (a second
+    SIGTERM does not: `_asked`). A signal is left as it is where its handler
+    is not Python's default (ignored, another handler) or outside the main
+    thread."""
 
     DEFAULTS: dict[signal.Signals, Any] = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL}
 
@@ -353,8 +354,12 @@ class _StopAsked:
         return self
 
     def _asked(self, signum, frame) -> None:
+        """A second Ctrl-C acts at once; a SIGTERM after the first signal is the
+        same request (a terminal's Ctrl-C reaches the build, then its server
+        stops it): the step still finishes and is saved."""
         self.asked = True
-        self._restore()
+        if signal.SIGINT in self.installed:
+            signal.signal(signal.SIGINT, self.DEFAULTS[signal.SIGINT])
 
     def _restore(self) -> None:
         for signum in self.installed:

@@ -30,6 +30,7 @@ from inference.engine import vad
 from inference.engine.errors import EngineError, EngineTimeout
 from inference.engine.speech import SHORTEST, WINDOW, NoWhisperModel, Options, Take, Transcriber, windows
 from inference.protocols import transcription, unhonoured
+from inference.protocols.chat import AUDIO_PARTS
 from inference.protocols.errors import RequestError
 from serving.routes.pipeline import IGNORED_HEADER, read_body
 
@@ -262,9 +263,6 @@ async def transcriptions(request: HttpRequest):
 @router.post("/audio/translations", openapi_extra=documented(TranscriptionRequest, MULTIPART))
 async def translations(request: HttpRequest):
     return await _transcribe(request, "translate")
-
-
-AUDIO_PARTS = ("input_audio", "audio", "audio_url")
 
 
 async def _part_audio(part: dict, where: str) -> bytes:

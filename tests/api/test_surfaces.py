@@ -128,6 +128,7 @@ def test_the_requests_hearth_sends_are_not_logged_one_a_line():
 
     import django
     import httpx
+    import httpx2
 
     django.setup()
     records: list[logging.LogRecord] = []
@@ -135,8 +136,9 @@ def test_the_requests_hearth_sends_are_not_logged_one_a_line():
     catch.emit = records.append  # type: ignore[method-assign]
     logging.getLogger().addHandler(catch)
     try:
-        with httpx.Client(transport=httpx.MockTransport(lambda request: httpx.Response(200))) as client:
-            assert client.get("http://127.0.0.1:1/v1/models").status_code == 200
+        for http in (httpx, httpx2):  # httpx2: what huggingface_hub and the SDKs send with here
+            with http.Client(transport=http.MockTransport(lambda request, http=http: http.Response(200))) as client:
+                assert client.get("http://127.0.0.1:1/v1/models").status_code == 200
     finally:
         logging.getLogger().removeHandler(catch)
     assert [r.getMessage() for r in records if r.name.startswith("httpx")] == []

@@ -275,10 +275,13 @@ def test_a_refused_turn_keeps_why_and_regenerate_tries_again(engine):
 
     history = asyncio.run(run())
     refused = ChatEntry.objects.get(id=history[1]["id"])
-    assert toolloop.replay(refused) == []  # not in what the model reads
+    assert toolloop.replay(refused) == [{"role": "assistant", "content": ""}]  # its error is not the model's
     session = refused.session
     session.leaf = refused
     session.save(update_fields=["leaf"])
     follow_up = store.ask(session, "and now?")  # after an answer that is only an error: its question's sibling
     assert follow_up.parent_id == refused.parent.parent_id
     assert [m["role"] for m in messages_for(session, follow_up)] == ["user"]
+    queued = store.add(session, refused, "user", "one queued behind it")  # as a turn's queue stores it
+    assert [(m["role"], m["content"]) for m in messages_for(session, queued)][1:] == [
+        ("assistant", ""), ("user", "one queued behind it")]

@@ -87,15 +87,17 @@ def test_a_build_cut_short_after_a_checkpoint_trains_only_the_steps_left(uninter
     assert not state.exists()
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])  # Ctrl-C; a server stopping its build
-def test_a_stop_between_checkpoints_saves_the_step_it_reached(uninterrupted, tmp_path, signum):
+# Ctrl-C; a server stopping its build; a terminal's Ctrl-C, then its server's SIGTERM (the same request).
+@pytest.mark.parametrize("signums", [(signal.SIGINT,), (signal.SIGTERM,), (signal.SIGINT, signal.SIGTERM)])
+def test_a_stop_between_checkpoints_saves_the_step_it_reached(uninterrupted, tmp_path, signums):
     state = tmp_path / "chat.safetensors"
     told: list[int] = []
     before = signal.signal(signal.SIGTERM, signal.SIG_DFL)  # as in a build's process
 
     def progress(step, total, loss, seconds):
-        if step == 5 and not told:  # a real signal: the step under way (here, done) is saved, then KeyboardInterrupt
-            os.kill(os.getpid(), signum)
+        if step == 5 and not told:  # real signals: the step under way (here, done) is saved, then KeyboardInterrupt
+            for signum in signums:
+                os.kill(os.getpid(), signum)
         told.append(step)
 
     try:
@@ -277,3 +279,15 @@ def test_a_server_reads_the_step_saved_from_the_files_header(tmp_path):
     assert resume.saved_step(state) == 4
     state.write_bytes(b"\x00not safetensors" * 64)
     assert resume.saved_step(state) is None
+
+
+def test_a_stop_during_the_last_step_lets_the_build_finish(uninterrupted, tmp_path):
+    state = tmp_path / "chat.safetensors"
+
+    def progress(step, total, loss, seconds):
+        if step == total:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    snapshot, built = demo.build(tmp_path, SMALL, progress=progress, resume_path=state)
+    assert built and not state.exists() and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    _same_model(snapshot, uninterrupted)
