@@ -26,6 +26,17 @@ def checkpoints(monkeypatch):
     monkeypatch.setattr(demo, "CHECKPOINTS", (0, 4, 8))
 
 
+@pytest.fixture
+def default_signals():
+    """SIGINT and SIGTERM as a build's own process has them: a pytest-xdist
+    worker ignores SIGINT, and the build leaves a signal it does not own alone."""
+    before = {signum: signal.signal(signum, handler)
+              for signum, handler in ((signal.SIGINT, signal.default_int_handler), (signal.SIGTERM, signal.SIG_DFL))}
+    yield
+    for signum, handler in before.items():
+        signal.signal(signum, handler)
+
+
 class Killed(Exception):
     """What a SIGKILL leaves: nothing after it runs (the Ctrl-C save is for KeyboardInterrupt)."""
 
@@ -89,10 +100,9 @@ def test_a_build_cut_short_after_a_checkpoint_trains_only_the_steps_left(uninter
 
 # Ctrl-C; a server stopping its build; a terminal's Ctrl-C, then its server's SIGTERM (the same request).
 @pytest.mark.parametrize("signums", [(signal.SIGINT,), (signal.SIGTERM,), (signal.SIGINT, signal.SIGTERM)])
-def test_a_stop_between_checkpoints_saves_the_step_it_reached(uninterrupted, tmp_path, signums):
+def test_a_stop_between_checkpoints_saves_the_step_it_reached(uninterrupted, tmp_path, signums, default_signals):
     state = tmp_path / "chat.safetensors"
     told: list[int] = []
-    before = signal.signal(signal.SIGTERM, signal.SIG_DFL)  # as in a build's process
 
     def progress(step, total, loss, seconds):
         if step == 5 and not told:  # real signals: the step under way (here, done) is saved, then KeyboardInterrupt
@@ -100,12 +110,9 @@ def test_a_stop_between_checkpoints_saves_the_step_it_reached(uninterrupted, tmp
                 os.kill(os.getpid(), signum)
         told.append(step)
 
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            demo.build(tmp_path, SMALL, progress=progress, resume_path=state)
-        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
-    finally:
-        signal.signal(signal.SIGTERM, before)
+    with pytest.raises(KeyboardInterrupt):
+        demo.build(tmp_path, SMALL, progress=progress, resume_path=state)
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
     assert state.exists() and signal.getsignal(signal.SIGINT) is signal.default_int_handler
     assert told == [5, 5]  # the step reached is told once more as it stops: the build's state says it
     snapshot, seen = _build(tmp_path, state)
@@ -281,7 +288,7 @@ def test_a_server_reads_the_step_saved_from_the_files_header(tmp_path):
     assert resume.saved_step(state) is None
 
 
-def test_a_stop_during_the_last_step_lets_the_build_finish(uninterrupted, tmp_path):
+def test_a_stop_during_the_last_step_lets_the_build_finish(uninterrupted, tmp_path, default_signals):
     state = tmp_path / "chat.safetensors"
 
     def progress(step, total, loss, seconds):
