@@ -121,7 +121,7 @@ def start_services(no_worker: bool):
     from jobs.runner import mark_zombies
 
     mark_zombies()
-    supervisor = WorkerSupervisor()
+    supervisor = WorkerSupervisor(server_stopping=lambda: runtime.draining)
     supervisor.start()
     return supervisor
 

@@ -19,7 +19,7 @@ import signal
 import subprocess
 import sys
 import threading
-import time
+from collections.abc import Callable
 from pathlib import Path
 
 from core import home
@@ -127,9 +127,14 @@ def stop_strays(folder: Path | None = None, grace: float = STRAY_GRACE_S) -> lis
 
 
 class WorkerSupervisor:
-    def __init__(self):
+    """Keeps one job worker running beside the server. `server_stopping()`
+    says the server has begun its stop: a worker that exits then (a
+    terminal's Ctrl-C reaches the whole process group) is not started again."""
+
+    def __init__(self, server_stopping: Callable[[], bool] = lambda: False):
         self.proc: subprocess.Popen | None = None
         self.restarts = 0
+        self.server_stopping = server_stopping
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="hearth-worker-supervisor", daemon=True)
 
@@ -161,11 +166,11 @@ class WorkerSupervisor:
             log.info("job worker started (pid %d)", self.proc.pid)
             code = self.proc.wait()
             self._forget(self.proc.pid)
-            if self._stopping.is_set():
+            # A moment first: the signal that stopped the worker may be the server's own stop, not yet seen.
+            if self._stopping.wait(RESTART_DELAY_S) or self.server_stopping():
                 return
             self.restarts += 1
             log.warning("job worker exited with %s; restarting", code)
-            time.sleep(RESTART_DELAY_S)
 
     def stop(self, timeout: float = 10.0) -> None:
         self._stopping.set()

@@ -172,3 +172,35 @@ def test_a_failed_job_says_why_in_words():
     assert reason(ModelNotFound("model 'a/b' is neither a directory")) == "model 'a/b' is neither a directory"
     assert reason(KeyError("text")) == "KeyError: 'text'"
     assert reason(ValueError()) == "ValueError: "
+
+
+def test_a_worker_that_exits_as_the_server_stops_is_not_started_again(monkeypatch, caplog):
+    """A terminal's Ctrl-C reaches the worker too, which exits before the server
+    stops it: no "restarting" warning, no new worker. One that exits while the
+    server serves is started again."""
+    import logging
+    import subprocess
+    import sys
+    import time
+
+    from jobs import supervisor as sup
+
+    for stopping, restarted in ((True, False), (False, True)):
+        spawned: list[subprocess.Popen] = []
+
+        def spawn(self, spawned=spawned):
+            spawned.append(subprocess.Popen([sys.executable, "-c", "pass"]))
+            return spawned[-1]
+
+        monkeypatch.setattr(sup.WorkerSupervisor, "_spawn", spawn)
+        monkeypatch.setattr(sup, "RESTART_DELAY_S", 0.2)
+        supervisor = sup.WorkerSupervisor(server_stopping=lambda stopping=stopping: stopping)
+        with caplog.at_level(logging.WARNING, logger="hearth.jobs"):
+            caplog.clear()
+            supervisor.start()
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and (len(spawned) < 2 if restarted else supervisor._thread.is_alive()):
+                time.sleep(0.05)
+            supervisor.stop()
+        assert (len(spawned) >= 2) is restarted and (supervisor.restarts > 0) is restarted, stopping
+        assert any("restarting" in r.getMessage() for r in caplog.records) is restarted, stopping
