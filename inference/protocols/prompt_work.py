@@ -15,7 +15,6 @@ No Django here."""
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
@@ -25,20 +24,6 @@ T = TypeVar("T")
 LARGE_CHARS = 64 * 1024  # a build of more characters than this is a large one
 
 _large = ThreadPoolExecutor(1, thread_name_prefix="hearth-large-prompt")
-_lock = threading.Lock()
-waiting = 0  # large builds sent to the thread and not yet begun
-running = 0  # large builds running now (0 or 1)
-
-
-def _counted(fn: Callable[..., T], *args) -> T:
-    global waiting, running
-    with _lock:
-        waiting, running = waiting - 1, running + 1
-    try:
-        return fn(*args)
-    finally:
-        with _lock:
-            running -= 1
 
 
 async def run(chars: int, fn: Callable[..., T], *args) -> T:
@@ -48,7 +33,4 @@ async def run(chars: int, fn: Callable[..., T], *args) -> T:
     thread cannot be stopped."""
     if chars <= LARGE_CHARS:
         return await asyncio.to_thread(fn, *args)
-    global waiting
-    with _lock:
-        waiting += 1
-    return await asyncio.get_running_loop().run_in_executor(_large, _counted, fn, *args)
+    return await asyncio.get_running_loop().run_in_executor(_large, fn, *args)
