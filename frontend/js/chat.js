@@ -441,7 +441,7 @@ export function createChat(hooks = {}) {
     const body = item.role === "user" ? h("div", { class: "body" }, turnImages(item), item.content) : h("div", { class: "body" },
       item.reasoning ? h("details", { class: "thinking" }, h("summary", {}, "Thinking"), markdown(item.reasoning)) : null,
       ...answerParts(item),
-      item.meta?.error ? h("p", { class: "error", role: "alert" }, `Not answered: ${item.meta.error}`) : null);
+      item.meta?.error ? h("p", { class: "error", role: "alert" }, `${item.content ? "The reply broke off" : "Not answered"}: ${item.meta.error}`) : null);
     const tools = h("div", { class: "tools" });
     if (item.role === "assistant") {
       if (item.content) {
