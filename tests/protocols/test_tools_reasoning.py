@@ -196,7 +196,9 @@ def test_enforced_calls_stream_their_arguments_in_pieces_on_every_protocol(base_
 
     tok = Tokenizer.from_file(snapshot_download(tiny_model, local_files_only=True) + "/tokenizer.json")
     quiet = {str(i): -100 for i in range(tok.get_vocab_size()) if not tok.decode([i]).strip()}
-    params = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
+    # A city of 40 characters at least: the model writes it token by token, so on a fast machine too its
+    # arguments take longer than a stream's 8 ms pace and come in several pieces (an empty city did not).
+    params = {"type": "object", "properties": {"city": {"type": "string", "minLength": 40, "maxLength": 60},
                                                "days": {"type": "integer", "minimum": 1, "maximum": 9}},
               "required": ["city", "days"], "additionalProperties": False}
 
