@@ -97,13 +97,13 @@ def card() -> dict:
 
 def planned_line() -> str:
     """`line()` without importing MLX (a process that serves none: the router)."""
-    from core.blas import blas_in_use
+    from core.blas import blas_in_use, cpu_model
 
     if sys.platform == "darwin":
         return "the GPU (Metal)"
     if gpu_expected():
         return "the GPU (MLX's CUDA build; no CPU BLAS is chosen)"
-    return f"CPU, BLAS: {blas_in_use()}"
+    return f"CPU ({cpu_model()}), BLAS: {blas_in_use()}"
 
 
 def line() -> str:

@@ -39,7 +39,9 @@ def test_this_machine():
     assert device.gpu_expected() is expected
     assert (device.describe()["type"] == "gpu") is expected
     if not expected:
-        assert device.planned_line().startswith("CPU, BLAS: ")
+        from core.blas import cpu_model
+
+        assert device.planned_line().startswith(f"CPU ({cpu_model()}), BLAS: ")
         assert device.card()["type"] == "cpu" and device.card()["memory_bytes"] == device.ram_bytes()
         described = device.describe()
         assert described["type"] == "cpu" and described["memory_bytes"] == device.ram_bytes() > 0
