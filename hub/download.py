@@ -42,7 +42,9 @@ class RemoteFile:
 
 @dataclass
 class Progress:
-    """What a download reports while it runs."""
+    """What a download reports while it runs. `received_bytes` counts what is
+    on disk, including what an earlier run left; the rate counts only the
+    bytes this run moved, so a resumed download reports its real speed."""
 
     files_total: int = 0
     files_done: int = 0
@@ -50,16 +52,24 @@ class Progress:
     received_bytes: int = 0
     current_file: str | None = None
     bytes_per_sec: float = 0.0
+    moved_bytes: int = 0  # fetched over the network by this run
     _samples: deque = field(default_factory=deque)
 
     def add(self, n: int) -> None:
+        """`n` bytes just arrived from the hub (0: a request starts, so its wait counts as time)."""
         self.received_bytes += n
+        self.moved_bytes += n
         now = time.monotonic()
-        self._samples.append((now, self.received_bytes))
+        self._samples.append((now, self.moved_bytes))
         while len(self._samples) > 2 and now - self._samples[0][0] > RATE_WINDOW_S:
             self._samples.popleft()
         first_t, first_b = self._samples[0]
-        self.bytes_per_sec = (self.received_bytes - first_b) / (now - first_t) if now > first_t else 0.0
+        self.bytes_per_sec = (self.moved_bytes - first_b) / (now - first_t) if now > first_t else 0.0
+
+    def found(self, n: int) -> None:
+        """`n` bytes already on disk from an earlier run (negative: a partial file dropped): they
+        count toward `received_bytes`, never toward the rate."""
+        self.received_bytes += n
 
 
 def repo_dir(cache: Path, repo_id: str) -> Path:
@@ -141,7 +151,7 @@ def _fetch(url: str, part: Path, remote: RemoteFile, token: str | None, progress
     if have > remote.size:
         part.unlink()
         have = 0
-    progress.add(have)  # what an earlier run already fetched
+    progress.found(have)  # what an earlier run already fetched
     if have == remote.size:
         part.touch()  # an empty file has nothing to fetch
         return
@@ -150,17 +160,18 @@ def _fetch(url: str, part: Path, remote: RemoteFile, token: str | None, progress
         headers["Authorization"] = f"Bearer {token}"
     if have:
         headers["Range"] = f"bytes={have}-"
+    progress.add(0)  # the rate's clock starts with the request
     try:
         response = _open(url, headers)
     except urllib.error.HTTPError as exc:
         if exc.code == 416 and have:  # the range is past the end: start over
             part.unlink()
-            progress.add(-have)
+            progress.found(-have)
             return _fetch(url, part, remote, token, progress, stop)
         raise RuntimeError(f"{remote.path}: the hub answered {exc.code} {exc.reason}") from None
     with response:
         if have and response.status != 206:  # no range support: start over
-            progress.add(-have)
+            progress.found(-have)
             have = 0
         with open(part, "ab" if have else "wb") as f:
             while block := response.read1(CHUNK):
@@ -208,7 +219,7 @@ def _download(repo_id, revision, root, token, progress, report, stop) -> tuple[s
         report(progress)
         blob = root / "blobs" / remote.etag
         if blob.exists() and blob.stat().st_size == remote.size:
-            progress.add(remote.size)
+            progress.found(remote.size)
         else:
             part = root / "blobs" / f"{remote.etag}.incomplete"
             url = f"{constants.ENDPOINT}/{repo_id}/resolve/{commit}/{quote(remote.path)}"
@@ -238,6 +249,9 @@ class _Reporting:
 
     def __init__(self, progress: Progress, report: Callable[[Progress], None]):
         self.progress, self.report, self.last = progress, report, 0.0
+
+    def found(self, n: int) -> None:
+        self.progress.found(n)
 
     def add(self, n: int) -> None:
         self.progress.add(n)

@@ -52,7 +52,8 @@ def describe(path: Path) -> dict:
     weights = path / "adapters.safetensors"
     return {"path": str(path), "rank": lora.get("rank"), "scale": lora.get("scale"),
             "base_model": config.get("base_model") or config.get("model"), "method": config.get("method"),
-            "size_bytes": weights.stat().st_size if weights.is_file() else 0}
+            "size_bytes": weights.stat().st_size if weights.is_file() else 0,
+            "partial": config.get("partial") if isinstance(config.get("partial"), dict) else None}
 
 
 def register(path: str | Path, name: str | None = None, job=None, mounted: bool = False) -> Adapter:
@@ -102,6 +103,6 @@ def available(mounted: list[dict], served_refs: list) -> list[dict]:
         base = bare_name(info["base_model"])
         out.append({"id": adapter_id, "path": path, "rank": info["rank"], "scale": info["scale"],
                     "base_model": info["base_model"], "base_model_name": model_name(info["base_model"]),
-                    "mounted": path in by_path,
+                    "mounted": path in by_path, "partial": info["partial"],
                     "compatible": base is None or base in served})
     return out

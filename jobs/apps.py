@@ -2,11 +2,16 @@ from django.apps import AppConfig
 
 
 def _finetune_ended(job) -> None:
-    """A finished fine-tune's adapter is recorded, so it is listed and mountable."""
+    """A finished fine-tune's adapter is recorded, so it is listed and mountable; one that ended
+    otherwise keeps its last whole checkpoint, marked partial, or leaves nothing (jobs/leftovers.py)."""
     if job.status == "done" and job.output_path:
         from jobs.adapters import register
 
         register(job.output_path, job=job)
+    elif job.status != "done":
+        from jobs.leftovers import settle
+
+        settle(job)
 
 
 def _quantize_ended(job) -> None:

@@ -32,7 +32,8 @@ export function adaptersPage(main) {
   function row(a, ram) {
     const exported = h("div", { class: "exported" });
     return h("tr", { "data-adapter": a.id },
-      h("td", { "data-label": "adapter" }, a.id, h("div", { class: "muted small" }, a.path), exported),
+      h("td", { "data-label": "adapter" }, a.id, a.partial ? partialBadge(a.partial) : "", h("div", { class: "muted small" }, a.path),
+        exported),
       h("td", { "data-label": "rank" }, a.rank ?? "–"),
       h("td", { class: "small", "data-label": "base model", title: a.base_model }, a.base_model_name || "–"),
       h("td", { "data-label": "state" }, a.mounted ? h("span", { class: "badge ok" }, `mounted · ${bytes(ram[a.id]?.ram_bytes)}`) :
@@ -43,6 +44,13 @@ export function adaptersPage(main) {
       h("button", { type: "button", class: "small", "aria-label": `Export ${a.id}`, onclick: () => exportOne(a, exported) },
         "Export"),
       pushForm("finetune", { source_path: a.path }, a.id))));
+  }
+
+  // A fine-tune that ended before its last step (cancelled, failed, or its worker died) leaves its last whole checkpoint.
+  function partialBadge(p) {
+    const at = p.step == null ? "" : ` · step ${p.step}${p.iters ? ` of ${p.iters}` : ""}`;
+    return h("span", { class: "badge warn", title: `Its fine-tune ended ${p.ended} before its last step; this is its last checkpoint` },
+      `partial${at}`);
   }
 
   function mergeForm(adapters) {

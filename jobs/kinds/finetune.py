@@ -28,7 +28,7 @@ from core.paths import (
     regular_file,
 )
 from jobs.events import EventLog
-from jobs.kinds.training import Reporter, ServingChatDataset, optimizer, read_jsonl, training_args
+from jobs.kinds.training import Reporter, ServingChatDataset, learns, optimizer, read_jsonl, training_args
 
 
 def _knob(default, doc: str):
@@ -293,9 +293,21 @@ def run(config: dict, log: EventLog, stage_delay: float = 0.0) -> tuple[str, dic
 
         preference.train(model, str(model_dir), hf_tokenizer, cfg, train_rows, valid_rows, adapter_path, reporter,
                          ServingChatDataset)
+    _finite_weights(adapter_path / "adapters.safetensors")
     (adapter_path / TRAINING_MARKER).unlink(missing_ok=True)
     return str(adapter_path), {"method": method, "format": fmt, "iters": cfg["iters"], "n_train": len(train_rows),
                                "n_valid": len(valid_rows), "rank": lora["rank"], "base_model": str(model_dir)}
+
+
+def _finite_weights(weights: Path) -> None:
+    """The trained adapter holds numbers only. The reporter fails a job whose reported loss is not a
+    number; this also holds when a step between two reports went wrong."""
+    import mlx.core as mx
+
+    # A safetensors file loads as a dict of arrays.
+    for name, value in cast("dict[str, mx.array]", mx.load(str(weights))).items():
+        if not bool(mx.isfinite(value).all()):
+            raise ValueError(f"the trained adapter's {name} holds values that are not numbers: lower learning_rate")
 
 
 def _warm_start(cfg: dict, lora: dict, log: EventLog) -> tuple[Path, int] | None:
@@ -380,12 +392,11 @@ def _train_sft(model, hf_tokenizer, cfg, fmt, train_rows, valid_rows, adapter_pa
 
 def _trainable(examples, name: str, limit: int, scope: str, log: EventLog) -> list[tuple[list[int], int]]:
     """The tokenized examples (ids, offset of the first trained token) that keep a token to learn
-    once cut to `limit` tokens, as mlx-lm's batches cut them. A batch of examples without one
-    divides the loss by zero, and that NaN ends up in every weight of the adapter."""
+    once cut to `limit` tokens (`learns`)."""
     kept = []
     for i in range(len(examples)):
         ids, offset = examples[i]
-        if max(offset, 1) < min(len(ids), limit):
+        if learns(ids, offset, limit):
             kept.append((ids, offset))
     if dropped := len(examples) - len(kept):
         where = "reply" if scope == "response" else "second token"

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import math
 from pathlib import Path
 
 from core.paths import open_regular
@@ -77,13 +78,31 @@ class ServingChatDataset:
         return len(self._data)
 
 
+def learns(ids: list[int], offset: int, limit: int) -> bool:
+    """Whether an example (token ids, offset of its first trained token) keeps a token to learn once
+    cut to `limit` tokens, as the trainers' batches cut it. A batch of examples without one divides
+    its loss by zero, and that NaN ends up in every weight of the adapter."""
+    return max(offset, 1) < min(len(ids), limit)
+
+
 class Reporter:
+    """The trainers' callback: each report becomes a `metric` event. A loss that is not a number
+    fails the job there: the adapter it trains is NaN, and the job must not end `done`."""
+
     def __init__(self, log: EventLog, total: int):
         self.log, self.total = log, total
 
     EXTRA = ("chosen_reward", "rejected_reward", "accuracies", "margins")  # DPO / ORPO
 
+    @staticmethod
+    def _finite(loss: float, kind: str, step) -> float:
+        if not math.isfinite(loss):
+            raise ValueError(f"the {kind} loss became {loss} at step {step}: the adapter's weights are no longer "
+                             "numbers; lower learning_rate, or check the rows for ones with nothing to learn")
+        return loss
+
     def on_train_loss_report(self, info: dict) -> None:
+        self._finite(float(info["train_loss"]), "training", info["iteration"])
         extra = {k: float(info[f"train_{k}"]) for k in self.EXTRA if f"train_{k}" in info}
         self.log.emit("metric", kind="train", step=info["iteration"], total_steps=self.total,
                       loss=float(info["train_loss"]), learning_rate=float(info["learning_rate"]),
@@ -91,6 +110,7 @@ class Reporter:
                       trained_tokens=int(info.get("trained_tokens", 0)), **extra)
 
     def on_val_loss_report(self, info: dict) -> None:
+        self._finite(float(info["val_loss"]), "validation", info["iteration"])
         extra = {k: float(info[f"val_{k}"]) for k in self.EXTRA if f"val_{k}" in info}
         self.log.emit("metric", kind="val", step=info["iteration"], total_steps=self.total,
                       loss=float(info["val_loss"]), **extra)

@@ -204,6 +204,49 @@ def test_a_stopped_first_download_is_not_listed_until_it_finishes(double, tmp_pa
     assert model.size_bytes == sum(len(data) for data in double.repos["mlx-community/tiny-a"].files.values())
 
 
+def test_a_resumed_download_reports_the_rate_of_the_bytes_it_moves(double, tmp_path, monkeypatch):
+    """A download that continues from blobs and a partial file an earlier run left counts them in
+    `received_bytes`, not in `bytes_per_sec`: until its first byte arrives it reports 0 B/s (the
+    bytes found on disk once made it report megabytes a second before anything moved)."""
+    import django
+    from django.core.management import call_command
+    from huggingface_hub import constants
+
+    django.setup()
+    call_command("migrate", interactive=False, verbosity=0)
+    from hub import downloads
+    from hub.models import Download
+
+    cache = tmp_path / "hub"
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(constants, "ENDPOINT", double.url)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    repo = "mlx-community/tiny-c"
+    files = double.repos[repo].files
+    before = sorted(name for name in files if name < "model.safetensors")
+    assert len(before) >= 2  # blobs that are whole when the first run stops, found again on disk
+
+    first = downloads.create(repo)
+    seen: list = []
+    stopped = downloads.run(first, report_extra=lambda p: seen.append(p.received_bytes), stop=lambda: seen[-1] > sum(
+        len(files[name]) for name in before) + (64 << 10))
+    assert stopped.state == "error" and "download stopped" in stopped.error
+    blobs = cache / "models--mlx-community--tiny-c" / "blobs"
+    on_disk = sum(p.stat().st_size for p in blobs.iterdir())
+    assert [p for p in blobs.iterdir() if p.name.endswith(".incomplete")] and on_disk > sum(
+        len(files[name]) for name in before)
+
+    reports: list[tuple[int, float]] = []
+    resumed = downloads.run(downloads.create(repo), report_extra=lambda p: reports.append(
+        (p.received_bytes, p.bytes_per_sec)))
+    assert resumed.state == "done" and resumed.received_bytes == resumed.total_bytes == sum(map(len, files.values()))
+    found = [(received, rate) for received, rate in reports if received <= on_disk]  # before a byte arrived
+    assert len(found) >= 3 and found[-1][0] == on_disk, found  # two whole blobs and the partial file, at least
+    assert all(rate == 0 for _, rate in found), found
+    assert any(rate > 0 for received, rate in reports if received > on_disk)
+    assert Download.objects.get(pk=resumed.pk).bytes_per_sec == 0  # ended
+
+
 def test_ctrl_c_stops_the_download_command_with_a_sentence_not_a_traceback(homes_hub, double, tmp_path):
     env = _env(homes_hub, double)
     root = homes_hub[0] / "hub" / "models--mlx-community--tiny-d"

@@ -204,3 +204,43 @@ def test_a_worker_that_exits_as_the_server_stops_is_not_started_again(monkeypatc
             supervisor.stop()
         assert (len(spawned) >= 2) is restarted and (supervisor.restarts > 0) is restarted, stopping
         assert any("restarting" in r.getMessage() for r in caplog.records) is restarted, stopping
+
+
+@pytest.mark.parametrize("method", ["dpo", "orpo"])
+def test_preference_rows_with_nothing_to_compare_are_left_out_and_too_few_fail(tiny_model, tmp_path, method):
+    """DPO and ORPO rows whose replies are empty or the same teach nothing, and a reply past
+    max_seq_length divides its batch's scores by zero tokens: such rows are counted and left out,
+    and a file left with less than a batch fails the job naming it and the counts."""
+    from jobs.kinds import finetune
+
+    pair = {"prompt": "Is it sunny?", "chosen": "Yes, bright sun.", "rejected": "No rain today."}
+    long_prompt = "The quick brown fox jumps over the lazy dog. " * 6
+    rows = [pair, pair, {**pair, "chosen": " "}, {**pair, "rejected": pair["chosen"]}] + \
+        [{**pair, "prompt": long_prompt}] * 3
+    data = _folder(tmp_path, "data", rows, [pair, {**pair, "rejected": ""}])
+    config = {"model_dir": tiny_model, "data_dir": str(data), "method": method, "iters": 2, "batch_size": 2,
+              "max_seq_length": 48, "learning_rate": 1e-4}
+    log = _NoLog()
+    finetune.run({**config, "adapter_path": str(tmp_path / "a")}, log)
+    lines = [f["line"] for event, f in log.events if event == "log"]
+    why = ("1 with an empty chosen or rejected reply, 1 whose chosen and rejected replies are the same, 3 with no "
+           "chosen or rejected reply token within max_seq_length 48")
+    assert f"5 of 7 train.jsonl rows are left out: {why}" in lines, lines
+    assert "valid.jsonl has 1 usable rows, fewer than batch_size 2: validation is skipped" in lines, lines
+    losses = [f["loss"] for event, f in log.events if event == "metric"]
+    assert losses and all(loss == loss for loss in losses), losses
+
+    with pytest.raises(ValueError, match="^" + re.escape(f"only 2 of 7 train.jsonl rows are usable, fewer than "
+                                                         f"batch_size 4 ({why}); raise max_seq_length")):
+        finetune.run({**config, "batch_size": 4, "adapter_path": str(tmp_path / "b")}, _NoLog())
+
+
+def test_a_loss_that_is_not_a_number_fails_the_job(tiny_model, tmp_path):
+    """An adapter trained into NaN is never reported done."""
+    from jobs.kinds import finetune
+
+    pair = {"prompt": "Is it sunny?", "chosen": "Yes, bright sun.", "rejected": "No rain today."}
+    data = _folder(tmp_path, "data", [pair] * 2)
+    with pytest.raises(ValueError, match=r"^the training loss became nan at step \d+: "):
+        finetune.run({"model_dir": tiny_model, "data_dir": str(data), "method": "dpo", "iters": 6, "batch_size": 2,
+                      "learning_rate": 1e38, "adapter_path": str(tmp_path / "a")}, _NoLog())
