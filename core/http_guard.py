@@ -206,10 +206,13 @@ class GuardedHTTPFactory(HTTPFactory):
 
 async def _paced(send, server, protocol, message):
     """daphne's `Server.handle_reply` (the app's ASGI `send`), waiting first
-    while the connection's send buffer is full."""
+    while the connection's send buffer is full: a response's body, or a
+    frame on a guarded WebSocket."""
     channel = getattr(protocol, "channel", None)
     if isinstance(channel, GuardedChannel) and message.get("type") == "http.response.body":
         await channel.writable()
+    elif message.get("type") == "websocket.send" and hasattr(protocol, "writable"):  # core/ws_guard.py
+        await protocol.writable()
     await send(server, protocol, message)
 
 

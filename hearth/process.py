@@ -210,11 +210,12 @@ def run_daphne(work: Work, host: str, port: int, drain_seconds: float, label: st
     from daphne.server import Server
     from twisted.internet import reactor
 
-    from core import http_guard
+    from core import http_guard, ws_guard
     from hearth.asgi import application
     from hearth.request_threads import POOL
 
     http_guard.install()  # body caps and header/body/idle timeouts on every connection
+    ws_guard.install()  # sockets written and read at their client's pace
     loop = reactor._asyncioEventloop
     # Prompt builds and tokenizing run on the loop's default executor; on a
     # 2-core machine asyncio would give it 6 threads.

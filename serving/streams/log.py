@@ -13,7 +13,9 @@ someone still follows, and reads come from the file.
 A stream keeps at most `cap` bytes: past it, the oldest are dropped at an
 event boundary (half the cap at a time), so a client that reconnects late
 in a long generation still gets the tail. `start` is the first byte still
-kept; a read from before it is refused (`Gone`).
+kept; a read from before it is refused (`Gone`). The store may also drop a
+live stream's oldest events to keep all its streams within their total
+(`trim`); those never go before every connected reader has read them.
 
 No Django here, and no imports of the project's apps."""
 from __future__ import annotations
@@ -51,6 +53,7 @@ class Meta:
     state: str = LIVE
     holder: str = ""  # the key that made it (core/holders.py); "" is everyone's
     request: str = ""  # `store.request_key` of the POST that started it: an identical retry replays it
+    trimmed: bool = False  # the streams' total cap dropped its oldest events (not only its own cap)
     ended_at: float | None = None
     start: int = 0
     end: int = 0
@@ -72,6 +75,7 @@ class Stream:
         self.flushed = meta.end  # bytes [meta.start, flushed) are in the file
         self.rewrite = False  # the file's head must go (the cap dropped bytes)
         self.followers = 0
+        self._readers: dict[object, int] = {}  # each follower's next offset (event loop only)
         self.mirrored = meta.end  # bytes [.., mirrored) are in Redis too (shared.Shared), when it is set
         self.stopping = False
         self.deleted = False  # forgotten: the writer leaves it alone
@@ -130,6 +134,23 @@ class Stream:
         self.meta.start = self.mem_start
         self.rewrite = True
 
+    def trim(self, excess: int) -> None:
+        """Drop at least `excess` of the oldest bytes, and at least half of
+        what is kept (so a full store does not trim at every event), up to
+        an event boundary, but nothing a connected reader has still to read:
+        a live client keeps its stream. Marks the stream `trimmed`."""
+        with self.lock:
+            kept = self.meta.end - self.meta.start
+            upto = min(self.meta.end - min(kept - excess, kept // 2), *self._readers.values(), self.meta.end)
+            boundary = self.mem.rfind(b"\n\n", 0, max(upto - self.mem_start, 0))
+            if boundary < 0:
+                return
+            drop = boundary + 2
+            del self.mem[:drop]
+            self.mem_start += drop
+            self.meta.start = self.mem_start
+            self.meta.trimmed = self.rewrite = True
+
     def finish(self, state: str, tail: bytes = b"") -> None:
         """End the stream: `tail` is its last event (an error), `state` how it
         ended. In a protocol that numbers its events, `tail` gets the number
@@ -168,8 +189,11 @@ class Stream:
     def check_offset(self, offset: int) -> None:
         """Raise `Gone` for bytes dropped, ValueError for bytes that never were."""
         if offset < self.meta.start:
-            raise Gone(f"bytes before {self.meta.start} of this stream are no longer kept (each stream keeps "
-                       f"its last {self.cap} bytes); replay from={self.meta.start} or later")
+            why = (f"each stream keeps its last {self.cap} bytes, and while all streams together hold "
+                   "--streams-max-bytes the oldest events of a running one go" if self.meta.trimmed
+                   else f"each stream keeps its last {self.cap} bytes")
+            raise Gone(f"bytes before {self.meta.start} of this stream are no longer kept ({why}); "
+                       f"replay from={self.meta.start} or later")
         if offset > self.meta.end:
             raise ValueError(f"from={offset} is past the end of this stream ({self.meta.end} bytes so far)")
 
@@ -204,8 +228,10 @@ class Stream:
         stream ends (or drops what this reader has not read yet: the reader
         reconnects, and learns where the stream now starts)."""
         self.followers += 1
+        me = object()
         try:
             while True:
+                self._readers[me] = offset
                 changed = self._changed
                 if offset < self.meta.start:
                     return
@@ -220,6 +246,7 @@ class Stream:
                     return
                 await changed.wait()
         finally:
+            self._readers.pop(me, None)
             self.followers -= 1
             if self.followers == 0:
                 self.release_memory()

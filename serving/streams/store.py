@@ -17,7 +17,12 @@ reader that leaves, even before the record is written, leaves it running.
 A stream still marked live whose process died is ended with its
 `on_crash` event when the store opens. A stream
 is kept `ttl_s` after it ends, each at most `cap` bytes, all of them at most
-`total` (finished ones are dropped oldest first to make room).
+`total`: a new stream is refused while live ones hold so much that it could
+not grow to `cap`, and as live streams grow, finished ones are dropped
+oldest first to make room, then the growing stream's own oldest events
+(`Stream.trim`: never what a connected reader has still to read, so the
+total may run over by what readers are being sent, until they read it or
+the HTTP guard cuts one that reads nothing).
 
 With Redis (`shared.Shared`, set by the server when HEARTH_REDIS_URL is
 set) every stream is also copied there as it is written, so another web
@@ -114,6 +119,7 @@ class Streams:
         self._gc_task: asyncio.Task | None = None
         self.shared: Shared | None = None  # Redis: the streams of every web node
         self.replays = 0  # identical retries answered from a stream instead of generating again
+        self._held = 0  # bytes all streams held when last counted, plus what was appended since (never less)
 
     # -- opening and closing ------------------------------------------------
     def open(self) -> None:
@@ -123,6 +129,7 @@ class Streams:
         self.folder.mkdir(parents=True, exist_ok=True)
         self.owner = Owner(self.folder)
         self.by_id.update(recover(self.folder, self.cap, self._expired))
+        self._held = self._bytes()
         if self.by_id:
             log.info("resumable streams: %d kept from before this start", len(self.by_id))
         self.writer = Writer()
@@ -269,6 +276,7 @@ class Streams:
         try:
             async for chunk in producer:
                 stream.append(chunk)
+                self._hold_total(stream, len(chunk))
                 tail = (tail + chunk)[-TAIL:]
                 self._dirty(stream)
                 if self.shared is not None:
@@ -289,7 +297,9 @@ class Streams:
     async def _finish(self, stream: Stream, state: str, tail: bytes = b"") -> None:
         if not stream.live:
             return
+        before = stream.end
         stream.finish(state, tail)
+        self._held += stream.end - before
         if self.shared is not None:
             await self.shared.sync(stream, final=True)
 
@@ -484,19 +494,38 @@ class Streams:
     def _make_room(self) -> None:
         """Drop finished streams, oldest first, until the total is under its cap;
         refuse a new one when live streams alone hold it."""
-        excess = self._bytes() + self.cap - self.total
+        excess = self._drop_finished(self._bytes() + self.cap - self.total)
+        if excess > 0 and self._bytes() + self.cap > self.total:
+            raise StreamRefused(f"resumable streams hold {self._bytes()} bytes and each may grow to {self.cap}: "
+                                f"over the total cap ({self.total}); retry later or without X-Conversation-Id",
+                                status=503)
+
+    def _drop_finished(self, excess: int) -> int:
+        """Forget finished streams nobody follows, oldest first, until `excess`
+        bytes are gone; what is left of `excess`."""
         if excess <= 0:
-            return
+            return excess
         for stream in sorted((s for s in self.by_id.values() if not s.live and s.followers == 0),
                              key=lambda s: s.meta.ended_at or 0):
             if excess <= 0:
                 break
             excess -= stream.end - stream.start
             self._forget(stream)
-        if excess > 0 and self._bytes() + self.cap > self.total:
-            raise StreamRefused(f"resumable streams hold {self._bytes()} bytes and each may grow to {self.cap}: "
-                                f"over the total cap ({self.total}); retry later or without X-Conversation-Id",
-                                status=503)
+        return excess
+
+    def _hold_total(self, growing: Stream, added: int) -> None:
+        """Keep all streams within `total` as `growing` grows by `added` bytes:
+        finished streams go first, then `growing`'s oldest events. The exact
+        count walks every stream, so it is taken only when the bound kept
+        since the last count could be over the cap."""
+        self._held += added
+        if self._held <= self.total:
+            return
+        excess = self._drop_finished(self._bytes() - self.total)
+        if excess > 0:
+            growing.trim(excess)
+            self._dirty(growing)
+        self._held = self._bytes()
 
     def _forget(self, stream: Stream) -> None:
         if self.by_id.get(stream.meta.conversation_id) is stream:

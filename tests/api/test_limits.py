@@ -1,6 +1,7 @@
 """Every cost bounded, on a server started with small limits: bodies over
 the cap get 413 before they are sent, slow headers and bodies 408, idle
-connections close, a stream whose client reads nothing is cut and stops;
+connections close, a stream whose client reads nothing is cut and stops,
+a chat socket that floods frames and reads nothing is paced and closed;
 turns, prompt characters and socket fields are capped;
 client chat templates render in a killable process with a time budget (and
 are refused by default, see test_hardening); a grammar that compiles too
@@ -144,6 +145,46 @@ def test_a_stream_nobody_reads_is_cut_and_its_generation_stops(small, eos_id):
         time.sleep(0.2)
     assert stats()["active"] == 0
     assert stats()["generated_tokens_total"] - before < rows * most  # its rows stopped at the cut
+
+
+def _ws_frame(payload: bytes) -> bytes:
+    """A client's text frame, masked with a zero key (the payload as it is)."""
+    n = len(payload)
+    size = bytes([0x80 | n]) if n < 126 else bytes([0x80 | 126]) + n.to_bytes(2, "big") if n < 65536 \
+        else bytes([0x80 | 127]) + n.to_bytes(8, "big")
+    return b"\x81" + size + b"\0\0\0\0" + payload
+
+
+def test_a_socket_that_floods_frames_and_reads_nothing_is_paced_then_closed(small):
+    """A chat socket's client that sends frame after frame and reads none of
+    the answers: the server writes no more once the send buffer is full,
+    reads no more once a few frames wait for the app (so the client's own
+    sends stall), and closes the socket after --write-timeout; others are
+    served meanwhile."""
+    sock = _connect(small)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.sendall(f"GET /ws/chat HTTP/1.1\r\nHost: 127.0.0.1:{small.port}\r\nUpgrade: websocket\r\n"
+                 "Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+                 f"Sec-WebSocket-Version: 13\r\nOrigin: {small.url}\r\n\r\n".encode())
+    head = b""
+    while b"\r\n\r\n" not in head:
+        head += sock.recv(1)
+    assert head.startswith(b"HTTP/1.1 101"), head
+    # Each frame is answered with an error frame that names its 100,000-character type.
+    frame = _ws_frame(json.dumps({"type": "x" * 100_000}).encode())
+    sock.settimeout(120)  # only against a hang: the server ends this by closing
+    sent, cut = 0, None
+    while sent < 100 << 20:
+        try:
+            sock.sendall(frame)
+        except OSError as exc:  # reset or broken pipe: the server closed the socket
+            cut = exc
+            break
+        sent += len(frame)
+    assert httpx.get(small.url + "/health").status_code == 200
+    sock.close()
+    assert isinstance(cut, (ConnectionResetError, BrokenPipeError)), (sent, cut)
+    assert sent < 32 << 20  # what the server took before it stopped reading: not the 100 MiB sent at it
 
 
 def test_turns_and_prompt_characters_are_capped(small):

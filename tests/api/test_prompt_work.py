@@ -52,3 +52,44 @@ def test_large_prompts_are_built_one_at_a_time_and_small_ones_pass_them(inproc, 
     assert most[0] == 1
     for answer in answers:  # far over the tiny model's 2048-token window, in OpenAI's shape
         assert answer.status_code == 400 and answer.json()["error"]["code"] == "context_length_exceeded"
+
+
+def test_large_prompts_past_the_bound_are_refused_as_a_full_queue(inproc, monkeypatch):
+    """Each large build waiting holds its body: past `MAX_LARGE` taken, the
+    next large prompt is a 429 queue_full in its caller's protocol, at once;
+    a place comes back when a build ends."""
+    real, release, started = chat.build_prompt, threading.Event(), threading.Event()
+
+    def build(model, messages, *args):
+        if sum(len(m["content"]) for m in messages) > prompt_work.LARGE_CHARS:
+            started.set()
+            release.wait(60)  # the thread stays busy until the refusals below are in
+        return real(model, messages, *args)
+
+    monkeypatch.setattr(chat, "build_prompt", build)
+    monkeypatch.setattr(prompt_work, "MAX_LARGE", 2)
+    big = {**CHAT, "messages": [{"role": "user", "content": "hello " * 20_000}]}
+    with ThreadPoolExecutor(2) as pool:
+        held = [pool.submit(inproc.post, "/v1/chat/completions", json=big) for _ in range(2)]
+        deadline = time.monotonic() + 60
+        while prompt_work._taken < 2 and time.monotonic() < deadline:  # one building, one waiting
+            time.sleep(0.02)
+        assert started.wait(60)
+        try:
+            refused = inproc.post("/v1/chat/completions", json=big)
+            anthropic = inproc.post("/v1/messages", json=big)
+            small = inproc.post("/v1/chat/completions", json=CHAT)  # small prompts are not counted
+        finally:
+            release.set()
+        answers = [f.result(timeout=120) for f in held]
+    assert refused.status_code == 429, refused.text
+    error = refused.json()["error"]
+    assert error["code"] == "queue_full" and error["type"] == "resource_admission" and "2 prompts" in error["message"]
+    assert anthropic.status_code == 429 and anthropic.json()["type"] == "error"
+    assert anthropic.json()["error"]["type"] == "rate_limit_error"
+    assert small.status_code == 200
+    for answer in answers:
+        assert answer.status_code == 400 and answer.json()["error"]["code"] == "context_length_exceeded"
+    again = inproc.post("/v1/chat/completions", json=big)  # both places given back
+    assert again.status_code == 400 and again.json()["error"]["code"] == "context_length_exceeded"
+    assert prompt_work._taken == 0

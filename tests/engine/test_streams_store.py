@@ -1,7 +1,8 @@
 """The resumable-stream store on its own (no server): the per-stream cap
 drops whole events from the head, the total cap drops finished streams
-oldest first, the TTL forgets them, and a stream whose process died mid-event
-is cut at its last whole event and ended with its crash event."""
+oldest first and then, as live ones grow, their oldest events, the TTL
+forgets them, and a stream whose process died mid-event is cut at its last
+whole event and ended with its crash event."""
 from __future__ import annotations
 
 import asyncio
@@ -15,7 +16,7 @@ from core import sse
 from serving.streams.disk import Owner
 from serving.streams.log import Gone
 from serving.streams.store import CRASH_MESSAGE as CRASH
-from serving.streams.store import StreamRefused, Streams
+from serving.streams.store import StreamRefused, Streams, close_quietly
 
 
 async def _events(n: int, size: int = 40):
@@ -97,6 +98,57 @@ def test_live_streams_alone_over_the_total_refuse_a_new_one(tmp_path):
         store.shutdown()
 
     asyncio.run(scenario())
+
+
+def test_live_streams_growing_past_the_total_drop_finished_then_their_own_oldest_events(tmp_path):
+    """Three streams start while the store is nearly empty and each grows
+    to almost its own cap: together they would pass the total. Finished
+    streams go first, then the growing streams' oldest events; a reader
+    that keeps up still gets every byte of its stream, and a resume from a
+    dropped byte says why it is gone."""
+    go, peak = asyncio.Event(), [0]
+
+    async def growing(store: Streams, name: str):
+        for i in range(15):  # about 900 bytes in all, under the 1000-byte cap of each
+            peak[0] = max(peak[0], store._bytes())  # the previous event is in, and the total was kept
+            yield sse.frame({"s": name, "i": i, "pad": "x" * 30})
+            if i == 0:
+                await go.wait()
+            await asyncio.sleep(0)
+        peak[0] = max(peak[0], store._bytes())
+
+    async def scenario():
+        store = Streams(tmp_path, cap=1000, total=2500)
+        store.open()
+        await _run(store, "old", 10)  # finished, about 650 bytes
+        readers = {}
+        for name in ("a", "b", "c"):
+            reply = await store.start(name, "openai", "m", growing(store, name), _stop, _error)
+            if name == "a":
+                readers[name] = asyncio.ensure_future(_collect(reply))
+            else:
+                await close_quietly(reply)  # the client left: its stream goes on
+        await asyncio.sleep(0.05)  # every stream has its first event in
+        go.set()
+        for name in ("a", "b", "c"):
+            await store.get(name).done.wait()
+        got = await readers["a"]
+        whole = b"".join([sse.frame({"s": "a", "i": i, "pad": "x" * 30}) for i in range(15)])
+        trimmed = [store.get(n) for n in ("b", "c") if store.get(n).start > 0]
+        final = store._bytes()
+        store.shutdown()
+        return got, whole, trimmed, final
+
+    got, whole, trimmed, final = asyncio.run(scenario())
+    assert peak[0] <= 2500 and final <= 2500, peak
+    assert got == whole  # the reader that kept up lost nothing
+    assert trimmed, "a live stream past the total kept its oldest events"
+    with pytest.raises(Gone, match="--streams-max-bytes"):
+        trimmed[0].check_offset(0)
+
+
+async def _collect(chunks) -> bytes:
+    return b"".join([chunk async for chunk in chunks])
 
 
 def test_streams_are_forgotten_after_their_ttl(tmp_path):
