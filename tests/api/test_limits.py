@@ -136,7 +136,12 @@ def test_a_stream_nobody_reads_is_cut_and_its_generation_stops(small, eos_id):
     assert reader.recv(12).startswith(b"HTTP/1.1 200")  # streaming; from now on nothing is read for a while
     other = httpx.post(small.url + "/v1/chat/completions", json=CHAT, timeout=60)
     assert other.status_code == 200 and other.json()["usage"]["completion_tokens"] == 4
-    time.sleep(3)  # past the 1 s write timeout, the send buffer long full
+    # Nothing is read until the server has cut the connection (a reset: the socket's pending error) once
+    # the send buffer stayed full past the 1 s write timeout. (A fixed wait was too short on a busy machine:
+    # the reads that followed drained the buffer before the cut and the stream ran to its end.)
+    deadline = time.monotonic() + 60
+    while not reader.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) and time.monotonic() < deadline:
+        time.sleep(0.1)
     rest = _read_all(reader)
     reader.close()
     assert b"data: [DONE]" not in rest  # cut before its end
