@@ -244,6 +244,8 @@ def test_stats_and_metrics_gather_the_models(two):
     stats = HTTP.get(two.url + "/stats").json()
     assert set(stats["router"]["loaded"]) == {A, B} and stats["router"]["models_max"] == 2
     assert stats["models"][A]["server"]["model"] == A and stats["models"][B]["server"]["model"] == B
+    # The router's own bounds (what limits.md's example reads), the ones its models' processes were handed.
+    assert stats["limits"]["max_body_bytes"] > 0 and stats["limits"] == stats["models"][A]["limits"]
     budgets = {stats["models"][m]["admission"]["memory_budget_bytes"] for m in (A, B)}
     (share,) = budgets  # each child got the same share of the machine's memory, none all of it
     assert 0 < share <= int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * 0.75) // 2 + 1
