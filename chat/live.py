@@ -372,6 +372,18 @@ def _rows(*entries: ChatEntry) -> list[dict]:
     return [store.entry_row(e) for e in entries]
 
 
+# A conversation grown past the model's context (the model's own window, or the operator's cap).
+TOO_LONG = ("context_length_exceeded", "context_over_budget")
+TOO_LONG_HINT = "Start a new chat, or edit an earlier message to make this conversation shorter."
+
+
+def _why(exc: Exception) -> str:
+    """What a failed turn keeps where its answer would be. The protocols' refusal of a prompt too long
+    asks its caller to shorten the prompt; here the prompt is the whole conversation, so the chat says how."""
+    message = getattr(exc, "message", None) or str(exc)
+    return f"{message} {TOO_LONG_HINT}" if getattr(exc, "code", None) in TOO_LONG else message
+
+
 async def _answer(turn: LiveTurn, user_entry: ChatEntry) -> tuple[ChatEntry | None, dict, bool]:
     """Generate (with tool rounds) and store what was shown, a stopped
     answer's too: (the stored entry or None, its meta, whether it was stopped)."""
@@ -389,7 +401,7 @@ async def _answer(turn: LiveTurn, user_entry: ChatEntry) -> tuple[ChatEntry | No
         state.final, stopped = None, True
     except Exception as exc:  # RequestError, EngineError, TurnFailed
         state.final = None
-        failed = getattr(exc, "message", None) or str(exc)
+        failed = _why(exc)
         await turn.send_json(SOCKET.error(400, failed))
     meta = _meta(state, started)
     if state.model:

@@ -32,7 +32,12 @@ ASK_POLL_S = 5.0
 
 
 class TurnFailed(Exception):
-    pass
+    """Why a turn could not go on; `code` is the refusal's (a router model's
+    process refused it) or None."""
+
+    def __init__(self, message: str, code: str | None = None):
+        super().__init__(message)
+        self.code = code
 
 
 @dataclass
@@ -222,7 +227,7 @@ async def _generate_remote(consumer, session, messages, offered, state: TurnStat
                     if state.first is None:  # nothing shown yet (a call, or text held back): its first token's time
                         state.first = time.perf_counter() - decoded
     except RouterError as exc:
-        raise TurnFailed(exc.message) from None
+        raise TurnFailed(exc.message, exc.code) from None
     return calls, round_text
 
 

@@ -61,7 +61,9 @@ def _engine_stats(runtime: Runtime) -> dict:
     engine = runtime.engine
     body: dict = {"server": {"owner": "serve", "model": None, "started_at": runtime.started_at,
                              "draining": runtime.draining}, "response_store": runtime.responses.stats(),
-                  "streams": runtime.streams.stats()}
+                  "streams": runtime.streams.stats(),
+                  # the bounds in force hold before a model is loaded, and in a router, which passes them on
+                  "limits": dataclasses.asdict(runtime.options.limits)}
     if engine is None or engine.loaded is None or engine.cache is None:  # not loaded, or still setting up
         return body
     model = engine.loaded
@@ -81,7 +83,6 @@ def _engine_stats(runtime: Runtime) -> dict:
     s = engine.stats
     body["grammar"] = model.grammar_compiler.stats()
     options = runtime.options
-    body["limits"] = dataclasses.asdict(options.limits)
     body["templates"] = options.templates.stats() if options.templates is not None else {"allowed": False}
     body["engine"] = {
         "active": engine.active_rows, "queued": engine.queued, "requests_total": s.requests_total,

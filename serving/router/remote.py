@@ -18,7 +18,13 @@ from serving.router.slots import RouterError, Slot
 
 
 class RemoteFailed(RouterError):
-    """The model's process refused the turn or stopped answering."""
+    """The model's process refused the turn or stopped answering; `code` is
+    the refusal's own where the process gave one (`context_length_exceeded`)."""
+
+    def __init__(self, message: str, code: str | None = None):
+        super().__init__(message)
+        if code:
+            self.code = code
 
 
 @dataclass(frozen=True)
@@ -116,11 +122,13 @@ async def _chat(manager: Manager, slot: Slot, body: dict) -> AsyncGenerator[Delt
                 raise _PeerGone()
             if reply.status_code != 200:
                 raw = await reply.aread()
+                code = None
                 try:
-                    message = json.loads(raw)["error"]["message"]
-                except (ValueError, KeyError, TypeError):
+                    error = json.loads(raw)["error"]
+                    message, code = error["message"], error.get("code")
+                except (ValueError, KeyError, TypeError, AttributeError):
                     message = raw.decode(errors="replace")[:500] or f"HTTP {reply.status_code}"
-                raise RemoteFailed(message)
+                raise RemoteFailed(message, code if isinstance(code, str) else None)
             async for line in reply.aiter_lines():
                 if not line.startswith("data: "):
                     continue

@@ -261,6 +261,9 @@ def test_a_refused_turn_keeps_why_and_regenerate_tries_again(engine):
         ws = await chatws.connect()
         frames = await chatws.turn(ws, {"type": "prompt", "text": "word " * 5000})
         error = next(f for f in frames if f["type"] == "error")
+        assert "maximum context length" in error["message"]
+        assert error["message"].endswith("Start a new chat, or edit an earlier message to make this conversation "
+                                         "shorter.")  # the chat's own way to shorten its prompt
         path = _active(frames)
         await ws.send_json_to({"type": "open_session", "path": path})
         history = (await ws.receive_json_from(timeout=10))["items"]

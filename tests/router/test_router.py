@@ -2,6 +2,7 @@
 models built here, each loaded into its own child process on demand."""
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -14,6 +15,7 @@ import anthropic
 import httpx
 import openai
 import pytest
+import websockets
 
 from tests.helpers import HEARTH, ROOT, ServerProcess, build_tiny_model, server_env, sse_events
 from tests.inproc import refusal
@@ -244,12 +246,34 @@ def test_stats_and_metrics_gather_the_models(two):
     stats = HTTP.get(two.url + "/stats").json()
     assert set(stats["router"]["loaded"]) == {A, B} and stats["router"]["models_max"] == 2
     assert stats["models"][A]["server"]["model"] == A and stats["models"][B]["server"]["model"] == B
+    # The router's own bounds (what limits.md's example reads), the ones its models' processes were handed.
+    assert stats["limits"]["max_body_bytes"] > 0 and stats["limits"] == stats["models"][A]["limits"]
     budgets = {stats["models"][m]["admission"]["memory_budget_bytes"] for m in (A, B)}
     (share,) = budgets  # each child got the same share of the machine's memory, none all of it
     assert 0 < share <= int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * 0.75) // 2 + 1
     metrics = HTTP.get(two.url + "/metrics").text
     assert f'hearth_active_rows{{model="{A}"}}' in metrics and f'hearth_active_rows{{model="{B}"}}' in metrics
     assert metrics.count("# TYPE hearth_active_rows gauge") == 1  # one family, both models' series
+
+
+def test_a_chat_longer_than_its_model_s_context_says_how_to_go_on(two):
+    """The dashboard's chat on a router: a model's process refuses a conversation longer than its context,
+    and the turn keeps that refusal with the chat's way to shorten it (a new chat, an edit), as it does
+    on one model's server."""
+    async def run():
+        async with websockets.connect(two.url.replace("http", "ws") + "/ws/chat", max_size=None) as ws:
+            while json.loads(await asyncio.wait_for(ws.recv(), 60))["type"] != "sessions":
+                pass
+            await ws.send(json.dumps({"type": "prompt", "text": "word " * 5000}))
+            while True:
+                frame = json.loads(await asyncio.wait_for(ws.recv(), 120))
+                if frame["type"] == "error":
+                    return frame
+
+    error = asyncio.run(run())
+    assert "maximum context length" in error["message"], error
+    assert error["message"].endswith("Start a new chat, or edit an earlier message to make this conversation "
+                                     "shorter."), error
 
 
 def _eos(library, model: str) -> int:
