@@ -219,7 +219,7 @@ def train(recipe: Recipe, out: Path, progress=None, checkpoint=None, resume_path
 
     With `resume_path`, the training state is saved there at each of those
     steps, and on Ctrl-C or SIGTERM once the step under way is done
-    (`_StopAsked`: then KeyboardInterrupt, `progress` told that step first); a
+    (`_StopAsked`: then KeyboardInterrupt; `progress` is told of every step); a
     state saved by an earlier build of this recipe and corpus is gone on
     from (`resumed(step, loss)` is told, then `checkpoint` at that step),
     and the remaining steps are those an uninterrupted build takes
@@ -271,13 +271,11 @@ def train(recipe: Recipe, out: Path, progress=None, checkpoint=None, resume_path
             loss = step_fn(ids, masks)
             mx.eval(state, loss)
             loss_value = loss.item()
-            if progress and (step % 5 == 0 or step == recipe.steps):
+            if progress:  # every step: on a busy machine a step can take seconds, and /health shows where it stands
                 progress(step, recipe.steps, loss_value, time.monotonic() - started)
             if resume_path is not None and step < recipe.steps and (step in CHECKPOINTS or stop.asked):
                 _save_resume(resume_path, ident, step, loss_value, model, optimizer)
             if stop.asked and step < recipe.steps:  # asked during the last step: the build finishes instead
-                if progress:
-                    progress(step, recipe.steps, loss_value, time.monotonic() - started)
                 raise KeyboardInterrupt
             if checkpoint and step in CHECKPOINTS and step < recipe.steps:
                 checkpoint(step, loss_value, write)
