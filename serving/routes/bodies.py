@@ -150,7 +150,7 @@ class MessagesRequest(Sampling, ToneCurve, Routing, Constraint, Decoding, Templa
     """Anthropic Messages (`logit_bias` is not part of it)."""
 
     messages: list[dict[str, Json]] = Field(..., description="user, assistant and system turns, string or blocks")
-    max_tokens: int | None = None
+    max_tokens: int = Field(..., ge=1, description="required, as on Anthropic")
     model: str | None = None
     system: str | list[dict[str, Json]] | None = None
     stream: bool | None = False
