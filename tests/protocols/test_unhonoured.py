@@ -63,6 +63,32 @@ def test_chat_values_that_ask_nothing_pass_and_the_unread_are_named(oai, tiny_mo
     assert raw.headers[HEADER] == "top_n, +1 more"
 
 
+def test_stream_options_need_a_stream_and_ask_only_for_what_is_built(oai, tiny_model):
+    """As on OpenAI: stream_options without stream: true is a 400 naming it,
+    on chat and text completions; inside it, obfuscation padding (not sent
+    here) and a key that is no option are refused, naming the key."""
+    def chat(**extra):
+        return oai.chat.completions.create(model=tiny_model, messages=HI, max_tokens=2, **extra)
+
+    def completion(**extra):
+        return oai.completions.create(model=tiny_model, prompt="Hi", max_tokens=2, **extra)
+
+    for create in (chat, completion):
+        for stream in ({}, {"stream": False}):
+            with pytest.raises(openai.BadRequestError) as caught:
+                create(stream_options={"include_usage": True}, **stream)
+            assert caught.value.body["param"] == "stream_options"
+            assert caught.value.body["message"] == \
+                "The 'stream_options' parameter is only allowed when 'stream' is enabled."
+        _refused(lambda create=create: list(create(stream=True, stream_options={"include_obfuscation": True})),
+                 "stream_options.include_obfuscation")
+        with pytest.raises(openai.BadRequestError) as caught:
+            list(create(stream=True, extra_body={"stream_options": {"include_usage": True, "continuous": True}}))
+        assert caught.value.body["param"] == "stream_options.continuous"
+        chunks = list(create(stream=True, stream_options={"include_usage": True, "include_obfuscation": False}))
+        assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens > 0
+
+
 def test_verbosity_is_a_line_in_the_system_turn(oai, tiny_model):
     def prompt(**extra) -> int:
         return oai.chat.completions.create(model=tiny_model, messages=HI, max_tokens=1, **extra).usage.prompt_tokens
