@@ -121,6 +121,9 @@ def _messages(raw) -> list[dict]:
                 parts.append({"type": "text", "text": block["text"]})
             elif kind == "image" and role == "user":
                 parts.append(_image_part(block, at))
+            elif kind == "image":
+                raise RequestError(f"{at}: image blocks are only allowed in user messages (and inside a "
+                                   f"tool_result block), and {where} is an {role} message", at)
             elif kind in ("thinking", "redacted_thinking"):
                 continue  # earlier turns' thinking is not replayed
             elif kind == "tool_use" and role == "assistant":
