@@ -169,6 +169,14 @@ def test_messages_quiet_values_pass_and_unread_fields_are_named(app):
                                                    extra_body={"context_management": {"edits": []},
                                                                "chat_template_kwargs": {"enable_thinking": False}})
     assert raw.headers[HEADER] == "context_management"  # chat_template_kwargs is read
+    # count_tokens reads what Messages reads, and names the rest the same way.
+    raw = claude.messages.with_raw_response.count_tokens(
+        model="m", messages=HI, thinking={"type": "disabled"}, tool_choice={"type": "auto"},
+        extra_body={"context_management": {"edits": []}, "max_tokens": 5})
+    assert raw.parse().input_tokens > 0 and raw.headers[HEADER] == "context_management"
+    raw = claude.messages.with_raw_response.count_tokens(model="m", messages=HI, tools=[
+        {"type": "web_search_20250305", "name": "web_search"}])
+    assert raw.headers[HEADER] == "tools[0]:web_search_20250305"
 
 
 def test_every_refused_field_is_one_the_sdks_send():
