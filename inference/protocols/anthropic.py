@@ -121,6 +121,9 @@ def _messages(raw) -> list[dict]:
                 parts.append({"type": "text", "text": block["text"]})
             elif kind == "image" and role == "user":
                 parts.append(_image_part(block, at))
+            elif kind == "image":
+                raise RequestError(f"{at}: image blocks are only allowed in user messages (and inside a "
+                                   f"tool_result block), and {where} is an {role} message", at)
             elif kind in ("thinking", "redacted_thinking"):
                 continue  # earlier turns' thinking is not replayed
             elif kind == "tool_use" and role == "assistant":
@@ -257,7 +260,16 @@ def _output_config(raw) -> tuple[dict | None, str | None]:
 
 
 def to_chat_body(body: dict) -> dict:
-    """The Messages request as the chat turn the shared path builds."""
+    """The Messages request as the chat turn the shared path builds.
+    `max_tokens` is required, as on Anthropic (count_tokens reads none)."""
+    if "max_tokens" not in body:
+        raise RequestError("max_tokens: Field required", "max_tokens")
+    if body["max_tokens"] is None:
+        raise RequestError("max_tokens: Input should be a valid integer", "max_tokens")
+    return _chat_body(body)
+
+
+def _chat_body(body: dict) -> dict:
     unhonoured.refuse(body, unhonoured.MESSAGES)
     if "logit_bias" in body:
         raise RequestError("logit_bias is not part of the Messages protocol; use /v1/chat/completions",
@@ -334,7 +346,7 @@ def _budget(thinking: dict) -> int | None:
 def count_body(body: dict) -> dict:
     """count_tokens takes a Messages request without max_tokens (nor a tool
     choice or strict tools: counting compiles no grammar)."""
-    chat = to_chat_body({k: v for k, v in body.items() if k not in ("stream", "max_tokens", "tool_choice")})
+    chat = _chat_body({k: v for k, v in body.items() if k not in ("stream", "max_tokens", "tool_choice")})
     for tool in chat.get("tools") or []:
         tool["function"].pop("strict", None)
     chat.pop("response_format", None)  # checked above; an output format changes no prompt token

@@ -30,6 +30,26 @@ AUDIO_PARTS = ("input_audio", "audio", "audio_url")  # chat completions transcri
 VIDEO_FRAMES = 8  # the stills a video part is sampled into, spread evenly over the clip
 
 
+def media_in_user_messages(messages) -> None:
+    """OpenAI's rule for a chat body as its client sent it: image, video and
+    audio parts belong in user messages (a system, developer, assistant or
+    tool message's content is text); one elsewhere is a 400 naming the part.
+    The other protocols keep their own rules, checked where they are read
+    (their tool results may hold images, and arrive here as tool messages)."""
+    for i, message in enumerate(messages if isinstance(messages, list) else []):
+        role = message.get("role") if isinstance(message, dict) else None
+        if not isinstance(role, str) or role not in ROLES or role == "user" or \
+                not isinstance(message.get("content"), list):
+            continue  # a role that is not one is normalize_messages' to refuse
+        for j, part in enumerate(message["content"]):
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind in IMAGE_PARTS + VIDEO_PARTS + AUDIO_PARTS:
+                what = "image" if kind in IMAGE_PARTS else "video" if kind in VIDEO_PARTS else "audio"
+                at = f"messages[{i}].content[{j}]"
+                raise RequestError(f"{at}: {what} parts are only allowed in user messages, and messages[{i}] is "
+                                   f"{'an' if role == 'assistant' else 'a'} {role} message", at)
+
+
 class MediaRef(NamedTuple):
     """An image or video part of a turn: its url (http(s) or data:) and field path."""
     url: str

@@ -307,14 +307,30 @@ def finish_reason(finish: str | None, calls: list[ToolCall]) -> str | None:
     return "tool_calls" if called(calls) and finish == "stop" else finish
 
 
+STREAM_OPTIONS = ("include_usage", "include_obfuscation")
+
+
 def usage_apart(body: dict) -> bool:
     """`stream_options.include_usage`: the usage in a chunk of its own, with no
     choices, as OpenAI sends it (without it, the usage rides on the chunk with
-    the finish reason)."""
+    the finish reason). As on OpenAI, stream_options needs `stream: true`;
+    `include_obfuscation` may only ask for none (no padding is sent)."""
     options = body.get("stream_options")
-    if options is not None and not isinstance(options, dict):
+    if options is None:
+        return False
+    if not isinstance(options, dict):
         raise RequestError("stream_options must be an object", "stream_options")
-    apart = (options or {}).get("include_usage", False)
+    if not params.boolean(body, "stream"):
+        raise RequestError("The 'stream_options' parameter is only allowed when 'stream' is enabled.",
+                           "stream_options")
+    for name in options:
+        if name not in STREAM_OPTIONS:
+            raise RequestError(f"stream_options.{name} is not a stream option (it takes "
+                               f"{' and '.join(STREAM_OPTIONS)})", f"stream_options.{name}")
+    if options.get("include_obfuscation") not in (None, False):
+        raise RequestError("stream_options.include_obfuscation is not supported: no obfuscation padding is sent "
+                           "here", "stream_options.include_obfuscation", code="unsupported_parameter")
+    apart = options.get("include_usage", False)
     if not isinstance(apart, bool):
         raise RequestError("stream_options.include_usage must be a boolean", "stream_options.include_usage")
     return apart

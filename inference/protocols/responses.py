@@ -41,9 +41,13 @@ def _items(raw) -> tuple[list[dict], list[str]]:
             if role not in ("user", "assistant", "system", "developer"):
                 raise RequestError(f"{where}.role must be user, assistant, system or developer", f"{where}.role")
             if role in ("system", "developer"):
-                _text_only(item.get("content"), where, role)
+                _no_media(item.get("content"), where, f"a {role} item's content joins the instructions, which "
+                                                      "are text: send images in a user item")
                 system.append(chat.text_of(item.get("content"), where))
             else:
+                if role == "assistant":
+                    _no_media(item.get("content"), where, "images are only allowed in user items (and in a "
+                                                          "function_call_output), and this is an assistant item")
                 out.append({"role": role, "content": chat.keep_media(item.get("content"), where)})
         elif kind == "function_call":
             if not isinstance(item.get("name"), str):
@@ -72,12 +76,12 @@ def _items(raw) -> tuple[list[dict], list[str]]:
     return out, system
 
 
-def _text_only(content, where: str, role: str) -> None:
-    """A system or developer item joins the instructions, which are text: an image there is refused."""
+def _no_media(content, where: str, why: str) -> None:
+    """An image or video part of an item that holds only text (a system,
+    developer or assistant item) refused, naming the part."""
     for i, part in enumerate(content if isinstance(content, list) else []):
         if isinstance(part, dict) and part.get("type") in chat.IMAGE_PARTS + chat.VIDEO_PARTS:
-            raise RequestError(f"a {role} item's content joins the instructions, which are text: send "
-                               "images in a user item", f"{where}.content[{i}]")
+            raise RequestError(why, f"{where}.content[{i}]")
 
 
 def _tools(raw) -> list[dict] | None:

@@ -31,4 +31,7 @@ async def messages(request: HttpRequest):
 async def count_tokens(request: HttpRequest):
     body = await pipeline.read_body(request)
     _, prepared = await pipeline.prepare_chat(request, anthropic.count_body(body))
-    return JsonResponse({"input_tokens": len(prepared.request.prompt_tokens)})
+    # What a Messages request reads, count_tokens reads (or passes over: stream, max_tokens, tool_choice).
+    pipeline.name_ignored(prepared, body, MessagesRequest, unhonoured.MESSAGES, "messages")
+    named = {k: v for k, v in prepared.headers.items() if k == pipeline.IGNORED_HEADER}  # no generation's Warning
+    return JsonResponse({"input_tokens": len(prepared.request.prompt_tokens)}, headers=named)

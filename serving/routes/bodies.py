@@ -150,7 +150,7 @@ class MessagesRequest(Sampling, ToneCurve, Routing, Constraint, Decoding, Templa
     """Anthropic Messages (`logit_bias` is not part of it)."""
 
     messages: list[dict[str, Json]] = Field(..., description="user, assistant and system turns, string or blocks")
-    max_tokens: int | None = None
+    max_tokens: int = Field(..., ge=1, description="required, as on Anthropic")
     model: str | None = None
     system: str | list[dict[str, Json]] | None = None
     stream: bool | None = False
@@ -166,10 +166,17 @@ class MessagesRequest(Sampling, ToneCurve, Routing, Constraint, Decoding, Templa
 
 
 class CountTokensRequest(_Body):
+    """A Messages request less max_tokens; what changes no prompt token (tool_choice, an output format) is
+    taken and counts nothing."""
+
     messages: list[dict[str, Json]]
     model: str | None = None
     system: str | list[dict[str, Json]] | None = None
     tools: list[dict[str, Json]] | None = None
+    tool_choice: dict[str, Json] | None = None
+    thinking: dict[str, Json] | None = Field(None, description="enabled, disabled or adaptive")
+    output_config: dict[str, Json] | None = None
+    cache_control: dict[str, Json] | None = None
 
 
 class ResponsesRequest(Sampling, ToneCurve, LogitBias, Routing, Guided, Decoding, Template):

@@ -5,7 +5,7 @@ from django.http import HttpRequest
 
 from core.openapi import documented
 from core.surfaces import OPENAI
-from inference.protocols import openai, unhonoured
+from inference.protocols import chat, openai, unhonoured
 from serving.routes import pipeline
 from serving.routes.audio import audio_parts_to_text
 from serving.routes.bodies import ChatCompletionRequest, CompletionRequest
@@ -17,6 +17,7 @@ async def _generate(request: HttpRequest, kind: str):
     runtime = request.runtime
     body = await pipeline.read_body(request)
     if kind == "chat":
+        chat.media_in_user_messages(body.get("messages"))  # before a part is transcribed or decoded
         await audio_parts_to_text(request, body)  # transcribed by the Whisper model (no chat model hears)
     openai.usage_apart(body)  # a bad stream_options is refused before the prompt is built
     prepare = pipeline.prepare_chat if kind == "chat" else pipeline.prepare_completion

@@ -176,6 +176,20 @@ def test_errors_in_anthropic_shape(inproc, body, needle):
     assert needle in err["error"]["message"]
 
 
+def test_max_tokens_is_required_as_on_anthropic_but_not_to_count(inproc):
+    """A Messages request without max_tokens is refused as Anthropic refuses
+    it, streamed or not; count_tokens takes none (the SDK sends none there)."""
+    for stream in (False, True):
+        r = inproc.post("/v1/messages", json={"model": "m", "messages": ASK, "stream": stream})
+        assert r.status_code == 400, r.text
+        assert r.json() == {"type": "error", "error": {"type": "invalid_request_error",
+                                                       "message": "max_tokens: Field required"}}
+    r = inproc.post("/v1/messages", json={"model": "m", "messages": ASK, "max_tokens": None})
+    assert r.status_code == 400 and r.json()["error"]["message"] == "max_tokens: Input should be a valid integer"
+    counted = inproc.anthropic().messages.count_tokens(model="m", messages=ASK)
+    assert counted.input_tokens > 0
+
+
 def test_output_config_format_is_enforced_and_the_sdk_parses_it(client):
     """`messages.parse(output_format=Model)` sends output_config.format; the random model's reply is held to it."""
     from typing import Literal

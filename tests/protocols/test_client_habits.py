@@ -73,7 +73,7 @@ def test_system_turns_in_messages_render_in_place_in_order():
         {"role": "assistant", "content": "Planning."},
         {"role": "system", "content": "Reminder one.\n\nReminder two."}, {"role": "user", "content": "Go on."}]
     with pytest.raises(RequestError) as bad:
-        messages_protocol.to_chat_body({"messages": [{"role": "tool", "content": "x"}]})
+        messages_protocol.to_chat_body({"messages": [{"role": "tool", "content": "x"}], "max_tokens": 5})
     assert bad.value.param == "messages[0].role"
 
 
@@ -85,7 +85,7 @@ def test_claude_code_request_with_system_turns(claude, oai, tiny_model):
     counted = claude.messages.count_tokens(model="m", system=system, messages=CLAUDE_CODE_TURNS)
     # The same turns, in the same order, through chat completions: the same prompt.
     as_chat = [{"role": "system", "content": "You are an agent."}] + messages_protocol.to_chat_body(
-        {"messages": CLAUDE_CODE_TURNS})["messages"]
+        {"messages": CLAUDE_CODE_TURNS, "max_tokens": 1})["messages"]
     same = oai.chat.completions.create(model=tiny_model, messages=as_chat, max_tokens=1)
     served = msg.usage.input_tokens + (msg.usage.cache_read_input_tokens or 0)
     assert counted.input_tokens == same.usage.prompt_tokens == served

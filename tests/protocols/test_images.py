@@ -159,3 +159,46 @@ def test_responses_refusals_of_media_say_what_is_true(app):
         client.responses.create(model="m", max_output_tokens=1, input=[{"role": "user", "content": [
             {"type": "input_audio", "input_audio": {"data": "UklGRg==", "format": "wav"}}]}])
     assert refused.value.body["message"].startswith("audio parts are taken by /v1/chat/completions")
+
+
+def test_an_image_outside_a_user_message_is_refused_where_it_is(app):
+    """As OpenAI and Anthropic have it, on a model that could see it: image
+    parts go in user messages (Anthropic's and Responses' tool results too),
+    a system, developer, assistant or tool message's is a 400 naming it."""
+    client, url = app.openai(), data_url(png())
+    image = {"type": "image_url", "image_url": {"url": url}}
+    for role in ("system", "developer", "assistant"):
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.chat.completions.create(model="m", max_tokens=1, messages=[
+                {"role": role, "content": [TEXT, image]}, {"role": "user", "content": "What colour?"}])
+        error = refused.value.body
+        assert error["param"] == "messages[0].content[1]", error
+        article = "an" if role == "assistant" else "a"
+        assert error["message"] == ("messages[0].content[1]: image parts are only allowed in user messages, and "
+                                    f"messages[0] is {article} {role} message")
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model="m", max_tokens=1, messages=[
+            {"role": "user", "content": "Take a screenshot."},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "call_1", "type": "function", "function": {"name": "shot", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": [image]}])
+    assert refused.value.body["param"] == "messages[2].content[0]"
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.responses.create(model="m", max_output_tokens=1, input=[
+            {"role": "user", "content": "Draw."},
+            {"role": "assistant", "content": [{"type": "input_image", "image_url": url, "detail": "auto"}]},
+            {"role": "user", "content": "What colour?"}])
+    assert refused.value.body["param"] == "input[1].content[0]"
+    assert "images are only allowed in user items" in refused.value.body["message"]
+    block = {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                         "data": base64.b64encode(png()).decode()}}
+    with pytest.raises(anthropic.BadRequestError) as refused:
+        app.anthropic().messages.create(model="m", max_tokens=1, messages=[
+            {"role": "user", "content": "Draw."}, {"role": "assistant", "content": [block]},
+            {"role": "user", "content": "What colour?"}])
+    assert refused.value.body["error"]["message"] == (
+        "messages[1].content[0]: image blocks are only allowed in user messages (and inside a tool_result block), "
+        "and messages[1] is an assistant message")
+    # In a user message each is taken.
+    assert client.chat.completions.create(model="m", max_tokens=1, messages=[
+        {"role": "system", "content": [TEXT]}, {"role": "user", "content": [TEXT, image]}]).usage.prompt_tokens > 16

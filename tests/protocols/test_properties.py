@@ -339,11 +339,11 @@ def read_chat_body(body: dict) -> None:
 @given(objects(MESSAGE_FIELDS), _messages_like())
 def test_an_anthropic_body_becomes_a_chat_body_or_a_request_error(body, messages):
     for candidate in (body, {**body, "messages": messages}):
-        try:
-            read_chat_body(anthropic.to_chat_body(candidate))
-            read_chat_body(anthropic.count_body(candidate))
-        except RequestError as exc:
-            assert exc.status == 400 and str(exc)
+        for read in (anthropic.to_chat_body, anthropic.count_body):  # count_body takes no max_tokens
+            try:
+                read_chat_body(read(candidate))
+            except RequestError as exc:
+                assert exc.status == 400 and str(exc)
 
 
 @BODIES

@@ -63,6 +63,32 @@ def test_chat_values_that_ask_nothing_pass_and_the_unread_are_named(oai, tiny_mo
     assert raw.headers[HEADER] == "top_n, +1 more"
 
 
+def test_stream_options_need_a_stream_and_ask_only_for_what_is_built(oai, tiny_model):
+    """As on OpenAI: stream_options without stream: true is a 400 naming it,
+    on chat and text completions; inside it, obfuscation padding (not sent
+    here) and a key that is no option are refused, naming the key."""
+    def chat(**extra):
+        return oai.chat.completions.create(model=tiny_model, messages=HI, max_tokens=2, **extra)
+
+    def completion(**extra):
+        return oai.completions.create(model=tiny_model, prompt="Hi", max_tokens=2, **extra)
+
+    for create in (chat, completion):
+        for stream in ({}, {"stream": False}):
+            with pytest.raises(openai.BadRequestError) as caught:
+                create(stream_options={"include_usage": True}, **stream)
+            assert caught.value.body["param"] == "stream_options"
+            assert caught.value.body["message"] == \
+                "The 'stream_options' parameter is only allowed when 'stream' is enabled."
+        _refused(lambda create=create: list(create(stream=True, stream_options={"include_obfuscation": True})),
+                 "stream_options.include_obfuscation")
+        with pytest.raises(openai.BadRequestError) as caught:
+            list(create(stream=True, extra_body={"stream_options": {"include_usage": True, "continuous": True}}))
+        assert caught.value.body["param"] == "stream_options.continuous"
+        chunks = list(create(stream=True, stream_options={"include_usage": True, "include_obfuscation": False}))
+        assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens > 0
+
+
 def test_verbosity_is_a_line_in_the_system_turn(oai, tiny_model):
     def prompt(**extra) -> int:
         return oai.chat.completions.create(model=tiny_model, messages=HI, max_tokens=1, **extra).usage.prompt_tokens
@@ -143,6 +169,14 @@ def test_messages_quiet_values_pass_and_unread_fields_are_named(app):
                                                    extra_body={"context_management": {"edits": []},
                                                                "chat_template_kwargs": {"enable_thinking": False}})
     assert raw.headers[HEADER] == "context_management"  # chat_template_kwargs is read
+    # count_tokens reads what Messages reads, and names the rest the same way.
+    raw = claude.messages.with_raw_response.count_tokens(
+        model="m", messages=HI, thinking={"type": "disabled"}, tool_choice={"type": "auto"},
+        extra_body={"context_management": {"edits": []}, "max_tokens": 5})
+    assert raw.parse().input_tokens > 0 and raw.headers[HEADER] == "context_management"
+    raw = claude.messages.with_raw_response.count_tokens(model="m", messages=HI, tools=[
+        {"type": "web_search_20250305", "name": "web_search"}])
+    assert raw.headers[HEADER] == "tools[0]:web_search_20250305"
 
 
 def test_every_refused_field_is_one_the_sdks_send():
