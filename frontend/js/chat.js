@@ -117,12 +117,15 @@ export function createChat(hooks = {}) {
   function loadAdapters() {
     Promise.all([api("/v1/adapters"), api("/v1/adapters/available").catch(() => ({ adapters: [] }))]).then(([m, av]) => {
       const mounted = new Set(m.adapters.map((a) => a.id));
+      // A fine-tune that ended before its last step left its last checkpoint: named so in the menu too.
+      const partial = new Map(av.adapters.filter((a) => a.partial).map((a) => [a.id, a.partial]));
+      const name = (id) => partial.has(id) ? `${id} · partial, step ${partial.get(id).step ?? "?"}` : id;
       adapter.replaceChildren(...[...adapter.options].slice(0, 2));  // server default, base model
-      for (const a of m.adapters) adapter.append(h("option", { value: a.id }, a.id));
+      for (const a of m.adapters) adapter.append(h("option", { value: a.id }, name(a.id)));
       for (const a of av.adapters.filter((x) => !mounted.has(x.id))) {
         adapter.append(h("option", { value: a.id, disabled: !a.compatible, "data-path": a.path,
           title: a.compatible ? "mounted when picked" : `trained for ${a.base_model || "another model"}` },
-        a.compatible ? `${a.id} (mount)` : `${a.id} (other base model)`));
+        a.compatible ? `${name(a.id)} (mount)` : `${name(a.id)} (other base model)`));
       }
       adapter.value = state.adapter || "";
     }).catch(() => {});

@@ -143,6 +143,29 @@ def test_adapters_page_names_each_base_model(page, base_url, tiny_model, homes):
     page.screenshot(path=str(ARTIFACTS / "desktop-adapters-base-model.png"), full_page=True)
 
 
+def test_a_partial_adapter_is_named_so_on_its_page_and_in_the_chat(page, base_url, tiny_model, homes):
+    """A fine-tune that ended before its last step left its last checkpoint (jobs/leftovers.py): the
+    Adapters page badges it, and the chat's adapter menu names it partial too."""
+    from huggingface_hub import snapshot_download
+
+    from tests.helpers import random_adapter, write_adapter
+
+    snapshot = snapshot_download(tiny_model, local_files_only=True)
+    folder = write_adapter(homes[1] / "adapters" / "cut-short", random_adapter(snapshot, 1, 6), 1.0, snapshot,
+                           layers=1)
+    config = json.loads((folder / "adapter_config.json").read_text())
+    config["partial"] = {"step": 6, "iters": 10, "ended": "cancelled", "job_id": 1}
+    (folder / "adapter_config.json").write_text(json.dumps(config))
+    page.goto(base_url + "/#/adapters")
+    badge = page.wait_for_selector("tr[data-adapter='cut-short'] .badge.warn")
+    assert badge.inner_text() == "partial · step 6 of 10" and "cancelled" in badge.get_attribute("title")
+    page.goto(base_url + "/#/chat")
+    page.wait_for_function("[...document.querySelectorAll('select[aria-label=Adapter] option')]"
+                           ".some((o) => o.value === 'cut-short')")
+    label = page.eval_on_selector("select[aria-label=Adapter] option[value='cut-short']", "o => o.textContent")
+    assert label == "cut-short · partial, step 6 (mount)", label
+
+
 def test_settings_saves_and_removes_the_hub_token(page, base_url):
     page.goto(base_url + "/#/settings")
     page.wait_for_selector("text=No token saved.")
