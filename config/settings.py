@@ -199,7 +199,12 @@ LOGGING = {
     # A 503 says "not now" (a model loading or training, a drain, a full slot): the API logs it at INFO once;
     # Django's own line for every 5xx would add an ERROR for what is not a fault.
     "filters": {"no_503": {"()": "django.utils.log.CallbackFilter",
-                           "callback": lambda record: getattr(record, "status_code", None) != 503}},
+                           "callback": lambda record: getattr(record, "status_code", None) != 503},
+                # A tokenizer warns once that a text is longer than its model_max_length; Hearth measures every
+                # prompt against the context itself and refuses one too long in its caller's protocol.
+                "no_length_warning": {"()": "django.utils.log.CallbackFilter",
+                                      "callback": lambda record: "Token indices sequence length is longer"
+                                      not in record.getMessage()}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": env_str("HEARTH_LOG_LEVEL", "INFO")},
     "loggers": {
@@ -210,6 +215,10 @@ LOGGING = {
         # own calls to the server. The log says what Hearth did, not each request under it.
         "httpx": {"level": "WARNING"},
         "httpx2": {"level": "WARNING"},  # the same, as huggingface_hub and the SDKs name it here
+        # Huey's banner and its line before and after each task: the job worker logs its start, its slots and
+        # each job's end itself (hearth.jobs). Its warnings and a task's traceback still show.
+        "huey": {"level": "WARNING"},
+        "transformers.tokenization_utils_base": {"filters": ["no_length_warning"]},
     },
 }
 

@@ -245,7 +245,11 @@ async def _forward(request: HttpRequest, manager: Manager, slot: Slot, token: st
         finally:
             await reply.aclose()
             manager.release(slot)
-        return HttpResponse(content, status=reply.status_code, headers=headers)
+        response = HttpResponse(content, status=reply.status_code, headers=headers)
+        # A model's process on this machine logged its own 4xx (its lines name the model): Django's line here
+        # would say it twice.
+        response._has_been_logged = slot.remote is None
+        return response
     return Opened(manager, slot, _Relay(request.path, manager, slot, reply), reply.status_code, headers, token)
 
 

@@ -226,6 +226,22 @@ def test_model_routes_outside_v1_go_to_the_named_model(two):
     assert set(flushed["models"]) >= {A}
 
 
+def test_a_refusal_by_a_models_process_is_logged_once(two):
+    """A 400 from a model's process is in the log once, the process's own line (it names the model), not
+    again by the router that relayed it."""
+    line = "Bad Request: /v1/chat/completions"
+    before = two.output().count(line)
+    bad = HTTP.post(two.url + "/v1/chat/completions", json={"model": A, "max_tokens": -1,
+                                                             "messages": [{"role": "user", "content": "Hi"}]})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "max_tokens", bad.text
+    deadline = time.monotonic() + 30
+    while two.output().count(line) == before and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(1)  # both lines are written before the reply goes out; this is slack for the pipes
+    new = [x for x in two.output().splitlines() if line in x][before:]
+    assert len(new) == 1 and f"[{A}]" in new[0], new
+
+
 def test_the_curve_designer_goes_to_the_named_model(two):
     signal = HTTP.post(two.url + "/signal", json={"prompt": "hi", "model": "b"})
     assert signal.status_code == 200 and sum(signal.json()["bins"]) == signal.json()["vocab"]
