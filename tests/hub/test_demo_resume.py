@@ -26,17 +26,6 @@ def checkpoints(monkeypatch):
     monkeypatch.setattr(demo, "CHECKPOINTS", (0, 4, 8))
 
 
-@pytest.fixture
-def default_signals():
-    """SIGINT and SIGTERM as a build's own process has them: a pytest-xdist
-    worker ignores SIGINT, and the build leaves a signal it does not own alone."""
-    before = {signum: signal.signal(signum, handler)
-              for signum, handler in ((signal.SIGINT, signal.default_int_handler), (signal.SIGTERM, signal.SIG_DFL))}
-    yield
-    for signum, handler in before.items():
-        signal.signal(signum, handler)
-
-
 class Killed(Exception):
     """What a SIGKILL leaves: nothing after it runs (the Ctrl-C save is for KeyboardInterrupt)."""
 
