@@ -1,17 +1,21 @@
-"""What a demo build cut short leaves for the next build of the same
-recipe to go on from: one safetensors file holding the trained weights
-(`model.*`) and the optimizer's state tree (`optimizer.*`: AdamW's moments
-and its step count, which is where the learning-rate schedule stands),
-with, in its metadata,
+"""What a demo build cut short (the chat model's, the speech model's)
+leaves for the next build of the same recipe to go on from: one
+safetensors file holding the trained weights (`model.*`) and the
+optimizer's state tree (`optimizer.*`: AdamW's moments and its step count,
+which is where the learning-rate schedule stands), with, in its metadata,
 the step, the loss then, what the build was (`identity`: builder version,
 recipe, and a digest of the data it trains on, so a changed corpus starts
 over as a changed recipe does), and `extra`: what else the build needs to
 take the steps left as an uninterrupted build takes them, as JSON.
 
-The chat build's data order is a `random.Random(seed)` drawn from once a
-step, so it is drawn again up to the step saved (nothing in `extra`); its
-steps draw no MLX random numbers, and MLX's generator is seeded from the
-recipe before the weights are made on every build.
+What that is depends on the build. The chat build's data order is a
+`random.Random(seed)` drawn from once a step, so it is drawn again up to
+the step saved (nothing in `extra`). The speech build draws its clips from
+a `random.Random` and a numpy `Generator` and makes their log-mel
+spectrograms every step, too slow to draw again, so it saves their states
+there (`generator_states`, `generators`). Neither build's steps draw MLX
+random numbers, and MLX's generator is seeded from the recipe before the
+weights are made on every build.
 
 mlx-lm's tuner saves adapter weights alone (its `--resume-adapter-file`
 starts the optimizer and its schedule over), so the optimizer's tree is
@@ -31,12 +35,15 @@ import hashlib
 import io
 import json
 import logging
+import random
 import signal
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
+
+import numpy as np
 
 from core.fs import write_atomically
 
@@ -60,6 +67,22 @@ def identity(builder_version: int, recipe: dict, data: Iterable[bytes | str]) ->
     for part in data:
         digest.update(part.encode() if isinstance(part, str) else part)
     return {"builder_version": builder_version, "recipe": recipe, "data": digest.hexdigest()}
+
+
+def generator_states(rng: random.Random, noise: np.random.Generator) -> dict:
+    """The states of a build's random generators, as JSON takes them."""
+    return {"random": rng.getstate(), "numpy": noise.bit_generator.state}
+
+
+def generators(states: dict) -> tuple[random.Random, np.random.Generator]:
+    """New generators where `generator_states` found them (JSON made the
+    tuples lists); a state that is not one raises (`restore`'s `read_extra`)."""
+    version, internal, gauss = states["random"]
+    rng = random.Random()
+    rng.setstate((version, tuple(internal), gauss))
+    noise = np.random.default_rng()
+    noise.bit_generator.state = states["numpy"]
+    return rng, noise
 
 
 def save(path: Path, ident: dict, step: int, loss: float | None, params, optimizer, extra: dict | None = None
