@@ -26,7 +26,9 @@ the ones it starts from then on, and each loaded one, restarted once no
 request is running on it (or, busy for a minute, once its running requests
 have finished). Until the default model's process has it, transcription is
 refused with a 503 that says how far the build is (an older build, when
-the cache holds one, answers instead).
+the cache holds one, answers instead). A speech build cut short saved its
+training state every 10 steps, and at the step reached when the server
+stops it: the next one goes on from there (`resumed_from` in its state).
 
 The progress is on `/health` and `/stats` (`demo_build`, `speech_build`),
 the dashboard's Status and Models pages, and the log.
@@ -60,7 +62,8 @@ POLL_S = 1.0
 BUSY_WAIT_S = 60.0  # a model busy this long is restarted anyway: its running requests finish first (its drain)
 STATE_KEYS = ("state", "step", "steps", "loss", "seconds", "error")  # what /health shows of a build's state
 # How long a build asked to stop may take to finish its step and save: a step takes about a second on two
-# quiet cores, the save a fraction of one; niced on a busy machine the two took 4.4 s. SIGKILL after.
+# quiet cores, the save a fraction of one; niced on a busy machine the two took 4.4 s (the chat build), and
+# 6.3 s from the signal to the exit at a load of 10 on 2 cores (the speech build). SIGKILL after.
 STOP_WAIT_S = 10.0
 STOPPED = 130  # a build's exit status once it stopped as asked (Ctrl-C, or SIGTERM from `Build.stop`)
 
@@ -87,6 +90,7 @@ class Build:
         self.kind, self.steps, self.extra = kind, steps, tuple(extra)
         self.progress = home.demo_build(kind)
         self.proc: subprocess.Popen | None = None
+        self.resumed_from: int | None = None  # the step it went on from, once it says so
 
     def start(self) -> int:
         """Start it from a thread that lives as long as the server (the
@@ -105,17 +109,28 @@ class Build:
             return None
         return state if isinstance(state, dict) else None
 
-    def stop(self) -> None:
-        """SIGTERM: a chat build finishes its step and saves its training
-        state (`STOP_WAIT_S` at most), so the next start goes on from the
-        step reached, not the last checkpoint; then SIGKILL."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(STOP_WAIT_S)
-            except subprocess.TimeoutExpired:
-                self.proc.send_signal(signal.SIGKILL)
-                self.proc.wait()
+    def going_on_from(self) -> str | None:
+        """What the server says as it starts the build, when a build cut
+        short saved its training state: the step the build goes on from
+        (read from the state file's header; whose recipe it is, the build
+        checks)."""
+        saved = resume.saved_step(home.demo_resume(self.kind))
+        return None if saved is None else (f"going on from step {saved} of {self.steps}, where a build cut short "
+                                           "saved its training state")
+
+    def stop(self) -> int | None:
+        """SIGTERM: a build finishes its step and saves its training state
+        (`STOP_WAIT_S` at most), so the next start goes on from the step
+        reached, not the last one saved before; then SIGKILL. Returns its
+        exit status, or None when it was not running."""
+        if self.proc is None or self.proc.poll() is not None:
+            return None
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(STOP_WAIT_S)
+        except subprocess.TimeoutExpired:
+            self.proc.send_signal(signal.SIGKILL)
+            return self.proc.wait()
 
 
 class DemoTraining:
@@ -126,7 +141,6 @@ class DemoTraining:
         self.chat = Build("chat", Recipe().steps) if chat else None
         self.speech = Build("audio", WhisperRecipe().steps, speech_args) if speech else None
         self.served_step: int | None = None  # the chat checkpoint the router has taken in
-        self.resumed_from: int | None = None  # the step the chat build went on from, once it says so
         # Loaded models to restart (new weights, the Whisper), and since when: once idle, or after BUSY_WAIT_S.
         self.restart_pending: dict[str, float] = {}
         self.handing_over = False  # the Whisper is built; offered once the default model's process has it
@@ -151,17 +165,16 @@ class DemoTraining:
         if self.manager.default is None:
             self.manager.no_default_note = (f"the demo model {DEMO_REPO} is training and is served from its first "
                                             "checkpoint, seconds after the start (GET /health shows the progress)")
-        saved = resume.saved_step(home.demo_resume("chat"))
-        how_long = ("about 7 minutes on a quiet 2-core machine" if saved is None else
-                    f"going on from step {saved} of {build.steps}, where a build cut short saved its training state")
+        how_long = build.going_on_from() or "about 7 minutes on a quiet 2-core machine"
         log.info("training the demo model %s in the background (pid %d): served from its first checkpoint, "
                  "seconds from now, and swapped for each better one as it trains (%s)", DEMO_REPO, pid, how_long)
 
     def _start_speech(self, build: Build) -> None:
         pid = build.start()
         runtime.speech_build = {**(runtime.speech_build or {}), "state": "starting", "pid": pid}
+        how_long = build.going_on_from() or "about 7 to 10 minutes on a 2-core CPU"
         log.info("training the demo speech model %s in the background (pid %d): transcription is offered "
-                 "once it is built (about 7 to 10 minutes on a 2-core CPU)", WHISPER_REPO, pid)
+                 "once it is built (%s)", WHISPER_REPO, pid, how_long)
 
     def watch(self) -> None:
         """On the server's loop: follow the builds until they end."""
@@ -192,9 +205,8 @@ class DemoTraining:
             if state is not None:
                 if build is self.chat:
                     await self._look_chat(state)
-                else:  # "done" once the default model's process has it (`_restart_idle`)
-                    runtime.speech_build = {**(runtime.speech_build or {}), **{
-                        k: state.get(k) for k in STATE_KEYS if k != "state" or state.get(k) != "done"}}
+                else:
+                    self._look_speech(build, state)
             await self._restart_idle()
             if code is not None:
                 if build is self.chat:
@@ -203,17 +215,30 @@ class DemoTraining:
                     await self._speech_ended(code)
                 return
 
+    @staticmethod
+    def _resumed(build: Build, state: dict, label: str) -> int | None:
+        """The step a build cut short before saved and this one went on
+        from (None: it started at step 0), logged once."""
+        resumed = state.get("resumed_from")
+        if isinstance(resumed, int) and resumed != build.resumed_from:
+            build.resumed_from = resumed
+            log.info("%s: resumed from step %d of %s, where a build cut short saved its training state "
+                     "(the steps before it are not trained again)", label, resumed, state.get("steps"))
+        return resumed if isinstance(resumed, int) else None
+
     async def _look_chat(self, state: dict) -> None:
-        resumed = state.get("resumed_from")  # the step a build cut short before saved, gone on from
+        assert self.chat is not None
         runtime.demo_build = {**(runtime.demo_build or {}), **{k: state.get(k) for k in STATE_KEYS},
-                              "resumed_from": resumed}
-        if isinstance(resumed, int) and resumed != self.resumed_from:
-            self.resumed_from = resumed
-            log.info("demo model: resumed from step %d of %s, where a build cut short saved its training state "
-                     "(the steps before it are not trained again)", resumed, state.get("steps"))
+                              "resumed_from": self._resumed(self.chat, state, "demo model")}
         step = state.get("served_step")
         if isinstance(step, int) and step != self.served_step:
             await self._take(step, state)
+
+    def _look_speech(self, build: Build, state: dict) -> None:
+        """"done" once the default model's process has it (`_restart_idle`)."""
+        runtime.speech_build = {**(runtime.speech_build or {}), **{
+            k: state.get(k) for k in STATE_KEYS if k != "state" or state.get(k) != "done"},
+            "resumed_from": self._resumed(build, state, "demo speech model")}
 
     async def _take(self, step: int, state: dict) -> None:
         """A new checkpoint is published: into the library, the default if
@@ -263,11 +288,8 @@ class DemoTraining:
             runtime.demo_build = {**(runtime.demo_build or {}), "state": "done"}
             return
         state = runtime.demo_build or {}
-        if code == STOPPED:  # stopped as asked (a Ctrl-C reaches the build too): not a failure
-            saved = self.chat.read() if self.chat is not None else None
-            runtime.demo_build = {**state, **{k: v for k, v in (saved or {}).items() if k in STATE_KEYS}}
-            log.info("demo model: training stopped at step %s of %s; the next start goes on from there",
-                     runtime.demo_build.get("step"), runtime.demo_build.get("steps"))
+        if code == STOPPED and self.chat is not None:  # stopped as asked (a Ctrl-C reaches the build too)
+            runtime.demo_build = self._stopped(self.chat, state, "demo model")
             return
         error = state.get("error") or f"the build exited with status {code}"
         runtime.demo_build = {**state, "state": "failed", "error": error}
@@ -275,11 +297,23 @@ class DemoTraining:
         log.error("demo model: training failed (%s); `hearth make-demo-model` shows why. %s", error,
                   "The last checkpoint stays served." if self.served_step is not None else "")
 
+    @staticmethod
+    def _stopped(build: Build, state: dict, label: str) -> dict:
+        """A build stopped as asked is no failure: its last state, logged with the step it saved."""
+        saved = build.read()
+        state = {**state, **{k: v for k, v in (saved or {}).items() if k in STATE_KEYS}}
+        log.info("%s: training stopped at step %s of %s; the next start goes on from there", label,
+                 state.get("step"), state.get("steps"))
+        return state
+
     def _speech_failed(self, error: str) -> None:
         runtime.speech_build = {**(runtime.speech_build or {}), "state": "failed", "error": error}
         log.error("demo speech model: training failed (%s); `hearth make-demo-model --kind audio` shows why", error)
 
     async def _speech_ended(self, code: int) -> None:
+        if code == STOPPED and self.speech is not None:
+            runtime.speech_build = self._stopped(self.speech, runtime.speech_build or {}, "demo speech model")
+            return
         if code != 0:
             self._speech_failed((runtime.speech_build or {}).get("error") or f"the build exited with status {code}")
             return
@@ -294,8 +328,9 @@ class DemoTraining:
         await self._restart_idle()
 
     def stop(self) -> None:
+        """As the server stops: the builds still running are asked to stop, and say where they did."""
         if self.task is not None:
             self.task.cancel()
-        for build in (self.chat, self.speech):
-            if build is not None:
-                build.stop()
+        for build, label in ((self.chat, "demo model"), (self.speech, "demo speech model")):
+            if build is not None and build.stop() == STOPPED:
+                self._stopped(build, {}, label)

@@ -29,13 +29,10 @@ import math
 import os
 import random
 import shutil
-import signal
 import tempfile
-import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 from core.paths import read_json, read_text
 from hub.publish import publish_to_cache
@@ -219,7 +216,7 @@ def train(recipe: Recipe, out: Path, progress=None, checkpoint=None, resume_path
 
     With `resume_path`, the training state is saved there at each of those
     steps, and on Ctrl-C or SIGTERM once the step under way is done
-    (`_StopAsked`: then KeyboardInterrupt; `progress` is told of every step); a
+    (`resume.StopAsked`: then KeyboardInterrupt; `progress` is told of every step); a
     state saved by an earlier build of this recipe and corpus is gone on
     from (`resumed(step, loss)` is told, then `checkpoint` at that step),
     and the remaining steps are those an uninterrupted build takes
@@ -240,8 +237,11 @@ def train(recipe: Recipe, out: Path, progress=None, checkpoint=None, resume_path
     ident: dict = {}
     saved = None
     if resume_path is not None:  # before the step is compiled: it holds the state it updates
-        ident = resume.identity(BUILDER_VERSION, asdict(recipe), tok.to_str(), raw)
-        saved = resume.restore(resume_path, ident, model, optimizer)
+        ident = resume.identity(BUILDER_VERSION, asdict(recipe),
+                                [tok.to_str(), json.dumps(raw, separators=(",", ":"))])
+        saved = resume.restore(resume_path, ident, model.parameters(), optimizer)
+        if saved is not None:
+            model.load_weights(list(saved.weights.items()))
     step_fn, state = _compiled_step(model, optimizer)
     generation = {"eos_token_id": eos_id, "pad_token_id": pad_id, "temperature": 0.3, "top_k": 20}
 
@@ -265,7 +265,7 @@ def train(recipe: Recipe, out: Path, progress=None, checkpoint=None, resume_path
             checkpoint(saved.step, saved.loss, write)
     elif checkpoint and 0 in CHECKPOINTS:
         checkpoint(0, None, write)
-    with _StopAsked(resume_path is not None) as stop:
+    with resume.StopAsked(resume_path is not None) as stop:
         for step in range(first, recipe.steps + 1):
             ids, masks = batches[order.randrange(len(batches))]
             loss = step_fn(ids, masks)
@@ -274,8 +274,8 @@ def train(recipe: Recipe, out: Path, progress=None, checkpoint=None, resume_path
             if progress:  # every step: on a busy machine a step can take seconds, and /health shows where it stands
                 progress(step, recipe.steps, loss_value, time.monotonic() - started)
             if resume_path is not None and step < recipe.steps and (step in CHECKPOINTS or stop.asked):
-                _save_resume(resume_path, ident, step, loss_value, model, optimizer)
-            if stop.asked and step < recipe.steps:  # asked during the last step: the build finishes instead
+                resume.save_or_warn(resume_path, ident, step, loss_value, model.parameters(), optimizer)
+            if stop.stop_here(step, recipe.steps):
                 raise KeyboardInterrupt
             if checkpoint and step in CHECKPOINTS and step < recipe.steps:
                 checkpoint(step, loss_value, write)
@@ -325,57 +325,6 @@ def _compiled_step(model, optimizer):
 
     # Compiling the whole step saves about a fifth of the time on the CPU.
     return mx.compile(step_fn, inputs=state, outputs=state), state
-
-
-class _StopAsked:
-    """Ctrl-C (SIGINT) or SIGTERM (a server stopping its background build)
-    in the training loop, when `graceful`: the step under way finishes and
-    its state is saved before the KeyboardInterrupt, since one raised amid a
-    step (most often in `mx.eval`) leaves the model and the optimizer a step
-    apart from the last one counted. A second Ctrl-C acts at once (a second
-    SIGTERM does not: `_asked`). A signal is left as it is where its handler
-    is not Python's default (ignored, another handler) or outside the main
-    thread."""
-
-    DEFAULTS: dict[signal.Signals, Any] = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL}
-
-    def __init__(self, graceful: bool):
-        self.graceful, self.asked = graceful, False
-        self.installed: list[signal.Signals] = []
-
-    def __enter__(self) -> _StopAsked:
-        if self.graceful and threading.current_thread() is threading.main_thread():
-            for signum, default in self.DEFAULTS.items():
-                if signal.getsignal(signum) is default:
-                    signal.signal(signum, self._asked)
-                    self.installed.append(signum)
-        return self
-
-    def _asked(self, signum, frame) -> None:
-        """A second Ctrl-C acts at once; a SIGTERM after the first signal is the
-        same request (a terminal's Ctrl-C reaches the build, then its server
-        stops it): the step still finishes and is saved."""
-        self.asked = True
-        if signal.SIGINT in self.installed:
-            signal.signal(signal.SIGINT, self.DEFAULTS[signal.SIGINT])
-
-    def _restore(self) -> None:
-        for signum in self.installed:
-            signal.signal(signum, self.DEFAULTS[signum])
-        self.installed = []
-
-    def __exit__(self, *exc) -> None:
-        self._restore()
-
-
-def _save_resume(path: Path, ident: dict, step: int, loss: float, model, optimizer) -> None:
-    """Save the training state after `step`; a failure costs a resume, never the build."""
-    try:
-        seconds = resume.save(path, ident, step, loss, model, optimizer)
-    except Exception as exc:  # noqa: BLE001 - a full disk, a state caught between steps
-        log.warning("demo build: could not save the training state at step %d: %s", step, exc)
-        return
-    log.info("demo build: training state at step %d saved in %.2fs", step, seconds)
 
 
 def build(cache_dir: Path, recipe: Recipe = Recipe(), force: bool = False, progress=None,

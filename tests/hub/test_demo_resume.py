@@ -26,17 +26,6 @@ def checkpoints(monkeypatch):
     monkeypatch.setattr(demo, "CHECKPOINTS", (0, 4, 8))
 
 
-@pytest.fixture
-def default_signals():
-    """SIGINT and SIGTERM as a build's own process has them: a pytest-xdist
-    worker ignores SIGINT, and the build leaves a signal it does not own alone."""
-    before = {signum: signal.signal(signum, handler)
-              for signum, handler in ((signal.SIGINT, signal.default_int_handler), (signal.SIGTERM, signal.SIG_DFL))}
-    yield
-    for signum, handler in before.items():
-        signal.signal(signum, handler)
-
-
 class Killed(Exception):
     """What a SIGKILL leaves: nothing after it runs (the Ctrl-C save is for KeyboardInterrupt)."""
 
@@ -213,7 +202,9 @@ def test_the_router_shows_and_logs_the_step_a_build_resumed_from(monkeypatch, ca
     assert len(said) == 1, said
 
 
-def test_make_demo_model_stopped_says_so_and_exits_130(tmp_path, monkeypatch):
+# The chat build, and the speech build (tests/hub/test_demo_speech_resume.py), as `make-demo-model` runs them.
+@pytest.mark.parametrize(("kind", "builder", "steps"), [("chat", "build", 500), ("audio", "build_whisper", 400)])
+def test_make_demo_model_stopped_says_so_and_exits_130(tmp_path, monkeypatch, kind, builder, steps):
     import io
     import json
 
@@ -225,18 +216,24 @@ def test_make_demo_model_stopped_says_so_and_exits_130(tmp_path, monkeypatch):
 
     monkeypatch.setenv("HEARTH_HOME", str(tmp_path / "home"))
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    seen: dict = {}
 
-    def stopped_build(cache, recipe, force, progress, published, resume_path, resumed):
+    def stopped_build(cache, recipe, force, progress, resume_path, resumed, **options):
+        seen.update(resume_path=resume_path, evaluate=options.get("evaluate"))
+        resumed(3, 2.75)
         progress(7, recipe.steps, 2.5, 3.0)
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(make_demo_model, "build", stopped_build)
+    monkeypatch.setattr(make_demo_model, builder, stopped_build)
     out = io.StringIO()
     with pytest.raises(SystemExit) as exited:
-        call_command(make_demo_model.Command(), "--background", stdout=out)
-    assert exited.value.code == 130 and "stopped at step 7 of 500" in out.getvalue()
-    state = json.loads(home.demo_build("chat").read_text())
-    assert state["state"] == "stopped" and state["step"] == 7 and "error" not in state
+        call_command(make_demo_model.Command(), "--kind", kind, "--background", stdout=out)
+    assert exited.value.code == 130 and "resuming from step 3" in out.getvalue()
+    assert f"stopped at step 7 of {steps}" in out.getvalue()
+    assert seen["resume_path"] == tmp_path / "home" / "demo-resume" / f"{kind}.safetensors"
+    assert seen["evaluate"] is (False if kind == "audio" else None)  # a server's speech build skips the measuring
+    state = json.loads(home.demo_build(kind).read_text())
+    assert state["state"] == "stopped" and state["step"] == 7 and state["resumed_from"] == 3 and "error" not in state
 
 
 def test_the_router_asks_its_build_to_stop_and_kills_one_that_does_not(monkeypatch):

@@ -1,9 +1,11 @@
 """`hearth make-demo-model [--kind chat|vision|audio]`: build (once) an embedded demo model:
 the chat model (the default), the vision model or the speech model.
 
-A chat build cut short (Ctrl-C, a kill, a reboot) saved its training
-state at its last checkpoint (`home.demo_resume`); the next build of the
-same recipe goes on from there, and `--force` starts over.
+A chat or speech build cut short (Ctrl-C, a kill, a reboot) saved its
+training state (`home.demo_resume(kind)`): the chat build at its last
+checkpoint, the speech build every 10 steps, both at the step reached on
+Ctrl-C or SIGTERM (then exit 130); the next build of the same recipe goes
+on from there, and `--force` starts over.
 
 With `--background` (what `hearth serve --build-demo` runs) the build's
 state is kept in `home.demo_build(kind)` for the server to show and act on;
@@ -38,8 +40,8 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("--kind", choices=("chat", "vision", "audio"), default="chat")
         parser.add_argument("--force", action="store_true",
-                            help="rebuild even when a cached build exists, and start the chat model over "
-                                 "rather than resume a build cut short")
+                            help="rebuild even when a cached build exists, and start over rather than "
+                                 "resume a build cut short")
         parser.add_argument("--seed", type=int, default=None)
         parser.add_argument("--steps", type=int, default=None)
         parser.add_argument("--background", action="store_true",
@@ -70,12 +72,26 @@ class Command(BaseCommand):
         def resumed(step, loss):  # a build cut short before saved its training state at `step`
             save(state="training", step=step, resumed_from=step, loss=None if loss is None else round(loss, 4))
             self.stdout.write(f"  resuming from step {step}, where a build cut short saved its training state "
-                              f"({home.demo_resume('chat')})")
+                              f"({home.demo_resume(kind)})")
 
         def published(step, loss, snapshot):  # a checkpoint before the last: training is under way
             save(state="training", served_step=step)
             how = "untrained" if loss is None else f"loss {loss:.3f}"
             self.stdout.write(f"  checkpoint at step {step} ({how}) published: {snapshot}")
+
+        def stoppable(run):
+            """A chat or speech build: stopped (Ctrl-C, or the server stopping it) after saving the step
+            reached, it exits 130 (the server logs no failure); failed, its error is kept."""
+            try:
+                return run()
+            except KeyboardInterrupt:
+                save(state="stopped")
+                self.stdout.write(f"  stopped at step {state['step']} of {state['steps']}; the next build goes "
+                                  "on from the training state saved last")
+                sys.exit(130)
+            except BaseException as exc:
+                save(state="failed", error=f"{type(exc).__name__}: {exc}")
+                raise
 
         if not background:  # in the background its output is `hearth serve --build-demo`'s, which said it
             self.stdout.write(f"Device: {device.line()}")
@@ -94,12 +110,9 @@ class Command(BaseCommand):
             recipe_a = replace(base_a, seed=base_a.seed if seed is None else seed,
                                steps=base_a.steps if steps is None else steps)
             save(steps=recipe_a.steps)
-            try:
-                path, built, summary = build_whisper(cache, recipe_a, force=force, progress=progress,
-                                                     evaluate=not background)
-            except BaseException as exc:
-                save(state="failed", error=f"{type(exc).__name__}: {exc}")
-                raise
+            path, built, summary = stoppable(lambda: build_whisper(
+                cache, recipe_a, force=force, progress=progress, evaluate=not background,
+                resume_path=home.demo_resume(kind), resumed=resumed))
             save(state="done", step=recipe_a.steps)
             repo = WHISPER_REPO
             if summary:
@@ -108,18 +121,9 @@ class Command(BaseCommand):
             recipe = replace(Recipe(), seed=Recipe.seed if seed is None else seed,
                              steps=Recipe.steps if steps is None else steps)
             save(steps=recipe.steps)
-            try:
-                path, built = build(cache, recipe, force=force, progress=progress,
-                                    published=published if background else None,
-                                    resume_path=home.demo_resume("chat"), resumed=resumed)
-            except KeyboardInterrupt:  # Ctrl-C, or the server stopping: the step reached is saved
-                save(state="stopped")
-                self.stdout.write(f"  stopped at step {state['step']} of {recipe.steps}; the next build goes on "
-                                  "from the training state saved last")
-                sys.exit(130)
-            except BaseException as exc:
-                save(state="failed", error=f"{type(exc).__name__}: {exc}")
-                raise
+            path, built = stoppable(lambda: build(cache, recipe, force=force, progress=progress,
+                                                  published=published if background else None,
+                                                  resume_path=home.demo_resume(kind), resumed=resumed))
             save(state="done", step=recipe.steps, served_step=recipe.steps)
             repo = DEMO_REPO
         verb = "built" if built else "already built"

@@ -1,0 +1,193 @@
+"""A demo speech build cut short goes on where it stopped, as the chat
+build does (test_demo_resume.py): a tiny recipe (2 voices, 6 steps of 2
+clips) trained in this process in seconds, killed
+after a save or stopped by a real signal mid-build or while it measures
+the model, then built again: the second build trains only the steps left,
+its generators where the first left them, and writes the model an
+uninterrupted build writes, byte for byte. Another recipe's or other
+speech's state is deleted and the build starts at step 0, as with
+`force`; the server says where a build goes on from and where one stopped."""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from core import home
+from hearth import demo_training
+from hearth.root import RUNTIME as runtime
+from serving.demo import resume
+from serving.demo import whisper_build as speech
+from tests.hub.test_demo_resume import Killed
+
+# Digits said alone only (`fluent` 0): libespeak-ng's fluent readings depend on what the process read
+# before (the same in each fresh build process, so a build and its resumption agree), and the builds
+# of one test run in one process.
+TINY = replace(speech.WhisperRecipe(), voices=2, sentences=0, readings=0, fluent=0.0, steps=6, batch=2, warmup=2)
+
+
+@pytest.fixture(autouse=True)
+def save_often(monkeypatch):
+    """A save every 2 steps of TINY's 6."""
+    monkeypatch.setattr(speech, "SAVE_EVERY", 2)
+
+
+def _weights(snapshot: Path) -> bytes:
+    return (snapshot / "weights.safetensors").read_bytes()
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> bytes:
+    """TINY built in one go, saving its training state as it goes: its weights' bytes."""
+    state = tmp_path_factory.mktemp("state") / "audio.safetensors"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(speech, "SAVE_EVERY", 2)
+        snapshot, built, summary = speech.build(tmp_path_factory.mktemp("plain"), TINY, evaluate=False,
+                                                resume_path=state)
+    assert built and summary["resumed_from"] is None and not state.exists()  # a finished build leaves none
+    return _weights(snapshot)
+
+
+def _build(cache: Path, state: Path):
+    """Build TINY: its snapshot, and the steps trained and resumed from."""
+    seen: dict[str, list] = {"progress": [], "resumed": []}
+    snapshot, built, summary = speech.build(
+        cache, TINY, evaluate=False, resume_path=state,
+        progress=lambda step, total, loss, seconds: seen["progress"].append(step),
+        resumed=lambda step, loss: seen["resumed"].append(step))
+    assert built and summary["resumed_from"] == (seen["resumed"] or [None])[0]
+    assert not state.exists()  # a finished build leaves none
+    return snapshot, seen
+
+
+def test_a_build_killed_after_a_save_trains_only_the_steps_left(uninterrupted, tmp_path):
+    state = tmp_path / "audio.safetensors"
+
+    def progress(step, total, loss, seconds):
+        if step == 5:  # after the save at step 4: the draws of step 5 are made again from the saved generators
+            raise Killed
+
+    with pytest.raises(Killed):
+        speech.build(tmp_path, TINY, evaluate=False, progress=progress, resume_path=state)
+    assert resume.saved_step(state) == 4 and speech.cached_snapshot(tmp_path, TINY) is None
+    snapshot, seen = _build(tmp_path, state)
+    assert seen["resumed"] == [4] and seen["progress"] == [5, 6]
+    assert _weights(snapshot) == uninterrupted
+
+
+# Ctrl-C; a server stopping its build; a terminal's Ctrl-C, then its server's SIGTERM (the same request).
+@pytest.mark.parametrize("signums", [(signal.SIGINT,), (signal.SIGTERM,), (signal.SIGINT, signal.SIGTERM)])
+def test_a_stop_mid_build_saves_the_step_it_reached(uninterrupted, tmp_path, monkeypatch, signums, default_signals):
+    monkeypatch.setenv("HEARTH_HOME", str(tmp_path / "home"))
+    state = home.demo_resume("audio")
+
+    def progress(step, total, loss, seconds):
+        if step == 3:  # between two saves: the step under way (here, done) is saved, then KeyboardInterrupt
+            for signum in signums:
+                os.kill(os.getpid(), signum)
+
+    with pytest.raises(KeyboardInterrupt):
+        speech.build(tmp_path, TINY, evaluate=False, progress=progress, resume_path=state)
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert resume.saved_step(state) == 3
+    # What `hearth serve --build-demo` says as it starts the build again.
+    assert demo_training.Build("audio", TINY.steps).going_on_from() == (
+        "going on from step 3 of 6, where a build cut short saved its training state")
+    snapshot, seen = _build(tmp_path, state)
+    assert seen["resumed"] == [3] and seen["progress"] == [4, 5, 6]
+    assert _weights(snapshot) == uninterrupted
+    assert demo_training.Build("audio", TINY.steps).going_on_from() is None
+
+
+def test_a_stop_while_the_model_is_measured_trains_nothing_again(uninterrupted, tmp_path, monkeypatch,
+                                                                  default_signals):
+    state = tmp_path / "audio.safetensors"
+
+    def ctrl_c(path):  # a Ctrl-C minutes into the held-out measuring, here at once
+        os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(speech, "held_out", ctrl_c)
+    with pytest.raises(KeyboardInterrupt):
+        speech.build(tmp_path, TINY, resume_path=state)
+    assert resume.saved_step(state) == TINY.steps and speech.cached_snapshot(tmp_path, TINY) is None
+    snapshot, seen = _build(tmp_path, state)
+    assert seen["resumed"] == [TINY.steps] and seen["progress"] == []
+    assert _weights(snapshot) == uninterrupted
+
+
+@pytest.mark.parametrize("change", ["recipe", "speech", "force"])
+def test_another_recipes_state_is_deleted_and_the_build_starts_over(uninterrupted, tmp_path, caplog, monkeypatch,
+                                                                    change):
+    state = tmp_path / "audio.safetensors"
+
+    def killed_after_a_save(step, total, loss, seconds):
+        if step == 3:
+            raise Killed
+
+    with pytest.raises(Killed):  # a state at step 2, of another recipe (seed 1) or of TINY
+        speech.build(tmp_path / "a", replace(TINY, seed=1) if change == "recipe" else TINY, evaluate=False,
+                     progress=killed_after_a_save, resume_path=state)
+    assert resume.saved_step(state) == 2
+    if change == "speech":  # the same recipe, other speech (another espeak-ng): the voices in another order
+        voices = speech.speech_data.voices
+        monkeypatch.setattr(speech.speech_data, "voices", lambda n, seed: voices(n, seed)[::-1])
+    there_at_step_1: list[bool] = []
+
+    def progress(step, total, loss, seconds):
+        if step == 1:
+            there_at_step_1.append(state.exists())
+
+    with caplog.at_level(logging.INFO, logger="hearth.demo"):
+        snapshot, built, _ = speech.build(tmp_path / "b", TINY, force=change == "force", evaluate=False,
+                                          progress=progress, resume_path=state)
+    assert built and there_at_step_1 == [False] and not state.exists()  # deleted before the first step
+    said = [r.getMessage() for r in caplog.records if "another recipe's" in r.getMessage()]
+    assert len(said) == (0 if change == "force" else 1), said
+    assert (_weights(snapshot) == uninterrupted) is (change != "speech")
+
+
+def test_the_router_shows_where_a_speech_build_resumed_and_where_it_stopped(monkeypatch, caplog, tmp_path):
+    monkeypatch.setattr(runtime, "speech_build", {"state": "starting", "steps": 400})
+    training = demo_training.DemoTraining(manager=None, chat=False, speech=True)  # type: ignore[arg-type]
+    assert training.speech is not None
+    training.speech.progress = tmp_path / "audio.json"
+    with caplog.at_level(logging.INFO, logger="hearth.serve"):
+        for step in (30, 31):
+            training._look_speech(training.speech, {"state": "training", "step": step, "steps": 400,
+                                                    "resumed_from": 30})
+        assert runtime.speech_build["resumed_from"] == 30 and runtime.speech_build["step"] == 31
+        training.speech.progress.write_text(json.dumps({"state": "stopped", "step": 37, "steps": 400}))
+        asyncio.run(training._speech_ended(demo_training.STOPPED))
+    assert runtime.speech_build["state"] == "stopped" and runtime.speech_build["step"] == 37
+    assert [r.levelname for r in caplog.records] == ["INFO", "INFO"], caplog.records
+    assert "demo speech model: resumed from step 30 of 400" in caplog.records[0].getMessage()
+    assert "demo speech model: training stopped at step 37 of 400" in caplog.records[1].getMessage()
+
+
+def test_a_server_that_stops_says_where_its_speech_build_stopped(monkeypatch, caplog, tmp_path):
+    """`DemoTraining.stop` as the server stops: the build asked to stop exits 130 (a child that does
+    as a build does), and the log says the step it saved."""
+    monkeypatch.setattr(runtime, "speech_build", None)
+    training = demo_training.DemoTraining(manager=None, chat=False, speech=True)  # type: ignore[arg-type]
+    build = training.speech
+    assert build is not None
+    build.progress = tmp_path / "audio.json"
+    build.progress.write_text(json.dumps({"state": "stopped", "step": 12, "steps": 400}))
+    build.proc = subprocess.Popen(
+        [sys.executable, "-c", "import signal, sys, time; signal.signal(signal.SIGTERM, lambda *a: sys.exit(130)); "
+                               "print('ready', flush=True); time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    assert build.proc.stdout is not None and build.proc.stdout.readline() == "ready\n"
+    with caplog.at_level(logging.INFO, logger="hearth.serve"):
+        training.stop()
+    assert build.proc.returncode == demo_training.STOPPED
+    assert [r.getMessage() for r in caplog.records] == [
+        "demo speech model: training stopped at step 12 of 400; the next start goes on from there"]
