@@ -156,8 +156,10 @@ def test_force_starts_over(tmp_path):
     assert seen[0] == 1 and not state.exists()
 
 
-def test_make_demo_model_resumes_from_home_and_says_so(tmp_path, monkeypatch):
-    """`make-demo-model` keeps the state in HEARTH_HOME, and its background state and output name the step."""
+@pytest.mark.parametrize("background", [True, False])
+def test_make_demo_model_resumes_from_home_and_says_so(tmp_path, monkeypatch, background):
+    """`make-demo-model` keeps the state in HEARTH_HOME; on a terminal it says which step it goes on from,
+    and built for a server its state says it (the server's log line is made from that: not printed twice)."""
     import io
     import json
 
@@ -174,15 +176,19 @@ def test_make_demo_model_resumes_from_home_and_says_so(tmp_path, monkeypatch):
     def fake_build(cache, recipe, force, progress, published, resume_path, resumed):
         seen.update(resume_path=resume_path, force=force)
         resumed(40, 1.23456)
-        seen["state"] = json.loads(home.demo_build("chat").read_text())
+        if background:
+            seen["state"] = json.loads(home.demo_build("chat").read_text())
         return tmp_path / "snapshot", True
 
     monkeypatch.setattr(make_demo_model, "build", fake_build)
     out = io.StringIO()
-    call_command(make_demo_model.Command(), "--background", stdout=out)
+    call_command(make_demo_model.Command(), *(["--background"] if background else []), stdout=out)
     assert seen["resume_path"] == home.demo_resume("chat") == tmp_path / "home" / "demo-resume" / "chat.safetensors"
-    assert seen["state"]["state"] == "training" and seen["state"]["resumed_from"] == seen["state"]["step"] == 40
-    assert seen["state"]["loss"] == 1.2346 and "resuming from step 40" in out.getvalue()
+    if background:
+        assert seen["state"]["state"] == "training" and seen["state"]["resumed_from"] == seen["state"]["step"] == 40
+        assert seen["state"]["loss"] == 1.2346 and out.getvalue() == ""
+    else:
+        assert "resuming from step 40" in out.getvalue() and not home.demo_build("chat").exists()
 
 
 def test_the_router_shows_and_logs_the_step_a_build_resumed_from(monkeypatch, caplog):
@@ -204,7 +210,8 @@ def test_the_router_shows_and_logs_the_step_a_build_resumed_from(monkeypatch, ca
 
 # The chat build, and the speech build (tests/hub/test_demo_speech_resume.py), as `make-demo-model` runs them.
 @pytest.mark.parametrize(("kind", "builder", "steps"), [("chat", "build", 500), ("audio", "build_whisper", 400)])
-def test_make_demo_model_stopped_says_so_and_exits_130(tmp_path, monkeypatch, kind, builder, steps):
+@pytest.mark.parametrize("background", [True, False])
+def test_make_demo_model_stopped_says_so_and_exits_130(tmp_path, monkeypatch, kind, builder, steps, background):
     import io
     import json
 
@@ -227,10 +234,13 @@ def test_make_demo_model_stopped_says_so_and_exits_130(tmp_path, monkeypatch, ki
     monkeypatch.setattr(make_demo_model, builder, stopped_build)
     out = io.StringIO()
     with pytest.raises(SystemExit) as exited:
-        call_command(make_demo_model.Command(), "--kind", kind, "--background", stdout=out)
-    assert exited.value.code == 130 and "resuming from step 3" in out.getvalue()
-    assert f"stopped at step 7 of {steps}" in out.getvalue()
+        call_command(make_demo_model.Command(), "--kind", kind, *(["--background"] if background else []), stdout=out)
+    assert exited.value.code == 130
     assert seen["resume_path"] == tmp_path / "home" / "demo-resume" / f"{kind}.safetensors"
+    if not background:  # on a terminal it says so; for a server its state does (the server logs it)
+        assert "resuming from step 3" in out.getvalue() and f"stopped at step 7 of {steps}" in out.getvalue()
+        return
+    assert out.getvalue() == ""
     assert seen["evaluate"] is (False if kind == "audio" else None)  # a server's speech build skips the measuring
     state = json.loads(home.demo_build(kind).read_text())
     assert state["state"] == "stopped" and state["step"] == 7 and state["resumed_from"] == 3 and "error" not in state

@@ -10,10 +10,14 @@ on from there, and `--force` starts over.
 With `--background` (what `hearth serve --build-demo` runs) the build's
 state is kept in `home.demo_build(kind)` for the server to show and act on;
 the chat model is published at each checkpoint too, and the speech model
-skips its held-out evaluation (minutes of 2-core CPU a server does not need)."""
+skips its held-out evaluation (minutes of 2-core CPU a server does not need).
+Its progress goes into the server's log, every 25 steps; what the server
+says from the build's state itself (a checkpoint, a resume, a stop) is not
+said twice."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 import time
@@ -29,6 +33,8 @@ from serving.demo import vision
 from serving.demo.build import DEMO_REPO, Recipe, build
 from serving.demo.whisper_build import WHISPER_REPO, WhisperRecipe
 from serving.demo.whisper_build import build as build_whisper
+
+log = logging.getLogger("hearth.demo")
 
 
 class Command(BaseCommand):
@@ -62,22 +68,32 @@ class Command(BaseCommand):
             if background:
                 write_atomically(home.demo_build(kind), json.dumps(state), durable=False)
 
+        def say(text: str, server_says: bool = False) -> None:
+            """A line of the build's progress: on the terminal; built for a server, into its log (the
+            lines the server writes itself from the build's state, `server_says`, only once)."""
+            if not background:
+                self.stdout.write(text)
+            elif not server_says:
+                log.info("demo %s build: %s", kind, text.strip())
+
         def progress(step, total, loss, seconds):
             save(state="training", step=step, steps=total, loss=round(loss, 4), seconds=round(seconds, 1))
             if step % 25 and step != total:
                 return
-            bar = "#" * (20 * step // total)
-            self.stdout.write(f"  [{bar:<20}] step {step}/{total}  loss {loss:.3f}  {seconds:.0f}s")
+            if background:
+                say(f"step {step} of {total}, loss {loss:.3f}, {seconds:.0f}s")
+            else:
+                say(f"  [{'#' * (20 * step // total):<20}] step {step}/{total}  loss {loss:.3f}  {seconds:.0f}s")
 
         def resumed(step, loss):  # a build cut short before saved its training state at `step`
             save(state="training", step=step, resumed_from=step, loss=None if loss is None else round(loss, 4))
-            self.stdout.write(f"  resuming from step {step}, where a build cut short saved its training state "
-                              f"({home.demo_resume(kind)})")
+            say(f"  resuming from step {step}, where a build cut short saved its training state "
+                f"({home.demo_resume(kind)})", server_says=True)
 
         def published(step, loss, snapshot):  # a checkpoint before the last: training is under way
             save(state="training", served_step=step)
             how = "untrained" if loss is None else f"loss {loss:.3f}"
-            self.stdout.write(f"  checkpoint at step {step} ({how}) published: {snapshot}")
+            say(f"  checkpoint at step {step} ({how}) published: {snapshot}", server_says=True)
 
         def stoppable(run):
             """A chat or speech build: stopped (Ctrl-C, or the server stopping it) after saving the step
@@ -86,8 +102,8 @@ class Command(BaseCommand):
                 return run()
             except KeyboardInterrupt:
                 save(state="stopped")
-                self.stdout.write(f"  stopped at step {state['step']} of {state['steps']}; the next build goes "
-                                  "on from the training state saved last")
+                say(f"  stopped at step {state['step']} of {state['steps']}; the next build goes on from the "
+                    "training state saved last", server_says=True)
                 sys.exit(130)
             except BaseException as exc:
                 save(state="failed", error=f"{type(exc).__name__}: {exc}")
@@ -116,7 +132,7 @@ class Command(BaseCommand):
             save(state="done", step=recipe_a.steps)
             repo = WHISPER_REPO
             if summary:
-                self.stdout.write(f"  trained: {summary}")
+                say(f"  trained: {summary}", server_says=True)
         else:
             recipe = replace(Recipe(), seed=Recipe.seed if seed is None else seed,
                              steps=Recipe.steps if steps is None else steps)
@@ -127,5 +143,6 @@ class Command(BaseCommand):
             save(state="done", step=recipe.steps, served_step=recipe.steps)
             repo = DEMO_REPO
         verb = "built" if built else "already built"
-        self.stdout.write(self.style.SUCCESS(f"{repo} {verb}: {path}"))
+        if not background:  # the server says what it serves
+            self.stdout.write(self.style.SUCCESS(f"{repo} {verb}: {path}"))
 
