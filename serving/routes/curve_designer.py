@@ -43,9 +43,9 @@ def _answer(body: dict, status: int = 200) -> JsonResponse:
     return JsonResponse(body, status=status, headers=CORS)
 
 
-def _refuse(message: str, status: int = 400, code: str | None = None) -> JsonResponse:
-    """A refusal in OpenAI's error shape (the Curve Designer reads `error.message`)."""
-    return OPENAI.response(status, message, code, headers=CORS)
+def _refuse(message: str, status: int = 400, code: str | None = None, param: str | None = None) -> JsonResponse:
+    """A refusal in OpenAI's error shape (the Curve Designer reads `error.message`), naming the field at fault."""
+    return OPENAI.response(status, message, code, param=param, headers=CORS)
 
 
 def prompt_tokens(model: LoadedModel, text: str) -> list[int]:
@@ -56,7 +56,7 @@ def prompt_tokens(model: LoadedModel, text: str) -> list[int]:
     try:
         tokens, _ = chat.build_prompt(model, [{"role": "user", "content": text}], None, {})
     except RequestError as exc:
-        raise curve_bodies.CurveError(exc.message) from None
+        raise curve_bodies.CurveError(exc.message, param="prompt") from None
     return tokens
 
 
@@ -64,7 +64,7 @@ def _check_room(engine: Engine, model: LoadedModel, tokens: list[int], generated
     caps = [c for c in (model.context_window, engine.enforced_context) if c]
     if caps and len(tokens) + generated > min(caps):
         raise curve_bodies.CurveError(f"the prompt has {len(tokens)} tokens; with {generated} more it does not fit "
-                                f"this model's context of {min(caps)} tokens")
+                                      f"this model's context of {min(caps)} tokens", param="prompt")
 
 
 async def _read(request: HttpRequest) -> dict:
@@ -102,7 +102,7 @@ def _route(path: str, summary: str):
             try:
                 return _answer(await work(request))
             except curve_bodies.CurveError as exc:
-                return _refuse(exc.message, exc.status)
+                return _refuse(exc.message, exc.status, param=exc.param)
             except EngineError as exc:  # closed, or too many calls waiting
                 return _refuse(str(exc), exc.status)
         view.__name__ = work.__name__.lstrip("_")
@@ -115,6 +115,7 @@ def _route(path: str, summary: str):
 async def _signal(request: HttpRequest) -> dict:
     """`{"prompt"}` -> the next-token log-probability histogram."""
     body = await _read(request)
+    curve_bodies.known(body, curve_bodies.SIGNAL_FIELDS)
     text = curve_bodies.prompt(body, request.runtime.options.limits.max_prompt_chars)
     engine = _engine(request)
     model = engine.loaded_model
