@@ -57,13 +57,15 @@ class MediaRef(NamedTuple):
     video: bool = False
 
 
-def text_of(content, where: str, images: list | None = None, marker: str = "") -> str:
+def text_of(content, where: str, images: list | None = None, marker: str = "", refusals: bool = False) -> str:
     """Message content as one string: a string, null, or a list of parts.
     With `images` (a vision model), each image part becomes `marker` in the
     text and a `MediaRef` (its url, its field path) is appended to `images`;
     a video part becomes one marker per frame it is sampled into
     (`VIDEO_FRAMES`) and one `MediaRef` marked `video`. Without, an image
-    or video part is refused naming its path."""
+    or video part is refused naming its path. With `refusals` (an
+    assistant's content, as OpenAI allows), a refusal part is the text the
+    assistant said; elsewhere it is refused."""
     if content is None or isinstance(content, str):
         return content or ""
     if not isinstance(content, list):
@@ -75,6 +77,12 @@ def text_of(content, where: str, images: list | None = None, marker: str = "") -
         at = marked if isinstance(marked, str) else f"{where}.content[{i}]"
         if kind in ("text", "input_text", "output_text") and isinstance(part.get("text"), str):
             texts.append(part["text"])
+        elif kind == "refusal":
+            if not refusals:
+                raise RequestError(f"{at}: refusal parts are only allowed in assistant messages", at)
+            if not isinstance(part.get("refusal"), str):
+                raise RequestError(f"{at}.refusal must be a string", f"{at}.refusal")
+            texts.append(part["refusal"])
         elif kind in IMAGE_PARTS:
             if images is None:
                 raise RequestError("model has no vision sidecar", at)
@@ -144,14 +152,14 @@ def video_url(part: dict, where: str) -> str:
     return ref
 
 
-def keep_media(content, where: str, field: str = "content"):
+def keep_media(content, where: str, field: str = "content", refusals: bool = False):
     """Content for a converted protocol: a string when it has no image part,
     else the parts, each image part marked with its field path (`_at`, the
     part's index in `where`.`field`) so a refusal later names the client's
-    own field."""
+    own field. `refusals` as for `text_of`."""
     if not isinstance(content, list) or not any(
             isinstance(p, dict) and p.get("type") in IMAGE_PARTS + VIDEO_PARTS for p in content):
-        return text_of(content, where)
+        return text_of(content, where, refusals=refusals)
     return [{**p, "_at": f"{where}.{field}[{i}]"} if isinstance(p, dict) and p.get("type") in IMAGE_PARTS +
             VIDEO_PARTS else p for i, p in enumerate(content)]
 
@@ -214,8 +222,13 @@ def normalize_messages(messages, limits: Limits, images: list | None = None, mar
         if m["role"] == "tool" and not (isinstance(m.get("tool_call_id"), str) and m["tool_call_id"]):
             raise RequestError(f"{where}.tool_call_id required: the id of the assistant's tool call this message "
                                "answers", f"{where}.tool_call_id")
-        msg["content"] = text_of(m.get("content"), where, images, marker)
+        msg["content"] = text_of(m.get("content"), where, images, marker, refusals=m["role"] == "assistant")
         if m["role"] == "assistant":
+            refusal = m.get("refusal")  # a reply's refusal, sent back as it came: what the assistant said
+            if refusal is not None and not isinstance(refusal, str):
+                raise RequestError(f"{where}.refusal must be a string", f"{where}.refusal")
+            if refusal and not msg["content"]:
+                msg["content"] = refusal
             # `reasoning` is an alias; an explicit reasoning_content wins, even empty.
             if "reasoning_content" not in m and isinstance(m.get("reasoning"), str):
                 msg["reasoning_content"] = m["reasoning"]

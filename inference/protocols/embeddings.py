@@ -5,6 +5,7 @@ import base64
 import struct
 
 from core.limits import Limits
+from inference.protocols import unhonoured
 from inference.protocols.chat import check_chars
 from inference.protocols.errors import RequestError
 
@@ -81,11 +82,10 @@ def chunks(tokens: list[list[int]], budget: int) -> list[list[list[int]]]:
 
 
 def encoding(body: dict) -> str:
+    unhonoured.refuse(body, unhonoured.EMBEDDINGS)
     value = body.get("encoding_format", "float")
     if value not in ("float", "base64"):
         raise RequestError("encoding_format must be 'float' or 'base64'", "encoding_format")
-    if body.get("dimensions") is not None:
-        raise RequestError("dimensions is not supported: the model's embedding size is fixed", "dimensions")
     return value
 
 

@@ -8,7 +8,7 @@ import uuid
 
 from inference.protocols import chat, unhonoured
 from inference.protocols.errors import RequestError
-from inference.protocols.params import SAMPLING, integer
+from inference.protocols.params import SAMPLING, boolean, integer
 from inference.protocols.response_store import AnyResponseStore
 
 EXTRAS = (*(f for f in SAMPLING if f not in ("temperature", "top_p", "top_k")), "logit_bias",
@@ -48,7 +48,8 @@ def _items(raw) -> tuple[list[dict], list[str]]:
                 if role == "assistant":
                     _no_media(item.get("content"), where, "images are only allowed in user items (and in a "
                                                           "function_call_output), and this is an assistant item")
-                out.append({"role": role, "content": chat.keep_media(item.get("content"), where)})
+                out.append({"role": role, "content": chat.keep_media(item.get("content"), where,
+                                                                     refusals=role == "assistant")})
         elif kind == "function_call":
             if not isinstance(item.get("name"), str):
                 raise RequestError(f"{where}.name required", f"{where}.name")
@@ -144,6 +145,9 @@ class Turn:
 
     def __init__(self, body: dict, store: AnyResponseStore, holder: str = ""):
         unhonoured.refuse(body, unhonoured.RESPONSES)
+        if body.get("stream_options") is not None and not boolean(body, "stream"):  # as on OpenAI, as on chat
+            raise RequestError("The 'stream_options' parameter is only allowed when 'stream' is enabled.",
+                               "stream_options")
         previous_id = body.get("previous_response_id")
         self.previous = None
         if previous_id is not None:

@@ -116,6 +116,10 @@ MESSAGES: dict[str, tuple[Asks, str]] = {
     "workspace_id": (_set, "no workspaces here"),
 }
 
+EMBEDDINGS: dict[str, tuple[Asks, str]] = {
+    "dimensions": (_set, "the model's embedding size is fixed"),
+}
+
 # Accepted, change nothing (and are not reported as ignored): labels for a hosted service, and prompt-cache
 # hints the cache meets by itself (it keeps every prefix it has room for, in memory and then on the SSD tier,
 # with no breakpoints needed).

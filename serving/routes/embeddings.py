@@ -10,7 +10,7 @@ from django.http import HttpRequest, JsonResponse
 from core.openapi import documented
 from core.surfaces import OPENAI
 from inference.engine.embed import embed
-from inference.protocols import embeddings
+from inference.protocols import embeddings, unhonoured
 from inference.protocols.errors import RequestError
 from serving.routes import pipeline
 from serving.routes.bodies import EmbeddingsRequest
@@ -41,4 +41,6 @@ async def create(request: HttpRequest):
     for part in embeddings.chunks(tokens, CALL_TOKENS):
         vectors += await asyncio.to_thread(
             engine.call, lambda part=part: model.adapters.base_only(lambda: embed(model.model, part)), 300.0)
-    return JsonResponse(embeddings.reply(vectors, model.model_id, sum(len(t) for t in tokens), fmt))
+    unread = unhonoured.ignored(body, EmbeddingsRequest.model_fields, unhonoured.EMBEDDINGS)
+    return JsonResponse(embeddings.reply(vectors, model.model_id, sum(len(t) for t in tokens), fmt),
+                        headers={pipeline.IGNORED_HEADER: unhonoured.header_value(unread)} if unread else None)

@@ -5,7 +5,7 @@ from django.http import HttpRequest
 
 from core.openapi import documented
 from core.surfaces import OPENAI
-from inference.protocols import chat, openai, unhonoured
+from inference.protocols import chat, inner_fields, openai, unhonoured
 from serving.routes import pipeline
 from serving.routes.audio import audio_parts_to_text
 from serving.routes.bodies import ChatCompletionRequest, CompletionRequest
@@ -16,6 +16,7 @@ router = OPENAI.router(tags=["openai"])
 async def _generate(request: HttpRequest, kind: str):
     runtime = request.runtime
     body = await pipeline.read_body(request)
+    inner = inner_fields.check(body, inner_fields.CHAT if kind == "chat" else inner_fields.COMPLETIONS)
     if kind == "chat":
         chat.media_in_user_messages(body.get("messages"))  # before a part is transcribed or decoded
         await audio_parts_to_text(request, body)  # transcribed by the Whisper model (no chat model hears)
@@ -23,9 +24,9 @@ async def _generate(request: HttpRequest, kind: str):
     prepare = pipeline.prepare_chat if kind == "chat" else pipeline.prepare_completion
     engine, prepared = await prepare(request, body)
     if kind == "chat":
-        pipeline.name_ignored(prepared, body, ChatCompletionRequest, unhonoured.CHAT)
+        pipeline.name_ignored(prepared, body, ChatCompletionRequest, unhonoured.CHAT, inner=inner)
     else:
-        pipeline.name_ignored(prepared, body, CompletionRequest, unhonoured.COMPLETIONS)
+        pipeline.name_ignored(prepared, body, CompletionRequest, unhonoured.COMPLETIONS, inner=inner)
     reply = openai.Reply(kind, engine.loaded_model.model_id, body)
     param, streaming = "messages" if kind == "chat" else "prompt", bool(body.get("stream"))
     if prepared.n > 1:

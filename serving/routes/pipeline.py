@@ -34,11 +34,14 @@ def submit(engine: Engine, request: GenerationRequest, param: str) -> Submission
 IGNORED_HEADER = "X-Hearth-Ignored-Fields"
 
 
-def name_ignored(prepared: Prepared, body: dict, schema, table: dict, surface: str = "") -> None:
+def name_ignored(prepared: Prepared, body: dict, schema, table: dict, surface: str = "",
+                 inner: list[str] | None = None) -> None:
     """Name in a header the body's fields nothing reads (the route's schema
     lists what is read; `table` what passed because it asked for nothing),
-    and the built-in tools of a Responses or Messages request, which never run."""
-    fields = unhonoured.ignored(body, schema.model_fields, table)
+    the keys inside its objects nothing reads (`inner`, from
+    inner_fields.check), and the built-in tools of a Responses or Messages
+    request, which never run."""
+    fields = unhonoured.ignored(body, schema.model_fields, table) + (inner or [])
     if surface:
         fields += unhonoured.dropped_tools(body, surface)
     if fields:

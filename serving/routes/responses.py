@@ -7,7 +7,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from core import holders
 from core.openapi import documented
 from core.surfaces import RESPONSES
-from inference.protocols import responses, responses_reply, unhonoured
+from inference.protocols import inner_fields, responses, responses_reply, unhonoured
 from inference.protocols.errors import RequestError
 from serving.routes import pipeline
 from serving.routes.bodies import ResponsesRequest
@@ -24,13 +24,14 @@ def _not_found(response_id: str) -> RequestError:
 async def create(request: HttpRequest) -> HttpResponse:
     store_them = request.runtime.responses
     body = await pipeline.read_body(request)
+    inner = inner_fields.check(body, inner_fields.RESPONSES)
     store = body.get("store", True)
     if not isinstance(store, bool):
         raise RequestError("store must be a boolean", "store")
     holder = holders.of(request)  # what this request stores is its key's (core/holders.py)
     turn = responses.Turn(body, store_them, holder)
     engine, prepared = await pipeline.prepare_chat(request, turn.chat_body(body))
-    pipeline.name_ignored(prepared, body, ResponsesRequest, unhonoured.RESPONSES, "responses")
+    pipeline.name_ignored(prepared, body, ResponsesRequest, unhonoured.RESPONSES, "responses", inner)
     model = engine.loaded_model
     reply = responses_reply.Reply(model.model_id, body, turn, model.tokenizer)
 

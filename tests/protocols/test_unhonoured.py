@@ -121,15 +121,16 @@ def test_completions_refusals(oai, tiny_model):
     ("response_format", {"type": "json_object"}), ("context_management", [{"type": "compaction"}]),
     ("stream_options", {"include_obfuscation": True})])
 def test_responses_refuses_what_it_cannot_do(oai, tiny_model, name, value):
+    stream = {"stream": True} if name == "stream_options" else {}  # it needs a stream to be read at all
     _refused(lambda: oai.responses.create(model=tiny_model, input="Hi", max_output_tokens=2,
-                                          extra_body={name: value}), name)
+                                          extra_body={name: value, **stream}), name)
 
 
 def test_responses_encrypted_reasoning_and_built_in_tools(oai, tiny_model):
     raw = oai.responses.with_raw_response.create(
         model=tiny_model, input="Hi", max_output_tokens=40, store=False, include=["reasoning.encrypted_content"],
         reasoning={"effort": "low"}, text={"verbosity": "medium"}, truncation="disabled", max_tool_calls=3,
-        stream_options={"include_obfuscation": False}, extra_body=forced("Plan.</think>\n\nHello"))
+        extra_body=forced("Plan.</think>\n\nHello"))
     assert HEADER not in raw.headers
     reasoning = raw.parse().output[0]
     assert reasoning.type == "reasoning" and reasoning.summary[0].text == "Plan."

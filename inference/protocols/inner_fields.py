@@ -1,0 +1,219 @@
+"""The keys inside a request's objects, one table per surface: what each
+object of OpenAI's and Anthropic's request bodies may hold (the keys of the
+official SDKs' request types, and the few a server reads beside them), and
+what becomes of each. `unhonoured.py` does the same for the top-level
+fields; this is the level below (`response_format.json_schema.name`,
+`messages[2].content[0].text`, `thinking.budget_tokens`).
+
+A key is one of:
+- READ: the protocol reads it;
+- QUIET: a label, or a prompt-cache hint the cache meets by itself: it
+  passes without a word (as `unhonoured.LABELS` at the top);
+- Unread(asks): the SDK's, harmless, not read: named in the
+  `X-Hearth-Ignored-Fields` header when `asks(value)`;
+- (asks, why): not built: a 400 `unsupported_parameter` naming its path when
+  `asks(value)`, as `unhonoured.refuse` answers at the top.
+A key an object's table does not list exists nowhere: a 400
+`unknown_parameter` naming its path (a typo would otherwise change nothing).
+
+Only objects are checked here; a value of the wrong type, an unknown `type`
+or `role`, is left to the protocol's own reader, whose message says what
+it takes. The walk is written here rather than with pydantic models of the
+SDKs' types because the SDKs ship TypedDicts without the per-key fates, and
+the protocols' readers keep their own messages for malformed values.
+
+No Django here."""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+from inference.protocols.errors import RequestError
+from inference.protocols.unhonoured import Asks, _other_than, _set
+
+READ = "read"
+QUIET = "quiet"
+
+
+@dataclass(frozen=True)
+class Unread:
+    asks: Asks = lambda value: value is not None
+
+
+Fate = Union[str, Unread, tuple[Asks, str]]
+
+
+@dataclass(frozen=True)
+class Obj:
+    """An object: its keys' fates, and the objects or lists some keys hold."""
+    keys: Mapping[str, Fate]
+    inner: Mapping[str, Node] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Each:
+    """A list, each item `item`."""
+    item: Node
+
+
+@dataclass(frozen=True)
+class OneOf:
+    """An object that is one of several by its `by` key (`type`, `role`);
+    `default` when the key is absent. One of a kind not listed is left to
+    the protocol's reader (it refuses it, or drops a built-in tool)."""
+    kinds: Mapping[str, Obj]
+    by: str = "type"
+    default: str | None = None
+
+
+@dataclass(frozen=True)
+class Fields:
+    """The body itself: its top-level keys are unhonoured.py's; only the objects inside are walked here."""
+    inner: Mapping[str, Node]
+
+
+Node = Union[Obj, Each, OneOf, Fields]
+
+
+def check(body: dict, spec: Fields) -> list[str]:
+    """Refuse the first key inside `body`'s objects that is unknown, or not
+    built and asking for something; the paths of the harmless unread ones."""
+    unread: list[str] = []
+    _walk(body, spec, "", unread)
+    return unread
+
+
+def _walk(value: Any, node: Node, path: str, unread: list[str]) -> None:
+    if isinstance(node, Each):
+        for i, item in enumerate(value if isinstance(value, list) else []):
+            _walk(item, node.item, f"{path}[{i}]", unread)
+        return
+    if not isinstance(value, dict):
+        return
+    if isinstance(node, OneOf):
+        kind = value.get(node.by, node.default)
+        if isinstance(kind, str) and kind in node.kinds:
+            _walk(value, node.kinds[kind], path, unread)
+        return
+    if isinstance(node, Obj):
+        for key, item in value.items():
+            _fate(node.keys.get(key), item, f"{path}.{key}" if path else key, unread)
+    for key, inner in node.inner.items():
+        if key in value:
+            _walk(value[key], inner, f"{path}.{key}" if path else key, unread)
+
+
+def _fate(fate: Fate | None, value: Any, path: str, unread: list[str]) -> None:
+    if fate is None:
+        raise RequestError(f"Unknown parameter: '{path}'.", path, code="unknown_parameter")
+    if isinstance(fate, Unread):
+        if fate.asks(value):
+            unread.append(path)
+    elif isinstance(fate, tuple):
+        asks, why = fate
+        if asks(value):
+            raise RequestError(f"{path} is not supported: {why}", path, code="unsupported_parameter")
+
+
+def _keys(*read: str, **fates: Fate) -> dict[str, Fate]:
+    return {**dict.fromkeys(read, READ), **fates}
+
+
+# -- OpenAI chat and text completions ----------------------------------------
+_CACHE_BREAKPOINT: dict[str, Fate] = {"prompt_cache_breakpoint": QUIET}  # the cache keeps every prefix
+_JSON_SCHEMA = Obj(_keys("name", "schema", "strict", "any_whitespace", description=Unread()))
+RESPONSE_FORMAT = OneOf({
+    "text": Obj(_keys("type")), "json_object": Obj(_keys("type")),
+    "json_schema": Obj(_keys("type", "json_schema"), {"json_schema": _JSON_SCHEMA})})
+
+_PART = OneOf({
+    "text": Obj(_keys("type", "text", **_CACHE_BREAKPOINT)),
+    "refusal": Obj(_keys("type", "refusal")),
+    "image_url": Obj(_keys("type", "image_url", **_CACHE_BREAKPOINT),
+                     {"image_url": Obj(_keys("url", "detail"))}),
+    "input_audio": Obj(_keys("type", "input_audio", **_CACHE_BREAKPOINT),
+                       {"input_audio": Obj(_keys("data", "format"))}),
+})
+_CONTENT = {"content": Each(_PART)}
+_CALL = OneOf({"function": Obj(_keys("id", "type", "function", index=QUIET),
+                               {"function": Obj(_keys("name", "arguments"))})}, default="function")
+_ASSISTANT = Obj(_keys(
+    "role", "content", "name", "tool_calls", "refusal", "reasoning_content", "reasoning",
+    annotations=QUIET,  # what a reply's message holds, sent back as it came
+    audio=(_set, "no audio output is generated, so there is no earlier audio reply to refer to"),
+    function_call=(_set, "the deprecated function_call field is not read: send tool_calls")),
+    {**_CONTENT, "tool_calls": Each(_CALL)})
+MESSAGE = OneOf({
+    "system": Obj(_keys("role", "content", "name"), _CONTENT),
+    "developer": Obj(_keys("role", "content", "name"), _CONTENT),
+    "user": Obj(_keys("role", "content", "name"), _CONTENT),
+    "assistant": _ASSISTANT,
+    "tool": Obj(_keys("role", "content", "tool_call_id", "name"), _CONTENT),
+}, by="role")
+_FUNCTION = Obj(_keys("name", "description", "parameters", "strict"))
+CHAT = Fields({
+    "messages": Each(MESSAGE),
+    "response_format": RESPONSE_FORMAT,
+    "tools": Each(OneOf({"function": Obj(_keys("type", "function"), {"function": _FUNCTION})})),
+    "tool_choice": OneOf({"function": Obj(_keys("type", "function"), {"function": Obj(_keys("name"))})}),
+})
+COMPLETIONS = Fields({"response_format": RESPONSE_FORMAT})
+
+# -- OpenAI Responses ----------------------------------------------------------
+_NOT_AUTO = _other_than("auto")
+RESPONSES = Fields({
+    "text": Obj(_keys("format", "verbosity"), {"format": OneOf({
+        "text": Obj(_keys("type")), "json_object": Obj(_keys("type")),
+        "json_schema": Obj(_keys("type", "name", "schema", "strict", description=Unread()))})}),
+    "reasoning": Obj(_keys(
+        "effort",
+        # The reasoning comes back whole, as its summary, at any level asked for.
+        summary=Unread(_NOT_AUTO), generate_summary=Unread(_NOT_AUTO),
+        context=(_NOT_AUTO, "earlier turns' reasoning is never replayed into the prompt"),
+        mode=(_other_than("standard"), "one reasoning mode here"))),
+    "tools": Each(OneOf({"function": Obj(_keys(
+        "type", "name", "description", "parameters", "strict", output_schema=Unread(),
+        defer_loading=(_set, "every tool is in the prompt: there is no tool search here"),
+        allowed_callers=(_set, "the model is the only caller here"),
+        **{"async": (_set, "tools are called one turn at a time here")}))})),
+    "tool_choice": OneOf({"function": Obj(_keys("type", "name"))}),
+})
+
+# -- Anthropic Messages ----------------------------------------------------------
+_CACHE_CONTROL: dict[str, Fate] = {"cache_control": QUIET}  # the cache keeps every prefix, no breakpoints needed
+_TEXT_BLOCK = Obj(_keys("type", "text", **_CACHE_CONTROL, citations=Unread()))
+_IMAGE_BLOCK = Obj(_keys("type", "source", **_CACHE_CONTROL,
+                         transformations=(_set, "images are given to the model as sent")),
+                   {"source": OneOf({"base64": Obj(_keys("type", "media_type", "data")),
+                                     "url": Obj(_keys("type", "url"))})})
+_BLOCK = OneOf({
+    "text": _TEXT_BLOCK,
+    "image": _IMAGE_BLOCK,
+    "tool_use": Obj(_keys("type", "id", "name", "input", **_CACHE_CONTROL, caller=Unread(),
+                          toolset_name=Unread())),
+    "tool_result": Obj(_keys("type", "tool_use_id", "content", "is_error", **_CACHE_CONTROL,
+                             toolset_name=Unread()),
+                       {"content": Each(OneOf({"text": _TEXT_BLOCK, "image": _IMAGE_BLOCK}))}),
+    "thinking": Obj(_keys("type", "thinking", "signature")),  # earlier thinking is not replayed
+    "redacted_thinking": Obj(_keys("type", "data")),
+})
+_TURN = Obj(_keys("role", "content"), {"content": Each(_BLOCK)})
+_DISPLAY = (_other_than("summarized"), "thinking comes back as the model wrote it")
+_PARALLEL: dict[str, Fate] = {"disable_parallel_tool_use": READ}
+MESSAGES = Fields({
+    "messages": Each(OneOf({"user": _TURN, "assistant": _TURN, "system": _TURN}, by="role")),
+    "system": Each(OneOf({"text": _TEXT_BLOCK})),
+    "metadata": Obj({"user_id": QUIET}),
+    "thinking": OneOf({"enabled": Obj(_keys("type", "budget_tokens", display=_DISPLAY)),
+                       "adaptive": Obj(_keys("type", display=_DISPLAY)),
+                       "disabled": Obj(_keys("type"))}),
+    "tool_choice": OneOf({"auto": Obj(_keys("type", **_PARALLEL)), "any": Obj(_keys("type", **_PARALLEL)),
+                          "tool": Obj(_keys("type", "name", **_PARALLEL)), "none": Obj(_keys("type"))}),
+    "tools": Each(OneOf({"custom": Obj(_keys(
+        "type", "name", "description", "input_schema", "strict", **_CACHE_CONTROL,
+        input_examples=Unread(), eager_input_streaming=Unread(),
+        defer_loading=(_set, "every tool is in the prompt: there is no tool search here"),
+        allowed_callers=(_set, "the model is the only caller here")))}, default="custom")),
+})
+
