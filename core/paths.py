@@ -22,6 +22,8 @@ ALLOW_ENV = "HEARTH_ALLOW_PATHS"
 ADAPTER_FILES = ("adapters.safetensors", "adapter_config.json")  # what a LoRA adapter folder consists of
 # In an adapter folder while a fine-tune writes it (checkpoints included); removed once training finished.
 TRAINING_MARKER = ".hearth-training"
+# The config of an adapter a fine-tune trains over, kept until the job ends: put back if it leaves nothing.
+CONFIG_BEFORE = ".adapter_config.json.before"
 JSON_LIMIT = 64 << 20  # bytes of a config file read_json takes; a config is kilobytes
 REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 

@@ -14,7 +14,10 @@ died), the worker settles the folder here:
 - with no such checkpoint, the files the job wrote go, and the folder with
   them when nothing else is in it.
 
-Files older than the job (a folder trained into before) are never touched."""
+Files older than the job (a folder trained into before) are never touched;
+the config of an adapter trained there before, which the job replaced as it
+began, was kept aside (`CONFIG_BEFORE`) and is put back when the job leaves
+nothing."""
 from __future__ import annotations
 
 import json
@@ -25,7 +28,7 @@ import struct
 from pathlib import Path
 
 from core.fs import write_atomically
-from core.paths import TRAINING_MARKER, read_json
+from core.paths import CONFIG_BEFORE, TRAINING_MARKER, read_json
 from jobs.adapters import adapter_config, register
 
 WEIGHTS = "adapters.safetensors"
@@ -47,10 +50,13 @@ def settle(job) -> None:
     mine = [p for p in folder.iterdir() if p.is_file() and not p.is_symlink() and p.stat().st_mtime >= since - 1]
     numbered = sorted((p for p in mine if NUMBERED.match(p.name)), key=lambda p: p.name, reverse=True)
     step, kept = _newest_whole(folder / WEIGHTS, numbered, mine)
+    before = folder / CONFIG_BEFORE
     if kept is None:
         for path in mine:
             if path.name in (WEIGHTS, "adapter_config.json", TRAINING_MARKER) or NUMBERED.match(path.name):
                 path.unlink(missing_ok=True)
+        if before.is_file():  # the adapter trained here before, whole again: its weights were never replaced
+            os.replace(before, folder / "adapter_config.json")
         try:
             folder.rmdir()  # only when nothing else is in it
         except OSError:
@@ -62,15 +68,20 @@ def settle(job) -> None:
     config = adapter_config(folder)
     config["partial"] = {"step": step, "iters": config.get("iters"), "ended": job.status, "job_id": job.id}
     write_atomically(folder / "adapter_config.json", json.dumps(config, indent=2))
+    before.unlink(missing_ok=True)
     (folder / TRAINING_MARKER).unlink(missing_ok=True)
     register(folder, job=job)
 
 
 def _newest_whole(weights: Path, numbered: list[Path], mine: list[Path]) -> tuple[int | None, Path | None]:
     """(the step, the file) of the newest checkpoint that is whole and finite. `adapters.safetensors` is
-    written before the numbered copy of a step, so when it is whole it holds the newest number's step."""
+    written before the numbered copy of a step: when it is no newer than the newest numbered file it holds
+    that step; newer, it is a step whose numbered copy never came (the job ended between the two writes),
+    whose number is not known, so the newest numbered file is taken instead (when there is none, the
+    weights are kept without a step)."""
     newest = int(NUMBERED.match(numbered[0].name).group(1)) if numbered else None  # type: ignore[union-attr]
-    if weights in mine and _whole_and_finite(weights):
+    if weights in mine and _whole_and_finite(weights) and (
+            not numbered or weights.stat().st_mtime_ns <= numbered[0].stat().st_mtime_ns):
         return newest, weights
     for path in numbered:
         if _whole_and_finite(path):

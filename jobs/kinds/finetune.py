@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -17,6 +18,7 @@ from typing import Any, cast
 
 from core.paths import (
     ADAPTER_FILES,
+    CONFIG_BEFORE,
     TRAINING_MARKER,
     PathRefused,
     confine,
@@ -276,6 +278,8 @@ def run(config: dict, log: EventLog, stage_delay: float = 0.0) -> tuple[str, dic
     adapter_path.mkdir(parents=True, exist_ok=True)
     # Until training ends the folder holds checkpoints at best: nothing lists or mounts it.
     (adapter_path / TRAINING_MARKER).write_text(json.dumps({"pid": os.getpid(), "started_at": time.time()}))
+    if (adapter_path / "adapter_config.json").is_file():  # an adapter trained here before (jobs/leftovers.py)
+        shutil.copy2(adapter_path / "adapter_config.json", adapter_path / CONFIG_BEFORE)
     (adapter_path / "adapter_config.json").write_text(json.dumps({
         "fine_tune_type": "lora", "num_layers": layers, "lora_parameters": lora, "base_model": str(model_dir),
         "method": method, "sft_scope": cfg["sft_scope"], "iters": cfg["iters"], "format": fmt,
@@ -294,6 +298,7 @@ def run(config: dict, log: EventLog, stage_delay: float = 0.0) -> tuple[str, dic
         preference.train(model, str(model_dir), hf_tokenizer, cfg, train_rows, valid_rows, adapter_path, reporter,
                          ServingChatDataset)
     _finite_weights(adapter_path / "adapters.safetensors")
+    (adapter_path / CONFIG_BEFORE).unlink(missing_ok=True)
     (adapter_path / TRAINING_MARKER).unlink(missing_ok=True)
     return str(adapter_path), {"method": method, "format": fmt, "iters": cfg["iters"], "n_train": len(train_rows),
                                "n_valid": len(valid_rows), "rank": lora["rank"], "base_model": str(model_dir)}

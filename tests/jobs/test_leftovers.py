@@ -143,3 +143,47 @@ def test_a_fine_tune_whose_worker_died_is_a_zombie_and_keeps_its_checkpoint(db, 
     assert not (folder / TRAINING_MARKER).exists() and _finite(folder / "adapters.safetensors")
     listed = _listed(folder, tiny_model)
     assert listed is not None and listed["partial"]["ended"] == "zombie" and listed["partial"]["step"] >= 4
+
+
+def test_a_fine_tune_over_an_adapter_cancelled_before_a_checkpoint_leaves_that_adapter_whole(db, tiny_model,
+                                                                                              tmp_path):
+    """The job replaces the folder's config as it begins; with no checkpoint of its own, the adapter that
+    was there comes back as it was: its weights untouched, its config put back, listed, not partial."""
+    from huggingface_hub import snapshot_download
+
+    from core.paths import CONFIG_BEFORE
+    from tests.helpers import random_adapter, write_adapter
+
+    config = _config(tiny_model, tmp_path, save_every=100000)
+    folder = write_adapter(Path(config["adapter_path"]),
+                           random_adapter(snapshot_download(tiny_model, local_files_only=True), 1, 3), 1.0,
+                           tiny_model, layers=1)
+    for name in ("adapters.safetensors", "adapter_config.json"):  # trained an hour ago
+        os.utime(folder / name, (time.time() - 3600, time.time() - 3600))
+    weights, old_config = (folder / "adapters.safetensors").read_bytes(), (folder / "adapter_config.json").read_text()
+    job = _cancelled(_job(config, tmp_path, "over").id, step=1)
+    assert job.status == "cancelled"
+    assert (folder / "adapters.safetensors").read_bytes() == weights
+    assert (folder / "adapter_config.json").read_text() == old_config and not (folder / CONFIG_BEFORE).exists()
+    assert sorted(p.name for p in folder.iterdir()) == ["adapter_config.json", "adapters.safetensors"]
+
+
+def test_weights_newer_than_the_newest_numbered_checkpoint_are_not_given_its_step(tmp_path):
+    """mlx-lm writes adapters.safetensors, then the step's numbered copy: a job that ended between the two
+    left weights of a step whose number is not on disk. The newest numbered checkpoint is kept instead."""
+    import mlx.core as mx
+
+    from jobs.leftovers import _newest_whole
+
+    def save(name: str, value: float) -> Path:
+        path = tmp_path / name
+        mx.save_safetensors(str(path), {"w": mx.full((2, 2), value)})
+        return path
+
+    four = save("0000004_adapters.safetensors", 4.0)
+    time.sleep(0.01)
+    weights = save("adapters.safetensors", 6.0)  # step 6's, its numbered copy never written
+    assert _newest_whole(weights, [four], [four, weights]) == (4, four)
+    time.sleep(0.01)
+    six = save("0000006_adapters.safetensors", 6.0)  # both writes of step 6 done
+    assert _newest_whole(weights, [six, four], [six, four, weights]) == (6, weights)
