@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Union
 
 from inference.protocols.errors import RequestError
-from inference.protocols.unhonoured import Asks, _other_than, _set
+from inference.protocols.unhonoured import Asks, is_set, other_than
 
 READ = "read"
 QUIET = "quiet"
@@ -141,8 +141,8 @@ _CALL = OneOf({"function": Obj(_keys("id", "type", "function", index=QUIET),
 _ASSISTANT = Obj(_keys(
     "role", "content", "name", "tool_calls", "refusal", "reasoning_content", "reasoning",
     annotations=QUIET,  # what a reply's message holds, sent back as it came
-    audio=(_set, "no audio output is generated, so there is no earlier audio reply to refer to"),
-    function_call=(_set, "the deprecated function_call field is not read: send tool_calls")),
+    audio=(is_set, "no audio output is generated, so there is no earlier audio reply to refer to"),
+    function_call=(is_set, "the deprecated function_call field is not read: send tool_calls")),
     {**_CONTENT, "tool_calls": Each(_CALL)})
 MESSAGE = OneOf({
     "system": Obj(_keys("role", "content", "name"), _CONTENT),
@@ -161,7 +161,7 @@ CHAT = Fields({
 COMPLETIONS = Fields({"response_format": RESPONSE_FORMAT})
 
 # -- OpenAI Responses ----------------------------------------------------------
-_NOT_AUTO = _other_than("auto")
+_NOT_AUTO = other_than("auto")
 RESPONSES = Fields({
     "text": Obj(_keys("format", "verbosity"), {"format": OneOf({
         "text": Obj(_keys("type")), "json_object": Obj(_keys("type")),
@@ -171,12 +171,12 @@ RESPONSES = Fields({
         # The reasoning comes back whole, as its summary, at any level asked for.
         summary=Unread(_NOT_AUTO), generate_summary=Unread(_NOT_AUTO),
         context=(_NOT_AUTO, "earlier turns' reasoning is never replayed into the prompt"),
-        mode=(_other_than("standard"), "one reasoning mode here"))),
+        mode=(other_than("standard"), "one reasoning mode here"))),
     "tools": Each(OneOf({"function": Obj(_keys(
         "type", "name", "description", "parameters", "strict", output_schema=Unread(),
-        defer_loading=(_set, "every tool is in the prompt: there is no tool search here"),
-        allowed_callers=(_set, "the model is the only caller here"),
-        **{"async": (_set, "tools are called one turn at a time here")}))})),
+        defer_loading=(is_set, "every tool is in the prompt: there is no tool search here"),
+        allowed_callers=(is_set, "the model is the only caller here"),
+        **{"async": (is_set, "tools are called one turn at a time here")}))})),
     "tool_choice": OneOf({"function": Obj(_keys("type", "name"))}),
 })
 
@@ -184,7 +184,7 @@ RESPONSES = Fields({
 _CACHE_CONTROL: dict[str, Fate] = {"cache_control": QUIET}  # the cache keeps every prefix, no breakpoints needed
 _TEXT_BLOCK = Obj(_keys("type", "text", **_CACHE_CONTROL, citations=Unread()))
 _IMAGE_BLOCK = Obj(_keys("type", "source", **_CACHE_CONTROL,
-                         transformations=(_set, "images are given to the model as sent")),
+                         transformations=(is_set, "images are given to the model as sent")),
                    {"source": OneOf({"base64": Obj(_keys("type", "media_type", "data")),
                                      "url": Obj(_keys("type", "url"))})})
 _BLOCK = OneOf({
@@ -199,7 +199,7 @@ _BLOCK = OneOf({
     "redacted_thinking": Obj(_keys("type", "data")),
 })
 _TURN = Obj(_keys("role", "content"), {"content": Each(_BLOCK)})
-_DISPLAY = (_other_than("summarized"), "thinking comes back as the model wrote it")
+_DISPLAY = (other_than("summarized"), "thinking comes back as the model wrote it")
 _PARALLEL: dict[str, Fate] = {"disable_parallel_tool_use": READ}
 MESSAGES = Fields({
     "messages": Each(OneOf({"user": _TURN, "assistant": _TURN, "system": _TURN}, by="role")),
@@ -213,7 +213,7 @@ MESSAGES = Fields({
     "tools": Each(OneOf({"custom": Obj(_keys(
         "type", "name", "description", "input_schema", "strict", **_CACHE_CONTROL,
         input_examples=Unread(), eager_input_streaming=Unread(),
-        defer_loading=(_set, "every tool is in the prompt: there is no tool search here"),
-        allowed_callers=(_set, "the model is the only caller here")))}, default="custom")),
+        defer_loading=(is_set, "every tool is in the prompt: there is no tool search here"),
+        allowed_callers=(is_set, "the model is the only caller here")))}, default="custom")),
 })
 
