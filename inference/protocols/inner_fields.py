@@ -62,7 +62,7 @@ class OneOf:
     """An object that is one of several by its `by` key (`type`, `role`);
     `default` when the key is absent. One of a kind not listed is left to
     the protocol's reader (it refuses it, or drops a built-in tool)."""
-    kinds: Mapping[str, Obj]
+    kinds: Mapping[str, Node]
     by: str = "type"
     default: str | None = None
 
@@ -127,13 +127,32 @@ RESPONSE_FORMAT = OneOf({
     "text": Obj(_keys("type")), "json_object": Obj(_keys("type")),
     "json_schema": Obj(_keys("type", "json_schema"), {"json_schema": _JSON_SCHEMA})})
 
+_TEXT = Obj(_keys("type", "text", **_CACHE_BREAKPOINT))
+_IMAGE_URL = Obj(_keys("url", "detail"))
+_NO_FILES = "there is no Files API here: send the image as a data: URL or an http(s) URL"
+_CLIP = Obj(_keys("type", "video_url", "url", "data", **_CACHE_BREAKPOINT), {"video_url": Obj(_keys("url"))})
+# Every part the shared reader takes (chat.text_of, serving/routes/audio.py), on chat and in Responses
+# items alike: OpenAI's chat and Responses parts, and the aliases other servers take (`image`, `video`,
+# `audio`, `audio_url`). The reader says where a part may go (media in user turns only, refusal parts in the
+# assistant's); an input_file's file is never read, so the part is refused by the key that holds it.
 _PART = OneOf({
-    "text": Obj(_keys("type", "text", **_CACHE_BREAKPOINT)),
+    "text": _TEXT,
+    "input_text": _TEXT,
+    "output_text": Obj(_keys("type", "text", annotations=QUIET, logprobs=QUIET)),  # a reply's, sent back
     "refusal": Obj(_keys("type", "refusal")),
-    "image_url": Obj(_keys("type", "image_url", **_CACHE_BREAKPOINT),
-                     {"image_url": Obj(_keys("url", "detail"))}),
+    "image_url": Obj(_keys("type", "image_url", **_CACHE_BREAKPOINT), {"image_url": _IMAGE_URL}),
+    "input_image": Obj(_keys("type", "image_url", "detail", **_CACHE_BREAKPOINT, file_id=(is_set, _NO_FILES)),
+                       {"image_url": _IMAGE_URL}),
+    "image": Obj(_keys("type", "image_url", "url", "data", "image", "detail", **_CACHE_BREAKPOINT,
+                       file_id=(is_set, _NO_FILES)), {"image_url": _IMAGE_URL}),
+    "video_url": _CLIP,
+    "video": _CLIP,
     "input_audio": Obj(_keys("type", "input_audio", **_CACHE_BREAKPOINT),
                        {"input_audio": Obj(_keys("data", "format"))}),
+    "audio": Obj(_keys("type", "data", **_CACHE_BREAKPOINT)),
+    "audio_url": Obj(_keys("type", "audio_url", **_CACHE_BREAKPOINT), {"audio_url": Obj(_keys("url"))}),
+    "input_file": Obj(_keys("type", "filename", "detail", **_CACHE_BREAKPOINT, **dict.fromkeys(
+        ("file_data", "file_id", "file_url"), (is_set, "files are not read here: send a file's text as input_text")))),
 })
 _CONTENT = {"content": Each(_PART)}
 _CALL = OneOf({"function": Obj(_keys("id", "type", "function", index=QUIET),
@@ -162,6 +181,30 @@ COMPLETIONS = Fields({"response_format": RESPONSE_FORMAT})
 
 # -- OpenAI Responses ----------------------------------------------------------
 _NOT_AUTO = other_than("auto")
+# An output item sent back as it came (as Codex and the Agents SDK send them) carries its `id` and `status`:
+# labels here. A call by a program, or in a namespace, is one of a tool Hearth does not have.
+_ECHOED: dict[str, Fate] = {"id": QUIET, "status": QUIET}
+_PHASE: dict[str, Fate] = {"phase": Unread()}  # commentary or final answer: OpenAI's models read it
+_CALLER = (other_than({"type": "direct"}), "the model is the only caller here")
+_NAMESPACE = (is_set, "tools have no namespaces here")
+_REASONING_TEXT = Obj(_keys("type", "text"))
+_ITEMS: dict[str, Node] = {
+    "message": OneOf({
+        **dict.fromkeys(("user", "system", "developer"), Obj(_keys(
+            "type", "role", "content", status=QUIET, **_PHASE), _CONTENT)),
+        "assistant": Obj(_keys("type", "role", "content", **_ECHOED, **_PHASE), _CONTENT)}, by="role"),
+    "function_call": Obj(_keys(
+        "type", "call_id", "name", "arguments", "id", status=QUIET, caller=_CALLER, namespace=_NAMESPACE,
+        **{"async": (is_set, "tools are called one turn at a time here")})),
+    "function_call_output": Obj(_keys(
+        "type", "call_id", "output", **_ECHOED, name=Unread(), caller=_CALLER, namespace=_NAMESPACE),
+        {"output": Each(_PART)}),
+    # Taken and left out of the prompt: earlier reasoning is not replayed.
+    "reasoning": Obj(_keys("type", "summary", "content", "encrypted_content", **_ECHOED),
+                     {"summary": Each(OneOf({"summary_text": _REASONING_TEXT})),
+                      "content": Each(OneOf({"reasoning_text": _REASONING_TEXT}))}),
+    "item_reference": Obj(_keys("type", "id")),  # its reader answers that it is not built
+}
 RESPONSES = Fields({
     "text": Obj(_keys("format", "verbosity"), {"format": OneOf({
         "text": Obj(_keys("type")), "json_object": Obj(_keys("type")),
@@ -178,6 +221,7 @@ RESPONSES = Fields({
         allowed_callers=(is_set, "the model is the only caller here"),
         **{"async": (is_set, "tools are called one turn at a time here")}))})),
     "tool_choice": OneOf({"function": Obj(_keys("type", "name"))}),
+    "input": Each(OneOf(_ITEMS, default="message")),
 })
 
 # -- Anthropic Messages ----------------------------------------------------------
