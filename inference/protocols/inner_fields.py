@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Union
 
 from inference.protocols.errors import RequestError
-from inference.protocols.unhonoured import Asks, _other_than, _set
+from inference.protocols.unhonoured import Asks, is_set, other_than
 
 READ = "read"
 QUIET = "quiet"
@@ -62,7 +62,7 @@ class OneOf:
     """An object that is one of several by its `by` key (`type`, `role`);
     `default` when the key is absent. One of a kind not listed is left to
     the protocol's reader (it refuses it, or drops a built-in tool)."""
-    kinds: Mapping[str, Obj]
+    kinds: Mapping[str, Node]
     by: str = "type"
     default: str | None = None
 
@@ -127,13 +127,32 @@ RESPONSE_FORMAT = OneOf({
     "text": Obj(_keys("type")), "json_object": Obj(_keys("type")),
     "json_schema": Obj(_keys("type", "json_schema"), {"json_schema": _JSON_SCHEMA})})
 
+_TEXT = Obj(_keys("type", "text", **_CACHE_BREAKPOINT))
+_IMAGE_URL = Obj(_keys("url", "detail"))
+_NO_FILES = "there is no Files API here: send the image as a data: URL or an http(s) URL"
+_CLIP = Obj(_keys("type", "video_url", "url", "data", **_CACHE_BREAKPOINT), {"video_url": Obj(_keys("url"))})
+# Every part the shared reader takes (chat.text_of, serving/routes/audio.py), on chat and in Responses
+# items alike: OpenAI's chat and Responses parts, and the aliases other servers take (`image`, `video`,
+# `audio`, `audio_url`). The reader says where a part may go (media in user turns only, refusal parts in the
+# assistant's); an input_file's file is never read, so the part is refused by the key that holds it.
 _PART = OneOf({
-    "text": Obj(_keys("type", "text", **_CACHE_BREAKPOINT)),
+    "text": _TEXT,
+    "input_text": _TEXT,
+    "output_text": Obj(_keys("type", "text", annotations=QUIET, logprobs=QUIET)),  # a reply's, sent back
     "refusal": Obj(_keys("type", "refusal")),
-    "image_url": Obj(_keys("type", "image_url", **_CACHE_BREAKPOINT),
-                     {"image_url": Obj(_keys("url", "detail"))}),
+    "image_url": Obj(_keys("type", "image_url", **_CACHE_BREAKPOINT), {"image_url": _IMAGE_URL}),
+    "input_image": Obj(_keys("type", "image_url", "detail", **_CACHE_BREAKPOINT, file_id=(is_set, _NO_FILES)),
+                       {"image_url": _IMAGE_URL}),
+    "image": Obj(_keys("type", "image_url", "url", "data", "image", "detail", **_CACHE_BREAKPOINT,
+                       file_id=(is_set, _NO_FILES)), {"image_url": _IMAGE_URL}),
+    "video_url": _CLIP,
+    "video": _CLIP,
     "input_audio": Obj(_keys("type", "input_audio", **_CACHE_BREAKPOINT),
                        {"input_audio": Obj(_keys("data", "format"))}),
+    "audio": Obj(_keys("type", "data", **_CACHE_BREAKPOINT)),
+    "audio_url": Obj(_keys("type", "audio_url", **_CACHE_BREAKPOINT), {"audio_url": Obj(_keys("url"))}),
+    "input_file": Obj(_keys("type", "filename", "detail", **_CACHE_BREAKPOINT, **dict.fromkeys(
+        ("file_data", "file_id", "file_url"), (is_set, "files are not read here: send a file's text as input_text")))),
 })
 _CONTENT = {"content": Each(_PART)}
 _CALL = OneOf({"function": Obj(_keys("id", "type", "function", index=QUIET),
@@ -141,8 +160,8 @@ _CALL = OneOf({"function": Obj(_keys("id", "type", "function", index=QUIET),
 _ASSISTANT = Obj(_keys(
     "role", "content", "name", "tool_calls", "refusal", "reasoning_content", "reasoning",
     annotations=QUIET,  # what a reply's message holds, sent back as it came
-    audio=(_set, "no audio output is generated, so there is no earlier audio reply to refer to"),
-    function_call=(_set, "the deprecated function_call field is not read: send tool_calls")),
+    audio=(is_set, "no audio output is generated, so there is no earlier audio reply to refer to"),
+    function_call=(is_set, "the deprecated function_call field is not read: send tool_calls")),
     {**_CONTENT, "tool_calls": Each(_CALL)})
 MESSAGE = OneOf({
     "system": Obj(_keys("role", "content", "name"), _CONTENT),
@@ -161,7 +180,31 @@ CHAT = Fields({
 COMPLETIONS = Fields({"response_format": RESPONSE_FORMAT})
 
 # -- OpenAI Responses ----------------------------------------------------------
-_NOT_AUTO = _other_than("auto")
+_NOT_AUTO = other_than("auto")
+# An output item sent back as it came (as Codex and the Agents SDK send them) carries its `id` and `status`:
+# labels here. A call by a program, or in a namespace, is one of a tool Hearth does not have.
+_ECHOED: dict[str, Fate] = {"id": QUIET, "status": QUIET}
+_PHASE: dict[str, Fate] = {"phase": Unread()}  # commentary or final answer: OpenAI's models read it
+_CALLER = (other_than({"type": "direct"}), "the model is the only caller here")
+_NAMESPACE = (is_set, "tools have no namespaces here")
+_REASONING_TEXT = Obj(_keys("type", "text"))
+_ITEMS: dict[str, Node] = {
+    "message": OneOf({
+        **dict.fromkeys(("user", "system", "developer"), Obj(_keys(
+            "type", "role", "content", status=QUIET, **_PHASE), _CONTENT)),
+        "assistant": Obj(_keys("type", "role", "content", **_ECHOED, **_PHASE), _CONTENT)}, by="role"),
+    "function_call": Obj(_keys(
+        "type", "call_id", "name", "arguments", "id", status=QUIET, caller=_CALLER, namespace=_NAMESPACE,
+        **{"async": (is_set, "tools are called one turn at a time here")})),
+    "function_call_output": Obj(_keys(
+        "type", "call_id", "output", **_ECHOED, name=Unread(), caller=_CALLER, namespace=_NAMESPACE),
+        {"output": Each(_PART)}),
+    # Taken and left out of the prompt: earlier reasoning is not replayed.
+    "reasoning": Obj(_keys("type", "summary", "content", "encrypted_content", **_ECHOED),
+                     {"summary": Each(OneOf({"summary_text": _REASONING_TEXT})),
+                      "content": Each(OneOf({"reasoning_text": _REASONING_TEXT}))}),
+    "item_reference": Obj(_keys("type", "id")),  # its reader answers that it is not built
+}
 RESPONSES = Fields({
     "text": Obj(_keys("format", "verbosity"), {"format": OneOf({
         "text": Obj(_keys("type")), "json_object": Obj(_keys("type")),
@@ -171,20 +214,21 @@ RESPONSES = Fields({
         # The reasoning comes back whole, as its summary, at any level asked for.
         summary=Unread(_NOT_AUTO), generate_summary=Unread(_NOT_AUTO),
         context=(_NOT_AUTO, "earlier turns' reasoning is never replayed into the prompt"),
-        mode=(_other_than("standard"), "one reasoning mode here"))),
+        mode=(other_than("standard"), "one reasoning mode here"))),
     "tools": Each(OneOf({"function": Obj(_keys(
         "type", "name", "description", "parameters", "strict", output_schema=Unread(),
-        defer_loading=(_set, "every tool is in the prompt: there is no tool search here"),
-        allowed_callers=(_set, "the model is the only caller here"),
-        **{"async": (_set, "tools are called one turn at a time here")}))})),
+        defer_loading=(is_set, "every tool is in the prompt: there is no tool search here"),
+        allowed_callers=(is_set, "the model is the only caller here"),
+        **{"async": (is_set, "tools are called one turn at a time here")}))})),
     "tool_choice": OneOf({"function": Obj(_keys("type", "name"))}),
+    "input": Each(OneOf(_ITEMS, default="message")),
 })
 
 # -- Anthropic Messages ----------------------------------------------------------
 _CACHE_CONTROL: dict[str, Fate] = {"cache_control": QUIET}  # the cache keeps every prefix, no breakpoints needed
 _TEXT_BLOCK = Obj(_keys("type", "text", **_CACHE_CONTROL, citations=Unread()))
 _IMAGE_BLOCK = Obj(_keys("type", "source", **_CACHE_CONTROL,
-                         transformations=(_set, "images are given to the model as sent")),
+                         transformations=(is_set, "images are given to the model as sent")),
                    {"source": OneOf({"base64": Obj(_keys("type", "media_type", "data")),
                                      "url": Obj(_keys("type", "url"))})})
 _BLOCK = OneOf({
@@ -199,7 +243,7 @@ _BLOCK = OneOf({
     "redacted_thinking": Obj(_keys("type", "data")),
 })
 _TURN = Obj(_keys("role", "content"), {"content": Each(_BLOCK)})
-_DISPLAY = (_other_than("summarized"), "thinking comes back as the model wrote it")
+_DISPLAY = (other_than("summarized"), "thinking comes back as the model wrote it")
 _PARALLEL: dict[str, Fate] = {"disable_parallel_tool_use": READ}
 MESSAGES = Fields({
     "messages": Each(OneOf({"user": _TURN, "assistant": _TURN, "system": _TURN}, by="role")),
@@ -213,7 +257,7 @@ MESSAGES = Fields({
     "tools": Each(OneOf({"custom": Obj(_keys(
         "type", "name", "description", "input_schema", "strict", **_CACHE_CONTROL,
         input_examples=Unread(), eager_input_streaming=Unread(),
-        defer_loading=(_set, "every tool is in the prompt: there is no tool search here"),
-        allowed_callers=(_set, "the model is the only caller here")))}, default="custom")),
+        defer_loading=(is_set, "every tool is in the prompt: there is no tool search here"),
+        allowed_callers=(is_set, "the model is the only caller here")))}, default="custom")),
 })
 

@@ -26,7 +26,7 @@ from inference.protocols.errors import RequestError
 Asks = Callable[[Any], bool]  # whether a value asks for something
 
 
-def _set(value: Any) -> bool:
+def is_set(value: Any) -> bool:
     return value not in (None, False, "", [])
 
 
@@ -34,7 +34,7 @@ def _present(value: Any) -> bool:  # for an object whose mere presence turns a f
     return value is not None
 
 
-def _other_than(*fine: Any) -> Asks:
+def other_than(*fine: Any) -> Asks:
     return lambda value: value is not None and value not in fine
 
 
@@ -64,60 +64,60 @@ def _includes_unbuilt(value: Any) -> bool:
 
 _ONE_TIER = "a local server has one service tier"
 _OPENAI_HOSTED: dict[str, tuple[Asks, str]] = {  # OpenAI's service options, on chat and Responses alike
-    "service_tier": (_other_than("auto", "default"), _ONE_TIER),
-    "moderation": (_set, "there is no moderation model here"),
+    "service_tier": (other_than("auto", "default"), _ONE_TIER),
+    "moderation": (is_set, "there is no moderation model here"),
 }
 
 CHAT: dict[str, tuple[Asks, str]] = {
-    "audio": (_set, "no audio output is generated (send audio in; text comes out)"),
+    "audio": (is_set, "no audio output is generated (send audio in; text comes out)"),
     "modalities": (_not_text_only, "only text is generated: modalities must be [\"text\"]"),
-    "prediction": (_set, "predicted outputs are not used; speculative decoding drafts for itself"),
+    "prediction": (is_set, "predicted outputs are not used; speculative decoding drafts for itself"),
     "web_search_options": (_present, "there is no web search here"),
-    "store": (_set, "chat completions are not stored (the Responses API stores turns)"),
-    "functions": (_set, "the deprecated functions field is not read: send tools"),
-    "function_call": (_set, "the deprecated function_call field is not read: send tool_choice"),
+    "store": (is_set, "chat completions are not stored (the Responses API stores turns)"),
+    "functions": (is_set, "the deprecated functions field is not read: send tools"),
+    "function_call": (is_set, "the deprecated function_call field is not read: send tool_choice"),
     **_OPENAI_HOSTED,
 }
 
 COMPLETIONS: dict[str, tuple[Asks, str]] = {
     "best_of": (_more_than_one, "best_of is not built: ask for n choices and pick"),
-    "echo": (_set, "the prompt is not echoed"),
-    "suffix": (_set, "no fill-in-the-middle: suffix is not read"),
+    "echo": (is_set, "the prompt is not echoed"),
+    "suffix": (is_set, "no fill-in-the-middle: suffix is not read"),
 }
 
 RESPONSES: dict[str, tuple[Asks, str]] = {
-    "background": (_set, "no background mode: stream the response (a dropped stream resumes)"),
-    "background_options": (_set, "no background mode"),
-    "conversation": (_set, "no Conversations API: chain turns with previous_response_id"),
-    "context_management": (_set, "no server-side context management"),
-    "truncation": (_other_than("disabled"), "input is never truncated: a turn over the context is a 400"),
+    "background": (is_set, "no background mode: stream the response (a dropped stream resumes)"),
+    "background_options": (is_set, "no background mode"),
+    "conversation": (is_set, "no Conversations API: chain turns with previous_response_id"),
+    "context_management": (is_set, "no server-side context management"),
+    "truncation": (other_than("disabled"), "input is never truncated: a turn over the context is a 400"),
     "include": (_includes_unbuilt, "include may name reasoning.encrypted_content (and built-in tools' outputs, "
                                    "which never run here); logprobs and input image URLs are not returned"),
-    "top_logprobs": (_set, "logprobs are not returned on Responses: use /v1/chat/completions"),
+    "top_logprobs": (is_set, "logprobs are not returned on Responses: use /v1/chat/completions"),
     "prompt": (lambda value: isinstance(value, dict), "no stored prompt templates"),  # {"id": "pmpt_..."}
     **_OPENAI_HOSTED,
-    "access_programs": (_set, "no access programs here"),
-    "image": (_set, "no image generation"),
+    "access_programs": (is_set, "no access programs here"),
+    "image": (is_set, "no image generation"),
     "stream_options": (lambda value: value is not None and not (
         isinstance(value, dict) and set(value) <= {"include_usage", "include_obfuscation"}
         and value.get("include_obfuscation") is not True),
         "no obfuscation padding here (include_obfuscation: true); the usage is always in response.completed"),
-    "response_format": (_set, "the output format of a Responses request is text.format"),
-    "structured_outputs": (_set, "the output format of a Responses request is text.format"),
+    "response_format": (is_set, "the output format of a Responses request is text.format"),
+    "structured_outputs": (is_set, "the output format of a Responses request is text.format"),
 }
 
 MESSAGES: dict[str, tuple[Asks, str]] = {
-    "container": (_set, "no code-execution containers"),
-    "mcp_servers": (_set, "no MCP connector: run the tools on the client"),
-    "inference_geo": (_set, "inference runs on this machine"),
-    "speed": (_other_than("standard"), "one speed here"),
-    "service_tier": (_other_than("auto", "standard_only"), _ONE_TIER),
-    "diagnostics": (_set, "no cache diagnostics: /stats reports the prompt cache"),
-    "workspace_id": (_set, "no workspaces here"),
+    "container": (is_set, "no code-execution containers"),
+    "mcp_servers": (is_set, "no MCP connector: run the tools on the client"),
+    "inference_geo": (is_set, "inference runs on this machine"),
+    "speed": (other_than("standard"), "one speed here"),
+    "service_tier": (other_than("auto", "standard_only"), _ONE_TIER),
+    "diagnostics": (is_set, "no cache diagnostics: /stats reports the prompt cache"),
+    "workspace_id": (is_set, "no workspaces here"),
 }
 
 EMBEDDINGS: dict[str, tuple[Asks, str]] = {
-    "dimensions": (_set, "the model's embedding size is fixed"),
+    "dimensions": (is_set, "the model's embedding size is fixed"),
 }
 
 # Accepted, change nothing (and are not reported as ignored): labels for a hosted service, and prompt-cache

@@ -1,11 +1,14 @@
 """Nothing inside a request's objects is silently ignored either: a key no
 SDK type has is a 400 naming its path, one the SDK has but Hearth does not
 build is a 400 when it asks for something, and a harmless unread one is
-named in X-Hearth-Ignored-Fields (through the official SDKs). Assistant
-refusal parts are what the assistant said; embeddings name what they do
-not read; Responses' stream_options needs a stream, as chat's does."""
+named in X-Hearth-Ignored-Fields (through the official SDKs), in Responses'
+input items and their parts too, while a response's output items sent back
+as they came pass without a word. Assistant refusal parts are what the
+assistant said; embeddings name what they do not read; Responses'
+stream_options needs a stream, as chat's does."""
 from __future__ import annotations
 
+import json
 import typing
 
 import anthropic
@@ -18,6 +21,7 @@ HI = [{"role": "user", "content": "Hi"}]
 HEADER = "x-hearth-ignored-fields"
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
 FUNCTION = {"name": "f", "parameters": {"type": "object", "properties": {}}}
+PNG, WAV = "data:image/png;base64,iVBORw0KGgo=", "data:audio/wav;base64,UklGRg=="
 
 
 @pytest.fixture(scope="module")
@@ -58,6 +62,36 @@ def test_chat_unknown_keys_inside_objects_are_400s(oai, tiny_model, extra, param
     body = {"messages": HI, **extra}
     _openai_400(lambda: oai.chat.completions.create(model=tiny_model, max_tokens=2, messages=body.pop("messages"),
                                                     extra_body=body), param)
+
+
+@pytest.mark.parametrize("part,param", [
+    ({"type": "input_text", "text": "Hi", "foo": 1}, "messages[0].content[0].foo"),
+    ({"type": "image", "url": PNG, "foo": 1}, "messages[0].content[0].foo"),
+    ({"type": "image", "image_url": {"url": PNG, "foo": 1}}, "messages[0].content[0].image_url.foo"),
+    ({"type": "input_image", "image_url": PNG, "foo": 1}, "messages[0].content[0].foo"),
+    ({"type": "video_url", "video_url": {"url": "data:video/mp4;base64,AAAA", "foo": 1}},
+     "messages[0].content[0].video_url.foo"),
+    ({"type": "video", "data": "AAAA", "foo": 1}, "messages[0].content[0].foo"),
+    ({"type": "audio", "data": "UklGRg==", "foo": 1}, "messages[0].content[0].foo"),
+    ({"type": "audio_url", "audio_url": {"url": WAV, "foo": 1}}, "messages[0].content[0].audio_url.foo"),
+])
+def test_chat_part_aliases_are_checked_too(oai, tiny_model, part, param):
+    """The parts the chat reader takes beyond OpenAI's types (Responses' parts, other servers' aliases): a key
+    they do not have is named before the part is read (before a missing vision or speech model is)."""
+    _openai_400(lambda: oai.chat.completions.create(model=tiny_model, max_tokens=2, messages=[
+        {"role": "user", "content": [part]}]), param)
+
+
+def test_chat_takes_responses_parts_as_they_come(oai, tiny_model):
+    raw = oai.chat.completions.with_raw_response.create(model=tiny_model, max_tokens=2, messages=[
+        {"role": "user", "content": [{"type": "input_text", "text": "Hi", "prompt_cache_breakpoint": {}}]},
+        {"role": "assistant", "content": [{"type": "output_text", "text": "Hello", "annotations": [],
+                                           "logprobs": []}]},
+        {"role": "user", "content": "Go on"}])
+    assert raw.parse().choices and HEADER not in raw.headers
+    by_id = {"type": "input_image", "image_url": PNG, "file_id": "file_1"}
+    _openai_400(lambda: oai.chat.completions.create(model=tiny_model, max_tokens=2, messages=[
+        {"role": "user", "content": [by_id]}]), "messages[0].content[0].file_id", "unsupported_parameter")
 
 
 def test_chat_unbuilt_keys_refused_and_harmless_ones_named(oai, tiny_model):
@@ -117,6 +151,97 @@ def test_assistant_refusal_parts_are_what_the_assistant_said(oai, tiny_model):
 def test_responses_keys_inside_objects(oai, tiny_model, extra, param, code):
     _openai_400(lambda: oai.responses.create(model=tiny_model, input="Hi", max_output_tokens=2, extra_body=extra),
                 param, code)
+
+
+CALL_ITEM = {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"}
+ASKED = [*HI, CALL_ITEM]
+
+
+@pytest.mark.parametrize("input_,param,code", [
+    ([{"role": "user", "content": "Hi", "foo": 1}], "input[0].foo", "unknown_parameter"),
+    ([{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hi", "foo": 1}]}],
+     "input[0].content[0].foo", "unknown_parameter"),
+    ([{"role": "user", "content": "Hi", "id": "msg_1"}], "input[0].id", "unknown_parameter"),  # an output's only
+    ([*HI, {"type": "message", "role": "assistant", "content": [
+        {"type": "output_text", "text": "Hello", "annotations": [], "foo": 1}]}, *HI], "input[1].content[0].foo",
+     "unknown_parameter"),
+    ([*HI, {**CALL_ITEM, "foo": 1}], "input[1].foo", "unknown_parameter"),
+    ([*HI, {**CALL_ITEM, "namespace": "crm"}], "input[1].namespace", "unsupported_parameter"),
+    ([*HI, {**CALL_ITEM, "caller": {"type": "program", "caller_id": "p1"}}], "input[1].caller",
+     "unsupported_parameter"),
+    ([*ASKED, {"type": "function_call_output", "call_id": "c1", "output": "ok", "foo": 1}], "input[2].foo",
+     "unknown_parameter"),
+    ([*ASKED, {"type": "function_call_output", "call_id": "c1", "output": [
+        {"type": "input_text", "text": "ok"}, {"type": "input_image", "image_url": PNG, "foo": 1}]}],
+     "input[2].output[1].foo", "unknown_parameter"),
+    ([{"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "Hm.", "foo": 1}]}, *HI],
+     "input[0].summary[0].foo", "unknown_parameter"),
+    ([{"role": "user", "content": [{"type": "input_text", "text": "See"},
+                                   {"type": "input_image", "image_url": PNG, "file_id": "file_1"}]}],
+     "input[0].content[1].file_id", "unsupported_parameter"),
+    ([{"role": "user", "content": [{"type": "input_file", "filename": "a.pdf", "file_data": "JVBERi0="}]}],
+     "input[0].content[0].file_data", "unsupported_parameter"),
+    ([{"type": "item_reference", "id": "msg_1", "foo": 1}, *HI], "input[0].foo", "unknown_parameter"),
+])
+def test_responses_input_items_and_parts_are_checked(oai, tiny_model, input_, param, code):
+    _openai_400(lambda: oai.responses.create(model=tiny_model, input=input_, max_output_tokens=2), param, code)
+
+
+def _feed_back(oai, tiny_model, items: list) -> None:
+    """`items` after the question, then the tool's answer: a 200 with nothing named ignored."""
+    answered = {"type": "function_call_output", "call_id": "call_x", "output": "Sunny"}
+    calls = [item for item in items if (item["type"] if isinstance(item, dict) else item.type) == "function_call"]
+    if calls:
+        first = calls[0]
+        answered["call_id"] = first["call_id"] if isinstance(first, dict) else first.call_id
+    raw = oai.responses.with_raw_response.create(
+        model=tiny_model, max_output_tokens=2, input=[{"role": "user", "content": "Weather?"}, *items, answered])
+    assert raw.status_code == 200 and raw.parse().status in ("completed", "incomplete")
+    assert HEADER not in raw.headers, raw.headers[HEADER]
+
+
+def test_a_responses_output_sent_back_as_it_came_passes(oai, tiny_model):
+    """The output of a Hearth response fed back as input, however a client keeps it: the SDK's objects (as
+    the openai docs do: `input += response.output`), their dumps with and without the nulls, the JSON as it
+    came over the wire, and the items a stream's output_item.done events carried (as Codex keeps them)."""
+    ask = dict(model=tiny_model, input="Weather?", max_output_tokens=300, tools=[{"type": "function", **FUNCTION}],
+               reasoning={"effort": "high"}, include=["reasoning.encrypted_content"], store=False,
+               extra_body={"guided_grammar": "root ::= " + json.dumps(
+                   'Plan.</think>\n\nLet me look.<tool_call>{"name": "f", "arguments": {}}</tool_call>')})
+    raw = oai.responses.with_raw_response.create(**ask)
+    response = raw.parse()
+    assert [item.type for item in response.output] == ["reasoning", "message", "function_call"]
+    wire = raw.http_response.json()["output"]
+    assert wire[0]["encrypted_content"] and wire[1]["content"][0]["annotations"] == []
+    with oai.responses.stream(**ask) as stream:
+        streamed = [event.item for event in stream if event.type == "response.output_item.done"]
+    for items in (response.output, [i.model_dump(by_alias=True) for i in response.output],  # `async`, not `async_`
+                  [i.model_dump(by_alias=True, exclude_none=True) for i in response.output], wire,
+                  [i.model_dump(by_alias=True, exclude_unset=True) for i in streamed]):
+        _feed_back(oai, tiny_model, items)
+
+
+def test_codex_like_turns_pass(oai, tiny_model):
+    """A Codex turn: developer and user messages of input_text parts, the earlier reasoning with its
+    encrypted_content, an assistant message of output_text, a call and its output as a list of parts, and
+    the fields OpenAI's own output items carry (logprobs, an assistant's phase) sent back too."""
+    codex = [
+        {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "Be brief."}]},
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Weather?"}]},
+        {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "Look."}],
+         "content": [{"type": "reasoning_text", "text": "Look it up."}], "encrypted_content": "TG9vay4="},
+        {"type": "message", "id": "msg_1", "role": "assistant", "status": "completed", "content": [
+            {"type": "output_text", "text": "Let me look.", "annotations": [], "logprobs": []}]},
+        {"type": "function_call", "id": "fc_1", "call_id": "c1", "name": "f", "arguments": "{}",
+         "status": "completed", "caller": {"type": "direct"}},
+        {"type": "function_call_output", "call_id": "c1", "status": "completed", "output": [
+            {"type": "input_text", "text": "Sunny", "prompt_cache_breakpoint": {}}]},
+    ]
+    raw = oai.responses.with_raw_response.create(model=tiny_model, input=codex, max_output_tokens=2)
+    assert raw.parse().status in ("completed", "incomplete") and HEADER not in raw.headers
+    codex[3]["phase"] = "commentary"  # gpt-5.x-codex's label, read by nothing here
+    raw = oai.responses.with_raw_response.create(model=tiny_model, input=codex, max_output_tokens=2)
+    assert raw.headers[HEADER] == "input[3].phase"
 
 
 def test_responses_harmless_inner_keys_are_named(oai, tiny_model):
@@ -226,3 +351,37 @@ def test_the_tables_name_the_sdks_keys():
     assert keys(messages["thinking"].kinds["enabled"]) == _hints(ThinkingConfigEnabledParam)
     assert keys(messages["tools"].item.kinds["custom"]) == _hints(ToolParam)
     assert keys(messages["system"].item.kinds["text"]) == _hints(TextBlockParam)
+
+
+def test_the_responses_input_tables_name_the_sdks_keys():
+    """Each input item's keys are the union of the SDK types a client may send it as (an input message, an
+    easy one, an output item sent back), and each part's its SDK type's."""
+    from openai.types import responses as types
+    from openai.types.responses import response_input_item_param as item
+    from openai.types.responses.response_reasoning_item_param import Content, Summary
+
+    def keys(node) -> set[str]:
+        return set(node.keys)
+
+    items = inner_fields.RESPONSES.inner["input"].item.kinds
+    message, parts = items["message"].kinds, inner_fields.CHAT.inner["messages"].item.kinds["user"].inner
+    parts = parts["content"].item.kinds
+    for role in ("user", "system", "developer"):
+        assert keys(message[role]) == _hints(item.Message) | _hints(types.EasyInputMessageParam)
+    assert keys(message["assistant"]) == \
+        _hints(types.EasyInputMessageParam) | _hints(types.ResponseOutputMessageParam)
+    assert keys(items["function_call"]) == _hints(types.ResponseFunctionToolCallParam)
+    assert keys(items["function_call_output"]) == _hints(item.FunctionCallOutput)
+    assert keys(items["reasoning"]) == _hints(types.ResponseReasoningItemParam)
+    assert keys(items["reasoning"].inner["summary"].item.kinds["summary_text"]) == _hints(Summary)
+    assert keys(items["reasoning"].inner["content"].item.kinds["reasoning_text"]) == _hints(Content)
+    assert keys(items["item_reference"]) == _hints(item.ItemReference)
+    assert items["function_call_output"].inner["output"].item.kinds is parts
+    for kind, sdk in (("input_text", types.ResponseInputTextParam), ("input_image", types.ResponseInputImageParam),
+                      ("input_file", types.ResponseInputFileParam), ("output_text", types.ResponseOutputTextParam),
+                      ("refusal", types.ResponseOutputRefusalParam),
+                      ("input_text", types.ResponseInputTextContentParam),
+                      ("input_image", types.ResponseInputImageContentParam),
+                      ("input_file", types.ResponseInputFileContentParam)):
+        assert keys(parts[kind]) == _hints(sdk), kind
+    assert keys(parts["input_audio"]) >= _hints(types.ResponseInputAudioParam)  # chat's has a cache breakpoint
