@@ -14,7 +14,8 @@ A key is one of:
 - (asks, why): not built: a 400 `unsupported_parameter` naming its path when
   `asks(value)`, as `unhonoured.refuse` answers at the top.
 A key an object's table does not list exists nowhere: a 400
-`unknown_parameter` naming its path (a typo would otherwise change nothing).
+`unknown_parameter` naming its path (a typo would otherwise change nothing),
+except in a chat's messages, where it is named in the header (`_named`).
 
 Only objects are checked here; a value of the wrong type, an unknown `type`
 or `role`, is left to the protocol's own reader, whose message says what
@@ -26,8 +27,8 @@ No Django here."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any, Union
+from dataclasses import dataclass, field, replace
+from typing import Any, Union, cast
 
 from inference.protocols.errors import RequestError
 from inference.protocols.unhonoured import Asks, is_set, other_than
@@ -46,9 +47,11 @@ Fate = Union[str, Unread, tuple[Asks, str]]
 
 @dataclass(frozen=True)
 class Obj:
-    """An object: its keys' fates, and the objects or lists some keys hold."""
+    """An object: its keys' fates, and the objects or lists some keys hold;
+    `others` is the fate of a key it does not list (None: unknown, a 400)."""
     keys: Mapping[str, Fate]
     inner: Mapping[str, Node] = field(default_factory=dict)
+    others: Fate | None = None
 
 
 @dataclass(frozen=True)
@@ -98,7 +101,7 @@ def _walk(value: Any, node: Node, path: str, unread: list[str]) -> None:
         return
     if isinstance(node, Obj):
         for key, item in value.items():
-            _fate(node.keys.get(key), item, f"{path}.{key}" if path else key, unread)
+            _fate(node.keys.get(key, node.others), item, f"{path}.{key}" if path else key, unread)
     for key, inner in node.inner.items():
         if key in value:
             _walk(value[key], inner, f"{path}.{key}" if path else key, unread)
@@ -118,6 +121,19 @@ def _fate(fate: Fate | None, value: Any, path: str, unread: list[str]) -> None:
 
 def _keys(*read: str, **fates: Fate) -> dict[str, Fate]:
     return {**dict.fromkeys(read, READ), **fates}
+
+
+def _named(node: Node) -> Node:
+    """`node` with every object in it naming a key it does not list (X-Hearth-Ignored-Fields) instead of
+    refusing it: for a chat's messages, which clients send back as their SDK or framework holds them, with
+    keys of their own (OpenAI's chat endpoint takes them too; its Responses and Anthropic refuse them)."""
+    if isinstance(node, Obj):
+        return replace(node, inner={k: _named(v) for k, v in node.inner.items()}, others=Unread())
+    if isinstance(node, Each):
+        return Each(_named(node.item))
+    if isinstance(node, OneOf):
+        return replace(node, kinds={k: cast(Obj, _named(v)) for k, v in node.kinds.items()})
+    return node
 
 
 # -- OpenAI chat and text completions ----------------------------------------
@@ -155,21 +171,24 @@ _PART = OneOf({
         ("file_data", "file_id", "file_url"), (is_set, "files are not read here: send a file's text as input_text")))),
 })
 _CONTENT = {"content": Each(_PART)}
+# `parsed` and `parsed_arguments`: what the openai SDK's parse() and stream() helpers add to a reply's message,
+# sent back with it.
 _CALL = OneOf({"function": Obj(_keys("id", "type", "function", index=QUIET),
-                               {"function": Obj(_keys("name", "arguments"))})}, default="function")
+                               {"function": Obj(_keys("name", "arguments", parsed_arguments=QUIET))})},
+              default="function")
 _ASSISTANT = Obj(_keys(
     "role", "content", "name", "tool_calls", "refusal", "reasoning_content", "reasoning",
-    annotations=QUIET,  # what a reply's message holds, sent back as it came
+    annotations=QUIET, parsed=QUIET,  # what a reply's message holds, sent back as it came
     audio=(is_set, "no audio output is generated, so there is no earlier audio reply to refer to"),
     function_call=(is_set, "the deprecated function_call field is not read: send tool_calls")),
     {**_CONTENT, "tool_calls": Each(_CALL)})
-MESSAGE = OneOf({
+MESSAGE = _named(OneOf({
     "system": Obj(_keys("role", "content", "name"), _CONTENT),
     "developer": Obj(_keys("role", "content", "name"), _CONTENT),
     "user": Obj(_keys("role", "content", "name"), _CONTENT),
     "assistant": _ASSISTANT,
     "tool": Obj(_keys("role", "content", "tool_call_id", "name"), _CONTENT),
-}, by="role")
+}, by="role"))
 _FUNCTION = Obj(_keys("name", "description", "parameters", "strict"))
 CHAT = Fields({
     "messages": Each(MESSAGE),
@@ -190,8 +209,8 @@ _NAMESPACE = (is_set, "tools have no namespaces here")
 _REASONING_TEXT = Obj(_keys("type", "text"))
 _ITEMS: dict[str, Node] = {
     "message": OneOf({
-        **dict.fromkeys(("user", "system", "developer"), Obj(_keys(
-            "type", "role", "content", status=QUIET, **_PHASE), _CONTENT)),
+        **dict.fromkeys(("user", "system", "developer"), Obj(_keys(  # items of GET …/input_items have ids
+            "type", "role", "content", **_ECHOED, **_PHASE), _CONTENT)),
         "assistant": Obj(_keys("type", "role", "content", **_ECHOED, **_PHASE), _CONTENT)}, by="role"),
     "function_call": Obj(_keys(
         "type", "call_id", "name", "arguments", "id", status=QUIET, caller=_CALLER, namespace=_NAMESPACE,

@@ -51,17 +51,45 @@ def _openai_400(call, param: str, code: str = "unknown_parameter") -> None:
     ({"tools": [{"type": "function", "function": FUNCTION, "foo": 1}]}, "tools[0].foo"),
     ({"tools": [{"type": "function", "function": FUNCTION}],
       "tool_choice": {"type": "function", "function": {"name": "f", "foo": 1}}}, "tool_choice.function.foo"),
-    ({"messages": [{"role": "user", "content": "Hi", "foo": 1}]}, "messages[0].foo"),
-    ({"messages": [{"role": "user", "content": [{"type": "text", "text": "Hi", "foo": 1}]}]},
-     "messages[0].content[0].foo"),
-    ({"messages": [*HI, {"role": "assistant", "content": "", "tool_calls": [
-        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}", "foo": 1}}]}]},
-     "messages[1].tool_calls[0].function.foo"),
 ])
 def test_chat_unknown_keys_inside_objects_are_400s(oai, tiny_model, extra, param):
-    body = {"messages": HI, **extra}
-    _openai_400(lambda: oai.chat.completions.create(model=tiny_model, max_tokens=2, messages=body.pop("messages"),
-                                                    extra_body=body), param)
+    _openai_400(lambda: oai.chat.completions.create(model=tiny_model, max_tokens=2, messages=HI, extra_body=extra),
+                param)
+
+
+@pytest.mark.parametrize("messages,param", [
+    ([{"role": "user", "content": "Hi", "foo": 1}], "messages[0].foo"),
+    ([{"role": "user", "content": [{"type": "text", "text": "Hi", "cache_control": {"type": "ephemeral"}}]}],
+     "messages[0].content[0].cache_control"),
+    ([*HI, {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}", "foo": 1}}]}, *HI],
+     "messages[1].tool_calls[0].function.foo"),
+])
+def test_chat_messages_keys_of_their_own_are_named_not_refused(oai, tiny_model, messages, param):
+    """Clients send a chat's messages back as their SDK or framework holds them, with keys of their own (as
+    OpenAI's chat endpoint takes them): named in the header, not refused."""
+    raw = oai.chat.completions.with_raw_response.create(model=tiny_model, max_tokens=2, messages=messages)
+    assert raw.parse().choices and raw.headers[HEADER] == param
+
+
+def test_the_sdks_parse_and_stream_helpers_messages_go_back_as_they_came(oai, tiny_model):
+    """openai's parse() and stream() helpers give a message with `parsed` (and a call's `parsed_arguments`),
+    which the SDK sends as it is when the message is put back into the conversation."""
+    import pydantic
+
+    class A(pydantic.BaseModel):
+        a: bool
+
+    parsed = oai.chat.completions.parse(model=tiny_model, max_tokens=48, messages=HI, response_format=A)
+    message = parsed.choices[0].message
+    again = oai.chat.completions.with_raw_response.create(model=tiny_model, max_tokens=2,
+                                                          messages=[*HI, message, *HI])
+    assert again.parse().choices and HEADER not in again.headers
+    call = {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {
+        "name": "f", "arguments": "{}", "parsed_arguments": {}}}], "parsed": None}
+    again = oai.chat.completions.with_raw_response.create(model=tiny_model, max_tokens=2, messages=[
+        *HI, call, {"role": "tool", "tool_call_id": "c1", "content": "done"}])
+    assert again.parse().choices and HEADER not in again.headers
 
 
 @pytest.mark.parametrize("part,param", [
@@ -75,11 +103,10 @@ def test_chat_unknown_keys_inside_objects_are_400s(oai, tiny_model, extra, param
     ({"type": "audio", "data": "UklGRg==", "foo": 1}, "messages[0].content[0].foo"),
     ({"type": "audio_url", "audio_url": {"url": WAV, "foo": 1}}, "messages[0].content[0].audio_url.foo"),
 ])
-def test_chat_part_aliases_are_checked_too(oai, tiny_model, part, param):
+def test_chat_part_aliases_are_checked_too(part, param):
     """The parts the chat reader takes beyond OpenAI's types (Responses' parts, other servers' aliases): a key
-    they do not have is named before the part is read (before a missing vision or speech model is)."""
-    _openai_400(lambda: oai.chat.completions.create(model=tiny_model, max_tokens=2, messages=[
-        {"role": "user", "content": [part]}]), param)
+    they do not have is named (the walk itself: the part's media then needs a model this one is not)."""
+    assert inner_fields.check({"messages": [{"role": "user", "content": [part]}]}, inner_fields.CHAT) == [param]
 
 
 def test_chat_takes_responses_parts_as_they_come(oai, tiny_model):
@@ -161,7 +188,6 @@ ASKED = [*HI, CALL_ITEM]
     ([{"role": "user", "content": "Hi", "foo": 1}], "input[0].foo", "unknown_parameter"),
     ([{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hi", "foo": 1}]}],
      "input[0].content[0].foo", "unknown_parameter"),
-    ([{"role": "user", "content": "Hi", "id": "msg_1"}], "input[0].id", "unknown_parameter"),  # an output's only
     ([*HI, {"type": "message", "role": "assistant", "content": [
         {"type": "output_text", "text": "Hello", "annotations": [], "foo": 1}]}, *HI], "input[1].content[0].foo",
      "unknown_parameter"),
@@ -338,7 +364,7 @@ def test_the_tables_name_the_sdks_keys():
 
     chat, responses, messages = inner_fields.CHAT.inner, inner_fields.RESPONSES.inner, inner_fields.MESSAGES.inner
     assert keys(chat["messages"].item.kinds["assistant"]) == \
-        _hints(ChatCompletionAssistantMessageParam) | {"reasoning_content", "reasoning", "annotations"}
+        _hints(ChatCompletionAssistantMessageParam) | {"reasoning_content", "reasoning", "annotations", "parsed"}
     assert keys(chat["messages"].item.kinds["user"].inner["content"].item.kinds["text"]) == \
         _hints(ChatCompletionContentPartTextParam)
     assert keys(chat["response_format"].kinds["json_schema"].inner["json_schema"]) == \
@@ -364,10 +390,9 @@ def test_the_responses_input_tables_name_the_sdks_keys():
         return set(node.keys)
 
     items = inner_fields.RESPONSES.inner["input"].item.kinds
-    message, parts = items["message"].kinds, inner_fields.CHAT.inner["messages"].item.kinds["user"].inner
-    parts = parts["content"].item.kinds
-    for role in ("user", "system", "developer"):
-        assert keys(message[role]) == _hints(item.Message) | _hints(types.EasyInputMessageParam)
+    message, parts = items["message"].kinds, inner_fields._PART.kinds
+    for role in ("user", "system", "developer"):  # with an id: the items of GET /v1/responses/{id}/input_items
+        assert keys(message[role]) == _hints(item.Message) | _hints(types.EasyInputMessageParam) | {"id"}
     assert keys(message["assistant"]) == \
         _hints(types.EasyInputMessageParam) | _hints(types.ResponseOutputMessageParam)
     assert keys(items["function_call"]) == _hints(types.ResponseFunctionToolCallParam)
