@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import Protocol, cast
+from typing import Any, Protocol, cast
 
 from daphne.http_protocol import HTTPFactory, WebRequest
 from twisted.internet.protocol import connectionDone
@@ -76,6 +76,52 @@ def _refuse(channel, status: int, reason: bytes, message: str, code: str) -> Non
     clock().callLater(LINGER_S, lambda: transport.connected and transport.abortConnection())
 
 
+class Paced:
+    """A connection whose writes go at its client's pace (an HTTP channel,
+    a WebSocket): the transport calls `pauseProducing` and `resumeProducing`
+    as its send buffer fills past its high-water mark and empties again;
+    the app's next write awaits `writable`; a client that takes nothing
+    from a full buffer for `write_timeout_s` is cut (`_cut`)."""
+    transport: Any
+    _stall: _Timer | None = None  # armed while the send buffer is full
+    _writers: list[asyncio.Future] | None = None  # app writes waiting for the buffer to drain
+    STALLED = "cutting a client that read nothing for %g s (--write-timeout)"
+
+    def _buffer_full(self) -> bool:
+        raise NotImplementedError
+
+    def _cut(self, seconds: float) -> None:
+        self.transport.abortConnection()
+
+    def _paused(self) -> None:
+        if self._stall is None:
+            self._stall = clock().callLater(current_limits().write_timeout_s, self._stalled)
+
+    async def writable(self) -> None:
+        """Return once the send buffer has room (at once unless the client
+        has stopped reading), or the connection is gone."""
+        while self._buffer_full() and self.transport is not None and self.transport.connected:
+            waiter = asyncio.get_running_loop().create_future()
+            self._writers = (self._writers or []) + [waiter]
+            await waiter
+
+    def _drained(self) -> None:
+        if self._stall is not None and self._stall.active():
+            self._stall.cancel()
+        self._stall = None
+        writers, self._writers = self._writers or [], None
+        for waiter in writers:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def _stalled(self) -> None:
+        self._stall = None
+        seconds = current_limits().write_timeout_s
+        log.info(self.STALLED, seconds)
+        if self.transport is not None and self.transport.connected:
+            self._cut(seconds)
+
+
 class GuardedRequest(WebRequest):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -109,11 +155,10 @@ class GuardedRequest(WebRequest):
             super().requestReceived(command, path, version)
 
 
-class GuardedChannel(http.HTTPChannel):
+class GuardedChannel(Paced, http.HTTPChannel):
+    STALLED = "cutting a client that read nothing of its response for %g s (--write-timeout)"
     refused = False
     _deadline: _Timer | None = None
-    _stall: _Timer | None = None  # armed while the send buffer is full
-    _writers: list[asyncio.Future] | None = None  # app writes waiting for the buffer to drain
 
     def connectionMade(self):
         # Twisted annotates timeOut as int; its timers take float seconds.
@@ -145,36 +190,14 @@ class GuardedChannel(http.HTTPChannel):
     # The transport calls these as its send buffer fills past its high-water mark and empties again.
     def pauseProducing(self):
         super().pauseProducing()
-        if self._stall is None:
-            self._stall = clock().callLater(current_limits().write_timeout_s, self._stalled)
+        self._paused()
 
     def resumeProducing(self):
         super().resumeProducing()
         self._drained()
 
-    async def writable(self) -> None:
-        """Return once the send buffer has room (at once unless the client
-        has stopped reading), or the connection is gone."""
-        while self._waitingForTransport and self.transport is not None and self.transport.connected:
-            waiter = asyncio.get_running_loop().create_future()
-            self._writers = (self._writers or []) + [waiter]
-            await waiter
-
-    def _drained(self) -> None:
-        if self._stall is not None and self._stall.active():
-            self._stall.cancel()
-        self._stall = None
-        writers, self._writers = self._writers or [], None
-        for waiter in writers:
-            if not waiter.done():
-                waiter.set_result(None)
-
-    def _stalled(self) -> None:
-        self._stall = None
-        seconds = current_limits().write_timeout_s
-        log.info("cutting a client that read nothing of its response for %g s (--write-timeout)", seconds)
-        if self.transport is not None:
-            self.transport.abortConnection()
+    def _buffer_full(self) -> bool:
+        return self._waitingForTransport
 
     def _arm(self, seconds: float, what: str) -> None:
         self._disarm()

@@ -14,21 +14,21 @@ for as long as the client leaves it unread.
   instead of the server's memory. Nothing is dropped or refused: frames
   are answered in order, at the pace the app answers them.
 
-So one socket holds at most a full send buffer and `MAX_UNTAKEN` frames
-(each at most the message size daphne is started with) in the server.
+So one socket holds at most a full send buffer and `MAX_UNTAKEN` frames,
+plus any more that the read that reached them completed (autobahn parses
+the whole of a read; one is at most 64 KiB), each at most the message size
+daphne is started with, in the server.
 
 No Django here, and no imports of the project's apps."""
 from __future__ import annotations
 
-import asyncio
 import logging
 
 from daphne.ws_protocol import WebSocketFactory, WebSocketProtocol
 from twisted.internet.protocol import connectionDone
 from twisted.python.failure import Failure
 
-from core.http_guard import clock
-from core.limits import current as current_limits
+from core.http_guard import Paced, clock
 
 log = logging.getLogger("hearth.http")
 
@@ -38,10 +38,9 @@ POLL_S = 0.02  # how often a socket not being read looks at its queue: daphne's 
 CLOSE_STALLED = 1008  # policy violation: the client broke the server's --write-timeout
 
 
-class GuardedWebSocketProtocol(WebSocketProtocol):
+class GuardedWebSocketProtocol(Paced, WebSocketProtocol):
+    STALLED = "closing a socket whose client read nothing for %g s (--write-timeout)"
     _full = False  # the send buffer is full: writes wait
-    _stall = None  # armed while the send buffer is full
-    _writers: list[asyncio.Future] | None = None  # app writes waiting for the buffer to drain
     _not_reading = False
 
     def connectionMade(self):
@@ -59,8 +58,7 @@ class GuardedWebSocketProtocol(WebSocketProtocol):
     # The transport calls these as its send buffer fills past its high-water mark and empties again.
     def pauseProducing(self):
         self._full = True
-        if self._stall is None:
-            self._stall = clock().callLater(current_limits().write_timeout_s, self._stalled)
+        self._paused()
 
     def resumeProducing(self):
         self._drained()
@@ -68,30 +66,14 @@ class GuardedWebSocketProtocol(WebSocketProtocol):
     def stopProducing(self):
         self._drained()
 
-    async def writable(self) -> None:
-        """Return once the send buffer has room (at once unless the client
-        has stopped reading), or the connection is gone."""
-        while self._full and self.transport is not None and self.transport.connected:
-            waiter = asyncio.get_running_loop().create_future()
-            self._writers = (self._writers or []) + [waiter]
-            await waiter
+    def _buffer_full(self) -> bool:
+        return self._full
 
     def _drained(self) -> None:
         self._full = False
-        if self._stall is not None and self._stall.active():
-            self._stall.cancel()
-        self._stall = None
-        writers, self._writers = self._writers or [], None
-        for waiter in writers:
-            if not waiter.done():
-                waiter.set_result(None)
+        super()._drained()
 
-    def _stalled(self) -> None:
-        self._stall = None
-        seconds = current_limits().write_timeout_s
-        log.info("closing a socket whose client read nothing for %g s (--write-timeout)", seconds)
-        if self.transport is None or not self.transport.connected:
-            return
+    def _cut(self, seconds: float) -> None:
         # The close frame goes behind what the client left unread: it reads it if it ever reads again.
         # No closing handshake is waited for: the connection goes now. (autobahn's `sendClose` takes only
         # the codes an application may choose, 1000 and 3000-4999; 1008 is the protocol's own.)
