@@ -1,4 +1,5 @@
-"""Fixtures the protocol tests share: a llava built here from a fixed seed."""
+"""Fixtures the protocol tests share: a llava built here from a fixed seed; the serving stack in this
+process, one per test module (`app`, and its `oai` client), where a module does not make its own."""
 from __future__ import annotations
 
 import pytest
@@ -12,3 +13,13 @@ def vision_model(tmp_path_factory) -> str:
 
     snapshot, _, _ = build(tmp_path_factory.mktemp("vision-hub"), VisionRecipe(steps=2, warmup=1, images=48, batch=8))
     return str(snapshot)
+
+
+@pytest.fixture(scope="module")
+def app(served):
+    return served()
+
+
+@pytest.fixture(scope="module")
+def oai(app):
+    return app.openai()

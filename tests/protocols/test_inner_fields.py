@@ -24,16 +24,6 @@ FUNCTION = {"name": "f", "parameters": {"type": "object", "properties": {}}}
 PNG, WAV = "data:image/png;base64,iVBORw0KGgo=", "data:audio/wav;base64,UklGRg=="
 
 
-@pytest.fixture(scope="module")
-def app(served):
-    return served()
-
-
-@pytest.fixture(scope="module")
-def oai(app):
-    return app.openai()
-
-
 def _openai_400(call, param: str, code: str = "unknown_parameter") -> None:
     with pytest.raises(openai.BadRequestError) as caught:
         call()

@@ -21,16 +21,6 @@ def forced(text: str) -> dict:
     return {"guided_grammar": "root ::= " + json.dumps(text)}
 
 
-@pytest.fixture(scope="module")
-def app(served):
-    return served()
-
-
-@pytest.fixture(scope="module")
-def oai(app):
-    return app.openai()
-
-
 def _refused(call, param: str) -> None:
     with pytest.raises(openai.BadRequestError) as caught:
         call()
