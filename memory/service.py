@@ -93,7 +93,7 @@ def search(root: Path, query: str, scope: str = "all", limit: int = 50, mode: st
                                "(an embedding model, or `hearth serve --embeddings`)")
     if mode != "hybrid":
         return index.search(root, index_path(root), query, scope, limit)
-    from inference.engine.embed import embed
+    from inference.engine.embed import embed_turns
     from memory import hybrid
 
     model = engine.loaded
@@ -101,7 +101,11 @@ def search(root: Path, query: str, scope: str = "all", limit: int = 50, mode: st
 
     def vectors(texts: list[str]) -> list[list[float]]:
         tokens = [(model.tokenizer.encode(t) or [0])[:window] for t in texts]
-        return engine.call(lambda: model.adapters.base_only(lambda: embed(model.model, tokens)), 300.0)
+        # In turns of a prefill chunk, as /v1/embeddings runs: the streams being decoded go on between them.
+        turns, out, done = embed_turns(model.model, tokens, engine.config.prefill_chunk), [], object()
+        while (part := engine.call(lambda: model.adapters.base_only(lambda: next(turns, done)), 300.0)) is not done:
+            out += part
+        return out
 
     try:
         return hybrid.search(root, index_path(root), query, scope, limit, vectors, model.model_id)

@@ -68,19 +68,6 @@ def texts(body: dict, limits: Limits) -> list[str]:
     return items
 
 
-def chunks(tokens: list[list[int]], budget: int) -> list[list[list[int]]]:
-    """Consecutive inputs grouped so each group holds about `budget` tokens (one input at least)."""
-    out: list[list[list[int]]] = []
-    size = 0
-    for t in tokens:
-        if not out or size + len(t) > budget:
-            out.append([])
-            size = 0
-        out[-1].append(t)
-        size += len(t)
-    return out
-
-
 def encoding(body: dict) -> str:
     unhonoured.refuse(body, unhonoured.EMBEDDINGS)
     value = body.get("encoding_format", "float")

@@ -1,6 +1,6 @@
 """`POST /v1/embeddings`, when the served model is an embedding model.
-The forward runs on the engine thread, a few inputs per turn, between
-decode steps."""
+The forward runs on the engine thread in turns of at most the engine's
+prefill chunk of tokens (`embed_turns`), between decode steps."""
 from __future__ import annotations
 
 import asyncio
@@ -9,14 +9,13 @@ from django.http import HttpRequest, JsonResponse
 
 from core.openapi import documented
 from core.surfaces import OPENAI
-from inference.engine.embed import embed
+from inference.engine.embed import embed_turns
 from inference.protocols import embeddings, unhonoured
 from inference.protocols.errors import RequestError
 from serving.routes import pipeline
 from serving.routes.bodies import EmbeddingsRequest
 
 router = OPENAI.router(tags=["embeddings"])
-CALL_TOKENS = 2048  # tokens embedded per turn of the engine thread
 
 
 @router.post("/embeddings", openapi_extra=documented(EmbeddingsRequest))
@@ -36,11 +35,13 @@ async def create(request: HttpRequest):
         if window and len(t) > window:
             raise RequestError(f"input[{i}] has {len(t)} tokens, over the model's context of {window}", "input")
     vectors: list = []
-    # A few inputs per engine call, so decode steps of running generations go on in between
-    # (and a client that leaves stops the rest).
-    for part in embeddings.chunks(tokens, CALL_TOKENS):
-        vectors += await asyncio.to_thread(
-            engine.call, lambda part=part: model.adapters.base_only(lambda: embed(model.model, part)), 300.0)
+    # One turn of the engine thread per call, as long as a prefill chunk, so decode steps of running
+    # generations go on in between (and a client that leaves stops the rest).
+    turns = embed_turns(model.model, tokens, engine.config.prefill_chunk)
+    done = object()
+    while (part := await asyncio.to_thread(
+            engine.call, lambda: model.adapters.base_only(lambda: next(turns, done)), 300.0)) is not done:
+        vectors += part
     unread = unhonoured.ignored(body, EmbeddingsRequest.model_fields, unhonoured.EMBEDDINGS)
     return JsonResponse(embeddings.reply(vectors, model.model_id, sum(len(t) for t in tokens), fmt),
                         headers={pipeline.IGNORED_HEADER: unhonoured.header_value(unread)} if unread else None)

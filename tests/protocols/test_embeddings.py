@@ -1,6 +1,7 @@
 """/v1/embeddings through the openai SDK: unit vectors equal to a direct
 forward of the same model, float and base64 encodings, the instruction
-format, and clear refusals."""
+format, clear refusals, and long inputs embedded in turns of the engine
+thread no longer than a prefill chunk."""
 from __future__ import annotations
 
 import base64
@@ -59,6 +60,36 @@ def test_token_arrays_embed_as_their_text_does(embed_server, tiny_model):
     assert many.usage.prompt_tokens == sum(map(len, ids)) and one.usage.prompt_tokens == len(ids[0])
     for d, text in zip([*many.data, *one.data], [*texts, texts[0]], strict=True):
         np.testing.assert_allclose(d.embedding, direct(tiny_model, text), atol=1e-5)
+
+
+def test_long_inputs_take_turns_of_a_prefill_chunk_on_the_engine_thread(embed_server, tiny_model, monkeypatch):
+    """An input longer than the engine's prefill chunk runs in several turns of the
+    engine thread, decode steps of running streams between them (one forward of
+    2,000 tokens at once stalled every stream: 32 such inputs held a 16-token
+    stream 11.8 s), and its vector is still the whole input's."""
+    from mlx_lm import load
+
+    from hearth.root import RUNTIME
+
+    engine = RUNTIME.engine
+    chunk = engine.config.prefill_chunk
+    model, _ = load(tiny_model)
+    rng = np.random.default_rng(5)
+    long = [int(t) for t in rng.integers(1, 300, 5 * chunk + 17)]
+    inputs = [[5, 6, 7], long, [8, 9]]
+    turns = []
+    real_call = engine.call
+
+    def counted(fn, timeout=60.0):
+        turns.append(fn)
+        return real_call(fn, timeout)
+
+    monkeypatch.setattr(engine, "call", counted)
+    r = embed_server.openai().embeddings.create(model="m", input=inputs, encoding_format="float")
+    assert len(turns) >= 6 + 2  # the long input's six segments, the short ones' turns
+    for d, ids in zip(r.data, inputs, strict=True):
+        hidden = model.model(mx.array([ids]))[0, -1].astype(mx.float32)
+        np.testing.assert_allclose(d.embedding, np.array(hidden / mx.linalg.norm(hidden)), atol=1e-4)
 
 
 @pytest.mark.parametrize("body, param", [
