@@ -258,9 +258,10 @@ def train(recipe: Recipe, out: Path, progress=None, checkpoint=None, resume_path
         first, loss_value = saved.step + 1, math.nan if saved.loss is None else saved.loss
         for _ in range(saved.step):  # the data order up to there, drawn again (resume.py)
             order.randrange(len(batches))
-        log.info("demo build: resuming from step %d of %d", saved.step, recipe.steps)
-        if resumed:
+        if resumed:  # the caller says so (a terminal, or the server's log from the build's state)
             resumed(saved.step, saved.loss)
+        else:
+            log.info("demo build: resuming from step %d of %d", saved.step, recipe.steps)
         if checkpoint:
             checkpoint(saved.step, saved.loss, write)
     elif checkpoint and 0 in CHECKPOINTS:

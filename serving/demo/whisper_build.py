@@ -277,9 +277,10 @@ def train(recipe: WhisperRecipe, out: Path, progress=None, resume_path: Path | N
         if saved is not None:
             weights, (rng, noise) = saved.weights, saved.extra
             first, loss_value = saved.step + 1, math.nan if saved.loss is None else saved.loss
-            log.info("demo speech build: resuming from step %d of %d", saved.step, recipe.steps)
-            if resumed:
+            if resumed:  # the caller says so (a terminal, or the server's log from the build's state)
                 resumed(saved.step, saved.loss)
+            else:
+                log.info("demo speech build: resuming from step %d of %d", saved.step, recipe.steps)
     with resume.StopAsked(resume_path is not None) as stop:
         for step in range(first, recipe.steps + 1):
             loss, grads = grad_fn(weights, *_batch(recipe, voices, sentences, readings, rng, noise))
