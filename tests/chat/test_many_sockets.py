@@ -1,0 +1,100 @@
+"""Many /ws/chat sockets at once (bench/sockets.py measures 200 against a
+real server): opening costs the same whatever the number of stored chats,
+every socket that asks gets its turn's end, and nothing is left running or
+followed afterwards."""
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from tests.chat import chatws
+
+SOCKETS = 30
+
+
+async def _open():
+    """A socket, past its `ready` and `sessions` frames (chatws.connect, with room for 30 opening at once)."""
+    from channels.testing import WebsocketCommunicator
+
+    ws = WebsocketCommunicator(chatws.asgi_app(), "/ws/chat", headers=[(b"host", b"testserver")])
+    ws.scope["client"] = list(chatws.LOOPBACK)
+    connected, _ = await ws.connect(timeout=60)
+    assert connected
+    assert (await ws.receive_json_from(timeout=60))["type"] == "ready"
+    assert (await ws.receive_json_from(timeout=60))["type"] == "sessions"
+    return ws
+
+
+@pytest.fixture
+def queries(monkeypatch):
+    """The SQL statements run on every thread (the sockets' sync calls run on asgiref's)."""
+    from django.db.backends.utils import CursorWrapper
+
+    count = [0]
+    lock = threading.Lock()
+    original = CursorWrapper._execute
+
+    def counted(self, sql, params, *ignored):
+        with lock:
+            count[0] += 1
+        return original(self, sql, params, *ignored)
+
+    monkeypatch.setattr(CursorWrapper, "_execute", counted)
+    return count
+
+
+def test_opening_a_socket_reads_the_chat_list_in_one_query(engine, queries):
+    """Each socket lists the chats as it opens (and as each turn ends): one
+    query, not one per chat, so 30 sockets opening beside 30 chats do not
+    queue 900 queries on the one thread the sockets share."""
+    from chat import store
+
+    for _ in range(SOCKETS):
+        store.create()
+
+    async def run():
+        before = queries[0]
+        sockets = await asyncio.gather(*(_open() for _ in range(SOCKETS)))
+        ran = queries[0] - before
+        for ws in sockets:
+            await ws.disconnect()
+        return ran
+
+    ran = asyncio.run(run())
+    assert ran <= 2 * SOCKETS, f"{SOCKETS} sockets opening ran {ran} queries"
+
+
+def test_many_sockets_each_get_their_turn_and_leave_nothing_behind(engine):
+    from chat.models import ChatEntry
+    from hearth.root import RUNTIME
+
+    async def ask(i: int) -> dict:
+        ws = await _open()
+        frames = await chatws.turn(ws, {"type": "prompt", "text": f"hello {i}"})
+        await ws.disconnect()
+        return frames[-1]
+
+    async def ask_and_leave(i: int) -> str:
+        ws = await _open()
+        await ws.send_json_to({"type": "prompt", "text": f"bye {i}"})
+        start = await ws.receive_json_from(timeout=60)
+        await ws.disconnect()
+        return start["sessionId"]
+
+    async def run():
+        ends = await asyncio.gather(*(ask(i) for i in range(SOCKETS)))
+        left = await asyncio.gather(*(ask_and_leave(i) for i in range(10)))
+        for session in left:  # the turns of the sockets that left run to their end
+            stream = RUNTIME.streams.get(session)
+            await stream.done.wait()
+        return ends
+
+    ends = asyncio.run(run())
+    assert all(end["type"] == "turn_end" for end in ends)
+    stats = RUNTIME.streams.stats()
+    assert stats["live"] == 0 and stats["following"] == 0
+    assert engine.active_rows == 0 and engine.queued == 0
+    unanswered = [q.id for q in ChatEntry.objects.filter(role="user") if not q.children.exists()]
+    assert unanswered == []
