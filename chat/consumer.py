@@ -44,6 +44,17 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
     async def disconnect(self, code):
         await self.chat.unfollow()  # the turn, if one runs, goes on
 
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            # daphne cancels a socket's app still busy `application_close_timeout` after the close, before
+            # `disconnect` runs: its follower would pass the turn on to no one and keep it followed, so a
+            # gated tool call would wait for an approval no one can give instead of being denied unattended.
+            chat = getattr(self, "chat", None)
+            if chat is not None and chat.follower is not None:
+                chat.follower.cancel()
+
     # -- frames ------------------------------------------------------------
     async def receive(self, text_data=None, bytes_data=None, **kwargs):
         """Every frame is a JSON object in a text message; anything else is

@@ -1,7 +1,8 @@
 """Many /ws/chat sockets at once (bench/sockets.py measures 200 against a
 real server): opening costs the same whatever the number of stored chats,
-every socket that asks gets its turn's end, and nothing is left running or
-followed afterwards."""
+every socket that asks gets its turn's end, nothing is left running or
+followed afterwards, and a socket whose app daphne kills past its close
+timeout leaves no follower holding its turn."""
 from __future__ import annotations
 
 import asyncio
@@ -98,3 +99,34 @@ def test_many_sockets_each_get_their_turn_and_leave_nothing_behind(engine):
     assert engine.active_rows == 0 and engine.queued == 0
     unanswered = [q.id for q in ChatEntry.objects.filter(role="user") if not q.children.exists()]
     assert unanswered == []
+
+
+def test_a_socket_killed_past_its_close_timeout_leaves_no_follower(engine, workspace, steer, approvals):
+    """daphne cancels a socket's app that is still busy its
+    application_close_timeout after the close, before `disconnect` runs; the
+    turn goes on (here waiting for an approval) with no one following it, so
+    it can be denied as unattended."""
+    from hearth.root import RUNTIME
+
+    steer("write", {"path": "a.txt", "content": "hi"})
+
+    async def run():
+        ws = await chatws.connect()
+        await chatws.coding(ws)
+        await ws.send_json_to({"type": "prompt", "text": "write it"})
+        frames = await chatws.until(ws, "tool_approval_request")
+        session = frames[0]["sessionId"]
+        stream = RUNTIME.streams.get(session)
+        assert stream.live and stream.followers == 1
+        ws.future.cancel()  # what daphne does to an app that outlives application_close_timeout
+        for _ in range(200):
+            if stream.followers == 0:
+                break
+            await asyncio.sleep(0.01)
+        followers = stream.followers
+        await RUNTIME.streams.stop(session)
+        return followers, stream.live
+
+    followers, live = asyncio.run(run())
+    assert followers == 0
+    assert not live
