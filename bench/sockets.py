@@ -25,6 +25,7 @@ import base64
 import json
 import multiprocessing as mp
 import os
+import shutil
 import signal
 import socket
 import sqlite3
@@ -374,7 +375,7 @@ def main() -> int:
     ap.add_argument("--log", type=Path, help="the running server's log (for daphne's killed sockets)")
     args = ap.parse_args()
     server = None
-    work = Path(tempfile.mkdtemp(prefix="hearth-sockets-"))
+    work = Path(tempfile.mkdtemp(prefix="hearth-sockets-"))  # the model, HEARTH_HOME and log of its own server
     if args.url:
         url, pid, home, log = args.url.rstrip("/"), args.pid, args.home, args.log
     else:
@@ -403,6 +404,8 @@ def main() -> int:
                 server.wait(60)
             except subprocess.TimeoutExpired:
                 server.kill()
+                server.wait()
+        shutil.rmtree(work, ignore_errors=True)
     return 0
 
 
