@@ -222,7 +222,7 @@ _ITEMS: dict[str, Node] = {
     "reasoning": Obj(_keys("type", "summary", "content", "encrypted_content", **_ECHOED),
                      {"summary": Each(OneOf({"summary_text": _REASONING_TEXT})),
                       "content": Each(OneOf({"reasoning_text": _REASONING_TEXT}))}),
-    "item_reference": Obj(_keys("type", "id")),  # its reader answers that it is not built
+    "item_reference": Obj(_keys("type", "id")),  # replaced by the stored item it names (responses.py)
 }
 RESPONSES = Fields({
     "text": Obj(_keys("format", "verbosity"), {"format": OneOf({

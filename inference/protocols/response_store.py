@@ -1,10 +1,17 @@
-"""Stored Responses, for `previous_response_id` and `GET/DELETE
-/v1/responses/{id}`: per process, a time-to-live and a byte-capped LRU; in
+"""Stored Responses, for `previous_response_id`, `item_reference` input
+items and `GET/DELETE /v1/responses/{id}` (and its `input_items`): per process, a time-to-live and a byte-capped LRU; in
 a folder that a router's model processes share (so a model's process that
 restarts or is unloaded keeps the turns it stored); or in Redis
 (HEARTH_REDIS_URL), shared by every web node. Each belongs to the key that
 made it (its holder, core/holders.py): asked for by another key, it is not
-there."""
+there.
+
+An item (an output item of a stored response, or one of its input items,
+each with its id) is found through an index from its id to the response
+that holds it, kept as that response is: gone with it (or, in Redis and
+the folder, left pointing at nothing, which reads as not found). An input
+item that carries the id of an item already indexed (an output item sent
+back) leaves the index pointing where it did."""
 from __future__ import annotations
 
 import contextlib
@@ -16,7 +23,7 @@ import re
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Union
 
@@ -35,27 +42,52 @@ class Stored:
     nbytes: int
     expires: float
     holder: str = ""  # the key that made it; "" is everyone's
+    input: list[dict] = field(default_factory=list)  # its input items as Responses items, each with an id
+
+    def item(self, item_id: str) -> dict | None:
+        """Its output or input item of that id."""
+        items = [*(self.response.get("output") or ()), *self.input]
+        return next((i for i in items if isinstance(i, dict) and i.get("id") == item_id), None)
+
+
+def _ids(response: dict, input_items: list[dict]) -> tuple[list[str], list[str]]:
+    """The ids of a response's output items, and of its input items."""
+    def ids(items) -> list[str]:
+        return [i["id"] for i in items if isinstance(i, dict) and isinstance(i.get("id"), str) and i["id"]]
+    return ids(response.get("output") or ()), ids(input_items)
 
 
 class ResponseStore:
     def __init__(self, ttl_s: float = 3600.0, max_bytes: int = 32 << 20, clock=time.monotonic):
         self.ttl_s, self.max_bytes, self.clock = ttl_s, max_bytes, clock
         self._items: OrderedDict[str, Stored] = OrderedDict()
+        self._where: dict[str, str] = {}  # item id -> the id of the response that holds it
         self._bytes = 0
         self._lock = threading.Lock()
 
     def put(self, response: dict, messages: list[dict], output: list[dict], instructions: str | None,
-            system: list[str] | None = None, holder: str = "") -> None:
-        size = len(json.dumps([response, messages, output, instructions, system], ensure_ascii=False).encode())
+            system: list[str] | None = None, holder: str = "", input_items: list[dict] | None = None) -> None:
+        size = len(json.dumps([response, messages, output, instructions, system, input_items],
+                              ensure_ascii=False).encode())
         if size > self.max_bytes:
             return
         with self._lock:
             self._drop(response["id"])
             self._items[response["id"]] = Stored(response, messages, output, instructions, system or [], size,
-                                                 self.clock() + self.ttl_s, holder)
+                                                 self.clock() + self.ttl_s, holder, input_items or [])
             self._bytes += size
+            outputs, inputs = _ids(response, input_items or [])
+            self._where.update(dict.fromkeys(outputs, response["id"]))
+            for item_id in inputs:
+                self._where.setdefault(item_id, response["id"])
             while self._bytes > self.max_bytes:
                 self._drop(next(iter(self._items)))
+
+    def item(self, item_id: str, holder: str = "") -> dict | None:
+        with self._lock:
+            response_id = self._where.get(item_id)
+        stored = self.get(response_id, holder) if response_id is not None else None
+        return stored.item(item_id) if stored is not None else None
 
     def get(self, response_id: str, holder: str = "") -> Stored | None:
         with self._lock:
@@ -77,6 +109,10 @@ class ResponseStore:
         if item is None:
             return False
         self._bytes -= item.nbytes
+        outputs, inputs = _ids(item.response, item.input)
+        for item_id in outputs + inputs:
+            if self._where.get(item_id) == response_id:
+                del self._where[item_id]
         return True
 
     def _expire(self) -> None:
@@ -98,6 +134,7 @@ class RedisResponseStore:
     own `maxmemory` to bound. The interface of ResponseStore."""
 
     PREFIX = "hearth:response:"
+    ITEM_PREFIX = "hearth:response-item:"  # an item's id -> the id of the response that holds it
 
     def __init__(self, url: str, ttl_s: float = 3600.0, max_bytes: int = 32 << 20):
         import redis
@@ -106,20 +143,34 @@ class RedisResponseStore:
         self._client: Any = redis.Redis.from_url(url)
 
     def put(self, response: dict, messages: list[dict], output: list[dict], instructions: str | None,
-            system: list[str] | None = None, holder: str = "") -> None:
-        data = json.dumps([response, messages, output, instructions, system or [], holder],
+            system: list[str] | None = None, holder: str = "", input_items: list[dict] | None = None) -> None:
+        data = json.dumps([response, messages, output, instructions, system or [], holder, input_items or []],
                           ensure_ascii=False).encode()
         if len(data) > self.max_bytes:
             return
-        self._client.set(self.PREFIX + response["id"], data, px=max(1, int(self.ttl_s * 1000)))
+        ttl_ms = max(1, int(self.ttl_s * 1000))
+        outputs, inputs = _ids(response, input_items or [])
+        with self._client.pipeline(transaction=False) as pipe:
+            pipe.set(self.PREFIX + response["id"], data, px=ttl_ms)
+            for item_id in outputs:
+                pipe.set(self.ITEM_PREFIX + item_id, response["id"], px=ttl_ms)
+            for item_id in inputs:
+                pipe.set(self.ITEM_PREFIX + item_id, response["id"], px=ttl_ms, nx=True)
+            pipe.execute()
 
     def get(self, response_id: str, holder: str = "") -> Stored | None:
         data = self._client.get(self.PREFIX + response_id)
         if data is None:
             return None
-        response, messages, output, instructions, system, *rest = json.loads(data)
-        item = Stored(response, messages, output, instructions, system, len(data), 0.0, rest[0] if rest else "")
+        response, messages, output, instructions, system, *rest = json.loads(data)  # older turns: fewer fields
+        item = Stored(response, messages, output, instructions, system, len(data), 0.0, rest[0] if rest else "",
+                      rest[1] if len(rest) > 1 else [])
         return item if holders.may_see(item.holder, holder) else None
+
+    def item(self, item_id: str, holder: str = "") -> dict | None:
+        response_id = self._client.get(self.ITEM_PREFIX + item_id)
+        stored = self.get(response_id.decode(), holder) if response_id is not None else None
+        return stored.item(item_id) if stored is not None else None
 
     def delete(self, response_id: str, holder: str = "") -> bool:
         if self.get(response_id, holder) is None:
@@ -145,7 +196,10 @@ class FolderResponseStore:
     is wall-clock; the byte cap drops the least recently read turns (a read
     touches the file). Writes are atomic (a rename); the cap is kept under a
     lock on the folder, once a sixteenth of it has been written since the
-    last look (a look lists the folder). The interface of ResponseStore."""
+    last look (a look lists the folder). An item's index entry is a file
+    `<item id>.item` holding its response's id, written with the turn and
+    expiring with it (the look removes those older than the time to live).
+    The interface of ResponseStore."""
 
     SAFE_ID = re.compile(r"[A-Za-z0-9_-]{1,200}")  # a file name; any other id is simply not stored
 
@@ -154,20 +208,25 @@ class FolderResponseStore:
         self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)  # whole conversations: the owner's alone
         self._written = 0  # bytes this process stored since it last kept the folder within the cap
 
-    def _path(self, response_id: str) -> Path | None:
-        return self.folder / f"{response_id}.json" if self.SAFE_ID.fullmatch(response_id) else None
+    def _path(self, response_id: str, suffix: str = ".json") -> Path | None:
+        return self.folder / f"{response_id}{suffix}" if self.SAFE_ID.fullmatch(response_id) else None
 
     def put(self, response: dict, messages: list[dict], output: list[dict], instructions: str | None,
-            system: list[str] | None = None, holder: str = "") -> None:
+            system: list[str] | None = None, holder: str = "", input_items: list[dict] | None = None) -> None:
         path = self._path(str(response.get("id", "")))
         data = json.dumps([response, messages, output, instructions, system or [], holder,
-                           time.time() + self.ttl_s], ensure_ascii=False).encode()
+                           time.time() + self.ttl_s, input_items or []], ensure_ascii=False).encode()
         if path is None or len(data) > self.max_bytes:
             return
         try:
             self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)  # removed under us: made again
             fs.write_atomically(path, data, mode=0o600, durable=False)
             self._written += len(data)
+            outputs, inputs = _ids(response, input_items or [])
+            for item_id, replace in [*((i, True) for i in outputs), *((i, False) for i in inputs)]:
+                ref = self._path(item_id, ".item")  # an id that is not a file name is not indexed
+                if ref is not None and (replace or not ref.exists()):
+                    fs.write_atomically(ref, response["id"].encode(), mode=0o600, durable=False)
             # Listing the folder is what costs (put runs on the event loop): done once a sixteenth of the
             # cap has been written here, so the folder stays within the cap and a sixteenth per process.
             if self._written >= self.max_bytes // 16:
@@ -186,7 +245,7 @@ class FolderResponseStore:
         if data is None or path is None:
             return None
         try:
-            response, messages, output, instructions, system, owner, expires = json.loads(data)
+            response, messages, output, instructions, system, owner, expires, *rest = json.loads(data)
         except ValueError:
             return None
         if expires <= time.time():
@@ -198,7 +257,17 @@ class FolderResponseStore:
             os.utime(path)  # read now: the last the byte cap drops
         except OSError:
             pass
-        return Stored(response, messages, output, instructions, system, len(data), expires, owner)
+        return Stored(response, messages, output, instructions, system, len(data), expires, owner,
+                      rest[0] if rest else [])  # a turn an older version wrote has no input items
+
+    def item(self, item_id: str, holder: str = "") -> dict | None:
+        ref = self._path(item_id, ".item")
+        try:
+            response_id = ref.read_text() if ref is not None else None
+        except (OSError, UnicodeDecodeError):
+            return None
+        stored = self.get(response_id, holder) if response_id else None
+        return stored.item(item_id) if stored is not None else None
 
     def delete(self, response_id: str, holder: str = "") -> bool:
         path = self._path(response_id)
@@ -233,7 +302,13 @@ class FolderResponseStore:
         return sorted(found)
 
     def _keep_within(self) -> None:
-        """Drop the least recently read turns until the folder is within the byte cap."""
+        """Drop the least recently read turns until the folder is within the byte cap, and the index
+        entries written longer ago than the time to live (their turns have expired)."""
+        now = time.time()
+        for ref in self.folder.glob("*.item"):
+            with contextlib.suppress(FileNotFoundError):
+                if ref.stat().st_mtime + self.ttl_s <= now:
+                    ref.unlink(missing_ok=True)
         files = self._files()
         total = sum(size for _, size, _ in files)
         for _, size, path in files:

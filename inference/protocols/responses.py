@@ -1,6 +1,7 @@
 """OpenAI Responses, the request: input items (with a stored conversation
-spliced back in for `previous_response_id`) become a chat turn on the
-shared path. The reply is rendered by `responses_reply.py`."""
+spliced back in for `previous_response_id`, and each `item_reference`
+replaced by the stored item it names) become a chat turn on the shared
+path. The reply is rendered by `responses_reply.py`."""
 from __future__ import annotations
 
 import json
@@ -21,6 +22,54 @@ def new_id(prefix: str) -> str:
 
 
 # -- request ---------------------------------------------------------------
+ITEM_ID_PREFIXES = {"message": "msg_", "function_call": "fc_", "function_call_output": "fco_", "reasoning": "rs_"}
+
+
+def _resolved(raw, store: AnyResponseStore, holder: str):
+    """`input` with each `item_reference` replaced by the stored item of its
+    id (an output or input item of a response this key stored), which is
+    then read as an item of its own type is."""
+    if not isinstance(raw, list):
+        return raw
+    out = []
+    for i, item in enumerate(raw):
+        if isinstance(item, dict) and item.get("type") == "item_reference":
+            where = f"input[{i}].id"
+            if not isinstance(item.get("id"), str) or not item["id"]:
+                raise RequestError(f"{where} required: the id of a stored item", where)
+            found = store.item(item["id"], holder)
+            if found is None:
+                # OpenAI answers 404 here too ("Item with id … not found"), with `param: input`.
+                raise RequestError(f"Item with id '{item['id']}' not found: it was never stored (store: false), "
+                                   "its response expired or was deleted, or it is another key's", where,
+                                   status=404, code="item_not_found")
+            item = found
+        out.append(item)
+    return out
+
+
+def stored_items(raw) -> list[dict]:
+    """The input items as GET …/input_items lists them and `item_reference`
+    finds them: each with an id (its own, or a new one), a message's text
+    content as a part, a message `completed`."""
+    if isinstance(raw, str):
+        raw = [{"type": "message", "role": "user", "content": raw}]
+    items = []
+    for item in raw:
+        item = {"type": "message", **item}
+        kind = item["type"]
+        if not isinstance(item.get("id"), str) or not item["id"]:
+            item["id"] = new_id(ITEM_ID_PREFIXES.get(kind, "item_"))
+        if kind == "message":
+            if isinstance(item.get("content"), str):
+                part = "output_text" if item.get("role") == "assistant" else "input_text"
+                item["content"] = [{"type": part, "text": item["content"], **(
+                    {"annotations": []} if part == "output_text" else {})}]
+            item.setdefault("status", "completed")
+        items.append(item)
+    return items
+
+
 def _items(raw) -> tuple[list[dict], list[str]]:
     """Chat messages from `input`, and the system/developer texts found in it."""
     if isinstance(raw, str):
@@ -157,7 +206,9 @@ class Turn:
             if self.previous is None:
                 raise RequestError(f"Response with id '{previous_id}' not found (unknown or expired)",
                                    "previous_response_id", status=404, code="response_not_found")
-        new, system = _items(body.get("input"))
+        raw = _resolved(body.get("input"), store, holder)
+        new, system = _items(raw)
+        self.input_items = stored_items(raw)  # read: every item is an object of a type the reader takes
         instructions = body.get("instructions")
         if instructions is not None and not isinstance(instructions, str):
             raise RequestError("instructions must be a string", "instructions")

@@ -333,12 +333,17 @@ def _died(path: str, slot: Slot, exc: Exception) -> JsonResponse:
 
 
 async def _stored_here(request: HttpRequest) -> HttpResponse | None:
-    """GET or DELETE of a stored Responses turn, answered from the store the
-    router shares with its models' processes (hearth/router_mode.py: a
-    folder, or Redis) by the route itself; None when it is not there."""
-    view = responses.retrieve if request.method == "GET" else responses.delete
+    """GET or DELETE of a stored Responses turn, or GET of its input items,
+    answered from the store the router shares with its models' processes
+    (hearth/router_mode.py: a folder, or Redis) by the route itself; None
+    when it is not there."""
+    path = request.path.removeprefix("/v1/responses/")
+    if path.endswith("/input_items") and request.method == "GET":
+        view, response_id = responses.input_items, path.removesuffix("/input_items")
+    else:
+        view, response_id = (responses.retrieve if request.method == "GET" else responses.delete), path
     try:
-        return await asyncio.to_thread(view, request, request.path.rsplit("/", 1)[-1])
+        return await asyncio.to_thread(view, request, response_id)
     except RequestError as exc:
         if exc.status != 404:
             raise

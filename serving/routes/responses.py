@@ -1,5 +1,6 @@
 """`/v1/responses`: the OpenAI Responses surface, with stored turns for
-`previous_response_id`; each stored turn is its API key's."""
+`previous_response_id` and `item_reference`, and a stored turn's input
+items listed; each stored turn is its API key's."""
 from __future__ import annotations
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
@@ -38,7 +39,7 @@ async def create(request: HttpRequest) -> HttpResponse:
     def keep(message, response: dict) -> None:
         if store:
             store_them.put(response, turn.messages, responses_reply.chat_output(message), turn.instructions,
-                           turn.system, holder)
+                           turn.system, holder, turn.input_items)
 
     def complete(message, logprobs, final) -> dict:
         response = reply.complete(message, final)
@@ -65,3 +66,36 @@ def delete(request: HttpRequest, response_id: str) -> HttpResponse:
     if not request.runtime.responses.delete(response_id, holders.of(request)):
         raise _not_found(response_id)
     return JsonResponse({"id": response_id, "object": "response", "deleted": True})
+
+
+@router.get("/responses/{response_id}/input_items")
+def input_items(request: HttpRequest, response_id: str) -> HttpResponse:
+    """A stored response's input items (`item_reference` finds them by these ids), newest first unless
+    `order=asc`, `limit` (1 to 100, 20) at a time, after the item `after`."""
+    query = request.GET
+    order = query.get("order", "desc")
+    if order not in ("asc", "desc"):
+        raise RequestError("order must be asc or desc", "order")
+    try:
+        limit = int(query.get("limit", "20"))
+    except ValueError:
+        limit = 0
+    if not 1 <= limit <= 100:
+        raise RequestError("limit must be an integer from 1 to 100", "limit")
+    for value in query.getlist("include") + query.getlist("include[]"):
+        if value != "message.input_image.image_url":  # input images are listed as they were sent
+            raise RequestError(f"include {value!r} is not supported here: input items are listed as they were "
+                               "sent, and nothing else is kept", "include", code="unsupported_parameter")
+    stored = request.runtime.responses.get(response_id, holders.of(request))
+    if stored is None:
+        raise _not_found(response_id)
+    items = stored.input if order == "asc" else stored.input[::-1]
+    after = query.get("after")
+    if after is not None:
+        ids = [item.get("id") for item in items]
+        if after not in ids:
+            raise RequestError(f"after: no input item '{after}' in response '{response_id}'", "after")
+        items = items[ids.index(after) + 1:]
+    page = items[:limit]
+    return JsonResponse({"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
+                         "last_id": page[-1]["id"] if page else None, "has_more": len(items) > limit})

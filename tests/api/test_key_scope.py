@@ -1,5 +1,5 @@
 """With several API keys, what one key makes and can fetch again by id (a
-resumable stream, a stored Response) is that key's: another key is
+resumable stream, a stored Response and its items) is that key's: another key is
 answered as if it did not exist, cannot stop or replace it, and cannot
 claim it by stating its holder; only a hop key (the router's, in its model
 processes) may state a request's holder. In process, with the keys set on
@@ -72,6 +72,14 @@ def test_a_stored_response_is_its_keys(two_keys):
                       headers=_as(B))
     assert follow.status_code == 404 and follow.json()["error"]["code"] == "response_not_found"
     assert app.get(f"/v1/responses/{rid}", headers=_as(B, **{"x-hearth-holder": _holder(A)})).status_code == 404
+    # its items too: listed, or taken by an item_reference, by A alone
+    assert app.get(f"/v1/responses/{rid}/input_items", headers=_as(B)).status_code == 404
+    (asked,) = app.get(f"/v1/responses/{rid}/input_items", headers=_as(A)).json()["data"]
+    for item_id in (asked["id"], made.json()["output"][0]["id"]):
+        refer = {"input": [{"type": "item_reference", "id": item_id}], "max_output_tokens": 4}
+        other = app.post("/v1/responses", json=refer, headers=_as(B))
+        assert other.status_code == 404 and other.json()["error"]["code"] == "item_not_found", other.text
+        assert app.post("/v1/responses", json=refer, headers=_as(A)).status_code == 200
 
     assert app.get(f"/v1/responses/{rid}", headers=_as(A)).json()["id"] == rid
     follow = app.post("/v1/responses", json={"input": "Again", "max_output_tokens": 4, "previous_response_id": rid},

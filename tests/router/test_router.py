@@ -182,6 +182,13 @@ def test_sdks_through_the_router(two):
     assert client.responses.retrieve(first.id).id == first.id
     follow = client.responses.create(model=A, input="and?", previous_response_id=first.id, max_output_tokens=3)
     assert follow.model == A and follow.previous_response_id == first.id
+    # its items are taken by reference on the other model, and the router lists a turn's input items
+    (asked,) = client.responses.input_items.list(first.id)
+    assert asked.role == "user" and asked.content[0].text == "Hi"
+    refs = [first.output[-1].id, asked.id]
+    by_ref = client.responses.create(model=A, input=[{"type": "item_reference", "id": i} for i in refs],
+                                     max_output_tokens=3)
+    assert by_ref.model == A and [i.id for i in client.responses.input_items.list(by_ref.id, order="asc")] == refs
     client.responses.delete(follow.id)
     with pytest.raises(openai.NotFoundError):
         client.responses.retrieve(follow.id)
