@@ -50,6 +50,8 @@ def restore(entries: list[dict]) -> ChatSession:
         if not isinstance(message.get("role"), str) or message["role"] not in roles \
                 or not isinstance(message.get("content"), str):
             raise BadExport(f"entries[{i}].message needs a role ({', '.join(sorted(roles))}) and text content")
+        if not isinstance(message.get("reasoning") or "", str):
+            raise BadExport(f"entries[{i}].message.reasoning must be text or null")
         if not (item.get("parentId") is None or isinstance(item.get("parentId"), str)):
             raise BadExport(f"entries[{i}].parentId must be an id or null")
         if not isinstance(item.get("meta", {}), dict) or not _rounds_ok(item.get("meta", {}).get("toolRounds")):
@@ -57,9 +59,10 @@ def restore(entries: list[dict]) -> ChatSession:
                             f"args, ok, result}}]}}])")
     if not (head.get("leaf") is None or isinstance(head.get("leaf"), str)):
         raise BadExport("the session's leaf must be an entry id or null")
-    raw_title = head.get("title")
-    title = raw_title if isinstance(raw_title, str) else "Imported chat"
-    system = head.get("systemPrompt") if isinstance(head.get("systemPrompt"), str) else None
+    for key in ("title", "systemPrompt"):
+        if not (head.get(key) is None or isinstance(head.get(key), str)):
+            raise BadExport(f"the session's {key} must be text or null")
+    title, system = head.get("title") or "Imported chat", head.get("systemPrompt")
     with transaction.atomic():
         session = ChatSession.objects.create(title=title[:200] or "Imported chat", system_prompt=system)
         made: dict[str, ChatEntry] = {}

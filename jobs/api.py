@@ -65,7 +65,7 @@ def list_jobs(request: HttpRequest, limit: int = Query(50, description="1 to 500
               kind: str | None = Query(None, description="quantize, finetune, dataset, synthesis...")) -> dict:
     if kind is not None and kind not in registry.names():
         raise ApiError(f"kind must be one of {', '.join(registry.names())}")
-    rows = Job.objects.all()
+    rows = Job.objects.brief()
     if kind:
         rows = rows.filter(kind=kind)
     return {"ok": True, "jobs": [j.row() for j in rows[: max(1, min(limit, 500))]]}

@@ -1,4 +1,5 @@
-"""The child process of a job: `python -m jobs.child RUN_MODULE LOG CONFIG_JSON`.
+"""The child process of a job: `python -m jobs.child RUN_MODULE LOG CONFIG_FILE`
+(CONFIG_FILE holds the job's settings as JSON).
 
 RUN_MODULE is the module its kind registered (`jobs.registry`); its
 `run(config, log, stage_delay)` does the work.
@@ -24,12 +25,13 @@ REDIS_ENV = "HEARTH_REDIS_URL"  # set: the events go to the job's Redis stream
 
 
 def main(argv: list[str]) -> int:
-    run_module, log_path, config_json = argv
+    run_module, log_path, config_file = argv
     if tie_to_spawner() is None:  # run by hand: tied to whoever started it
         tie_to_parent(os.getppid(), signal.SIGKILL)
     torchless.install()  # transformers without torch (core/torchless.py)
     log = open_log(log_path, os.environ.get(REDIS_ENV, ""))
-    config = json.loads(config_json)
+    with open(config_file, encoding="utf-8") as f:
+        config = json.load(f)
     delay = float(os.environ.get("HEARTH_JOB_STAGE_DELAY") or 0)
     try:
         runner = importlib.import_module(run_module)  # the kind's module, named by its registration

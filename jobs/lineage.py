@@ -66,7 +66,7 @@ def model_key(ref) -> str | None:
 
 def _config(job: Job) -> dict:
     try:
-        config = json.loads(job.config_json or "{}")
+        config = json.loads(job.config_text() or "{}")
     except ValueError:
         return {}
     return config if isinstance(config, dict) else {}
@@ -89,7 +89,8 @@ def build(library: list[str], served: list[str]) -> dict:
     graph = Graph()
     for repo in library:
         graph.model(repo, in_library=True)
-    jobs = Job.objects.filter(kind__in=KINDS).order_by("-created_at")[:MOST_JOBS]
+    # Brief: a job whose settings are larger than a path's worth (a dataset's pasted rows) names nothing here.
+    jobs = Job.objects.brief().filter(kind__in=KINDS).order_by("-created_at")[:MOST_JOBS]
     for job in reversed(list(jobs)):
         config, summary = _config(job), _summary(job)
         key = graph.node(f"job:{job.id}", "job", f"{job.kind} {job.id[:8]}", f"#/jobs/{job.id}",

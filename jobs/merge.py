@@ -50,7 +50,11 @@ def _layers(tensors: dict, folder: Path) -> dict[str, tuple[np.ndarray, np.ndarr
             raise ValueError(f"{folder.name}: {key} is not a LoRA weight")
         if module + ".lora_a" not in tensors or module + ".lora_b" not in tensors:
             raise ValueError(f"{folder.name}: {module} lacks lora_a or lora_b")
-        out[module] = (tensors[module + ".lora_a"], tensors[module + ".lora_b"])
+        a, b = tensors[module + ".lora_a"], tensors[module + ".lora_b"]
+        if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0]:
+            raise ValueError(f"{folder.name}: {module}'s lora_a {list(a.shape)} and lora_b {list(b.shape)} are not "
+                             "one LoRA (an input x rank and a rank x output matrix)")
+        out[module] = (a, b)
     return out
 
 
@@ -62,6 +66,8 @@ def merge(first: str, second: str, out: Path, scales: list | None = None) -> dic
     layers = [_layers(tensors, folder) for (tensors, _), folder in zip(loaded, sources, strict=True)]
     if scales is None:
         scales = [float((cfg.get("lora_parameters") or {}).get("scale", 20.0)) for _, cfg in loaded]
+    if not all(abs(s) <= float(np.finfo(np.float32).max) for s in scales):  # float32 weights: 1e39 is inf
+        raise ValueError(f"scales must be numbers a float32 holds (at most ~3.4e38), not {scales}")
     ranks = []
     for src, folder in zip(layers, sources, strict=True):
         found = {a.shape[1] for a, _ in src.values()}

@@ -1,9 +1,26 @@
 """A job is a database row plus an event log (an NDJSON file, or a Redis stream: jobs/events.py)."""
 from __future__ import annotations
 
+import json
 import uuid
 
 from django.db import models
+from django.db.models import Case, F, TextField, Value, When
+from django.db.models.functions import Length
+
+# Characters of a job's settings a listing carries (`Job.objects.brief()`): a dataset job's pasted rows
+# may be as large as a request body (32 MiB), and the Jobs page polls the listing.
+BRIEF_CONFIG = 64 * 1024
+
+
+class JobQuerySet(models.QuerySet):
+    def brief(self) -> "JobQuerySet":
+        """The rows with settings over BRIEF_CONFIG characters left in the database (SQL picks
+        the column or nothing): their `row()` says `{"elided": <characters>}` for `config_json`."""
+        return self.defer("config_json").annotate(
+            config_chars=Length("config_json"),
+            config_brief=Case(When(config_chars__lte=BRIEF_CONFIG, then=F("config_json")),
+                              default=Value(None), output_field=TextField()))
 
 
 def _job_id() -> str:
@@ -30,11 +47,19 @@ class Job(models.Model):
     worker_host = models.CharField(max_length=255, blank=True, default="")  # and its host (HEARTH_WORKER_HOST)
     child_pid = models.IntegerField(null=True, blank=True)  # the child doing the MLX work
 
+    objects = JobQuerySet.as_manager()
+
     class Meta:
         ordering = ["-created_at"]
 
     def __str__(self) -> str:
         return f"{self.kind} {self.id} ({self.status})"
+
+    def config_text(self) -> str:
+        """Its settings as JSON; from `brief()`, `{"elided": <characters>}` for ones over BRIEF_CONFIG."""
+        if not hasattr(self, "config_brief"):
+            return self.config_json
+        return self.config_brief if self.config_brief is not None else json.dumps({"elided": self.config_chars})
 
     def event_log(self):
         """Its events: the NDJSON file at `log_path`, or a Redis stream when Hearth runs on Redis."""
@@ -48,7 +73,7 @@ class Job(models.Model):
         def iso(value):
             return value.isoformat() if value else None
 
-        return {"id": self.id, "kind": self.kind, "status": self.status, "config_json": self.config_json,
+        return {"id": self.id, "kind": self.kind, "status": self.status, "config_json": self.config_text(),
                 "progress": self.progress, "message": self.message, "log_path": self.log_path,
                 "output_path": self.output_path, "error": self.error, "created_at": iso(self.created_at),
                 "started_at": iso(self.started_at), "ended_at": iso(self.ended_at)}

@@ -136,15 +136,19 @@ def run(job_id: str) -> None:
     job = Job.objects.get(id=job_id)
     events = job.event_log()
     stderr_path = Path(job.log_path).with_suffix(".stderr")  # the child's output stays on the worker's host
+    # The settings go in a file beside it, not on the command line: Linux caps one argument at 128 KiB,
+    # which a dataset job's pasted rows pass.
+    config_path = Path(job.log_path).with_suffix(".config.json")
     state: dict[str, dict] = {}  # "done" or "failed": the child's closing event
     child, code, cancelled = None, None, False
     try:
         events.emit("started")
         stderr_path.parent.mkdir(parents=True, exist_ok=True)
+        config_path.write_text(job.config_json, encoding="utf-8")
         with open(stderr_path, "wb") as stderr:
             # From this consumer thread, which lives as long as the worker (see `spawn`).
             child = spawn([sys.executable, "-m", "jobs.child", registry.get(job.kind).run_module,
-                           job.log_path, job.config_json],
+                           job.log_path, str(config_path)],
                           stdout=stderr, stderr=subprocess.STDOUT, start_new_session=True,
                           env=dict(os.environ, HEARTH_REDIS_URL=settings.HEARTH_REDIS_URL))
         Job.objects.filter(id=job.id).update(child_pid=child.pid)
@@ -169,6 +173,7 @@ def run(job_id: str) -> None:
         state["failed"] = {"error": f"the worker failed while running the job: {type(exc).__name__}: {exc}"}
         emit_safely(job, "failed", error=state["failed"]["error"])
         code, cancelled = -1, False
+    config_path.unlink(missing_ok=True)  # the row keeps the settings
     _finish(job, code, state, cancelled, stderr_path)
     _release(job.id)
 

@@ -175,3 +175,30 @@ def test_merge_folds_two_adapters_into_their_stack(app, adapters):
         assert bad.status_code == 400 and needle in bad.json()["error"] and not bad.json()["ok"]
     for name in ("merged", "beta2"):
         app.delete(f"/v1/adapters/{name}").raise_for_status()
+
+
+def test_a_merge_of_weights_that_are_no_lora_is_a_400_naming_the_layer(app, adapters, tmp_path):
+    """LoRA weights of the wrong shape (a vector, or ranks that disagree) are refused before anything
+    is written, as is a scale float32 weights cannot hold: no 500, no merged adapter that fails to mount."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    def folder(name: str, a_shape: tuple, b_shape: tuple) -> str:
+        (tmp_path / name).mkdir()
+        save_file({"model.layers.0.self_attn.q_proj.lora_a": np.ones(a_shape, np.float32),
+                   "model.layers.0.self_attn.q_proj.lora_b": np.ones(b_shape, np.float32)},
+                  str(tmp_path / name / "adapters.safetensors"))
+        return str(tmp_path / name)
+
+    vector, ranks = folder("vector", (64,), (64,)), folder("ranks", (64, 2), (3, 64))
+    from core import home
+
+    merged = set(home.adapters().glob("merged-*"))
+    for first, second, needle in [(vector, vector, "vector: model.layers.0.self_attn.q_proj's lora_a [64]"),
+                                  (ranks, str(adapters["a"]), "ranks: model.layers.0.self_attn.q_proj's lora_a")]:
+        bad = app.post("/api/finetune/merge", json={"adapter_a": first, "adapter_b": second})
+        assert bad.status_code == 400 and needle in bad.json()["error"], bad.text
+    huge = app.post("/api/finetune/merge", json={"adapter_a": str(adapters["a"]), "adapter_b": str(adapters["b"]),
+                                                  "scales": [1e39, 1]})
+    assert huge.status_code == 400 and "scales must be numbers a float32 holds" in huge.json()["error"]
+    assert set(home.adapters().glob("merged-*")) == merged

@@ -287,3 +287,22 @@ def test_the_degrade_warning_names_the_reason_without_source_paths(base_url):
     assert ".cc:" not in warning and "/project/" not in warning, warning
     grammar = httpx.get(base_url + "/stats").json()["grammar"]
     assert grammar["max_bytes"] == 256 << 20 and grammar["failures"] >= 1
+
+
+@pytest.mark.parametrize("head,message,needle", [
+    ({"title": 5}, {}, "the session's title must be text or null"),
+    ({"systemPrompt": ["be brief"]}, {}, "the session's systemPrompt must be text or null"),
+    ({}, {"reasoning": {"steps": 1}}, "entries[1].message.reasoning must be text or null")])
+def test_an_import_with_a_field_of_the_wrong_type_is_a_400_naming_it(inproc, head, message, needle):
+    """Stored as it came, such a value came back from the export as its Python repr ("{'steps': 1}")."""
+    from django.core.management import call_command
+
+    call_command("migrate", interactive=False, verbosity=0)
+    entries = [{"type": "session", **head},
+               {"type": "message", "id": "a", "message": {"role": "user", "content": "hi", **message}}]
+    r = inproc.post("/api/sessions/import", json={"entries": entries})
+    assert r.status_code == 400 and r.json() == {"ok": False, "error": needle}
+    fine = inproc.post("/api/sessions/import", json={"entries": [
+        {"type": "session", "title": None, "systemPrompt": "be brief"},
+        {"type": "message", "id": "a", "message": {"role": "user", "content": "hi", "reasoning": None}}]})
+    assert fine.status_code == 200 and fine.json()["title"] == "Imported chat"

@@ -78,8 +78,10 @@ def test_the_child_runs_the_module_it_is_named(tmp_path):
     """))
     log = tmp_path / "job.ndjson"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(tmp_path)]))
-    done = subprocess.run([sys.executable, "-m", "jobs.child", "hearth_probe_kind", str(log),
-                           json.dumps({"say": "hello"})], cwd=ROOT, env=env, capture_output=True, timeout=60)
+    config = tmp_path / "job.config.json"
+    config.write_text(json.dumps({"say": "hello"}))
+    done = subprocess.run([sys.executable, "-m", "jobs.child", "hearth_probe_kind", str(log), str(config)],
+                          cwd=ROOT, env=env, capture_output=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
     events = [json.loads(line) for line in log.read_text().splitlines()]
     assert [e["type"] for e in events] == ["stage", "done"]

@@ -125,8 +125,10 @@ def test_a_fine_tune_whose_worker_died_is_a_zombie_and_keeps_its_checkpoint(db, 
 
     config = _config(tiny_model, tmp_path, save_every=2)
     log_path = tmp_path / "zombie.ndjson"
+    config_path = tmp_path / "zombie.config.json"
+    config_path.write_text(json.dumps(config))
     child = subprocess.Popen([sys.executable, "-m", "jobs.child", "jobs.kinds.finetune", str(log_path),
-                              json.dumps(config)], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                              str(config_path)], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         _reached(str(log_path), 4, child)
     finally:
