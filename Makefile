@@ -4,8 +4,6 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 UNAME := $(shell uname -s)
-OPENBLAS := /usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 /usr/lib/aarch64-linux-gnu/openblas-pthread/libblas.so.3
-BLIS := /usr/lib/x86_64-linux-gnu/blis-pthread/libblas.so.3 /usr/lib/aarch64-linux-gnu/blis-pthread/libblas.so.3
 # The `mkl` extra: Intel MKL, one of the BLAS libraries `hearth` measures (a ~230 MB wheel; its marker
 # installs nothing off x86-64 Linux). `make MKL=0 ...` leaves it out.
 MKL ?= 1
@@ -70,68 +68,17 @@ cpu-build: $(VENV)/.installed
 		$(BIN)/pip install -q --no-compile --no-deps --force-reinstall "mlx-cpu==$$($(BIN)/python -c 'import importlib.metadata as m; print(m.version("mlx"))')" && \
 		rm $(VENV)/.cuda; fi
 
-# MLX's Linux CPU wheel links the slow reference BLAS; `hearth` preloads the fastest library it measures
-# here (core/blas.py). OpenBLAS is the fallback; BLIS is a small extra candidate (Debian keeps OpenBLAS as
-# the system's libblas.so.3 either way).
-blas:
-ifeq ($(UNAME),Linux)
-	@need=""; \
-	(for f in $(OPENBLAS); do [ -e "$$f" ] && exit 0; done; exit 1) || need="libopenblas0-pthread"; \
-	(for f in $(BLIS); do [ -e "$$f" ] && exit 0; done; exit 1) || need="$$need libblis4-pthread"; \
-	if [ -z "$$need" ]; then echo "OpenBLAS and BLIS present"; exit 0; fi; \
-	if [ "$$(id -u)" = 0 ]; then sudo=""; elif command -v sudo >/dev/null; then sudo=sudo; \
-	else echo "warning: cannot install $$need (not root); Hearth measures what is installed"; exit 0; fi; \
-	apt="$$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q"; \
-	$$sudo apt-get update -q && { $$apt $$need || $$apt libopenblas0-pthread; }
-endif
-
-# The dashboard tests drive Debian's Chromium through Playwright.
-browser:
-ifeq ($(UNAME),Linux)
-	@if command -v chromium >/dev/null; then echo "Chromium present"; \
-	elif [ "$$(id -u)" = 0 ]; then apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; \
-	elif command -v sudo >/dev/null; then sudo apt-get update -q && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; \
-	else echo "error: chromium is needed for the dashboard tests; install it (apt-get install chromium)"; exit 1; fi
-endif
-
-# Memory vaults are git repositories.
-git:
-	@if command -v git >/dev/null; then echo "git present"; \
-	elif [ "$$(id -u)" = 0 ]; then apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q git; \
-	elif command -v sudo >/dev/null; then sudo apt-get update -q && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -q git; \
-	else echo "warning: git is not installed; memory vaults need it (apt-get install git)"; fi
-
-# Speech: ffmpeg decodes every audio upload; espeak-ng speaks the demo Whisper's training data (and the tests' clips).
-media:
-ifeq ($(UNAME),Linux)
-	@need=""; for tool in ffmpeg espeak-ng; do command -v $$tool >/dev/null || need="$$need $$tool"; done; \
-	if [ -z "$$need" ]; then echo "ffmpeg and espeak-ng present"; \
-	elif [ "$$(id -u)" = 0 ]; then apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$need; \
-	elif command -v sudo >/dev/null; then sudo apt-get update -q && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$need; \
-	else echo "error:$$need needed for speech to text (apt-get install ffmpeg espeak-ng)"; exit 1; fi
-endif
-
-# The suite starts its own Debian redis-server on a free loopback port (tests/conftest.py).
-redis:
-	@if command -v redis-server >/dev/null; then echo "redis-server present"; \
-	elif [ "$(UNAME)" != Linux ]; then echo "error: redis-server is needed for the Redis tests (brew install redis)"; exit 1; \
-	elif [ "$$(id -u)" = 0 ]; then apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q redis-server; \
-	elif command -v sudo >/dev/null; then sudo apt-get update -q && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -q redis-server; \
-	else echo "error: redis-server is needed for the Redis tests; install it (apt-get install redis-server)"; exit 1; fi
-
-# The suite runs the platform on a real PostgreSQL too (tests/pg.py starts Debian's server in a temp dir).
-postgres:
-ifeq ($(UNAME),Linux)
-	@if ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null; then echo "PostgreSQL present"; \
-	elif [ "$$(id -u)" = 0 ]; then apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql; \
-	elif command -v sudo >/dev/null; then sudo apt-get update -q && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql; \
-	else echo "error: PostgreSQL is needed for the database tests; install it (apt-get install postgresql)"; exit 1; fi
-endif
+# System packages from Debian's apt where missing (scripts/system-packages.sh says what each kind is for):
+# each kind on its own, or several in one `apt-get update` and one install, as `serve` and `test` ask.
+SYSTEM := blas browser git media redis postgres
+$(SYSTEM):
+	@sh scripts/system-packages.sh $@
 
 # The demo chat model trains in the background on a first run: served from its first checkpoint
 # (about a minute), swapped for better ones as it trains; then the demo speech model, when the library
 # has no Whisper (see docs/using/first-run.md).
-serve: deps blas git media
+serve: deps
+	@sh scripts/system-packages.sh blas git media
 	$(BIN)/hearth serve --host $(HOST) --port $(PORT) --build-demo
 
 # Lint and type check first: the suite runs only on a clean tree.
@@ -139,7 +86,8 @@ serve: deps blas git media
 # where PYTHONDONTWRITEBYTECODE is set each would compile them again (~0.3 s a start on 2 cores).
 # The suite runs in parallel, one pytest-xdist worker per core (at most 4), a whole file to a worker.
 # The few tests that time this machine (the `serial` mark) need it to themselves: check-demo runs them.
-test: test-deps blas browser git media redis postgres lint
+test: test-deps lint
+	@sh scripts/system-packages.sh $(SYSTEM)
 	$(BIN)/python -m compileall -q core inference hub serving jobs chat memory hearth config tests > /dev/null
 	HF_HUB_OFFLINE=1 $(BIN)/pytest -q -n auto --maxprocesses=4 --dist loadfile --durations=15 -m "not serial" \
 		tests --ignore=tests/demo
@@ -147,7 +95,8 @@ test: test-deps blas browser git media redis postgres lint
 # What the trained demo models can do (tests/demo): trains the demo chat, vision and speech models first, in
 # the run's own homes (side by side, about 20 minutes on 2 cores), then checks their answers; then the tests that time this
 # machine (the `serial` mark), alone. CI runs it after `make test`.
-check-demo: test-deps blas browser git media
+check-demo: test-deps
+	@sh scripts/system-packages.sh blas browser git media
 	$(BIN)/python -m compileall -q core inference hub serving jobs chat memory hearth config tests > /dev/null
 	HF_HUB_OFFLINE=1 $(BIN)/pytest -q --durations=15 tests/demo
 	HF_HUB_OFFLINE=1 $(BIN)/pytest -q -m serial tests --ignore=tests/demo
