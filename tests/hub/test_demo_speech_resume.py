@@ -191,3 +191,32 @@ def test_a_server_that_stops_says_where_its_speech_build_stopped(monkeypatch, ca
     assert build.proc.returncode == demo_training.STOPPED
     assert [r.getMessage() for r in caplog.records] == [
         "demo speech model: training stopped at step 12 of 400; the next start goes on from there"]
+
+
+def test_speech_synthesised_side_by_side_is_what_one_clip_at_a_time_says():
+    """Clips are synthesised a core at a time (`speech_data.said`), in order: the same voices and
+    sentences, byte for byte, as saying them one after the other (a build's identity and its resume
+    depend on it)."""
+    import random as stdlib_random
+
+    from serving.demo import speech_data
+
+    rng = stdlib_random.Random(5)
+    speakers = [(rng.choice(speech_data.VOICES) + rng.choice(speech_data.VARIANTS), rng.randint(120, 220),
+                 rng.randint(20, 80)) for _ in range(3)]
+    one_by_one = [speech_data.trim(speech_data.say(word, *speaker)).tobytes()
+                  for speaker in speakers for word in speech_data.WORDS]
+    side_by_side = [clip.tobytes() for voice in speech_data.voices(3, 5) for clip in voice.words]
+    assert side_by_side == one_by_one
+
+    rng = stdlib_random.Random(5)
+    sentences = []
+    while len(sentences) < 4:
+        digits = speech_data.random_digits(rng)
+        voice = rng.choice(speech_data.VOICES) + rng.choice(speech_data.VARIANTS)
+        audio = speech_data.say(speech_data.spoken(digits), voice, rng.randint(120, 220), rng.randint(20, 80),
+                                word_gap=25)
+        words = speech_data.split_words(audio, len(digits.split()))
+        if words:
+            sentences.append((digits, [w.tobytes() for w in words]))
+    assert [(digits, [w.tobytes() for w in words]) for digits, words in speech_data.sentences(4, 5)] == sentences
