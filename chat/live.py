@@ -453,11 +453,9 @@ async def _next_question(turn: LiveTurn, user_entry: ChatEntry, answer: ChatEntr
 async def _send_context(turn: LiveTurn, final) -> None:
     if final is None or final.usage is None:
         return
-    runtime = turn.runtime
-    if runtime.router is not None:
-        window = model_info(runtime, turn.session.model).get("context_window")
-    else:
-        window = runtime.engine.loaded.context_window if runtime.engine else None
+    from chat.toolloop import context_window
+
+    window = context_window(turn.runtime, turn.session)  # the operator's cap where it is smaller
     used = final.usage.total_tokens
     await turn.send_json({"type": "context", "tokens": used, "contextWindow": window,
                           "percent": round(100 * used / window, 1) if window else None})
@@ -496,6 +494,8 @@ def _meta(state, started: float) -> dict:
         u = final.usage
         meta.update(lane=u.lane, prompt_tokens=u.prompt_tokens, completion_tokens=u.completion_tokens,
                     cached_tokens=u.cached_tokens, finish_reason=final.finish_reason, tokens_per_s=None)
+        if final.finish_reason == "length" and state.budget is not None:  # the chat's cap ended it: the page says so
+            meta["reply_budget"] = state.budget
         if state.decode_s > 0 and state.decode_tokens > 0:
             meta.update(tokens_per_s=round(state.decode_tokens / state.decode_s, 2),
                         decode_tokens=state.decode_tokens, decode_ms=round(state.decode_s * 1000, 2))

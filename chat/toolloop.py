@@ -25,6 +25,10 @@ from chat import appctx, mcp
 from chat import tools as chat_tools
 
 MAX_ROUNDS = 8
+# A reply the session sets no max_tokens for may take this share of the model's context: a model that never
+# stops (the demo model before it has trained) would otherwise fill the whole window with one reply, and the
+# next message would be refused as too long. A quarter leaves room for the conversation to go on a few turns.
+REPLY_SHARE = 4
 STOPPED = "not run: the turn was stopped"
 DENIED = "error: the user denied this tool call"
 UNANSWERED = "error: nobody answered the approval request (no dashboard followed this chat), so it was not run"
@@ -52,6 +56,7 @@ class TurnState:
     # token to its last (the engine's `decode_ms`), summed; the speed readout is the one over the other.
     decode_tokens: int = 0
     decode_s: float = 0.0
+    budget: dict | None = None  # the chat's own reply cap, when the turn ran under it (`reply_budget`)
 
     def generated(self, final) -> float:
         """Count one finished generation's decoding (its final event); answers its decode time in seconds."""
@@ -107,6 +112,9 @@ async def run(consumer, session, messages: list[dict], state: TurnState) -> None
         offered = {name: tool for name, tool in offered.items() if name in trained}
     messages = list(messages)
     sampling, consumer.next_sampling = consumer.next_sampling, {}  # "next turn" covers all of its rounds
+    state.budget = await sync_to_async(reply_budget)(runtime, session, sampling)
+    if state.budget is not None:
+        sampling = {**sampling, "max_tokens": state.budget["max_tokens"]}
     for round_no in range(MAX_ROUNDS):
         seen = appctx.with_ambient(messages, appctx.latest(session.id)) if aware else messages  # where the user is now
         calls, round_text = await _generate(consumer, session, seen, offered, state, runtime, sampling)
@@ -138,6 +146,55 @@ def _model_id(runtime, session) -> str | None:
             return None
     engine = runtime.engine
     return engine.loaded.model_id if engine is not None and engine.loaded is not None else None
+
+
+def context_window(runtime, session) -> int | None:
+    """The tokens a turn in `session` may hold, prompt and reply: the model's
+    window, or the operator's cap (`--max-context`, the memory budget) where
+    that is smaller; a router model not loaded yet: its folder's config."""
+    if runtime.router is not None:
+        from chat.live import model_info
+
+        window = model_info(runtime, session.model).get("context_window")
+        if window is None:
+            folder = _library_folder(runtime, session.model)
+            window = _config_window(folder) if folder is not None else None
+        return window if isinstance(window, int) and window > 0 else None
+    engine = runtime.engine
+    if engine is None or engine.loaded is None:
+        return None
+    caps = [c for c in (engine.loaded.context_window, engine.enforced_context) if c]
+    return min(caps) if caps else None
+
+
+def _config_window(folder: Path) -> int | None:
+    from inference.engine.loader import config_window
+
+    try:
+        config = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return config_window(config) if isinstance(config, dict) else None
+
+
+def reply_budget(runtime, session, next_turn: dict) -> dict | None:
+    """The chat's cap on a reply the session sets no max_tokens for (nor the
+    next-turn settings): a REPLY_SHARE of the context. None when the session
+    sets one, the operator's `--max-tokens` is smaller (it applies), or the
+    window is unknown. `{max_tokens, context_window}`, kept in the turn's
+    meta so the page can say why a reply stopped there."""
+    from chat import store
+
+    if {**store.stored_sampling(session), **next_turn}.get("max_tokens") is not None:
+        return None
+    window = context_window(runtime, session)
+    if window is None:
+        return None
+    cap = max(window // REPLY_SHARE, 1)
+    operator = runtime.options.defaults.max_tokens
+    if operator is not None and operator <= cap:
+        return None  # the operator's `--max-tokens` is the tighter cap, and the request applies it
+    return {"max_tokens": cap, "context_window": window}
 
 
 def _trained_tools(runtime, session) -> list[str] | None:

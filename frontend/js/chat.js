@@ -444,7 +444,8 @@ export function createChat(hooks = {}) {
     const body = item.role === "user" ? h("div", { class: "body" }, turnImages(item), item.content) : h("div", { class: "body" },
       item.reasoning ? h("details", { class: "thinking" }, h("summary", {}, "Thinking"), markdown(item.reasoning)) : null,
       ...answerParts(item),
-      item.meta?.error ? h("p", { class: "error", role: "alert" }, `${item.content ? "The reply broke off" : "Not answered"}: ${item.meta.error}`) : null);
+      item.meta?.error ? h("p", { class: "error", role: "alert" }, `${item.content ? "The reply broke off" : "Not answered"}: ${item.meta.error}`) : null,
+      lengthNote(item.meta));
     const tools = h("div", { class: "tools" });
     if (item.role === "assistant") {
       if (item.content) {
@@ -459,6 +460,18 @@ export function createChat(hooks = {}) {
     return h("article", { class: `msg ${item.role}` },
       h("div", { class: "who" }, item.role === "user" ? "You" : answeredBy(item), siblingNav(item),
         perfStrip(item.meta)), body, tools);
+  }
+
+  // A reply that ended at its length, not where the model stopped, says so (and why, when the chat's cap did it).
+  function lengthNote(meta) {
+    if (meta?.finish_reason !== "length" || meta.aborted) return null;
+    const budget = meta.reply_budget;
+    const text = budget
+      ? `Stopped at the chat's reply limit: ${budget.max_tokens} tokens, a quarter of this model's `
+        + `${budget.context_window}-token context, so the conversation has room to go on. `
+        + "Set max_tokens under Sampling… for longer replies."
+      : "Stopped at its length limit (max_tokens under Sampling…, or the end of the model's context).";
+    return h("p", { class: "muted small length-note" }, text);
   }
 
   // Who wrote a reply: the model its turn names (router mode stores it), else the one model served.
