@@ -295,9 +295,7 @@ class DemoTraining:
             runtime.demo_build = self._stopped(self.chat, state, "demo model")
             return
         if code in KILLED:
-            runtime.demo_build = {**state, "state": "stopped"}
-            log.info("demo model: training ended by signal %d at step %s of %s; the next start goes on from the "
-                     "training state saved last", -code, state.get("step"), state.get("steps"))
+            runtime.demo_build = self._killed(code, state, "demo model")
             return
         error = state.get("error") or f"the build exited with status {code}"
         runtime.demo_build = {**state, "state": "failed", "error": error}
@@ -314,6 +312,13 @@ class DemoTraining:
                  state.get("step"), state.get("steps"))
         return state
 
+    @staticmethod
+    def _killed(code: int, state: dict, label: str) -> dict:
+        """A build ended by a signal (`KILLED`) is no failure either: it goes on from the state it saved last."""
+        log.info("%s: training ended by signal %d at step %s of %s; the next start goes on from the training "
+                 "state saved last", label, -code, state.get("step"), state.get("steps"))
+        return {**state, "state": "stopped"}
+
     def _speech_failed(self, error: str) -> None:
         runtime.speech_build = {**(runtime.speech_build or {}), "state": "failed", "error": error}
         log.error("demo speech model: training failed (%s); `hearth make-demo-model --kind audio` shows why", error)
@@ -321,6 +326,9 @@ class DemoTraining:
     async def _speech_ended(self, code: int) -> None:
         if code == STOPPED and self.speech is not None:
             runtime.speech_build = self._stopped(self.speech, runtime.speech_build or {}, "demo speech model")
+            return
+        if code in KILLED:
+            runtime.speech_build = self._killed(code, runtime.speech_build or {}, "demo speech model")
             return
         if code != 0:
             self._speech_failed((runtime.speech_build or {}).get("error") or f"the build exited with status {code}")

@@ -345,7 +345,7 @@ def build(cache_dir: Path, recipe: Recipe = Recipe(), force: bool = False, progr
     if not force:
         existing = cached_snapshot(cache_dir, recipe)
         if existing is not None:
-            _finished(existing, resume_path)  # a build killed as it ended may have left these
+            resume.finished(resume_path, lambda: _prune_checkpoints(existing))  # a build killed as it ended
             return existing, False
     elif resume_path is not None:
         resume.clear(resume_path)
@@ -367,7 +367,7 @@ def build(cache_dir: Path, recipe: Recipe = Recipe(), force: bool = False, progr
 
     def finish(folder: Path) -> None:
         snapshot = publish_to_cache(folder, DEMO_REPO, cache_dir)
-        _finished(snapshot, resume_path)
+        resume.finished(resume_path, lambda: _prune_checkpoints(snapshot))
         done.append(snapshot)
 
     try:
@@ -377,13 +377,6 @@ def build(cache_dir: Path, recipe: Recipe = Recipe(), force: bool = False, progr
         return done[0], True
     finally:
         shutil.rmtree(work, ignore_errors=True)
-
-
-def _finished(snapshot: Path, resume_path: Path | None) -> None:
-    """What a finished build leaves: its snapshot alone, and no training state to go on from."""
-    _prune_checkpoints(snapshot)
-    if resume_path is not None:
-        resume.clear(resume_path)
 
 
 def _prune_checkpoints(current: Path) -> None:
