@@ -41,7 +41,7 @@ from collections.abc import AsyncIterator
 
 from asgiref.sync import sync_to_async
 
-from chat import store
+from chat import store, window
 from chat.models import ChatEntry, ChatSession
 from core import sse
 from core.surfaces import SOCKET
@@ -374,7 +374,8 @@ def _rows(*entries: ChatEntry) -> list[dict]:
 
 # A conversation grown past the model's context (the model's own window, or the operator's cap).
 TOO_LONG = ("context_length_exceeded", "context_over_budget")
-TOO_LONG_HINT = "Start a new chat, or edit an earlier message to make this conversation shorter."
+TOO_LONG_HINT = ("The chat leaves out the oldest turns that do not fit, but this message does not fit even alone "
+                 "(with the system prompt and this turn's tool results): make it shorter.")
 
 
 def _why(exc: Exception) -> str:
@@ -395,8 +396,8 @@ async def _answer(turn: LiveTurn, user_entry: ChatEntry) -> tuple[ChatEntry | No
     stopped = False
     failed = ""  # why the turn could not go on, kept with it (the page shows it where the answer would be)
     try:
-        messages = await sync_to_async(messages_for)(session, user_entry)
-        await toolloop.run(turn, session, messages, state)
+        conv = await sync_to_async(window.conversation)(session, user_entry)
+        await toolloop.run(turn, session, conv, state)
     except asyncio.CancelledError:
         state.final, stopped = None, True
     except Exception as exc:  # RequestError, EngineError, TurnFailed
@@ -453,23 +454,12 @@ async def _next_question(turn: LiveTurn, user_entry: ChatEntry, answer: ChatEntr
 async def _send_context(turn: LiveTurn, final) -> None:
     if final is None or final.usage is None:
         return
-    runtime = turn.runtime
-    if runtime.router is not None:
-        window = model_info(runtime, turn.session.model).get("context_window")
-    else:
-        window = runtime.engine.loaded.context_window if runtime.engine else None
+    from chat.toolloop import context_window
+
+    window = context_window(turn.runtime, turn.session)  # the operator's cap where it is smaller
     used = final.usage.total_tokens
     await turn.send_json({"type": "context", "tokens": used, "contextWindow": window,
                           "percent": round(100 * used / window, 1) if window else None})
-
-
-def messages_for(session: ChatSession, user_entry: ChatEntry) -> list[dict]:
-    from chat.toolloop import replay
-
-    out = [{"role": "system", "content": session.system_prompt}] if session.system_prompt else []
-    for e in store.path(session, user_entry):
-        out += replay(e) if e.role == "assistant" else [{"role": e.role, "content": store.user_content(e)}]
-    return out
 
 
 def model_info(runtime, model: str | None) -> dict:
@@ -496,6 +486,10 @@ def _meta(state, started: float) -> dict:
         u = final.usage
         meta.update(lane=u.lane, prompt_tokens=u.prompt_tokens, completion_tokens=u.completion_tokens,
                     cached_tokens=u.cached_tokens, finish_reason=final.finish_reason, tokens_per_s=None)
+        if state.cut is not None:  # sent without the oldest turns: the page marks where the model's view begins
+            meta["context_cut"] = state.cut
+        if final.finish_reason == "length" and state.budget is not None:  # the chat's cap ended it: the page says so
+            meta["reply_budget"] = state.budget
         if state.decode_s > 0 and state.decode_tokens > 0:
             meta.update(tokens_per_s=round(state.decode_tokens / state.decode_s, 2),
                         decode_tokens=state.decode_tokens, decode_ms=round(state.decode_s * 1000, 2))

@@ -21,10 +21,14 @@ from pathlib import Path
 
 from asgiref.sync import sync_to_async
 
-from chat import appctx, mcp
+from chat import appctx, mcp, window
 from chat import tools as chat_tools
 
 MAX_ROUNDS = 8
+# A reply the session sets no max_tokens for may take this share of the model's context: a model that never
+# stops (the demo model before it has trained) would otherwise fill the whole window with one reply, and the
+# next message would be refused as too long. A quarter leaves room for the conversation to go on a few turns.
+REPLY_SHARE = 4
 STOPPED = "not run: the turn was stopped"
 DENIED = "error: the user denied this tool call"
 UNANSWERED = "error: nobody answered the approval request (no dashboard followed this chat), so it was not run"
@@ -52,6 +56,8 @@ class TurnState:
     # token to its last (the engine's `decode_ms`), summed; the speed readout is the one over the other.
     decode_tokens: int = 0
     decode_s: float = 0.0
+    budget: dict | None = None  # the chat's own reply cap, when the turn ran under it (`reply_budget`)
+    cut: dict | None = None  # the oldest turns its last generation left out (`window.Conversation.cut`)
 
     def generated(self, final) -> float:
         """Count one finished generation's decoding (its final event); answers its decode time in seconds."""
@@ -90,9 +96,10 @@ def _wire(call: dict) -> dict:
             "function": {"name": call["tool"], "arguments": args if isinstance(args, str) else json.dumps(args)}}
 
 
-async def run(consumer, session, messages: list[dict], state: TurnState) -> None:
-    """Generate, run tools, generate again; raises TurnFailed with a message
-    for the user, CancelledError when stopped."""
+async def run(consumer, session, conv: window.Conversation, state: TurnState) -> None:
+    """Generate, run tools, generate again, each time with the newest turns
+    of `conv` that fit the model's context (chat/window.py); raises
+    TurnFailed with a message for the user, CancelledError when stopped."""
     coding = bool(session.coding_tools) and consumer.may_code  # never offered to an unvouched socket
     runtime = consumer.runtime
     await mcp.ensure_listed()  # MCP servers' tools, listed again when mcp.json changed
@@ -105,11 +112,16 @@ async def run(consumer, session, messages: list[dict], state: TurnState) -> None
     trained = _trained_tools(runtime, session)
     if trained is not None:  # a model that learned a few tools gets those alone: the others put it off them
         offered = {name: tool for name, tool in offered.items() if name in trained}
-    messages = list(messages)
     sampling, consumer.next_sampling = consumer.next_sampling, {}  # "next turn" covers all of its rounds
+    state.budget = await sync_to_async(reply_budget)(runtime, session, sampling)
+    if state.budget is not None:
+        sampling = {**sampling, "max_tokens": state.budget["max_tokens"]}
+    limit = await sync_to_async(_prompt_limit)(runtime, session, sampling)
     for round_no in range(MAX_ROUNDS):
-        seen = appctx.with_ambient(messages, appctx.latest(session.id)) if aware else messages  # where the user is now
-        calls, round_text = await _generate(consumer, session, seen, offered, state, runtime, sampling)
+        def seen(skip: int) -> list[dict]:
+            messages = conv.messages(skip)
+            return appctx.with_ambient(messages, appctx.latest(session.id)) if aware else messages  # where the user is
+        calls, round_text = await _generate(consumer, session, (conv, seen, limit), offered, state, runtime, sampling)
         if not calls:
             return
         if round_no == MAX_ROUNDS - 1:
@@ -119,10 +131,9 @@ async def run(consumer, session, messages: list[dict], state: TurnState) -> None
         state.rounds.append(record)
         for call in record["calls"]:
             await _run_call(consumer, session.id, call, offered)
-        messages.append({"role": "assistant", "content": round_text,
-                         "tool_calls": [_wire(c) for c in record["calls"]]})
-        messages += [{"role": "tool", "tool_call_id": c["id"], "name": c["tool"], "content": c["result"]}
-                     for c in record["calls"]]
+        conv.extend([{"role": "assistant", "content": round_text, "tool_calls": [_wire(c) for c in record["calls"]]},
+                     *({"role": "tool", "tool_call_id": c["id"], "name": c["tool"], "content": c["result"]}
+                       for c in record["calls"])])
         if consumer.steering:  # the user wrote meanwhile: the turn goes on from their message (chat/live.py)
             return
 
@@ -138,6 +149,64 @@ def _model_id(runtime, session) -> str | None:
             return None
     engine = runtime.engine
     return engine.loaded.model_id if engine is not None and engine.loaded is not None else None
+
+
+def context_window(runtime, session) -> int | None:
+    """The tokens a turn in `session` may hold, prompt and reply: the model's
+    window, or the operator's cap (`--max-context`, the memory budget) where
+    that is smaller; a router model not loaded yet: its folder's config."""
+    if runtime.router is not None:
+        from chat.live import model_info
+
+        window = model_info(runtime, session.model).get("context_window")
+        if window is None:
+            folder = _library_folder(runtime, session.model)
+            window = _config_window(folder) if folder is not None else None
+        return window if isinstance(window, int) and window > 0 else None
+    engine = runtime.engine
+    if engine is None or engine.loaded is None:
+        return None
+    caps = [c for c in (engine.loaded.context_window, engine.enforced_context) if c]
+    return min(caps) if caps else None
+
+
+def _prompt_limit(runtime, session, sampling: dict) -> int | None:
+    """The most prompt tokens a turn may send: the context less its reply's room (the turn's max_tokens, the
+    operator's --max-tokens where the turn sets none)."""
+    from chat import store
+
+    max_tokens = {**store.stored_sampling(session), **sampling}.get("max_tokens") or runtime.options.defaults.max_tokens
+    return window.prompt_limit(context_window(runtime, session), max_tokens)
+
+
+def _config_window(folder: Path) -> int | None:
+    from inference.engine.loader import config_window
+
+    try:
+        config = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return config_window(config) if isinstance(config, dict) else None
+
+
+def reply_budget(runtime, session, next_turn: dict) -> dict | None:
+    """The chat's cap on a reply the session sets no max_tokens for (nor the
+    next-turn settings): a REPLY_SHARE of the context. None when the session
+    sets one, the operator's `--max-tokens` is smaller (it applies), or the
+    window is unknown. `{max_tokens, context_window}`, kept in the turn's
+    meta so the page can say why a reply stopped there."""
+    from chat import store
+
+    if {**store.stored_sampling(session), **next_turn}.get("max_tokens") is not None:
+        return None
+    window = context_window(runtime, session)
+    if window is None:
+        return None
+    cap = max(window // REPLY_SHARE, 1)
+    operator = runtime.options.defaults.max_tokens
+    if operator is not None and operator <= cap:
+        return None  # the operator's `--max-tokens` is the tighter cap, and the request applies it
+    return {"max_tokens": cap, "context_window": window}
 
 
 def _trained_tools(runtime, session) -> list[str] | None:
@@ -176,14 +245,37 @@ def _args(raw: str):
         return raw  # left as written; the call fails its argument check
 
 
-async def _generate(consumer, session, messages, offered, state: TurnState, runtime, sampling: dict):
+async def _generate(consumer, session, view, offered, state: TurnState, runtime, sampling: dict):
+    """One generation, of the newest turns that fit (`view`: the conversation, its messages without the oldest
+    `skip` turns, the prompt's limit)."""
     from chat.turns import prepare
 
+    conv, seen, limit = view
+    tools = chat_tools.specs(offered) or None
     if runtime.router is not None:
+        folder = await sync_to_async(_library_folder)(runtime, session.model) if limit is not None else None
+
+        async def count_remote(skip: int):
+            messages = seen(skip)
+            if folder is None:  # no folder to count with: the whole conversation, as the process takes it
+                return 0, messages
+            try:
+                tokens = await asyncio.to_thread(window.router_count, folder, messages, tools, bool(session.thinking))
+            except Exception:  # noqa: BLE001 - no template or tokenizer here: the process says what it makes of it
+                return 0, messages
+            return tokens, messages
+
+        skip, messages = await window.fit(len(conv.turns), count_remote, limit)
+        state.cut = conv.cut(skip)
         return await _generate_remote(consumer, session, messages, offered, state, runtime, sampling)
     engine = runtime.require_engine()
-    prepared = await prepare(session, messages, sampling, engine.loaded, runtime.options,
-                             chat_tools.specs(offered) or None)
+
+    async def count(skip: int):
+        prepared = await prepare(session, seen(skip), sampling, engine.loaded, runtime.options, tools)
+        return len(prepared.request.prompt_tokens), prepared
+
+    skip, prepared = await window.fit(len(conv.turns), count, limit)
+    state.cut = conv.cut(skip)
     round_text = ""
     async for event in engine.submit(prepared.request).events():
         if event.error is not None:

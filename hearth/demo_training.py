@@ -66,6 +66,9 @@ STATE_KEYS = ("state", "step", "steps", "loss", "seconds", "error")  # what /hea
 # 6.3 s from the signal to the exit at a load of 10 on 2 cores (the speech build). SIGKILL after.
 STOP_WAIT_S = 10.0
 STOPPED = 130  # a build's exit status once it stopped as asked (Ctrl-C, or SIGTERM from `Build.stop`)
+# Ended by a signal before it could say so (a SIGTERM before its training loop, `Build.stop`'s SIGKILL, a
+# service manager's kill): stopped, not failed; the next start goes on from the state it saved last.
+KILLED = (-signal.SIGTERM, -signal.SIGINT, -signal.SIGKILL, -signal.SIGHUP)
 
 
 def demo_is_built() -> bool:
@@ -291,6 +294,9 @@ class DemoTraining:
         if code == STOPPED and self.chat is not None:  # stopped as asked (a Ctrl-C reaches the build too)
             runtime.demo_build = self._stopped(self.chat, state, "demo model")
             return
+        if code in KILLED:
+            runtime.demo_build = self._killed(code, state, "demo model")
+            return
         error = state.get("error") or f"the build exited with status {code}"
         runtime.demo_build = {**state, "state": "failed", "error": error}
         self.manager.no_default_note = ""
@@ -306,6 +312,13 @@ class DemoTraining:
                  state.get("step"), state.get("steps"))
         return state
 
+    @staticmethod
+    def _killed(code: int, state: dict, label: str) -> dict:
+        """A build ended by a signal (`KILLED`) is no failure either: it goes on from the state it saved last."""
+        log.info("%s: training ended by signal %d at step %s of %s; the next start goes on from the training "
+                 "state saved last", label, -code, state.get("step"), state.get("steps"))
+        return {**state, "state": "stopped"}
+
     def _speech_failed(self, error: str) -> None:
         runtime.speech_build = {**(runtime.speech_build or {}), "state": "failed", "error": error}
         log.error("demo speech model: training failed (%s); `hearth make-demo-model --kind audio` shows why", error)
@@ -313,6 +326,9 @@ class DemoTraining:
     async def _speech_ended(self, code: int) -> None:
         if code == STOPPED and self.speech is not None:
             runtime.speech_build = self._stopped(self.speech, runtime.speech_build or {}, "demo speech model")
+            return
+        if code in KILLED:
+            runtime.speech_build = self._killed(code, runtime.speech_build or {}, "demo speech model")
             return
         if code != 0:
             self._speech_failed((runtime.speech_build or {}).get("error") or f"the build exited with status {code}")
@@ -332,5 +348,8 @@ class DemoTraining:
         if self.task is not None:
             self.task.cancel()
         for build, label in ((self.chat, "demo model"), (self.speech, "demo speech model")):
-            if build is not None and build.stop() == STOPPED:
+            code = build.stop() if build is not None else None
+            if build is not None and code == STOPPED:
                 self._stopped(build, {}, label)
+            elif code == 0:  # asked as it published its finished model: it finished that first
+                log.info("%s: finished as the server stopped; the next start serves it", label)

@@ -10,6 +10,8 @@ import os
 import shutil
 from pathlib import Path
 
+from core.fs import write_atomically
+
 
 def publish_to_cache(src: Path, repo_id: str, cache_dir: Path) -> Path:
     """Copy a model directory into the HF cache layout (blobs, a snapshot of
@@ -32,6 +34,6 @@ def publish_to_cache(src: Path, repo_id: str, cache_dir: Path) -> Path:
         (staging / p.name).symlink_to(os.path.relpath(blob, snapshot))
     shutil.rmtree(snapshot, ignore_errors=True)
     os.replace(staging, snapshot)
-    (repo_dir / "refs").mkdir(exist_ok=True)
-    (repo_dir / "refs" / "main").write_text(revision)
+    # Whole or not at all: a process killed here leaves the previous revision named, never an empty ref.
+    write_atomically(repo_dir / "refs" / "main", revision, durable=False)
     return snapshot

@@ -444,7 +444,8 @@ export function createChat(hooks = {}) {
     const body = item.role === "user" ? h("div", { class: "body" }, turnImages(item), item.content) : h("div", { class: "body" },
       item.reasoning ? h("details", { class: "thinking" }, h("summary", {}, "Thinking"), markdown(item.reasoning)) : null,
       ...answerParts(item),
-      item.meta?.error ? h("p", { class: "error", role: "alert" }, `${item.content ? "The reply broke off" : "Not answered"}: ${item.meta.error}`) : null);
+      item.meta?.error ? h("p", { class: "error", role: "alert" }, `${item.content ? "The reply broke off" : "Not answered"}: ${item.meta.error}`) : null,
+      lengthNote(item.meta));
     const tools = h("div", { class: "tools" });
     if (item.role === "assistant") {
       if (item.content) {
@@ -458,7 +459,44 @@ export function createChat(hooks = {}) {
     }
     return h("article", { class: `msg ${item.role}` },
       h("div", { class: "who" }, item.role === "user" ? "You" : answeredBy(item), siblingNav(item),
-        perfStrip(item.meta)), body, tools);
+        perfStrip(item.meta), cutNote(item.meta)), body, tools);
+  }
+
+  // Where the model's view of this chat begins: the newest reply sent without the oldest turns (chat/window.py)
+  // names the first message it saw; the line goes above that message.
+  function contextCut() {
+    const reply = state.items.findLast((it) => it.role === "assistant" && it.meta?.prompt_tokens !== undefined);
+    const cut = reply?.meta?.context_cut;
+    if (!cut) return null;
+    const at = state.items.findIndex((it) => it.id === cut.first_seen);
+    return at > 0 ? { at, hidden: cut.hidden } : null;
+  }
+
+  function cutMarker(hidden) {
+    const n = hidden === 1 ? "the message above" : `the ${hidden} messages above`;
+    return h("div", { class: "context-cut muted small", role: "note" },
+      `The model no longer sees ${n}: this chat outgrew its context, so each turn sends the newest messages that `
+      + "fit. They stay saved here.");
+  }
+
+  // A turn sent without its oldest messages says so in its meta line.
+  function cutNote(meta) {
+    const cut = meta?.context_cut;
+    if (!cut) return null;
+    return h("span", { class: "cut-note", title: "The oldest messages did not fit the model's context" },
+      ` · sent without the oldest ${cut.hidden} messages`);
+  }
+
+  // A reply that ended at its length, not where the model stopped, says so (and why, when the chat's cap did it).
+  function lengthNote(meta) {
+    if (meta?.finish_reason !== "length" || meta.aborted) return null;
+    const budget = meta.reply_budget;
+    const text = budget
+      ? `Stopped at the chat's reply limit: ${budget.max_tokens} tokens, a quarter of this model's `
+        + `${budget.context_window}-token context, so the conversation has room to go on. `
+        + "Set max_tokens under Sampling… for longer replies."
+      : "Stopped at its length limit (max_tokens under Sampling…, or the end of the model's context).";
+    return h("p", { class: "muted small length-note" }, text);
   }
 
   // Who wrote a reply: the model its turn names (router mode stores it), else the one model served.
@@ -518,7 +556,11 @@ export function createChat(hooks = {}) {
   function render() {
     const top = messages.scrollTop;
     const last = state.items.length - 1;
-    messages.replaceChildren(...state.items.map((item, i) => message(item, i === last && !state.streaming)));
+    const cut = contextCut();
+    messages.replaceChildren(...state.items.flatMap((item, i) => {
+      const shown = message(item, i === last && !state.streaming);
+      return cut && i === cut.at ? [cutMarker(cut.hidden), shown] : [shown];
+    }));
     if (!state.items.length && !state.streaming) {
       messages.append(h("div", { class: "msg muted" }, h("h1", {}, "Start a conversation"),
         h("p", {}, "Replies stream as they are written; sessions are kept, and searchable in the list of chats.")));

@@ -106,11 +106,16 @@ class LoadedModel:
 
     @property
     def context_window(self) -> int | None:
-        for key in ("max_position_embeddings", "max_sequence_length", "n_positions", "seq_length"):
-            value = self.config.get(key) or self.config.get("text_config", {}).get(key)
-            if isinstance(value, int) and value > 0:
-                return value
-        return None
+        return config_window(self.config)
+
+
+def config_window(config: dict) -> int | None:
+    """The context window a model's config.json declares, or None."""
+    for key in ("max_position_embeddings", "max_sequence_length", "n_positions", "seq_length"):
+        value = config.get(key) or (config.get("text_config") or {}).get(key)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
 
 
 def resolve(ref: str) -> tuple[str, Path]:

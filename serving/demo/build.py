@@ -208,7 +208,7 @@ def _batches(tok, data, recipe: Recipe, pad_id: int) -> list[tuple[list[list[int
 
 
 def train(recipe: Recipe, out: Path, progress=None, checkpoint=None, resume_path: Path | None = None,
-          resumed=None) -> dict:
+          resumed=None, finish=None) -> dict:
     """Train the demo model into `out`; returns a summary with the final loss.
     `checkpoint(step, loss, write)`, when given, is called after each step
     of CHECKPOINTS before the last (step 0: before the first, the loss
@@ -220,7 +220,10 @@ def train(recipe: Recipe, out: Path, progress=None, checkpoint=None, resume_path
     state saved by an earlier build of this recipe and corpus is gone on
     from (`resumed(step, loss)` is told, then `checkpoint` at that step),
     and the remaining steps are those an uninterrupted build takes
-    (serving/demo/resume.py says what is saved, and why that is enough)."""
+    (serving/demo/resume.py says what is saved, and why that is enough).
+    `finish(out)`, when given, is called once the model is written (the
+    build publishes it there); a stop asked from the last step on waits for
+    both, so the finished model is never cut off half-published."""
     import mlx.core as mx
     from mlx.utils import tree_flatten
 
@@ -280,8 +283,9 @@ def train(recipe: Recipe, out: Path, progress=None, checkpoint=None, resume_path
                 raise KeyboardInterrupt
             if checkpoint and step in CHECKPOINTS and step < recipe.steps:
                 checkpoint(step, loss_value, write)
-
-    write(out, _marker(recipe))
+        write(out, _marker(recipe))
+        if finish:
+            finish(out)
     return {"steps": recipe.steps, "final_loss": loss_value, "seconds": time.monotonic() - started,
             "batches": len(batches), "resumed_from": None if saved is None else saved.step}
 
@@ -341,6 +345,7 @@ def build(cache_dir: Path, recipe: Recipe = Recipe(), force: bool = False, progr
     if not force:
         existing = cached_snapshot(cache_dir, recipe)
         if existing is not None:
+            resume.finished(resume_path, lambda: _prune_checkpoints(existing))  # a build killed as it ended
             return existing, False
     elif resume_path is not None:
         resume.clear(resume_path)
@@ -358,15 +363,18 @@ def build(cache_dir: Path, recipe: Recipe = Recipe(), force: bool = False, progr
         _prune_checkpoints(snapshot)
         published(step, loss, snapshot)
 
+    done: list[Path] = []
+
+    def finish(folder: Path) -> None:
+        snapshot = publish_to_cache(folder, DEMO_REPO, cache_dir)
+        resume.finished(resume_path, lambda: _prune_checkpoints(snapshot))
+        done.append(snapshot)
+
     try:
-        final = work / "final"
-        summary = train(recipe, final, progress, checkpoint if published else None, resume_path, resumed)
+        summary = train(recipe, work / "final", progress, checkpoint if published else None, resume_path, resumed,
+                        finish)
         log.info("demo model trained: %s", summary)
-        snapshot = publish_to_cache(final, DEMO_REPO, cache_dir)
-        _prune_checkpoints(snapshot)
-        if resume_path is not None:
-            resume.clear(resume_path)
-        return snapshot, True
+        return done[0], True
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

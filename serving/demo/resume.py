@@ -22,7 +22,14 @@ starts the optimizer and its schedule over), so the optimizer's tree is
 saved here with MLX's own `tree_flatten` and `mx.save_safetensors`.
 
 A build asked to stop (Ctrl-C, SIGTERM) finishes the step under way and
-saves it (`StopAsked`, `save_or_warn`).
+saves it (`StopAsked`, `save_or_warn`). Asked from its last step on, it
+finishes instead: it writes, publishes and tidies its model with the
+handler still on (a second or two), then ends as a finished build, since a
+build cut off there leaves the model half-published; only a stretch the
+build can do without, and that takes long (the speech build's held-out
+measuring), ends at once (`StopAsked.at_once`). What a finished build
+leaves is one thing for both builds (`finished`), made sure of again by a
+start that finds the finished model, for a build killed in between.
 
 Rules: the file is written whole or not at all (`core.fs.write_atomically`);
 one that cannot be read, or that another recipe or corpus left, is deleted
@@ -39,9 +46,10 @@ import random
 import signal
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 
@@ -134,6 +142,18 @@ def saved_step(path: Path) -> int | None:
 
 def clear(path: Path) -> None:
     path.unlink(missing_ok=True)
+
+
+def finished(resume_path: Path | None, leftovers: Callable[[], None] | None = None) -> None:
+    """What a build leaves once its finished model is published: no
+    training state to go on from, and, with `leftovers`, nothing else it
+    made on the way (the chat build's checkpoints). Run again by a start
+    that finds the finished model: a build killed between its publishing
+    and this left them, and they would be taken for an unfinished build's."""
+    if leftovers is not None:
+        leftovers()
+    if resume_path is not None:
+        clear(resume_path)
 
 
 def restore(path: Path, ident: dict, params, optimizer, read_extra: Callable[[dict], Any] = dict
@@ -237,6 +257,31 @@ class StopAsked:
         """Whether the build stops after `step`: asked to, before its last
         step (asked during the last one, it finishes instead)."""
         return self.asked and step < steps
+
+    @contextmanager
+    def at_once(self) -> Iterator[None]:
+        """A stretch of the build's ending that a stop ends at once
+        (KeyboardInterrupt), one asked before it included: long work the
+        build can do without (the speech build's held-out measuring, minutes
+        on two cores), once its last step is saved, so the next build trains
+        nothing again. Outside it, the handler is the one in force before."""
+        if not self.installed:
+            yield
+            return
+        if self.asked:
+            raise KeyboardInterrupt
+
+        def now(signum, frame) -> None:
+            self.asked = True
+            raise KeyboardInterrupt
+
+        for signum in self.installed:
+            signal.signal(signum, now)
+        try:
+            yield
+        finally:
+            for signum in self.installed:
+                signal.signal(signum, self._asked)
 
     def _asked(self, signum, frame) -> None:
         """A second Ctrl-C acts at once; a SIGTERM after the first signal is the

@@ -25,8 +25,10 @@ from) is saved every `SAVE_EVERY` steps, at the last step, and when a stop
 is asked (Ctrl-C, SIGTERM: the step under way finishes first); a build of
 the same recipe and speech cut short before goes on from there, and the
 finished model is the one an uninterrupted build makes (`resume` says
-what is saved). Stopped after its last step (writing, measuring), a build
-trains no step again.
+what is saved). A stop asked from the last step on lets the build write,
+publish and tidy its model (`resume.StopAsked`): it ends finished; only the
+held-out measuring (minutes, and a build for a server skips it) is cut
+short at once, and the next build trains no step again.
 
 Runs in the one process that owns every MLX call (`make-demo-model`);
 imports MLX lazily and knows nothing of Django.
@@ -239,11 +241,15 @@ def _speech(voices, sentences, readings):
         yield from (reading.digits, reading.audio.tobytes(), json.dumps(reading.starts))
 
 
-def train(recipe: WhisperRecipe, out: Path, progress=None, resume_path: Path | None = None, resumed=None) -> dict:
+def train(recipe: WhisperRecipe, out: Path, progress=None, resume_path: Path | None = None, resumed=None,
+          finish=None) -> dict:
     """Train the tagger, wire the rest, write the model to `out`. With
     `resume_path`, the training state is saved there as it goes, and a
     state an earlier build of this recipe saved is gone on from
-    (`resumed(step, loss)` is told; the module's docstring says when)."""
+    (`resumed(step, loss)` is told; the module's docstring says when).
+    `finish(out, summary, stop)`, when given, is called once the model is
+    written (the build measures and publishes it there); a stop asked from
+    the last step on waits for both, but for what `stop.at_once()` holds."""
     import mlx.core as mx
     import mlx.nn as nn
     import mlx.optimizers as optim
@@ -295,10 +301,13 @@ def train(recipe: WhisperRecipe, out: Path, progress=None, resume_path: Path | N
                                     resume.generator_states(rng, noise))
             if stop.stop_here(step, recipe.steps):
                 raise KeyboardInterrupt
-    _write(recipe, {k: np.array(v) for k, v in weights.items()}, out)
-    return {"steps": recipe.steps, "final_loss": loss_value, "synth_seconds": round(synth_s, 1),
-            "train_seconds": round(time.monotonic() - trained, 1), "voices": len(voices),
-            "sentences": len(sentences), "readings": len(readings), "resumed_from": first - 1 or None}
+        summary = {"steps": recipe.steps, "final_loss": loss_value, "synth_seconds": round(synth_s, 1),
+                   "train_seconds": round(time.monotonic() - trained, 1), "voices": len(voices),
+                   "sentences": len(sentences), "readings": len(readings), "resumed_from": first - 1 or None}
+        _write(recipe, {k: np.array(v) for k, v in weights.items()}, out)
+        if finish:
+            finish(out, summary, stop)
+    return summary
 
 
 def _save(model, dims: dict, out: Path) -> None:
@@ -360,26 +369,31 @@ def build(cache_dir: Path, recipe: WhisperRecipe = WhisperRecipe(), force: bool 
     build happened; the training summary (empty when cached), with the
     held-out evaluation unless `evaluate` is false. With `resume_path`, a
     build cut short leaves its training state there and the next one goes
-    on from it (`train`); the state is removed once a build is published,
-    and `force` starts over."""
+    on from it (`train`); the state is removed once a build is published
+    (or, a build killed in between, by the next start), and `force` starts over."""
     if not force:
         existing = cached_snapshot(cache_dir, recipe)
         if existing is not None:
+            resume.finished(resume_path)  # a build killed as it ended may have left its state
             return existing, False, {}
     elif resume_path is not None:
         resume.clear(resume_path)
     work = Path(tempfile.mkdtemp(prefix="hearth-demo-whisper-"))
-    try:
-        summary = train(recipe, work, progress, resume_path, resumed)
+    done: list[Path] = []
+
+    def finish(folder: Path, summary: dict, stop: resume.StopAsked) -> None:
         if evaluate:
-            summary["eval"] = held_out(work)
+            with stop.at_once():  # its last step is saved: a stop here trains nothing again
+                summary["eval"] = held_out(folder)
         log.info("demo whisper trained: %s", summary)
         marker = {"builder_version": BUILDER_VERSION, "recipe": asdict(recipe), "summary": summary}
-        (work / MARKER).write_text(json.dumps(marker))
-        snapshot = publish_to_cache(work, WHISPER_REPO, cache_dir)
-        if resume_path is not None:
-            resume.clear(resume_path)
-        return snapshot, True, summary
+        (folder / MARKER).write_text(json.dumps(marker))
+        done.append(publish_to_cache(folder, WHISPER_REPO, cache_dir))
+        resume.finished(resume_path)
+
+    try:
+        summary = train(recipe, work, progress, resume_path, resumed, finish)
+        return done[0], True, summary
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

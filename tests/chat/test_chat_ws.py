@@ -254,16 +254,16 @@ def test_a_refused_turn_keeps_why_and_regenerate_tries_again(engine):
     page shows where the answer would be; the error is no message the model
     reads later, and regenerate makes a sibling of it."""
     from chat import store, toolloop
-    from chat.live import messages_for
     from chat.models import ChatEntry
+    from chat.window import conversation
 
     async def run():
         ws = await chatws.connect()
         frames = await chatws.turn(ws, {"type": "prompt", "text": "word " * 5000})
         error = next(f for f in frames if f["type"] == "error")
         assert "maximum context length" in error["message"]
-        assert error["message"].endswith("Start a new chat, or edit an earlier message to make this conversation "
-                                         "shorter.")  # the chat's own way to shorten its prompt
+        assert error["message"].endswith("does not fit even alone (with the system prompt and this turn's tool "
+                                         "results): make it shorter.")  # the chat's own way to shorten its prompt
         path = _active(frames)
         await ws.send_json_to({"type": "open_session", "path": path})
         history = (await ws.receive_json_from(timeout=10))["items"]
@@ -284,7 +284,7 @@ def test_a_refused_turn_keeps_why_and_regenerate_tries_again(engine):
     session.save(update_fields=["leaf"])
     follow_up = store.ask(session, "and now?")  # after an answer that is only an error: its question's sibling
     assert follow_up.parent_id == refused.parent.parent_id
-    assert [m["role"] for m in messages_for(session, follow_up)] == ["user"]
+    assert [m["role"] for m in conversation(session, follow_up).messages()] == ["user"]
     queued = store.add(session, refused, "user", "one queued behind it")  # as a turn's queue stores it
-    assert [(m["role"], m["content"]) for m in messages_for(session, queued)][1:] == [
+    assert [(m["role"], m["content"]) for m in conversation(session, queued).messages()][1:] == [
         ("assistant", ""), ("user", "one queued behind it")]

@@ -305,3 +305,74 @@ def test_a_stop_during_the_last_step_lets_the_build_finish(uninterrupted, tmp_pa
     snapshot, built = demo.build(tmp_path, SMALL, progress=progress, resume_path=state)
     assert built and not state.exists() and signal.getsignal(signal.SIGINT) is signal.default_int_handler
     _same_model(snapshot, uninterrupted)
+
+
+# A build that has trained its last step and is publishing the finished model, sent SIGTERM then (a server
+# or a service manager stopping it): in its own process, as `make-demo-model --background` runs.
+_STOPPED_WHILE_PUBLISHING = """
+import os, signal, sys
+from pathlib import Path
+from serving.demo import build as demo
+from tests.hub.test_demo_checkpoints import SMALL
+
+demo.CHECKPOINTS = (0, 4, 8)
+cache, state = Path(sys.argv[1]), Path(sys.argv[2])
+publish = demo.publish_to_cache
+
+def publishing(folder, repo, cache_dir):
+    if folder.name == "final":  # the finished model: the signal comes as it is being published
+        os.kill(os.getpid(), signal.SIGTERM)
+    return publish(folder, repo, cache_dir)
+
+demo.publish_to_cache = publishing
+snapshot, built = demo.build(cache, SMALL, published=lambda step, loss, snap: None, resume_path=state)
+print("built", snapshot, flush=True)
+"""
+
+
+def test_a_stop_while_the_finished_model_is_published_lets_it_finish(uninterrupted, tmp_path):
+    import subprocess
+    import sys
+
+    state = tmp_path / "chat.safetensors"
+    cache = tmp_path / "hub"
+    done = subprocess.run([sys.executable, "-c", _STOPPED_WHILE_PUBLISHING, str(cache), str(state)],
+                          capture_output=True, text=True, timeout=300, cwd=Path(__file__).parents[2])
+    # It was killed half-way (status -15, which the server logged as a failed build), the finished model not
+    # named, so the next start trained the last steps again; now the publish completes and the build ends well.
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    snapshot = demo.cached_snapshot(cache, SMALL)
+    assert snapshot is not None and "built" in done.stdout
+    _same_model(snapshot, uninterrupted)
+    assert not state.exists()  # nothing to go on from: the next start serves the finished model
+    assert [p.name for p in snapshot.parent.iterdir()] == [snapshot.name]  # the checkpoints removed
+    assert demo.build(cache, SMALL, resume_path=state) == (snapshot, False)
+
+
+def test_a_finished_build_left_with_its_state_and_checkpoints_is_tidied_at_the_next_start(
+        uninterrupted, tmp_path, monkeypatch):
+    """A build killed (SIGKILL) after it named the finished model, before it removed its checkpoints and
+    its training state: the next start finds the finished model and removes what is left of the build."""
+    state = tmp_path / "chat.safetensors"
+    _cut_short(tmp_path, state)
+    with monkeypatch.context() as killed:  # what the kill leaves: nothing after the ref is written
+        killed.setattr(demo, "_prune_checkpoints", lambda current: None)
+        killed.setattr(demo.resume, "clear", lambda path: None)
+        snapshot, built = demo.build(tmp_path, SMALL, resume_path=state)
+    assert built and state.exists() and len(list(snapshot.parent.iterdir())) == 2
+    assert demo.build(tmp_path, SMALL, resume_path=state) == (snapshot, False)
+    assert not state.exists() and [p.name for p in snapshot.parent.iterdir()] == [snapshot.name]
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL])
+def test_the_router_logs_a_build_ended_by_a_signal_as_stopped(monkeypatch, caplog, signum):
+    from hearth import demo_training
+    from hearth.root import RUNTIME as runtime
+
+    monkeypatch.setattr(runtime, "demo_build", {"state": "training", "step": 500, "steps": 500})
+    training = demo_training.DemoTraining(manager=None, chat=True)  # type: ignore[arg-type]
+    with caplog.at_level(logging.INFO, logger="hearth.serve"):
+        training._chat_ended(-signum)
+    assert runtime.demo_build["state"] == "stopped" and "error" not in runtime.demo_build
+    assert [r.levelname for r in caplog.records] == ["INFO"]
+    assert "the next start goes on from the training state saved last" in caplog.records[0].getMessage()

@@ -6,7 +6,10 @@ the model, then built again: the second build trains only the steps left,
 its generators where the first left them, and writes the model an
 uninterrupted build writes, byte for byte. Another recipe's or other
 speech's state is deleted and the build starts at step 0, as with
-`force`; the server says where a build goes on from and where one stopped."""
+`force`; the server says where a build goes on from and where one stopped.
+A stop as the finished model is written or published waits for it (the
+build ends finished), a start that finds the finished model removes the
+state a kill left, and a build ended by a signal is logged as stopped."""
 from __future__ import annotations
 
 import asyncio
@@ -191,6 +194,66 @@ def test_a_server_that_stops_says_where_its_speech_build_stopped(monkeypatch, ca
     assert build.proc.returncode == demo_training.STOPPED
     assert [r.getMessage() for r in caplog.records] == [
         "demo speech model: training stopped at step 12 of 400; the next start goes on from there"]
+
+
+# A speech build that has trained its last step, sent SIGTERM as it writes or publishes the finished model (a
+# server or a service manager stopping it): in its own process, as `make-demo-model --background` runs it.
+_STOPPED_AS_IT_ENDS = """
+import os, signal, sys
+from pathlib import Path
+from serving.demo import whisper_build as speech
+from tests.hub.test_demo_speech_resume import TINY
+
+speech.SAVE_EVERY = 2
+cache, state, where = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
+original = getattr(speech, where)
+
+def signalled(*args):
+    os.kill(os.getpid(), signal.SIGTERM)
+    return original(*args)
+
+setattr(speech, where, signalled)
+snapshot, built, summary = speech.build(cache, TINY, evaluate=False, resume_path=state)
+print("built", snapshot, flush=True)
+"""
+
+
+@pytest.mark.parametrize("where", ["_write", "publish_to_cache"])
+def test_a_stop_as_the_finished_model_is_written_or_published_lets_it_finish(uninterrupted, tmp_path, where):
+    state, cache = tmp_path / "audio.safetensors", tmp_path / "hub"
+    done = subprocess.run([sys.executable, "-c", _STOPPED_AS_IT_ENDS, str(cache), str(state), where],
+                          capture_output=True, text=True, timeout=300, cwd=Path(__file__).parents[2])
+    # It died with status -15 (logged as a failed build) with nothing or half of the model published; now it
+    # finishes what it began and ends well, and the next start serves that model.
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    snapshot = speech.cached_snapshot(cache, TINY)
+    assert snapshot is not None and "built" in done.stdout
+    assert _weights(snapshot) == uninterrupted and not state.exists()
+    assert speech.build(cache, TINY, evaluate=False, resume_path=state) == (snapshot, False, {})
+
+
+def test_a_finished_build_left_with_its_state_is_tidied_at_the_next_start(uninterrupted, tmp_path, monkeypatch):
+    """A build killed (SIGKILL) after it named the finished model, before it removed its training state:
+    the next start finds the finished model and removes the state, which said a build was cut short."""
+    state = tmp_path / "audio.safetensors"
+    with monkeypatch.context() as killed:  # what the kill leaves: nothing after the ref is written
+        killed.setattr(speech.resume, "clear", lambda path: None)
+        snapshot, built, _ = speech.build(tmp_path, TINY, evaluate=False, resume_path=state)
+    assert built and resume.saved_step(state) == TINY.steps
+    assert speech.build(tmp_path, TINY, evaluate=False, resume_path=state) == (snapshot, False, {})
+    assert not state.exists()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL])
+def test_the_router_logs_a_speech_build_ended_by_a_signal_as_stopped(monkeypatch, caplog, signum):
+    monkeypatch.setattr(runtime, "speech_build", {"state": "training", "step": 40, "steps": 400})
+    training = demo_training.DemoTraining(manager=None, chat=False, speech=True)  # type: ignore[arg-type]
+    with caplog.at_level(logging.INFO, logger="hearth.serve"):
+        asyncio.run(training._speech_ended(-signum))
+    assert runtime.speech_build["state"] == "stopped" and "error" not in runtime.speech_build
+    assert [r.getMessage() for r in caplog.records] == [
+        f"demo speech model: training ended by signal {signum} at step 40 of 400; the next start goes on from "
+        "the training state saved last"]
 
 
 def test_speech_synthesised_side_by_side_is_what_one_clip_at_a_time_says():

@@ -1,0 +1,119 @@
+"""A dashboard chat that outgrows the model's context (`--max-context 512`,
+the demo model's window) goes on: each turn sends the system prompt, the
+new message and the newest earlier turns that leave its reply its room
+(chat/window.py), the stored conversation stays whole, and the turn's
+meta says how many messages the model no longer saw and where its view
+begins (`context_cut`), which the page marks. A message too long even
+alone is refused, as before."""
+from __future__ import annotations
+
+import asyncio
+
+from tests.chat import chatws
+
+WINDOW = 512
+BUDGET = WINDOW // 4  # the chat's reply cap (test_chat_reply_budget.py)
+# About 135 tokens each: three earlier turns and the new one fill more than the window.
+QUESTION = "Tell me about the {0} river and the towns along its banks, " * 3
+
+
+async def _history(ws, session: str) -> list[dict]:
+    await ws.send_json_to({"type": "open_session", "path": session})
+    while (frame := await ws.receive_json_from(timeout=10))["type"] != "history":
+        assert frame["type"] != "error", frame
+    return frame["items"]
+
+
+def test_a_conversation_past_the_context_sends_its_newest_turns(served, django_ready):
+    served("--no-worker", "--max-context", str(WINDOW))
+
+    async def run():
+        ws = await chatws.connect(headers=[(b"host", b"127.0.0.1")])
+        await ws.send_json_to({"type": "new_session"})
+        session = (await ws.receive_json_from(timeout=10))["sessionId"]
+        await ws.receive_json_from(timeout=10)  # sessions
+        await ws.send_json_to({"type": "set_system_prompt", "text": "You are a terse geographer."})
+        for n in range(6):
+            frames = await chatws.turn(ws, {"type": "prompt", "text": QUESTION.format(n)})
+            errors = [f for f in frames if f["type"] == "error"]
+            assert not errors, (n, errors)  # the old chat: refused from the 4th turn on (prompt >= 512)
+        items = await _history(ws, session)
+        await ws.disconnect()
+        return items
+
+    items = asyncio.run(run())
+    assert [i["role"] for i in items] == ["user", "assistant"] * 6  # the stored history is whole
+    replies = [i["meta"] for i in items if i["role"] == "assistant"]
+    assert all(meta["prompt_tokens"] <= WINDOW - BUDGET for meta in replies)  # its reply had its room
+    cut = replies[-1]["context_cut"]
+    ids = [i["id"] for i in items]
+    assert items[ids.index(cut["first_seen"])]["role"] == "user"  # whole turns: the view begins at a question
+    assert cut["hidden"] == ids.index(cut["first_seen"]) >= 2  # the messages before it, none of them seen
+    assert "context_cut" not in replies[0]
+
+
+def test_a_message_too_long_alone_is_refused(served, django_ready):
+    served("--no-worker", "--max-context", str(WINDOW))
+
+    async def run():
+        ws = await chatws.connect(headers=[(b"host", b"127.0.0.1")])
+        await ws.send_json_to({"type": "new_session"})
+        await ws.receive_json_from(timeout=10)
+        await ws.receive_json_from(timeout=10)  # sessions
+        await chatws.turn(ws, {"type": "prompt", "text": "Hello!"})
+        frames = await chatws.turn(ws, {"type": "prompt", "text": QUESTION.format("long") * 5})
+        await ws.disconnect()
+        return frames
+
+    frames = asyncio.run(run())
+    error = next(f for f in frames if f["type"] == "error")
+    assert "does not fit even alone" in error["message"] and "512" in error["message"]
+
+
+def test_a_router_counts_a_prompt_as_the_models_process_does(served, django_ready, tiny_model):
+    """Router mode counts with the template and tokenizer of the folder the model's process serves
+    (`window.router_count`): the count the process itself makes of the same turn."""
+    served("--no-worker", "--max-context", str(WINDOW))
+    from chat import window
+    from chat.models import ChatSession
+    from chat.turns import prepare
+    from hearth.root import RUNTIME
+    from hub.registry import snapshot
+
+    session = ChatSession(system_prompt="You are a terse geographer.", thinking=False)
+    messages = [{"role": "system", "content": "You are a terse geographer."},
+                {"role": "user", "content": QUESTION.format(1)}, {"role": "assistant", "content": "Rivers."},
+                {"role": "user", "content": QUESTION.format(2)}]
+    prepared = asyncio.run(prepare(session, messages, {}, RUNTIME.engine.loaded, RUNTIME.options))
+    folder = snapshot(tiny_model)
+    assert folder is not None
+    assert window.router_count(folder, messages, None, False) == len(prepared.request.prompt_tokens) > 200
+
+
+def test_turns_are_left_out_whole_never_a_call_without_its_result(served, django_ready, workspace, steer):
+    """Each turn calls a tool, then answers: every prompt a generation saw (the ones counted to fit it too)
+    starts at a question, and every tool result follows the call it answers."""
+    served("--no-worker", "--max-context", str(WINDOW))
+    (workspace / "notes.txt").write_text("alpha\nbeta\n")
+    seen = steer("read", {"path": "notes.txt"})
+
+    async def run():
+        ws = await chatws.connect(headers=[(b"host", b"127.0.0.1")])
+        await ws.send_json_to({"type": "new_session"})
+        await ws.receive_json_from(timeout=10)
+        await ws.receive_json_from(timeout=10)  # sessions
+        await chatws.coding(ws)
+        for n in range(4):
+            frames = await chatws.turn(ws, {"type": "prompt", "text": QUESTION.format(n)})
+            assert not [f for f in frames if f["type"] == "error"], n
+            assert chatws.kinds(frames).count("tool_end") == 1, n
+        await ws.disconnect()
+
+    asyncio.run(run())
+    last = seen[-1]  # the last turn's answer, after its call: earlier turns left out, its own call and result in
+    assert [m["role"] for m in last] == ["user", "assistant", "tool"]
+    for messages in seen:
+        talk = [m for m in messages if m["role"] != "system"]
+        assert talk[0]["role"] == "user"
+        calls = {c["id"] for m in talk if m["role"] == "assistant" for c in m.get("tool_calls") or []}
+        assert {m["tool_call_id"] for m in talk if m["role"] == "tool"} <= calls
