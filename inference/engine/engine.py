@@ -150,6 +150,11 @@ class Engine:
             self.loaded.grammar_compiler.close()
 
     # -- asyncio side ----------------------------------------------------
+    def check_room(self, n: int) -> None:
+        """Raise `ContextLengthExceeded` or `ContextOverBudget` for a prompt
+        of `n` tokens that leaves no room to generate, as `submit` does."""
+        self._admission.check_room(n, self.loaded.context_window if self.loaded is not None else None)
+
     def submit(self, request: GenerationRequest) -> Submission:
         """Queue `request`; raises `EngineClosed`, `QueueFull`,
         `ContextLengthExceeded` or `ContextOverBudget` at once, so the caller
@@ -158,8 +163,7 @@ class Engine:
             raise EngineClosed("server is shutting down")
         if self.loaded is not None:
             checks.check(request, self.loaded.vocab_size, self.loaded.context_window)
-        window = self.loaded.context_window if self.loaded is not None else None
-        self._admission.check_room(len(request.prompt_tokens), window)
+        self.check_room(len(request.prompt_tokens))
         self._admission.reserve(lambda: self._closed)
         gen = Generation(request, asyncio.get_running_loop())
         self.stats.requests_total += 1
