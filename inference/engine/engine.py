@@ -434,11 +434,18 @@ class Engine:
         return hashlib.sha1(ident.encode()).hexdigest()[:16]
 
     def _take_inbox(self, block: bool) -> bool:
-        """Move submitted work into the engine; False once asked to stop."""
+        """Move submitted work into the engine; False once asked to stop.
+        Takes what the inbox held when it looked, not what comes in while a
+        call runs: a caller whose next call follows each answer (the turns of
+        an embeddings request) would otherwise run turn after turn with no
+        decode step between them whenever its round trip beats this thread
+        back to the interpreter lock (a thread tokenizing beside them held a
+        stream 35 s)."""
         try:
             item = self._inbox.get() if block else self._inbox.get_nowait()
         except queue.Empty:
             return True
+        more = self._inbox.qsize()
         while True:
             if item is None:
                 return False
@@ -452,6 +459,9 @@ class Engine:
                 self._solo.add(item)
             else:
                 self._admission.waiting.append(item)
+            if more <= 0:
+                return True
+            more -= 1
             try:
                 item = self._inbox.get_nowait()
             except queue.Empty:
