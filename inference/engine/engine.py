@@ -150,6 +150,11 @@ class Engine:
             self.loaded.grammar_compiler.close()
 
     # -- asyncio side ----------------------------------------------------
+    def check_room(self, n: int) -> None:
+        """Raise `ContextLengthExceeded` or `ContextOverBudget` for a prompt
+        of `n` tokens that leaves no room to generate, as `submit` does."""
+        self._admission.check_room(n, self.loaded.context_window if self.loaded is not None else None)
+
     def submit(self, request: GenerationRequest) -> Submission:
         """Queue `request`; raises `EngineClosed`, `QueueFull`,
         `ContextLengthExceeded` or `ContextOverBudget` at once, so the caller
@@ -158,8 +163,7 @@ class Engine:
             raise EngineClosed("server is shutting down")
         if self.loaded is not None:
             checks.check(request, self.loaded.vocab_size, self.loaded.context_window)
-        window = self.loaded.context_window if self.loaded is not None else None
-        self._admission.check_room(len(request.prompt_tokens), window)
+        self.check_room(len(request.prompt_tokens))
         self._admission.reserve(lambda: self._closed)
         gen = Generation(request, asyncio.get_running_loop())
         self.stats.requests_total += 1
@@ -430,11 +434,18 @@ class Engine:
         return hashlib.sha1(ident.encode()).hexdigest()[:16]
 
     def _take_inbox(self, block: bool) -> bool:
-        """Move submitted work into the engine; False once asked to stop."""
+        """Move submitted work into the engine; False once asked to stop.
+        Takes what the inbox held when it looked, not what comes in while a
+        call runs: a caller whose next call follows each answer (the turns of
+        an embeddings request) would otherwise run turn after turn with no
+        decode step between them whenever its round trip beats this thread
+        back to the interpreter lock (a thread tokenizing beside them held a
+        stream 35 s)."""
         try:
             item = self._inbox.get() if block else self._inbox.get_nowait()
         except queue.Empty:
             return True
+        more = self._inbox.qsize()
         while True:
             if item is None:
                 return False
@@ -448,6 +459,9 @@ class Engine:
                 self._solo.add(item)
             else:
                 self._admission.waiting.append(item)
+            if more <= 0:
+                return True
+            more -= 1
             try:
                 item = self._inbox.get_nowait()
             except queue.Empty:

@@ -1,15 +1,34 @@
-"""OpenAI embeddings: checking the request and shaping the reply."""
+"""OpenAI embeddings: checking the request, tokenizing its texts, the bound
+on requests taken at once, and shaping the reply.
+
+An embeddings request of 2,048 long strings holds its body, its tokens and,
+in the engine, a turn between every two decode steps for minutes: at most
+`MAX_TAKEN` are taken at once (tokenizing, waiting for their turns or
+running them), and the next is refused at once with `QueueFull` (429
+`queue_full` in OpenAI's shape, as a full generation queue is). No Django
+here."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import struct
+import threading
+from collections.abc import Iterator
 
 from core.limits import Limits
+from inference.engine.errors import QueueFull
 from inference.protocols import unhonoured
 from inference.protocols.chat import check_chars
 from inference.protocols.errors import RequestError
 
 MAX_INPUTS = 2048
+# Requests taken at once. Each waiting one holds up to --max-body-bytes of body and its tokens, and each
+# running one takes a turn of the engine thread between two decode steps: eight, the bound kept on large
+# prompt builds (prompt_work.MAX_LARGE) and on calls waiting for the engine's exclusive use (solo.MAX_SOLO).
+MAX_TAKEN = 8
+
+_lock = threading.Lock()
+_taken = 0
 
 
 SHAPES = "a string, an array of strings, an array of token ids, or an array of token-id arrays"
@@ -66,6 +85,26 @@ def texts(body: dict, limits: Limits) -> list[str]:
         items = [f"Instruct: {instruction}\nQuery:{text}" for text in items]
     check_chars(sum(len(text) for text in items), "input", limits, "input")
     return items
+
+
+@contextlib.contextmanager
+def taken() -> Iterator[None]:
+    """A place for one request while the block runs; `QueueFull` while `MAX_TAKEN` are taken."""
+    global _taken
+    with _lock:
+        if _taken >= MAX_TAKEN:
+            raise QueueFull(f"{MAX_TAKEN} embeddings requests are already being served; retry later")
+        _taken += 1
+    try:
+        yield
+    finally:
+        with _lock:
+            _taken -= 1
+
+
+def tokenize(tokenizer, items: list[str] | list[list[int]]) -> list[list[int]]:
+    """The token ids of each input (token arrays as they came); run off the event loop."""
+    return [t if isinstance(t, list) else tokenizer.encode(t) for t in items]
 
 
 def encoding(body: dict) -> str:

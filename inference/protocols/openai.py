@@ -7,7 +7,7 @@ import codecs
 import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from core import sse as core_sse
@@ -161,14 +161,18 @@ async def _constrain(prepared: Prepared, spec, model: LoadedModel, options: Opti
         prepared.headers["Warning"] = constraint.warning
 
 
-async def prepare_chat(body: dict, model: LoadedModel, options: Options) -> Prepared:
+async def prepare_chat(body: dict, model: LoadedModel, options: Options,
+                       room: Callable[[int], None] | None = None) -> Prepared:
     """A chat request ready for the engine. Reading and rendering run off the
     event loop; the grammar compile and a client template's render are
     awaited on it (neither holds a thread while it waits); `options.templates`
-    is the TemplateSandbox when client templates are allowed."""
+    is the TemplateSandbox when client templates are allowed. `room(n)`
+    refuses a prompt of `n` tokens the engine would refuse (its window and
+    caps): asked once the prompt is built and before any grammar compiles,
+    since a compile (500 tools under a required tool_choice, a huge schema)
+    can take seconds of a process, and the cheap refusal is due first."""
     turn = await asyncio.to_thread(_read_chat, body, model, options)
     prepared = turn.prepared
-    templates = options.templates
     spec, deferred = turn.spec, None
     output_format = isinstance(spec, GrammarSpec) and spec.kind in ("json", "json_schema")
     if output_format and tool_choice.demands_a_call(body, turn.tools):
@@ -177,21 +181,14 @@ async def prepare_chat(body: dict, model: LoadedModel, options: Options) -> Prep
         # not be enforceable here, the format applies after all. A grammar of the request's own (guided_*)
         # is more precise than the call's and stays.
         spec, deferred = None, spec
+    prepared.request.prompt_tokens, think = await _build(turn, turn.messages, model, options)
+    if room is not None:
+        room(len(prepared.request.prompt_tokens))
     await _constrain(prepared, spec, model, options)
-    messages = turn.messages
     if prepared.constraint is not None and prepared.constraint.compiled is None:
-        messages = _with_instruction(messages, prepared.constraint.instruction())
-    rendered = None
-    if turn.template is not None:
-        if templates is None:
-            raise RequestError("client chat templates are not available on this server",
-                               "chat_template_kwargs.chat_template")
-        variables = {**_special_tokens(model), **turn.kwargs}
-        rendered = await templates.render(turn.template, messages, turn.tools, variables,
-                                          options.limits.max_prompt_chars, turn.continued)
-    chars = turn.chars + len(rendered or "")
-    prepared.request.prompt_tokens, think = await prompt_work.run(
-        chars, chat.build_prompt, model, messages, turn.tools, turn.kwargs, rendered, turn.continued)
+        # The constraint degrades to an instruction in the system turn: the prompt is built again with it.
+        messages = _with_instruction(turn.messages, prepared.constraint.instruction())
+        prepared.request.prompt_tokens, think = await _build(turn, messages, model, options)
     prepared.request.continues = turn.continued
     if turn.images and model.vision is not None:
         await asyncio.to_thread(_with_images, prepared.request, turn.images, model.vision)
@@ -216,6 +213,21 @@ async def prepare_chat(body: dict, model: LoadedModel, options: Options) -> Prep
                                    harmony=harmony.Reader(in_message=turn.continued)
                                    if harmony.is_harmony(model.tokenizer) else None)
     return prepared
+
+
+async def _build(turn, messages: list[dict], model: LoadedModel, options: Options):
+    """The turn's prompt tokens over `messages` (and the think state), through a client template if it brought one."""
+    rendered = None
+    if turn.template is not None:
+        if options.templates is None:
+            raise RequestError("client chat templates are not available on this server",
+                               "chat_template_kwargs.chat_template")
+        variables = {**_special_tokens(model), **turn.kwargs}
+        rendered = await options.templates.render(turn.template, messages, turn.tools, variables,
+                                                  options.limits.max_prompt_chars, turn.continued)
+    chars = turn.chars + len(rendered or "")
+    return await prompt_work.run(chars, chat.build_prompt, model, messages, turn.tools, turn.kwargs, rendered,
+                                 turn.continued)
 
 
 async def _enforce_tool_choice(prepared: Prepared, body: dict, tools, model: LoadedModel, options: Options,

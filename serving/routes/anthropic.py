@@ -32,7 +32,7 @@ async def messages(request: HttpRequest):
 async def count_tokens(request: HttpRequest):
     body = await pipeline.read_body(request)
     inner = inner_fields.check(body, inner_fields.MESSAGES)
-    _, prepared = await pipeline.prepare_chat(request, anthropic.count_body(body))
+    _, prepared = await pipeline.prepare_chat(request, anthropic.count_body(body), None)
     # What a Messages request reads, count_tokens reads (or passes over: stream, max_tokens, tool_choice).
     pipeline.name_ignored(prepared, body, MessagesRequest, unhonoured.MESSAGES, "messages", inner)
     named = {k: v for k, v in prepared.headers.items() if k == pipeline.IGNORED_HEADER}  # no generation's Warning

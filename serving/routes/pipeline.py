@@ -53,12 +53,24 @@ async def read_body(request) -> dict:
     return await params.read_json_body(request.body, request.runtime.options.limits.max_json_depth)
 
 
-async def prepare_chat(request, chat_body: dict) -> tuple[Engine, Prepared]:
-    """The chat turn a protocol's body stands for, on the runtime's engine."""
+async def prepare_chat(request, chat_body: dict, param: str | None = "messages") -> tuple[Engine, Prepared]:
+    """The chat turn a protocol's body stands for, on the runtime's engine. A
+    prompt the engine would refuse as too long is refused as soon as it is
+    built, before any grammar compiles, naming `param` (None: not refused,
+    for a count of its tokens)."""
     runtime = request.runtime
     engine = runtime.require_engine(chat_body.get("model"))
     session = params.session_key(chat_body, request.headers)
-    prepared = await openai.prepare_chat(chat_body, engine.loaded_model, runtime.options)
+
+    def room(n: int) -> None:
+        try:
+            engine.check_room(n)
+        except ContextLengthExceeded as exc:
+            exc.param = param or exc.param
+            raise
+
+    prepared = await openai.prepare_chat(chat_body, engine.loaded_model, runtime.options,
+                                         room if param is not None else None)
     prepared.request.session = session
     return engine, prepared
 

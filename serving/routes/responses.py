@@ -31,7 +31,7 @@ async def create(request: HttpRequest) -> HttpResponse:
         raise RequestError("store must be a boolean", "store")
     holder = holders.of(request)  # what this request stores is its key's (core/holders.py)
     turn = responses.Turn(body, store_them, holder)
-    engine, prepared = await pipeline.prepare_chat(request, turn.chat_body(body))
+    engine, prepared = await pipeline.prepare_chat(request, turn.chat_body(body), "input")
     pipeline.name_ignored(prepared, body, ResponsesRequest, unhonoured.RESPONSES, "responses", inner)
     model = engine.loaded_model
     reply = responses_reply.Reply(model.model_id, body, turn, model.tokenizer)

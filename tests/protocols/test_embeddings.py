@@ -109,3 +109,78 @@ def test_refused_on_a_chat_model(base_url):
     assert r.status_code == 400
     err = r.json()["error"]
     assert err["type"] == "invalid_request_error" and "not an embedding model" in err["message"]
+
+
+def _encode_watched(monkeypatch, watch) -> None:
+    """The served tokenizer's `encode` calls `watch(text)` on the thread that tokenizes, then encodes."""
+    from hearth.root import RUNTIME
+
+    tokenizer = RUNTIME.engine.loaded_model.tokenizer._tokenizer
+    real = type(tokenizer).encode
+
+    def encode(self, text, *args, **kwargs):
+        watch(text)
+        return real(self, text, *args, **kwargs)
+
+    monkeypatch.setattr(type(tokenizer), "encode", encode)
+
+
+def test_large_texts_are_tokenized_as_large_prompts_are(embed_server, monkeypatch):
+    """Texts of more than `prompt_work.LARGE_CHARS` characters in all are
+    tokenized on the large prompts' thread, one build at a time and counted
+    with them (2,048 strings of ~1,000 characters tokenized on the loop's
+    pool held a 16-token stream beside them 2.5 s), and refused as a full
+    queue past `MAX_LARGE`; the tokens are still checked against the window."""
+    import threading
+
+    from inference.protocols import prompt_work
+
+    threads: list[str] = []
+    _encode_watched(monkeypatch, lambda text: threads.append(threading.current_thread().name))
+    body = {"input": ["word " * 8_000, "the cat sat " * 6_000], "encoding_format": "float"}  # 112,000 characters
+    r = embed_server.post("/v1/embeddings", json=body)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "input" and "input[0]" in r.json()["error"]["message"]
+    assert threads == ["hearth-large-prompt_0"] * 2
+    monkeypatch.setattr(prompt_work, "MAX_LARGE", 0)
+    full = embed_server.post("/v1/embeddings", json=body)
+    assert full.status_code == 429, full.text
+    assert (full.json()["error"]["type"], full.json()["error"]["code"]) == ("resource_admission", "queue_full")
+    small = embed_server.post("/v1/embeddings", json={"input": ["the cat"]})  # not a large build: not counted
+    assert small.status_code == 200 and len(threads) == 3 and threads[-1] != "hearth-large-prompt_0"
+
+
+def test_requests_past_the_bound_are_refused_as_a_full_queue(embed_server, monkeypatch):
+    """Each request taken holds its body and tokens, and takes engine turns:
+    past `MAX_TAKEN` served at once the next is a 429 queue_full in OpenAI's
+    shape, at once (50 clients of 2,048 strings were all taken before); a
+    chat is not counted, and a place comes back when a request ends."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from inference.protocols import embeddings
+
+    inside, release = threading.Event(), threading.Event()
+
+    def hold(text: str) -> None:
+        if text == "held":
+            inside.set()
+            release.wait(60)  # the first request stays taken until the refusal below is in
+
+    _encode_watched(monkeypatch, hold)
+    monkeypatch.setattr(embeddings, "MAX_TAKEN", 1, raising=False)  # one held request fills the bound
+    with ThreadPoolExecutor(1) as pool:
+        held = pool.submit(embed_server.post, "/v1/embeddings", json={"input": "held"})
+        assert inside.wait(60)
+        try:
+            refused = embed_server.post("/v1/embeddings", json={"input": "the cat sat"})
+            chat = embed_server.post("/v1/chat/completions",
+                                     json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2})
+        finally:
+            release.set()
+        first = held.result(timeout=120)
+    assert refused.status_code == 429, refused.text
+    error = refused.json()["error"]
+    assert (error["type"], error["code"]) == ("resource_admission", "queue_full") and "1 embeddings" in error["message"]
+    assert chat.status_code == 200 and first.status_code == 200
+    again = embed_server.post("/v1/embeddings", json={"input": "the cat sat"})
+    assert again.status_code == 200
