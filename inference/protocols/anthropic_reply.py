@@ -16,7 +16,7 @@ from core import sse
 from core.surfaces import ANTHROPIC
 from inference.engine.types import EventStream, GenerationEvent, Usage
 from inference.protocols.argstream import finished_members
-from inference.protocols.openai import with_keepalive
+from inference.protocols.openai_reply import with_keepalive
 from inference.protocols.output import Message, OutputParser, Piece, ToolDelta
 from inference.protocols.toolcalls import ToolCall, called
 

@@ -13,11 +13,11 @@ import copy
 from collections.abc import AsyncIterator
 
 from inference.engine.types import EventStream, GenerationEvent, GenerationRequest, Usage
-from inference.protocols.openai import (
+from inference.protocols.openai import Prepared
+from inference.protocols.openai_reply import (
     KEEP_ALIVE,
     Ended,
     Message,
-    Prepared,
     Reply,
     choice_chunks,
     collect,

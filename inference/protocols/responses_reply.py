@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 from core import sse
 from core.surfaces import RESPONSES
 from inference.engine.types import EventStream, GenerationEvent
-from inference.protocols.openai import with_keepalive
+from inference.protocols.openai_reply import with_keepalive
 from inference.protocols.output import Message, OutputParser, Piece, ToolDelta
 from inference.protocols.responses import Turn, new_id
 from inference.protocols.toolcalls import ToolCall

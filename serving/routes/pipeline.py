@@ -13,9 +13,10 @@ from inference.engine.engine import Engine
 from inference.engine.errors import ContextLengthExceeded
 from inference.engine.rows import Submission
 from inference.engine.types import EventStream, GenerationEvent, GenerationRequest
-from inference.protocols import choices, openai, params, unhonoured
+from inference.protocols import choices, openai, openai_reply, params, unhonoured
 from inference.protocols.errors import RequestError
-from inference.protocols.openai import Message, Prepared
+from inference.protocols.openai import Prepared
+from inference.protocols.output import Message
 from serving import traces
 from serving.streams.store import StreamRefused, check_id, close_quietly, request_key
 
@@ -100,7 +101,7 @@ async def respond(request, engine: Engine, prepared: Prepared, param: str, strea
             frames = await resumable(request, conversation, engine.loaded_model.model_id, frames, submission)
             headers["X-Conversation-Id"] = conversation
         return surfaces.of(request).sse(frames, headers)
-    message, logprobs, final = await openai.collect(events, prepared.output)
+    message, logprobs, final = await openai_reply.collect(events, prepared.output)
     if final.error is not None:
         status = final.error_status
         return surfaces.of(request).response(status, final.error, param=final.error_param)
@@ -108,7 +109,7 @@ async def respond(request, engine: Engine, prepared: Prepared, param: str, strea
 
 
 async def respond_choices(request, engine: Engine, prepared: Prepared, param: str, streaming: bool,
-                          reply: openai.Reply, keepalive: float) -> HttpResponse:
+                          reply: openai_reply.Reply, keepalive: float) -> HttpResponse:
     """`respond` for a chat or completion that asks for `n` > 1 choices: each
     a row of the batch, submitted together (protocols/choices.py)."""
     conversation = conversation_id(request) if streaming else None

@@ -184,7 +184,7 @@ def test_completions_text_offset_counts_the_texts_characters_across_a_stream():
     """`text_offset` is where each token's text starts in the choice's text, over the whole stream: a byte
     that starts no character is the one U+FFFD the text shows, a character split over tokens starts at its
     first (not the length of the label `bytes:\\x83`); each choice of a stream keeps its own count."""
-    from inference.protocols.openai import Reply
+    from inference.protocols.openai_reply import Reply
 
     def entry(raw: bytes) -> dict:
         return {"token": raw.decode("utf-8", "replace"), "logprob": -1.0, "top_logprobs": [], "bytes": list(raw)}
