@@ -250,7 +250,7 @@ class Processes:
         asyncio.ensure_future(self._preload(slot.id))
 
     def _fail(self, slot: Slot, message: str) -> None:
-        slot.status, slot.error, slot.port = "failed", message, None
+        slot.status, slot.error, slot.port, slot.failed_at = "failed", message, None, time.monotonic()
         self._wake()
         log.warning("loading %s failed: %s", slot.id, message)
         slot.ready.set()

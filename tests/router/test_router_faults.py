@@ -1,9 +1,12 @@
-"""Router mode with a model's process that stops answering (SIGSTOP: as a
-deadlocked or swapped-out process): the request waiting on it gets its
+"""Router mode's faults: a model's process that stops answering (SIGSTOP:
+as a deadlocked or swapped-out process): the request waiting on it gets its
 error after --child-timeout, the router asks the process's /health, and a
 process that does not answer that either is killed, so the next request
 loads the model afresh rather than waiting as long again; unloading a
-hung process kills it rather than waiting minutes for its drain."""
+hung process kills it rather than waiting minutes for its drain. A model
+whose weights are corrupt fails its load with the reason, and requests for
+it are answered that at once for a while rather than each starting a
+process that fails again."""
 from __future__ import annotations
 
 import os
@@ -15,7 +18,7 @@ import pytest
 
 from tests.helpers import ServerProcess, build_tiny_model, server_env
 
-MODEL = "hearth-test/stall"
+MODEL, BROKEN = "hearth-test/stall", "hearth-test/broken"
 HTTP = httpx.Client(timeout=120)
 
 
@@ -23,19 +26,21 @@ HTTP = httpx.Client(timeout=120)
 def router(tmp_path_factory):
     root = tmp_path_factory.mktemp("stall")
     build_tiny_model(root / "hf" / "hub", MODEL)
+    broken = build_tiny_model(root / "hf" / "hub", BROKEN) / "model.safetensors"
+    broken.resolve().write_bytes(b"\x10" * 1000)  # not safetensors: its header length is nonsense
     proc = ServerProcess(server_env(root / "hf", root / "hearth"), "--default-model", MODEL, "--no-worker",
                          "--child-timeout", "8", log_path=root / "router.log").wait_ready()
     yield proc
     assert proc.stop() == 0, proc.output()
 
 
-def _row(url: str) -> dict:
-    return next(r for r in HTTP.get(url + "/models").json()["data"] if r["id"] == MODEL)
+def _row(url: str, model: str = MODEL) -> dict:
+    return next(r for r in HTTP.get(url + "/models").json()["data"] if r["id"] == model)
 
 
-def _chat(url: str) -> httpx.Response:
+def _chat(url: str, model: str = MODEL) -> httpx.Response:
     return HTTP.post(url + "/v1/chat/completions", json={
-        "model": MODEL, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 4})
+        "model": model, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 4})
 
 
 def _gone(pid: int) -> bool:
@@ -91,3 +96,19 @@ def test_unloading_a_hung_process_kills_it(router):
     finally:
         _cleanup(pid)
     assert _chat(router.url).status_code == 200
+
+
+def test_a_model_that_fails_to_load_is_not_loaded_again_by_every_request(router):
+    first = _chat(router.url, BROKEN)
+    assert first.status_code == 503 and first.json()["error"]["code"] == "model_load_failed", first.text
+    assert "safetensors" in first.json()["error"]["message"]  # the loader's own reason
+    row = _row(router.url, BROKEN)
+    assert row["status"]["value"] == "failed" and row["pid"] is None
+    for _ in range(3):  # a client retrying: the same answer, with no process started for it
+        again = _chat(router.url, BROKEN)
+        assert again.status_code == 503 and again.json()["error"]["code"] == "model_load_failed"
+        message = again.json()["error"]["message"]
+        assert "failed to load" in message and "s ago" in message and "safetensors" in message, message
+    assert _chat(router.url).status_code == 200  # the other model serves throughout
+    asked = HTTP.post(router.url + "/models/load", json={"model": BROKEN})  # tries again at once
+    assert asked.status_code == 503 and "s ago" not in asked.json()["error"]["message"], asked.text
