@@ -11,6 +11,10 @@ checked later would come after the memory was spent).
   clients are answered 408 and dropped); a keep-alive connection idle for
   `idle_timeout_s` is closed. A request being answered (a long
   generation, a stream) is never timed out here.
+- A request line or header line over Twisted's 16 KiB line cap (a query
+  string of 20 KB) is answered 414 (431 for a header), and a request whose
+  line and headers pass 16 KiB together 431: Twisted would drop the
+  connection without a word, or answer a bare 400.
 - A response is written no faster than its client reads: while the
   connection's send buffer is full, the app's next write waits (daphne
   would otherwise buffer a whole stream in memory for a client that reads
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections.abc import Callable
 from typing import Any, Protocol, cast
 
@@ -40,6 +45,7 @@ from core.limits import current as current_limits
 log = logging.getLogger("hearth.http")
 
 LINGER_S = 5.0  # after a refusal, how long the rest of a body may still arrive before the connection is cut
+REQUEST_LINE = re.compile(rb"[A-Z]+ (\S+)")  # the start of a request line: its method and target
 
 
 class _Timer(Protocol):
@@ -61,9 +67,10 @@ def clock() -> _Clock:
     return cast(_Clock, reactor)
 
 
-def _refuse(channel, status: int, reason: bytes, message: str, code: str) -> None:
-    """Write a complete answer and close: nothing more is read into memory."""
-    path = (getattr(channel, "_path", b"") or b"/").split(b"?", 1)[0].decode("latin-1")
+def _refuse(channel, status: int, reason: bytes, message: str, code: str, target: bytes | None = None) -> None:
+    """Write a complete answer and close: nothing more is read into memory. `target`: the request's,
+    when the channel has not parsed it (its shape is the route's)."""
+    path = (target or getattr(channel, "_path", b"") or b"/").split(b"?", 1)[0].decode("latin-1")
     body = surfaces.for_path(path).error_bytes(status, message, code)
     head = (f"HTTP/1.1 {status} ".encode() + reason + b"\r\nContent-Type: application/json\r\n"
             + f"Content-Length: {len(body)}\r\n".encode() + b"Connection: close\r\n\r\n")
@@ -171,6 +178,32 @@ class GuardedChannel(Paced, http.HTTPChannel):
         if self._deadline is None and not self._handlingRequest:
             self._arm(current_limits().header_timeout_s, "headers")
         super().dataReceived(data)
+
+    def lineReceived(self, line):
+        if self.refused:
+            return  # the lines after a refusal that came in the same read
+        if self._receivedHeaderSize + len(line) > self.totalHeadersSize:
+            self._too_long(line, whole=True)
+            return
+        super().lineReceived(line)
+
+    def lineLengthExceeded(self, line):
+        self._too_long(line, whole=False)
+
+    def _too_long(self, line: bytes, whole: bool) -> None:
+        """Answer a request line or header over Twisted's caps (LineReceiver.MAX_LENGTH for one line,
+        totalHeadersSize for the request line and headers together) in its route's shape."""
+        start = REQUEST_LINE.match(line)  # the request line: its target names the route, and the answer's shape
+        target = start.group(1) if start is not None else None
+        if target is not None and not whole:
+            _refuse(self, 414, b"URI Too Long", f"the request line is over {self.MAX_LENGTH} bytes: a URL "
+                    "(its query string included) this long is not taken; send the parameters in a body",
+                    "uri_too_long", target)
+            return
+        cap = self.totalHeadersSize if whole else self.MAX_LENGTH
+        what = "the request line and headers together are" if whole else "a header line is"
+        _refuse(self, 431, b"Request Header Fields Too Large", f"{what} over {cap} bytes", "headers_too_large",
+                target)
 
     def allHeadersReceived(self):
         super().allHeadersReceived()

@@ -13,6 +13,9 @@ from core import home
 from core.fs import write_atomically
 from core.paths import ADAPTER_FILES, is_inside
 
+# Hugging Face tokens are "hf_" and 34 letters; room for longer ones, none for a pasted file.
+TOKEN_MAX = 256
+
 
 def saved_token() -> str | None:
     try:

@@ -187,12 +187,14 @@ def quantize_submit(request: HttpRequest, body: QuantizeRequest) -> dict:
 
 
 @router.post("/finetune/inspect-dataset")
-def finetune_inspect(request: HttpRequest, body: DatasetFolder) -> dict:
+async def finetune_inspect(request: HttpRequest, body: DatasetFolder) -> dict:
     """What the folder's `train.jsonl` (and `valid.jsonl`) hold: 404 when there is no `train.jsonl`,
     422 when the rows cannot be read."""
     # PathRefused is a ValueError: the innermost refusal answers it first, with its 400.
     with refused(FileNotFoundError, status=404), refused(ValueError, status=422), refused(PathRefused):
-        return finetune.inspect(str(confine(body.path, "path")))
+        # A pass over every row of a large file takes seconds: in a thread of its own, not on the one
+        # thread Django's synchronous views share.
+        return await asyncio.to_thread(lambda: finetune.inspect(str(confine(body.path, "path"))))
 
 
 @router.post("/finetune/submit")

@@ -23,9 +23,13 @@ def token_status(request: HttpRequest) -> dict:
 
 @router.post("/settings/hf-token")
 def token_save(request: HttpRequest, body: TokenRequest) -> dict:
-    if not body.token.strip():
+    token = body.token.strip()
+    if not token:
         raise ApiError("token: a token is required")
-    hf.save_token(body.token.strip())
+    if len(token) > hf.TOKEN_MAX or not token.isascii() or not token.isprintable() or " " in token:
+        raise ApiError(f"token: a Hugging Face token is one word of at most {hf.TOKEN_MAX} ASCII characters "
+                       f"(hf_ and about 34 letters); this is {len(token)} characters")
+    hf.save_token(token)
     return {"ok": True}
 
 

@@ -59,6 +59,13 @@ def _finished_on_disk(job: Job) -> dict | None:
     return last if not output or Path(output).exists() else None
 
 
+def settings_file(job: Job) -> Path:
+    """Where the worker writes a job's settings for its child: beside its log, not on the command line
+    (Linux caps one argument at 128 KiB, which a dataset job's pasted rows pass). Removed once the child
+    has ended, or by the sweep that finds its worker gone (the row keeps the settings)."""
+    return Path(job.log_path).with_suffix(".config.json")
+
+
 def mark_zombies() -> int:
     """Running jobs whose worker is gone can never finish: mark them, from
     what is on disk: `done` when the child finished and its output is there,
@@ -69,6 +76,7 @@ def mark_zombies() -> int:
         reason = _worker_gone(job)
         if reason is None:
             continue
+        settings_file(job).unlink(missing_ok=True)  # its worker, which would have removed it, is gone
         done = _finished_on_disk(job)
         if done is not None:
             job.status, job.ended_at, job.progress = "done", timezone.now(), 1.0
@@ -136,9 +144,7 @@ def run(job_id: str) -> None:
     job = Job.objects.get(id=job_id)
     events = job.event_log()
     stderr_path = Path(job.log_path).with_suffix(".stderr")  # the child's output stays on the worker's host
-    # The settings go in a file beside it, not on the command line: Linux caps one argument at 128 KiB,
-    # which a dataset job's pasted rows pass.
-    config_path = Path(job.log_path).with_suffix(".config.json")
+    config_path = settings_file(job)
     state: dict[str, dict] = {}  # "done" or "failed": the child's closing event
     child, code, cancelled = None, None, False
     try:

@@ -168,7 +168,8 @@ function dataset(main) {
     const key = `${chosen.id}:${f.name}`;
     if (!inputs[key]) {
       inputs[key] = f.type === "textarea" ? h("textarea", { rows: 8, style: "width:100%" })
-        : h("input", { type: f.type === "number" ? "number" : "text", step: "any", style: "width:100%" });
+        : h("input", { type: f.type === "number" ? "number" : "text", step: f.integer ? 1 : "any",
+          min: f.minimum ?? false, max: f.maximum ?? false, style: "width:100%" });
       if (f.default !== undefined) inputs[key].value = f.default;
     }
     return field(`${f.label}${f.required ? " *" : ""}`, inputs[key], f.hint);

@@ -26,7 +26,9 @@ _DATA = {"name": "data", "type": "textarea", "label": "Rows (CSV with a header, 
          "hint": "or leave empty and give a file path below"}
 _PATH = {"name": "path", "type": "text", "label": "File path", "hint": "a .csv or .jsonl file on this machine"}
 _VALID = {"name": "valid_fraction", "type": "number", "label": "Validation share", "default": 0.1,
-          "hint": "0 to 0.5 of the rows go to valid.jsonl"}
+          "minimum": 0, "maximum": 0.5, "hint": "0 to 0.5 of the rows go to valid.jsonl"}
+_FORMAT = {"name": "format", "type": "text", "label": "Format", "default": "auto", "choices": ["auto", "csv", "jsonl"],
+           "hint": "auto, csv or jsonl"}
 
 TEMPLATES = [
     {"id": "qa-from-text", "label": "Questions and answers from a text",
@@ -34,17 +36,17 @@ TEMPLATES = [
                     "passage, as chat examples.",
      "output_format": "messages", "needs_llm": True,
      "fields": [{"name": "text", "type": "textarea", "label": "Source text", "required": True},
-                {"name": "pairs_per_passage", "type": "number", "label": "Pairs per passage", "default": 2},
+                {"name": "pairs_per_passage", "type": "number", "label": "Pairs per passage", "default": 2,
+                 "integer": True, "minimum": 1, "maximum": 20},
                 {"name": "passage_chars", "type": "number", "label": "Passage length (characters)",
-                 "default": 1200},
+                 "default": 1200, "integer": True, "minimum": 200, "maximum": 20000},
                 {"name": "system", "type": "text", "label": "System prompt for the examples",
                  "hint": "optional; added to every example"},
                 _VALID]},
     {"id": "table-to-messages", "label": "CSV / JSONL to chat examples",
      "description": "Convert rows with a prompt column and a response column into chat examples.",
      "output_format": "messages", "needs_llm": False,
-     "fields": [_DATA, _PATH,
-                {"name": "format", "type": "text", "label": "Format", "default": "auto", "hint": "auto, csv or jsonl"},
+     "fields": [_DATA, _PATH, _FORMAT,
                 {"name": "prompt_column", "type": "text", "label": "Prompt column",
                  "hint": "default: prompt, question, instruction or input"},
                 {"name": "response_column", "type": "text", "label": "Response column",
@@ -55,13 +57,13 @@ TEMPLATES = [
      "description": "Rows with a prompt, a chosen and a rejected reply become prompt/chosen/rejected pairs. "
                     "Rows without a rejected reply can take the served model's own answer as the rejected one.",
      "output_format": "dpo", "needs_llm": False,
-     "fields": [_DATA, _PATH,
-                {"name": "format", "type": "text", "label": "Format", "default": "auto", "hint": "auto, csv or jsonl"},
+     "fields": [_DATA, _PATH, _FORMAT,
                 {"name": "prompt_column", "type": "text", "label": "Prompt column", "hint": "default: prompt"},
                 {"name": "chosen_column", "type": "text", "label": "Chosen column", "hint": "default: chosen"},
                 {"name": "rejected_column", "type": "text", "label": "Rejected column", "hint": "default: rejected"},
                 {"name": "model_rejects", "type": "number", "label": "Fill missing rejected replies from the model",
-                 "default": 0, "hint": "1 = ask the served model, 0 = skip such rows"},
+                 "default": 0, "integer": True, "minimum": 0, "maximum": 1,
+                 "hint": "1 = ask the served model, 0 = skip such rows"},
                 _VALID]},
 ]
 BY_ID = {t["id"]: t for t in TEMPLATES}
@@ -69,29 +71,47 @@ QUESTION_CHARS, ANSWER_CHARS = 200, 600
 
 
 def check_inputs(template: dict, inputs: dict) -> None:
-    """Required fields present and numbers numeric, before a job is queued."""
-    for field in template["fields"]:
-        value = inputs.get(field["name"])
+    """Every input is a field of the template, required ones present, numbers numbers in their
+    field's range, choices one of theirs: checked before a job is queued, and again as it runs. A
+    ValueError names the field (`inputs.NAME`)."""
+    fields = {field["name"]: field for field in template["fields"]}
+    unknown = sorted(set(inputs) - set(fields))
+    if unknown:
+        raise ValueError(f"inputs.{unknown[0]}: not a field of the {template['id']} template "
+                         f"(its fields: {', '.join(fields)})")
+    for name, field in fields.items():
+        value = inputs.get(name)
         if field.get("required") and (not isinstance(value, str) or not value.strip()):
-            raise ValueError(f"{field['name']} is required")
+            raise ValueError(f"inputs.{name}: {name} is required")
         if value is not None and field["type"] == "number":
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise ValueError(f"{field['name']} must be a number")
+            _in_range(field, value)
         if value is not None and field["type"] in ("text", "textarea") and not isinstance(value, str):
-            raise ValueError(f"{field['name']} must be a string")
-    path = inputs.get("path")
-    if isinstance(path, str) and path.strip() and not (isinstance(inputs.get("data"), str) and inputs["data"].strip()):
+            raise ValueError(f"inputs.{name}: {name} must be a string")
+        if isinstance(value, str) and value and "choices" in field and value not in field["choices"]:
+            raise ValueError(f"inputs.{name}: {name} must be {', '.join(field['choices'])}, not {value!r}")
+    path, data = inputs.get("path"), inputs.get("data")
+    pasted = isinstance(data, str) and data.strip()
+    if "data" in fields and not pasted and not (isinstance(path, str) and path.strip()):
+        raise ValueError("inputs.data: paste the rows into data or give a file path")
+    if isinstance(path, str) and path.strip() and not pasted:
         regular_file(confine(path, "path"), "path")  # again in the job's child, just before it is read
 
 
-def _number(inputs: dict, name: str, default: float, low: float, high: float) -> float:
-    value = inputs.get(name, default)
-    value = default if value is None else value
-    if not low <= value <= high:
-        raise ValueError(f"{name} must be between {low} and {high}")
-    return value
+def _in_range(field: dict, value: object) -> None:
+    name, low, high = field["name"], field["minimum"], field["maximum"]
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"inputs.{name}: {name} must be a number")
+    if field.get("integer") and not (isinstance(value, int) or value.is_integer()):
+        raise ValueError(f"inputs.{name}: {name} must be a whole number, not {value}")
+    if not low <= value <= high:  # NaN included
+        raise ValueError(f"inputs.{name}: {name} must be between {low} and {high}, not {value}")
 
 
+def _number(template: dict, inputs: dict, name: str) -> float:
+    """The number `inputs` gives for `name` (checked by check_inputs), or its field's default."""
+    field = next(f for f in template["fields"] if f["name"] == name)
+    value = inputs.get(name)
+    return field["default"] if value is None else value
 
 
 def _passages(text: str, size: int) -> list[str]:
@@ -111,8 +131,8 @@ def _passages(text: str, size: int) -> list[str]:
 
 
 def _qa_from_text(inputs: dict, model: _Model, log: EventLog) -> tuple[list[dict], int]:
-    per = int(_number(inputs, "pairs_per_passage", 2, 1, 20))
-    passages = _passages(inputs["text"], int(_number(inputs, "passage_chars", 1200, 200, 20000)))
+    per = int(_number(BY_ID["qa-from-text"], inputs, "pairs_per_passage"))
+    passages = _passages(inputs["text"], int(_number(BY_ID["qa-from-text"], inputs, "passage_chars")))
     schema = {"type": "object", "required": ["pairs"], "properties": {"pairs": {
         "type": "array", "minItems": 1, "maxItems": per, "items": {
             "type": "object", "required": ["question", "answer"],
@@ -175,7 +195,7 @@ def _dpo_pairs(inputs: dict, model: _Model | None, log: EventLog) -> tuple[list[
     rejected = inputs.get("rejected_column") or ("rejected" if "rejected" in names else None)
     if rejected and rejected not in names:
         raise ValueError(f"no column {rejected!r} for the rejected reply (columns: {', '.join(names)})")
-    fill = bool(_number(inputs, "model_rejects", 0, 0, 1))
+    fill = bool(_number(BY_ID["dpo-pairs"], inputs, "model_rejects"))
     out, skipped = [], 0
     for n, row in enumerate(rows, 1):
         p, c = str(row.get(prompt) or "").strip(), str(row.get(chosen) or "").strip()
@@ -200,7 +220,7 @@ def run(config: dict, log: EventLog, stage_delay: float = 0.0) -> tuple[str, dic
     inputs = config.get("inputs") or {}
     check_inputs(template, inputs)
     out = Path(config["output_dir"])
-    share = _number(inputs, "valid_fraction", 0.1, 0, 0.5)
+    share = _number(template, inputs, "valid_fraction")
     log.emit("stage", stage="read", progress=0.05, message=f"building {template['label']}")
     if stage_delay:
         time.sleep(stage_delay)

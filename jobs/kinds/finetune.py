@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -30,7 +31,15 @@ from core.paths import (
     regular_file,
 )
 from jobs.events import EventLog
-from jobs.kinds.training import Reporter, ServingChatDataset, learns, optimizer, read_jsonl, training_args
+from jobs.kinds.training import (
+    Reporter,
+    ServingChatDataset,
+    jsonl_rows,
+    learns,
+    optimizer,
+    read_jsonl,
+    training_args,
+)
 
 
 def _knob(default, doc: str):
@@ -142,25 +151,32 @@ FORMAT_NAMES = {"messages": "chat messages", "prompt-completion": "prompt/comple
                 "dpo": "prompt/chosen/rejected"}
 
 
-def rows_format(rows: list, name: str) -> str:
+def rows_format(rows: Iterable, name: str) -> str:
     """The format every row of the file `name` is in (the first row's); a ValueError that names
     the file, the row and what it holds when the file is empty, the first row is in no format
     the trainers know, or a later row lacks what the first row's format needs."""
-    if not rows:
-        raise ValueError(f"{name} has no rows")
-    fmt = data_format(rows)
-    if fmt == "unknown":
-        first = rows[0]
-        held = ", ".join(sorted(map(str, first))) or "no fields" if isinstance(first, dict) else "not an object"
-        raise ValueError(f"{name} row 1 has {held}: rows must be messages, prompt/completion or text (SFT) or "
-                         "prompt/chosen/rejected (DPO, ORPO); the Dataset page's CSV / JSONL template converts "
-                         "other columns")
-    for n, row in enumerate(rows, 1):
+    return checked_rows(rows, name)[0]
+
+
+def checked_rows(rows: Iterable, name: str, needed: bool = True) -> tuple[str, int]:
+    """`rows_format` of rows read one at a time (a file's `jsonl_rows`), and how many there are;
+    ("unknown", 0) for no rows when they are not `needed`."""
+    fmt, count = "unknown", 0
+    for count, row in enumerate(rows, 1):
+        if count == 1:
+            fmt = data_format([row])
+            if fmt == "unknown":
+                held = ", ".join(sorted(map(str, row))) or "no fields" if isinstance(row, dict) else "not an object"
+                raise ValueError(f"{name} row 1 has {held}: rows must be messages, prompt/completion or text (SFT) "
+                                 "or prompt/chosen/rejected (DPO, ORPO); the Dataset page's CSV / JSONL template "
+                                 "converts other columns")
         missing = [key for key in NEEDS[fmt] if not isinstance(row, dict) or not _usable(key, row.get(key))]
         if missing:
-            raise ValueError(f"{name} row {n} has no usable {missing[0]!r}: every row must be "
+            raise ValueError(f"{name} row {count} has no usable {missing[0]!r}: every row must be "
                              f"{FORMAT_NAMES[fmt]} like row 1")
-    return fmt
+    if not count and needed:
+        raise ValueError(f"{name} has no rows")
+    return fmt, count
 
 
 def _usable(key: str, value: Any) -> bool:
@@ -173,14 +189,19 @@ def _usable(key: str, value: Any) -> bool:
 
 def inspect(data_dir: str) -> dict:
     """What a dataset folder holds; `data_dir` is already confined (core.paths). FileNotFoundError
-    without a train.jsonl, ValueError when its rows cannot be read or cannot be trained on."""
+    without a train.jsonl, ValueError when its rows cannot be read or cannot be trained on. One pass
+    over each file, a row at a time: a file of any size is checked in the memory of its longest row."""
     root = Path(data_dir)
     confine_members(root, DATA_FILES, "path")
     if not (root / "train.jsonl").is_file():
         raise FileNotFoundError(f"{root / 'train.jsonl'} not found")
-    train_rows, valid_rows = _dataset(root)
-    return {"ok": True, "n_train": len(train_rows), "n_valid": len(valid_rows),
-            "format": rows_format(train_rows, "train.jsonl")}
+    fmt, n_train = checked_rows(jsonl_rows(root / "train.jsonl"), "train.jsonl")
+    n_valid = 0
+    if (root / "valid.jsonl").is_file():  # an empty one is none, as the trainer reads it
+        valid_fmt, n_valid = checked_rows(jsonl_rows(root / "valid.jsonl"), "valid.jsonl", needed=False)
+        if n_valid:
+            _same_format(fmt, valid_fmt)
+    return {"ok": True, "n_train": n_train, "n_valid": n_valid, "format": fmt}
 
 
 def _dataset(root: Path) -> tuple[list, list]:
@@ -189,10 +210,15 @@ def _dataset(root: Path) -> tuple[list, list]:
     train_rows = read_jsonl(root / "train.jsonl")
     valid_rows = read_jsonl(root / "valid.jsonl") if (root / "valid.jsonl").is_file() else []
     fmt = rows_format(train_rows, "train.jsonl")
-    if valid_rows and (valid := rows_format(valid_rows, "valid.jsonl")) != fmt:
-        raise ValueError(f"valid.jsonl rows are {FORMAT_NAMES[valid]}, train.jsonl's {FORMAT_NAMES[fmt]}: "
-                         "both files need the same format")
+    if valid_rows:
+        _same_format(fmt, rows_format(valid_rows, "valid.jsonl"))
     return train_rows, valid_rows
+
+
+def _same_format(train: str, valid: str) -> None:
+    if valid != train:
+        raise ValueError(f"valid.jsonl rows are {FORMAT_NAMES[valid]}, train.jsonl's {FORMAT_NAMES[train]}: "
+                         "both files need the same format")
 
 
 def settings(config: dict) -> dict:

@@ -9,6 +9,7 @@ import dataclasses
 import io
 import json
 import math
+from collections.abc import Iterator
 from pathlib import Path
 
 from core.paths import open_regular
@@ -16,15 +17,20 @@ from jobs.events import EventLog
 
 
 def read_jsonl(path: Path) -> list[dict]:
-    rows = []
+    return list(jsonl_rows(path))
+
+
+def jsonl_rows(path: Path) -> Iterator[dict]:
+    """The rows of a JSONL file one at a time, so a pass over a large file holds one line (a
+    ValueError names the line that is not JSON)."""
     with open_regular(path, path.name) as raw, io.TextIOWrapper(raw, encoding="utf-8") as f:
         for n, line in enumerate(f, 1):
             if line.strip():
                 try:
-                    rows.append(json.loads(line))
+                    row = json.loads(line)
                 except ValueError as exc:
                     raise ValueError(f"{path.name} line {n} is not JSON: {exc}") from None
-    return rows
+                yield row
 
 
 def learning_rate(cfg: dict):

@@ -34,6 +34,7 @@ from serving.router.remote_hosts import RemoteHosts
 from serving.router.remotes import RemoteHost
 from serving.router.slots import (
     Downloading,
+    LoadFailed,
     ModelNotFound,
     NoCapacity,
     NotEnoughMemory,
@@ -48,6 +49,7 @@ from serving.router.slots import (
 
 log = logging.getLogger("hearth.router")
 SCAN_S = 5  # seconds between looks at the library (downloads, `hearth rm`, new folders)
+FAILED_RETRY_S = 60.0  # a model whose load failed is tried again by a request no sooner (POST /models/load: at once)
 REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 MakeWay = Callable[[], Awaitable[None]]
 
@@ -233,6 +235,12 @@ class Manager(Processes):
             slot.loaders += loader
             slot.last_used = time.time()
             return slot
+        if not loader and slot.status == "failed" and slot.failed_at is not None:
+            ago = time.monotonic() - slot.failed_at
+            if ago < FAILED_RETRY_S:  # a client retrying would start a process, and evict another model, each time
+                self._let_go(slot)
+                raise LoadFailed(f"model {slot.id!r} failed to load {ago:.0f}s ago: {slot.error}; a request loads it "
+                                 f"again {FAILED_RETRY_S:g}s after a failure (POST /models/load at once)")
         slot.users += 1
         slot.loaders += loader
         try:

@@ -30,6 +30,9 @@ from serving.router.slots import LoadCalledOff, LoadFailed, Settings, Slot, exit
 
 log = logging.getLogger("hearth.router")
 RESTARTS_MAX, RESTART_WINDOW_S = 5, 60.0  # --isolate: a process that keeps exiting is not started again
+# How long a loaded process has to answer /health (its event loop, never its engine's work) before it is judged
+# hung: stopped, or deadlocked.
+HEALTH_S = 10.0
 
 
 class Processes:
@@ -44,6 +47,7 @@ class Processes:
         self._listeners: set[asyncio.Queue] = set()
         self._restarted: dict[str, list[float]] = {}  # model -> when its process was started again (--isolate)
         self.stopping = False  # the server is shutting down: no model process is started again
+        self._probes: dict[ChildProcess, asyncio.Future] = {}  # processes asked whether they still answer
 
     # -- what the manager provides -------------------------------------------
     def _changed(self, slot: Slot) -> None:
@@ -94,6 +98,36 @@ class Processes:
             self.http = httpx.AsyncClient(timeout=timeout, limits=httpx.Limits(max_connections=None,
                                                                                max_keepalive_connections=64))
         return self.http
+
+    def went_silent(self, slot: Slot) -> None:
+        """A request waited --child-timeout for a byte from `slot`'s process: ask its /health, and kill a
+        process that does not answer that either, so the next request loads the model afresh rather than
+        waiting as long again (the process's exit gives its other requests their error). One that
+        answers is only slow, and runs on."""
+        child = slot.child
+        if child is None or slot.remote is not None or slot.status != "loaded" or child in self._probes:
+            return
+        probe = asyncio.ensure_future(self._probe(slot, child))
+        self._probes[child] = probe
+        probe.add_done_callback(lambda _: self._probes.pop(child, None))
+
+    async def _probe(self, slot: Slot, child: ChildProcess) -> None:
+        if await self.answers(slot) or slot.child is not child:
+            return
+        slot.error = (f"its process stopped answering (nothing for --child-timeout, then no answer to /health "
+                      f"within {HEALTH_S:g}s), and was killed; it is loaded again on the next request")
+        log.warning("%s: %s", slot.id, slot.error)
+        child.kill()
+
+    async def answers(self, slot: Slot) -> bool:
+        """Whether `slot`'s process answers /health within HEALTH_S."""
+        import httpx
+
+        try:
+            await self.client().get(f"{slot.url}/health", headers=self.hop_headers(slot), timeout=HEALTH_S)
+        except httpx.HTTPError:
+            return False
+        return True
 
     def _wake(self) -> None:
         """Loads waiting for room look again (a request ended, a model went away)."""
@@ -216,7 +250,7 @@ class Processes:
         asyncio.ensure_future(self._preload(slot.id))
 
     def _fail(self, slot: Slot, message: str) -> None:
-        slot.status, slot.error, slot.port = "failed", message, None
+        slot.status, slot.error, slot.port, slot.failed_at = "failed", message, None, time.monotonic()
         self._wake()
         log.warning("loading %s failed: %s", slot.id, message)
         slot.ready.set()
@@ -293,19 +327,26 @@ class Processes:
             return
         slot.unloading = True
         self._changed(slot)
-        await self._drain(slot)
-        child.terminate()  # exits (what is still running is aborted)
+        if await self._drain(slot):
+            child.terminate()  # exits (what is still running is aborted)
+        else:
+            child.kill()  # a hung process would not act on a SIGTERM either
         await self._wait_exit(slot)
 
-    async def _drain(self, slot: Slot) -> None:
+    async def _drain(self, slot: Slot) -> bool:
         """Before a loaded process is stopped: it finishes its running
         requests and writes its prompt cache to the SSD tier (POST
         /admin/drain), so the next start of the model finds it warm; what it
         reports is kept (`last_drain`). A process that does not answer is
-        stopped all the same."""
+        stopped all the same; False when it does not answer /health (hung:
+        waiting for its drain would take minutes for nothing)."""
         if slot.port is None or slot.status != "loaded":
-            return
+            return True
         import httpx
+
+        if not await self.answers(slot):
+            log.warning("%s: no answer to /health within %gs; killing it", slot.id, HEALTH_S)
+            return False
 
         try:
             reply = await self.client().post(
@@ -315,7 +356,7 @@ class Processes:
             report = reply.json()
         except (httpx.HTTPError, ValueError) as exc:
             log.warning("%s: draining it before the stop failed (%s); stopping it all the same", slot.id, exc)
-            return
+            return True
         if reply.status_code != 200:
             log.warning("%s: its drain before the stop answered %d: %s", slot.id, reply.status_code,
                         reply.text[:200])
@@ -323,6 +364,7 @@ class Processes:
             slot.last_drain = {**report, "at": time.time()}
             log.info("%s drained: %s prompt-cache entries written to the SSD tier", slot.id,
                      report.get("demotions", 0))
+        return True
 
     async def _wait_exit(self, slot: Slot) -> None:
         child = slot.child

@@ -114,6 +114,7 @@ class Slot:
     restarts: int = 0  # times it was started again after its process exited unasked (--isolate)
     last_exit: dict | None = None  # how its process last ended unasked: {"reason", "at"}
     last_drain: dict | None = None  # what its last drain before a stop reported (POST /admin/drain)
+    failed_at: float | None = None  # when its last load failed (time.monotonic())
 
     @property
     def id(self) -> str:

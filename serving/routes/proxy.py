@@ -221,6 +221,8 @@ async def _forward(request: HttpRequest, manager: Manager, slot: Slot, token: st
         reply = await client.send(outgoing, stream=True)
     except httpx.HTTPError as exc:
         manager.release(slot)
+        if isinstance(exc, httpx.ReadTimeout):
+            manager.went_silent(slot)
         if isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout)):  # not one slow or odd reply
             if slot.remote is not None and slot.remote.node is not None:
                 raise _PeerGone() from exc
@@ -241,6 +243,8 @@ async def _forward(request: HttpRequest, manager: Manager, slot: Slot, token: st
         try:
             content = await reply.aread()
         except httpx.HTTPError as exc:
+            if isinstance(exc, httpx.ReadTimeout):
+                manager.went_silent(slot)
             return _died(request.path, slot, exc)
         finally:
             await reply.aclose()
@@ -297,6 +301,8 @@ class _Relay:
                 yield chunk
         except httpx.HTTPError as exc:
             log.warning("%s: the stream from %s broke: %s", self.path, self.slot.id, exc)
+            if isinstance(exc, httpx.ReadTimeout):
+                self.manager.went_silent(self.slot)
             self.broke = True
             failed = surface.stream_error(_died_message(self.slot, exc))
             if numbers is not None:

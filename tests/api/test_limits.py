@@ -116,6 +116,37 @@ def test_slow_headers_slow_bodies_and_idle_connections_are_dropped(small):
     assert httpx.get(small.url + "/health").status_code == 200
 
 
+@pytest.mark.parametrize("path,shape", [("/v1/models", "openai"), ("/v1/messages", "anthropic"),
+                                        ("/api/jobs", "api")])
+def test_a_request_line_or_headers_over_16_kib_are_answered_in_the_route_s_shape(small, path, shape):
+    """Twisted caps a line at 16 KiB and a request's head at 16 KiB: past them it dropped the
+    connection without a word (a query string of 20 KB), or answered a bare 400."""
+    def refusal(head: bytes) -> tuple[str, dict]:
+        sock = _connect(small)
+        sock.sendall(head)
+        answer = _read_all(sock).decode()
+        sock.close()
+        status, body = answer.split("\r\n\r\n", 1)
+        return status.split("\r\n", 1)[0], json.loads(body)
+
+    long_query = f"GET {path}?q={'x' * 20_000} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode()
+    many_headers = (f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n".encode()
+                    + b"".join(f"X-Pad-{i}: {'y' * 1000}\r\n".encode() for i in range(20)) + b"\r\n")
+    long_header = f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Pad: {'z' * 20_000}\r\n\r\n".encode()
+    for head, status, code in [(long_query, "414", "uri_too_long"), (many_headers, "431", "headers_too_large"),
+                               (long_header, "431", "headers_too_large")]:
+        line, body = refusal(head)
+        assert line.startswith(f"HTTP/1.1 {status} "), (line, body)
+        if shape == "openai":
+            assert body["error"]["code"] == code and "bytes" in body["error"]["message"]
+        elif shape == "anthropic":
+            assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error"
+            assert "bytes" in body["error"]["message"]
+        else:
+            assert body["ok"] is False and "bytes" in body["error"]
+    assert httpx.get(small.url + "/v1/models?" + "q=1&" * 1000).status_code == 200  # 5 KB of query: served
+
+
 def test_a_stream_nobody_reads_is_cut_and_its_generation_stops(small, eos_id):
     """A client that reads nothing of its stream holds no more than a full
     send buffer in the server: its writes wait, and after --write-timeout
