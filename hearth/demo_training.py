@@ -41,7 +41,6 @@ import logging
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Sequence
@@ -97,7 +96,7 @@ class Build:
         main thread or the server's loop: see `core.procs.spawn`)."""
         self.progress.unlink(missing_ok=True)
         nice = shutil.which("nice")  # the server's requests come first
-        self.proc = procs.spawn([*([nice, "-n", "10"] if nice else []), sys.executable, "-m", "hearth.cli",
+        self.proc = procs.spawn([*([nice, "-n", "10"] if nice else []), *procs.hearth_argv(),
                                  "make-demo-model", "--kind", self.kind, "--background", *self.extra],
                                 stdin=subprocess.DEVNULL)
         return self.proc.pid
