@@ -39,6 +39,7 @@ ifeq ($(UNAME),Linux)
 	$(BIN)/pip install -q --no-compile torch==2.13.0
 endif
 	$(BIN)/pip install -q --no-compile -e '.[$(EXTRAS)]'
+	@echo "compiling the installed packages to bytecode on every core (it prints nothing; 1 to 3 minutes on 2 cores)"
 	$(BIN)/python -m compileall -qq -j 0 "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" || true
 	touch $@
 
@@ -53,6 +54,7 @@ endef
 $(VENV)/.test-installed: $(VENV)/.installed pyproject.toml
 	$(BIN)/pip install -q --no-compile -e '.[$(EXTRAS)$(comma)$(TEST_EXTRAS)$(if $(filter 1,$(CUDA)),$(comma)cuda)]'
 	$(if $(filter 1,$(CUDA)),$(cuda_swap))
+	@echo "compiling the packages just installed to bytecode on every core (it prints nothing)"
 	$(BIN)/python -m compileall -qq -j 0 "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" || true
 	touch $@
 

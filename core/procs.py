@@ -40,6 +40,18 @@ SECRET_ENV = SERVER_KEYS + REMOTE_KEYS + HUB_TOKENS + SITE_KEYS
 START_TIME_SLACK_S = 0.05  # start times read by two processes may differ in the last digits
 
 
+def hearth_argv(*args: str) -> list[str]:
+    """`python -m hearth.cli ARGS` for this interpreter, as every Hearth
+    process starts another. `-m` puts the working directory first on
+    sys.path, and the editable install finds the project's packages only
+    after it: run from a folder holding a `hearth/` (a HEARTH_HOME named so,
+    or the clone itself, seen from its parent), `hearth` became that empty
+    folder and its commands (serve, run, blas) were unknown. `-P` (Python
+    3.11+) leaves the working directory out; on 3.10 there is no such flag."""
+    safe_path = ["-P"] if sys.version_info >= (3, 11) else []
+    return [sys.executable, *safe_path, "-m", "hearth.cli", *args]
+
+
 def pid_alive(pid: int | None) -> bool:
     if not pid:
         return False

@@ -215,7 +215,7 @@ def _version() -> str:
 
 def main(argv: list[str] | None = None, prog: str = "hearth") -> int:
     """The `hearth` console script."""
-    started = _start(list(sys.argv[1:] if argv is None else argv), ["-m", "hearth.cli"], prog)
+    started = _start(list(sys.argv[1:] if argv is None else argv), procs.hearth_argv()[1:], prog)
     if started is None:
         return EXIT_USAGE
     argv = started

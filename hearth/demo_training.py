@@ -41,7 +41,6 @@ import logging
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Sequence
@@ -100,7 +99,7 @@ class Build:
         main thread or the server's loop: see `core.procs.spawn`)."""
         self.progress.unlink(missing_ok=True)
         nice = shutil.which("nice")  # the server's requests come first
-        self.proc = procs.spawn([*([nice, "-n", "10"] if nice else []), sys.executable, "-m", "hearth.cli",
+        self.proc = procs.spawn([*([nice, "-n", "10"] if nice else []), *procs.hearth_argv(),
                                  "make-demo-model", "--kind", self.kind, "--background", *self.extra],
                                 stdin=subprocess.DEVNULL)
         return self.proc.pid
@@ -165,12 +164,20 @@ class DemoTraining:
         self.served_step = demo_checkpoint_step()  # a build cut short before left one
         runtime.demo_build = {"state": "starting", "step": 0, "steps": build.steps, "served_step": self.served_step,
                               "resumed_from": None, "model": DEMO_REPO, "pid": pid}
-        if self.manager.default is None:
-            self.manager.no_default_note = (f"the demo model {DEMO_REPO} is training and is served from its first "
-                                            "checkpoint, seconds after the start (GET /health shows the progress)")
+        self._expect_chat()
         how_long = build.going_on_from() or "about 7 minutes on a quiet 2-core machine"
         log.info("training the demo model %s in the background (pid %d): served from its first checkpoint, "
                  "seconds from now, and swapped for each better one as it trains (%s)", DEMO_REPO, pid, how_long)
+
+    def _expect_chat(self) -> None:
+        """Until the build publishes its first checkpoint, a request that
+        names the demo model, or names none while there is no default, is
+        told that it is training (a 503), not that no such model exists."""
+        note = (f"the demo model {DEMO_REPO} is training and is served from its first checkpoint, seconds after "
+                "the start (GET /health shows the progress)")
+        self.manager.coming[DEMO_REPO] = note
+        if self.manager.default is None:
+            self.manager.no_default_note = note
 
     def _start_speech(self, build: Build) -> None:
         pid = build.start()
@@ -249,6 +256,8 @@ class DemoTraining:
         self.served_step = step
         runtime.demo_build = {**(runtime.demo_build or {}), "served_step": step}
         await self.manager.refresh()
+        if DEMO_REPO in self.manager.catalog.entries:
+            self.manager.coming.pop(DEMO_REPO, None)
         if self.manager.default is None and DEMO_REPO in self.manager.catalog.entries:
             self.manager.set_default(DEMO_REPO)
             self.manager.no_default_note = ""
@@ -300,6 +309,7 @@ class DemoTraining:
         error = state.get("error") or f"the build exited with status {code}"
         runtime.demo_build = {**state, "state": "failed", "error": error}
         self.manager.no_default_note = ""
+        self.manager.coming.pop(DEMO_REPO, None)
         log.error("demo model: training failed (%s); `hearth make-demo-model` shows why. %s", error,
                   "The last checkpoint stays served." if self.served_step is not None else "")
 

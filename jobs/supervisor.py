@@ -17,14 +17,13 @@ import logging
 import os
 import signal
 import subprocess
-import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
 
 from core import home
 from core.fs import write_atomically
-from core.procs import same_process, spawn, start_time
+from core.procs import hearth_argv, same_process, spawn, start_time
 
 log = logging.getLogger("hearth.jobs")
 RESTART_DELAY_S = 1.0
@@ -146,7 +145,7 @@ class WorkerSupervisor:
         # The CLI module, so the worker gets the same BLAS preload as the server. It is
         # started from this thread, which lives as long as the server: Linux sends the
         # parent-death signal when the spawning thread exits, not only the process.
-        proc = spawn([sys.executable, "-m", "hearth.cli", "worker"], on_parent_exit=signal.SIGTERM)
+        proc = spawn(hearth_argv("worker"), on_parent_exit=signal.SIGTERM)
         try:
             record_worker(proc.pid)
         except OSError as exc:

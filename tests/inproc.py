@@ -175,7 +175,7 @@ class InProcess:
 
 
 @contextlib.contextmanager
-def _kept():
+def kept():
     """The runtime, the environment and the bounds as they were, put back when the block ends."""
     from core import limits
     from hearth.root import RUNTIME
@@ -211,7 +211,7 @@ def serving(*argv: str):
     command = _serve_command()
     opts = vars(command.create_parser("hearth", "serve").parse_args([*argv]))
     call_command("migrate", interactive=False, verbosity=0)
-    with _kept() as runtime:
+    with kept() as runtime:
         engine = None
         try:
             bounds = command.settle(opts)
@@ -243,7 +243,7 @@ def refusal(*argv: str) -> str:
     from django.core.management.base import CommandError
 
     command = _serve_command()
-    with _kept():
+    with kept():
         try:
             opts = vars(command.create_parser("hearth", "serve").parse_args([*argv]))
             command.settle(opts)

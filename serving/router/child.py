@@ -15,7 +15,6 @@ import logging
 import os
 import signal
 import subprocess
-import sys
 import threading
 from collections.abc import Callable
 
@@ -42,7 +41,7 @@ class ChildProcess:
         env = {k: v for k, v in os.environ.items() if k not in _NOT_INHERITED}
         env.update({FD_ENV: str(write_fd), "HEARTH_API_KEY": key, MODEL_ENV: name})
         try:  # from the server's loop thread, which lives as long as the router (see `spawn`)
-            self.proc = procs.spawn([sys.executable, "-m", "hearth.cli", "serve", *args], env=env,
+            self.proc = procs.spawn(procs.hearth_argv("serve", *args), env=env,
                                     on_parent_exit=signal.SIGTERM, pass_fds=(write_fd,),
                                     stdin=subprocess.DEVNULL, start_new_session=True)
         finally:

@@ -67,6 +67,9 @@ class Manager(Processes):
         self._lock: asyncio.Lock | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self._idle_task: asyncio.Task | None = None
+        # Models a build will publish into the library (the demo model), and what a request that names one is
+        # told until it is there: a 503 that says why it waits, not a 400 that the model does not exist.
+        self.coming: dict[str, str] = {}
         # The model a request that names none gets; None: such a request is refused with the list.
         self.default: str | None = None
         self.default = self.resolve(default).id if default else None
@@ -153,6 +156,8 @@ class Manager(Processes):
         if not isinstance(name, str):
             raise ModelNotFound("model must be a string naming a model; GET /v1/models lists the models")
         entry = self.catalog.resolve(name) or self.fetching.get(name) or self.remote_hosts.entries.get(name)
+        if entry is None and name in self.coming:
+            raise RouterError(f"model {name!r} is not in the library yet: {self.coming[name]}")
         if entry is None and fetch and REPO_ID.fullmatch(name) and not self.settings.isolated:
             entry = Entry(id=name, ref=name, preset=presets.merged(self.library.table, name))
             self.fetching[name] = entry

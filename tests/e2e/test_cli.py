@@ -161,3 +161,22 @@ def test_serve_on_a_port_in_use_stops_before_starting_anything(env):
     assert f"cannot listen on 127.0.0.1:{port} (Address already in use)" in done.stderr
     assert "--port N (make serve PORT=N)" in done.stderr
     assert "worker" not in done.stderr.lower() and "demo" not in done.stderr.lower(), done.stderr
+
+
+def test_commands_run_from_a_folder_that_holds_a_hearth_folder(env, tmp_path):
+    """Run where the working directory holds a `hearth/` folder (here the HEARTH_HOME of `env`, as
+    `HEARTH_HOME=$PWD/hearth` makes it; or the clone itself, seen from its parent): `hearth serve` is
+    still Hearth's command. The restart with the BLAS preloaded (`python -m hearth.cli`) took that
+    empty folder for the package, and `serve`, `run` and `blas` were 'unknown command'."""
+    import socket
+
+    (tmp_path / "hearth").mkdir()
+    assert env["HEARTH_HOME"] == str(tmp_path / "hearth")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run([SCRIPT, "serve", "--port", str(port)], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1, (done.stdout, done.stderr)
+    assert "unknown command" not in done.stderr and f"cannot listen on 127.0.0.1:{port}" in done.stderr, done.stderr

@@ -110,6 +110,22 @@ def test_ls_shows_the_library_and_what_a_server_has_loaded(env, server):
     assert as_json[TINY_REPO]["size_bytes"] > 100_000 and as_json[QUANT_REPO]["loaded"] == "no"
 
 
+def test_ls_on_an_empty_cache_says_which_cache_it_read_when_the_server_lists_models(env, server, tmp_path):
+    """`hearth ls` run with another HF_HOME than the server's (a second Hearth on the machine, its
+    variables not set in this shell): its cache is empty, the server lists a model, and it says
+    which cache it read and what to set, where it said only that there were no models yet."""
+    other = dict(env, HF_HOME=str(tmp_path / "empty-hf"))
+    done = hearth(other, "ls", "--url", server.url)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["NAME", "SIZE", "QUANT", "FIT", "LOADED"]
+    said = done.stderr
+    assert f"no models in this cache ({tmp_path / 'empty-hf' / 'hub'})" in said, said
+    assert f"the server at {server.url} lists 1 ({TINY_REPO})" in said and "HF_HOME" in said, said
+    assert "no models in the local cache yet" not in said
+    alone = hearth(other, "ls")  # no server: as before
+    assert "no models in the local cache yet" in alone.stderr, alone.stderr
+
+
 def test_ps_lists_the_loaded_model_or_says_there_is_no_server(env, server):
     shown = hearth(env, "ps", "--url", server.url)
     assert shown.returncode == 0, shown.stderr

@@ -745,6 +745,46 @@ def test_a_request_naming_no_model_is_told_what_to_name(tiny_model):
     assert tiny_model in waiting.value.message
 
 
+def test_the_demo_model_named_while_it_trains_is_a_503_that_says_so(tiny_model):
+    """In this process, through the app: while `make serve` trains the demo model towards its first
+    checkpoint, a request that names it (as the README's SDK example does) is a 503 that says it is
+    training, in each protocol's shape, as one that names no model is (it was a 400 'model not found');
+    POST /models/load of it says the same instead of trying the Hub. A build that failed leaves the
+    400 model_not_found."""
+    from hearth.asgi import application
+    from hearth.demo_training import DEMO_REPO, DemoTraining
+    from serving.router.catalog import Library
+    from serving.router.manager import Manager
+    from serving.router.slots import Settings
+    from tests.inproc import InProcess, kept
+
+    manager = Manager(Library(None, None), Settings(models_max=1), None, 1 << 30)
+    training = DemoTraining(manager=manager, chat=True)
+    training._expect_chat()  # what starting the build tells the router
+    hello = [{"role": "user", "content": "Hello!"}]
+    with kept() as runtime:
+        runtime.router = manager
+        app = InProcess(application)
+        for name in (DEMO_REPO, None):
+            with pytest.raises(openai.InternalServerError) as waiting:
+                app.openai().chat.completions.create(model=name, messages=hello)  # type: ignore[arg-type]
+            error = waiting.value.body
+            assert waiting.value.status_code == 503 and error["code"] == "model_unavailable", error
+            assert f"the demo model {DEMO_REPO} is training" in error["message"]
+        with pytest.raises(anthropic.InternalServerError) as waiting_messages:
+            app.anthropic().messages.create(model=DEMO_REPO, max_tokens=8, messages=hello)
+        assert waiting_messages.value.status_code == 503 and "is training" in waiting_messages.value.message
+        loading = app.post("/models/load", json={"model": DEMO_REPO})
+        assert loading.status_code == 503 and "is training" in loading.text, loading.text
+        assert DEMO_REPO not in manager.fetching
+
+        runtime.demo_build = {"state": "training", "step": 3, "error": "out of memory"}
+        training._chat_ended(1)
+        with pytest.raises(openai.BadRequestError) as gone:
+            app.openai().chat.completions.create(model=DEMO_REPO, messages=hello)
+        assert gone.value.code == "model_not_found"
+
+
 def test_a_host_without_a_key_gets_no_authorization_header(tiny_model):
     """In this process: `--models-remote URL` with no `--models-remote-key` forwards with no
     `Authorization` (an empty `Bearer ` failed every forwarded request); a host with a key gets it."""

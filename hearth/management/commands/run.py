@@ -103,8 +103,7 @@ class StartedServer:
         logs.mkdir(parents=True, exist_ok=True)
         self.log_path = logs / f"run-serve-{port}.log"
         self.server = remote.Server(f"http://127.0.0.1:{port}", api_key)
-        command = [sys.executable, "-m", "hearth.cli", "serve", "--port", str(port), "--default-model", model,
-                   "--no-worker"]
+        command = procs.hearth_argv("serve", "--port", str(port), "--default-model", model, "--no-worker")
         with open(self.log_path, "wb") as log:
             self.proc = procs.spawn(command, on_parent_exit=signal.SIGTERM, cwd=ROOT, stdin=subprocess.DEVNULL,
                                     stdout=log, stderr=subprocess.STDOUT, start_new_session=True)

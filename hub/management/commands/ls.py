@@ -26,18 +26,21 @@ def quant(model) -> str:
     return DTYPES.get(str(dtype), str(dtype) or remote.DASH)
 
 
-def served_states(server: remote.Server) -> dict[str, str] | None:
-    """Model id (and alias) -> the server's state for it; None when no server
-    answered, after one line on stderr."""
+def served_rows(server: remote.Server) -> list[dict] | None:
+    """The server's `GET /models` rows; None when no server answered, after
+    one line on stderr."""
     try:
-        rows = server.models().get("data") or []
+        return server.models().get("data") or []
     except remote.NoServer as exc:
         sys.stderr.write(f"hearth ls: {exc}, so LOADED shows {remote.DASH}\n")
-        return None
     except remote.ServerError as exc:
         hint = "; pass --api-key or set HEARTH_API_KEY" if exc.status in (401, 403) else ""
         sys.stderr.write(f"hearth ls: the server at {server.url} answered {exc.status}: {exc}{hint}\n")
-        return None
+    return None
+
+
+def served_states(rows: list[dict]) -> dict[str, str]:
+    """Model id (and alias) -> the server's state for it."""
     states: dict[str, str] = {}
     for row in rows:
         for name in (row.get("id"), *(row.get("aliases") or ())):
@@ -59,7 +62,9 @@ class Command(BaseCommand):
 
         machine = library.this_machine()  # measured once per HEARTH_HOME, then read back
         models = [(m, library.assessment(m, machine)) for m in registry.scan()]
-        states = served_states(remote.Server.from_options(opts))
+        server = remote.Server.from_options(opts)
+        served = served_rows(server)
+        states = None if served is None else served_states(served)
         rows: list[dict[str, Any]] = []
         for model, assessment in models:
             fits = assessment.get("fits") if assessment else None
@@ -72,5 +77,18 @@ class Command(BaseCommand):
         cells = [[r["name"], remote.human_size(r["size_bytes"]), r["quant"],
                   {True: "yes", False: "no"}.get(r["fits"], "?"), r["loaded"] or remote.DASH] for r in rows]
         self.stdout.write(remote.table(["NAME", "SIZE", "QUANT", "FIT", "LOADED"], cells), ending="")
-        if not rows:
+        if not rows and served:
+            self._elsewhere(server, [str(row["id"]) for row in served if row.get("id")])
+        elif not rows:
             sys.stderr.write("hearth ls: no models in the local cache yet (`hearth pull ORG/NAME` fetches one)\n")
+
+    @staticmethod
+    def _elsewhere(server: remote.Server, ids: list[str]) -> None:
+        """The cache is empty but the server lists models: most often it reads
+        another cache (it was started with another HF_HOME), so say which."""
+        from huggingface_hub import constants
+
+        names = ", ".join(ids[:5]) + (f" and {len(ids) - 5} more" if len(ids) > 5 else "")
+        sys.stderr.write(f"hearth ls: no models in this cache ({constants.HF_HUB_CACHE}), but the server at "
+                         f"{server.url} lists {len(ids)} ({names}): it reads another cache (run with the "
+                         "HF_HOME it was started with), or serves models from folders or other hosts\n")
