@@ -300,6 +300,10 @@ class DemoTraining:
             runtime.demo_build = {**(runtime.demo_build or {}), "state": "done"}
             return
         state = runtime.demo_build or {}
+        # However it ended, the model no longer comes while this server runs: a request that names it (or
+        # none) is told it is not there, not that it is training, forever after (the OOM killer, say).
+        self.manager.no_default_note = ""
+        self.manager.coming.pop(DEMO_REPO, None)
         if code == STOPPED and self.chat is not None:  # stopped as asked (a Ctrl-C reaches the build too)
             runtime.demo_build = self._stopped(self.chat, state, "demo model")
             return
@@ -308,8 +312,6 @@ class DemoTraining:
             return
         error = state.get("error") or f"the build exited with status {code}"
         runtime.demo_build = {**state, "state": "failed", "error": error}
-        self.manager.no_default_note = ""
-        self.manager.coming.pop(DEMO_REPO, None)
         log.error("demo model: training failed (%s); `hearth make-demo-model` shows why. %s", error,
                   "The last checkpoint stays served." if self.served_step is not None else "")
 

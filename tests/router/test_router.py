@@ -745,12 +745,15 @@ def test_a_request_naming_no_model_is_told_what_to_name(tiny_model):
     assert tiny_model in waiting.value.message
 
 
-def test_the_demo_model_named_while_it_trains_is_a_503_that_says_so(tiny_model):
+@pytest.mark.parametrize("ended", ["failed", "killed"])
+def test_the_demo_model_named_while_it_trains_is_a_503_that_says_so(tiny_model, ended):
     """In this process, through the app: while `make serve` trains the demo model towards its first
     checkpoint, a request that names it (as the README's SDK example does) is a 503 that says it is
     training, in each protocol's shape, as one that names no model is (it was a 400 'model not found');
     POST /models/load of it says the same instead of trying the Hub. A build that failed leaves the
-    400 model_not_found."""
+    400 model_not_found, as does one the OOM killer ended (it was "training" until a restart)."""
+    import signal
+
     from hearth.asgi import application
     from hearth.demo_training import DEMO_REPO, DemoTraining
     from serving.router.catalog import Library
@@ -779,7 +782,7 @@ def test_the_demo_model_named_while_it_trains_is_a_503_that_says_so(tiny_model):
         assert DEMO_REPO not in manager.fetching
 
         runtime.demo_build = {"state": "training", "step": 3, "error": "out of memory"}
-        training._chat_ended(1)
+        training._chat_ended(1 if ended == "failed" else -signal.SIGKILL)
         with pytest.raises(openai.BadRequestError) as gone:
             app.openai().chat.completions.create(model=DEMO_REPO, messages=hello)
         assert gone.value.code == "model_not_found"
