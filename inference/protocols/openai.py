@@ -288,9 +288,15 @@ def _read_completion(body: dict, model: LoadedModel, options: Options):
     return prepared, structured.requested(body, options.limits), prompt
 
 
-async def prepare_completion(body: dict, model: LoadedModel, options: Options) -> Prepared:
+async def prepare_completion(body: dict, model: LoadedModel, options: Options,
+                             room: Callable[[int], None] | None = None) -> Prepared:
+    """A raw-prompt completion ready for the engine; `room(n)` as for
+    `prepare_chat`: the prompt is tokenized and its length checked before
+    its grammar compiles."""
     prepared, spec, prompt = await asyncio.to_thread(_read_completion, body, model, options)
-    await _constrain(prepared, spec, model, options)  # no template: the header is the only notice
     prepared.request.prompt_tokens = await prompt_work.run(len(prompt), model.tokenizer.encode, prompt)
+    if room is not None:
+        room(len(prepared.request.prompt_tokens))
+    await _constrain(prepared, spec, model, options)  # no template: the header is the only notice
     prepared.request.continues = True  # the text goes on from the prompt's: a first token's leading space is kept
     return prepared

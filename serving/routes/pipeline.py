@@ -62,25 +62,29 @@ async def prepare_chat(request, chat_body: dict, param: str | None = "messages")
     runtime = request.runtime
     engine = runtime.require_engine(chat_body.get("model"))
     session = params.session_key(chat_body, request.headers)
-
-    def room(n: int) -> None:
-        try:
-            engine.check_room(n)
-        except ContextLengthExceeded as exc:
-            exc.param = param or exc.param
-            raise
-
     prepared = await openai.prepare_chat(chat_body, engine.loaded_model, runtime.options,
-                                         room if param is not None else None)
+                                         _room(engine, param) if param is not None else None)
     prepared.request.session = session
     return engine, prepared
 
 
+def _room(engine: Engine, param: str) -> Callable[[int], None]:
+    """The engine's refusal of a prompt of n tokens too long for it, naming `param`."""
+    def room(n: int) -> None:
+        try:
+            engine.check_room(n)
+        except ContextLengthExceeded as exc:
+            exc.param = param
+            raise
+    return room
+
+
 async def prepare_completion(request, body: dict) -> tuple[Engine, Prepared]:
-    """The raw-prompt completion a body stands for, on the runtime's engine."""
+    """The raw-prompt completion a body stands for, on the runtime's engine; a prompt too long for it is
+    refused before its grammar compiles."""
     runtime = request.runtime
     engine = runtime.require_engine(body.get("model"))
-    prepared = await openai.prepare_completion(body, engine.loaded_model, runtime.options)
+    prepared = await openai.prepare_completion(body, engine.loaded_model, runtime.options, _room(engine, "prompt"))
     prepared.request.session = params.session_key(body, request.headers)
     return engine, prepared
 

@@ -16,6 +16,7 @@ SCHEMA = {"type": "json_schema", "json_schema": {"name": "r", "schema": {
     ("/v1/chat/completions", {"response_format": SCHEMA}, "messages"),
     ("/v1/responses", {"text": {"format": {"type": "json_schema", "name": "r",
                                            "schema": SCHEMA["json_schema"]["schema"]}}}, "input"),
+    ("/v1/completions", {"response_format": SCHEMA}, "prompt"),
 ])
 def test_a_prompt_over_the_window_is_refused_before_its_grammar_compiles(inproc, monkeypatch, path, extra, param):
     from inference.protocols import openai
@@ -29,11 +30,13 @@ def test_a_prompt_over_the_window_is_refused_before_its_grammar_compiles(inproc,
 
     monkeypatch.setattr(openai, "_resolve", resolve)
     long = "hello " * 4000  # over the tiny model's 2,048-token window
-    body = ({"input": long} if path == "/v1/responses" else {"messages": [{"role": "user", "content": long}]})
+    body = {"input": long} if path == "/v1/responses" else {"prompt": long} if path == "/v1/completions" else {
+        "messages": [{"role": "user", "content": long}]}
     r = inproc.post(path, json={**body, "max_tokens": 4, **extra})
     assert r.status_code == 400, r.text
     assert r.json()["error"]["code"] == "context_length_exceeded" and r.json()["error"]["param"] == param
     assert [c for c in compiles if c is not None] == []
-    short = {"input": "hi"} if path == "/v1/responses" else {"messages": [{"role": "user", "content": "hi"}]}
+    short = {"input": "hi"} if path == "/v1/responses" else {"prompt": "hi"} if path == "/v1/completions" else {
+        "messages": [{"role": "user", "content": "hi"}]}
     assert inproc.post(path, json={**short, "max_tokens": 4, **extra}).status_code == 200
     assert [c for c in compiles if c is not None]
