@@ -88,7 +88,12 @@ def merge(first: str, second: str, out: Path, scales: list | None = None) -> dic
                 b_parts.append(np.zeros((rank, out_dims), np.float32))
             else:
                 a_parts.append(pair[0].astype(np.float32))
-                b_parts.append(pair[1].astype(np.float32) * np.float32(scale))
+                with np.errstate(over="ignore"):
+                    scaled = pair[1].astype(np.float32) * np.float32(scale)
+                if not np.isfinite(scaled).all():  # a scale a float32 holds can still carry a weight past it
+                    raise ValueError(f"{module}: lora_b times its scale {scale:g} is past what float32 holds (inf); "
+                                     "use a smaller scale")
+                b_parts.append(scaled)
         merged[module + ".lora_a"] = np.concatenate(a_parts, axis=1)
         merged[module + ".lora_b"] = np.concatenate(b_parts, axis=0)
         both, only_one = (both + 1, only_one) if len(present) == 2 else (both, only_one + 1)

@@ -183,10 +183,10 @@ def test_a_merge_of_weights_that_are_no_lora_is_a_400_naming_the_layer(app, adap
     import numpy as np
     from safetensors.numpy import save_file
 
-    def folder(name: str, a_shape: tuple, b_shape: tuple) -> str:
+    def folder(name: str, a_shape: tuple, b_shape: tuple, b: float = 1.0) -> str:
         (tmp_path / name).mkdir()
         save_file({"model.layers.0.self_attn.q_proj.lora_a": np.ones(a_shape, np.float32),
-                   "model.layers.0.self_attn.q_proj.lora_b": np.ones(b_shape, np.float32)},
+                   "model.layers.0.self_attn.q_proj.lora_b": np.full(b_shape, b, np.float32)},
                   str(tmp_path / name / "adapters.safetensors"))
         return str(tmp_path / name)
 
@@ -201,4 +201,7 @@ def test_a_merge_of_weights_that_are_no_lora_is_a_400_naming_the_layer(app, adap
     huge = app.post("/api/finetune/merge", json={"adapter_a": str(adapters["a"]), "adapter_b": str(adapters["b"]),
                                                   "scales": [1e39, 1]})
     assert huge.status_code == 400 and "scales must be numbers a float32 holds" in huge.json()["error"]
+    big = folder("big", (64, 2), (2, 64), b=100.0)  # 100 x 1e38: a scale float32 holds, a product it does not
+    past = app.post("/api/finetune/merge", json={"adapter_a": big, "adapter_b": big, "scales": [1e38, 1]})
+    assert past.status_code == 400 and "past what float32 holds" in past.json()["error"], past.text
     assert set(home.adapters().glob("merged-*")) == merged
