@@ -40,8 +40,11 @@ REFUSED = {
 EXIT_USAGE = 2
 
 
-# Commands that run no MLX: they start without choosing a BLAS (`blas` measures in its own children).
-NO_BLAS = frozenset({"help", "--help", "-h", "--version", "version", "blas"})
+# Commands that run no MLX: they start without choosing a BLAS (`blas` measures in its own children). The
+# library's commands only read and write the HF cache or ask a server: on a new home, measuring first made
+# `hearth ls` wait 15 s for work it did not need.
+NO_BLAS = frozenset({"help", "--help", "-h", "--version", "version", "blas", "ls", "ps", "rm", "gc", "download",
+                     "pull"})
 
 
 class UsageError(Exception):

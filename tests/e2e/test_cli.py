@@ -180,3 +180,13 @@ def test_commands_run_from_a_folder_that_holds_a_hearth_folder(env, tmp_path):
                               capture_output=True, text=True, timeout=120)
     assert done.returncode == 1, (done.stdout, done.stderr)
     assert "unknown command" not in done.stderr and f"cannot listen on 127.0.0.1:{port}" in done.stderr, done.stderr
+
+
+def test_the_librarys_commands_start_without_measuring_the_blas(env):
+    """`hearth ls`, `ps`, `rm`, `gc`, `download` and `pull` run no MLX: on a home that has not chosen a BLAS
+    yet they answer at once, instead of measuring every library first (15 s on 2 cores) and writing the pick."""
+    env = {k: v for k, v in env.items() if k != "HEARTH_BLAS"}  # the suite names one: none named here
+    for args in (["ls"], ["ps", "--url", "http://127.0.0.1:9"]):
+        done = run(env, *args)
+        assert "measur" not in (done.stdout + done.stderr).lower(), (args, done.stdout, done.stderr)
+    assert not (Path(env["HEARTH_HOME"]) / "blas.json").exists()
