@@ -2,6 +2,7 @@
 row (progress, message), honour a cancel, and record how it ended."""
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -76,7 +77,8 @@ def mark_zombies() -> int:
         reason = _worker_gone(job)
         if reason is None:
             continue
-        settings_file(job).unlink(missing_ok=True)  # its worker, which would have removed it, is gone
+        with contextlib.suppress(OSError, ValueError):  # a log path that is no folder's, or none: nothing there
+            settings_file(job).unlink(missing_ok=True)  # its worker, which would have removed it, is gone
         done = _finished_on_disk(job)
         if done is not None:
             job.status, job.ended_at, job.progress = "done", timezone.now(), 1.0
@@ -179,7 +181,8 @@ def run(job_id: str) -> None:
         state["failed"] = {"error": f"the worker failed while running the job: {type(exc).__name__}: {exc}"}
         emit_safely(job, "failed", error=state["failed"]["error"])
         code, cancelled = -1, False
-    config_path.unlink(missing_ok=True)  # the row keeps the settings
+    with contextlib.suppress(OSError):  # never written where the log's folder is no folder
+        config_path.unlink(missing_ok=True)  # the row keeps the settings
     _finish(job, code, state, cancelled, stderr_path)
     _release(job.id)
 
