@@ -23,6 +23,7 @@ from asgiref.sync import sync_to_async
 
 from chat import appctx, mcp, window
 from chat import tools as chat_tools
+from inference.protocols.errors import RequestError
 
 MAX_ROUNDS = 8
 # A reply the session sets no max_tokens for may take this share of the model's context: a model that never
@@ -271,7 +272,12 @@ async def _generate(consumer, session, view, offered, state: TurnState, runtime,
     engine = runtime.require_engine()
 
     async def count(skip: int):
-        prepared = await prepare(session, seen(skip), sampling, engine.loaded, runtime.options, tools)
+        try:
+            prepared = await prepare(session, seen(skip), sampling, engine.loaded, runtime.options, tools)
+        except RequestError as exc:
+            if exc.code in window.SIZE_REFUSALS:  # too many characters or messages: fewer turns may fit
+                return None, exc
+            raise
         return len(prepared.request.prompt_tokens), prepared
 
     skip, prepared = await window.fit(len(conv.turns), count, limit)

@@ -14,6 +14,7 @@ from tests.chat import chatws
 WINDOW = 512
 BUDGET = WINDOW // 4  # the chat's reply cap (test_chat_reply_budget.py)
 # About 135 tokens each: three earlier turns and the new one fill more than the window.
+CHARS = 520  # --max-prompt-chars: one question and its answer, not three questions
 QUESTION = "Tell me about the {0} river and the towns along its banks, " * 3
 
 
@@ -117,3 +118,29 @@ def test_turns_are_left_out_whole_never_a_call_without_its_result(served, django
         assert talk[0]["role"] == "user"
         calls = {c["id"] for m in talk if m["role"] == "assistant" for c in m.get("tool_calls") or []}
         assert {m["tool_call_id"] for m in talk if m["role"] == "tool"} <= calls
+
+
+def test_a_conversation_past_the_servers_characters_sends_its_newest_turns(served, django_ready):
+    """--max-prompt-chars refuses a prompt by its characters before it is tokenized: a chat over it leaves out
+    its oldest turns as one over the context does, and only a message over it alone is refused."""
+    served("--no-worker", "--max-context", str(WINDOW), "--max-prompt-chars", str(CHARS))
+
+    async def run():
+        ws = await chatws.connect(headers=[(b"host", b"127.0.0.1")])
+        await ws.send_json_to({"type": "new_session"})
+        session = (await ws.receive_json_from(timeout=10))["sessionId"]
+        await ws.receive_json_from(timeout=10)  # sessions
+        for n in range(4):  # from the 3rd on, the questions alone are past CHARS
+            frames = await chatws.turn(ws, {"type": "prompt", "text": QUESTION.format(n)})
+            errors = [f for f in frames if f["type"] == "error"]
+            assert not errors, (n, errors)  # the old chat: 'the prompt is … characters' from the 3rd turn on
+        frames = await chatws.turn(ws, {"type": "prompt", "text": QUESTION.format("long") * 3})
+        items = await _history(ws, session)
+        await ws.disconnect()
+        return frames, items
+
+    frames, items = asyncio.run(run())
+    replies = [i["meta"] for i in items if i["role"] == "assistant"]
+    assert replies[3]["context_cut"]["hidden"] >= 4  # at least the two oldest turns left out
+    error = next(f for f in frames if f["type"] == "error")
+    assert "characters" in error["message"] and "does not fit even alone" in error["message"], error
