@@ -59,6 +59,7 @@ class TurnState:
     decode_s: float = 0.0
     budget: dict | None = None  # the chat's own reply cap, when the turn ran under it (`reply_budget`)
     cut: dict | None = None  # the oldest turns its last generation left out (`window.Conversation.cut`)
+    skip: int = 0  # how many of them: the next tool round's fit starts there, as a turn only grows
 
     def generated(self, final) -> float:
         """Count one finished generation's decoding (its final event); answers its decode time in seconds."""
@@ -266,8 +267,8 @@ async def _generate(consumer, session, view, offered, state: TurnState, runtime,
                 return 0, messages
             return tokens, messages
 
-        skip, messages = await window.fit(len(conv.turns), count_remote, limit)
-        state.cut = conv.cut(skip)
+        state.skip, messages = await window.fit(len(conv.turns), count_remote, limit, state.skip)
+        state.cut = conv.cut(state.skip)
         return await _generate_remote(consumer, session, messages, offered, state, runtime, sampling)
     engine = runtime.require_engine()
 
@@ -280,8 +281,8 @@ async def _generate(consumer, session, view, offered, state: TurnState, runtime,
             raise
         return len(prepared.request.prompt_tokens), prepared
 
-    skip, prepared = await window.fit(len(conv.turns), count, limit)
-    state.cut = conv.cut(skip)
+    state.skip, prepared = await window.fit(len(conv.turns), count, limit, state.skip)
+    state.cut = conv.cut(state.skip)
     round_text = ""
     async for event in engine.submit(prepared.request).events():
         if event.error is not None:
