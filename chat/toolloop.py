@@ -160,16 +160,14 @@ def context_window(runtime, session) -> int | None:
     if runtime.router is not None:
         from chat.live import model_info
 
-        window = model_info(runtime, session.model).get("context_window")
+        listed = model_info(runtime, session.model)  # its process's row: the limit it enforces
+        window = listed.get("context_limit", listed.get("context_window"))
         if window is None:
             folder = _library_folder(runtime, session.model)
             window = _config_window(folder) if folder is not None else None
         return window if isinstance(window, int) and window > 0 else None
     engine = runtime.engine
-    if engine is None or engine.loaded is None:
-        return None
-    caps = [c for c in (engine.loaded.context_window, engine.enforced_context) if c]
-    return min(caps) if caps else None
+    return engine.context_limit if engine is not None else None
 
 
 def _prompt_limit(runtime, session, sampling: dict) -> int | None:

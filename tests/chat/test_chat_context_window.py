@@ -148,3 +148,12 @@ def test_a_conversation_past_the_servers_characters_sends_its_newest_turns(serve
     assert replies[3]["context_cut"]["hidden"] >= 4  # at least the two oldest turns left out
     error = next(f for f in frames if f["type"] == "error")
     assert "characters" in error["message"] and "does not fit even alone" in error["message"], error
+
+
+def test_the_listing_says_the_context_the_server_allows(served, django_ready):
+    """A model's /v1/models row (what a router's chat reads of its process) carries `context_limit`, the
+    operator's --max-context where it is under the model's window; /props' n_ctx is the same number."""
+    app = served("--no-worker", "--max-context", str(WINDOW))
+    [row] = app.get("/v1/models").json()["data"]
+    assert row["context_window"] > WINDOW and row["context_limit"] == WINDOW
+    assert app.get("/props").json()["default_generation_settings"]["n_ctx"] == WINDOW
