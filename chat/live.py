@@ -373,7 +373,7 @@ def _rows(*entries: ChatEntry) -> list[dict]:
 
 
 # A conversation grown past the model's context (the model's own window, or the operator's cap).
-TOO_LONG = ("context_length_exceeded", "context_over_budget")
+TOO_LONG = ("context_length_exceeded", "context_over_budget", *window.SIZE_REFUSALS)
 TOO_LONG_HINT = ("The chat leaves out the oldest turns that do not fit, but this message does not fit even alone "
                  "(with the system prompt and this turn's tool results): make it shorter.")
 

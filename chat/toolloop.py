@@ -23,6 +23,7 @@ from asgiref.sync import sync_to_async
 
 from chat import appctx, mcp, window
 from chat import tools as chat_tools
+from inference.protocols.errors import RequestError
 
 MAX_ROUNDS = 8
 # A reply the session sets no max_tokens for may take this share of the model's context: a model that never
@@ -58,6 +59,7 @@ class TurnState:
     decode_s: float = 0.0
     budget: dict | None = None  # the chat's own reply cap, when the turn ran under it (`reply_budget`)
     cut: dict | None = None  # the oldest turns its last generation left out (`window.Conversation.cut`)
+    skip: int = 0  # how many of them: the next tool round's fit starts there, as a turn only grows
 
     def generated(self, final) -> float:
         """Count one finished generation's decoding (its final event); answers its decode time in seconds."""
@@ -158,16 +160,14 @@ def context_window(runtime, session) -> int | None:
     if runtime.router is not None:
         from chat.live import model_info
 
-        window = model_info(runtime, session.model).get("context_window")
+        listed = model_info(runtime, session.model)  # its process's row: the limit it enforces
+        window = listed.get("context_limit", listed.get("context_window"))
         if window is None:
             folder = _library_folder(runtime, session.model)
             window = _config_window(folder) if folder is not None else None
         return window if isinstance(window, int) and window > 0 else None
     engine = runtime.engine
-    if engine is None or engine.loaded is None:
-        return None
-    caps = [c for c in (engine.loaded.context_window, engine.enforced_context) if c]
-    return min(caps) if caps else None
+    return engine.context_limit if engine is not None else None
 
 
 def _prompt_limit(runtime, session, sampling: dict) -> int | None:
@@ -265,17 +265,22 @@ async def _generate(consumer, session, view, offered, state: TurnState, runtime,
                 return 0, messages
             return tokens, messages
 
-        skip, messages = await window.fit(len(conv.turns), count_remote, limit)
-        state.cut = conv.cut(skip)
+        state.skip, messages = await window.fit(len(conv.turns), count_remote, limit, state.skip)
+        state.cut = conv.cut(state.skip)
         return await _generate_remote(consumer, session, messages, offered, state, runtime, sampling)
     engine = runtime.require_engine()
 
     async def count(skip: int):
-        prepared = await prepare(session, seen(skip), sampling, engine.loaded, runtime.options, tools)
+        try:
+            prepared = await prepare(session, seen(skip), sampling, engine.loaded, runtime.options, tools)
+        except RequestError as exc:
+            if exc.code in window.SIZE_REFUSALS:  # too many characters or messages: fewer turns may fit
+                return None, exc
+            raise
         return len(prepared.request.prompt_tokens), prepared
 
-    skip, prepared = await window.fit(len(conv.turns), count, limit)
-    state.cut = conv.cut(skip)
+    state.skip, prepared = await window.fit(len(conv.turns), count, limit, state.skip)
+    state.cut = conv.cut(state.skip)
     round_text = ""
     async for event in engine.submit(prepared.request).events():
         if event.error is not None:

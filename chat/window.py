@@ -9,8 +9,10 @@ max_tokens, the chat's `reply_budget`), the oldest turns are left out, whole
 and the turn being answered are always sent. What is stored stays as it is:
 the turn keeps, in its meta, how many of the chat's messages the model no
 longer saw and the first one it did (`context_cut`), which the page marks.
-Only when the turn being answered does not fit even alone is it refused,
-as any prompt too long is.
+A conversation over the server's `--max-prompt-chars` or `--max-messages`
+does not fit either, and loses its oldest turns the same way. Only when the
+turn being answered does not fit even alone is it refused, as any prompt too
+long is.
 
 The count is the prompt's tokens as the model's own chat template and
 tokenizer make them: the engine's prepared request in single-model mode; in
@@ -28,6 +30,9 @@ from typing import Any, Awaitable, Callable
 # The most of the context a reply's room may take when the turn's max_tokens asks for more: past that the
 # conversation would keep almost nothing of itself; the reply still runs up to the window's end.
 MAX_REPLY_SHARE = 2
+# The protocols' refusals of a prompt by its size alone (inference/protocols/chat.py): over --max-prompt-chars,
+# over --max-messages. A conversation refused so leaves out its oldest turns as one over the context does.
+SIZE_REFUSALS = ("prompt_too_large", "too_many_messages")
 
 
 @dataclass
@@ -83,26 +88,39 @@ def prompt_limit(window: int | None, max_tokens: int | None) -> int | None:
     return max(window - room, 1)
 
 
-async def fit(turns: int, count: Callable[[int], Awaitable[tuple[int, Any]]], limit: int | None) -> tuple[int, Any]:
+async def fit(turns: int, count: Callable[[int], Awaitable[tuple[int | None, Any]]], limit: int | None,
+              start: int = 0) -> tuple[int, Any]:
     """The fewest oldest turns to leave out so the prompt holds at most
     `limit` tokens, and what `count(skip)` made of that prompt (its tokens,
-    and whatever the caller sends: the prepared request). The whole
-    conversation is counted first (once, when it fits); past that, a
-    bisection over how many to skip. Nothing fits: the newest turn alone."""
-    counted = {0: await count(0)}
-    if limit is None or counted[0][0] <= limit or turns <= 1:
-        return 0, counted[0][1]
-    low, high = 1, turns - 1  # the newest turn alone (skip turns - 1) is sent whether or not it fits
+    and whatever the caller sends: the prepared request). `count` answers
+    (None, the refusal) for a prompt refused whatever its tokens (over the
+    server's characters or messages): it does not fit either. The prompt
+    without the `start` oldest turns is counted first (once, when it fits;
+    a tool round starts from the skip of the round before it, as a turn only
+    grows); past that, a bisection over how many more to skip. Nothing fits:
+    the newest turn alone, and when even that is refused, its refusal is
+    raised."""
+    def fits(counted: tuple[int | None, Any]) -> bool:
+        return counted[0] is not None and (limit is None or counted[0] <= limit)
+
+    start = min(max(start, 0), max(turns - 1, 0))
+    counted = {start: await count(start)}
+    low, high = start + 1, turns - 1  # the newest turn alone (skip turns - 1) is sent whether or not it fits
+    if fits(counted[start]) or low > high:
+        low = start
     while low < high:
         mid = (low + high) // 2
         counted[mid] = await count(mid)
-        if counted[mid][0] <= limit:
+        if fits(counted[mid]):
             high = mid
         else:
             low = mid + 1
     if low not in counted:
         counted[low] = await count(low)
-    return low, counted[low][1]
+    tokens, made = counted[low]
+    if tokens is None:
+        raise made
+    return low, made
 
 
 def router_count(folder: Path, messages: list[dict], tools: list[dict] | None, thinking: bool) -> int:

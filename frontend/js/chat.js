@@ -492,8 +492,9 @@ export function createChat(hooks = {}) {
     if (meta?.finish_reason !== "length" || meta.aborted) return null;
     const budget = meta.reply_budget;
     const text = budget
-      ? `Stopped at the chat's reply limit: ${budget.max_tokens} tokens, a quarter of this model's `
-        + `${budget.context_window}-token context, so the conversation has room to go on. `
+      // context_window is the model's window or the operator's cap (--max-context, the memory budget), the smaller.
+      ? `Stopped at the chat's reply limit: ${budget.max_tokens} tokens, a quarter of the `
+        + `${budget.context_window}-token context this server allows, so the conversation has room to go on. `
         + "Set max_tokens under Sampling… for longer replies."
       : "Stopped at its length limit (max_tokens under Sampling…, or the end of the model's context).";
     return h("p", { class: "muted small length-note" }, text);

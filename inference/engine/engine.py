@@ -228,6 +228,14 @@ class Engine:
         return self._admission.enforced_context
 
     @property
+    def context_limit(self) -> int | None:
+        """The tokens one request may hold, prompt and reply: the model's window, or the operator's cap
+        (`enforced_context`: --max-context, the memory budget) where that is smaller; None: neither is known."""
+        window = self.loaded.context_window if self.loaded is not None else None
+        caps = [c for c in (window, self.enforced_context) if c]
+        return min(caps) if caps else None
+
+    @property
     def kv_bytes(self) -> int:
         """Projected KV bytes of the running rows at their token limits."""
         if self.lane is None or self.loaded is None:

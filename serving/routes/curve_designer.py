@@ -60,11 +60,11 @@ def prompt_tokens(model: LoadedModel, text: str) -> list[int]:
     return tokens
 
 
-def _check_room(engine: Engine, model: LoadedModel, tokens: list[int], generated: int) -> None:
-    caps = [c for c in (model.context_window, engine.enforced_context) if c]
-    if caps and len(tokens) + generated > min(caps):
+def _check_room(engine: Engine, tokens: list[int], generated: int) -> None:
+    limit = engine.context_limit
+    if limit is not None and len(tokens) + generated > limit:
         raise curve_bodies.CurveError(f"the prompt has {len(tokens)} tokens; with {generated} more it does not fit "
-                                      f"this model's context of {min(caps)} tokens", param="prompt")
+                                      f"this model's context of {limit} tokens", param="prompt")
 
 
 async def _read(request: HttpRequest) -> dict:
@@ -120,7 +120,7 @@ async def _signal(request: HttpRequest) -> dict:
     engine = _engine(request)
     model = engine.loaded_model
     tokens = await asyncio.to_thread(prompt_tokens, model, text)
-    _check_room(engine, model, tokens, 0)
+    _check_room(engine, tokens, 0)
     try:
         return await _alone(engine, lambda: curve_sampler.signal(model, tokens))
     except (curve_bodies.CurveError, EngineError):
@@ -138,7 +138,7 @@ async def _generate(request: HttpRequest) -> dict:
     engine = _engine(request)
     model = engine.loaded_model
     tokens = await asyncio.to_thread(prompt_tokens, model, ask.prompt)
-    _check_room(engine, model, tokens, ask.max_tokens)
+    _check_room(engine, tokens, ask.max_tokens)
     recipe = curve_bodies.recipe(request.runtime.options.defaults, model.generation_config, model.vocab_size)
     try:
         samples = await _alone(engine, lambda: curve_sampler.generate(

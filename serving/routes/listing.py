@@ -46,7 +46,9 @@ def served_row(runtime, engine: Engine) -> dict:
     return {
         "id": model.model_id, "object": "model", "created": runtime.started_at, "owned_by": "hearth",
         "aliases": list(runtime.aliases), "tags": list(runtime.tags),
-        "context_window": model.context_window, "reasoning": chat.thinks(model), "vision": model.vision is not None,
+        "context_window": model.context_window,
+        "context_limit": engine.context_limit,  # what a request may hold here: the window, or the operator's cap
+        "reasoning": chat.thinks(model), "vision": model.vision is not None,
         "audio": False, "batch_mode": engine.mode,
         "tools": True, "trained_tools": trained_tools(model.path),  # null: any tool; a list: only those
         "structured_output": True, "embeddings": runtime.embeddings_enabled,

@@ -63,11 +63,10 @@ def props(request: HttpRequest) -> JsonResponse:
     defaults = runtime.options.defaults
     sampling = params.sampling({}, defaults, model.generation_config, model.vocab_size)
     template = getattr(chat.hf_tokenizer(model), "chat_template", None)
-    caps = [c for c in (model.context_window, engine.enforced_context) if c]  # the window, or the cap in force
     return JsonResponse({
         "model_alias": model.model_id, "model_path": str(model.path), "total_slots": engine.capacity,
         "default_generation_settings": {
-            "n_ctx": min(caps) if caps else None,
+            "n_ctx": engine.context_limit,  # the window, or the cap in force
             "params": {"n_predict": defaults.max_tokens if defaults.max_tokens is not None else -1,
                        # top_p off is 1.0 in llama.cpp's terms (0 would keep only the likeliest token)
                        "temperature": sampling.temperature, "top_p": sampling.top_p or 1.0, "top_k": sampling.top_k,

@@ -40,6 +40,10 @@ def test_the_chat_marks_the_messages_the_model_no_longer_sees(page, small_contex
     # The line sits right above a question (whole turns are left out), and the last reply says it.
     assert marker.evaluate("el => el.nextElementSibling.classList.contains('user')")
     assert "without the oldest" in page.locator(".msg.assistant").last.locator(".who").inner_text()
+    # The random model's replies run to the chat's cap, a quarter of the operator's --max-context 512 (the tiny
+    # model's own window is larger): the note under them names the context the server allows.
+    notes = [n for n in page.locator(".length-note").all_inner_texts() if "reply limit" in n]
+    assert notes and all("512-token context this server allows" in n for n in notes), notes
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     marker.scroll_into_view_if_needed()
     page.screenshot(path=str(ARTIFACTS / "desktop-chat-context-cut.png"))

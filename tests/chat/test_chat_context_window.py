@@ -14,6 +14,7 @@ from tests.chat import chatws
 WINDOW = 512
 BUDGET = WINDOW // 4  # the chat's reply cap (test_chat_reply_budget.py)
 # About 135 tokens each: three earlier turns and the new one fill more than the window.
+CHARS = 520  # --max-prompt-chars: one question and its answer, not three questions
 QUESTION = "Tell me about the {0} river and the towns along its banks, " * 3
 
 
@@ -111,9 +112,48 @@ def test_turns_are_left_out_whole_never_a_call_without_its_result(served, django
 
     asyncio.run(run())
     last = seen[-1]  # the last turn's answer, after its call: earlier turns left out, its own call and result in
+    # Its first round left out at least the oldest turn (4 questions do not fit): the second round's fit starts
+    # there, as a turn only grows, and never counts the whole conversation again.
+    answering = [m for m in seen if QUESTION.format(3) in str(m) and m[-1]["role"] == "tool"]
+    assert answering and not [m for m in answering if QUESTION.format(0) in str(m)]
     assert [m["role"] for m in last] == ["user", "assistant", "tool"]
     for messages in seen:
         talk = [m for m in messages if m["role"] != "system"]
         assert talk[0]["role"] == "user"
         calls = {c["id"] for m in talk if m["role"] == "assistant" for c in m.get("tool_calls") or []}
         assert {m["tool_call_id"] for m in talk if m["role"] == "tool"} <= calls
+
+
+def test_a_conversation_past_the_servers_characters_sends_its_newest_turns(served, django_ready):
+    """--max-prompt-chars refuses a prompt by its characters before it is tokenized: a chat over it leaves out
+    its oldest turns as one over the context does, and only a message over it alone is refused."""
+    served("--no-worker", "--max-context", str(WINDOW), "--max-prompt-chars", str(CHARS))
+
+    async def run():
+        ws = await chatws.connect(headers=[(b"host", b"127.0.0.1")])
+        await ws.send_json_to({"type": "new_session"})
+        session = (await ws.receive_json_from(timeout=10))["sessionId"]
+        await ws.receive_json_from(timeout=10)  # sessions
+        for n in range(4):  # from the 3rd on, the questions alone are past CHARS
+            frames = await chatws.turn(ws, {"type": "prompt", "text": QUESTION.format(n)})
+            errors = [f for f in frames if f["type"] == "error"]
+            assert not errors, (n, errors)  # the old chat: 'the prompt is … characters' from the 3rd turn on
+        frames = await chatws.turn(ws, {"type": "prompt", "text": QUESTION.format("long") * 3})
+        items = await _history(ws, session)
+        await ws.disconnect()
+        return frames, items
+
+    frames, items = asyncio.run(run())
+    replies = [i["meta"] for i in items if i["role"] == "assistant"]
+    assert replies[3]["context_cut"]["hidden"] >= 4  # at least the two oldest turns left out
+    error = next(f for f in frames if f["type"] == "error")
+    assert "characters" in error["message"] and "does not fit even alone" in error["message"], error
+
+
+def test_the_listing_says_the_context_the_server_allows(served, django_ready):
+    """A model's /v1/models row (what a router's chat reads of its process) carries `context_limit`, the
+    operator's --max-context where it is under the model's window; /props' n_ctx is the same number."""
+    app = served("--no-worker", "--max-context", str(WINDOW))
+    [row] = app.get("/v1/models").json()["data"]
+    assert row["context_window"] > WINDOW and row["context_limit"] == WINDOW
+    assert app.get("/props").json()["default_generation_settings"]["n_ctx"] == WINDOW

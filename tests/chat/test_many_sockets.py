@@ -101,14 +101,23 @@ def test_many_sockets_each_get_their_turn_and_leave_nothing_behind(engine):
     assert unanswered == []
 
 
-def test_a_socket_killed_past_its_close_timeout_leaves_no_follower(engine, workspace, steer, approvals):
+def test_a_socket_killed_past_its_close_timeout_leaves_no_follower(engine, workspace, steer, approvals,
+                                                                  monkeypatch):
     """daphne cancels a socket's app that is still busy its
     application_close_timeout after the close, before `disconnect` runs; the
     turn goes on (here waiting for an approval) with no one following it, so
-    it can be denied as unattended."""
+    it is denied as unattended and ends."""
+    import json
+
+    import chat.live
+    import chat.toolloop
+    from chat.models import ChatEntry
     from hearth.root import RUNTIME
 
     steer("write", {"path": "a.txt", "content": "hi"})
+    # Unattended as soon as no socket follows, asked again every 10 ms: the turn ends only once its follower is gone.
+    monkeypatch.setattr(chat.live, "UNATTENDED_S", 0.0)
+    monkeypatch.setattr(chat.toolloop, "ASK_POLL_S", 0.01)
 
     async def run():
         ws = await chatws.connect()
@@ -119,14 +128,15 @@ def test_a_socket_killed_past_its_close_timeout_leaves_no_follower(engine, works
         stream = RUNTIME.streams.get(session)
         assert stream.live and stream.followers == 1
         ws.future.cancel()  # what daphne does to an app that outlives application_close_timeout
-        for _ in range(200):
-            if stream.followers == 0:
-                break
-            await asyncio.sleep(0.01)
-        followers = stream.followers
-        await RUNTIME.streams.stop(session)
-        return followers, stream.live
+        try:  # a generous bound for a busy machine; the old code never ends the turn (its follower stays)
+            await asyncio.wait_for(stream.done.wait(), 120)
+        finally:
+            await RUNTIME.streams.stop(session)
+        return session, stream.followers
 
-    followers, live = asyncio.run(run())
+    session, followers = asyncio.run(run())
     assert followers == 0
-    assert not live
+    answer = ChatEntry.objects.get(session_id=session, role="assistant")
+    [call] = json.loads(answer.meta_json)["toolRounds"][0]["calls"]
+    assert call["result"] == chat.toolloop.UNANSWERED  # denied as unattended, not run
+    assert not (workspace / "a.txt").exists()
