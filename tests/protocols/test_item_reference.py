@@ -4,12 +4,14 @@ reasoning) and its input items (listed, with their ids, by GET
 /v1/responses/{id}/input_items) are taken by id, in the store of one
 process, in the folder a router's model processes share (`hearth serve
 --response-store DIR`) and in Redis; an id that is not stored is a 404 naming
-`input[i].id`. A grammar steers the random model where a test needs an
+`input[i].id`. An item stays found while any stored turn of its key holds
+it. A grammar steers the random model where a test needs an
 exact reply; a referenced item reads as the same item sent whole (the
 prompts have the same number of tokens)."""
 from __future__ import annotations
 
 import json
+import uuid
 
 import openai
 import pytest
@@ -138,3 +140,37 @@ def test_input_items_refuses_what_it_cannot_answer(oai, query, param):
     with pytest.raises(openai.BadRequestError) as caught:
         oai.responses.input_items.list(made.id, **query)
     assert caught.value.body["param"] == param
+
+
+def test_an_item_sent_again_is_found_while_any_turn_holding_it_is_stored(oai):
+    """Agents send every item back each turn: deleting the first turn that held one leaves it found in
+    the newer, until no stored turn holds it."""
+    mine = {"type": "message", "role": "user", "content": "Remember this.", "id": "msg_" + uuid.uuid4().hex}
+    first = oai.responses.create(model="m", input=[mine], max_output_tokens=3)
+    reply = first.output[0].model_dump(exclude_none=True)
+    second = oai.responses.create(model="m", input=[mine, reply], max_output_tokens=1)
+    oai.responses.delete(first.id)
+    refs = [{"type": "item_reference", "id": mine["id"]}, {"type": "item_reference", "id": reply["id"]}]
+    assert prompt_tokens(oai, refs, store=False) == prompt_tokens(oai, [mine, reply], store=False)
+    oai.responses.delete(second.id)
+    with pytest.raises(openai.NotFoundError) as caught:
+        oai.responses.create(model="m", input=refs, max_output_tokens=1, store=False)
+    assert caught.value.body["param"] == "input[0].id"
+
+
+def test_the_folder_indexes_items_in_one_file_counted_in_the_cap(oai):
+    from hearth.root import RUNTIME
+    from inference.protocols.response_store import FolderResponseStore
+
+    store = RUNTIME.responses
+    if not isinstance(store, FolderResponseStore):
+        pytest.skip("the folder store's index")
+    many = [{"type": "reasoning", "summary": []} for _ in range(1000)]  # left out of the prompt: cheap
+    made = oai.responses.create(model="m", input=[*many, {"role": "user", "content": "Hi"}], max_output_tokens=1)
+    (hi,) = oai.responses.input_items.list(made.id, limit=1).data  # the 1001st item
+    assert prompt_tokens(oai, [{"type": "item_reference", "id": hi.id}], store=False) == \
+        prompt_tokens(oai, [{"role": "user", "content": "Hi"}], store=False)
+    names = [p.name for p in store.folder.iterdir()]
+    assert len(names) < 50 and not [n for n in names if n.endswith(".item")]
+    turns = sum(p.stat().st_size for p in store.folder.glob("*.json"))
+    assert store.stats()["bytes"] > turns  # the index's pages count toward the cap
