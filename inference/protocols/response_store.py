@@ -279,9 +279,10 @@ class FolderResponseStore:
             self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)  # removed under us: made again
             fs.write_atomically(path, data, mode=0o600, durable=False)
             self._written += len(data)
-            with self._index() as db:  # this turn now the newest to hold each of its items
-                db.executemany("INSERT OR REPLACE INTO item VALUES (?, ?, ?, ?)",
-                               [(holder, i, response["id"], expires) for i in _ids(response, input_items or [])])
+            entries = [(holder, i, response["id"], expires) for i in _ids(response, input_items or [])]
+            if entries:
+                with self._index() as db:  # this turn now the newest to hold each of its items
+                    db.executemany("INSERT OR REPLACE INTO item VALUES (?, ?, ?, ?)", entries)
             # Listing the folder is what costs (put runs on the event loop): done once a sixteenth of the
             # cap has been written here, so the folder stays within the cap and a sixteenth per process.
             if self._written >= self.max_bytes // 16:
@@ -348,6 +349,8 @@ class FolderResponseStore:
 
     def _unindex(self, response_ids: list[str]) -> None:
         """The index entries of turns that are gone, and of those expired."""
+        if not (self.folder / self.INDEX).exists():
+            return
         try:
             with self._index() as db:
                 db.executemany("DELETE FROM item WHERE response = ?", [(r,) for r in response_ids])
@@ -355,15 +358,17 @@ class FolderResponseStore:
         except sqlite3.Error as exc:
             log.warning("stored Responses items: the index could not be updated: %s", exc)
 
+    EMPTY_PAGES = 3  # an index with no entries: SQLite's schema page, the table's root and its index's
+
     def _index_bytes(self) -> int:
-        """The index's live pages (its free pages are reused, not grown)."""
+        """The index's pages that hold entries (its free pages are reused, not grown)."""
         if not (self.folder / self.INDEX).exists():
             return 0
         try:
             with self._index(write=False) as db:
                 size, pages, free = (db.execute(f"PRAGMA {p}").fetchone()[0]
                                      for p in ("page_size", "page_count", "freelist_count"))
-                return size * (pages - free)
+                return size * max(0, pages - free - self.EMPTY_PAGES)
         except sqlite3.Error:
             return 0
 
