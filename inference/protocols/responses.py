@@ -7,10 +7,11 @@ from __future__ import annotations
 import json
 import uuid
 
+from core.limits import DEFAULT
 from inference.protocols import chat, unhonoured
 from inference.protocols.errors import RequestError
 from inference.protocols.params import SAMPLING, boolean, integer
-from inference.protocols.response_store import AnyResponseStore
+from inference.protocols.response_store import AnyResponseStore, Stored
 
 EXTRAS = (*(f for f in SAMPLING if f not in ("temperature", "top_p", "top_k")), "logit_bias",
           "session_id", "prompt_cache_key", "chat_template_kwargs", "guided_grammar", "guided_regex",
@@ -25,23 +26,37 @@ def new_id(prefix: str) -> str:
 ITEM_ID_PREFIXES = {"message": "msg_", "function_call": "fc_", "function_call_output": "fco_", "reasoning": "rs_"}
 
 
-def _resolved(raw, store: AnyResponseStore, holder: str):
+def _resolved(raw, store: AnyResponseStore, holder: str, most: int):
     """`input` with each `item_reference` replaced by the stored item of its
     id (an output or input item of a response this key stored), which is
-    then read as an item of its own type is."""
+    then read as an item of its own type is. The store is read once for the
+    index and once per response named (this runs on a worker thread: a
+    folder or Redis store blocks), and `input` has at most `most` items."""
     if not isinstance(raw, list):
         return raw
-    out = []
+    if len(raw) > most:
+        raise RequestError(f"input has {len(raw)} items; this server takes at most {most} (--max-messages)",
+                           f"input[{most}]", code="too_many_messages")
+    refs = {}
     for i, item in enumerate(raw):
         if isinstance(item, dict) and item.get("type") == "item_reference":
-            where = f"input[{i}].id"
             if not isinstance(item.get("id"), str) or not item["id"]:
-                raise RequestError(f"{where} required: the id of a stored item", where)
-            found = store.item(item["id"], holder)
+                raise RequestError(f"input[{i}].id required: the id of a stored item", f"input[{i}].id")
+            refs[i] = item["id"]
+    where = store.where(list(dict.fromkeys(refs.values())), holder) if refs else {}
+    turns: dict[str, Stored | None] = {}  # each response read once, however many of its items are named
+    out = []
+    for i, item in enumerate(raw):
+        if i in refs:
+            response_id = where.get(refs[i])
+            if response_id is not None and response_id not in turns:
+                turns[response_id] = store.get(response_id, holder)
+            stored = turns.get(response_id) if response_id is not None else None
+            found = stored.item(refs[i]) if stored is not None else None
             if found is None:
                 # OpenAI answers 404 here too ("Item with id … not found"), with `param: input`.
-                raise RequestError(f"Item with id '{item['id']}' not found: it was never stored (store: false), "
-                                   "its response expired or was deleted, or it is another key's", where,
+                raise RequestError(f"Item with id '{refs[i]}' not found: it was never stored (store: false), "
+                                   "its response expired or was deleted, or it is another key's", f"input[{i}].id",
                                    status=404, code="item_not_found")
             item = found
         out.append(item)
@@ -190,9 +205,11 @@ def _text_format(text) -> dict | None:
 
 
 class Turn:
-    """The chat turn a Responses request stands for."""
+    """The chat turn a Responses request stands for: built on a worker
+    thread, as it reads the store (a file, Redis); `most` bounds the input
+    items (--max-messages)."""
 
-    def __init__(self, body: dict, store: AnyResponseStore, holder: str = ""):
+    def __init__(self, body: dict, store: AnyResponseStore, holder: str = "", most: int = DEFAULT.max_messages):
         unhonoured.refuse(body, unhonoured.RESPONSES)
         if body.get("stream_options") is not None and not boolean(body, "stream"):  # as on OpenAI, as on chat
             raise RequestError("The 'stream_options' parameter is only allowed when 'stream' is enabled.",
@@ -206,7 +223,7 @@ class Turn:
             if self.previous is None:
                 raise RequestError(f"Response with id '{previous_id}' not found (unknown or expired)",
                                    "previous_response_id", status=404, code="response_not_found")
-        raw = _resolved(body.get("input"), store, holder)
+        raw = _resolved(body.get("input"), store, holder, most)
         new, system = _items(raw)
         self.input_items = stored_items(raw)  # read: every item is an object of a type the reader takes
         instructions = body.get("instructions")

@@ -3,6 +3,8 @@
 items listed; each stored turn is its API key's."""
 from __future__ import annotations
 
+import asyncio
+
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
 from core import holders
@@ -30,7 +32,9 @@ async def create(request: HttpRequest) -> HttpResponse:
     if not isinstance(store, bool):
         raise RequestError("store must be a boolean", "store")
     holder = holders.of(request)  # what this request stores is its key's (core/holders.py)
-    turn = responses.Turn(body, store_them, holder)
+    # Off the loop: a previous_response_id and each item_reference read the store (a file, Redis).
+    turn = await asyncio.to_thread(responses.Turn, body, store_them, holder,
+                                   request.runtime.options.limits.max_messages)
     engine, prepared = await pipeline.prepare_chat(request, turn.chat_body(body), "input")
     pipeline.name_ignored(prepared, body, ResponsesRequest, unhonoured.RESPONSES, "responses", inner)
     model = engine.loaded_model

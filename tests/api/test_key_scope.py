@@ -79,7 +79,15 @@ def test_a_stored_response_is_its_keys(two_keys):
         refer = {"input": [{"type": "item_reference", "id": item_id}], "max_output_tokens": 4}
         other = app.post("/v1/responses", json=refer, headers=_as(B))
         assert other.status_code == 404 and other.json()["error"]["code"] == "item_not_found", other.text
-        assert app.post("/v1/responses", json=refer, headers=_as(A)).status_code == 200
+        # B sending an item of its own under that id makes it B's to find, and leaves A's found by A
+        own = {"type": "message", "role": "user", "content": "B's own", "id": item_id}
+        assert app.post("/v1/responses", json={"input": [own], "max_output_tokens": 1},
+                        headers=_as(B)).status_code == 200
+        assert app.post("/v1/responses", json=refer, headers=_as(B)).status_code == 200
+        taken = app.post("/v1/responses", json=refer, headers=_as(A))
+        assert taken.status_code == 200, taken.text
+        (took,) = app.get(f"/v1/responses/{taken.json()['id']}/input_items", headers=_as(A)).json()["data"]
+        assert took["id"] == item_id and "B's own" not in str(took)
 
     assert app.get(f"/v1/responses/{rid}", headers=_as(A)).json()["id"] == rid
     follow = app.post("/v1/responses", json={"input": "Again", "max_output_tokens": 4, "previous_response_id": rid},

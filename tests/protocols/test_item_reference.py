@@ -4,12 +4,16 @@ reasoning) and its input items (listed, with their ids, by GET
 /v1/responses/{id}/input_items) are taken by id, in the store of one
 process, in the folder a router's model processes share (`hearth serve
 --response-store DIR`) and in Redis; an id that is not stored is a 404 naming
-`input[i].id`. A grammar steers the random model where a test needs an
+`input[i].id`. An item stays found while any stored turn of its key holds
+it; references read the store off the event loop, each response once, and
+are bounded by --max-messages. A grammar steers the random model where a test needs an
 exact reply; a referenced item reads as the same item sent whole (the
 prompts have the same number of tokens)."""
 from __future__ import annotations
 
+import asyncio
 import json
+import uuid
 
 import openai
 import pytest
@@ -138,3 +142,83 @@ def test_input_items_refuses_what_it_cannot_answer(oai, query, param):
     with pytest.raises(openai.BadRequestError) as caught:
         oai.responses.input_items.list(made.id, **query)
     assert caught.value.body["param"] == param
+
+
+def _on_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
+@pytest.fixture
+def reads(monkeypatch) -> list:
+    """(response id, whether on the event loop) of each read of the store's turns, as they happen."""
+    from hearth.root import RUNTIME
+
+    store, seen = RUNTIME.responses, []
+    real = store.get
+
+    def get(response_id: str, holder: str = ""):
+        seen.append((response_id, _on_loop()))
+        return real(response_id, holder)
+
+    monkeypatch.setattr(store, "get", get)
+    return seen
+
+
+def test_references_read_each_response_once_off_the_event_loop(oai, reads):
+    first = oai.responses.create(model="m", max_output_tokens=1, input=[
+        {"type": "message", "role": "user", "content": "One", "id": "msg_" + uuid.uuid4().hex},
+        {"type": "message", "role": "user", "content": "Two", "id": "msg_" + uuid.uuid4().hex}])
+    ids = [i.id for i in oai.responses.input_items.list(first.id)] + [first.output[0].id]
+    reads.clear()
+    oai.responses.create(model="m", max_output_tokens=1, store=False,
+                         input=[{"type": "item_reference", "id": i} for i in ids] * 5)
+    assert reads == [(first.id, False)]
+
+
+def test_more_input_items_than_max_messages_is_a_400_before_the_store_is_read(oai, reads):
+    from hearth.root import RUNTIME
+
+    most = RUNTIME.options.limits.max_messages
+    with pytest.raises(openai.BadRequestError) as caught:
+        oai.responses.create(model="m", max_output_tokens=1,
+                             input=[{"type": "item_reference", "id": "msg_nope"}] * (most + 1))
+    assert caught.value.body["param"] == f"input[{most}]" and caught.value.body["code"] == "too_many_messages"
+    assert reads == []
+
+
+def test_an_item_sent_again_is_found_while_any_turn_holding_it_is_stored(oai):
+    """Agents send every item back each turn: deleting the first turn that held one leaves it found in
+    the newer, until no stored turn holds it."""
+    mine = {"type": "message", "role": "user", "content": "Remember this.", "id": "msg_" + uuid.uuid4().hex}
+    first = oai.responses.create(model="m", input=[mine], max_output_tokens=3)
+    reply = first.output[0].model_dump(exclude_none=True)
+    second = oai.responses.create(model="m", input=[mine, reply], max_output_tokens=1)
+    oai.responses.delete(first.id)
+    refs = [{"type": "item_reference", "id": mine["id"]}, {"type": "item_reference", "id": reply["id"]}]
+    assert prompt_tokens(oai, refs, store=False) == prompt_tokens(oai, [mine, reply], store=False)
+    oai.responses.delete(second.id)
+    with pytest.raises(openai.NotFoundError) as caught:
+        oai.responses.create(model="m", input=refs, max_output_tokens=1, store=False)
+    assert caught.value.body["param"] == "input[0].id"
+
+
+def test_the_folder_indexes_items_in_one_file_counted_in_the_cap(oai):
+    from hearth.root import RUNTIME
+    from inference.protocols.response_store import FolderResponseStore
+
+    store = RUNTIME.responses
+    if not isinstance(store, FolderResponseStore):
+        pytest.skip("the folder store's index")
+    many = [{"type": "reasoning", "summary": []} for _ in range(1000)]  # left out of the prompt: cheap
+    made = oai.responses.create(model="m", input=[*many, {"role": "user", "content": "Hi"}], max_output_tokens=1)
+    (hi,) = oai.responses.input_items.list(made.id, limit=1).data  # the 1001st item
+    assert prompt_tokens(oai, [{"type": "item_reference", "id": hi.id}], store=False) == \
+        prompt_tokens(oai, [{"role": "user", "content": "Hi"}], store=False)
+    names = [p.name for p in store.folder.iterdir()]
+    assert len(names) < 50 and not [n for n in names if n.endswith(".item")]
+    turns = sum(p.stat().st_size for p in store.folder.glob("*.json"))
+    assert store.stats()["bytes"] > turns  # the index's pages count toward the cap
