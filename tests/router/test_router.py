@@ -281,8 +281,8 @@ def test_stats_and_metrics_gather_the_models(two):
 
 def test_a_chat_longer_than_its_model_s_context_says_how_to_go_on(two):
     """The dashboard's chat on a router: a model's process refuses a conversation longer than its context,
-    and the turn keeps that refusal with the chat's way to shorten it (a new chat, an edit), as it does
-    on one model's server."""
+    and the turn keeps that refusal with the chat's way on, as it does on one model's server: a message too
+    long even alone is to be made shorter (older turns are left out by themselves)."""
     async def run():
         async with websockets.connect(two.url.replace("http", "ws") + "/ws/chat", max_size=None) as ws:
             while json.loads(await asyncio.wait_for(ws.recv(), 60))["type"] != "sessions":
@@ -295,8 +295,8 @@ def test_a_chat_longer_than_its_model_s_context_says_how_to_go_on(two):
 
     error = asyncio.run(run())
     assert "maximum context length" in error["message"], error
-    assert error["message"].endswith("Start a new chat, or edit an earlier message to make this conversation "
-                                     "shorter."), error
+    assert error["message"].endswith("this message does not fit even alone (with the system prompt and this "
+                                     "turn's tool results): make it shorter."), error
 
 
 def _eos(library, model: str) -> int:
