@@ -124,7 +124,9 @@ def _cut(text: str, chunk: int) -> str:
 
 def sessions() -> list[dict]:
     """The 200 newest chats, in one query (every socket reads this as it opens and as each turn ends)."""
-    rows = ChatSession.objects.annotate(entry_count=Count("entries")).only("id", "title", "updated_at")[:200]
+    # Ordered here: a GROUP BY query leaves the model's Meta.ordering out (the list came in no order).
+    rows = (ChatSession.objects.annotate(entry_count=Count("entries")).only("id", "title", "updated_at")
+            .order_by("-updated_at")[:200])
     return [{"path": s.id, "id": s.id, "title": s.title, "updatedAt": s.updated_at.isoformat(),
              "messageCount": s.entry_count} for s in rows]
 

@@ -216,7 +216,8 @@ class Processes:
         self._wake()
         if was == "loading" and not asked:
             reason = slot.error or exit_reason(code)
-            self._fail(slot, f"its process exited before it was ready ({reason})")
+            # Ended by a signal (a kill, the OOM killer), the load may well work next time: not held against it.
+            self._fail(slot, f"its process exited before it was ready ({reason})", remember=code is None or code >= 0)
         else:
             if code not in (0, None) and not slot.error and not asked:
                 slot.error = f"its process exited ({exit_reason(code)})"
@@ -249,8 +250,10 @@ class Processes:
         log.warning("%s: starting its process again (restart %d)", slot.id, slot.restarts)
         asyncio.ensure_future(self._preload(slot.id))
 
-    def _fail(self, slot: Slot, message: str) -> None:
-        slot.status, slot.error, slot.port, slot.failed_at = "failed", message, None, time.monotonic()
+    def _fail(self, slot: Slot, message: str, remember: bool = True) -> None:
+        """The load failed; `remember`: a request in the next FAILED_RETRY_S is told so at once (manager.py)."""
+        slot.status, slot.error, slot.port = "failed", message, None
+        slot.failed_at = time.monotonic() if remember else None
         self._wake()
         log.warning("loading %s failed: %s", slot.id, message)
         slot.ready.set()

@@ -67,6 +67,20 @@ def test_opening_a_socket_reads_the_chat_list_in_one_query(engine, queries):
     assert ran <= 2 * SOCKETS, f"{SOCKETS} sockets opening ran {ran} queries"
 
 
+def test_the_chat_list_is_newest_first(engine):
+    """The one query keeps the list's order: the chat touched last comes first (its GROUP BY dropped the
+    model's ordering, and the 200 listed were any 200)."""
+    from chat import store
+    from chat.models import ChatSession
+
+    first, second = store.create(), store.create()
+    first.title = "touched last"
+    first.save()
+    listed = [row["id"] for row in store.sessions()]
+    assert listed[:2] == [first.id, second.id]
+    assert listed == list(ChatSession.objects.order_by("-updated_at").values_list("id", flat=True)[:200])
+
+
 def test_many_sockets_each_get_their_turn_and_leave_nothing_behind(engine):
     from chat.models import ChatEntry
     from hearth.root import RUNTIME
