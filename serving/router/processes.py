@@ -216,8 +216,8 @@ class Processes:
         self._wake()
         if was == "loading" and not asked:
             reason = slot.error or exit_reason(code)
-            # Ended by a signal (a kill, the OOM killer), the load may well work next time: not held against it.
-            self._fail(slot, f"its process exited before it was ready ({reason})", remember=code is None or code >= 0)
+            # Killed (kill -9, the OOM killer), the load may well work next time: not held against it.
+            self._fail(slot, f"its process exited before it was ready ({reason})", remember=code != -signal.SIGKILL)
         else:
             if code not in (0, None) and not slot.error and not asked:
                 slot.error = f"its process exited ({exit_reason(code)})"
