@@ -302,8 +302,9 @@ class DemoTraining:
         state = runtime.demo_build or {}
         # However it ended, the model no longer comes while this server runs: a request that names it (or
         # none) is told it is not there, not that it is training, forever after (the OOM killer, say).
-        self.manager.no_default_note = ""
-        self.manager.coming.pop(DEMO_REPO, None)
+        if self.manager is not None:
+            self.manager.no_default_note = ""
+            self.manager.coming.pop(DEMO_REPO, None)
         if code == STOPPED and self.chat is not None:  # stopped as asked (a Ctrl-C reaches the build too)
             runtime.demo_build = self._stopped(self.chat, state, "demo model")
             return

@@ -50,6 +50,22 @@ async def turn(ws, frame: dict) -> list[dict]:
             return frames
 
 
+async def new_session(ws) -> str:
+    """A new chat on `ws`: its id (the chat list that follows is read too)."""
+    await ws.send_json_to({"type": "new_session"})
+    session = (await ws.receive_json_from(timeout=10))["sessionId"]
+    await ws.receive_json_from(timeout=10)  # sessions
+    return session
+
+
+async def history(ws, session: str) -> list[dict]:
+    """The stored messages of `session`, as the page opens it."""
+    await ws.send_json_to({"type": "open_session", "path": session})
+    while (frame := await ws.receive_json_from(timeout=10))["type"] != "history":
+        assert frame["type"] != "error", frame
+    return frame["items"]
+
+
 async def until(ws, kind: str, timeout: float = 60) -> list[dict]:
     frames = []
     while not frames or frames[-1]["type"] != kind:

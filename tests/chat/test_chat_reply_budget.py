@@ -13,28 +13,19 @@ from tests.chat import chatws
 WINDOW = 512
 
 
-async def _history(ws, session: str) -> list[dict]:
-    await ws.send_json_to({"type": "open_session", "path": session})
-    while (frame := await ws.receive_json_from(timeout=10))["type"] != "history":
-        assert frame["type"] != "error", frame
-    return frame["items"]
-
-
 def test_a_small_context_keeps_room_for_a_conversation(served, django_ready):
     served("--no-worker", "--max-context", str(WINDOW))
 
     async def run():
         ws = await chatws.connect(headers=[(b"host", b"127.0.0.1")])
-        await ws.send_json_to({"type": "new_session"})
-        session = (await ws.receive_json_from(timeout=10))["sessionId"]
-        await ws.receive_json_from(timeout=10)  # sessions
+        session = await chatws.new_session(ws)
         for question in ("Hello!", "Tell me more.", "And then?"):
             frames = await chatws.turn(ws, {"type": "prompt", "text": question})
             errors = [f for f in frames if f["type"] == "error"]
             assert not errors, errors  # the old chat: the first reply filled the window, the second was refused
             context = next(f for f in frames if f["type"] == "context")
             assert context["contextWindow"] == WINDOW  # the cap the server holds turns to, not the model's 2048
-        items = await _history(ws, session)
+        items = await chatws.history(ws, session)
         replies = [item["meta"] for item in items if item["role"] == "assistant"]
         assert len(replies) == 3 and not any(meta.get("error") for meta in replies)
         for meta in replies:
@@ -52,14 +43,12 @@ def test_a_max_tokens_the_session_sets_wins(served, django_ready):
 
     async def run():
         ws = await chatws.connect(headers=[(b"host", b"127.0.0.1")])
-        await ws.send_json_to({"type": "new_session"})
-        session = (await ws.receive_json_from(timeout=10))["sessionId"]
-        await ws.receive_json_from(timeout=10)  # sessions
+        session = await chatws.new_session(ws)
         await ws.send_json_to({"type": "set_sampling", "scope": "session", "max_tokens": 200})
-        await _history(ws, session)
+        await chatws.history(ws, session)
         await ws.receive_json_from(timeout=10)  # sessions
         await chatws.turn(ws, {"type": "prompt", "text": "Hello!"})
-        meta = (await _history(ws, session))[-1]["meta"]
+        meta = (await chatws.history(ws, session))[-1]["meta"]
         assert WINDOW // 4 < meta["completion_tokens"] <= 200 or meta["finish_reason"] == "stop"
         assert "reply_budget" not in meta
         await ws.disconnect()
