@@ -320,9 +320,15 @@ def measured_load(server, port: int, model: str, c: int, tokens: int, bias: dict
 
 
 @contextlib.contextmanager
-def running(cmd: list[str], port: int, env: dict, cwd: Path = ROOT):
-    """The server `cmd` started, once it answers on `port`; stopped when the block ends."""
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=cwd)
+def running(cmd: list[str], port: int, env: dict, cwd: Path = ROOT, log: Path | None = None):
+    """The server `cmd` started, once it answers on `port`; stopped when the block ends. Its output goes to
+    `log` where one is named. Every bench script starts its servers here."""
+    out = open(log, "wb") if log is not None else subprocess.DEVNULL
+    try:
+        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=cwd)
+    finally:
+        if log is not None:
+            out.close()  # the child holds its own copy
     try:
         wait_up(port, proc, timeout=600)
         yield proc

@@ -18,6 +18,7 @@ kind, and RSS / fds / threads after warm-up against the end of the run.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -32,6 +33,10 @@ import httpx
 import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.device import running  # noqa: E402
+
 WORDS = "lighthouse keeper tide harbor lamp winter boat storm rope gull stone bread tea letter".split()
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
                                            "age": {"type": "integer"}}, "required": ["name", "age"]}
@@ -176,23 +181,6 @@ def caches(url: str) -> dict:
             "mlx_active_mb": round(stats.get("engine", {}).get("mlx_memory", {}).get("active_bytes", 0) / mb, 1)}
 
 
-def start_server(port: int) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-m", "hearth.cli", "serve", "--embeddings", "--port", str(port)],
-                            cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"}, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None:
-            raise SystemExit("the server exited before it was ready")
-        time.sleep(0.5)
-    raise SystemExit("the server was not ready in 10 minutes")
-
-
 def summary(samples: list[dict], warmup_s: float) -> dict:
     after = [s for s in samples if s["t_s"] >= warmup_s] or samples
     first, last = after[0], samples[-1]
@@ -236,13 +224,13 @@ def main() -> None:
     ap.add_argument("--warmup-minutes", type=float, default=3.0)
     ap.add_argument("--record", action="store_true")
     args = ap.parse_args()
-    proc = None
-    if args.url is None:
-        proc = start_server(args.port)
-        url, pid = f"http://127.0.0.1:{args.port}", proc.pid
-    else:
-        url, pid = args.url, args.pid
-    try:
+    with contextlib.ExitStack() as stack:
+        if args.url is None:
+            cmd = [sys.executable, "-m", "hearth.cli", "serve", "--embeddings", "--port", str(args.port)]
+            proc = stack.enter_context(running(cmd, args.port, {**os.environ, "HF_HUB_OFFLINE": "1"}))
+            url, pid = f"http://127.0.0.1:{args.port}", proc.pid
+        else:
+            url, pid = args.url, args.pid
         soak = Soak(url, args.minutes, args.clients, args.max_tokens)
         samples = soak.run(pid)
         result = summary(samples, args.warmup_minutes * 60)
@@ -255,10 +243,6 @@ def main() -> None:
             print("error:", error)
         if args.record:
             print(record(args, soak, result, samples))
-    finally:
-        if proc is not None:
-            proc.terminate()
-            proc.wait(60)
 
 
 if __name__ == "__main__":

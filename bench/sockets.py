@@ -22,15 +22,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import contextlib
 import json
 import multiprocessing as mp
 import os
 import shutil
-import signal
 import socket
 import sqlite3
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -43,28 +42,22 @@ import psutil
 import websockets
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.device import running  # noqa: E402
+
 MODEL = "hearth-test/tiny-random"
 
 
 # -- the server --------------------------------------------------------------
-def start_server(work: Path, port: int) -> subprocess.Popen:
-    sys.path.insert(0, str(ROOT))
+def server_command(work: Path, port: int) -> tuple[list[str], dict]:
+    """The command and environment of a server of the tiny model in `work` (built there)."""
     from tests.helpers import build_tiny_model
 
     build_tiny_model(work / "hf" / "hub")
     env = {**os.environ, "HF_HOME": str(work / "hf"), "HEARTH_HOME": str(work / "home"), "HF_HUB_OFFLINE": "1"}
-    log = open(work / "server.log", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "hearth.cli", "serve", MODEL, "--no-worker", "--max-tokens", "32",
-                             "--port", str(port)], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            time.sleep(0.3)
-    proc.kill()
-    raise SystemExit("the server did not start: see " + str(work / "server.log"))
+    return [sys.executable, "-m", "hearth.cli", "serve", MODEL, "--no-worker", "--max-tokens", "32",
+            "--port", str(port)], env
 
 
 class Sampler(threading.Thread):
@@ -374,19 +367,22 @@ def main() -> int:
     ap.add_argument("--home", type=Path, help="the running server's HEARTH_HOME (for the stuck-turn count)")
     ap.add_argument("--log", type=Path, help="the running server's log (for daphne's killed sockets)")
     args = ap.parse_args()
-    server = None
     work = Path(tempfile.mkdtemp(prefix="hearth-sockets-"))  # the model, HEARTH_HOME and log of its own server
-    if args.url:
-        url, pid, home, log = args.url.rstrip("/"), args.pid, args.home, args.log
-    else:
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
-        server = start_server(work, port)
-        url, pid, home, log = f"http://127.0.0.1:{port}", server.pid, work / "home", work / "server.log"
-    sampler = Sampler(pid)
-    sampler.start()
-    try:
+    with contextlib.ExitStack() as stack:
+        stack.callback(shutil.rmtree, work, ignore_errors=True)
+        if args.url:
+            url, pid, home, log = args.url.rstrip("/"), args.pid, args.home, args.log
+        else:
+            with socket.socket() as probe:
+                probe.bind(("127.0.0.1", 0))
+                port = probe.getsockname()[1]
+            cmd, env = server_command(work, port)
+            log = work / "server.log"
+            server = stack.enter_context(running(cmd, port, env, log=log))
+            url, pid, home = f"http://127.0.0.1:{port}", server.pid, work / "home"
+        sampler = Sampler(pid)
+        sampler.start()
+        stack.callback(sampler.stop.set)
         httpx.post(url + "/v1/chat/completions", json={"model": MODEL, "max_tokens": 4, "messages": [
             {"role": "user", "content": "warm"}]}, timeout=120)
         asyncio.run(seed_chats(url, args.chats))
@@ -396,18 +392,7 @@ def main() -> int:
         if args.streams:
             reports.append(phase("streams", url, sampler, lambda: phase_streams(url, args.streams), None, log))
         print(json.dumps(reports, indent=1))
-    finally:
-        sampler.stop.set()
-        if server is not None:
-            server.send_signal(signal.SIGTERM)
-            try:
-                server.wait(60)
-            except subprocess.TimeoutExpired:
-                server.kill()
-                server.wait()
-        shutil.rmtree(work, ignore_errors=True)
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -23,6 +23,7 @@ from asgiref.sync import sync_to_async
 
 from chat import appctx, mcp, window
 from chat import tools as chat_tools
+from core.modelconfig import folder_window
 from inference.protocols.errors import RequestError
 
 MAX_ROUNDS = 8
@@ -164,7 +165,7 @@ def context_window(runtime, session) -> int | None:
         window = listed.get("context_limit", listed.get("context_window"))
         if window is None:
             folder = _library_folder(runtime, session.model)
-            window = _config_window(folder) if folder is not None else None
+            window = folder_window(folder) if folder is not None else None
         return window if isinstance(window, int) and window > 0 else None
     engine = runtime.engine
     return engine.context_limit if engine is not None else None
@@ -177,16 +178,6 @@ def _prompt_limit(runtime, session, sampling: dict) -> int | None:
 
     max_tokens = {**store.stored_sampling(session), **sampling}.get("max_tokens") or runtime.options.defaults.max_tokens
     return window.prompt_limit(context_window(runtime, session), max_tokens)
-
-
-def _config_window(folder: Path) -> int | None:
-    from inference.engine.loader import config_window
-
-    try:
-        config = json.loads((folder / "config.json").read_text())
-    except (OSError, ValueError):
-        return None
-    return config_window(config) if isinstance(config, dict) else None
 
 
 def reply_budget(runtime, session, next_turn: dict) -> dict | None:

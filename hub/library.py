@@ -7,6 +7,7 @@ import threading
 import time
 
 from core import home
+from core.modelconfig import context_window
 from hub import fit, registry
 
 CACHE_S = 30.0
@@ -52,18 +53,10 @@ def assessment(model: registry.LocalModel, machine: fit.Machine) -> dict | None:
     if not model.config:
         return None
     weights, itemsize = fit.resident_bytes(model.weights_bytes, model.params, machine.usable_bytes)
-    context_window = _context_window(model.config)
+    window = context_window(model.config)
     report = fit.assess(weights, fit.kv_bytes_per_token(model.config, itemsize), machine.usable_bytes,
-                        machine.decode_bandwidth_gbs, context_window)
+                        machine.decode_bandwidth_gbs, window)
     return {k: report[k] for k in ("fits", "max_safe_context", "predicted_decode_tps")}
-
-
-def _context_window(config: dict) -> int | None:
-    for key in ("max_position_embeddings", "max_sequence_length", "n_positions", "seq_length"):
-        value = config.get(key) or (config.get("text_config") or {}).get(key)
-        if isinstance(value, int) and value > 0:
-            return value
-    return None
 
 
 def models(refresh: bool = False) -> list[tuple[registry.LocalModel, dict | None]]:

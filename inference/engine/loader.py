@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from core import device
+from core.modelconfig import context_window
 from core.paths import PathRefused, read_json, regular_entries
 from inference.engine import fastmath
 from inference.engine.errors import ModelLoadError, ModelNotFound
@@ -106,16 +107,7 @@ class LoadedModel:
 
     @property
     def context_window(self) -> int | None:
-        return config_window(self.config)
-
-
-def config_window(config: dict) -> int | None:
-    """The context window a model's config.json declares, or None."""
-    for key in ("max_position_embeddings", "max_sequence_length", "n_positions", "seq_length"):
-        value = config.get(key) or (config.get("text_config") or {}).get(key)
-        if isinstance(value, int) and value > 0:
-            return value
-    return None
+        return context_window(self.config)
 
 
 def resolve(ref: str) -> tuple[str, Path]:

@@ -118,7 +118,9 @@ def test_a_replay_follows_a_live_generation(server, tiny_model, eos_id):
 
 def test_delete_stops_the_generation(server, tiny_model, eos_id):
     conv = _conv()
-    _start(server.url, _body(tiny_model, eos_id, 1700), conv, 1)
+    # 600 bytes: past the role-only first event, so some tokens came before the stop (1 byte let the
+    # DELETE land before the first token on a busy machine: 0 completion tokens)
+    _start(server.url, _body(tiny_model, eos_id, 1700), conv, 600)
     stopped = httpx.delete(f"{server.url}/v1/stream/{conv}", timeout=30)
     assert stopped.status_code == 200, stopped.text
     assert stopped.json()["stopped"] is True and stopped.json()["status"] == "stopped"
