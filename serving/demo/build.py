@@ -29,12 +29,12 @@ import math
 import os
 import random
 import shutil
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from core.paths import read_json, read_text
+from core.tempdirs import owned_tempdir
 from hub.publish import publish_to_cache
 from serving.demo import corpus, resume
 from serving.demo.files import (
@@ -349,7 +349,7 @@ def build(cache_dir: Path, recipe: Recipe = Recipe(), force: bool = False, progr
             return existing, False
     elif resume_path is not None:
         resume.clear(resume_path)
-    work = Path(tempfile.mkdtemp(prefix="hearth-demo-"))
+    work = owned_tempdir("hearth-demo-chat-")
 
     def checkpoint(step: int, loss: float | None, write) -> None:
         served = published_step(cache_dir, recipe)

@@ -17,13 +17,13 @@ import logging
 import math
 import random
 import shutil
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import cast
 
 from core.paths import read_json, read_text
+from core.tempdirs import owned_tempdir
 from hub.publish import publish_to_cache
 from serving.demo.files import CHAT_TEMPLATE, IM_END, PAD, train_tokenizer, write_tokenizer
 
@@ -294,7 +294,7 @@ def build(cache_dir: Path, recipe: VisionRecipe = VisionRecipe(), force: bool = 
     happened; and what the build measured (from its marker)."""
     existing = None if force else cached_snapshot(cache_dir, recipe)
     if existing is None:
-        work = Path(tempfile.mkdtemp(prefix="hearth-demo-vision-"))
+        work = owned_tempdir("hearth-demo-vision-")
         try:
             summary = train(recipe, work, progress)
             log.info("demo vision model trained: %s", summary)

@@ -40,7 +40,6 @@ import logging
 import math
 import random
 import shutil
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -48,6 +47,7 @@ from pathlib import Path
 import numpy as np
 
 from core.paths import read_json, read_text
+from core.tempdirs import owned_tempdir
 from hub.publish import publish_to_cache
 from serving.demo import resume, speech_data
 from serving.demo import whisper_wiring as wiring
@@ -378,7 +378,7 @@ def build(cache_dir: Path, recipe: WhisperRecipe = WhisperRecipe(), force: bool 
             return existing, False, {}
     elif resume_path is not None:
         resume.clear(resume_path)
-    work = Path(tempfile.mkdtemp(prefix="hearth-demo-whisper-"))
+    work = owned_tempdir("hearth-demo-whisper-")
     done: list[Path] = []
 
     def finish(folder: Path, summary: dict, stop: resume.StopAsked) -> None:
