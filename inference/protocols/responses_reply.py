@@ -207,7 +207,7 @@ async def stream(reply: Reply, events: EventStream, output: OutputParser, keepal
                  on_done) -> AsyncIterator[bytes]:
     """The Responses event chain: created, in_progress, then per output item
     added → (content part, text deltas | argument deltas) → done, and
-    completed (or incomplete). `on_done(message, response)` stores the turn."""
+    completed (or incomplete). `await on_done(message, response)` stores the turn."""
     chain = _Chain(reply)
     yield (chain.emit("response.created", response=reply.envelope("in_progress", []))
            + chain.emit("response.in_progress", response=reply.envelope("in_progress", [])))
@@ -233,7 +233,7 @@ async def stream(reply: Reply, events: EventStream, output: OutputParser, keepal
             yield b"".join(frames + chain.close(status_of(event)))
             final = reply.complete(message, event)
             final["output"] = chain.items
-            on_done(message, final)  # stored before the client reads that it is complete
+            await on_done(message, final)  # stored before the client reads that it is complete
             kind = "response.completed" if final["status"] == "completed" else "response.incomplete"
             yield chain.emit(kind, response=final)
             return

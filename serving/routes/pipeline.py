@@ -4,7 +4,8 @@ collect the reply and render it. The protocol module says how to read its
 body and how to render; nothing else differs between the surfaces."""
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+import inspect
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from django.http import HttpResponse, JsonResponse
 
@@ -91,7 +92,7 @@ async def prepare_completion(request, body: dict) -> tuple[Engine, Prepared]:
 
 async def respond(request, engine: Engine, prepared: Prepared, param: str, streaming: bool, *,
                   stream: Callable[[EventStream], AsyncIterator[bytes]],
-                  complete: Callable[[Message, list[dict], GenerationEvent], dict]) -> HttpResponse:
+                  complete: Callable[[Message, list[dict], GenerationEvent], dict | Awaitable[dict]]) -> HttpResponse:
     """Submit, then stream `stream(events)` as SSE, or collect the reply and
     answer `complete(message, logprobs, final)`, or the route's error shape
     for a generation that failed."""
@@ -109,7 +110,10 @@ async def respond(request, engine: Engine, prepared: Prepared, param: str, strea
     if final.error is not None:
         status = final.error_status
         return surfaces.of(request).response(status, final.error, param=final.error_param)
-    return JsonResponse(complete(message, logprobs, final), headers=prepared.headers)
+    answer = complete(message, logprobs, final)
+    if inspect.isawaitable(answer):  # a route that stores what it answered (Responses) does so off the loop
+        answer = await answer
+    return JsonResponse(answer, headers=prepared.headers)
 
 
 async def respond_choices(request, engine: Engine, prepared: Prepared, param: str, streaming: bool,

@@ -40,14 +40,14 @@ async def create(request: HttpRequest) -> HttpResponse:
     model = engine.loaded_model
     reply = responses_reply.Reply(model.model_id, body, turn, model.tokenizer)
 
-    def keep(message, response: dict) -> None:
-        if store:
-            store_them.put(response, turn.messages, responses_reply.chat_output(message), turn.instructions,
-                           turn.system, holder, turn.input_items)
+    async def keep(message, response: dict) -> None:
+        if store:  # off the loop: a turn may be megabytes of JSON, written to a file or Redis
+            await asyncio.to_thread(store_them.put, response, turn.messages, responses_reply.chat_output(message),
+                                    turn.instructions, turn.system, holder, turn.input_items)
 
-    def complete(message, logprobs, final) -> dict:
+    async def complete(message, logprobs, final) -> dict:
         response = reply.complete(message, final)
-        keep(message, response)
+        await keep(message, response)
         return response
 
     keepalive = request.runtime.options.sse_keepalive

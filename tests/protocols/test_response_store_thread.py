@@ -1,0 +1,44 @@
+"""A Responses turn is stored off the event loop (a turn may be megabytes of JSON, written to a file or to
+Redis, and every other stream on the loop would wait for it), and still before its client is told the
+response is complete: a `previous_response_id` sent at once finds it."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+
+@pytest.fixture
+def puts(app, monkeypatch):
+    """Where each `put` of the runtime's response store ran: True on the app's event loop."""
+    from hearth.root import RUNTIME
+
+    store, seen = RUNTIME.responses, []
+    original = store.put
+
+    def put(*args, **kwargs):
+        try:
+            asyncio.get_running_loop()
+            seen.append(True)
+        except RuntimeError:
+            seen.append(False)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(store, "put", put)
+    return seen
+
+
+def test_a_turn_is_stored_off_the_loop_and_before_it_is_answered(app, oai, puts):
+    first = oai.responses.create(model="m", input="Hello.", max_output_tokens=4)
+    assert puts == [False]
+    second = oai.responses.create(model="m", input="Again.", max_output_tokens=4, previous_response_id=first.id)
+    assert second.status in ("completed", "incomplete") and puts == [False, False]
+
+
+def test_a_streamed_turn_is_stored_off_the_loop_before_its_completed_event(app, oai, puts):
+    events = list(oai.responses.create(model="m", input="Hello.", max_output_tokens=4, stream=True))
+    final = events[-1].response  # response.incomplete here: the reply was cut at 4 tokens
+    assert events[-1].type in ("response.completed", "response.incomplete") and final.id
+    assert puts == [False]
+    follow = oai.responses.create(model="m", input="More.", max_output_tokens=4, previous_response_id=final.id)
+    assert follow.previous_response_id == final.id and puts == [False, False]
