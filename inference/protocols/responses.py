@@ -214,6 +214,7 @@ class Turn:
         if body.get("stream_options") is not None and not boolean(body, "stream"):  # as on OpenAI, as on chat
             raise RequestError("The 'stream_options' parameter is only allowed when 'stream' is enabled.",
                                "stream_options")
+        raw = _resolved(body.get("input"), store, holder, most)  # bounded first: a refused input reads nothing more
         previous_id = body.get("previous_response_id")
         self.previous = None
         if previous_id is not None:
@@ -223,7 +224,6 @@ class Turn:
             if self.previous is None:
                 raise RequestError(f"Response with id '{previous_id}' not found (unknown or expired)",
                                    "previous_response_id", status=404, code="response_not_found")
-        raw = _resolved(body.get("input"), store, holder, most)
         new, system = _items(raw)
         self.input_items = stored_items(raw)  # read: every item is an object of a type the reader takes
         instructions = body.get("instructions")
