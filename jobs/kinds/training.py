@@ -20,11 +20,22 @@ def read_jsonl(path: Path) -> list[dict]:
     return list(jsonl_rows(path))
 
 
+# The longest row a dataset file may hold, in characters: a 128K-token conversation is about 0.5M. A pass over
+# a file holds one row; without a bound, one file of a single endless line (inspect-dataset runs in the server)
+# would be read whole into memory.
+MAX_ROW_CHARS = 16 * 2**20
+
+
 def jsonl_rows(path: Path) -> Iterator[dict]:
     """The rows of a JSONL file one at a time, so a pass over a large file holds one line (a
-    ValueError names the line that is not JSON)."""
+    ValueError names the line that is not JSON, or is over MAX_ROW_CHARS)."""
     with open_regular(path, path.name) as raw, io.TextIOWrapper(raw, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
+        n = 0
+        while line := f.readline(MAX_ROW_CHARS + 1):
+            n += 1
+            if len(line) > MAX_ROW_CHARS:
+                raise ValueError(f"{path.name} line {n} is over {MAX_ROW_CHARS // 2**20}M characters: "
+                                 "one row of a dataset is one conversation")
             if line.strip():
                 try:
                     row = json.loads(line)

@@ -1,5 +1,5 @@
 """What the job routes take, in this process: a dataset folder is inspected a
-row at a time (its memory is that of a row, not of the file), a Hugging Face
+row at a time (its memory is that of a row, not of the file; a row is at most 16M characters), a Hugging Face
 token is short, a dataset job's inputs are checked at submit as the job
 checks them, and the settings file of a job whose worker died does not stay
 beside its log."""
@@ -48,6 +48,21 @@ def test_a_dataset_is_inspected_a_row_at_a_time(app, tmp_path):
         f.write(json.dumps({"messages": "hi"}) + "\n")
     bad = app.post("/api/finetune/inspect-dataset", json={"path": str(tmp_path)})
     assert bad.status_code == 422 and f"train.jsonl row {count + 1} has no usable 'messages'" in bad.json()["error"]
+
+
+def test_a_row_longer_than_any_conversation_is_refused_without_reading_it_whole(app, tmp_path):
+    from jobs.kinds.training import MAX_ROW_CHARS
+
+    endless = json.dumps({"text": "a" * (4 * MAX_ROW_CHARS)})  # one 64M-character line, no newline
+    (tmp_path / "train.jsonl").write_text(json.dumps(ROW) + "\n" + endless)
+    tracemalloc.start()
+    try:
+        r = app.post("/api/finetune/inspect-dataset", json={"path": str(tmp_path)})
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert r.status_code == 422 and "train.jsonl line 2 is over 16M characters" in r.json()["error"], r.text[:300]
+    assert peak < 3 * MAX_ROW_CHARS, f"{peak >> 20} MiB held"  # the line read whole was 4x the bound, and more
 
 
 def test_a_hugging_face_token_is_short(app, homes):
