@@ -1,7 +1,10 @@
-"""The `hearth` console script and `manage.py`, run as real processes:
-Hearth's commands listed with one line each, a command's own help,
-Django's commands behind `hearth django`, the refused `runserver` and
-`run_huey`, unknown commands, and settings that stop start-up with one line."""
+"""The `hearth` console script and `manage.py`: Hearth's commands listed
+with one line each, a command's own help, Django's commands behind `hearth
+django`, the refused `runserver` and `run_huey`, unknown commands, and
+settings that stop start-up with one line. Each entry point runs as a real
+process where the process is what is tested (its exit code, the BLAS
+restart, the settings it loads, a port, a home); what only prints and
+returns runs through the same function in this process (`here`)."""
 from __future__ import annotations
 
 import subprocess
@@ -40,13 +43,29 @@ def run(env, *args: str, program: tuple[str, ...] = (SCRIPT,), timeout: float = 
     return subprocess.run([*program, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
 
+def here(capsys, monkeypatch, *args: str, manage: bool = False) -> subprocess.CompletedProcess:
+    """`hearth ARGS` (or `manage.py ARGS`) through the function the console script (manage.py)
+    calls, in this process: its exit code and what it printed. A Django process costs a CPU-second
+    to start; these commands only parse their arguments and print."""
+    from hearth import cli
+
+    monkeypatch.setenv("_HEARTH_REEXEC", "1")  # the BLAS restart would replace this process
+    capsys.readouterr()
+    try:
+        code = cli.manage(list(args), script=str(ROOT / "manage.py")) if manage else cli.main(list(args))
+    except SystemExit as exc:  # argparse's --help and Django's refusals exit
+        code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(args, code, out, err)
+
+
 def command_rows(text: str) -> dict[str, str]:
     rows = text.split("commands:\n", 1)[1].split("\n\n", 1)[0].splitlines()
     return {name: help_.strip() for name, _, help_ in (row.strip().partition(" ") for row in rows)}
 
 
-def test_hearth_lists_its_commands_with_one_line_each(env):
-    shown = run(env, "--help")
+def test_hearth_lists_its_commands_with_one_line_each(env, capsys, monkeypatch):
+    shown = run(env, "--help")  # the installed console script
     assert shown.returncode == 0, shown.stderr
     rows = command_rows(shown.stdout)
     assert set(COMMANDS) <= set(rows)
@@ -57,39 +76,39 @@ def test_hearth_lists_its_commands_with_one_line_each(env):
     for name in ("runserver", "run_huey", "migrate", "createsuperuser", "collectstatic", "shell"):
         assert name not in rows
     for args in ((), ("help",)):
-        again = run(env, *args)
+        again = here(capsys, monkeypatch, *args)
         assert (again.returncode, again.stdout) == (0, shown.stdout), args
 
 
-def test_a_commands_own_help(env):
-    demo = run(env, "make-demo-model", "--help")
+def test_a_commands_own_help(env, capsys, monkeypatch):
+    demo = here(capsys, monkeypatch, "make-demo-model", "--help")
     assert demo.returncode == 0, demo.stderr
     assert demo.stdout.startswith("usage: hearth make-demo-model ")
     assert "--force" in demo.stdout and "--steps" in demo.stdout
     vision = run(env, "make-demo-model", "--kind", "vision", "--background")  # refused, not ignored
     assert vision.returncode == 1 and "--background is for the chat and speech models" in vision.stderr, vision
-    serve = run(env, "help", "serve")
+    serve = here(capsys, monkeypatch, "help", "serve")
     assert serve.returncode == 0, serve.stderr
     assert serve.stdout.startswith("usage: hearth serve ")
     assert "--max-context" in serve.stdout and "--api-key" in serve.stdout
 
 
-def test_django_commands_run_behind_one_subcommand(env):
-    listed = run(env, "django", "help")
+def test_django_commands_run_behind_one_subcommand(env, capsys, monkeypatch):
+    listed = here(capsys, monkeypatch, "django", "help")
     assert listed.returncode == 0, listed.stderr
     names = set(listed.stdout.split())
     assert {"migrate", "createsuperuser", "showmigrations", "check", "dbshell"} <= names
     assert not names & {"runserver", "run_huey", "serve", "worker", "gc", "make_demo_model"}
     assert "Type 'hearth django help <subcommand>'" in listed.stdout
 
-    migrated = run(env, "django", "migrate", "jobs")
+    migrated = run(env, "django", "migrate", "jobs")  # processes: into the home of `env`
     assert migrated.returncode == 0, migrated.stderr
     shown = run(env, "django", "showmigrations", "jobs")
     assert shown.returncode == 0, shown.stderr
     assert "[X] 0001_initial" in shown.stdout
     assert (Path(env["HEARTH_HOME"]) / "hearth.sqlite3").is_file()
 
-    helped = run(env, "django", "migrate", "--help")
+    helped = here(capsys, monkeypatch, "django", "migrate", "--help")
     assert helped.returncode == 0 and helped.stdout.startswith("usage: hearth django migrate ")
 
 
@@ -97,7 +116,6 @@ def test_django_commands_run_behind_one_subcommand(env):
     (("django", "runserver", "--noreload"), (SCRIPT,), "hearth serve", "without the engine"),
     (("runserver", "--noreload"), (SCRIPT,), "hearth serve", "without the engine"),
     (("django", "run_huey"), (SCRIPT,), "hearth worker", "marked zombie"),
-    (("django", "help", "run_huey"), (SCRIPT,), "hearth worker", "marked zombie"),
     (("runserver", "--noreload"), (sys.executable, "manage.py"), "hearth serve", "without the engine"),
     (("run_huey",), (sys.executable, "manage.py"), "hearth worker", "marked zombie"),
 ])
@@ -109,24 +127,31 @@ def test_runserver_and_run_huey_are_refused(env, args, program, instead, why):
     assert "Traceback" not in done.stderr
 
 
-def test_an_unknown_command_is_an_error_that_lists_the_commands(env):
-    done = run(env, "frobnicate")
+def test_help_on_a_refused_command_is_refused(capsys, monkeypatch):
+    done = here(capsys, monkeypatch, "django", "help", "run_huey")
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert "hearth worker" in done.stderr and "marked zombie" in done.stderr
+    assert "does not run Hearth" in done.stderr
+
+
+def test_an_unknown_command_is_an_error_that_lists_the_commands(capsys, monkeypatch):
+    done = here(capsys, monkeypatch, "frobnicate")
     assert done.returncode == 2
     assert "unknown command 'frobnicate'" in done.stderr
     assert set(COMMANDS) <= set(command_rows(done.stderr))
     assert done.stdout == ""
-    migrate = run(env, "migrate")
+    migrate = here(capsys, monkeypatch, "migrate")
     assert migrate.returncode == 2
     assert "Django's commands run as `hearth django migrate`" in migrate.stderr
 
 
-def test_manage_py_is_djangos_flat_command_line_over_the_same_commands(env):
-    listed = run(env, "help", program=(sys.executable, "manage.py"))
+def test_manage_py_is_djangos_flat_command_line_over_the_same_commands(capsys, monkeypatch):
+    listed = here(capsys, monkeypatch, "help", manage=True)
     assert listed.returncode == 0, listed.stderr
     names = set(listed.stdout.split())
     assert {"serve", "worker", "make_demo_model", "migrate", "createsuperuser"} <= names
     assert not names & {"runserver", "run_huey"}
-    serve = run(env, "serve", "--help", program=(sys.executable, "manage.py"))
+    serve = here(capsys, monkeypatch, "serve", "--help", manage=True)
     assert serve.returncode == 0, serve.stderr
     assert serve.stdout.startswith("usage: manage.py serve ")
 

@@ -218,7 +218,7 @@ def test_an_event_log_cut_mid_line_keeps_the_next_event_whole(tmp_path):
 # -- fine-tune ------------------------------------------------------------------------------------
 def _finetune_body(data: Path, adapter: Path) -> dict:
     return {"model_dir": "hearth-test/tiny-random", "data_dir": str(data), "adapter_path": str(adapter),
-            "iters": 20, "learning_rate": 1e-3, "rank": 8, "batch_size": 4, "steps_per_report": 5}
+            "iters": 4, "learning_rate": 1e-3, "rank": 8, "batch_size": 4, "steps_per_report": 2}
 
 
 def _adapter_is_whole(folder: Path) -> bool:

@@ -95,17 +95,12 @@ def test_sigterm_finishes_running_requests_then_exits_zero(homes, tiny_model, tm
     assert result["grammar_at"] - stopped_at < 15  # not its 60 s budget
 
 
-def test_sigterm_while_idle_exits_promptly(homes, tiny_model, tmp_path):
-    proc = ServerProcess(server_env(*homes), tiny_model, log_path=tmp_path / "serve.log").wait_ready()
-    started = time.monotonic()
-    assert proc.stop(timeout=20) == 0
-    assert time.monotonic() - started < 10
-    assert "Hearth serving hearth-test/tiny-random at http://127.0.0.1:" in proc.output()
-
-
-def test_grammar_switched_off_degrades_every_constraint(homes, tiny_model, tmp_path):
+def test_grammar_switched_off_degrades_every_constraint_and_sigterm_while_idle_exits_promptly(homes, tiny_model,
+                                                                                            tmp_path):
+    """One server (with its worker) for both: a constraint degraded with HEARTH_GRAMMAR=0, then a
+    SIGTERM once it is idle again."""
     env = dict(server_env(*homes), HEARTH_GRAMMAR="0")
-    proc = ServerProcess(env, tiny_model, "--no-worker", log_path=tmp_path / "serve.log").wait_ready()
+    proc = ServerProcess(env, tiny_model, log_path=tmp_path / "serve.log").wait_ready()
     try:
         body = {"messages": [{"role": "user", "content": "Yes or no?"}], "max_tokens": 2}
         plain = httpx.post(proc.url + "/v1/chat/completions", json=body).json()
@@ -114,7 +109,10 @@ def test_grammar_switched_off_degrades_every_constraint(homes, tiny_model, tmp_p
         assert r.headers["warning"] == "grammar not enforced: grammar compilation disabled by HEARTH_GRAMMAR=0"
         assert r.json()["usage"]["prompt_tokens"] > plain["usage"]["prompt_tokens"]
     finally:
-        assert proc.stop() == 0
+        started = time.monotonic()
+        assert proc.stop(timeout=20) == 0
+    assert time.monotonic() - started < 10
+    assert "Hearth serving hearth-test/tiny-random at http://127.0.0.1:" in proc.output()
 
 
 def test_malformed_setting_stops_start_up(homes, tiny_model):
