@@ -135,13 +135,13 @@ def _start_on(env: dict, port: int, homes):
     raise AssertionError((homes / "host-back.log").read_text())
 
 
-def test_a_bad_remote_url_is_refused_at_start(homes):
-    import subprocess
+def test_a_bad_remote_url_is_refused_at_start(homes, monkeypatch):
+    """In this process: serve's checks before it starts anything refuse it (a CommandError, which
+    `hearth` prints without a traceback and exits 1 for: tests/e2e/test_cli.py runs that path)."""
+    from huggingface_hub import constants
 
-    from tests.helpers import HEARTH, ROOT
+    from tests.inproc import refusal
 
-    env = server_env(homes / "local-hf", homes / "local-hearth")
-    done = subprocess.run([*HEARTH, "serve", "--default-model", LOCAL, "--no-worker", "--models-remote",
-                           "ftp://example/x"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
-    assert done.returncode != 0 and "give a URL such as http://host:8080" in done.stderr
-
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(homes / "local-hf" / "hub"))  # the router's library
+    refused = refusal("--default-model", LOCAL, "--no-worker", "--models-remote", "ftp://example/x")
+    assert "give a URL such as http://host:8080" in refused
