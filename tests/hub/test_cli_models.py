@@ -1,18 +1,26 @@
-"""The Ollama-style model commands, run as real processes against a temp HF
-cache and one real single-model server: `hearth ls` (with and without a
-server), `hearth ps`, `hearth rm` (asks on a terminal, wants --yes
-elsewhere, refuses unknown and loaded models), `hearth pull` (the download
-command under another name, against the hub double) and `hearth run`
-(a chat over a pipe)."""
+"""The Ollama-style model commands against a temp HF cache and one real
+single-model server: `hearth ls` (with and without a server), `hearth ps`,
+`hearth rm` (asks on a terminal, wants --yes elsewhere, refuses unknown and
+loaded models), `hearth pull` (the download command under another name,
+against the hub double) and `hearth run` (a chat over a pipe).
+
+Each command runs once or more as a real `hearth` process (the console
+script's dispatch, its exit status, all it writes, a terminal); the other
+calls run the same command in this process (`here`), which parses the
+same arguments and reads the same environment, without a second of
+interpreter start each."""
 from __future__ import annotations
 
+import io
 import json
 import os
 import pty
 import select
 import shutil
 import subprocess
+import sys
 import time
+from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import pytest
@@ -52,6 +60,38 @@ def hearth(env, *args: str, stdin: str | None = "", timeout: float = 120) -> sub
                           timeout=timeout)
 
 
+def here(env, *args: str, stdin: str = "") -> subprocess.CompletedProcess:
+    """`hearth ARGS` in this process: the command `hearth` would run, given the same arguments, reading
+    `env`'s homes, server address and hub, with `stdin` as a pipe; what it wrote and its exit status."""
+    import django
+    from django.core.management import load_command_class
+    from huggingface_hub import constants
+
+    from hearth.cli import hearth_commands
+
+    django.setup()
+    app, name = hearth_commands()[args[0]]
+    out, err = io.StringIO(), io.StringIO()
+    with pytest.MonkeyPatch.context() as patch:
+        for key in ("HF_HOME", "HEARTH_HOME", "HEARTH_URL", "HF_ENDPOINT", "HF_HUB_OFFLINE"):
+            if key in env:
+                patch.setenv(key, env[key])
+            else:
+                patch.delenv(key, raising=False)
+        # huggingface_hub reads these once, at import: as a process started with `env` would have them.
+        patch.setattr(constants, "HF_HUB_CACHE", str(Path(env["HF_HOME"]) / "hub"))
+        patch.setattr(constants, "ENDPOINT", env.get("HF_ENDPOINT", constants.ENDPOINT).rstrip("/"))
+        patch.setattr(constants, "HF_HUB_OFFLINE", env.get("HF_HUB_OFFLINE") == "1")
+        patch.setattr(sys, "stdin", io.StringIO(stdin))  # a pipe, not a terminal
+        code: int | str | None = 0
+        with redirect_stdout(out), redirect_stderr(err):
+            try:
+                load_command_class(app, name).run_from_argv(["hearth", args[0], *args[1:]])
+            except SystemExit as exc:
+                code = exc.code
+    return subprocess.CompletedProcess(args, code or 0, out.getvalue(), err.getvalue())
+
+
 def on_a_terminal(env, *args: str, answer: str, timeout: float = 60) -> tuple[int, str]:
     """Run with a pseudo-terminal as stdin and stdout, answer the first prompt, return (code, all output)."""
     main, side = pty.openpty()
@@ -83,7 +123,7 @@ def copy_repo(hf_home: Path, source: str, target: str) -> Path:
 
 
 def listed(env, *args: str) -> dict[str, dict]:
-    done = hearth(env, "ls", "--json", *args)
+    done = here(env, "ls", "--json", *args)
     assert done.returncode == 0, done.stderr
     return {row["name"]: row for row in json.loads(done.stdout)}
 
@@ -115,39 +155,39 @@ def test_ls_on_an_empty_cache_says_which_cache_it_read_when_the_server_lists_mod
     variables not set in this shell): its cache is empty, the server lists a model, and it says
     which cache it read and what to set, where it said only that there were no models yet."""
     other = dict(env, HF_HOME=str(tmp_path / "empty-hf"))
-    done = hearth(other, "ls", "--url", server.url)
+    done = here(other, "ls", "--url", server.url)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["NAME", "SIZE", "QUANT", "FIT", "LOADED"]
     said = done.stderr
     assert f"no models in this cache ({tmp_path / 'empty-hf' / 'hub'})" in said, said
     assert f"the server at {server.url} lists 1 ({TINY_REPO})" in said and "HF_HOME" in said, said
     assert "no models in the local cache yet" not in said
-    alone = hearth(other, "ls")  # no server: as before
+    alone = here(other, "ls")  # no server: as before
     assert "no models in the local cache yet" in alone.stderr, alone.stderr
 
 
 def test_ps_lists_the_loaded_model_or_says_there_is_no_server(env, server):
-    shown = hearth(env, "ps", "--url", server.url)
+    shown = here(env, "ps", "--url", server.url)
     assert shown.returncode == 0, shown.stderr
     lines = shown.stdout.splitlines()
     assert lines[0].split() == ["NAME", "STATUS", "MEMORY", "IDLE", "PINNED", "INFLIGHT"]
     assert [line.split()[:2] for line in lines[1:]] == [[TINY_REPO, "loaded"]]
-    rows = json.loads(hearth(env, "ps", "--json", "--url", server.url).stdout)
+    rows = json.loads(here(env, "ps", "--json", "--url", server.url).stdout)
     assert [(row["id"], row["status"]["value"]) for row in rows] == [(TINY_REPO, "loaded")]
     assert rows[0]["inflight"] == 0  # the request that asks is not counted
 
-    absent = hearth(env, "ps")
+    absent = hearth(env, "ps")  # the process: its status and every line it writes
     assert absent.returncode == 1 and absent.stdout == ""
     assert absent.stderr == f"hearth ps: no server at {env['HEARTH_URL']} (start one with hearth serve)\n"
 
 
 def test_rm_asks_wants_yes_off_a_terminal_and_refuses_unknown_or_loaded_models(env, homes, server):
-    unknown = hearth(env, "rm", "hearth-test/nowhere", "--yes")
+    unknown = here(env, "rm", "hearth-test/nowhere", "--yes")
     assert unknown.returncode == 1
     assert "hearth-test/nowhere" in unknown.stderr and "hearth ls" in unknown.stderr
 
     spare = copy_repo(homes[0], TINY_REPO, "hearth-test/spare")
-    piped = hearth(env, "rm", "hearth-test/spare")  # stdin is a pipe: no one to ask
+    piped = here(env, "rm", "hearth-test/spare")  # stdin is a pipe: no one to ask
     assert piped.returncode == 2 and "--yes" in piped.stderr and spare.is_dir()
 
     code, output = on_a_terminal(env, "rm", "hearth-test/spare", answer="n\n")
@@ -157,14 +197,15 @@ def test_rm_asks_wants_yes_off_a_terminal_and_refuses_unknown_or_loaded_models(e
     assert "removed hearth-test/spare" in output and not spare.exists()
 
     copy_repo(homes[0], TINY_REPO, "hearth-test/spare-2")
-    removed = hearth(env, "rm", "hearth-test/spare-2", "--yes")
+    removed = here(env, "rm", "hearth-test/spare-2", "--yes")
     assert removed.returncode == 0, removed.stderr
     assert "hearth-test/spare-2" not in listed(env)
     assert (homes[1] / "library-changed").is_file()  # other processes' listings turn over
 
     loaded = f"hearth rm: {TINY_REPO} is loaded; unload it first (POST /models/unload or the dashboard)\n"
-    for args in (("--url", server.url), ()):  # the server's word, then this machine's serving records alone
-        refused = hearth(env, "rm", TINY_REPO, "--yes", *args)
+    # The server's word, then this machine's serving records alone (in a process of its own).
+    for run, args in ((here, ("--url", server.url)), (hearth, ())):
+        refused = run(env, "rm", TINY_REPO, "--yes", *args)
         assert (refused.returncode, refused.stderr) == (1, loaded), args
     assert (homes[0] / "hub" / "models--hearth-test--tiny-random").is_dir()
 
@@ -174,13 +215,13 @@ def test_pull_is_download_under_another_name(env, homes):
     double = HubDouble().start()
     try:
         double.add(Repo.from_dir("mlx-community/tiny-pulled", snapshot))
-        done = hearth(dict(env, HF_ENDPOINT=double.url, HF_HUB_OFFLINE="0"), "pull", "mlx-community/tiny-pulled")
+        done = here(dict(env, HF_ENDPOINT=double.url, HF_HUB_OFFLINE="0"), "pull", "mlx-community/tiny-pulled")
     finally:
         double.stop()
     assert done.returncode == 0, done.stderr
     assert "mlx-community/tiny-pulled@" in done.stdout and "100.0%" in done.stderr
     assert listed(env)["mlx-community/tiny-pulled"]["quant"] == "f32"
-    helped = hearth(env, "pull", "--help")
+    helped = here(env, "pull", "--help")
     assert "--revision" in helped.stdout and "Same as `hearth download`" in helped.stdout
 
 

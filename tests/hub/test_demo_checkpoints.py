@@ -58,21 +58,22 @@ def test_checkpoints_are_published_as_the_training_goes(plain, tmp_path):
     assert blobs == {Path(p.resolve()).name for p in snapshot.iterdir()}  # checkpoint blobs removed
 
 
-def test_a_build_does_not_publish_over_a_checkpoint_further_along(tmp_path):
-    longer = replace(SMALL, steps=45)  # checkpoints at steps 0 and 40, then the finished model
+def test_a_build_does_not_publish_over_a_checkpoint_further_along(tmp_path, monkeypatch):
+    monkeypatch.setattr(demo, "CHECKPOINTS", (0, 4, 8))
+    longer = replace(SMALL, steps=10)  # checkpoints at steps 0, 4 and 8, then the finished model
     published: list[int] = []
     demo.build(tmp_path, longer, published=lambda step, loss, snap: published.append(step))
-    assert published == [0, 40]
-    # Make what the cache holds a step-40 checkpoint, as a build stopped there leaves it.
+    assert published == [0, 4, 8]
+    # Make what the cache holds a step-8 checkpoint, as a build stopped there leaves it.
     repo = tmp_path / "models--hearth--demo-chat"
     marker = repo / "snapshots" / (repo / "refs" / "main").read_text() / demo.MARKER
     finished = json.loads(marker.read_text())
     blob = marker.resolve()
     marker.unlink()
     blob.unlink()
-    marker.write_text(json.dumps({**finished, "checkpoint": {"step": 40, "steps": 45, "loss": 1.0}}))
-    assert demo.published_step(tmp_path, longer) == 40 and demo.cached_snapshot(tmp_path, longer) is None
-    # The next build serves that one until it passes it: no checkpoint at 0 or 40, then the finished one.
+    marker.write_text(json.dumps({**finished, "checkpoint": {"step": 8, "steps": 10, "loss": 1.0}}))
+    assert demo.published_step(tmp_path, longer) == 8 and demo.cached_snapshot(tmp_path, longer) is None
+    # The next build serves that one until it passes it: no checkpoint at 0, 4 or 8, then the finished one.
     again: list[int] = []
     _, built = demo.build(tmp_path, longer, published=lambda step, loss, snap: again.append(step))
-    assert built and again == [] and demo.published_step(tmp_path, longer) == 45
+    assert built and again == [] and demo.published_step(tmp_path, longer) == 10

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 from dataclasses import replace
 from pathlib import Path
@@ -65,6 +66,26 @@ def _cut_short(cache: Path, resume_path: Path, recipe=SMALL, at: int = 8) -> Non
     assert demo.published_step(cache, recipe) == at and resume_path.exists()
 
 
+@pytest.fixture(scope="module")
+def stopped(tmp_path_factory) -> tuple[Path, Path]:
+    """SMALL cut short after its step-8 checkpoint (`_cut_short`), once: the cache and the training
+    state it left, for `_stopped_in` to copy (the builds are deterministic, so each copy is what a
+    build of its own would leave)."""
+    root = tmp_path_factory.mktemp("stopped")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(demo, "CHECKPOINTS", (0, 4, 8))
+        _cut_short(root / "cache", root / "chat.safetensors")
+    return root / "cache", root / "chat.safetensors"
+
+
+def _stopped_in(stopped: tuple[Path, Path], cache: Path, resume_path: Path) -> None:
+    """What `_cut_short(cache, resume_path)` leaves, copied from `stopped` (the snapshot's links are relative)."""
+    shutil.copytree(stopped[0], cache, symlinks=True, dirs_exist_ok=True)
+    resume_path.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(stopped[1], resume_path)
+    assert demo.published_step(cache, SMALL) == 8 and resume_path.exists()
+
+
 def _build(cache: Path, resume_path: Path, recipe=SMALL):
     """Build `recipe` with checkpoints: what was trained, published and resumed from."""
     seen: dict[str, list] = {"progress": [], "published": [], "resumed": []}
@@ -77,9 +98,9 @@ def _build(cache: Path, resume_path: Path, recipe=SMALL):
     return snapshot, seen
 
 
-def test_a_build_cut_short_after_a_checkpoint_trains_only_the_steps_left(uninterrupted, tmp_path):
+def test_a_build_cut_short_after_a_checkpoint_trains_only_the_steps_left(uninterrupted, stopped, tmp_path):
     state = tmp_path / "state" / "chat.safetensors"
-    _cut_short(tmp_path, state)
+    _stopped_in(stopped, tmp_path, state)
     snapshot, seen = _build(tmp_path, state)
     assert [step for step, _ in seen["resumed"]] == [8] and isinstance(seen["resumed"][0][1], float)
     assert seen["progress"] == [9, 10, 11, 12]  # steps 9 to 12 alone, each told
@@ -115,9 +136,9 @@ def test_a_stop_between_checkpoints_saves_the_step_it_reached(uninterrupted, tmp
 
 
 @pytest.mark.parametrize("damage", ["truncated", "garbage", "empty"])
-def test_a_damaged_state_starts_over_at_step_0(uninterrupted, tmp_path, caplog, damage):
+def test_a_damaged_state_starts_over_at_step_0(uninterrupted, stopped, tmp_path, caplog, damage):
     state = tmp_path / "chat.safetensors"
-    _cut_short(tmp_path, state)
+    _stopped_in(stopped, tmp_path, state)
     data = state.read_bytes()
     state.write_bytes({"truncated": data[:len(data) // 2], "garbage": b"\x00not safetensors" * 64,
                        "empty": b""}[damage])
@@ -130,9 +151,10 @@ def test_a_damaged_state_starts_over_at_step_0(uninterrupted, tmp_path, caplog, 
 
 
 @pytest.mark.parametrize("change", ["recipe", "corpus"])
-def test_another_recipes_state_is_deleted_and_the_build_starts_over(tmp_path, caplog, monkeypatch, change):
+def test_another_recipes_state_is_deleted_and_the_build_starts_over(stopped, tmp_path, caplog, monkeypatch,
+                                                                    change):
     state = tmp_path / "chat.safetensors"
-    _cut_short(tmp_path / "a", state)
+    _stopped_in(stopped, tmp_path / "a", state)
     other = SMALL
     if change == "recipe":
         other = replace(SMALL, seed=1)  # as much another recipe as one with other fields
@@ -149,9 +171,9 @@ def test_another_recipes_state_is_deleted_and_the_build_starts_over(tmp_path, ca
     assert not state.exists()
 
 
-def test_force_starts_over(tmp_path):
+def test_force_starts_over(stopped, tmp_path):
     state = tmp_path / "chat.safetensors"
-    _cut_short(tmp_path, state)
+    _stopped_in(stopped, tmp_path, state)
     seen: list[int] = []
     demo.build(tmp_path, SMALL, force=True, resume_path=state,
                progress=lambda step, total, loss, seconds: seen.append(step))
@@ -285,14 +307,14 @@ def test_the_router_logs_a_build_stopped_as_asked_as_no_failure(monkeypatch, cap
     assert "stopped at step 7 of 500" in caplog.records[0].getMessage()
 
 
-def test_a_server_reads_the_step_saved_from_the_files_header(tmp_path):
+def test_a_server_reads_the_step_saved_from_the_files_header(stopped, tmp_path):
     """What `hearth serve --build-demo` says as it starts the build: the step, read without MLX."""
     from serving.demo import resume
 
     state = tmp_path / "chat.safetensors"
     assert resume.saved_step(state) is None
-    _cut_short(tmp_path, state, at=4)
-    assert resume.saved_step(state) == 4
+    _stopped_in(stopped, tmp_path, state)
+    assert resume.saved_step(state) == 8
     state.write_bytes(b"\x00not safetensors" * 64)
     assert resume.saved_step(state) is None
 
@@ -352,11 +374,11 @@ def test_a_stop_while_the_finished_model_is_published_lets_it_finish(uninterrupt
 
 
 def test_a_finished_build_left_with_its_state_and_checkpoints_is_tidied_at_the_next_start(
-        uninterrupted, tmp_path, monkeypatch):
+        uninterrupted, stopped, tmp_path, monkeypatch):
     """A build killed (SIGKILL) after it named the finished model, before it removed its checkpoints and
     its training state: the next start finds the finished model and removes what is left of the build."""
     state = tmp_path / "chat.safetensors"
-    _cut_short(tmp_path, state)
+    _stopped_in(stopped, tmp_path, state)
     with monkeypatch.context() as killed:  # what the kill leaves: nothing after the ref is written
         killed.setattr(demo, "_prune_checkpoints", lambda current: None)
         killed.setattr(demo.resume, "clear", lambda path: None)
