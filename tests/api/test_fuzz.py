@@ -28,7 +28,7 @@ from schemathesis import GenerationMode
 
 from tests.helpers import TINY_REPO, ServerProcess, build_tiny_model, server_env
 
-MAX_EXAMPLES = 20  # generated requests per route and run; the module takes about a minute on two cores
+MAX_EXAMPLES = 8  # generated requests per route and run (positive, negative, anchored): every route, each run
 REQUEST_TIMEOUT = 30.0  # seconds for a whole answer, a streamed one included: longer is a hang
 MAX_CONTEXT = 96  # tokens of prompt plus generation the fuzz server allows
 

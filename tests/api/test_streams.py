@@ -185,7 +185,10 @@ def test_an_identical_retry_follows_the_stream_instead_of_generating_again(serve
     changed = {**body, "max_tokens": 5}  # another body is another request: it replaces the stream
     fresh = _retry(server.url, changed, conv)
     assert "x-hearth-replayed" not in fresh.headers and _content(fresh.content)[2]["completion_tokens"] == 5
-    assert _retry(server.url, body, conv).headers.get("x-hearth-replayed") is None  # its stream is gone now
+    with httpx.stream("POST", server.url + "/v1/chat/completions", json=body, timeout=120,
+                      headers={"X-Conversation-Id": conv}) as again:  # the headers say it: 1700 tokens unread
+        assert again.status_code == 200 and again.headers.get("x-hearth-replayed") is None  # its stream is gone now
+    assert httpx.delete(f"{server.url}/v1/stream/{conv}", timeout=30).status_code == 200  # and stop it
 
 
 def test_a_stopped_stream_is_generated_again_on_retry(server, tiny_model, eos_id):

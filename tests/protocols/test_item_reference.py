@@ -27,10 +27,11 @@ def forced(text: str) -> dict:
     return {"guided_grammar": "root ::= " + json.dumps(text)}
 
 
-@pytest.fixture(scope="module", params=["memory", "folder", "redis"])
+# "memory" and "redis" run one after the other on one stack (the same flags); "folder" starts its own.
+@pytest.fixture(scope="module", params=["memory", "redis", "folder"])
 def oai(request, served, tmp_path_factory):
-    """A client of the stack with its own store (one process's), the folder store a router sets, or the
-    store in Redis (HEARTH_REDIS_URL) put in its place."""
+    """A client of the stack with its own store (one process's), the store in Redis (HEARTH_REDIS_URL)
+    put in its place, or the folder store a router sets."""
     if request.param == "folder":
         yield served("--response-store", str(tmp_path_factory.mktemp("responses"))).openai()
         return
