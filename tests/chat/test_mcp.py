@@ -78,7 +78,8 @@ def test_tools_run_in_their_server_without_this_servers_keys(mcp_home, monkeypat
         async def emit(_):
             pass
 
-        assert await tools["calc__add"].stream({"a": 2, "b": 40}, emit) == "42"
+        # Each call starts the server's process; a call's result (calc__add's "42") is checked in the chat test
+        # below, through the approval card.
         assert await tools["calc__env_value"].stream({"name": "SECRET"}, emit) == "s3cret"
         assert await tools["calc__env_value"].stream({"name": "HEARTH_API_KEY"}, emit) == ""
         from chat.tools import ToolError
