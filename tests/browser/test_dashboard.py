@@ -1,11 +1,14 @@
 """The dashboard in a real headless Chromium (Debian's, driven by
 Playwright): chat with a streamed reply, the session found again after a
 reload, switching sessions, a fine-tune started from the wizard and
-followed to done, and a screenshot of every page at phone and desktop
-widths in tests/artifacts/screenshots (look at them)."""
+followed to done, the Settings page's hub token and MCP servers, and a
+screenshot of every page at phone and desktop widths in
+tests/artifacts/screenshots (look at them)."""
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
 
 import httpx
 import pytest
@@ -13,6 +16,9 @@ import pytest
 from tests.browser import pages
 from tests.helpers import ARTIFACTS
 
+# tests/mcp_server.py over stdio, as the Settings page's MCP card configures it.
+MCP_CALC = {"command": sys.executable, "args": [str(Path(__file__).parents[1] / "mcp_server.py")],
+            "env": {"SECRET": "s3cret"}}
 PAGES = ("chat", "status", "models", "jobs", "finetune", "quantize", "dataset", "adapters", "lineage", "settings")
 
 
@@ -178,6 +184,26 @@ def test_settings_saves_and_removes_the_hub_token(page, base_url):
         page.wait_for_selector("text=No token saved.")
     finally:
         httpx.delete(base_url + "/api/settings/hf-token")
+
+
+def test_the_settings_page_configures_an_mcp_server(page, base_url):
+    page.goto(base_url + "/#/settings")
+    page.wait_for_selector(".mcp .mcp-status li")
+    page.fill("textarea.mcp-config", "{not json")
+    page.click("text=Save and connect")
+    assert "Not JSON" in page.inner_text(".mcp [role=alert]")
+    servers = {"calc": MCP_CALC, "gone": {"command": "/nonexistent/x"}}
+    page.fill("textarea.mcp-config", json.dumps({"mcpServers": servers}))
+    try:
+        page.click("text=Save and connect")
+        page.wait_for_selector('.mcp li[data-server="calc"] .badge.ok', timeout=30_000)
+        assert "calc__add" in page.inner_text('.mcp li[data-server="calc"]')
+        assert "not available" in page.inner_text('.mcp li[data-server="gone"]')
+        assert '"SECRET": "********"' in page.input_value("textarea.mcp-config")
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "desktop-settings-mcp.png"), full_page=True)
+    finally:
+        httpx.put(base_url + "/api/settings/mcp", json={"servers": {}}, timeout=30).raise_for_status()
 
 
 @pytest.mark.parametrize("width,height,name", [(375, 740, "phone"), (1280, 800, "desktop")])

@@ -151,36 +151,42 @@ def test_consent_search_article_links_history_and_dry_run(page, memory_server):
     assert page.is_enabled("button:has-text('Dry run')") and page.is_enabled("button:has-text('Synthesize')")
 
 
-@pytest.mark.parametrize("width,height,name", [(375, 740, "phone"), (1280, 800, "desktop")])
-def test_memory_page_renders_at_phone_and_desktop_widths(browser, memory_server, width, height, name):
+def test_memory_page_renders_at_phone_and_desktop_widths(browser, memory_server):
+    """Search and article, light and dark, at phone then desktop width, with the stage list of a finished dry
+    run: one page (loaded at phone width) and one dry run for every shot; the run stays on the page as long
+    as the page is not loaded again."""
     url = memory_server.url
     if not httpx.get(url + "/api/memory/vaults").json()["vaults"]:
         assert httpx.post(url + "/api/memory/init", json={}).json()["ok"]
     _write_fixture(_vault_root(url))
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    for scheme in ("light", "dark"):
-        context = browser.new_context(viewport={"width": width, "height": height}, color_scheme=scheme)
-        page = context.new_page()
-        errors: list[str] = []
-        page.on("pageerror", lambda e, errors=errors: errors.append(str(e)))
-        suffix = "" if scheme == "light" else "-dark"
-        page.goto(url + "/#/memory")
-        page.wait_for_selector(".mem-list a:has-text('Lighthouse')")
-        page.fill("input[aria-label='Search memory']", "lens")
-        page.wait_for_selector(".mem-hits mark")
-        if scheme == "light":  # the stage list of a finished dry run
-            page.click("button:has-text('Dry run')")
-            page.wait_for_selector(".mem-run .badge:has-text('Done')", timeout=120_000)
-        _no_sideways_scroll(page, f"memory search at {width}px")
-        page.screenshot(path=str(ARTIFACTS / f"{name}-memory{suffix}.png"), full_page=True)
-        page.goto(url + "/#/memory/Lighthouse")
-        page.wait_for_selector(".mem-commits summary")
-        page.locator(".mem-commits summary").first.click()
-        page.wait_for_selector(".mem-diff .add")
-        _no_sideways_scroll(page, f"memory article at {width}px")
-        page.screenshot(path=str(ARTIFACTS / f"{name}-memory-article{suffix}.png"), full_page=True)
-        context.close()
-        assert not errors, errors
+    context = browser.new_context(viewport={"width": 375, "height": 740})
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(url + "/#/memory")
+    page.wait_for_selector(".mem-list a:has-text('Lighthouse')")
+    page.click("button:has-text('Dry run')")
+    page.wait_for_selector(".mem-run .badge:has-text('Done')", timeout=120_000)
+    for width, height, name in ((375, 740, "phone"), (1280, 800, "desktop")):
+        page.set_viewport_size({"width": width, "height": height})
+        for scheme in ("light", "dark"):
+            page.emulate_media(color_scheme=scheme)
+            suffix = "" if scheme == "light" else "-dark"
+            page.goto(url + "/#/memory")  # the same document: a new hash, no load (the search is kept)
+            page.fill("input[aria-label='Search memory']", "lens")
+            page.wait_for_selector(".mem-hits mark")
+            page.wait_for_selector(".mem-run .badge:has-text('Done')")
+            _no_sideways_scroll(page, f"memory search at {width}px")
+            page.screenshot(path=str(ARTIFACTS / f"{name}-memory{suffix}.png"), full_page=True)
+            page.goto(url + "/#/memory/Lighthouse")
+            page.wait_for_selector(".mem-commits summary")
+            page.locator(".mem-commits summary").first.click()
+            page.wait_for_selector(".mem-diff .add")
+            _no_sideways_scroll(page, f"memory article at {width}px")
+            page.screenshot(path=str(ARTIFACTS / f"{name}-memory-article{suffix}.png"), full_page=True)
+    context.close()
+    assert not errors, errors
 
 
 def _no_sideways_scroll(page, what: str) -> None:

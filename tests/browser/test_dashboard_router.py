@@ -40,7 +40,7 @@ def _wait_status(url: str, model: str, value: str, timeout: float = 120) -> None
 
 @pytest.fixture(scope="module")
 def router(tmp_path_factory):
-    """A router over two tiny models in its own HF cache: at most one loaded, tiny-a the default."""
+    """A router over two tiny models in its own HF cache: at most one loaded, tiny-a the default at start."""
     root = tmp_path_factory.mktemp("router")
     hf, hearth = root / "hf", root / "hearth"
     build_tiny_model(hf / "hub", repo_id=TINY_A)
@@ -77,12 +77,19 @@ window.EventSource = class extends window.EventSource {
 };"""
 
 
-def _open_chat(page, url: str) -> None:
-    """The chat page, ready (its picker filled) and with its one /v1 request answered, so closing the
-    page right after cuts no request short."""
+def _default_and_other(url: str) -> tuple[str, str]:
+    """The router's default model now, and the other one (the Models page test leaves tiny-b the default)."""
+    default = httpx.get(url + "/models", timeout=10).json()["default"]
+    return default, TINY_B if default == TINY_A else TINY_A
+
+
+def _open_chat(page, url: str, default: str | None = None) -> None:
+    """The chat page, ready (its picker filled, naming `default` as the default where given) and with its
+    one /v1 request answered, so closing the page right after cuts no request short."""
     with page.expect_response(lambda r: r.url.endswith("/v1/adapters")):
         page.goto(url + "/#/chat")
-    page.wait_for_selector(f"{PICKER} option:text-is('Default ({TINY_A})')", state="attached")
+    option = f"option:text-is('Default ({default})')" if default else "option[value='']"
+    page.wait_for_selector(f"{PICKER} {option}", state="attached")
 
 
 def _row(model: str) -> str:
@@ -139,14 +146,12 @@ def test_models_page_loads_unloads_pins_and_makes_default(page, router):
     assert _models(router)[TINY_A]["pinned"] is False
     assert page.inner_text(f"{_row(TINY_A)} .markers") == "default"
 
-    try:
-        page.click(f"button[aria-label='Make {TINY_B} the default model']")
-        page.wait_for_selector(f"{_row(TINY_B)} .markers:has-text('default')", timeout=120_000)
-        page.wait_for_selector(_badge(TINY_B, "loaded"), timeout=120_000)  # making it the default loads it
-        assert "default" not in page.inner_text(f"{_row(TINY_A)} .markers")
-        assert httpx.get(router + "/models", timeout=10).json()["default"] == TINY_B
-    finally:  # the chat test below expects tiny-a as the default
-        httpx.post(router + "/models/default", json={"model": TINY_A}, timeout=120)
+    # The tests below take whichever model is the default then: no load spent to put tiny-a back.
+    page.click(f"button[aria-label='Make {TINY_B} the default model']")
+    page.wait_for_selector(f"{_row(TINY_B)} .markers:has-text('default')", timeout=120_000)
+    page.wait_for_selector(_badge(TINY_B, "loaded"), timeout=120_000)  # making it the default loads it
+    assert "default" not in page.inner_text(f"{_row(TINY_A)} .markers")
+    assert httpx.get(router + "/models", timeout=10).json()["default"] == TINY_B
 
     assert page.evaluate("window.eventSources.filter((s) => s.readyState !== 2).length") == 1
     _open_chat(page, router)  # leaving the page closes its event stream
@@ -179,7 +184,7 @@ def test_the_assistant_button_covers_no_model_button(page, router):
 
     page.set_viewport_size({"width": 1280, "height": 900})
     page.goto(router + "/#/models")
-    page.wait_for_selector(f"button[aria-label='Make {TINY_B} the default model']")
+    page.wait_for_selector(f"button[aria-label='Make {_default_and_other(router)[1]} the default model']")
     assert pages.under_dock_button(page) == []
     page.click("button.dock-toggle")  # in reach, and it opens the dock
     page.wait_for_selector("aside.dock textarea[aria-label=Message]")
@@ -190,19 +195,20 @@ def test_chat_picks_a_model_per_session_and_keeps_it(page, router):
     turns: list[dict] = []
     page.on("websocket", lambda ws: ws.on("framereceived", lambda frame: turns.append(json.loads(frame))
                                           if '"turn_end"' in frame else None))
-    _open_chat(page, router)
+    default, picked = _default_and_other(router)
+    _open_chat(page, router, default)
     assert page.is_visible(PICKER)
     options = page.eval_on_selector_all(f"{PICKER} option", "els => els.map((e) => [e.value, e.textContent])")
-    assert options[0] == ["", f"Default ({TINY_A})"] and {TINY_A, TINY_B} <= {v for v, _ in options}, options
+    assert options[0] == ["", f"Default ({default})"] and {TINY_A, TINY_B} <= {v for v, _ in options}, options
     page.click("text=New chat")
     page.wait_for_selector("text=Start a conversation")
     assert page.input_value(PICKER) == ""
-    page.select_option(PICKER, TINY_B)
+    page.select_option(PICKER, picked)
     page.fill("textarea[aria-label=Message]", "Which model answers this chat?")
     page.keyboard.press("Enter")
-    page.wait_for_selector("article.msg.assistant .perf", timeout=180_000)  # the stored turn; tiny-b loads first
-    assert TINY_B in page.inner_text("article.msg.assistant .who")  # the model that answered
-    assert turns and turns[-1]["model"] == TINY_B, turns
+    page.wait_for_selector("article.msg.assistant .perf", timeout=180_000)  # the stored turn; it loads first
+    assert picked in page.inner_text("article.msg.assistant .who")  # the model that answered
+    assert turns and turns[-1]["model"] == picked, turns
     end = turns[-1]  # its speed: what the model's process decoded, over the time that took there
     if end["completion_tokens"] > 1:
         assert 0 < end["decode_ms"] and end["decode_tokens"] == end["completion_tokens"] - 1, end
@@ -210,31 +216,31 @@ def test_chat_picks_a_model_per_session_and_keeps_it(page, router):
     stored = httpx.get(router + "/api/sessions/export", params={"path": turns[-1]["sessionId"]}, timeout=10).json()
     answer = [e for e in stored["entries"] if e.get("message", {}).get("role") == "assistant"]
     assert answer and answer[-1]["message"]["content"], stored  # a random model's text, maybe only whitespace
-    assert answer[-1]["meta"]["model"] == TINY_B and answer[-1]["meta"]["completion_tokens"] > 0
+    assert answer[-1]["meta"]["model"] == picked and answer[-1]["meta"]["completion_tokens"] > 0
     states = _models(router)
-    assert states[TINY_B]["status"]["value"] == "loaded" and states[TINY_A]["status"]["value"] == "unloaded"
+    assert states[picked]["status"]["value"] == "loaded" and states[default]["status"]["value"] == "unloaded"
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "desktop-chat-router.png"))
 
     with page.expect_response(lambda r: r.url.endswith("/v1/adapters")):
         page.reload()
-    page.wait_for_selector(f"{PICKER} option:text-is('Default ({TINY_A})')", state="attached")
+    page.wait_for_selector(f"{PICKER} option:text-is('Default ({default})')", state="attached")
     page.click(".sessions button:has-text('Which model answers this chat?')")
     page.wait_for_selector(".msg.user:has-text('Which model answers this chat?')")
     page.wait_for_function("(sel) => document.querySelector(sel).value !== ''", arg=PICKER)
-    assert page.input_value(PICKER) == TINY_B
+    assert page.input_value(PICKER) == picked
     page.click("text=New chat")  # a new chat starts on the default
     page.wait_for_selector("text=Start a conversation")
     assert page.input_value(PICKER) == ""
     page.click(".sessions button:has-text('Which model answers this chat?')")
     page.wait_for_function("(sel) => document.querySelector(sel).value !== ''", arg=PICKER)
-    assert page.input_value(PICKER) == TINY_B
+    assert page.input_value(PICKER) == picked
 
 
 def test_chat_picker_at_phone_width(browser, router):
     context = browser.new_context(viewport={"width": 375, "height": 740})
     page = context.new_page()
-    _open_chat(page, router)
+    _open_chat(page, router, _default_and_other(router)[0])
     overflow = page.evaluate("document.documentElement.scrollWidth - document.documentElement.clientWidth")
     assert overflow <= 1, "the chat page scrolls sideways at 375px"
     page.screenshot(path=str(ARTIFACTS / "phone-chat-router.png"))

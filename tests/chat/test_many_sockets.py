@@ -13,6 +13,7 @@ import pytest
 from tests.chat import chatws
 
 SOCKETS = 30
+SHORT_REPLY = 8  # tokens: a reply that still streams a few text frames
 
 
 async def _open():
@@ -82,6 +83,8 @@ def test_the_chat_list_is_newest_first(engine):
 
 
 def test_many_sockets_each_get_their_turn_and_leave_nothing_behind(engine):
+    from dataclasses import replace
+
     from chat.models import ChatEntry
     from hearth.root import RUNTIME
 
@@ -99,7 +102,14 @@ def test_many_sockets_each_get_their_turn_and_leave_nothing_behind(engine):
         return start["sessionId"]
 
     async def run():
-        ends = await asyncio.gather(*(ask(i) for i in range(SOCKETS)))
+        # Short replies for the sockets that stay (the 30 turns run side by side all the same); the sockets that
+        # leave keep the fixture's TURN_TOKENS, so they leave while their turns still run.
+        capped = RUNTIME.options
+        RUNTIME.options = replace(capped, defaults=replace(capped.defaults, max_tokens=SHORT_REPLY))
+        try:
+            ends = await asyncio.gather(*(ask(i) for i in range(SOCKETS)))
+        finally:
+            RUNTIME.options = capped
         left = await asyncio.gather(*(ask_and_leave(i) for i in range(10)))
         for session in left:  # the turns of the sockets that left run to their end
             stream = RUNTIME.streams.get(session)

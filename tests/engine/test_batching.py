@@ -41,12 +41,12 @@ def _requests(engine: Engine, eos: int) -> list[GenerationRequest]:
     ]
 
 
-def _alone(engine_factory, eos, **kw):
-    serial = engine_factory(batch=1, prompt_cache_bytes=0, **kw)
-    out = []
-    for req in _requests(serial, eos):
-        out.append(asyncio.run(collect(serial, req)))
-    return out
+@pytest.fixture(scope="module")
+def alone(engines, eos_id) -> list[dict]:
+    """What each of `_requests` gets served alone on the serial lane. Greedy or seeded, with no prompt
+    cache, it is the same for every test that compares with it, so it is worked out once for the module."""
+    serial = engines(batch=1, prompt_cache_bytes=0)
+    return [asyncio.run(collect(serial, req)) for req in _requests(serial, eos_id)]
 
 
 def _same(batched: dict, alone: dict) -> None:
@@ -60,8 +60,7 @@ def _same(batched: dict, alone: dict) -> None:
         assert [t["id"] for t in a.get("top_logprobs", [])] == [t["id"] for t in b.get("top_logprobs", [])]
 
 
-def test_every_batched_row_equals_the_request_served_alone(engines, eos_id):
-    alone = _alone(engines, eos_id)
+def test_every_batched_row_equals_the_request_served_alone(engines, eos_id, alone):
     batched_engine = engines(batch=8, prompt_cache_bytes=0)
     assert batched_engine.mode == "batch"
 
@@ -76,11 +75,10 @@ def test_every_batched_row_equals_the_request_served_alone(engines, eos_id):
     assert alone[5]["finish"] == "stop" and alone[5]["text"].endswith("!")
 
 
-def test_a_lone_request_decodes_in_plain_steps_as_the_serial_lane_would(engines, eos_id):
+def test_a_lone_request_decodes_in_plain_steps_as_the_serial_lane_would(engines, eos_id, alone):
     """Alone on a batch engine, each request decodes on the single-row path (pipelined plain steps,
     no BatchGenerator) and gets what the serial lane gives it: bias, logprobs, penalties, stop strings,
     a grammar, a seeded sampler."""
-    alone = _alone(engines, eos_id)
     engine = engines(batch=8, prompt_cache_bytes=0, jump_forward=False)
     for request, a in zip(_requests(engine, eos_id), alone, strict=True):
         out = asyncio.run(collect(engine, request))
@@ -88,10 +86,9 @@ def test_a_lone_request_decodes_in_plain_steps_as_the_serial_lane_would(engines,
         assert out["usage"].lane == "serial"
 
 
-def test_a_lone_row_moves_into_the_batch_with_its_token_in_flight(engines, eos_id):
+def test_a_lone_row_moves_into_the_batch_with_its_token_in_flight(engines, eos_id, alone):
     """A second request moves the lone row into the batch mid-reply: the token its queued step sampled
     is handed out first, so no token is lost, repeated or drawn twice (a seeded row's key included)."""
-    alone = _alone(engines, eos_id)
     engine = engines(batch=8, prompt_cache_bytes=0, jump_forward=False)
     requests = _requests(engine, eos_id)
 
@@ -523,8 +520,7 @@ def test_rows_with_the_same_unseeded_settings_are_sampled_in_one_call(engines, e
     assert set(widths["t=0.7 seed=3"]) == {1}  # a seeded row draws from its own key, alone
 
 
-def test_a_row_that_leaves_does_not_change_the_others(engines, eos_id):
-    alone = _alone(engines, eos_id)
+def test_a_row_that_leaves_does_not_change_the_others(engines, eos_id, alone):
     engine = engines(batch=8, prompt_cache_bytes=0)
 
     async def together():
