@@ -45,7 +45,7 @@ def events(log_path: str | Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
 
-def wait_event(log_path: str, matches, timeout: float = 60) -> dict:
+def wait_event(log_path: str, matches, timeout: float = 240) -> dict:  # a hang guard, not a time limit
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         for event in events(log_path):

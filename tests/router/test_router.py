@@ -577,15 +577,10 @@ def bare(library, tmp_path_factory):
     hf, hearth, preset = library
     root = tmp_path_factory.mktemp("bare")
     _huge_model(root / "models" / "vendor" / "huge")
-    started = time.monotonic()
     proc = ServerProcess(server_env(hf, hearth), "--models-preset", str(preset), "--models-dir", str(root / "models"),
                          "--no-worker", log_path=root / "router.log").wait_ready()
-    _bare_ready_after.append(time.monotonic() - started)
     yield proc
     assert proc.stop() == 0, proc.output()
-
-
-_bare_ready_after: list[float] = []  # how long `bare` took to answer /health
 
 
 def test_a_model_that_cannot_fit_is_refused_before_it_loads(bare):
@@ -711,12 +706,11 @@ def test_the_dashboards_remote_turn_runs_no_call_the_generation_cut_off():
 
 
 def test_without_a_default_model_nothing_is_trained_and_a_request_must_name_one(bare, library):
-    """No --default-model and no demo model built: the router answers at once,
-    trains nothing, and a request that names no model is told which it may name."""
+    """No --default-model and no demo model built: the router answers without
+    training anything, and a request that names no model is told which it may name."""
     import psutil
 
     hf, _, _ = library
-    assert _bare_ready_after[-1] < 30
     health = HTTP.get(bare.url + "/health").json()
     assert health == {"status": "ok"}  # no demo_build: nothing trains
     below = [" ".join(p.cmdline()) for p in psutil.Process(bare.proc.pid).children(recursive=True)]
