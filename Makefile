@@ -23,7 +23,7 @@ TEST_EXTRAS := test$(comma)redis$(comma)postgres
 HOST ?= 127.0.0.1
 PORT ?= 8080
 
-.PHONY: serve test check-demo lint docs blas browser git media redis postgres deps test-deps cpu-build bench clean
+.PHONY: serve test check-slow check-demo lint docs blas browser git media redis postgres deps test-deps cpu-build bench clean
 
 deps: $(VENV)/.installed $(if $(filter 1,$(CUDA)),$(VENV)/.cuda,cpu-build)
 test-deps: deps $(VENV)/.test-installed
@@ -88,11 +88,20 @@ serve: deps
 # where PYTHONDONTWRITEBYTECODE is set each would compile them again (~0.3 s a start on 2 cores).
 # The suite runs in parallel, one pytest-xdist worker per core (at most 4), a whole file to a worker.
 # The few tests that time this machine (the `serial` mark) need it to themselves: check-demo runs them.
+# The tests of whole processes killed, restarted or spread over nodes, of PostgreSQL and Redis, and of the BLAS
+# measurement (the `slow` mark, about a third of the suite's CPU) run in check-slow, which CI runs after this.
 test: test-deps lint
 	@sh scripts/system-packages.sh $(SYSTEM)
 	$(BIN)/python -m compileall -q core inference hub serving jobs chat memory hearth config tests > /dev/null
-	HF_HUB_OFFLINE=1 $(BIN)/pytest -q -n auto --maxprocesses=4 --dist loadfile --durations=15 -m "not serial" \
-		tests --ignore=tests/demo
+	HF_HUB_OFFLINE=1 $(BIN)/pytest -q -n auto --maxprocesses=4 --dist loadfile --durations=15 \
+		-m "not serial and not slow" tests --ignore=tests/demo
+
+# The `slow` tests, in parallel as `test` runs the rest (about 4 minutes on 2 cores). CI runs it after `make test`.
+check-slow: test-deps
+	@sh scripts/system-packages.sh $(SYSTEM)
+	$(BIN)/python -m compileall -q core inference hub serving jobs chat memory hearth config tests > /dev/null
+	HF_HUB_OFFLINE=1 $(BIN)/pytest -q -n auto --maxprocesses=4 --dist loadfile --durations=10 \
+		-m "slow and not serial" tests --ignore=tests/demo
 
 # What the trained demo models can do (tests/demo): trains the demo chat, vision and speech models first, in
 # the run's own homes (side by side, about 20 minutes on 2 cores), then checks their answers; then the tests that time this

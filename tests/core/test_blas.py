@@ -18,7 +18,9 @@ import pytest
 from core import blas
 from tests.helpers import ARTIFACTS, HEARTH, ROOT, ServerProcess, server_env
 
-pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the BLAS is chosen on Linux only")
+# `make check-slow`, which CI runs after `make test` (docs/contributing/tests.md)
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(sys.platform != "linux", reason="the BLAS is chosen on Linux only")]
 QUICK = "0.01"
 SHOW = "import json; from core import blas; print('BLAS=' + json.dumps(blas.current()))"
 BAD_SGEMM = """

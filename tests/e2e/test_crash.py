@@ -26,6 +26,8 @@ import pytest
 
 from tests.helpers import HEARTH, ROOT, STRAY_WINDOW_S, ServerProcess, assert_no_strays, exited, server_env
 
+pytestmark = pytest.mark.slow  # `make check-slow`, which CI runs after `make test` (docs/contributing/tests.md)
+
 
 def sigkill(server: ServerProcess) -> None:
     server.proc.send_signal(signal.SIGKILL)

@@ -26,6 +26,8 @@ import pytest
 from serving.demo import speech_data
 from tests.helpers import ROOT, TINY_REPO, ServerProcess, build_tiny_model, exited, server_env
 
+pytestmark = pytest.mark.slow  # `make check-slow`, which CI runs after `make test` (docs/contributing/tests.md)
+
 GONE_WITHIN_S = 10.0  # a model process drains and flushes its prompt cache first (SIGTERM)
 
 

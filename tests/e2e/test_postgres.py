@@ -18,6 +18,8 @@ import websockets
 
 from tests.helpers import ROOT, ServerProcess, server_env
 
+pytestmark = pytest.mark.slow  # `make check-slow`, which CI runs after `make test` (docs/contributing/tests.md)
+
 SETTINGS = str(ROOT / "config" / "settings.py")
 
 

@@ -22,6 +22,8 @@ import redis
 
 from tests.helpers import HEARTH, ROOT, ServerProcess, follow_job, server_env, wait_job_status
 
+pytestmark = pytest.mark.slow  # `make check-slow`, which CI runs after `make test` (docs/contributing/tests.md)
+
 HEARTBEAT_S = 0.5
 STAGE_DELAY_S = 4  # fine-tunes pause this long once training starts: long enough to overlap, or to be killed
 

@@ -19,6 +19,8 @@ from websockets.sync.client import connect
 
 from tests.helpers import ServerProcess, server_env
 
+pytestmark = pytest.mark.slow  # `make check-slow`, which CI runs after `make test` (docs/contributing/tests.md)
+
 LONG = 4000  # tokens: a turn that is still running whatever the machine's speed, until it is stopped
 
 

@@ -11,9 +11,12 @@ import time
 
 import httpx
 import psutil
+import pytest
 
 from serving.demo import speech_data
 from tests.helpers import TINY_REPO, build_tiny_model
+
+pytestmark = pytest.mark.slow  # `make check-slow`, which CI runs after `make test` (docs/contributing/tests.md)
 
 
 async def _until(what: str, check, timeout: float) -> None:

@@ -18,6 +18,8 @@ import pytest
 
 from tests.helpers import ServerProcess, build_tiny_model, server_env
 
+pytestmark = pytest.mark.slow  # `make check-slow`, which CI runs after `make test` (docs/contributing/tests.md)
+
 MODEL, BROKEN = "hearth-test/stall", "hearth-test/broken"
 HTTP = httpx.Client(timeout=120)
 

@@ -19,6 +19,8 @@ import redis
 
 from tests.helpers import ServerProcess, build_tiny_model, server_env
 
+pytestmark = pytest.mark.slow  # `make check-slow`, which CI runs after `make test` (docs/contributing/tests.md)
+
 SHARED, ONLY_A = "hearth-test/tiny-shared", "hearth-test/tiny-only-a"
 KEY = "cluster-key-0123456789abcdef"
 OTHER = "cluster-key-two-0123456789ab"  # a second user's key: what KEY makes is not OTHER's

@@ -14,6 +14,8 @@ import pytest
 
 from tests.helpers import ServerProcess, build_tiny_model, server_env
 
+pytestmark = pytest.mark.slow  # `make check-slow`, which CI runs after `make test` (docs/contributing/tests.md)
+
 LOCAL, REMOTE = "hearth-test/tiny-local", "hearth-test/tiny-remote"
 ROUTER_KEY, REMOTE_KEY = "router-key-1", "remote-key-2"
 HTTP = httpx.Client(timeout=120, headers={"authorization": f"Bearer {ROUTER_KEY}"})
