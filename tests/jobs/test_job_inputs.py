@@ -23,17 +23,22 @@ def app(inproc):
     return inproc
 
 
+def _inspected(app, folder):
+    """inspect-dataset's answer on `folder`, and the most memory this process held for it."""
+    tracemalloc.start()
+    try:
+        r = app.post("/api/finetune/inspect-dataset", json={"path": str(folder)})
+        return r, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
 def test_a_dataset_is_inspected_a_row_at_a_time(app, tmp_path):
     line = json.dumps(ROW) + "\n"
     count = (16 << 20) // len(line)  # 16 MB of rows
     (tmp_path / "train.jsonl").write_text(line * count)
     (tmp_path / "valid.jsonl").write_text(line * 3)
-    tracemalloc.start()
-    try:
-        r = app.post("/api/finetune/inspect-dataset", json={"path": str(tmp_path)})
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
+    r, peak = _inspected(app, tmp_path)
     assert r.status_code == 200, r.text
     assert r.json() == {"ok": True, "n_train": count, "n_valid": 3, "format": "messages"}
     assert peak < 4 << 20, f"{peak >> 20} MiB held to inspect 16 MB of rows"  # the whole file read was ~50 MiB
@@ -55,12 +60,7 @@ def test_a_row_longer_than_any_conversation_is_refused_without_reading_it_whole(
 
     endless = json.dumps({"text": "a" * (4 * MAX_ROW_CHARS)})  # one 64M-character line, no newline
     (tmp_path / "train.jsonl").write_text(json.dumps(ROW) + "\n" + endless)
-    tracemalloc.start()
-    try:
-        r = app.post("/api/finetune/inspect-dataset", json={"path": str(tmp_path)})
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
+    r, peak = _inspected(app, tmp_path)
     assert r.status_code == 422 and "train.jsonl line 2 is over 16M characters" in r.json()["error"], r.text[:300]
     assert peak < 3 * MAX_ROW_CHARS, f"{peak >> 20} MiB held"  # the line read whole was 4x the bound, and more
 
