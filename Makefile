@@ -96,7 +96,7 @@ test: test-deps lint
 	HF_HUB_OFFLINE=1 $(BIN)/pytest -q -n auto --maxprocesses=4 --dist loadfile --durations=15 \
 		-m "not serial and not slow" tests --ignore=tests/demo
 
-# The `slow` tests, in parallel as `test` runs the rest (about 4 minutes on 2 cores). CI runs it after `make test`.
+# The `slow` tests, in parallel as `test` runs the rest (about 3 minutes on 2 cores). CI runs it after `make test`.
 check-slow: test-deps
 	@sh scripts/system-packages.sh $(SYSTEM)
 	$(BIN)/python -m compileall -q core inference hub serving jobs chat memory hearth config tests > /dev/null
