@@ -225,6 +225,19 @@ export function createChat(hooks = {}) {
     setTimeout(() => awaitDefault(ready), 3000);
   }
 
+  // The router's default may have changed since the ready frame (on the Models page, in another tab): each
+  // time the chat is shown, the picker's "Default (…)" names the default as it is now.
+  async function refreshDefault() {
+    const ready = state.ready;
+    if (!ready?.router) return;
+    try {
+      const m = await api("/models");
+      if (state.ready !== ready || !m.default || m.default === ready.model) return;
+      ready.model = m.default;
+      fillModels({ ...ready, models: (m.data || []).map((d) => d.id) });
+    } catch { /* the ready frame's name stays until the next ready frame */ }
+  }
+
   function pickModel() {
     const id = state.model || "";
     if (id && ![...model.options].some((o) => o.value === id)) {
@@ -606,7 +619,7 @@ export function createChat(hooks = {}) {
     // A frame the user did not ask for (the app context): sent when the socket is open, else dropped.
     send(obj) { if (state.ws?.readyState === WebSocket.OPEN) state.ws.send(JSON.stringify(obj)); },
     // The chat shows (its page, or the dock opened): the adapters on disk may have changed since it last did.
-    shown() { loadAdapters(); },
+    shown() { loadAdapters(); refreshDefault(); },
     // The conversation's scroll is lost when the chat moves between the page and the dock.
     moved() { pinned = true; follow(); },
   };

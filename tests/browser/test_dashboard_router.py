@@ -154,7 +154,9 @@ def test_models_page_loads_unloads_pins_and_makes_default(page, router):
     assert httpx.get(router + "/models", timeout=10).json()["default"] == TINY_B
 
     assert page.evaluate("window.eventSources.filter((s) => s.readyState !== 2).length") == 1
-    _open_chat(page, router)  # leaving the page closes its event stream
+    # Leaving the page closes its event stream; the chat, whose socket said tiny-a was the default when the
+    # page loaded, names the default as it is now.
+    _open_chat(page, router, TINY_B)
     assert page.evaluate("window.eventSources.filter((s) => s.readyState !== 2).length") == 0
 
 
