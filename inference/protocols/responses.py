@@ -26,6 +26,13 @@ def new_id(prefix: str) -> str:
 ITEM_ID_PREFIXES = {"message": "msg_", "function_call": "fc_", "function_call_output": "fco_", "reasoning": "rs_"}
 
 
+def _bounded(raw, most: int) -> None:
+    """Refuse an `input` list of more than `most` items (--max-messages), before anything reads the store."""
+    if isinstance(raw, list) and len(raw) > most:
+        raise RequestError(f"input has {len(raw)} items; this server takes at most {most} (--max-messages)",
+                           f"input[{most}]", code="too_many_messages")
+
+
 def _resolved(raw, store: AnyResponseStore, holder: str, most: int):
     """`input` with each `item_reference` replaced by the stored item of its
     id (an output or input item of a response this key stored), which is
@@ -34,9 +41,7 @@ def _resolved(raw, store: AnyResponseStore, holder: str, most: int):
     folder or Redis store blocks), and `input` has at most `most` items."""
     if not isinstance(raw, list):
         return raw
-    if len(raw) > most:
-        raise RequestError(f"input has {len(raw)} items; this server takes at most {most} (--max-messages)",
-                           f"input[{most}]", code="too_many_messages")
+    _bounded(raw, most)
     refs = {}
     for i, item in enumerate(raw):
         if isinstance(item, dict) and item.get("type") == "item_reference":
@@ -214,7 +219,7 @@ class Turn:
         if body.get("stream_options") is not None and not boolean(body, "stream"):  # as on OpenAI, as on chat
             raise RequestError("The 'stream_options' parameter is only allowed when 'stream' is enabled.",
                                "stream_options")
-        raw = _resolved(body.get("input"), store, holder, most)  # bounded first: a refused input reads nothing more
+        _bounded(body.get("input"), most)  # first: a refused input reads nothing from the store
         previous_id = body.get("previous_response_id")
         self.previous = None
         if previous_id is not None:
@@ -224,6 +229,7 @@ class Turn:
             if self.previous is None:
                 raise RequestError(f"Response with id '{previous_id}' not found (unknown or expired)",
                                    "previous_response_id", status=404, code="response_not_found")
+        raw = _resolved(body.get("input"), store, holder, most)
         new, system = _items(raw)
         self.input_items = stored_items(raw)  # read: every item is an object of a type the reader takes
         instructions = body.get("instructions")

@@ -5,13 +5,16 @@ before the store is read for its previous turn."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
 
 @pytest.fixture
 def puts(app, monkeypatch):
-    """Where each `put` of the runtime's response store ran: True on the app's event loop."""
+    """Where each `put` of the runtime's response store ran (True on the app's event loop), recorded once it
+    has returned; each takes 0.3 s, as a large turn written to a slow disk would, so a reply sent without
+    waiting for its store would be read before the record is there."""
     from hearth.root import RUNTIME
 
     store, seen = RUNTIME.responses, []
@@ -20,10 +23,13 @@ def puts(app, monkeypatch):
     def put(*args, **kwargs):
         try:
             asyncio.get_running_loop()
-            seen.append(True)
+            on_loop = True
         except RuntimeError:
-            seen.append(False)
-        return original(*args, **kwargs)
+            on_loop = False
+        time.sleep(0.3)
+        result = original(*args, **kwargs)
+        seen.append(on_loop)
+        return result
 
     monkeypatch.setattr(store, "put", put)
     return seen
@@ -37,10 +43,10 @@ def test_a_turn_is_stored_off_the_loop_and_before_it_is_answered(app, oai, puts)
 
 
 def test_a_streamed_turn_is_stored_off_the_loop_before_its_completed_event(app, oai, puts):
-    events = list(oai.responses.create(model="m", input="Hello.", max_output_tokens=4, stream=True))
-    final = events[-1].response  # response.incomplete here: the reply was cut at 4 tokens
-    assert events[-1].type in ("response.completed", "response.incomplete") and final.id
-    assert puts == [False]
+    for event in oai.responses.create(model="m", input="Hello.", max_output_tokens=4, stream=True):
+        if event.type in ("response.completed", "response.incomplete"):  # incomplete here: cut at 4 tokens
+            assert puts == [False]  # stored by the time the client reads that it ended
+            final = event.response
     follow = oai.responses.create(model="m", input="More.", max_output_tokens=4, previous_response_id=final.id)
     assert follow.previous_response_id == final.id and puts == [False, False]
 
