@@ -349,7 +349,6 @@ def build(cache_dir: Path, recipe: Recipe = Recipe(), force: bool = False, progr
             return existing, False
     elif resume_path is not None:
         resume.clear(resume_path)
-    work = owned_tempdir("hearth-demo-chat-")
 
     def checkpoint(step: int, loss: float | None, write) -> None:
         served = published_step(cache_dir, recipe)
@@ -370,13 +369,11 @@ def build(cache_dir: Path, recipe: Recipe = Recipe(), force: bool = False, progr
         resume.finished(resume_path, lambda: _prune_checkpoints(snapshot))
         done.append(snapshot)
 
-    try:
+    with owned_tempdir("hearth-demo-chat-") as work:
         summary = train(recipe, work / "final", progress, checkpoint if published else None, resume_path, resumed,
                         finish)
         log.info("demo model trained: %s", summary)
         return done[0], True
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
 
 
 def _prune_checkpoints(current: Path) -> None:

@@ -16,7 +16,6 @@ import json
 import logging
 import math
 import random
-import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -294,13 +293,10 @@ def build(cache_dir: Path, recipe: VisionRecipe = VisionRecipe(), force: bool = 
     happened; and what the build measured (from its marker)."""
     existing = None if force else cached_snapshot(cache_dir, recipe)
     if existing is None:
-        work = owned_tempdir("hearth-demo-vision-")
-        try:
+        with owned_tempdir("hearth-demo-vision-") as work:
             summary = train(recipe, work, progress)
             log.info("demo vision model trained: %s", summary)
             existing = publish_to_cache(work, VISION_REPO, cache_dir)
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
         built = True
     else:
         built = False

@@ -39,7 +39,6 @@ import json
 import logging
 import math
 import random
-import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -378,7 +377,6 @@ def build(cache_dir: Path, recipe: WhisperRecipe = WhisperRecipe(), force: bool 
             return existing, False, {}
     elif resume_path is not None:
         resume.clear(resume_path)
-    work = owned_tempdir("hearth-demo-whisper-")
     done: list[Path] = []
 
     def finish(folder: Path, summary: dict, stop: resume.StopAsked) -> None:
@@ -391,11 +389,9 @@ def build(cache_dir: Path, recipe: WhisperRecipe = WhisperRecipe(), force: bool 
         done.append(publish_to_cache(folder, WHISPER_REPO, cache_dir))
         resume.finished(resume_path)
 
-    try:
+    with owned_tempdir("hearth-demo-whisper-") as work:
         summary = train(recipe, work, progress, resume_path, resumed, finish)
         return done[0], True, summary
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
 
 
 def write_random(out: Path, seed: int = 0, text_ctx: int = 64) -> Path:
