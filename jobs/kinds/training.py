@@ -31,9 +31,9 @@ def jsonl_rows(path: Path) -> Iterator[dict]:
     ValueError names the line that is not JSON, or is over MAX_ROW_CHARS)."""
     with open_regular(path, path.name) as raw, io.TextIOWrapper(raw, encoding="utf-8") as f:
         n = 0
-        while line := f.readline(MAX_ROW_CHARS + 1):
+        while line := f.readline(MAX_ROW_CHARS + 2):  # the row, its line end, and one character more
             n += 1
-            if len(line) > MAX_ROW_CHARS:
+            if len(line.rstrip("\r\n")) > MAX_ROW_CHARS:
                 raise ValueError(f"{path.name} line {n} is over {MAX_ROW_CHARS // 2**20}M characters: "
                                  "one row of a dataset is one conversation")
             if line.strip():
