@@ -338,6 +338,7 @@ def running(cmd: list[str], port: int, env: dict, cwd: Path = ROOT, log: Path | 
             proc.wait(120)
         except subprocess.TimeoutExpired:
             proc.kill()
+            proc.wait()
 
 
 def serve(cmd: list[str], port: int, env: dict, model: str, rows: list[int], tokens: int, bias: dict) -> dict:

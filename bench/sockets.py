@@ -368,8 +368,19 @@ def main() -> int:
     ap.add_argument("--log", type=Path, help="the running server's log (for daphne's killed sockets)")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="hearth-sockets-"))  # the model, HEARTH_HOME and log of its own server
+    try:
+        reports = run(args, work)
+    except BaseException:
+        print(f"the server's home and log are kept in {work}", file=sys.stderr)
+        raise
+    shutil.rmtree(work, ignore_errors=True)
+    print(json.dumps(reports, indent=1))
+    return 0
+
+
+def run(args, work: Path) -> list[dict]:
+    """The phases against the server `args` names, or one started in `work`; their reports."""
     with contextlib.ExitStack() as stack:
-        stack.callback(shutil.rmtree, work, ignore_errors=True)
         if args.url:
             url, pid, home, log = args.url.rstrip("/"), args.pid, args.home, args.log
         else:
@@ -391,8 +402,8 @@ def main() -> int:
             reports.append(phase("sockets", url, sampler, lambda: phase_sockets(url, args.sockets), home, log))
         if args.streams:
             reports.append(phase("streams", url, sampler, lambda: phase_streams(url, args.streams), None, log))
-        print(json.dumps(reports, indent=1))
-    return 0
+        return reports
+
 
 if __name__ == "__main__":
     sys.exit(main())
