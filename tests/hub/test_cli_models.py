@@ -215,7 +215,9 @@ def test_pull_is_download_under_another_name(env, homes):
     double = HubDouble().start()
     try:
         double.add(Repo.from_dir("mlx-community/tiny-pulled", snapshot))
-        done = here(dict(env, HF_ENDPOINT=double.url, HF_HUB_OFFLINE="0"), "pull", "mlx-community/tiny-pulled")
+        # A process: a download writes its row into the database of the home it runs in, and in this
+        # process Django's database is the worker's, not env's.
+        done = hearth(dict(env, HF_ENDPOINT=double.url, HF_HUB_OFFLINE="0"), "pull", "mlx-community/tiny-pulled")
     finally:
         double.stop()
     assert done.returncode == 0, done.stderr
