@@ -215,12 +215,7 @@ export function createChat(hooks = {}) {
     if (state.ready !== ready || !model.isConnected) return;
     try {
       const m = await api("/models");
-      if (m.default && state.ready === ready) {
-        ready.model = m.default;
-        modelName.textContent = m.default;
-        fillModels({ ...ready, models: (m.data || []).map((d) => d.id) });
-        return;
-      }
+      if (m.default && state.ready === ready) { adoptDefault(ready, m); return; }
     } catch { /* asked again below */ }
     setTimeout(() => awaitDefault(ready), 3000);
   }
@@ -232,10 +227,16 @@ export function createChat(hooks = {}) {
     if (!ready?.router) return;
     try {
       const m = await api("/models");
-      if (state.ready !== ready || !m.default || m.default === ready.model) return;
-      ready.model = m.default;
-      fillModels({ ...ready, models: (m.data || []).map((d) => d.id) });
+      if (state.ready === ready && m.default && m.default !== ready.model) adoptDefault(ready, m);
     } catch { /* the ready frame's name stays until the next ready frame */ }
+  }
+
+  // The router's default and models as `/models` (`m`) lists them, into the ready frame and the picker.
+  function adoptDefault(ready, m) {
+    ready.model = m.default;
+    modelName.textContent = m.default;
+    const ids = (m.data || []).map((d) => d.id);
+    fillModels(ids.length ? { ...ready, models: ids } : ready);  // the ready frame itself, to refill from /v1/models
   }
 
   function pickModel() {
