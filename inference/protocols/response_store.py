@@ -283,7 +283,7 @@ class FolderResponseStore:
             if entries:
                 with self._index() as db:  # this turn now the newest to hold each of its items
                     db.executemany("INSERT OR REPLACE INTO item VALUES (?, ?, ?, ?)", entries)
-            # Listing the folder is what costs (put runs on the event loop): done once a sixteenth of the
+            # Listing the folder is what costs (put holds the store's lock meanwhile): done once a sixteenth of the
             # cap has been written here, so the folder stays within the cap and a sixteenth per process.
             if self._written >= self.max_bytes // 16:
                 self._written = 0

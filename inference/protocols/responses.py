@@ -33,15 +33,14 @@ def _bounded(raw, most: int) -> None:
                            f"input[{most}]", code="too_many_messages")
 
 
-def _resolved(raw, store: AnyResponseStore, holder: str, most: int):
+def _resolved(raw, store: AnyResponseStore, holder: str):
     """`input` with each `item_reference` replaced by the stored item of its
     id (an output or input item of a response this key stored), which is
     then read as an item of its own type is. The store is read once for the
     index and once per response named (this runs on a worker thread: a
-    folder or Redis store blocks), and `input` has at most `most` items."""
+    folder or Redis store blocks); `Turn` has bounded `input` first (`_bounded`)."""
     if not isinstance(raw, list):
         return raw
-    _bounded(raw, most)
     refs = {}
     for i, item in enumerate(raw):
         if isinstance(item, dict) and item.get("type") == "item_reference":
@@ -229,7 +228,7 @@ class Turn:
             if self.previous is None:
                 raise RequestError(f"Response with id '{previous_id}' not found (unknown or expired)",
                                    "previous_response_id", status=404, code="response_not_found")
-        raw = _resolved(body.get("input"), store, holder, most)
+        raw = _resolved(body.get("input"), store, holder)
         new, system = _items(raw)
         self.input_items = stored_items(raw)  # read: every item is an object of a type the reader takes
         instructions = body.get("instructions")
